@@ -1,0 +1,86 @@
+# kiln build. `make` builds build/libkiln.a and build/kiln; `make test` builds and runs every test;
+# `make test SAN=1` does the same under AddressSanitizer + UndefinedBehaviorSanitizer (in build-san/);
+# `make fuzz FUZZ_SECONDS=60` runs the GGUF reader fuzzer. The CUDA backend is compiled in when nvcc is
+# on the PATH (sm_90 SASS plus compute_90 PTX); CUDA=0 leaves it out.
+
+CC      ?= cc
+NVCC    ?= nvcc
+SAN     ?= 0
+ifeq ($(SAN),1)
+BUILD   ?= build-san
+SANFLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+else
+BUILD   ?= build
+SANFLAGS =
+endif
+OPT     ?= -O2
+CFLAGS  ?= $(OPT) -g
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wno-unused-parameter -Iinclude -Isrc -Isrc/core $(SANFLAGS)
+LDLIBS  += -lpthread -lm
+
+ARCH := $(shell uname -m)
+ifeq ($(ARCH),x86_64)
+AVX2_FLAGS   = -mavx2 -mfma -mf16c
+AVX512_FLAGS = $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16
+endif
+
+CUDA ?= $(if $(shell command -v $(NVCC) 2>/dev/null),1,0)
+CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC) 2>/dev/null)))
+NVCCFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 -Iinclude -Isrc -Isrc/core
+
+C_SRC  := $(wildcard src/*/*.c)
+CU_SRC := $(if $(filter 1,$(CUDA)),$(wildcard src/cuda/*.cu),)
+OBJ    := $(C_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+ifeq ($(CUDA),1)
+CFLAGS += -DKILN_CUDA=1
+LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart
+endif
+
+TEST_SRC := $(wildcard tests/test_*.c)
+TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+
+.PHONY: all test clean fuzz bench
+all: $(BUILD)/libkiln.a $(BUILD)/kiln
+
+$(BUILD)/src/cpu/%_avx2.o: src/cpu/%_avx2.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX2_FLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/src/cpu/%_avx512.o: src/cpu/%_avx512.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/libkiln.a: $(OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/kiln: tools/kiln.c $(BUILD)/libkiln.a
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libkiln.a $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c tests/test.h $(BUILD)/libkiln.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libkiln.a $(LDLIBS)
+
+test: $(TESTS) $(BUILD)/kiln
+	@KILN_BIN=$(BUILD)/kiln tests/run.sh $(TESTS)
+
+# libFuzzer needs clang. Crashes land in tests/fuzz/crashes/; copy each into tests/fuzz/regress/ so
+# test_gguf_fuzz_regress replays it on every `make test`.
+FUZZ_SECONDS ?= 60
+FUZZ_CC ?= clang
+fuzz:
+	@mkdir -p build-fuzz tests/fuzz/crashes
+	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -Isrc/core \
+	  tests/fuzz/fuzz_gguf.c src/core/*.c -o build-fuzz/fuzz_gguf -lm -lpthread
+	build-fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -artifact_prefix=tests/fuzz/crashes/ \
+	  build-fuzz/corpus tests/fuzz/corpus
+
+clean:
+	rm -rf build build-san build-fuzz
+
+-include $(OBJ:.o=.d)

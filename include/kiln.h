@@ -1,0 +1,255 @@
+/* kiln.h: the public C API of kiln, a C engine that trains and runs LLaMA-family models.
+ *
+ * Conventions: opaque handles, functions named kiln_<object>_<verb>, every fallible call returns a
+ * kiln_status. On failure kiln_last_error() holds a one-line message naming what was wrong and
+ * where (file, field or tensor, byte offset). The library never prints to stdout and never exits. */
+#ifndef KILN_H
+#define KILN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- status */
+
+typedef enum kiln_status {
+    KILN_OK = 0,
+    KILN_ERR_IO,          /* open/read/write/rename failed */
+    KILN_ERR_FORMAT,      /* malformed file: bad magic, truncation, bad field */
+    KILN_ERR_NOMEM,       /* allocation failed or a size overflowed */
+    KILN_ERR_INVALID,     /* bad argument from the caller */
+    KILN_ERR_UNSUPPORTED, /* valid input that kiln does not handle (yet) */
+    KILN_ERR_NOT_FOUND,   /* missing key or tensor */
+    KILN_ERR_RANGE,       /* a value out of its allowed range (token id, type id) */
+} kiln_status;
+
+const char *kiln_status_name(kiln_status s);
+/* The message of the last failure on this thread ("" if none). */
+const char *kiln_last_error(void);
+
+/* ---------------------------------------------------------------- types
+ * Tensor element types. The ids are GGML's and reach disk: append only, never renumber. */
+
+typedef enum kiln_type {
+    KILN_TYPE_F32 = 0,
+    KILN_TYPE_F16 = 1,
+    KILN_TYPE_Q4_0 = 2,
+    KILN_TYPE_Q4_1 = 3,
+    /* 4 and 5 were Q4_2 and Q4_3, removed from GGML */
+    KILN_TYPE_Q5_0 = 6,
+    KILN_TYPE_Q5_1 = 7,
+    KILN_TYPE_Q8_0 = 8,
+    KILN_TYPE_Q8_1 = 9,
+    KILN_TYPE_Q2_K = 10,
+    KILN_TYPE_Q3_K = 11,
+    KILN_TYPE_Q4_K = 12,
+    KILN_TYPE_Q5_K = 13,
+    KILN_TYPE_Q6_K = 14,
+    KILN_TYPE_Q8_K = 15,
+    KILN_TYPE_IQ2_XXS = 16,
+    KILN_TYPE_IQ2_XS = 17,
+    KILN_TYPE_IQ3_XXS = 18,
+    KILN_TYPE_IQ1_S = 19,
+    KILN_TYPE_IQ4_NL = 20,
+    KILN_TYPE_IQ3_S = 21,
+    KILN_TYPE_IQ2_S = 22,
+    KILN_TYPE_IQ4_XS = 23,
+    KILN_TYPE_I8 = 24,
+    KILN_TYPE_I16 = 25,
+    KILN_TYPE_I32 = 26,
+    KILN_TYPE_I64 = 27,
+    KILN_TYPE_F64 = 28,
+    KILN_TYPE_IQ1_M = 29,
+    KILN_TYPE_BF16 = 30,
+    /* 31..33 were the Q4_0_4_4/4_8/8_8 repacks, removed from GGML */
+    KILN_TYPE_TQ1_0 = 34,
+    KILN_TYPE_TQ2_0 = 35,
+    /* 36..38 were IQ4_NL_4_4/4_8/8_8, removed */
+    KILN_TYPE_MXFP4 = 39,
+    KILN_TYPE_COUNT = 40,
+} kiln_type;
+
+/* Layout facts for any type GGUF files may hold (computable or not). */
+const char *kiln_type_name(kiln_type t);          /* "q4_K"; NULL if the id is unknown */
+bool kiln_type_known(uint32_t t);                 /* id names a layout kiln can size */
+int64_t kiln_type_block_size(kiln_type t);        /* elements per block */
+size_t kiln_type_block_bytes(kiln_type t);        /* bytes per block */
+/* Bytes of a row of n elements; 0 and KILN_ERR_* via last error if n is not a whole number of blocks. */
+size_t kiln_type_row_bytes(kiln_type t, int64_t n);
+/* Parses a name as written by kiln_type_name, case-insensitive. Returns KILN_ERR_NOT_FOUND if unknown. */
+kiln_status kiln_type_from_name(const char *name, kiln_type *out);
+
+/* ---------------------------------------------------------------- GGUF reading
+ * GGUF v3 (and v2) files are mmap'd. Every pointer handed out points into the mapping and lives as long
+ * as the kiln_gguf. Validation is strict: any structural defect is a KILN_ERR_FORMAT with a message
+ * "FILE: <what> at byte <offset>: <why>". */
+
+typedef enum kiln_gguf_vtype {
+    KILN_GGUF_UINT8 = 0,
+    KILN_GGUF_INT8 = 1,
+    KILN_GGUF_UINT16 = 2,
+    KILN_GGUF_INT16 = 3,
+    KILN_GGUF_UINT32 = 4,
+    KILN_GGUF_INT32 = 5,
+    KILN_GGUF_FLOAT32 = 6,
+    KILN_GGUF_BOOL = 7,
+    KILN_GGUF_STRING = 8,
+    KILN_GGUF_ARRAY = 9,
+    KILN_GGUF_UINT64 = 10,
+    KILN_GGUF_INT64 = 11,
+    KILN_GGUF_FLOAT64 = 12,
+    KILN_GGUF_VTYPE_COUNT = 13,
+} kiln_gguf_vtype;
+
+typedef struct kiln_str {
+    const char *ptr; /* not NUL-terminated: points into the file */
+    uint64_t len;
+} kiln_str;
+
+/* A metadata value. Scalars are decoded; strings point into the file; arrays keep a pointer to their
+ * packed elements (fixed-size element types) or an array of decoded items (strings, nested arrays). */
+typedef struct kiln_gguf_value {
+    kiln_gguf_vtype type;
+    union {
+        uint64_t u64; /* UINT8..UINT64, BOOL (0/1) */
+        int64_t i64;  /* INT8..INT64 */
+        double f64;   /* FLOAT32, FLOAT64 */
+        kiln_str str;
+        struct {
+            kiln_gguf_vtype type;                /* element type */
+            uint64_t n;                          /* element count */
+            const uint8_t *data;                 /* packed little-endian elements (fixed-size types) */
+            const struct kiln_gguf_value *items; /* decoded elements (STRING and ARRAY elements) */
+        } arr;
+    };
+} kiln_gguf_value;
+
+typedef struct kiln_gguf_kv {
+    const char *key; /* NUL-terminated copy */
+    uint64_t offset; /* byte offset of the key in the file, for messages */
+    kiln_gguf_value value;
+} kiln_gguf_kv;
+
+typedef struct kiln_tensor_view {
+    const char *name; /* NUL-terminated copy */
+    kiln_type type;
+    int n_dims;
+    int64_t ne[4];   /* elements per dimension, ne[0] fastest (row length); unused dims are 1 */
+    size_t nb[4];    /* strides in bytes; nb[0] is the block size in bytes */
+    uint64_t offset; /* absolute byte offset of the data in the file */
+    size_t nbytes;
+    const void *data; /* into the mmap */
+} kiln_tensor_view;
+
+typedef struct kiln_gguf kiln_gguf;
+
+kiln_status kiln_gguf_open(const char *path, kiln_gguf **out);
+/* Parses a GGUF image already in memory (used by the fuzzer and tests). name is used in messages.
+ * The buffer must outlive the handle. */
+kiln_status kiln_gguf_open_memory(const void *data, size_t size, const char *name, kiln_gguf **out);
+void kiln_gguf_close(kiln_gguf *g); /* accepts NULL */
+
+uint32_t kiln_gguf_version(const kiln_gguf *g);
+size_t kiln_gguf_alignment(const kiln_gguf *g);
+uint64_t kiln_gguf_file_size(const kiln_gguf *g);
+uint64_t kiln_gguf_data_offset(const kiln_gguf *g); /* start of the tensor data section */
+const char *kiln_gguf_path(const kiln_gguf *g);
+
+int64_t kiln_gguf_n_kv(const kiln_gguf *g);
+const kiln_gguf_kv *kiln_gguf_kv_at(const kiln_gguf *g, int64_t i);
+const kiln_gguf_value *kiln_gguf_find(const kiln_gguf *g, const char *key); /* NULL if absent */
+
+int64_t kiln_gguf_n_tensors(const kiln_gguf *g);
+const kiln_tensor_view *kiln_gguf_tensor_at(const kiln_gguf *g, int64_t i);
+const kiln_tensor_view *kiln_gguf_find_tensor(const kiln_gguf *g, const char *name); /* NULL if absent */
+
+/* Typed getters. A missing key is KILN_ERR_NOT_FOUND, a value of another type KILN_ERR_FORMAT; both name the key.
+ * Integer getters accept any integer type whose value fits. */
+kiln_status kiln_gguf_get_u64(const kiln_gguf *g, const char *key, uint64_t *out);
+kiln_status kiln_gguf_get_i64(const kiln_gguf *g, const char *key, int64_t *out);
+kiln_status kiln_gguf_get_u32(const kiln_gguf *g, const char *key, uint32_t *out);
+kiln_status kiln_gguf_get_f32(const kiln_gguf *g, const char *key, float *out);
+kiln_status kiln_gguf_get_bool(const kiln_gguf *g, const char *key, bool *out);
+kiln_status kiln_gguf_get_str(const kiln_gguf *g, const char *key, kiln_str *out);
+kiln_status kiln_gguf_get_arr(const kiln_gguf *g, const char *key, kiln_gguf_vtype elem, const kiln_gguf_value **out);
+
+/* Element i of a fixed-size array value, decoded. */
+uint64_t kiln_gguf_arr_u64(const kiln_gguf_value *arr, uint64_t i);
+int64_t kiln_gguf_arr_i64(const kiln_gguf_value *arr, uint64_t i);
+double kiln_gguf_arr_f64(const kiln_gguf_value *arr, uint64_t i);
+size_t kiln_gguf_vtype_size(kiln_gguf_vtype t); /* bytes of a fixed-size scalar; 0 for STRING/ARRAY */
+const char *kiln_gguf_vtype_name(kiln_gguf_vtype t);
+
+/* ---------------------------------------------------------------- GGUF writing
+ * Build metadata and a tensor list, then write. The file is written to PATH.tmp.<pid>, fsync'd, and renamed
+ * over PATH, so a killed write never leaves a truncated PATH. Keys and tensor names are copied. */
+
+typedef struct kiln_gguf_writer kiln_gguf_writer;
+
+kiln_status kiln_gguf_writer_new(kiln_gguf_writer **out);
+void kiln_gguf_writer_free(kiln_gguf_writer *w); /* accepts NULL; removes an unfinished temp file */
+
+kiln_status kiln_gguf_writer_set_alignment(kiln_gguf_writer *w, size_t alignment); /* power of two; also writes general.alignment */
+/* Sets a scalar or string. A key set twice keeps its place and takes the new value. */
+kiln_status kiln_gguf_writer_set(kiln_gguf_writer *w, const char *key, const kiln_gguf_value *v);
+kiln_status kiln_gguf_writer_set_u32(kiln_gguf_writer *w, const char *key, uint32_t v);
+kiln_status kiln_gguf_writer_set_i32(kiln_gguf_writer *w, const char *key, int32_t v);
+kiln_status kiln_gguf_writer_set_u64(kiln_gguf_writer *w, const char *key, uint64_t v);
+kiln_status kiln_gguf_writer_set_f32(kiln_gguf_writer *w, const char *key, float v);
+kiln_status kiln_gguf_writer_set_bool(kiln_gguf_writer *w, const char *key, bool v);
+kiln_status kiln_gguf_writer_set_str(kiln_gguf_writer *w, const char *key, const char *s);
+/* Arrays of fixed-size elements: n packed little-endian elements of type elem. */
+kiln_status kiln_gguf_writer_set_arr(kiln_gguf_writer *w, const char *key, kiln_gguf_vtype elem, const void *data, uint64_t n);
+kiln_status kiln_gguf_writer_set_arr_str(kiln_gguf_writer *w, const char *key, const char *const *strs, uint64_t n);
+/* Copies every key of a reader, optionally skipping keys for which skip(key) is true. */
+kiln_status kiln_gguf_writer_copy_kv(kiln_gguf_writer *w, const kiln_gguf *g, bool (*skip)(const char *key));
+
+/* Adds a tensor. data may be NULL when it will be streamed with kiln_gguf_writer_write_tensor. ne has n_dims entries. */
+kiln_status kiln_gguf_writer_add_tensor(kiln_gguf_writer *w, const char *name, kiln_type type, int n_dims, const int64_t *ne, const void *data);
+
+/* One-shot: every tensor must have data. */
+kiln_status kiln_gguf_writer_write_file(kiln_gguf_writer *w, const char *path);
+/* Streaming: begin writes the header to the temp file; then write each tensor's data in order; finish
+ * pads, fsyncs and renames. */
+kiln_status kiln_gguf_writer_begin(kiln_gguf_writer *w, const char *path);
+kiln_status kiln_gguf_writer_write_tensor(kiln_gguf_writer *w, int64_t i, const void *data, size_t nbytes);
+kiln_status kiln_gguf_writer_finish(kiln_gguf_writer *w);
+
+/* ---------------------------------------------------------------- quantization */
+
+/* The mixes kiln quantize offers: a plain type, or a llama.cpp-style _M mix. */
+typedef enum kiln_ftype {
+    KILN_FTYPE_ALL_F32 = 0,
+    KILN_FTYPE_MOSTLY_F16 = 1,
+    KILN_FTYPE_MOSTLY_Q4_0 = 2,
+    KILN_FTYPE_MOSTLY_Q4_1 = 3,
+    KILN_FTYPE_MOSTLY_Q8_0 = 7,
+    KILN_FTYPE_MOSTLY_Q4_K_S = 14,
+    KILN_FTYPE_MOSTLY_Q4_K_M = 15,
+    KILN_FTYPE_MOSTLY_Q5_K_S = 16,
+    KILN_FTYPE_MOSTLY_Q5_K_M = 17,
+    KILN_FTYPE_MOSTLY_Q6_K = 18,
+    KILN_FTYPE_MOSTLY_BF16 = 32,
+} kiln_ftype;
+
+typedef struct kiln_quantize_params {
+    kiln_ftype ftype;
+    int n_threads;                                  /* 0: all cores */
+    void (*progress)(void *ud, int64_t done, int64_t total, const char *tensor);
+    void *progress_ud;
+} kiln_quantize_params;
+
+/* Parses "q4_k_m" etc. into an ftype. */
+kiln_status kiln_ftype_from_name(const char *name, kiln_ftype *out);
+const char *kiln_ftype_name(kiln_ftype f);
+/* Reads in_path, writes out_path with every eligible weight converted per the mix rules. */
+kiln_status kiln_quantize_file(const char *in_path, const char *out_path, const kiln_quantize_params *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KILN_H */

@@ -1,0 +1,146 @@
+/* quants.h: the block formats GGUF stores, and one traits table that says how to use each.
+ *
+ * Layouts are GGML's byte for byte (static_assert'd below). Each computable type has a scalar reference
+ * (quants_ref.c), which is the oracle; AVX2 and AVX-512 versions (src/cpu/quants_avx2.c, quants_avx512.c)
+ * are chosen at run time and tested against it (tests/test_quants.c). */
+#ifndef KILN_QUANTS_H
+#define KILN_QUANTS_H
+
+#include "kiln.h"
+#include "fp16.h"
+
+#include <assert.h>
+
+#define QK4_0 32
+#define QK4_1 32
+#define QK8_0 32
+#define QK8_1 32
+#define QK_K 256
+#define K_SCALE_SIZE 12
+
+/* 18 bytes, 4.5 bits/weight: x = d * (q - 8), q in 0..15. qs[j] holds element j (low nibble) and j+16 (high). */
+typedef struct { kiln_fp16 d; uint8_t qs[QK4_0 / 2]; } block_q4_0;
+static_assert(sizeof(block_q4_0) == 2 + QK4_0 / 2, "block_q4_0 size");
+
+/* 20 bytes, 5 bits/weight: x = d * q + m. */
+typedef struct { kiln_fp16 d; kiln_fp16 m; uint8_t qs[QK4_1 / 2]; } block_q4_1;
+static_assert(sizeof(block_q4_1) == 4 + QK4_1 / 2, "block_q4_1 size");
+
+/* 34 bytes, 8.5 bits/weight: x = d * q. */
+typedef struct { kiln_fp16 d; int8_t qs[QK8_0]; } block_q8_0;
+static_assert(sizeof(block_q8_0) == 2 + QK8_0, "block_q8_0 size");
+
+/* 36 bytes: activations paired with Q4_1. s = d * sum(qs). */
+typedef struct { kiln_fp16 d; kiln_fp16 s; int8_t qs[QK8_1]; } block_q8_1;
+static_assert(sizeof(block_q8_1) == 4 + QK8_1, "block_q8_1 size");
+
+/* 144 bytes, 4.5 bits/weight. 8 sub-blocks of 32; each has a 6-bit scale and 6-bit min packed in scales[12];
+ * x = d * sc * q - dmin * m. qs: for each 64-element chunk, 32 bytes: low nibbles are elements 0..31, high 32..63. */
+typedef struct { kiln_fp16 d; kiln_fp16 dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qs[QK_K / 2]; } block_q4_K;
+static_assert(sizeof(block_q4_K) == 4 + K_SCALE_SIZE + QK_K / 2, "block_q4_K size");
+
+/* 176 bytes, 5.5 bits/weight: Q4_K plus one high bit per element in qh. */
+typedef struct { kiln_fp16 d; kiln_fp16 dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
+static_assert(sizeof(block_q5_K) == 4 + K_SCALE_SIZE + QK_K / 8 + QK_K / 2, "block_q5_K size");
+
+/* 210 bytes, 6.5625 bits/weight. 16 sub-blocks of 16 with int8 scales; x = d * sc * (q - 32), q 6-bit
+ * from 4 low bits in ql and 2 high bits in qh. */
+typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; kiln_fp16 d; } block_q6_K;
+static_assert(sizeof(block_q6_K) == QK_K / 2 + QK_K / 4 + QK_K / 16 + 2, "block_q6_K size");
+
+/* 292 bytes: activations paired with the K-quants. float d; bsums[i] = sum of qs[16i..16i+15]. */
+typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;
+static_assert(sizeof(block_q8_K) == 4 + QK_K + QK_K / 8, "block_q8_K size");
+
+/* Unpacks the 6-bit scale and min of sub-block j (0..7) from a Q4_K/Q5_K scales[12]. */
+static inline void kiln_get_scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+    }
+}
+
+/* Function shapes. k and n are element counts, multiples of the block size. */
+typedef void (*kiln_to_float_fn)(const void *x, float *y, int64_t k);
+typedef void (*kiln_from_float_fn)(const float *x, void *y, int64_t k);
+/* s = dot(x, y) over n elements; x is of the weight type, y of its vec_dot_type. */
+typedef void (*kiln_vec_dot_fn)(int64_t n, float *s, const void *x, const void *y);
+
+/* Implementation levels, best last. A NULL entry at a level falls back to the level below. */
+typedef enum kiln_simd {
+    KILN_SIMD_SCALAR = 0,
+    KILN_SIMD_AVX2 = 1,   /* AVX2 + FMA + F16C */
+    KILN_SIMD_AVX512 = 2, /* AVX-512 F/BW/VL/VNNI (+BF16 used when present) */
+    KILN_SIMD_COUNT = 3,
+} kiln_simd;
+
+typedef struct kiln_type_traits {
+    const char *name;
+    int64_t blck_size;   /* elements per block */
+    size_t type_size;    /* bytes per block */
+    bool is_quantized;
+    bool computable;     /* has to_float / from_float / vec_dot below */
+    kiln_type vec_dot_type; /* activations are quantized to this type before vec_dot */
+    kiln_to_float_fn to_float[KILN_SIMD_COUNT];
+    kiln_from_float_fn from_float_ref;   /* scalar reference quantizer (weights) */
+    kiln_from_float_fn from_float[KILN_SIMD_COUNT]; /* fast quantizer, for activations (Q8_0, Q8_1, Q8_K) */
+    kiln_vec_dot_fn vec_dot[KILN_SIMD_COUNT];
+} kiln_type_traits;
+
+/* The table entry for a type id; NULL if unknown. */
+const kiln_type_traits *kiln_type_traits_get(kiln_type t);
+
+/* Best level this CPU supports, capped by the KILN_SIMD environment variable (scalar|avx2|avx512). */
+kiln_simd kiln_simd_best(void);
+kiln_simd kiln_simd_detect(void); /* what the CPU supports, ignoring KILN_SIMD */
+const char *kiln_simd_name(kiln_simd s);
+
+/* Best available implementation at or below level; NULL if the type has none. */
+kiln_to_float_fn kiln_get_to_float(kiln_type t, kiln_simd level);
+kiln_from_float_fn kiln_get_from_float(kiln_type t, kiln_simd level);
+kiln_vec_dot_fn kiln_get_vec_dot(kiln_type t, kiln_simd level);
+
+/* ---- per-level function sets, defined in quants_ref.c / src/cpu/quants_avx2.c / quants_avx512.c ---- */
+#define KILN_DECLARE_LEVEL(sfx) \
+    void kiln_to_float_f32_##sfx(const void *x, float *y, int64_t k); \
+    void kiln_to_float_f16_##sfx(const void *x, float *y, int64_t k); \
+    void kiln_to_float_bf16_##sfx(const void *x, float *y, int64_t k); \
+    void kiln_to_float_q4_0_##sfx(const void *x, float *y, int64_t k); \
+    void kiln_to_float_q4_1_##sfx(const void *x, float *y, int64_t k); \
+    void kiln_to_float_q8_0_##sfx(const void *x, float *y, int64_t k); \
+    void kiln_to_float_q8_1_##sfx(const void *x, float *y, int64_t k); \
+    void kiln_to_float_q4_K_##sfx(const void *x, float *y, int64_t k); \
+    void kiln_to_float_q5_K_##sfx(const void *x, float *y, int64_t k); \
+    void kiln_to_float_q6_K_##sfx(const void *x, float *y, int64_t k); \
+    void kiln_to_float_q8_K_##sfx(const void *x, float *y, int64_t k); \
+    void kiln_from_float_f32_##sfx(const float *x, void *y, int64_t k); \
+    void kiln_from_float_f16_##sfx(const float *x, void *y, int64_t k); \
+    void kiln_from_float_bf16_##sfx(const float *x, void *y, int64_t k); \
+    void kiln_from_float_q8_0_##sfx(const float *x, void *y, int64_t k); \
+    void kiln_from_float_q8_1_##sfx(const float *x, void *y, int64_t k); \
+    void kiln_from_float_q8_K_##sfx(const float *x, void *y, int64_t k); \
+    void kiln_vec_dot_f32_##sfx(int64_t n, float *s, const void *x, const void *y); \
+    void kiln_vec_dot_f16_##sfx(int64_t n, float *s, const void *x, const void *y); \
+    void kiln_vec_dot_bf16_##sfx(int64_t n, float *s, const void *x, const void *y); \
+    void kiln_vec_dot_q4_0_q8_0_##sfx(int64_t n, float *s, const void *x, const void *y); \
+    void kiln_vec_dot_q4_1_q8_1_##sfx(int64_t n, float *s, const void *x, const void *y); \
+    void kiln_vec_dot_q8_0_q8_0_##sfx(int64_t n, float *s, const void *x, const void *y); \
+    void kiln_vec_dot_q4_K_q8_K_##sfx(int64_t n, float *s, const void *x, const void *y); \
+    void kiln_vec_dot_q5_K_q8_K_##sfx(int64_t n, float *s, const void *x, const void *y); \
+    void kiln_vec_dot_q6_K_q8_K_##sfx(int64_t n, float *s, const void *x, const void *y);
+
+KILN_DECLARE_LEVEL(ref)
+KILN_DECLARE_LEVEL(avx2)
+KILN_DECLARE_LEVEL(avx512)
+
+/* Scalar reference quantizers for weight types (slow, careful scale search). */
+void kiln_quantize_q4_0_ref(const float *x, void *y, int64_t k);
+void kiln_quantize_q4_1_ref(const float *x, void *y, int64_t k);
+void kiln_quantize_q4_K_ref(const float *x, void *y, int64_t k);
+void kiln_quantize_q5_K_ref(const float *x, void *y, int64_t k);
+void kiln_quantize_q6_K_ref(const float *x, void *y, int64_t k);
+
+#endif
