@@ -59,8 +59,9 @@ $(BUILD)/libkiln.a: $(OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/kiln: tools/kiln.c $(BUILD)/libkiln.a
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libkiln.a $(LDLIBS)
+BENCH_SRC := $(wildcard bench/*.c)
+$(BUILD)/kiln: tools/kiln.c $(BENCH_SRC) $(wildcard bench/*.h) $(BUILD)/libkiln.a
+	$(CC) $(CFLAGS) -I. -o $@ tools/kiln.c $(BENCH_SRC) $(BUILD)/libkiln.a $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c tests/test.h $(BUILD)/libkiln.a
 	@mkdir -p $(dir $@)

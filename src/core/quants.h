@@ -143,4 +143,8 @@ void kiln_quantize_q4_K_ref(const float *x, void *y, int64_t k);
 void kiln_quantize_q5_K_ref(const float *x, void *y, int64_t k);
 void kiln_quantize_q6_K_ref(const float *x, void *y, int64_t k);
 
+/* The type `kiln quantize` gives tensor t under ftype (quantize.c has the rules). n_attn_v and n_ffn_down
+ * count the model's layers with those tensors; has_output says the head is untied. */
+kiln_type kiln_quantize_choose_type(const kiln_tensor_view *t, kiln_ftype ftype, int n_attn_v, int n_ffn_down, bool has_output);
+
 #endif

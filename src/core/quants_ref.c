@@ -1,0 +1,716 @@
+/* quants_ref.c: the scalar reference (the oracle) for every block format kiln computes.
+ *
+ * Dequantization repeats GGML's float32 arithmetic operation for operation, so it matches llama.cpp and the
+ * gguf Python package's numpy dequantize bit for bit (tests/test_fixtures.c). The activation quantizers (Q8_0,
+ * Q8_1, Q8_K), the legacy weight quantizers (Q4_0, Q4_1) and the vec_dots have GGML's reference semantics; the
+ * K-quant weight quantizers are kiln's own weighted scale searches. tests/test_quants.c checks round-trip error,
+ * edge inputs and every vec_dot against a double-precision dot; the SIMD levels are tested against this file.
+ *
+ * Scales are stored as f16, so inputs whose block scale exceeds 65504 (|x| beyond ~5e5 for Q4_0) overflow to
+ * inf, exactly as in GGML; callers that can meet such weights must check first. */
+#include "quants.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Bit-exactness needs each product rounded before the add. GCC in ISO C mode (-std=c11) does not contract
+ * a*b+c into an FMA; clang does unless told. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+/* ---------------------------------------------------------------- rounding helpers */
+
+/* Round half to even, as GGML's nearest_int (the 1.5*2^23 magic-number trick) does for |v| < 2^22. */
+static inline int nearest_int(float v) {
+    float r = v + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &r, sizeof i);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+/* nearest_int clamped to [lo, hi]; clamps first so no input (huge, inf, NaN -> lo) is out of the trick's range. */
+static inline int round_clamp(float v, int lo, int hi) {
+    if (!(v > (float)lo)) return lo;
+    if (v > (float)hi) return hi;
+    return nearest_int(v);
+}
+
+/* 1/d, or 0 where d is 0 or so small (below ~2.9e-39) that 1/d overflows. GGML writes `d ? 1/d : 0`; the
+ * overflow case makes x*id inf or NaN there and the int8 cast undefined. Here every such block stores a
+ * zero f16 scale anyway, so the codes do not matter and are made zero (or the zero level). */
+static inline float safe_inverse(float d) {
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    return isfinite(id) ? id : 0.0f;
+}
+
+/* ---------------------------------------------------------------- F32: 4 bytes, copied */
+
+void kiln_to_float_f32_ref(const void *x, float *y, int64_t k) { memcpy(y, x, (size_t)k * sizeof(float)); }
+
+void kiln_from_float_f32_ref(const float *x, void *y, int64_t k) { memcpy(y, x, (size_t)k * sizeof(float)); }
+
+/* GGML's scalar dot: each product rounded to float, summed in double, in index order. */
+void kiln_vec_dot_f32_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    const float *x = vx, *y = vy;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) sum += (double)(x[i] * y[i]);
+    *s = (float)sum;
+}
+
+/* ---------------------------------------------------------------- F16: 2 bytes, IEEE half */
+
+void kiln_to_float_f16_ref(const void *vx, float *y, int64_t k) {
+    const kiln_fp16 *x = vx;
+    for (int64_t i = 0; i < k; i++) y[i] = kiln_fp16_to_f32(x[i]);
+}
+
+void kiln_from_float_f16_ref(const float *x, void *vy, int64_t k) {
+    kiln_fp16 *y = vy;
+    for (int64_t i = 0; i < k; i++) y[i] = kiln_f32_to_fp16(x[i]);
+}
+
+/* The product of two halves is exact in float (11+11 significant bits); the double sum is GGML's. */
+void kiln_vec_dot_f16_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    const kiln_fp16 *x = vx, *y = vy;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) sum += (double)(kiln_fp16_to_f32(x[i]) * kiln_fp16_to_f32(y[i]));
+    *s = (float)sum;
+}
+
+/* ---------------------------------------------------------------- BF16: 2 bytes, the top half of a float */
+
+void kiln_to_float_bf16_ref(const void *vx, float *y, int64_t k) {
+    const kiln_bf16 *x = vx;
+    for (int64_t i = 0; i < k; i++) y[i] = kiln_bf16_to_f32(x[i]);
+}
+
+void kiln_from_float_bf16_ref(const float *x, void *vy, int64_t k) {
+    kiln_bf16 *y = vy;
+    for (int64_t i = 0; i < k; i++) y[i] = kiln_f32_to_bf16(x[i]);
+}
+
+/* Products of two bf16 are exact in float (8+8 bits); summed in double as GGML does. */
+void kiln_vec_dot_bf16_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    const kiln_bf16 *x = vx, *y = vy;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) sum += (double)(kiln_bf16_to_f32(x[i]) * kiln_bf16_to_f32(y[i]));
+    *s = (float)sum;
+}
+
+/* ---------------------------------------------------------------- Q4_0: 18 bytes per 32, x = d * (q - 8) */
+
+void kiln_to_float_q4_0_ref(const void *vx, float *y, int64_t k) {
+    assert(k % QK4_0 == 0);
+    const block_q4_0 *x = vx;
+    for (int64_t i = 0; i < k / QK4_0; i++, y += QK4_0) {
+        const float d = kiln_fp16_to_f32(x[i].d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            y[j] = (float)((x[i].qs[j] & 0x0F) - 8) * d;
+            y[j + QK4_0 / 2] = (float)((x[i].qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+
+/* GGML's quantizer, byte for byte (gguf-py's numpy port is its fixture): the element of largest magnitude,
+ * with its sign, maps to level 0 (q - 8 = -8), so d = max / -8 and the other side reaches only +7. Codes are
+ * trunc(x/d + 8.5), i.e. rounding half up, capped at 15. */
+void kiln_quantize_q4_0_ref(const float *x, void *vy, int64_t k) {
+    assert(k % QK4_0 == 0);
+    block_q4_0 *y = vy;
+    for (int64_t i = 0; i < k / QK4_0; i++, x += QK4_0) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < QK4_0; j++)
+            if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
+        const float d = max / -8.0f;
+        const float id = safe_inverse(d);
+        y[i].d = kiln_f32_to_fp16(d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            /* x*id is in [-8, 8], so x*id + 8.5 is in [0.5, 16.5]: truncation is floor, never negative */
+            const int q0 = (int)(x[j] * id + 8.5f), q1 = (int)(x[j + QK4_0 / 2] * id + 8.5f);
+            y[i].qs[j] = (uint8_t)((q0 < 15 ? q0 : 15) | (q1 < 15 ? q1 : 15) << 4);
+        }
+    }
+}
+
+void kiln_vec_dot_q4_0_q8_0_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    assert(n % QK8_0 == 0);
+    const block_q4_0 *x = vx;
+    const block_q8_0 *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        int sumi = 0;
+        for (int j = 0; j < QK4_0 / 2; j++)
+            sumi += ((x[i].qs[j] & 0x0F) - 8) * y[i].qs[j] + ((x[i].qs[j] >> 4) - 8) * y[i].qs[j + QK4_0 / 2];
+        sum += (float)sumi * kiln_fp16_to_f32(x[i].d) * kiln_fp16_to_f32(y[i].d);
+    }
+    *s = sum;
+}
+
+/* ---------------------------------------------------------------- Q4_1: 20 bytes per 32, x = d * q + m */
+
+void kiln_to_float_q4_1_ref(const void *vx, float *y, int64_t k) {
+    assert(k % QK4_1 == 0);
+    const block_q4_1 *x = vx;
+    for (int64_t i = 0; i < k / QK4_1; i++, y += QK4_1) {
+        const float d = kiln_fp16_to_f32(x[i].d), m = kiln_fp16_to_f32(x[i].m);
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            y[j] = (float)(x[i].qs[j] & 0x0F) * d + m;
+            y[j + QK4_1 / 2] = (float)(x[i].qs[j] >> 4) * d + m;
+        }
+    }
+}
+
+/* GGML's quantizer, byte for byte: the block's [min, max] split into 15 steps, codes trunc((x - min)/d + 0.5). */
+void kiln_quantize_q4_1_ref(const float *x, void *vy, int64_t k) {
+    assert(k % QK4_1 == 0);
+    block_q4_1 *y = vy;
+    for (int64_t i = 0; i < k / QK4_1; i++, x += QK4_1) {
+        float min = x[0], max = x[0];
+        for (int j = 1; j < QK4_1; j++) {
+            if (x[j] < min) min = x[j];
+            if (x[j] > max) max = x[j];
+        }
+        const float d = (max - min) / 15.0f;
+        const float id = safe_inverse(d);
+        y[i].d = kiln_f32_to_fp16(d);
+        y[i].m = kiln_f32_to_fp16(min);
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            /* (x - min)*id is in [0, 15]: truncation is floor */
+            const int q0 = (int)((x[j] - min) * id + 0.5f), q1 = (int)((x[j + QK4_1 / 2] - min) * id + 0.5f);
+            y[i].qs[j] = (uint8_t)((q0 < 15 ? q0 : 15) | (q1 < 15 ? q1 : 15) << 4);
+        }
+    }
+}
+
+/* The min term uses the activation block's s = d*sum(q), so it costs one multiply per block, not 32. */
+void kiln_vec_dot_q4_1_q8_1_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    assert(n % QK8_1 == 0);
+    const block_q4_1 *x = vx;
+    const block_q8_1 *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK8_1; i++) {
+        int sumi = 0;
+        for (int j = 0; j < QK4_1 / 2; j++)
+            sumi += (x[i].qs[j] & 0x0F) * y[i].qs[j] + (x[i].qs[j] >> 4) * y[i].qs[j + QK4_1 / 2];
+        sum += kiln_fp16_to_f32(x[i].d) * kiln_fp16_to_f32(y[i].d) * (float)sumi +
+               kiln_fp16_to_f32(x[i].m) * kiln_fp16_to_f32(y[i].s);
+    }
+    *s = sum;
+}
+
+/* ---------------------------------------------------------------- Q8_0: 34 bytes per 32, x = d * q */
+
+void kiln_to_float_q8_0_ref(const void *vx, float *y, int64_t k) {
+    assert(k % QK8_0 == 0);
+    const block_q8_0 *x = vx;
+    for (int64_t i = 0; i < k / QK8_0; i++, y += QK8_0) {
+        const float d = kiln_fp16_to_f32(x[i].d);
+        for (int j = 0; j < QK8_0; j++) y[j] = (float)x[i].qs[j] * d;
+    }
+}
+
+/* GGML's quantize_row_q8_0_ref: d = amax/127, q = roundf(x/d) (ties away from zero); |q| <= 127. */
+void kiln_from_float_q8_0_ref(const float *x, void *vy, int64_t k) {
+    assert(k % QK8_0 == 0);
+    block_q8_0 *y = vy;
+    for (int64_t i = 0; i < k / QK8_0; i++, x += QK8_0) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f;
+        const float id = safe_inverse(d);
+        y[i].d = kiln_f32_to_fp16(d);
+        for (int j = 0; j < QK8_0; j++) y[i].qs[j] = (int8_t)roundf(x[j] * id);
+    }
+}
+
+void kiln_vec_dot_q8_0_q8_0_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    assert(n % QK8_0 == 0);
+    const block_q8_0 *x = vx, *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        int sumi = 0;
+        for (int j = 0; j < QK8_0; j++) sumi += x[i].qs[j] * y[i].qs[j];
+        sum += (float)sumi * (kiln_fp16_to_f32(x[i].d) * kiln_fp16_to_f32(y[i].d));
+    }
+    *s = sum;
+}
+
+/* ---------------------------------------------------------------- Q8_1: 36 bytes per 32, x = d * q, s = d * sum(q) */
+
+void kiln_to_float_q8_1_ref(const void *vx, float *y, int64_t k) {
+    assert(k % QK8_1 == 0);
+    const block_q8_1 *x = vx;
+    for (int64_t i = 0; i < k / QK8_1; i++, y += QK8_1) {
+        const float d = kiln_fp16_to_f32(x[i].d);
+        for (int j = 0; j < QK8_1; j++) y[j] = (float)x[i].qs[j] * d;
+    }
+}
+
+/* Q8_0's codes plus s. As in GGML, s is sum(q) times the unrounded d, so s differs from the stored
+ * f16(d)*sum(q) by up to an f16 rounding: vec_dot's min term carries that, not the dequantized values. */
+void kiln_from_float_q8_1_ref(const float *x, void *vy, int64_t k) {
+    assert(k % QK8_1 == 0);
+    block_q8_1 *y = vy;
+    for (int64_t i = 0; i < k / QK8_1; i++, x += QK8_1) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_1; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f;
+        const float id = safe_inverse(d);
+        int sum = 0;
+        for (int j = 0; j < QK8_1; j++) {
+            y[i].qs[j] = (int8_t)roundf(x[j] * id);
+            sum += y[i].qs[j];
+        }
+        y[i].d = kiln_f32_to_fp16(d);
+        y[i].s = kiln_f32_to_fp16((float)sum * d);
+    }
+}
+
+/* ---------------------------------------------------------------- K-quant scale search (Q4_K, Q5_K)
+ *
+ * Each 32-element sub-block is fit as x ~ scale*q - min with q in 0..nmax, scale >= 0 and min >= 0 (both are
+ * stored unsigned), minimizing sum w*(scale*q - min - x)^2. The weights w = rms(sub-block) + |x| are GGML's:
+ * they favour the large weights a model is most sensitive to, without ignoring the small ones. */
+
+/* Weighted squared error of x ~ scale*q + off. */
+static double fit_error(int n, const float *x, const float *w, const uint8_t *q, double scale, double off) {
+    double err = 0.0;
+    for (int i = 0; i < n; i++) {
+        const double diff = scale * q[i] + off - x[i];
+        err += w[i] * diff * diff;
+    }
+    return err;
+}
+
+/* Codes for x ~ scale*q + off: the nearest level, clamped. */
+static void assign_levels(int n, int nmax, const float *x, double scale, double off, uint8_t *q) {
+    const float is = scale > 0 ? (float)(1.0 / scale) : 0.0f;
+    for (int i = 0; i < n; i++) q[i] = (uint8_t)round_clamp((float)(x[i] - off) * is, 0, nmax);
+}
+
+/* Weighted least squares for (scale, off) given codes q: the 2x2 normal equations, off kept <= 0 (the stored
+ * min is -off >= 0). False when the codes cannot determine a positive scale. */
+static bool fit_given_levels(int n, const float *x, const float *w, const uint8_t *q, double *scale, double *off) {
+    double sw = 0, sl = 0, sl2 = 0, sx = 0, slx = 0;
+    for (int i = 0; i < n; i++) {
+        sw += w[i];
+        sl += w[i] * q[i];
+        sl2 += w[i] * q[i] * q[i];
+        sx += w[i] * x[i];
+        slx += w[i] * q[i] * x[i];
+    }
+    const double det = sw * sl2 - sl * sl;
+    if (!(det > 0)) return false;
+    double a = (sw * slx - sx * sl) / det, b = (sl2 * sx - sl * slx) / det;
+    if (b > 0) { /* the best offset would be positive: pin it to 0 and refit the scale alone */
+        b = 0;
+        a = slx / sl2;
+    }
+    if (!(a > 0)) return false;
+    *scale = a, *off = b;
+    return true;
+}
+
+/* Fits one sub-block. Start from the plain [min(x,0), max(x)] grid, then try nstep+1 slightly stretched or
+ * shrunk grids (nmax + rmin + rdelta*is levels over the range, GGML's search) and refit each by least squares;
+ * the best is polished by alternating level assignment and refit until it stops improving. Returns the scale,
+ * *min gets the (non-negative) min, q the codes. A constant sub-block gets scale 0 and min = -x. */
+static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *q, float *min,
+                           float rmin, float rdelta, int nstep) {
+    assert(n <= 32);
+    float lo = x[0], hi = x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] < lo) lo = x[i];
+        if (x[i] > hi) hi = x[i];
+    }
+    if (lo > 0) lo = 0; /* the min is stored non-negative, so the grid starts at or below 0 */
+    if (hi == lo) {
+        memset(q, 0, (size_t)n);
+        *min = -lo;
+        return 0.0f;
+    }
+    double best_scale = (hi - lo) / (double)nmax, best_off = lo;
+    assign_levels(n, nmax, x, best_scale, best_off, q);
+    double best_err = fit_error(n, x, w, q, best_scale, best_off);
+
+    uint8_t cand[32];
+    for (int is = 0; is <= nstep; is++) {
+        const double scale0 = (hi - lo) / (nmax + rmin + rdelta * is);
+        double scale, off;
+        assign_levels(n, nmax, x, scale0, lo, cand);
+        if (!fit_given_levels(n, x, w, cand, &scale, &off)) continue;
+        const double err = fit_error(n, x, w, cand, scale, off);
+        if (err < best_err) best_err = err, best_scale = scale, best_off = off, memcpy(q, cand, (size_t)n);
+    }
+    for (int iter = 0; iter < 8; iter++) {
+        double scale, off;
+        assign_levels(n, nmax, x, best_scale, best_off, cand);
+        if (!fit_given_levels(n, x, w, cand, &scale, &off)) break;
+        const double err = fit_error(n, x, w, cand, scale, off);
+        if (!(err < best_err)) break;
+        best_err = err, best_scale = scale, best_off = off, memcpy(q, cand, (size_t)n);
+    }
+    *min = (float)-best_off;
+    return (float)best_scale;
+}
+
+/* Sub-block weights: rms of the sub-block plus |x|. */
+static void k_weights(const float *x, float *w) {
+    double sum_x2 = 0;
+    for (int l = 0; l < 32; l++) sum_x2 += (double)x[l] * x[l];
+    const float rms = (float)sqrt(sum_x2 / 32);
+    for (int l = 0; l < 32; l++) w[l] = rms + fabsf(x[l]);
+}
+
+/* Packs the eight 6-bit scales and mins: sub-blocks 0..3 in the low 6 bits of bytes 0..3 (scale) and 4..7
+ * (min); sub-blocks 4..7 keep their low 4 bits in bytes 8..11 (scale low nibble, min high nibble) and their
+ * top 2 bits in the top bits of bytes 0..3 (scale) and 4..7 (min). kiln_get_scale_min_k4 is the inverse. */
+static void pack_scale_min_k4(const uint8_t *ls, const uint8_t *lm, uint8_t *scales) {
+    for (int j = 0; j < 4; j++) {
+        scales[j] = (uint8_t)(ls[j] | (ls[j + 4] >> 4) << 6);
+        scales[j + 4] = (uint8_t)(lm[j] | (lm[j + 4] >> 4) << 6);
+        scales[j + 8] = (uint8_t)((ls[j + 4] & 0x0F) | (lm[j + 4] & 0x0F) << 4);
+    }
+}
+
+/* Weighted error of one sub-block quantized with the final float scale d and min m (codes recomputed). */
+static double sub_block_error(int nmax, const float *x, const float *w, float d, float m, uint8_t *q) {
+    double err = 0.0;
+    for (int l = 0; l < 32; l++) {
+        q[l] = d > 0 ? (uint8_t)round_clamp((x[l] + m) / d, 0, nmax) : 0;
+        const double diff = (double)(d * q[l] - m) - x[l];
+        err += w[l] * diff * diff;
+    }
+    return err;
+}
+
+/* One Q4_K/Q5_K super-block: fit the 8 sub-blocks, store d = max scale/63 and dmin = max min/63 as f16, round
+ * each scale and min to 6 bits against those, then pick each sub-block's final 6-bit scale and min from the
+ * rounded values +-1 by the error they actually give, and requantize its codes with them (q: 256 codes). */
+static void quantize_k_super_block(int nmax, float rmin, float rdelta, int nstep, const float *x,
+                                   kiln_fp16 *d_out, kiln_fp16 *dmin_out, uint8_t *scales, uint8_t *q) {
+    float w[QK_K], sc[8], mn[8], max_sc = 0, max_mn = 0;
+    for (int j = 0; j < 8; j++) {
+        k_weights(x + 32 * j, w + 32 * j);
+        sc[j] = fit_scale_min(32, nmax, x + 32 * j, w + 32 * j, q + 32 * j, &mn[j], rmin, rdelta, nstep);
+        if (sc[j] > max_sc) max_sc = sc[j];
+        if (mn[j] > max_mn) max_mn = mn[j];
+    }
+    *d_out = kiln_f32_to_fp16(max_sc / 63.0f);
+    *dmin_out = kiln_f32_to_fp16(max_mn / 63.0f);
+    const float d = kiln_fp16_to_f32(*d_out), dmin = kiln_fp16_to_f32(*dmin_out);
+    uint8_t ls[8], lm[8], trial[32];
+    for (int j = 0; j < 8; j++) {
+        const int ls0 = d > 0 ? round_clamp(sc[j] / d, 0, 63) : 0;
+        const int lm0 = dmin > 0 ? round_clamp(mn[j] / dmin, 0, 63) : 0;
+        double best = INFINITY;
+        ls[j] = (uint8_t)ls0, lm[j] = (uint8_t)lm0;
+        for (int a = ls0 - 1; a <= ls0 + 1; a++) {
+            for (int b = lm0 - 1; b <= lm0 + 1; b++) {
+                if (a < 0 || a > 63 || b < 0 || b > 63) continue;
+                /* d*a and dmin*b as the dequantizer forms them */
+                const double err = sub_block_error(nmax, x + 32 * j, w + 32 * j, d * (float)a, dmin * (float)b, trial);
+                if (err < best) best = err, ls[j] = (uint8_t)a, lm[j] = (uint8_t)b, memcpy(q + 32 * j, trial, 32);
+            }
+        }
+    }
+    pack_scale_min_k4(ls, lm, scales);
+}
+
+/* ---------------------------------------------------------------- Q4_K: 144 bytes per 256, x = d*sc*q - dmin*m */
+
+void kiln_to_float_q4_K_ref(const void *vx, float *y, int64_t k) {
+    assert(k % QK_K == 0);
+    const block_q4_K *x = vx;
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = kiln_fp16_to_f32(x[i].d), dmin = kiln_fp16_to_f32(x[i].dmin);
+        const uint8_t *q = x[i].qs;
+        for (int j = 0; j < QK_K / 64; j++, q += 32) { /* one 64-element chunk: two sub-blocks */
+            uint8_t sc, m;
+            kiln_get_scale_min_k4(2 * j, x[i].scales, &sc, &m);
+            const float d1 = d * sc, m1 = dmin * m;
+            kiln_get_scale_min_k4(2 * j + 1, x[i].scales, &sc, &m);
+            const float d2 = d * sc, m2 = dmin * m;
+            for (int l = 0; l < 32; l++) *y++ = d1 * (float)(q[l] & 0x0F) - m1;
+            for (int l = 0; l < 32; l++) *y++ = d2 * (float)(q[l] >> 4) - m2;
+        }
+    }
+}
+
+/* Search over 21 grids from nmax-1 to nmax+1 levels across the range (GGML's for Q4_K). */
+void kiln_quantize_q4_K_ref(const float *x, void *vy, int64_t k) {
+    assert(k % QK_K == 0);
+    block_q4_K *y = vy;
+    uint8_t q[QK_K];
+    for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
+        quantize_k_super_block(15, -1.0f, 0.1f, 20, x, &y[i].d, &y[i].dmin, y[i].scales, q);
+        for (int j = 0; j < QK_K / 64; j++)
+            for (int l = 0; l < 32; l++) y[i].qs[32 * j + l] = (uint8_t)(q[64 * j + l] | q[64 * j + 32 + l] << 4);
+    }
+}
+
+/* Per sub-block: the integer dot of codes times its 6-bit scale; the min term needs only y's bsums. */
+void kiln_vec_dot_q4_K_q8_K_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    assert(n % QK_K == 0);
+    const block_q4_K *x = vx;
+    const block_q8_K *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int32_t sumi = 0, summ = 0; /* |sumi| <= 256*63*15*127 ~ 3.1e7: no overflow */
+        for (int j = 0; j < QK_K / 32; j++) {
+            uint8_t sc, m;
+            kiln_get_scale_min_k4(j, x[i].scales, &sc, &m);
+            const uint8_t *q = x[i].qs + 32 * (j / 2);
+            const int8_t *q8 = y[i].qs + 32 * j;
+            const int shift = 4 * (j % 2);
+            int32_t dot = 0;
+            for (int l = 0; l < 32; l++) dot += ((q[l] >> shift) & 0x0F) * q8[l];
+            sumi += sc * dot;
+            summ += m * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+        }
+        const float d = kiln_fp16_to_f32(x[i].d) * y[i].d, dmin = kiln_fp16_to_f32(x[i].dmin) * y[i].d;
+        sum += d * (float)sumi;
+        sum -= dmin * (float)summ;
+    }
+    *s = sum;
+}
+
+/* ---------------------------------------------------------------- Q5_K: 176 bytes per 256, Q4_K plus a 5th bit
+ * Sub-block j's fifth bits are bit j of qh[0..31]. */
+
+void kiln_to_float_q5_K_ref(const void *vx, float *y, int64_t k) {
+    assert(k % QK_K == 0);
+    const block_q5_K *x = vx;
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = kiln_fp16_to_f32(x[i].d), dmin = kiln_fp16_to_f32(x[i].dmin);
+        const uint8_t *ql = x[i].qs, *qh = x[i].qh;
+        for (int j = 0; j < QK_K / 64; j++, ql += 32) {
+            uint8_t sc, m;
+            kiln_get_scale_min_k4(2 * j, x[i].scales, &sc, &m);
+            const float d1 = d * sc, m1 = dmin * m;
+            kiln_get_scale_min_k4(2 * j + 1, x[i].scales, &sc, &m);
+            const float d2 = d * sc, m2 = dmin * m;
+            for (int l = 0; l < 32; l++) *y++ = d1 * (float)((ql[l] & 0x0F) | ((qh[l] >> (2 * j)) & 1) << 4) - m1;
+            for (int l = 0; l < 32; l++) *y++ = d2 * (float)((ql[l] >> 4) | ((qh[l] >> (2 * j + 1)) & 1) << 4) - m2;
+        }
+    }
+}
+
+/* Search over 16 grids from nmax-0.5 to nmax+1 levels (GGML's for Q5_K). */
+void kiln_quantize_q5_K_ref(const float *x, void *vy, int64_t k) {
+    assert(k % QK_K == 0);
+    block_q5_K *y = vy;
+    uint8_t q[QK_K];
+    for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
+        quantize_k_super_block(31, -0.5f, 0.1f, 15, x, &y[i].d, &y[i].dmin, y[i].scales, q);
+        memset(y[i].qh, 0, sizeof y[i].qh);
+        for (int j = 0; j < QK_K / 64; j++) {
+            for (int l = 0; l < 32; l++) {
+                const int q0 = q[64 * j + l], q1 = q[64 * j + 32 + l];
+                y[i].qs[32 * j + l] = (uint8_t)((q0 & 0x0F) | (q1 & 0x0F) << 4);
+                y[i].qh[l] |= (uint8_t)((q0 >> 4) << (2 * j) | (q1 >> 4) << (2 * j + 1));
+            }
+        }
+    }
+}
+
+void kiln_vec_dot_q5_K_q8_K_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    assert(n % QK_K == 0);
+    const block_q5_K *x = vx;
+    const block_q8_K *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int32_t sumi = 0, summ = 0; /* |sumi| <= 256*63*31*127 ~ 6.3e7 */
+        for (int j = 0; j < QK_K / 32; j++) {
+            uint8_t sc, m;
+            kiln_get_scale_min_k4(j, x[i].scales, &sc, &m);
+            const uint8_t *ql = x[i].qs + 32 * (j / 2);
+            const int8_t *q8 = y[i].qs + 32 * j;
+            const int shift = 4 * (j % 2);
+            int32_t dot = 0;
+            for (int l = 0; l < 32; l++) dot += (((ql[l] >> shift) & 0x0F) | ((x[i].qh[l] >> j) & 1) << 4) * q8[l];
+            sumi += sc * dot;
+            summ += m * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+        }
+        const float d = kiln_fp16_to_f32(x[i].d) * y[i].d, dmin = kiln_fp16_to_f32(x[i].dmin) * y[i].d;
+        sum += d * (float)sumi;
+        sum -= dmin * (float)summ;
+    }
+    *s = sum;
+}
+
+/* ---------------------------------------------------------------- Q6_K: 210 bytes per 256, x = d*sc*(q - 32)
+ * Each 128-element half uses 64 bytes of ql and 32 of qh. For l in 0..31, element l+32*r (r = 0..3) has its
+ * low 4 bits in ql[l + 32*(r%2)] (low nibble for r < 2, high for r >= 2) and its top 2 bits at bit 2r of qh[l]. */
+
+void kiln_to_float_q6_K_ref(const void *vx, float *y, int64_t k) {
+    assert(k % QK_K == 0);
+    const block_q6_K *x = vx;
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = kiln_fp16_to_f32(x[i].d);
+        for (int h = 0; h < 2; h++, y += 128) {
+            const uint8_t *ql = x[i].ql + 64 * h, *qh = x[i].qh + 32 * h;
+            const int8_t *sc = x[i].scales + 8 * h;
+            for (int l = 0; l < 32; l++) {
+                const int is = l / 16;
+                const int q1 = ((ql[l] & 0x0F) | ((qh[l] >> 0) & 3) << 4) - 32;
+                const int q2 = ((ql[l + 32] & 0x0F) | ((qh[l] >> 2) & 3) << 4) - 32;
+                const int q3 = ((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32;
+                const int q4 = ((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32;
+                /* (d*sc)*q in that order, as GGML and gguf-py do: d*sc is exact, the last product rounds */
+                y[l] = d * (float)sc[is + 0] * (float)q1;
+                y[l + 32] = d * (float)sc[is + 2] * (float)q2;
+                y[l + 64] = d * (float)sc[is + 4] * (float)q3;
+                y[l + 96] = d * (float)sc[is + 6] * (float)q4;
+            }
+        }
+    }
+}
+
+/* Codes round(iscale*x) in -32..31 and their least-squares scale; keeps it if its gain beats *best_gain. */
+static bool q6_try(const float *x, float iscale, double *best_scale, double *best_gain) {
+    double sxl = 0, sll = 0;
+    for (int i = 0; i < 16; i++) {
+        const int l = round_clamp(iscale * x[i], -32, 31);
+        const double w = (double)x[i] * x[i];
+        sxl += w * x[i] * l;
+        sll += w * l * l;
+    }
+    if (!(sll > 0) || !(sxl * sxl / sll > *best_gain)) return false;
+    *best_gain = sxl * sxl / sll, *best_scale = sxl / sll;
+    return true;
+}
+
+/* Symmetric fit of a 16-element sub-block, x ~ scale*l with l in -32..31, weighted by x^2 (GGML's choice for
+ * Q6_K: with 64 levels the large weights decide). Grids map the signed extreme to -(32 + 0.1*is), is in
+ * -9..9, so the extreme may use the extra negative level; each is refit by least squares, scale = <wxl>/<wll>,
+ * which leaves error <wxx> - <wxl>^2/<wll>, and the best is polished by reassign-and-refit. Returns the
+ * scale (signed); 0 for a sub-block below 1e-15. */
+static float fit_scale_q6(const float *x) {
+    float amax = 0.0f, max = 0.0f;
+    for (int i = 0; i < 16; i++)
+        if (fabsf(x[i]) > amax) amax = fabsf(x[i]), max = x[i];
+    if (amax < 1e-15f) return 0.0f;
+    double best_scale = 0.0, best_gain = 0.0; /* gain = <wxl>^2/<wll>: larger is smaller error */
+    for (int is = -9; is <= 9; is++)
+        q6_try(x, -(32.0f + 0.1f * (float)is) / max, &best_scale, &best_gain);
+    for (int iter = 0; iter < 8 && best_scale != 0.0; iter++)
+        if (!q6_try(x, (float)(1.0 / best_scale), &best_scale, &best_gain)) break;
+    return (float)best_scale;
+}
+
+/* Error (x^2-weighted, as the fit) of one sub-block with the final float scale d, codes l+32 written to q. */
+static double sub_block_error_q6(const float *x, float d, uint8_t *q) {
+    double err = 0.0;
+    for (int i = 0; i < 16; i++) {
+        const int l = d != 0.0f ? round_clamp(x[i] / d, -32, 31) : 0;
+        q[i] = (uint8_t)(l + 32);
+        const double diff = (double)(d * (float)l) - x[i];
+        err += (double)x[i] * x[i] * diff * diff;
+    }
+    return err;
+}
+
+/* Sub-scales are int8 against d = (signed largest scale)/-128 stored as f16, so the largest uses -128. Each is
+ * rounded against the stored d, then chosen from that +-1 by the error it gives, and its codes requantized. */
+void kiln_quantize_q6_K_ref(const float *x, void *vy, int64_t k) {
+    assert(k % QK_K == 0);
+    block_q6_K *y = vy;
+    for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
+        float scales[QK_K / 16], max_scale = 0.0f, amax_scale = 0.0f;
+        for (int j = 0; j < QK_K / 16; j++) {
+            scales[j] = fit_scale_q6(x + 16 * j);
+            if (fabsf(scales[j]) > amax_scale) amax_scale = fabsf(scales[j]), max_scale = scales[j];
+        }
+        const kiln_fp16 dh = kiln_f32_to_fp16(max_scale / -128.0f);
+        const float d = kiln_fp16_to_f32(dh);
+        if (d == 0.0f) { /* all-zero or tiny block (scale below the smallest f16): all zeros */
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        uint8_t q[QK_K], trial[16];
+        for (int j = 0; j < QK_K / 16; j++) {
+            const int s0 = round_clamp(scales[j] / d, -128, 127);
+            double best = INFINITY;
+            y[i].scales[j] = (int8_t)s0;
+            for (int sc = s0 - 1; sc <= s0 + 1; sc++) {
+                if (sc < -128 || sc > 127) continue;
+                const double err = sub_block_error_q6(x + 16 * j, d * (float)sc, trial);
+                if (err < best) best = err, y[i].scales[j] = (int8_t)sc, memcpy(q + 16 * j, trial, 16);
+            }
+        }
+        y[i].d = dh;
+        for (int h = 0; h < 2; h++) {
+            uint8_t *ql = y[i].ql + 64 * h, *qh = y[i].qh + 32 * h;
+            const uint8_t *L = q + 128 * h;
+            for (int l = 0; l < 32; l++) {
+                ql[l] = (uint8_t)((L[l] & 0x0F) | (L[l + 64] & 0x0F) << 4);
+                ql[l + 32] = (uint8_t)((L[l + 32] & 0x0F) | (L[l + 96] & 0x0F) << 4);
+                qh[l] = (uint8_t)((L[l] >> 4) | (L[l + 32] >> 4) << 2 | (L[l + 64] >> 4) << 4 | (L[l + 96] >> 4) << 6);
+            }
+        }
+    }
+}
+
+void kiln_vec_dot_q6_K_q8_K_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    assert(n % QK_K == 0);
+    const block_q6_K *x = vx;
+    const block_q8_K *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int32_t sumi = 0; /* |sumi| <= 256*128*32*127 ~ 1.3e8 */
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = x[i].ql + 64 * h, *qh = x[i].qh + 32 * h;
+            const int8_t *q8 = y[i].qs + 128 * h;
+            for (int r = 0; r < 4; r++) {     /* element l + 32r of this half */
+                for (int g = 0; g < 2; g++) { /* sub-block of 16 */
+                    int32_t dot = 0;
+                    for (int l = 16 * g; l < 16 * g + 16; l++) {
+                        const int lo = (ql[l + 32 * (r % 2)] >> (4 * (r / 2))) & 0x0F;
+                        const int q = (lo | ((qh[l] >> (2 * r)) & 3) << 4) - 32;
+                        dot += q * q8[l + 32 * r];
+                    }
+                    sumi += x[i].scales[8 * h + 2 * r + g] * dot;
+                }
+            }
+        }
+        sum += kiln_fp16_to_f32(x[i].d) * y[i].d * (float)sumi;
+    }
+    *s = sum;
+}
+
+/* ---------------------------------------------------------------- Q8_K: 292 bytes per 256, x = d * q (float d) */
+
+void kiln_to_float_q8_K_ref(const void *vx, float *y, int64_t k) {
+    assert(k % QK_K == 0);
+    const block_q8_K *x = vx;
+    for (int64_t i = 0; i < k / QK_K; i++, y += QK_K)
+        for (int j = 0; j < QK_K; j++) y[j] = x[i].d * (float)x[i].qs[j];
+}
+
+/* GGML's quantize_row_q8_K_ref: the signed extreme maps to -127 (iscale = -127/max; -128 would suit the
+ * K-quant dots but not IQ2's AVX code), codes round half to even, capped at 127; bsums[j] sums codes 16j..16j+15.
+ * An all-zero block (or one so tiny that -127/max overflows, where GGML's codes would be garbage) is d = 0 with
+ * zero codes and bsums; GGML leaves bsums unwritten there. */
+void kiln_from_float_q8_K_ref(const float *x, void *vy, int64_t k) {
+    assert(k % QK_K == 0);
+    block_q8_K *y = vy;
+    for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < QK_K; j++)
+            if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
+        const float iscale = amax != 0.0f ? -127.0f / max : 0.0f;
+        if (!isfinite(iscale) || iscale == 0.0f) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        for (int j = 0; j < QK_K; j++) y[i].qs[j] = (int8_t)round_clamp(iscale * x[j], -127, 127);
+        for (int j = 0; j < QK_K / 16; j++) {
+            int sum = 0;
+            for (int l = 0; l < 16; l++) sum += y[i].qs[16 * j + l];
+            y[i].bsums[j] = (int16_t)sum;
+        }
+        y[i].d = 1.0f / iscale;
+    }
+}
