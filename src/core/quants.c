@@ -4,6 +4,10 @@
 #include "quants.h"
 
 #include <pthread.h>
+#include <stdbool.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,14 +66,26 @@ const kiln_type_traits *kiln_type_traits_get(kiln_type t) {
     return &table[t];
 }
 
+/* CPUID leaf 1 / leaf 7 bits, and XGETBV to be sure the OS saves the wider registers. */
 kiln_simd kiln_simd_detect(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16"))
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return KILN_SIMD_SCALAR;
+    bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28), f16c = c & (1u << 29);
+    if (!osxsave || !avx) return KILN_SIMD_SCALAR;
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    bool os_avx = (xlo & 0x6) == 0x6, os_avx512 = (xlo & 0xe6) == 0xe6;
+    if (!os_avx || __get_cpuid_max(0, NULL) < 7) return KILN_SIMD_SCALAR;
+    __cpuid_count(7, 0, a, b, c, d);
+    bool avx2 = b & (1u << 5), avx512f = b & (1u << 16), avx512dq = b & (1u << 17), avx512bw = b & (1u << 30),
+         avx512vl = b & (1u << 31), vnni = c & (1u << 11);
+    unsigned a1, b1, c1, d1;
+    __cpuid_count(7, 1, a1, b1, c1, d1);
+    bool avx512bf16 = a1 & (1u << 5);
+    if (avx2 && fma && f16c && os_avx512 && avx512f && avx512dq && avx512bw && avx512vl && vnni && avx512bf16)
         return KILN_SIMD_AVX512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-        return KILN_SIMD_AVX2;
+    if (avx2 && fma && f16c) return KILN_SIMD_AVX2;
 #endif
     return KILN_SIMD_SCALAR;
 }

@@ -1,0 +1,555 @@
+/* quants_avx2.c: AVX2 + FMA + F16C versions of the block-format kernels whose scalar oracle is quants_ref.c.
+ *
+ * to_float and the from_float quantizers are bit-exact with the oracle: they do the same float operations in
+ * the same order, and nothing is fused (the Makefile's -std=c11 implies -ffp-contract=off, so a mul followed
+ * by an add stays two roundings). vec_dot keeps every integer sum exact and differs from the oracle only in
+ * the order floats are accumulated. tests/test_simd.c checks all three on random blocks. */
+#if defined(__x86_64__)
+
+#include "quants.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- helpers */
+
+static inline float f16_to_f32(kiln_fp16 h) { return _cvtsh_ss(h); } /* F16C; equals kiln_fp16_to_f32 except
+                                                                         that a signaling NaN comes back quiet */
+
+static inline float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float hmax_ps(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline int hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtsi128_si32(s);
+}
+
+static inline __m256 abs_ps(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+
+/* 16 bytes of packed nibbles -> 32 bytes: the low nibbles (elements 0..15) then the high ones (16..31). */
+static inline __m256i unpack_nibbles16(const uint8_t *qs) {
+    __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+}
+
+/* 8 bytes at p, sign- or zero-extended, as floats. */
+static inline __m256 i8x8_ps(const void *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
+
+/* The 32 bytes of q as four vectors of 8 floats, treating the bytes as signed or unsigned. */
+static inline void bytes_ps(__m256i q, int is_signed, __m256 out[4]) {
+    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int m = 0; m < 4; m++)
+        out[m] = _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(part[m]) : _mm256_cvtepu8_epi32(part[m]));
+}
+
+/* Four vectors of 8 int32 (each in int8 range) -> 32 int8 in order. */
+static inline __m256i pack_i32_i8(__m256i a, __m256i b, __m256i c, __m256i d) {
+    __m256i ab = _mm256_packs_epi32(a, b);                 /* a0-3 b0-3 | a4-7 b4-7 */
+    __m256i cd = _mm256_packs_epi32(c, d);
+    __m256i abcd = _mm256_packs_epi16(ab, cd);             /* a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7 */
+    return _mm256_permutevar8x32_epi32(abcd, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* roundf() on 8 lanes: round half away from zero. _mm256_round_ps has no such mode and adding 0.5 before
+ * truncating is wrong for 0.49999997f (the sum rounds up to 1), so truncate and fix up from the exact
+ * remainder v - trunc(v). */
+static inline __m256 round_half_away(__m256 v) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m256 up = _mm256_cmp_ps(abs_ps(_mm256_sub_ps(v, t)), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    __m256 one = _mm256_or_ps(_mm256_and_ps(v, sign), _mm256_set1_ps(1.0f)); /* copysign(1, v) */
+    return _mm256_add_ps(t, _mm256_and_ps(up, one));
+}
+
+/* [sum(a[0]), ..., sum(a[7])] of eight vectors of 8 int32. */
+static inline __m256i hsum8x8_epi32(const __m256i a[8]) {
+    __m256i h01 = _mm256_hadd_epi32(a[0], a[1]), h23 = _mm256_hadd_epi32(a[2], a[3]);
+    __m256i h45 = _mm256_hadd_epi32(a[4], a[5]), h67 = _mm256_hadd_epi32(a[6], a[7]);
+    __m256i g0 = _mm256_hadd_epi32(h01, h23); /* lane 0: low-half sums of a0..a3; lane 1: high-half sums */
+    __m256i g1 = _mm256_hadd_epi32(h45, h67);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20), _mm256_permute2x128_si256(g0, g1, 0x31));
+}
+
+/* Q4_K/Q5_K scales[12] -> out[0..7] the 6-bit scales, out[8..15] the 6-bit mins (as kiln_get_scale_min_k4,
+ * four sub-blocks per 32-bit word). Bytes 0..3 hold sc0..3 and m0..3 in their low 6 bits at [0..3] and
+ * [4..7], with the top 2 bits of sc4..7 and m4..7; bytes 8..11 hold the low 4 bits of sc4..7 / m4..7. */
+static inline void unpack_scales_k4(const uint8_t *scales, uint32_t out[4]) {
+    uint32_t a, b, c;
+    memcpy(&a, scales, 4);
+    memcpy(&b, scales + 4, 4);
+    memcpy(&c, scales + 8, 4);
+    out[0] = a & 0x3f3f3f3f;
+    out[1] = (c & 0x0f0f0f0f) | (((a >> 6) & 0x03030303) << 4);
+    out[2] = b & 0x3f3f3f3f;
+    out[3] = ((c >> 4) & 0x0f0f0f0f) | (((b >> 6) & 0x03030303) << 4);
+}
+
+/* pshufb masks that broadcast int16 element k of a 128-bit lane to the whole lane. */
+static inline __m256i word_bcast_mask(int k) { return _mm256_set1_epi16((short)((2 * k + 1) << 8 | 2 * k)); }
+
+/* ---------------------------------------------------------------- to_float */
+
+void kiln_to_float_f32_avx2(const void *x, float *y, int64_t k) { memcpy(y, x, (size_t)k * sizeof(float)); }
+
+void kiln_to_float_f16_avx2(const void *vx, float *y, int64_t k) {
+    const kiln_fp16 *x = vx;
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    for (; i < k; i++) y[i] = f16_to_f32(x[i]);
+}
+
+void kiln_to_float_bf16_avx2(const void *vx, float *y, int64_t k) {
+    const kiln_bf16 *x = vx;
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) {
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i)));
+        _mm256_storeu_ps(y + i, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+    }
+    for (; i < k; i++) y[i] = kiln_bf16_to_f32(x[i]);
+}
+
+void kiln_to_float_q4_0_avx2(const void *vx, float *y, int64_t k) {
+    const block_q4_0 *x = vx;
+    for (int64_t i = 0; i < k / QK4_0; i++, y += QK4_0) {
+        const __m256 d = _mm256_set1_ps(f16_to_f32(x[i].d));
+        __m256 f[4];
+        bytes_ps(_mm256_sub_epi8(unpack_nibbles16(x[i].qs), _mm256_set1_epi8(8)), 1, f);
+        for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 8 * m, _mm256_mul_ps(f[m], d));
+    }
+}
+
+void kiln_to_float_q4_1_avx2(const void *vx, float *y, int64_t k) {
+    const block_q4_1 *x = vx;
+    for (int64_t i = 0; i < k / QK4_1; i++, y += QK4_1) {
+        const __m256 d = _mm256_set1_ps(f16_to_f32(x[i].d)), mn = _mm256_set1_ps(f16_to_f32(x[i].m));
+        __m256 f[4];
+        bytes_ps(unpack_nibbles16(x[i].qs), 0, f);
+        for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 8 * m, _mm256_add_ps(_mm256_mul_ps(f[m], d), mn));
+    }
+}
+
+void kiln_to_float_q8_0_avx2(const void *vx, float *y, int64_t k) {
+    const block_q8_0 *x = vx;
+    for (int64_t i = 0; i < k / QK8_0; i++, y += QK8_0) {
+        const __m256 d = _mm256_set1_ps(f16_to_f32(x[i].d));
+        for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 8 * m, _mm256_mul_ps(i8x8_ps(x[i].qs + 8 * m), d));
+    }
+}
+
+void kiln_to_float_q8_1_avx2(const void *vx, float *y, int64_t k) {
+    const block_q8_1 *x = vx;
+    for (int64_t i = 0; i < k / QK8_1; i++, y += QK8_1) {
+        const __m256 d = _mm256_set1_ps(f16_to_f32(x[i].d));
+        for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 8 * m, _mm256_mul_ps(i8x8_ps(x[i].qs + 8 * m), d));
+    }
+}
+
+/* y = (d*sc)*q - (dmin*m) per 32-element sub-block, as GGML's dequantize_row_q4_K. */
+void kiln_to_float_q4_K_avx2(const void *vx, float *y, int64_t k) {
+    const block_q4_K *x = vx;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = f16_to_f32(x[i].d), dmin = f16_to_f32(x[i].dmin);
+        uint32_t sm[4];
+        unpack_scales_k4(x[i].scales, sm);
+        const uint8_t *sc = (const uint8_t *)sm, *mn = sc + 8;
+        for (int j = 0; j < 4; j++, y += 64) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
+            __m256i half[2] = {_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)};
+            for (int h = 0; h < 2; h++) {
+                const __m256 ds = _mm256_set1_ps(d * sc[2 * j + h]), dm = _mm256_set1_ps(dmin * mn[2 * j + h]);
+                __m256 f[4];
+                bytes_ps(half[h], 0, f);
+                for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 32 * h + 8 * m, _mm256_sub_ps(_mm256_mul_ps(ds, f[m]), dm));
+            }
+        }
+    }
+}
+
+/* As Q4_K with a fifth bit: bit 2j of qh[l] tops element l of sub-block 2j, bit 2j+1 that of sub-block 2j+1. */
+void kiln_to_float_q5_K_avx2(const void *vx, float *y, int64_t k) {
+    const block_q5_K *x = vx;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), b0 = _mm256_set1_epi8(1), b1 = _mm256_set1_epi8(2);
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = f16_to_f32(x[i].d), dmin = f16_to_f32(x[i].dmin);
+        uint32_t sm[4];
+        unpack_scales_k4(x[i].scales, sm);
+        const uint8_t *sc = (const uint8_t *)sm, *mn = sc + 8;
+        __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
+        for (int j = 0; j < 4; j++, y += 64) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
+            __m256i half[2] = {
+                _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(_mm256_and_si256(qh, b0), 4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), _mm256_slli_epi16(_mm256_and_si256(qh, b1), 3)),
+            };
+            qh = _mm256_srli_epi16(qh, 2); /* bits 0,1 of each byte now come from its own bits 2,3 */
+            for (int h = 0; h < 2; h++) {
+                const __m256 ds = _mm256_set1_ps(d * sc[2 * j + h]), dm = _mm256_set1_ps(dmin * mn[2 * j + h]);
+                __m256 f[4];
+                bytes_ps(half[h], 0, f);
+                for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 32 * h + 8 * m, _mm256_sub_ps(_mm256_mul_ps(ds, f[m]), dm));
+            }
+        }
+    }
+}
+
+/* The four 32-element quarters of a 128-element Q6_K chunk as unsigned 6-bit values (0..63). ql points at the
+ * chunk's 64 ql bytes, qh at its 32 qh bytes. All shifts are 16-bit; the masks keep only bits that came from
+ * the same byte. */
+static inline void q6_quarters(const uint8_t *ql, const uint8_t *qh, __m256i q[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
+    __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+    __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m2));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m2));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(h, m2));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(h, 2), m2));
+}
+
+/* y = (d*sc)*(q-32) per 16-element group, as GGML's dequantize_row_q6_K. */
+void kiln_to_float_q6_K_avx2(const void *vx, float *y, int64_t k) {
+    const block_q6_K *x = vx;
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = f16_to_f32(x[i].d);
+        for (int c = 0; c < 2; c++, y += 128) {
+            __m256i q[4];
+            q6_quarters(x[i].ql + 64 * c, x[i].qh + 32 * c, q);
+            for (int m = 0; m < 4; m++) {
+                const int g = 8 * c + 2 * m; /* groups g and g+1 */
+                const __m256 s0 = _mm256_set1_ps(d * x[i].scales[g]), s1 = _mm256_set1_ps(d * x[i].scales[g + 1]);
+                __m256 f[4];
+                bytes_ps(_mm256_sub_epi8(q[m], _mm256_set1_epi8(32)), 1, f);
+                _mm256_storeu_ps(y + 32 * m + 0, _mm256_mul_ps(s0, f[0]));
+                _mm256_storeu_ps(y + 32 * m + 8, _mm256_mul_ps(s0, f[1]));
+                _mm256_storeu_ps(y + 32 * m + 16, _mm256_mul_ps(s1, f[2]));
+                _mm256_storeu_ps(y + 32 * m + 24, _mm256_mul_ps(s1, f[3]));
+            }
+        }
+    }
+}
+
+void kiln_to_float_q8_K_avx2(const void *vx, float *y, int64_t k) {
+    const block_q8_K *x = vx;
+    for (int64_t i = 0; i < k / QK_K; i++, y += QK_K) {
+        const __m256 d = _mm256_set1_ps(x[i].d);
+        for (int m = 0; m < QK_K / 8; m++) _mm256_storeu_ps(y + 8 * m, _mm256_mul_ps(d, i8x8_ps(x[i].qs + 8 * m)));
+    }
+}
+
+/* ---------------------------------------------------------------- from_float */
+
+void kiln_from_float_f32_avx2(const float *x, void *y, int64_t k) { memcpy(y, x, (size_t)k * sizeof(float)); }
+
+/* F16C rounds to nearest even, keeps NaN sign and top payload bits and quiets it, like kiln_f32_to_fp16. */
+void kiln_from_float_f16_avx2(const float *x, void *vy, int64_t k) {
+    kiln_fp16 *y = vy;
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < k; i++) y[i] = kiln_f32_to_fp16(x[i]);
+}
+
+/* kiln_f32_to_bf16 in integer lanes: add 0x7fff + lsb and keep the top half; NaN becomes (bits >> 16) | 0x40.
+ * (AVX512_BF16's vcvtneps2bf16 flushes subnormals to zero, so it is not used for this.) */
+void kiln_from_float_bf16_avx2(const float *x, void *vy, int64_t k) {
+    kiln_bf16 *y = vy;
+    const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff), quiet = _mm256_set1_epi32(0x40);
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16) {
+        __m256i r[2];
+        for (int h = 0; h < 2; h++) {
+            __m256 v = _mm256_loadu_ps(x + i + 8 * h);
+            __m256i b = _mm256_castps_si256(v);
+            __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), one);
+            __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(bias, lsb)), 16);
+            __m256i nan = _mm256_or_si256(_mm256_srli_epi32(b, 16), quiet);
+            r[h] = _mm256_blendv_epi8(rounded, nan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+        }
+        /* values are 0..0xffff, so the unsigned-saturating pack is exact; it works per 128-bit lane */
+        __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xD8);
+        _mm256_storeu_si256((__m256i *)(y + i), p);
+    }
+    for (; i < k; i++) y[i] = kiln_f32_to_bf16(x[i]);
+}
+
+/* One Q8_0/Q8_1 block: d = amax/127, q = roundf(x * (1/d)). Returns the q as int32 in q[4]; *d_out = d. */
+static inline void quantize_block_q8(const float *x, __m256i q[4], float *d_out) {
+    __m256 v[4], amax = _mm256_setzero_ps();
+    for (int m = 0; m < 4; m++) {
+        v[m] = _mm256_loadu_ps(x + 8 * m);
+        amax = _mm256_max_ps(amax, abs_ps(v[m]));
+    }
+    const float d = hmax_ps(amax) / 127;
+    const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+    for (int m = 0; m < 4; m++) q[m] = _mm256_cvttps_epi32(round_half_away(_mm256_mul_ps(v[m], id)));
+    *d_out = d;
+}
+
+void kiln_from_float_q8_0_avx2(const float *x, void *vy, int64_t k) {
+    block_q8_0 *y = vy;
+    for (int64_t i = 0; i < k / QK8_0; i++, x += QK8_0) {
+        __m256i q[4];
+        float d;
+        quantize_block_q8(x, q, &d);
+        y[i].d = kiln_f32_to_fp16(d);
+        _mm256_storeu_si256((__m256i *)y[i].qs, pack_i32_i8(q[0], q[1], q[2], q[3]));
+    }
+}
+
+void kiln_from_float_q8_1_avx2(const float *x, void *vy, int64_t k) {
+    block_q8_1 *y = vy;
+    for (int64_t i = 0; i < k / QK8_1; i++, x += QK8_1) {
+        __m256i q[4];
+        float d;
+        quantize_block_q8(x, q, &d);
+        const int sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+        y[i].d = kiln_f32_to_fp16(d);
+        y[i].s = kiln_f32_to_fp16((float)sum * d);
+        _mm256_storeu_si256((__m256i *)y[i].qs, pack_i32_i8(q[0], q[1], q[2], q[3]));
+    }
+}
+
+/* GGML's quantize_row_q8_K: max is the first element of largest magnitude (its sign matters), iscale =
+ * -127/max, q = min(127, nearest_int(iscale*x)) where nearest_int is round-half-even (cvtps under the default
+ * MXCSR), d = 1/iscale, bsums[g] = sum of q[16g..16g+15]. An all-zero block is all zeros. */
+void kiln_from_float_q8_K_avx2(const float *x, void *vy, int64_t k) {
+    block_q8_K *y = vy;
+    for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
+        __m256 amaxv = _mm256_setzero_ps();
+        for (int m = 0; m < QK_K / 8; m++) amaxv = _mm256_max_ps(amaxv, abs_ps(_mm256_loadu_ps(x + 8 * m)));
+        const float amax = hmax_ps(amaxv);
+        if (amax == 0.0f) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        float max = 0.0f;
+        for (int m = 0; m < QK_K / 8; m++) {
+            int hit = _mm256_movemask_ps(_mm256_cmp_ps(abs_ps(_mm256_loadu_ps(x + 8 * m)), _mm256_set1_ps(amax), _CMP_EQ_OQ));
+            if (hit) {
+                max = x[8 * m + __builtin_ctz((unsigned)hit)];
+                break;
+            }
+        }
+        const float iscale = -127.f / max;
+        const __m256 vs = _mm256_set1_ps(iscale);
+        const __m256i top = _mm256_set1_epi32(127);
+        __m256i pair[QK_K / 16]; /* per 16-element group: the two 8-lane halves added */
+        for (int g = 0; g < QK_K / 32; g++) {
+            __m256i q[4];
+            for (int m = 0; m < 4; m++)
+                q[m] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vs, _mm256_loadu_ps(x + 32 * g + 8 * m))), top);
+            _mm256_storeu_si256((__m256i *)(y[i].qs + 32 * g), pack_i32_i8(q[0], q[1], q[2], q[3]));
+            pair[2 * g] = _mm256_add_epi32(q[0], q[1]);
+            pair[2 * g + 1] = _mm256_add_epi32(q[2], q[3]);
+        }
+        __m256i s0 = hsum8x8_epi32(pair), s1 = hsum8x8_epi32(pair + 8);
+        _mm256_storeu_si256((__m256i *)y[i].bsums, _mm256_permute4x64_epi64(_mm256_packs_epi32(s0, s1), 0xD8));
+        y[i].d = 1 / iscale;
+    }
+}
+
+/* ---------------------------------------------------------------- vec_dot, float types */
+
+void kiln_vec_dot_f32_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const float *x = vx, *y = vy;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int m = 0; m < 4; m++)
+            acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8 * m), _mm256_loadu_ps(y + i + 8 * m), acc[m]);
+    for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc[0]);
+    float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    for (; i < n; i++) sum += x[i] * y[i];
+    *s = sum;
+}
+
+static inline __m256 load_f16(const kiln_fp16 *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline __m256 load_bf16(const kiln_bf16 *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+void kiln_vec_dot_f16_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const kiln_fp16 *x = vx, *y = vy;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int m = 0; m < 4; m++) acc[m] = _mm256_fmadd_ps(load_f16(x + i + 8 * m), load_f16(y + i + 8 * m), acc[m]);
+    for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load_f16(x + i), load_f16(y + i), acc[0]);
+    float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    for (; i < n; i++) sum += f16_to_f32(x[i]) * f16_to_f32(y[i]);
+    *s = sum;
+}
+
+void kiln_vec_dot_bf16_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const kiln_bf16 *x = vx, *y = vy;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int m = 0; m < 4; m++) acc[m] = _mm256_fmadd_ps(load_bf16(x + i + 8 * m), load_bf16(y + i + 8 * m), acc[m]);
+    for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load_bf16(x + i), load_bf16(y + i), acc[0]);
+    float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    for (; i < n; i++) sum += kiln_bf16_to_f32(x[i]) * kiln_bf16_to_f32(y[i]);
+    *s = sum;
+}
+
+/* ---------------------------------------------------------------- vec_dot, block types
+ * Products of unsigned weights and signed activations go through maddubs (u8 x s8 -> pairs summed in int16):
+ * with weights <= 63 a pair is at most 2*63*128 = 16128, so the int16 saturation never triggers. */
+
+void kiln_vec_dot_q4_0_q8_0_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q4_0 *x = vx;
+    const block_q8_0 *y = vy;
+    const __m256i eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK4_0; i++) {
+        __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        /* sum (q-8)*y = sum q*y - 8*sum y, each pair in int16 (|.| <= 3840) */
+        __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(unpack_nibbles16(x[i].qs), qy), _mm256_maddubs_epi16(eight, qy));
+        __m256 d = _mm256_set1_ps(f16_to_f32(x[i].d) * f16_to_f32(y[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc);
+    }
+    *s = hsum_ps(acc);
+}
+
+void kiln_vec_dot_q4_1_q8_1_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q4_1 *x = vx;
+    const block_q8_1 *y = vy;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0.0f; /* sum of m_x * s_y: the min times the activation block's sum */
+    for (int64_t i = 0; i < n / QK4_1; i++) {
+        __m256i p = _mm256_maddubs_epi16(unpack_nibbles16(x[i].qs), _mm256_loadu_si256((const __m256i *)y[i].qs));
+        __m256 d = _mm256_set1_ps(f16_to_f32(x[i].d) * f16_to_f32(y[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc);
+        summs += f16_to_f32(x[i].m) * f16_to_f32(y[i].s);
+    }
+    *s = hsum_ps(acc) + summs;
+}
+
+/* Both sides signed: widen to int16 so every value, -128 included, multiplies exactly. */
+void kiln_vec_dot_q8_0_q8_0_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q8_0 *x = vx;
+    const block_q8_0 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        __m256i p = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(x[i].qs + 16 * h)));
+            __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(y[i].qs + 16 * h)));
+            p = _mm256_add_epi32(p, _mm256_madd_epi16(a, b));
+        }
+        __m256 d = _mm256_set1_ps(f16_to_f32(x[i].d) * f16_to_f32(y[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
+    }
+    *s = hsum_ps(acc);
+}
+
+/* mins . (bsums[2j] + bsums[2j+1]) as 8 int32 lanes: the Q4_K/Q5_K "- dmin*m" term, from Q8_K's bsums. */
+static inline __m256i mins_dot_bsums(const uint32_t sm[4], const int16_t *bsums) {
+    __m128i m8 = _mm_loadl_epi64((const __m128i *)(sm + 2));
+    __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)); /* m0 m0 m1 m1 ... m7 m7 */
+    return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bsums), m16);
+}
+
+/* Shared by Q4_K and Q5_K: lo/hi are the 32 values of sub-blocks 2j and 2j+1 (0..31), y their activations.
+ * Returns sc[2j]*dot(lo) + sc[2j+1]*dot(hi) spread over 8 int32 lanes. */
+static inline __m256i kq_chunk(__m256i lo, __m256i hi, const int8_t *yq, __m256i sc16, int j) {
+    __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)yq));
+    __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(yq + 32)));
+    p0 = _mm256_madd_epi16(p0, _mm256_shuffle_epi8(sc16, word_bcast_mask(2 * j)));
+    p1 = _mm256_madd_epi16(p1, _mm256_shuffle_epi8(sc16, word_bcast_mask(2 * j + 1)));
+    return _mm256_add_epi32(p0, p1);
+}
+
+void kiln_vec_dot_q4_K_q8_K_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q4_K *x = vx;
+    const block_q8_K *y = vy;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = f16_to_f32(x[i].d) * y[i].d, dmin = f16_to_f32(x[i].dmin) * y[i].d;
+        uint32_t sm[4];
+        unpack_scales_k4(x[i].scales, sm);
+        acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins_dot_bsums(sm, y[i].bsums)), acc_m);
+        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
+        __m256i isum = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
+            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            isum = _mm256_add_epi32(isum, kq_chunk(lo, hi, y[i].qs + 64 * j, sc16, j));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+    }
+    *s = hsum_ps(acc) - hsum_ps(acc_m);
+}
+
+void kiln_vec_dot_q5_K_q8_K_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q5_K *x = vx;
+    const block_q8_K *y = vy;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), b0 = _mm256_set1_epi8(1), b1 = _mm256_set1_epi8(2);
+    __m256 acc = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = f16_to_f32(x[i].d) * y[i].d, dmin = f16_to_f32(x[i].dmin) * y[i].d;
+        uint32_t sm[4];
+        unpack_scales_k4(x[i].scales, sm);
+        acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins_dot_bsums(sm, y[i].bsums)), acc_m);
+        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
+        __m256i isum = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
+            __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(_mm256_and_si256(qh, b0), 4));
+            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), _mm256_slli_epi16(_mm256_and_si256(qh, b1), 3));
+            qh = _mm256_srli_epi16(qh, 2);
+            isum = _mm256_add_epi32(isum, kq_chunk(lo, hi, y[i].qs + 64 * j, sc16, j));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+    }
+    *s = hsum_ps(acc) - hsum_ps(acc_m);
+}
+
+/* sum_g sc[g] * sum (q-32)*y over the 16 groups of 16 = sum_g sc[g]*dot(q, y) - 32 * sum_g sc[g]*bsums[g].
+ * q is 0..63 (maddubs-safe); each 128-bit lane of a quarter is one group, so madd with a per-lane scale. */
+void kiln_vec_dot_q6_K_q8_K_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q6_K *x = vx;
+    const block_q8_K *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = f16_to_f32(x[i].d) * y[i].d;
+        const __m256i sc_all = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales)); /* 16 int16 */
+        __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[i].bsums), sc_all);
+        __m256i isum = _mm256_setzero_si256();
+        for (int c = 0; c < 2; c++) {
+            /* scales 8c..8c+7 as int16, in both lanes */
+            const __m256i sc8 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(x[i].scales + 8 * c))));
+            __m256i q[4];
+            q6_quarters(x[i].ql + 64 * c, x[i].qh + 32 * c, q);
+            for (int m = 0; m < 4; m++) {
+                /* lane 0 gets scale 2m, lane 1 scale 2m+1 */
+                const __m256i mask = _mm256_set_m128i(_mm256_castsi256_si128(word_bcast_mask(2 * m + 1)),
+                                                      _mm256_castsi256_si128(word_bcast_mask(2 * m)));
+                __m256i p = _mm256_maddubs_epi16(q[m], _mm256_loadu_si256((const __m256i *)(y[i].qs + 128 * c + 32 * m)));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc8, mask)));
+            }
+        }
+        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(corr, 5));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+    }
+    *s = hsum_ps(acc);
+}
+
+#endif /* __x86_64__ */

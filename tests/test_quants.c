@@ -1,0 +1,383 @@
+/* test_quants.c: the scalar reference block formats (src/core/quants_ref.c) checked on their own terms:
+ * round-trip error of every weight quantizer on normal data (with bounds, and K-quants beating legacy ones),
+ * edge inputs (zero, constant, outlier, tiny), the activation quantizers' invariants, and every vec_dot
+ * against a double-precision dot of the dequantized operands. Bit-exactness against gguf-py is
+ * tests/test_fixtures.c's job. Set KILN_TEST_VERBOSE=1 to print the measured errors to stderr. */
+#include "test.h"
+
+#include "quants.h"
+
+#include <stdint.h>
+
+/* A weight type with its scalar quantizer, and the activation type its vec_dot pairs it with. */
+typedef struct {
+    const char *name;
+    kiln_type type;
+    kiln_from_float_fn quantize;
+    kiln_to_float_fn dequantize;
+    kiln_type act_type;
+    kiln_from_float_fn act_quantize;
+    kiln_to_float_fn act_dequantize;
+    kiln_vec_dot_fn vec_dot;
+    /* Bound on RMS(dequant(quant(x)) - x) / RMS(x) for x ~ N(0,1), 64 rows x 4096. Each is ~20-30% above the
+     * value measured when written (in the comment), so a worse quantizer fails and noise does not. */
+    double max_rel_rms;
+} wcase;
+
+static const wcase cases[] = {
+    {"f32", KILN_TYPE_F32, kiln_from_float_f32_ref, kiln_to_float_f32_ref, KILN_TYPE_F32, kiln_from_float_f32_ref,
+     kiln_to_float_f32_ref, kiln_vec_dot_f32_ref, 0.0},
+    {"f16", KILN_TYPE_F16, kiln_from_float_f16_ref, kiln_to_float_f16_ref, KILN_TYPE_F16, kiln_from_float_f16_ref,
+     kiln_to_float_f16_ref, kiln_vec_dot_f16_ref, 2.2e-4}, /* measured 1.80e-4 */
+    {"bf16", KILN_TYPE_BF16, kiln_from_float_bf16_ref, kiln_to_float_bf16_ref, KILN_TYPE_BF16,
+     kiln_from_float_bf16_ref, kiln_to_float_bf16_ref, kiln_vec_dot_bf16_ref, 1.8e-3}, /* measured 1.44e-3 */
+    {"q4_0", KILN_TYPE_Q4_0, kiln_quantize_q4_0_ref, kiln_to_float_q4_0_ref, KILN_TYPE_Q8_0,
+     kiln_from_float_q8_0_ref, kiln_to_float_q8_0_ref, kiln_vec_dot_q4_0_q8_0_ref, 0.130}, /* measured 0.1057 */
+    {"q4_1", KILN_TYPE_Q4_1, kiln_quantize_q4_1_ref, kiln_to_float_q4_1_ref, KILN_TYPE_Q8_1,
+     kiln_from_float_q8_1_ref, kiln_to_float_q8_1_ref, kiln_vec_dot_q4_1_q8_1_ref, 0.105}, /* measured 0.0848 */
+    {"q8_0", KILN_TYPE_Q8_0, kiln_from_float_q8_0_ref, kiln_to_float_q8_0_ref, KILN_TYPE_Q8_0,
+     kiln_from_float_q8_0_ref, kiln_to_float_q8_0_ref, kiln_vec_dot_q8_0_q8_0_ref, 4.6e-3}, /* measured 3.74e-3 */
+    {"q4_K", KILN_TYPE_Q4_K, kiln_quantize_q4_K_ref, kiln_to_float_q4_K_ref, KILN_TYPE_Q8_K,
+     kiln_from_float_q8_K_ref, kiln_to_float_q8_K_ref, kiln_vec_dot_q4_K_q8_K_ref, 0.090}, /* measured 0.0725 */
+    {"q5_K", KILN_TYPE_Q5_K, kiln_quantize_q5_K_ref, kiln_to_float_q5_K_ref, KILN_TYPE_Q8_K,
+     kiln_from_float_q8_K_ref, kiln_to_float_q8_K_ref, kiln_vec_dot_q5_K_q8_K_ref, 0.045}, /* measured 0.0356 */
+    {"q6_K", KILN_TYPE_Q6_K, kiln_quantize_q6_K_ref, kiln_to_float_q6_K_ref, KILN_TYPE_Q8_K,
+     kiln_from_float_q8_K_ref, kiln_to_float_q8_K_ref, kiln_vec_dot_q6_K_q8_K_ref, 0.022}, /* measured 0.0179 */
+};
+#define N_CASES (int)(sizeof cases / sizeof cases[0])
+
+static const wcase *find_case(const char *name) {
+    for (int i = 0; i < N_CASES; i++)
+        if (strcmp(cases[i].name, name) == 0) return &cases[i];
+    return NULL;
+}
+
+static bool verbose(void) {
+    const char *v = getenv("KILN_TEST_VERBOSE");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+static bool all_finite(const float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(y[i])) return false;
+    return true;
+}
+
+/* ---------------------------------------------------------------- round-trip error */
+
+#define RT_ROWS 64
+#define RT_COLS 4096
+
+/* RMS(dequant(quant(x)) - x) / RMS(x), quantizing row by row as a tensor is; -1 if out of memory. */
+static double round_trip_error(const wcase *c, const float *x) {
+    const size_t row_bytes = kiln_type_row_bytes(c->type, RT_COLS);
+    uint8_t *q = malloc(row_bytes);
+    float *y = malloc(RT_COLS * sizeof(float));
+    double err = 0, ref = 0;
+    if (!q || !y) {
+        free(q), free(y);
+        return -1;
+    }
+    for (int r = 0; r < RT_ROWS; r++) {
+        const float *xr = x + (int64_t)r * RT_COLS;
+        c->quantize(xr, q, RT_COLS);
+        c->dequantize(q, y, RT_COLS);
+        for (int i = 0; i < RT_COLS; i++) {
+            err += ((double)y[i] - xr[i]) * ((double)y[i] - xr[i]);
+            ref += (double)xr[i] * xr[i];
+        }
+    }
+    free(q), free(y);
+    return sqrt(err / ref);
+}
+
+static void test_round_trip_error(void) {
+    float *x = malloc((size_t)RT_ROWS * RT_COLS * sizeof(float));
+    CHECK(x != NULL);
+    unsigned long long rng = 0x5eed0001;
+    for (int64_t i = 0; i < (int64_t)RT_ROWS * RT_COLS; i++) x[i] = test_rng_normal(&rng);
+    double err[N_CASES];
+    for (int i = 0; i < N_CASES; i++) {
+        err[i] = round_trip_error(&cases[i], x);
+        if (verbose()) fprintf(stderr, "round trip %-5s rel rms error %.4g (bound %.4g)\n", cases[i].name, err[i], cases[i].max_rel_rms);
+    }
+    free(x);
+    for (int i = 0; i < N_CASES; i++) {
+        CHECK(err[i] >= 0, "%s: out of memory", cases[i].name);
+        CHECK(err[i] <= cases[i].max_rel_rms, "%s: error %g over its bound %g", cases[i].name, err[i], cases[i].max_rel_rms);
+    }
+    /* more bits must buy less error, and K-quants must beat the legacy format of the same width */
+    const char *order[][2] = {{"q4_K", "q4_0"}, {"q4_K", "q4_1"}, {"q5_K", "q4_K"}, {"q6_K", "q5_K"},
+                              {"q8_0", "q6_K"}, {"bf16", "q8_0"}, {"f16", "bf16"}};
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
+        const int a = (int)(find_case(order[i][0]) - cases), b = (int)(find_case(order[i][1]) - cases);
+        CHECK(err[a] < err[b], "%s error %g is not below %s error %g", order[i][0], err[a], order[i][1], err[b]);
+    }
+}
+
+/* ---------------------------------------------------------------- edge inputs */
+
+#define EDGE_N 512 /* two super-blocks: a whole number of blocks of every type */
+
+/* Quantizes and dequantizes x[EDGE_N] with c; false (and a message in why) if anything is not finite. */
+static bool edge_round_trip(const wcase *c, const float *x, float *y, char *why, size_t why_size) {
+    uint8_t q[EDGE_N * 4];
+    for (int i = 0; i < EDGE_N; i++) y[i] = NAN;
+    c->quantize(x, q, EDGE_N);
+    c->dequantize(q, y, EDGE_N);
+    for (int i = 0; i < EDGE_N; i++) {
+        if (!isfinite(y[i])) {
+            snprintf(why, why_size, "%s: element %d of input %g came back %g", c->name, i, x[i], y[i]);
+            return false;
+        }
+    }
+    return true;
+}
+
+static void test_edge_all_zero(void) {
+    float x[EDGE_N] = {0}, y[EDGE_N];
+    char why[160];
+    for (int i = 0; i < N_CASES; i++) {
+        CHECK(edge_round_trip(&cases[i], x, y, why, sizeof why), "%s", why);
+        for (int j = 0; j < EDGE_N; j++) CHECK(y[j] == 0.0f, "%s: zero input came back %g at %d", cases[i].name, y[j], j);
+    }
+}
+
+static void test_edge_constant(void) {
+    /* a constant must come back within one f16 rounding of the scale (2^-11), times a little slack */
+    const float consts[] = {0.375f, -2.5f, 1e-3f, -7e3f};
+    float x[EDGE_N], y[EDGE_N];
+    char why[160];
+    for (size_t k = 0; k < sizeof consts / sizeof consts[0]; k++) {
+        for (int j = 0; j < EDGE_N; j++) x[j] = consts[k];
+        for (int i = 0; i < N_CASES; i++) {
+            CHECK(edge_round_trip(&cases[i], x, y, why, sizeof why), "%s", why);
+            for (int j = 0; j < EDGE_N; j++)
+                CHECK(fabsf(y[j] - x[j]) <= 2e-3f * fabsf(x[j]), "%s: constant %g came back %g at %d", cases[i].name, x[j], y[j], j);
+        }
+    }
+}
+
+static void test_edge_outlier(void) {
+    /* one element at 1000 sigma in each super-block: it must come back within 2%, and nothing else blow up */
+    float x[EDGE_N], y[EDGE_N];
+    char why[160];
+    unsigned long long rng = 0x5eed0002;
+    for (int j = 0; j < EDGE_N; j++) x[j] = test_rng_normal(&rng);
+    x[37] = 1000.0f, x[256 + 200] = -1000.0f;
+    for (int i = 0; i < N_CASES; i++) {
+        CHECK(edge_round_trip(&cases[i], x, y, why, sizeof why), "%s", why);
+        for (int j = 0; j < EDGE_N; j++) {
+            if (fabsf(x[j]) == 1000.0f)
+                CHECK(fabsf(y[j] - x[j]) <= 20.0f, "%s: outlier %g came back %g", cases[i].name, x[j], y[j]);
+            else
+                CHECK(fabsf(y[j]) <= 1000.0f, "%s: %g next to the outlier came back %g", cases[i].name, x[j], y[j]);
+        }
+    }
+}
+
+static void test_edge_tiny(void) {
+    /* below the smallest f16 scale: every block type that scales by f16 flushes to (near) zero, never NaN.
+     * 1e-40 is a float subnormal, where 1/d overflows. Exact zeros stay zero. */
+    const float scales[] = {1e-30f, 1e-38f, 1e-40f};
+    float x[EDGE_N], y[EDGE_N];
+    char why[160];
+    for (size_t k = 0; k < sizeof scales / sizeof scales[0]; k++) {
+        unsigned long long rng = 0x5eed0003;
+        for (int j = 0; j < EDGE_N; j++) x[j] = j % 7 == 0 ? 0.0f : test_rng_normal(&rng) * scales[k];
+        for (int i = 0; i < N_CASES; i++) {
+            CHECK(edge_round_trip(&cases[i], x, y, why, sizeof why), "%s", why);
+            for (int j = 0; j < EDGE_N; j++) {
+                CHECK(fabsf(y[j] - x[j]) <= 10.0f * scales[k], "%s: tiny %g came back %g", cases[i].name, x[j], y[j]);
+                if (x[j] == 0.0f && cases[i].type != KILN_TYPE_Q4_1)  /* Q4_1's min makes 0 the block min, */
+                    CHECK(y[j] == 0.0f, "%s: zero next to %g came back %g", cases[i].name, scales[k], y[j]); /* not 0 */
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- activation quantizers */
+
+static void test_activation_invariants(void) {
+    enum { N = 1024 };
+    float x[N];
+    unsigned long long rng = 0x5eed0004;
+    for (int i = 0; i < N; i++) x[i] = test_rng_normal(&rng) * (i < 512 ? 1.0f : 1e-3f);
+    x[300] = -9.0f; /* a negative extreme: Q8_K maps it to exactly -127 */
+
+    block_q8_0 b0[N / QK8_0];
+    kiln_from_float_q8_0_ref(x, b0, N);
+    for (int i = 0; i < N / QK8_0; i++) {
+        int amax = 0;
+        for (int j = 0; j < QK8_0; j++) amax = abs(b0[i].qs[j]) > amax ? abs(b0[i].qs[j]) : amax;
+        CHECK(amax == 127, "q8_0 block %d: largest |q| is %d, not 127", i, amax);
+    }
+
+    block_q8_1 b1[N / QK8_1];
+    kiln_from_float_q8_1_ref(x, b1, N);
+    for (int i = 0; i < N / QK8_1; i++) {
+        int sum = 0;
+        for (int j = 0; j < QK8_1; j++) sum += b1[i].qs[j];
+        CHECK(memcmp(b1[i].qs, b0[i].qs, QK8_1) == 0 && b1[i].d == b0[i].d, "q8_1 block %d: codes differ from q8_0", i);
+        const float s = kiln_fp16_to_f32(b1[i].s), ds = kiln_fp16_to_f32(b1[i].d) * (float)sum;
+        CHECK(fabsf(s - ds) <= 2e-3f * fabsf(ds) + 1e-7f, "q8_1 block %d: s %g is not d*sum(q) %g", i, s, ds);
+    }
+
+    block_q8_K bk[N / QK_K];
+    kiln_from_float_q8_K_ref(x, bk, N);
+    for (int i = 0; i < N / QK_K; i++) {
+        int amax = 0;
+        for (int j = 0; j < QK_K; j++) amax = abs(bk[i].qs[j]) > amax ? abs(bk[i].qs[j]) : amax;
+        CHECK(amax == 127, "q8_K block %d: largest |q| is %d", i, amax);
+        for (int j = 0; j < QK_K / 16; j++) {
+            int sum = 0;
+            for (int l = 0; l < 16; l++) sum += bk[i].qs[16 * j + l];
+            CHECK(bk[i].bsums[j] == sum, "q8_K block %d: bsums[%d] = %d, codes sum to %d", i, j, bk[i].bsums[j], sum);
+        }
+    }
+    CHECK(bk[1].qs[300 - 256] == -127 && bk[1].d > 0, "q8_K: the signed extreme maps to %d", bk[1].qs[300 - 256]);
+
+    /* all-zero block: d = 0, codes and bsums 0 (GGML leaves bsums unwritten) */
+    float z[QK_K] = {0};
+    block_q8_K bz;
+    memset(&bz, 0x55, sizeof bz);
+    kiln_from_float_q8_K_ref(z, &bz, QK_K);
+    CHECK(bz.d == 0.0f);
+    for (int j = 0; j < QK_K; j++) CHECK(bz.qs[j] == 0);
+    for (int j = 0; j < QK_K / 16; j++) CHECK(bz.bsums[j] == 0);
+}
+
+/* Quantize then dequantize then quantize again gives the same bytes: the dequantized values sit on the grid. */
+static void test_requantize_stable(void) {
+    const char *names[] = {"q8_0", "q4_0", "f16", "bf16"};
+    enum { N = 4096 };
+    static float x[N], y[N];
+    static uint8_t q1[N * 4], q2[N * 4];
+    unsigned long long rng = 0x5eed0005;
+    for (int i = 0; i < N; i++) x[i] = test_rng_normal(&rng);
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        const wcase *c = find_case(names[k]);
+        const size_t nb = kiln_type_row_bytes(c->type, N);
+        c->quantize(x, q1, N);
+        c->dequantize(q1, y, N);
+        c->quantize(y, q2, N);
+        CHECK(memcmp(q1, q2, nb) == 0, "%s: requantizing its own output changed it", c->name);
+    }
+}
+
+/* ---------------------------------------------------------------- vec_dot */
+
+/* The double-precision dot vec_dot must reproduce: sum of dequant(w)*dequant(a). For Q4_1 the min term uses
+ * Q8_1's s, which is d*sum(q) with the unrounded d, so the oracle adds m*(s - sum of the block's dequantized
+ * activations), the part GGML's dot defines differently from the dequantized values. *mag gets sum|w*a|. */
+static double reference_dot(const wcase *c, int64_t n, const float *w, const float *a, const void *wq, const void *aq,
+                            double *mag) {
+    double dot = 0, m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        dot += (double)w[i] * a[i];
+        m += fabs((double)w[i] * a[i]);
+    }
+    if (c->type == KILN_TYPE_Q4_1) {
+        const block_q4_1 *bw = wq;
+        const block_q8_1 *ba = aq;
+        for (int64_t b = 0; b < n / QK4_1; b++) {
+            double sa = 0;
+            for (int j = 0; j < QK4_1; j++) sa += a[b * QK4_1 + j];
+            const double mw = kiln_fp16_to_f32(bw[b].m), s = kiln_fp16_to_f32(ba[b].s);
+            dot += mw * (s - sa);
+            m += fabs(mw * s);
+        }
+    }
+    *mag = m;
+    return dot;
+}
+
+/* Checks c's vec_dot on weights wq and activations aq (n elements, already quantized). */
+static bool check_vec_dot(const wcase *c, int64_t n, const void *wq, const void *aq, float *w, float *a, char *why,
+                          size_t why_size) {
+    c->dequantize(wq, w, n);
+    c->act_dequantize(aq, a, n);
+    double mag;
+    const double want = reference_dot(c, n, w, a, wq, aq, &mag);
+    float got = NAN;
+    c->vec_dot(n, &got, wq, aq);
+    /* float accumulation over n/32 blocks at most: well inside 1e-5 of sum|w*a| for n <= 4096 */
+    if (!(fabs(got - want) <= 1e-5 * mag + 1e-30)) {
+        snprintf(why, why_size, "%s: vec_dot %.9g, dequantized dot %.9g (|diff| %.3g, sum|wa| %.3g, n %lld)", c->name,
+                 got, want, fabs(got - want), mag, (long long)n);
+        return false;
+    }
+    return true;
+}
+
+static void test_vec_dot_quantized(void) {
+    enum { N = 4096, ROWS = 8 };
+    static float xw[N], xa[N], w[N], a[N];
+    static uint8_t wq[N * 4], aq[N * 4];
+    char why[256];
+    unsigned long long rng = 0x5eed0006;
+    for (int i = 0; i < N_CASES; i++) {
+        const wcase *c = &cases[i];
+        for (int r = 0; r < ROWS; r++) {
+            /* rows at different magnitudes; the row length steps down to a single block */
+            const float sw = ldexpf(1.0f, 3 * r - 12), sa = ldexpf(1.0f, 5 - 2 * r);
+            const int64_t n = r == ROWS - 1 ? 256 : N;
+            for (int64_t j = 0; j < n; j++) xw[j] = test_rng_normal(&rng) * sw, xa[j] = test_rng_normal(&rng) * sa;
+            c->quantize(xw, wq, n);
+            c->act_quantize(xa, aq, n);
+            CHECK(check_vec_dot(c, n, wq, aq, w, a, why, sizeof why), "%s", why);
+        }
+    }
+}
+
+/* Random bytes for n blocks of a quantized type, with every f16 scale a finite half of random sign and magnitude
+ * 2^-8..2^2: codes and 6-bit scales cover values the quantizers rarely write (e.g. Q6_K's positive sub-scales). */
+static void random_blocks(kiln_type t, void *buf, int64_t n, unsigned long long *rng) {
+    const size_t bytes = kiln_type_row_bytes(t, n * kiln_type_block_size(t));
+    uint8_t *p = buf;
+    for (size_t i = 0; i < bytes; i++) p[i] = (uint8_t)(test_rng_next(rng) >> 56);
+#define RH() kiln_f32_to_fp16(ldexpf(test_rng_f32(rng) < 0 ? -1.0f : 1.0f, (int)(test_rng_next(rng) % 11) - 8) * (1.0f + 0.5f * test_rng_f32(rng)))
+    for (int64_t b = 0; b < n; b++) {
+        switch (t) {
+        case KILN_TYPE_Q4_0: ((block_q4_0 *)buf)[b].d = RH(); break;
+        case KILN_TYPE_Q4_1: ((block_q4_1 *)buf)[b].d = RH(), ((block_q4_1 *)buf)[b].m = RH(); break;
+        case KILN_TYPE_Q8_0: ((block_q8_0 *)buf)[b].d = RH(); break;
+        case KILN_TYPE_Q4_K: ((block_q4_K *)buf)[b].d = RH(), ((block_q4_K *)buf)[b].dmin = RH(); break;
+        case KILN_TYPE_Q5_K: ((block_q5_K *)buf)[b].d = RH(), ((block_q5_K *)buf)[b].dmin = RH(); break;
+        case KILN_TYPE_Q6_K: ((block_q6_K *)buf)[b].d = RH(); break;
+        default: break;
+        }
+    }
+#undef RH
+}
+
+static void test_vec_dot_random_blocks(void) {
+    const char *names[] = {"q4_0", "q4_1", "q8_0", "q4_K", "q5_K", "q6_K"};
+    enum { N = 2048 };
+    static float xa[N], w[N], a[N];
+    static uint8_t wq[N * 4], aq[N * 4];
+    char why[256];
+    unsigned long long rng = 0x5eed0007;
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        const wcase *c = find_case(names[k]);
+        for (int r = 0; r < 4; r++) {
+            random_blocks(c->type, wq, N / kiln_type_block_size(c->type), &rng);
+            for (int j = 0; j < N; j++) xa[j] = test_rng_normal(&rng);
+            c->act_quantize(xa, aq, N);
+            CHECK(check_vec_dot(c, N, wq, aq, w, a, why, sizeof why), "%s", why);
+        }
+    }
+}
+
+int main(void) {
+    RUN(test_round_trip_error);
+    RUN(test_edge_all_zero);
+    RUN(test_edge_constant);
+    RUN(test_edge_outlier);
+    RUN(test_edge_tiny);
+    RUN(test_activation_invariants);
+    RUN(test_requantize_stable);
+    RUN(test_vec_dot_quantized);
+    RUN(test_vec_dot_random_blocks);
+    TEST_EXIT();
+}
