@@ -33,13 +33,13 @@ CU_SRC := $(if $(filter 1,$(CUDA)),$(wildcard src/cuda/*.cu),)
 OBJ    := $(C_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 ifeq ($(CUDA),1)
 CFLAGS += -DKILN_CUDA=1
-LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart
+LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++
 endif
 
 TEST_SRC := $(wildcard tests/test_*.c)
 TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all tests test clean fuzz
+.PHONY: all tests test clean fuzz demo
 all: $(BUILD)/libkiln.a $(BUILD)/kiln
 
 $(BUILD)/src/cpu/%_avx2.o: src/cpu/%_avx2.c
@@ -71,6 +71,12 @@ tests: $(TESTS)
 
 test: $(TESTS) $(BUILD)/kiln
 	@KILN_BIN=$(BUILD)/kiln tests/run.sh $(TESTS)
+
+# The quick start: a synthetic llama model, quantized to Q4_K_M, then inspected.
+demo: all
+	$(BUILD)/kiln synth $(BUILD)/demo-f32.gguf
+	$(BUILD)/kiln quantize $(BUILD)/demo-f32.gguf $(BUILD)/demo-q4_k_m.gguf q4_k_m
+	$(BUILD)/kiln inspect $(BUILD)/demo-q4_k_m.gguf
 
 # libFuzzer needs clang. Crashes land in tests/fuzz/crashes/; copy each into tests/fuzz/regress/ so
 # test_gguf_fuzz_regress replays it on every `make test`.

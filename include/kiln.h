@@ -70,7 +70,9 @@ typedef enum kiln_type {
     KILN_TYPE_TQ2_0 = 35,
     /* 36..38 were IQ4_NL_4_4/4_8/8_8, removed */
     KILN_TYPE_MXFP4 = 39,
-    KILN_TYPE_COUNT = 40,
+    KILN_TYPE_NVFP4 = 40,
+    KILN_TYPE_Q1_0 = 41,
+    KILN_TYPE_COUNT = 42,
 } kiln_type;
 
 /* Layout facts for any type GGUF files may hold (computable or not). */
@@ -248,6 +250,28 @@ kiln_status kiln_ftype_from_name(const char *name, kiln_ftype *out);
 const char *kiln_ftype_name(kiln_ftype f);
 /* Reads in_path, writes out_path with every eligible weight converted per the mix rules. */
 kiln_status kiln_quantize_file(const char *in_path, const char *out_path, const kiln_quantize_params *p);
+
+/* ---------------------------------------------------------------- synthetic models
+ * A llama-architecture GGUF with random weights (normal, std 0.02, seeded) and full metadata, for demos,
+ * tests and benchmarks on machines where real weights cannot be carried. Tensor names and shapes follow
+ * llama.cpp's llama layout: token_embd, blk.N.{attn_norm,attn_q,attn_k,attn_v,attn_output,ffn_norm,
+ * ffn_gate,ffn_up,ffn_down}, output_norm, output (absent when tied). */
+typedef struct kiln_synth_params {
+    int64_t n_vocab;   /* V */
+    int64_t n_embd;    /* C */
+    int64_t n_layer;   /* L */
+    int64_t n_head;    /* NH */
+    int64_t n_head_kv; /* NKV */
+    int64_t n_ff;      /* F */
+    int64_t n_ctx;     /* context length written to metadata */
+    bool tied;         /* no output.weight: the head reuses token_embd */
+    kiln_type type;    /* type of the 2-D weights: F32, F16 or BF16 (quantize afterwards for others) */
+    uint64_t seed;
+} kiln_synth_params;
+
+/* Defaults: V 4096, C 256, L 8, NH 8, NKV 4, F 768, ctx 2048, untied, F32, seed 1. */
+kiln_synth_params kiln_synth_default(void);
+kiln_status kiln_synth_llama(const char *path, const kiln_synth_params *p);
 
 #ifdef __cplusplus
 }

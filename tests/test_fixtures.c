@@ -96,6 +96,7 @@ static void check_dequant(const char *name, kiln_type t) {
 
     int64_t bad = 0;
     kiln_to_float_fn prev = NULL;
+    char levels[64] = "";
     for (int level = KILN_SIMD_SCALAR; level <= (int)kiln_simd_best() && !bad; level++) {
         kiln_to_float_fn fn = kiln_get_to_float(t, (kiln_simd)level);
         if (!fn) {
@@ -105,6 +106,8 @@ static void check_dequant(const char *name, kiln_type t) {
         }
         if (fn == prev) continue; /* this level falls back to the one below, already checked */
         prev = fn;
+        strncat(levels, " ", sizeof levels - strlen(levels) - 1);
+        strncat(levels, kiln_simd_name((kiln_simd)level), sizeof levels - strlen(levels) - 1);
         char what[256];
         /* the whole tensor in one call */
         fill_canary(got, n + N_CANARY);
@@ -132,6 +135,7 @@ static void check_dequant(const char *name, kiln_type t) {
     }
     free(want);
     free(got);
+    fprintf(stderr, "# %s: to_float checked at%s\n", name, levels);
     CHECK(bad == 0, "%s", msg);
 }
 

@@ -28,21 +28,21 @@ static const wcase cases[] = {
     {"f32", KILN_TYPE_F32, kiln_from_float_f32_ref, kiln_to_float_f32_ref, KILN_TYPE_F32, kiln_from_float_f32_ref,
      kiln_to_float_f32_ref, kiln_vec_dot_f32_ref, 0.0},
     {"f16", KILN_TYPE_F16, kiln_from_float_f16_ref, kiln_to_float_f16_ref, KILN_TYPE_F16, kiln_from_float_f16_ref,
-     kiln_to_float_f16_ref, kiln_vec_dot_f16_ref, 2.2e-4}, /* measured 1.80e-4 */
+     kiln_to_float_f16_ref, kiln_vec_dot_f16_ref, 2.6e-4}, /* measured 2.08e-4 */
     {"bf16", KILN_TYPE_BF16, kiln_from_float_bf16_ref, kiln_to_float_bf16_ref, KILN_TYPE_BF16,
-     kiln_from_float_bf16_ref, kiln_to_float_bf16_ref, kiln_vec_dot_bf16_ref, 1.8e-3}, /* measured 1.44e-3 */
+     kiln_from_float_bf16_ref, kiln_to_float_bf16_ref, kiln_vec_dot_bf16_ref, 2.1e-3}, /* measured 1.66e-3 */
     {"q4_0", KILN_TYPE_Q4_0, kiln_quantize_q4_0_ref, kiln_to_float_q4_0_ref, KILN_TYPE_Q8_0,
-     kiln_from_float_q8_0_ref, kiln_to_float_q8_0_ref, kiln_vec_dot_q4_0_q8_0_ref, 0.130}, /* measured 0.1057 */
+     kiln_from_float_q8_0_ref, kiln_to_float_q8_0_ref, kiln_vec_dot_q4_0_q8_0_ref, 0.105}, /* measured 0.0860 */
     {"q4_1", KILN_TYPE_Q4_1, kiln_quantize_q4_1_ref, kiln_to_float_q4_1_ref, KILN_TYPE_Q8_1,
-     kiln_from_float_q8_1_ref, kiln_to_float_q8_1_ref, kiln_vec_dot_q4_1_q8_1_ref, 0.105}, /* measured 0.0848 */
+     kiln_from_float_q8_1_ref, kiln_to_float_q8_1_ref, kiln_vec_dot_q4_1_q8_1_ref, 0.095}, /* measured 0.0782 */
     {"q8_0", KILN_TYPE_Q8_0, kiln_from_float_q8_0_ref, kiln_to_float_q8_0_ref, KILN_TYPE_Q8_0,
-     kiln_from_float_q8_0_ref, kiln_to_float_q8_0_ref, kiln_vec_dot_q8_0_q8_0_ref, 4.6e-3}, /* measured 3.74e-3 */
+     kiln_from_float_q8_0_ref, kiln_to_float_q8_0_ref, kiln_vec_dot_q8_0_q8_0_ref, 6.6e-3}, /* measured 5.35e-3 */
     {"q4_K", KILN_TYPE_Q4_K, kiln_quantize_q4_K_ref, kiln_to_float_q4_K_ref, KILN_TYPE_Q8_K,
-     kiln_from_float_q8_K_ref, kiln_to_float_q8_K_ref, kiln_vec_dot_q4_K_q8_K_ref, 0.090}, /* measured 0.0725 */
+     kiln_from_float_q8_K_ref, kiln_to_float_q8_K_ref, kiln_vec_dot_q4_K_q8_K_ref, 0.087}, /* measured 0.0708 */
     {"q5_K", KILN_TYPE_Q5_K, kiln_quantize_q5_K_ref, kiln_to_float_q5_K_ref, KILN_TYPE_Q8_K,
-     kiln_from_float_q8_K_ref, kiln_to_float_q8_K_ref, kiln_vec_dot_q5_K_q8_K_ref, 0.045}, /* measured 0.0356 */
+     kiln_from_float_q8_K_ref, kiln_to_float_q8_K_ref, kiln_vec_dot_q5_K_q8_K_ref, 0.043}, /* measured 0.0351 */
     {"q6_K", KILN_TYPE_Q6_K, kiln_quantize_q6_K_ref, kiln_to_float_q6_K_ref, KILN_TYPE_Q8_K,
-     kiln_from_float_q8_K_ref, kiln_to_float_q8_K_ref, kiln_vec_dot_q6_K_q8_K_ref, 0.022}, /* measured 0.0179 */
+     kiln_from_float_q8_K_ref, kiln_to_float_q8_K_ref, kiln_vec_dot_q6_K_q8_K_ref, 0.022}, /* measured 0.0177 */
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
 
@@ -55,12 +55,6 @@ static const wcase *find_case(const char *name) {
 static bool verbose(void) {
     const char *v = getenv("KILN_TEST_VERBOSE");
     return v && *v && strcmp(v, "0") != 0;
-}
-
-static bool all_finite(const float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(y[i])) return false;
-    return true;
 }
 
 /* ---------------------------------------------------------------- round-trip error */
@@ -145,7 +139,7 @@ static void test_edge_all_zero(void) {
 
 static void test_edge_constant(void) {
     /* a constant must come back within one f16 rounding of the scale (2^-11), times a little slack */
-    const float consts[] = {0.375f, -2.5f, 1e-3f, -7e3f};
+    const float consts[] = {0.375f, -2.5f, 0.75f, -7e3f};
     float x[EDGE_N], y[EDGE_N];
     char why[160];
     for (size_t k = 0; k < sizeof consts / sizeof consts[0]; k++) {
@@ -189,8 +183,8 @@ static void test_edge_tiny(void) {
             CHECK(edge_round_trip(&cases[i], x, y, why, sizeof why), "%s", why);
             for (int j = 0; j < EDGE_N; j++) {
                 CHECK(fabsf(y[j] - x[j]) <= 10.0f * scales[k], "%s: tiny %g came back %g", cases[i].name, x[j], y[j]);
-                if (x[j] == 0.0f && cases[i].type != KILN_TYPE_Q4_1)  /* Q4_1's min makes 0 the block min, */
-                    CHECK(y[j] == 0.0f, "%s: zero next to %g came back %g", cases[i].name, scales[k], y[j]); /* not 0 */
+                if (x[j] == 0.0f)
+                    CHECK(y[j] == 0.0f, "%s: zero next to %g came back %g", cases[i].name, scales[k], y[j]);
             }
         }
     }
@@ -202,7 +196,7 @@ static void test_activation_invariants(void) {
     enum { N = 1024 };
     float x[N];
     unsigned long long rng = 0x5eed0004;
-    for (int i = 0; i < N; i++) x[i] = test_rng_normal(&rng) * (i < 512 ? 1.0f : 1e-3f);
+    for (int i = 0; i < N; i++) x[i] = test_rng_normal(&rng) * (i < 512 ? 1.0f : 0.05f);
     x[300] = -9.0f; /* a negative extreme: Q8_K maps it to exactly -127 */
 
     block_q8_0 b0[N / QK8_0];
@@ -332,23 +326,30 @@ static void test_vec_dot_quantized(void) {
 
 /* Random bytes for n blocks of a quantized type, with every f16 scale a finite half of random sign and magnitude
  * 2^-8..2^2: codes and 6-bit scales cover values the quantizers rarely write (e.g. Q6_K's positive sub-scales). */
+/* A finite half of random sign and magnitude 2^-8..2^2. */
+static kiln_fp16 random_half(unsigned long long *rng) {
+    const float sign = test_rng_f32(rng) < 0 ? -1.0f : 1.0f;
+    const int e = (int)(test_rng_next(rng) % 11) - 8;
+    return kiln_f32_to_fp16(ldexpf(sign, e) * (1.0f + 0.5f * test_rng_f32(rng)));
+}
+
+/* Random bytes for n blocks of a quantized type, every f16 scale then made a random_half: codes and 6-bit
+ * scales cover values the quantizers rarely write (Q6_K's positive sub-scales, every 6-bit min). */
 static void random_blocks(kiln_type t, void *buf, int64_t n, unsigned long long *rng) {
     const size_t bytes = kiln_type_row_bytes(t, n * kiln_type_block_size(t));
     uint8_t *p = buf;
     for (size_t i = 0; i < bytes; i++) p[i] = (uint8_t)(test_rng_next(rng) >> 56);
-#define RH() kiln_f32_to_fp16(ldexpf(test_rng_f32(rng) < 0 ? -1.0f : 1.0f, (int)(test_rng_next(rng) % 11) - 8) * (1.0f + 0.5f * test_rng_f32(rng)))
     for (int64_t b = 0; b < n; b++) {
         switch (t) {
-        case KILN_TYPE_Q4_0: ((block_q4_0 *)buf)[b].d = RH(); break;
-        case KILN_TYPE_Q4_1: ((block_q4_1 *)buf)[b].d = RH(), ((block_q4_1 *)buf)[b].m = RH(); break;
-        case KILN_TYPE_Q8_0: ((block_q8_0 *)buf)[b].d = RH(); break;
-        case KILN_TYPE_Q4_K: ((block_q4_K *)buf)[b].d = RH(), ((block_q4_K *)buf)[b].dmin = RH(); break;
-        case KILN_TYPE_Q5_K: ((block_q5_K *)buf)[b].d = RH(), ((block_q5_K *)buf)[b].dmin = RH(); break;
-        case KILN_TYPE_Q6_K: ((block_q6_K *)buf)[b].d = RH(); break;
+        case KILN_TYPE_Q4_0: ((block_q4_0 *)buf)[b].d = random_half(rng); break;
+        case KILN_TYPE_Q4_1: ((block_q4_1 *)buf)[b].d = random_half(rng), ((block_q4_1 *)buf)[b].m = random_half(rng); break;
+        case KILN_TYPE_Q8_0: ((block_q8_0 *)buf)[b].d = random_half(rng); break;
+        case KILN_TYPE_Q4_K: ((block_q4_K *)buf)[b].d = random_half(rng), ((block_q4_K *)buf)[b].dmin = random_half(rng); break;
+        case KILN_TYPE_Q5_K: ((block_q5_K *)buf)[b].d = random_half(rng), ((block_q5_K *)buf)[b].dmin = random_half(rng); break;
+        case KILN_TYPE_Q6_K: ((block_q6_K *)buf)[b].d = random_half(rng); break;
         default: break;
         }
     }
-#undef RH
 }
 
 static void test_vec_dot_random_blocks(void) {

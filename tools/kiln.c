@@ -2,6 +2,7 @@
  *
  *   kiln inspect FILE.gguf [--all]        metadata and tensor table
  *   kiln quantize IN.gguf OUT.gguf TYPE   convert weights (f16 bf16 q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m q5_k_m)
+ *   kiln synth OUT.gguf [options]         a llama-architecture model with random weights
  *   kiln bench quant [--quick]            dequantize / vec_dot throughput per type and SIMD level
  *
  * Errors go to stderr as one line, "kiln: <message>", and the exit status is 1. */
@@ -172,12 +173,58 @@ static int cmd_quantize(int argc, char **argv) {
     return 0;
 }
 
+/* ---------------------------------------------------------------- synth */
+
+static int cmd_synth(int argc, char **argv) {
+    kiln_synth_params p = kiln_synth_default();
+    const char *out = NULL;
+    struct { const char *flag; int64_t *v; } dims[] = {
+        {"--vocab", &p.n_vocab}, {"--dim", &p.n_embd}, {"--layers", &p.n_layer}, {"--heads", &p.n_head},
+        {"--kv-heads", &p.n_head_kv}, {"--ff", &p.n_ff}, {"--ctx", &p.n_ctx},
+    };
+    for (int i = 0; i < argc; i++) {
+        bool matched = false;
+        for (size_t d = 0; d < sizeof dims / sizeof dims[0] && !matched; d++)
+            if (strcmp(argv[i], dims[d].flag) == 0 && i + 1 < argc) {
+                char *end;
+                *dims[d].v = strtoll(argv[++i], &end, 10);
+                if (*end || *dims[d].v <= 0) {
+                    fprintf(stderr, "kiln: synth: %s needs a positive integer, got '%s'\n", dims[d].flag, argv[i]);
+                    return 1;
+                }
+                matched = true;
+            }
+        if (matched) continue;
+        if (strcmp(argv[i], "--tied") == 0) p.tied = true;
+        else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) p.seed = strtoull(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "--type") == 0 && i + 1 < argc) {
+            kiln_status s = kiln_type_from_name(argv[++i], &p.type);
+            if (s) return die_status(s);
+        } else if (argv[i][0] != '-' && !out) out = argv[i];
+        else {
+            fprintf(stderr, "kiln: synth: unexpected argument '%s'\n", argv[i]);
+            return 1;
+        }
+    }
+    if (!out) {
+        fprintf(stderr, "kiln: usage: kiln synth OUT.gguf [--vocab V] [--dim C] [--layers L] [--heads NH] [--kv-heads NKV] [--ff F] [--ctx N] [--tied] [--type f32|f16|bf16] [--seed S]\n");
+        return 1;
+    }
+    kiln_status s = kiln_synth_llama(out, &p);
+    if (s) return die_status(s);
+    fprintf(stderr, "kiln: wrote %s (llama, V=%lld C=%lld L=%lld NH=%lld NKV=%lld F=%lld, %s)\n", out, (long long)p.n_vocab,
+            (long long)p.n_embd, (long long)p.n_layer, (long long)p.n_head, (long long)p.n_head_kv, (long long)p.n_ff,
+            kiln_type_name(p.type));
+    return 0;
+}
+
 /* ---------------------------------------------------------------- main */
 
 static void usage(FILE *f) {
     fprintf(f, "usage: kiln COMMAND ...\n"
                "  inspect FILE.gguf [--all]              print metadata and the tensor table\n"
                "  quantize IN.gguf OUT.gguf TYPE [-t N]  TYPE: f16 bf16 q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m q5_k_m\n"
+               "  synth OUT.gguf [--dim C --layers L ...] a llama model with random weights (see kiln synth)\n"
                "  bench quant [--quick]                  dequantize and vec_dot throughput per type, scalar vs SIMD\n");
 }
 
@@ -189,6 +236,7 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
     if (strcmp(cmd, "quantize") == 0) return cmd_quantize(argc - 2, argv + 2);
+    if (strcmp(cmd, "synth") == 0) return cmd_synth(argc - 2, argv + 2);
     if (strcmp(cmd, "bench") == 0) {
         if (argc >= 3 && strcmp(argv[2], "quant") == 0) return kiln_bench_quant(argc - 3, argv + 3);
         fprintf(stderr, "kiln: bench: unknown benchmark '%s' (available: quant)\n", argc >= 3 ? argv[2] : "");

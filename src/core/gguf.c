@@ -71,14 +71,14 @@ static uint64_t le_load(const uint8_t *p, int n) {
 }
 
 static kiln_status read_u32(cursor *c, const char *what, uint32_t *out) {
-    const uint8_t *p;
+    const uint8_t *p = NULL;
     kiln_status s = take(c, 4, what, &p);
     if (s == KILN_OK) *out = (uint32_t)le_load(p, 4);
     return s;
 }
 
 static kiln_status read_u64(cursor *c, const char *what, uint64_t *out) {
-    const uint8_t *p;
+    const uint8_t *p = NULL;
     kiln_status s = take(c, 8, what, &p);
     if (s == KILN_OK) *out = le_load(p, 8);
     return s;
@@ -210,7 +210,7 @@ static kiln_status read_value(kiln_gguf *g, cursor *c, kiln_gguf_vtype t, const 
         return read_str(c, "string value", &v->str);
     }
     if (t == KILN_GGUF_ARRAY) return read_array(g, c, key, depth, v);
-    const uint8_t *p;
+    const uint8_t *p = NULL;
     uint64_t at = c->pos;
     if ((s = take(c, kiln_gguf_vtype_size(t), "metadata value", &p))) return s;
     decode_scalar(t, p, v);
@@ -446,7 +446,7 @@ out:
 
 static kiln_status parse(kiln_gguf *g) {
     cursor c = {g, 0};
-    const uint8_t *magic;
+    const uint8_t *magic = NULL;
     uint64_t n_tensors, n_kv;
     kiln_status s;
     if ((s = take(&c, 4, "magic", &magic))) return s;

@@ -42,6 +42,8 @@ static const layout layouts[KILN_TYPE_COUNT] = {
     [KILN_TYPE_TQ1_0] = {"tq1_0", 256, 54},
     [KILN_TYPE_TQ2_0] = {"tq2_0", 256, 66},
     [KILN_TYPE_MXFP4] = {"mxfp4", 32, 17},
+    [KILN_TYPE_NVFP4] = {"nvfp4", 64, 36},
+    [KILN_TYPE_Q1_0] = {"q1_0", 128, 18},
 };
 
 bool kiln_type_known(uint32_t t) { return t < KILN_TYPE_COUNT && layouts[t].name != NULL; }

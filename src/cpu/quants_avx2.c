@@ -9,6 +9,7 @@
 #include "quants.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------- helpers */
@@ -286,15 +287,19 @@ void kiln_from_float_bf16_avx2(const float *x, void *vy, int64_t k) {
     for (; i < k; i++) y[i] = kiln_f32_to_bf16(x[i]);
 }
 
-/* One Q8_0/Q8_1 block: d = amax/127, q = roundf(x * (1/d)). Returns the q as int32 in q[4]; *d_out = d. */
+/* One Q8_0/Q8_1 block: d = amax/127, q = roundf(x * (1/d)). Returns the q as int32 in q[4]; *d_out = d.
+ * As the oracle: amax skips NaN (fmaxf; maxps returns its second operand on NaN), and 1/d is 0 where d is 0
+ * or so small that 1/d overflows (that block's f16 d is 0 anyway). */
 static inline void quantize_block_q8(const float *x, __m256i q[4], float *d_out) {
     __m256 v[4], amax = _mm256_setzero_ps();
     for (int m = 0; m < 4; m++) {
         v[m] = _mm256_loadu_ps(x + 8 * m);
-        amax = _mm256_max_ps(amax, abs_ps(v[m]));
+        amax = _mm256_max_ps(abs_ps(v[m]), amax);
     }
-    const float d = hmax_ps(amax) / 127;
-    const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+    const float d = hmax_ps(amax) / 127.0f;
+    float inv = d != 0.0f ? 1.0f / d : 0.0f;
+    if (!isfinite(inv)) inv = 0.0f;
+    const __m256 id = _mm256_set1_ps(inv);
     for (int m = 0; m < 4; m++) q[m] = _mm256_cvttps_epi32(round_half_away(_mm256_mul_ps(v[m], id)));
     *d_out = d;
 }
@@ -324,18 +329,16 @@ void kiln_from_float_q8_1_avx2(const float *x, void *vy, int64_t k) {
 }
 
 /* GGML's quantize_row_q8_K: max is the first element of largest magnitude (its sign matters), iscale =
- * -127/max, q = min(127, nearest_int(iscale*x)) where nearest_int is round-half-even (cvtps under the default
- * MXCSR), d = 1/iscale, bsums[g] = sum of q[16g..16g+15]. An all-zero block is all zeros. */
+ * -127/max, q = nearest_int(iscale*x) clamped to [-127, 127], where nearest_int is round-half-even (cvtps
+ * under the default MXCSR; a NaN gives INT_MIN, clamped to -127 as the oracle does), d = 1/iscale,
+ * bsums[g] = sum of q[16g..16g+15]. A block whose iscale is 0 or not finite (all zero, an infinity, or a
+ * max so tiny that -127/max overflows) is all zeros. */
 void kiln_from_float_q8_K_avx2(const float *x, void *vy, int64_t k) {
     block_q8_K *y = vy;
     for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
         __m256 amaxv = _mm256_setzero_ps();
-        for (int m = 0; m < QK_K / 8; m++) amaxv = _mm256_max_ps(amaxv, abs_ps(_mm256_loadu_ps(x + 8 * m)));
+        for (int m = 0; m < QK_K / 8; m++) amaxv = _mm256_max_ps(abs_ps(_mm256_loadu_ps(x + 8 * m)), amaxv);
         const float amax = hmax_ps(amaxv);
-        if (amax == 0.0f) {
-            memset(&y[i], 0, sizeof y[i]);
-            continue;
-        }
         float max = 0.0f;
         for (int m = 0; m < QK_K / 8; m++) {
             int hit = _mm256_movemask_ps(_mm256_cmp_ps(abs_ps(_mm256_loadu_ps(x + 8 * m)), _mm256_set1_ps(amax), _CMP_EQ_OQ));
@@ -344,14 +347,18 @@ void kiln_from_float_q8_K_avx2(const float *x, void *vy, int64_t k) {
                 break;
             }
         }
-        const float iscale = -127.f / max;
+        const float iscale = amax != 0.0f ? -127.0f / max : 0.0f;
+        if (iscale == 0.0f || !isfinite(iscale)) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
         const __m256 vs = _mm256_set1_ps(iscale);
-        const __m256i top = _mm256_set1_epi32(127);
+        const __m256i top = _mm256_set1_epi32(127), bottom = _mm256_set1_epi32(-127);
         __m256i pair[QK_K / 16]; /* per 16-element group: the two 8-lane halves added */
         for (int g = 0; g < QK_K / 32; g++) {
             __m256i q[4];
             for (int m = 0; m < 4; m++)
-                q[m] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vs, _mm256_loadu_ps(x + 32 * g + 8 * m))), top);
+                q[m] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vs, _mm256_loadu_ps(x + 32 * g + 8 * m))), top), bottom);
             _mm256_storeu_si256((__m256i *)(y[i].qs + 32 * g), pack_i32_i8(q[0], q[1], q[2], q[3]));
             pair[2 * g] = _mm256_add_epi32(q[0], q[1]);
             pair[2 * g + 1] = _mm256_add_epi32(q[2], q[3]);

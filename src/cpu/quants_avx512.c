@@ -1,0 +1,501 @@
+/* quants_avx512.c: AVX-512 (F/BW/VL/DQ + VNNI + BF16) versions of the block-format kernels whose scalar oracle
+ * is quants_ref.c.
+ *
+ * Same contract as quants_avx2.c: to_float and from_float are bit-exact with the oracle (same float ops, same
+ * order, no contraction under -std=c11), vec_dot keeps integer sums exact. Q8_0-style dots use VNNI's dpbusd
+ * (u8 x s8, four products summed into int32 without saturation); K-quant dots use maddubs then dpwssd to apply
+ * the per-sub-block scales in int32. The activation quantizers (Q8_0/Q8_1/Q8_K from_float) run once per
+ * activation row, not once per weight row, so they reuse the AVX2 versions. Tested by tests/test_simd.c. */
+#if defined(__x86_64__)
+
+#include "quants.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- helpers */
+
+static inline float f16_to_f32(kiln_fp16 h) { return _cvtsh_ss(h); }
+
+static inline float hsum256_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float hsum512_ps(__m512 v) {
+    return hsum256_ps(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+/* 16 bytes of packed nibbles -> 32 bytes: low nibbles (elements 0..15) then high nibbles (16..31). */
+static inline __m256i unpack_nibbles16(const uint8_t *qs) {
+    __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+}
+
+/* 32 bytes of packed nibbles -> 64 bytes: all low nibbles, then all high nibbles. */
+static inline __m512i unpack_nibbles32(const uint8_t *qs) {
+    __m256i q = _mm256_loadu_si256((const __m256i *)qs);
+    return _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1), _mm512_set1_epi8(0x0F));
+}
+
+/* 16 bytes as 16 floats, signed or unsigned. */
+static inline __m512 s8x16_ps(__m128i q) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)); }
+static inline __m512 u8x16_ps(__m128i q) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)); }
+
+/* Two 256-bit halves as one 512-bit vector. */
+static inline __m512i join256(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+
+/* 16 lanes of a in the low half, of b in the high half. */
+static inline __m512 two_scales(float a, float b) { return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1); }
+
+/* Same unpacking as quants_avx2.c: sm bytes 0..7 are the 6-bit scales, 8..15 the 6-bit mins. */
+static inline void unpack_scales_k4(const uint8_t *scales, uint32_t out[4]) {
+    uint32_t a, b, c;
+    memcpy(&a, scales, 4);
+    memcpy(&b, scales + 4, 4);
+    memcpy(&c, scales + 8, 4);
+    out[0] = a & 0x3f3f3f3f;
+    out[1] = (c & 0x0f0f0f0f) | (((a >> 6) & 0x03030303) << 4);
+    out[2] = b & 0x3f3f3f3f;
+    out[3] = ((c >> 4) & 0x0f0f0f0f) | (((b >> 6) & 0x03030303) << 4);
+}
+
+/* vpermw index vectors that spread int16 scales over a 512-bit vector of maddubs pair-sums.
+ * halves[j]: words 0..15 <- scale 2j, words 16..31 <- scale 2j+1 (Q4_K/Q5_K: 32 elements per scale).
+ * quarters[j]: words 8k..8k+7 <- scale 4j+k (Q6_K: 16 elements per scale). */
+static const int16_t scale_idx_halves[4][32] = {
+#define H(j) {2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, \
+              2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1}
+    H(0), H(1), H(2), H(3)
+#undef H
+};
+static const int16_t scale_idx_quarters[4][32] = {
+#define Q(j) {4*j, 4*j, 4*j, 4*j, 4*j, 4*j, 4*j, 4*j, 4*j+1, 4*j+1, 4*j+1, 4*j+1, 4*j+1, 4*j+1, 4*j+1, 4*j+1, \
+              4*j+2, 4*j+2, 4*j+2, 4*j+2, 4*j+2, 4*j+2, 4*j+2, 4*j+2, 4*j+3, 4*j+3, 4*j+3, 4*j+3, 4*j+3, 4*j+3, 4*j+3, 4*j+3}
+    Q(0), Q(1), Q(2), Q(3)
+#undef Q
+};
+
+static inline __m512i load_idx(const int16_t *idx) { return _mm512_loadu_si512((const void *)idx); }
+
+/* ---------------------------------------------------------------- to_float */
+
+void kiln_to_float_f32_avx512(const void *x, float *y, int64_t k) { memcpy(y, x, (size_t)k * sizeof(float)); }
+
+void kiln_to_float_f16_avx512(const void *vx, float *y, int64_t k) {
+    const kiln_fp16 *x = vx;
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16) _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))));
+    if (i < k) {
+        __mmask16 m = (__mmask16)((1u << (k - i)) - 1);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i)));
+    }
+}
+
+void kiln_to_float_bf16_avx512(const void *vx, float *y, int64_t k) {
+    const kiln_bf16 *x = vx;
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16) {
+        __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + i)));
+        _mm512_storeu_ps(y + i, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+    }
+    if (i < k) {
+        __mmask16 m = (__mmask16)((1u << (k - i)) - 1);
+        __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, x + i));
+        _mm512_mask_storeu_ps(y + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+    }
+}
+
+void kiln_to_float_q4_0_avx512(const void *vx, float *y, int64_t k) {
+    const block_q4_0 *x = vx;
+    for (int64_t i = 0; i < k / QK4_0; i++, y += QK4_0) {
+        const __m512 d = _mm512_set1_ps(f16_to_f32(x[i].d));
+        __m256i q = _mm256_sub_epi8(unpack_nibbles16(x[i].qs), _mm256_set1_epi8(8));
+        _mm512_storeu_ps(y, _mm512_mul_ps(s8x16_ps(_mm256_castsi256_si128(q)), d));
+        _mm512_storeu_ps(y + 16, _mm512_mul_ps(s8x16_ps(_mm256_extracti128_si256(q, 1)), d));
+    }
+}
+
+void kiln_to_float_q4_1_avx512(const void *vx, float *y, int64_t k) {
+    const block_q4_1 *x = vx;
+    for (int64_t i = 0; i < k / QK4_1; i++, y += QK4_1) {
+        const __m512 d = _mm512_set1_ps(f16_to_f32(x[i].d)), mn = _mm512_set1_ps(f16_to_f32(x[i].m));
+        __m256i q = unpack_nibbles16(x[i].qs);
+        _mm512_storeu_ps(y, _mm512_add_ps(_mm512_mul_ps(u8x16_ps(_mm256_castsi256_si128(q)), d), mn));
+        _mm512_storeu_ps(y + 16, _mm512_add_ps(_mm512_mul_ps(u8x16_ps(_mm256_extracti128_si256(q, 1)), d), mn));
+    }
+}
+
+void kiln_to_float_q8_0_avx512(const void *vx, float *y, int64_t k) {
+    const block_q8_0 *x = vx;
+    for (int64_t i = 0; i < k / QK8_0; i++, y += QK8_0) {
+        const __m512 d = _mm512_set1_ps(f16_to_f32(x[i].d));
+        _mm512_storeu_ps(y, _mm512_mul_ps(s8x16_ps(_mm_loadu_si128((const __m128i *)x[i].qs)), d));
+        _mm512_storeu_ps(y + 16, _mm512_mul_ps(s8x16_ps(_mm_loadu_si128((const __m128i *)(x[i].qs + 16))), d));
+    }
+}
+
+void kiln_to_float_q8_1_avx512(const void *vx, float *y, int64_t k) {
+    const block_q8_1 *x = vx;
+    for (int64_t i = 0; i < k / QK8_1; i++, y += QK8_1) {
+        const __m512 d = _mm512_set1_ps(f16_to_f32(x[i].d));
+        _mm512_storeu_ps(y, _mm512_mul_ps(s8x16_ps(_mm_loadu_si128((const __m128i *)x[i].qs)), d));
+        _mm512_storeu_ps(y + 16, _mm512_mul_ps(s8x16_ps(_mm_loadu_si128((const __m128i *)(x[i].qs + 16))), d));
+    }
+}
+
+/* y = (d*sc)*q - (dmin*m): 64 values (two sub-blocks) at a time in z, first sub-block in bytes 0..31. */
+static inline void store_k4_chunk(float *y, __m512i z, float ds0, float dm0, float ds1, float dm1) {
+    const __m512 s0 = _mm512_set1_ps(ds0), m0 = _mm512_set1_ps(dm0), s1 = _mm512_set1_ps(ds1), m1 = _mm512_set1_ps(dm1);
+    _mm512_storeu_ps(y + 0, _mm512_sub_ps(_mm512_mul_ps(s0, u8x16_ps(_mm512_extracti32x4_epi32(z, 0))), m0));
+    _mm512_storeu_ps(y + 16, _mm512_sub_ps(_mm512_mul_ps(s0, u8x16_ps(_mm512_extracti32x4_epi32(z, 1))), m0));
+    _mm512_storeu_ps(y + 32, _mm512_sub_ps(_mm512_mul_ps(s1, u8x16_ps(_mm512_extracti32x4_epi32(z, 2))), m1));
+    _mm512_storeu_ps(y + 48, _mm512_sub_ps(_mm512_mul_ps(s1, u8x16_ps(_mm512_extracti32x4_epi32(z, 3))), m1));
+}
+
+void kiln_to_float_q4_K_avx512(const void *vx, float *y, int64_t k) {
+    const block_q4_K *x = vx;
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = f16_to_f32(x[i].d), dmin = f16_to_f32(x[i].dmin);
+        uint32_t sm[4];
+        unpack_scales_k4(x[i].scales, sm);
+        const uint8_t *sc = (const uint8_t *)sm, *mn = sc + 8;
+        for (int j = 0; j < 4; j++, y += 64)
+            store_k4_chunk(y, unpack_nibbles32(x[i].qs + 32 * j), d * sc[2 * j], dmin * mn[2 * j], d * sc[2 * j + 1], dmin * mn[2 * j + 1]);
+    }
+}
+
+/* hz = [qh | qh >> 1]: bit 2j of byte l in the low half tops element l of sub-block 2j, the same bit in the
+ * high half tops element l of sub-block 2j+1. Each chunk moves that bit to bit 4, then hz shifts right by 2. */
+void kiln_to_float_q5_K_avx512(const void *vx, float *y, int64_t k) {
+    const block_q5_K *x = vx;
+    const __m512i b4 = _mm512_set1_epi8(0x10);
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = f16_to_f32(x[i].d), dmin = f16_to_f32(x[i].dmin);
+        uint32_t sm[4];
+        unpack_scales_k4(x[i].scales, sm);
+        const uint8_t *sc = (const uint8_t *)sm, *mn = sc + 8;
+        __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
+        __m512i hz = join256(qh, _mm256_srli_epi16(qh, 1));
+        for (int j = 0; j < 4; j++, y += 64) {
+            /* z | (hz<<4 & 0x10) */
+            __m512i z = _mm512_ternarylogic_epi32(unpack_nibbles32(x[i].qs + 32 * j), _mm512_slli_epi16(hz, 4), b4, 0xF8);
+            hz = _mm512_srli_epi16(hz, 2);
+            store_k4_chunk(y, z, d * sc[2 * j], dmin * mn[2 * j], d * sc[2 * j + 1], dmin * mn[2 * j + 1]);
+        }
+    }
+}
+
+/* A 128-element Q6_K chunk as two 64-byte vectors of 6-bit values (0..63), elements 0..63 and 64..127.
+ * ql's 64 bytes hold elements 0..63 in low nibbles and 64..127 in high ones; H = [qh | qh >> 2] puts the
+ * two high bits of elements 0..63 at bits 0-1 and of 64..127 at bits 4-5 of each byte. 16-bit shifts are
+ * safe because every mask keeps only bits that came from the same byte. */
+static inline void q6_halves(const uint8_t *ql, const uint8_t *qh, __m512i *lo, __m512i *hi) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x30);
+    __m512i a = _mm512_loadu_si512((const void *)ql);
+    __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+    __m512i hz = join256(h, _mm256_srli_epi16(h, 2));
+    *lo = _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_and_si512(_mm512_slli_epi16(hz, 4), m2));
+    *hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4), _mm512_and_si512(hz, m2));
+}
+
+void kiln_to_float_q6_K_avx512(const void *vx, float *y, int64_t k) {
+    const block_q6_K *x = vx;
+    const __m512i off = _mm512_set1_epi8(32);
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = f16_to_f32(x[i].d);
+        for (int c = 0; c < 2; c++) {
+            __m512i h[2];
+            q6_halves(x[i].ql + 64 * c, x[i].qh + 32 * c, &h[0], &h[1]);
+            for (int m = 0; m < 2; m++) {
+                __m512i q = _mm512_sub_epi8(h[m], off);
+                /* one 16-byte lane is one scale group */
+                const int8_t *sc = x[i].scales + 8 * c + 4 * m;
+                _mm512_storeu_ps(y + 0, _mm512_mul_ps(_mm512_set1_ps(d * sc[0]), s8x16_ps(_mm512_extracti32x4_epi32(q, 0))));
+                _mm512_storeu_ps(y + 16, _mm512_mul_ps(_mm512_set1_ps(d * sc[1]), s8x16_ps(_mm512_extracti32x4_epi32(q, 1))));
+                _mm512_storeu_ps(y + 32, _mm512_mul_ps(_mm512_set1_ps(d * sc[2]), s8x16_ps(_mm512_extracti32x4_epi32(q, 2))));
+                _mm512_storeu_ps(y + 48, _mm512_mul_ps(_mm512_set1_ps(d * sc[3]), s8x16_ps(_mm512_extracti32x4_epi32(q, 3))));
+                y += 64;
+            }
+        }
+    }
+}
+
+void kiln_to_float_q8_K_avx512(const void *vx, float *y, int64_t k) {
+    const block_q8_K *x = vx;
+    for (int64_t i = 0; i < k / QK_K; i++, y += QK_K) {
+        const __m512 d = _mm512_set1_ps(x[i].d);
+        for (int m = 0; m < QK_K / 16; m++)
+            _mm512_storeu_ps(y + 16 * m, _mm512_mul_ps(d, s8x16_ps(_mm_loadu_si128((const __m128i *)(x[i].qs + 16 * m)))));
+    }
+}
+
+/* ---------------------------------------------------------------- from_float */
+
+void kiln_from_float_f32_avx512(const float *x, void *y, int64_t k) { memcpy(y, x, (size_t)k * sizeof(float)); }
+
+void kiln_from_float_f16_avx512(const float *x, void *vy, int64_t k) {
+    kiln_fp16 *y = vy;
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16)
+        _mm256_storeu_si256((__m256i *)(y + i), _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (i < k) {
+        __mmask16 m = (__mmask16)((1u << (k - i)) - 1);
+        __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_mask_storeu_epi16(y + i, m, h);
+    }
+}
+
+/* kiln_f32_to_bf16 in integer lanes (vcvtneps2bf16 would flush subnormal inputs to zero). */
+static inline __m256i f32_to_bf16_16(__m512 v) {
+    __m512i b = _mm512_castps_si512(v);
+    __m512i hi = _mm512_srli_epi32(b, 16);
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                                                            _mm512_and_si512(hi, _mm512_set1_epi32(1)))), 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    __m512i r = _mm512_mask_or_epi32(rounded, nan, hi, _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+void kiln_from_float_bf16_avx512(const float *x, void *vy, int64_t k) {
+    kiln_bf16 *y = vy;
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16) _mm256_storeu_si256((__m256i *)(y + i), f32_to_bf16_16(_mm512_loadu_ps(x + i)));
+    if (i < k) {
+        __mmask16 m = (__mmask16)((1u << (k - i)) - 1);
+        _mm256_mask_storeu_epi16(y + i, m, f32_to_bf16_16(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
+void kiln_from_float_q8_0_avx512(const float *x, void *y, int64_t k) { kiln_from_float_q8_0_avx2(x, y, k); }
+void kiln_from_float_q8_1_avx512(const float *x, void *y, int64_t k) { kiln_from_float_q8_1_avx2(x, y, k); }
+void kiln_from_float_q8_K_avx512(const float *x, void *y, int64_t k) { kiln_from_float_q8_K_avx2(x, y, k); }
+
+/* ---------------------------------------------------------------- vec_dot, float types */
+
+void kiln_vec_dot_f32_avx512(int64_t n, float *s, const void *vx, const void *vy) {
+    const float *x = vx, *y = vy;
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64)
+        for (int m = 0; m < 4; m++)
+            acc[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16 * m), _mm512_loadu_ps(y + i + 16 * m), acc[m]);
+    for (; i + 16 <= n; i += 16) acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), acc[0]);
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        acc[1] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i), acc[1]);
+    }
+    *s = hsum512_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+void kiln_vec_dot_f16_avx512(int64_t n, float *s, const void *vx, const void *vy) {
+    const kiln_fp16 *x = vx, *y = vy;
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64)
+        for (int m = 0; m < 4; m++)
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i + 16 * m))),
+                                     _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(y + i + 16 * m))), acc[m]);
+    for (; i + 16 <= n; i += 16)
+        acc[0] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))),
+                                 _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(y + i))), acc[0]);
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        acc[1] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i)),
+                                 _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, y + i)), acc[1]);
+    }
+    *s = hsum512_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+/* vdpbf16ps: 32 bf16 pairs per instruction. Products of two bf16 are exact in float; the instruction treats
+ * subnormal inputs as zero, which moves the sum by less than 2^-126 per term. */
+void kiln_vec_dot_bf16_avx512(int64_t n, float *s, const void *vx, const void *vy) {
+    const kiln_bf16 *x = vx, *y = vy;
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 128 <= n; i += 128)
+        for (int m = 0; m < 4; m++)
+            acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_loadu_si512((const void *)(x + i + 32 * m)),
+                                      (__m512bh)_mm512_loadu_si512((const void *)(y + i + 32 * m)));
+    for (; i + 32 <= n; i += 32)
+        acc[0] = _mm512_dpbf16_ps(acc[0], (__m512bh)_mm512_loadu_si512((const void *)(x + i)),
+                                  (__m512bh)_mm512_loadu_si512((const void *)(y + i)));
+    if (i < n) {
+        __mmask32 m = (__mmask32)((1ull << (n - i)) - 1);
+        acc[1] = _mm512_dpbf16_ps(acc[1], (__m512bh)_mm512_maskz_loadu_epi16(m, x + i), (__m512bh)_mm512_maskz_loadu_epi16(m, y + i));
+    }
+    *s = hsum512_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+/* ---------------------------------------------------------------- vec_dot, 32-element blocks
+ * Two blocks per 512-bit step (block b's 32 values in bytes 32b..32b+31), an odd last block at 256 bits.
+ * dpbusd multiplies unsigned by signed bytes, so signed weights are offset to unsigned and the offset
+ * removed with a second dpbusd against the same activations: sum (w+o)*y - sum o*y, exact for every byte. */
+
+void kiln_vec_dot_q4_0_q8_0_avx512(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q4_0 *x = vx;
+    const block_q8_0 *y = vy;
+    const int64_t nb = n / QK4_0;
+    __m512 acc = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        __m512i qx = join256(unpack_nibbles16(x[i].qs), unpack_nibbles16(x[i + 1].qs));
+        __m512i qy = join256(_mm256_loadu_si256((const __m256i *)y[i].qs), _mm256_loadu_si256((const __m256i *)y[i + 1].qs));
+        __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), qx, qy),
+                                     _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(8), qy));
+        __m512 d = two_scales(f16_to_f32(x[i].d) * f16_to_f32(y[i].d), f16_to_f32(x[i + 1].d) * f16_to_f32(y[i + 1].d));
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
+    }
+    float sum = hsum512_ps(acc);
+    if (i < nb) {
+        __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        __m256i p = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), unpack_nibbles16(x[i].qs), qy),
+                                     _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(8), qy));
+        sum += f16_to_f32(x[i].d) * f16_to_f32(y[i].d) * hsum256_ps(_mm256_cvtepi32_ps(p));
+    }
+    *s = sum;
+}
+
+void kiln_vec_dot_q4_1_q8_1_avx512(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q4_1 *x = vx;
+    const block_q8_1 *y = vy;
+    const int64_t nb = n / QK4_1;
+    __m512 acc = _mm512_setzero_ps();
+    float summs = 0.0f; /* sum of m_x * s_y */
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        __m512i qx = join256(unpack_nibbles16(x[i].qs), unpack_nibbles16(x[i + 1].qs));
+        __m512i qy = join256(_mm256_loadu_si256((const __m256i *)y[i].qs), _mm256_loadu_si256((const __m256i *)y[i + 1].qs));
+        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qx, qy);
+        __m512 d = two_scales(f16_to_f32(x[i].d) * f16_to_f32(y[i].d), f16_to_f32(x[i + 1].d) * f16_to_f32(y[i + 1].d));
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
+        summs += f16_to_f32(x[i].m) * f16_to_f32(y[i].s) + f16_to_f32(x[i + 1].m) * f16_to_f32(y[i + 1].s);
+    }
+    float sum = hsum512_ps(acc);
+    if (i < nb) {
+        __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), unpack_nibbles16(x[i].qs), _mm256_loadu_si256((const __m256i *)y[i].qs));
+        sum += f16_to_f32(x[i].d) * f16_to_f32(y[i].d) * hsum256_ps(_mm256_cvtepi32_ps(p));
+        summs += f16_to_f32(x[i].m) * f16_to_f32(y[i].s);
+    }
+    *s = sum + summs;
+}
+
+void kiln_vec_dot_q8_0_q8_0_avx512(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q8_0 *x = vx;
+    const block_q8_0 *y = vy;
+    const int64_t nb = n / QK8_0;
+    const __m512i off = _mm512_set1_epi8((char)0x80); /* x ^ 0x80 = x + 128 as an unsigned byte */
+    __m512 acc = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        __m512i qx = join256(_mm256_loadu_si256((const __m256i *)x[i].qs), _mm256_loadu_si256((const __m256i *)x[i + 1].qs));
+        __m512i qy = join256(_mm256_loadu_si256((const __m256i *)y[i].qs), _mm256_loadu_si256((const __m256i *)y[i + 1].qs));
+        __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(qx, off), qy),
+                                     _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, qy));
+        __m512 d = two_scales(f16_to_f32(x[i].d) * f16_to_f32(y[i].d), f16_to_f32(x[i + 1].d) * f16_to_f32(y[i + 1].d));
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
+    }
+    float sum = hsum512_ps(acc);
+    if (i < nb) {
+        const __m256i off8 = _mm512_castsi512_si256(off);
+        __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs), qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        __m256i p = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_xor_si256(qx, off8), qy),
+                                     _mm256_dpbusd_epi32(_mm256_setzero_si256(), off8, qy));
+        sum += f16_to_f32(x[i].d) * f16_to_f32(y[i].d) * hsum256_ps(_mm256_cvtepi32_ps(p));
+    }
+    *s = sum;
+}
+
+/* ---------------------------------------------------------------- vec_dot, K-quants
+ * maddubs (weights 0..63 times activations: pairs <= 2*63*128, no saturation) then dpwssd with the int16
+ * scale of each pair's sub-block, accumulating int32 per 256-element block; one float fma per block. */
+
+/* mins . (bsums[2j] + bsums[2j+1]) as 8 int32 lanes: the Q4_K/Q5_K "- dmin*m" term. */
+static inline __m256i mins_dot_bsums(const uint32_t sm[4], const int16_t *bsums) {
+    __m128i m8 = _mm_loadl_epi64((const __m128i *)(sm + 2));
+    __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)); /* m0 m0 m1 m1 ... m7 m7 */
+    return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bsums), m16);
+}
+
+void kiln_vec_dot_q4_K_q8_K_avx512(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q4_K *x = vx;
+    const block_q8_K *y = vy;
+    __m512i idx[4];
+    for (int j = 0; j < 4; j++) idx[j] = load_idx(scale_idx_halves[j]);
+    __m512 acc = _mm512_setzero_ps();
+    __m256 acc_m = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = f16_to_f32(x[i].d) * y[i].d, dmin = f16_to_f32(x[i].dmin) * y[i].d;
+        uint32_t sm[4];
+        unpack_scales_k4(x[i].scales, sm);
+        acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins_dot_bsums(sm, y[i].bsums)), acc_m);
+        const __m512i sc16 = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
+        __m512i isum = _mm512_setzero_si512();
+        for (int j = 0; j < 4; j++) {
+            __m512i p = _mm512_maddubs_epi16(unpack_nibbles32(x[i].qs + 32 * j), _mm512_loadu_si512((const void *)(y[i].qs + 64 * j)));
+            isum = _mm512_dpwssd_epi32(isum, p, _mm512_permutexvar_epi16(idx[j], sc16));
+        }
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(isum), acc);
+    }
+    *s = hsum512_ps(acc) - hsum256_ps(acc_m);
+}
+
+void kiln_vec_dot_q5_K_q8_K_avx512(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q5_K *x = vx;
+    const block_q8_K *y = vy;
+    const __m512i b4 = _mm512_set1_epi8(0x10);
+    __m512i idx[4];
+    for (int j = 0; j < 4; j++) idx[j] = load_idx(scale_idx_halves[j]);
+    __m512 acc = _mm512_setzero_ps();
+    __m256 acc_m = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = f16_to_f32(x[i].d) * y[i].d, dmin = f16_to_f32(x[i].dmin) * y[i].d;
+        uint32_t sm[4];
+        unpack_scales_k4(x[i].scales, sm);
+        acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins_dot_bsums(sm, y[i].bsums)), acc_m);
+        const __m512i sc16 = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
+        __m512i hz = join256(qh, _mm256_srli_epi16(qh, 1)); /* see kiln_to_float_q5_K_avx512 */
+        __m512i isum = _mm512_setzero_si512();
+        for (int j = 0; j < 4; j++) {
+            __m512i z = _mm512_ternarylogic_epi32(unpack_nibbles32(x[i].qs + 32 * j), _mm512_slli_epi16(hz, 4), b4, 0xF8);
+            hz = _mm512_srli_epi16(hz, 2);
+            __m512i p = _mm512_maddubs_epi16(z, _mm512_loadu_si512((const void *)(y[i].qs + 64 * j)));
+            isum = _mm512_dpwssd_epi32(isum, p, _mm512_permutexvar_epi16(idx[j], sc16));
+        }
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(isum), acc);
+    }
+    *s = hsum512_ps(acc) - hsum256_ps(acc_m);
+}
+
+/* sum_g sc[g]*dot(q-32, y) = sum_g sc[g]*dot(q, y) - 32*sum_g sc[g]*bsums[g]; each 128-bit lane of a 64-byte
+ * half is one 16-element scale group. */
+void kiln_vec_dot_q6_K_q8_K_avx512(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q6_K *x = vx;
+    const block_q8_K *y = vy;
+    __m512i idx[4];
+    for (int j = 0; j < 4; j++) idx[j] = load_idx(scale_idx_quarters[j]);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = f16_to_f32(x[i].d) * y[i].d;
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+        const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[i].bsums), sc16);
+        const __m512i sc = _mm512_zextsi256_si512(sc16);
+        __m512i isum = _mm512_setzero_si512();
+        for (int c = 0; c < 2; c++) {
+            __m512i h[2];
+            q6_halves(x[i].ql + 64 * c, x[i].qh + 32 * c, &h[0], &h[1]);
+            for (int m = 0; m < 2; m++) {
+                __m512i p = _mm512_maddubs_epi16(h[m], _mm512_loadu_si512((const void *)(y[i].qs + 128 * c + 64 * m)));
+                isum = _mm512_dpwssd_epi32(isum, p, _mm512_permutexvar_epi16(idx[2 * c + m], sc));
+            }
+        }
+        isum = _mm512_sub_epi32(isum, _mm512_zextsi256_si512(_mm256_slli_epi32(corr, 5)));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(isum), acc);
+    }
+    *s = hsum512_ps(acc);
+}
+
+#endif /* __x86_64__ */
