@@ -104,14 +104,26 @@ kiln_simd kiln_simd_best(void) {
     return best;
 }
 
-#define PICK(field)                                                            \
-    const kiln_type_traits *tt = kiln_type_traits_get(t);                      \
-    if (!tt) return NULL;                                                      \
-    if (level >= KILN_SIMD_COUNT) level = KILN_SIMD_COUNT - 1;                 \
-    for (int l = (int)level; l >= 0; l--)                                      \
-        if (tt->field[l]) return tt->field[l];                                 \
-    return NULL
+/* Each getter returns the entry at level, or at the nearest level below that has one. */
+static int top_level(kiln_simd level) { return level >= KILN_SIMD_COUNT ? KILN_SIMD_COUNT - 1 : (int)level; }
 
-kiln_to_float_fn kiln_get_to_float(kiln_type t, kiln_simd level) { PICK(to_float); }
-kiln_from_float_fn kiln_get_from_float(kiln_type t, kiln_simd level) { PICK(from_float); }
-kiln_vec_dot_fn kiln_get_vec_dot(kiln_type t, kiln_simd level) { PICK(vec_dot); }
+kiln_to_float_fn kiln_get_to_float(kiln_type t, kiln_simd level) {
+    const kiln_type_traits *tt = kiln_type_traits_get(t);
+    for (int l = top_level(level); tt && l >= 0; l--)
+        if (tt->to_float[l]) return tt->to_float[l];
+    return NULL;
+}
+
+kiln_from_float_fn kiln_get_from_float(kiln_type t, kiln_simd level) {
+    const kiln_type_traits *tt = kiln_type_traits_get(t);
+    for (int l = top_level(level); tt && l >= 0; l--)
+        if (tt->from_float[l]) return tt->from_float[l];
+    return NULL;
+}
+
+kiln_vec_dot_fn kiln_get_vec_dot(kiln_type t, kiln_simd level) {
+    const kiln_type_traits *tt = kiln_type_traits_get(t);
+    for (int l = top_level(level); tt && l >= 0; l--)
+        if (tt->vec_dot[l]) return tt->vec_dot[l];
+    return NULL;
+}
