@@ -17,7 +17,8 @@ static inline float kiln_fp16_to_f32(kiln_fp16 h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     uint32_t exp = (h >> 10) & 0x1f;
     uint32_t man = h & 0x3ff;
-    if (exp == 0x1f) return kiln_bits_f32(sign | 0x7f800000u | (man << 13)); /* inf / nan */
+    if (exp == 0x1f) /* inf, or nan made quiet as F16C's vcvtph2ps does */
+        return kiln_bits_f32(sign | 0x7f800000u | (man << 13) | (man ? 0x00400000u : 0));
     if (exp == 0) {
         if (man == 0) return kiln_bits_f32(sign);
         /* subnormal: man * 2^-24, exact in float */

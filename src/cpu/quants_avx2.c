@@ -12,6 +12,16 @@
 #include <math.h>
 #include <string.h>
 
+/* Bit-exactness needs each product rounded before the add: GCC in ISO C mode does not contract, clang must be
+ * told (as in quants_ref.c). */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+/* Small fixed-count loops over arrays of vectors must be unrolled for the arrays to live in registers;
+ * GCC at -O2 does not always do it on its own (clang honours the same pragma). */
+#define UNROLL _Pragma("GCC unroll 8")
+
 /* ---------------------------------------------------------------- helpers */
 
 static inline float f16_to_f32(kiln_fp16 h) { return _cvtsh_ss(h); } /* F16C; equals kiln_fp16_to_f32 except
@@ -53,7 +63,7 @@ static inline __m256 i8x8_ps(const void *p) { return _mm256_cvtepi32_ps(_mm256_c
 static inline void bytes_ps(__m256i q, int is_signed, __m256 out[4]) {
     __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
     __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-    for (int m = 0; m < 4; m++)
+    UNROLL for (int m = 0; m < 4; m++)
         out[m] = _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(part[m]) : _mm256_cvtepu8_epi32(part[m]));
 }
 
@@ -129,7 +139,7 @@ void kiln_to_float_q4_0_avx2(const void *vx, float *y, int64_t k) {
         const __m256 d = _mm256_set1_ps(f16_to_f32(x[i].d));
         __m256 f[4];
         bytes_ps(_mm256_sub_epi8(unpack_nibbles16(x[i].qs), _mm256_set1_epi8(8)), 1, f);
-        for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 8 * m, _mm256_mul_ps(f[m], d));
+        UNROLL for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 8 * m, _mm256_mul_ps(f[m], d));
     }
 }
 
@@ -139,7 +149,7 @@ void kiln_to_float_q4_1_avx2(const void *vx, float *y, int64_t k) {
         const __m256 d = _mm256_set1_ps(f16_to_f32(x[i].d)), mn = _mm256_set1_ps(f16_to_f32(x[i].m));
         __m256 f[4];
         bytes_ps(unpack_nibbles16(x[i].qs), 0, f);
-        for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 8 * m, _mm256_add_ps(_mm256_mul_ps(f[m], d), mn));
+        UNROLL for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 8 * m, _mm256_add_ps(_mm256_mul_ps(f[m], d), mn));
     }
 }
 
@@ -147,7 +157,7 @@ void kiln_to_float_q8_0_avx2(const void *vx, float *y, int64_t k) {
     const block_q8_0 *x = vx;
     for (int64_t i = 0; i < k / QK8_0; i++, y += QK8_0) {
         const __m256 d = _mm256_set1_ps(f16_to_f32(x[i].d));
-        for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 8 * m, _mm256_mul_ps(i8x8_ps(x[i].qs + 8 * m), d));
+        UNROLL for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 8 * m, _mm256_mul_ps(i8x8_ps(x[i].qs + 8 * m), d));
     }
 }
 
@@ -155,7 +165,7 @@ void kiln_to_float_q8_1_avx2(const void *vx, float *y, int64_t k) {
     const block_q8_1 *x = vx;
     for (int64_t i = 0; i < k / QK8_1; i++, y += QK8_1) {
         const __m256 d = _mm256_set1_ps(f16_to_f32(x[i].d));
-        for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 8 * m, _mm256_mul_ps(i8x8_ps(x[i].qs + 8 * m), d));
+        UNROLL for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 8 * m, _mm256_mul_ps(i8x8_ps(x[i].qs + 8 * m), d));
     }
 }
 
@@ -168,14 +178,14 @@ void kiln_to_float_q4_K_avx2(const void *vx, float *y, int64_t k) {
         uint32_t sm[4];
         unpack_scales_k4(x[i].scales, sm);
         const uint8_t *sc = (const uint8_t *)sm, *mn = sc + 8;
-        for (int j = 0; j < 4; j++, y += 64) {
+        UNROLL for (int j = 0; j < 4; j++, y += 64) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
             __m256i half[2] = {_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)};
-            for (int h = 0; h < 2; h++) {
+            UNROLL for (int h = 0; h < 2; h++) {
                 const __m256 ds = _mm256_set1_ps(d * sc[2 * j + h]), dm = _mm256_set1_ps(dmin * mn[2 * j + h]);
                 __m256 f[4];
                 bytes_ps(half[h], 0, f);
-                for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 32 * h + 8 * m, _mm256_sub_ps(_mm256_mul_ps(ds, f[m]), dm));
+                UNROLL for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 32 * h + 8 * m, _mm256_sub_ps(_mm256_mul_ps(ds, f[m]), dm));
             }
         }
     }
@@ -191,18 +201,18 @@ void kiln_to_float_q5_K_avx2(const void *vx, float *y, int64_t k) {
         unpack_scales_k4(x[i].scales, sm);
         const uint8_t *sc = (const uint8_t *)sm, *mn = sc + 8;
         __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
-        for (int j = 0; j < 4; j++, y += 64) {
+        UNROLL for (int j = 0; j < 4; j++, y += 64) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
             __m256i half[2] = {
                 _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(_mm256_and_si256(qh, b0), 4)),
                 _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), _mm256_slli_epi16(_mm256_and_si256(qh, b1), 3)),
             };
             qh = _mm256_srli_epi16(qh, 2); /* bits 0,1 of each byte now come from its own bits 2,3 */
-            for (int h = 0; h < 2; h++) {
+            UNROLL for (int h = 0; h < 2; h++) {
                 const __m256 ds = _mm256_set1_ps(d * sc[2 * j + h]), dm = _mm256_set1_ps(dmin * mn[2 * j + h]);
                 __m256 f[4];
                 bytes_ps(half[h], 0, f);
-                for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 32 * h + 8 * m, _mm256_sub_ps(_mm256_mul_ps(ds, f[m]), dm));
+                UNROLL for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 32 * h + 8 * m, _mm256_sub_ps(_mm256_mul_ps(ds, f[m]), dm));
             }
         }
     }
@@ -226,10 +236,10 @@ void kiln_to_float_q6_K_avx2(const void *vx, float *y, int64_t k) {
     const block_q6_K *x = vx;
     for (int64_t i = 0; i < k / QK_K; i++) {
         const float d = f16_to_f32(x[i].d);
-        for (int c = 0; c < 2; c++, y += 128) {
+        UNROLL for (int c = 0; c < 2; c++, y += 128) {
             __m256i q[4];
             q6_quarters(x[i].ql + 64 * c, x[i].qh + 32 * c, q);
-            for (int m = 0; m < 4; m++) {
+            UNROLL for (int m = 0; m < 4; m++) {
                 const int g = 8 * c + 2 * m; /* groups g and g+1 */
                 const __m256 s0 = _mm256_set1_ps(d * x[i].scales[g]), s1 = _mm256_set1_ps(d * x[i].scales[g + 1]);
                 __m256 f[4];
@@ -272,7 +282,7 @@ void kiln_from_float_bf16_avx2(const float *x, void *vy, int64_t k) {
     int64_t i = 0;
     for (; i + 16 <= k; i += 16) {
         __m256i r[2];
-        for (int h = 0; h < 2; h++) {
+        UNROLL for (int h = 0; h < 2; h++) {
             __m256 v = _mm256_loadu_ps(x + i + 8 * h);
             __m256i b = _mm256_castps_si256(v);
             __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), one);
@@ -292,7 +302,7 @@ void kiln_from_float_bf16_avx2(const float *x, void *vy, int64_t k) {
  * or so small that 1/d overflows (that block's f16 d is 0 anyway). */
 static inline void quantize_block_q8(const float *x, __m256i q[4], float *d_out) {
     __m256 v[4], amax = _mm256_setzero_ps();
-    for (int m = 0; m < 4; m++) {
+    UNROLL for (int m = 0; m < 4; m++) {
         v[m] = _mm256_loadu_ps(x + 8 * m);
         amax = _mm256_max_ps(abs_ps(v[m]), amax);
     }
@@ -300,7 +310,7 @@ static inline void quantize_block_q8(const float *x, __m256i q[4], float *d_out)
     float inv = d != 0.0f ? 1.0f / d : 0.0f;
     if (!isfinite(inv)) inv = 0.0f;
     const __m256 id = _mm256_set1_ps(inv);
-    for (int m = 0; m < 4; m++) q[m] = _mm256_cvttps_epi32(round_half_away(_mm256_mul_ps(v[m], id)));
+    UNROLL for (int m = 0; m < 4; m++) q[m] = _mm256_cvttps_epi32(round_half_away(_mm256_mul_ps(v[m], id)));
     *d_out = d;
 }
 
@@ -355,9 +365,9 @@ void kiln_from_float_q8_K_avx2(const float *x, void *vy, int64_t k) {
         const __m256 vs = _mm256_set1_ps(iscale);
         const __m256i top = _mm256_set1_epi32(127), bottom = _mm256_set1_epi32(-127);
         __m256i pair[QK_K / 16]; /* per 16-element group: the two 8-lane halves added */
-        for (int g = 0; g < QK_K / 32; g++) {
+        UNROLL for (int g = 0; g < QK_K / 32; g++) {
             __m256i q[4];
-            for (int m = 0; m < 4; m++)
+            UNROLL for (int m = 0; m < 4; m++)
                 q[m] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vs, _mm256_loadu_ps(x + 32 * g + 8 * m))), top), bottom);
             _mm256_storeu_si256((__m256i *)(y[i].qs + 32 * g), pack_i32_i8(q[0], q[1], q[2], q[3]));
             pair[2 * g] = _mm256_add_epi32(q[0], q[1]);
@@ -376,7 +386,7 @@ void kiln_vec_dot_f32_avx2(int64_t n, float *s, const void *vx, const void *vy) 
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     int64_t i = 0;
     for (; i + 32 <= n; i += 32)
-        for (int m = 0; m < 4; m++)
+        UNROLL for (int m = 0; m < 4; m++)
             acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8 * m), _mm256_loadu_ps(y + i + 8 * m), acc[m]);
     for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc[0]);
     float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
@@ -394,7 +404,7 @@ void kiln_vec_dot_f16_avx2(int64_t n, float *s, const void *vx, const void *vy) 
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     int64_t i = 0;
     for (; i + 32 <= n; i += 32)
-        for (int m = 0; m < 4; m++) acc[m] = _mm256_fmadd_ps(load_f16(x + i + 8 * m), load_f16(y + i + 8 * m), acc[m]);
+        UNROLL for (int m = 0; m < 4; m++) acc[m] = _mm256_fmadd_ps(load_f16(x + i + 8 * m), load_f16(y + i + 8 * m), acc[m]);
     for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load_f16(x + i), load_f16(y + i), acc[0]);
     float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
     for (; i < n; i++) sum += f16_to_f32(x[i]) * f16_to_f32(y[i]);
@@ -406,11 +416,19 @@ void kiln_vec_dot_bf16_avx2(int64_t n, float *s, const void *vx, const void *vy)
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     int64_t i = 0;
     for (; i + 32 <= n; i += 32)
-        for (int m = 0; m < 4; m++) acc[m] = _mm256_fmadd_ps(load_bf16(x + i + 8 * m), load_bf16(y + i + 8 * m), acc[m]);
+        UNROLL for (int m = 0; m < 4; m++) acc[m] = _mm256_fmadd_ps(load_bf16(x + i + 8 * m), load_bf16(y + i + 8 * m), acc[m]);
     for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load_bf16(x + i), load_bf16(y + i), acc[0]);
     float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
     for (; i < n; i++) sum += kiln_bf16_to_f32(x[i]) * kiln_bf16_to_f32(y[i]);
     *s = sum;
+}
+
+/* Lane 0: a0*b0, lane 2: a1*b1, from four f16 with one vcvtph2ps (each _cvtsh_ss would cost two
+ * shuffle-port uops, the bottleneck of these short-block dots). Same float products as the scalar code. */
+static inline __m128 scale_products(kiln_fp16 a0, kiln_fp16 b0, kiln_fp16 a1, kiln_fp16 b1) {
+    const uint64_t packed = (uint64_t)a0 | (uint64_t)b0 << 16 | (uint64_t)a1 << 32 | (uint64_t)b1 << 48;
+    __m128 f = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)packed));
+    return _mm_mul_ps(f, _mm_movehdup_ps(f));
 }
 
 /* ---------------------------------------------------------------- vec_dot, block types
@@ -426,7 +444,7 @@ void kiln_vec_dot_q4_0_q8_0_avx2(int64_t n, float *s, const void *vx, const void
         __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
         /* sum (q-8)*y = sum q*y - 8*sum y, each pair in int16 (|.| <= 3840) */
         __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(unpack_nibbles16(x[i].qs), qy), _mm256_maddubs_epi16(eight, qy));
-        __m256 d = _mm256_set1_ps(f16_to_f32(x[i].d) * f16_to_f32(y[i].d));
+        const __m256 d = _mm256_broadcastss_ps(scale_products(x[i].d, y[i].d, 0, 0));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc);
     }
     *s = hsum_ps(acc);
@@ -437,14 +455,14 @@ void kiln_vec_dot_q4_1_q8_1_avx2(int64_t n, float *s, const void *vx, const void
     const block_q8_1 *y = vy;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc = _mm256_setzero_ps();
-    float summs = 0.0f; /* sum of m_x * s_y: the min times the activation block's sum */
+    __m128 summs = _mm_setzero_ps(); /* lane 2: sum of m_x * s_y, the min times the activation block's sum */
     for (int64_t i = 0; i < n / QK4_1; i++) {
         __m256i p = _mm256_maddubs_epi16(unpack_nibbles16(x[i].qs), _mm256_loadu_si256((const __m256i *)y[i].qs));
-        __m256 d = _mm256_set1_ps(f16_to_f32(x[i].d) * f16_to_f32(y[i].d));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc);
-        summs += f16_to_f32(x[i].m) * f16_to_f32(y[i].s);
+        const __m128 prod = scale_products(x[i].d, y[i].d, x[i].m, y[i].s);
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc);
+        summs = _mm_add_ps(summs, prod); /* lane 2 sums m_x * s_y */
     }
-    *s = hsum_ps(acc) + summs;
+    *s = hsum_ps(acc) + _mm_cvtss_f32(_mm_movehl_ps(summs, summs));
 }
 
 /* Both sides signed: widen to int16 so every value, -128 included, multiplies exactly. */
@@ -454,12 +472,12 @@ void kiln_vec_dot_q8_0_q8_0_avx2(int64_t n, float *s, const void *vx, const void
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK8_0; i++) {
         __m256i p = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
+        UNROLL for (int h = 0; h < 2; h++) {
             __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(x[i].qs + 16 * h)));
             __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(y[i].qs + 16 * h)));
             p = _mm256_add_epi32(p, _mm256_madd_epi16(a, b));
         }
-        __m256 d = _mm256_set1_ps(f16_to_f32(x[i].d) * f16_to_f32(y[i].d));
+        const __m256 d = _mm256_broadcastss_ps(scale_products(x[i].d, y[i].d, 0, 0));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
     }
     *s = hsum_ps(acc);
@@ -494,7 +512,7 @@ void kiln_vec_dot_q4_K_q8_K_avx2(int64_t n, float *s, const void *vx, const void
         acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins_dot_bsums(sm, y[i].bsums)), acc_m);
         const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
         __m256i isum = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
+        UNROLL for (int j = 0; j < 4; j++) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
             __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
             isum = _mm256_add_epi32(isum, kq_chunk(lo, hi, y[i].qs + 64 * j, sc16, j));
@@ -517,7 +535,7 @@ void kiln_vec_dot_q5_K_q8_K_avx2(int64_t n, float *s, const void *vx, const void
         const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
         __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
         __m256i isum = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
+        UNROLL for (int j = 0; j < 4; j++) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
             __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(_mm256_and_si256(qh, b0), 4));
             __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), _mm256_slli_epi16(_mm256_and_si256(qh, b1), 3));
@@ -540,12 +558,12 @@ void kiln_vec_dot_q6_K_q8_K_avx2(int64_t n, float *s, const void *vx, const void
         const __m256i sc_all = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales)); /* 16 int16 */
         __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[i].bsums), sc_all);
         __m256i isum = _mm256_setzero_si256();
-        for (int c = 0; c < 2; c++) {
+        UNROLL for (int c = 0; c < 2; c++) {
             /* scales 8c..8c+7 as int16, in both lanes */
             const __m256i sc8 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(x[i].scales + 8 * c))));
             __m256i q[4];
             q6_quarters(x[i].ql + 64 * c, x[i].qh + 32 * c, q);
-            for (int m = 0; m < 4; m++) {
+            UNROLL for (int m = 0; m < 4; m++) {
                 /* lane 0 gets scale 2m, lane 1 scale 2m+1 */
                 const __m256i mask = _mm256_set_m128i(_mm256_castsi256_si128(word_bcast_mask(2 * m + 1)),
                                                       _mm256_castsi256_si128(word_bcast_mask(2 * m)));

@@ -13,6 +13,16 @@
 #include <immintrin.h>
 #include <string.h>
 
+/* Bit-exactness needs each product rounded before the add: GCC in ISO C mode does not contract, clang must be
+ * told (as in quants_ref.c). */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+/* Small fixed-count loops over arrays of vectors must be unrolled for the arrays to live in registers;
+ * GCC at -O2 does not always do it on its own (clang honours the same pragma). */
+#define UNROLL _Pragma("GCC unroll 8")
+
 /* ---------------------------------------------------------------- helpers */
 
 static inline float f16_to_f32(kiln_fp16 h) { return _cvtsh_ss(h); }
@@ -47,8 +57,16 @@ static inline __m512 u8x16_ps(__m128i q) { return _mm512_cvtepi32_ps(_mm512_cvte
 /* Two 256-bit halves as one 512-bit vector. */
 static inline __m512i join256(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
 
-/* 16 lanes of a in the low half, of b in the high half. */
-static inline __m512 two_scales(float a, float b) { return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1); }
+/* [a0*b0 in lanes 0..7, a1*b1 in lanes 8..15] from four f16 scales. One vcvtph2ps for all four and one
+ * permute: converting each with _cvtsh_ss and broadcasting costs ~3 shuffle-port uops apiece, which made these
+ * short-block dots shuffle-bound. The products are the same float products the scalar code forms. */
+static inline __m512 pair_scales(kiln_fp16 a0, kiln_fp16 b0, kiln_fp16 a1, kiln_fp16 b1) {
+    const uint64_t packed = (uint64_t)a0 | (uint64_t)b0 << 16 | (uint64_t)a1 << 32 | (uint64_t)b1 << 48;
+    __m128 f = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)packed)); /* a0 b0 a1 b1 */
+    __m128 prod = _mm_mul_ps(f, _mm_movehdup_ps(f));                /* a0*b0 . a1*b1 . */
+    const __m512i idx = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(prod));
+}
 
 /* Same unpacking as quants_avx2.c: sm bytes 0..7 are the 6-bit scales, 8..15 the 6-bit mins. */
 static inline void unpack_scales_k4(const uint8_t *scales, uint32_t out[4]) {
@@ -162,7 +180,7 @@ void kiln_to_float_q4_K_avx512(const void *vx, float *y, int64_t k) {
         uint32_t sm[4];
         unpack_scales_k4(x[i].scales, sm);
         const uint8_t *sc = (const uint8_t *)sm, *mn = sc + 8;
-        for (int j = 0; j < 4; j++, y += 64)
+        UNROLL for (int j = 0; j < 4; j++, y += 64)
             store_k4_chunk(y, unpack_nibbles32(x[i].qs + 32 * j), d * sc[2 * j], dmin * mn[2 * j], d * sc[2 * j + 1], dmin * mn[2 * j + 1]);
     }
 }
@@ -179,7 +197,7 @@ void kiln_to_float_q5_K_avx512(const void *vx, float *y, int64_t k) {
         const uint8_t *sc = (const uint8_t *)sm, *mn = sc + 8;
         __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
         __m512i hz = join256(qh, _mm256_srli_epi16(qh, 1));
-        for (int j = 0; j < 4; j++, y += 64) {
+        UNROLL for (int j = 0; j < 4; j++, y += 64) {
             /* z | (hz<<4 & 0x10) */
             __m512i z = _mm512_ternarylogic_epi32(unpack_nibbles32(x[i].qs + 32 * j), _mm512_slli_epi16(hz, 4), b4, 0xF8);
             hz = _mm512_srli_epi16(hz, 2);
@@ -206,10 +224,10 @@ void kiln_to_float_q6_K_avx512(const void *vx, float *y, int64_t k) {
     const __m512i off = _mm512_set1_epi8(32);
     for (int64_t i = 0; i < k / QK_K; i++) {
         const float d = f16_to_f32(x[i].d);
-        for (int c = 0; c < 2; c++) {
+        UNROLL for (int c = 0; c < 2; c++) {
             __m512i h[2];
             q6_halves(x[i].ql + 64 * c, x[i].qh + 32 * c, &h[0], &h[1]);
-            for (int m = 0; m < 2; m++) {
+            UNROLL for (int m = 0; m < 2; m++) {
                 __m512i q = _mm512_sub_epi8(h[m], off);
                 /* one 16-byte lane is one scale group */
                 const int8_t *sc = x[i].scales + 8 * c + 4 * m;
@@ -280,7 +298,7 @@ void kiln_vec_dot_f32_avx512(int64_t n, float *s, const void *vx, const void *vy
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     int64_t i = 0;
     for (; i + 64 <= n; i += 64)
-        for (int m = 0; m < 4; m++)
+        UNROLL for (int m = 0; m < 4; m++)
             acc[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16 * m), _mm512_loadu_ps(y + i + 16 * m), acc[m]);
     for (; i + 16 <= n; i += 16) acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), acc[0]);
     if (i < n) {
@@ -295,7 +313,7 @@ void kiln_vec_dot_f16_avx512(int64_t n, float *s, const void *vx, const void *vy
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     int64_t i = 0;
     for (; i + 64 <= n; i += 64)
-        for (int m = 0; m < 4; m++)
+        UNROLL for (int m = 0; m < 4; m++)
             acc[m] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i + 16 * m))),
                                      _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(y + i + 16 * m))), acc[m]);
     for (; i + 16 <= n; i += 16)
@@ -316,7 +334,7 @@ void kiln_vec_dot_bf16_avx512(int64_t n, float *s, const void *vx, const void *v
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     int64_t i = 0;
     for (; i + 128 <= n; i += 128)
-        for (int m = 0; m < 4; m++)
+        UNROLL for (int m = 0; m < 4; m++)
             acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_loadu_si512((const void *)(x + i + 32 * m)),
                                       (__m512bh)_mm512_loadu_si512((const void *)(y + i + 32 * m)));
     for (; i + 32 <= n; i += 32)
@@ -345,7 +363,7 @@ void kiln_vec_dot_q4_0_q8_0_avx512(int64_t n, float *s, const void *vx, const vo
         __m512i qy = join256(_mm256_loadu_si256((const __m256i *)y[i].qs), _mm256_loadu_si256((const __m256i *)y[i + 1].qs));
         __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), qx, qy),
                                      _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(8), qy));
-        __m512 d = two_scales(f16_to_f32(x[i].d) * f16_to_f32(y[i].d), f16_to_f32(x[i + 1].d) * f16_to_f32(y[i + 1].d));
+        __m512 d = pair_scales(x[i].d, y[i].d, x[i + 1].d, y[i + 1].d);
         acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
     }
     float sum = hsum512_ps(acc);
@@ -363,15 +381,21 @@ void kiln_vec_dot_q4_1_q8_1_avx512(int64_t n, float *s, const void *vx, const vo
     const block_q8_1 *y = vy;
     const int64_t nb = n / QK4_1;
     __m512 acc = _mm512_setzero_ps();
-    float summs = 0.0f; /* sum of m_x * s_y */
+    __m256 acc_m = _mm256_setzero_ps(); /* lanes 4 and 6: sums of m_x * s_y */
+    float summs = 0.0f;
     int64_t i = 0;
     for (; i + 2 <= nb; i += 2) {
         __m512i qx = join256(unpack_nibbles16(x[i].qs), unpack_nibbles16(x[i + 1].qs));
         __m512i qy = join256(_mm256_loadu_si256((const __m256i *)y[i].qs), _mm256_loadu_si256((const __m256i *)y[i + 1].qs));
         __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qx, qy);
-        __m512 d = two_scales(f16_to_f32(x[i].d) * f16_to_f32(y[i].d), f16_to_f32(x[i + 1].d) * f16_to_f32(y[i + 1].d));
-        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
-        summs += f16_to_f32(x[i].m) * f16_to_f32(y[i].s) + f16_to_f32(x[i + 1].m) * f16_to_f32(y[i + 1].s);
+        /* all eight f16 in one conversion: products d_x*d_y in lanes 0, 2 and m_x*s_y in lanes 4, 6 */
+        const uint64_t dd = (uint64_t)x[i].d | (uint64_t)y[i].d << 16 | (uint64_t)x[i + 1].d << 32 | (uint64_t)y[i + 1].d << 48;
+        const uint64_t ms = (uint64_t)x[i].m | (uint64_t)y[i].s << 16 | (uint64_t)x[i + 1].m << 32 | (uint64_t)y[i + 1].s << 48;
+        const __m128i h = _mm_set_epi64x((long long)ms, (long long)dd);
+        const __m256 f = _mm256_cvtph_ps(h), prod = _mm256_mul_ps(f, _mm256_movehdup_ps(f));
+        const __m512i idx = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+        acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, _mm512_castps256_ps512(prod)), _mm512_cvtepi32_ps(p), acc);
+        acc_m = _mm256_add_ps(acc_m, prod);
     }
     float sum = hsum512_ps(acc);
     if (i < nb) {
@@ -379,7 +403,8 @@ void kiln_vec_dot_q4_1_q8_1_avx512(int64_t n, float *s, const void *vx, const vo
         sum += f16_to_f32(x[i].d) * f16_to_f32(y[i].d) * hsum256_ps(_mm256_cvtepi32_ps(p));
         summs += f16_to_f32(x[i].m) * f16_to_f32(y[i].s);
     }
-    *s = sum + summs;
+    __m128 m = _mm256_extractf128_ps(acc_m, 1);
+    *s = sum + summs + _mm_cvtss_f32(_mm_add_ss(m, _mm_movehl_ps(m, m)));
 }
 
 void kiln_vec_dot_q8_0_q8_0_avx512(int64_t n, float *s, const void *vx, const void *vy) {
@@ -394,7 +419,7 @@ void kiln_vec_dot_q8_0_q8_0_avx512(int64_t n, float *s, const void *vx, const vo
         __m512i qy = join256(_mm256_loadu_si256((const __m256i *)y[i].qs), _mm256_loadu_si256((const __m256i *)y[i + 1].qs));
         __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(qx, off), qy),
                                      _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, qy));
-        __m512 d = two_scales(f16_to_f32(x[i].d) * f16_to_f32(y[i].d), f16_to_f32(x[i + 1].d) * f16_to_f32(y[i + 1].d));
+        __m512 d = pair_scales(x[i].d, y[i].d, x[i + 1].d, y[i + 1].d);
         acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
     }
     float sum = hsum512_ps(acc);
@@ -423,7 +448,7 @@ void kiln_vec_dot_q4_K_q8_K_avx512(int64_t n, float *s, const void *vx, const vo
     const block_q4_K *x = vx;
     const block_q8_K *y = vy;
     __m512i idx[4];
-    for (int j = 0; j < 4; j++) idx[j] = load_idx(scale_idx_halves[j]);
+    UNROLL for (int j = 0; j < 4; j++) idx[j] = load_idx(scale_idx_halves[j]);
     __m512 acc = _mm512_setzero_ps();
     __m256 acc_m = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
@@ -433,7 +458,7 @@ void kiln_vec_dot_q4_K_q8_K_avx512(int64_t n, float *s, const void *vx, const vo
         acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins_dot_bsums(sm, y[i].bsums)), acc_m);
         const __m512i sc16 = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
         __m512i isum = _mm512_setzero_si512();
-        for (int j = 0; j < 4; j++) {
+        UNROLL for (int j = 0; j < 4; j++) {
             __m512i p = _mm512_maddubs_epi16(unpack_nibbles32(x[i].qs + 32 * j), _mm512_loadu_si512((const void *)(y[i].qs + 64 * j)));
             isum = _mm512_dpwssd_epi32(isum, p, _mm512_permutexvar_epi16(idx[j], sc16));
         }
@@ -447,7 +472,7 @@ void kiln_vec_dot_q5_K_q8_K_avx512(int64_t n, float *s, const void *vx, const vo
     const block_q8_K *y = vy;
     const __m512i b4 = _mm512_set1_epi8(0x10);
     __m512i idx[4];
-    for (int j = 0; j < 4; j++) idx[j] = load_idx(scale_idx_halves[j]);
+    UNROLL for (int j = 0; j < 4; j++) idx[j] = load_idx(scale_idx_halves[j]);
     __m512 acc = _mm512_setzero_ps();
     __m256 acc_m = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
@@ -459,7 +484,7 @@ void kiln_vec_dot_q5_K_q8_K_avx512(int64_t n, float *s, const void *vx, const vo
         __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
         __m512i hz = join256(qh, _mm256_srli_epi16(qh, 1)); /* see kiln_to_float_q5_K_avx512 */
         __m512i isum = _mm512_setzero_si512();
-        for (int j = 0; j < 4; j++) {
+        UNROLL for (int j = 0; j < 4; j++) {
             __m512i z = _mm512_ternarylogic_epi32(unpack_nibbles32(x[i].qs + 32 * j), _mm512_slli_epi16(hz, 4), b4, 0xF8);
             hz = _mm512_srli_epi16(hz, 2);
             __m512i p = _mm512_maddubs_epi16(z, _mm512_loadu_si512((const void *)(y[i].qs + 64 * j)));
@@ -476,7 +501,7 @@ void kiln_vec_dot_q6_K_q8_K_avx512(int64_t n, float *s, const void *vx, const vo
     const block_q6_K *x = vx;
     const block_q8_K *y = vy;
     __m512i idx[4];
-    for (int j = 0; j < 4; j++) idx[j] = load_idx(scale_idx_quarters[j]);
+    UNROLL for (int j = 0; j < 4; j++) idx[j] = load_idx(scale_idx_quarters[j]);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
         const float d = f16_to_f32(x[i].d) * y[i].d;
@@ -484,10 +509,10 @@ void kiln_vec_dot_q6_K_q8_K_avx512(int64_t n, float *s, const void *vx, const vo
         const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[i].bsums), sc16);
         const __m512i sc = _mm512_zextsi256_si512(sc16);
         __m512i isum = _mm512_setzero_si512();
-        for (int c = 0; c < 2; c++) {
+        UNROLL for (int c = 0; c < 2; c++) {
             __m512i h[2];
             q6_halves(x[i].ql + 64 * c, x[i].qh + 32 * c, &h[0], &h[1]);
-            for (int m = 0; m < 2; m++) {
+            UNROLL for (int m = 0; m < 2; m++) {
                 __m512i p = _mm512_maddubs_epi16(h[m], _mm512_loadu_si512((const void *)(y[i].qs + 128 * c + 64 * m)));
                 isum = _mm512_dpwssd_epi32(isum, p, _mm512_permutexvar_epi16(idx[2 * c + m], sc));
             }
