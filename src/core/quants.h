@@ -63,6 +63,20 @@ static inline void kiln_get_scale_min_k4(int j, const uint8_t *q, uint8_t *sc, u
     }
 }
 
+/* Q4_K/Q5_K scales[12] -> out[0..7] the 6-bit scales, out[8..15] the 6-bit mins (as kiln_get_scale_min_k4 gives them,
+ * four sub-blocks per 32-bit word). Bytes 0..3 hold sc0..3 and m0..3 in their low 6 bits at [0..3] and
+ * [4..7], with the top 2 bits of sc4..7 and m4..7; bytes 8..11 hold the low 4 bits of sc4..7 / m4..7. */
+static inline void kiln_unpack_scales_k4(const uint8_t *scales, uint32_t out[4]) {
+    uint32_t a, b, c;
+    memcpy(&a, scales, 4);
+    memcpy(&b, scales + 4, 4);
+    memcpy(&c, scales + 8, 4);
+    out[0] = a & 0x3f3f3f3f;
+    out[1] = (c & 0x0f0f0f0f) | (((a >> 6) & 0x03030303) << 4);
+    out[2] = b & 0x3f3f3f3f;
+    out[3] = ((c >> 4) & 0x0f0f0f0f) | (((b >> 6) & 0x03030303) << 4);
+}
+
 /* Function shapes. k and n are element counts, multiples of the block size. */
 typedef void (*kiln_to_float_fn)(const void *x, float *y, int64_t k);
 typedef void (*kiln_from_float_fn)(const float *x, void *y, int64_t k);

@@ -95,20 +95,6 @@ static inline __m256i hsum8x8_epi32(const __m256i a[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20), _mm256_permute2x128_si256(g0, g1, 0x31));
 }
 
-/* Q4_K/Q5_K scales[12] -> out[0..7] the 6-bit scales, out[8..15] the 6-bit mins (as kiln_get_scale_min_k4,
- * four sub-blocks per 32-bit word). Bytes 0..3 hold sc0..3 and m0..3 in their low 6 bits at [0..3] and
- * [4..7], with the top 2 bits of sc4..7 and m4..7; bytes 8..11 hold the low 4 bits of sc4..7 / m4..7. */
-static inline void unpack_scales_k4(const uint8_t *scales, uint32_t out[4]) {
-    uint32_t a, b, c;
-    memcpy(&a, scales, 4);
-    memcpy(&b, scales + 4, 4);
-    memcpy(&c, scales + 8, 4);
-    out[0] = a & 0x3f3f3f3f;
-    out[1] = (c & 0x0f0f0f0f) | (((a >> 6) & 0x03030303) << 4);
-    out[2] = b & 0x3f3f3f3f;
-    out[3] = ((c >> 4) & 0x0f0f0f0f) | (((b >> 6) & 0x03030303) << 4);
-}
-
 /* pshufb masks that broadcast int16 element k of a 128-bit lane to the whole lane. */
 static inline __m256i word_bcast_mask(int k) { return _mm256_set1_epi16((short)((2 * k + 1) << 8 | 2 * k)); }
 
@@ -176,7 +162,7 @@ void kiln_to_float_q4_K_avx2(const void *vx, float *y, int64_t k) {
     for (int64_t i = 0; i < k / QK_K; i++) {
         const float d = f16_to_f32(x[i].d), dmin = f16_to_f32(x[i].dmin);
         uint32_t sm[4];
-        unpack_scales_k4(x[i].scales, sm);
+        kiln_unpack_scales_k4(x[i].scales, sm);
         const uint8_t *sc = (const uint8_t *)sm, *mn = sc + 8;
         UNROLL for (int j = 0; j < 4; j++, y += 64) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
@@ -198,7 +184,7 @@ void kiln_to_float_q5_K_avx2(const void *vx, float *y, int64_t k) {
     for (int64_t i = 0; i < k / QK_K; i++) {
         const float d = f16_to_f32(x[i].d), dmin = f16_to_f32(x[i].dmin);
         uint32_t sm[4];
-        unpack_scales_k4(x[i].scales, sm);
+        kiln_unpack_scales_k4(x[i].scales, sm);
         const uint8_t *sc = (const uint8_t *)sm, *mn = sc + 8;
         __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
         UNROLL for (int j = 0; j < 4; j++, y += 64) {
@@ -508,7 +494,7 @@ void kiln_vec_dot_q4_K_q8_K_avx2(int64_t n, float *s, const void *vx, const void
     for (int64_t i = 0; i < n / QK_K; i++) {
         const float d = f16_to_f32(x[i].d) * y[i].d, dmin = f16_to_f32(x[i].dmin) * y[i].d;
         uint32_t sm[4];
-        unpack_scales_k4(x[i].scales, sm);
+        kiln_unpack_scales_k4(x[i].scales, sm);
         acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins_dot_bsums(sm, y[i].bsums)), acc_m);
         const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
         __m256i isum = _mm256_setzero_si256();
@@ -530,7 +516,7 @@ void kiln_vec_dot_q5_K_q8_K_avx2(int64_t n, float *s, const void *vx, const void
     for (int64_t i = 0; i < n / QK_K; i++) {
         const float d = f16_to_f32(x[i].d) * y[i].d, dmin = f16_to_f32(x[i].dmin) * y[i].d;
         uint32_t sm[4];
-        unpack_scales_k4(x[i].scales, sm);
+        kiln_unpack_scales_k4(x[i].scales, sm);
         acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins_dot_bsums(sm, y[i].bsums)), acc_m);
         const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
         __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);

@@ -68,18 +68,6 @@ static inline __m512 pair_scales(kiln_fp16 a0, kiln_fp16 b0, kiln_fp16 a1, kiln_
     return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(prod));
 }
 
-/* Same unpacking as quants_avx2.c: sm bytes 0..7 are the 6-bit scales, 8..15 the 6-bit mins. */
-static inline void unpack_scales_k4(const uint8_t *scales, uint32_t out[4]) {
-    uint32_t a, b, c;
-    memcpy(&a, scales, 4);
-    memcpy(&b, scales + 4, 4);
-    memcpy(&c, scales + 8, 4);
-    out[0] = a & 0x3f3f3f3f;
-    out[1] = (c & 0x0f0f0f0f) | (((a >> 6) & 0x03030303) << 4);
-    out[2] = b & 0x3f3f3f3f;
-    out[3] = ((c >> 4) & 0x0f0f0f0f) | (((b >> 6) & 0x03030303) << 4);
-}
-
 /* vpermw index vectors that spread int16 scales over a 512-bit vector of maddubs pair-sums.
  * halves[j]: words 0..15 <- scale 2j, words 16..31 <- scale 2j+1 (Q4_K/Q5_K: 32 elements per scale).
  * quarters[j]: words 8k..8k+7 <- scale 4j+k (Q6_K: 16 elements per scale). */
@@ -178,7 +166,7 @@ void kiln_to_float_q4_K_avx512(const void *vx, float *y, int64_t k) {
     for (int64_t i = 0; i < k / QK_K; i++) {
         const float d = f16_to_f32(x[i].d), dmin = f16_to_f32(x[i].dmin);
         uint32_t sm[4];
-        unpack_scales_k4(x[i].scales, sm);
+        kiln_unpack_scales_k4(x[i].scales, sm);
         const uint8_t *sc = (const uint8_t *)sm, *mn = sc + 8;
         UNROLL for (int j = 0; j < 4; j++, y += 64)
             store_k4_chunk(y, unpack_nibbles32(x[i].qs + 32 * j), d * sc[2 * j], dmin * mn[2 * j], d * sc[2 * j + 1], dmin * mn[2 * j + 1]);
@@ -193,7 +181,7 @@ void kiln_to_float_q5_K_avx512(const void *vx, float *y, int64_t k) {
     for (int64_t i = 0; i < k / QK_K; i++) {
         const float d = f16_to_f32(x[i].d), dmin = f16_to_f32(x[i].dmin);
         uint32_t sm[4];
-        unpack_scales_k4(x[i].scales, sm);
+        kiln_unpack_scales_k4(x[i].scales, sm);
         const uint8_t *sc = (const uint8_t *)sm, *mn = sc + 8;
         __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
         __m512i hz = join256(qh, _mm256_srli_epi16(qh, 1));
@@ -454,7 +442,7 @@ void kiln_vec_dot_q4_K_q8_K_avx512(int64_t n, float *s, const void *vx, const vo
     for (int64_t i = 0; i < n / QK_K; i++) {
         const float d = f16_to_f32(x[i].d) * y[i].d, dmin = f16_to_f32(x[i].dmin) * y[i].d;
         uint32_t sm[4];
-        unpack_scales_k4(x[i].scales, sm);
+        kiln_unpack_scales_k4(x[i].scales, sm);
         acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins_dot_bsums(sm, y[i].bsums)), acc_m);
         const __m512i sc16 = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
         __m512i isum = _mm512_setzero_si512();
@@ -478,7 +466,7 @@ void kiln_vec_dot_q5_K_q8_K_avx512(int64_t n, float *s, const void *vx, const vo
     for (int64_t i = 0; i < n / QK_K; i++) {
         const float d = f16_to_f32(x[i].d) * y[i].d, dmin = f16_to_f32(x[i].dmin) * y[i].d;
         uint32_t sm[4];
-        unpack_scales_k4(x[i].scales, sm);
+        kiln_unpack_scales_k4(x[i].scales, sm);
         acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins_dot_bsums(sm, y[i].bsums)), acc_m);
         const __m512i sc16 = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
         __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
