@@ -16,7 +16,7 @@ endif
 OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wno-unused-parameter -Iinclude -Isrc -Isrc/core $(SANFLAGS)
-LDLIBS  += -lpthread -lm
+LDLIBS  += -lpcre2-8 -lutf8proc -lpthread -lm
 
 ARCH := $(shell uname -m)
 ifeq ($(ARCH),x86_64)

@@ -273,6 +273,69 @@ typedef struct kiln_synth_params {
 kiln_synth_params kiln_synth_default(void);
 kiln_status kiln_synth_llama(const char *path, const kiln_synth_params *p);
 
+/* ---------------------------------------------------------------- tokenizers
+ * Loaded from GGUF metadata (tokenizer.ggml.*) or a llama2.c tokenizer.bin. Three families, chosen by
+ * tokenizer.ggml.model: "llama" (SentencePiece-style, score-driven merges, byte fallback), "gpt2"
+ * (byte-level BPE with merge ranks and the pre-tokenizer named by tokenizer.ggml.pre) and "bert"
+ * (WordPiece). Token ids reproduce llama.cpp's tokenizers exactly (tests/test_tokenizer.c). */
+
+typedef struct kiln_tokenizer kiln_tokenizer;
+
+/* Token types as GGUF stores them in tokenizer.ggml.token_type. */
+typedef enum kiln_token_type {
+    KILN_TOKEN_UNDEFINED = 0,
+    KILN_TOKEN_NORMAL = 1,
+    KILN_TOKEN_UNKNOWN = 2,
+    KILN_TOKEN_CONTROL = 3,
+    KILN_TOKEN_USER_DEFINED = 4,
+    KILN_TOKEN_UNUSED = 5,
+    KILN_TOKEN_BYTE = 6,
+} kiln_token_type;
+
+/* A growable list of token ids; zero-initialize, append with the encoders, free with kiln_tokens_free. */
+typedef struct kiln_tokens {
+    int32_t *ids;
+    size_t n, cap;
+} kiln_tokens;
+void kiln_tokens_free(kiln_tokens *t);
+
+kiln_status kiln_tokenizer_load_gguf(const kiln_gguf *g, kiln_tokenizer **out);
+/* A GGUF file (model or vocab-only) or a llama2.c tokenizer.bin, told apart by the GGUF magic. */
+kiln_status kiln_tokenizer_load_file(const char *path, kiln_tokenizer **out);
+void kiln_tokenizer_free(kiln_tokenizer *t); /* accepts NULL */
+
+int32_t kiln_tokenizer_n_vocab(const kiln_tokenizer *t);
+const char *kiln_tokenizer_model(const kiln_tokenizer *t); /* "llama", "gpt2", "bert" */
+int32_t kiln_tokenizer_bos(const kiln_tokenizer *t);       /* -1 when the vocab has none */
+int32_t kiln_tokenizer_eos(const kiln_tokenizer *t);
+kiln_token_type kiln_tokenizer_token_type(const kiln_tokenizer *t, int32_t id);
+/* The stored text of a token (for SPM with the ▁, for BPE in the byte-to-unicode alphabet). */
+kiln_str kiln_tokenizer_token_text(const kiln_tokenizer *t, int32_t id);
+
+/* Appends the ids of text[0..len) to out. add_special adds BOS/EOS as the vocab's metadata says;
+ * parse_special matches control and user-defined token texts inside the text (otherwise they are plain text).
+ * Invalid UTF-8 is handled as the family's reference does (byte fallback), never a crash. */
+kiln_status kiln_tokenizer_encode(const kiln_tokenizer *t, const char *text, size_t len, bool add_special,
+                                  bool parse_special, kiln_tokens *out);
+/* Appends the bytes of token id to buf (cap bytes); *n gets the length needed. An id outside the vocab is
+ * KILN_ERR_RANGE naming the id and the vocab size. Control tokens decode to nothing unless special is true. */
+kiln_status kiln_tokenizer_piece(const kiln_tokenizer *t, int32_t id, bool special, char *buf, size_t cap, size_t *n);
+/* Decodes a whole sequence into a malloc'd buffer (NUL-terminated, *len excludes the NUL). SPM removes
+ * the dummy-prefix space after BOS/at the start as llama.cpp does when skip_leading_space is true. */
+kiln_status kiln_tokenizer_decode(const kiln_tokenizer *t, const int32_t *ids, size_t n, bool special, char **text, size_t *len);
+
+/* Byte-level BPE training: see src/tok/bpe_train.c. */
+typedef struct kiln_bpe_train_params {
+    int32_t vocab_size;          /* total, specials and the 256 byte tokens included */
+    const char *const *specials; /* NULL: "<unk>", "<s>", "</s>", "<pad>" */
+    int n_specials;
+    int64_t min_frequency;       /* pairs seen fewer times are never merged (default 2) */
+    int n_threads;               /* for counting; 0 = all cores. The result does not depend on it. */
+    void (*progress)(void *ud, int32_t merges_done, int32_t merges_total);
+    void *progress_ud;
+} kiln_bpe_train_params;
+kiln_status kiln_bpe_train(const char *const *corpus_paths, int n_paths, const kiln_bpe_train_params *p, const char *out_path);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,547 @@
+/* vocab.c: loading a tokenizer's vocabulary from GGUF metadata or a llama2.c tokenizer.bin, and the lookups
+ * every family needs: token text -> id, merge (left, right) -> rank, byte -> token.
+ *
+ * GGUF keys read (llama.cpp's names): tokenizer.ggml.model, .pre, .tokens, .scores, .token_type, .merges,
+ * .bos_token_id, .eos_token_id, .unknown_token_id, .padding_token_id, .seperator_token_id (sic),
+ * .cls_token_id, .mask_token_id, .add_bos_token, .add_eos_token, .add_space_prefix.
+ * Defaults when a key is absent follow llama.cpp: SPM adds BOS and a space prefix, BPE adds neither,
+ * WordPiece adds [CLS] ... [SEP]. An id that names no token is an error naming the key. */
+#include "tok.h"
+#include "status.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- UTF-8 */
+
+int kiln_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp) {
+    if (n == 0) return 0;
+    unsigned char c = s[0];
+    if (c < 0x80) {
+        *cp = c;
+        return 1;
+    }
+    int len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
+    if (len == 0 || (size_t)len > n || c > 0xF4) return 0;
+    uint32_t v = c & (0x7F >> len);
+    for (int i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80) return 0;
+        v = v << 6 | (s[i] & 0x3F);
+    }
+    static const uint32_t min_of_len[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (v < min_of_len[len] || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
+    *cp = v;
+    return len;
+}
+
+int kiln_utf8_encode(uint32_t cp, char *out) {
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        out[0] = (char)(0xC0 | cp >> 6);
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (char)(0xE0 | cp >> 12);
+        out[1] = (char)(0x80 | (cp >> 6 & 0x3F));
+        out[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    out[0] = (char)(0xF0 | cp >> 18);
+    out[1] = (char)(0x80 | (cp >> 12 & 0x3F));
+    out[2] = (char)(0x80 | (cp >> 6 & 0x3F));
+    out[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* ---------------------------------------------------------------- GPT-2's byte alphabet */
+
+/* Bytes '!'..'~', 0xA1..0xAC and 0xAE..0xFF stand for themselves; the other 68 take U+0100.. in byte order. */
+const uint16_t kiln_bpe_byte_to_cp[256] = {
+    0x100, 0x101, 0x102, 0x103, 0x104, 0x105, 0x106, 0x107, 0x108, 0x109, 0x10A, 0x10B, 0x10C, 0x10D, 0x10E, 0x10F,
+    0x110, 0x111, 0x112, 0x113, 0x114, 0x115, 0x116, 0x117, 0x118, 0x119, 0x11A, 0x11B, 0x11C, 0x11D, 0x11E, 0x11F,
+    0x120, 0x21, 0x22, 0x23, 0x24, 0x25, 0x26, 0x27, 0x28, 0x29, 0x2A, 0x2B, 0x2C, 0x2D, 0x2E, 0x2F,
+    0x30, 0x31, 0x32, 0x33, 0x34, 0x35, 0x36, 0x37, 0x38, 0x39, 0x3A, 0x3B, 0x3C, 0x3D, 0x3E, 0x3F,
+    0x40, 0x41, 0x42, 0x43, 0x44, 0x45, 0x46, 0x47, 0x48, 0x49, 0x4A, 0x4B, 0x4C, 0x4D, 0x4E, 0x4F,
+    0x50, 0x51, 0x52, 0x53, 0x54, 0x55, 0x56, 0x57, 0x58, 0x59, 0x5A, 0x5B, 0x5C, 0x5D, 0x5E, 0x5F,
+    0x60, 0x61, 0x62, 0x63, 0x64, 0x65, 0x66, 0x67, 0x68, 0x69, 0x6A, 0x6B, 0x6C, 0x6D, 0x6E, 0x6F,
+    0x70, 0x71, 0x72, 0x73, 0x74, 0x75, 0x76, 0x77, 0x78, 0x79, 0x7A, 0x7B, 0x7C, 0x7D, 0x7E, 0x121,
+    0x122, 0x123, 0x124, 0x125, 0x126, 0x127, 0x128, 0x129, 0x12A, 0x12B, 0x12C, 0x12D, 0x12E, 0x12F, 0x130, 0x131,
+    0x132, 0x133, 0x134, 0x135, 0x136, 0x137, 0x138, 0x139, 0x13A, 0x13B, 0x13C, 0x13D, 0x13E, 0x13F, 0x140, 0x141,
+    0x142, 0xA1, 0xA2, 0xA3, 0xA4, 0xA5, 0xA6, 0xA7, 0xA8, 0xA9, 0xAA, 0xAB, 0xAC, 0x143, 0xAE, 0xAF,
+    0xB0, 0xB1, 0xB2, 0xB3, 0xB4, 0xB5, 0xB6, 0xB7, 0xB8, 0xB9, 0xBA, 0xBB, 0xBC, 0xBD, 0xBE, 0xBF,
+    0xC0, 0xC1, 0xC2, 0xC3, 0xC4, 0xC5, 0xC6, 0xC7, 0xC8, 0xC9, 0xCA, 0xCB, 0xCC, 0xCD, 0xCE, 0xCF,
+    0xD0, 0xD1, 0xD2, 0xD3, 0xD4, 0xD5, 0xD6, 0xD7, 0xD8, 0xD9, 0xDA, 0xDB, 0xDC, 0xDD, 0xDE, 0xDF,
+    0xE0, 0xE1, 0xE2, 0xE3, 0xE4, 0xE5, 0xE6, 0xE7, 0xE8, 0xE9, 0xEA, 0xEB, 0xEC, 0xED, 0xEE, 0xEF,
+    0xF0, 0xF1, 0xF2, 0xF3, 0xF4, 0xF5, 0xF6, 0xF7, 0xF8, 0xF9, 0xFA, 0xFB, 0xFC, 0xFD, 0xFE, 0xFF,
+};
+
+static int16_t remapped_byte[0x44]; /* byte of code point U+0100 + i */
+static pthread_once_t remapped_once = PTHREAD_ONCE_INIT;
+
+static void build_remapped(void) {
+    for (int b = 0; b < 256; b++)
+        if (kiln_bpe_byte_to_cp[b] >= 0x100) remapped_byte[kiln_bpe_byte_to_cp[b] - 0x100] = (int16_t)b;
+}
+
+int kiln_bpe_cp_to_byte(uint32_t cp) {
+    if (cp >= 0x100 && cp <= 0x143) {
+        pthread_once(&remapped_once, build_remapped);
+        return remapped_byte[cp - 0x100];
+    }
+    if (cp < 0x100 && kiln_bpe_byte_to_cp[cp] == cp) return (int)cp;
+    return -1;
+}
+
+/* ---------------------------------------------------------------- token ids */
+
+void kiln_tokens_free(kiln_tokens *t) {
+    if (!t) return;
+    free(t->ids);
+    t->ids = NULL;
+    t->n = t->cap = 0;
+}
+
+kiln_status kiln_tokens_push(kiln_tokens *out, int32_t id) {
+    if (out->n == out->cap) {
+        size_t cap = out->cap ? out->cap * 2 : 64;
+        int32_t *ids = realloc(out->ids, cap * sizeof *ids);
+        if (!ids) return kiln_fail(KILN_ERR_NOMEM, "out of memory for %zu token ids", cap);
+        out->ids = ids;
+        out->cap = cap;
+    }
+    out->ids[out->n++] = id;
+    return KILN_OK;
+}
+
+/* ---------------------------------------------------------------- hashing */
+
+static uint64_t hash_text(const char *s, size_t n) {
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 1099511628211ULL;
+    return h;
+}
+
+static uint64_t hash_u64(uint64_t x) { /* splitmix64 finalizer */
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+int32_t kiln_tok_find(const kiln_tokenizer *t, const char *text, size_t len) {
+    uint64_t mask = t->index_cap - 1;
+    for (uint64_t h = hash_text(text, len) & mask;; h = (h + 1) & mask) {
+        uint32_t v = t->index[h];
+        if (v == 0) return -1;
+        const tok_entry *e = &t->tokens[v - 1];
+        if (e->len == len && memcmp(e->text, text, len) == 0) return (int32_t)(v - 1);
+    }
+}
+
+int32_t kiln_tok_merge_rank(const kiln_tokenizer *t, int32_t left, int32_t right) {
+    if (!t->merge_cap) return -1;
+    uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right, mask = t->merge_cap - 1;
+    for (uint64_t h = hash_u64(key) & mask;; h = (h + 1) & mask) {
+        if (t->merge_keys[h] == UINT64_MAX) return -1;
+        if (t->merge_keys[h] == key) return t->merge_ranks[h];
+    }
+}
+
+static uint64_t pow2_at_least(uint64_t n) {
+    uint64_t c = 16;
+    while (c < n) c <<= 1;
+    return c;
+}
+
+/* Builds the text index. Later duplicates of a text keep the first id, as llama.cpp's token_to_id map does. */
+static kiln_status build_index(kiln_tokenizer *t) {
+    t->index_cap = pow2_at_least((uint64_t)t->n_vocab * 2);
+    t->index = calloc((size_t)t->index_cap, sizeof *t->index);
+    if (!t->index) return kiln_fail(KILN_ERR_NOMEM, "out of memory for the token index");
+    uint64_t mask = t->index_cap - 1;
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        const tok_entry *e = &t->tokens[id];
+        for (uint64_t h = hash_text(e->text, e->len) & mask;; h = (h + 1) & mask) {
+            uint32_t v = t->index[h];
+            if (v == 0) {
+                t->index[h] = (uint32_t)id + 1;
+                break;
+            }
+            const tok_entry *o = &t->tokens[v - 1];
+            if (o->len == e->len && memcmp(o->text, e->text, e->len) == 0) break;
+        }
+    }
+    return KILN_OK;
+}
+
+/* ---------------------------------------------------------------- building the vocab */
+
+static kiln_tokenizer *tokenizer_new(void) {
+    kiln_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->bos = t->eos = t->unk = t->pad = t->sep = t->cls = t->mask = -1;
+    for (int b = 0; b < 256; b++) t->byte_token[b] = -1;
+    strcpy(t->pre, "default");
+    return t;
+}
+
+/* Copies n token texts into one pool. texts[i] has lens[i] bytes. */
+static kiln_status fill_tokens(kiln_tokenizer *t, const kiln_str *texts, int32_t n) {
+    uint64_t total = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (texts[i].len > UINT32_MAX) return kiln_fail(KILN_ERR_FORMAT, "token %d is %llu bytes long", i, (unsigned long long)texts[i].len);
+        total += texts[i].len + 1;
+    }
+    t->tokens = calloc((size_t)n, sizeof *t->tokens);
+    t->pool = malloc((size_t)total ? (size_t)total : 1);
+    if (!t->tokens || !t->pool) return kiln_fail(KILN_ERR_NOMEM, "out of memory for %d tokens", n);
+    char *p = t->pool;
+    for (int32_t i = 0; i < n; i++) {
+        memcpy(p, texts[i].ptr, (size_t)texts[i].len);
+        p[texts[i].len] = 0;
+        t->tokens[i] = (tok_entry){.text = p, .len = (uint32_t)texts[i].len, .type = KILN_TOKEN_NORMAL};
+        p += texts[i].len + 1;
+    }
+    t->n_vocab = n;
+    return KILN_OK;
+}
+
+static int cmp_special_len(const void *a, const void *b, void *ctx) {
+    const kiln_tokenizer *t = ctx;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    if (t->tokens[x].len != t->tokens[y].len) return t->tokens[x].len > t->tokens[y].len ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+/* Everything derived from the token list once it is complete. */
+static kiln_status finish_vocab(kiln_tokenizer *t) {
+    kiln_status s = build_index(t);
+    if (s) return s;
+    int32_t n_special = 0;
+    for (int32_t id = 0; id < t->n_vocab; id++)
+        n_special += t->tokens[id].type == KILN_TOKEN_CONTROL || t->tokens[id].type == KILN_TOKEN_USER_DEFINED;
+    t->specials = malloc((size_t)(n_special ? n_special : 1) * sizeof *t->specials);
+    if (!t->specials) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    for (int32_t id = 0; id < t->n_vocab; id++)
+        if ((t->tokens[id].type == KILN_TOKEN_CONTROL || t->tokens[id].type == KILN_TOKEN_USER_DEFINED) && t->tokens[id].len)
+            t->specials[t->n_specials++] = id;
+    qsort_r(t->specials, (size_t)t->n_specials, sizeof *t->specials, cmp_special_len, t);
+    if (t->kind == TOK_SPM) {
+        char name[8];
+        for (int b = 0; b < 256; b++) {
+            snprintf(name, sizeof name, "<0x%02X>", b);
+            t->byte_token[b] = kiln_tok_find(t, name, 6);
+        }
+        /* streaming is safe when no token joins a word to what precedes its ▁ (U+2581, e2 96 81) */
+        t->spm_stream_safe = true;
+        for (int32_t id = 0; id < t->n_vocab && t->spm_stream_safe; id++) {
+            const tok_entry *e = &t->tokens[id];
+            for (uint32_t i = 1; i + 3 <= e->len; i++)
+                if (memcmp(e->text + i, "\xe2\x96\x81", 3) == 0 && !(i >= 3 && memcmp(e->text + i - 3, "\xe2\x96\x81", 3) == 0)) {
+                    t->spm_stream_safe = false;
+                    break;
+                }
+        }
+    } else if (t->kind == TOK_BPE) {
+        char buf[4];
+        for (int b = 0; b < 256; b++) t->byte_token[b] = kiln_tok_find(t, buf, (size_t)kiln_utf8_encode(kiln_bpe_byte_to_cp[b], buf));
+    }
+    return KILN_OK;
+}
+
+/* ---------------------------------------------------------------- from GGUF */
+
+static kiln_status optional_id(const kiln_gguf *g, kiln_tokenizer *t, const char *key, int32_t *out) {
+    const kiln_gguf_value *v = kiln_gguf_find(g, key);
+    if (!v) return KILN_OK;
+    int64_t id;
+    kiln_status s = kiln_gguf_get_i64(g, key, &id);
+    if (s) return s;
+    if (id < 0 || id >= t->n_vocab) {
+        /* llama.cpp files use -1 (as u32 0xFFFFFFFF) for "none" */
+        if (id == UINT32_MAX || id == -1) return KILN_OK;
+        return kiln_fail(KILN_ERR_RANGE, "%s: key '%s' names token %lld, outside the vocab of %d", kiln_gguf_path(g), key,
+                         (long long)id, t->n_vocab);
+    }
+    *out = (int32_t)id;
+    return KILN_OK;
+}
+
+static kiln_status optional_bool(const kiln_gguf *g, const char *key, bool *out) {
+    if (!kiln_gguf_find(g, key)) return KILN_OK;
+    return kiln_gguf_get_bool(g, key, out);
+}
+
+static kiln_status load_merges(const kiln_gguf *g, kiln_tokenizer *t) {
+    const kiln_gguf_value *m;
+    if (!kiln_gguf_find(g, "tokenizer.ggml.merges"))
+        return kiln_fail(KILN_ERR_NOT_FOUND, "%s: missing metadata key 'tokenizer.ggml.merges' (needed by a gpt2 tokenizer)", kiln_gguf_path(g));
+    kiln_status s = kiln_gguf_get_arr(g, "tokenizer.ggml.merges", KILN_GGUF_STRING, &m);
+    if (s) return s;
+    if (m->arr.n > INT32_MAX) return kiln_fail(KILN_ERR_FORMAT, "%s: too many merges", kiln_gguf_path(g));
+    t->merge_cap = pow2_at_least(m->arr.n * 2);
+    t->merge_keys = malloc((size_t)t->merge_cap * sizeof *t->merge_keys);
+    t->merge_ranks = malloc((size_t)t->merge_cap * sizeof *t->merge_ranks);
+    if (!t->merge_keys || !t->merge_ranks) return kiln_fail(KILN_ERR_NOMEM, "out of memory for %llu merges", (unsigned long long)m->arr.n);
+    memset(t->merge_keys, 0xFF, (size_t)t->merge_cap * sizeof *t->merge_keys);
+    uint64_t mask = t->merge_cap - 1;
+    for (uint64_t i = 0; i < m->arr.n; i++) {
+        kiln_str ms = m->arr.items ? m->arr.items[i].str : (kiln_str){0};
+        /* "left right": BPE token texts never hold a plain space (it is Ġ), so the first space splits */
+        const char *sp = ms.len ? memchr(ms.ptr + 1, ' ', (size_t)ms.len - 1) : NULL;
+        if (!sp)
+            return kiln_fail(KILN_ERR_FORMAT, "%s: merge %llu '%.*s' is not two tokens separated by a space", kiln_gguf_path(g),
+                             (unsigned long long)i, (int)(ms.len > 64 ? 64 : ms.len), ms.ptr);
+        int32_t left = kiln_tok_find(t, ms.ptr, (size_t)(sp - ms.ptr));
+        int32_t right = kiln_tok_find(t, sp + 1, (size_t)(ms.ptr + ms.len - sp - 1));
+        if (left < 0 || right < 0) continue; /* a merge of texts the vocab lacks can never apply */
+        uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
+        for (uint64_t h = hash_u64(key) & mask;; h = (h + 1) & mask) {
+            if (t->merge_keys[h] == key) break; /* a repeated merge keeps its first (best) rank */
+            if (t->merge_keys[h] == UINT64_MAX) {
+                t->merge_keys[h] = key;
+                t->merge_ranks[h] = (int32_t)i;
+                break;
+            }
+        }
+        t->n_merges++;
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_tokenizer_load_gguf(const kiln_gguf *g, kiln_tokenizer **out) {
+    *out = NULL;
+    const char *path = kiln_gguf_path(g);
+    kiln_str model;
+    kiln_status s = kiln_gguf_get_str(g, "tokenizer.ggml.model", &model);
+    if (s) return s;
+    kiln_tokenizer *t = tokenizer_new();
+    if (!t) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    kiln_str *texts = NULL;
+    snprintf(t->model, sizeof t->model, "%.*s", (int)(model.len < 15 ? model.len : 15), model.ptr);
+    if (strcmp(t->model, "llama") == 0) {
+        t->kind = TOK_SPM;
+        t->add_bos = true, t->add_space_prefix = true;
+    } else if (strcmp(t->model, "gpt2") == 0) {
+        t->kind = TOK_BPE;
+    } else if (strcmp(t->model, "bert") == 0) {
+        t->kind = TOK_WPM;
+        t->add_bos = t->add_eos = true;
+    } else {
+        s = kiln_fail(KILN_ERR_UNSUPPORTED, "%s: tokenizer model '%.*s' is not supported (kiln reads llama, gpt2 and bert)", path,
+                      (int)(model.len > 32 ? 32 : model.len), model.ptr);
+        goto fail;
+    }
+    kiln_str pre;
+    if (kiln_gguf_find(g, "tokenizer.ggml.pre")) {
+        if ((s = kiln_gguf_get_str(g, "tokenizer.ggml.pre", &pre))) goto fail;
+        if (pre.len >= sizeof t->pre) {
+            s = kiln_fail(KILN_ERR_UNSUPPORTED, "%s: pre-tokenizer name of %llu bytes is too long", path, (unsigned long long)pre.len);
+            goto fail;
+        }
+        memcpy(t->pre, pre.ptr, (size_t)pre.len);
+        t->pre[pre.len] = 0;
+    }
+    const kiln_gguf_value *toks, *scores = NULL, *types = NULL;
+    if ((s = kiln_gguf_get_arr(g, "tokenizer.ggml.tokens", KILN_GGUF_STRING, &toks))) goto fail;
+    if (toks->arr.n == 0 || toks->arr.n > INT32_MAX - 1) {
+        s = kiln_fail(KILN_ERR_FORMAT, "%s: key 'tokenizer.ggml.tokens' holds %llu tokens", path, (unsigned long long)toks->arr.n);
+        goto fail;
+    }
+    int32_t n = (int32_t)toks->arr.n;
+    if (kiln_gguf_find(g, "tokenizer.ggml.scores") && (s = kiln_gguf_get_arr(g, "tokenizer.ggml.scores", KILN_GGUF_FLOAT32, &scores))) goto fail;
+    if (kiln_gguf_find(g, "tokenizer.ggml.token_type") && (s = kiln_gguf_get_arr(g, "tokenizer.ggml.token_type", KILN_GGUF_INT32, &types))) goto fail;
+    if ((scores && scores->arr.n != (uint64_t)n) || (types && types->arr.n != (uint64_t)n)) {
+        s = kiln_fail(KILN_ERR_FORMAT, "%s: %llu scores and %llu token types for %d tokens", path,
+                      (unsigned long long)(scores ? scores->arr.n : 0), (unsigned long long)(types ? types->arr.n : 0), n);
+        goto fail;
+    }
+    texts = malloc((size_t)n * sizeof *texts);
+    if (!texts) {
+        s = kiln_fail(KILN_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (int32_t i = 0; i < n; i++) texts[i] = toks->arr.items[i].str;
+    if ((s = fill_tokens(t, texts, n))) goto fail;
+    for (int32_t i = 0; i < n; i++) {
+        if (scores) t->tokens[i].score = (float)kiln_gguf_arr_f64(scores, (uint64_t)i);
+        if (types) {
+            int64_t ty = kiln_gguf_arr_i64(types, (uint64_t)i);
+            if (ty < KILN_TOKEN_NORMAL || ty > KILN_TOKEN_BYTE) {
+                s = kiln_fail(KILN_ERR_FORMAT, "%s: token %d has type %lld (valid: 1..6)", path, i, (long long)ty);
+                goto fail;
+            }
+            t->tokens[i].type = (kiln_token_type)ty;
+        }
+    }
+    if (t->kind == TOK_SPM) t->bos = 1 < n ? 1 : -1, t->eos = 2 < n ? 2 : -1, t->unk = 0;
+    if (t->kind == TOK_WPM) t->unk = 100 < n ? 100 : -1, t->cls = 101 < n ? 101 : -1, t->sep = 102 < n ? 102 : -1;
+    if ((s = optional_id(g, t, "tokenizer.ggml.bos_token_id", &t->bos)) || (s = optional_id(g, t, "tokenizer.ggml.eos_token_id", &t->eos)) ||
+        (s = optional_id(g, t, "tokenizer.ggml.unknown_token_id", &t->unk)) ||
+        (s = optional_id(g, t, "tokenizer.ggml.padding_token_id", &t->pad)) ||
+        (s = optional_id(g, t, "tokenizer.ggml.seperator_token_id", &t->sep)) ||
+        (s = optional_id(g, t, "tokenizer.ggml.cls_token_id", &t->cls)) ||
+        (s = optional_id(g, t, "tokenizer.ggml.mask_token_id", &t->mask)) ||
+        (s = optional_bool(g, "tokenizer.ggml.add_bos_token", &t->add_bos)) ||
+        (s = optional_bool(g, "tokenizer.ggml.add_eos_token", &t->add_eos)) ||
+        (s = optional_bool(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix)))
+        goto fail;
+    if ((s = finish_vocab(t))) goto fail;
+    if (t->kind == TOK_BPE && ((s = load_merges(g, t)) || (s = kiln_bpe_init(t)))) goto fail;
+    if (t->kind == TOK_WPM && (s = kiln_wpm_init(t))) goto fail;
+    free(texts);
+    *out = t;
+    return KILN_OK;
+fail:
+    free(texts);
+    kiln_tokenizer_free(t);
+    return s;
+}
+
+/* ---------------------------------------------------------------- llama2.c tokenizer.bin
+ * int32 max_token_length, then per token: float32 score, int32 length, bytes. The file does not store the
+ * count: tokens run to the end of the file. Ids 0, 1, 2 are <unk>, <s>, </s>; "<0xXX>" pieces are bytes. */
+
+static kiln_status load_llama2c(const char *path, const uint8_t *buf, size_t size, kiln_tokenizer **out) {
+    kiln_tokenizer *t = tokenizer_new();
+    kiln_str *texts = NULL;
+    float *scores = NULL;
+    kiln_status s;
+    if (!t) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    strcpy(t->model, "llama");
+    t->kind = TOK_SPM;
+    t->add_bos = true, t->add_space_prefix = true;
+    size_t pos = 4, cap = 0;
+    int32_t n = 0;
+    if (size < 4) {
+        s = kiln_fail(KILN_ERR_FORMAT, "%s: truncated at byte 0: max_token_length needs 4 bytes", path);
+        goto fail;
+    }
+    while (pos < size) {
+        int32_t len;
+        if (size - pos < 8) {
+            s = kiln_fail(KILN_ERR_FORMAT, "%s: truncated at byte %zu: token %d needs a score and a length", path, pos, n);
+            goto fail;
+        }
+        memcpy(&len, buf + pos + 4, 4);
+        if (len < 0 || (size_t)len > size - pos - 8) {
+            s = kiln_fail(KILN_ERR_FORMAT, "%s: token %d at byte %zu: length %d runs past the end of the file", path, n, pos, len);
+            goto fail;
+        }
+        if ((size_t)n == cap) {
+            cap = cap ? cap * 2 : 1024;
+            kiln_str *nt = realloc(texts, cap * sizeof *nt);
+            float *ns = nt ? realloc(scores, cap * sizeof *ns) : NULL;
+            if (nt) texts = nt;
+            if (ns) scores = ns;
+            if (!nt || !ns) {
+                s = kiln_fail(KILN_ERR_NOMEM, "out of memory");
+                goto fail;
+            }
+        }
+        memcpy(&scores[n], buf + pos, 4);
+        texts[n] = (kiln_str){(const char *)buf + pos + 8, (uint64_t)len};
+        pos += 8 + (size_t)len;
+        n++;
+    }
+    if (n < 3) {
+        s = kiln_fail(KILN_ERR_FORMAT, "%s: only %d tokens (a llama2.c vocab starts with <unk> <s> </s>)", path, n);
+        goto fail;
+    }
+    if ((s = fill_tokens(t, texts, n))) goto fail;
+    for (int32_t i = 0; i < n; i++) {
+        tok_entry *e = &t->tokens[i];
+        e->score = scores[i];
+        unsigned hex;
+        char tail;
+        if (i == 0) e->type = KILN_TOKEN_UNKNOWN;
+        else if (i <= 2) e->type = KILN_TOKEN_CONTROL;
+        else if (e->len == 6 && sscanf(e->text, "<0x%2X%c", &hex, &tail) == 2 && tail == '>') e->type = KILN_TOKEN_BYTE;
+    }
+    t->unk = 0, t->bos = 1, t->eos = 2;
+    if ((s = finish_vocab(t))) goto fail;
+    free(texts);
+    free(scores);
+    *out = t;
+    return KILN_OK;
+fail:
+    free(texts);
+    free(scores);
+    kiln_tokenizer_free(t);
+    return s;
+}
+
+kiln_status kiln_tokenizer_load_file(const char *path, kiln_tokenizer **out) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return kiln_fail(KILN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    char magic[4] = {0};
+    size_t got = fread(magic, 1, 4, f);
+    if (got == 4 && memcmp(magic, "GGUF", 4) == 0) {
+        fclose(f);
+        kiln_gguf *g;
+        kiln_status s = kiln_gguf_open(path, &g);
+        if (s) return s;
+        s = kiln_tokenizer_load_gguf(g, out);
+        kiln_gguf_close(g);
+        return s;
+    }
+    /* llama2.c vocabularies are small (hundreds of KB): read the whole file */
+    if (fseek(f, 0, SEEK_END) != 0) {
+        fclose(f);
+        return kiln_fail(KILN_ERR_IO, "%s: cannot seek", path);
+    }
+    long size = ftell(f);
+    if (size < 0 || size > (1L << 30)) {
+        fclose(f);
+        return kiln_fail(KILN_ERR_FORMAT, "%s: not a GGUF file, and %ld bytes is no llama2.c tokenizer", path, size);
+    }
+    uint8_t *buf = malloc((size_t)size + 1);
+    rewind(f);
+    if (!buf || fread(buf, 1, (size_t)size, f) != (size_t)size) {
+        free(buf);
+        fclose(f);
+        return kiln_fail(KILN_ERR_IO, "%s: read failed", path);
+    }
+    fclose(f);
+    kiln_status s = load_llama2c(path, buf, (size_t)size, out);
+    free(buf);
+    return s;
+}
+
+void kiln_tokenizer_free(kiln_tokenizer *t) {
+    if (!t) return;
+    kiln_bpe_free(t);
+    kiln_wpm_free(t);
+    free(t->tokens);
+    free(t->pool);
+    free(t->index);
+    free(t->merge_keys);
+    free(t->merge_ranks);
+    free(t->specials);
+    free(t);
+}
+
+/* ---------------------------------------------------------------- accessors */
+
+int32_t kiln_tokenizer_n_vocab(const kiln_tokenizer *t) { return t->n_vocab; }
+const char *kiln_tokenizer_model(const kiln_tokenizer *t) { return t->model; }
+int32_t kiln_tokenizer_bos(const kiln_tokenizer *t) { return t->bos; }
+int32_t kiln_tokenizer_eos(const kiln_tokenizer *t) { return t->eos; }
+
+kiln_token_type kiln_tokenizer_token_type(const kiln_tokenizer *t, int32_t id) {
+    return id >= 0 && id < t->n_vocab ? t->tokens[id].type : KILN_TOKEN_UNDEFINED;
+}
+
+kiln_str kiln_tokenizer_token_text(const kiln_tokenizer *t, int32_t id) {
+    if (id < 0 || id >= t->n_vocab) return (kiln_str){"", 0};
+    return (kiln_str){t->tokens[id].text, t->tokens[id].len};
+}
