@@ -324,6 +324,13 @@ kiln_status kiln_tokenizer_piece(const kiln_tokenizer *t, int32_t id, bool speci
  * the dummy-prefix space after BOS/at the start as llama.cpp does when skip_leading_space is true. */
 kiln_status kiln_tokenizer_decode(const kiln_tokenizer *t, const int32_t *ids, size_t n, bool special, char **text, size_t *len);
 
+/* Encodes a whole file in bounded memory. The file is read in chunks of about 1 MiB and cut only where the
+ * family guarantees the ids of encoding the whole text at once (src/tok/stream.c says where); emit gets the
+ * ids in order and may stop the run by returning an error. */
+typedef kiln_status (*kiln_tokens_emit_fn)(void *ud, const int32_t *ids, size_t n);
+kiln_status kiln_tokenizer_encode_file(const kiln_tokenizer *t, const char *path, bool add_special, bool parse_special,
+                                       kiln_tokens_emit_fn emit, void *ud);
+
 /* Byte-level BPE training: see src/tok/bpe_train.c. */
 typedef struct kiln_bpe_train_params {
     int32_t vocab_size;          /* total, specials and the 256 byte tokens included */

@@ -3,6 +3,8 @@
  *   kiln inspect FILE.gguf [--all]        metadata and tensor table
  *   kiln quantize IN.gguf OUT.gguf TYPE   convert weights (f16 bf16 q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m q5_k_m)
  *   kiln synth OUT.gguf [options]         a llama-architecture model with random weights
+ *   kiln tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH)
+ *   kiln tokenizer train CORPUS... --vocab N -o OUT.gguf [--specials a,b,c] [--min-frequency N]
  *   kiln bench quant [--quick]            dequantize / vec_dot throughput per type and SIMD level
  *
  * Errors go to stderr as one line, "kiln: <message>", and the exit status is 1. */
@@ -218,12 +220,140 @@ static int cmd_synth(int argc, char **argv) {
     return 0;
 }
 
+/* ---------------------------------------------------------------- tokenize */
+
+typedef struct {
+    const kiln_tokenizer *tok;
+    bool ids_only;
+    size_t n_done;
+    char *piece;
+    size_t piece_cap;
+} tokenize_out;
+
+/* Prints ids as they stream in: space-separated, or one `ID -> "piece"` per line (as llama-tokenize does). */
+static kiln_status print_ids(void *ud, const int32_t *ids, size_t n) {
+    tokenize_out *o = ud;
+    for (size_t i = 0; i < n; i++, o->n_done++) {
+        if (o->ids_only) {
+            printf(o->n_done ? " %d" : "%d", ids[i]);
+            continue;
+        }
+        size_t len;
+        kiln_status s = kiln_tokenizer_piece(o->tok, ids[i], true, o->piece, o->piece_cap, &len);
+        if (s) return s;
+        if (len > o->piece_cap) {
+            char *p = realloc(o->piece, len);
+            if (!p) return KILN_ERR_NOMEM;
+            o->piece = p, o->piece_cap = len;
+            if ((s = kiln_tokenizer_piece(o->tok, ids[i], true, o->piece, o->piece_cap, &len))) return s;
+        }
+        printf("%6d -> ", ids[i]);
+        print_str((kiln_str){o->piece, len}, SIZE_MAX);
+        putchar('\n');
+    }
+    return KILN_OK;
+}
+
+static int cmd_tokenize(int argc, char **argv) {
+    const char *model = NULL, *file = NULL, *text = NULL;
+    bool add_special = false, parse_special = false, ids_only = false;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "-m") == 0 && i + 1 < argc) model = argv[++i];
+        else if (strcmp(argv[i], "--file") == 0 && i + 1 < argc) file = argv[++i];
+        else if (strcmp(argv[i], "--add-special") == 0) add_special = true;
+        else if (strcmp(argv[i], "--parse-special") == 0) parse_special = true;
+        else if (strcmp(argv[i], "--ids") == 0) ids_only = true;
+        else if (!text && (argv[i][0] != '-' || argv[i][1] == 0)) text = argv[i];
+        else {
+            fprintf(stderr, "kiln: tokenize: unexpected argument '%s'\n", argv[i]);
+            return 1;
+        }
+    }
+    if (!model || (!text == !file)) {
+        fprintf(stderr, "kiln: usage: kiln tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH)\n");
+        return 1;
+    }
+    kiln_tokenizer *tok;
+    kiln_status s = kiln_tokenizer_load_file(model, &tok);
+    if (s) return die_status(s);
+    tokenize_out o = {.tok = tok, .ids_only = ids_only};
+    if (file) {
+        /* the file's bytes exactly, trailing newline included, streamed in bounded memory */
+        s = kiln_tokenizer_encode_file(tok, file, add_special, parse_special, print_ids, &o);
+    } else {
+        kiln_tokens ids = {0};
+        s = kiln_tokenizer_encode(tok, text, strlen(text), add_special, parse_special, &ids);
+        if (!s) s = print_ids(&o, ids.ids, ids.n);
+        kiln_tokens_free(&ids);
+    }
+    if (ids_only && !s) putchar('\n');
+    free(o.piece);
+    kiln_tokenizer_free(tok);
+    return s ? die_status(s) : 0;
+}
+
+/* ---------------------------------------------------------------- tokenizer train */
+
+static void train_progress(void *ud, int32_t done, int32_t total) {
+    fprintf(stderr, "\r[%6d/%6d merges]", done, total);
+    if (done == total) fputc('\n', stderr);
+    fflush(stderr);
+}
+
+static int cmd_tokenizer(int argc, char **argv) {
+    if (argc < 1 || strcmp(argv[0], "train") != 0) {
+        fprintf(stderr, "kiln: usage: kiln tokenizer train CORPUS... --vocab N -o OUT.gguf [--specials a,b,c] [--min-frequency N]\n");
+        return 1;
+    }
+    kiln_bpe_train_params p = {.vocab_size = 0, .min_frequency = 2, .progress = train_progress};
+    const char *out = NULL;
+    const char **corpus = calloc((size_t)argc, sizeof *corpus), *specials[64];
+    char *spec_buf = NULL;
+    int n_corpus = 0, rc = 1;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--vocab") == 0 && i + 1 < argc) p.vocab_size = atoi(argv[++i]);
+        else if (strcmp(argv[i], "-o") == 0 && i + 1 < argc) out = argv[++i];
+        else if (strcmp(argv[i], "--min-frequency") == 0 && i + 1 < argc) p.min_frequency = atoll(argv[++i]);
+        else if (strcmp(argv[i], "-t") == 0 && i + 1 < argc) p.n_threads = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--specials") == 0 && i + 1 < argc) {
+            free(spec_buf);
+            spec_buf = strdup(argv[++i]);
+            p.n_specials = 0;
+            for (char *tok = strtok(spec_buf, ","); tok && p.n_specials < 64; tok = strtok(NULL, ",")) specials[p.n_specials++] = tok;
+            p.specials = specials;
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "kiln: tokenizer train: unexpected argument '%s'\n", argv[i]);
+            goto out;
+        } else corpus[n_corpus++] = argv[i];
+    }
+    if (!out || n_corpus == 0 || p.vocab_size <= 0) {
+        fprintf(stderr, "kiln: usage: kiln tokenizer train CORPUS... --vocab N -o OUT.gguf [--specials a,b,c] [--min-frequency N]\n");
+        goto out;
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    kiln_status s = kiln_bpe_train(corpus, n_corpus, &p, out);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (s) {
+        die_status(s);
+        goto out;
+    }
+    fprintf(stderr, "kiln: wrote %s in %.2f s\n", out, (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+    rc = 0;
+out:
+    free(corpus);
+    free(spec_buf);
+    return rc;
+}
+
 /* ---------------------------------------------------------------- main */
 
 static void usage(FILE *f) {
     fprintf(f, "usage: kiln COMMAND ...\n"
                "  inspect FILE.gguf [--all]              print metadata and the tensor table\n"
                "  quantize IN.gguf OUT.gguf TYPE [-t N]  TYPE: f16 bf16 q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m q5_k_m\n"
+               "  tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH)\n"
+               "  tokenizer train CORPUS... --vocab N -o OUT.gguf [--specials a,b,c] [--min-frequency N]\n"
                "  synth OUT.gguf [--dim C --layers L ...] a llama model with random weights (see kiln synth)\n"
                "  bench quant [--quick]                  dequantize and vec_dot throughput per type, scalar vs SIMD\n");
 }
@@ -237,6 +367,8 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
     if (strcmp(cmd, "quantize") == 0) return cmd_quantize(argc - 2, argv + 2);
     if (strcmp(cmd, "synth") == 0) return cmd_synth(argc - 2, argv + 2);
+    if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 2, argv + 2);
+    if (strcmp(cmd, "tokenizer") == 0) return cmd_tokenizer(argc - 2, argv + 2);
     if (strcmp(cmd, "bench") == 0) {
         if (argc >= 3 && strcmp(argv[2], "quant") == 0) return kiln_bench_quant(argc - 3, argv + 3);
         fprintf(stderr, "kiln: bench: unknown benchmark '%s' (available: quant)\n", argc >= 3 ? argv[2] : "");
