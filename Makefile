@@ -39,7 +39,7 @@ endif
 TEST_SRC := $(wildcard tests/test_*.c)
 TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all tests test clean fuzz demo
+.PHONY: all tests test clean fuzz fuzz-tokenize demo
 all: $(BUILD)/libkiln.a $(BUILD)/kiln
 
 $(BUILD)/src/cpu/%_avx2.o: src/cpu/%_avx2.c
@@ -88,6 +88,15 @@ fuzz:
 	  tests/fuzz/fuzz_gguf.c src/core/status.c src/core/types.c src/core/gguf.c -o build-fuzz/fuzz_gguf -lm -lpthread
 	build-fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -artifact_prefix=tests/fuzz/crashes/ \
 	  build-fuzz/corpus tests/fuzz/corpus
+
+# Needs ../shared/data/vocab (KILN_DATA overrides): the harness encodes with real vocabularies.
+fuzz-tokenize:
+	@mkdir -p build-fuzz/corpus-tok tests/fuzz/crashes
+	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -Isrc/core \
+	  tests/fuzz/fuzz_tokenize.c src/core/status.c src/core/types.c src/core/gguf.c $(filter-out src/tok/bpe_train.c,$(wildcard src/tok/*.c)) \
+	  -o build-fuzz/fuzz_tokenize -lpcre2-8 -lutf8proc -lm -lpthread
+	build-fuzz/fuzz_tokenize -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -artifact_prefix=tests/fuzz/crashes/ \
+	  build-fuzz/corpus-tok tests/fuzz/corpus-tok
 
 clean:
 	rm -rf build build-san build-fuzz

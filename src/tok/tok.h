@@ -47,6 +47,11 @@ int32_t kiln_tok_find(const kiln_tokenizer *t, const char *text, size_t len); /*
 int32_t kiln_tok_merge_rank(const kiln_tokenizer *t, int32_t left, int32_t right); /* -1 if no such merge */
 kiln_status kiln_tokens_push(kiln_tokens *out, int32_t id);
 
+/* tokenize.c: encodes text without BOS/EOS; at_start says the text begins the input (SPM's dummy prefix
+ * goes there). kiln_tokenizer_encode is BOS + this + EOS; stream.c calls it chunk by chunk. */
+kiln_status kiln_tok_encode_part(const kiln_tokenizer *t, const char *text, size_t len, bool parse_special, bool at_start,
+                                 kiln_tokens *out);
+
 /* The families. Each encodes one fragment (no special tokens inside, no BOS/EOS) and appends ids.
  * first says the fragment starts the text or follows a special token (SPM adds its dummy prefix there). */
 kiln_status kiln_spm_encode(const kiln_tokenizer *t, const char *text, size_t len, bool first, kiln_tokens *out);
