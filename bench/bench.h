@@ -4,5 +4,6 @@
 #define KILN_BENCH_H
 
 int kiln_bench_quant(int argc, char **argv);
+int kiln_bench_tokenize(int argc, char **argv);
 
 #endif

@@ -371,7 +371,8 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "tokenizer") == 0) return cmd_tokenizer(argc - 2, argv + 2);
     if (strcmp(cmd, "bench") == 0) {
         if (argc >= 3 && strcmp(argv[2], "quant") == 0) return kiln_bench_quant(argc - 3, argv + 3);
-        fprintf(stderr, "kiln: bench: unknown benchmark '%s' (available: quant)\n", argc >= 3 ? argv[2] : "");
+        if (argc >= 3 && strcmp(argv[2], "tokenize") == 0) return kiln_bench_tokenize(argc - 3, argv + 3);
+        fprintf(stderr, "kiln: bench: unknown benchmark '%s' (available: quant, tokenize)\n", argc >= 3 ? argv[2] : "");
         return 1;
     }
     fprintf(stderr, "kiln: unknown command '%s'\n", cmd);
