@@ -13,7 +13,10 @@ typedef struct tok_entry {
     uint32_t len;
     float score;
     kiln_token_type type;
+    uint8_t strip; /* TOK_LSTRIP | TOK_RSTRIP: cutting this special out of text also drops the whitespace beside it */
 } tok_entry;
+
+enum { TOK_LSTRIP = 1, TOK_RSTRIP = 2 };
 
 struct kiln_tokenizer {
     tok_kind kind;
@@ -34,7 +37,7 @@ struct kiln_tokenizer {
     bool add_bos, add_eos, add_space_prefix;
     /* SPM: id of "<0xXX>" for each byte (-1 if absent); BPE: id of the one-character token for each byte */
     int32_t byte_token[256];
-    /* control and user-defined tokens, longest text first, for parse_special */
+    /* control, user-defined and unknown-type tokens, longest text first, for parse_special */
     int32_t *specials;
     int32_t n_specials;
     bool spm_stream_safe; /* SPM: no token has a ▁ after a non-▁ character, so text may be cut before a word */
@@ -60,6 +63,9 @@ kiln_status kiln_wpm_encode(const kiln_tokenizer *t, const char *text, size_t le
 /* Called by the loader once the vocab is read; free accepts a tokenizer whose init never ran. */
 kiln_status kiln_bpe_init(kiln_tokenizer *t);
 void kiln_bpe_free(kiln_tokenizer *t);
+/* The BPE pre-tokenizer alone (for tests): *ends (malloc'd, n entries) gets the end of each word, in bytes of text
+ * (of llama.cpp's U+FFFD replacement of it when text is not valid UTF-8). */
+kiln_status kiln_bpe_split(const kiln_tokenizer *t, const char *text, size_t len, size_t **ends, size_t *n);
 kiln_status kiln_wpm_init(kiln_tokenizer *t);
 void kiln_wpm_free(kiln_tokenizer *t);
 
