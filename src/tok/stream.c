@@ -11,8 +11,8 @@
  *        \s*[\r\n]+), and BPE merges never cross pieces. (A newline after spaces is avoided: GPT-2's
  *        \s+(?!\S) would take "  \n" whole at the end of a chunk but only "  " inside the text.)
  *   WPM: after a space: words never span whitespace.
- * With parse_special, a special token whose text holds a newline or a space could straddle a cut; then no
- * cut is made. Text with no cut point grows the buffer: memory is bounded by the longest stretch between
+ * No cut goes through or next to a special token the encoder would cut out of the text.
+ * Text with no cut point grows the buffer: memory is bounded by the longest stretch between
  * cut points, time stays linear. tests/test_tokenizer.c checks streamed ids against whole-text ids. */
 #include "tok.h"
 #include "status.h"
@@ -27,30 +27,33 @@
 static bool is_ascii_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 static bool is_ascii_letter(unsigned char c) { return (c | 0x20) >= 'a' && (c | 0x20) <= 'z'; }
 
-/* A special token text that could straddle a cut of this family. */
-static bool specials_block_cuts(const kiln_tokenizer *t) {
+/* Whether a special token the encoder would cut out of the text (user-defined ones always, the rest with
+ * parse_special) lies across the cut at p or touches it. Across, it would be split; touching, the text next to
+ * it could lose whitespace (llama.cpp's lstrip/rstrip) or, for SPM, get the dummy prefix that follows a
+ * special token: either way the two sides encoded apart would differ from the whole. */
+static bool special_at_cut(const kiln_tokenizer *t, const unsigned char *b, size_t len, size_t p, bool parse_special) {
     for (int32_t i = 0; i < t->n_specials; i++) {
         const tok_entry *e = &t->tokens[t->specials[i]];
-        if (memchr(e->text, '\n', e->len) || memchr(e->text, ' ', e->len)) return true;
+        if (!parse_special && e->type != KILN_TOKEN_USER_DEFINED) continue;
+        size_t first = p > e->len ? p - e->len : 0;
+        for (size_t start = first; start <= p && start + e->len <= len; start++) {
+            if (memcmp(b + start, e->text, e->len) == 0) return true;
+        }
     }
     return false;
 }
 
-/* The last safe cut in buf[0..len), or 0 if there is none. */
-static size_t safe_cut(const kiln_tokenizer *t, const unsigned char *b, size_t len) {
+/* The last safe cut in buf[0..len), or 0 if there is none. b[len] must be readable. */
+static size_t safe_cut(const kiln_tokenizer *t, const unsigned char *b, size_t len, bool parse_special) {
     if (t->kind == TOK_SPM && !t->spm_stream_safe) return 0;
     for (size_t p = len - 1; p >= 2; p--) {
+        bool ok = false;
         switch (t->kind) {
-        case TOK_SPM:
-            if (b[p] == ' ' && b[p - 1] != ' ' && b[p + 1] != ' ') return p;
-            break;
-        case TOK_BPE:
-            if (b[p - 1] == '\n' && is_ascii_letter(b[p]) && b[p - 2] < 0x80 && !is_ascii_space(b[p - 2])) return p;
-            break;
-        case TOK_WPM:
-            if (b[p - 1] == ' ') return p;
-            break;
+        case TOK_SPM: ok = b[p] == ' ' && b[p - 1] != ' ' && b[p + 1] != ' '; break;
+        case TOK_BPE: ok = b[p - 1] == '\n' && is_ascii_letter(b[p]) && b[p - 2] < 0x80 && !is_ascii_space(b[p - 2]); break;
+        case TOK_WPM: ok = b[p - 1] == ' '; break;
         }
+        if (ok && !special_at_cut(t, b, len + 1, p, parse_special)) return p;
     }
     return 0;
 }
@@ -69,12 +72,14 @@ kiln_status kiln_tokenizer_encode_file(const kiln_tokenizer *t, const char *path
     unsigned char *buf = malloc(cap + 1);
     kiln_tokens ids = {0};
     kiln_status s = KILN_OK;
-    bool at_start = true, cuts = !(parse_special && specials_block_cuts(t)), eof = false;
+    bool at_start = true, eof = false;
+    int32_t first = -1, last = -1;
+    if (add_special) kiln_tok_special_ends(t, &first, &last);
     if (!buf) {
         fclose(f);
         return kiln_fail(KILN_ERR_NOMEM, "out of memory for a %zu-byte read buffer", cap);
     }
-    if (add_special && t->add_bos && t->bos >= 0) s = kiln_tokens_push(&ids, t->bos);
+    if (first >= 0) s = kiln_tokens_push(&ids, first);
     while (!s && !eof) {
         if (cap - len < CHUNK) { /* no cut point in the carried text: grow */
             unsigned char *nb = realloc(buf, cap * 2 + 1);
@@ -93,14 +98,14 @@ kiln_status kiln_tokenizer_encode_file(const kiln_tokenizer *t, const char *path
             eof = true;
         }
         len += got;
-        size_t cut = eof ? len : cuts && len > 2 ? safe_cut(t, buf, len - 1) : 0;
+        size_t cut = eof ? len : len > 3 ? safe_cut(t, buf, len - 1, parse_special) : 0;
         if (cut == 0) continue;
         if ((s = kiln_tok_encode_part(t, (const char *)buf, cut, parse_special, at_start, &ids)) || (s = emit_tokens(&ids, emit, ud))) break;
         at_start = false;
         memmove(buf, buf + cut, len - cut);
         len -= cut;
     }
-    if (!s && add_special && t->add_eos && t->eos >= 0 && !(s = kiln_tokens_push(&ids, t->eos))) s = emit_tokens(&ids, emit, ud);
+    if (!s && last >= 0 && !(s = kiln_tokens_push(&ids, last))) s = emit_tokens(&ids, emit, ud);
     fclose(f);
     free(buf);
     kiln_tokens_free(&ids);

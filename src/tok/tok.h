@@ -54,6 +54,9 @@ kiln_status kiln_tokens_push(kiln_tokens *out, int32_t id);
  * goes there). kiln_tokenizer_encode is BOS + this + EOS; stream.c calls it chunk by chunk. */
 kiln_status kiln_tok_encode_part(const kiln_tokenizer *t, const char *text, size_t len, bool parse_special, bool at_start,
                                  kiln_tokens *out);
+/* tokenize.c: the ids add_special puts before and after the text, -1 for none: BOS/EOS as add_bos/add_eos say,
+ * always [CLS] ... [SEP] for WordPiece (llama.cpp). */
+void kiln_tok_special_ends(const kiln_tokenizer *t, int32_t *first, int32_t *last);
 
 /* The families. Each encodes one fragment (no special tokens inside, no BOS/EOS) and appends ids.
  * first says the fragment starts the text or follows a special token (SPM adds its dummy prefix there). */

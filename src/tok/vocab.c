@@ -221,17 +221,22 @@ static int cmp_special_len(const void *a, const void *b, void *ctx) {
     return x < y ? -1 : x > y;
 }
 
+/* llama.cpp's cache_special_tokens: control, user-defined and unknown-type tokens can be cut out of text. */
+static bool is_special_type(kiln_token_type ty) {
+    return ty == KILN_TOKEN_CONTROL || ty == KILN_TOKEN_USER_DEFINED || ty == KILN_TOKEN_UNKNOWN;
+}
+
 /* Everything derived from the token list once it is complete. */
 static kiln_status finish_vocab(kiln_tokenizer *t) {
     kiln_status s = build_index(t);
     if (s) return s;
     int32_t n_special = 0;
     for (int32_t id = 0; id < t->n_vocab; id++)
-        n_special += t->tokens[id].type == KILN_TOKEN_CONTROL || t->tokens[id].type == KILN_TOKEN_USER_DEFINED;
+        n_special += is_special_type(t->tokens[id].type);
     t->specials = malloc((size_t)(n_special ? n_special : 1) * sizeof *t->specials);
     if (!t->specials) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
     for (int32_t id = 0; id < t->n_vocab; id++)
-        if ((t->tokens[id].type == KILN_TOKEN_CONTROL || t->tokens[id].type == KILN_TOKEN_USER_DEFINED) && t->tokens[id].len)
+        if (is_special_type(t->tokens[id].type) && t->tokens[id].len)
             t->specials[t->n_specials++] = id;
     qsort_r(t->specials, (size_t)t->n_specials, sizeof *t->specials, cmp_special_len, t);
     if (t->kind == TOK_SPM) {
@@ -317,6 +322,31 @@ static kiln_status load_merges(const kiln_gguf *g, kiln_tokenizer *t) {
     return KILN_OK;
 }
 
+/* llama.cpp's per-model strip attributes, which GGUF does not store: it sets them from general.name,
+ * general.architecture and the pre-tokenizer name (llama_vocab::impl::load, "set attributes by model"). */
+static void set_strip_attrs(const kiln_gguf *g, kiln_tokenizer *t) {
+    char name[128] = "", arch[64] = "";
+    kiln_str v;
+    if (kiln_gguf_find(g, "general.name") && kiln_gguf_get_str(g, "general.name", &v) == KILN_OK)
+        snprintf(name, sizeof name, "%.*s", (int)(v.len < 127 ? v.len : 127), v.ptr);
+    if (kiln_gguf_find(g, "general.architecture") && kiln_gguf_get_str(g, "general.architecture", &v) == KILN_OK)
+        snprintf(arch, sizeof arch, "%.*s", (int)(v.len < 63 ? v.len : 63), v.ptr);
+    for (char *c = name; *c; c++) *c = (char)(*c >= 'A' && *c <= 'Z' ? *c + 32 : *c);
+    int32_t id;
+    if (strstr(t->pre, "jina-v2-de") || strstr(t->pre, "jina-v2-es") || strstr(t->pre, "jina-v2-code") ||
+        strstr(arch, "nomic-bert-moe") || strstr(arch, "jina-bert-v3")) {
+        if ((id = kiln_tok_find(t, "<mask>", 6)) >= 0) t->tokens[id].strip |= TOK_LSTRIP;
+    } else if (strstr(name, "phi-3") || strstr(name, "phi3")) {
+        for (int32_t i = 0; i < t->n_specials; i++) t->tokens[t->specials[i]].strip |= TOK_RSTRIP;
+        if ((id = kiln_tok_find(t, "</s>", 4)) >= 0) t->tokens[id].strip |= TOK_RSTRIP;
+        static const char *const keep[] = {"<unk>", "<s>", "<|endoftext|>"};
+        for (int k = 0; k < 3; k++)
+            if ((id = kiln_tok_find(t, keep[k], strlen(keep[k]))) >= 0) t->tokens[id].strip &= (uint8_t)~TOK_RSTRIP;
+    } else if (strstr(name, "modern-bert")) {
+        if ((id = kiln_tok_find(t, "[MASK]", 6)) >= 0) t->tokens[id].strip |= TOK_LSTRIP;
+    }
+}
+
 kiln_status kiln_tokenizer_load_gguf(const kiln_gguf *g, kiln_tokenizer **out) {
     *out = NULL;
     const char *path = kiln_gguf_path(g);
@@ -395,6 +425,7 @@ kiln_status kiln_tokenizer_load_gguf(const kiln_gguf *g, kiln_tokenizer **out) {
         (s = optional_bool(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix)))
         goto fail;
     if ((s = finish_vocab(t))) goto fail;
+    set_strip_attrs(g, t);
     if (t->kind == TOK_BPE && ((s = load_merges(g, t)) || (s = kiln_bpe_init(t)))) goto fail;
     if (t->kind == TOK_WPM && (s = kiln_wpm_init(t))) goto fail;
     free(texts);
@@ -410,10 +441,34 @@ fail:
  * int32 max_token_length, then per token: float32 score, int32 length, bytes. The file does not store the
  * count: tokens run to the end of the file. Ids 0, 1, 2 are <unk>, <s>, </s>; "<0xXX>" pieces are bytes. */
 
+/* llama2.c's export wrote SentencePiece's ▁ (U+2581) as a plain space; this puts the ▁ back, so the vocab
+ * reads as a GGUF one does. The texts then point into *out (malloc'd). */
+static kiln_status restore_spm_spaces(kiln_str *texts, int32_t n, char **out) {
+    uint64_t total = 1;
+    for (int32_t i = 0; i < n; i++) {
+        total += texts[i].len;
+        for (uint64_t j = 0; j < texts[i].len; j++) total += texts[i].ptr[j] == ' ' ? 2 : 0;
+    }
+    char *p = *out = malloc((size_t)total);
+    if (!p) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    for (int32_t i = 0; i < n; i++) {
+        const char *src = texts[i].ptr;
+        uint64_t len = texts[i].len;
+        texts[i].ptr = p;
+        for (uint64_t j = 0; j < len; j++) {
+            if (src[j] == ' ') memcpy(p, "\xe2\x96\x81", 3), p += 3;
+            else *p++ = src[j];
+        }
+        texts[i].len = (uint64_t)(p - texts[i].ptr);
+    }
+    return KILN_OK;
+}
+
 static kiln_status load_llama2c(const char *path, const uint8_t *buf, size_t size, kiln_tokenizer **out) {
     kiln_tokenizer *t = tokenizer_new();
     kiln_str *texts = NULL;
     float *scores = NULL;
+    char *spaced = NULL;
     kiln_status s;
     if (!t) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
     strcpy(t->model, "llama");
@@ -456,7 +511,7 @@ static kiln_status load_llama2c(const char *path, const uint8_t *buf, size_t siz
         s = kiln_fail(KILN_ERR_FORMAT, "%s: only %d tokens (a llama2.c vocab starts with <unk> <s> </s>)", path, n);
         goto fail;
     }
-    if ((s = fill_tokens(t, texts, n))) goto fail;
+    if ((s = restore_spm_spaces(texts, n, &spaced)) || (s = fill_tokens(t, texts, n))) goto fail;
     for (int32_t i = 0; i < n; i++) {
         tok_entry *e = &t->tokens[i];
         e->score = scores[i];
@@ -470,11 +525,13 @@ static kiln_status load_llama2c(const char *path, const uint8_t *buf, size_t siz
     if ((s = finish_vocab(t))) goto fail;
     free(texts);
     free(scores);
+    free(spaced);
     *out = t;
     return KILN_OK;
 fail:
     free(texts);
     free(scores);
+    free(spaced);
     kiln_tokenizer_free(t);
     return s;
 }
