@@ -4,6 +4,7 @@
 #include "kiln.h"
 #include "test.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 typedef struct {
@@ -138,7 +139,43 @@ static void test_stream_around_specials(void) {
     CHECK(special >= 2 && plain >= 2, "expected streamed runs, got %ld and %ld chunks", special, plain);
 }
 
+/* `kiln tokenize --ids --file` reads the file's bytes exactly (the trailing newline is a token). */
+static void test_cli_tokenize(void) {
+    const char *bin = getenv("KILN_BIN");
+    if (!bin) SKIP("KILN_BIN not set (make test sets it)");
+    if (!have_data()) SKIP("%s not found (needs ../shared/data)", shakespeare);
+    char path[64], cmd[1024], line[4096];
+    snprintf(path, sizeof path, "/tmp/kiln-cli-%d.txt", (int)getpid());
+    FILE *f = fopen(path, "wb");
+    CHECK(f);
+    fputs("Hello world\n", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s tokenize -m %s/ggml-vocab-gpt-2.gguf --ids --file %s", bin, vocab_dir, path);
+    FILE *p = popen(cmd, "r");
+    CHECK(p);
+    char *got = fgets(line, sizeof line, p);
+    int rc = pclose(p);
+    unlink(path);
+    /* GPT-2: "Hello" 15496, " world" 995, "\n" 198 */
+    CHECK(got && rc == 0 && strcmp(line, "15496 995 198\n") == 0, "got '%s'", got ? line : "(nothing)");
+    snprintf(cmd, sizeof cmd, "%s tokenize -m %s/ggml-vocab-llama-spm.gguf --add-special 'Hello world'", bin, vocab_dir);
+    p = popen(cmd, "r");
+    CHECK(p);
+    char out[3][128] = {{0}};
+    for (int i = 0; i < 3 && fgets(out[i], sizeof out[i], p); i++) {}
+    rc = pclose(p);
+    CHECK(rc == 0 && strcmp(out[0], "     1 -> \"<s>\"\n") == 0 && strcmp(out[1], " 15043 -> \" Hello\"\n") == 0 &&
+              strcmp(out[2], "  3186 -> \" world\"\n") == 0,
+          "got '%s' '%s' '%s'", out[0], out[1], out[2]);
+    snprintf(cmd, sizeof cmd, "%s tokenize -m /nonexistent.gguf x 2>&1", bin);
+    p = popen(cmd, "r");
+    CHECK(p && fgets(line, sizeof line, p));
+    rc = pclose(p);
+    CHECK(WEXITSTATUS(rc) == 1 && strcmp(line, "kiln: /nonexistent.gguf: cannot open: No such file or directory\n") == 0, "%s", line);
+}
+
 int main(void) {
+    RUN(test_cli_tokenize);
     RUN(test_stream_around_specials);
     RUN(test_stream_equals_whole);
     RUN(test_stream_without_cut_points);
