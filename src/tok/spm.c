@@ -1,7 +1,7 @@
 /* spm.c: SentencePiece-style encoding, as llama.cpp's llm_tokenizer_spm does it (llama-vocab.cpp).
  * Spaces become ▁ (U+2581), a dummy ▁ starts the first fragment, the text splits into UTF-8 characters, and
  * the adjacent pair whose concatenation is the highest-scoring token merges first (ties: the leftmost) until
- * no pair is a token. Each symbol left is then a token, or goes out as <0xXX> byte tokens (byte fallback).
+ * no pair is a token. Each symbol left is then a token, or goes out as <0xHH> byte tokens (byte fallback).
  * Tested by tests/test_tokenizer.c against llama.cpp's vectors for llama-spm and phi-3, and tok512.bin. */
 #include "tok.h"
 #include "status.h"
@@ -76,7 +76,7 @@ static kiln_status try_pair(const kiln_tokenizer *t, const char *buf, const spm_
     return heap_push(h, (spm_pair){.score = t->tokens[id].score, .left = left, .right = right, .size = size, .id = id});
 }
 
-/* A byte with no token of its own: "<0xXX>", else the one-byte text (llama.cpp's byte_to_token), else unk. */
+/* A byte with no token of its own: "<0xHH>", else the one-byte text (llama.cpp's byte_to_token), else unk. */
 static kiln_status push_byte(const kiln_tokenizer *t, unsigned char b, kiln_tokens *out) {
     int32_t id = t->byte_token[b];
     if (id < 0) id = kiln_tok_find(t, (const char *)&b, 1);

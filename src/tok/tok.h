@@ -35,7 +35,7 @@ struct kiln_tokenizer {
     /* special ids, -1 when absent */
     int32_t bos, eos, unk, pad, sep, cls, mask;
     bool add_bos, add_eos, add_space_prefix;
-    /* SPM: id of "<0xXX>" for each byte (-1 if absent); BPE: id of the one-character token for each byte */
+    /* SPM: id of "<0xHH>" for each byte (-1 if absent); BPE: id of the one-character token for each byte */
     int32_t byte_token[256];
     /* control, user-defined and unknown-type tokens, longest text first, for parse_special */
     int32_t *specials;

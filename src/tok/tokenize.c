@@ -247,7 +247,7 @@ static void put_bpe_text(piece_out *o, const tok_entry *e) {
 }
 
 /* The bytes of one token, as llama.cpp's token_to_piece: control and unknown tokens only when special,
- * user-defined ones as stored; SPM/WordPiece turn ▁ into a space and <0xXX> into its byte; BPE maps its
+ * user-defined ones as stored; SPM/WordPiece turn ▁ into a space and <0xHH> into its byte; BPE maps its
  * alphabet back to bytes. Byte-type tokens of BPE, unused and undefined tokens give nothing. */
 static kiln_status piece_into(const kiln_tokenizer *t, int32_t id, bool special, piece_out *o) {
     if (id < 0 || id >= t->n_vocab) return kiln_fail(KILN_ERR_RANGE, "token id %d is outside the vocab of %d tokens", id, t->n_vocab);

@@ -439,7 +439,7 @@ fail:
 
 /* ---------------------------------------------------------------- llama2.c tokenizer.bin
  * int32 max_token_length, then per token: float32 score, int32 length, bytes. The file does not store the
- * count: tokens run to the end of the file. Ids 0, 1, 2 are <unk>, <s>, </s>; "<0xXX>" pieces are bytes. */
+ * count: tokens run to the end of the file. Ids 0, 1, 2 are <unk>, <s>, </s>; "<0xHH>" pieces are bytes. */
 
 /* llama2.c's export wrote SentencePiece's ▁ (U+2581) as a plain space; this puts the ▁ back, so the vocab
  * reads as a GGUF one does. The texts then point into *out (malloc'd). */
