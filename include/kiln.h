@@ -343,6 +343,17 @@ typedef struct kiln_bpe_train_params {
 } kiln_bpe_train_params;
 kiln_status kiln_bpe_train(const char *const *corpus_paths, int n_paths, const kiln_bpe_train_params *p, const char *out_path);
 
+/* ---------------------------------------------------------------- models
+ * A llama-architecture GGUF (LLaMA 1/2/3, TinyLlama, SmolLM, Mistral). Loading checks every required key
+ * (an absent one is KILN_ERR_NOT_FOUND naming it) and every weight's type and shape. Weights stay mmap'd. */
+typedef struct kiln_model kiln_model;
+
+kiln_status kiln_model_load(const char *path, kiln_model **out);
+void kiln_model_free(kiln_model *m); /* accepts NULL */
+const kiln_tokenizer *kiln_model_tokenizer(const kiln_model *m); /* NULL when the file has none */
+int64_t kiln_model_n_vocab(const kiln_model *m);
+int64_t kiln_model_n_ctx_train(const kiln_model *m);
+
 #ifdef __cplusplus
 }
 #endif

@@ -368,6 +368,7 @@ static void test_long_runs(void) {
     kiln_tokenizer *g = data_vocab("gpt-2");
     if (!g) {
         free(text);
+        kiln_tokens_free(&ids);
         SKIP("%s/vocab/ggml-vocab-gpt-2.gguf is absent (the synthetic vocabs passed)", test_data_dir());
     }
     memset(text, 'a', reps);
