@@ -354,6 +354,47 @@ const kiln_tokenizer *kiln_model_tokenizer(const kiln_model *m); /* NULL when th
 int64_t kiln_model_n_vocab(const kiln_model *m);
 int64_t kiln_model_n_ctx_train(const kiln_model *m);
 
+/* ---------------------------------------------------------------- sessions
+ * A session runs a model over a growing sequence: it owns the KV cache (f16, sized from n_ctx) and scratch
+ * proportional to the prefill chunk. Token ids are validated here: an id outside the vocab is KILN_ERR_RANGE
+ * naming the id and the vocab size; going past n_ctx is KILN_ERR_RANGE naming both. */
+typedef struct kiln_session kiln_session;
+
+typedef struct kiln_session_params {
+    int64_t n_ctx;   /* 0: the model's training context */
+    int64_t n_batch; /* prefill chunk in tokens; 0: 512 */
+    int n_threads;   /* 0: all cores */
+} kiln_session_params;
+
+kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, kiln_session **out);
+void kiln_session_free(kiln_session *s); /* accepts NULL */
+/* Appends n tokens at the next positions (prefill in chunks of n_batch). logits, when not NULL, receives the
+ * last token's V logits; all_logits, when not NULL, receives n x V logits (row per token). */
+kiln_status kiln_session_eval(kiln_session *s, const int32_t *ids, size_t n, float *logits, float *all_logits);
+int64_t kiln_session_pos(const kiln_session *s);
+void kiln_session_reset(kiln_session *s); /* back to position 0 */
+
+/* ---------------------------------------------------------------- sampling
+ * The RNG is llama2.c's xorshift64* and top-p follows llama2.c's procedure (../shared/data/README.md), so a
+ * seeded run reproduces llama2.c's output. temp 0 is greedy. top_k 0, top_p 1 and min_p 0 disable their filters;
+ * repeat_penalty 1 disables the penalty. */
+typedef struct kiln_sampler_params {
+    float temp;
+    int32_t top_k;
+    float top_p;
+    float min_p;
+    float repeat_penalty;
+    int32_t repeat_last_n; /* tokens the penalty looks back over */
+    uint64_t seed;
+} kiln_sampler_params;
+
+typedef struct kiln_sampler kiln_sampler;
+kiln_sampler_params kiln_sampler_default(void); /* temp 0.8, top_k 40, top_p 0.95, min_p 0.05, penalty 1, seed 42 */
+kiln_status kiln_sampler_new(const kiln_sampler_params *p, int64_t n_vocab, kiln_sampler **out);
+void kiln_sampler_free(kiln_sampler *s);
+/* Picks a token from logits (modified in place); history is the sequence so far, for the repetition penalty. */
+int32_t kiln_sampler_sample(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history);
+
 #ifdef __cplusplus
 }
 #endif
