@@ -257,20 +257,25 @@ kiln_status kiln_quantize_file(const char *in_path, const char *out_path, const 
  * llama.cpp's llama layout: token_embd, blk.N.{attn_norm,attn_q,attn_k,attn_v,attn_output,ffn_norm,
  * ffn_gate,ffn_up,ffn_down}, output_norm, output (absent when tied). */
 typedef struct kiln_synth_params {
-    int64_t n_vocab;   /* V */
+    int64_t n_vocab;   /* V (taken from the vocab file when vocab_path is set) */
     int64_t n_embd;    /* C */
     int64_t n_layer;   /* L */
     int64_t n_head;    /* NH */
     int64_t n_head_kv; /* NKV */
     int64_t n_ff;      /* F */
     int64_t n_ctx;     /* context length written to metadata */
+    float rope_base;   /* llama.rope.freq_base */
     bool tied;         /* no output.weight: the head reuses token_embd */
-    kiln_type type;    /* type of the 2-D weights: F32, F16 or BF16 (quantize afterwards for others) */
-    uint64_t seed;
+    kiln_ftype ftype;  /* weight types, with kiln quantize's rules (f32, f16, bf16, q8_0, q4_0, q4_k_m, ...) */
+    const char *vocab_path; /* a GGUF whose tokenizer.ggml.* keys are copied in; NULL for none */
+    uint64_t seed;     /* row r of tensor i draws from a stream seeded by (seed, i, r): any thread count, same file */
+    int n_threads;     /* 0: all cores */
 } kiln_synth_params;
 
-/* Defaults: V 4096, C 256, L 8, NH 8, NKV 4, F 768, ctx 2048, untied, F32, seed 1. */
+/* Defaults: V 4096, C 256, L 8, NH 8, NKV 4, F 768, ctx 2048, rope base 10000, untied, F32, seed 1. */
 kiln_synth_params kiln_synth_default(void);
+/* Sets the dimensions of a standard shape: llama-124m, tinyllama-1.1b, llama2-7b, llama3-8b. */
+kiln_status kiln_synth_shape(const char *name, kiln_synth_params *p);
 kiln_status kiln_synth_llama(const char *path, const kiln_synth_params *p);
 
 /* ---------------------------------------------------------------- tokenizers

@@ -2,7 +2,7 @@
  *
  *   kiln inspect FILE.gguf [--all]        metadata and tensor table
  *   kiln quantize IN.gguf OUT.gguf TYPE   convert weights (f16 bf16 q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m q5_k_m)
- *   kiln synth OUT.gguf [options]         a llama-architecture model with random weights
+ *   kiln synth [--shape S] [--type T] [--vocab V.gguf] -o OUT.gguf   a llama model with random weights
  *   kiln tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH)
  *   kiln tokenizer train CORPUS... --vocab N -o OUT.gguf [--specials a,b,c] [--min-frequency N]
  *   kiln bench quant [--quick]            dequantize / vec_dot throughput per type and SIMD level
@@ -181,9 +181,10 @@ static int cmd_synth(int argc, char **argv) {
     kiln_synth_params p = kiln_synth_default();
     const char *out = NULL;
     struct { const char *flag; int64_t *v; } dims[] = {
-        {"--vocab", &p.n_vocab}, {"--dim", &p.n_embd}, {"--layers", &p.n_layer}, {"--heads", &p.n_head},
+        {"--vocab-size", &p.n_vocab}, {"--dim", &p.n_embd}, {"--layers", &p.n_layer}, {"--heads", &p.n_head},
         {"--kv-heads", &p.n_head_kv}, {"--ff", &p.n_ff}, {"--ctx", &p.n_ctx},
     };
+    kiln_status s;
     for (int i = 0; i < argc; i++) {
         bool matched = false;
         for (size_t d = 0; d < sizeof dims / sizeof dims[0] && !matched; d++)
@@ -199,24 +200,29 @@ static int cmd_synth(int argc, char **argv) {
         if (matched) continue;
         if (strcmp(argv[i], "--tied") == 0) p.tied = true;
         else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) p.seed = strtoull(argv[++i], NULL, 10);
-        else if (strcmp(argv[i], "--type") == 0 && i + 1 < argc) {
-            kiln_status s = kiln_type_from_name(argv[++i], &p.type);
-            if (s) return die_status(s);
-        } else if (argv[i][0] != '-' && !out) out = argv[i];
+        else if (strcmp(argv[i], "-t") == 0 && i + 1 < argc) p.n_threads = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--vocab") == 0 && i + 1 < argc) p.vocab_path = argv[++i];
+        else if (strcmp(argv[i], "--shape") == 0 && i + 1 < argc) {
+            if ((s = kiln_synth_shape(argv[++i], &p))) return die_status(s);
+        } else if (strcmp(argv[i], "--type") == 0 && i + 1 < argc) {
+            if ((s = kiln_ftype_from_name(argv[++i], &p.ftype))) return die_status(s);
+        } else if (strcmp(argv[i], "-o") == 0 && i + 1 < argc) out = argv[++i];
+        else if (argv[i][0] != '-' && !out) out = argv[i];
         else {
             fprintf(stderr, "kiln: synth: unexpected argument '%s'\n", argv[i]);
             return 1;
         }
     }
     if (!out) {
-        fprintf(stderr, "kiln: usage: kiln synth OUT.gguf [--vocab V] [--dim C] [--layers L] [--heads NH] [--kv-heads NKV] [--ff F] [--ctx N] [--tied] [--type f32|f16|bf16] [--seed S]\n");
+        fprintf(stderr, "kiln: usage: kiln synth [--shape llama-124m|tinyllama-1.1b|llama2-7b|llama3-8b] [--type f32|f16|q8_0|q4_0|q4_k_m|...] "
+                        "[--vocab VOCAB.gguf] [--dim C] [--layers L] [--heads NH] [--kv-heads NKV] [--ff F] [--vocab-size V] [--ctx N] "
+                        "[--tied] [--seed S] [-t N] -o OUT.gguf\n");
         return 1;
     }
-    kiln_status s = kiln_synth_llama(out, &p);
-    if (s) return die_status(s);
-    fprintf(stderr, "kiln: wrote %s (llama, V=%lld C=%lld L=%lld NH=%lld NKV=%lld F=%lld, %s)\n", out, (long long)p.n_vocab,
-            (long long)p.n_embd, (long long)p.n_layer, (long long)p.n_head, (long long)p.n_head_kv, (long long)p.n_ff,
-            kiln_type_name(p.type));
+    if ((s = kiln_synth_llama(out, &p))) return die_status(s);
+    fprintf(stderr, "kiln: wrote %s (llama, C=%lld L=%lld NH=%lld NKV=%lld F=%lld, %s%s%s)\n", out, (long long)p.n_embd,
+            (long long)p.n_layer, (long long)p.n_head, (long long)p.n_head_kv, (long long)p.n_ff, kiln_ftype_name(p.ftype),
+            p.vocab_path ? ", vocab from " : "", p.vocab_path ? p.vocab_path : "");
     return 0;
 }
 
@@ -354,7 +360,7 @@ static void usage(FILE *f) {
                "  quantize IN.gguf OUT.gguf TYPE [-t N]  TYPE: f16 bf16 q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m q5_k_m\n"
                "  tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH)\n"
                "  tokenizer train CORPUS... --vocab N -o OUT.gguf [--specials a,b,c] [--min-frequency N]\n"
-               "  synth OUT.gguf [--dim C --layers L ...] a llama model with random weights (see kiln synth)\n"
+               "  synth [--shape S] [--type T] [--vocab V.gguf] -o OUT.gguf  a llama model with random weights\n"
                "  bench quant [--quick]                  dequantize and vec_dot throughput per type, scalar vs SIMD\n");
 }
 

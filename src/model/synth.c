@@ -1,7 +1,11 @@
-/* synth.c: `kiln synth`, a llama-architecture GGUF with random weights and complete metadata.
- * Real weights cannot travel to the GPU machine, so benchmarks and device tests make their models
- * there with this. Weights are N(0, 0.02) like GPT-2/llm.c initialization; norms are 1. Each tensor is
- * generated and streamed through the GGUF writer, so memory stays at one tensor. */
+/* synth.c: `kiln synth`, a llama-architecture GGUF with random but valid weights and complete metadata.
+ * Real weights cannot travel to the GPU machine, so speed tests make their models there with this.
+ * Weights are N(0, 0.02) like GPT-2/llm.c initialization; norms are 1. Weight types follow kiln quantize's
+ * rules for the chosen ftype (so a q4_k_m file has q6_K attn_v/ffn_down where llama.cpp puts them). Each tensor
+ * is generated row by row on the thread pool, quantized straight to its type and streamed through the GGUF
+ * writer: memory stays at one tensor in its final type, and row r of tensor i always draws from the same
+ * stream, so the file does not depend on the thread count. tests/test_quantize.c checks the output. */
+#include "pool.h"
 #include "quants.h"
 #include "status.h"
 
@@ -11,8 +15,32 @@
 #include <string.h>
 
 kiln_synth_params kiln_synth_default(void) {
-    return (kiln_synth_params){.n_vocab = 4096, .n_embd = 256, .n_layer = 8, .n_head = 8, .n_head_kv = 4,
-                               .n_ff = 768, .n_ctx = 2048, .tied = false, .type = KILN_TYPE_F32, .seed = 1};
+    return (kiln_synth_params){.n_vocab = 4096, .n_embd = 256, .n_layer = 8, .n_head = 8, .n_head_kv = 4, .n_ff = 768,
+                               .n_ctx = 2048, .rope_base = 10000.0f, .ftype = KILN_FTYPE_ALL_F32, .seed = 1};
+}
+
+typedef struct {
+    const char *name;
+    int64_t V, C, L, NH, NKV, F, ctx;
+    float rope_base;
+} synth_shape;
+
+static const synth_shape shapes[] = {
+    {"llama-124m", 32000, 768, 12, 12, 4, 2048, 2048, 10000.0f},
+    {"tinyllama-1.1b", 32000, 2048, 22, 32, 4, 5632, 2048, 10000.0f},
+    {"llama2-7b", 32000, 4096, 32, 32, 32, 11008, 4096, 10000.0f},
+    {"llama3-8b", 128256, 4096, 32, 32, 8, 14336, 8192, 500000.0f},
+};
+
+kiln_status kiln_synth_shape(const char *name, kiln_synth_params *p) {
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        if (strcmp(shapes[i].name, name) == 0) {
+            const synth_shape *s = &shapes[i];
+            p->n_vocab = s->V, p->n_embd = s->C, p->n_layer = s->L, p->n_head = s->NH, p->n_head_kv = s->NKV;
+            p->n_ff = s->F, p->n_ctx = s->ctx, p->rope_base = s->rope_base;
+            return KILN_OK;
+        }
+    return kiln_fail(KILN_ERR_INVALID, "unknown shape '%s' (llama-124m, tinyllama-1.1b, llama2-7b, llama3-8b)", name);
 }
 
 static uint64_t rng_next(uint64_t *s) { /* xorshift64* */
@@ -28,11 +56,20 @@ static float rng_normal(uint64_t *s) { /* Box-Muller */
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
+static uint64_t row_seed(uint64_t seed, int64_t tensor, int64_t row) { /* splitmix64 of the three */
+    uint64_t x = seed * 0x9E3779B97F4A7C15ULL ^ (uint64_t)tensor * 0xBF58476D1CE4E5B9ULL ^ (uint64_t)row * 0x94D049BB133111EBULL;
+    x ^= x >> 31;
+    x *= 0xD6E8FEB86659FD93ULL;
+    x ^= x >> 32;
+    return x ? x : 1;
+}
+
 typedef struct {
     char name[64];
     int n_dims;
     int64_t ne[2];
     bool norm;
+    kiln_type type;
 } synth_tensor;
 
 /* Appends one tensor; fmt holds at most one %lld, the layer. */
@@ -52,23 +89,65 @@ static kiln_status check_params(const kiln_synth_params *p) {
         return kiln_fail(KILN_ERR_INVALID, "synth: n_embd %lld must divide by n_head %lld, and n_head by n_head_kv %lld",
                          (long long)p->n_embd, (long long)p->n_head, (long long)p->n_head_kv);
     if ((p->n_embd / p->n_head) % 2) return kiln_fail(KILN_ERR_INVALID, "synth: head size %lld must be even for RoPE", (long long)(p->n_embd / p->n_head));
-    if (p->type != KILN_TYPE_F32 && p->type != KILN_TYPE_F16 && p->type != KILN_TYPE_BF16)
-        return kiln_fail(KILN_ERR_INVALID, "synth: weights must be f32, f16 or bf16 (quantize the result for other types)");
     if (p->n_vocab > INT32_MAX || p->n_embd > (1 << 20) || p->n_ff > (1 << 22) || p->n_layer > 4096)
         return kiln_fail(KILN_ERR_INVALID, "synth: dimensions too large");
+    if (!(p->rope_base > 0)) return kiln_fail(KILN_ERR_INVALID, "synth: rope base must be positive");
     return KILN_OK;
 }
 
-kiln_status kiln_synth_llama(const char *path, const kiln_synth_params *p) {
-    kiln_status s = check_params(p);
-    if (s) return s;
-    int64_t C = p->n_embd, V = p->n_vocab, F = p->n_ff, HS = C / p->n_head, KV = HS * p->n_head_kv;
-    int64_t n_tensors = 3 + 9 * p->n_layer;
-    synth_tensor *ts = calloc((size_t)n_tensors, sizeof *ts);
-    if (!ts) return kiln_fail(KILN_ERR_NOMEM, "synth: out of memory");
-    int64_t n = 0;
+typedef struct {
+    const synth_tensor *t;
+    int64_t index;
+    uint64_t seed;
+    void *out;
+    size_t row_bytes;
+    float **rows; /* (nth, ne0) */
+    kiln_from_float_fn quantize;
+} synth_job;
+
+static void synth_rows(void *ctx, int ith, int nth) {
+    synth_job *j = ctx;
+    int64_t ne0 = j->t->ne[0], n_rows = j->t->ne[1];
+    float *row = j->rows[ith];
+    for (int64_t r = ith; r < n_rows; r += nth) {
+        uint64_t rng = row_seed(j->seed, j->index, r);
+        for (int64_t k = 0; k < ne0; k++) row[k] = j->t->norm ? 1.0f : 0.02f * rng_normal(&rng);
+        j->quantize(row, (uint8_t *)j->out + (size_t)r * j->row_bytes, ne0);
+    }
+}
+
+/* copy_kv skips what this returns true for: every key but the tokenizer's */
+static bool not_tokenizer_key(const char *key) { return strncmp(key, "tokenizer.", 10) != 0; }
+
+kiln_status kiln_synth_llama(const char *path, const kiln_synth_params *params) {
+    kiln_synth_params p = *params;
+    kiln_gguf *vocab = NULL;
+    kiln_status s = KILN_OK;
+    if (p.vocab_path) {
+        const kiln_gguf_value *toks;
+        if ((s = kiln_gguf_open(p.vocab_path, &vocab)) || (s = kiln_gguf_get_arr(vocab, "tokenizer.ggml.tokens", KILN_GGUF_STRING, &toks))) {
+            kiln_gguf_close(vocab);
+            return s;
+        }
+        p.n_vocab = (int64_t)toks->arr.n;
+    }
+    if ((s = check_params(&p))) {
+        kiln_gguf_close(vocab);
+        return s;
+    }
+    int64_t C = p.n_embd, V = p.n_vocab, F = p.n_ff, HS = C / p.n_head, KV = HS * p.n_head_kv;
+    int64_t n_max = 3 + 9 * p.n_layer, n = 0;
+    synth_tensor *ts = calloc((size_t)n_max, sizeof *ts);
+    kiln_gguf_writer *w = NULL;
+    kiln_pool *pool = NULL;
+    float **rows = NULL;
+    void *out = NULL;
+    if (!ts) {
+        kiln_gguf_close(vocab);
+        return kiln_fail(KILN_ERR_NOMEM, "synth: out of memory");
+    }
     add(ts, &n, 2, C, V, false, "token_embd.weight", 0);
-    for (int64_t l = 0; l < p->n_layer; l++) {
+    for (int64_t l = 0; l < p.n_layer; l++) {
         add(ts, &n, 1, C, 1, true, "blk.%lld.attn_norm.weight", l);
         add(ts, &n, 2, C, C, false, "blk.%lld.attn_q.weight", l);
         add(ts, &n, 2, C, KV, false, "blk.%lld.attn_k.weight", l);
@@ -80,44 +159,53 @@ kiln_status kiln_synth_llama(const char *path, const kiln_synth_params *p) {
         add(ts, &n, 2, F, C, false, "blk.%lld.ffn_down.weight", l);
     }
     add(ts, &n, 1, C, 1, true, "output_norm.weight", 0);
-    if (!p->tied) add(ts, &n, 2, C, V, false, "output.weight", 0);
-    kiln_gguf_writer *w = NULL;
-    float *row = NULL;
-    void *out = NULL;
+    if (!p.tied) add(ts, &n, 2, C, V, false, "output.weight", 0);
+    size_t max_bytes = 1;
+    for (int64_t i = 0; i < n; i++) {
+        kiln_tensor_view v = {.name = ts[i].name, .n_dims = ts[i].n_dims, .ne = {ts[i].ne[0], ts[i].ne[1], 1, 1}};
+        ts[i].type = kiln_quantize_choose_type(&v, p.ftype, (int)p.n_layer, (int)p.n_layer, !p.tied);
+        size_t bytes = kiln_type_row_bytes(ts[i].type, ts[i].ne[0]) * (size_t)ts[i].ne[1];
+        if (bytes > max_bytes) max_bytes = bytes;
+    }
     s = kiln_gguf_writer_new(&w);
-    uint32_t file_type = p->type == KILN_TYPE_F32 ? KILN_FTYPE_ALL_F32 : p->type == KILN_TYPE_F16 ? KILN_FTYPE_MOSTLY_F16 : KILN_FTYPE_MOSTLY_BF16;
     if (!s) s = kiln_gguf_writer_set_str(w, "general.architecture", "llama");
     if (!s) s = kiln_gguf_writer_set_str(w, "general.name", "kiln-synth");
-    if (!s) s = kiln_gguf_writer_set_u32(w, "general.file_type", file_type);
+    if (!s) s = kiln_gguf_writer_set_u32(w, "general.file_type", (uint32_t)p.ftype);
+    if (!s && p.ftype != KILN_FTYPE_ALL_F32) s = kiln_gguf_writer_set_u32(w, "general.quantization_version", 2);
     if (!s) s = kiln_gguf_writer_set_u32(w, "llama.vocab_size", (uint32_t)V);
-    if (!s) s = kiln_gguf_writer_set_u32(w, "llama.context_length", (uint32_t)p->n_ctx);
+    if (!s) s = kiln_gguf_writer_set_u32(w, "llama.context_length", (uint32_t)p.n_ctx);
     if (!s) s = kiln_gguf_writer_set_u32(w, "llama.embedding_length", (uint32_t)C);
-    if (!s) s = kiln_gguf_writer_set_u32(w, "llama.block_count", (uint32_t)p->n_layer);
+    if (!s) s = kiln_gguf_writer_set_u32(w, "llama.block_count", (uint32_t)p.n_layer);
     if (!s) s = kiln_gguf_writer_set_u32(w, "llama.feed_forward_length", (uint32_t)F);
-    if (!s) s = kiln_gguf_writer_set_u32(w, "llama.attention.head_count", (uint32_t)p->n_head);
-    if (!s) s = kiln_gguf_writer_set_u32(w, "llama.attention.head_count_kv", (uint32_t)p->n_head_kv);
+    if (!s) s = kiln_gguf_writer_set_u32(w, "llama.attention.head_count", (uint32_t)p.n_head);
+    if (!s) s = kiln_gguf_writer_set_u32(w, "llama.attention.head_count_kv", (uint32_t)p.n_head_kv);
     if (!s) s = kiln_gguf_writer_set_u32(w, "llama.rope.dimension_count", (uint32_t)HS);
-    if (!s) s = kiln_gguf_writer_set_f32(w, "llama.rope.freq_base", 10000.0f);
+    if (!s) s = kiln_gguf_writer_set_f32(w, "llama.rope.freq_base", p.rope_base);
     if (!s) s = kiln_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
-    for (int64_t i = 0; !s && i < n; i++)
-        s = kiln_gguf_writer_add_tensor(w, ts[i].name, ts[i].norm ? KILN_TYPE_F32 : p->type, ts[i].n_dims, ts[i].ne, NULL);
+    if (!s && vocab) s = kiln_gguf_writer_copy_kv(w, vocab, not_tokenizer_key);
+    for (int64_t i = 0; !s && i < n; i++) s = kiln_gguf_writer_add_tensor(w, ts[i].name, ts[i].type, ts[i].n_dims, ts[i].ne, NULL);
+    if (!s) s = kiln_pool_create(p.n_threads, &pool);
+    int nth = pool ? kiln_pool_size(pool) : 0;
     int64_t max_row = C > F ? C : F;
-    size_t max_elems = (size_t)(V > F ? V : F) * (size_t)max_row;
-    if (!s && (!(row = malloc(max_elems * sizeof(float))) || !(out = malloc(max_elems * sizeof(float)))))
-        s = kiln_fail(KILN_ERR_NOMEM, "synth: out of memory for a %zu-element tensor", max_elems);
+    if (!s && (!(out = malloc(max_bytes)) || !(rows = calloc((size_t)nth, sizeof *rows))))
+        s = kiln_fail(KILN_ERR_NOMEM, "synth: out of memory for a %zu-byte tensor", max_bytes);
+    for (int i = 0; !s && i < nth; i++)
+        if (!(rows[i] = malloc((size_t)max_row * sizeof(float)))) s = kiln_fail(KILN_ERR_NOMEM, "synth: out of memory");
     if (!s) s = kiln_gguf_writer_begin(w, path);
-    uint64_t rng = p->seed ? p->seed : 1;
     for (int64_t i = 0; !s && i < n; i++) {
-        size_t ne = (size_t)(ts[i].ne[0] * ts[i].ne[1]);
-        for (size_t j = 0; j < ne; j++) row[j] = ts[i].norm ? 1.0f : 0.02f * rng_normal(&rng);
-        kiln_type t = ts[i].norm ? KILN_TYPE_F32 : p->type;
-        kiln_get_from_float(t, KILN_SIMD_SCALAR)(row, out, (int64_t)ne);
-        s = kiln_gguf_writer_write_tensor(w, i, out, ne * kiln_type_block_bytes(t));
+        synth_job j = {.t = &ts[i], .index = i, .seed = p.seed, .out = out, .rows = rows,
+                       .row_bytes = kiln_type_row_bytes(ts[i].type, ts[i].ne[0]),
+                       .quantize = kiln_type_traits_get(ts[i].type)->from_float_ref};
+        kiln_pool_run(pool, synth_rows, &j);
+        s = kiln_gguf_writer_write_tensor(w, i, out, j.row_bytes * (size_t)ts[i].ne[1]);
     }
     if (!s) s = kiln_gguf_writer_finish(w);
-    kiln_gguf_writer_free(w);
-    free(row);
+    for (int i = 0; rows && i < nth; i++) free(rows[i]);
+    free(rows);
     free(out);
+    kiln_pool_free(pool);
+    kiln_gguf_writer_free(w);
+    kiln_gguf_close(vocab);
     free(ts);
     return s;
 }
