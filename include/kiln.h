@@ -278,6 +278,12 @@ kiln_synth_params kiln_synth_default(void);
 kiln_status kiln_synth_shape(const char *name, kiln_synth_params *p);
 kiln_status kiln_synth_llama(const char *path, const kiln_synth_params *p);
 
+/* ---------------------------------------------------------------- conversion
+ * A llama2.c checkpoint (the legacy float32 .bin or export version 1, "ak42") and its tokenizer.bin into a
+ * llama-architecture F32 GGUF with the tokenizer inside. The header is checked (positive dimensions, whole
+ * heads, the file size it implies); see src/model/convert_llama2c.c for both layouts. */
+kiln_status kiln_convert_llama2c(const char *model_path, const char *tokenizer_path, const char *out_path);
+
 /* ---------------------------------------------------------------- tokenizers
  * Loaded from GGUF metadata (tokenizer.ggml.*) or a llama2.c tokenizer.bin. Three families, chosen by
  * tokenizer.ggml.model: "llama" (SentencePiece-style, score-driven merges, byte fallback), "gpt2"

@@ -6,11 +6,15 @@
  *   kiln tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH)
  *   kiln tokenizer train CORPUS... --vocab N -o OUT.gguf [--specials a,b,c] [--min-frequency N]
  *   kiln bench quant [--quick]            dequantize / vec_dot throughput per type and SIMD level
+ *   kiln convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf
+ *   kiln generate -m MODEL.gguf [-p PROMPT] [-n N] [sampling options] [-t THREADS] [-c CTX]
  *
  * Errors go to stderr as one line, "kiln: <message>", and the exit status is 1. */
 #include "kiln.h"
 #include "bench/bench.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -352,6 +356,209 @@ out:
     return rc;
 }
 
+/* ---------------------------------------------------------------- convert */
+
+static int cmd_convert(int argc, char **argv) {
+    const char *in = NULL, *tok = NULL, *out = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--tokenizer") == 0 && i + 1 < argc) tok = argv[++i];
+        else if (strcmp(argv[i], "-o") == 0 && i + 1 < argc) out = argv[++i];
+        else if (argv[i][0] != '-' && !in) in = argv[i];
+        else {
+            fprintf(stderr, "kiln: convert: unexpected argument '%s'\n", argv[i]);
+            return 1;
+        }
+    }
+    if (argc < 1 || strcmp(argv[0], "llama2c") != 0 || !in || !tok || !out) {
+        fprintf(stderr, "kiln: usage: kiln convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf\n");
+        return 1;
+    }
+    kiln_status s = kiln_convert_llama2c(in, tok, out);
+    if (s) return die_status(s);
+    fprintf(stderr, "kiln: wrote %s\n", out);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- generate */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Prints token id as llama2.c's run.c does, so seeded runs match its output byte for byte: a piece right after
+ * BOS loses its leading space (the SentencePiece dummy prefix), a byte token prints as its byte, and a lone byte
+ * that is neither printable nor whitespace (a stray UTF-8 fragment, a control byte) is not printed. */
+static kiln_status print_piece(const kiln_tokenizer *tok, int32_t prev, int32_t id, char **buf, size_t *cap) {
+    size_t n;
+    kiln_status s = kiln_tokenizer_piece(tok, id, false, *buf, *cap, &n);
+    if (s) return s;
+    if (n > *cap) {
+        char *p = realloc(*buf, n);
+        if (!p) return KILN_ERR_NOMEM;
+        *buf = p, *cap = n;
+        if ((s = kiln_tokenizer_piece(tok, id, false, *buf, *cap, &n))) return s;
+    }
+    const char *p = *buf;
+    if (prev == kiln_tokenizer_bos(tok) && n > 0 && p[0] == ' ' && kiln_tokenizer_token_type(tok, id) != KILN_TOKEN_BYTE) p++, n--;
+    if (n == 1 && !(isprint((unsigned char)p[0]) || isspace((unsigned char)p[0]))) return KILN_OK;
+    fwrite(p, 1, n, stdout);
+    fflush(stdout);
+    return KILN_OK;
+}
+
+static bool parse_num(const char *flag, const char *arg, double lo, double hi, double *out) {
+    char *end;
+    double v = strtod(arg, &end);
+    if (end == arg || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "kiln: generate: %s needs a number in [%g, %g], got '%s'\n", flag, lo, hi, arg);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+typedef struct {
+    int64_t n_new; /* tokens to generate */
+    int64_t n_ctx; /* 0: what the run needs, at most the training context */
+    int n_threads;
+    kiln_sampler_params sampler;
+} generate_opts;
+
+/* Prompt -> prefill -> sample/print/decode until n_new tokens, EOS or a full context. Prints the prompt as given,
+ * then each new piece as it comes; timings go to stderr. */
+static int generate(const kiln_model *m, const char *model_path, const char *prompt, const generate_opts *o) {
+    const kiln_tokenizer *tok = kiln_model_tokenizer(m);
+    if (!tok) {
+        fprintf(stderr, "kiln: %s: the model has no tokenizer (tokenizer.ggml.* keys)\n", model_path);
+        return 1;
+    }
+    int32_t bos = kiln_tokenizer_bos(tok), eos = kiln_tokenizer_eos(tok);
+    int64_t V = kiln_model_n_vocab(m);
+    kiln_tokens enc = {0};
+    kiln_status s = prompt ? kiln_tokenizer_encode(tok, prompt, strlen(prompt), true, false, &enc) : KILN_OK;
+    if (s) return die_status(s);
+    if (enc.n == 0 && bos < 0) {
+        kiln_tokens_free(&enc);
+        fprintf(stderr, "kiln: %s: the vocab has no BOS token to start from; give a prompt\n", model_path);
+        return 1;
+    }
+    size_t n_prompt = enc.n ? enc.n : 1;
+    int64_t n_ctx = o->n_ctx;
+    if (n_ctx == 0) {
+        n_ctx = (int64_t)n_prompt + o->n_new;
+        if (n_ctx > kiln_model_n_ctx_train(m)) n_ctx = kiln_model_n_ctx_train(m);
+    }
+    /* the sequence: the prompt's ids (BOS alone when there is no prompt), then the new tokens; the last token
+     * sampled is never fed back, so it holds at most n_ctx + 1 */
+    size_t n_seq = n_prompt + (size_t)o->n_new;
+    if (n_seq > (size_t)n_ctx + 1) n_seq = (size_t)n_ctx + 1;
+    if (n_seq < n_prompt) n_seq = n_prompt;
+    int32_t *seq = malloc(n_seq * sizeof *seq);
+    float *logits = malloc((size_t)V * sizeof *logits);
+    char *piece = NULL;
+    size_t piece_cap = 0;
+    kiln_session *sess = NULL;
+    kiln_sampler *smp = NULL;
+    const char *err = NULL; /* a failure of this function's own, printed as is */
+    if (!seq || !logits) err = "out of memory";
+    else if (enc.n) memcpy(seq, enc.ids, enc.n * sizeof *seq);
+    else seq[0] = bos;
+    kiln_tokens_free(&enc);
+    char msg[128];
+    if (!err && (int64_t)n_prompt > n_ctx) {
+        snprintf(msg, sizeof msg, "the prompt is %zu tokens, more than the context of %lld", n_prompt, (long long)n_ctx);
+        err = msg;
+    }
+    kiln_session_params sp = {.n_ctx = n_ctx, .n_threads = o->n_threads};
+    if (err) s = KILN_ERR_INVALID;
+    if (!s) s = kiln_session_new(m, &sp, &sess);
+    if (!s) s = kiln_sampler_new(&o->sampler, V, &smp);
+    if (!s && prompt) {
+        fputs(prompt, stdout);
+        fflush(stdout);
+    }
+    double t0 = now_s();
+    size_t n = n_prompt;
+    bool full = false;
+    if (!s) s = kiln_session_eval(sess, seq, n_prompt, logits, NULL);
+    double t1 = now_s();
+    for (int64_t i = 0; !s && i < o->n_new; i++) {
+        int32_t next = kiln_sampler_sample(smp, logits, seq, n);
+        /* EOS ends the text; so does BOS, which llama2.c's stories use to separate documents */
+        if (next == eos || next == bos) break;
+        if ((s = print_piece(tok, seq[n - 1], next, &piece, &piece_cap))) break;
+        seq[n++] = next;
+        if (i + 1 == o->n_new) break;
+        if ((full = kiln_session_pos(sess) == n_ctx)) break;
+        s = kiln_session_eval(sess, &next, 1, logits, NULL);
+    }
+    double t2 = now_s();
+    if (!s) {
+        size_t n_gen = n - n_prompt;
+        fputc('\n', stderr); /* the text has no newline of its own at the end */
+        if (full) fprintf(stderr, "kiln: stopped: the context of %lld tokens is full\n", (long long)n_ctx);
+        fprintf(stderr, "kiln: prompt %zu tokens in %.3f s (%.1f tok/s); generated %zu tokens in %.3f s (%.1f tok/s)\n", n_prompt,
+                t1 - t0, (double)n_prompt / (t1 - t0), n_gen, t2 - t1, n_gen ? (double)n_gen / (t2 - t1) : 0.0);
+    }
+    free(piece);
+    free(logits);
+    free(seq);
+    kiln_sampler_free(smp);
+    kiln_session_free(sess);
+    if (err) fprintf(stderr, "kiln: %s\n", err);
+    else if (s) die_status(s);
+    return s ? 1 : 0;
+}
+
+static int cmd_generate(int argc, char **argv) {
+    const char *model_path = NULL, *prompt = NULL;
+    generate_opts o = {.n_new = 256, .sampler = kiln_sampler_default()};
+    double v;
+    for (int i = 0; i < argc; i += 2) {
+        const char *f = argv[i], *a = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = true;
+        if (!a) {
+            fprintf(stderr, "kiln: generate: %s needs a value\n", f);
+            return 1;
+        }
+        if (strcmp(f, "-m") == 0) model_path = a;
+        else if (strcmp(f, "-p") == 0) prompt = a;
+        else if (strcmp(f, "-n") == 0) ok = parse_num(f, a, 0, 1e9, &v), o.n_new = (int64_t)v;
+        else if (strcmp(f, "-t") == 0) ok = parse_num(f, a, 0, 4096, &v), o.n_threads = (int)v;
+        else if (strcmp(f, "-c") == 0) ok = parse_num(f, a, 0, INT32_MAX, &v), o.n_ctx = (int64_t)v;
+        else if (strcmp(f, "--temp") == 0) ok = parse_num(f, a, 0, 1e9, &v), o.sampler.temp = (float)v;
+        else if (strcmp(f, "--top-k") == 0) ok = parse_num(f, a, 0, INT32_MAX, &v), o.sampler.top_k = (int32_t)v;
+        else if (strcmp(f, "--top-p") == 0) ok = parse_num(f, a, 0, 1, &v), o.sampler.top_p = (float)v;
+        else if (strcmp(f, "--min-p") == 0) ok = parse_num(f, a, 0, 1, &v), o.sampler.min_p = (float)v;
+        else if (strcmp(f, "--repeat-penalty") == 0) ok = parse_num(f, a, 1e-6, 1e9, &v), o.sampler.repeat_penalty = (float)v;
+        else if (strcmp(f, "--repeat-last-n") == 0) ok = parse_num(f, a, 0, INT32_MAX, &v), o.sampler.repeat_last_n = (int32_t)v;
+        else if (strcmp(f, "--seed") == 0) {
+            char *end;
+            errno = 0;
+            o.sampler.seed = strtoull(a, &end, 10);
+            ok = *a >= '0' && *a <= '9' && !*end && !errno;
+            if (!ok) fprintf(stderr, "kiln: generate: --seed needs an unsigned 64-bit integer, got '%s'\n", a);
+        } else {
+            fprintf(stderr, "kiln: generate: unexpected argument '%s'\n", f);
+            return 1;
+        }
+        if (!ok) return 1;
+    }
+    if (!model_path) {
+        fprintf(stderr, "kiln: usage: kiln generate -m MODEL.gguf [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M] "
+                        "[--repeat-penalty R] [--repeat-last-n N] [--seed S] [-t THREADS] [-c CTX]\n");
+        return 1;
+    }
+    kiln_model *m;
+    kiln_status s = kiln_model_load(model_path, &m);
+    if (s) return die_status(s);
+    int rc = generate(m, model_path, prompt, &o);
+    kiln_model_free(m);
+    return rc;
+}
+
 /* ---------------------------------------------------------------- main */
 
 static void usage(FILE *f) {
@@ -361,7 +568,10 @@ static void usage(FILE *f) {
                "  tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH)\n"
                "  tokenizer train CORPUS... --vocab N -o OUT.gguf [--specials a,b,c] [--min-frequency N]\n"
                "  synth [--shape S] [--type T] [--vocab V.gguf] -o OUT.gguf  a llama model with random weights\n"
-               "  bench quant [--quick]                  dequantize and vec_dot throughput per type, scalar vs SIMD\n");
+               "  bench quant [--quick]                  dequantize and vec_dot throughput per type, scalar vs SIMD\n"
+               "  convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf   a llama2.c checkpoint to GGUF\n"
+               "  generate -m MODEL.gguf [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
+               "           [--repeat-penalty R] [--repeat-last-n N] [--seed S] [-t THREADS] [-c CTX]\n");
 }
 
 int main(int argc, char **argv) {
@@ -375,6 +585,8 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "synth") == 0) return cmd_synth(argc - 2, argv + 2);
     if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 2, argv + 2);
     if (strcmp(cmd, "tokenizer") == 0) return cmd_tokenizer(argc - 2, argv + 2);
+    if (strcmp(cmd, "convert") == 0) return cmd_convert(argc - 2, argv + 2);
+    if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 2, argv + 2);
     if (strcmp(cmd, "bench") == 0) {
         if (argc >= 3 && strcmp(argv[2], "quant") == 0) return kiln_bench_quant(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "tokenize") == 0) return kiln_bench_tokenize(argc - 3, argv + 3);

@@ -48,4 +48,17 @@ struct kiln_model {
     kiln_tokenizer *tokenizer;          /* NULL if the file has no tokenizer.ggml.* keys */
 };
 
+/* ---- the forward (llama.c), written once against an ops table (src/cpu/ops.h) ---- */
+struct kiln_ops;
+struct kiln_ops_ctx;
+
+/* Floats of activations a batch of T tokens needs. */
+size_t kiln_llama_act_floats(const kiln_llama_config *c, int64_t T);
+/* The widest activation row (max of C, NH*HS, F). */
+int64_t kiln_llama_max_width(const kiln_llama_config *c);
+/* Runs T tokens at positions pos0.. through the model, writing their k and v into kv_cache
+ * ((L, 2, n_ctx, NKV*HS) f16). logits gets the last token's V logits, or all T rows when all_logits. */
+void kiln_llama_forward(const kiln_model *m, const struct kiln_ops *ops, struct kiln_ops_ctx *ctx, uint16_t *kv_cache, int64_t n_ctx,
+                        float *act, const int32_t *ids, int64_t T, int64_t pos0, float *logits, bool all_logits);
+
 #endif

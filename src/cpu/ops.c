@@ -1,0 +1,102 @@
+/* ops.c: the CPU ops table (kiln_cpu_ops), the embedding lookup, the scratch contract and what the op
+ * files share (SIMD level, pool dispatch, barrier). Each other op family has its own file: ops_rmsnorm.c,
+ * ops_matmul.c, ops_rope.c, ops_attention.c, ops_swiglu.c. tests/test_ops.c checks every op against a
+ * double-precision reference on random inputs, at every SIMD level the CPU has and with 1, 2 and 3 threads.
+ *
+ * Scratch: the ops run one after another, so each uses the whole of ctx->scratch from its start; the size
+ * asked for is the largest single need (matmul's quantized activations or attention's score rows). */
+#include "ops_internal.h"
+
+#include <sched.h>
+#include <stdlib.h>
+
+const kiln_ops kiln_cpu_ops = {
+    .embed_forward = kiln_cpu_embed_forward,
+    .rmsnorm_forward = kiln_cpu_rmsnorm_forward,
+    .matmul_forward = kiln_cpu_matmul_forward,
+    .rope_forward = kiln_cpu_rope_forward,
+    .attention_forward = kiln_cpu_attention_forward,
+    .swiglu_forward = kiln_cpu_swiglu_forward,
+    .scratch_size = kiln_cpu_scratch_size,
+};
+
+/* ---------------------------------------------------------------- shared helpers */
+
+static atomic_int cached_level = -1; /* -1: not read yet */
+
+kiln_simd kiln_cpu_ops_level(void) {
+    int l = atomic_load_explicit(&cached_level, memory_order_relaxed);
+    if (l < 0) {
+        l = (int)kiln_simd_best();
+        atomic_store_explicit(&cached_level, l, memory_order_relaxed);
+    }
+    return (kiln_simd)l;
+}
+
+void kiln_cpu_ops_force_level(kiln_simd level) {
+    kiln_simd have = kiln_simd_best();
+    atomic_store_explicit(&cached_level, (int)(level < have ? level : have), memory_order_relaxed);
+}
+
+int kiln_ops_n_threads(const kiln_ops_ctx *ctx) { return ctx->pool ? kiln_pool_size(ctx->pool) : 1; }
+
+void kiln_ops_run(kiln_ops_ctx *ctx, kiln_pool_fn fn, void *arg, bool parallel) {
+    if (parallel && ctx->pool && kiln_pool_size(ctx->pool) > 1)
+        kiln_pool_run(ctx->pool, fn, arg);
+    else
+        fn(arg, 0, 1);
+}
+
+void *kiln_ops_scratch(const kiln_ops_ctx *ctx, size_t *bytes) {
+    uintptr_t p = (uintptr_t)ctx->scratch;
+    size_t pad = (size_t)(-p & (KILN_OPS_ALIGN - 1));
+    *bytes = ctx->scratch && ctx->scratch_bytes > pad ? ctx->scratch_bytes - pad : 0;
+    return *bytes ? (char *)ctx->scratch + pad : NULL;
+}
+
+void kiln_ops_barrier(atomic_int *count, int nth) {
+    if (nth <= 1) return;
+    atomic_fetch_add_explicit(count, 1, memory_order_acq_rel);
+    for (unsigned spins = 0; atomic_load_explicit(count, memory_order_acquire) < nth; spins++) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+        if (spins > 4096) sched_yield();
+    }
+}
+
+/* Matmul needs T quantized activation rows; attention one score row of n_ctx floats per thread. Both start
+ * at the scratch base after alignment, so the total is the larger plus the alignment slack. */
+size_t kiln_cpu_scratch_size(int64_t T, int64_t max_width, int64_t NH, int64_t n_ctx, int n_threads) {
+    size_t mm = kiln_cpu_matmul_scratch_size(T, max_width);
+    size_t at = kiln_cpu_attention_scratch_size(n_ctx, n_threads);
+    return kiln_ops_add(mm > at ? mm : at, KILN_OPS_ALIGN);
+}
+
+/* ---------------------------------------------------------------- embedding */
+
+typedef struct {
+    float *out;                   /* (T, C) */
+    const kiln_tensor_view *table;/* (V rows of C) */
+    const int32_t *ids;           /* (T) */
+    int64_t T;
+    kiln_to_float_fn to_float;
+} embed_job;
+
+static void embed_rows(void *arg, int ith, int nth) {
+    const embed_job *j = arg;
+    const int64_t C = j->table->ne[0];
+    int64_t lo, hi;
+    kiln_ops_split(j->T, ith, nth, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        assert(j->ids[t] >= 0 && j->ids[t] < j->table->ne[1]);
+        j->to_float((const char *)j->table->data + (size_t)j->ids[t] * j->table->nb[1], j->out + t * C, C);
+    }
+}
+
+void kiln_cpu_embed_forward(kiln_ops_ctx *ctx, float *out, const kiln_tensor_view *table, const int32_t *ids, int64_t T) {
+    embed_job j = {out, table, ids, T, kiln_get_to_float(table->type, kiln_cpu_ops_level())};
+    assert(j.to_float && "embedding type without to_float: kiln_model_load rejects it");
+    /* A row is a few KiB of dequantization; threads pay off from a prefill batch of tens of rows. */
+    kiln_ops_run(ctx, embed_rows, &j, T * table->ne[0] >= (1 << 17));
+}

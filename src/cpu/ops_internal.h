@@ -1,0 +1,71 @@
+/* ops_internal.h: what the files of the CPU ops table (src/cpu/ops*.c) share: each op family's entry points,
+ * the SIMD level they all use, and the helpers that split work over the pool. Not part of the library's API;
+ * tests/test_ops.c includes it only to force a lower SIMD level and check that level against the oracle. */
+#ifndef KILN_CPU_OPS_INTERNAL_H
+#define KILN_CPU_OPS_INTERNAL_H
+
+#include "ops.h"
+#include "quants.h"
+
+#include <stdatomic.h>
+
+/* Every op needs this alignment for its scratch rows (a cache line: threads never share one). */
+#define KILN_OPS_ALIGN 64
+
+/* The level every op dispatches on: kiln_simd_best() read once, because CPUID traps to the hypervisor in a
+ * VM (measured 50 us a call, more than a whole small matmul). force_level lowers it for tests; a level above
+ * what the CPU supports is capped to it. */
+kiln_simd kiln_cpu_ops_level(void);
+void kiln_cpu_ops_force_level(kiln_simd level);
+
+/* Runs fn(arg, ith, nth) on every thread of the pool when parallel is true and there is a pool, else once
+ * on the caller as (0, 1). A pool wake-up costs 10-90 us (condition variable round trip), so an op asks
+ * for threads only when its work is worth more than that. */
+void kiln_ops_run(kiln_ops_ctx *ctx, kiln_pool_fn fn, void *arg, bool parallel);
+int kiln_ops_n_threads(const kiln_ops_ctx *ctx);
+
+/* The scratch buffer rounded up to KILN_OPS_ALIGN, and the bytes left after that. */
+void *kiln_ops_scratch(const kiln_ops_ctx *ctx, size_t *bytes);
+
+/* Thread ith's share [*lo, *hi) of n items in nth near-equal contiguous parts. */
+static inline void kiln_ops_split(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
+    *lo = n * ith / nth;
+    *hi = n * (ith + 1) / nth;
+}
+
+/* A one-shot barrier inside a pool job: every thread of the job increments, then spins until all have.
+ * The job's threads all run at once (kiln_pool_run starts every one), so spinning is safe; it yields after
+ * a while so oversubscribed machines (more threads than cores, sanitizers) still make progress. */
+void kiln_ops_barrier(atomic_int *count, int nth);
+
+/* Sizes: a*b, or SIZE_MAX when it overflows (so the allocation that follows fails instead of being short). */
+static inline size_t kiln_ops_mul(size_t a, size_t b) { return a && b > SIZE_MAX / a ? SIZE_MAX : a * b; }
+static inline size_t kiln_ops_add(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
+static inline size_t kiln_ops_round_up(size_t n, size_t a) { return n > SIZE_MAX - (a - 1) ? SIZE_MAX : (n + a - 1) / a * a; }
+
+/* ---- one op family per file; signatures as in kiln_ops (ops.h) */
+
+/* ops.c */
+void kiln_cpu_embed_forward(kiln_ops_ctx *ctx, float *out, const kiln_tensor_view *table, const int32_t *ids, int64_t T);
+size_t kiln_cpu_scratch_size(int64_t T, int64_t max_width, int64_t NH, int64_t n_ctx, int n_threads);
+/* ops_rmsnorm.c */
+void kiln_cpu_rmsnorm_forward(kiln_ops_ctx *ctx, float *out, const float *x, const float *w, int64_t T, int64_t C, float eps);
+/* ops_matmul.c */
+void kiln_cpu_matmul_forward(kiln_ops_ctx *ctx, float *y, const float *x, const kiln_tensor_view *W, int64_t T);
+size_t kiln_cpu_matmul_scratch_size(int64_t T, int64_t max_width);
+/* ops_rope.c */
+void kiln_cpu_rope_forward(kiln_ops_ctx *ctx, float *x, const int32_t *pos, int64_t T, int64_t n_heads, int64_t HS,
+                           int64_t rope_dim, float base, bool neox);
+/* ops_attention.c */
+void kiln_cpu_attention_forward(kiln_ops_ctx *ctx, float *out, const float *q, const uint16_t *k_cache,
+                                const uint16_t *v_cache, int64_t pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS);
+size_t kiln_cpu_attention_scratch_size(int64_t n_ctx, int n_threads);
+/* ops_swiglu.c */
+void kiln_cpu_swiglu_forward(kiln_ops_ctx *ctx, float *out, const float *gate, const float *up, int64_t n);
+
+/* ops_attention_avx2.c (AVX2 + FMA + F16C). s[j] = scale * dot(q, k row j) for j < n, k rows kstride halves
+ * apart; acc[0..HS) += sum_j p[j] * v row j. Same float results as the scalar loops up to summation order. */
+void kiln_attn_scores_avx2(float *s, const float *q, const uint16_t *k, int64_t kstride, int64_t n, int64_t HS, float scale);
+void kiln_attn_accum_avx2(float *acc, const float *p, const uint16_t *v, int64_t vstride, int64_t n, int64_t HS);
+
+#endif

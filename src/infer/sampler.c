@@ -1,0 +1,213 @@
+/* sampler.c: picking the next token from logits. The pipeline is repetition penalty (llama.cpp's rule), then
+ * greedy at temp 0, else logits / temp -> top-k -> softmax -> min-p -> top-p, with llama2.c's RNG (xorshift64*)
+ * and llama2.c's sample_topp / sample_mult. With top_k 0 and min_p 0 the steps after the penalty are exactly
+ * llama2.c's sample(), so a seeded run reproduces its output byte for byte (tests/test_generate.c). */
+#include "kiln.h"
+#include "status.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct kiln_sampler {
+    kiln_sampler_params p;
+    int64_t n_vocab;      /* V */
+    uint64_t rng;         /* xorshift64* state */
+    struct prob_index {
+        float prob;
+        int32_t index;
+    } *cand;              /* (V) top-k heap, then top-p candidates */
+    uint32_t *seen;       /* (V) stamp per token: penalized in this call, kept by top-k */
+    uint32_t stamp;
+};
+
+kiln_sampler_params kiln_sampler_default(void) {
+    return (kiln_sampler_params){.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .repeat_penalty = 1.0f,
+                                 .repeat_last_n = 64, .seed = 42};
+}
+
+kiln_status kiln_sampler_new(const kiln_sampler_params *p, int64_t n_vocab, kiln_sampler **out) {
+    *out = NULL;
+    if (n_vocab < 1 || n_vocab > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "sampler: a vocab of %lld tokens", (long long)n_vocab);
+    if (!(p->temp >= 0) || p->top_k < 0 || !(p->min_p >= 0 && p->min_p <= 1) || !(p->repeat_penalty > 0) || p->repeat_last_n < 0 ||
+        isnan(p->top_p))
+        return kiln_fail(KILN_ERR_INVALID,
+                         "sampler: temp %g must be >= 0, top_k %d >= 0, min_p %g in [0, 1], repeat_penalty %g > 0, repeat_last_n %d >= 0",
+                         (double)p->temp, p->top_k, (double)p->min_p, (double)p->repeat_penalty, p->repeat_last_n);
+    kiln_sampler *s = calloc(1, sizeof *s);
+    if (!s) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    s->rng = p->seed;
+    s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
+    s->seen = calloc((size_t)n_vocab, sizeof *s->seen);
+    if (!s->cand || !s->seen) {
+        kiln_sampler_free(s);
+        return kiln_fail(KILN_ERR_NOMEM, "sampler: out of memory for a vocab of %lld tokens", (long long)n_vocab);
+    }
+    *out = s;
+    return KILN_OK;
+}
+
+void kiln_sampler_free(kiln_sampler *s) {
+    if (!s) return;
+    free(s->cand);
+    free(s->seen);
+    free(s);
+}
+
+/* llama2.c's random_u32 / random_f32: xorshift64*, the top 32 bits; a coin is 24 of them in [0, 1). */
+static uint32_t random_u32(uint64_t *state) {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    return (uint32_t)((*state * 0x2545F4914F6CDD1DULL) >> 32);
+}
+
+static float random_f32(uint64_t *state) { return (float)(random_u32(state) >> 8) / 16777216.0f; }
+
+/* A fresh stamp, so `seen` needs no clearing per call; on wrap-around it is cleared once. */
+static uint32_t next_stamp(kiln_sampler *s) {
+    if (++s->stamp == 0) {
+        memset(s->seen, 0, (size_t)s->n_vocab * sizeof *s->seen);
+        s->stamp = 1;
+    }
+    return s->stamp;
+}
+
+/* llama.cpp's penalty: each distinct token among the last repeat_last_n is made less likely once,
+ * positive logits divided by the penalty and negative ones multiplied by it. */
+static void apply_repeat_penalty(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history) {
+    size_t n = (size_t)s->p.repeat_last_n < n_history ? (size_t)s->p.repeat_last_n : n_history;
+    uint32_t stamp = next_stamp(s);
+    for (size_t i = n_history - n; i < n_history; i++) {
+        int32_t id = history[i];
+        if (id < 0 || id >= s->n_vocab || s->seen[id] == stamp) continue;
+        s->seen[id] = stamp;
+        logits[id] = logits[id] > 0 ? logits[id] / s->p.repeat_penalty : logits[id] * s->p.repeat_penalty;
+    }
+}
+
+static int32_t argmax(const float *x, int64_t n) { /* the lowest index among equal maxima */
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return (int32_t)best;
+}
+
+/* a ranks below b: lower value, or equal value and higher index */
+static bool ranks_below(struct prob_index a, struct prob_index b) { return a.prob < b.prob || (a.prob == b.prob && a.index > b.index); }
+
+static void sift_down(struct prob_index *h, int64_t n, int64_t i) {
+    for (;;) {
+        int64_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && ranks_below(h[l], h[m])) m = l;
+        if (r < n && ranks_below(h[r], h[m])) m = r;
+        if (m == i) return;
+        struct prob_index t = h[i];
+        h[i] = h[m], h[m] = t;
+        i = m;
+    }
+}
+
+/* Keeps the k largest logits (the lower index wins a tie at the boundary) and sets the rest to -inf, which
+ * softmax turns into probability 0. A min-heap of k entries: O(V log k). */
+static void top_k_filter(kiln_sampler *s, float *logits, int64_t k) {
+    struct prob_index *h = s->cand;
+    for (int64_t i = 0; i < k; i++) h[i] = (struct prob_index){logits[i], (int32_t)i};
+    for (int64_t i = k / 2 - 1; i >= 0; i--) sift_down(h, k, i);
+    for (int64_t i = k; i < s->n_vocab; i++) {
+        struct prob_index e = {logits[i], (int32_t)i};
+        if (ranks_below(h[0], e)) {
+            h[0] = e;
+            sift_down(h, k, 0);
+        }
+    }
+    uint32_t stamp = next_stamp(s);
+    for (int64_t i = 0; i < k; i++) s->seen[h[i].index] = stamp;
+    for (int64_t i = 0; i < s->n_vocab; i++)
+        if (s->seen[i] != stamp) logits[i] = -INFINITY;
+}
+
+/* llama2.c's softmax, operation for operation (float sums in index order), so the probabilities match. */
+static void softmax(float *x, int64_t n) {
+    float max_val = x[0];
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > max_val) max_val = x[i];
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max_val);
+        sum += x[i];
+    }
+    for (int64_t i = 0; i < n; i++) x[i] /= sum;
+}
+
+/* min-p (llama.cpp): drop tokens less likely than min_p times the most likely one, then renormalize so the
+ * top-p threshold that follows still reads as a fraction of the whole. */
+static void min_p_filter(float *probs, int64_t n, float min_p) {
+    float pmax = probs[argmax(probs, n)], cut = min_p * pmax, sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        if (probs[i] < cut) probs[i] = 0.0f;
+        sum += probs[i];
+    }
+    for (int64_t i = 0; i < n; i++) probs[i] /= sum;
+}
+
+/* llama2.c's sample_mult: the first index whose running cdf exceeds the coin. */
+static int32_t sample_mult(const float *probs, int64_t n, float coin) {
+    float cdf = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        cdf += probs[i];
+        if (coin < cdf) return (int32_t)i;
+    }
+    return (int32_t)(n - 1); /* rounding */
+}
+
+static int cmp_prob_desc(const void *a, const void *b) {
+    const struct prob_index *x = a, *y = b;
+    if (x->prob != y->prob) return x->prob > y->prob ? -1 : 1;
+    return (x->index > y->index) - (x->index < y->index); /* what a stable sort of index-ordered input gives */
+}
+
+/* llama2.c's sample_topp. Tokens below (1 - p) / (n - 1) cannot be in the nucleus (even if all of them were
+ * kept their mass could not reach 1 - p), so they are dropped before the sort, which is what makes it fast on
+ * large vocabularies. Then: sort descending, cut where the cumulative probability first exceeds p, and sample
+ * coin * (kept mass) from the kept ones. */
+static int32_t sample_topp(kiln_sampler *s, const float *probs, int64_t n, float topp, float coin) {
+    struct prob_index *c = s->cand;
+    int64_t n0 = 0;
+    const float cutoff = (1.0f - topp) / (float)(n - 1);
+    for (int64_t i = 0; i < n; i++)
+        if (probs[i] >= cutoff) c[n0++] = (struct prob_index){probs[i], (int32_t)i};
+    if (n0 == 0) return argmax(probs, n); /* p < 1/n can cut every token; the nucleus then is the top one */
+    qsort(c, (size_t)n0, sizeof *c, cmp_prob_desc);
+    float cumulative_prob = 0.0f;
+    int64_t last_idx = n0 - 1;
+    for (int64_t i = 0; i < n0; i++) {
+        cumulative_prob += c[i].prob;
+        if (cumulative_prob > topp) {
+            last_idx = i;
+            break;
+        }
+    }
+    float r = coin * cumulative_prob, cdf = 0.0f;
+    for (int64_t i = 0; i <= last_idx; i++) {
+        cdf += c[i].prob;
+        if (r < cdf) return c[i].index;
+    }
+    return c[last_idx].index; /* rounding */
+}
+
+int32_t kiln_sampler_sample(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history) {
+    const kiln_sampler_params *p = &s->p;
+    const int64_t V = s->n_vocab;
+    if (p->repeat_penalty != 1.0f && p->repeat_last_n > 0 && n_history > 0) apply_repeat_penalty(s, logits, history, n_history);
+    if (p->temp == 0.0f) return argmax(logits, V);
+    for (int64_t i = 0; i < V; i++) logits[i] /= p->temp;
+    if (p->top_k > 0 && p->top_k < V) top_k_filter(s, logits, p->top_k);
+    softmax(logits, V);
+    if (p->min_p > 0.0f) min_p_filter(logits, V, p->min_p);
+    float coin = random_f32(&s->rng);
+    if (p->top_p <= 0.0f || p->top_p >= 1.0f || V == 1) return sample_mult(logits, V, coin);
+    return sample_topp(s, logits, V, p->top_p, coin);
+}

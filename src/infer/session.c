@@ -1,0 +1,104 @@
+/* session.c: a model running over a growing sequence. The session owns the f16 KV cache (sized from n_ctx),
+ * one chunk's activations (proportional to n_batch) and a persistent thread pool; beyond the model's mmap
+ * that is all the memory it takes. Prefill runs in chunks of n_batch tokens through the forward in
+ * src/model/llama.c. tests/test_generate.c covers the errors and that chunking does not change the logits. */
+#include "model/model.h"
+#include "cpu/ops.h"
+#include "status.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct kiln_session {
+    const kiln_model *m;
+    const kiln_ops *ops;
+    kiln_pool *pool;
+    kiln_ops_ctx ctx;  /* pool and the ops' scratch */
+    int64_t n_ctx;     /* positions the cache holds */
+    int64_t n_batch;   /* tokens per forward call */
+    int64_t pos;       /* next position */
+    uint16_t *kv;      /* (L, 2, n_ctx, NKV*HS) f16 */
+    float *act;        /* kiln_llama_act_floats(n_batch) */
+};
+
+kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, kiln_session **out) {
+    *out = NULL;
+    const kiln_llama_config *c = &m->cfg;
+    kiln_session_params d = {0};
+    if (!p) p = &d;
+    if (p->n_ctx < 0 || p->n_batch < 0 || p->n_threads < 0)
+        return kiln_fail(KILN_ERR_INVALID, "session: n_ctx %lld, n_batch %lld and n_threads %d must not be negative", (long long)p->n_ctx,
+                         (long long)p->n_batch, p->n_threads);
+    int64_t n_ctx = p->n_ctx ? p->n_ctx : c->n_ctx_train;
+    if (n_ctx > INT32_MAX) return kiln_fail(KILN_ERR_RANGE, "session: a context of %lld tokens is more than kiln's 2^31 - 1", (long long)n_ctx);
+    int64_t n_batch = p->n_batch ? p->n_batch : 512;
+    if (n_batch > n_ctx) n_batch = n_ctx; /* a chunk never holds more tokens than the context */
+
+    /* cache: L * 2 * n_ctx * NKV*HS halves; activations: a chunk's rows; both checked for overflow */
+    uint64_t kv_elems, kv_bytes, act_bytes;
+    if (!kiln_mul_ok((uint64_t)c->n_layer * 2, (uint64_t)n_ctx, &kv_elems) ||
+        !kiln_mul_ok(kv_elems, (uint64_t)(c->n_head_kv * c->head_dim), &kv_elems) || !kiln_mul_ok(kv_elems, 2, &kv_bytes) ||
+        !kiln_mul_ok(kiln_llama_act_floats(c, 1), (uint64_t)n_batch * sizeof(float), &act_bytes) || kv_bytes > SIZE_MAX)
+        return kiln_fail(KILN_ERR_NOMEM, "session: a KV cache of %lld positions overflows the address space", (long long)n_ctx);
+
+    kiln_session *s = calloc(1, sizeof *s);
+    if (!s) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    s->m = m;
+    s->ops = &kiln_cpu_ops;
+    s->n_ctx = n_ctx;
+    s->n_batch = n_batch;
+    kiln_status st = kiln_pool_create(p->n_threads, &s->pool);
+    if (st) {
+        kiln_session_free(s);
+        return st;
+    }
+    s->ctx.pool = s->pool;
+    s->ctx.scratch_bytes = s->ops->scratch_size(n_batch, kiln_llama_max_width(c), c->n_head, n_ctx, kiln_pool_size(s->pool));
+    /* calloc: the pages of a long context are only touched as positions fill */
+    s->kv = calloc((size_t)kv_elems, sizeof *s->kv);
+    s->act = malloc((size_t)act_bytes);
+    s->ctx.scratch = s->ctx.scratch_bytes ? malloc(s->ctx.scratch_bytes) : NULL;
+    if (!s->kv || !s->act || (s->ctx.scratch_bytes && !s->ctx.scratch)) {
+        kiln_session_free(s);
+        return kiln_fail(KILN_ERR_NOMEM, "session: out of memory for a KV cache of %llu bytes and %llu bytes of scratch",
+                         (unsigned long long)kv_bytes, (unsigned long long)act_bytes);
+    }
+    *out = s;
+    return KILN_OK;
+}
+
+void kiln_session_free(kiln_session *s) {
+    if (!s) return;
+    kiln_pool_free(s->pool);
+    free(s->kv);
+    free(s->act);
+    free(s->ctx.scratch);
+    free(s);
+}
+
+int64_t kiln_session_pos(const kiln_session *s) { return s->pos; }
+void kiln_session_reset(kiln_session *s) { s->pos = 0; }
+
+kiln_status kiln_session_eval(kiln_session *s, const int32_t *ids, size_t n, float *logits, float *all_logits) {
+    const int64_t V = s->m->cfg.n_vocab;
+    if (n == 0) {
+        if (logits || all_logits) return kiln_fail(KILN_ERR_INVALID, "session: no tokens to evaluate, so no logits");
+        return KILN_OK;
+    }
+    /* everything is checked before the first chunk runs, so a failed call leaves the session as it was */
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= V) return kiln_fail(KILN_ERR_RANGE, "token id %d is outside the vocab of %lld tokens", ids[i], (long long)V);
+    if (n > (size_t)(s->n_ctx - s->pos))
+        return kiln_fail(KILN_ERR_RANGE, "position %lld exceeds the context of %lld tokens", (long long)(s->pos + (int64_t)n - 1),
+                         (long long)s->n_ctx);
+    for (size_t done = 0; done < n;) {
+        int64_t T = (int64_t)(n - done) < s->n_batch ? (int64_t)(n - done) : s->n_batch;
+        bool last = done + (size_t)T == n;
+        float *out = all_logits ? all_logits + done * (size_t)V : last ? logits : NULL;
+        kiln_llama_forward(s->m, s->ops, &s->ctx, s->kv, s->n_ctx, s->act, ids + done, T, s->pos, out, all_logits != NULL);
+        s->pos += T;
+        done += (size_t)T;
+    }
+    if (logits && all_logits) memcpy(logits, all_logits + (n - 1) * (size_t)V, (size_t)V * sizeof *logits);
+    return KILN_OK;
+}

@@ -1,0 +1,451 @@
+/* test_generate.c: end to end generation against llama2.c. stories260K (../shared/data/models/stories260K) is
+ * converted from its llama2.c checkpoint to GGUF, then generated from BOS through the library and through the CLI
+ * ($KILN_BIN, set by `make test`) and compared byte for byte with run.c's outputs in expected/: greedy, and
+ * seeded temperature 1 with top-p 1 and 0.95. Without the shared data those tests skip. The rest runs on a small
+ * synthetic model: session errors, load errors (a missing key, a wrong shape), chunked prefill against one batch
+ * and token-by-token decode, the sampler's greedy ties and repetition penalty, and the v1 checkpoint layout. */
+#include "kiln.h"
+#include "test.h"
+
+#include <ctype.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char tmp_dir[64];        /* this run's scratch folder */
+static char stories_gguf[128];  /* converted once, "" when the shared data is absent */
+static char synth_gguf[128];
+static char synth_q8_gguf[128]; /* the same shape with Q8_0 weights: activations are quantized per row */
+
+static char *read_all(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    size_t got;
+    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap) buf = realloc(buf, cap *= 2);
+    }
+    fclose(f);
+    *len = n;
+    return buf;
+}
+
+static void stories_path(char *out, size_t n, const char *file) {
+    snprintf(out, n, "%s/models/stories260K/%s", test_data_dir(), file);
+}
+
+/* The data folder holds stories260K: convert it once for every test that needs it. */
+static const char *stories_model(void) {
+    if (stories_gguf[0]) return stories_gguf;
+    char bin[512], tok[512];
+    stories_path(bin, sizeof bin, "stories260K.bin");
+    stories_path(tok, sizeof tok, "tok512.bin");
+    if (access(bin, R_OK) != 0 || access(tok, R_OK) != 0) return NULL;
+    snprintf(stories_gguf, sizeof stories_gguf, "%s/stories260K.gguf", tmp_dir);
+    if (kiln_convert_llama2c(bin, tok, stories_gguf) != KILN_OK) {
+        fprintf(stderr, "convert failed: %s\n", kiln_last_error());
+        stories_gguf[0] = 0;
+        return NULL;
+    }
+    return stories_gguf;
+}
+
+/* ---------------------------------------------------------------- generation through the library */
+
+typedef struct {
+    char *buf;
+    size_t n, cap;
+} text_buf;
+
+static void text_put(text_buf *t, const char *p, size_t n) {
+    if (t->n + n + 1 > t->cap) {
+        while (t->n + n + 1 > t->cap) t->cap = t->cap ? t->cap * 2 : 1024;
+        t->buf = realloc(t->buf, t->cap);
+    }
+    memcpy(t->buf + t->n, p, n);
+    t->n += n;
+    t->buf[t->n] = 0;
+}
+
+/* From BOS, n_new tokens printed as llama2.c's run.c prints them (the rules kiln generate follows): no leading
+ * space after BOS, byte tokens as their byte, lone unprintable bytes dropped; BOS or EOS ends the text. */
+static kiln_status generate_text(const char *path, const kiln_sampler_params *sp, int n_new, text_buf *out) {
+    kiln_model *m = NULL;
+    kiln_session *s = NULL;
+    kiln_sampler *smp = NULL;
+    kiln_status st = kiln_model_load(path, &m);
+    int64_t V = st ? 0 : kiln_model_n_vocab(m);
+    float *logits = malloc((size_t)(V ? V : 1) * sizeof *logits);
+    int32_t *seq = malloc((size_t)(n_new + 1) * sizeof *seq);
+    if (!st) st = kiln_session_new(m, &(kiln_session_params){0}, &s);
+    if (!st) st = kiln_sampler_new(sp, V, &smp);
+    if (st) goto done;
+    const kiln_tokenizer *tok = kiln_model_tokenizer(m);
+    int32_t bos = kiln_tokenizer_bos(tok), eos = kiln_tokenizer_eos(tok);
+    size_t n = 0;
+    seq[n++] = bos;
+    if ((st = kiln_session_eval(s, seq, 1, logits, NULL))) goto done;
+    for (int i = 0; i < n_new; i++) {
+        int32_t next = kiln_sampler_sample(smp, logits, seq, n);
+        if (next == bos || next == eos) break;
+        char piece[64];
+        size_t len;
+        if ((st = kiln_tokenizer_piece(tok, next, false, piece, sizeof piece, &len))) goto done;
+        const char *p = piece;
+        if (seq[n - 1] == bos && len > 0 && p[0] == ' ' && kiln_tokenizer_token_type(tok, next) != KILN_TOKEN_BYTE) p++, len--;
+        if (!(len == 1 && !(isprint((unsigned char)p[0]) || isspace((unsigned char)p[0])))) text_put(out, p, len);
+        seq[n++] = next;
+        if (i + 1 < n_new && (st = kiln_session_eval(s, &next, 1, logits, NULL))) goto done;
+    }
+done:
+    free(logits);
+    free(seq);
+    kiln_sampler_free(smp);
+    kiln_session_free(s);
+    kiln_model_free(m);
+    return st;
+}
+
+/* llama2.c's `run stories260K.bin -z tok512.bin -n 200` runs 200 forward steps from BOS at positions 0..199 and
+ * prints the token each step samples: 200 new tokens, which is kiln's -n 200. */
+#define GOLDEN_N_NEW 200
+
+static void check_golden(const char *expected_file, float temp, float top_p) {
+    const char *model = stories_model();
+    if (!model) SKIP("%s/models/stories260K not found (set KILN_DATA)", test_data_dir());
+    char path[512];
+    stories_path(path, sizeof path, expected_file);
+    size_t want_len;
+    char *want = read_all(path, &want_len);
+    CHECK(want, "cannot read %s", path);
+    kiln_sampler_params sp = {.temp = temp, .top_k = 0, .top_p = top_p, .min_p = 0, .repeat_penalty = 1, .repeat_last_n = 64, .seed = 42};
+    text_buf got = {0};
+    kiln_status st = generate_text(model, &sp, GOLDEN_N_NEW, &got);
+    bool same = st == KILN_OK && got.n == want_len && memcmp(got.buf, want, want_len) == 0;
+    size_t at = 0;
+    while (at < got.n && at < want_len && got.buf[at] == want[at]) at++;
+    free(want);
+    free(got.buf);
+    CHECK(st == KILN_OK, "%s", kiln_last_error());
+    CHECK(same, "%s: %zu bytes vs %zu expected, first difference at byte %zu", expected_file, got.n, want_len, at);
+}
+
+static void test_golden_greedy(void) { check_golden("expected/greedy_t0_n200.txt", 0.0f, 1.0f); }
+static void test_golden_topp1(void) { check_golden("expected/topp1.0_t1.0_seed42_n200.txt", 1.0f, 1.0f); }
+static void test_golden_topp095(void) { check_golden("expected/topp0.95_t1.0_seed42_n200.txt", 1.0f, 0.95f); }
+
+/* The same seeded run through `kiln generate`: its stdout must be the expected file exactly. */
+static void test_golden_cli(void) {
+    const char *bin = getenv("KILN_BIN");
+    if (!bin || !*bin) SKIP("KILN_BIN is not set (make test sets it)");
+    const char *model = stories_model();
+    if (!model) SKIP("%s/models/stories260K not found (set KILN_DATA)", test_data_dir());
+    char cmd[1024], path[512];
+    snprintf(cmd, sizeof cmd, "'%s' generate -m '%s' --temp 1 --top-p 0.95 --top-k 0 --min-p 0 --seed 42 -n %d -t 2 2>/dev/null", bin, model,
+             GOLDEN_N_NEW);
+    FILE *p = popen(cmd, "r");
+    CHECK(p, "popen %s", cmd);
+    text_buf got = {0};
+    char chunk[4096];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, p)) > 0) text_put(&got, chunk, n);
+    int rc = pclose(p);
+    stories_path(path, sizeof path, "expected/topp0.95_t1.0_seed42_n200.txt");
+    size_t want_len;
+    char *want = read_all(path, &want_len);
+    bool same = want && got.n == want_len && memcmp(got.buf, want, want_len) == 0;
+    free(want);
+    free(got.buf);
+    CHECK(rc == 0, "%s exited with %d", cmd, rc);
+    CHECK(same, "kiln generate's stdout differs from %s (%zu bytes vs %zu)", path, got.n, want_len);
+}
+
+/* ---------------------------------------------------------------- a small synthetic model */
+
+static const char *make_synth(char *path, size_t n, const char *name, kiln_ftype ftype) {
+    if (path[0]) return path;
+    kiln_synth_params p = kiln_synth_default();
+    p.n_vocab = 300, p.n_embd = 64, p.n_layer = 2, p.n_head = 4, p.n_head_kv = 2, p.n_ff = 96, p.n_ctx = 64, p.seed = 7;
+    p.ftype = ftype;
+    snprintf(path, n, "%s/%s", tmp_dir, name);
+    if (kiln_synth_llama(path, &p) != KILN_OK) {
+        fprintf(stderr, "synth failed: %s\n", kiln_last_error());
+        path[0] = 0;
+        return NULL;
+    }
+    return path;
+}
+
+static const char *synth_model(void) { return make_synth(synth_gguf, sizeof synth_gguf, "synth.gguf", KILN_FTYPE_ALL_F32); }
+
+static void test_session_errors(void) {
+    const char *path = synth_model();
+    CHECK(path);
+    kiln_model *m;
+    CHECK(kiln_model_load(path, &m) == KILN_OK, "%s", kiln_last_error());
+    kiln_session *s;
+    kiln_status st = kiln_session_new(m, &(kiln_session_params){.n_ctx = 16, .n_batch = 4, .n_threads = 2}, &s);
+    if (st) kiln_model_free(m);
+    CHECK(st == KILN_OK, "%s", kiln_last_error());
+    int32_t ids[16] = {1, 2, 3, 299, 5, 6, 7, 8, 9, 10};
+    float *logits = malloc(300 * sizeof *logits);
+    int32_t bad[2] = {4, 300};
+    kiln_status e1 = kiln_session_eval(s, bad, 2, logits, NULL);
+    char msg1[256];
+    snprintf(msg1, sizeof msg1, "%s", kiln_last_error());
+    int64_t pos1 = kiln_session_pos(s);
+    bad[1] = -1;
+    kiln_status e2 = kiln_session_eval(s, bad, 2, logits, NULL);
+    char msg2[256];
+    snprintf(msg2, sizeof msg2, "%s", kiln_last_error());
+    kiln_status ok = kiln_session_eval(s, ids, 10, logits, NULL);
+    kiln_status e3 = kiln_session_eval(s, ids, 7, logits, NULL);
+    char msg3[256];
+    snprintf(msg3, sizeof msg3, "%s", kiln_last_error());
+    int64_t pos3 = kiln_session_pos(s);
+    kiln_status ok2 = kiln_session_eval(s, ids, 6, logits, NULL); /* exactly fills the context */
+    int64_t pos4 = kiln_session_pos(s);
+    kiln_session_reset(s);
+    int64_t pos5 = kiln_session_pos(s);
+    free(logits);
+    kiln_session_free(s);
+    kiln_model_free(m);
+    CHECK(e1 == KILN_ERR_RANGE && strcmp(msg1, "token id 300 is outside the vocab of 300 tokens") == 0, "%d '%s'", e1, msg1);
+    CHECK(pos1 == 0, "a rejected call moved the session to %lld", (long long)pos1);
+    CHECK(e2 == KILN_ERR_RANGE && strcmp(msg2, "token id -1 is outside the vocab of 300 tokens") == 0, "%d '%s'", e2, msg2);
+    CHECK(ok == KILN_OK);
+    CHECK(e3 == KILN_ERR_RANGE && strcmp(msg3, "position 16 exceeds the context of 16 tokens") == 0, "%d '%s'", e3, msg3);
+    CHECK(pos3 == 10 && ok2 == KILN_OK && pos4 == 16 && pos5 == 0, "positions %lld %lld %lld", (long long)pos3, (long long)pos4,
+          (long long)pos5);
+}
+
+/* Rewrites the synthetic model with one change: a metadata key left out, or one tensor given another shape. */
+static const char *skipped_key;
+static bool skip_key(const char *key) { return strcmp(key, skipped_key) == 0; }
+
+static kiln_status rewrite_model(const char *in, const char *out, const char *skip, const char *reshape, int64_t ne1) {
+    kiln_gguf *g;
+    kiln_gguf_writer *w = NULL;
+    kiln_status s = kiln_gguf_open(in, &g);
+    if (s) return s;
+    skipped_key = skip ? skip : "";
+    if (!(s = kiln_gguf_writer_new(&w))) s = kiln_gguf_writer_copy_kv(w, g, skip_key);
+    for (int64_t i = 0; !s && i < kiln_gguf_n_tensors(g); i++) {
+        const kiln_tensor_view *t = kiln_gguf_tensor_at(g, i);
+        int64_t ne[4] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
+        if (reshape && strcmp(t->name, reshape) == 0) ne[1] = ne1; /* the first ne1 rows of the original data */
+        s = kiln_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, ne, t->data);
+    }
+    if (!s) s = kiln_gguf_writer_write_file(w, out);
+    kiln_gguf_writer_free(w);
+    kiln_gguf_close(g);
+    return s;
+}
+
+static void test_load_errors(void) {
+    const char *path = synth_model();
+    CHECK(path);
+    char no_key[128], bad_shape[128], want[512];
+    snprintf(no_key, sizeof no_key, "%s/no_block_count.gguf", tmp_dir);
+    snprintf(bad_shape, sizeof bad_shape, "%s/bad_shape.gguf", tmp_dir);
+    CHECK(rewrite_model(path, no_key, "llama.block_count", NULL, 0) == KILN_OK, "%s", kiln_last_error());
+    CHECK(rewrite_model(path, bad_shape, NULL, "blk.1.ffn_up.weight", 48) == KILN_OK, "%s", kiln_last_error());
+    kiln_model *m = NULL;
+    kiln_status st = kiln_model_load(no_key, &m);
+    snprintf(want, sizeof want, "%s: missing metadata key 'llama.block_count'", no_key);
+    CHECK(st == KILN_ERR_NOT_FOUND && !m && strcmp(kiln_last_error(), want) == 0, "%d '%s'", st, kiln_last_error());
+    st = kiln_model_load(bad_shape, &m);
+    snprintf(want, sizeof want, "%s: tensor 'blk.1.ffn_up.weight' has shape [64, 48, 1, 1], expected [64, 96]", bad_shape);
+    CHECK(st == KILN_ERR_FORMAT && !m && strcmp(kiln_last_error(), want) == 0, "%d '%s'", st, kiln_last_error());
+}
+
+/* max |a - b| over a row, relative to the largest |b| of the row */
+static double row_rel_err(const float *a, const float *b, int64_t n) {
+    double err = 0, mag = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (d > err) err = d;
+        if (fabs((double)b[i]) > mag) mag = fabs((double)b[i]);
+    }
+    return mag > 0 ? err / mag : err;
+}
+
+/* Prefill in chunks of 7, in one batch, and token by token must give the same logits for every position. */
+static void check_chunking(const char *path, const char *label) {
+    enum { N = 23 };
+    kiln_model *m;
+    CHECK(kiln_model_load(path, &m) == KILN_OK, "%s", kiln_last_error());
+    int64_t V = kiln_model_n_vocab(m);
+    int32_t ids[N];
+    unsigned long long rng = 99;
+    for (int i = 0; i < N; i++) ids[i] = (int32_t)(test_rng_next(&rng) % (unsigned long long)V);
+    float *one = malloc((size_t)(N * V) * sizeof *one), *chunked = malloc((size_t)(N * V) * sizeof *chunked);
+    float *step = malloc((size_t)(N * V) * sizeof *step), *last = malloc((size_t)V * sizeof *last);
+    kiln_session *a = NULL, *b = NULL, *c = NULL;
+    kiln_status st = kiln_session_new(m, &(kiln_session_params){.n_ctx = 64, .n_batch = 512, .n_threads = 2}, &a);
+    if (!st) st = kiln_session_new(m, &(kiln_session_params){.n_ctx = 64, .n_batch = 7, .n_threads = 2}, &b);
+    if (!st) st = kiln_session_new(m, &(kiln_session_params){.n_ctx = 64, .n_batch = 7, .n_threads = 1}, &c);
+    if (!st) st = kiln_session_eval(a, ids, N, NULL, one);
+    if (!st) st = kiln_session_eval(b, ids, N, last, chunked);
+    for (int i = 0; !st && i < N; i++) st = kiln_session_eval(c, &ids[i], 1, step + (size_t)i * (size_t)V, NULL);
+    double err_chunk = 0, err_step = 0, err_last = st ? 1 : row_rel_err(last, one + (size_t)(N - 1) * (size_t)V, V);
+    for (int i = 0; !st && i < N; i++) {
+        double e1 = row_rel_err(chunked + (size_t)i * (size_t)V, one + (size_t)i * (size_t)V, V);
+        double e2 = row_rel_err(step + (size_t)i * (size_t)V, one + (size_t)i * (size_t)V, V);
+        if (e1 > err_chunk) err_chunk = e1;
+        if (e2 > err_step) err_step = e2;
+    }
+    free(one);
+    free(chunked);
+    free(step);
+    free(last);
+    kiln_session_free(a);
+    kiln_session_free(b);
+    kiln_session_free(c);
+    kiln_model_free(m);
+    CHECK(st == KILN_OK, "%s", kiln_last_error());
+    printf("# %s: chunks of 7 vs one batch %.2e, token by token vs one batch %.2e (relative to each row's largest logit)\n", label,
+           err_chunk, err_step);
+    CHECK(err_chunk <= 1e-4 && err_step <= 1e-4 && err_last <= 1e-4, "%s: %g %g %g", label, err_chunk, err_step, err_last);
+}
+
+static void test_chunked_prefill(void) {
+    const char *path = synth_model();
+    CHECK(path);
+    check_chunking(path, "synth");
+    if (test_failed_) return;
+    const char *q8 = make_synth(synth_q8_gguf, sizeof synth_q8_gguf, "synth_q8_0.gguf", KILN_FTYPE_MOSTLY_Q8_0);
+    CHECK(q8);
+    check_chunking(q8, "synth q8_0");
+    if (test_failed_) return;
+    const char *stories = stories_model();
+    if (stories) check_chunking(stories, "stories260K");
+    else printf("# stories260K part not run: %s/models/stories260K not found\n", test_data_dir());
+}
+
+static void test_sampler(void) {
+    kiln_sampler *s;
+    kiln_sampler_params p = kiln_sampler_default();
+    p.temp = 0, p.repeat_penalty = 2, p.repeat_last_n = 2;
+    CHECK(kiln_sampler_new(&p, 5, &s) == KILN_OK, "%s", kiln_last_error());
+    float l1[5] = {1, 3, 3, 2, -1};
+    int32_t g1 = kiln_sampler_sample(s, l1, NULL, 0); /* tie: the lower index */
+    float l2[5] = {1, 3, 3, 2, -1};
+    int32_t hist[3] = {2, 1, 1}; /* only the last 2 count: token 1, once */
+    int32_t g2 = kiln_sampler_sample(s, l2, hist, 3);
+    float l3[5] = {-1, -0.5f, -0.6f, -2, -3};
+    int32_t h3[1] = {1};
+    int32_t g3 = kiln_sampler_sample(s, l3, h3, 1); /* -0.5 * 2 = -1 falls below -0.6 */
+    kiln_sampler_free(s);
+    CHECK(g1 == 1, "%d", g1);
+    CHECK(g2 == 2 && l2[1] == 1.5f && l2[2] == 3, "%d %g", g2, (double)l2[1]);
+    CHECK(g3 == 2, "%d", g3);
+    /* top-k 1 is greedy whatever the seed */
+    p = kiln_sampler_default();
+    p.top_k = 1, p.temp = 1;
+    CHECK(kiln_sampler_new(&p, 5, &s) == KILN_OK);
+    int hits = 0;
+    for (int i = 0; i < 20; i++) {
+        float l[5] = {0.1f, 0.2f, 0.3f, 0.25f, 0.0f};
+        hits += kiln_sampler_sample(s, l, NULL, 0) == 2;
+    }
+    kiln_sampler_free(s);
+    CHECK(hits == 20, "%d", hits);
+}
+
+/* The v1 ("ak42") layout of the same weights must convert to the same GGUF tensors as the legacy file. */
+static void test_convert_v1(void) {
+    const char *model = stories_model();
+    if (!model) SKIP("%s/models/stories260K not found (set KILN_DATA)", test_data_dir());
+    char bin[512], tok[512], v1[128], v1_gguf[128];
+    stories_path(bin, sizeof bin, "stories260K.bin");
+    stories_path(tok, sizeof tok, "tok512.bin");
+    snprintf(v1, sizeof v1, "%s/stories260K_v1.bin", tmp_dir);
+    snprintf(v1_gguf, sizeof v1_gguf, "%s/stories260K_v1.gguf", tmp_dir);
+    size_t len;
+    char *legacy = read_all(bin, &len);
+    CHECK(legacy && len > 28);
+    int32_t hd[7];
+    memcpy(hd, legacy, sizeof hd);
+    int64_t C = hd[0], F = hd[1], L = hd[2], KV = (int64_t)hd[4] * (hd[0] / hd[3]), V = hd[5], S = hd[6], HS = hd[0] / hd[3];
+    CHECK(V > 0, "stories260K has a shared classifier");
+    /* legacy pieces in order, in floats */
+    int64_t sz[12] = {V * C, L * C, L * C * C, L * C * KV, L * C * KV, L * C * C, L * C, L * F * C, L * C * F, L * F * C, C, S * HS};
+    const float *at[12];
+    const float *f = (const float *)(legacy + 28);
+    for (int i = 0; i < 12; i++) at[i] = f, f += sz[i];
+    CHECK((size_t)((const char *)f - legacy) == len, "legacy layout %zu vs %zu", (size_t)((const char *)f - legacy), len);
+    FILE *o = fopen(v1, "wb");
+    CHECK(o);
+    uint8_t header[256] = {0};
+    uint32_t magic = 0x616b3432;
+    int32_t version = 1;
+    memcpy(header, &magic, 4);
+    memcpy(header + 4, &version, 4);
+    memcpy(header + 8, hd, sizeof hd);
+    header[36] = 1; /* shared classifier */
+    fwrite(header, 1, sizeof header, o);
+    static const int v1_order[11] = {1, 6, 10, 0, 2, 3, 4, 5, 7, 8, 9}; /* rms_att, rms_ffn, rms_final, emb, wq..wo, w1, w2, w3 */
+    for (int i = 0; i < 11; i++) fwrite(at[v1_order[i]], sizeof(float), (size_t)sz[v1_order[i]], o);
+    fclose(o);
+    free(legacy);
+    CHECK(kiln_convert_llama2c(v1, tok, v1_gguf) == KILN_OK, "%s", kiln_last_error());
+    kiln_gguf *a, *b;
+    CHECK(kiln_gguf_open(model, &a) == KILN_OK);
+    CHECK(kiln_gguf_open(v1_gguf, &b) == KILN_OK);
+    bool same = kiln_gguf_n_tensors(a) == kiln_gguf_n_tensors(b);
+    const char *differs = NULL;
+    for (int64_t i = 0; same && i < kiln_gguf_n_tensors(a); i++) {
+        const kiln_tensor_view *x = kiln_gguf_tensor_at(a, i), *y = kiln_gguf_find_tensor(b, x->name);
+        if (!y || x->nbytes != y->nbytes || memcmp(x->data, y->data, x->nbytes) != 0) same = false, differs = x->name;
+    }
+    kiln_gguf_close(a);
+    kiln_gguf_close(b);
+    CHECK(same, "tensor %s differs", differs ? differs : "(count)");
+
+    /* a truncated checkpoint names what the header implies */
+    char cut[128];
+    snprintf(cut, sizeof cut, "%s/cut.bin", tmp_dir);
+    legacy = read_all(bin, &len);
+    o = fopen(cut, "wb");
+    fwrite(legacy, 1, len - 4, o);
+    fclose(o);
+    free(legacy);
+    kiln_status st = kiln_convert_llama2c(cut, tok, v1_gguf);
+    char want[512];
+    snprintf(want, sizeof want, "%s: %zu bytes, but a legacy checkpoint with dim 64, hidden_dim 172, n_layers 5, n_heads 8, n_kv_heads 4, "
+                                "vocab_size 512 (shared classifier), seq_len 512 is %zu bytes", cut, len - 4, len);
+    CHECK(st == KILN_ERR_FORMAT && strcmp(kiln_last_error(), want) == 0, "%d '%s'", st, kiln_last_error());
+}
+
+static void remove_tmp(void) {
+    static const char *const files[] = {"stories260K.gguf", "synth.gguf", "synth_q8_0.gguf", "no_block_count.gguf", "bad_shape.gguf",
+                                        "stories260K_v1.bin", "stories260K_v1.gguf", "cut.bin"};
+    char p[256];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", tmp_dir, files[i]);
+        unlink(p);
+    }
+    rmdir(tmp_dir);
+}
+
+int main(void) {
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/kiln_test_generate_XXXXXX");
+    if (!mkdtemp(tmp_dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    RUN(test_golden_greedy);
+    RUN(test_golden_topp1);
+    RUN(test_golden_topp095);
+    RUN(test_golden_cli);
+    RUN(test_session_errors);
+    RUN(test_load_errors);
+    RUN(test_chunked_prefill);
+    RUN(test_sampler);
+    RUN(test_convert_v1);
+    remove_tmp();
+    TEST_EXIT();
+}
