@@ -406,6 +406,19 @@ void kiln_sampler_free(kiln_sampler *s);
 /* Picks a token from logits (modified in place); history is the sequence so far, for the repetition penalty. */
 int32_t kiln_sampler_sample(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history);
 
+/* ---------------------------------------------------------------- perplexity
+ * The text is tokenized (with BOS) and cut into non-overlapping windows of n_ctx tokens; each window starts
+ * from BOS and, as llama.cpp's perplexity does, scores only its second half, so every scored token has at least
+ * n_ctx/2 tokens of context. ppl = exp(mean NLL); ppl_err = ppl * the standard error of that mean. */
+typedef struct kiln_perplexity_result {
+    double ppl, ppl_err;
+    int64_t n_scored;  /* tokens scored */
+    int64_t n_windows;
+} kiln_perplexity_result;
+kiln_status kiln_perplexity(const kiln_model *m, const char *text, size_t len, int64_t n_ctx, int n_threads,
+                            void (*progress)(void *ud, int64_t window, int64_t n_windows, double ppl), void *ud,
+                            kiln_perplexity_result *out);
+
 #ifdef __cplusplus
 }
 #endif

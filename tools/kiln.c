@@ -6,6 +6,7 @@
  *   kiln tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH)
  *   kiln tokenizer train CORPUS... --vocab N -o OUT.gguf [--specials a,b,c] [--min-frequency N]
  *   kiln bench quant [--quick]            dequantize / vec_dot throughput per type and SIMD level
+ *   kiln bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   pp and tg tok/s, as llama-bench
  *   kiln convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf
  *   kiln generate -m MODEL.gguf [-p PROMPT] [-n N] [sampling options] [-t THREADS] [-c CTX]
  *
@@ -559,16 +560,72 @@ static int cmd_generate(int argc, char **argv) {
     return rc;
 }
 
+/* ---------------------------------------------------------------- perplexity */
+
+static void ppl_progress(void *ud, int64_t w, int64_t n, double ppl) {
+    fprintf(stderr, "\r[%lld/%lld] ppl %.4f", (long long)w, (long long)n, ppl);
+    if (w == n) fputc('\n', stderr);
+    fflush(stderr);
+}
+
+static int cmd_perplexity(int argc, char **argv) {
+    const char *model = NULL, *file = NULL;
+    int64_t n_ctx = 512;
+    int threads = 0;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "-m") == 0 && i + 1 < argc) model = argv[++i];
+        else if (strcmp(argv[i], "-f") == 0 && i + 1 < argc) file = argv[++i];
+        else if (strcmp(argv[i], "--ctx") == 0 && i + 1 < argc) n_ctx = atoll(argv[++i]);
+        else if (strcmp(argv[i], "-t") == 0 && i + 1 < argc) threads = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "kiln: perplexity: unexpected argument '%s'\n", argv[i]);
+            return 1;
+        }
+    }
+    if (!model || !file) {
+        fprintf(stderr, "kiln: usage: kiln perplexity -m MODEL -f TEXT [--ctx N] [-t THREADS]\n");
+        return 1;
+    }
+    FILE *f = fopen(file, "rb");
+    if (!f) {
+        fprintf(stderr, "kiln: %s: cannot open: %s\n", file, strerror(errno));
+        return 1;
+    }
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = size >= 0 ? malloc((size_t)size + 1) : NULL;
+    size_t got = text ? fread(text, 1, (size_t)size, f) : 0;
+    fclose(f);
+    if (!text || got != (size_t)size) {
+        free(text);
+        fprintf(stderr, "kiln: %s: read failed\n", file);
+        return 1;
+    }
+    kiln_model *m;
+    kiln_status s = kiln_model_load(model, &m);
+    kiln_perplexity_result r;
+    if (!s) s = kiln_perplexity(m, text, got, n_ctx, threads, ppl_progress, NULL, &r);
+    free(text);
+    kiln_model_free(m);
+    if (s) return die_status(s);
+    printf("perplexity %.4f +/- %.4f (%lld tokens scored in %lld windows of %lld)\n", r.ppl, r.ppl_err, (long long)r.n_scored,
+           (long long)r.n_windows, (long long)n_ctx);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- main */
 
 static void usage(FILE *f) {
     fprintf(f, "usage: kiln COMMAND ...\n"
                "  inspect FILE.gguf [--all]              print metadata and the tensor table\n"
                "  quantize IN.gguf OUT.gguf TYPE [-t N]  TYPE: f16 bf16 q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m q5_k_m\n"
+               "  perplexity -m MODEL -f TEXT [--ctx N] [-t N]  perplexity over non-overlapping windows\n"
                "  tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH)\n"
                "  tokenizer train CORPUS... --vocab N -o OUT.gguf [--specials a,b,c] [--min-frequency N]\n"
                "  synth [--shape S] [--type T] [--vocab V.gguf] -o OUT.gguf  a llama model with random weights\n"
                "  bench quant [--quick]                  dequantize and vec_dot throughput per type, scalar vs SIMD\n"
+               "  bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   prompt and generation tok/s, as llama-bench\n"
                "  convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf   a llama2.c checkpoint to GGUF\n"
                "  generate -m MODEL.gguf [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
                "           [--repeat-penalty R] [--repeat-last-n N] [--seed S] [-t THREADS] [-c CTX]\n");
@@ -586,11 +643,14 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 2, argv + 2);
     if (strcmp(cmd, "tokenizer") == 0) return cmd_tokenizer(argc - 2, argv + 2);
     if (strcmp(cmd, "convert") == 0) return cmd_convert(argc - 2, argv + 2);
+    if (strcmp(cmd, "perplexity") == 0) return cmd_perplexity(argc - 2, argv + 2);
     if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 2, argv + 2);
     if (strcmp(cmd, "bench") == 0) {
         if (argc >= 3 && strcmp(argv[2], "quant") == 0) return kiln_bench_quant(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "tokenize") == 0) return kiln_bench_tokenize(argc - 3, argv + 3);
-        fprintf(stderr, "kiln: bench: unknown benchmark '%s' (available: quant, tokenize)\n", argc >= 3 ? argv[2] : "");
+        if (argc >= 3 && strcmp(argv[2], "model") == 0) return kiln_bench_model(argc - 3, argv + 3);
+        if (argc >= 3 && strcmp(argv[2], "-m") == 0) return kiln_bench_model(argc - 2, argv + 2);
+        fprintf(stderr, "kiln: bench: unknown benchmark '%s' (available: quant, tokenize, model or -m MODEL)\n", argc >= 3 ? argv[2] : "");
         return 1;
     }
     fprintf(stderr, "kiln: unknown command '%s'\n", cmd);
