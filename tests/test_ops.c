@@ -249,7 +249,8 @@ static void check_attention(void) {
         {8, 2, 64, 700, 1},  /* one decode step, long enough to go to threads */
         {4, 4, 80, 9, 3},    /* no grouping, HS not a multiple of 64 */
         {6, 3, 20, 5, 4},    /* HS not a multiple of 8: scalar tails */
-        {8, 2, 128, 300, 2},
+        {8, 2, 128, 300, 2}, /* two tokens, with 3 threads split over key chunks */
+        {4, 1, 64, 9000, 1}, /* past 8192 positions: 256-key chunks */
     };
     unsigned long long rng = 15;
     double worst = 0;
@@ -274,6 +275,13 @@ static void check_attention(void) {
             CHECK(memcmp(first, out, (size_t)(k.T * qw) * sizeof *out) == 0, "case %d: %d threads differ from 1", c,
                   kiln_pool_size(pools[p]));
         }
+        /* Token by token gives the same bits as the batch: key chunks depend only on the position. */
+        kiln_ops_ctx ctx = make_ctx(pools[1], k.T, qw, n_ctx);
+        for (int64_t t = 0; t < k.T; t++) {
+            kiln_cpu_ops.attention_forward(&ctx, out, q + t * qw, kc, vc, k.pos0 + t, 1, k.NH, k.NKV, k.HS);
+            CHECK(memcmp(out, first + t * qw, (size_t)qw * sizeof *out) == 0, "case %d token %lld alone differs", c, (long long)t);
+        }
+        free(ctx.scratch);
         for (int64_t t = 0; t < k.T; t++)
             for (int64_t h = 0; h < k.NH; h++) {
                 const int64_t kvh = h / (k.NH / k.NKV), n = k.pos0 + t + 1;
@@ -340,13 +348,20 @@ static void check_swiglu(void) {
 /* ---------------------------------------------------------------- scratch_size */
 
 static void test_scratch_size(void) {
-    /* Matmul: T rows of the widest activation type (F16: 2 bytes an element); attention: n_ctx floats a thread
-     * on 64-byte rows; the larger of the two plus 64 bytes of alignment slack. */
-    CHECK(kiln_cpu_ops.scratch_size(8, 4096, 32, 16, 4) == 8 * 4096 * 2 + 64);
-    CHECK(kiln_cpu_ops.scratch_size(1, 4096, 32, 4096, 16) == 16 * 4096 * 4 + 64);
-    CHECK(kiln_cpu_ops.scratch_size(1, 32, 1, 1, 1) == 292 + 64, "a 32-wide row counts as one 292-byte Q8_K block");
-    CHECK(kiln_cpu_ops.scratch_size(INT64_MAX / 2, INT64_MAX / 2, 8, 8, 1) == SIZE_MAX, "overflow saturates");
-    CHECK(kiln_cpu_ops.scratch_size(1, 8, 8, INT64_MAX / 4, 64) == SIZE_MAX, "overflow saturates");
+    size_t (*size)(int64_t, int64_t, int64_t, int64_t, int) = kiln_cpu_ops.scratch_size;
+    /* Matmul's T activation rows of the widest vec_dot_type (F16: 2 bytes an element) fit, plus alignment. */
+    CHECK(size(64, 4096, 32, 16, 4) >= 64 * 4096 * 2 + 64);
+    CHECK(size(1, 32, 1, 1, 1) >= 292 + 64, "a 32-wide row counts as one 292-byte Q8_K block");
+    /* More of anything never needs less. */
+    CHECK(size(2, 4096, 32, 4096, 16) >= size(1, 4096, 32, 4096, 16));
+    CHECK(size(1, 4096, 32, 8192, 16) >= size(1, 4096, 32, 4096, 16));
+    CHECK(size(1, 4096, 32, 4096, 16) >= size(1, 4096, 32, 4096, 8));
+    CHECK(size(1, 4096, 32, 40000, 16) >= size(1, 4096, 32, 4096, 16));
+    /* Decode at 128k positions stays bounded: 64 key chunks, so ~1 MiB of partials per token. */
+    CHECK(size(1, 4096, 32, 131072, 16) < ((size_t)32 << 20), "%zu", size(1, 4096, 32, 131072, 16));
+    CHECK(size(INT64_MAX / 2, INT64_MAX / 2, 8, 8, 1) == SIZE_MAX, "overflow saturates");
+    CHECK(size(1, 8, 8, INT64_MAX / 4, 64) == SIZE_MAX, "overflow saturates");
+    CHECK(size(1, INT64_MAX / 8, 8, 1 << 20, 64) == SIZE_MAX, "overflow saturates");
 }
 
 /* ---------------------------------------------------------------- per level */

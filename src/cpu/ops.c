@@ -4,7 +4,8 @@
  * double-precision reference on random inputs, at every SIMD level the CPU has and with 1, 2 and 3 threads.
  *
  * Scratch: the ops run one after another, so each uses the whole of ctx->scratch from its start; the size
- * asked for is the largest single need (matmul's quantized activations or attention's score rows). */
+ * asked for is the largest single need (matmul's quantized activations, or attention's per-thread areas and
+ * decode partials). */
 #include "ops_internal.h"
 
 #include <sched.h>
@@ -65,11 +66,12 @@ void kiln_ops_barrier(atomic_int *count, int nth) {
     }
 }
 
-/* Matmul needs T quantized activation rows; attention one score row of n_ctx floats per thread. Both start
- * at the scratch base after alignment, so the total is the larger plus the alignment slack. */
+/* Matmul needs T quantized activation rows; attention a few areas per thread and, for decode, the partial
+ * results of every key chunk (ops_attention.c). Both start at the scratch base after alignment, so the total is
+ * the larger plus the alignment slack. */
 size_t kiln_cpu_scratch_size(int64_t T, int64_t max_width, int64_t NH, int64_t n_ctx, int n_threads) {
     size_t mm = kiln_cpu_matmul_scratch_size(T, max_width);
-    size_t at = kiln_cpu_attention_scratch_size(n_ctx, n_threads);
+    size_t at = kiln_cpu_attention_scratch_size(T, max_width, NH, n_ctx, n_threads);
     return kiln_ops_add(mm > at ? mm : at, KILN_OPS_ALIGN);
 }
 

@@ -59,13 +59,19 @@ void kiln_cpu_rope_forward(kiln_ops_ctx *ctx, float *x, const int32_t *pos, int6
 /* ops_attention.c */
 void kiln_cpu_attention_forward(kiln_ops_ctx *ctx, float *out, const float *q, const uint16_t *k_cache,
                                 const uint16_t *v_cache, int64_t pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS);
-size_t kiln_cpu_attention_scratch_size(int64_t n_ctx, int n_threads);
+size_t kiln_cpu_attention_scratch_size(int64_t T, int64_t max_width, int64_t NH, int64_t n_ctx, int n_threads);
 /* ops_swiglu.c */
 void kiln_cpu_swiglu_forward(kiln_ops_ctx *ctx, float *out, const float *gate, const float *up, int64_t n);
 
-/* ops_attention_avx2.c (AVX2 + FMA + F16C). s[j] = scale * dot(q, k row j) for j < n, k rows kstride halves
- * apart; acc[0..HS) += sum_j p[j] * v row j. Same float results as the scalar loops up to summation order. */
-void kiln_attn_scores_avx2(float *s, const float *q, const uint16_t *k, int64_t kstride, int64_t n, int64_t HS, float scale);
-void kiln_attn_accum_avx2(float *acc, const float *p, const uint16_t *v, int64_t vstride, int64_t n, int64_t HS);
+/* Attention's chunk kernel: over nk keys (rows kv_stride halves apart in k and v, f16), for each of G heads
+ * (q rows HS apart): s (G, nk) the scores scale * q.k_j, m (G) their max, s then exp(s - m), l (G) its sum, and
+ * a (G, HS) = sum_j s_j v_j. The scalar one (ops_attention.c) is the oracle; the AVX2 + FMA + F16C one
+ * (ops_attention_avx2.c, HS a multiple of 8) sums in another order and uses a polynomial exp within 2 ulp. */
+typedef void (*kiln_attn_chunk_fn)(float *a, float *m, float *l, float *s, const float *q, const uint16_t *k,
+                                   const uint16_t *v, int64_t kv_stride, int64_t nk, int64_t HS, int64_t G, float scale);
+void kiln_attn_chunk_scalar(float *a, float *m, float *l, float *s, const float *q, const uint16_t *k, const uint16_t *v,
+                            int64_t kv_stride, int64_t nk, int64_t HS, int64_t G, float scale);
+void kiln_attn_chunk_avx2(float *a, float *m, float *l, float *s, const float *q, const uint16_t *k, const uint16_t *v,
+                          int64_t kv_stride, int64_t nk, int64_t HS, int64_t G, float scale);
 
 #endif
