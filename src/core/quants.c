@@ -95,13 +95,22 @@ const char *kiln_simd_name(kiln_simd s) {
     return (unsigned)s < KILN_SIMD_COUNT ? names[s] : "?";
 }
 
-kiln_simd kiln_simd_best(void) {
+/* Detected once per process (CPUID traps in a VM, costing up to 80 us), capped by KILN_SIMD read then too. */
+static kiln_simd simd_best;
+static pthread_once_t simd_once = PTHREAD_ONCE_INIT;
+
+static void detect_best(void) {
     kiln_simd best = kiln_simd_detect();
     const char *env = getenv("KILN_SIMD");
     if (env && *env)
         for (int s = 0; s < KILN_SIMD_COUNT; s++)
             if (strcmp(env, kiln_simd_name((kiln_simd)s)) == 0 && (kiln_simd)s < best) best = (kiln_simd)s;
-    return best;
+    simd_best = best;
+}
+
+kiln_simd kiln_simd_best(void) {
+    pthread_once(&simd_once, detect_best);
+    return simd_best;
 }
 
 /* Each getter returns the entry at level, or at the nearest level below that has one. */
