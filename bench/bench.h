@@ -5,5 +5,6 @@
 
 int kiln_bench_quant(int argc, char **argv);
 int kiln_bench_tokenize(int argc, char **argv);
+int kiln_bench_model(int argc, char **argv);
 
 #endif
