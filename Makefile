@@ -72,11 +72,17 @@ tests: $(TESTS)
 test: $(TESTS) $(BUILD)/kiln
 	@KILN_BIN=$(BUILD)/kiln tests/run.sh $(TESTS)
 
-# The quick start: a synthetic llama model, quantized to Q4_K_M, then inspected.
+# The quick start: a synthetic llama model, quantized to Q4_K_M and inspected; then, where ../shared/data
+# has it, the real stories260K model converted from llama2.c and run.
+STORIES ?= ../shared/data/models/stories260K
 demo: all
-	$(BUILD)/kiln synth $(BUILD)/demo-f32.gguf
+	$(BUILD)/kiln synth -o $(BUILD)/demo-f32.gguf
 	$(BUILD)/kiln quantize $(BUILD)/demo-f32.gguf $(BUILD)/demo-q4_k_m.gguf q4_k_m
 	$(BUILD)/kiln inspect $(BUILD)/demo-q4_k_m.gguf
+	@if [ -f $(STORIES)/stories260K.bin ]; then \
+	  $(BUILD)/kiln convert llama2c $(STORIES)/stories260K.bin --tokenizer $(STORIES)/tok512.bin -o $(BUILD)/stories260K.gguf && \
+	  $(BUILD)/kiln generate -m $(BUILD)/stories260K.gguf -p "Once upon a time" -n 120 --temp 0.8 --seed 7; echo; \
+	else echo "demo: $(STORIES) not found: skipping text generation"; fi
 
 # libFuzzer needs clang. Crashes land in tests/fuzz/crashes/; copy each into tests/fuzz/regress/ so
 # test_gguf_fuzz_regress replays it on every `make test`.
