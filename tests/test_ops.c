@@ -181,6 +181,53 @@ static void check_matmul(void) {
     free(x), free(deq), free(y), free(y1);
 }
 
+/* The multi-row kernels (src/cpu/gemm_*.c) against 4 calls of the level's vec_dot, bit for bit, on random
+ * weights (normal values, plus raw random bytes with sane scales for Q4_K) and activations, odd block counts,
+ * a strided output. Where the level has no multi-row kernel for a type there is nothing to check. */
+static void check_gemm4(void) {
+    static const kiln_type types[] = {KILN_TYPE_Q4_K, KILN_TYPE_Q8_0, KILN_TYPE_Q6_K};
+    static const int64_t n_blocks[] = {1, 3, 5, 9};
+    unsigned long long rng = 21;
+    const kiln_simd level = kiln_cpu_ops_level();
+    int checked = 0;
+    for (int ti = 0; ti < COUNT(types); ti++) {
+        const kiln_type type = types[ti], vt = kiln_type_traits_get(type)->vec_dot_type;
+        const kiln_gemm4_fn dot4 = kiln_cpu_get_gemm4(type, level);
+        if (level >= KILN_SIMD_AVX2) CHECK(dot4 != NULL, "%s %s: no multi-row kernel", kiln_type_name(type), kiln_simd_name(level));
+        if (!dot4) continue;
+        const kiln_vec_dot_fn dot = kiln_get_vec_dot(type, level);
+        const kiln_from_float_fn quantize = kiln_get_from_float(vt, level);
+        for (int bi = 0; bi < COUNT(n_blocks); bi++)
+            for (int raw = 0; raw < 2; raw++) {
+                const int64_t n = n_blocks[bi] * kiln_type_block_size(type);
+                float *deq = malloc((size_t)n * sizeof *deq), *x = malloc((size_t)4 * n * sizeof *x);
+                uint8_t *w = make_weights(type, n, 1, deq, &rng);
+                const size_t w_bytes = kiln_type_row_bytes(type, n), y_row = kiln_type_row_bytes(vt, n) + 64;
+                if (raw && type == KILN_TYPE_Q4_K) {
+                    for (size_t i = 0; i < w_bytes; i++) w[i] = (uint8_t)test_rng_next(&rng);
+                    for (int64_t b = 0; b < n_blocks[bi]; b++) {
+                        ((block_q4_K *)w)[b].d = kiln_f32_to_fp16(0.01f);
+                        ((block_q4_K *)w)[b].dmin = kiln_f32_to_fp16(0.002f);
+                    }
+                }
+                fill_normal(x, 4 * n, &rng);
+                uint8_t *yq = malloc(4 * y_row);
+                for (int r = 0; r < 4; r++) quantize(x + r * n, yq + r * y_row, n);
+                float s1[4], s4[12];
+                for (int r = 0; r < 4; r++) dot(n, &s1[r], w, yq + r * y_row);
+                for (int i = 0; i < 12; i++) s4[i] = -1.0f;
+                dot4(n, s4, 3, w, yq, y_row);
+                for (int r = 0; r < 4; r++)
+                    CHECK(memcmp(&s1[r], &s4[3 * r], sizeof(float)) == 0, "%s %s blocks %lld raw %d row %d: %.9g vs vec_dot %.9g",
+                          kiln_type_name(type), kiln_simd_name(level), (long long)n_blocks[bi], raw, r, s4[3 * r], s1[r]);
+                CHECK(s4[1] == -1.0f && s4[2] == -1.0f && s4[10] == -1.0f, "wrote outside its outputs");
+                checked++;
+                free(deq), free(x), free(w), free(yq);
+            }
+    }
+    printf("# gemm4 %s: %d cases bit-equal to vec_dot\n", kiln_simd_name(level), checked);
+}
+
 /* ---------------------------------------------------------------- rope */
 
 static void check_rope(void) {
@@ -383,6 +430,8 @@ LEVEL_TEST(test_embed_avx2, check_embed, KILN_SIMD_AVX2)
 LEVEL_TEST(test_matmul_scalar, check_matmul, KILN_SIMD_SCALAR)
 LEVEL_TEST(test_matmul_avx2, check_matmul, KILN_SIMD_AVX2)
 LEVEL_TEST(test_matmul_avx512, check_matmul, KILN_SIMD_AVX512)
+LEVEL_TEST(test_gemm4_avx2, check_gemm4, KILN_SIMD_AVX2)
+LEVEL_TEST(test_gemm4_avx512, check_gemm4, KILN_SIMD_AVX512)
 LEVEL_TEST(test_attention_scalar, check_attention, KILN_SIMD_SCALAR)
 LEVEL_TEST(test_attention_avx2, check_attention, KILN_SIMD_AVX2)
 
@@ -444,6 +493,8 @@ int main(void) {
     RUN(test_matmul_scalar);
     RUN(test_matmul_avx2);
     RUN(test_matmul_avx512);
+    RUN(test_gemm4_avx2);
+    RUN(test_gemm4_avx512);
     RUN(test_attention_scalar);
     RUN(test_attention_avx2);
     time_matmul();

@@ -53,6 +53,18 @@ void kiln_cpu_rmsnorm_forward(kiln_ops_ctx *ctx, float *out, const float *x, con
 /* ops_matmul.c */
 void kiln_cpu_matmul_forward(kiln_ops_ctx *ctx, float *y, const float *x, const kiln_tensor_view *W, int64_t T);
 size_t kiln_cpu_matmul_scratch_size(int64_t T, int64_t max_width);
+/* Multi-row dot kernels for prefill (src/cpu/gemm_*.c): s[r * bs] = vec_dot(n, x, y + r * by) for the 4
+ * activation rows r = 0..3, each weight block unpacked once for all 4; bit-for-bit equal to 4 calls of the
+ * same level's vec_dot. kiln_cpu_get_gemm4 returns the kernel of exactly that level, or NULL where there is
+ * none (the matmul then calls vec_dot per row). */
+typedef void (*kiln_gemm4_fn)(int64_t n, float *s, size_t bs, const void *x, const void *y, size_t by);
+kiln_gemm4_fn kiln_cpu_get_gemm4(kiln_type t, kiln_simd level);
+void kiln_gemm4_q4_K_q8_K_avx2(int64_t n, float *s, size_t bs, const void *x, const void *y, size_t by);
+void kiln_gemm4_q8_0_q8_0_avx2(int64_t n, float *s, size_t bs, const void *x, const void *y, size_t by);
+void kiln_gemm4_q4_K_q8_K_avx512(int64_t n, float *s, size_t bs, const void *x, const void *y, size_t by);
+void kiln_gemm4_q8_0_q8_0_avx512(int64_t n, float *s, size_t bs, const void *x, const void *y, size_t by);
+void kiln_gemm4_q6_K_q8_K_avx2(int64_t n, float *s, size_t bs, const void *x, const void *y, size_t by);
+void kiln_gemm4_q6_K_q8_K_avx512(int64_t n, float *s, size_t bs, const void *x, const void *y, size_t by);
 /* ops_rope.c */
 void kiln_cpu_rope_forward(kiln_ops_ctx *ctx, float *x, const int32_t *pos, int64_t T, int64_t n_heads, int64_t HS,
                            int64_t rope_dim, float base, bool neox);

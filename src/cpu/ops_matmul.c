@@ -7,7 +7,10 @@
  * x a tile of tokens from an atomic counter; a unit computes y[t][o] = vec_dot(W row o, xq row t) for each t
  * of its tile and each o of its rows, so the 16 weight rows (a few tens of KiB) are read from memory once and
  * reused from L1/L2 for every token of the tile, which is what makes prefill compute-bound rather than
- * memory-bound. Each output is one vec_dot whatever thread computes it, so the result does not depend on the
+ * memory-bound. Where the weight type has a multi-row kernel at this level (kiln_cpu_get_gemm4: Q4_K, Q6_K, Q8_0
+ * on AVX2 and AVX-512), a unit takes its tokens in groups of 4 (tiles are multiples of 4) and the kernel unpacks
+ * each weight block once for the 4; it gives the same bits as 4 vec_dot calls, so which tokens are grouped does
+ * not change any result. Each output is one vec_dot whatever thread computes it, so the result does not depend on the
  * thread count (tests/test_ops.c checks 1, 2 and 3 threads bit for bit, and every type against a double
  * dot of the dequantized weights). */
 #include "ops_internal.h"
@@ -27,6 +30,7 @@ typedef struct {
     int64_t q_blck;              /* elements per vec_dot_type block */
     size_t q_bytes;              /* bytes per vec_dot_type block */
     kiln_vec_dot_fn dot;
+    kiln_gemm4_fn dot4;          /* NULL, or dot for 4 activation rows at once (same results, bit for bit) */
     char *xq_out;                /* phase 1 writes the quantized rows here (the scratch) */
     const char *xq;              /* (T) rows of xq_row bytes that phase 2 reads: xq_out, or x for F32 */
     size_t xq_row;
@@ -65,12 +69,40 @@ static void matmul_job_run(void *arg, int ith, int nth) {
         const int64_t t0 = u / j->n_chunks * j->tile_t, o0 = u % j->n_chunks * MM_ROWS;
         const int64_t t1 = t0 + j->tile_t < j->T ? t0 + j->tile_t : j->T;
         const int64_t o1 = o0 + MM_ROWS < j->O ? o0 + MM_ROWS : j->O;
-        for (int64_t t = t0; t < t1; t++) {
+        int64_t t = t0;
+        /* Groups of 4 tokens: each weight block is unpacked once for the 4 (tile_t is a multiple of 4). */
+        if (j->dot4)
+            for (; t + 4 <= t1; t += 4) {
+                const char *xq = j->xq + (size_t)t * j->xq_row;
+                float *y = j->y + t * j->O;
+                for (int64_t o = o0; o < o1; o++) j->dot4(j->I, &y[o], (size_t)j->O, j->w + (size_t)o * j->w_row, xq, j->xq_row);
+            }
+        for (; t < t1; t++) {
             const char *xq = j->xq + (size_t)t * j->xq_row;
             float *y = j->y + t * j->O;
             for (int64_t o = o0; o < o1; o++) j->dot(j->I, &y[o], j->w + (size_t)o * j->w_row, xq);
         }
     }
+}
+
+kiln_gemm4_fn kiln_cpu_get_gemm4(kiln_type t, kiln_simd level) {
+#if defined(__x86_64__)
+    /* Each multi-row kernel with the single-row kernel it matches bit for bit: used only when that is the one
+     * vec_dot dispatch picks at this level. */
+    static const struct { kiln_type type; kiln_vec_dot_fn dot; kiln_gemm4_fn dot4; } table[] = {
+        {KILN_TYPE_Q4_K, kiln_vec_dot_q4_K_q8_K_avx512, kiln_gemm4_q4_K_q8_K_avx512},
+        {KILN_TYPE_Q8_0, kiln_vec_dot_q8_0_q8_0_avx512, kiln_gemm4_q8_0_q8_0_avx512},
+        {KILN_TYPE_Q6_K, kiln_vec_dot_q6_K_q8_K_avx512, kiln_gemm4_q6_K_q8_K_avx512},
+        {KILN_TYPE_Q4_K, kiln_vec_dot_q4_K_q8_K_avx2, kiln_gemm4_q4_K_q8_K_avx2},
+        {KILN_TYPE_Q8_0, kiln_vec_dot_q8_0_q8_0_avx2, kiln_gemm4_q8_0_q8_0_avx2},
+        {KILN_TYPE_Q6_K, kiln_vec_dot_q6_K_q8_K_avx2, kiln_gemm4_q6_K_q8_K_avx2},
+    };
+    const kiln_vec_dot_fn dot = kiln_get_vec_dot(t, level);
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (table[i].type == t && table[i].dot == dot) return table[i].dot4;
+#endif
+    (void)t, (void)level;
+    return NULL;
 }
 
 /* Bytes of one activation row of width n in type t, rounding n up to whole blocks. */
@@ -116,7 +148,8 @@ void kiln_cpu_matmul_forward(kiln_ops_ctx *ctx, float *y, const float *x, const 
         rows_fit = (int64_t)(bytes / j.xq_row);
         assert(rows_fit >= 1 && "scratch smaller than one activation row: size it with scratch_size");
     }
-    int64_t tile = (int64_t)(MM_TILE_BYTES / j.xq_row);
+    if (T >= 4) j.dot4 = kiln_cpu_get_gemm4(W->type, level);
+    int64_t tile = (int64_t)(MM_TILE_BYTES / j.xq_row) / 4 * 4;
     j.tile_t = tile < 4 ? 4 : tile;
     j.n_chunks = (O + MM_ROWS - 1) / MM_ROWS;
 

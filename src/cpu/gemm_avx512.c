@@ -1,0 +1,181 @@
+/* gemm_avx512.c: AVX-512 (BW/VL/DQ + VNNI) multi-row dot kernels for prefill: one weight row against 4
+ * activation rows, s[r * bs] = vec_dot(n, x, y + r * by) for r = 0..3. Each weight block is unpacked (nibbles,
+ * scale vectors) once and used for the 4 rows; every row goes through exactly the operations, in the same
+ * order, of the single-row kernel in quants_avx512.c, so the results are bit-for-bit those of 4 vec_dot calls
+ * (tests/test_ops.c checks it). ops_matmul.c uses them for groups of 4 tokens. */
+#if defined(__x86_64__)
+
+#include "ops_internal.h"
+
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+#define UNROLL _Pragma("GCC unroll 8")
+
+/* The same helpers as quants_avx512.c (the bitwise match depends on them being the same). */
+static inline float f16_to_f32(kiln_fp16 h) { return _cvtsh_ss(h); }
+
+static inline float hsum256_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float hsum512_ps(__m512 v) {
+    return hsum256_ps(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+static inline __m512i unpack_nibbles32(const uint8_t *qs) {
+    __m256i q = _mm256_loadu_si256((const __m256i *)qs);
+    return _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1), _mm512_set1_epi8(0x0F));
+}
+
+static inline __m512i join256(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+
+static inline __m512 pair_scales(kiln_fp16 a0, kiln_fp16 b0, kiln_fp16 a1, kiln_fp16 b1) {
+    const uint64_t packed = (uint64_t)a0 | (uint64_t)b0 << 16 | (uint64_t)a1 << 32 | (uint64_t)b1 << 48;
+    __m128 f = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)packed));
+    __m128 prod = _mm_mul_ps(f, _mm_movehdup_ps(f));
+    const __m512i idx = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(prod));
+}
+
+/* words 0..15 <- scale 2j, words 16..31 <- scale 2j+1 */
+static const int16_t scale_idx_halves[4][32] = {
+#define H(j) {2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, \
+              2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1}
+    H(0), H(1), H(2), H(3)
+#undef H
+};
+
+#define ROWS 4
+
+void kiln_gemm4_q4_K_q8_K_avx512(int64_t n, float *s, size_t bs, const void *vx, const void *vy, size_t by) {
+    const block_q4_K *x = vx;
+    const block_q8_K *y[ROWS];
+    UNROLL for (int r = 0; r < ROWS; r++) y[r] = (const block_q8_K *)((const char *)vy + r * by);
+    __m512i idx[4];
+    UNROLL for (int j = 0; j < 4; j++) idx[j] = _mm512_loadu_si512((const void *)scale_idx_halves[j]);
+    __m512 acc[ROWS];
+    __m256 acc_m[ROWS];
+    UNROLL for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps(), acc_m[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float xd = f16_to_f32(x[i].d), xdmin = f16_to_f32(x[i].dmin);
+        uint32_t sm[4];
+        kiln_unpack_scales_k4(x[i].scales, sm);
+        const __m128i m8 = _mm_loadl_epi64((const __m128i *)(sm + 2));
+        const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+        const __m512i sc16 = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
+        __m512i isum[ROWS];
+        UNROLL for (int r = 0; r < ROWS; r++) {
+            const float dmin = xdmin * y[r][i].d;
+            const __m256i mb = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[r][i].bsums), m16);
+            acc_m[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mb), acc_m[r]);
+            isum[r] = _mm512_setzero_si512();
+        }
+        UNROLL for (int j = 0; j < 4; j++) {
+            const __m512i q = unpack_nibbles32(x[i].qs + 32 * j);
+            const __m512i sc = _mm512_permutexvar_epi16(idx[j], sc16);
+            UNROLL for (int r = 0; r < ROWS; r++) {
+                __m512i p = _mm512_maddubs_epi16(q, _mm512_loadu_si512((const void *)(y[r][i].qs + 64 * j)));
+                isum[r] = _mm512_dpwssd_epi32(isum[r], p, sc);
+            }
+        }
+        UNROLL for (int r = 0; r < ROWS; r++) {
+            const float d = xd * y[r][i].d;
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(isum[r]), acc[r]);
+        }
+    }
+    UNROLL for (int r = 0; r < ROWS; r++) s[r * bs] = hsum512_ps(acc[r]) - hsum256_ps(acc_m[r]);
+}
+
+void kiln_gemm4_q8_0_q8_0_avx512(int64_t n, float *s, size_t bs, const void *vx, const void *vy, size_t by) {
+    const block_q8_0 *x = vx;
+    const block_q8_0 *y[ROWS];
+    UNROLL for (int r = 0; r < ROWS; r++) y[r] = (const block_q8_0 *)((const char *)vy + r * by);
+    const int64_t nb = n / QK8_0;
+    const __m512i off = _mm512_set1_epi8((char)0x80);
+    __m512 acc[ROWS];
+    UNROLL for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        const __m512i qx = join256(_mm256_loadu_si256((const __m256i *)x[i].qs), _mm256_loadu_si256((const __m256i *)x[i + 1].qs));
+        const __m512i qxo = _mm512_xor_si512(qx, off);
+        UNROLL for (int r = 0; r < ROWS; r++) {
+            const __m512i qy = join256(_mm256_loadu_si256((const __m256i *)y[r][i].qs),
+                                       _mm256_loadu_si256((const __m256i *)y[r][i + 1].qs));
+            const __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), qxo, qy),
+                                               _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, qy));
+            const __m512 d = pair_scales(x[i].d, y[r][i].d, x[i + 1].d, y[r][i + 1].d);
+            acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc[r]);
+        }
+    }
+    UNROLL for (int r = 0; r < ROWS; r++) {
+        float sum = hsum512_ps(acc[r]);
+        if (i < nb) {
+            const __m256i off8 = _mm512_castsi512_si256(off);
+            __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs), qy = _mm256_loadu_si256((const __m256i *)y[r][i].qs);
+            __m256i p = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_xor_si256(qx, off8), qy),
+                                         _mm256_dpbusd_epi32(_mm256_setzero_si256(), off8, qy));
+            sum += f16_to_f32(x[i].d) * f16_to_f32(y[r][i].d) * hsum256_ps(_mm256_cvtepi32_ps(p));
+        }
+        s[r * bs] = sum;
+    }
+}
+
+static const int16_t scale_idx_quarters[4][32] = {
+#define Q(j) {4*j, 4*j, 4*j, 4*j, 4*j, 4*j, 4*j, 4*j, 4*j+1, 4*j+1, 4*j+1, 4*j+1, 4*j+1, 4*j+1, 4*j+1, 4*j+1, \
+              4*j+2, 4*j+2, 4*j+2, 4*j+2, 4*j+2, 4*j+2, 4*j+2, 4*j+2, 4*j+3, 4*j+3, 4*j+3, 4*j+3, 4*j+3, 4*j+3, 4*j+3, 4*j+3}
+    Q(0), Q(1), Q(2), Q(3)
+#undef Q
+};
+
+static inline void q6_halves(const uint8_t *ql, const uint8_t *qh, __m512i *lo, __m512i *hi) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x30);
+    __m512i a = _mm512_loadu_si512((const void *)ql);
+    __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+    __m512i hz = join256(h, _mm256_srli_epi16(h, 2));
+    *lo = _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_and_si512(_mm512_slli_epi16(hz, 4), m2));
+    *hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4), _mm512_and_si512(hz, m2));
+}
+
+void kiln_gemm4_q6_K_q8_K_avx512(int64_t n, float *s, size_t bs, const void *vx, const void *vy, size_t by) {
+    const block_q6_K *x = vx;
+    const block_q8_K *y[ROWS];
+    UNROLL for (int r = 0; r < ROWS; r++) y[r] = (const block_q8_K *)((const char *)vy + r * by);
+    __m512i idx[4];
+    UNROLL for (int j = 0; j < 4; j++) idx[j] = _mm512_loadu_si512((const void *)scale_idx_quarters[j]);
+    __m512 acc[ROWS];
+    UNROLL for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float xd = f16_to_f32(x[i].d);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+        const __m512i sc = _mm512_zextsi256_si512(sc16);
+        __m512i isum[ROWS];
+        UNROLL for (int r = 0; r < ROWS; r++) isum[r] = _mm512_setzero_si512();
+        UNROLL for (int c = 0; c < 2; c++) {
+            __m512i h[2];
+            q6_halves(x[i].ql + 64 * c, x[i].qh + 32 * c, &h[0], &h[1]);
+            UNROLL for (int m = 0; m < 2; m++) {
+                const __m512i scm = _mm512_permutexvar_epi16(idx[2 * c + m], sc);
+                UNROLL for (int r = 0; r < ROWS; r++) {
+                    __m512i p = _mm512_maddubs_epi16(h[m], _mm512_loadu_si512((const void *)(y[r][i].qs + 128 * c + 64 * m)));
+                    isum[r] = _mm512_dpwssd_epi32(isum[r], p, scm);
+                }
+            }
+        }
+        UNROLL for (int r = 0; r < ROWS; r++) {
+            const float d = xd * y[r][i].d;
+            const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[r][i].bsums), sc16);
+            const __m512i t = _mm512_sub_epi32(isum[r], _mm512_zextsi256_si512(_mm256_slli_epi32(corr, 5)));
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(t), acc[r]);
+        }
+    }
+    UNROLL for (int r = 0; r < ROWS; r++) s[r * bs] = hsum512_ps(acc[r]);
+}
+
+#endif /* __x86_64__ */
