@@ -7,4 +7,10 @@ int kiln_bench_quant(int argc, char **argv);
 int kiln_bench_tokenize(int argc, char **argv);
 int kiln_bench_model(int argc, char **argv);
 
+/* bench_util.c: what every driver shares */
+double kiln_bench_now(void);                    /* seconds, CLOCK_MONOTONIC */
+double kiln_bench_median(double *t, int n);     /* sorts t[0..n) and returns its median */
+const char *kiln_bench_base_name(const char *path);
+void kiln_bench_json_str(const char *s);        /* prints s as a JSON string */
+
 #endif

@@ -32,39 +32,6 @@
 #define MAX_REPS 1000
 #define TG_PROMPT 8    /* tokens in the cache before tg's timed decodes start */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Sorts t[0..n) and returns the median (mean of the middle two for even n). */
-static double median_sorted(double *t, int n) {
-    qsort(t, (size_t)n, sizeof *t, cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
-
-static const char *base_name(const char *path) {
-    const char *s = strrchr(path, '/');
-    return s ? s + 1 : path;
-}
-
-/* A JSON string: quotes, backslashes and control bytes escaped; other bytes as they are (paths are UTF-8). */
-static void json_str(const char *s) {
-    putchar('"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') printf("\\%c", *p);
-        else if (*p < 0x20) printf("\\u%04x", *p);
-        else putchar(*p);
-    }
-    putchar('"');
-}
-
 static long long peak_rss_bytes(void) {
     struct rusage ru;
     return getrusage(RUSAGE_SELF, &ru) == 0 ? (long long)ru.ru_maxrss * 1024 : -1; /* Linux: KiB */
@@ -152,26 +119,26 @@ static int eval_or_report(kiln_session *s, const int32_t *ids, size_t n, float *
 /* One timed repetition of a case; returns seconds, or a negative number after printing the error. */
 static double run_pp(kiln_session *s, const int32_t *ids, int64_t P, float *logits) {
     kiln_session_reset(s);
-    const double a = now_s();
+    const double a = kiln_bench_now();
     if (eval_or_report(s, ids, (size_t)P, logits, "prefill")) return -1.0;
-    return now_s() - a;
+    return kiln_bench_now() - a;
 }
 
 static double run_tg(kiln_session *s, const int32_t *ids, int64_t N, float *logits) {
     kiln_session_reset(s);
     if (eval_or_report(s, ids, TG_PROMPT, logits, "tg prompt")) return -1.0;
-    const double a = now_s();
+    const double a = kiln_bench_now();
     for (int64_t i = 0; i < N; i++)
         if (eval_or_report(s, ids + TG_PROMPT + i, 1, logits, "decode")) return -1.0;
-    return now_s() - a;
+    return kiln_bench_now() - a;
 }
 
 static void print_case_json(const model_info *mi, const case_result *r, const double *times, double rate_median) {
     const model_cost *k = mi->cost;
     printf("{\"bench\":\"model\",\"model\":");
-    json_str(base_name(mi->path));
+    kiln_bench_json_str(kiln_bench_base_name(mi->path));
     printf(",\"path\":");
-    json_str(mi->path);
+    kiln_bench_json_str(mi->path);
     printf(",\"ftype\":\"%s\",\"file_bytes\":%llu,\"n_params_layers\":%llu,\"n_params_head\":%llu,\"n_params_embd\":%llu,"
            "\"weight_bytes_layers\":%llu,\"weight_bytes_embd\":%llu,\"tied\":%s,\"test\":\"%s\",\"n_prompt\":%lld,"
            "\"n_gen\":%lld,\"threads\":%d,\"n_batch\":512,\"n_ctx\":%lld,\"kv_bytes\":%llu,\"load_s\":%.4f,\"reps\":%d,"
@@ -207,7 +174,7 @@ static int bench_case(const model_info *mi, kiln_session *s, int threads, bool i
     memcpy(sorted, times, sizeof(double) * (size_t)reps);
     *r = (case_result){.model = mi->path, .threads = threads, .reps = reps, .n_prompt = is_tg ? 0 : n, .n_gen = is_tg ? n : 0};
     snprintf(r->test, sizeof r->test, "%s%lld", is_tg ? "tg" : "pp", (long long)n);
-    r->median_s = median_sorted(sorted, reps);
+    r->median_s = kiln_bench_median(sorted, reps);
     r->best_s = sorted[0];
     r->best_tps = (double)n / r->best_s;
     r->median_tps = (double)n / r->median_s;
@@ -230,14 +197,14 @@ static int bench_case(const model_info *mi, kiln_session *s, int threads, bool i
 static int bench_model(const char *path, const int64_t *pps, int n_pp, int64_t n_gen, const int *threads, int n_threads,
                        int reps, case_result *res, int *n_res) {
     kiln_model *m = NULL;
-    const double t0 = now_s();
+    const double t0 = kiln_bench_now();
     kiln_status st = kiln_model_load(path, &m);
     if (st) {
         const char *msg = kiln_last_error();
         fprintf(stderr, "kiln bench: %s\n", *msg ? msg : kiln_status_name(st));
         return 1;
     }
-    const double load_s = now_s() - t0;
+    const double load_s = kiln_bench_now() - t0;
     const model_cost cost = model_cost_of(m);
     const kiln_llama_config *c = &m->cfg;
 
@@ -398,7 +365,7 @@ int kiln_bench_model(int argc, char **argv) {
             const case_result *r = &res[i];
             char rate[32];
             snprintf(rate, sizeof rate, "%.2f %s", r->rate, r->n_gen ? "GB/s" : "GFLOP/s");
-            printf("%-36s %-7s %3d %10.2f %10.2f %15s %9.1f %9.1f %8.2f\n", base_name(r->model), r->test, r->threads,
+            printf("%-36s %-7s %3d %10.2f %10.2f %15s %9.1f %9.1f %8.2f\n", kiln_bench_base_name(r->model), r->test, r->threads,
                    r->best_tps, r->median_tps, rate, (double)r->file_bytes / (1 << 20), (double)r->rss / (1 << 20),
                    (double)r->kv_bytes / (1 << 20));
         }

@@ -26,12 +26,6 @@ static const kiln_type weight_types[] = {KILN_TYPE_F32,  KILN_TYPE_F16,  KILN_TY
                                          KILN_TYPE_Q8_0, KILN_TYPE_Q4_K, KILN_TYPE_Q5_K, KILN_TYPE_Q6_K};
 #define N_TYPES (int)(sizeof weight_types / sizeof weight_types[0])
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* One pass of work over the matrix, and what it reads. */
 typedef struct {
     const uint8_t *w; /* rows x row_bytes weights */
@@ -65,15 +59,15 @@ static void pass_memcpy(const work *k) { memcpy(k->dst, k->w, k->copy_bytes); }
 /* Best seconds per pass: passes are grouped so one repetition lasts >= 2 ms (timer noise), and repetitions
  * continue until min_time has elapsed and at least 3 were taken. */
 static double time_best(void (*pass)(const work *), const work *k, double min_time) {
-    double t0 = now_s();
+    double t0 = kiln_bench_now();
     pass(k); /* warm-up: caches, TLB, page faults */
-    double one = now_s() - t0;
+    double one = kiln_bench_now() - t0;
     int64_t group = one >= 2e-3 ? 1 : (int64_t)(2e-3 / (one > 1e-9 ? one : 1e-9)) + 1;
-    double best = 1e30, start = now_s();
-    for (int rep = 0; rep < 3 || now_s() - start < min_time; rep++) {
-        double a = now_s();
+    double best = 1e30, start = kiln_bench_now();
+    for (int rep = 0; rep < 3 || kiln_bench_now() - start < min_time; rep++) {
+        double a = kiln_bench_now();
         for (int64_t g = 0; g < group; g++) pass(k);
-        double t = (now_s() - a) / (double)group;
+        double t = (kiln_bench_now() - a) / (double)group;
         if (t < best) best = t;
     }
     return best;

@@ -23,39 +23,6 @@
 
 #define MAX_ITEMS 16 /* vocabs, texts or corpora named on one command line */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Sorts t[0..n) and returns the median (mean of the middle two for even n). */
-static double median_sorted(double *t, int n) {
-    qsort(t, (size_t)n, sizeof *t, cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
-
-static const char *base_name(const char *path) {
-    const char *s = strrchr(path, '/');
-    return s ? s + 1 : path;
-}
-
-/* A JSON string: quotes, backslashes and control bytes escaped; other bytes as they are (paths are UTF-8). */
-static void json_str(const char *s) {
-    putchar('"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') printf("\\%c", *p);
-        else if (*p < 0x20) printf("\\u%04x", *p);
-        else putchar(*p);
-    }
-    putchar('"');
-}
-
 /* Reads a whole file into a malloc'd buffer (NUL-terminated; *len excludes the NUL). Prints the error. */
 static char *read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -153,9 +120,9 @@ static int bench_encode(const char *vocab_path, const char *text_path, const rep
     char *text = read_file(text_path, &len);
     if (!text) return 1;
 
-    const double t_load = now_s();
+    const double t_load = kiln_bench_now();
     kiln_status s = kiln_tokenizer_load_file(vocab_path, &tok);
-    const double load_s = now_s() - t_load;
+    const double load_s = kiln_bench_now() - t_load;
     if (s) {
         const char *msg = kiln_last_error();
         if (*msg) fprintf(stderr, "kiln bench tokenize: %s\n", msg); /* the library's message names the file */
@@ -163,14 +130,14 @@ static int bench_encode(const char *vocab_path, const char *text_path, const rep
         goto out;
     }
 
-    const double start = now_s();
+    const double start = kiln_bench_now();
     uint64_t hash = 0;
-    while (more_reps(pol, n_times, now_s() - start)) {
+    while (more_reps(pol, n_times, kiln_bench_now() - start)) {
         kiln_tokens_free(&ids);
         ids = (kiln_tokens){0};
-        const double a = now_s();
+        const double a = kiln_bench_now();
         s = kiln_tokenizer_encode(tok, text, len, false, false, &ids);
-        const double t = now_s() - a;
+        const double t = kiln_bench_now() - a;
         if (s) {
             const char *msg = kiln_last_error();
             fprintf(stderr, "kiln bench tokenize: encoding '%s' with %s: %s\n", text_path, vocab_path,
@@ -196,14 +163,14 @@ static int bench_encode(const char *vocab_path, const char *text_path, const rep
     r->vocab = vocab_path, r->text = text_path;
     snprintf(r->model, sizeof r->model, "%s", kiln_tokenizer_model(tok));
     r->bytes = len, r->reps = n_times;
-    r->median_s = median_sorted(times, n_times);
+    r->median_s = kiln_bench_median(times, n_times);
     r->best_s = times[0];
     printf("{\"bench\":\"tokenize\",\"case\":\"encode\",\"vocab\":");
-    json_str(base_name(vocab_path));
+    kiln_bench_json_str(kiln_bench_base_name(vocab_path));
     printf(",\"model\":");
-    json_str(r->model);
+    kiln_bench_json_str(r->model);
     printf(",\"n_vocab\":%d,\"text\":", kiln_tokenizer_n_vocab(tok));
-    json_str(base_name(text_path));
+    kiln_bench_json_str(kiln_bench_base_name(text_path));
     printf(",\"bytes\":%zu,\"threads\":1,\"add_special\":false,\"parse_special\":false,\"reps\":%d,\"load_s\":%.6e,"
            "\"best_s\":%.6e,\"median_s\":%.6e,\"best_mbs\":%.3f,\"median_mbs\":%.3f,\"tokens\":%zu,"
            "\"bytes_per_token\":%.4f,\"ids_fnv1a\":\"%016llx\"",
@@ -211,7 +178,7 @@ static int bench_encode(const char *vocab_path, const char *text_path, const rep
            r->tokens, r->tokens ? (double)len / (double)r->tokens : 0.0, (unsigned long long)hash);
     if (ids_out) {
         printf(",\"ids_out\":");
-        json_str(ids_out);
+        kiln_bench_json_str(ids_out);
     }
     printf("}\n");
     fflush(stdout);
@@ -249,11 +216,11 @@ static int bench_train(const char *const *corpus, int n_corpus, int32_t vocab_si
     const kiln_bpe_train_params p = {.vocab_size = vocab_size, .min_frequency = min_frequency, .n_threads = n_threads};
     double *times = NULL;
     int n_times = 0, cap_times = 0, rc = 1;
-    const double start = now_s();
-    while (more_reps(pol, n_times, now_s() - start)) {
-        const double a = now_s();
+    const double start = kiln_bench_now();
+    while (more_reps(pol, n_times, kiln_bench_now() - start)) {
+        const double a = kiln_bench_now();
         const kiln_status s = kiln_bpe_train(corpus, n_corpus, &p, out_path);
-        const double t = now_s() - a;
+        const double t = kiln_bench_now() - a;
         if (s) {
             const char *msg = kiln_last_error();
             fprintf(stderr, "kiln bench tokenize: training %d-token BPE: %s\n", vocab_size, *msg ? msg : kiln_status_name(s));
@@ -276,17 +243,17 @@ static int bench_train(const char *const *corpus, int n_corpus, int32_t vocab_si
     const int32_t n_vocab_out = kiln_tokenizer_n_vocab(tok);
     kiln_tokenizer_free(tok);
 
-    const double median = median_sorted(times, n_times), best = times[0];
+    const double median = kiln_bench_median(times, n_times), best = times[0];
     printf("{\"bench\":\"tokenize\",\"case\":\"train\",\"algo\":\"bpe\",\"corpus\":[");
     for (int i = 0; i < n_corpus; i++) {
         if (i) putchar(',');
-        json_str(base_name(corpus[i]));
+        kiln_bench_json_str(kiln_bench_base_name(corpus[i]));
     }
     printf("],\"corpus_bytes\":%llu,\"vocab_size\":%d,\"n_vocab_out\":%d,\"min_frequency\":%lld,\"threads\":%d,"
            "\"reps\":%d,\"best_s\":%.6e,\"median_s\":%.6e,\"best_mbs\":%.3f,\"out\":",
            (unsigned long long)corpus_bytes, vocab_size, n_vocab_out, (long long)min_frequency, n_threads, n_times, best,
            median, (double)corpus_bytes / best / 1e6);
-    json_str(keep ? out_path : "");
+    kiln_bench_json_str(keep ? out_path : "");
     printf("}\n");
     fflush(stdout);
     if (!json_only) {
@@ -410,7 +377,7 @@ int kiln_bench_tokenize(int argc, char **argv) {
            "med MB/s", "tokens", "B/token");
     for (int i = 0; i < n_res; i++) {
         const encode_result *r = &res[i];
-        printf("%-28s %-6s %-26s %10zu %5d %9.2f %9.2f %10zu %8.3f\n", base_name(r->vocab), r->model, base_name(r->text),
+        printf("%-28s %-6s %-26s %10zu %5d %9.2f %9.2f %10zu %8.3f\n", kiln_bench_base_name(r->vocab), r->model, kiln_bench_base_name(r->text),
                r->bytes, r->reps, (double)r->bytes / r->best_s / 1e6, (double)r->bytes / r->median_s / 1e6, r->tokens,
                r->tokens ? (double)r->bytes / (double)r->tokens : 0.0);
     }
