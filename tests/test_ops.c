@@ -182,10 +182,10 @@ static void check_matmul(void) {
 }
 
 /* The multi-row kernels (src/cpu/gemm_*.c) against 4 calls of the level's vec_dot, bit for bit, on random
- * weights (normal values, plus raw random bytes with sane scales for Q4_K) and activations, odd block counts,
- * a strided output. Where the level has no multi-row kernel for a type there is nothing to check. */
+ * weights (normal values, plus raw random bytes with sane scales for Q4_K and Q5_K) and activations, odd block
+ * counts, a strided output. Where the level has no multi-row kernel for a type there is nothing to check. */
 static void check_gemm4(void) {
-    static const kiln_type types[] = {KILN_TYPE_Q4_K, KILN_TYPE_Q8_0, KILN_TYPE_Q6_K};
+    static const kiln_type types[] = {KILN_TYPE_Q4_K, KILN_TYPE_Q8_0, KILN_TYPE_Q6_K, KILN_TYPE_Q4_1, KILN_TYPE_Q5_K};
     static const int64_t n_blocks[] = {1, 3, 5, 9};
     unsigned long long rng = 21;
     const kiln_simd level = kiln_cpu_ops_level();
@@ -203,11 +203,12 @@ static void check_gemm4(void) {
                 float *deq = malloc((size_t)n * sizeof *deq), *x = malloc((size_t)4 * n * sizeof *x);
                 uint8_t *w = make_weights(type, n, 1, deq, &rng);
                 const size_t w_bytes = kiln_type_row_bytes(type, n), y_row = kiln_type_row_bytes(vt, n) + 64;
-                if (raw && type == KILN_TYPE_Q4_K) {
+                if (raw && (type == KILN_TYPE_Q4_K || type == KILN_TYPE_Q5_K)) {
                     for (size_t i = 0; i < w_bytes; i++) w[i] = (uint8_t)test_rng_next(&rng);
                     for (int64_t b = 0; b < n_blocks[bi]; b++) {
-                        ((block_q4_K *)w)[b].d = kiln_f32_to_fp16(0.01f);
-                        ((block_q4_K *)w)[b].dmin = kiln_f32_to_fp16(0.002f);
+                        kiln_fp16 *d = type == KILN_TYPE_Q4_K ? &((block_q4_K *)w)[b].d : &((block_q5_K *)w)[b].d;
+                        kiln_fp16 *dmin = type == KILN_TYPE_Q4_K ? &((block_q4_K *)w)[b].dmin : &((block_q5_K *)w)[b].dmin;
+                        *d = kiln_f32_to_fp16(0.01f), *dmin = kiln_f32_to_fp16(0.002f);
                     }
                 }
                 fill_normal(x, 4 * n, &rng);

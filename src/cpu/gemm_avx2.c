@@ -140,4 +140,75 @@ void kiln_gemm4_q6_K_q8_K_avx2(int64_t n, float *s, size_t bs, const void *vx, c
     UNROLL for (int r = 0; r < ROWS; r++) s[r * bs] = hsum_ps(acc[r]);
 }
 
+static inline __m256i unpack_nibbles16(const uint8_t *qs) {
+    __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+}
+
+void kiln_gemm4_q4_1_q8_1_avx2(int64_t n, float *s, size_t bs, const void *vx, const void *vy, size_t by) {
+    const block_q4_1 *x = vx;
+    const block_q8_1 *y[ROWS];
+    UNROLL for (int r = 0; r < ROWS; r++) y[r] = (const block_q8_1 *)((const char *)vy + r * by);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[ROWS];
+    __m128 summs[ROWS];
+    UNROLL for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps(), summs[r] = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / QK4_1; i++) {
+        const __m256i qx = unpack_nibbles16(x[i].qs);
+        UNROLL for (int r = 0; r < ROWS; r++) {
+            __m256i p = _mm256_maddubs_epi16(qx, _mm256_loadu_si256((const __m256i *)y[r][i].qs));
+            const __m128 prod = scale_products(x[i].d, y[r][i].d, x[i].m, y[r][i].s);
+            acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc[r]);
+            summs[r] = _mm_add_ps(summs[r], prod);
+        }
+    }
+    UNROLL for (int r = 0; r < ROWS; r++) s[r * bs] = hsum_ps(acc[r]) + _mm_cvtss_f32(_mm_movehl_ps(summs[r], summs[r]));
+}
+
+void kiln_gemm4_q5_K_q8_K_avx2(int64_t n, float *s, size_t bs, const void *vx, const void *vy, size_t by) {
+    const block_q5_K *x = vx;
+    const block_q8_K *y[ROWS];
+    UNROLL for (int r = 0; r < ROWS; r++) y[r] = (const block_q8_K *)((const char *)vy + r * by);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), b0 = _mm256_set1_epi8(1), b1 = _mm256_set1_epi8(2);
+    __m256 acc[ROWS], acc_m[ROWS];
+    UNROLL for (int r = 0; r < ROWS; r++) acc[r] = acc_m[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float xd = f16_to_f32(x[i].d), xdmin = f16_to_f32(x[i].dmin);
+        uint32_t sm[4];
+        kiln_unpack_scales_k4(x[i].scales, sm);
+        const __m128i m8 = _mm_loadl_epi64((const __m128i *)(sm + 2));
+        const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm)));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
+        __m256i isum[ROWS];
+        UNROLL for (int r = 0; r < ROWS; r++) {
+            const float dmin = xdmin * y[r][i].d;
+            const __m256i mb = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[r][i].bsums), m16);
+            acc_m[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mb), acc_m[r]);
+            isum[r] = _mm256_setzero_si256();
+        }
+        UNROLL for (int j = 0; j < 4; j++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(_mm256_and_si256(qh, b0), 4));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), _mm256_slli_epi16(_mm256_and_si256(qh, b1), 3));
+            qh = _mm256_srli_epi16(qh, 2);
+            const __m256i s0 = _mm256_shuffle_epi8(sc16, word_bcast_mask(2 * j));
+            const __m256i s1 = _mm256_shuffle_epi8(sc16, word_bcast_mask(2 * j + 1));
+            UNROLL for (int r = 0; r < ROWS; r++) {
+                const int8_t *yq = y[r][i].qs + 64 * j;
+                __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)yq));
+                __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(yq + 32)));
+                p0 = _mm256_madd_epi16(p0, s0);
+                p1 = _mm256_madd_epi16(p1, s1);
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(p0, p1));
+            }
+        }
+        UNROLL for (int r = 0; r < ROWS; r++) {
+            const float d = xd * y[r][i].d;
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum[r]), acc[r]);
+        }
+    }
+    UNROLL for (int r = 0; r < ROWS; r++) s[r * bs] = hsum_ps(acc[r]) - hsum_ps(acc_m[r]);
+}
+
 #endif /* __x86_64__ */

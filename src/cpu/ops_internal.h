@@ -65,6 +65,10 @@ void kiln_gemm4_q4_K_q8_K_avx512(int64_t n, float *s, size_t bs, const void *x, 
 void kiln_gemm4_q8_0_q8_0_avx512(int64_t n, float *s, size_t bs, const void *x, const void *y, size_t by);
 void kiln_gemm4_q6_K_q8_K_avx2(int64_t n, float *s, size_t bs, const void *x, const void *y, size_t by);
 void kiln_gemm4_q6_K_q8_K_avx512(int64_t n, float *s, size_t bs, const void *x, const void *y, size_t by);
+void kiln_gemm4_q4_1_q8_1_avx2(int64_t n, float *s, size_t bs, const void *x, const void *y, size_t by);
+void kiln_gemm4_q4_1_q8_1_avx512(int64_t n, float *s, size_t bs, const void *x, const void *y, size_t by);
+void kiln_gemm4_q5_K_q8_K_avx2(int64_t n, float *s, size_t bs, const void *x, const void *y, size_t by);
+void kiln_gemm4_q5_K_q8_K_avx512(int64_t n, float *s, size_t bs, const void *x, const void *y, size_t by);
 /* ops_rope.c */
 void kiln_cpu_rope_forward(kiln_ops_ctx *ctx, float *x, const int32_t *pos, int64_t T, int64_t n_heads, int64_t HS,
                            int64_t rope_dim, float base, bool neox);

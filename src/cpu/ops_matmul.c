@@ -7,11 +7,11 @@
  * x a tile of tokens from an atomic counter; a unit computes y[t][o] = vec_dot(W row o, xq row t) for each t
  * of its tile and each o of its rows, so the 16 weight rows (a few tens of KiB) are read from memory once and
  * reused from L1/L2 for every token of the tile, which is what makes prefill compute-bound rather than
- * memory-bound. Where the weight type has a multi-row kernel at this level (kiln_cpu_get_gemm4: Q4_K, Q6_K, Q8_0
- * on AVX2 and AVX-512), a unit takes its tokens in groups of 4 (tiles are multiples of 4) and the kernel unpacks
- * each weight block once for the 4; it gives the same bits as 4 vec_dot calls, so which tokens are grouped does
- * not change any result. Each output is one vec_dot whatever thread computes it, so the result does not depend on the
- * thread count (tests/test_ops.c checks 1, 2 and 3 threads bit for bit, and every type against a double
+ * memory-bound. Where the weight type has a multi-row kernel at this level (kiln_cpu_get_gemm4: Q4_K, Q5_K,
+ * Q6_K, Q8_0, Q4_1 on AVX2 and AVX-512), a unit takes its tokens in groups of 4 (tiles are multiples of 4) and the
+ * kernel unpacks each weight block once for the 4; it gives the same bits as 4 vec_dot calls, so which tokens are
+ * grouped does not change any result. Each output is one vec_dot whatever thread computes it, so the result does
+ * not depend on the thread count (tests/test_ops.c checks 1, 2 and 3 threads bit for bit, and every type against a double
  * dot of the dequantized weights). */
 #include "ops_internal.h"
 
@@ -93,9 +93,13 @@ kiln_gemm4_fn kiln_cpu_get_gemm4(kiln_type t, kiln_simd level) {
         {KILN_TYPE_Q4_K, kiln_vec_dot_q4_K_q8_K_avx512, kiln_gemm4_q4_K_q8_K_avx512},
         {KILN_TYPE_Q8_0, kiln_vec_dot_q8_0_q8_0_avx512, kiln_gemm4_q8_0_q8_0_avx512},
         {KILN_TYPE_Q6_K, kiln_vec_dot_q6_K_q8_K_avx512, kiln_gemm4_q6_K_q8_K_avx512},
+        {KILN_TYPE_Q4_1, kiln_vec_dot_q4_1_q8_1_avx512, kiln_gemm4_q4_1_q8_1_avx512},
+        {KILN_TYPE_Q5_K, kiln_vec_dot_q5_K_q8_K_avx512, kiln_gemm4_q5_K_q8_K_avx512},
         {KILN_TYPE_Q4_K, kiln_vec_dot_q4_K_q8_K_avx2, kiln_gemm4_q4_K_q8_K_avx2},
         {KILN_TYPE_Q8_0, kiln_vec_dot_q8_0_q8_0_avx2, kiln_gemm4_q8_0_q8_0_avx2},
         {KILN_TYPE_Q6_K, kiln_vec_dot_q6_K_q8_K_avx2, kiln_gemm4_q6_K_q8_K_avx2},
+        {KILN_TYPE_Q4_1, kiln_vec_dot_q4_1_q8_1_avx2, kiln_gemm4_q4_1_q8_1_avx2},
+        {KILN_TYPE_Q5_K, kiln_vec_dot_q5_K_q8_K_avx2, kiln_gemm4_q5_K_q8_K_avx2},
     };
     const kiln_vec_dot_fn dot = kiln_get_vec_dot(t, level);
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
