@@ -8,30 +8,7 @@
 #include "ops_internal.h"
 
 #include <immintrin.h>
-
-#if defined(__clang__)
-#pragma STDC FP_CONTRACT OFF
-#endif
-
-#define UNROLL _Pragma("GCC unroll 8")
-
-/* The same helpers as quants_avx2.c (the bitwise match depends on them being the same). */
-static inline float hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline float f16_to_f32(kiln_fp16 h) { return _cvtsh_ss(h); }
-
-static inline __m256i word_bcast_mask(int k) { return _mm256_set1_epi16((short)((2 * k + 1) << 8 | 2 * k)); }
-
-static inline __m128 scale_products(kiln_fp16 a0, kiln_fp16 b0, kiln_fp16 a1, kiln_fp16 b1) {
-    const uint64_t packed = (uint64_t)a0 | (uint64_t)b0 << 16 | (uint64_t)a1 << 32 | (uint64_t)b1 << 48;
-    __m128 f = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)packed));
-    return _mm_mul_ps(f, _mm_movehdup_ps(f));
-}
+#include "cpu/simd_avx2.h"
 
 #define ROWS 4
 
@@ -138,11 +115,6 @@ void kiln_gemm4_q6_K_q8_K_avx2(int64_t n, float *s, size_t bs, const void *vx, c
         }
     }
     UNROLL for (int r = 0; r < ROWS; r++) s[r * bs] = hsum_ps(acc[r]);
-}
-
-static inline __m256i unpack_nibbles16(const uint8_t *qs) {
-    __m128i q = _mm_loadu_si128((const __m128i *)qs);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
 }
 
 void kiln_gemm4_q4_1_q8_1_avx2(int64_t n, float *s, size_t bs, const void *vx, const void *vy, size_t by) {

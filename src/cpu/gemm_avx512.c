@@ -8,33 +8,7 @@
 #include "ops_internal.h"
 
 #include <immintrin.h>
-
-#if defined(__clang__)
-#pragma STDC FP_CONTRACT OFF
-#endif
-
-#define UNROLL _Pragma("GCC unroll 8")
-
-/* The same helpers as quants_avx512.c (the bitwise match depends on them being the same). */
-static inline float f16_to_f32(kiln_fp16 h) { return _cvtsh_ss(h); }
-
-static inline float hsum256_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline float hsum512_ps(__m512 v) {
-    return hsum256_ps(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
-}
-
-static inline __m512i unpack_nibbles32(const uint8_t *qs) {
-    __m256i q = _mm256_loadu_si256((const __m256i *)qs);
-    return _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1), _mm512_set1_epi8(0x0F));
-}
-
-static inline __m512i join256(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+#include "cpu/simd_avx512.h"
 
 static inline __m512 pair_scales(kiln_fp16 a0, kiln_fp16 b0, kiln_fp16 a1, kiln_fp16 b1) {
     const uint64_t packed = (uint64_t)a0 | (uint64_t)b0 << 16 | (uint64_t)a1 << 32 | (uint64_t)b1 << 48;
@@ -43,14 +17,6 @@ static inline __m512 pair_scales(kiln_fp16 a0, kiln_fp16 b0, kiln_fp16 a1, kiln_
     const __m512i idx = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
     return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(prod));
 }
-
-/* words 0..15 <- scale 2j, words 16..31 <- scale 2j+1 */
-static const int16_t scale_idx_halves[4][32] = {
-#define H(j) {2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, 2*j, \
-              2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1, 2*j+1}
-    H(0), H(1), H(2), H(3)
-#undef H
-};
 
 #define ROWS 4
 
@@ -127,22 +93,6 @@ void kiln_gemm4_q8_0_q8_0_avx512(int64_t n, float *s, size_t bs, const void *vx,
     }
 }
 
-static const int16_t scale_idx_quarters[4][32] = {
-#define Q(j) {4*j, 4*j, 4*j, 4*j, 4*j, 4*j, 4*j, 4*j, 4*j+1, 4*j+1, 4*j+1, 4*j+1, 4*j+1, 4*j+1, 4*j+1, 4*j+1, \
-              4*j+2, 4*j+2, 4*j+2, 4*j+2, 4*j+2, 4*j+2, 4*j+2, 4*j+2, 4*j+3, 4*j+3, 4*j+3, 4*j+3, 4*j+3, 4*j+3, 4*j+3, 4*j+3}
-    Q(0), Q(1), Q(2), Q(3)
-#undef Q
-};
-
-static inline void q6_halves(const uint8_t *ql, const uint8_t *qh, __m512i *lo, __m512i *hi) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x30);
-    __m512i a = _mm512_loadu_si512((const void *)ql);
-    __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-    __m512i hz = join256(h, _mm256_srli_epi16(h, 2));
-    *lo = _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_and_si512(_mm512_slli_epi16(hz, 4), m2));
-    *hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4), _mm512_and_si512(hz, m2));
-}
-
 void kiln_gemm4_q6_K_q8_K_avx512(int64_t n, float *s, size_t bs, const void *vx, const void *vy, size_t by) {
     const block_q6_K *x = vx;
     const block_q8_K *y[ROWS];
@@ -176,11 +126,6 @@ void kiln_gemm4_q6_K_q8_K_avx512(int64_t n, float *s, size_t bs, const void *vx,
         }
     }
     UNROLL for (int r = 0; r < ROWS; r++) s[r * bs] = hsum512_ps(acc[r]);
-}
-
-static inline __m256i unpack_nibbles16(const uint8_t *qs) {
-    __m128i q = _mm_loadu_si128((const __m128i *)qs);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
 }
 
 /* Q4_1: per row, the single-row kernel's steps (two blocks per step, an odd last block at 256 bits); the

@@ -9,30 +9,9 @@
 #include "quants.h"
 
 #include <immintrin.h>
+#include "cpu/simd_avx2.h"
 #include <math.h>
 #include <string.h>
-
-/* Bit-exactness needs each product rounded before the add: GCC in ISO C mode does not contract, clang must be
- * told (as in quants_ref.c). */
-#if defined(__clang__)
-#pragma STDC FP_CONTRACT OFF
-#endif
-
-/* Small fixed-count loops over arrays of vectors must be unrolled for the arrays to live in registers;
- * GCC at -O2 does not always do it on its own (clang honours the same pragma). */
-#define UNROLL _Pragma("GCC unroll 8")
-
-/* ---------------------------------------------------------------- helpers */
-
-static inline float f16_to_f32(kiln_fp16 h) { return _cvtsh_ss(h); } /* F16C; equals kiln_fp16_to_f32 except
-                                                                         that a signaling NaN comes back quiet */
-
-static inline float hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 static inline float hmax_ps(__m256 v) {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -49,12 +28,6 @@ static inline int hsum_epi32(__m256i v) {
 }
 
 static inline __m256 abs_ps(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
-
-/* 16 bytes of packed nibbles -> 32 bytes: the low nibbles (elements 0..15) then the high ones (16..31). */
-static inline __m256i unpack_nibbles16(const uint8_t *qs) {
-    __m128i q = _mm_loadu_si128((const __m128i *)qs);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
-}
 
 /* 8 bytes at p, sign- or zero-extended, as floats. */
 static inline __m256 i8x8_ps(const void *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
@@ -94,9 +67,6 @@ static inline __m256i hsum8x8_epi32(const __m256i a[8]) {
     __m256i g1 = _mm256_hadd_epi32(h45, h67);
     return _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20), _mm256_permute2x128_si256(g0, g1, 0x31));
 }
-
-/* pshufb masks that broadcast int16 element k of a 128-bit lane to the whole lane. */
-static inline __m256i word_bcast_mask(int k) { return _mm256_set1_epi16((short)((2 * k + 1) << 8 | 2 * k)); }
 
 /* ---------------------------------------------------------------- to_float */
 
@@ -407,14 +377,6 @@ void kiln_vec_dot_bf16_avx2(int64_t n, float *s, const void *vx, const void *vy)
     float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
     for (; i < n; i++) sum += kiln_bf16_to_f32(x[i]) * kiln_bf16_to_f32(y[i]);
     *s = sum;
-}
-
-/* Lane 0: a0*b0, lane 2: a1*b1, from four f16 with one vcvtph2ps (each _cvtsh_ss would cost two
- * shuffle-port uops, the bottleneck of these short-block dots). Same float products as the scalar code. */
-static inline __m128 scale_products(kiln_fp16 a0, kiln_fp16 b0, kiln_fp16 a1, kiln_fp16 b1) {
-    const uint64_t packed = (uint64_t)a0 | (uint64_t)b0 << 16 | (uint64_t)a1 << 32 | (uint64_t)b1 << 48;
-    __m128 f = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)packed));
-    return _mm_mul_ps(f, _mm_movehdup_ps(f));
 }
 
 /* ---------------------------------------------------------------- vec_dot, block types
