@@ -60,8 +60,9 @@ $(BUILD)/libkiln.a: $(OBJ)
 	ar rcs $@ $^
 
 BENCH_SRC := $(wildcard bench/*.c)
-$(BUILD)/kiln: tools/kiln.c $(BENCH_SRC) $(wildcard bench/*.h) $(BUILD)/libkiln.a
-	$(CC) $(CFLAGS) -I. -o $@ tools/kiln.c $(BENCH_SRC) $(BUILD)/libkiln.a $(LDLIBS)
+TOOL_SRC  := $(wildcard tools/*.c)
+$(BUILD)/kiln: $(TOOL_SRC) tools/cmd.h $(BENCH_SRC) $(wildcard bench/*.h) $(BUILD)/libkiln.a
+	$(CC) $(CFLAGS) -I. -o $@ $(TOOL_SRC) $(BENCH_SRC) $(BUILD)/libkiln.a $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c tests/test.h $(BUILD)/libkiln.a
 	@mkdir -p $(dir $@)

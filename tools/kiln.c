@@ -13,6 +13,7 @@
  * Errors go to stderr as one line, "kiln: <message>", and the exit status is 1. */
 #include "kiln.h"
 #include "bench/bench.h"
+#include "tools/cmd.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -27,6 +28,8 @@ static int die_status(kiln_status s) {
     fprintf(stderr, "kiln: %s\n", *msg ? msg : kiln_status_name(s));
     return 1;
 }
+
+int kiln_cli_die(int status) { return die_status((kiln_status)status); }
 
 /* ---------------------------------------------------------------- inspect */
 
@@ -645,12 +648,16 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "convert") == 0) return cmd_convert(argc - 2, argv + 2);
     if (strcmp(cmd, "perplexity") == 0) return cmd_perplexity(argc - 2, argv + 2);
     if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 2, argv + 2);
+    if (strcmp(cmd, "data") == 0) return kiln_cmd_data(argc - 2, argv + 2);
+    if (strcmp(cmd, "plot") == 0) return kiln_cmd_plot(argc - 2, argv + 2);
+    if (strcmp(cmd, "train") == 0) return kiln_cmd_train(argc - 2, argv + 2);
     if (strcmp(cmd, "bench") == 0) {
         if (argc >= 3 && strcmp(argv[2], "quant") == 0) return kiln_bench_quant(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "tokenize") == 0) return kiln_bench_tokenize(argc - 3, argv + 3);
+        if (argc >= 3 && strcmp(argv[2], "train") == 0) return kiln_bench_train(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "model") == 0) return kiln_bench_model(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "-m") == 0) return kiln_bench_model(argc - 2, argv + 2);
-        fprintf(stderr, "kiln: bench: unknown benchmark '%s' (available: quant, tokenize, model or -m MODEL)\n", argc >= 3 ? argv[2] : "");
+        fprintf(stderr, "kiln: bench: unknown benchmark '%s' (available: quant, tokenize, train, model or -m MODEL)\n", argc >= 3 ? argv[2] : "");
         return 1;
     }
     fprintf(stderr, "kiln: unknown command '%s'\n", cmd);

@@ -19,6 +19,18 @@ const kiln_ops kiln_cpu_ops = {
     .attention_forward = kiln_cpu_attention_forward,
     .swiglu_forward = kiln_cpu_swiglu_forward,
     .scratch_size = kiln_cpu_scratch_size,
+    /* training: each entry is switched on as its op lands */
+    /* .embed_backward = kiln_cpu_embed_backward, */
+    /* .rmsnorm_forward_train = kiln_cpu_rmsnorm_forward_train, */
+    /* .rmsnorm_backward = kiln_cpu_rmsnorm_backward, */
+    /* .dense_forward = kiln_cpu_dense_forward, */
+    /* .dense_backward = kiln_cpu_dense_backward, */
+    /* .rope_backward = kiln_cpu_rope_backward, */
+    /* .attention_forward_train = kiln_cpu_attention_forward_train, */
+    /* .attention_backward = kiln_cpu_attention_backward, */
+    /* .swiglu_backward = kiln_cpu_swiglu_backward, */
+    /* .cross_entropy = kiln_cpu_cross_entropy, */
+    /* .train_scratch_size = kiln_cpu_train_scratch_size, */
 };
 
 /* ---------------------------------------------------------------- shared helpers */

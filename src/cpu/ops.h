@@ -1,6 +1,7 @@
 /* ops.h: the ops table, the seam between the model code (written once) and a backend. The CPU table in
  * src/cpu/ops.c is the oracle; a faster backend (SIMD CPU, CUDA) fills the same table and is tested against it
- * op by op (tests/test_ops.c). Forward only for now; each op's backward joins it in the same file (#5).
+ * op by op (tests/test_ops.c). Each op's backward lives in the same file as its forward; tests/test_grad.c checks
+ * every backward against central finite differences of a double-precision forward.
  *
  * Shapes: T tokens in a batch, C width, NH/NKV heads, HS head size, F FFN width, V vocab. Activations are
  * float, row-major, (T, width). Weights are GGUF tensor views: row o of W (ne[0] wide) makes output o. */
@@ -36,6 +37,60 @@ typedef struct kiln_ops {
     void (*swiglu_forward)(kiln_ops_ctx *ctx, float *out, const float *gate, const float *up, int64_t n);
     /* Scratch bytes the ops need for a batch of T tokens of a model of these widths and context n_ctx. */
     size_t (*scratch_size)(int64_t T, int64_t max_width, int64_t NH, int64_t n_ctx, int n_threads);
+
+    /* ---- training (#5). N = B*T rows; activations and gradients are float. Every backward ACCUMULATES
+     * (+=) into each gradient it writes, activation and parameter alike (llm.c's convention): the caller
+     * zeroes them. The exceptions say so. Results never depend on the thread count (deterministic
+     * reductions: per-thread partials summed in a fixed order, or work split so no two threads write one
+     * element). */
+
+    /* dtable (V, C) += scatter of dout (N, C) rows at ids. A row of dout with a non-finite value is
+     * skipped whole; returns how many were skipped. */
+    int64_t (*embed_backward)(kiln_ops_ctx *ctx, float *dtable, const float *dout, const int32_t *ids, int64_t N, int64_t C);
+    /* As rmsnorm_forward, also saving rstd (N) = 1/sqrt(mean(x^2) + eps). out must not alias x. */
+    void (*rmsnorm_forward_train)(kiln_ops_ctx *ctx, float *out, float *rstd, const float *x, const float *w,
+                                  int64_t N, int64_t C, float eps);
+    /* dx (N, C) +=, dw (C) += from dout (N, C). */
+    void (*rmsnorm_backward)(kiln_ops_ctx *ctx, float *dx, float *dw, const float *dout, const float *x, const float *w,
+                             const float *rstd, int64_t N, int64_t C);
+    /* Dense matmul for training: y (N, O) = x (N, I) W^T, W (O rows of I) stored as wtype (KILN_TYPE_F32, or
+     * KILN_TYPE_BF16 for the mixed-precision mirror), accumulated in fp32. y is overwritten. */
+    void (*dense_forward)(kiln_ops_ctx *ctx, float *y, const float *x, const void *W, kiln_type wtype,
+                          int64_t N, int64_t I, int64_t O);
+    /* dx (N, I) += dy W; dW (O, I) += dy^T x (fp32). Either of dx, dW may be NULL to skip it. */
+    void (*dense_backward)(kiln_ops_ctx *ctx, float *dx, float *dW, const float *dy, const float *x, const void *W,
+                           kiln_type wtype, int64_t N, int64_t I, int64_t O);
+    /* The inverse rotation of rope_forward, in place on the gradient dx (T, n_heads*HS). */
+    void (*rope_backward)(kiln_ops_ctx *ctx, float *dx, const int32_t *pos, int64_t T, int64_t n_heads, int64_t HS,
+                          int64_t rope_dim, float base, bool neox);
+    /* Causal GQA attention over B independent sequences of T tokens, online softmax. q (B*T, NH*HS),
+     * k and v (B*T, NKV*HS); out (B*T, NH*HS) is overwritten and lse (B, NH, T) gets each row's
+     * log-sum-exp of the scaled scores. Scale 1/sqrt(HS). */
+    void (*attention_forward_train)(kiln_ops_ctx *ctx, float *out, float *lse, const float *q, const float *k,
+                                    const float *v, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS);
+    /* dq, dk, dv += from dout, recomputing the probabilities from q, k and lse (out is needed for
+     * D = rowsum(dout * out)). */
+    void (*attention_backward)(kiln_ops_ctx *ctx, float *dq, float *dk, float *dv, const float *dout, const float *q,
+                               const float *k, const float *v, const float *out, const float *lse,
+                               int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS);
+    /* dgate, dup (n) += from dout (n) for out = silu(gate) * up. */
+    void (*swiglu_backward)(kiln_ops_ctx *ctx, float *dgate, float *dup, const float *dout, const float *gate,
+                            const float *up, int64_t n);
+    /* Fused softmax cross-entropy over logits (N, V) against targets (N). A row whose target equals
+     * ignore_index counts for nothing. Per counted row, with p = softmax(logits), z = logsumexp(logits),
+     * eps = label_smoothing:
+     *   loss = (1-eps) * (z - logit[target]) + eps * mean_j(z - logit[j]) + z_loss * z^2
+     * losses (N) gets each row's loss (0 for ignored rows) unless NULL. When dscale != 0 the logits are
+     * overwritten IN PLACE by dscale * dloss/dlogits:
+     *   dscale * (p - (1-eps) * onehot(target) - eps/V + 2 * z_loss * z * p), and 0 for ignored rows;
+     * when dscale == 0 they are left as they were. Returns the sum of the counted rows' losses (double)
+     * and stores their number in *n_counted. */
+    double (*cross_entropy)(kiln_ops_ctx *ctx, float *logits, float *losses, const int32_t *targets, int64_t N,
+                            int64_t V, float label_smoothing, float z_loss, int32_t ignore_index, float dscale,
+                            int64_t *n_counted);
+    /* Scratch bytes the training ops need for N = B*T rows of these widths (max_width as in scratch_size;
+     * V the vocab, for the loss). */
+    size_t (*train_scratch_size)(int64_t B, int64_t T, int64_t max_width, int64_t NH, int64_t V, int n_threads);
 } kiln_ops;
 
 extern const kiln_ops kiln_cpu_ops;

@@ -90,4 +90,37 @@ void kiln_attn_chunk_scalar(float *a, float *m, float *l, float *s, const float 
 void kiln_attn_chunk_avx2(float *a, float *m, float *l, float *s, const float *q, const uint16_t *k, const uint16_t *v,
                           int64_t kv_stride, int64_t nk, int64_t HS, int64_t G, float scale);
 
+
+/* ---- training (#5): each backward in its forward's file */
+/* ops.c */
+int64_t kiln_cpu_embed_backward(kiln_ops_ctx *ctx, float *dtable, const float *dout, const int32_t *ids, int64_t N, int64_t C);
+size_t kiln_cpu_train_scratch_size(int64_t B, int64_t T, int64_t max_width, int64_t NH, int64_t V, int n_threads);
+/* ops_rmsnorm.c */
+void kiln_cpu_rmsnorm_forward_train(kiln_ops_ctx *ctx, float *out, float *rstd, const float *x, const float *w,
+                                    int64_t N, int64_t C, float eps);
+void kiln_cpu_rmsnorm_backward(kiln_ops_ctx *ctx, float *dx, float *dw, const float *dout, const float *x, const float *w,
+                               const float *rstd, int64_t N, int64_t C);
+/* ops_dense.c */
+void kiln_cpu_dense_forward(kiln_ops_ctx *ctx, float *y, const float *x, const void *W, kiln_type wtype,
+                            int64_t N, int64_t I, int64_t O);
+void kiln_cpu_dense_backward(kiln_ops_ctx *ctx, float *dx, float *dW, const float *dy, const float *x, const void *W,
+                             kiln_type wtype, int64_t N, int64_t I, int64_t O);
+size_t kiln_cpu_dense_scratch_size(int64_t N, int64_t I, int64_t O, int n_threads);
+/* ops_rope.c */
+void kiln_cpu_rope_backward(kiln_ops_ctx *ctx, float *dx, const int32_t *pos, int64_t T, int64_t n_heads, int64_t HS,
+                            int64_t rope_dim, float base, bool neox);
+/* ops_attention.c */
+void kiln_cpu_attention_forward_train(kiln_ops_ctx *ctx, float *out, float *lse, const float *q, const float *k,
+                                      const float *v, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS);
+void kiln_cpu_attention_backward(kiln_ops_ctx *ctx, float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                 const float *k, const float *v, const float *out, const float *lse,
+                                 int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS);
+/* ops_swiglu.c */
+void kiln_cpu_swiglu_backward(kiln_ops_ctx *ctx, float *dgate, float *dup, const float *dout, const float *gate,
+                              const float *up, int64_t n);
+/* ops_loss.c */
+double kiln_cpu_cross_entropy(kiln_ops_ctx *ctx, float *logits, float *losses, const int32_t *targets, int64_t N,
+                              int64_t V, float label_smoothing, float z_loss, int32_t ignore_index, float dscale,
+                              int64_t *n_counted);
+
 #endif

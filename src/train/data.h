@@ -1,0 +1,58 @@
+/* data.h: token shards and the loader that feeds training batches from them.
+ *
+ * A shard file (DIR/train_000.bin, DIR/train_001.bin, ..., DIR/val_000.bin) is a 64-byte little-endian header
+ *   u32 magic "KSHD" (0x4448534b), u32 version (1), u64 tokenizer fingerprint, u64 token count,
+ *   u32 bytes per token (2 or 4), u32 vocab size, then zeros to byte 64,
+ * followed by the tokens (uint16 when the vocab fits, else uint32). The fingerprint is a 64-bit hash of the
+ * tokenizer's tokens, token types and merges (kiln_tokenizer_fingerprint), so a loader can refuse shards made
+ * by another tokenizer before the first step: the specification's vocab fingerprint preflight. */
+#ifndef KILN_TRAIN_DATA_H
+#define KILN_TRAIN_DATA_H
+
+#include "kiln.h"
+
+#define KILN_SHARD_MAGIC 0x4448534bu
+#define KILN_SHARD_VERSION 1
+#define KILN_SHARD_HEADER 64
+
+/* FNV-1a 64 over the model (type, pre-tokenizer name), every token's bytes and type and every merge, each
+ * length-prefixed. Two tokenizers with the same vocabulary and merges have the same fingerprint. */
+uint64_t kiln_tokenizer_fingerprint(const kiln_tokenizer *tok);
+
+typedef struct kiln_data_stats {
+    int64_t n_train_tokens, n_val_tokens;
+    int n_train_shards, n_val_shards;
+    int64_t n_bytes_in;
+} kiln_data_stats;
+
+/* Tokenizes the corpora (streaming, each file its own document, BOS before each document when the
+ * tokenizer adds one) and writes shards of at most shard_tokens tokens (0: 100M) to out_dir (created if
+ * missing). The last val_fraction of each document's tokens (at least one whole token when > 0) go to
+ * the validation split. Invalid UTF-8 in a corpus is an error naming the file and byte offset. Shards are
+ * written atomically. */
+kiln_status kiln_data_write(const char *const *corpora, int n_corpora, const kiln_tokenizer *tok, const char *out_dir,
+                            double val_fraction, int64_t shard_tokens, kiln_data_stats *stats);
+
+typedef struct kiln_loader kiln_loader;
+
+/* Opens every shard of split ("train" or "val") in dir, checking each header, and that each fingerprint
+ * equals `fingerprint` (a mismatch is KILN_ERR_INVALID naming the shard and both fingerprints) and that
+ * every token is < n_vocab. The shards are mmapped. */
+kiln_status kiln_loader_open(const char *dir, const char *split, uint64_t fingerprint, int64_t n_vocab, kiln_loader **out);
+void kiln_loader_free(kiln_loader *l);
+int64_t kiln_loader_n_tokens(const kiln_loader *l);
+/* The next batch: B rows of T+1 consecutive tokens read sequentially through the concatenated shards
+ * (wrapping to the start at the end); inputs (B*T) get tokens 0..T-1 of each row, targets (B*T) 1..T.
+ * Consecutive rows advance by T tokens. Needs at least T+1 tokens in total. */
+kiln_status kiln_loader_next(kiln_loader *l, int64_t B, int64_t T, int32_t *inputs, int32_t *targets);
+/* The read position (token index into the concatenation), for checkpoints; set_pos restores it. */
+int64_t kiln_loader_pos(const kiln_loader *l);
+kiln_status kiln_loader_set_pos(kiln_loader *l, int64_t pos);
+
+/* `kiln plot`: reads a training log (JSONL; lines with "step" and "loss" are training points, lines with
+ * "step" and "val_loss" validation points; other lines and keys are ignored) and writes an SVG of both loss
+ * curves against the step, with axes, ticks, labels, a title and a legend. Malformed lines are an error
+ * naming the line. */
+kiln_status kiln_plot_loss_svg(const char *log_path, const char *svg_path, const char *title);
+
+#endif

@@ -1,0 +1,81 @@
+/* optim.h: AdamW over one flat fp32 parameter buffer, fused with global-norm gradient clipping, decoupled
+ * weight decay, a non-finite guard and the refresh of the bf16 compute mirror; its 8-bit variant (int8
+ * moments, one scale per 256 elements); and the learning-rate schedule.
+ *
+ * The parameters are segments of the buffer (one per tensor) so that decay can be switched off per
+ * tensor (norms and embeddings by default). Every reduction is deterministic: the result does not depend
+ * on the number of threads. */
+#ifndef KILN_TRAIN_OPTIM_H
+#define KILN_TRAIN_OPTIM_H
+
+#include "kiln.h"
+#include "pool.h"
+
+typedef struct kiln_adamw_cfg {
+    float beta1, beta2;  /* 0.9, 0.95 */
+    float eps;           /* 1e-8 */
+    float weight_decay;  /* 0.1, decoupled: p -= lr * wd * p on segments with decay */
+    float grad_clip;     /* global L2 norm bound; <= 0 disables clipping */
+    bool eight_bit;      /* int8 moments with one fp32 scale per KILN_ADAMW8_BLOCK elements */
+} kiln_adamw_cfg;
+
+#define KILN_ADAMW8_BLOCK 256
+
+typedef struct kiln_param_segment {
+    int64_t offset, n; /* elements of the flat buffer */
+    bool decay;
+} kiln_param_segment;
+
+/* The optimizer state. Its arrays are public so checkpoints can save and restore them as they are. */
+typedef struct kiln_adamw {
+    kiln_adamw_cfg cfg;
+    int64_t n;             /* parameters */
+    int64_t step;          /* updates applied so far (skipped steps do not count) */
+    int64_t n_skipped;     /* steps skipped for a non-finite gradient */
+    kiln_param_segment *segs;
+    int n_segs;
+    /* fp32 moments (cfg.eight_bit false): m, v (n each); NULL otherwise */
+    float *m, *v;
+    /* 8-bit moments (cfg.eight_bit true): m8, v8 (n each) and their scales (ceil(n / 256) each); NULL otherwise */
+    int8_t *m8;
+    uint8_t *v8;
+    float *m_scale, *v_scale;
+} kiln_adamw;
+
+typedef struct kiln_adamw_result {
+    double grad_norm; /* global L2 norm of the gradient before clipping (NaN/Inf when non-finite) */
+    bool skipped;     /* the gradient was non-finite: nothing changed but n_skipped */
+} kiln_adamw_result;
+
+kiln_status kiln_adamw_init(kiln_adamw *opt, const kiln_adamw_cfg *cfg, int64_t n, const kiln_param_segment *segs, int n_segs);
+void kiln_adamw_free(kiln_adamw *opt);
+/* Defaults as commented in kiln_adamw_cfg. */
+kiln_adamw_cfg kiln_adamw_defaults(void);
+
+/* One step at learning rate lr: the norm of grads (n), then, if it is finite, clip, update the moments,
+ * apply decoupled decay and the Adam update to params (n, fp32 master), and when mirror is not NULL write
+ * the updated parameters to it as bf16 (round to nearest even; NaN stays NaN). grads is not modified.
+ * pool may be NULL (one thread). */
+kiln_adamw_result kiln_adamw_step(kiln_adamw *opt, kiln_pool *pool, float *params, const float *grads, uint16_t *mirror, float lr);
+
+/* The global L2 norm of x (n), deterministic (double partials in a fixed order). */
+double kiln_grad_norm(kiln_pool *pool, const float *x, int64_t n);
+
+typedef enum kiln_lr_decay { KILN_LR_COSINE, KILN_LR_LINEAR, KILN_LR_CONSTANT } kiln_lr_decay;
+
+typedef struct kiln_lr_schedule {
+    float lr;            /* peak */
+    float min_lr;        /* floor reached at the end of the decay */
+    int64_t warmup;      /* steps of linear warmup from lr/warmup to lr */
+    int64_t total;       /* the step at which the decay reaches min_lr */
+    kiln_lr_decay decay;
+} kiln_lr_schedule;
+
+/* The learning rate of step (0-based): (step+1)/warmup * lr during warmup, then the decay from lr to min_lr
+ * over steps warmup..total, min_lr after. */
+float kiln_lr_at(const kiln_lr_schedule *s, int64_t step);
+
+/* bf16 conversion used by the mirror (round to nearest even, NaN kept NaN). */
+void kiln_f32_to_bf16_row(const float *x, uint16_t *y, int64_t n);
+
+#endif

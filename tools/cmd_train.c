@@ -1,0 +1,8 @@
+/* cmd_train.c: placeholder until the command lands. */
+#include "tools/cmd.h"
+#include <stdio.h>
+int kiln_cmd_train(int argc, char **argv) {
+    (void)argc, (void)argv;
+    fprintf(stderr, "kiln: not implemented yet\n");
+    return 1;
+}
