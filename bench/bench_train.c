@@ -1,8 +1,140 @@
-/* bench_train.c: placeholder until the training benchmark lands. */
+/* bench_train.c: `kiln bench train`, CPU training throughput. A llama config (the peer script's "small" or
+ * "124m", or kiln's bundled "tiny") with random weights trains on random tokens for a few steps: forward,
+ * loss, backward and an AdamW step, timed per step after warm-up. Reported: tokens/s, achieved GFLOP/s with
+ * llm.c's 6N + 6LCT FLOPs per token (N without the embedding, which is a lookup), peak RSS, and the training
+ * state in bytes per parameter (master, mirror, gradients, moments) beside the activation memory per token.
+ *
+ * The peer, with --peer PYTHON: bench/bench_train_torch.py, the same model in PyTorch on the CPU with the same
+ * threads (it imports ../shared/bench/torch_llama_train.py's model), run in this process's run and compared. */
+#include "bench/bench.h"
+#include "model/llama_train.h"
 #include "tools/cmd.h"
+#include "train/optim.h"
+
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+typedef struct bench_config {
+    const char *name;
+    int64_t V, C, L, NH, NKV, F, T;
+} bench_config;
+
+static const bench_config configs[] = {
+    {"tiny", 4096, 256, 4, 8, 4, 704, 256},     /* the bundled default model's shape */
+    {"small", 16384, 384, 6, 6, 2, 1024, 512},  /* ../shared/bench/torch_llama_train.py "small" */
+    {"124m", 32000, 768, 12, 12, 4, 2048, 1024},/* its "124m" */
+};
+
+static double peer_tok_s(const char *python, const bench_config *c, int64_t B, int64_t T, int steps, int threads, char *ver, size_t nver) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s bench/bench_train_torch.py --config %s --B %lld --T %lld --steps %d --threads %d", python, c->name,
+             (long long)B, (long long)T, steps, threads);
+    FILE *p = popen(cmd, "r");
+    if (!p) return NAN;
+    char line[4096];
+    double tok = NAN;
+    while (fgets(line, sizeof line, p)) {
+        const char *k = strstr(line, "\"tokens_per_s\":");
+        if (k) tok = atof(k + 15);
+        const char *v = strstr(line, "\"torch\": \"");
+        if (v) snprintf(ver, nver, "%.*s", (int)strcspn(v + 10, "\""), v + 10);
+    }
+    return pclose(p) == 0 ? tok : NAN;
+}
+
 int kiln_bench_train(int argc, char **argv) {
-    (void)argc, (void)argv;
-    fprintf(stderr, "kiln: not implemented yet\n");
-    return 1;
+    const char *cfg_name = "tiny", *python = NULL;
+    int64_t B = 8, T = 0;
+    int threads = 0, steps = 5;
+    bool mixed = false, eight_bit = false;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--config") == 0 && v) cfg_name = argv[++i];
+        else if (strcmp(a, "-B") == 0 && v) B = atoll(argv[++i]);
+        else if (strcmp(a, "-T") == 0 && v) T = atoll(argv[++i]);
+        else if (strcmp(a, "-t") == 0 && v) threads = atoi(argv[++i]);
+        else if (strcmp(a, "--steps") == 0 && v) steps = atoi(argv[++i]);
+        else if (strcmp(a, "--peer") == 0 && v) python = argv[++i];
+        else if (strcmp(a, "--mixed") == 0) mixed = true;
+        else if (strcmp(a, "--8bit") == 0) eight_bit = true;
+        else {
+            fprintf(stderr, "usage: kiln bench train [--config tiny|small|124m] [-B B] [-T T] [-t THREADS] [--steps N] [--mixed] "
+                            "[--8bit] [--peer PYTHON]\n");
+            return 1;
+        }
+    }
+    const bench_config *c = NULL;
+    for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++)
+        if (strcmp(configs[i].name, cfg_name) == 0) c = &configs[i];
+    if (!c || B <= 0 || steps <= 0) {
+        fprintf(stderr, "kiln: bench train: unknown config '%s' (tiny, small, 124m) or bad -B/--steps\n", cfg_name);
+        return 1;
+    }
+    if (T <= 0) T = c->T;
+    kiln_llama_config mc = {.n_vocab = c->V, .n_embd = c->C, .n_layer = c->L, .n_head = c->NH, .n_head_kv = c->NKV,
+                            .n_ff = c->F, .n_ctx_train = T, .rope_base = 10000.0f, .rms_eps = 1e-5f};
+    kiln_pool *pool;
+    kiln_llama_train *m;
+    kiln_status s = kiln_pool_create(threads, &pool);
+    if (s || (s = kiln_llama_train_new(&mc, mixed, &m))) return kiln_cli_die(s);
+    threads = kiln_pool_size(pool);
+    kiln_llama_train_init_random(m, 1);
+    if ((s = kiln_llama_train_reserve(m, B, T, threads))) return kiln_cli_die(s);
+    kiln_param_segment *segs = malloc((size_t)m->n_tensors * sizeof *segs);
+    for (int i = 0; i < m->n_tensors; i++)
+        segs[i] = (kiln_param_segment){.offset = m->tensors[i].offset, .n = m->tensors[i].n, .decay = m->tensors[i].decay};
+    kiln_adamw_cfg ac = kiln_adamw_defaults();
+    ac.eight_bit = eight_bit;
+    kiln_adamw opt;
+    if ((s = kiln_adamw_init(&opt, &ac, m->n_params, segs, m->n_tensors))) return kiln_cli_die(s);
+    int32_t *in = malloc((size_t)(B * T) * sizeof *in), *tg = malloc((size_t)(B * T) * sizeof *tg);
+    uint64_t r = 42;
+    for (int64_t i = 0; i < B * T; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        in[i] = (int32_t)((r >> 33) % (uint64_t)c->V);
+        tg[i] = (int32_t)((r >> 13) % (uint64_t)c->V);
+    }
+    double *t = malloc((size_t)steps * sizeof *t), loss = 0;
+    for (int i = -1; i < steps; i++) { /* step -1 warms up */
+        double t0 = kiln_bench_now();
+        memset(m->grads, 0, (size_t)m->n_params * sizeof(float));
+        int64_t k;
+        loss = kiln_llama_train_step(m, &kiln_cpu_ops, pool, in, tg, 1.0f / (float)(B * T), &k) / (double)(B * T);
+        kiln_adamw_step(&opt, pool, m->params, m->grads, m->mirror, 1e-4f);
+        if (i >= 0) t[i] = kiln_bench_now() - t0;
+    }
+    double best = t[0];
+    for (int i = 1; i < steps; i++) best = t[i] < best ? t[i] : best;
+    double med = kiln_bench_median(t, steps);
+    double tok_s = (double)(B * T) / med;
+    double n_mat = (double)(m->n_params - m->tensors[m->tok_embd].n); /* padding is < 16 floats a tensor */
+    double flops_tok = 6 * n_mat + 6.0 * (double)(c->L * T * c->C);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double n = (double)m->n_params;
+    double moments = eight_bit ? 2 + 8.0 / KILN_ADAMW8_BLOCK : 8;
+    double bpp = 4 + (mixed ? 2 : 0) + 4 + moments;
+    char ver[64] = "";
+    double peer = python ? peer_tok_s(python, c, B, T, steps, threads, ver, sizeof ver) : NAN;
+
+    printf("{\"bench\": \"train\", \"config\": \"%s\", \"B\": %lld, \"T\": %lld, \"threads\": %d, \"mixed\": %s, \"optim\": \"%s\", "
+           "\"params\": %lld, \"loss\": %.4f, \"ms_per_step\": %.1f, \"ms_best\": %.1f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, "
+           "\"peak_rss_mb\": %.1f, \"state_bytes_per_param\": %.2f, \"activation_bytes_per_token\": %.0f, "
+           "\"peer\": \"pytorch-cpu %s\", \"peer_tokens_per_s\": %.1f, \"ratio\": %.3f}\n",
+           c->name, (long long)B, (long long)T, threads, mixed ? "true" : "false", eight_bit ? "adamw8bit" : "adamw",
+           (long long)m->n_params, loss, med * 1e3, best * 1e3, tok_s, tok_s * flops_tok * 1e-9, (double)ru.ru_maxrss / 1024, bpp,
+           (double)m->act_bytes / (double)(B * T), ver, peer, tok_s / peer);
+    printf("\n| config | B x T | threads | params | ms/step | tok/s | GFLOP/s | peer tok/s | ratio | peak RSS | state B/param | act B/token |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+           "| %s%s%s | %lld x %lld | %d | %.2fM | %.1f | %.0f | %.1f | %.0f | %.2f | %.0f MB | %.1f | %.0f |\n",
+           c->name, mixed ? " bf16" : "", eight_bit ? " 8bit" : "", (long long)B, (long long)T, threads, n / 1e6, med * 1e3, tok_s,
+           tok_s * flops_tok * 1e-9, peer, tok_s / peer, (double)ru.ru_maxrss / 1024, bpp, (double)m->act_bytes / (double)(B * T));
+    free(t), free(in), free(tg), free(segs);
+    kiln_adamw_free(&opt);
+    kiln_llama_train_free(m);
+    kiln_pool_free(pool);
+    return 0;
 }

@@ -5,6 +5,8 @@
  *   kiln synth [--shape S] [--type T] [--vocab V.gguf] -o OUT.gguf   a llama model with random weights
  *   kiln tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH)
  *   kiln tokenizer train CORPUS... --vocab N -o OUT.gguf [--specials a,b,c] [--min-frequency N]
+ *   kiln data CORPUS... -t TOKENIZER.gguf -o DIR [--val-fraction F] [--shard-tokens N]   (tools/cmd_data.c)
+ *   kiln plot LOG.jsonl -o loss.svg [--title T]                                          (tools/cmd_plot.c)
  *   kiln bench quant [--quick]            dequantize / vec_dot throughput per type and SIMD level
  *   kiln bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   pp and tg tok/s, as llama-bench
  *   kiln convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf
@@ -626,6 +628,8 @@ static void usage(FILE *f) {
                "  perplexity -m MODEL -f TEXT [--ctx N] [-t N]  perplexity over non-overlapping windows\n"
                "  tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH)\n"
                "  tokenizer train CORPUS... --vocab N -o OUT.gguf [--specials a,b,c] [--min-frequency N]\n"
+               "  data CORPUS... -t TOKENIZER.gguf -o DIR [--val-fraction F] [--shard-tokens N]   token shards for training\n"
+               "  plot LOG.jsonl -o loss.svg [--title T]  train and val loss curves of a training log as an SVG\n"
                "  synth [--shape S] [--type T] [--vocab V.gguf] -o OUT.gguf  a llama model with random weights\n"
                "  bench quant [--quick]                  dequantize and vec_dot throughput per type, scalar vs SIMD\n"
                "  bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   prompt and generation tok/s, as llama-bench\n"

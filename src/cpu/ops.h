@@ -15,6 +15,7 @@ typedef struct kiln_ops_ctx {
     kiln_pool *pool; /* threads for every op */
     void *scratch;   /* ops may use this much scratch: activation rows quantized for vec_dot, attention scores */
     size_t scratch_bytes;
+    struct kiln_prepared *prepared; /* weights in the backend's own layout (prepare_weights), or NULL */
 } kiln_ops_ctx;
 
 typedef struct kiln_ops {
@@ -25,6 +26,17 @@ typedef struct kiln_ops {
     void (*rmsnorm_forward)(kiln_ops_ctx *ctx, float *out, const float *x, const float *w, int64_t T, int64_t C, float eps);
     /* y (T, O) = x (T, I) W^T for W of O rows of I; x rows are quantized once to W's vec_dot_type. */
     void (*matmul_forward)(kiln_ops_ctx *ctx, float *y, const float *x, const kiln_tensor_view *W, int64_t T);
+    /* n matmuls of one input, y[i] (T, O_i) = x W[i]^T, as one job: x is quantized once and the rows of all n
+     * weights are shared over the threads together (the forward's q, k, v, and gate, up). */
+    void (*matmul_n_forward)(kiln_ops_ctx *ctx, int n, float *const *y, const float *x, const kiln_tensor_view *const *W,
+                             int64_t T);
+    /* Copies weights that matmuls will be given into the backend's own layout, owned by ctx until
+     * release_weights; matmuls of the others read them in place. The CPU repacks the block formats it has VNNI
+     * kernels for, 16 rows interleaved (ops_repack.c). drop_source: the views point into a read-only file
+     * mapping (kiln_model_load's) whose pages the copies replace; each is dropped from the process once copied,
+     * so resident memory holds the weights once. */
+    kiln_status (*prepare_weights)(kiln_ops_ctx *ctx, const kiln_tensor_view *const *W, int64_t n, bool drop_source);
+    void (*release_weights)(kiln_ops_ctx *ctx); /* accepts a ctx with nothing prepared */
     /* Rotates the first rope_dim of each head of x (T, n_heads*HS) in place, token t at position pos[t]:
      * theta_i = pos * base^(-2i/rope_dim). Interleaved pairs (2i, 2i+1) when !neox, halves (i, i+rope_dim/2) when neox. */
     void (*rope_forward)(kiln_ops_ctx *ctx, float *x, const int32_t *pos, int64_t T, int64_t n_heads, int64_t HS,

@@ -1,4 +1,5 @@
-/* ops_attention.c: causal multi-head attention with grouped KV heads over the f16 KV cache.
+/* ops_attention.c: causal multi-head attention with grouped KV heads over the f16 KV cache; below it, training's
+ * forward and backward over float q, k, v (their own comment, at "training").
  *
  * For query token t (position pos0 + t) and head h, reading KV head g = h / G (G = NH / NKV query heads per KV
  * head): s_j = q . k_j / sqrt(HS) for j = 0..n-1 (n = pos0 + t + 1), out = softmax(s) . v. q stays float and k, v
@@ -18,6 +19,7 @@
 #include "ops_internal.h"
 
 #include <math.h>
+#include <string.h>
 
 /* Keys per chunk for a query that sees n positions: 128, or more so that there are at most 64 chunks. */
 static int64_t chunk_keys(int64_t n) { return 128 * ((n + 128 * 64 - 1) / (128 * 64)); }
@@ -210,4 +212,258 @@ void kiln_cpu_attention_forward(kiln_ops_ctx *ctx, float *out, const float *q, c
     atomic_init(&j.barrier, 0);
     atomic_init(&j.next_unit, 0);
     kiln_ops_run(ctx, by_chunk ? attention_by_chunk : attention_by_group, &j, parallel);
+}
+
+/* ---------------------------------------------------------------- training (#5)
+ *
+ * Float q, k, v of B sequences of T tokens (no cache), each token attending to its sequence's tokens 0..t. A work
+ * unit is one (b, g): a sequence and a KV head with its G query heads. The unit owns dk and dv of its (b, g) and dq
+ * of its heads, so no two threads write one element, and each unit sums in a fixed order: the result does not
+ * depend on the thread count.
+ *
+ * The unit first copies its keys and values into the thread's scratch in the layouts the kernels want
+ * (kiln_attn_train_unit, ops_internal.h): transposed (HS, TP), so that the scores of a query against 16 keys are 16
+ * independent sums s_j += q_d k_jd over d (no horizontal reduction), and as rows padded to HSP, for sums of rows.
+ * TP rounds T up to 32 and HSP rounds HS up to 16, with zeros. The forward is an online softmax over chunks of 64
+ * keys (FlashAttention's running max and sum, as the inference path); the backward recomputes p = exp(s - lse) from
+ * the saved lse, then with D = dout . out:  dp_j = dout . v_j,  ds_j = p_j (dp_j - D),  dq = scale sum_j ds_j k_j,
+ * dk_j += scale ds_j q,  dv_j += p_j dout. dk and dv are summed transposed in scratch over the unit's rows, then
+ * added to the gradients once. The kernels are the scalar ones below (the oracle: every inner loop is axpy16, which
+ * GCC -O2 vectorizes at any width with the same bits) or ops_train_avx512.c's. tests/test_grad.c checks both
+ * against a double reference and finite differences. */
+
+#define TRAIN_KC 64 /* keys per online-softmax chunk */
+
+/* y[i] += a * x[i] for i < n, n a multiple of 16: the fixed inner loop is what GCC -O2 vectorizes (its very-cheap
+ * cost model skips loops that would need a scalar tail). */
+static inline void axpy16(float *restrict y, const float *restrict x, float a, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16)
+        for (int u = 0; u < 16; u++) y[i + u] += a * x[i + u];
+}
+
+static inline void zero16(float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16)
+        for (int u = 0; u < 16; u++) y[i + u] = 0.0f;
+}
+
+/* s[0, n) = q . k_j over xT's columns j0 .. j0 + n - 1 (n a multiple of 16), unscaled. */
+static inline void scores16(float *s, const float *q, const float *xT, int64_t j0, int64_t n, int64_t HS, int64_t TP) {
+    zero16(s, n);
+    for (int64_t d = 0; d < HS; d++) axpy16(s, xT + d * TP + j0, q[d], n);
+}
+
+void kiln_attn_train_fwd_scalar(const kiln_attn_train_unit *u, float *out, float *lse, const float *q, int64_t n) {
+    const int64_t HS = u->HS, HSP = u->HSP;
+    float M = -INFINITY, L = 0.0f;
+    zero16(u->acc, HSP);
+    for (int64_t j0 = 0; j0 < n; j0 += TRAIN_KC) {
+        const int64_t nk = n - j0 < TRAIN_KC ? n - j0 : TRAIN_KC;
+        scores16(u->s, q, u->kT, j0, (int64_t)round16((size_t)nk), HS, u->TP);
+        float m = M;
+        for (int64_t i = 0; i < nk; i++) m = (u->s[i] *= u->scale) > m ? u->s[i] : m;
+        if (m > M) { /* a new running max rescales what came before (by 0 on the first chunk: M = -inf) */
+            const float f = expf(M - m);
+            L *= f;
+            for (int64_t d = 0; d < HSP; d++) u->acc[d] *= f;
+            M = m;
+        }
+        for (int64_t i = 0; i < nk; i++) {
+            const float p = expf(u->s[i] - M);
+            L += p;
+            axpy16(u->acc, u->vp + (j0 + i) * HSP, p, HSP);
+        }
+    }
+    for (int64_t d = 0; d < HS; d++) out[d] = u->acc[d] / L;
+    *lse = M + logf(L);
+}
+
+/* One row at a time, straight into dkT and dvT. */
+void kiln_attn_train_bwd_scalar(const kiln_attn_train_unit *u, float *dq, const float *q, const float *dout,
+                                const float *D, const float *lse, int64_t t0, int64_t nt, int64_t stride) {
+    const int64_t HS = u->HS, HSP = u->HSP, TP = u->TP;
+    float *p = u->s, *ds = u->dp;
+    for (int64_t r = 0; r < nt; r++, q += stride, dout += stride, dq += stride) {
+        const int64_t n = t0 + r + 1, np = (int64_t)round16((size_t)n);
+        scores16(p, q, u->kT, 0, np, HS, TP);
+        scores16(ds, dout, u->vT, 0, np, HS, TP);
+        /* ds is scale * ds_j; both 0 past the causal edge, so the axpys over np add nothing there */
+        for (int64_t i = 0; i < np; i++) {
+            p[i] = i < n ? expf(p[i] * u->scale - lse[r]) : 0.0f;
+            ds[i] = i < n ? p[i] * (ds[i] - D[r]) * u->scale : 0.0f;
+        }
+        zero16(u->acc, HSP);
+        for (int64_t i = 0; i < n; i++) axpy16(u->acc, u->kp + i * HSP, ds[i], HSP);
+        for (int64_t d = 0; d < HS; d++) dq[d] += u->acc[d];
+        for (int64_t d = 0; d < HS; d++) {
+            axpy16(u->dkT + d * TP, ds, q[d], np);
+            axpy16(u->dvT + d * TP, p, dout[d], np);
+        }
+    }
+}
+
+typedef struct {
+    float *out, *lse;                /* forward: (B*T, NH*HS), (B, NH, T) */
+    float *dq, *dk, *dv;             /* backward: (B*T, NH*HS), (B*T, NKV*HS) x 2 */
+    const float *dout, *o, *lse_in;  /* backward: (B*T, NH*HS) x 2, (B, NH, T) */
+    const float *q, *k, *v;          /* (B*T, NH*HS), (B*T, NKV*HS) x 2 */
+    int64_t B, T, NH, NKV, HS, G, TP, HSP;
+    float scale;
+    kiln_attn_train_fwd_fn fwd;
+    kiln_attn_train_bwd_fn bwd;
+    float *scratch;                  /* (nth, per_thread) floats */
+    size_t per_thread;
+} attn_train_job;
+
+static size_t round32(size_t n) { return (n + 31) & ~(size_t)31; }
+
+/* Scratch of one thread (kiln_attn_train_unit): kT, vT (HS, TP); dkT, dvT (HSP, TP); kp (TP, HSP) (the forward's
+ * vp); P, dS (QB, TP); qb, ob (QB, HSP); s, dp (TP); acc (HSP). Every area a multiple of 16 floats. */
+static size_t train_thread_floats(int64_t T, int64_t HS) {
+    const size_t TP = round32((size_t)T), HSP = round16((size_t)HS), QB = KILN_ATTN_TRAIN_QB;
+    const size_t per_key = kiln_ops_add(2 * (size_t)HS, kiln_ops_add(3 * HSP, 2 * QB + 2)); /* floats per TP column */
+    return kiln_ops_add(kiln_ops_mul(per_key, TP), kiln_ops_add(2 * QB * HSP, HSP));
+}
+
+static kiln_attn_train_unit train_unit(const attn_train_job *j, int ith) {
+    const size_t TP = (size_t)j->TP, HS = (size_t)j->HS, HSP = (size_t)j->HSP, QB = KILN_ATTN_TRAIN_QB;
+    float *p = j->scratch + (size_t)ith * j->per_thread;
+    kiln_attn_train_unit u = {.HS = j->HS, .HSP = j->HSP, .TP = j->TP, .scale = j->scale};
+    u.kT = p, p += HS * TP;
+    u.vT = p, p += HS * TP;
+    u.dkT = p, p += HSP * TP;
+    u.dvT = p, p += HSP * TP;
+    u.kp = u.vp = p, p += TP * HSP; /* the forward sums rows of v, the backward rows of k */
+    u.P = p, p += QB * TP;
+    u.dS = p, p += QB * TP;
+    u.qb = p, p += QB * HSP;
+    u.ob = p, p += QB * HSP;
+    u.s = p, p += TP;
+    u.dp = p, p += TP;
+    u.acc = p;
+    return u;
+}
+
+/* Rows (b*T + t, g) of x (B*T, NKV*HS) into xT (HS, TP) transposed and/or xp (TP, HSP) padded; pads zeroed. The
+ * transpose goes in blocks of 16 rows, whose slices stay in L1 while each is read HS times. */
+static void copy_kv(float *xT, float *xp, const attn_train_job *j, const float *x, int64_t b, int64_t g) {
+    const int64_t T = j->T, TP = j->TP, HS = j->HS, HSP = j->HSP, kvw = j->NKV * HS;
+    const float *rows = x + b * T * kvw + g * HS;
+    if (xT) {
+        for (int64_t t0 = 0; t0 < TP; t0 += 16) {
+            const int64_t nt = T - t0 < 16 ? (T > t0 ? T - t0 : 0) : 16;
+            for (int64_t d = 0; d < HS; d++) {
+                float *col = xT + d * TP + t0;
+                for (int64_t t = 0; t < nt; t++) col[t] = rows[(t0 + t) * kvw + d];
+                for (int64_t t = nt; t < 16; t++) col[t] = 0.0f;
+            }
+        }
+    }
+    if (xp) {
+        for (int64_t t = 0; t < T; t++) {
+            memcpy(xp + t * HSP, rows + t * kvw, (size_t)HS * sizeof *xp);
+            for (int64_t d = HS; d < HSP; d++) xp[t * HSP + d] = 0.0f;
+        }
+        for (int64_t i = T * HSP; i < TP * HSP; i++) xp[i] = 0.0f;
+    }
+}
+
+static void attention_train_forward_units(void *arg, int ith, int nth) {
+    const attn_train_job *j = arg;
+    const kiln_attn_train_unit u = train_unit(j, ith);
+    const int64_t T = j->T, HS = j->HS, NH = j->NH;
+    int64_t lo, hi;
+    kiln_ops_split(j->B * j->NKV, ith, nth, &lo, &hi);
+    for (int64_t unit = lo; unit < hi; unit++) {
+        const int64_t b = unit / j->NKV, g = unit % j->NKV;
+        copy_kv(u.kT, NULL, j, j->k, b, g);
+        copy_kv(NULL, u.vp, j, j->v, b, g);
+        for (int64_t h = g * j->G; h < (g + 1) * j->G; h++)
+            for (int64_t t = 0; t < T; t++) {
+                const int64_t row = ((b * T + t) * NH + h) * HS;
+                j->fwd(&u, j->out + row, j->lse + (b * NH + h) * T + t, j->q + row, t + 1);
+            }
+    }
+}
+
+static void attention_train_backward_units(void *arg, int ith, int nth) {
+    const attn_train_job *j = arg;
+    const kiln_attn_train_unit u = train_unit(j, ith);
+    const int64_t T = j->T, TP = j->TP, HS = j->HS, NH = j->NH, kvw = j->NKV * HS;
+    int64_t lo, hi;
+    kiln_ops_split(j->B * j->NKV, ith, nth, &lo, &hi);
+    for (int64_t unit = lo; unit < hi; unit++) {
+        const int64_t b = unit / j->NKV, g = unit % j->NKV;
+        copy_kv(u.kT, u.kp, j, j->k, b, g);
+        copy_kv(u.vT, NULL, j, j->v, b, g);
+        zero16(u.dkT, j->HSP * TP);
+        zero16(u.dvT, j->HSP * TP);
+        for (int64_t h = g * j->G; h < (g + 1) * j->G; h++)
+            for (int64_t t0 = 0; t0 < T; t0 += KILN_ATTN_TRAIN_QB) {
+                const int64_t nt = T - t0 < KILN_ATTN_TRAIN_QB ? T - t0 : KILN_ATTN_TRAIN_QB;
+                const int64_t row = ((b * T + t0) * NH + h) * HS;
+                float D[KILN_ATTN_TRAIN_QB];
+                for (int64_t r = 0; r < nt; r++) {
+                    const float *dout = j->dout + row + r * NH * HS, *o = j->o + row + r * NH * HS;
+                    D[r] = 0.0f;
+                    for (int64_t d = 0; d < HS; d++) D[r] += dout[d] * o[d];
+                }
+                j->bwd(&u, j->dq + row, j->q + row, j->dout + row, D, j->lse_in + (b * NH + h) * T + t0, t0, nt, NH * HS);
+            }
+        for (int64_t t0 = 0; t0 < T; t0 += 16) /* back from transposed, 16 rows at a time as copy_kv */
+            for (int64_t d = 0; d < HS; d++)
+                for (int64_t t = t0; t < T && t < t0 + 16; t++) {
+                    j->dk[(b * T + t) * kvw + g * HS + d] += u.dkT[d * TP + t];
+                    j->dv[(b * T + t) * kvw + g * HS + d] += u.dvT[d * TP + t];
+                }
+    }
+}
+
+size_t kiln_cpu_attention_train_scratch_size(int64_t T, int64_t max_width, int64_t NH, int n_threads) {
+    if (T <= 0 || max_width <= 0 || NH <= 0 || n_threads <= 0) return 0;
+    if (T > INT64_MAX / 2 || max_width > INT64_MAX / 2) return SIZE_MAX;
+    /* NH * HS <= max_width (the q row is among the widest activations), so HS <= max_width / NH. */
+    return kiln_ops_mul(kiln_ops_mul(train_thread_floats(T, max_width / NH), (size_t)n_threads), sizeof(float));
+}
+
+/* The job for B*T rows, without its tensors; a unit's work is ~T^2/2 * HS * G multiply-adds (x 5 backward). */
+static attn_train_job train_job(kiln_ops_ctx *ctx, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                                bool *parallel) {
+    assert(B >= 0 && T >= 0 && NKV > 0 && NH % NKV == 0 && HS > 0);
+    *parallel = B * NKV > 1 && B * NH * T * T * HS >= (1 << 18);
+    const int nth = *parallel ? kiln_ops_n_threads(ctx) : 1;
+    size_t bytes;
+    attn_train_job j = {.B = B, .T = T, .NH = NH, .NKV = NKV, .HS = HS, .G = NH / NKV,
+                        .TP = (int64_t)round32((size_t)T), .HSP = (int64_t)round16((size_t)HS),
+                        .scale = 1.0f / sqrtf((float)HS), .fwd = kiln_attn_train_fwd_scalar,
+                        .bwd = kiln_attn_train_bwd_scalar, .scratch = kiln_ops_scratch(ctx, &bytes),
+                        .per_thread = train_thread_floats(T, HS)};
+#if defined(__x86_64__)
+    if (kiln_cpu_ops_level() >= KILN_SIMD_AVX512 && HS <= KILN_ATTN_TRAIN_AVX512_MAX_HS) {
+        j.fwd = kiln_attn_train_fwd_avx512;
+        j.bwd = kiln_attn_train_bwd_avx512;
+    }
+#endif
+    assert(j.scratch && j.per_thread * (size_t)nth * sizeof(float) <= bytes &&
+           "attention scratch too small: size it with train_scratch_size");
+    (void)nth;
+    return j;
+}
+
+void kiln_cpu_attention_forward_train(kiln_ops_ctx *ctx, float *out, float *lse, const float *q, const float *k,
+                                      const float *v, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
+    if (B == 0 || T == 0) return;
+    bool parallel;
+    attn_train_job j = train_job(ctx, B, T, NH, NKV, HS, &parallel);
+    j.out = out, j.lse = lse, j.q = q, j.k = k, j.v = v;
+    kiln_ops_run(ctx, attention_train_forward_units, &j, parallel);
+}
+
+void kiln_cpu_attention_backward(kiln_ops_ctx *ctx, float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                 const float *k, const float *v, const float *out, const float *lse,
+                                 int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
+    if (B == 0 || T == 0) return;
+    bool parallel;
+    attn_train_job j = train_job(ctx, B, T, NH, NKV, HS, &parallel);
+    j.dq = dq, j.dk = dk, j.dv = dv, j.dout = dout, j.o = out, j.lse_in = lse, j.q = q, j.k = k, j.v = v;
+    kiln_ops_run(ctx, attention_train_backward_units, &j, parallel);
 }

@@ -52,7 +52,12 @@ size_t kiln_cpu_scratch_size(int64_t T, int64_t max_width, int64_t NH, int64_t n
 void kiln_cpu_rmsnorm_forward(kiln_ops_ctx *ctx, float *out, const float *x, const float *w, int64_t T, int64_t C, float eps);
 /* ops_matmul.c */
 void kiln_cpu_matmul_forward(kiln_ops_ctx *ctx, float *y, const float *x, const kiln_tensor_view *W, int64_t T);
+void kiln_cpu_matmul_n_forward(kiln_ops_ctx *ctx, int n, float *const *y, const float *x, const kiln_tensor_view *const *W,
+                               int64_t T);
 size_t kiln_cpu_matmul_scratch_size(int64_t T, int64_t max_width);
+/* ops_repack.c (its own header, ops_repack.h, has the layouts and kernels) */
+kiln_status kiln_cpu_prepare_weights(kiln_ops_ctx *ctx, const kiln_tensor_view *const *W, int64_t n, bool drop_source);
+void kiln_cpu_release_weights(kiln_ops_ctx *ctx);
 /* Multi-row dot kernels for prefill (src/cpu/gemm_*.c): s[r * bs] = vec_dot(n, x, y + r * by) for the 4
  * activation rows r = 0..3, each weight block unpacked once for all 4; bit-for-bit equal to 4 calls of the
  * same level's vec_dot. kiln_cpu_get_gemm4 returns the kernel of exactly that level, or NULL where there is
@@ -115,12 +120,54 @@ void kiln_cpu_attention_forward_train(kiln_ops_ctx *ctx, float *out, float *lse,
 void kiln_cpu_attention_backward(kiln_ops_ctx *ctx, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                  const float *k, const float *v, const float *out, const float *lse,
                                  int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS);
+size_t kiln_cpu_attention_train_scratch_size(int64_t T, int64_t max_width, int64_t NH, int n_threads);
+/* Training attention's kernels. A unit (one sequence, one KV head) has its keys and values in thread scratch,
+ * transposed kT, vT (HS, TP) and as rows kp, vp (TP, HSP), zeros past T and HS (TP: T rounded up to 32; HSP: HS
+ * rounded up to 16); dkT, dvT (HSP, TP) sum its dk, dv. A query row q (HS) sees keys 0..n-1 (n = t + 1), scores
+ * scale * q . k_j:
+ *   fwd: one row: out (HS) = softmax(scores) . v, *lse = the scores' log-sum-exp, online over chunks of 64 keys.
+ *   bwd: rows t0 .. t0 + nt - 1 (nt <= QB) of one head, q, dout and dq rows stride floats apart, D (nt) =
+ *        dout . out and lse (nt): with p_j = exp(score_j - lse), ds_j = p_j (dout . v_j - D):
+ *        dq += scale sum_j ds_j k_j, dkT[:, j] += scale sum_t ds_j q, dvT[:, j] += sum_t p_j dout.
+ * The rest of the unit is the kernels' own scratch: s, dp (TP) and acc (HSP) for a row; P, dS (QB, TP) and qb, ob
+ * (QB, HSP) for a block of rows. The scalar kernels (ops_attention.c) are the oracle; the AVX-512 ones
+ * (ops_train_avx512.c, HS up to 128) use FMA and a polynomial exp within 2 ulp of expf. */
+#define KILN_ATTN_TRAIN_QB 32
+#define KILN_ATTN_TRAIN_AVX512_MAX_HS 128
+typedef struct kiln_attn_train_unit {
+    float *kT, *vT, *kp, *vp, *dkT, *dvT;
+    float *s, *dp, *acc, *P, *dS, *qb, *ob;
+    int64_t HS, HSP, TP;
+    float scale;
+} kiln_attn_train_unit;
+typedef void (*kiln_attn_train_fwd_fn)(const kiln_attn_train_unit *u, float *out, float *lse, const float *q, int64_t n);
+typedef void (*kiln_attn_train_bwd_fn)(const kiln_attn_train_unit *u, float *dq, const float *q, const float *dout,
+                                       const float *D, const float *lse, int64_t t0, int64_t nt, int64_t stride);
+void kiln_attn_train_fwd_scalar(const kiln_attn_train_unit *u, float *out, float *lse, const float *q, int64_t n);
+void kiln_attn_train_bwd_scalar(const kiln_attn_train_unit *u, float *dq, const float *q, const float *dout,
+                                const float *D, const float *lse, int64_t t0, int64_t nt, int64_t stride);
+void kiln_attn_train_fwd_avx512(const kiln_attn_train_unit *u, float *out, float *lse, const float *q, int64_t n);
+void kiln_attn_train_bwd_avx512(const kiln_attn_train_unit *u, float *dq, const float *q, const float *dout,
+                                const float *D, const float *lse, int64_t t0, int64_t nt, int64_t stride);
 /* ops_swiglu.c */
 void kiln_cpu_swiglu_backward(kiln_ops_ctx *ctx, float *dgate, float *dup, const float *dout, const float *gate,
                               const float *up, int64_t n);
+/* Its kernel over n elements: scalar (ops_swiglu.c, the oracle, expf) and AVX-512 (ops_train_avx512.c, the
+ * polynomial exp). */
+typedef void (*kiln_swiglu_bwd_fn)(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                                   int64_t n);
+void kiln_swiglu_bwd_scalar(float *dgate, float *dup, const float *dout, const float *gate, const float *up, int64_t n);
+void kiln_swiglu_bwd_avx512(float *dgate, float *dup, const float *dout, const float *gate, const float *up, int64_t n);
 /* ops_loss.c */
 double kiln_cpu_cross_entropy(kiln_ops_ctx *ctx, float *logits, float *losses, const int32_t *targets, int64_t N,
                               int64_t V, float label_smoothing, float z_loss, int32_t ignore_index, float dscale,
                               int64_t *n_counted);
+size_t kiln_cpu_cross_entropy_scratch_size(int64_t N);
+/* Cross-entropy's passes over one row x (V): *max, *sum_x = sum x and *sum_e = sum exp(x - max) (both double), and
+ * when write, x[i] = exp(x[i] - max) in place. Scalar (ops_loss.c, the oracle) and AVX-512 (ops_train_avx512.c, the
+ * polynomial exp). A NaN logit makes sum_x, and so the loss, NaN. */
+typedef void (*kiln_ce_row_fn)(float *x, int64_t V, bool write, float *max, double *sum_x, double *sum_e);
+void kiln_ce_row_scalar(float *x, int64_t V, bool write, float *max, double *sum_x, double *sum_e);
+void kiln_ce_row_avx512(float *x, int64_t V, bool write, float *max, double *sum_x, double *sum_e);
 
 #endif

@@ -4,7 +4,10 @@
  * theta_scale. The recurrence drifts from the exact angle by ~i ulps (about 1e-3 rad at p = 4096), and llama.cpp
  * has the same drift, so matching its order keeps logits close to its. Interleaved layout rotates (x[2i],
  * x[2i+1]), NeoX (x[i], x[i + d/2]); dims past d = rope_dim are left alone. tests/test_ops.c checks both
- * layouts against this recurrence in double (1e-5) and against exact angles (a bound growing with p). */
+ * layouts against this recurrence in double (1e-5) and against exact angles (a bound growing with p).
+ *
+ * The backward is the inverse rotation (the transpose of a rotation), the same code with the sine negated, so it
+ * uses the very angles of the forward; tests/test_grad.c checks it against finite differences. */
 #include "ops_internal.h"
 
 #include <math.h>
@@ -17,6 +20,7 @@ typedef struct {
     const int32_t *pos; /* (T) */
     int64_t T, n_heads, HS, rope_dim;
     float theta_scale;
+    float sin_sign; /* 1 rotates by +theta (forward), -1 by -theta (backward) */
     bool neox;
 } rope_job;
 
@@ -33,7 +37,7 @@ static void rope_rows(void *arg, int ith, int nth) {
             const int64_t n = half - i0 < ROPE_CHUNK ? half - i0 : ROPE_CHUNK;
             for (int64_t i = 0; i < n; i++) {
                 cos_t[i] = cosf(theta);
-                sin_t[i] = sinf(theta);
+                sin_t[i] = j->sin_sign * sinf(theta);
                 theta *= j->theta_scale;
             }
             for (int64_t h = 0; h < j->n_heads; h++) {
@@ -51,10 +55,20 @@ static void rope_rows(void *arg, int ith, int nth) {
     }
 }
 
-void kiln_cpu_rope_forward(kiln_ops_ctx *ctx, float *x, const int32_t *pos, int64_t T, int64_t n_heads, int64_t HS,
-                           int64_t rope_dim, float base, bool neox) {
+static void rope_run(kiln_ops_ctx *ctx, float *x, const int32_t *pos, int64_t T, int64_t n_heads, int64_t HS,
+                     int64_t rope_dim, float base, bool neox, float sin_sign) {
     assert(rope_dim > 0 && rope_dim % 2 == 0 && rope_dim <= HS);
-    rope_job j = {x, pos, T, n_heads, HS, rope_dim, powf(base, -2.0f / (float)rope_dim), neox};
+    rope_job j = {x, pos, T, n_heads, HS, rope_dim, powf(base, -2.0f / (float)rope_dim), sin_sign, neox};
     /* Two sincos per pair per token, a few ns per rotated pair: threads from a prefill of several tokens. */
     kiln_ops_run(ctx, rope_rows, &j, T > 1 && T * n_heads * rope_dim >= (1 << 15));
+}
+
+void kiln_cpu_rope_forward(kiln_ops_ctx *ctx, float *x, const int32_t *pos, int64_t T, int64_t n_heads, int64_t HS,
+                           int64_t rope_dim, float base, bool neox) {
+    rope_run(ctx, x, pos, T, n_heads, HS, rope_dim, base, neox, 1.0f);
+}
+
+void kiln_cpu_rope_backward(kiln_ops_ctx *ctx, float *dx, const int32_t *pos, int64_t T, int64_t n_heads, int64_t HS,
+                            int64_t rope_dim, float base, bool neox) {
+    rope_run(ctx, dx, pos, T, n_heads, HS, rope_dim, base, neox, -1.0f);
 }

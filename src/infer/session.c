@@ -1,7 +1,8 @@
 /* session.c: a model running over a growing sequence. The session owns the f16 KV cache (sized from n_ctx),
- * one chunk's activations (proportional to n_batch) and a persistent thread pool; beyond the model's mmap
- * that is all the memory it takes. Prefill runs in chunks of n_batch tokens through the forward in
- * src/model/llama.c. tests/test_generate.c covers the errors and that chunking does not change the logits. */
+ * one chunk's activations (proportional to n_batch), a persistent thread pool and the matmul weights in the
+ * backend's layout, which replace the model's mmap pages they were copied from; that is all the memory it
+ * takes. Prefill runs in chunks of n_batch tokens through the forward in src/model/llama.c. tests/test_generate.c
+ * covers the errors and that chunking does not change the logits. */
 #include "model/model.h"
 #include "cpu/ops.h"
 #include "status.h"
@@ -20,6 +21,26 @@ struct kiln_session {
     uint16_t *kv;      /* (L, 2, n_ctx, NKV*HS) f16 */
     float *act;        /* kiln_llama_act_floats(n_batch) */
 };
+
+/* The matmul weights in the backend's own layout (the CPU's: 16 rows interleaved for its VNNI kernels), owned by
+ * the session. They come from kiln_model_load's read-only mmap, so each weight's pages are dropped once copied:
+ * resident memory holds the weights once (a second session of the same model holds a second copy). */
+static kiln_status prepare_weights(kiln_session *s) {
+    if (!s->ops->prepare_weights) return KILN_OK;
+    const kiln_llama_config *c = &s->m->cfg;
+    const int64_t n = 7 * c->n_layer + 1;
+    const kiln_tensor_view **w = malloc(sizeof *w * (size_t)n);
+    if (!w) return kiln_fail(KILN_ERR_NOMEM, "session: out of memory");
+    for (int64_t l = 0; l < c->n_layer; l++) {
+        const kiln_llama_layer *L = &s->m->layers[l];
+        const kiln_tensor_view *mats[7] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
+        memcpy(w + 7 * l, mats, sizeof mats);
+    }
+    w[n - 1] = s->m->output;
+    kiln_status st = s->ops->prepare_weights(&s->ctx, w, n, true);
+    free(w);
+    return st;
+}
 
 kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, kiln_session **out) {
     *out = NULL;
@@ -63,12 +84,17 @@ kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, 
         return kiln_fail(KILN_ERR_NOMEM, "session: out of memory for a KV cache of %llu bytes and %llu bytes of scratch",
                          (unsigned long long)kv_bytes, (unsigned long long)act_bytes);
     }
+    if ((st = prepare_weights(s)) != KILN_OK) {
+        kiln_session_free(s);
+        return st;
+    }
     *out = s;
     return KILN_OK;
 }
 
 void kiln_session_free(kiln_session *s) {
     if (!s) return;
+    if (s->ops->release_weights) s->ops->release_weights(&s->ctx);
     kiln_pool_free(s->pool);
     free(s->kv);
     free(s->act);

@@ -5,7 +5,7 @@
  * that chunked prefill, one batch and token-by-token decode agree. */
 #include "model.h"
 #include "cpu/ops.h"
-#include "fp16.h"
+#include "quants.h"
 
 #include <string.h>
 
@@ -34,6 +34,20 @@ static void add_rows(float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] += y[i];
 }
 
+/* Two or three matmuls of the same x (c may be NULL): one job where the backend has matmul_n_forward, so x is
+ * quantized once and small k and v share the threads with q (a pool wake-up costs 10-90 us; decode has ~10 per layer). */
+static void matmul3(const kiln_ops *ops, kiln_ops_ctx *ctx, float *a, const kiln_tensor_view *wa, float *b, const kiln_tensor_view *wb,
+                    float *c, const kiln_tensor_view *wc, const float *x, int64_t T) {
+    float *const y[3] = {a, b, c};
+    const kiln_tensor_view *const w[3] = {wa, wb, wc};
+    const int n = c ? 3 : 2;
+    if (ops->matmul_n_forward) {
+        ops->matmul_n_forward(ctx, n, y, x, w, T);
+        return;
+    }
+    for (int i = 0; i < n; i++) ops->matmul_forward(ctx, y[i], x, w[i], T);
+}
+
 /* kv_cache is (L, 2, n_ctx, NKV*HS) f16: layer l's keys, then its values. act holds kiln_llama_act_floats(T).
  * Ids are valid and pos0 + T <= n_ctx (the session checks both). logits, when not NULL, receives (T, V) when
  * all_logits, else the last row's (V); the head runs only for those rows. */
@@ -52,6 +66,8 @@ void kiln_llama_forward(const kiln_model *m, const kiln_ops *ops, kiln_ops_ctx *
     float *up = gate + T * F;  /* (T, F) */
     int32_t *pos = (int32_t *)(up + T * F); /* (T) */
     for (int64_t t = 0; t < T; t++) pos[t] = (int32_t)(pos0 + t);
+    /* f32 -> f16 for the KV cache, the same bits as kiln_f32_to_fp16 at every SIMD level (F16C rounds to nearest even) */
+    const kiln_from_float_fn to_f16 = kiln_get_from_float(KILN_TYPE_F16, kiln_simd_best());
 
     ops->embed_forward(ctx, x, m->tok_embd, ids, T);
     for (int64_t l = 0; l < c->n_layer; l++) {
@@ -61,26 +77,19 @@ void kiln_llama_forward(const kiln_model *m, const kiln_ops *ops, kiln_ops_ctx *
 
         /* attention block */
         ops->rmsnorm_forward(ctx, xb, x, w->attn_norm->data, T, C, c->rms_eps);
-        ops->matmul_forward(ctx, q, xb, w->wq, T);
-        ops->matmul_forward(ctx, k, xb, w->wk, T);
-        ops->matmul_forward(ctx, v, xb, w->wv, T);
+        matmul3(ops, ctx, q, w->wq, k, w->wk, v, w->wv, xb, T);
         ops->rope_forward(ctx, q, pos, T, NH, HS, c->rope_dim, c->rope_base, c->rope_neox);
         ops->rope_forward(ctx, k, pos, T, NKV, HS, c->rope_dim, c->rope_base, c->rope_neox);
-        for (int64_t t = 0; t < T; t++) {
-            uint16_t *kr = k_cache + (size_t)(pos0 + t) * (size_t)KV, *vr = v_cache + (size_t)(pos0 + t) * (size_t)KV;
-            for (int64_t i = 0; i < KV; i++) {
-                kr[i] = kiln_f32_to_fp16(k[t * KV + i]);
-                vr[i] = kiln_f32_to_fp16(v[t * KV + i]);
-            }
-        }
+        /* the batch's rows of the cache are contiguous: one conversion each for k and v */
+        to_f16(k, k_cache + (size_t)pos0 * (size_t)KV, T * KV);
+        to_f16(v, v_cache + (size_t)pos0 * (size_t)KV, T * KV);
         ops->attention_forward(ctx, att, q, k_cache, v_cache, pos0, T, NH, NKV, HS);
         ops->matmul_forward(ctx, xb, att, w->wo, T);
         add_rows(x, xb, T * C);
 
         /* feed-forward block: down(silu(gate(x)) * up(x)) */
         ops->rmsnorm_forward(ctx, xb, x, w->ffn_norm->data, T, C, c->rms_eps);
-        ops->matmul_forward(ctx, gate, xb, w->w_gate, T);
-        ops->matmul_forward(ctx, up, xb, w->w_up, T);
+        matmul3(ops, ctx, gate, w->w_gate, up, w->w_up, NULL, NULL, xb, T);
         ops->swiglu_forward(ctx, gate, gate, up, T * F);
         ops->matmul_forward(ctx, xb, gate, w->w_down, T);
         add_rows(x, xb, T * C);

@@ -15,8 +15,10 @@
 #define KILN_SHARD_VERSION 1
 #define KILN_SHARD_HEADER 64
 
-/* FNV-1a 64 over the model (type, pre-tokenizer name), every token's bytes and type and every merge, each
- * length-prefixed. Two tokenizers with the same vocabulary and merges have the same fingerprint. */
+/* FNV-1a 64 over the model (family, tokenizer.ggml.model, pre-tokenizer name), every token's bytes and type
+ * (and, for SentencePiece, whose merges follow the scores, its score) and every merge in rank order, strings
+ * length-prefixed. Two tokenizers with the same vocabulary and merges have the same fingerprint; changing one
+ * token, type or merge changes it. */
 uint64_t kiln_tokenizer_fingerprint(const kiln_tokenizer *tok);
 
 typedef struct kiln_data_stats {
@@ -25,19 +27,23 @@ typedef struct kiln_data_stats {
     int64_t n_bytes_in;
 } kiln_data_stats;
 
-/* Tokenizes the corpora (streaming, each file its own document, BOS before each document when the
- * tokenizer adds one) and writes shards of at most shard_tokens tokens (0: 100M) to out_dir (created if
- * missing). The last val_fraction of each document's tokens (at least one whole token when > 0) go to
- * the validation split. Invalid UTF-8 in a corpus is an error naming the file and byte offset. Shards are
- * written atomically. */
+/* Tokenizes the corpora (streaming, each file its own document, encoded as kiln_tokenizer_encode with
+ * add_special on and parse_special off: BOS/EOS as the tokenizer adds them, "<s>" in the text stays text) and
+ * writes shards of at most shard_tokens tokens (0: 100M) to out_dir (created if missing). The last
+ * n_val = max(1, floor(n * val_fraction)) of a document's n tokens go to the validation split (none when
+ * val_fraction is 0), the rest to train, in corpus order. Invalid UTF-8 in a corpus is an error naming the
+ * file and byte offset. Shards are written atomically; shards of the same split left by an earlier run with
+ * more of them are removed. stats (may be NULL) gets the counts. */
 kiln_status kiln_data_write(const char *const *corpora, int n_corpora, const kiln_tokenizer *tok, const char *out_dir,
                             double val_fraction, int64_t shard_tokens, kiln_data_stats *stats);
 
 typedef struct kiln_loader kiln_loader;
 
-/* Opens every shard of split ("train" or "val") in dir, checking each header, and that each fingerprint
- * equals `fingerprint` (a mismatch is KILN_ERR_INVALID naming the shard and both fingerprints) and that
- * every token is < n_vocab. The shards are mmapped. */
+/* Opens the shards of split ("train" or "val") in dir, SPLIT_000.bin upwards to the first missing index,
+ * checking each header (magic, version, bytes per token, token count against the file size: KILN_ERR_FORMAT
+ * naming the file), that each fingerprint equals `fingerprint` (a mismatch is KILN_ERR_INVALID naming the shard
+ * and both fingerprints) and that every token is < n_vocab (KILN_ERR_RANGE naming the file, token and index).
+ * No shard is KILN_ERR_NOT_FOUND. The shards are mmapped. */
 kiln_status kiln_loader_open(const char *dir, const char *split, uint64_t fingerprint, int64_t n_vocab, kiln_loader **out);
 void kiln_loader_free(kiln_loader *l);
 int64_t kiln_loader_n_tokens(const kiln_loader *l);

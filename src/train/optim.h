@@ -13,7 +13,7 @@
 
 typedef struct kiln_adamw_cfg {
     float beta1, beta2;  /* 0.9, 0.95 */
-    float eps;           /* 1e-8 */
+    float eps;           /* 1e-8; must be > 0 (v is 0 where the gradient always was) */
     float weight_decay;  /* 0.1, decoupled: p -= lr * wd * p on segments with decay */
     float grad_clip;     /* global L2 norm bound; <= 0 disables clipping */
     bool eight_bit;      /* int8 moments with one fp32 scale per KILN_ADAMW8_BLOCK elements */
@@ -32,11 +32,12 @@ typedef struct kiln_adamw {
     int64_t n;             /* parameters */
     int64_t step;          /* updates applied so far (skipped steps do not count) */
     int64_t n_skipped;     /* steps skipped for a non-finite gradient */
-    kiln_param_segment *segs;
+    kiln_param_segment *segs; /* (n_segs) a copy, sorted by offset; elements outside every segment do not decay */
     int n_segs;
     /* fp32 moments (cfg.eight_bit false): m, v (n each); NULL otherwise */
     float *m, *v;
-    /* 8-bit moments (cfg.eight_bit true): m8, v8 (n each) and their scales (ceil(n / 256) each); NULL otherwise */
+    /* 8-bit moments (cfg.eight_bit true): m8, v8 (n each) and their scales (ceil(n / 256) each); NULL otherwise.
+     * m8 is an E4M3 code of m / m_scale, v8 an E4M4 code of sqrt(v) / v_scale: optim.c's header has the format. */
     int8_t *m8;
     uint8_t *v8;
     float *m_scale, *v_scale;
@@ -47,8 +48,10 @@ typedef struct kiln_adamw_result {
     bool skipped;     /* the gradient was non-finite: nothing changed but n_skipped */
 } kiln_adamw_result;
 
+/* Zeroed moments for n parameters. Segments may come in any order and leave gaps, but must lie inside the
+ * buffer (KILN_ERR_RANGE) and must not overlap (KILN_ERR_INVALID); empty ones are ignored. */
 kiln_status kiln_adamw_init(kiln_adamw *opt, const kiln_adamw_cfg *cfg, int64_t n, const kiln_param_segment *segs, int n_segs);
-void kiln_adamw_free(kiln_adamw *opt);
+void kiln_adamw_free(kiln_adamw *opt); /* accepts NULL and freed or zeroed state */
 /* Defaults as commented in kiln_adamw_cfg. */
 kiln_adamw_cfg kiln_adamw_defaults(void);
 
@@ -58,7 +61,7 @@ kiln_adamw_cfg kiln_adamw_defaults(void);
  * pool may be NULL (one thread). */
 kiln_adamw_result kiln_adamw_step(kiln_adamw *opt, kiln_pool *pool, float *params, const float *grads, uint16_t *mirror, float lr);
 
-/* The global L2 norm of x (n), deterministic (double partials in a fixed order). */
+/* The global L2 norm of x (n), deterministic (double partials in a fixed order): the same bits for any pool. */
 double kiln_grad_norm(kiln_pool *pool, const float *x, int64_t n);
 
 typedef enum kiln_lr_decay { KILN_LR_COSINE, KILN_LR_LINEAR, KILN_LR_CONSTANT } kiln_lr_decay;
@@ -72,7 +75,7 @@ typedef struct kiln_lr_schedule {
 } kiln_lr_schedule;
 
 /* The learning rate of step (0-based): (step+1)/warmup * lr during warmup, then the decay from lr to min_lr
- * over steps warmup..total, min_lr after. */
+ * over steps warmup..total, min_lr after. KILN_LR_CONSTANT stays at lr after the warmup (min_lr unused). */
 float kiln_lr_at(const kiln_lr_schedule *s, int64_t step);
 
 /* bf16 conversion used by the mirror (round to nearest even, NaN kept NaN). */

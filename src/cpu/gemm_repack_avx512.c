@@ -1,0 +1,277 @@
+/* gemm_repack_avx512.c: AVX-512 VNNI kernels over weights repacked 16 rows at a time (layouts in ops_repack.c).
+ *
+ * A call computes y[t][r] = dot(row r of a 16-row group, activation row t) for up to KILN_PACK_NT tokens over
+ * the whole row. Each 32-bit lane of a weight vector holds 4 consecutive quants of one of the 16 rows, so one
+ * vpdpbusd against 4 activation bytes broadcast to every lane advances 16 rows at once: no horizontal sums,
+ * and the broadcast folds into the instruction as a memory operand (one uop). Block and sub-block scales are
+ * vectors of 16 rows, applied in float once per sub-block per token. Each weight vector is loaded and unpacked
+ * once per call and used for every token of the call, so prefill pays its unpacking once per 8 tokens.
+ *
+ * Integer sums are exact (the same integers as the single-row vec_dot); the float steps differ in order from
+ * vec_dot, so results agree with it to ~1e-6 of sum |w x| rather than bit for bit. A token's result does not
+ * depend on which other tokens share its call, nor on the thread count: every token runs the same instruction
+ * sequence on its own accumulators. tests/test_gemm.c checks both, and every type against a double reference. */
+#if defined(__x86_64__)
+
+#include "ops_repack.h"
+
+#include <immintrin.h>
+#include "cpu/simd_avx512.h"
+
+/* The activation bytes x[0..3] (or a float) in every lane. */
+static inline __m512i bcast4(const char *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+static inline __m512 bcastf(const char *p) {
+    float v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_ps(v);
+}
+static inline __m512 f16x16(const char *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline __m512i ld(const char *p) { return _mm512_loadu_si512((const void *)p); }
+
+/* (a & 0x0F) | b: b holds only bits outside the low nibble (vpternlogd truth table 0xEC over a, b, c = 0x0F). */
+static inline __m512i merge_low(__m512i a, __m512i b, __m512i m4) { return _mm512_ternarylogic_epi32(a, b, m4, 0xEC); }
+
+static inline void store_rows(float *y, __m512 v, int nrows) {
+    if (nrows == KILN_PACK_ROWS)
+        _mm512_storeu_ps(y, v);
+    else
+        _mm512_mask_storeu_ps(y, (__mmask16)((1u << nrows) - 1), v);
+}
+
+/* Each kernel is written once for a compile-time token count NT and instantiated for 1..KILN_PACK_NT. */
+#define NT_CASES(fn, c)          \
+    switch ((c)->nt) {           \
+    case 1: fn(c, 1); break;     \
+    case 2: fn(c, 2); break;     \
+    case 3: fn(c, 3); break;     \
+    case 4: fn(c, 4); break;     \
+    case 5: fn(c, 5); break;     \
+    case 6: fn(c, 6); break;     \
+    case 7: fn(c, 7); break;     \
+    default: fn(c, 8); break;    \
+    }
+
+/* ---------------------------------------------------------------- Q8_0
+ * Weights stored as q ^ 0x80 = q + 128 (unsigned, as vpdpbusd wants); the 128 * sum(x) this adds is taken off by
+ * starting each block's sum at the panel's -128 * sum(x). Panel row: qs[I], d[nb] float, -128*sum[nb] int32. */
+static inline __attribute__((always_inline)) void q8_0_nt(const kiln_pack_call *c, const int NT) {
+    const int64_t nb = c->nb, I = nb * QK8_0;
+    const char *wq = c->w, *wd = c->w + nb * KILN_PACK_Q8_0_QS;
+    __m512 acc[KILN_PACK_NT];
+    UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const char *q = wq + b * KILN_PACK_Q8_0_QS;
+        const __m512 dw = f16x16(wd + b * KILN_PACK_Q8_0_AUX);
+        __m512i s[KILN_PACK_NT];
+        UNROLL for (int t = 0; t < NT; t++) s[t] = bcast4(c->x + t * c->x_row + I + 4 * nb + 4 * b);
+        UNROLL for (int k = 0; k < 8; k++) {
+            const __m512i w = ld(q + 64 * k);
+            UNROLL for (int t = 0; t < NT; t++) s[t] = _mm512_dpbusd_epi32(s[t], w, bcast4(c->x + t * c->x_row + 32 * b + 4 * k));
+        }
+        UNROLL for (int t = 0; t < NT; t++)
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(dw, bcastf(c->x + t * c->x_row + I + 4 * b)), acc[t]);
+    }
+    UNROLL for (int t = 0; t < NT; t++) store_rows(c->y + t * c->ldy, acc[t], c->nrows);
+}
+
+void kiln_pack_gemm_q8_0_avx512(const kiln_pack_call *c) { NT_CASES(q8_0_nt, c) }
+
+/* ---------------------------------------------------------------- Q4_1
+ * x = d * q + m. Lane r of vector k holds bytes qs[4k..4k+3] of row r: low nibbles are elements 4k.., high
+ * nibbles 16+4k... dot = d * dy * sum(q qy) + m * s, s = dy * sum(qy) from the Q8_1 panel (qs[I], d[nb], s[nb]). */
+static inline __attribute__((always_inline)) void q4_1_nt(const kiln_pack_call *c, const int NT) {
+    const int64_t nb = c->nb, I = nb * QK4_1;
+    const char *wq = c->w, *wa = c->w + nb * KILN_PACK_Q4_1_QS;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[KILN_PACK_NT];
+    UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const char *q = wq + b * KILN_PACK_Q4_1_QS, *aux = wa + b * KILN_PACK_Q4_1_AUX;
+        const __m512 dw = f16x16(aux), mw = f16x16(aux + 32);
+        __m512i s[KILN_PACK_NT];
+        UNROLL for (int t = 0; t < NT; t++) s[t] = _mm512_setzero_si512();
+        UNROLL for (int k = 0; k < 4; k++) {
+            const __m512i w = ld(q + 64 * k);
+            const __m512i lo = _mm512_and_si512(w, m4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+            UNROLL for (int t = 0; t < NT; t++) {
+                const char *xt = c->x + t * c->x_row + 32 * b;
+                s[t] = _mm512_dpbusd_epi32(s[t], lo, bcast4(xt + 4 * k));
+                s[t] = _mm512_dpbusd_epi32(s[t], hi, bcast4(xt + 16 + 4 * k));
+            }
+        }
+        UNROLL for (int t = 0; t < NT; t++) {
+            const char *xs = c->x + t * c->x_row + I;
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(dw, bcastf(xs + 4 * b)), acc[t]);
+            acc[t] = _mm512_fmadd_ps(mw, bcastf(xs + 4 * nb + 4 * b), acc[t]);
+        }
+    }
+    UNROLL for (int t = 0; t < NT; t++) store_rows(c->y + t * c->ldy, acc[t], c->nrows);
+}
+
+void kiln_pack_gemm_q4_1_avx512(const kiln_pack_call *c) { NT_CASES(q4_1_nt, c) }
+
+/* ---------------------------------------------------------------- Q4_K and Q5_K
+ * x = d * sc_j * q - dmin * m_j over sub-blocks j of 32. Vector (c, k) lane r holds qs[32c+4k..] of row r: low
+ * nibbles are elements 4k.. of sub-block 2c, high nibbles of sub-block 2c+1. The high nibbles are used in place
+ * (q * 16, masking with 0xF0 instead of shifting) and their scale divided by 16, exactly. The activations are
+ * plain Q8_K blocks: per 256, d (float), qs, and bsums (sums of 16), so the mins term sum_j m_j (bsums[2j] +
+ * bsums[2j+1]) is one vpdpwssd per sub-block against the pair (m_j, m_j). The 16 rows' scales[12] are stored as
+ * 12 planes of 16 bytes (byte p of each row), unpacked for all rows at once as kiln_unpack_scales_k4 does. */
+
+/* Sub-block scales (sc) and mins (mn) of 16 rows: lane group j & 3 of sc_lo (j < 4) or sc_hi (j >= 4). */
+typedef struct {
+    __m512i sc_lo, sc_hi, m_lo, m_hi;
+} k4_scales;
+
+static inline k4_scales k4_unpack(const char *planes) {
+    const __m512i m6 = _mm512_set1_epi8(63), m30 = _mm512_set1_epi8(0x30), m4 = _mm512_set1_epi8(0x0F);
+    const __m512i p0 = ld(planes), p1 = ld(planes + 64), p2 = ld(planes + 128); /* bytes 0-3, 4-7, 8-11 */
+    k4_scales s;
+    s.sc_lo = _mm512_and_si512(p0, m6);
+    s.m_lo = _mm512_and_si512(p1, m6);
+    s.sc_hi = merge_low(p2, _mm512_and_si512(_mm512_srli_epi16(p0, 2), m30), m4);
+    s.m_hi = merge_low(_mm512_srli_epi16(p2, 4), _mm512_and_si512(_mm512_srli_epi16(p1, 2), m30), m4);
+    return s;
+}
+
+static inline __m512i lane_u8(__m512i v, int j) {
+    switch (j & 3) {
+    case 0: return _mm512_cvtepu8_epi32(_mm512_castsi512_si128(v));
+    case 1: return _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(v, 1));
+    case 2: return _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(v, 2));
+    default: return _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(v, 3));
+    }
+}
+
+/* Q8_K block fields, by byte offset (block_q8_K: float d, int8 qs[256], int16 bsums[16]). */
+#define Q8K_QS 4
+#define Q8K_BSUMS (4 + QK_K)
+
+/* Q5_K: as Q4_K, plus the fifth bit of each quant from qh: vector k of the qh area holds qh[4k..4k+3] of each
+ * row, where bit j of qh[l] tops element l of sub-block j. Sub-block j moves that bit to bit 4; there the high
+ * nibbles are shifted down (q * 16 would leave no room for it), so no scale is divided by 16. */
+static inline __m512i q5_bit4(__m512i h, int j) {
+    const __m512i b4 = _mm512_set1_epi8(0x10);
+    if (j < 4) return _mm512_and_si512(_mm512_slli_epi16(h, 4 - j), b4);
+    if (j == 4) return _mm512_and_si512(h, b4);
+    return _mm512_and_si512(_mm512_srli_epi16(h, j - 4), b4);
+}
+
+/* Quant vector k of sub-block j: Q4_K's nibbles (the high ones as q * 16), or Q5_K's 5-bit values. */
+static inline __m512i k_quants(const char *q, bool q5, int j, int k) {
+    const __m512i w = ld(q + 512 * (j >> 1) + 64 * k);
+    if (!q5) return _mm512_and_si512(w, _mm512_set1_epi8((j & 1) ? (char)0xF0 : 0x0F));
+    const __m512i h = ld(q + QK_K / 2 * KILN_PACK_ROWS + 64 * k);
+    return merge_low((j & 1) ? _mm512_srli_epi16(w, 4) : w, q5_bit4(h, j), _mm512_set1_epi8(0x0F));
+}
+
+/* One 256-element block of Q4_K or Q5_K for NT tokens: F[t] = sum_j s_j A_j[t] with s_j = d * sc_j, then
+ * acc[t] += dy * (F[t] - dmin * sum_j m_j S_j). q: the block's quants, aux: its scales, xb: token 0's Q8_K block. */
+static inline __attribute__((always_inline)) void k4_block(const kiln_pack_call *c, const int NT, bool q5, const char *q,
+                                                          const char *aux, const char *xb, __m512 *acc) {
+    const __m512 d = f16x16(aux), dmin = f16x16(aux + 32), sixteenth = _mm512_set1_ps(1.0f / 16.0f);
+    const k4_scales ks = k4_unpack(aux + 64);
+    __m512 F[KILN_PACK_NT];
+    __m512i M[KILN_PACK_NT];
+    UNROLL for (int t = 0; t < NT; t++) F[t] = _mm512_setzero_ps();
+    UNROLL for (int j = 0; j < 8; j++) {
+        __m512 s = _mm512_mul_ps(d, _mm512_cvtepi32_ps(lane_u8(j < 4 ? ks.sc_lo : ks.sc_hi, j)));
+        if ((j & 1) && !q5) s = _mm512_mul_ps(s, sixteenth);
+        __m512i A[KILN_PACK_NT];
+        UNROLL for (int t = 0; t < NT; t++) A[t] = _mm512_setzero_si512();
+        UNROLL for (int k = 0; k < 8; k++) {
+            const __m512i v = k_quants(q, q5, j, k);
+            UNROLL for (int t = 0; t < NT; t++) A[t] = _mm512_dpbusd_epi32(A[t], v, bcast4(xb + t * c->x_row + Q8K_QS + 32 * j + 4 * k));
+        }
+        UNROLL for (int t = 0; t < NT; t++) F[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(A[t]), s, F[t]);
+    }
+    UNROLL for (int t = 0; t < NT; t++) M[t] = _mm512_setzero_si512();
+    UNROLL for (int j = 0; j < 8; j++) {
+        const __m512i m = lane_u8(j < 4 ? ks.m_lo : ks.m_hi, j), mm = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));
+        UNROLL for (int t = 0; t < NT; t++) M[t] = _mm512_dpwssd_epi32(M[t], mm, bcast4(xb + t * c->x_row + Q8K_BSUMS + 4 * j));
+    }
+    UNROLL for (int t = 0; t < NT; t++)
+        acc[t] = _mm512_fmadd_ps(_mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(M[t]), F[t]), bcastf(xb + t * c->x_row), acc[t]);
+}
+
+static inline __attribute__((always_inline)) void k4_nt(const kiln_pack_call *c, const int NT, bool q5) {
+    const int64_t nb = c->nb;
+    const size_t qs = q5 ? KILN_PACK_Q5_K_QS : KILN_PACK_Q4_K_QS, ax = q5 ? KILN_PACK_Q5_K_AUX : KILN_PACK_Q4_K_AUX;
+    __m512 acc[KILN_PACK_NT];
+    UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++)
+        k4_block(c, NT, q5, c->w + b * qs, c->w + nb * qs + b * ax, c->x + b * (int64_t)sizeof(block_q8_K), acc);
+    UNROLL for (int t = 0; t < NT; t++) store_rows(c->y + t * c->ldy, acc[t], c->nrows);
+}
+
+static inline __attribute__((always_inline)) void q4_K_nt(const kiln_pack_call *c, const int NT) { k4_nt(c, NT, false); }
+static inline __attribute__((always_inline)) void q5_K_nt(const kiln_pack_call *c, const int NT) { k4_nt(c, NT, true); }
+
+void kiln_pack_gemm_q4_K_avx512(const kiln_pack_call *c) { NT_CASES(q4_K_nt, c) }
+void kiln_pack_gemm_q5_K_avx512(const kiln_pack_call *c) { NT_CASES(q5_K_nt, c) }
+
+/* ---------------------------------------------------------------- Q6_K
+ * x = d * sc_g * (q - 32) over groups g of 16. For half h and k = 0..7, three vectors: A_k = ql[64h+4k..],
+ * B_k = ql[64h+32+4k..], H_k = qh[32h+4k..] of each row. Quarter e = 0..3 of the half (elements 32e + 4k..) is
+ * A low, B low, A high, B high nibbles, with bits 2e, 2e+1 of H on top; its group is 8h + 2e + k/4. The -32 is
+ * taken off as 32 * sum_g sc_g bsums[g] (vpdpwssd against pairs (sc_2p, sc_2p+1)). Scales: 16 planes of 16 int8. */
+static inline __m512i q6_quarter(const char *q, int e, int k) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i l = ld(q + 192 * k + 64 * (e & 1)), h = ld(q + 192 * k + 128);
+    const __m512i lo = e < 2 ? l : _mm512_srli_epi16(l, 4);
+    __m512i hb;
+    switch (e) {
+    case 0: hb = _mm512_slli_epi16(h, 4); break;
+    case 1: hb = _mm512_slli_epi16(h, 2); break;
+    case 2: hb = h; break;
+    default: hb = _mm512_srli_epi16(h, 2); break;
+    }
+    return merge_low(lo, _mm512_and_si512(hb, m30), m4);
+}
+
+static inline __attribute__((always_inline)) void q6_K_nt(const kiln_pack_call *c, const int NT) {
+    const int64_t nb = c->nb;
+    __m512 acc[KILN_PACK_NT];
+    UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const char *q = c->w + b * KILN_PACK_Q6_K_QS, *aux = c->w + nb * KILN_PACK_Q6_K_QS + b * KILN_PACK_Q6_K_AUX;
+        const char *xb = c->x + b * (int64_t)sizeof(block_q8_K);
+        const __m512 d = f16x16(aux);
+        const char *planes = aux + 32;
+        __m512 F[KILN_PACK_NT];
+        __m512i C[KILN_PACK_NT];
+        UNROLL for (int t = 0; t < NT; t++) F[t] = _mm512_setzero_ps();
+        UNROLL for (int h = 0; h < 2; h++)
+            UNROLL for (int e = 0; e < 4; e++)
+                UNROLL for (int half = 0; half < 2; half++) {
+                    const int g = 8 * h + 2 * e + half;
+                    const __m512 s = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(planes + 16 * g)))));
+                    __m512i A[KILN_PACK_NT];
+                    UNROLL for (int t = 0; t < NT; t++) A[t] = _mm512_setzero_si512();
+                    UNROLL for (int k = 4 * half; k < 4 * half + 4; k++) {
+                        const __m512i v = q6_quarter(q + 1536 * h, e, k);
+                        UNROLL for (int t = 0; t < NT; t++)
+                            A[t] = _mm512_dpbusd_epi32(A[t], v, bcast4(xb + t * c->x_row + Q8K_QS + 128 * h + 32 * e + 4 * k));
+                    }
+                    UNROLL for (int t = 0; t < NT; t++) F[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(A[t]), s, F[t]);
+                }
+        UNROLL for (int t = 0; t < NT; t++) C[t] = _mm512_setzero_si512();
+        UNROLL for (int p = 0; p < 8; p++) {
+            const __m128i a = _mm_loadu_si128((const __m128i *)(planes + 32 * p)), bb = _mm_loadu_si128((const __m128i *)(planes + 32 * p + 16));
+            const __m512i pair = _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, bb), _mm_unpacklo_epi8(a, bb)));
+            UNROLL for (int t = 0; t < NT; t++) C[t] = _mm512_dpwssd_epi32(C[t], pair, bcast4(xb + t * c->x_row + Q8K_BSUMS + 4 * p));
+        }
+        const __m512 d32 = _mm512_mul_ps(d, _mm512_set1_ps(32.0f));
+        UNROLL for (int t = 0; t < NT; t++)
+            acc[t] = _mm512_fmadd_ps(_mm512_fnmadd_ps(d32, _mm512_cvtepi32_ps(C[t]), F[t]), bcastf(xb + t * c->x_row), acc[t]);
+    }
+    UNROLL for (int t = 0; t < NT; t++) store_rows(c->y + t * c->ldy, acc[t], c->nrows);
+}
+
+void kiln_pack_gemm_q6_K_avx512(const kiln_pack_call *c) { NT_CASES(q6_K_nt, c) }
+
+#endif /* __x86_64__ */

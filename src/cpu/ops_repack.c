@@ -1,0 +1,318 @@
+/* ops_repack.c: weights repacked 16 rows at a time for the VNNI kernels of gemm_repack_avx512.c (layout in
+ * ops_repack.h), the activation panels those kernels read, and the prepared set a session keeps.
+ *
+ * Why repack: a row-major block format makes a dot product end in a horizontal sum per row, and its scales come
+ * one row at a time. With 16 rows interleaved 4 quants at a time, one vpdpbusd advances all 16 rows against 4
+ * activation bytes broadcast from memory, and every scale step is a vector of 16 rows. That is what lets decode
+ * run at memory speed and prefill near the int8 peak (the approach of ik_llama.cpp's run-time repacking).
+ *
+ * Memory: the copy is the size of the weights it replaces (QS + AUX = 16 GGUF blocks), plus < 64 bytes of
+ * padding per 16 rows and zero rows up to a multiple of 16. When the caller says the views point into a
+ * read-only file mapping, each weight's pages are dropped from the process (madvise DONTNEED) once its copy is
+ * made, so resident memory holds one copy of the weights, not two, at any time beyond the weight being packed.
+ * A page dropped by mistake would only be read again from the file. tests/test_gemm.c covers packing through
+ * the kernels' results on random and raw-byte weights of every packed type. */
+#include "ops_repack.h"
+
+#include "fp16.h"
+#include "status.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------- formats */
+
+typedef struct {
+    kiln_type type;
+    size_t qs, aux; /* bytes per block of a group */
+    void (*pack)(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux);
+    kiln_pack_gemm_fn avx512;
+} pack_format;
+
+/* Lane r of a 64-byte vector: 4 bytes of row r. */
+static void put4(uint8_t *vec, int r, const uint8_t *src, uint8_t flip) {
+    for (int e = 0; e < 4; e++) vec[4 * r + e] = src[e] ^ flip;
+}
+
+static const uint8_t zero_block[sizeof(block_q6_K) > sizeof(block_q5_K) ? sizeof(block_q6_K) : sizeof(block_q5_K)];
+
+static void pack_q8_0(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux) {
+    for (int64_t b = 0; b < nb; b++)
+        for (int r = 0; r < KILN_PACK_ROWS; r++) {
+            const block_q8_0 *x = rows[r] ? (const block_q8_0 *)rows[r] + b : (const block_q8_0 *)zero_block;
+            for (int k = 0; k < 8; k++) put4(qs + b * KILN_PACK_Q8_0_QS + 64 * k, r, (const uint8_t *)x->qs + 4 * k, 0x80);
+            memcpy(aux + b * KILN_PACK_Q8_0_AUX + 2 * r, &x->d, 2);
+        }
+}
+
+static void pack_q4_1(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux) {
+    for (int64_t b = 0; b < nb; b++)
+        for (int r = 0; r < KILN_PACK_ROWS; r++) {
+            const block_q4_1 *x = rows[r] ? (const block_q4_1 *)rows[r] + b : (const block_q4_1 *)zero_block;
+            for (int k = 0; k < 4; k++) put4(qs + b * KILN_PACK_Q4_1_QS + 64 * k, r, x->qs + 4 * k, 0);
+            memcpy(aux + b * KILN_PACK_Q4_1_AUX + 2 * r, &x->d, 2);
+            memcpy(aux + b * KILN_PACK_Q4_1_AUX + 32 + 2 * r, &x->m, 2);
+        }
+}
+
+/* Q4_K and Q5_K share the nibble and scale layout; Q5_K adds its qh after the nibbles. */
+static void pack_k4(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux, bool q5) {
+    const size_t bq = q5 ? KILN_PACK_Q5_K_QS : KILN_PACK_Q4_K_QS, ba = q5 ? KILN_PACK_Q5_K_AUX : KILN_PACK_Q4_K_AUX;
+    for (int64_t b = 0; b < nb; b++)
+        for (int r = 0; r < KILN_PACK_ROWS; r++) {
+            const uint8_t *d, *scales, *nib, *qh = NULL;
+            if (q5) {
+                const block_q5_K *x = rows[r] ? (const block_q5_K *)rows[r] + b : (const block_q5_K *)zero_block;
+                d = (const uint8_t *)&x->d, scales = x->scales, nib = x->qs, qh = x->qh;
+            } else {
+                const block_q4_K *x = rows[r] ? (const block_q4_K *)rows[r] + b : (const block_q4_K *)zero_block;
+                d = (const uint8_t *)&x->d, scales = x->scales, nib = x->qs;
+            }
+            uint8_t *q = qs + b * bq, *a = aux + b * ba;
+            for (int c = 0; c < 4; c++)
+                for (int k = 0; k < 8; k++) put4(q + 512 * c + 64 * k, r, nib + 32 * c + 4 * k, 0);
+            if (q5)
+                for (int k = 0; k < 8; k++) put4(q + QK_K / 2 * KILN_PACK_ROWS + 64 * k, r, qh + 4 * k, 0);
+            memcpy(a + 2 * r, d, 2);          /* d */
+            memcpy(a + 32 + 2 * r, d + 2, 2); /* dmin */
+            for (int p = 0; p < K_SCALE_SIZE; p++) a[64 + 16 * p + r] = scales[p];
+        }
+}
+static void pack_q4_K(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux) { pack_k4(rows, nb, qs, aux, false); }
+static void pack_q5_K(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux) { pack_k4(rows, nb, qs, aux, true); }
+
+static void pack_q6_K(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux) {
+    for (int64_t b = 0; b < nb; b++)
+        for (int r = 0; r < KILN_PACK_ROWS; r++) {
+            const block_q6_K *x = rows[r] ? (const block_q6_K *)rows[r] + b : (const block_q6_K *)zero_block;
+            uint8_t *q = qs + b * KILN_PACK_Q6_K_QS, *a = aux + b * KILN_PACK_Q6_K_AUX;
+            for (int h = 0; h < 2; h++)
+                for (int k = 0; k < 8; k++) {
+                    uint8_t *v = q + 1536 * h + 192 * k;
+                    put4(v, r, x->ql + 64 * h + 4 * k, 0);
+                    put4(v + 64, r, x->ql + 64 * h + 32 + 4 * k, 0);
+                    put4(v + 128, r, x->qh + 32 * h + 4 * k, 0);
+                }
+            memcpy(a + 2 * r, &x->d, 2);
+            for (int g = 0; g < QK_K / 16; g++) a[32 + 16 * g + r] = (uint8_t)x->scales[g];
+        }
+}
+
+#if defined(__x86_64__)
+#define KERNEL(f) f
+#else
+#define KERNEL(f) NULL
+#endif
+
+static const pack_format formats[] = {
+    {KILN_TYPE_Q8_0, KILN_PACK_Q8_0_QS, KILN_PACK_Q8_0_AUX, pack_q8_0, KERNEL(kiln_pack_gemm_q8_0_avx512)},
+    {KILN_TYPE_Q4_1, KILN_PACK_Q4_1_QS, KILN_PACK_Q4_1_AUX, pack_q4_1, KERNEL(kiln_pack_gemm_q4_1_avx512)},
+    {KILN_TYPE_Q4_K, KILN_PACK_Q4_K_QS, KILN_PACK_Q4_K_AUX, pack_q4_K, KERNEL(kiln_pack_gemm_q4_K_avx512)},
+    {KILN_TYPE_Q5_K, KILN_PACK_Q5_K_QS, KILN_PACK_Q5_K_AUX, pack_q5_K, KERNEL(kiln_pack_gemm_q5_K_avx512)},
+    {KILN_TYPE_Q6_K, KILN_PACK_Q6_K_QS, KILN_PACK_Q6_K_AUX, pack_q6_K, KERNEL(kiln_pack_gemm_q6_K_avx512)},
+};
+
+/* Every layout is 16 GGUF blocks, which the kernels' offsets assume. */
+static_assert(KILN_PACK_Q8_0_QS + KILN_PACK_Q8_0_AUX == KILN_PACK_ROWS * sizeof(block_q8_0), "Q8_0 group size");
+static_assert(KILN_PACK_Q4_1_QS + KILN_PACK_Q4_1_AUX == KILN_PACK_ROWS * sizeof(block_q4_1), "Q4_1 group size");
+static_assert(KILN_PACK_Q4_K_QS + KILN_PACK_Q4_K_AUX == KILN_PACK_ROWS * sizeof(block_q4_K), "Q4_K group size");
+static_assert(KILN_PACK_Q5_K_QS + KILN_PACK_Q5_K_AUX == KILN_PACK_ROWS * sizeof(block_q5_K), "Q5_K group size");
+static_assert(KILN_PACK_Q6_K_QS + KILN_PACK_Q6_K_AUX == KILN_PACK_ROWS * sizeof(block_q6_K), "Q6_K group size");
+
+static const pack_format *format_of(kiln_type t) {
+    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++)
+        if (formats[i].type == t) return &formats[i];
+    return NULL;
+}
+
+kiln_pack_gemm_fn kiln_pack_kernel(kiln_type t, kiln_simd level) {
+    const pack_format *f = format_of(t);
+    return f && level >= KILN_SIMD_AVX512 ? f->avx512 : NULL;
+}
+
+size_t kiln_pack_group_bytes(kiln_type t, int64_t nb) {
+    const pack_format *f = format_of(t);
+    if (!f || nb <= 0) return 0;
+    const size_t b = kiln_ops_round_up(kiln_ops_mul((size_t)nb, f->qs + f->aux), 64);
+    return b == SIZE_MAX ? 0 : b;
+}
+
+void kiln_pack_group(const kiln_tensor_view *W, int64_t g, char *dst) {
+    const pack_format *f = format_of(W->type);
+    assert(f && W->ne[0] % kiln_type_block_size(W->type) == 0);
+    const int64_t nb = W->ne[0] / kiln_type_block_size(W->type), O = W->ne[1];
+    const uint8_t *rows[KILN_PACK_ROWS];
+    for (int r = 0; r < KILN_PACK_ROWS; r++) {
+        const int64_t o = g * KILN_PACK_ROWS + r;
+        rows[r] = o < O ? (const uint8_t *)W->data + (size_t)o * W->nb[1] : NULL;
+    }
+    f->pack(rows, nb, (uint8_t *)dst, (uint8_t *)dst + (size_t)nb * f->qs);
+    const size_t used = (size_t)nb * (f->qs + f->aux);
+    memset(dst + used, 0, kiln_pack_group_bytes(W->type, nb) - used);
+}
+
+/* ---------------------------------------------------------------- activation panels */
+
+static bool k_quant(kiln_type t) { return t == KILN_TYPE_Q4_K || t == KILN_TYPE_Q5_K || t == KILN_TYPE_Q6_K; }
+
+size_t kiln_pack_panel_row_bytes(kiln_type t, int64_t I) {
+    if (k_quant(t)) return kiln_type_row_bytes(KILN_TYPE_Q8_K, I);
+    return kiln_ops_round_up(kiln_ops_add((size_t)I, kiln_ops_mul((size_t)(I / 32), 8)), 64);
+}
+
+void kiln_pack_panel_quantize(kiln_type t, kiln_simd level, const float *x, char *row, int64_t I, int64_t b0, int64_t b1) {
+    if (k_quant(t)) {
+        kiln_get_from_float(KILN_TYPE_Q8_K, level)(x + b0 * QK_K, row + (size_t)b0 * sizeof(block_q8_K), (b1 - b0) * QK_K);
+        return;
+    }
+    const int64_t nb = I / 32;
+    float *d = (float *)(row + I); /* row + I is 4-byte aligned: I is a multiple of 32 */
+    if (t == KILN_TYPE_Q8_0) {
+        const kiln_from_float_fn q = kiln_get_from_float(KILN_TYPE_Q8_0, level);
+        int32_t *corr = (int32_t *)(d + nb);
+        for (int64_t b = b0; b < b1; b++) {
+            block_q8_0 blk;
+            q(x + 32 * b, &blk, 32);
+            memcpy(row + 32 * b, blk.qs, 32);
+            int32_t sum = 0;
+            for (int i = 0; i < 32; i++) sum += blk.qs[i];
+            d[b] = kiln_fp16_to_f32(blk.d);
+            corr[b] = -128 * sum;
+        }
+        return;
+    }
+    assert(t == KILN_TYPE_Q4_1);
+    const kiln_from_float_fn q = kiln_get_from_float(KILN_TYPE_Q8_1, level);
+    float *s = d + nb;
+    for (int64_t b = b0; b < b1; b++) {
+        block_q8_1 blk;
+        q(x + 32 * b, &blk, 32);
+        memcpy(row + 32 * b, blk.qs, 32);
+        d[b] = kiln_fp16_to_f32(blk.d);
+        s[b] = kiln_fp16_to_f32(blk.s);
+    }
+}
+
+/* ---------------------------------------------------------------- the prepared set */
+
+struct kiln_prepared {
+    int64_t n;
+    kiln_cpu_packed *items; /* sorted by W */
+    void *arena;            /* every item's data */
+};
+
+const kiln_cpu_packed *kiln_cpu_packed_find(const kiln_ops_ctx *ctx, const kiln_tensor_view *W) {
+    const struct kiln_prepared *p = ctx->prepared;
+    if (!p) return NULL;
+    int64_t lo = 0, hi = p->n;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi) / 2;
+        if ((uintptr_t)p->items[mid].W < (uintptr_t)W) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < p->n && p->items[lo].W == W ? &p->items[lo] : NULL;
+}
+
+static int cmp_view_ptr(const void *a, const void *b) {
+    const uintptr_t x = (uintptr_t) * (const kiln_tensor_view *const *)a, y = (uintptr_t) * (const kiln_tensor_view *const *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Threads take groups of the first weight with groups left; whoever packs a weight's last group drops its pages. */
+typedef struct {
+    struct kiln_prepared *set;
+    atomic_llong *next;  /* (n) groups handed out per item */
+    atomic_llong *done;  /* (n) groups packed per item */
+    bool drop;
+    size_t page;
+} pack_job;
+
+static void drop_pages(const void *p, size_t n, size_t page) {
+    const uintptr_t a = ((uintptr_t)p + page - 1) / page * page, b = ((uintptr_t)p + n) / page * page;
+    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED); /* advice: a failure only leaves the pages resident */
+}
+
+static void pack_run(void *arg, int ith, int nth) {
+    const pack_job *j = arg;
+    (void)ith, (void)nth;
+    for (int64_t i = 0; i < j->set->n; i++) {
+        kiln_cpu_packed *it = &j->set->items[i];
+        for (;;) {
+            const int64_t g = atomic_fetch_add(&j->next[i], 1);
+            if (g >= it->n_groups) break;
+            kiln_pack_group(it->W, g, (char *)it->data + (size_t)g * it->group_bytes);
+            if (atomic_fetch_add(&j->done[i], 1) + 1 == it->n_groups && j->drop) drop_pages(it->W->data, it->W->nbytes, j->page);
+        }
+    }
+}
+
+void kiln_cpu_release_weights(kiln_ops_ctx *ctx) {
+    struct kiln_prepared *p = ctx->prepared;
+    if (!p) return;
+    free(p->arena);
+    free(p->items);
+    free(p);
+    ctx->prepared = NULL;
+}
+
+kiln_status kiln_cpu_prepare_weights(kiln_ops_ctx *ctx, const kiln_tensor_view *const *W, int64_t n, bool drop_source) {
+    kiln_cpu_release_weights(ctx);
+    const kiln_simd level = kiln_cpu_ops_level();
+    /* the weights worth packing: a kernel at this level, whole blocks, rows stored one after another */
+    const kiln_tensor_view **keep = malloc(sizeof *keep * (size_t)(n > 0 ? n : 1));
+    if (!keep) return kiln_fail(KILN_ERR_NOMEM, "prepare weights: out of memory for %lld views", (long long)n);
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const kiln_tensor_view *w = W[i];
+        if (!w || !kiln_pack_kernel(w->type, level) || w->ne[2] != 1 || w->ne[3] != 1) continue;
+        if (w->ne[0] <= 0 || w->ne[1] <= 0 || w->ne[0] % kiln_type_block_size(w->type) != 0) continue;
+        if (w->nb[1] != kiln_type_row_bytes(w->type, w->ne[0])) continue;
+        keep[m++] = w;
+    }
+    qsort(keep, (size_t)m, sizeof *keep, cmp_view_ptr);
+    int64_t u = 0; /* the same view named twice (a tied head) is packed once */
+    for (int64_t i = 0; i < m; i++)
+        if (u == 0 || keep[u - 1] != keep[i]) keep[u++] = keep[i];
+    m = u;
+    if (m == 0) {
+        free(keep);
+        return KILN_OK;
+    }
+
+    struct kiln_prepared *set = calloc(1, sizeof *set);
+    kiln_cpu_packed *items = calloc((size_t)m, sizeof *items);
+    atomic_llong *counters = calloc((size_t)(2 * m), sizeof *counters);
+    size_t total = 0;
+    bool overflow = false;
+    for (int64_t i = 0; i < m && items; i++) {
+        const kiln_tensor_view *w = keep[i];
+        items[i].W = w;
+        items[i].n_groups = (w->ne[1] + KILN_PACK_ROWS - 1) / KILN_PACK_ROWS;
+        items[i].group_bytes = kiln_pack_group_bytes(w->type, w->ne[0] / kiln_type_block_size(w->type));
+        items[i].gemm = kiln_pack_kernel(w->type, level);
+        const size_t bytes = kiln_ops_mul(items[i].group_bytes, (size_t)items[i].n_groups);
+        overflow |= items[i].group_bytes == 0 || bytes == SIZE_MAX;
+        total = kiln_ops_add(total, bytes);
+    }
+    free(keep);
+    void *arena = NULL;
+    if (!set || !items || !counters || overflow || total == SIZE_MAX || posix_memalign(&arena, 64, total) != 0) {
+        free(set), free(items), free(counters);
+        return kiln_fail(KILN_ERR_NOMEM, "prepare weights: out of memory for %zu bytes of repacked weights", total);
+    }
+    size_t off = 0;
+    for (int64_t i = 0; i < m; i++) {
+        items[i].data = (const char *)arena + off;
+        off += items[i].group_bytes * (size_t)items[i].n_groups;
+    }
+    *set = (struct kiln_prepared){.n = m, .items = items, .arena = arena};
+    for (int64_t i = 0; i < 2 * m; i++) atomic_init(&counters[i], 0);
+    const long page = sysconf(_SC_PAGESIZE);
+    pack_job j = {.set = set, .next = counters, .done = counters + m, .drop = drop_source, .page = page > 0 ? (size_t)page : 4096};
+    kiln_ops_run(ctx, pack_run, &j, true);
+    free(counters);
+    ctx->prepared = set;
+    return KILN_OK;
+}

@@ -1,0 +1,74 @@
+/* ops_repack.h: weights repacked 16 rows at a time for the VNNI kernels (gemm_repack_avx512.c), the activation
+ * rows those kernels read, and the set of repacked weights a session keeps (ops_repack.c).
+ *
+ * A weight of O rows becomes ceil(O/16) groups of 16 rows (the last padded with zero rows). A group is every
+ * block of its rows: first the quants of block 0, 1, ... (QS bytes each, whole 64-byte vectors in which lane r
+ * holds 4 consecutive quants of row r), then the scales of block 0, 1, ... (AUX bytes each, 16 rows side by
+ * side), then padding to 64 bytes. QS + AUX is 16 blocks of the GGUF type: the copy is the size of the original.
+ * Not part of the library's API; tests/test_gemm.c checks the kernels against vec_dot and a double reference. */
+#ifndef KILN_CPU_OPS_REPACK_H
+#define KILN_CPU_OPS_REPACK_H
+
+#include "ops_internal.h"
+
+#define KILN_PACK_ROWS 16 /* rows per group: one 32-bit lane of a 512-bit vector each */
+#define KILN_PACK_NT 8    /* tokens per kernel call: each weight vector is unpacked once for all of them */
+
+/* Bytes per block in a group of 16 rows. */
+#define KILN_PACK_Q8_0_QS 512  /* 8 vectors of quants + 128 (unsigned, as vpdpbusd wants) */
+#define KILN_PACK_Q8_0_AUX 32  /* d, f16 */
+#define KILN_PACK_Q4_1_QS 256  /* 4 vectors of packed nibbles */
+#define KILN_PACK_Q4_1_AUX 64  /* d, then m, f16 */
+#define KILN_PACK_Q4_K_QS 2048 /* 4 chunks x 8 vectors of packed nibbles */
+#define KILN_PACK_Q4_K_AUX 256 /* d, dmin (f16), then scales[12] as 12 planes of 16 bytes */
+#define KILN_PACK_Q5_K_QS 2560 /* Q4_K's nibbles, then 8 vectors of qh */
+#define KILN_PACK_Q5_K_AUX 256 /* as Q4_K */
+#define KILN_PACK_Q6_K_QS 3072 /* per half, per k: ql low, ql high, qh vectors */
+#define KILN_PACK_Q6_K_AUX 288 /* d (f16), then scales[16] as 16 planes of 16 bytes */
+
+/* One kernel call: y[t * ldy + r] = dot(row r of the group, activation row t) for t < nt, r < nrows. */
+typedef struct {
+    const char *w;  /* the group */
+    int64_t nb;     /* blocks per row */
+    const char *x;  /* nt activation rows, x_row bytes apart, in the weight type's panel format */
+    size_t x_row;
+    int nt;         /* 1..KILN_PACK_NT */
+    float *y;
+    size_t ldy;
+    int nrows;      /* 1..16: rows of the group that exist */
+} kiln_pack_call;
+typedef void (*kiln_pack_gemm_fn)(const kiln_pack_call *c);
+
+void kiln_pack_gemm_q8_0_avx512(const kiln_pack_call *c);
+void kiln_pack_gemm_q4_1_avx512(const kiln_pack_call *c);
+void kiln_pack_gemm_q4_K_avx512(const kiln_pack_call *c);
+void kiln_pack_gemm_q5_K_avx512(const kiln_pack_call *c);
+void kiln_pack_gemm_q6_K_avx512(const kiln_pack_call *c);
+
+/* The kernel for weight type t at this level, or NULL where t has no packed form (or the level no kernels). */
+kiln_pack_gemm_fn kiln_pack_kernel(kiln_type t, kiln_simd level);
+/* Bytes of one group of 16 rows of nb blocks of type t (a kiln_pack_kernel type); 0 on overflow. */
+size_t kiln_pack_group_bytes(kiln_type t, int64_t nb);
+/* Packs group g (rows 16g..16g+15, those < O) of the 2-D weight W into dst (kiln_pack_group_bytes). */
+void kiln_pack_group(const kiln_tensor_view *W, int64_t g, char *dst);
+
+/* Activation rows ("panels") for weight type t: Q4_K/Q5_K/Q6_K read plain Q8_K blocks; Q8_0 reads qs[I], then d[nb]
+ * (float) and -128 * sum(qs) per block (int32); Q4_1 reads qs[I], then d[nb] and s[nb] (float) of its Q8_1
+ * blocks. The quants and scales are those kiln_get_from_float gives the vec_dot_type at the same level. */
+size_t kiln_pack_panel_row_bytes(kiln_type t, int64_t I);
+/* Blocks [b0, b1) of the panel row of x (I wide), quantized at level. */
+void kiln_pack_panel_quantize(kiln_type t, kiln_simd level, const float *x, char *row, int64_t I, int64_t b0, int64_t b1);
+
+/* One weight of a prepared set. */
+typedef struct kiln_cpu_packed {
+    const kiln_tensor_view *W; /* the view it was packed from: the key matmul looks it up by */
+    int64_t n_groups;
+    size_t group_bytes;
+    const char *data;          /* n_groups * group_bytes, 64-byte aligned */
+    kiln_pack_gemm_fn gemm;
+} kiln_cpu_packed;
+
+/* W's packed copy in ctx's prepared set, or NULL. */
+const kiln_cpu_packed *kiln_cpu_packed_find(const kiln_ops_ctx *ctx, const kiln_tensor_view *W);
+
+#endif
