@@ -13,7 +13,8 @@
  *        A model that fits the last-level cache is measured against that cache, not DRAM.
  * Each case runs once untimed (warm-up: page faults of the mmap, caches, thread start), then --reps times
  * (default 3); best and median are reported. Peak RSS is getrusage's ru_maxrss after the case (the mmap'd
- * weights that were touched count).
+ * weights that were touched count; the session's repacked copy replaces the pages it was made from).
+ * session_s is kiln_session_new's time, most of it repacking the weights for the CPU kernels (src/cpu/ops_repack.c).
  * Output: one JSON object per case on stdout, then a table (--json-only leaves the table out). */
 #include "bench/bench.h"
 
@@ -94,6 +95,7 @@ typedef struct {
     double best_s, median_s;
     double best_tps, median_tps;
     double rate;                 /* pp: GFLOP/s, tg: GB/s (best) */
+    double session_s;            /* kiln_session_new: cache and scratch, and the weights repacked for the CPU kernels */
     long long rss;
     uint64_t file_bytes, kv_bytes;
 } case_result;
@@ -141,12 +143,12 @@ static void print_case_json(const model_info *mi, const case_result *r, const do
     kiln_bench_json_str(mi->path);
     printf(",\"ftype\":\"%s\",\"file_bytes\":%llu,\"n_params_layers\":%llu,\"n_params_head\":%llu,\"n_params_embd\":%llu,"
            "\"weight_bytes_layers\":%llu,\"weight_bytes_embd\":%llu,\"tied\":%s,\"test\":\"%s\",\"n_prompt\":%lld,"
-           "\"n_gen\":%lld,\"threads\":%d,\"n_batch\":512,\"n_ctx\":%lld,\"kv_bytes\":%llu,\"load_s\":%.4f,\"reps\":%d,"
+           "\"n_gen\":%lld,\"threads\":%d,\"n_batch\":512,\"n_ctx\":%lld,\"kv_bytes\":%llu,\"load_s\":%.4f,\"session_s\":%.4f,\"reps\":%d,"
            "\"times_s\":[",
            mi->ftype, (unsigned long long)mi->file_bytes, (unsigned long long)k->layer_params,
            (unsigned long long)k->head_params, (unsigned long long)elems(mi->m->tok_embd), (unsigned long long)k->layer_bytes,
            (unsigned long long)k->embd_bytes, mi->m->cfg.tied ? "true" : "false", r->test, (long long)r->n_prompt,
-           (long long)r->n_gen, r->threads, (long long)mi->n_ctx, (unsigned long long)mi->kv_bytes, mi->load_s, r->reps);
+           (long long)r->n_gen, r->threads, (long long)mi->n_ctx, (unsigned long long)mi->kv_bytes, mi->load_s, r->session_s, r->reps);
     for (int i = 0; i < r->reps; i++) printf("%s%.6e", i ? "," : "", times[i]);
     printf("],\"best_s\":%.6e,\"median_s\":%.6e,\"best_tps\":%.3f,\"median_tps\":%.3f", r->best_s, r->median_s, r->best_tps,
            r->median_tps);
@@ -164,15 +166,16 @@ static void print_case_json(const model_info *mi, const case_result *r, const do
 }
 
 /* Runs a case: warm-up, then reps timed repetitions. is_tg picks tg (n tokens decoded) or pp (n prefilled). */
-static int bench_case(const model_info *mi, kiln_session *s, int threads, bool is_tg, int64_t n, int reps, const int32_t *ids,
-                      float *logits, case_result *r) {
+static int bench_case(const model_info *mi, kiln_session *s, double session_s, int threads, bool is_tg, int64_t n, int reps,
+                      const int32_t *ids, float *logits, case_result *r) {
     double times[MAX_REPS];
     if ((is_tg ? run_tg(s, ids, n, logits) : run_pp(s, ids, n, logits)) < 0) return 1;
     for (int i = 0; i < reps; i++)
         if ((times[i] = is_tg ? run_tg(s, ids, n, logits) : run_pp(s, ids, n, logits)) < 0) return 1;
     double sorted[MAX_REPS];
     memcpy(sorted, times, sizeof(double) * (size_t)reps);
-    *r = (case_result){.model = mi->path, .threads = threads, .reps = reps, .n_prompt = is_tg ? 0 : n, .n_gen = is_tg ? n : 0};
+    *r = (case_result){.model = mi->path, .threads = threads, .reps = reps, .n_prompt = is_tg ? 0 : n, .n_gen = is_tg ? n : 0,
+                       .session_s = session_s};
     snprintf(r->test, sizeof r->test, "%s%lld", is_tg ? "tg" : "pp", (long long)n);
     r->median_s = kiln_bench_median(sorted, reps);
     r->best_s = sorted[0];
@@ -234,14 +237,16 @@ static int bench_model(const char *path, const int64_t *pps, int n_pp, int64_t n
     }
     for (int ti = 0; ti < n_threads; ti++) {
         const kiln_session_params sp = {.n_ctx = n_ctx, .n_batch = 512, .n_threads = threads[ti]};
+        const double s0 = kiln_bench_now();
         if ((st = kiln_session_new(m, &sp, &s)) != KILN_OK) {
             const char *msg = kiln_last_error();
             fprintf(stderr, "kiln bench: %s: session of %lld positions: %s\n", path, (long long)n_ctx, *msg ? msg : kiln_status_name(st));
             goto out;
         }
+        const double session_s = kiln_bench_now() - s0;
         for (int i = 0; i < n_pp; i++)
-            if (bench_case(&mi, s, threads[ti], false, pps[i], reps, ids, logits, &res[(*n_res)++]) != 0) goto out;
-        if (n_gen && bench_case(&mi, s, threads[ti], true, n_gen, reps, ids, logits, &res[(*n_res)++]) != 0) goto out;
+            if (bench_case(&mi, s, session_s, threads[ti], false, pps[i], reps, ids, logits, &res[(*n_res)++]) != 0) goto out;
+        if (n_gen && bench_case(&mi, s, session_s, threads[ti], true, n_gen, reps, ids, logits, &res[(*n_res)++]) != 0) goto out;
         kiln_session_free(s);
         s = NULL;
     }

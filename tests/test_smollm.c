@@ -29,11 +29,14 @@
  * 10-30x further out: the same reference with the NeoX RoPE layout scores the numbers in the last column.
  *
  *                                     kiln: scalar / AVX2 / AVX-512   8-bit emulation   bound   NeoX RoPE
- *   top-5 logit error                     0.0232 / 0.0245 / 0.0261         0.0245        0.05     0.446
- *   max per-position logit RMS error      0.0709 / 0.0930 / 0.0901         0.0862        0.20     3.26
- *   all-logit error at one position       0.0320 / 0.0158 / 0.0314         0.0203        0.06     0.832
+ *   top-5 logit error                     0.0232 / 0.0245 / 0.0240         0.0245        0.05     0.446
+ *   max per-position logit RMS error      0.0709 / 0.0930 / 0.0930         0.0862        0.20     3.26
+ *   all-logit error at one position       0.0320 / 0.0158 / 0.0510         0.0203        0.08     0.832
  *   max change of top1-top2 margin        0.506 (AVX-512)                  0.735         (1.0)    13.4
- *   perplexity vs reference               -0.06% / +0.61% / +0.22%         -0.15%        1.5%     +489%
+ *   perplexity vs reference               -0.06% / +0.61% / +0.30%         -0.15%        1.5%     +489%
+ * (AVX-512 runs the repacked int8 kernels of src/cpu/gemm_repack_avx512.c, which quantize activations in their own
+ * row format; the rounding differs from the vec_dot path's, so the single position moves within the same noise.
+ * Its bound is 0.08: 1.6x the largest value, as the 0.06 of 2x the old 0.032 had too little room for it.)
  *
  * top-5 logit error: RMS over positions and the reference's top-5 ids of kiln - reference, over the RMS of all
  * logits. Logit RMS error: |RMS(kiln) - RMS(ref)| / RMS(ref) over all V logits of a position. All-logit error:
@@ -44,7 +47,7 @@
 #define TOP1_MARGIN 1.0
 #define TOP5_ERR_MAX 0.05
 #define RMS_ERR_MAX 0.20
-#define FULL_ERR_MAX 0.06
+#define FULL_ERR_MAX 0.08
 #define PPL_REL_MAX 0.015
 
 typedef struct golden_pos {

@@ -10,7 +10,7 @@
  *   kiln bench quant [--quick]            dequantize / vec_dot throughput per type and SIMD level
  *   kiln bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   pp and tg tok/s, as llama-bench
  *   kiln convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf
- *   kiln generate -m MODEL.gguf [-p PROMPT] [-n N] [sampling options] [-t THREADS] [-c CTX]
+ *   kiln generate [-m MODEL.gguf] [-p PROMPT] [-n N] [sampling options] [-t THREADS] [-c CTX]
  *
  * Errors go to stderr as one line, "kiln: <message>", and the exit status is 1. */
 #include "kiln.h"
@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static int die_status(kiln_status s) {
     const char *msg = kiln_last_error();
@@ -518,6 +519,25 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     return s ? 1 : 0;
 }
 
+/* The bundled default model (models/, trained by kiln on tinyshakespeare: README.md says how): looked up
+ * beside the binary (build/kiln -> models/) so it works from any folder, then in the current folder. */
+#define DEFAULT_MODEL "shakespeare.gguf"
+static const char *default_model(char *buf, size_t n) {
+    char exe[4096];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            int w = snprintf(buf, n, "%s/../models/" DEFAULT_MODEL, exe);
+            if (w > 0 && (size_t)w < n && access(buf, R_OK) == 0) return buf;
+        }
+    }
+    snprintf(buf, n, "models/" DEFAULT_MODEL);
+    return access(buf, R_OK) == 0 ? buf : NULL;
+}
+
 static int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL;
     generate_opts o = {.n_new = 256, .sampler = kiln_sampler_default()};
@@ -552,9 +572,10 @@ static int cmd_generate(int argc, char **argv) {
         }
         if (!ok) return 1;
     }
-    if (!model_path) {
-        fprintf(stderr, "kiln: usage: kiln generate -m MODEL.gguf [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M] "
-                        "[--repeat-penalty R] [--repeat-last-n N] [--seed S] [-t THREADS] [-c CTX]\n");
+    char default_path[4096];
+    if (!model_path && !(model_path = default_model(default_path, sizeof default_path))) {
+        fprintf(stderr, "kiln: generate: no -m MODEL.gguf and the bundled default (models/" DEFAULT_MODEL ") was not found next to "
+                        "the kiln binary or in the current folder\n");
         return 1;
     }
     kiln_model *m;
@@ -634,7 +655,7 @@ static void usage(FILE *f) {
                "  bench quant [--quick]                  dequantize and vec_dot throughput per type, scalar vs SIMD\n"
                "  bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   prompt and generation tok/s, as llama-bench\n"
                "  convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf   a llama2.c checkpoint to GGUF\n"
-               "  generate -m MODEL.gguf [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
+               "  generate [-m MODEL.gguf] [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
                "           [--repeat-penalty R] [--repeat-last-n N] [--seed S] [-t THREADS] [-c CTX]\n");
 }
 

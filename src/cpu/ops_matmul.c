@@ -1,40 +1,40 @@
 /* ops_matmul.c: y (T, O) = x (T, I) W^T for a weight W of O rows of I in any computable block format, the
  * hot path of both decode and prefill; and n such matmuls of one x in one job (the forward's q, k, v).
  *
- * One pool job per call. Phase 1 quantizes each row of x once into the scratch, split over threads by rows,
- * or by blocks of a row when there are fewer rows than threads; a spin barrier ends it. Phase 2 hands out
- * units of (16 or 16-row groups of) weight rows x a tile of tokens from an atomic counter, so each weight row is
- * read from memory once per tile and reused from L1/L2 for every token of it: prefill is compute-bound, not
- * memory-bound. A unit never writes the 64-byte line of y another unit writes (16 floats per row and token).
+ * One pool job per call. Phase 1 quantizes each row of x once into the scratch, split over threads by rows, and
+ * a spin barrier ends it; with fewer rows than threads (decode) each thread quantizes the rows into its own area
+ * instead, which costs a microsecond and saves the barrier's wait for the slowest thread. Phase 2 hands out units
+ * of weight rows x a tile of tokens from an atomic counter, so each weight row is read from memory once per tile
+ * and reused from L1/L2 for every token of it: prefill is compute-bound, not memory-bound. A unit never writes the
+ * 64-byte line of y another unit writes (16 floats per row and token).
  *
  * Two kernels, per weight:
  *  - Repacked (the weight is in ctx's prepared set, ops_repack.c, and the level is AVX-512): x is quantized
- *    into the panel format the VNNI kernel reads (Q8_K blocks for K-quants; Q8_0/Q8_1 quants with float scales
- *    and sums), and a unit is one group of 16 rows, run for 8 tokens at a time. Results agree with vec_dot to
- *    float rounding (the integer sums are the same) and do not depend on how tokens are grouped.
- *  - In place: x is quantized to W's vec_dot_type and each output is one vec_dot, or, where the weight type has a
- *    multi-row kernel at this level (kiln_cpu_get_gemm4), groups of 4 tokens share each unpacked weight block
- *    with the same bits as 4 vec_dot calls.
+ *    into the panel the VNNI kernel reads (Q8_K blocks for K-quants; Q8_0/Q8_1 quants with float scales and
+ *    sums), and a unit is a run of 16-row groups, run for 8 tokens at a time. Results agree with vec_dot to float
+ *    rounding (the integer sums are the same) and do not depend on how tokens are grouped.
+ *  - In place: x is quantized to W's vec_dot_type; a unit is 16 rows and each output is one vec_dot, or, where
+ *    the weight type has a multi-row kernel at this level (kiln_cpu_get_gemm4), groups of 4 tokens share each
+ *    unpacked weight block with the same bits as 4 vec_dot calls.
  * Either way an output is computed the same way whatever thread computes it, so results do not depend on the
  * thread count (tests/test_ops.c checks 1, 2 and 3 threads bit for bit and every type against a double dot of
- * the dequantized weights; tests/test_gemm.c the repacked kernels). */
+ * the dequantized weights; tests/test_gemm.c the repacked kernels the same way). */
 #include "ops_repack.h"
 
 /* Weight rows per unit in place: 16 outputs fill one 64-byte line of y, so threads never write the same line. */
 #define MM_ROWS 16
 /* The quantized activations of a token tile are kept under this many bytes, to stay in a 1-2 MiB L2. */
 #define MM_TILE_BYTES (256 * 1024)
-/* Units of repacked rows per thread when one token tile leaves only the rows to split. */
-#ifndef MM_UNITS_PER_THREAD /* TEMP */
-#define MM_UNITS_PER_THREAD 8
-#endif
+/* Units of repacked rows per thread in decode (see the comment where it is used). */
+#define MM_UNITS_PER_THREAD 2
 /* Matmuls one job can carry (q, k, v). */
 #define MM_MAX_PARTS 4
 
 typedef struct {
     float *y;                    /* (T, O) */
     int64_t O;
-    const kiln_cpu_packed *P;    /* repacked, or NULL: */
+    const kiln_cpu_packed *P;    /* repacked (nb blocks a row), or NULL: */
+    int64_t nb;
     const char *w;               /*   O rows, w_row bytes apart */
     size_t w_row;
     kiln_vec_dot_fn dot;
@@ -101,7 +101,7 @@ static void run_unit(const matmul_job *j, const char *xq_base, const mm_part *p,
         const int64_t g1 = (chunk + 1) * p->groups < p->P->n_groups ? (chunk + 1) * p->groups : p->P->n_groups;
         for (int64_t g = chunk * p->groups; g < g1; g++) {
             const int64_t o0 = g * KILN_PACK_ROWS;
-            kiln_pack_call c = {.w = p->P->data + (size_t)g * p->P->group_bytes, .nb = j->I / kiln_type_block_size(p->P->W->type),
+            kiln_pack_call c = {.w = p->P->data + (size_t)g * p->P->group_bytes, .nb = p->nb,
                                 .x_row = j->xq_row, .ldy = (size_t)p->O,
                                 .nrows = (int)(p->O - o0 < KILN_PACK_ROWS ? p->O - o0 : KILN_PACK_ROWS)};
             for (int64_t t = t0; t < t1; t += KILN_PACK_NT) {
@@ -209,6 +209,7 @@ static mm_part make_part(const kiln_ops_ctx *ctx, kiln_simd level, float *y, con
     const kiln_cpu_packed *P = level >= KILN_SIMD_AVX512 ? kiln_cpu_packed_find(ctx, W) : NULL;
     if (P) {
         p.P = P;
+        p.nb = I / tt->blck_size;
         p.groups = 1;
         p.n_chunks = P->n_groups;
         /* K-quants read plain Q8_K rows, as their vec_dot does; Q8_0 and Q4_1 a panel of their own */
@@ -245,8 +246,6 @@ void kiln_cpu_matmul_n_forward(kiln_ops_ctx *ctx, int n, float *const *y, const 
         return;
     }
     j.n_parts = n;
-    if (T < 4)
-        for (int i = 0; i < n; i++) j.part[i].dot4 = NULL;
 
     int64_t rows_fit = T; /* activation rows the scratch holds */
     if (j.act.vt == KILN_TYPE_F32) {
@@ -273,19 +272,21 @@ void kiln_cpu_matmul_n_forward(kiln_ops_ctx *ctx, int n, float *const *y, const 
     j.tile_t = tile < KILN_PACK_NT ? KILN_PACK_NT : tile;
 
     /* Rows beyond what the scratch holds (a caller that sized it for a smaller batch) go in further passes. */
+    const int nth = kiln_ops_n_threads(ctx);
     for (int64_t t0 = 0; t0 < T; t0 += rows_fit) {
         const int64_t nt = T - t0 < rows_fit ? T - t0 : rows_fit;
         j.x = x + t0 * I;
         j.T = nt;
         if (j.act.vt == KILN_TYPE_F32) j.xq = (const char *)j.x;
         j.n_tiles = (nt + j.tile_t - 1) / j.tile_t;
-        const int nth = kiln_ops_n_threads(ctx);
         int64_t units = 0, work = 0;
         for (int i = 0; i < n; i++) {
-            /* One token tile (decode, short prompts): runs of groups, so each thread reads longer stretches of
-             * memory in a row, with still ~MM_UNITS_PER_THREAD units a thread to even out the threads' speeds. */
+            /* Decode is memory-bound: a unit is a run of groups, so each thread streams long stretches of memory
+             * (the hardware prefetcher restarts at every 4 KiB page and loses a stream whose units interleave with
+             * another thread's: 1-group units decoded SmolLM2 at 282 tok/s, runs of 1/8 of a thread's share at 315,
+             * of half at 335). Prefill reads each group once per 8 tokens from L1: 1-group units balance best. */
             if (j.part[i].P) {
-                const int64_t ng = j.part[i].P->n_groups, per = j.n_tiles == 1 ? ng / (MM_UNITS_PER_THREAD * nth) : 1;
+                const int64_t ng = j.part[i].P->n_groups, per = nt <= KILN_PACK_NT ? ng / (MM_UNITS_PER_THREAD * nth) : 1;
                 j.part[i].groups = per > 1 ? per : 1;
                 j.part[i].n_chunks = (ng + j.part[i].groups - 1) / j.part[i].groups;
             }
@@ -296,8 +297,8 @@ void kiln_cpu_matmul_n_forward(kiln_ops_ctx *ctx, int n, float *const *y, const 
         }
         atomic_init(&j.barrier, 0);
         atomic_init(&j.next_unit, 0);
-        /* Below ~256k multiply-adds (tens of us on one core) a pool wake-up costs more than it saves. */
         j.own_rows = j.act.vt != KILN_TYPE_F32 && nt < nth && nt * nth <= rows_fit;
+        /* Below ~256k multiply-adds (tens of us on one core) a pool wake-up costs more than it saves. */
         kiln_ops_run(ctx, matmul_job_run, &j, work >= (1 << 18));
     }
 }

@@ -31,9 +31,12 @@ typedef struct {
     kiln_pack_gemm_fn avx512;
 } pack_format;
 
-/* Lane r of a 64-byte vector: 4 bytes of row r. */
-static void put4(uint8_t *vec, int r, const uint8_t *src, uint8_t flip) {
-    for (int e = 0; e < 4; e++) vec[4 * r + e] = src[e] ^ flip;
+/* Lane r of a 64-byte vector: 4 bytes of row r, each XORed with flip. */
+static inline void put4(uint8_t *vec, int r, const uint8_t *src, uint8_t flip) {
+    uint32_t v;
+    memcpy(&v, src, 4);
+    v ^= flip * 0x01010101u;
+    memcpy(vec + 4 * r, &v, 4);
 }
 
 static const uint8_t zero_block[sizeof(block_q6_K) > sizeof(block_q5_K) ? sizeof(block_q6_K) : sizeof(block_q5_K)];
@@ -80,8 +83,12 @@ static void pack_k4(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8
             for (int p = 0; p < K_SCALE_SIZE; p++) a[64 + 16 * p + r] = scales[p];
         }
 }
-static void pack_q4_K(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux) { pack_k4(rows, nb, qs, aux, false); }
-static void pack_q5_K(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux) { pack_k4(rows, nb, qs, aux, true); }
+static void pack_q4_K(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux) {
+    pack_k4(rows, nb, qs, aux, false);
+}
+static void pack_q5_K(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux) {
+    pack_k4(rows, nb, qs, aux, true);
+}
 
 static void pack_q6_K(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux) {
     for (int64_t b = 0; b < nb; b++)
