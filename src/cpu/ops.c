@@ -24,7 +24,7 @@ const kiln_ops kiln_cpu_ops = {
     .attention_forward = kiln_cpu_attention_forward,
     .swiglu_forward = kiln_cpu_swiglu_forward,
     .scratch_size = kiln_cpu_scratch_size,
-    /* training: each entry is switched on as its op lands */
+    /* training (#5) */
     .embed_backward = kiln_cpu_embed_backward,
     .rmsnorm_forward_train = kiln_cpu_rmsnorm_forward_train,
     .rmsnorm_backward = kiln_cpu_rmsnorm_backward,
