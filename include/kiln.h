@@ -406,6 +406,57 @@ void kiln_sampler_free(kiln_sampler *s);
 /* Picks a token from logits (modified in place); history is the sequence so far, for the repetition penalty. */
 int32_t kiln_sampler_sample(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history);
 
+/* ---------------------------------------------------------------- chat
+ * Chat templates for four families, recognized by distinctive substrings of tokenizer.chat_template (kiln has no
+ * Jinja engine): llama2 ([INST] ... [/INST] with <<SYS>>), llama3 (<|start_header_id|> ... <|eot_id|>), chatml
+ * (<|im_start|>role ... <|im_end|>: SmolLM, Qwen) and gemma (<start_of_turn> ... <end_of_turn>, the assistant
+ * is 'model', a system message opens the first user turn). kiln_chat_format writes the text the family's Hugging
+ * Face template renders, bos_token included (tests/ref/chat_*.txt are jinja2 renderings); tokenize it with
+ * add_special false and parse_special true. */
+typedef enum kiln_chat_family {
+    KILN_CHAT_LLAMA2 = 0,
+    KILN_CHAT_LLAMA3 = 1,
+    KILN_CHAT_CHATML = 2,
+    KILN_CHAT_GEMMA = 3,
+} kiln_chat_family;
+
+typedef struct kiln_chat_template {
+    kiln_chat_family family;
+    kiln_str bos; /* bos_token as the template writes it ("<s>", "<|begin_of_text|>", "<bos>"); len 0: none */
+    kiln_str eos; /* eos_token, which closes a llama2 assistant turn ("</s>") */
+    /* chatml: the system turn the template adds when the conversation has none (SmolLM2: "You are a helpful AI
+     * assistant named SmolLM, ..."), unescaped from its string literal; "" when it adds none */
+    char default_system[512];
+    /* llama3 from 3.1 on: those templates always open with a system header, "Cutting Knowledge Date: December 2023\n
+     * Today Date: DATE\n\n" + the system message. DATE is the template's literal default ("26 Jul 2024"), or today's
+     * date ("%d %b %Y", local time) when it calls strftime_now, as transformers provides it. "" for Llama 3.0's
+     * template, which has no such header (and for kiln_chat_template_from_name). The caller may overwrite it. */
+    char date[32];
+} kiln_chat_template;
+
+typedef struct kiln_chat_msg {
+    const char *role; /* "system", "user", "assistant" */
+    const char *content;
+} kiln_chat_msg;
+
+/* The model's tokenizer.chat_template. Missing or of no known family: KILN_ERR_UNSUPPORTED, naming the
+ * --chat-template NAME override. bos/eos come from the vocab and point into the model: keep it loaded. */
+kiln_status kiln_chat_template_detect(const kiln_model *m, kiln_chat_template *out);
+/* The same recognition on a template's source text; bos/eos get the family's usual texts. */
+kiln_status kiln_chat_template_from_text(const char *text, size_t len, kiln_chat_template *out);
+/* A family by name (llama2, llama3, chatml, gemma); m, when not NULL, supplies bos/eos from its vocab. */
+kiln_status kiln_chat_template_from_name(const char *name, const kiln_model *m, kiln_chat_template *out);
+const char *kiln_chat_family_name(kiln_chat_family f);
+/* Formats n messages into a malloc'd NUL-terminated string (*len excludes the NUL). add_generation_prompt
+ * appends the header that opens the assistant's turn (llama2 has none: its user turn ends with [/INST]).
+ * llama2 and gemma need user/assistant turns alternating from a user turn (after an optional leading system
+ * message), as their templates do: anything else is KILN_ERR_INVALID naming the message. */
+kiln_status kiln_chat_format(const kiln_chat_template *t, const kiln_chat_msg *msgs, size_t n, bool add_generation_prompt,
+                             char **out, size_t *len);
+/* The token that ends an assistant turn, looked up in the vocab by its text: <|im_end|>, <|eot_id|>,
+ * <end_of_turn>; EOS for llama2. KILN_ERR_NOT_FOUND when the vocab lacks it. */
+kiln_status kiln_chat_end_of_turn(const kiln_chat_template *t, const kiln_tokenizer *tok, int32_t *id);
+
 /* ---------------------------------------------------------------- perplexity
  * The text is tokenized (with BOS) and cut into non-overlapping windows of n_ctx tokens; each window starts
  * from BOS and, as llama.cpp's perplexity does, scores only its second half, so every scored token has at least

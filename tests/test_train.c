@@ -376,6 +376,19 @@ static void test_export_loads(void) {
     kiln_model_free(m);
 }
 
+/* Architectures the training forward does not compute are refused, never trained as plain llama. */
+static void test_refuses_other_archs(void) {
+    const char *files[] = {"tests/ref/arch_muse.gguf", "tests/ref/arch_qwen2.gguf", "tests/ref/arch_gemma3.gguf"};
+    for (int i = 0; i < 3; i++) {
+        kiln_model *m;
+        CHECK(kiln_model_load(files[i], &m) == KILN_OK, "%s", kiln_last_error());
+        kiln_llama_train *t = NULL;
+        kiln_status s = kiln_llama_train_from_model(m, false, &t);
+        kiln_model_free(m);
+        CHECK(s == KILN_ERR_UNSUPPORTED && t == NULL, "%s was accepted for training", files[i]);
+    }
+}
+
 /* A shard from another tokenizer is refused before the first step. */
 static void test_fingerprint_preflight(void) {
     CHECK(setup_corpus());
@@ -465,6 +478,7 @@ int main(void) {
     RUN(test_resume_bitexact_8bit_mixed);
     RUN(test_grad_accum);
     RUN(test_export_loads);
+    RUN(test_refuses_other_archs);
     RUN(test_fingerprint_preflight);
     RUN(test_kill_during_checkpoint);
     if (work[0]) {

@@ -10,7 +10,8 @@
  *   kiln bench quant [--quick]            dequantize / vec_dot throughput per type and SIMD level
  *   kiln bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   pp and tg tok/s, as llama-bench
  *   kiln convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf
- *   kiln generate [-m MODEL.gguf] [-p PROMPT] [-n N] [sampling options] [-t THREADS] [-c CTX]
+ *   kiln generate [-m MODEL.gguf] [-p PROMPT] [-n N] [sampling options] [-t THREADS] [-c CTX] [--chat] [--chat-template NAME]
+ *   kiln chat -m MODEL.gguf [--system TEXT] [--chat-template NAME] [sampling options]                 (tools/cmd_chat.c)
  *
  * Errors go to stderr as one line, "kiln: <message>", and the exit status is 1. */
 #include "kiln.h"
@@ -431,6 +432,8 @@ typedef struct {
     int64_t n_ctx; /* 0: what the run needs, at most the training context */
     int n_threads;
     kiln_sampler_params sampler;
+    bool chat;       /* the prompt is a formatted chat turn: tokenize its special tokens, do not echo it */
+    int32_t eot;     /* with chat: the end-of-turn token, which stops generation like EOS */
 } generate_opts;
 
 /* Prompt -> prefill -> sample/print/decode until n_new tokens, EOS or a full context. Prints the prompt as given,
@@ -444,7 +447,7 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     int32_t bos = kiln_tokenizer_bos(tok), eos = kiln_tokenizer_eos(tok);
     int64_t V = kiln_model_n_vocab(m);
     kiln_tokens enc = {0};
-    kiln_status s = prompt ? kiln_tokenizer_encode(tok, prompt, strlen(prompt), true, false, &enc) : KILN_OK;
+    kiln_status s = prompt ? kiln_tokenizer_encode(tok, prompt, strlen(prompt), !o->chat, o->chat, &enc) : KILN_OK;
     if (s) return die_status(s);
     if (enc.n == 0 && bos < 0) {
         kiln_tokens_free(&enc);
@@ -482,7 +485,7 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     if (err) s = KILN_ERR_INVALID;
     if (!s) s = kiln_session_new(m, &sp, &sess);
     if (!s) s = kiln_sampler_new(&o->sampler, V, &smp);
-    if (!s && prompt) {
+    if (!s && prompt && !o->chat) {
         fputs(prompt, stdout);
         fflush(stdout);
     }
@@ -494,7 +497,7 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     for (int64_t i = 0; !s && i < o->n_new; i++) {
         int32_t next = kiln_sampler_sample(smp, logits, seq, n);
         /* EOS ends the text; so does BOS, which llama2.c's stories use to separate documents */
-        if (next == eos || next == bos) break;
+        if (next == eos || next == bos || (o->chat && next == o->eot)) break;
         if ((s = print_piece(tok, seq[n - 1], next, &piece, &piece_cap))) break;
         seq[n++] = next;
         if (i + 1 == o->n_new) break;
@@ -539,18 +542,23 @@ static const char *default_model(char *buf, size_t n) {
 }
 
 static int cmd_generate(int argc, char **argv) {
-    const char *model_path = NULL, *prompt = NULL;
+    const char *model_path = NULL, *prompt = NULL, *chat_template = NULL;
     generate_opts o = {.n_new = 256, .sampler = kiln_sampler_default()};
     double v;
     for (int i = 0; i < argc; i += 2) {
         const char *f = argv[i], *a = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
+        if (strcmp(f, "--chat") == 0) { /* the one flag without a value */
+            o.chat = true, i--;
+            continue;
+        }
         if (!a) {
             fprintf(stderr, "kiln: generate: %s needs a value\n", f);
             return 1;
         }
         if (strcmp(f, "-m") == 0) model_path = a;
         else if (strcmp(f, "-p") == 0) prompt = a;
+        else if (strcmp(f, "--chat-template") == 0) chat_template = a, o.chat = true;
         else if (strcmp(f, "-n") == 0) ok = parse_num(f, a, 0, 1e9, &v), o.n_new = (int64_t)v;
         else if (strcmp(f, "-t") == 0) ok = parse_num(f, a, 0, 4096, &v), o.n_threads = (int)v;
         else if (strcmp(f, "-c") == 0) ok = parse_num(f, a, 0, INT32_MAX, &v), o.n_ctx = (int64_t)v;
@@ -581,7 +589,22 @@ static int cmd_generate(int argc, char **argv) {
     kiln_model *m;
     kiln_status s = kiln_model_load(model_path, &m);
     if (s) return die_status(s);
-    int rc = generate(m, model_path, prompt, &o);
+    /* --chat: -p becomes one user turn of the chat template, with the assistant's header after it */
+    char *formatted = NULL;
+    kiln_chat_template t;
+    if (o.chat && (!prompt || !kiln_model_tokenizer(m))) {
+        fprintf(stderr, "kiln: generate: --chat needs %s\n", prompt ? "a model with a tokenizer" : "a prompt (-p)");
+        kiln_model_free(m);
+        return 1;
+    }
+    if (o.chat) {
+        s = chat_template ? kiln_chat_template_from_name(chat_template, m, &t) : kiln_chat_template_detect(m, &t);
+        if (!s) s = kiln_chat_end_of_turn(&t, kiln_model_tokenizer(m), &o.eot);
+        if (!s) s = kiln_chat_format(&t, &(kiln_chat_msg){"user", prompt}, 1, true, &formatted, NULL);
+        prompt = formatted;
+    }
+    int rc = s ? die_status(s) : generate(m, model_path, prompt, &o);
+    free(formatted);
     kiln_model_free(m);
     return rc;
 }
@@ -656,7 +679,10 @@ static void usage(FILE *f) {
                "  bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   prompt and generation tok/s, as llama-bench\n"
                "  convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf   a llama2.c checkpoint to GGUF\n"
                "  generate [-m MODEL.gguf] [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
-               "           [--repeat-penalty R] [--repeat-last-n N] [--seed S] [-t THREADS] [-c CTX]\n");
+               "           [--repeat-penalty R] [--repeat-last-n N] [--seed S] [-t THREADS] [-c CTX]\n"
+               "           [--chat] [--chat-template NAME]   -p as one user turn of the model's chat template\n"
+               "  chat -m MODEL.gguf [--system TEXT] [--chat-template llama2|llama3|chatml|gemma] [-n MAXTOK] [sampling opts]\n"
+               "                                         a conversation over stdin lines, replies streamed to stdout\n");
 }
 
 int main(int argc, char **argv) {
@@ -676,6 +702,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "data") == 0) return kiln_cmd_data(argc - 2, argv + 2);
     if (strcmp(cmd, "plot") == 0) return kiln_cmd_plot(argc - 2, argv + 2);
     if (strcmp(cmd, "train") == 0) return kiln_cmd_train(argc - 2, argv + 2);
+    if (strcmp(cmd, "chat") == 0) return kiln_cmd_chat(argc - 2, argv + 2);
     if (strcmp(cmd, "bench") == 0) {
         if (argc >= 3 && strcmp(argv[2], "quant") == 0) return kiln_bench_quant(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "tokenize") == 0) return kiln_bench_tokenize(argc - 3, argv + 3);

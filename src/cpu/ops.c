@@ -23,6 +23,11 @@ const kiln_ops kiln_cpu_ops = {
     .rope_forward = kiln_cpu_rope_forward,
     .attention_forward = kiln_cpu_attention_forward,
     .swiglu_forward = kiln_cpu_swiglu_forward,
+    .attention_window_forward = kiln_cpu_attention_window_forward,
+    .geglu_forward = kiln_cpu_geglu_forward,
+    .add_bias_forward = kiln_cpu_add_bias_forward,
+    .sigmoid_mul_forward = kiln_cpu_sigmoid_mul_forward,
+    .scale_softcap_forward = kiln_cpu_scale_softcap_forward,
     .scratch_size = kiln_cpu_scratch_size,
     /* training (#5) */
     .embed_backward = kiln_cpu_embed_backward,

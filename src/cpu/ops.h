@@ -47,6 +47,21 @@ typedef struct kiln_ops {
                               int64_t pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS);
     /* out (n) = silu(gate) * up; out may equal gate. */
     void (*swiglu_forward)(kiln_ops_ctx *ctx, float *out, const float *gate, const float *up, int64_t n);
+    /* As attention_forward with a sliding window and a ring cache (#6): the query at position p sees positions
+     * max(0, p - window + 1) .. p (window 0: all), and position j is row j % rows of each cache. rows is n_ctx
+     * for a full cache, or a ring of at least window + T - 1 rows. */
+    void (*attention_window_forward)(kiln_ops_ctx *ctx, float *out, const float *q, const uint16_t *k_cache,
+                                     const uint16_t *v_cache, int64_t pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                                     int64_t window, int64_t rows);
+    /* ---- the architecture features' elementwise ops (#6), ops_arch.c */
+    /* out (n) = gelu_tanh(gate) * up (gemma's GeGLU); out may equal gate. */
+    void (*geglu_forward)(kiln_ops_ctx *ctx, float *out, const float *gate, const float *up, int64_t n);
+    /* x (T, n) += b (n) on every row. */
+    void (*add_bias_forward)(kiln_ops_ctx *ctx, float *x, const float *b, int64_t T, int64_t n);
+    /* x (n) *= sigmoid(g (n)): the attention output gate. */
+    void (*sigmoid_mul_forward)(kiln_ops_ctx *ctx, float *x, const float *g, int64_t n);
+    /* x (n) = cap * tanh(scale * x / cap), or scale * x when cap is 0 (embedding scale, logit scale and softcap). */
+    void (*scale_softcap_forward)(kiln_ops_ctx *ctx, float *x, int64_t n, float scale, float cap);
     /* Scratch bytes the ops need for a batch of T tokens of a model of these widths and context n_ctx. */
     size_t (*scratch_size)(int64_t T, int64_t max_width, int64_t NH, int64_t n_ctx, int n_threads);
 

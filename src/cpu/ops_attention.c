@@ -15,7 +15,14 @@
  * Both run the same chunk kernel and the same merge in the same order, so the result does not depend on the
  * thread count or the path (tests/test_ops.c checks 1, 2 and 3 threads bit for bit). The chunk kernel is the
  * scalar one below (the oracle) or ops_attention_avx2.c's, chosen by SIMD level; both are checked against a
- * double reference at 1e-6 of sum_j p_j |v_j|. */
+ * double reference at 1e-6 of sum_j p_j |v_j|.
+ *
+ * Sliding window and ring cache (attention_window_forward, #6): with window W a query at position p sees keys
+ * lo = max(0, p - W + 1) .. p, and position j lives in row j % rows of the cache (rows = n_ctx for a full cache,
+ * a ring of at least W + T - 1 rows for a sliding layer, so a batch's keys never overwrite what its first query
+ * still sees). The chunks then start at lo, and the one chunk that spans the ring's wrap (a position multiple of
+ * rows) is cut in two there, so every piece reads contiguous rows. Pieces depend only on (p, W, rows): prefill
+ * and decode still agree. W = 0 and rows past the context give exactly the chunks above. */
 #include "ops_internal.h"
 
 #include <math.h>
@@ -72,6 +79,7 @@ typedef struct {
     const float *q;                 /* (T, NH*HS) */
     const uint16_t *k, *v;          /* (n_ctx, NKV*HS) f16 */
     int64_t pos0, T, NH, NKV, HS, G;
+    int64_t window, rows;           /* 0 or the sliding window; cache rows (position j in row j % rows) */
     float scale;
     kiln_attn_chunk_fn chunk;
     float *thread_scratch;          /* (nth, per_thread) floats */
@@ -81,6 +89,42 @@ typedef struct {
     atomic_int barrier;
     atomic_llong next_unit;
 } attn_job;
+
+/* The keys query t sees, [lo, n), cut into pieces: chunks of kc from lo, the one holding wrap (the position in
+ * (lo, n) at a multiple of rows, else n) cut in two there. */
+typedef struct {
+    int64_t lo, n, kc, wrap, n_pieces;
+} key_range;
+
+static key_range keys_of(const attn_job *j, int64_t t) {
+    key_range r;
+    r.n = j->pos0 + t + 1;
+    r.lo = j->window && r.n > j->window ? r.n - j->window : 0;
+    r.kc = chunk_keys(r.n - r.lo);
+    const int64_t w = (r.lo / j->rows + 1) * j->rows;
+    r.wrap = w < r.n ? w : r.n;
+    r.n_pieces = (r.n - r.lo + r.kc - 1) / r.kc + (r.wrap < r.n && (r.wrap - r.lo) % r.kc != 0);
+    return r;
+}
+
+/* Piece c of r: keys [*start, *start + *len). */
+static void piece_of(const key_range *r, int64_t c, int64_t *start, int64_t *len) {
+    const int64_t iw = (r->wrap - r->lo) / r->kc; /* the chunk holding the wrap */
+    const bool cut = r->wrap < r->n && (r->wrap - r->lo) % r->kc != 0;
+    int64_t s, e;
+    if (!cut || c < iw) {
+        s = r->lo + c * r->kc;
+        e = s + r->kc;
+    } else if (c == iw) {
+        s = r->lo + c * r->kc;
+        e = r->wrap;
+    } else {
+        s = c - 1 == iw ? r->wrap : r->lo + (c - 1) * r->kc;
+        e = r->lo + c * r->kc;
+    }
+    *start = s;
+    *len = (e < r->n ? e : r->n) - s;
+}
 
 /* Thread scratch: s (G, KC) scores, a (G, HS) a partial, A (G, HS) the merged state, m, l, M, L (G each). */
 typedef struct {
@@ -111,15 +155,17 @@ static void attention_by_group(void *arg, int ith, int nth) {
         const int64_t u = atomic_fetch_add_explicit(&j->next_unit, 1, memory_order_relaxed);
         if (u >= n_units) break;
         const int64_t unit = n_units - 1 - u; /* last tokens first: they see the most positions */
-        const int64_t t = unit / j->NKV, g = unit % j->NKV, n = j->pos0 + t + 1, kc = chunk_keys(n);
+        const int64_t t = unit / j->NKV, g = unit % j->NKV;
+        const key_range r = keys_of(j, t);
         const float *q = j->q + (t * j->NH + g * G) * HS;
         for (int64_t h = 0; h < G; h++) {
             w.M[h] = -INFINITY, w.L[h] = 0.0f;
             for (int64_t d = 0; d < HS; d++) w.A[h * HS + d] = 0.0f;
         }
-        for (int64_t j0 = 0; j0 < n; j0 += kc) {
-            const int64_t nk = n - j0 < kc ? n - j0 : kc;
-            const size_t off = (size_t)(j0 * kv_stride + g * HS);
+        for (int64_t c = 0; c < r.n_pieces; c++) {
+            int64_t j0, nk;
+            piece_of(&r, c, &j0, &nk);
+            const size_t off = (size_t)(j0 % j->rows * kv_stride + g * HS);
             j->chunk(w.a, w.m, w.l, w.s, q, j->k + off, j->v + off, kv_stride, nk, HS, G, j->scale);
             for (int64_t h = 0; h < G; h++) merge(&w.M[h], &w.L[h], w.A + h * HS, w.m[h], w.l[h], w.a + h * HS, HS);
         }
@@ -136,16 +182,18 @@ static void attention_by_chunk(void *arg, int ith, int nth) {
     const int64_t kv_stride = j->NKV * j->HS, G = j->G, HS = j->HS, NH = j->NH, P = HS + 2;
     for (;;) {
         int64_t u = atomic_fetch_add_explicit(&j->next_unit, 1, memory_order_relaxed), t = 0;
-        for (; t < j->T; t++) { /* unit u -> (t, c): token t has ceil(n / KC) chunks */
-            const int64_t n = j->pos0 + t + 1, nc = (n + chunk_keys(n) - 1) / chunk_keys(n);
+        for (; t < j->T; t++) { /* unit u -> (t, c): token t has n_pieces pieces */
+            const int64_t nc = keys_of(j, t).n_pieces;
             if (u < nc) break;
             u -= nc;
         }
         if (t == j->T) break;
-        const int64_t n = j->pos0 + t + 1, kc = chunk_keys(n), j0 = u * kc, nk = n - j0 < kc ? n - j0 : kc;
+        const key_range r = keys_of(j, t);
+        int64_t j0, nk;
+        piece_of(&r, u, &j0, &nk);
         float *part = j->partials + ((size_t)t * (size_t)j->max_chunks + (size_t)u) * (size_t)(NH * P);
         for (int64_t g = 0; g < j->NKV; g++) {
-            const size_t off = (size_t)(j0 * kv_stride + g * HS);
+            const size_t off = (size_t)(j0 % j->rows * kv_stride + g * HS);
             j->chunk(w.a, w.m, w.l, w.s, j->q + (t * NH + g * G) * HS, j->k + off, j->v + off, kv_stride, nk, HS, G, j->scale);
             for (int64_t h = 0; h < G; h++) {
                 float *ph = part + (g * G + h) * P;
@@ -158,7 +206,7 @@ static void attention_by_chunk(void *arg, int ith, int nth) {
     int64_t lo, hi;
     kiln_ops_split(j->T * NH, ith, nth, &lo, &hi);
     for (int64_t th = lo; th < hi; th++) {
-        const int64_t t = th / NH, h = th % NH, n = j->pos0 + t + 1, nc = (n + chunk_keys(n) - 1) / chunk_keys(n);
+        const int64_t t = th / NH, h = th % NH, nc = keys_of(j, t).n_pieces;
         float M = -INFINITY, L = 0.0f, *A = w.A;
         for (int64_t d = 0; d < HS; d++) A[d] = 0.0f;
         for (int64_t c = 0; c < nc; c++) {
@@ -180,7 +228,7 @@ size_t kiln_cpu_attention_scratch_size(int64_t T, int64_t max_width, int64_t NH,
     if (n_ctx > INT64_MAX / 2 || max_width > INT64_MAX / 4 || NH > INT64_MAX / (128 * 64)) return SIZE_MAX;
     const size_t per_thread = kiln_ops_add(kiln_ops_mul(round16((size_t)NH), (size_t)chunk_keys(n_ctx)),
                                            kiln_ops_add(2 * round16((size_t)max_width), round16(4 * (size_t)NH)));
-    const int64_t chunks = (n_ctx + chunk_keys(n_ctx) - 1) / chunk_keys(n_ctx);
+    const int64_t chunks = (n_ctx + chunk_keys(n_ctx) - 1) / chunk_keys(n_ctx) + 1; /* + 1: a ring's wrap cut */
     const size_t partials = kiln_ops_mul((size_t)(T < ATTN_SPLIT_T ? T : ATTN_SPLIT_T) * (size_t)chunks,
                                          (size_t)max_width + 2 * (size_t)NH);
     return kiln_ops_mul(kiln_ops_add(kiln_ops_mul(per_thread, (size_t)n_threads), partials), sizeof(float));
@@ -188,7 +236,14 @@ size_t kiln_cpu_attention_scratch_size(int64_t T, int64_t max_width, int64_t NH,
 
 void kiln_cpu_attention_forward(kiln_ops_ctx *ctx, float *out, const float *q, const uint16_t *k_cache,
                                 const uint16_t *v_cache, int64_t pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
-    assert(pos0 >= 0 && T >= 0 && NKV > 0 && NH % NKV == 0 && HS > 0);
+    kiln_cpu_attention_window_forward(ctx, out, q, k_cache, v_cache, pos0, T, NH, NKV, HS, 0, INT64_MAX / 2);
+}
+
+void kiln_cpu_attention_window_forward(kiln_ops_ctx *ctx, float *out, const float *q, const uint16_t *k_cache,
+                                       const uint16_t *v_cache, int64_t pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                                       int64_t window, int64_t rows) {
+    assert(pos0 >= 0 && T >= 0 && NKV > 0 && NH % NKV == 0 && HS > 0 && window >= 0 && rows > 0);
+    assert((rows >= pos0 + T || (window > 0 && rows >= window + T - 1)) && "a ring must hold the window and the batch");
     if (T == 0) return;
     const int64_t n_max = pos0 + T, G = NH / NKV;
     /* Below ~128k multiply-adds a pool wake-up costs more than it saves. */
@@ -197,7 +252,7 @@ void kiln_cpu_attention_forward(kiln_ops_ctx *ctx, float *out, const float *q, c
     size_t bytes;
     float *scratch = kiln_ops_scratch(ctx, &bytes);
     attn_job j = {.out = out, .q = q, .k = k_cache, .v = v_cache, .pos0 = pos0, .T = T, .NH = NH, .NKV = NKV, .HS = HS,
-                  .G = G, .scale = 1.0f / sqrtf((float)HS), .chunk = kiln_attn_chunk_scalar, .thread_scratch = scratch,
+                  .G = G, .window = window, .rows = rows, .scale = 1.0f / sqrtf((float)HS), .chunk = kiln_attn_chunk_scalar, .thread_scratch = scratch,
                   .per_thread = thread_floats(G, HS, n_max)};
 #if defined(__x86_64__)
     if (kiln_cpu_ops_level() >= KILN_SIMD_AVX2 && HS % 8 == 0) j.chunk = kiln_attn_chunk_avx2;
@@ -205,7 +260,11 @@ void kiln_cpu_attention_forward(kiln_ops_ctx *ctx, float *out, const float *q, c
     const size_t threads_bytes = j.per_thread * (size_t)nth * sizeof(float);
     assert(scratch && threads_bytes <= bytes && "attention scratch too small: size it with scratch_size");
     /* Few (t, g) units for the threads: split the keys instead, if the partials fit. */
-    j.max_chunks = (n_max + chunk_keys(n_max) - 1) / chunk_keys(n_max);
+    j.max_chunks = 0;
+    for (int64_t t = 0; t < T; t++) {
+        const int64_t nc = keys_of(&j, t).n_pieces;
+        j.max_chunks = nc > j.max_chunks ? nc : j.max_chunks;
+    }
     const size_t partial_bytes = (size_t)(T * j.max_chunks * NH * (HS + 2)) * sizeof(float);
     const bool by_chunk = nth > 1 && T * NKV < 2 * nth && partial_bytes <= bytes - threads_bytes;
     j.partials = scratch + j.per_thread * (size_t)nth;

@@ -80,7 +80,15 @@ void kiln_cpu_rope_forward(kiln_ops_ctx *ctx, float *x, const int32_t *pos, int6
 /* ops_attention.c */
 void kiln_cpu_attention_forward(kiln_ops_ctx *ctx, float *out, const float *q, const uint16_t *k_cache,
                                 const uint16_t *v_cache, int64_t pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS);
+void kiln_cpu_attention_window_forward(kiln_ops_ctx *ctx, float *out, const float *q, const uint16_t *k_cache,
+                                       const uint16_t *v_cache, int64_t pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                                       int64_t window, int64_t rows);
 size_t kiln_cpu_attention_scratch_size(int64_t T, int64_t max_width, int64_t NH, int64_t n_ctx, int n_threads);
+/* ops_arch.c: the elementwise ops of the architecture features (#6) */
+void kiln_cpu_geglu_forward(kiln_ops_ctx *ctx, float *out, const float *gate, const float *up, int64_t n);
+void kiln_cpu_add_bias_forward(kiln_ops_ctx *ctx, float *x, const float *b, int64_t T, int64_t n);
+void kiln_cpu_sigmoid_mul_forward(kiln_ops_ctx *ctx, float *x, const float *g, int64_t n);
+void kiln_cpu_scale_softcap_forward(kiln_ops_ctx *ctx, float *x, int64_t n, float scale, float cap);
 /* ops_swiglu.c */
 void kiln_cpu_swiglu_forward(kiln_ops_ctx *ctx, float *out, const float *gate, const float *up, int64_t n);
 

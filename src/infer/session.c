@@ -2,7 +2,12 @@
  * one chunk's activations (proportional to n_batch), a persistent thread pool and the matmul weights in the
  * backend's layout, which replace the model's mmap pages they were copied from; that is all the memory it
  * takes. Prefill runs in chunks of n_batch tokens through the forward in src/model/llama.c. tests/test_generate.c
- * covers the errors and that chunking does not change the logits. */
+ * covers the errors and that chunking does not change the logits.
+ *
+ * A sliding-window layer (#6) keeps a ring of window + n_batch - 1 positions instead of n_ctx: position p lives in
+ * row p % rows, the ring's origin is position 0 and the next position to write is the session's pos, so nothing
+ * else needs tracking; a batch of up to n_batch tokens overwrites only positions its first query no longer sees.
+ * tests/test_arch.c checks a prompt longer than the window, chunked and token by token, against the reference. */
 #include "model/model.h"
 #include "cpu/ops.h"
 #include "status.h"
@@ -18,7 +23,9 @@ struct kiln_session {
     int64_t n_ctx;     /* positions the cache holds */
     int64_t n_batch;   /* tokens per forward call */
     int64_t pos;       /* next position */
-    uint16_t *kv;      /* (L, 2, n_ctx, NKV*HS) f16 */
+    uint16_t *kv;      /* every layer's k then v, (rows[l], NKV*HS) f16 each, one after another */
+    uint16_t **k, **v; /* (L) layer l's k and v rows in kv */
+    int64_t *rows;     /* (L) n_ctx for a full layer, min(n_ctx, window + n_batch - 1) for a sliding one */
     float *act;        /* kiln_llama_act_floats(n_batch) */
 };
 
@@ -28,18 +35,24 @@ struct kiln_session {
 static kiln_status prepare_weights(kiln_session *s) {
     if (!s->ops->prepare_weights) return KILN_OK;
     const kiln_llama_config *c = &s->m->cfg;
-    const int64_t n = 7 * c->n_layer + 1;
+    const int64_t per = c->output_gate ? 8 : 7, n = per * c->n_layer + 1;
     const kiln_tensor_view **w = malloc(sizeof *w * (size_t)n);
     if (!w) return kiln_fail(KILN_ERR_NOMEM, "session: out of memory");
     for (int64_t l = 0; l < c->n_layer; l++) {
         const kiln_llama_layer *L = &s->m->layers[l];
-        const kiln_tensor_view *mats[7] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
-        memcpy(w + 7 * l, mats, sizeof mats);
+        const kiln_tensor_view *mats[8] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down, L->w_attn_gate};
+        memcpy(w + per * l, mats, sizeof *mats * (size_t)per);
     }
     w[n - 1] = s->m->output;
     kiln_status st = s->ops->prepare_weights(&s->ctx, w, n, true);
     free(w);
     return st;
+}
+
+/* Cache rows of layer l: the context, or a sliding layer's ring of window + n_batch - 1 when that is smaller. */
+static int64_t cache_rows(const kiln_model *m, int64_t l, int64_t n_ctx, int64_t n_batch) {
+    const int64_t w = m->layers[l].window;
+    return w && w + n_batch - 1 < n_ctx ? w + n_batch - 1 : n_ctx;
 }
 
 kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, kiln_session **out) {
@@ -55,9 +68,10 @@ kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, 
     int64_t n_batch = p->n_batch ? p->n_batch : 512;
     if (n_batch > n_ctx) n_batch = n_ctx; /* a chunk never holds more tokens than the context */
 
-    /* cache: L * 2 * n_ctx * NKV*HS halves; activations: a chunk's rows; both checked for overflow */
-    uint64_t kv_elems, kv_bytes, act_bytes;
-    if (!kiln_mul_ok((uint64_t)c->n_layer * 2, (uint64_t)n_ctx, &kv_elems) ||
+    /* cache: 2 * sum of rows[l] * NKV*HS halves; activations: a chunk's rows; both checked for overflow */
+    uint64_t kv_elems, kv_bytes, act_bytes, total_rows = 0;
+    for (int64_t l = 0; l < c->n_layer; l++) total_rows += (uint64_t)cache_rows(m, l, n_ctx, n_batch);
+    if (!kiln_mul_ok(total_rows, 2, &kv_elems) ||
         !kiln_mul_ok(kv_elems, (uint64_t)(c->n_head_kv * c->head_dim), &kv_elems) || !kiln_mul_ok(kv_elems, 2, &kv_bytes) ||
         !kiln_mul_ok(kiln_llama_act_floats(c, 1), (uint64_t)n_batch * sizeof(float), &act_bytes) || kv_bytes > SIZE_MAX)
         return kiln_fail(KILN_ERR_NOMEM, "session: a KV cache of %lld positions overflows the address space", (long long)n_ctx);
@@ -79,10 +93,21 @@ kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, 
     s->kv = calloc((size_t)kv_elems, sizeof *s->kv);
     s->act = malloc((size_t)act_bytes);
     s->ctx.scratch = s->ctx.scratch_bytes ? malloc(s->ctx.scratch_bytes) : NULL;
-    if (!s->kv || !s->act || (s->ctx.scratch_bytes && !s->ctx.scratch)) {
+    s->k = malloc(sizeof *s->k * (size_t)c->n_layer);
+    s->v = malloc(sizeof *s->v * (size_t)c->n_layer);
+    s->rows = malloc(sizeof *s->rows * (size_t)c->n_layer);
+    if (!s->kv || !s->act || (s->ctx.scratch_bytes && !s->ctx.scratch) || !s->k || !s->v || !s->rows) {
         kiln_session_free(s);
         return kiln_fail(KILN_ERR_NOMEM, "session: out of memory for a KV cache of %llu bytes and %llu bytes of scratch",
                          (unsigned long long)kv_bytes, (unsigned long long)act_bytes);
+    }
+    uint16_t *next = s->kv;
+    const size_t KV = (size_t)(c->n_head_kv * c->head_dim);
+    for (int64_t l = 0; l < c->n_layer; l++) {
+        s->rows[l] = cache_rows(m, l, n_ctx, n_batch);
+        s->k[l] = next;
+        s->v[l] = next + (size_t)s->rows[l] * KV;
+        next += 2 * (size_t)s->rows[l] * KV;
     }
     if ((st = prepare_weights(s)) != KILN_OK) {
         kiln_session_free(s);
@@ -97,6 +122,9 @@ void kiln_session_free(kiln_session *s) {
     if (s->ops->release_weights) s->ops->release_weights(&s->ctx);
     kiln_pool_free(s->pool);
     free(s->kv);
+    free(s->k);
+    free(s->v);
+    free(s->rows);
     free(s->act);
     free(s->ctx.scratch);
     free(s);
@@ -121,7 +149,8 @@ kiln_status kiln_session_eval(kiln_session *s, const int32_t *ids, size_t n, flo
         int64_t T = (int64_t)(n - done) < s->n_batch ? (int64_t)(n - done) : s->n_batch;
         bool last = done + (size_t)T == n;
         float *out = all_logits ? all_logits + done * (size_t)V : last ? logits : NULL;
-        kiln_llama_forward(s->m, s->ops, &s->ctx, s->kv, s->n_ctx, s->act, ids + done, T, s->pos, out, all_logits != NULL);
+        const kiln_llama_kv kv = {s->k, s->v, s->rows};
+        kiln_llama_forward(s->m, s->ops, &s->ctx, &kv, s->act, ids + done, T, s->pos, out, all_logits != NULL);
         s->pos += T;
         done += (size_t)T;
     }

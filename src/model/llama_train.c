@@ -40,6 +40,14 @@ kiln_status kiln_llama_train_new(const kiln_llama_config *cfg_in, bool mixed, ki
                          "heads of even size, NH into NKV groups)",
                          (long long)c.n_vocab, (long long)c.n_embd, (long long)c.n_layer, (long long)c.n_head,
                          (long long)c.n_head_kv, (long long)c.n_ff);
+    /* the training forward is plain llama: refuse, rather than silently drop, what it does not compute */
+    const char *feature = c.qkv_bias ? "q/k/v biases" : c.qk_norm ? "QK norm" : c.output_gate ? "the attention output gate"
+                        : c.sandwich_norm ? "sandwich norms" : c.geglu ? "GeGLU" : c.embd_scale ? "the embedding scale"
+                        : (c.logit_scale != 0 && c.logit_scale != 1) ? "a logit scale" : c.logit_softcap ? "a logit softcap"
+                        : c.sliding_window ? "sliding-window attention" : c.attn_scale ? "an attention scale"
+                        : (c.head_dim && c.head_dim != c.n_embd / c.n_head) ? "a head size other than C/NH" : NULL;
+    if (feature)
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "training supports the llama architecture only; this model has %s", feature);
     c.head_dim = c.n_embd / c.n_head;
     c.rope_dim = c.head_dim;
     c.rope_neox = false;
@@ -151,6 +159,10 @@ void kiln_llama_train_init_random(kiln_llama_train *m, uint64_t seed) {
 
 kiln_status kiln_llama_train_from_model(const kiln_model *src, bool mixed, kiln_llama_train **out) {
     kiln_llama_config c = src->cfg;
+    for (int64_t l = 0; l < c.n_layer; l++)
+        if (src->layers[l].nope)
+            return kiln_fail(KILN_ERR_UNSUPPORTED, "training supports the llama architecture only; layer %lld has no RoPE (NoPE)",
+                             (long long)l);
     if (c.rope_dim != c.head_dim || c.rope_neox)
         return kiln_fail(KILN_ERR_UNSUPPORTED, "training supports full-width interleaved RoPE only (this model: rope_dim %lld of %lld%s)",
                          (long long)c.rope_dim, (long long)c.head_dim, c.rope_neox ? ", NeoX layout" : "");

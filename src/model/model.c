@@ -5,6 +5,7 @@
 #include "quants.h"
 #include "status.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,37 +28,143 @@ static kiln_status opt_f32(const kiln_gguf *g, const char *key, float *out) {
     return kiln_gguf_find(g, key) ? kiln_gguf_get_f32(g, key, out) : KILN_OK;
 }
 
-static kiln_status read_config(const kiln_gguf *g, kiln_llama_config *c) {
+/* The architectures the one forward runs, and what each implies beyond its metadata (llama.cpp's
+ * src/llama-model.cpp and convert_hf_to_gguf.py): qwen2 has q, k, v biases and NeoX RoPE (its converter does not
+ * permute q and k); gemma3 has GeGLU, sandwich norms, per-head QK norms, sqrt(C) embedding scale, tied output and
+ * sliding layers with their own RoPE base of 10000 (every 6th layer global). gemma3's GGUF norms already hold
+ * 1 + w (the converter adds 1), so they multiply as stored. */
+typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_GEMMA3 } arch_id;
+static const char *const arch_names[] = {"llama", "qwen2", "gemma3"};
+
+/* "<arch>.<suffix>" into buf */
+static const char *key(char *buf, size_t n, const char *arch, const char *suffix) {
+    snprintf(buf, n, "%s.%s", arch, suffix);
+    return buf;
+}
+
+static kiln_status opt_bool(const kiln_gguf *g, const char *k, bool *out) {
+    return kiln_gguf_find(g, k) ? kiln_gguf_get_bool(g, k, out) : KILN_OK;
+}
+
+static kiln_status read_config(const kiln_gguf *g, kiln_llama_config *c, arch_id *arch_out) {
     const char *path = kiln_gguf_path(g);
-    kiln_str arch;
-    kiln_status s = kiln_gguf_get_str(g, "general.architecture", &arch);
+    kiln_str name;
+    kiln_status s = kiln_gguf_get_str(g, "general.architecture", &name);
     if (s) return s;
-    if (arch.len != 5 || memcmp(arch.ptr, "llama", 5) != 0)
-        return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: architecture '%.*s' is not supported (kiln runs llama)", path,
-                         (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
+    int a = -1;
+    for (int i = 0; i < 3; i++)
+        if (name.len == strlen(arch_names[i]) && memcmp(name.ptr, arch_names[i], name.len) == 0) a = i;
+    if (a < 0)
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: architecture '%.*s' is not supported (kiln runs llama, qwen2, gemma3)", path,
+                         (int)(name.len > 32 ? 32 : name.len), name.ptr);
+    const char *A = arch_names[a];
+    *arch_out = (arch_id)a;
+    char k[128];
+#define K(suffix) key(k, sizeof k, A, suffix)
     memset(c, 0, sizeof *c);
-    if ((s = get_dim(g, "llama.embedding_length", &c->n_embd)) || (s = get_dim(g, "llama.block_count", &c->n_layer)) ||
-        (s = get_dim(g, "llama.attention.head_count", &c->n_head)) || (s = get_dim(g, "llama.feed_forward_length", &c->n_ff)))
+    if ((s = get_dim(g, K("embedding_length"), &c->n_embd)) || (s = get_dim(g, K("block_count"), &c->n_layer)) ||
+        (s = get_dim(g, K("attention.head_count"), &c->n_head)) || (s = get_dim(g, K("feed_forward_length"), &c->n_ff)))
         return s;
     c->n_head_kv = c->n_head;
     c->n_ctx_train = 2048;
     c->rope_base = 10000.0f;
-    c->rms_eps = 1e-5f;
-    if ((s = opt_dim(g, "llama.attention.head_count_kv", &c->n_head_kv)) || (s = opt_dim(g, "llama.context_length", &c->n_ctx_train)) ||
-        (s = opt_f32(g, "llama.rope.freq_base", &c->rope_base)) ||
-        (s = opt_f32(g, "llama.attention.layer_norm_rms_epsilon", &c->rms_eps)))
+    c->rms_eps = a == ARCH_GEMMA3 ? 1e-6f : 1e-5f;
+    if ((s = opt_dim(g, K("attention.head_count_kv"), &c->n_head_kv)) || (s = opt_dim(g, K("context_length"), &c->n_ctx_train)) ||
+        (s = opt_f32(g, K("rope.freq_base"), &c->rope_base)) ||
+        (s = opt_f32(g, K("attention.layer_norm_rms_epsilon"), &c->rms_eps)))
         return s;
-    if (c->n_embd % c->n_head || c->n_head % c->n_head_kv)
-        return kiln_fail(KILN_ERR_FORMAT, "%s: embedding_length %lld, head_count %lld and head_count_kv %lld do not divide", path,
-                         (long long)c->n_embd, (long long)c->n_head, (long long)c->n_head_kv);
+    if (c->n_head % c->n_head_kv)
+        return kiln_fail(KILN_ERR_FORMAT, "%s: head_count %lld is not a multiple of head_count_kv %lld", path, (long long)c->n_head,
+                         (long long)c->n_head_kv);
     c->head_dim = c->n_embd / c->n_head;
+    if ((s = opt_dim(g, K("attention.key_length"), &c->head_dim))) return s;
+    if (!kiln_gguf_find(g, K("attention.key_length")) && c->n_embd % c->n_head)
+        return kiln_fail(KILN_ERR_FORMAT, "%s: embedding_length %lld is not a multiple of head_count %lld", path,
+                         (long long)c->n_embd, (long long)c->n_head);
+    int64_t v_len = c->head_dim;
+    if ((s = opt_dim(g, K("attention.value_length"), &v_len))) return s;
+    if (v_len != c->head_dim)
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: value_length %lld differs from key_length %lld", path, (long long)v_len,
+                         (long long)c->head_dim);
     c->rope_dim = c->head_dim;
-    if ((s = opt_dim(g, "llama.rope.dimension_count", &c->rope_dim))) return s;
+    if ((s = opt_dim(g, K("rope.dimension_count"), &c->rope_dim))) return s;
     if (c->rope_dim > c->head_dim || c->rope_dim % 2)
         return kiln_fail(KILN_ERR_FORMAT, "%s: rope.dimension_count %lld must be even and at most the head size %lld", path,
                          (long long)c->rope_dim, (long long)c->head_dim);
     if (!(c->rms_eps > 0) || !(c->rope_base > 0))
         return kiln_fail(KILN_ERR_FORMAT, "%s: layer_norm_rms_epsilon and rope.freq_base must be positive", path);
+
+    /* what the architecture implies */
+    c->rope_neox = a != ARCH_LLAMA;
+    c->qkv_bias = a == ARCH_QWEN2;
+    c->qk_norm = c->sandwich_norm = c->geglu = c->embd_scale = a == ARCH_GEMMA3;
+    if (a == ARCH_GEMMA3) c->swa_pattern = 6, c->rope_base_local = 10000.0f;
+    if (a == ARCH_GEMMA3 && c->n_layer == 62) c->attn_scale = 1.0f / sqrtf((float)(c->n_embd / c->n_head));
+    /* and what its metadata adds (Muse's own keys, or gemma's) */
+    c->post_norm_eps = c->rms_eps;
+    uint32_t pattern = 0;
+    if ((s = opt_bool(g, K("attention.output_gate"), &c->output_gate)) ||
+        (s = opt_f32(g, K("attention.layer_norm_rms_epsilon_post"), &c->post_norm_eps)) ||
+        (s = opt_f32(g, K("logit_scale"), &c->logit_scale)) || (s = opt_f32(g, K("final_logit_softcapping"), &c->logit_softcap)) ||
+        (s = opt_dim(g, K("attention.sliding_window"), &c->sliding_window)) ||
+        (s = opt_f32(g, K("rope.local.freq_base"), &c->rope_base_local)) || (s = opt_f32(g, K("attention.scale"), &c->attn_scale)))
+        return s;
+    const kiln_gguf_value *pv = kiln_gguf_find(g, K("attention.sliding_window_pattern"));
+    if (pv && pv->type != KILN_GGUF_ARRAY) { /* an array, one flag per layer, is read by layer_flags */
+        if ((s = kiln_gguf_get_u32(g, k, &pattern))) return s;
+        c->swa_pattern = pattern;
+    }
+    if (!(c->post_norm_eps > 0) || c->logit_softcap < 0 || c->rope_base_local < 0 || c->attn_scale < 0 || c->logit_scale < 0)
+        return kiln_fail(KILN_ERR_FORMAT, "%s: layer_norm_rms_epsilon_post must be positive, final_logit_softcapping, "
+                         "rope.local.freq_base, attention.scale and logit_scale not negative", path);
+    if (a == ARCH_GEMMA3 && kiln_gguf_find(g, K("rope.scaling.factor"))) {
+        float f;
+        if ((s = kiln_gguf_get_f32(g, K("rope.scaling.factor"), &f))) return s;
+        if (f != 1.0f)
+            return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: %s is %g; kiln does not support RoPE scaling", path, k, (double)f);
+    }
+#undef K
+    return KILN_OK;
+}
+
+/* An array of integers (or bools, when bools is true) or NULL when the key is absent. */
+static kiln_status int_array(const kiln_gguf *g, const char *k, bool bools, const kiln_gguf_value **out) {
+    const kiln_gguf_value *arr = *out = kiln_gguf_find(g, k);
+    if (!arr) return KILN_OK;
+    if (arr->type != KILN_GGUF_ARRAY || !kiln_gguf_vtype_size(arr->arr.type) || arr->arr.type == KILN_GGUF_FLOAT32 ||
+        arr->arr.type == KILN_GGUF_FLOAT64 || (arr->arr.type == KILN_GGUF_BOOL && !bools))
+        return kiln_fail(KILN_ERR_FORMAT, "%s: key '%s' must be an array of integer%s", kiln_gguf_path(g), k, bools ? "s or bools" : "s");
+    return KILN_OK;
+}
+
+/* Per-layer flags: which layers slide (with their RoPE base) and which have no RoPE. A sliding_window_pattern
+ * array (llama.cpp's get_key_or_arr form) has one flag per layer, nonzero for a sliding layer. */
+static kiln_status layer_flags(const kiln_gguf *g, const char *arch, kiln_model *m) {
+    const kiln_llama_config *c = &m->cfg;
+    char k[128];
+    const kiln_gguf_value *arr;
+    const kiln_gguf_value *pv = kiln_gguf_find(g, key(k, sizeof k, arch, "attention.sliding_window_pattern"));
+    kiln_status s = pv && pv->type == KILN_GGUF_ARRAY ? int_array(g, k, true, &arr) : (arr = NULL, KILN_OK);
+    if (s) return s;
+    if (arr && arr->arr.n != (uint64_t)c->n_layer)
+        return kiln_fail(KILN_ERR_FORMAT, "%s: key '%s' has %llu entries for %lld layers", kiln_gguf_path(g), k,
+                         (unsigned long long)arr->arr.n, (long long)c->n_layer);
+    for (int64_t l = 0; l < c->n_layer; l++) {
+        kiln_llama_layer *L = &m->layers[l];
+        const bool pattern = arr ? kiln_gguf_arr_u64(arr, (uint64_t)l) != 0
+                                 : c->swa_pattern <= 1 || l % c->swa_pattern < c->swa_pattern - 1;
+        const bool slides = c->sliding_window > 0 && pattern;
+        L->window = slides ? c->sliding_window : 0;
+        L->rope_base = slides && c->rope_base_local > 0 ? c->rope_base_local : c->rope_base;
+    }
+    if ((s = int_array(g, key(k, sizeof k, arch, "attention.nope_layers"), false, &arr)) || !arr) return s;
+    for (uint64_t i = 0; i < arr->arr.n; i++) {
+        int64_t l = kiln_gguf_arr_i64(arr, i);
+        if (l < 0 || l >= c->n_layer)
+            return kiln_fail(KILN_ERR_FORMAT, "%s: key '%s' names layer %lld of %lld", kiln_gguf_path(g), k, (long long)l,
+                             (long long)c->n_layer);
+        m->layers[l].nope = true;
+    }
     return KILN_OK;
 }
 
@@ -102,6 +209,20 @@ static kiln_status bind_layers(kiln_model *m) {
         BIND(w_gate, "ffn_gate.weight", C, F)
         BIND(w_up, "ffn_up.weight", C, F)
         BIND(w_down, "ffn_down.weight", F, C)
+        if (c->qkv_bias) {
+            BIND(bq, "attn_q.bias", Q, 1)
+            BIND(bk, "attn_k.bias", KV, 1)
+            BIND(bv, "attn_v.bias", KV, 1)
+        }
+        if (c->qk_norm) {
+            BIND(q_norm, "attn_q_norm.weight", c->head_dim, 1)
+            BIND(k_norm, "attn_k_norm.weight", c->head_dim, 1)
+        }
+        if (c->output_gate) BIND(w_attn_gate, "attn_gate.weight", C, Q)
+        if (c->sandwich_norm) {
+            BIND(post_attn_norm, "post_attention_norm.weight", C, 1)
+            BIND(post_ffn_norm, "post_ffw_norm.weight", C, 1)
+        }
     }
 #undef BIND
     return s;
@@ -111,18 +232,21 @@ kiln_status kiln_model_load(const char *path, kiln_model **out) {
     *out = NULL;
     kiln_model *m = calloc(1, sizeof *m);
     if (!m) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    arch_id arch = ARCH_LLAMA;
     kiln_status s = kiln_gguf_open(path, &m->gguf);
-    if (!s) s = read_config(m->gguf, &m->cfg);
+    if (!s) s = read_config(m->gguf, &m->cfg, &arch);
     kiln_llama_config *c = &m->cfg;
     if (!s) {
         const kiln_tensor_view *emb = kiln_gguf_find_tensor(m->gguf, "token_embd.weight");
         if (!emb) s = kiln_fail(KILN_ERR_NOT_FOUND, "%s: missing tensor 'token_embd.weight'", path);
         else c->n_vocab = emb->ne[1];
     }
-    if (!s && kiln_gguf_find(m->gguf, "llama.vocab_size")) {
+    char vkey[64];
+    key(vkey, sizeof vkey, arch_names[arch], "vocab_size");
+    if (!s && kiln_gguf_find(m->gguf, vkey)) {
         int64_t v;
-        if (!(s = get_dim(m->gguf, "llama.vocab_size", &v)) && v != c->n_vocab)
-            s = kiln_fail(KILN_ERR_FORMAT, "%s: llama.vocab_size %lld but token_embd.weight has %lld rows", path, (long long)v,
+        if (!(s = get_dim(m->gguf, vkey, &v)) && v != c->n_vocab)
+            s = kiln_fail(KILN_ERR_FORMAT, "%s: vocab_size %lld but token_embd.weight has %lld rows", path, (long long)v,
                           (long long)c->n_vocab);
     }
     if (!s) s = bind(m->gguf, "token_embd.weight", c->n_embd, c->n_vocab, &m->tok_embd);
@@ -132,8 +256,14 @@ kiln_status kiln_model_load(const char *path, kiln_model **out) {
         m->output = m->tok_embd;
         if (!c->tied) s = bind(m->gguf, "output.weight", c->n_embd, c->n_vocab, &m->output);
     }
+    if (!s) { /* a llama file may carry these tensors too (Muse): layer 0's decide, every layer must then have them */
+        c->qkv_bias |= kiln_gguf_find_tensor(m->gguf, "blk.0.attn_q.bias") != NULL;
+        c->qk_norm |= kiln_gguf_find_tensor(m->gguf, "blk.0.attn_q_norm.weight") != NULL;
+        c->sandwich_norm |= kiln_gguf_find_tensor(m->gguf, "blk.0.post_attention_norm.weight") != NULL;
+    }
     if (!s && !(m->layers = calloc((size_t)c->n_layer, sizeof *m->layers))) s = kiln_fail(KILN_ERR_NOMEM, "out of memory");
     if (!s) s = bind_layers(m);
+    if (!s) s = layer_flags(m->gguf, arch_names[arch], m);
     if (!s && kiln_gguf_find(m->gguf, "tokenizer.ggml.model")) {
         s = kiln_tokenizer_load_gguf(m->gguf, &m->tokenizer);
         if (!s && kiln_tokenizer_n_vocab(m->tokenizer) > c->n_vocab)

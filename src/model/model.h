@@ -2,6 +2,10 @@
  * views of its weights, bound by tensor name with shape checks. The weights stay in the mmap (zero copy).
  * Inference (src/infer), training (src/train) and the CUDA backend (src/cuda) all start from this.
  *
+ * One forward serves llama and its relatives (qwen2, gemma3, Muse's own features): each difference is a flag of
+ * the config or of a layer, read from metadata under the architecture's prefix (<arch>. below: llama., qwen2.,
+ * gemma3.). A zeroed flag is plain llama, so a config built by hand (training) stays llama.
+ *
  * Shapes follow GGUF: a weight's ne[0] is its input width (row length), ne[1] its output width, so a matmul
  * computes y[o] = dot(row o of W, x). Vocabulary: V vocab, C width, L layers, NH query heads, NKV KV heads,
  * HS head size, F FFN width. */
@@ -16,14 +20,39 @@ typedef struct kiln_llama_config {
     int64_t n_layer;     /* L */
     int64_t n_head;      /* NH */
     int64_t n_head_kv;   /* NKV */
-    int64_t head_dim;    /* HS = C / NH */
+    int64_t head_dim;    /* HS: <arch>.attention.key_length, default C / NH (gemma3 1B: 256 with C/NH = 288) */
     int64_t n_ff;        /* F */
-    int64_t n_ctx_train; /* llama.context_length */
-    int64_t rope_dim;    /* llama.rope.dimension_count, default HS */
-    float rope_base;     /* llama.rope.freq_base, default 10000 */
-    bool rope_neox;      /* false: interleaved pairs (llama); true: half-split (NeoX) */
-    float rms_eps;       /* llama.attention.layer_norm_rms_epsilon, default 1e-5 */
+    int64_t n_ctx_train; /* <arch>.context_length */
+    int64_t rope_dim;    /* <arch>.rope.dimension_count, default HS */
+    float rope_base;     /* <arch>.rope.freq_base, default 10000; the global layers' base */
+    bool rope_neox;      /* false: interleaved pairs (llama); true: half-split (NeoX: qwen2, gemma3) */
+    float rms_eps;       /* <arch>.attention.layer_norm_rms_epsilon, default 1e-5 (gemma3 1e-6) */
     bool tied;           /* no output.weight: the head is token_embd */
+
+    /* ---- architecture features (#6); every one off when zero. qkv_bias, qk_norm and sandwich_norm are implied by
+     * the architecture or, in any file, by layer 0 having the tensors (then every layer must) */
+    bool qkv_bias;        /* blk.N.attn_{q,k,v}.bias (NH*HS, NKV*HS, NKV*HS) f32 added after the projections (qwen2) */
+    bool qk_norm;         /* blk.N.attn_{q,k}_norm.weight (HS) f32: RMSNorm over each head of q and k, eps rms_eps,
+                           * before RoPE (gemma3) */
+    bool output_gate;     /* <arch>.attention.output_gate (bool, Muse): att *= sigmoid(xn Wg) elementwise before wo,
+                           * xn the normed block input, Wg = blk.N.attn_gate.weight (NH*HS rows of C) */
+    bool sandwich_norm;   /* blk.N.post_attention_norm.weight, blk.N.post_ffw_norm.weight (C) f32: RMSNorm of each
+                           * block's output before the residual add, eps post_norm_eps (gemma3) */
+    float post_norm_eps;  /* <arch>.attention.layer_norm_rms_epsilon_post (Muse), default rms_eps */
+    bool geglu;           /* ffn = down(gelu_tanh(gate) * up) instead of silu (gemma) */
+    bool embd_scale;      /* x = embedding * sqrtf(C) (gemma; llama.cpp's ggml_scale by sqrtf(n_embd)) */
+    float logit_scale;    /* <arch>.logit_scale (Muse): logits *= it before the softcap; 0 means 1 */
+    float logit_softcap;  /* <arch>.final_logit_softcapping (gemma2, Muse): logits = cap tanh(logits / cap); 0 off */
+    int64_t sliding_window; /* <arch>.attention.sliding_window: a sliding layer's query at p sees p - W + 1 .. p; 0 off */
+    int64_t swa_pattern;  /* <arch>.attention.sliding_window_pattern (u32): layer l slides iff l % P < P - 1, so
+                           * every P-th layer is global (gemma3: 6, llama.cpp's set_swa_pattern(6)); 0 or absent:
+                           * every layer slides when sliding_window is set (gemma3's default is 6). The key may
+                           * instead be an array of L flags (nonzero: sliding), read into the layers' window */
+    float attn_scale;     /* <arch>.attention.scale (llama.cpp's key, granite): the attention's score scale, 0 meaning
+                           * 1/sqrt(HS); gemma3 27B (62 layers) uses 1/sqrt(C/NH) as llama.cpp's f_attention_scale
+                           * (gemma_pytorch's query_pre_attn_scalar). Applied by scaling q before attention */
+    float rope_base_local;/* sliding layers' RoPE base: <arch>.rope.local.freq_base (Muse), gemma3 10000 (hard-coded
+                           * in llama.cpp as rope_freq_base_train_swa); 0 means rope_base */
 } kiln_llama_config;
 
 typedef struct kiln_llama_layer {
@@ -36,6 +65,15 @@ typedef struct kiln_llama_layer {
     const kiln_tensor_view *w_gate;    /* (F rows of C) */
     const kiln_tensor_view *w_up;      /* (F rows of C) */
     const kiln_tensor_view *w_down;    /* (C rows of F) */
+    /* present only with the config's flag (NULL otherwise) */
+    const kiln_tensor_view *bq, *bk, *bv;          /* (NH*HS), (NKV*HS), (NKV*HS) f32: qkv_bias */
+    const kiln_tensor_view *q_norm, *k_norm;       /* (HS) f32: qk_norm */
+    const kiln_tensor_view *w_attn_gate;           /* (NH*HS rows of C): output_gate */
+    const kiln_tensor_view *post_attn_norm;        /* (C) f32: sandwich_norm */
+    const kiln_tensor_view *post_ffn_norm;         /* (C) f32: sandwich_norm */
+    bool nope;        /* no RoPE on this layer: <arch>.attention.nope_layers (array of layer indexes, Muse) */
+    int64_t window;   /* sliding window of this layer (cfg.sliding_window and swa_pattern), 0: full attention */
+    float rope_base;  /* cfg.rope_base, or rope_base_local on a sliding layer */
 } kiln_llama_layer;
 
 struct kiln_model {
@@ -52,13 +90,22 @@ struct kiln_model {
 struct kiln_ops;
 struct kiln_ops_ctx;
 
+/* The KV cache as the forward sees it: layer l keeps the key and value of position p in row p % rows[l] of
+ * k[l] and v[l] ((rows[l], NKV*HS) f16 each). rows[l] is the context for a full layer and a ring of at least
+ * window + T - 1 rows for a sliding one (T the largest batch), so a batch never overwrites keys its first query
+ * still sees. */
+typedef struct kiln_llama_kv {
+    uint16_t **k, **v;   /* (L) */
+    const int64_t *rows; /* (L) */
+} kiln_llama_kv;
+
 /* Floats of activations a batch of T tokens needs. */
 size_t kiln_llama_act_floats(const kiln_llama_config *c, int64_t T);
 /* The widest activation row (max of C, NH*HS, F). */
 int64_t kiln_llama_max_width(const kiln_llama_config *c);
-/* Runs T tokens at positions pos0.. through the model, writing their k and v into kv_cache
- * ((L, 2, n_ctx, NKV*HS) f16). logits gets the last token's V logits, or all T rows when all_logits. */
-void kiln_llama_forward(const kiln_model *m, const struct kiln_ops *ops, struct kiln_ops_ctx *ctx, uint16_t *kv_cache, int64_t n_ctx,
+/* Runs T tokens at positions pos0.. through the model, writing their k and v into the cache. logits gets the last
+ * token's V logits, or all T rows when all_logits. */
+void kiln_llama_forward(const kiln_model *m, const struct kiln_ops *ops, struct kiln_ops_ctx *ctx, const kiln_llama_kv *kv,
                         float *act, const int32_t *ids, int64_t T, int64_t pos0, float *logits, bool all_logits);
 
 #endif

@@ -1,0 +1,277 @@
+/* test_arch.c: the architecture flags of the one forward (#6) against tests/ref/arch_ref.py's float64 numpy
+ * reference. Each fixture (tests/ref/arch_*.gguf) is a tiny random F32 model whose file also holds the reference
+ * token sequence (ref.tokens) and logits (ref.logits (T, V)); the reference rounds k and v to f16 as kiln's cache
+ * does (that rounding alone moves gemma3's logits by 3.5e-3), so what is left is float32 arithmetic plus the odd k
+ * or v that float32 rounds to the neighbouring f16: the bound is 2e-4 absolute on logits of magnitude up to ~4
+ * (measured: qwen2 6e-7, gemma3 7e-5, muse 7e-6).
+ *   qwen2:  q/k/v biases, NeoX RoPE, GQA.
+ *   gemma3: sqrt(C) embedding scale, HS from key_length (8, not C/NH = 12), per-head QK norm, sandwich norms,
+ *           GeGLU, tied head, sliding window 4 on six of seven layers with the local RoPE base.
+ *   muse:   NoPE layer, sigmoid output gate, post-norm epsilon, logit scale and softcap, window 5 every other layer
+ *           with a local RoPE base, attention scale 0.25.
+ * Every fixture runs as one batch, in chunks of 3 and token by token, with 1 and 2 threads: with a window of 4
+ * and chunks of 3 a sliding layer's ring holds 6 rows for 20 positions, so it wraps three times, and decode reads
+ * keys across the wrap. test_window_attention checks the op itself at sizes that take the threaded paths (prefill by
+ * (token, KV head), decode by key piece) against a double reference, a ring against the full cache, and token by
+ * token against the batch bit for bit. Run from the repo root. */
+#include "kiln.h"
+#include "cpu/ops.h"
+#include "fp16.h"
+#include "model/model.h"
+#include "test.h"
+
+#include <stdint.h>
+#include <unistd.h>
+
+#define BOUND 2e-4
+
+typedef struct {
+    kiln_gguf *g;
+    kiln_model *m;
+    int32_t ids[64];
+    int64_t T, V;
+    const float *ref; /* (T, V) */
+} fixture;
+
+static void fixture_close(fixture *f) {
+    kiln_model_free(f->m);
+    kiln_gguf_close(f->g);
+}
+
+static kiln_status fixture_open(const char *path, fixture *f) {
+    memset(f, 0, sizeof *f);
+    kiln_status s = kiln_gguf_open(path, &f->g);
+    if (s) return s;
+    const kiln_gguf_value *tok;
+    if ((s = kiln_gguf_get_arr(f->g, "ref.tokens", KILN_GGUF_INT32, &tok))) return s;
+    const kiln_tensor_view *lg = kiln_gguf_find_tensor(f->g, "ref.logits");
+    if (!lg || lg->type != KILN_TYPE_F32 || tok->arr.n > 64 || lg->ne[1] != (int64_t)tok->arr.n) return KILN_ERR_FORMAT;
+    f->T = (int64_t)tok->arr.n;
+    f->V = lg->ne[0];
+    f->ref = lg->data;
+    for (int64_t t = 0; t < f->T; t++) f->ids[t] = (int32_t)kiln_gguf_arr_i64(tok, (uint64_t)t);
+    return kiln_model_load(path, &f->m);
+}
+
+/* Max |kiln - ref| over all logits of the sequence, evaluated in chunks of n_batch (token by token when
+ * n_batch is 1, one eval per token), or -1 on an error. */
+static double run(const fixture *f, int64_t n_batch, int n_threads) {
+    kiln_session_params p = {.n_ctx = 0, .n_batch = n_batch, .n_threads = n_threads};
+    kiln_session *s;
+    if (kiln_session_new(f->m, &p, &s)) return -1;
+    float *logits = malloc(sizeof *logits * (size_t)(f->T * f->V));
+    double err = -1;
+    if (!logits) goto done;
+    if (n_batch == 1) {
+        for (int64_t t = 0; t < f->T; t++)
+            if (kiln_session_eval(s, f->ids + t, 1, logits + t * f->V, NULL)) goto done;
+    } else if (kiln_session_eval(s, f->ids, (size_t)f->T, NULL, logits)) {
+        goto done;
+    }
+    err = 0;
+    for (int64_t i = 0; i < f->T * f->V; i++) {
+        double d = fabs((double)logits[i] - (double)f->ref[i]);
+        err = d > err || isnan(d) ? d : err;
+    }
+done:
+    free(logits);
+    kiln_session_free(s);
+    return err;
+}
+
+static void check_fixture(const char *path) {
+    fixture f;
+    kiln_status st = fixture_open(path, &f);
+    if (st) fixture_close(&f);
+    CHECK(st == KILN_OK, "%s: %s", path, kiln_last_error());
+    const int64_t batches[3] = {f.T, 3, 1};
+    double worst = 0;
+    for (int b = 0; b < 3; b++)
+        for (int nth = 1; nth <= 2; nth++) {
+            double e = run(&f, batches[b], nth);
+            if (!(e >= 0 && e < BOUND)) fixture_close(&f);
+            CHECK(e >= 0 && e < BOUND, "%s: n_batch %lld, %d threads: max |logit - ref| %.3g (bound %g)", path,
+                  (long long)batches[b], nth, e, BOUND);
+            worst = e > worst ? e : worst;
+        }
+    printf("# %s: %lld tokens, max |logit - ref| %.2e over n_batch %lld/3/1 and 1/2 threads\n", path, (long long)f.T,
+           worst, (long long)f.T);
+    fixture_close(&f);
+}
+
+static void test_arch_qwen2(void) { check_fixture("tests/ref/arch_qwen2.gguf"); }
+static void test_arch_gemma3(void) { check_fixture("tests/ref/arch_gemma3.gguf"); }
+static void test_arch_muse(void) { check_fixture("tests/ref/arch_muse.gguf"); }
+
+/* The metadata reached the config: each fixture's flags, read independently of the logits. */
+static void test_arch_config(void) {
+    kiln_model *m;
+    CHECK(kiln_model_load("tests/ref/arch_gemma3.gguf", &m) == KILN_OK, "%s", kiln_last_error());
+    const kiln_llama_config c = m->cfg;
+    bool ok = c.head_dim == 8 && c.rope_neox && c.qk_norm && c.sandwich_norm && c.geglu && c.embd_scale && c.tied &&
+              c.sliding_window == 4 && c.swa_pattern == 6 && !c.qkv_bias && !c.output_gate;
+    for (int64_t l = 0; l < c.n_layer; l++)
+        ok = ok && m->layers[l].window == (l == 5 ? 0 : 4) && m->layers[l].rope_base == (l == 5 ? 1e6f : 10000.0f);
+    kiln_model_free(m);
+    CHECK(ok, "gemma3 flags");
+    CHECK(kiln_model_load("tests/ref/arch_muse.gguf", &m) == KILN_OK, "%s", kiln_last_error());
+    const kiln_llama_config d = m->cfg;
+    ok = !d.rope_neox && d.output_gate && d.sandwich_norm && d.post_norm_eps == 1e-2f && d.rms_eps == 1e-5f &&
+         d.logit_scale == 0.5f && d.logit_softcap == 3.0f && d.attn_scale == 0.25f && !m->layers[0].nope && m->layers[1].nope &&
+         m->layers[0].window == 5 && m->layers[1].window == 0 && m->layers[2].window == 5 && m->layers[0].rope_base == 500.0f;
+    kiln_model_free(m);
+    CHECK(ok, "muse flags");
+    CHECK(kiln_model_load("tests/ref/arch_qwen2.gguf", &m) == KILN_OK, "%s", kiln_last_error());
+    ok = m->cfg.qkv_bias && m->cfg.rope_neox && !m->cfg.geglu && m->cfg.sliding_window == 0;
+    kiln_model_free(m);
+    CHECK(ok, "qwen2 flags");
+}
+
+/* attention_window_forward over a ring against a double reference of the windowed softmax over the full history.
+ * Cases: decode steps (T = 1, 2: keys split over threads, pieces cut at the wrap), a prefill batch (T = 6), a
+ * window past the 128-key chunk (W = 300), and W larger than the history (no sliding yet). Bound: 2e-6 of
+ * sum_j p_j |v_j|, as tests/test_ops.c's attention (float sums over at most a few hundred keys). */
+static void test_window_attention(void) {
+    typedef struct {
+        int64_t NH, NKV, HS, W, pos0, T;
+    } wcase;
+    static const wcase cases[] = {
+        {8, 2, 64, 100, 600, 1}, {8, 2, 64, 100, 517, 2}, {8, 2, 64, 64, 250, 6}, {4, 1, 64, 300, 700, 3}, {4, 2, 32, 50, 20, 4},
+    };
+    unsigned long long rng = 66;
+    kiln_pool *pools[2] = {NULL, NULL};
+    CHECK(kiln_pool_create(1, &pools[0]) == KILN_OK && kiln_pool_create(2, &pools[1]) == KILN_OK);
+    double worst = 0;
+    int bits_differ = 0; /* 1 + the case whose threads or token-by-token run differed */
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const wcase k = cases[c];
+        const int64_t n = k.pos0 + k.T, kv = k.NKV * k.HS, qw = k.NH * k.HS, R = k.W + k.T - 1; /* ring rows */
+        uint16_t *kf = malloc((size_t)(n * kv) * 2), *vf = malloc((size_t)(n * kv) * 2);  /* (n, kv) full history */
+        uint16_t *kr = malloc((size_t)(R * kv) * 2), *vr = malloc((size_t)(R * kv) * 2);  /* (R, kv) ring */
+        float *q = malloc(sizeof *q * (size_t)(k.T * qw)), *out = malloc(sizeof *out * (size_t)(k.T * qw));
+        float *first = malloc(sizeof *first * (size_t)(k.T * qw));
+        double *s = malloc(sizeof *s * (size_t)n);
+        for (int64_t i = 0; i < n * kv; i++) {
+            kf[i] = kiln_f32_to_fp16(test_rng_normal(&rng));
+            vf[i] = kiln_f32_to_fp16(test_rng_normal(&rng));
+        }
+        for (int64_t p = n > R ? n - R : 0; p < n; p++) { /* the ring holds the last R positions, p in row p % R */
+            memcpy(kr + (p % R) * kv, kf + p * kv, (size_t)kv * 2);
+            memcpy(vr + (p % R) * kv, vf + p * kv, (size_t)kv * 2);
+        }
+        for (int64_t i = 0; i < k.T * qw; i++) q[i] = test_rng_normal(&rng);
+        for (int p = 0; p < 2; p++) {
+            const size_t bytes = kiln_cpu_ops.scratch_size(k.T, qw, k.NH, n, kiln_pool_size(pools[p]));
+            kiln_ops_ctx ctx = {.pool = pools[p], .scratch = malloc(bytes), .scratch_bytes = bytes};
+            kiln_cpu_ops.attention_window_forward(&ctx, out, q, kr, vr, k.pos0, k.T, k.NH, k.NKV, k.HS, k.W, R);
+            if (p == 0) memcpy(first, out, sizeof *out * (size_t)(k.T * qw));
+            bool same = memcmp(first, out, sizeof *out * (size_t)(k.T * qw)) == 0;
+            for (int64_t t = 0; t < k.T && same; t++) { /* token by token, same bits */
+                float one[512];
+                kiln_cpu_ops.attention_window_forward(&ctx, one, q + t * qw, kr, vr, k.pos0 + t, 1, k.NH, k.NKV, k.HS, k.W, R);
+                same = memcmp(one, first + t * qw, sizeof *one * (size_t)qw) == 0;
+            }
+            free(ctx.scratch);
+            if (!same) bits_differ = (int)c + 1;
+        }
+        double err = 0;
+        for (int64_t t = 0; t < k.T; t++)
+            for (int64_t h = 0; h < k.NH; h++) {
+                const int64_t g = h / (k.NH / k.NKV), p = k.pos0 + t, lo = p - k.W + 1 > 0 ? p - k.W + 1 : 0;
+                double mx = -INFINITY, sum = 0;
+                for (int64_t j = lo; j <= p; j++) {
+                    double d = 0;
+                    for (int64_t e = 0; e < k.HS; e++) d += (double)q[t * qw + h * k.HS + e] * kiln_fp16_to_f32(kf[j * kv + g * k.HS + e]);
+                    s[j] = d / sqrt((double)k.HS);
+                    mx = s[j] > mx ? s[j] : mx;
+                }
+                for (int64_t j = lo; j <= p; j++) sum += (s[j] = exp(s[j] - mx));
+                for (int64_t e = 0; e < k.HS; e++) {
+                    double o = 0, scale = 0;
+                    for (int64_t j = lo; j <= p; j++) {
+                        const double vj = kiln_fp16_to_f32(vf[j * kv + g * k.HS + e]);
+                        o += s[j] / sum * vj;
+                        scale += s[j] / sum * fabs(vj);
+                    }
+                    const double rel = fabs(out[t * qw + h * k.HS + e] - o) / scale;
+                    err = rel > err || isnan(rel) ? rel : err;
+                }
+            }
+        free(kf), free(vf), free(kr), free(vr), free(q), free(out), free(first), free(s);
+        worst = err > worst ? err : worst;
+        if (!(err < 2e-6)) {
+            kiln_pool_free(pools[0]), kiln_pool_free(pools[1]);
+            CHECK(err < 2e-6, "case %zu: error %.3g of sum p|v|", c, err);
+        }
+    }
+    kiln_pool_free(pools[0]), kiln_pool_free(pools[1]);
+    CHECK(!bits_differ, "case %d: 2 threads or token by token differ from 1 thread's batch", bits_differ - 1);
+    printf("# windowed ring attention: max error %.2e of sum_j p_j |v_j| (bound 2e-6)\n", worst);
+}
+
+/* A copy of tests/ref/arch_muse.gguf with one metadata key set (a u32 when arr is NULL, else an i32 array), or,
+ * with drop, without the tensors whose name ends in drop; then loaded: returns the load's status and, with keep,
+ * the model (NULL on failure). */
+static kiln_status load_variant(const char *key, uint32_t u32, const int32_t *arr, uint64_t n, const char *drop,
+                                kiln_model **keep) {
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/kiln_arch_variant_%d.gguf", (int)getpid());
+    kiln_gguf *g = NULL;
+    kiln_gguf_writer *w = NULL;
+    kiln_status s = kiln_gguf_open("tests/ref/arch_muse.gguf", &g);
+    if (!s) s = kiln_gguf_writer_new(&w);
+    if (!s) s = kiln_gguf_writer_copy_kv(w, g, NULL);
+    if (!s && key) s = arr ? kiln_gguf_writer_set_arr(w, key, KILN_GGUF_INT32, arr, n) : kiln_gguf_writer_set_u32(w, key, u32);
+    for (int64_t i = 0; !s && i < kiln_gguf_n_tensors(g); i++) {
+        const kiln_tensor_view *t = kiln_gguf_tensor_at(g, i);
+        size_t len = strlen(t->name), dl = drop ? strlen(drop) : 0;
+        if (drop && len >= dl && strcmp(t->name + len - dl, drop) == 0) continue;
+        s = kiln_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data);
+    }
+    if (!s) s = kiln_gguf_writer_write_file(w, path);
+    kiln_gguf_writer_free(w);
+    kiln_gguf_close(g);
+    if (s) return KILN_ERR_IO; /* the writing failed, not the load */
+    kiln_model *m = NULL;
+    s = kiln_model_load(path, &m);
+    if (keep)
+        *keep = m;
+    else
+        kiln_model_free(m);
+    remove(path);
+    return s;
+}
+
+/* Bad metadata and missing feature tensors fail the load with a message naming the key or tensor. */
+static void test_arch_rejects(void) {
+    const int32_t bad_layer[2] = {0, 3}; /* the model has 3 layers */
+    CHECK(load_variant("llama.attention.nope_layers", 0, bad_layer, 2, NULL, NULL) == KILN_ERR_FORMAT);
+    CHECK(strstr(kiln_last_error(), "nope_layers") && strstr(kiln_last_error(), "layer 3"), "%s", kiln_last_error());
+    CHECK(load_variant(NULL, 0, NULL, 0, "blk.2.attn_gate.weight", NULL) == KILN_ERR_NOT_FOUND);
+    CHECK(strstr(kiln_last_error(), "blk.2.attn_gate.weight"), "%s", kiln_last_error());
+    CHECK(load_variant(NULL, 0, NULL, 0, "blk.1.post_ffw_norm.weight", NULL) == KILN_ERR_NOT_FOUND);
+    CHECK(strstr(kiln_last_error(), "blk.1.post_ffw_norm.weight"), "%s", kiln_last_error());
+    CHECK(load_variant("llama.attention.value_length", 4, NULL, 0, NULL, NULL) == KILN_ERR_UNSUPPORTED);
+    CHECK(strstr(kiln_last_error(), "value_length"), "%s", kiln_last_error());
+    CHECK(load_variant(NULL, 0, NULL, 0, NULL, NULL) == KILN_OK, "the unchanged copy loads: %s", kiln_last_error());
+    /* the sliding pattern as one flag per layer (llama.cpp's array form) */
+    const int32_t flags[3] = {0, 1, 1};
+    CHECK(load_variant("llama.attention.sliding_window_pattern", 0, flags, 2, NULL, NULL) == KILN_ERR_FORMAT);
+    CHECK(strstr(kiln_last_error(), "2 entries for 3 layers"), "%s", kiln_last_error());
+    kiln_model *m;
+    CHECK(load_variant("llama.attention.sliding_window_pattern", 0, flags, 3, NULL, &m) == KILN_OK, "%s", kiln_last_error());
+    const bool ok = m->layers[0].window == 0 && m->layers[1].window == 5 && m->layers[2].window == 5 &&
+                    m->layers[0].rope_base == 10000.0f && m->layers[1].rope_base == 500.0f;
+    kiln_model_free(m);
+    CHECK(ok, "per-layer sliding flags");
+}
+
+int main(void) {
+    RUN(test_arch_rejects);
+    RUN(test_window_attention);
+    RUN(test_arch_config);
+    RUN(test_arch_qwen2);
+    RUN(test_arch_gemma3);
+    RUN(test_arch_muse);
+    TEST_EXIT();
+}

@@ -1,0 +1,533 @@
+/* test_chat.c: chat templates (src/infer/chat.c) and `kiln chat` / `kiln generate --chat` (tools/cmd_chat.c).
+ *
+ * tests/ref/chat_<family>_template.txt hold each family's reference template: meta-llama/Llama-2-7b-chat-hf,
+ * meta-llama/Meta-Llama-3-8B-Instruct, SmolLM2-135M-Instruct's chatml (read from its GGUF) and google/gemma-3-it.
+ * tests/ref/chat_<family>{,_nosys,_nogen}.txt are those templates rendered by jinja2 3.1 as transformers'
+ * apply_chat_template renders them (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, raise_exception),
+ * for CONV below (system + user + assistant + user, with the generation prompt), its second message alone, and its
+ * first three messages without the generation prompt. chat_llama32_* are meta-llama/Llama-3.2-1B-Instruct's (3.1's system
+ * header; its date comes from strftime_now, left undefined there so the fixtures hold the fallback date). The contents carry stray whitespace so that every strip()
+ * and trim shows. The CLI tests run $KILN_BIN (set by `make test`) on SmolLM2-135M-Instruct Q4_1 from KILN_CACHE
+ * (default ~/.cache/kiln; `bash tests/ref/fetch_models.sh`) and skip while it is absent. Run from the repo root. */
+#include "kiln.h"
+#include "test.h"
+
+#include <stdint.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MODEL_NAME "smollm2-135m-instruct-q4_1.gguf"
+#define SMOLLM_SYSTEM "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+static char tmp_dir[64];
+static char model_path[512];
+
+static const kiln_chat_msg CONV[] = {
+    {"system", "  You are a terse assistant.\n"},
+    {"user", "Hello!  "},
+    {"assistant", " Hi there. How can I help?\n"},
+    {"user", "What is 2+2?\nAnswer briefly."},
+};
+
+static const struct {
+    const char *name;
+    kiln_chat_family family;
+} FAMILIES[] = {{"llama2", KILN_CHAT_LLAMA2}, {"llama3", KILN_CHAT_LLAMA3}, {"chatml", KILN_CHAT_CHATML}, {"gemma", KILN_CHAT_GEMMA}};
+
+static char *read_all(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 12, n = 0, got;
+    char *buf = malloc(cap + 1);
+    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap) {
+            char *p = realloc(buf, (cap *= 2) + 1);
+            if (!p) free(buf);
+            buf = p;
+        }
+    }
+    fclose(f);
+    if (buf) buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+static const char *smollm(void) {
+    const char *cache = getenv("KILN_CACHE"), *home = getenv("HOME");
+    if (cache && *cache) snprintf(model_path, sizeof model_path, "%s/%s", cache, MODEL_NAME);
+    else snprintf(model_path, sizeof model_path, "%s/.cache/kiln/%s", home ? home : ".", MODEL_NAME);
+    return access(model_path, R_OK) == 0 ? model_path : NULL;
+}
+
+/* ---------------------------------------------------------------- detection */
+
+static void test_detect_reference_templates(void) {
+    for (size_t f = 0; f < sizeof FAMILIES / sizeof FAMILIES[0]; f++) {
+        char path[256];
+        snprintf(path, sizeof path, "tests/ref/chat_%s_template.txt", FAMILIES[f].name);
+        size_t n;
+        char *src = read_all(path, &n);
+        CHECK(src, "cannot read %s", path);
+        kiln_chat_template t;
+        kiln_status s = kiln_chat_template_from_text(src, n, &t);
+        free(src);
+        CHECK(s == KILN_OK, "%s: %s", path, kiln_last_error());
+        CHECK(t.family == FAMILIES[f].family, "%s detected as %s", path, kiln_chat_family_name(t.family));
+        CHECK(strcmp(kiln_chat_family_name(t.family), FAMILIES[f].name) == 0);
+        if (t.family == KILN_CHAT_CHATML) CHECK(strcmp(t.default_system, SMOLLM_SYSTEM) == 0, "default system '%s'", t.default_system);
+        else CHECK(t.default_system[0] == 0);
+    }
+}
+
+/* Other templates of the same families, as their model cards ship them (shortened where the rest is irrelevant). */
+static void test_detect_variants(void) {
+    static const struct {
+        const char *src;
+        kiln_chat_family family;
+        const char *default_system;
+        const char *date;
+    } cases[] = {
+        /* teknium/OpenHermes-2.5-Mistral-7B: plain chatml, no default system */
+        {"{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}", KILN_CHAT_CHATML, "", ""},
+        /* Qwen2.5-Instruct: the tools branch opens the system turn bare, the other one holds the default in a literal
+         * with \n written as an escape */
+        {"{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}"
+         "{%- else %}{{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}{%- endif %}"
+         "{%- else %}{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+         "{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}"
+         "{%- endif %}{%- endif %}", KILN_CHAT_CHATML, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.", ""},
+        /* google/gemma-7b-it */
+        {"{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}{% for message in messages %}"
+         "{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}", KILN_CHAT_GEMMA, "", ""},
+        /* Llama 3.1: a literal date */
+        {"{{- bos_token }}{%- set date_string = \"26 Jul 2024\" %}{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}"
+         "{{- \"Cutting Knowledge Date: December 2023\\n\" }}{{- '<|eot_id|>' }}", KILN_CHAT_LLAMA3, "", "26 Jul 2024"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kiln_chat_template t;
+        kiln_status s = kiln_chat_template_from_text(cases[i].src, strlen(cases[i].src), &t);
+        CHECK(s == KILN_OK, "case %zu: %s", i, kiln_last_error());
+        CHECK(t.family == cases[i].family, "case %zu detected as %s", i, kiln_chat_family_name(t.family));
+        CHECK(strcmp(t.default_system, cases[i].default_system) == 0, "case %zu: default system '%s'", i, t.default_system);
+        CHECK(strcmp(t.date, cases[i].date) == 0, "case %zu: date '%s'", i, t.date);
+    }
+}
+
+static void test_unknown_template(void) {
+    /* Mistral's [INST] template has no <<SYS>> and formats differently: not llama2 */
+    static const char *unknown[] = {
+        "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+        "{% endif %}{% endfor %}",
+        "{% for m in messages %}{{ m['role'] + ': ' + m['content'] }}{% endfor %}",
+        "",
+    };
+    for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
+        kiln_chat_template t;
+        kiln_status s = kiln_chat_template_from_text(unknown[i], strlen(unknown[i]), &t);
+        CHECK(s == KILN_ERR_UNSUPPORTED, "case %zu: %s", i, kiln_status_name(s));
+        CHECK(strstr(kiln_last_error(), "--chat-template NAME") && strstr(kiln_last_error(), "llama2, llama3, chatml, gemma"), "%s",
+              kiln_last_error());
+    }
+    kiln_chat_template t;
+    /* a Llama 3.1-style header whose date kiln cannot read */
+    static const char no_date[] = "<|start_header_id|>system<|end_header_id|>Cutting Knowledge Date: December 2023<|eot_id|>{{ d }}";
+    CHECK(kiln_chat_template_from_text(no_date, sizeof no_date - 1, &t) == KILN_ERR_UNSUPPORTED);
+    CHECK(strstr(kiln_last_error(), "date_string") && strstr(kiln_last_error(), "--chat-template llama3"), "%s", kiln_last_error());
+    CHECK(kiln_chat_template_from_name("vicuna", NULL, &t) == KILN_ERR_NOT_FOUND);
+    CHECK(strstr(kiln_last_error(), "'vicuna'") && strstr(kiln_last_error(), "chatml"), "%s", kiln_last_error());
+    for (size_t f = 0; f < sizeof FAMILIES / sizeof FAMILIES[0]; f++) {
+        CHECK(kiln_chat_template_from_name(FAMILIES[f].name, NULL, &t) == KILN_OK, "%s", kiln_last_error());
+        CHECK(t.family == FAMILIES[f].family && t.default_system[0] == 0);
+    }
+}
+
+/* ---------------------------------------------------------------- formatting */
+
+static void check_format(const kiln_chat_template *t, const char *family, const char *suffix, const kiln_chat_msg *msgs, size_t n,
+                         bool gen, int *failed, char *why, size_t why_n) {
+    char path[256];
+    snprintf(path, sizeof path, "tests/ref/chat_%s%s.txt", family, suffix);
+    size_t want_len, got_len;
+    char *want = read_all(path, &want_len), *got = NULL;
+    kiln_status s = kiln_chat_format(t, msgs, n, gen, &got, &got_len);
+    if (!want) snprintf(why, why_n, "cannot read %s", path), *failed = 1;
+    else if (s) snprintf(why, why_n, "%s: %s", path, kiln_last_error()), *failed = 1;
+    else if (got_len != want_len || memcmp(got, want, want_len) != 0 || strlen(got) != got_len) {
+        size_t at = 0;
+        while (at < got_len && at < want_len && got[at] == want[at]) at++;
+        snprintf(why, why_n, "%s: %zu bytes vs %zu expected, first difference at byte %zu: got \"%.40s\"", path, got_len, want_len, at,
+                 got + at);
+        *failed = 1;
+    }
+    free(want);
+    free(got);
+}
+
+static void test_format_against_jinja(void) {
+    for (size_t f = 0; f < sizeof FAMILIES / sizeof FAMILIES[0]; f++) {
+        kiln_chat_template t;
+        if (FAMILIES[f].family == KILN_CHAT_CHATML) { /* SmolLM2's, with its default system turn */
+            size_t n;
+            char *src = read_all("tests/ref/chat_chatml_template.txt", &n);
+            CHECK(src);
+            kiln_status s = kiln_chat_template_from_text(src, n, &t);
+            free(src);
+            CHECK(s == KILN_OK, "%s", kiln_last_error());
+        } else
+            CHECK(kiln_chat_template_from_name(FAMILIES[f].name, NULL, &t) == KILN_OK, "%s", kiln_last_error());
+        int failed = 0;
+        char why[512];
+        check_format(&t, FAMILIES[f].name, "", CONV, 4, true, &failed, why, sizeof why);
+        CHECK(!failed, "%s", why);
+        check_format(&t, FAMILIES[f].name, "_nosys", CONV + 1, 1, true, &failed, why, sizeof why);
+        CHECK(!failed, "%s", why);
+        check_format(&t, FAMILIES[f].name, "_nogen", CONV, 3, false, &failed, why, sizeof why);
+        CHECK(!failed, "%s", why);
+    }
+}
+
+/* Llama 3.2's template calls strftime_now: kiln writes today's date there, as transformers does. The fixtures were
+ * rendered without strftime_now, so they hold the template's fallback date, which the test puts in. */
+static void test_format_llama32(void) {
+    size_t n;
+    char *src = read_all("tests/ref/chat_llama32_template.txt", &n);
+    CHECK(src);
+    kiln_chat_template t;
+    kiln_status s = kiln_chat_template_from_text(src, n, &t);
+    free(src);
+    CHECK(s == KILN_OK, "%s", kiln_last_error());
+    char today[32];
+    time_t now = time(NULL);
+    strftime(today, sizeof today, "%d %b %Y", localtime(&now));
+    CHECK(t.family == KILN_CHAT_LLAMA3 && strcmp(t.date, today) == 0, "%s, date '%s'", kiln_chat_family_name(t.family), t.date);
+    snprintf(t.date, sizeof t.date, "26 Jul 2024");
+    int failed = 0;
+    char why[512];
+    check_format(&t, "llama32", "", CONV, 4, true, &failed, why, sizeof why);
+    CHECK(!failed, "%s", why);
+    check_format(&t, "llama32", "_nosys", CONV + 1, 1, true, &failed, why, sizeof why);
+    CHECK(!failed, "%s", why);
+    check_format(&t, "llama32", "_nogen", CONV, 3, false, &failed, why, sizeof why);
+    CHECK(!failed, "%s", why);
+}
+
+/* The reply-then-next-turn property kiln chat relies on: a conversation formatted without the generation prompt
+ * is a prefix of it with one more user turn (for every family but llama2, whose strip() and eos rewrite the reply). */
+static void test_format_prefix_property(void) {
+    for (size_t f = 1; f < sizeof FAMILIES / sizeof FAMILIES[0]; f++) {
+        kiln_chat_template t;
+        CHECK(kiln_chat_template_from_name(FAMILIES[f].name, NULL, &t) == KILN_OK);
+        kiln_chat_msg m[3] = {{"user", "Hi"}, {"assistant", "Hello."}, {"user", "Bye"}};
+        char *a, *b, *c;
+        size_t na, nb, nc;
+        CHECK(kiln_chat_format(&t, m, 1, true, &a, &na) == KILN_OK);
+        CHECK(kiln_chat_format(&t, m, 2, false, &b, &nb) == KILN_OK);
+        CHECK(kiln_chat_format(&t, m, 3, true, &c, &nc) == KILN_OK);
+        bool ok = na < nb && nb < nc && memcmp(a, b, na) == 0 && memcmp(b, c, nb) == 0 && memcmp(b + na, "Hello.", 6) == 0;
+        free(a), free(b), free(c);
+        CHECK(ok, "%s", FAMILIES[f].name);
+    }
+}
+
+static void test_format_errors(void) {
+    kiln_chat_template t;
+    char *out = (char *)1;
+    kiln_chat_msg two_users[] = {{"user", "a"}, {"user", "b"}};
+    kiln_chat_msg model_first[] = {{"system", "s"}, {"assistant", "a"}};
+    CHECK(kiln_chat_template_from_name("llama2", NULL, &t) == KILN_OK);
+    CHECK(kiln_chat_format(&t, two_users, 2, true, &out, NULL) == KILN_ERR_INVALID && out == NULL);
+    CHECK(strstr(kiln_last_error(), "message 1 has role 'user'") && strstr(kiln_last_error(), "'assistant'"), "%s", kiln_last_error());
+    CHECK(kiln_chat_template_from_name("gemma", NULL, &t) == KILN_OK);
+    CHECK(kiln_chat_format(&t, model_first, 2, true, &out, NULL) == KILN_ERR_INVALID);
+    CHECK(strstr(kiln_last_error(), "message 1 has role 'assistant'"), "%s", kiln_last_error());
+    /* chatml and llama3 take any roles in any order, as their templates do */
+    CHECK(kiln_chat_template_from_name("chatml", NULL, &t) == KILN_OK);
+    size_t n;
+    CHECK(kiln_chat_format(&t, two_users, 2, false, &out, &n) == KILN_OK);
+    CHECK(strcmp(out, "<|im_start|>user\na<|im_end|>\n<|im_start|>user\nb<|im_end|>\n") == 0 && n == strlen(out), "%s", out);
+    free(out);
+    CHECK(kiln_chat_format(&t, NULL, 0, false, &out, &n) == KILN_OK && n == 0 && out && out[0] == 0);
+    free(out);
+}
+
+/* ---------------------------------------------------------------- models: detection and the end-of-turn token */
+
+/* A vocab with every family's end-of-turn token and a gemma template; synth copies it into a tiny model. */
+static const char *gemma_synth(char *path, size_t n) {
+    static const char *tokens[] = {"<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", "<|eot_id|>", "<|im_end|>", "▁a", "a"};
+    enum { NT = sizeof tokens / sizeof tokens[0] };
+    float scores[NT];
+    int32_t types[NT];
+    for (int i = 0; i < NT; i++) scores[i] = -(float)i, types[i] = i < 8 ? KILN_TOKEN_CONTROL : KILN_TOKEN_NORMAL;
+    types[3] = KILN_TOKEN_UNKNOWN;
+    size_t src_n;
+    char *src = read_all("tests/ref/chat_gemma_template.txt", &src_n);
+    char vocab[128];
+    snprintf(vocab, sizeof vocab, "%s/vocab.gguf", tmp_dir);
+    kiln_gguf_writer *w = NULL;
+    kiln_status s = src ? kiln_gguf_writer_new(&w) : KILN_ERR_IO;
+    if (!s) s = kiln_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama");
+    if (!s) s = kiln_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", tokens, NT);
+    if (!s) s = kiln_gguf_writer_set_arr(w, "tokenizer.ggml.scores", KILN_GGUF_FLOAT32, scores, NT);
+    if (!s) s = kiln_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", KILN_GGUF_INT32, types, NT);
+    if (!s) s = kiln_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 2);
+    if (!s) s = kiln_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 1);
+    if (!s) s = kiln_gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 3);
+    if (!s) s = kiln_gguf_writer_set_str(w, "tokenizer.chat_template", src);
+    if (!s) s = kiln_gguf_writer_write_file(w, vocab);
+    kiln_gguf_writer_free(w);
+    free(src);
+    if (s) return NULL;
+    kiln_synth_params p = kiln_synth_default();
+    p.n_embd = 32, p.n_layer = 1, p.n_head = 2, p.n_head_kv = 1, p.n_ff = 48, p.n_ctx = 64, p.vocab_path = vocab;
+    snprintf(path, n, "%s/gemma_synth.gguf", tmp_dir);
+    return kiln_synth_llama(path, &p) == KILN_OK ? path : NULL;
+}
+
+static void test_detect_model_and_end_of_turn(void) {
+    char path[128];
+    CHECK(gemma_synth(path, sizeof path), "%s", kiln_last_error());
+    kiln_model *m;
+    CHECK(kiln_model_load(path, &m) == KILN_OK, "%s", kiln_last_error());
+    const kiln_tokenizer *tok = kiln_model_tokenizer(m);
+    kiln_chat_template t;
+    kiln_status s = kiln_chat_template_detect(m, &t);
+    bool ok = s == KILN_OK && t.family == KILN_CHAT_GEMMA && t.bos.len == 5 && memcmp(t.bos.ptr, "<bos>", 5) == 0;
+    /* each family's end-of-turn token, whose id the vocab above fixes */
+    int32_t id[4] = {-9, -9, -9, -9};
+    static const char *names[] = {"llama2", "llama3", "chatml", "gemma"};
+    static const int32_t want[] = {1, 6, 7, 5}; /* EOS, <|eot_id|>, <|im_end|>, <end_of_turn> */
+    for (int f = 0; f < 4 && ok; f++)
+        ok = kiln_chat_template_from_name(names[f], m, &t) == KILN_OK && kiln_chat_end_of_turn(&t, tok, &id[f]) == KILN_OK;
+    /* formatting with the model's bos; the ids of the text put <bos> and the turn markers as single tokens */
+    char *text = NULL;
+    kiln_tokens ids = {0};
+    if (ok) ok = kiln_chat_template_detect(m, &t) == KILN_OK && kiln_chat_format(&t, CONV + 1, 1, true, &text, NULL) == KILN_OK &&
+                 kiln_tokenizer_encode(tok, text, strlen(text), false, true, &ids) == KILN_OK;
+    bool ids_ok = ok && ids.n >= 4 && ids.ids[0] == 2 && ids.ids[1] == 4 && ids.ids[ids.n - 1] != 5;
+    free(text);
+    kiln_tokens_free(&ids);
+    kiln_model_free(m);
+    CHECK(ok, "%s", kiln_last_error());
+    for (int f = 0; f < 4; f++) CHECK(id[f] == want[f], "%s: end of turn %d, expected %d", names[f], id[f], want[f]);
+    CHECK(ids_ok);
+
+    /* a model without the key, and a vocab without the token */
+    kiln_synth_params p = kiln_synth_default();
+    p.n_vocab = 64, p.n_embd = 32, p.n_layer = 1, p.n_head = 2, p.n_head_kv = 1, p.n_ff = 48, p.n_ctx = 64;
+    snprintf(path, sizeof path, "%s/plain.gguf", tmp_dir);
+    CHECK(kiln_synth_llama(path, &p) == KILN_OK, "%s", kiln_last_error());
+    CHECK(kiln_model_load(path, &m) == KILN_OK, "%s", kiln_last_error());
+    s = kiln_chat_template_detect(m, &t);
+    kiln_model_free(m);
+    CHECK(s == KILN_ERR_UNSUPPORTED, "%s", kiln_status_name(s));
+    CHECK(strstr(kiln_last_error(), "no tokenizer.chat_template") && strstr(kiln_last_error(), "--chat-template NAME"), "%s",
+          kiln_last_error());
+}
+
+static void test_smollm_template(void) {
+    if (!smollm()) SKIP("%s not found (run `bash tests/ref/fetch_models.sh`)", model_path);
+    kiln_model *m;
+    CHECK(kiln_model_load(model_path, &m) == KILN_OK, "%s", kiln_last_error());
+    kiln_chat_template t;
+    kiln_status s = kiln_chat_template_detect(m, &t);
+    const kiln_tokenizer *tok = kiln_model_tokenizer(m);
+    int32_t eot = -1;
+    if (!s) s = kiln_chat_end_of_turn(&t, tok, &eot);
+    kiln_str eot_text = kiln_tokenizer_token_text(tok, eot);
+    bool eot_ok = eot_text.len == 10 && memcmp(eot_text.ptr, "<|im_end|>", 10) == 0;
+    /* the GGUF's own template source equals the committed fixture, so the jinja2 renderings are of this template */
+    size_t n;
+    char *fixture = read_all("tests/ref/chat_chatml_template.txt", &n);
+    const kiln_gguf_value *v = NULL;
+    kiln_gguf *g = NULL;
+    if (kiln_gguf_open(model_path, &g) == KILN_OK) v = kiln_gguf_find(g, "tokenizer.chat_template");
+    bool same = fixture && v && v->str.len == n && memcmp(v->str.ptr, fixture, n) == 0;
+    kiln_tokens ids = {0};
+    kiln_status se = kiln_tokenizer_encode(tok, "<|im_end|>", 10, false, true, &ids);
+    bool one = !se && ids.n == 1 && ids.ids[0] == eot;
+    kiln_tokens_free(&ids);
+    kiln_gguf_close(g);
+    free(fixture);
+    kiln_model_free(m);
+    CHECK(s == KILN_OK, "%s", kiln_last_error());
+    CHECK(t.family == KILN_CHAT_CHATML && strcmp(t.default_system, SMOLLM_SYSTEM) == 0);
+    CHECK(eot_ok, "end of turn id %d", eot);
+    CHECK(same, "the model's tokenizer.chat_template differs from tests/ref/chat_chatml_template.txt");
+    CHECK(one, "<|im_end|> does not encode to the end-of-turn id %d alone", eot);
+}
+
+/* ---------------------------------------------------------------- the CLI */
+
+typedef struct {
+    int rc;
+    char *out, *err; /* stdout, stderr */
+    size_t n_out, n_err;
+} run_result;
+
+static void run_free(run_result *r) { free(r->out), free(r->err); }
+
+/* Runs `printf INPUT | $KILN_BIN ARGS` with stdout and stderr captured in files. */
+static bool run_kiln(const char *input, const char *args, run_result *r) {
+    memset(r, 0, sizeof *r);
+    const char *bin = getenv("KILN_BIN");
+    char out[128], err[128], cmd[2048];
+    snprintf(out, sizeof out, "%s/stdout", tmp_dir);
+    snprintf(err, sizeof err, "%s/stderr", tmp_dir);
+    snprintf(cmd, sizeof cmd, "printf '%s' | '%s' %s >'%s' 2>'%s'", input, bin, args, out, err);
+    int st = system(cmd);
+    r->rc = st == -1 ? -1 : WEXITSTATUS(st);
+    r->out = read_all(out, &r->n_out);
+    r->err = read_all(err, &r->n_err);
+    return r->out && r->err;
+}
+
+#define NEED_CLI()                                                                                             \
+    do {                                                                                                       \
+        const char *bin_ = getenv("KILN_BIN");                                                                 \
+        if (!bin_ || !*bin_) SKIP("KILN_BIN is not set (make test sets it)");                                  \
+        if (!smollm()) SKIP("%s not found (run `bash tests/ref/fetch_models.sh`)", model_path);               \
+    } while (0)
+
+/* Greedy SmolLM2 answers "The capital of France is Paris." */
+static void test_cli_chat_paris(void) {
+    NEED_CLI();
+    char args[700];
+    snprintf(args, sizeof args, "chat -m '%s' --temp 0 -n 40 -t 2", model_path);
+    run_result r;
+    bool ok = run_kiln("What is the capital of France?\\n", args, &r);
+    int rc = r.rc;
+    bool paris = ok && strstr(r.out, "Paris"), clean = ok && !strstr(r.out, "<|im");
+    char err[300];
+    snprintf(err, sizeof err, "%s", r.err ? r.err : "");
+    run_free(&r);
+    CHECK(ok && rc == 0, "exit %d: %s", rc, err);
+    CHECK(paris, "no 'Paris' in the reply");
+    CHECK(clean, "a chat marker leaked into the reply");
+}
+
+/* Two turns: the second evaluates only its own tokens. Their number is recomputed here from the replies: the suffix
+ * that the second turn's formatted conversation adds to the first turn's prompt and reply, tokenized alone. */
+static void test_cli_chat_two_turns_keep_cache(void) {
+    NEED_CLI();
+    char args[700];
+    snprintf(args, sizeof args, "chat -m '%s' --temp 0 -n 40 -t 2", model_path);
+    run_result r;
+    static const char q1[] = "What is the capital of France?", q2[] = "And of Germany?";
+    bool ok = run_kiln("What is the capital of France?\\nAnd of Germany?\\n", args, &r);
+    CHECK(ok && r.rc == 0, "exit %d: %s", r.rc, r.err ? r.err : "");
+    /* stdout: reply 1, newline, reply 2, newline (greedy replies here are one line each) */
+    char *nl = strchr(r.out, '\n');
+    bool two_lines = nl && strchr(nl + 1, '\n') && !strchr(strchr(nl + 1, '\n') + 1, '\n');
+    if (!two_lines) run_free(&r);
+    CHECK(two_lines, "expected two reply lines");
+    *nl = 0;
+    const char *reply1 = r.out;
+    long n1_new = -1, n1_gen = -1, n2_new = -1, n2_kept = -1;
+    const char *t1 = strstr(r.err, "turn 1: "), *t2 = strstr(r.err, "turn 2: ");
+    if (t1) sscanf(t1, "turn 1: %ld new tokens (cache kept %*d) in %*f s; %ld generated", &n1_new, &n1_gen);
+    if (t2) sscanf(t2, "turn 2: %ld new tokens (cache kept %ld)", &n2_new, &n2_kept);
+
+    kiln_model *m = NULL;
+    kiln_chat_template t;
+    kiln_tokens a = {0}, b = {0};
+    char *f1 = NULL, *f2 = NULL;
+    size_t l1 = 0, l2 = 0;
+    kiln_chat_msg msgs[3] = {{"user", q1}, {"assistant", reply1}, {"user", q2}};
+    kiln_status s = kiln_model_load(model_path, &m);
+    if (!s) s = kiln_chat_template_detect(m, &t);
+    if (!s) s = kiln_chat_format(&t, msgs, 1, true, &f1, &l1);
+    if (!s) s = kiln_chat_format(&t, msgs, 3, true, &f2, &l2);
+    const kiln_tokenizer *tok = m ? kiln_model_tokenizer(m) : NULL;
+    size_t cached = l1 + strlen(reply1);
+    bool prefix = !s && l2 > cached && memcmp(f1, f2, l1) == 0 && memcmp(f2 + l1, reply1, strlen(reply1)) == 0;
+    if (!s) s = kiln_tokenizer_encode(tok, f1, l1, false, true, &a);
+    if (!s && prefix) s = kiln_tokenizer_encode(tok, f2 + cached, l2 - cached, false, true, &b);
+    long want1 = (long)a.n, want2 = (long)b.n;
+    char err[400];
+    snprintf(err, sizeof err, "%s", r.err);
+    kiln_tokens_free(&a), kiln_tokens_free(&b);
+    free(f1), free(f2);
+    kiln_model_free(m);
+    run_free(&r);
+    CHECK(s == KILN_OK, "%s", kiln_last_error());
+    CHECK(prefix, "the first turn's text is not a prefix of the second's");
+    CHECK(n1_new == want1, "turn 1 evaluated %ld tokens, the prompt is %ld: %s", n1_new, want1, err);
+    CHECK(n2_kept == n1_new + n1_gen, "turn 2 kept %ld tokens, turn 1 left %ld + %ld: %s", n2_kept, n1_new, n1_gen, err);
+    CHECK(n2_new == want2 && want2 > 0 && n2_new < n1_new, "turn 2 evaluated %ld tokens, its suffix is %ld: %s", n2_new, want2, err);
+}
+
+static void test_cli_context_overflow(void) {
+    NEED_CLI();
+    char args[700];
+    snprintf(args, sizeof args, "chat -m '%s' --temp 0 -n 40 -t 2 -c 24", model_path);
+    run_result r;
+    bool ok = run_kiln("What is the capital of France?\\n", args, &r);
+    int rc = r.rc;
+    bool said = ok && strstr(r.err, "more than the 24 of -c");
+    char err[300];
+    snprintf(err, sizeof err, "%s", r.err ? r.err : "");
+    run_free(&r);
+    CHECK(ok && rc == 1, "exit %d", rc);
+    CHECK(said, "stderr: %s", err);
+    /* the prompt fits (37 tokens) but the reply does not */
+    snprintf(args, sizeof args, "chat -m '%s' --temp 0 -n 40 -t 2 -c 40", model_path);
+    ok = run_kiln("What is the capital of France?\\n", args, &r);
+    rc = r.rc;
+    said = ok && strstr(r.err, "context of 40 tokens is full");
+    snprintf(err, sizeof err, "%s", r.err ? r.err : "");
+    run_free(&r);
+    CHECK(ok && rc == 1, "exit %d", rc);
+    CHECK(said, "stderr: %s", err);
+}
+
+static void test_cli_generate_chat(void) {
+    NEED_CLI();
+    char args[700];
+    snprintf(args, sizeof args, "generate --chat -m '%s' -p 'What is the capital of France?' --temp 0 -n 40 -t 2", model_path);
+    run_result r;
+    bool ok = run_kiln("", args, &r);
+    int rc = r.rc;
+    /* the reply alone, ended by <|im_end|> before -n: one short sentence */
+    bool paris = ok && strstr(r.out, "Paris") && !strstr(r.out, "<|im") && !strstr(r.out, "What is") && r.n_out < 80;
+    char out[200];
+    snprintf(out, sizeof out, "%s", r.out ? r.out : "");
+    run_free(&r);
+    CHECK(ok && rc == 0, "exit %d", rc);
+    CHECK(paris, "stdout: %s", out);
+    snprintf(args, sizeof args, "generate --chat-template vicuna -m '%s' -p 'x' -n 1", model_path);
+    ok = run_kiln("", args, &r);
+    rc = r.rc;
+    bool said = ok && strstr(r.err, "'vicuna' is unknown");
+    run_free(&r);
+    CHECK(rc == 1 && said);
+}
+
+int main(void) {
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/kiln_test_chat_XXXXXX");
+    if (!mkdtemp(tmp_dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    RUN(test_detect_reference_templates);
+    RUN(test_detect_variants);
+    RUN(test_unknown_template);
+    RUN(test_format_against_jinja);
+    RUN(test_format_llama32);
+    RUN(test_format_prefix_property);
+    RUN(test_format_errors);
+    RUN(test_detect_model_and_end_of_turn);
+    RUN(test_smollm_template);
+    RUN(test_cli_chat_paris);
+    RUN(test_cli_chat_two_turns_keep_cache);
+    RUN(test_cli_context_overflow);
+    RUN(test_cli_generate_chat);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp_dir);
+    TEST_EXIT();
+}
