@@ -2,7 +2,10 @@
  * round-trip error of every weight quantizer on normal data (with bounds, and K-quants beating legacy ones),
  * edge inputs (zero, constant, outlier, tiny), the activation quantizers' invariants, and every vec_dot
  * against a double-precision dot of the dequantized operands. Bit-exactness against gguf-py is
- * tests/test_fixtures.c's job. Set KILN_TEST_VERBOSE=1 to print the measured errors to stderr. */
+ * tests/test_fixtures.c's job, except for Q5_0 (computed, never written, so it has no quantizer case above):
+ * its vec_dot is checked on random blocks and its to_float at every SIMD level against the gguf-py fixture
+ * q5_0.raw / q5_0.expected in tests/ref/dequant_fixtures.gguf. Set KILN_TEST_VERBOSE=1 to print the measured
+ * errors to stderr. */
 #include "test.h"
 
 #include "quants.h"
@@ -342,6 +345,7 @@ static void random_blocks(kiln_type t, void *buf, int64_t n, unsigned long long 
     for (int64_t b = 0; b < n; b++) {
         switch (t) {
         case KILN_TYPE_Q4_0: ((block_q4_0 *)buf)[b].d = random_half(rng); break;
+        case KILN_TYPE_Q5_0: ((block_q5_0 *)buf)[b].d = random_half(rng); break;
         case KILN_TYPE_Q4_1: ((block_q4_1 *)buf)[b].d = random_half(rng), ((block_q4_1 *)buf)[b].m = random_half(rng); break;
         case KILN_TYPE_Q8_0: ((block_q8_0 *)buf)[b].d = random_half(rng); break;
         case KILN_TYPE_Q4_K: ((block_q4_K *)buf)[b].d = random_half(rng), ((block_q4_K *)buf)[b].dmin = random_half(rng); break;
@@ -370,6 +374,51 @@ static void test_vec_dot_random_blocks(void) {
     }
 }
 
+/* Q5_0 has no weight quantizer, so it is not in cases[]; its vec_dot is checked on random blocks only, every
+ * code 0..31 and every qh bit pattern appearing (2048 / 32 = 64 blocks of random bytes, 4 rows). */
+static void test_vec_dot_q5_0(void) {
+    static const wcase q5_0 = {"q5_0", KILN_TYPE_Q5_0, NULL, kiln_to_float_q5_0_ref, KILN_TYPE_Q8_0,
+                               kiln_from_float_q8_0_ref, kiln_to_float_q8_0_ref, kiln_vec_dot_q5_0_q8_0_ref, 0.0};
+    enum { N = 2048 };
+    static float xa[N], w[N], a[N];
+    static uint8_t wq[N * 4], aq[N * 4];
+    char why[256];
+    unsigned long long rng = 0x5eed0008;
+    for (int r = 0; r < 4; r++) {
+        random_blocks(KILN_TYPE_Q5_0, wq, N / QK5_0, &rng);
+        for (int j = 0; j < N; j++) xa[j] = test_rng_normal(&rng);
+        q5_0.act_quantize(xa, aq, N);
+        CHECK(check_vec_dot(&q5_0, N, wq, aq, w, a, why, sizeof why), "%s", why);
+    }
+}
+
+/* Q5_0 to_float at every level this CPU has, bit for bit against gguf-py's dequantize (the fixture is 2 rows
+ * of 3 random blocks, one with d = 0 and one with a subnormal d; gen_dequant_fixtures.py writes it). */
+static void test_q5_0_gguf_fixture(void) {
+    const char *path = "tests/ref/dequant_fixtures.gguf";
+    kiln_gguf *g = NULL;
+    kiln_status st = kiln_gguf_open(path, &g);
+    CHECK(st == KILN_OK, "%s: %s (run from the repo root)", path, kiln_last_error());
+    const kiln_tensor_view *raw = kiln_gguf_find_tensor(g, "q5_0.raw"), *exp = kiln_gguf_find_tensor(g, "q5_0.expected");
+    CHECK(raw && exp && raw->type == KILN_TYPE_Q5_0 && exp->type == KILN_TYPE_F32, "%s: no q5_0.raw (Q5_0) / "
+          "q5_0.expected (F32); regenerate with tests/ref/gen_dequant_fixtures.py", path);
+    const int64_t n = raw->ne[0] * raw->ne[1];
+    CHECK(n % QK5_0 == 0 && exp->nbytes == (size_t)n * sizeof(float), "q5_0 fixture shapes disagree");
+    static float got[1024 + 1];
+    CHECK(n <= 1024, "q5_0 fixture has %lld elements, more than this test's buffer", (long long)n);
+    const float *want = exp->data;
+    for (int level = KILN_SIMD_SCALAR; level <= (int)kiln_simd_best(); level++) {
+        got[n] = 12345.0f;
+        kiln_get_to_float(KILN_TYPE_Q5_0, (kiln_simd)level)(raw->data, got, n);
+        for (int64_t i = 0; i < n; i++)
+            CHECK(kiln_f32_bits(got[i]) == kiln_f32_bits(want[i]), "q5_0 %s element %lld (block %lld): got %.9g, gguf-py %.9g",
+                  kiln_simd_name((kiln_simd)level), (long long)i, (long long)(i / QK5_0), got[i], want[i]);
+        CHECK(got[n] == 12345.0f, "q5_0 %s wrote past the end", kiln_simd_name((kiln_simd)level));
+        if (verbose()) fprintf(stderr, "q5_0 %s: %lld floats bit-exact with gguf-py\n", kiln_simd_name((kiln_simd)level), (long long)n);
+    }
+    kiln_gguf_close(g);
+}
+
 int main(void) {
     RUN(test_round_trip_error);
     RUN(test_edge_all_zero);
@@ -380,5 +429,7 @@ int main(void) {
     RUN(test_requantize_stable);
     RUN(test_vec_dot_quantized);
     RUN(test_vec_dot_random_blocks);
+    RUN(test_vec_dot_q5_0);
+    RUN(test_q5_0_gguf_fixture);
     TEST_EXIT();
 }

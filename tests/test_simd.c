@@ -15,12 +15,12 @@ static const int64_t block_counts[] = {1, 3, 7, 13};          /* quantized types
 #define MAX_ELEMS (13 * QK_K)
 
 static const kiln_type all_types[] = {KILN_TYPE_F32,  KILN_TYPE_F16,  KILN_TYPE_BF16, KILN_TYPE_Q4_0,
-                                      KILN_TYPE_Q4_1, KILN_TYPE_Q8_0, KILN_TYPE_Q8_1, KILN_TYPE_Q4_K,
+                                      KILN_TYPE_Q4_1, KILN_TYPE_Q5_0, KILN_TYPE_Q8_0, KILN_TYPE_Q8_1, KILN_TYPE_Q4_K,
                                       KILN_TYPE_Q5_K, KILN_TYPE_Q6_K, KILN_TYPE_Q8_K};
 static const kiln_type quantizer_types[] = {KILN_TYPE_F32, KILN_TYPE_F16, KILN_TYPE_BF16,
                                             KILN_TYPE_Q8_0, KILN_TYPE_Q8_1, KILN_TYPE_Q8_K};
 static const kiln_type dot_types[] = {KILN_TYPE_F32,  KILN_TYPE_F16,  KILN_TYPE_BF16, KILN_TYPE_Q4_0, KILN_TYPE_Q4_1,
-                                      KILN_TYPE_Q8_0, KILN_TYPE_Q4_K, KILN_TYPE_Q5_K, KILN_TYPE_Q6_K};
+                                      KILN_TYPE_Q5_0, KILN_TYPE_Q8_0, KILN_TYPE_Q4_K, KILN_TYPE_Q5_K, KILN_TYPE_Q6_K};
 #define COUNT(a) (int)(sizeof a / sizeof a[0])
 
 /* Scratch shared by the tests (the largest case is 13 Q8_K blocks or 1001 floats). */
@@ -52,7 +52,7 @@ static kiln_fp16 random_scale(unsigned long long *rng) {
 static const int *scale_fields(kiln_type t) {
     static const int none[] = {-1}, d0[] = {0, -1}, d0_2[] = {0, 2, -1}, q6k[] = {offsetof(block_q6_K, d), -1};
     switch (t) {
-    case KILN_TYPE_Q4_0: case KILN_TYPE_Q8_0: return d0;
+    case KILN_TYPE_Q4_0: case KILN_TYPE_Q5_0: case KILN_TYPE_Q8_0: return d0;
     case KILN_TYPE_Q4_1: case KILN_TYPE_Q8_1: case KILN_TYPE_Q4_K: case KILN_TYPE_Q5_K: return d0_2;
     case KILN_TYPE_Q6_K: return q6k;
     default: return none;

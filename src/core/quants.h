@@ -13,6 +13,7 @@
 
 #define QK4_0 32
 #define QK4_1 32
+#define QK5_0 32
 #define QK8_0 32
 #define QK8_1 32
 #define QK_K 256
@@ -25,6 +26,11 @@ static_assert(sizeof(block_q4_0) == 2 + QK4_0 / 2, "block_q4_0 size");
 /* 20 bytes, 5 bits/weight: x = d * q + m. */
 typedef struct { kiln_fp16 d; kiln_fp16 m; uint8_t qs[QK4_1 / 2]; } block_q4_1;
 static_assert(sizeof(block_q4_1) == 4 + QK4_1 / 2, "block_q4_1 size");
+
+/* 22 bytes, 5.5 bits/weight: x = d * (q - 16), q in 0..31. qs[j] holds the low 4 bits of element j (low nibble)
+ * and j+16 (high); bit i of qh (4 bytes, little-endian uint32) is bit 4 of element i. */
+typedef struct { kiln_fp16 d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; } block_q5_0;
+static_assert(sizeof(block_q5_0) == 2 + 4 + QK5_0 / 2, "block_q5_0 size");
 
 /* 34 bytes, 8.5 bits/weight: x = d * q. */
 typedef struct { kiln_fp16 d; int8_t qs[QK8_0]; } block_q8_0;
@@ -124,6 +130,7 @@ kiln_vec_dot_fn kiln_get_vec_dot(kiln_type t, kiln_simd level);
     void kiln_to_float_bf16_##sfx(const void *x, float *y, int64_t k); \
     void kiln_to_float_q4_0_##sfx(const void *x, float *y, int64_t k); \
     void kiln_to_float_q4_1_##sfx(const void *x, float *y, int64_t k); \
+    void kiln_to_float_q5_0_##sfx(const void *x, float *y, int64_t k); \
     void kiln_to_float_q8_0_##sfx(const void *x, float *y, int64_t k); \
     void kiln_to_float_q8_1_##sfx(const void *x, float *y, int64_t k); \
     void kiln_to_float_q4_K_##sfx(const void *x, float *y, int64_t k); \
@@ -141,6 +148,7 @@ kiln_vec_dot_fn kiln_get_vec_dot(kiln_type t, kiln_simd level);
     void kiln_vec_dot_bf16_##sfx(int64_t n, float *s, const void *x, const void *y); \
     void kiln_vec_dot_q4_0_q8_0_##sfx(int64_t n, float *s, const void *x, const void *y); \
     void kiln_vec_dot_q4_1_q8_1_##sfx(int64_t n, float *s, const void *x, const void *y); \
+    void kiln_vec_dot_q5_0_q8_0_##sfx(int64_t n, float *s, const void *x, const void *y); \
     void kiln_vec_dot_q8_0_q8_0_##sfx(int64_t n, float *s, const void *x, const void *y); \
     void kiln_vec_dot_q4_K_q8_K_##sfx(int64_t n, float *s, const void *x, const void *y); \
     void kiln_vec_dot_q5_K_q8_K_##sfx(int64_t n, float *s, const void *x, const void *y); \

@@ -147,6 +147,46 @@ void kiln_vec_dot_q4_0_q8_0_ref(int64_t n, float *s, const void *vx, const void 
     *s = sum;
 }
 
+/* ---------------------------------------------------------------- Q5_0: 22 bytes per 32, x = d * (q - 16) */
+
+/* Bit 4 of element i (0..31) is bit i of qh read as a little-endian uint32 (GGML's dequantize_row_q5_0). */
+static inline uint32_t q5_0_qh(const block_q5_0 *b) {
+    return (uint32_t)b->qh[0] | (uint32_t)b->qh[1] << 8 | (uint32_t)b->qh[2] << 16 | (uint32_t)b->qh[3] << 24;
+}
+
+void kiln_to_float_q5_0_ref(const void *vx, float *y, int64_t k) {
+    assert(k % QK5_0 == 0);
+    const block_q5_0 *x = vx;
+    for (int64_t i = 0; i < k / QK5_0; i++, y += QK5_0) {
+        const float d = kiln_fp16_to_f32(x[i].d);
+        const uint32_t qh = q5_0_qh(&x[i]);
+        for (int j = 0; j < QK5_0 / 2; j++) {
+            const int x0 = (int)((x[i].qs[j] & 0x0F) | ((qh >> j) & 1) << 4) - 16;
+            const int x1 = (int)((x[i].qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16;
+            y[j] = (float)x0 * d;
+            y[j + QK5_0 / 2] = (float)x1 * d;
+        }
+    }
+}
+
+void kiln_vec_dot_q5_0_q8_0_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    assert(n % QK8_0 == 0);
+    const block_q5_0 *x = vx;
+    const block_q8_0 *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        const uint32_t qh = q5_0_qh(&x[i]);
+        int sumi = 0;
+        for (int j = 0; j < QK5_0 / 2; j++) {
+            const int x0 = (int)((x[i].qs[j] & 0x0F) | ((qh >> j) & 1) << 4) - 16;
+            const int x1 = (int)((x[i].qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16;
+            sumi += x0 * y[i].qs[j] + x1 * y[i].qs[j + QK5_0 / 2];
+        }
+        sum += (float)sumi * kiln_fp16_to_f32(x[i].d) * kiln_fp16_to_f32(y[i].d);
+    }
+    *s = sum;
+}
+
 /* ---------------------------------------------------------------- Q4_1: 20 bytes per 32, x = d * q + m */
 
 void kiln_to_float_q4_1_ref(const void *vx, float *y, int64_t k) {

@@ -68,6 +68,20 @@ static inline __m256i hsum8x8_epi32(const __m256i a[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20), _mm256_permute2x128_si256(g0, g1, 0x31));
 }
 
+/* Bit i of the little-endian uint32 at qh, as 0x10 in byte i of 32 (GGML's bytes_from_bits_32, then masked):
+ * byte i of the broadcast word is picked into byte lanes 8i..8i+7, each lane ORs in all bits but its own,
+ * and only lanes whose own bit was set compare equal to all ones. */
+static inline __m256i q5_high_bits(const uint8_t *qh) {
+    uint32_t w;
+    memcpy(&w, qh, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i b = _mm256_or_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)w), shuf), _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(0x10));
+}
+
+/* The 32 5-bit codes of a Q5_0 block, 0..31, in element order. */
+static inline __m256i q5_0_codes(const block_q5_0 *b) { return _mm256_or_si256(unpack_nibbles16(b->qs), q5_high_bits(b->qh)); }
+
 /* ---------------------------------------------------------------- to_float */
 
 void kiln_to_float_f32_avx2(const void *x, float *y, int64_t k) { memcpy(y, x, (size_t)k * sizeof(float)); }
@@ -106,6 +120,16 @@ void kiln_to_float_q4_1_avx2(const void *vx, float *y, int64_t k) {
         __m256 f[4];
         bytes_ps(unpack_nibbles16(x[i].qs), 0, f);
         UNROLL for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 8 * m, _mm256_add_ps(_mm256_mul_ps(f[m], d), mn));
+    }
+}
+
+void kiln_to_float_q5_0_avx2(const void *vx, float *y, int64_t k) {
+    const block_q5_0 *x = vx;
+    for (int64_t i = 0; i < k / QK5_0; i++, y += QK5_0) {
+        const __m256 d = _mm256_set1_ps(f16_to_f32(x[i].d));
+        __m256 f[4];
+        bytes_ps(_mm256_sub_epi8(q5_0_codes(&x[i]), _mm256_set1_epi8(16)), 1, f);
+        UNROLL for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 8 * m, _mm256_mul_ps(f[m], d));
     }
 }
 
@@ -392,6 +416,21 @@ void kiln_vec_dot_q4_0_q8_0_avx2(int64_t n, float *s, const void *vx, const void
         __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
         /* sum (q-8)*y = sum q*y - 8*sum y, each pair in int16 (|.| <= 3840) */
         __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(unpack_nibbles16(x[i].qs), qy), _mm256_maddubs_epi16(eight, qy));
+        const __m256 d = _mm256_broadcastss_ps(scale_products(x[i].d, y[i].d, 0, 0));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc);
+    }
+    *s = hsum_ps(acc);
+}
+
+void kiln_vec_dot_q5_0_q8_0_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q5_0 *x = vx;
+    const block_q8_0 *y = vy;
+    const __m256i sixteen = _mm256_set1_epi8(16), ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK5_0; i++) {
+        __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        /* sum (q-16)*y = sum q*y - 16*sum y; a pair is at most 2*31*128 = 7936 in int16 */
+        __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q5_0_codes(&x[i]), qy), _mm256_maddubs_epi16(sixteen, qy));
         const __m256 d = _mm256_broadcastss_ps(scale_products(x[i].d, y[i].d, 0, 0));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc);
     }

@@ -29,6 +29,13 @@ static inline __m512 pair_scales(kiln_fp16 a0, kiln_fp16 b0, kiln_fp16 a1, kiln_
     return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(prod));
 }
 
+/* The 32 5-bit codes of a Q5_0 block, 0..31, in element order: bit i of qh is a byte mask for element i. */
+static inline __m256i q5_0_codes(const block_q5_0 *b) {
+    uint32_t qh;
+    memcpy(&qh, b->qh, 4);
+    return _mm256_or_si256(unpack_nibbles16(b->qs), _mm256_maskz_mov_epi8((__mmask32)qh, _mm256_set1_epi8(0x10)));
+}
+
 static inline __m512i load_idx(const int16_t *idx) { return _mm512_loadu_si512((const void *)idx); }
 
 /* ---------------------------------------------------------------- to_float */
@@ -76,6 +83,16 @@ void kiln_to_float_q4_1_avx512(const void *vx, float *y, int64_t k) {
         __m256i q = unpack_nibbles16(x[i].qs);
         _mm512_storeu_ps(y, _mm512_add_ps(_mm512_mul_ps(u8x16_ps(_mm256_castsi256_si128(q)), d), mn));
         _mm512_storeu_ps(y + 16, _mm512_add_ps(_mm512_mul_ps(u8x16_ps(_mm256_extracti128_si256(q, 1)), d), mn));
+    }
+}
+
+void kiln_to_float_q5_0_avx512(const void *vx, float *y, int64_t k) {
+    const block_q5_0 *x = vx;
+    for (int64_t i = 0; i < k / QK5_0; i++, y += QK5_0) {
+        const __m512 d = _mm512_set1_ps(f16_to_f32(x[i].d));
+        __m256i q = _mm256_sub_epi8(q5_0_codes(&x[i]), _mm256_set1_epi8(16));
+        _mm512_storeu_ps(y, _mm512_mul_ps(s8x16_ps(_mm256_castsi256_si128(q)), d));
+        _mm512_storeu_ps(y + 16, _mm512_mul_ps(s8x16_ps(_mm256_extracti128_si256(q, 1)), d));
     }
 }
 
@@ -291,6 +308,30 @@ void kiln_vec_dot_q4_0_q8_0_avx512(int64_t n, float *s, const void *vx, const vo
         __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
         __m256i p = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), unpack_nibbles16(x[i].qs), qy),
                                      _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(8), qy));
+        sum += f16_to_f32(x[i].d) * f16_to_f32(y[i].d) * hsum256_ps(_mm256_cvtepi32_ps(p));
+    }
+    *s = sum;
+}
+
+void kiln_vec_dot_q5_0_q8_0_avx512(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q5_0 *x = vx;
+    const block_q8_0 *y = vy;
+    const int64_t nb = n / QK5_0;
+    __m512 acc = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        __m512i qx = join256(q5_0_codes(&x[i]), q5_0_codes(&x[i + 1]));
+        __m512i qy = join256(_mm256_loadu_si256((const __m256i *)y[i].qs), _mm256_loadu_si256((const __m256i *)y[i + 1].qs));
+        __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), qx, qy),
+                                     _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(16), qy));
+        __m512 d = pair_scales(x[i].d, y[i].d, x[i + 1].d, y[i + 1].d);
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
+    }
+    float sum = hsum512_ps(acc);
+    if (i < nb) {
+        __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        __m256i p = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), q5_0_codes(&x[i]), qy),
+                                     _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(16), qy));
         sum += f16_to_f32(x[i].d) * f16_to_f32(y[i].d) * hsum256_ps(_mm256_cvtepi32_ps(p));
     }
     *s = sum;

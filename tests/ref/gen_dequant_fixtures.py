@@ -20,9 +20,9 @@ numpy versions reproduces them byte for byte):
   python3 -m venv /tmp/ggvenv && /tmp/ggvenv/bin/pip install 'gguf>=0.17' numpy   # requirements: gguf, numpy
   /tmp/ggvenv/bin/python tests/ref/gen_dequant_fixtures.py
 
-Coverage (gguf 0.19.0): dequantize covers every type kiln computes except Q8_1 and Q8_K, which gguf.quants
+Coverage (gguf 0.19.0): dequantize covers every type kiln computes (Q5_0 included, written last) except Q8_1 and Q8_K, which gguf.quants
 does not implement (they are activation-only formats), so they are skipped here. quantize covers F16, BF16,
-Q4_0, Q4_1 and Q8_0 of kiln's types (also Q5_0/Q5_1/TQ*/MXFP4, which kiln does not compute); the K-quants
+Q4_0, Q4_1 and Q8_0 of kiln's types (also Q5_0/Q5_1/TQ*/MXFP4, which kiln does not produce); the K-quants
 have no numpy quantizer.
 
 Choices that keep the oracle unambiguous:
@@ -50,13 +50,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 # kiln's names (src/core/types.c) for the types fixtured here.
 KILN_NAME = {QT.F16: "f16", QT.BF16: "bf16", QT.Q4_0: "q4_0", QT.Q4_1: "q4_1", QT.Q8_0: "q8_0",
-             QT.Q8_1: "q8_1", QT.Q4_K: "q4_K", QT.Q5_K: "q5_K", QT.Q6_K: "q6_K", QT.Q8_K: "q8_K"}
+             QT.Q8_1: "q8_1", QT.Q4_K: "q4_K", QT.Q5_K: "q5_K", QT.Q6_K: "q6_K", QT.Q8_K: "q8_K", QT.Q5_0: "q5_0"}
 DEQUANT_TYPES = [QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_K, QT.Q8_1]
+# Dequantize-only fixtures added later (Q5_0: kiln computes it, never writes it). Drawn after everything above
+# from the same generator, so the earlier tensors stay byte for byte what they were.
+LATE_DEQUANT_TYPES = [QT.Q5_0]
 QUANT_TYPES = [QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_K, QT.Q8_1]
 
 # Byte offsets of the f16 scale fields in one block: (offset of d, offsets of other f16 fields).
 F16_FIELDS = {
-    QT.Q4_0: (0, []), QT.Q4_1: (0, [2]), QT.Q8_0: (0, []),
+    QT.Q4_0: (0, []), QT.Q4_1: (0, [2]), QT.Q5_0: (0, []), QT.Q8_0: (0, []),
     QT.Q4_K: (0, [2]), QT.Q5_K: (0, [2]), QT.Q6_K: (208, []),
 }
 
@@ -143,6 +146,19 @@ def quant_input(rng, qtype):
     return x.reshape(ROWS, -1)
 
 
+def add_dequant(w, rng, qt, done_d, skipped):
+    """Writes NAME.raw and gguf's dequantization NAME.expected for qtype qt."""
+    name = KILN_NAME[qt]
+    if not supports("dequantize", qt):
+        skipped.append(f"dequantize {qt.name}")
+        return
+    raw = raw_floats(rng, qt) if qt in (QT.F16, QT.BF16) else raw_blocks(rng, qt)
+    exp = gguf.quants.dequantize(raw, qt).astype(np.float32, copy=False)
+    w.add_tensor(f"{name}.raw", raw, raw_dtype=qt)
+    w.add_tensor(f"{name}.expected", np.ascontiguousarray(exp))
+    done_d.append(qt.name)
+
+
 def main():
     rng = np.random.default_rng(SEED)
     path = os.path.join(HERE, "dequant_fixtures.gguf")
@@ -154,15 +170,7 @@ def main():
     done_d, done_q, skipped = [], [], []
 
     for qt in DEQUANT_TYPES:
-        name = KILN_NAME[qt]
-        if not supports("dequantize", qt):
-            skipped.append(f"dequantize {qt.name}")
-            continue
-        raw = raw_floats(rng, qt) if qt in (QT.F16, QT.BF16) else raw_blocks(rng, qt)
-        exp = gguf.quants.dequantize(raw, qt).astype(np.float32, copy=False)
-        w.add_tensor(f"{name}.raw", raw, raw_dtype=qt)
-        w.add_tensor(f"{name}.expected", np.ascontiguousarray(exp))
-        done_d.append(qt.name)
+        add_dequant(w, rng, qt, done_d, skipped)
 
     for qt in QUANT_TYPES:
         name = KILN_NAME[qt]
@@ -175,6 +183,9 @@ def main():
         w.add_tensor(f"{name}.quant_in", x)
         w.add_tensor(f"{name}.quant_out", np.ascontiguousarray(q).view(np.uint8), raw_dtype=qt)
         done_q.append(qt.name)
+
+    for qt in LATE_DEQUANT_TYPES:
+        add_dequant(w, rng, qt, done_d, skipped)
 
     w.add_array("kiln.fixture.dequantize_types", done_d)
     w.add_array("kiln.fixture.quantize_types", done_q)

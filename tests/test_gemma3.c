@@ -47,7 +47,11 @@
  * ||kiln - ref|| / ||ref|| at the position the f16 file holds (f16 storage adds 2^-11 relative). Top-1 is compared
  * only where the reference's top1-top2 margin exceeds TOP1_MARGIN: the emulation moves a margin by up to 0.40 and
  * flips 12 positions, all with margins under 0.21; 130 of the 272 positions qualify. The long prompt's positions
- * past the window are also scored on their own, so that a window bug cannot hide in the average. */
+ * past the window are also scored on their own, so that a window bug cannot hide in the average.
+ *
+ * kiln measured (AVX-512, when the test moved out of tests/pending with Q5_0 support): top-5 error 0.0331, past
+ * the window 0.0410, logit RMS error 0.0817, all-logit error 0.0252, perplexity 39.1005 vs 39.0242 (+0.20%),
+ * top-1 equal at all 130 decided positions: each within 1.2x of the 8-bit emulation, so the bounds stand. */
 #define TOP1_MARGIN 1.0
 #define TOP5_ERR_MAX 0.06
 #define TOP5_PAST_ERR_MAX 0.08
