@@ -1,6 +1,7 @@
-/* model.c: loading a llama-architecture GGUF into a kiln_model: the config from metadata (required keys are
+/* model.c: loading a llama, qwen2 or gemma3 GGUF into a kiln_model: the config from metadata (required keys are
  * errors naming the key when absent; optional keys take llama.cpp's defaults) and weight views bound by name
- * with their shapes and types checked. tests/test_model.c covers each rejection. */
+ * with their shapes and types checked. tests/test_generate.c (test_load_errors) and
+ * tests/test_arch.c cover the rejections. */
 #include "model.h"
 #include "quants.h"
 #include "status.h"
