@@ -280,6 +280,15 @@ static kiln_train_opts loop_opts(const char *tag) {
     return o;
 }
 
+static int count_lines(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    int n = 0, ch;
+    while ((ch = fgetc(f)) != EOF) n += ch == '\n';
+    fclose(f);
+    return n;
+}
+
 static int files_equal(const char *a, const char *b) {
     FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
     int eq = fa && fb;
@@ -406,6 +415,53 @@ static void test_fingerprint_preflight(void) {
     CHECK(strstr(kiln_last_error(), "fingerprint") != NULL, "%s", kiln_last_error());
 }
 
+/* `kiln train` killed with SIGKILL mid-run (checkpointing every step), then resumed with --resume, ends
+ * byte-identical to an uninterrupted run of the same command. */
+static void test_cli_kill_resume(void) {
+    const char *bin = getenv("KILN_BIN");
+    if (!bin || !*bin) SKIP("KILN_BIN is not set (make test sets it)");
+    CHECK(setup_corpus());
+    char cmd[2048], outa[300], outb[300], ckpt[300], logb[300];
+    snprintf(outa, sizeof outa, "%s/cli_a.gguf", work);
+    snprintf(outb, sizeof outb, "%s/cli_b.gguf", work);
+    snprintf(ckpt, sizeof ckpt, "%s/cli_b.ckpt.gguf", work);
+    snprintf(logb, sizeof logb, "%s/cli_b.jsonl", work);
+    char common[1024];
+    snprintf(common, sizeof common,
+             "train --data %s -t %s -C 32 -L 2 --heads 4 --kv-heads 2 -F 64 -B 2 -T 16 --steps 40 --lr 3e-3 --warmup 4 "
+             "--eval-batches 0 -j 2",
+             data_dir, tok_path);
+    snprintf(cmd, sizeof cmd, "'%s' %s -o %s 2>/dev/null", bin, common, outa);
+    CHECK(system(cmd) == 0, "uninterrupted run failed");
+
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        snprintf(cmd, sizeof cmd, "exec '%s' %s --ckpt %s --ckpt-every 1 --log %s -o %s 2>/dev/null", bin, common, ckpt, logb, outb);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    /* kill it once five steps are logged: well inside its 40 steps */
+    int lines = 0;
+    for (int spin = 0; spin < 100000 && lines < 5; spin++) {
+        lines = count_lines(logb);
+        if (lines < 5) usleep(200);
+    }
+    int status;
+    bool exited = waitpid(pid, &status, WNOHANG) == pid;
+    kill(pid, SIGKILL);
+    if (!exited) waitpid(pid, &status, 0);
+    CHECK(!exited, "the run finished before it could be killed");
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    CHECK(access(outb, F_OK) != 0, "a killed run left an export");
+    snprintf(cmd, sizeof cmd, "'%s' %s --resume %s --ckpt %s --ckpt-every 1 --log %s -o %s 2>/dev/null", bin, common, ckpt, ckpt,
+             logb, outb);
+    CHECK(system(cmd) == 0, "resume failed");
+    CHECK(files_equal(outa, outb), "the killed and resumed run differs from the uninterrupted one");
+    double l[64];
+    CHECK(read_losses(logb, l, 64) == 40, "the resumed log has %d training lines", read_losses(logb, l, 64));
+}
+
 /* SIGKILL during a checkpoint write: the previous checkpoint stays whole and loads. */
 static void test_kill_during_checkpoint(void) {
     char dir[] = "/tmp/kiln-kill-XXXXXX", path[256];
@@ -481,6 +537,7 @@ int main(void) {
     RUN(test_refuses_other_archs);
     RUN(test_fingerprint_preflight);
     RUN(test_kill_during_checkpoint);
+    RUN(test_cli_kill_resume);
     if (work[0]) {
         char cmd[300];
         snprintf(cmd, sizeof cmd, "rm -rf %s", work);
