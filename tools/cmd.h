@@ -3,6 +3,8 @@
 #ifndef KILN_TOOLS_CMD_H
 #define KILN_TOOLS_CMD_H
 
+#include "kiln.h"
+
 int kiln_cmd_data(int argc, char **argv);   /* tools/cmd_data.c:  kiln data CORPUS... -t TOK.gguf -o DIR */
 int kiln_cmd_plot(int argc, char **argv);   /* tools/cmd_plot.c:  kiln plot LOG.jsonl -o loss.svg */
 int kiln_cmd_train(int argc, char **argv);  /* tools/cmd_train.c: kiln train ... */
@@ -11,5 +13,11 @@ int kiln_bench_train(int argc, char **argv);/* bench/bench_train.c: kiln bench t
 
 /* Shared with kiln.c: prints "kiln: <last error>" to stderr and returns 1. */
 int kiln_cli_die(int status);
+/* *out = arg as a number in [lo, hi]; otherwise prints "kiln: CMD: FLAG needs a number ..." and returns false. */
+bool kiln_cli_parse_num(const char *cmd, const char *flag, const char *arg, double lo, double hi, double *out);
+/* The options generate and chat share: -t, -c and the sampling flags (--temp --top-k --top-p --min-p
+ * --repeat-penalty --repeat-last-n --seed). Returns 1 when flag f with value a was one and parsed, 0 when it is
+ * not one of them, -1 after printing why its value is bad. */
+int kiln_cli_sampling_opt(const char *cmd, const char *f, const char *a, kiln_sampler_params *sp, int *n_threads, int64_t *n_ctx);
 
 #endif

@@ -28,17 +28,6 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static bool parse_num(const char *flag, const char *arg, double lo, double hi, double *out) {
-    char *end;
-    double v = strtod(arg, &end);
-    if (end == arg || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "kiln: chat: %s needs a number in [%g, %g], got '%s'\n", flag, lo, hi, arg);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
 /* A growable byte string: the text already in the KV cache, and each reply. */
 typedef struct {
     char *p;
@@ -243,6 +232,7 @@ static int chat(const kiln_model *m, const chat_opts *o) {
 int kiln_cmd_chat(int argc, char **argv) {
     chat_opts o = {.n_max = 1024, .sampler = kiln_sampler_default()};
     double v;
+    int r;
     for (int i = 0; i < argc; i += 2) {
         const char *f = argv[i], *a = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
@@ -254,22 +244,9 @@ int kiln_cmd_chat(int argc, char **argv) {
         if (strcmp(f, "-m") == 0) o.model_path = a;
         else if (strcmp(f, "--system") == 0) o.system = a;
         else if (strcmp(f, "--chat-template") == 0) o.template_name = a;
-        else if (strcmp(f, "-n") == 0) ok = parse_num(f, a, 1, 1e9, &v), o.n_max = (int64_t)v;
-        else if (strcmp(f, "-t") == 0) ok = parse_num(f, a, 0, 4096, &v), o.n_threads = (int)v;
-        else if (strcmp(f, "-c") == 0) ok = parse_num(f, a, 0, INT32_MAX, &v), o.n_ctx = (int64_t)v;
-        else if (strcmp(f, "--temp") == 0) ok = parse_num(f, a, 0, 1e9, &v), o.sampler.temp = (float)v;
-        else if (strcmp(f, "--top-k") == 0) ok = parse_num(f, a, 0, INT32_MAX, &v), o.sampler.top_k = (int32_t)v;
-        else if (strcmp(f, "--top-p") == 0) ok = parse_num(f, a, 0, 1, &v), o.sampler.top_p = (float)v;
-        else if (strcmp(f, "--min-p") == 0) ok = parse_num(f, a, 0, 1, &v), o.sampler.min_p = (float)v;
-        else if (strcmp(f, "--repeat-penalty") == 0) ok = parse_num(f, a, 1e-6, 1e9, &v), o.sampler.repeat_penalty = (float)v;
-        else if (strcmp(f, "--repeat-last-n") == 0) ok = parse_num(f, a, 0, INT32_MAX, &v), o.sampler.repeat_last_n = (int32_t)v;
-        else if (strcmp(f, "--seed") == 0) {
-            char *end;
-            errno = 0;
-            o.sampler.seed = strtoull(a, &end, 10);
-            ok = *a >= '0' && *a <= '9' && !*end && !errno;
-            if (!ok) fprintf(stderr, "kiln: chat: --seed needs an unsigned 64-bit integer, got '%s'\n", a);
-        } else {
+        else if (strcmp(f, "-n") == 0) ok = kiln_cli_parse_num("chat", f, a, 1, 1e9, &v), o.n_max = (int64_t)v;
+        else if ((r = kiln_cli_sampling_opt("chat", f, a, &o.sampler, &o.n_threads, &o.n_ctx))) ok = r > 0;
+        else {
             fprintf(stderr, "kiln: chat: unexpected argument '%s'\n", f);
             fputs(usage_line, stderr);
             return 1;

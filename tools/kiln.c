@@ -416,15 +416,37 @@ static kiln_status print_piece(const kiln_tokenizer *tok, int32_t prev, int32_t 
     return KILN_OK;
 }
 
-static bool parse_num(const char *flag, const char *arg, double lo, double hi, double *out) {
+bool kiln_cli_parse_num(const char *cmd, const char *flag, const char *arg, double lo, double hi, double *out) {
     char *end;
     double v = strtod(arg, &end);
     if (end == arg || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "kiln: generate: %s needs a number in [%g, %g], got '%s'\n", flag, lo, hi, arg);
+        fprintf(stderr, "kiln: %s: %s needs a number in [%g, %g], got '%s'\n", cmd, flag, lo, hi, arg);
         return false;
     }
     *out = v;
     return true;
+}
+
+int kiln_cli_sampling_opt(const char *cmd, const char *f, const char *a, kiln_sampler_params *sp, int *n_threads, int64_t *n_ctx) {
+    double v;
+    bool ok;
+    if (strcmp(f, "-t") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, 4096, &v), *n_threads = (int)v;
+    else if (strcmp(f, "-c") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, INT32_MAX, &v), *n_ctx = (int64_t)v;
+    else if (strcmp(f, "--temp") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, 1e9, &v), sp->temp = (float)v;
+    else if (strcmp(f, "--top-k") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, INT32_MAX, &v), sp->top_k = (int32_t)v;
+    else if (strcmp(f, "--top-p") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, 1, &v), sp->top_p = (float)v;
+    else if (strcmp(f, "--min-p") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, 1, &v), sp->min_p = (float)v;
+    else if (strcmp(f, "--repeat-penalty") == 0) ok = kiln_cli_parse_num(cmd, f, a, 1e-6, 1e9, &v), sp->repeat_penalty = (float)v;
+    else if (strcmp(f, "--repeat-last-n") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, INT32_MAX, &v), sp->repeat_last_n = (int32_t)v;
+    else if (strcmp(f, "--seed") == 0) {
+        char *end;
+        errno = 0;
+        sp->seed = strtoull(a, &end, 10);
+        ok = *a >= '0' && *a <= '9' && !*end && !errno;
+        if (!ok) fprintf(stderr, "kiln: %s: --seed needs an unsigned 64-bit integer, got '%s'\n", cmd, a);
+    } else
+        return 0;
+    return ok ? 1 : -1;
 }
 
 typedef struct {
@@ -545,6 +567,7 @@ static int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *chat_template = NULL;
     generate_opts o = {.n_new = 256, .sampler = kiln_sampler_default()};
     double v;
+    int r;
     for (int i = 0; i < argc; i += 2) {
         const char *f = argv[i], *a = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
@@ -559,22 +582,9 @@ static int cmd_generate(int argc, char **argv) {
         if (strcmp(f, "-m") == 0) model_path = a;
         else if (strcmp(f, "-p") == 0) prompt = a;
         else if (strcmp(f, "--chat-template") == 0) chat_template = a, o.chat = true;
-        else if (strcmp(f, "-n") == 0) ok = parse_num(f, a, 0, 1e9, &v), o.n_new = (int64_t)v;
-        else if (strcmp(f, "-t") == 0) ok = parse_num(f, a, 0, 4096, &v), o.n_threads = (int)v;
-        else if (strcmp(f, "-c") == 0) ok = parse_num(f, a, 0, INT32_MAX, &v), o.n_ctx = (int64_t)v;
-        else if (strcmp(f, "--temp") == 0) ok = parse_num(f, a, 0, 1e9, &v), o.sampler.temp = (float)v;
-        else if (strcmp(f, "--top-k") == 0) ok = parse_num(f, a, 0, INT32_MAX, &v), o.sampler.top_k = (int32_t)v;
-        else if (strcmp(f, "--top-p") == 0) ok = parse_num(f, a, 0, 1, &v), o.sampler.top_p = (float)v;
-        else if (strcmp(f, "--min-p") == 0) ok = parse_num(f, a, 0, 1, &v), o.sampler.min_p = (float)v;
-        else if (strcmp(f, "--repeat-penalty") == 0) ok = parse_num(f, a, 1e-6, 1e9, &v), o.sampler.repeat_penalty = (float)v;
-        else if (strcmp(f, "--repeat-last-n") == 0) ok = parse_num(f, a, 0, INT32_MAX, &v), o.sampler.repeat_last_n = (int32_t)v;
-        else if (strcmp(f, "--seed") == 0) {
-            char *end;
-            errno = 0;
-            o.sampler.seed = strtoull(a, &end, 10);
-            ok = *a >= '0' && *a <= '9' && !*end && !errno;
-            if (!ok) fprintf(stderr, "kiln: generate: --seed needs an unsigned 64-bit integer, got '%s'\n", a);
-        } else {
+        else if (strcmp(f, "-n") == 0) ok = kiln_cli_parse_num("generate", f, a, 0, 1e9, &v), o.n_new = (int64_t)v;
+        else if ((r = kiln_cli_sampling_opt("generate", f, a, &o.sampler, &o.n_threads, &o.n_ctx))) ok = r > 0;
+        else {
             fprintf(stderr, "kiln: generate: unexpected argument '%s'\n", f);
             return 1;
         }
