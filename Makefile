@@ -33,7 +33,7 @@ CU_SRC := $(if $(filter 1,$(CUDA)),$(wildcard src/cuda/*.cu),)
 OBJ    := $(C_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 ifeq ($(CUDA),1)
 CFLAGS += -DKILN_CUDA=1
-LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++
+LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++
 endif
 
 TEST_SRC := $(wildcard tests/test_*.c)
@@ -53,7 +53,7 @@ $(BUILD)/%.o: %.c
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/libkiln.a: $(OBJ)
 	@rm -f $@

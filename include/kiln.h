@@ -270,6 +270,8 @@ typedef struct kiln_synth_params {
     const char *vocab_path; /* a GGUF whose tokenizer.ggml.* keys are copied in; NULL for none */
     uint64_t seed;     /* row r of tensor i draws from a stream seeded by (seed, i, r): any thread count, same file */
     int n_threads;     /* 0: all cores */
+    bool fast;         /* block-format tensors get random block bytes with fixed scales (std near 0.02) instead of
+                        * quantized normals: seconds instead of minutes for 7B, for speed measurements */
 } kiln_synth_params;
 
 /* Defaults: V 4096, C 256, L 8, NH 8, NKV 4, F 768, ctx 2048, rope base 10000, untied, F32, seed 1. */
@@ -375,6 +377,9 @@ typedef struct kiln_session_params {
     int64_t n_ctx;   /* 0: the model's training context */
     int64_t n_batch; /* prefill chunk in tokens; 0: 512 */
     int n_threads;   /* 0: all cores */
+    int n_gpu_layers; /* llama.cpp's -ngl. 0: the CPU. At least the layer count (-ngl 99): the whole model on CUDA
+                       * device 0 (src/cuda/engine.cu). Between: KILN_ERR_UNSUPPORTED, as kiln offloads all or none.
+                       * KILN_ERR_UNSUPPORTED without a GPU, KILN_ERR_NOMEM when weights and cache exceed its free memory */
 } kiln_session_params;
 
 kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, kiln_session **out);
@@ -382,7 +387,12 @@ void kiln_session_free(kiln_session *s); /* accepts NULL */
 /* Appends n tokens at the next positions (prefill in chunks of n_batch). logits, when not NULL, receives the
  * last token's V logits; all_logits, when not NULL, receives n x V logits (row per token). */
 kiln_status kiln_session_eval(kiln_session *s, const int32_t *ids, size_t n, float *logits, float *all_logits);
+/* As kiln_session_eval, but returns only the last token's argmax in *next (greedy decode): on the GPU the logits
+ * never leave the device. */
+kiln_status kiln_session_eval_argmax(kiln_session *s, const int32_t *ids, size_t n, int32_t *next);
 int64_t kiln_session_pos(const kiln_session *s);
+bool kiln_session_on_gpu(const kiln_session *s);
+size_t kiln_session_device_bytes(const kiln_session *s); /* GPU memory the session holds; 0 on the CPU */
 void kiln_session_reset(kiln_session *s); /* back to position 0 */
 
 /* ---------------------------------------------------------------- sampling
@@ -466,7 +476,8 @@ typedef struct kiln_perplexity_result {
     int64_t n_scored;  /* tokens scored */
     int64_t n_windows;
 } kiln_perplexity_result;
-kiln_status kiln_perplexity(const kiln_model *m, const char *text, size_t len, int64_t n_ctx, int n_threads,
+/* run: the session's threads and GPU use (its n_ctx is replaced by the window's), or NULL for the defaults. */
+kiln_status kiln_perplexity(const kiln_model *m, const char *text, size_t len, int64_t n_ctx, const kiln_session_params *run,
                             void (*progress)(void *ud, int64_t window, int64_t n_windows, double ppl), void *ud,
                             kiln_perplexity_result *out);
 

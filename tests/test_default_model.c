@@ -73,8 +73,8 @@ static void test_heldout_perplexity(void) {
     const char *start = text + len - tail;
     while (*start && *start != '\n') start++;
     kiln_perplexity_result val, train;
-    CHECK(kiln_perplexity(m, start, (size_t)(text + len - start), 256, 0, NULL, NULL, &val) == KILN_OK, "%s", kiln_last_error());
-    CHECK(kiln_perplexity(m, text, tail, 256, 0, NULL, NULL, &train) == KILN_OK, "%s", kiln_last_error());
+    CHECK(kiln_perplexity(m, start, (size_t)(text + len - start), 256, NULL, NULL, NULL, &val) == KILN_OK, "%s", kiln_last_error());
+    CHECK(kiln_perplexity(m, text, tail, 256, NULL, NULL, NULL, &train) == KILN_OK, "%s", kiln_last_error());
     printf("# held-out ppl %.2f +- %.2f (%lld tokens), training-text ppl %.2f\n", val.ppl, val.ppl_err, (long long)val.n_scored, train.ppl);
     CHECK(val.ppl < 90, "held-out perplexity %.2f", val.ppl);
     CHECK(train.ppl < val.ppl, "training text %.2f vs held-out %.2f", train.ppl, val.ppl);

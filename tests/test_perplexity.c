@@ -22,7 +22,7 @@ static void test_perplexity_matches_direct(void) {
                        "called her Little Red Riding Hood. One morning she asked her mother if she could go visit her grandmother.";
     const int64_t n_ctx = 16;
     kiln_perplexity_result r;
-    kiln_status s = kiln_perplexity(m, text, strlen(text), n_ctx, 2, NULL, NULL, &r);
+    kiln_status s = kiln_perplexity(m, text, strlen(text), n_ctx, &(kiln_session_params){.n_threads = 2}, NULL, NULL, &r);
     if (s) kiln_model_free(m);
     CHECK(s == KILN_OK, "%s", kiln_last_error());
     /* direct: the same windows, scored here */

@@ -18,7 +18,7 @@
 static const char usage_line[] =
     "kiln: usage: kiln chat -m MODEL.gguf [--system TEXT] [--chat-template llama2|llama3|chatml|gemma] [-n MAXTOK (1024)]\n"
     "                 [--temp T] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R] [--repeat-last-n N] [--seed S]\n"
-    "                 [-t THREADS] [-c CTX (the model's, at most 4096)]\n";
+    "                 [-t THREADS] [-c CTX (the model's, at most 4096)] [--gpu | -ngl N]\n";
 
 #define DEFAULT_MAX_CTX 4096 /* the default context: enough for a conversation, a 128k-context model's KV cache is not */
 
@@ -60,8 +60,8 @@ static kiln_status piece(const kiln_tokenizer *tok, int32_t id, bool special, ch
 
 typedef struct {
     const char *model_path, *system, *template_name;
-    int64_t n_max, n_ctx;
-    int n_threads;
+    int64_t n_max;
+    kiln_session_params sess; /* n_ctx 0: the training context, at most DEFAULT_MAX_CTX */
     kiln_sampler_params sampler;
 } chat_opts;
 
@@ -102,14 +102,15 @@ static int chat(const kiln_model *m, const chat_opts *o) {
     int32_t eot = -1, eos = kiln_tokenizer_eos(tok);
     if (!s) s = kiln_chat_end_of_turn(&tmpl, tok, &eot);
     if (s) return kiln_cli_die(s);
-    int64_t V = kiln_model_n_vocab(m), n_ctx = o->n_ctx;
+    int64_t V = kiln_model_n_vocab(m), n_ctx = o->sess.n_ctx;
     if (n_ctx == 0) n_ctx = kiln_model_n_ctx_train(m) < DEFAULT_MAX_CTX ? kiln_model_n_ctx_train(m) : DEFAULT_MAX_CTX;
     fprintf(stderr, "kiln: chat template %s, context %lld tokens%s\n", kiln_chat_family_name(tmpl.family), (long long)n_ctx,
             o->template_name ? "" : " (template detected from tokenizer.chat_template)");
 
     kiln_session *sess = NULL;
     kiln_sampler *smp = NULL;
-    kiln_session_params sp = {.n_ctx = n_ctx, .n_threads = o->n_threads};
+    kiln_session_params sp = o->sess;
+    sp.n_ctx = n_ctx;
     s = kiln_session_new(m, &sp, &sess);
     if (!s) s = kiln_sampler_new(&o->sampler, V, &smp);
     if (s) {
@@ -236,6 +237,10 @@ int kiln_cmd_chat(int argc, char **argv) {
     for (int i = 0; i < argc; i += 2) {
         const char *f = argv[i], *a = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
+        if (kiln_cli_gpu_flag(f, &o.sess)) { /* the one flag without a value */
+            i--;
+            continue;
+        }
         if (!a) {
             fprintf(stderr, "kiln: chat: %s needs a value\n", f);
             fputs(usage_line, stderr);
@@ -245,7 +250,7 @@ int kiln_cmd_chat(int argc, char **argv) {
         else if (strcmp(f, "--system") == 0) o.system = a;
         else if (strcmp(f, "--chat-template") == 0) o.template_name = a;
         else if (strcmp(f, "-n") == 0) ok = kiln_cli_parse_num("chat", f, a, 1, 1e9, &v), o.n_max = (int64_t)v;
-        else if ((r = kiln_cli_sampling_opt("chat", f, a, &o.sampler, &o.n_threads, &o.n_ctx))) ok = r > 0;
+        else if ((r = kiln_cli_sampling_opt("chat", f, a, &o.sampler, &o.sess))) ok = r > 0;
         else {
             fprintf(stderr, "kiln: chat: unexpected argument '%s'\n", f);
             fputs(usage_line, stderr);

@@ -211,6 +211,7 @@ static int cmd_synth(int argc, char **argv) {
             }
         if (matched) continue;
         if (strcmp(argv[i], "--tied") == 0) p.tied = true;
+        else if (strcmp(argv[i], "--fast") == 0) p.fast = true;
         else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) p.seed = strtoull(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "-t") == 0 && i + 1 < argc) p.n_threads = atoi(argv[++i]);
         else if (strcmp(argv[i], "--vocab") == 0 && i + 1 < argc) p.vocab_path = argv[++i];
@@ -228,7 +229,7 @@ static int cmd_synth(int argc, char **argv) {
     if (!out) {
         fprintf(stderr, "kiln: usage: kiln synth [--shape llama-124m|tinyllama-1.1b|llama2-7b|llama3-8b] [--type f32|f16|q8_0|q4_0|q4_k_m|...] "
                         "[--vocab VOCAB.gguf] [--dim C] [--layers L] [--heads NH] [--kv-heads NKV] [--ff F] [--vocab-size V] [--ctx N] "
-                        "[--tied] [--seed S] [-t N] -o OUT.gguf\n");
+                        "[--tied] [--fast (random block bytes: for speed tests)] [--seed S] [-t N] -o OUT.gguf\n");
         return 1;
     }
     if ((s = kiln_synth_llama(out, &p))) return die_status(s);
@@ -427,11 +428,19 @@ bool kiln_cli_parse_num(const char *cmd, const char *flag, const char *arg, doub
     return true;
 }
 
-int kiln_cli_sampling_opt(const char *cmd, const char *f, const char *a, kiln_sampler_params *sp, int *n_threads, int64_t *n_ctx) {
+bool kiln_cli_gpu_flag(const char *f, kiln_session_params *sess) {
+    if (strcmp(f, "--gpu") != 0) return false;
+    sess->n_gpu_layers = INT32_MAX;
+    return true;
+}
+
+int kiln_cli_sampling_opt(const char *cmd, const char *f, const char *a, kiln_sampler_params *sp, kiln_session_params *sess) {
     double v;
     bool ok;
-    if (strcmp(f, "-t") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, 4096, &v), *n_threads = (int)v;
-    else if (strcmp(f, "-c") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, INT32_MAX, &v), *n_ctx = (int64_t)v;
+    if (strcmp(f, "-t") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, 4096, &v), sess->n_threads = (int)v;
+    else if (strcmp(f, "-c") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, INT32_MAX, &v), sess->n_ctx = (int64_t)v;
+    else if (strcmp(f, "-ngl") == 0 || strcmp(f, "--n-gpu-layers") == 0)
+        ok = kiln_cli_parse_num(cmd, f, a, 0, INT32_MAX, &v), sess->n_gpu_layers = (int)v;
     else if (strcmp(f, "--temp") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, 1e9, &v), sp->temp = (float)v;
     else if (strcmp(f, "--top-k") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, INT32_MAX, &v), sp->top_k = (int32_t)v;
     else if (strcmp(f, "--top-p") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, 1, &v), sp->top_p = (float)v;
@@ -451,8 +460,7 @@ int kiln_cli_sampling_opt(const char *cmd, const char *f, const char *a, kiln_sa
 
 typedef struct {
     int64_t n_new; /* tokens to generate */
-    int64_t n_ctx; /* 0: what the run needs, at most the training context */
-    int n_threads;
+    kiln_session_params sess; /* n_ctx 0: what the run needs, at most the training context */
     kiln_sampler_params sampler;
     bool chat;       /* the prompt is a formatted chat turn: tokenize its special tokens, do not echo it */
     int32_t eot;     /* with chat: the end-of-turn token, which stops generation like EOS */
@@ -477,7 +485,7 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
         return 1;
     }
     size_t n_prompt = enc.n ? enc.n : 1;
-    int64_t n_ctx = o->n_ctx;
+    int64_t n_ctx = o->sess.n_ctx;
     if (n_ctx == 0) {
         n_ctx = (int64_t)n_prompt + o->n_new;
         if (n_ctx > kiln_model_n_ctx_train(m)) n_ctx = kiln_model_n_ctx_train(m);
@@ -503,7 +511,8 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
         snprintf(msg, sizeof msg, "the prompt is %zu tokens, more than the context of %lld", n_prompt, (long long)n_ctx);
         err = msg;
     }
-    kiln_session_params sp = {.n_ctx = n_ctx, .n_threads = o->n_threads};
+    kiln_session_params sp = o->sess;
+    sp.n_ctx = n_ctx;
     if (err) s = KILN_ERR_INVALID;
     if (!s) s = kiln_session_new(m, &sp, &sess);
     if (!s) s = kiln_sampler_new(&o->sampler, V, &smp);
@@ -514,17 +523,20 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     double t0 = now_s();
     size_t n = n_prompt;
     bool full = false;
-    if (!s) s = kiln_session_eval(sess, seq, n_prompt, logits, NULL);
+    /* greedy on the GPU: the argmax is taken there and 4 bytes come back instead of the logits */
+    const bool argmax = sess && kiln_session_on_gpu(sess) && o->sampler.temp == 0 && o->sampler.repeat_penalty == 1;
+    int32_t next = 0;
+    if (!s) s = argmax ? kiln_session_eval_argmax(sess, seq, n_prompt, &next) : kiln_session_eval(sess, seq, n_prompt, logits, NULL);
     double t1 = now_s();
     for (int64_t i = 0; !s && i < o->n_new; i++) {
-        int32_t next = kiln_sampler_sample(smp, logits, seq, n);
+        if (!argmax) next = kiln_sampler_sample(smp, logits, seq, n);
         /* EOS ends the text; so does BOS, which llama2.c's stories use to separate documents */
         if (next == eos || next == bos || (o->chat && next == o->eot)) break;
         if ((s = print_piece(tok, seq[n - 1], next, &piece, &piece_cap))) break;
         seq[n++] = next;
         if (i + 1 == o->n_new) break;
         if ((full = kiln_session_pos(sess) == n_ctx)) break;
-        s = kiln_session_eval(sess, &next, 1, logits, NULL);
+        s = argmax ? kiln_session_eval_argmax(sess, &next, 1, &next) : kiln_session_eval(sess, &next, 1, logits, NULL);
     }
     double t2 = now_s();
     if (!s) {
@@ -571,8 +583,9 @@ static int cmd_generate(int argc, char **argv) {
     for (int i = 0; i < argc; i += 2) {
         const char *f = argv[i], *a = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
-        if (strcmp(f, "--chat") == 0) { /* the one flag without a value */
-            o.chat = true, i--;
+        if (strcmp(f, "--chat") == 0 || kiln_cli_gpu_flag(f, &o.sess)) { /* the flags without a value */
+            if (f[2] == 'c') o.chat = true;
+            i--;
             continue;
         }
         if (!a) {
@@ -583,7 +596,7 @@ static int cmd_generate(int argc, char **argv) {
         else if (strcmp(f, "-p") == 0) prompt = a;
         else if (strcmp(f, "--chat-template") == 0) chat_template = a, o.chat = true;
         else if (strcmp(f, "-n") == 0) ok = kiln_cli_parse_num("generate", f, a, 0, 1e9, &v), o.n_new = (int64_t)v;
-        else if ((r = kiln_cli_sampling_opt("generate", f, a, &o.sampler, &o.n_threads, &o.n_ctx))) ok = r > 0;
+        else if ((r = kiln_cli_sampling_opt("generate", f, a, &o.sampler, &o.sess))) ok = r > 0;
         else {
             fprintf(stderr, "kiln: generate: unexpected argument '%s'\n", f);
             return 1;
@@ -630,19 +643,25 @@ static void ppl_progress(void *ud, int64_t w, int64_t n, double ppl) {
 static int cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *file = NULL;
     int64_t n_ctx = 512;
-    int threads = 0;
+    kiln_session_params run = {0};
+    double v;
     for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "-m") == 0 && i + 1 < argc) model = argv[++i];
-        else if (strcmp(argv[i], "-f") == 0 && i + 1 < argc) file = argv[++i];
-        else if (strcmp(argv[i], "--ctx") == 0 && i + 1 < argc) n_ctx = atoll(argv[++i]);
-        else if (strcmp(argv[i], "-t") == 0 && i + 1 < argc) threads = atoi(argv[++i]);
+        const char *a = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = true;
+        if (kiln_cli_gpu_flag(argv[i], &run)) continue;
+        if (strcmp(argv[i], "-m") == 0 && a) model = argv[++i];
+        else if (strcmp(argv[i], "-f") == 0 && a) file = argv[++i];
+        else if (strcmp(argv[i], "--ctx") == 0 && a) ok = kiln_cli_parse_num("perplexity", argv[i], a, 16, INT32_MAX, &v), n_ctx = (int64_t)v, i++;
+        else if (strcmp(argv[i], "-t") == 0 && a) ok = kiln_cli_parse_num("perplexity", argv[i], a, 0, 4096, &v), run.n_threads = (int)v, i++;
+        else if (strcmp(argv[i], "-ngl") == 0 && a) ok = kiln_cli_parse_num("perplexity", argv[i], a, 0, INT32_MAX, &v), run.n_gpu_layers = (int)v, i++;
         else {
             fprintf(stderr, "kiln: perplexity: unexpected argument '%s'\n", argv[i]);
             return 1;
         }
+        if (!ok) return 1;
     }
     if (!model || !file) {
-        fprintf(stderr, "kiln: usage: kiln perplexity -m MODEL -f TEXT [--ctx N] [-t THREADS]\n");
+        fprintf(stderr, "kiln: usage: kiln perplexity -m MODEL -f TEXT [--ctx N] [-t THREADS] [--gpu | -ngl N]\n");
         return 1;
     }
     FILE *f = fopen(file, "rb");
@@ -664,7 +683,7 @@ static int cmd_perplexity(int argc, char **argv) {
     kiln_model *m;
     kiln_status s = kiln_model_load(model, &m);
     kiln_perplexity_result r;
-    if (!s) s = kiln_perplexity(m, text, got, n_ctx, threads, ppl_progress, NULL, &r);
+    if (!s) s = kiln_perplexity(m, text, got, n_ctx, &run, ppl_progress, NULL, &r);
     free(text);
     kiln_model_free(m);
     if (s) return die_status(s);
@@ -679,7 +698,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: kiln COMMAND ...\n"
                "  inspect FILE.gguf [--all]              print metadata and the tensor table\n"
                "  quantize IN.gguf OUT.gguf TYPE [-t N]  TYPE: f16 bf16 q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m q5_k_m\n"
-               "  perplexity -m MODEL -f TEXT [--ctx N] [-t N]  perplexity over non-overlapping windows\n"
+               "  perplexity -m MODEL -f TEXT [--ctx N] [-t N] [--gpu]  perplexity over non-overlapping windows\n"
                "  tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH)\n"
                "  tokenizer train CORPUS... --vocab N -o OUT.gguf [--specials a,b,c] [--min-frequency N]\n"
                "  data CORPUS... -t TOKENIZER.gguf -o DIR [--val-fraction F] [--shard-tokens N]   token shards for training\n"
@@ -687,12 +706,14 @@ static void usage(FILE *f) {
                "  synth [--shape S] [--type T] [--vocab V.gguf] -o OUT.gguf  a llama model with random weights\n"
                "  bench quant [--quick]                  dequantize and vec_dot throughput per type, scalar vs SIMD\n"
                "  bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   prompt and generation tok/s, as llama-bench\n"
+               "  bench --gpu -m MODEL.gguf [-p 512] [-n 128] [-r R]   the same on the GPU, with GB/s, VRAM and a per-op decode profile\n"
                "  convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf   a llama2.c checkpoint to GGUF\n"
                "  generate [-m MODEL.gguf] [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
-               "           [--repeat-penalty R] [--repeat-last-n N] [--seed S] [-t THREADS] [-c CTX]\n"
+               "           [--repeat-penalty R] [--repeat-last-n N] [--seed S] [-t THREADS] [-c CTX] [--gpu | -ngl N]\n"
                "           [--chat] [--chat-template NAME]   -p as one user turn of the model's chat template\n"
                "  chat -m MODEL.gguf [--system TEXT] [--chat-template llama2|llama3|chatml|gemma] [-n MAXTOK] [sampling opts]\n"
-               "                                         a conversation over stdin lines, replies streamed to stdout\n");
+               "                                         a conversation over stdin lines, replies streamed to stdout\n"
+               "  --gpu (or -ngl N, N at least the layer count, as llama.cpp's -ngl 99) runs the whole model on the GPU\n");
 }
 
 int main(int argc, char **argv) {
@@ -718,6 +739,8 @@ int main(int argc, char **argv) {
         if (argc >= 3 && strcmp(argv[2], "tokenize") == 0) return kiln_bench_tokenize(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "train") == 0) return kiln_bench_train(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "model") == 0) return kiln_bench_model(argc - 3, argv + 3);
+        for (int i = 2; i < argc; i++) /* --gpu anywhere: the GPU benchmark (bench/bench_gpu.c) */
+            if (strcmp(argv[i], "--gpu") == 0) return kiln_bench_gpu(argc - 2, argv + 2);
         if (argc >= 3 && strcmp(argv[2], "-m") == 0) return kiln_bench_model(argc - 2, argv + 2);
         fprintf(stderr, "kiln: bench: unknown benchmark '%s' (available: quant, tokenize, train, model or -m MODEL)\n", argc >= 3 ? argv[2] : "");
         return 1;

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-kiln_status kiln_perplexity(const kiln_model *m, const char *text, size_t len, int64_t n_ctx, int n_threads,
+kiln_status kiln_perplexity(const kiln_model *m, const char *text, size_t len, int64_t n_ctx, const kiln_session_params *run,
                             void (*progress)(void *ud, int64_t window, int64_t n_windows, double ppl), void *ud,
                             kiln_perplexity_result *out) {
     memset(out, 0, sizeof *out);
@@ -28,7 +28,8 @@ kiln_status kiln_perplexity(const kiln_model *m, const char *text, size_t len, i
         s = kiln_fail(KILN_ERR_INVALID, "perplexity: the text has %zu tokens, fewer than one window of %lld", ids.n, (long long)n_ctx);
         goto out;
     }
-    kiln_session_params sp = {.n_ctx = n_ctx, .n_threads = n_threads};
+    kiln_session_params sp = run ? *run : (kiln_session_params){0};
+    sp.n_ctx = n_ctx;
     if ((s = kiln_session_new(m, &sp, &sess))) goto out;
     logits = malloc((size_t)n_ctx * (size_t)V * sizeof *logits);
     window = malloc((size_t)n_ctx * sizeof *window);

@@ -7,9 +7,13 @@
  * A sliding-window layer (#6) keeps a ring of window + n_batch - 1 positions instead of n_ctx: position p lives in
  * row p % rows, the ring's origin is position 0 and the next position to write is the session's pos, so nothing
  * else needs tracking; a batch of up to n_batch tokens overwrites only positions its first query no longer sees.
- * tests/test_arch.c checks a prompt longer than the window, chunked and token by token, against the reference. */
+ * tests/test_arch.c checks a prompt longer than the window, chunked and token by token, against the reference.
+ *
+ * With params.n_gpu_layers the session holds a CUDA engine (src/cuda/engine.cu) instead of the cache, scratch and threads:
+ * the same validation and chunking, the same cache rows, the forward on the GPU (tests/test_cuda_engine.c). */
 #include "model/model.h"
 #include "cpu/ops.h"
+#include "cuda/cuda.h"
 #include "status.h"
 
 #include <stdlib.h>
@@ -27,6 +31,7 @@ struct kiln_session {
     uint16_t **k, **v; /* (L) layer l's k and v rows in kv */
     int64_t *rows;     /* (L) n_ctx for a full layer, min(n_ctx, window + n_batch - 1) for a sliding one */
     float *act;        /* kiln_llama_act_floats(n_batch) */
+    kiln_cuda_engine *gpu; /* with params.gpu: the model, cache and activations on the GPU; the fields above unused */
 };
 
 /* The matmul weights in the backend's own layout (the CPU's: 16 rows interleaved for its VNNI kernels), owned by
@@ -60,6 +65,9 @@ kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, 
     const kiln_llama_config *c = &m->cfg;
     kiln_session_params d = {0};
     if (!p) p = &d;
+    if (p->n_gpu_layers > 0 && p->n_gpu_layers < c->n_layer)
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "session: offloading %d of %lld layers is not supported: kiln runs the whole model on the GPU "
+                         "(n_gpu_layers >= %lld, -ngl 99) or none of it", p->n_gpu_layers, (long long)c->n_layer, (long long)c->n_layer);
     if (p->n_ctx < 0 || p->n_batch < 0 || p->n_threads < 0)
         return kiln_fail(KILN_ERR_INVALID, "session: n_ctx %lld, n_batch %lld and n_threads %d must not be negative", (long long)p->n_ctx,
                          (long long)p->n_batch, p->n_threads);
@@ -82,6 +90,22 @@ kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, 
     s->ops = &kiln_cpu_ops;
     s->n_ctx = n_ctx;
     s->n_batch = n_batch;
+    if (p->n_gpu_layers > 0) {
+        int64_t *rows = malloc(sizeof *rows * (size_t)c->n_layer);
+        if (!rows) {
+            free(s);
+            return kiln_fail(KILN_ERR_NOMEM, "session: out of memory");
+        }
+        for (int64_t l = 0; l < c->n_layer; l++) rows[l] = cache_rows(m, l, n_ctx, n_batch);
+        kiln_status st = kiln_cuda_engine_new(m, n_ctx, n_batch, rows, &s->gpu);
+        free(rows);
+        if (st) {
+            free(s);
+            return st;
+        }
+        *out = s;
+        return KILN_OK;
+    }
     kiln_status st = kiln_pool_create(p->n_threads, &s->pool);
     if (st) {
         kiln_session_free(s);
@@ -119,6 +143,7 @@ kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, 
 
 void kiln_session_free(kiln_session *s) {
     if (!s) return;
+    kiln_cuda_engine_free(s->gpu);
     if (s->ops->release_weights) s->ops->release_weights(&s->ctx);
     kiln_pool_free(s->pool);
     free(s->kv);
@@ -131,29 +156,67 @@ void kiln_session_free(kiln_session *s) {
 }
 
 int64_t kiln_session_pos(const kiln_session *s) { return s->pos; }
+bool kiln_session_on_gpu(const kiln_session *s) { return s->gpu != NULL; }
+size_t kiln_session_device_bytes(const kiln_session *s) { return s->gpu ? kiln_cuda_engine_bytes(s->gpu) : 0; }
+kiln_cuda_engine *kiln_session_gpu_engine(kiln_session *s) { return s->gpu; }
 void kiln_session_reset(kiln_session *s) { s->pos = 0; }
 
-kiln_status kiln_session_eval(kiln_session *s, const int32_t *ids, size_t n, float *logits, float *all_logits) {
+/* The checks every eval makes before the first chunk runs, so a failed call leaves the session as it was. */
+static kiln_status check_ids(const kiln_session *s, const int32_t *ids, size_t n) {
     const int64_t V = s->m->cfg.n_vocab;
-    if (n == 0) {
-        if (logits || all_logits) return kiln_fail(KILN_ERR_INVALID, "session: no tokens to evaluate, so no logits");
-        return KILN_OK;
-    }
-    /* everything is checked before the first chunk runs, so a failed call leaves the session as it was */
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= V) return kiln_fail(KILN_ERR_RANGE, "token id %d is outside the vocab of %lld tokens", ids[i], (long long)V);
     if (n > (size_t)(s->n_ctx - s->pos))
         return kiln_fail(KILN_ERR_RANGE, "position %lld exceeds the context of %lld tokens", (long long)(s->pos + (int64_t)n - 1),
                          (long long)s->n_ctx);
+    return KILN_OK;
+}
+
+/* n tokens in chunks of n_batch; the last chunk returns the last row's logits, or every chunk its rows into
+ * all_logits, and/or the last row's argmax into next. */
+static kiln_status eval_chunks(kiln_session *s, const int32_t *ids, size_t n, float *logits, float *all_logits, int32_t *next) {
+    const int64_t V = s->m->cfg.n_vocab;
+    kiln_status st = check_ids(s, ids, n);
+    if (st) return st;
     for (size_t done = 0; done < n;) {
         int64_t T = (int64_t)(n - done) < s->n_batch ? (int64_t)(n - done) : s->n_batch;
         bool last = done + (size_t)T == n;
         float *out = all_logits ? all_logits + done * (size_t)V : last ? logits : NULL;
-        const kiln_llama_kv kv = {s->k, s->v, s->rows};
-        kiln_llama_forward(s->m, s->ops, &s->ctx, &kv, s->act, ids + done, T, s->pos, out, all_logits != NULL);
+        if (s->gpu) {
+            if ((st = kiln_cuda_engine_eval(s->gpu, ids + done, T, s->pos, out, all_logits != NULL, last ? next : NULL))) return st;
+        } else {
+            const kiln_llama_kv kv = {s->k, s->v, s->rows};
+            kiln_llama_forward(s->m, s->ops, &s->ctx, &kv, s->act, ids + done, T, s->pos, out, all_logits != NULL);
+        }
         s->pos += T;
         done += (size_t)T;
     }
     if (logits && all_logits) memcpy(logits, all_logits + (n - 1) * (size_t)V, (size_t)V * sizeof *logits);
     return KILN_OK;
+}
+
+kiln_status kiln_session_eval(kiln_session *s, const int32_t *ids, size_t n, float *logits, float *all_logits) {
+    if (n == 0) {
+        if (logits || all_logits) return kiln_fail(KILN_ERR_INVALID, "session: no tokens to evaluate, so no logits");
+        return KILN_OK;
+    }
+    return eval_chunks(s, ids, n, logits, all_logits, NULL);
+}
+
+kiln_status kiln_session_eval_argmax(kiln_session *s, const int32_t *ids, size_t n, int32_t *next) {
+    if (n == 0) return kiln_fail(KILN_ERR_INVALID, "session: no tokens to evaluate, so no argmax");
+    if (s->gpu) return eval_chunks(s, ids, n, NULL, NULL, next);
+    /* the CPU computes the logits anyway: the lowest index of the largest, as the GPU's argmax and the sampler */
+    const int64_t V = s->m->cfg.n_vocab;
+    float *logits = malloc((size_t)V * sizeof *logits);
+    if (!logits) return kiln_fail(KILN_ERR_NOMEM, "session: out of memory");
+    kiln_status st = eval_chunks(s, ids, n, logits, NULL, NULL);
+    if (!st) {
+        int32_t best = 0;
+        for (int64_t i = 1; i < V; i++)
+            if (logits[i] > logits[best]) best = (int32_t)i;
+        *next = best;
+    }
+    free(logits);
+    return st;
 }

@@ -14,6 +14,10 @@
 
 #include "kiln.h"
 
+#ifdef __cplusplus
+extern "C" { /* the CUDA engine (src/cuda/engine.cu) reads the config and calls kiln_llama_max_width */
+#endif
+
 typedef struct kiln_llama_config {
     int64_t n_vocab;     /* V */
     int64_t n_embd;      /* C */
@@ -107,5 +111,9 @@ int64_t kiln_llama_max_width(const kiln_llama_config *c);
  * token's V logits, or all T rows when all_logits. */
 void kiln_llama_forward(const kiln_model *m, const struct kiln_ops *ops, struct kiln_ops_ctx *ctx, const kiln_llama_kv *kv,
                         float *act, const int32_t *ids, int64_t T, int64_t pos0, float *logits, bool all_logits);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -1,0 +1,522 @@
+/* elementwise.cu: the CUDA kernels between the matmuls (kernels.h's elementwise section): the embedding gather,
+ * the fused residual add + RMSNorm, the per-head q/k/v epilogue (bias, qk-norm, RoPE, q scale, f16 cache store),
+ * the GLU activations, the sigmoid gate, scale/softcap and the greedy argmax. Each one is memory-bound and small,
+ * so the aim is one pass over its data and no launch more than needed; the arithmetic repeats the CPU oracle's
+ * float operations in its order with explicit round-to-nearest intrinsics (__fmul_rn, __fadd_rn, ...) so nvcc
+ * cannot contract them into FMAs: the embedding is bit-exact, the norms differ only in the order of a double sum,
+ * and the transcendental ops by the ulps between CUDA's expf/tanhf/cosf/sinf and the host's libm.
+ * tests/test_cuda_elementwise.c checks every launcher against kiln_cpu_ops (src/cpu/ops*.c) and host loops. */
+#include "cuda/kernels.h"
+#include "quants.h"
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+
+extern "C" kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
+
+static kiln_status launched(const char *what) {
+    cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? KILN_OK : kiln_fail(KILN_ERR_IO, "CUDA %s launch failed: %s", what, cudaGetErrorString(e));
+}
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* ---------------------------------------------------------------- block reductions */
+
+/* A block-wide sum in double, as the CPU's RMSNorm sums its float squares in double (ops_rmsnorm.c): the order
+ * differs from the CPU's sequential sum, but in double that moves the float mean by at most an ulp, rarely.
+ * Every thread gets the total; sh holds 32 doubles. Deterministic: a fixed tree over a fixed block size. */
+static __device__ __forceinline__ double block_sum(double v, double *sh) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    __syncthreads(); /* an earlier call's readers are done with sh */
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    double s = 0.0;
+    for (int i = 0; i < nw; i++) s += sh[i];
+    return s;
+}
+
+/* rstd = 1 / sqrt(mean(x^2) + eps) in ops_rmsnorm.c's types: the mean rounded to float, then float ops. */
+static __device__ __forceinline__ float rms_scale(double sumsq, int64_t C, float eps) {
+    const float mean = (float)(sumsq / (double)C);
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+}
+
+/* ---------------------------------------------------------------- embed: dequantize one element of a row
+ * The formulas of dequant.cu / quants_ref.c, element e of a row that starts at a block boundary. */
+
+static __device__ __forceinline__ float h2f(kiln_fp16 h) { return __half2float(__ushort_as_half(h)); }
+
+static __device__ __forceinline__ void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+template <int TYPE> static __device__ __forceinline__ float dequant_elem(const void *row, int64_t e);
+
+template <> __device__ __forceinline__ float dequant_elem<KILN_TYPE_F32>(const void *row, int64_t e) {
+    return ((const float *)row)[e];
+}
+template <> __device__ __forceinline__ float dequant_elem<KILN_TYPE_F16>(const void *row, int64_t e) {
+    return h2f(((const kiln_fp16 *)row)[e]);
+}
+template <> __device__ __forceinline__ float dequant_elem<KILN_TYPE_BF16>(const void *row, int64_t e) {
+    return __uint_as_float((uint32_t)((const kiln_bf16 *)row)[e] << 16);
+}
+/* Q4_0: x = (q - 8) * d, element j < 16 in the low nibble of qs[j], j >= 16 in the high nibble of qs[j - 16]. */
+template <> __device__ __forceinline__ float dequant_elem<KILN_TYPE_Q4_0>(const void *row, int64_t e) {
+    const block_q4_0 *b = (const block_q4_0 *)row + e / QK4_0;
+    const int j = (int)(e % QK4_0);
+    const int q = j < 16 ? (b->qs[j] & 0xF) : (b->qs[j - 16] >> 4);
+    return __fmul_rn((float)(q - 8), h2f(b->d));
+}
+/* Q4_1: x = q * d + m. */
+template <> __device__ __forceinline__ float dequant_elem<KILN_TYPE_Q4_1>(const void *row, int64_t e) {
+    const block_q4_1 *b = (const block_q4_1 *)row + e / QK4_1;
+    const int j = (int)(e % QK4_1);
+    const int q = j < 16 ? (b->qs[j] & 0xF) : (b->qs[j - 16] >> 4);
+    return __fadd_rn(__fmul_rn((float)q, h2f(b->d)), h2f(b->m));
+}
+/* Q5_0: x = (q - 16) * d, the nibble as Q4_0 and bit 4 of element j at bit j of qh (little-endian uint32). The
+ * block is 22 bytes, only 2-byte aligned, so qh is read a byte at a time. */
+template <> __device__ __forceinline__ float dequant_elem<KILN_TYPE_Q5_0>(const void *row, int64_t e) {
+    const block_q5_0 *b = (const block_q5_0 *)row + e / QK5_0;
+    const int j = (int)(e % QK5_0);
+    const int lo = j < 16 ? (b->qs[j] & 0xF) : (b->qs[j - 16] >> 4);
+    const int q = lo | (((b->qh[j >> 3] >> (j & 7)) & 1) << 4);
+    return __fmul_rn((float)(q - 16), h2f(b->d));
+}
+template <> __device__ __forceinline__ float dequant_elem<KILN_TYPE_Q8_0>(const void *row, int64_t e) {
+    const block_q8_0 *b = (const block_q8_0 *)row + e / QK8_0;
+    return __fmul_rn((float)b->qs[e % QK8_0], h2f(b->d));
+}
+/* Q4_K and Q5_K: element e of a super-block lies in 64-chunk e/64, sub-block e/32, nibble (e/32)%2;
+ * x = (d * sc) * q - dmin * m. */
+template <> __device__ __forceinline__ float dequant_elem<KILN_TYPE_Q4_K>(const void *row, int64_t i) {
+    const block_q4_K *b = (const block_q4_K *)row + i / QK_K;
+    const int e = (int)(i % QK_K), sub = e / 32, l = e % 32;
+    int sc, m;
+    scale_min_k4(sub, b->scales, &sc, &m);
+    const uint8_t byte = b->qs[32 * (e / 64) + l];
+    const int q = (sub & 1) ? byte >> 4 : byte & 0xF;
+    const float d1 = __fmul_rn(h2f(b->d), (float)sc), m1 = __fmul_rn(h2f(b->dmin), (float)m);
+    return __fsub_rn(__fmul_rn(d1, (float)q), m1);
+}
+template <> __device__ __forceinline__ float dequant_elem<KILN_TYPE_Q5_K>(const void *row, int64_t i) {
+    const block_q5_K *b = (const block_q5_K *)row + i / QK_K;
+    const int e = (int)(i % QK_K), sub = e / 32, l = e % 32;
+    int sc, m;
+    scale_min_k4(sub, b->scales, &sc, &m);
+    const uint8_t byte = b->qs[32 * (e / 64) + l];
+    const int q = ((sub & 1) ? byte >> 4 : byte & 0xF) | (((b->qh[l] >> sub) & 1) << 4);
+    const float d1 = __fmul_rn(h2f(b->d), (float)sc), m1 = __fmul_rn(h2f(b->dmin), (float)m);
+    return __fsub_rn(__fmul_rn(d1, (float)q), m1);
+}
+/* Q6_K: each 128-half h has ql[64], qh[32], 8 scales; element 32*g + l of it takes ql[l + 32*(g&1)] (low nibble
+ * for g < 2, high for g >= 2) and bits 2g..2g+1 of qh[l]; x = (d * sc) * (q - 32). */
+template <> __device__ __forceinline__ float dequant_elem<KILN_TYPE_Q6_K>(const void *row, int64_t i) {
+    const block_q6_K *b = (const block_q6_K *)row + i / QK_K;
+    const int e = (int)(i % QK_K), h = e / 128, r = e % 128, g = r / 32, l = r % 32;
+    const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
+    const uint8_t lo = ql[l + 32 * (g & 1)];
+    const int q = ((g < 2 ? lo & 0xF : lo >> 4) | (((qh[l] >> (2 * g)) & 3) << 4)) - 32;
+    const int sc = b->scales[8 * h + l / 16 + 2 * g];
+    return __fmul_rn(__fmul_rn(h2f(b->d), (float)sc), (float)q);
+}
+
+/* One block per token: consecutive threads on consecutive elements of the row, so stores coalesce and a block
+ * header is read by the warp from L1. out (T, C); the table's rows are row_bytes apart. */
+template <int TYPE>
+__global__ void embed_kernel(float *out,            /* (T, C) */
+                             const uint8_t *table,  /* (V rows of row_bytes) */
+                             size_t row_bytes, const int32_t *ids /* (T) */, int64_t C, float scale) {
+    const int64_t t = blockIdx.x;
+    const void *row = table + (size_t)ids[t] * row_bytes;
+    float *o = out + t * C;
+    const bool scaled = scale != 1.0f; /* the CPU multiplies only for embd_scale; x * 1 is x anyway */
+    for (int64_t e = threadIdx.x; e < C; e += blockDim.x) {
+        const float v = dequant_elem<TYPE>(row, e);
+        o[e] = scaled ? __fmul_rn(v, scale) : v;
+    }
+}
+
+extern "C" kiln_status kiln_cuda_embed(float *out, const kiln_cuda_wt *table, const int32_t *d_ids, int64_t T, float scale,
+                                       void *stream) {
+    const int64_t C = table->cols, blck = kiln_type_block_size(table->type);
+    if (T < 0 || C <= 0 || blck <= 0 || C % blck)
+        return kiln_fail(KILN_ERR_INVALID, "cuda embed: %lld tokens of %lld columns of %s", (long long)T, (long long)C,
+                         kiln_type_name(table->type) ? kiln_type_name(table->type) : "?");
+    if (T == 0) return KILN_OK;
+    if (T > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda embed: %lld tokens is too many for one launch", (long long)T);
+    const int threads = C >= 1024 ? 256 : 128;
+    cudaStream_t s = (cudaStream_t)stream;
+    const uint8_t *d = (const uint8_t *)table->data;
+    const size_t rb = table->row_bytes;
+    switch (table->type) {
+#define EMBED(T_) embed_kernel<T_><<<(unsigned)T, threads, 0, s>>>(out, d, rb, d_ids, C, scale); break
+    case KILN_TYPE_F32: EMBED(KILN_TYPE_F32);
+    case KILN_TYPE_F16: EMBED(KILN_TYPE_F16);
+    case KILN_TYPE_BF16: EMBED(KILN_TYPE_BF16);
+    case KILN_TYPE_Q4_0: EMBED(KILN_TYPE_Q4_0);
+    case KILN_TYPE_Q4_1: EMBED(KILN_TYPE_Q4_1);
+    case KILN_TYPE_Q5_0: EMBED(KILN_TYPE_Q5_0);
+    case KILN_TYPE_Q8_0: EMBED(KILN_TYPE_Q8_0);
+    case KILN_TYPE_Q4_K: EMBED(KILN_TYPE_Q4_K);
+    case KILN_TYPE_Q5_K: EMBED(KILN_TYPE_Q5_K);
+    case KILN_TYPE_Q6_K: EMBED(KILN_TYPE_Q6_K);
+#undef EMBED
+    default:
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda embed: table type %s is not supported",
+                         kiln_type_name(table->type) ? kiln_type_name(table->type) : "?");
+    }
+    return launched("embed");
+}
+
+/* ---------------------------------------------------------------- residual add + RMSNorm
+ * V floats per access: 4 (float4) when C % 4 == 0 and every pointer is 16-byte aligned, else 1. */
+
+template <int V> struct fvec { float v[V]; };
+
+template <int V> static __device__ __forceinline__ fvec<V> load(const float *p) {
+    fvec<V> r;
+    if (V == 4) {
+        const float4 f = *(const float4 *)p;
+        r.v[0] = f.x, r.v[1] = f.y, r.v[2] = f.z, r.v[3] = f.w;
+    } else {
+        for (int k = 0; k < V; k++) r.v[k] = p[k];
+    }
+    return r;
+}
+
+template <int V> static __device__ __forceinline__ void store(float *p, const fvec<V> &r) {
+    if (V == 4)
+        *(float4 *)p = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
+    else
+        for (int k = 0; k < V; k++) p[k] = r.v[k];
+}
+
+/* One block per row. Pass 1 (post_w only): sum of y^2. Pass 2 (y only): x += y or x += (y * s1) * post_w, the
+ * sum of the new x^2 taken on the way. Pass 3 (out only): out = (x * s2) * w, re-reading the row this thread
+ * wrote (C <= 16K floats: L1/L2 hits). A __syncthreads (in block_sum) separates every pass from the next, so y and
+ * out may be the same buffer and out may equal x. */
+template <int V>
+__global__ void residual_norm_kernel(float *x,             /* (T, C) */
+                                     const float *y,       /* (T, C) or NULL */
+                                     const float *post_w,  /* (C) or NULL */
+                                     float post_eps, float *out /* (T, C) or NULL */, const float *w /* (C) */,
+                                     float eps, int64_t C) {
+    __shared__ double sh[32];
+    const int64_t n = C / V, r = blockIdx.x;
+    float *xr = x + r * C;                       /* (C) */
+    const float *yr = y ? y + r * C : NULL;      /* (C) */
+    float *outr = out ? out + r * C : NULL;      /* (C) */
+    double ss = 0.0;
+    if (yr) {
+        float s1 = 0.0f;
+        if (post_w) {
+            double sy = 0.0;
+            for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+                const fvec<V> a = load<V>(yr + i * V);
+                for (int k = 0; k < V; k++) sy += (double)__fmul_rn(a.v[k], a.v[k]);
+            }
+            s1 = rms_scale(block_sum(sy, sh), C, post_eps);
+        }
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+            fvec<V> xv = load<V>(xr + i * V);
+            const fvec<V> a = load<V>(yr + i * V);
+            if (post_w) {
+                const fvec<V> pw = load<V>(post_w + i * V);
+                for (int k = 0; k < V; k++) xv.v[k] = __fadd_rn(xv.v[k], __fmul_rn(__fmul_rn(a.v[k], s1), pw.v[k]));
+            } else {
+                for (int k = 0; k < V; k++) xv.v[k] = __fadd_rn(xv.v[k], a.v[k]);
+            }
+            for (int k = 0; k < V; k++) ss += (double)__fmul_rn(xv.v[k], xv.v[k]);
+            store<V>(xr + i * V, xv);
+        }
+    } else if (outr) {
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+            const fvec<V> xv = load<V>(xr + i * V);
+            for (int k = 0; k < V; k++) ss += (double)__fmul_rn(xv.v[k], xv.v[k]);
+        }
+    }
+    if (!outr) return;
+    const float s2 = rms_scale(block_sum(ss, sh), C, eps);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const fvec<V> xv = load<V>(xr + i * V), wv = load<V>(w + i * V);
+        fvec<V> o;
+        for (int k = 0; k < V; k++) o.v[k] = __fmul_rn(__fmul_rn(xv.v[k], s2), wv.v[k]);
+        store<V>(outr + i * V, o);
+    }
+}
+
+extern "C" kiln_status kiln_cuda_residual_norm(float *x, const float *y, const float *post_w, float post_eps, float *out,
+                                               const float *w, float eps, int64_t T, int64_t C, void *stream) {
+    if (T < 0 || C <= 0 || (out && !w))
+        return kiln_fail(KILN_ERR_INVALID, "cuda residual_norm: T %lld, C %lld, out %s without w", (long long)T, (long long)C,
+                         out ? "given" : "absent");
+    if (T == 0 || (!y && !out)) return KILN_OK;
+    if (T > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda residual_norm: %lld rows is too many", (long long)T);
+    const bool vec = C % 4 == 0 && aligned16(x) && aligned16(y) && aligned16(post_w) && aligned16(out) && aligned16(w);
+    const int64_t per = vec ? C / 4 : C; /* accesses per row: one per thread up to 1024 threads (C = 4096 as float4) */
+    const int threads = (int)(per >= 1024 ? 1024 : (per + 31) / 32 * 32);
+    cudaStream_t s = (cudaStream_t)stream;
+    if (vec)
+        residual_norm_kernel<4><<<(unsigned)T, threads, 0, s>>>(x, y, post_w, post_eps, out, w, eps, C);
+    else
+        residual_norm_kernel<1><<<(unsigned)T, threads, 0, s>>>(x, y, post_w, post_eps, out, w, eps, C);
+    return launched("residual_norm");
+}
+
+/* ---------------------------------------------------------------- q/k/v epilogue
+ * One block per (token, head), the NH query heads first, then the NKV key heads (each also stores its value
+ * head). The head's HS floats sit in shared memory through bias, norm and rotation, in llama.c's order. */
+
+#define QKV_MAX_HS 256
+
+__global__ void qkv_post_kernel(float *q,                         /* (T, NH*HS) */
+                                const float *k, const float *v,   /* (T, NKV*HS) each */
+                                const float *bq,                  /* (NH*HS) or NULL */
+                                const float *bk, const float *bv, /* (NKV*HS) each, or NULL */
+                                const float *q_norm, const float *k_norm, /* (HS) each, or NULL */
+                                float eps, const int32_t *d_pos0 /* (1) */, int64_t NH, int64_t NKV, int64_t HS,
+                                int64_t rope_dim, float theta_scale, bool neox, bool rope, float q_scale,
+                                uint16_t *k_cache, uint16_t *v_cache, /* (rows, NKV*HS) f16 each */
+                                int64_t rows) {
+    __shared__ float hx[QKV_MAX_HS]; /* (HS) the head being processed */
+    __shared__ double sh[32];
+    const int64_t nh = NH + NKV, t = blockIdx.x / nh, h = blockIdx.x % nh;
+    const bool is_q = h < NH;
+    const int64_t kh = h - NH; /* the key/value head when !is_q */
+    const int64_t p = (int64_t)*d_pos0 + t;
+    float *qh = q + (t * NH + h) * HS;                               /* (HS) when is_q */
+    const float *src = is_q ? qh : k + (t * NKV + kh) * HS;         /* (HS) */
+    const float *b = is_q ? (bq ? bq + h * HS : NULL) : (bk ? bk + kh * HS : NULL);
+    const float *nw = is_q ? q_norm : k_norm; /* (HS) */
+
+    double ss = 0.0;
+    for (int64_t i = threadIdx.x; i < HS; i += blockDim.x) {
+        float val = src[i];
+        if (b) val = __fadd_rn(val, b[i]);
+        hx[i] = val;
+        ss += (double)__fmul_rn(val, val);
+    }
+    if (nw) { /* each thread rescales the elements it wrote: no barrier needed before, block_sum has its own */
+        const float sc = rms_scale(block_sum(ss, sh), HS, eps);
+        for (int64_t i = threadIdx.x; i < HS; i += blockDim.x) hx[i] = __fmul_rn(__fmul_rn(hx[i], sc), nw[i]);
+    }
+    __syncthreads();
+    if (rope) {
+        /* Pair i at angle theta_i: theta_0 = p, theta_{i+1} = theta_i * theta_scale in float (ops_rope.c, as
+         * llama.cpp), so thread i repeats the i products of the chain to get the CPU's bits. Angles reach 1e5 rad
+         * at long context: cosf/sinf, never the fast __cosf, whose error grows with the argument. */
+        const int64_t half = rope_dim / 2;
+        for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+            float theta = (float)p;
+            for (int64_t j = 0; j < i; j++) theta = __fmul_rn(theta, theta_scale);
+            const float c = cosf(theta), sn = sinf(theta);
+            const int64_t a = neox ? i : 2 * i, bb = neox ? i + half : 2 * i + 1;
+            const float x0 = hx[a], x1 = hx[bb];
+            hx[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
+            hx[bb] = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c));
+        }
+        __syncthreads();
+    }
+    if (is_q) {
+        const bool scaled = q_scale != 1.0f;
+        for (int64_t i = threadIdx.x; i < HS; i += blockDim.x) qh[i] = scaled ? __fmul_rn(hx[i], q_scale) : hx[i];
+        return;
+    }
+    /* f16 round-to-nearest-even, kiln_f32_to_fp16's rounding; position p lives in ring row p % rows */
+    const int64_t row = p % rows;
+    uint16_t *kc = k_cache + (row * NKV + kh) * HS, *vc = v_cache + (row * NKV + kh) * HS; /* (HS) each */
+    const float *vh = v + (t * NKV + kh) * HS, *vb = bv ? bv + kh * HS : NULL;           /* (HS) each */
+    for (int64_t i = threadIdx.x; i < HS; i += blockDim.x) {
+        kc[i] = __half_as_ushort(__float2half_rn(hx[i]));
+        const float val = vb ? __fadd_rn(vh[i], vb[i]) : vh[i];
+        vc[i] = __half_as_ushort(__float2half_rn(val));
+    }
+}
+
+extern "C" kiln_status kiln_cuda_qkv_post(float *q, const float *k, const float *v, const float *bq, const float *bk,
+                                          const float *bv, const float *q_norm, const float *k_norm, float eps,
+                                          const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                                          int64_t rope_dim, float base, bool neox, bool nope, float q_scale,
+                                          uint16_t *k_cache, uint16_t *v_cache, int64_t rows, void *stream) {
+    if (T < 0 || NH <= 0 || NKV <= 0 || HS <= 0 || HS > QKV_MAX_HS || rows <= 0 ||
+        (!nope && (rope_dim <= 0 || rope_dim % 2 || rope_dim > HS)))
+        return kiln_fail(KILN_ERR_INVALID, "cuda qkv_post: T %lld, NH %lld, NKV %lld, HS %lld (at most %d), rope_dim %lld, rows %lld",
+                         (long long)T, (long long)NH, (long long)NKV, (long long)HS, QKV_MAX_HS, (long long)rope_dim,
+                         (long long)rows);
+    if (T == 0) return KILN_OK;
+    const int64_t blocks = T * (NH + NKV);
+    if (blocks > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda qkv_post: %lld heads is too many", (long long)blocks);
+    /* The host's powf, the very call ops_rope.c makes, so theta_scale has the CPU's bits. */
+    const float theta_scale = nope ? 1.0f : powf(base, -2.0f / (float)rope_dim);
+    /* A thread per rotated pair: HS/2 threads, at least a warp, at most 128 (HS 256). */
+    const int threads = (int)(HS / 2 <= 32 ? 32 : HS / 2 <= 64 ? 64 : 128);
+    qkv_post_kernel<<<(unsigned)blocks, threads, 0, (cudaStream_t)stream>>>(
+        q, k, v, bq, bk, bv, q_norm, k_norm, eps, d_pos0, NH, NKV, HS, rope_dim, theta_scale, neox, !nope, q_scale,
+        k_cache, v_cache, rows);
+    return launched("qkv_post");
+}
+
+/* ---------------------------------------------------------------- GLU, sigmoid gate, scale/softcap
+ * Grid-stride over n, float4 when every pointer is 16-byte aligned (the tail done one at a time). out may
+ * equal a: each element is read before the same thread writes it. */
+
+enum { OP_SWIGLU, OP_GEGLU, OP_SIGMOID_MUL, OP_SCALE, OP_SOFTCAP };
+
+template <int OP> static __device__ __forceinline__ float apply(float a, float b, float scale, float cap) {
+    if (OP == OP_SWIGLU) /* g / (1 + exp(-g)) * up, ops_swiglu.c */
+        return __fmul_rn(__fdiv_rn(a, __fadd_rn(1.0f, expf(-a))), b);
+    if (OP == OP_GEGLU) { /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) * up, ops_arch.c, left to right */
+        const float inner = __fadd_rn(a, __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, a), a), a));
+        const float th = tanhf(__fmul_rn(0.7978845608028654f, inner));
+        return __fmul_rn(__fmul_rn(__fmul_rn(0.5f, a), __fadd_rn(1.0f, th)), b);
+    }
+    if (OP == OP_SIGMOID_MUL) /* x * (1 / (1 + exp(-g))) */
+        return __fmul_rn(a, __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-b))));
+    if (OP == OP_SCALE) return __fmul_rn(a, scale);
+    /* OP_SOFTCAP: cap * tanh(x * scale / cap) */
+    return __fmul_rn(cap, tanhf(__fdiv_rn(__fmul_rn(a, scale), cap)));
+}
+
+/* out (n) = apply(a (n), b (n)); b unused by OP_SCALE and OP_SOFTCAP. */
+template <int OP, bool VEC>
+__global__ void elementwise_kernel(float *out, const float *a, const float *b, int64_t n, float scale, float cap) {
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const bool binary = OP == OP_SWIGLU || OP == OP_GEGLU || OP == OP_SIGMOID_MUL;
+    if (VEC) {
+        const int64_t n4 = n / 4;
+        for (int64_t j = i; j < n4; j += stride) {
+            const float4 av = ((const float4 *)a)[j];
+            const float4 bv = binary ? ((const float4 *)b)[j] : av;
+            float4 o;
+            o.x = apply<OP>(av.x, bv.x, scale, cap);
+            o.y = apply<OP>(av.y, bv.y, scale, cap);
+            o.z = apply<OP>(av.z, bv.z, scale, cap);
+            o.w = apply<OP>(av.w, bv.w, scale, cap);
+            ((float4 *)out)[j] = o;
+        }
+        i += n4 * 4;
+    }
+    for (; i < n; i += stride) out[i] = apply<OP>(a[i], binary ? b[i] : 0.0f, scale, cap);
+}
+
+template <int OP>
+static kiln_status elementwise(const char *what, float *out, const float *a, const float *b, int64_t n, float scale,
+                               float cap, void *stream) {
+    if (n < 0) return kiln_fail(KILN_ERR_INVALID, "cuda %s: %lld elements", what, (long long)n);
+    if (n == 0) return KILN_OK;
+    const int threads = 256;
+    const bool vec = aligned16(out) && aligned16(a) && aligned16(b);
+    const int64_t work = vec ? n / 4 + 1 : n;
+    /* Enough blocks to fill the GPU several times over (132 SMs x 8 blocks of 256), the rest by grid stride. */
+    const int64_t max_blocks = 132 * 8 * 4;
+    int64_t blocks = (work + threads - 1) / threads;
+    if (blocks > max_blocks) blocks = max_blocks;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (vec)
+        elementwise_kernel<OP, true><<<(unsigned)blocks, threads, 0, s>>>(out, a, b, n, scale, cap);
+    else
+        elementwise_kernel<OP, false><<<(unsigned)blocks, threads, 0, s>>>(out, a, b, n, scale, cap);
+    return launched(what);
+}
+
+extern "C" kiln_status kiln_cuda_glu(float *out, const float *gate, const float *up, int64_t n, bool geglu, void *stream) {
+    return geglu ? elementwise<OP_GEGLU>("glu (geglu)", out, gate, up, n, 0.0f, 0.0f, stream)
+                 : elementwise<OP_SWIGLU>("glu (swiglu)", out, gate, up, n, 0.0f, 0.0f, stream);
+}
+
+extern "C" kiln_status kiln_cuda_sigmoid_mul(float *x, const float *g, int64_t n, void *stream) {
+    return elementwise<OP_SIGMOID_MUL>("sigmoid_mul", x, x, g, n, 0.0f, 0.0f, stream);
+}
+
+extern "C" kiln_status kiln_cuda_scale_softcap(float *x, int64_t n, float scale, float cap, void *stream) {
+    if (!(cap >= 0.0f)) return kiln_fail(KILN_ERR_INVALID, "cuda scale_softcap: cap %g (must be >= 0)", (double)cap);
+    return cap > 0.0f ? elementwise<OP_SOFTCAP>("scale_softcap", x, x, NULL, n, scale, cap, stream)
+                      : elementwise<OP_SCALE>("scale_softcap", x, x, NULL, n, scale, cap, stream);
+}
+
+/* ---------------------------------------------------------------- argmax
+ * One block of 1024 threads per row (V up to 256K: 1 MiB, a few microseconds for one SM). (v, i) beats (best, bi)
+ * when v > best, or v == best at a lower index, so the lowest index of equal maxima wins whatever the order of
+ * the tree. NaN compares false both ways and never wins: NaNs are ignored, and a row of NaNs only gives 0. (The
+ * CPU sampler's argmax differs only when x[0] is NaN: it then keeps 0.) Rows of -inf give their first index. */
+
+static __device__ __forceinline__ void arg_take(float v, int64_t i, float *best, int64_t *bi) {
+    if (v > *best || (v == *best && i < *bi)) *best = v, *bi = i;
+}
+
+#define ARGMAX_THREADS 1024
+
+template <bool VEC> __global__ void argmax_kernel(int32_t *d_out /* (T) */, const float *x /* (T, n) */, int64_t n) {
+    __shared__ float sv[32];
+    __shared__ int64_t si[32];
+    const float *row = x + (int64_t)blockIdx.x * n; /* (n) */
+    float best = -INFINITY;
+    int64_t bi = n; /* past the end: taken over by any non-NaN value, -inf included */
+    const int64_t tid = threadIdx.x, bd = blockDim.x;
+    if (VEC) {
+        const float4 *r4 = (const float4 *)row;
+        const int64_t n4 = n / 4;
+        int64_t j = tid;
+        for (; j + 3 * bd < n4; j += 4 * bd) { /* four loads in flight per thread */
+            const float4 a = r4[j], b = r4[j + bd], c = r4[j + 2 * bd], d = r4[j + 3 * bd];
+            arg_take(a.x, 4 * j, &best, &bi), arg_take(a.y, 4 * j + 1, &best, &bi);
+            arg_take(a.z, 4 * j + 2, &best, &bi), arg_take(a.w, 4 * j + 3, &best, &bi);
+            const int64_t jb = 4 * (j + bd), jc = 4 * (j + 2 * bd), jd = 4 * (j + 3 * bd);
+            arg_take(b.x, jb, &best, &bi), arg_take(b.y, jb + 1, &best, &bi);
+            arg_take(b.z, jb + 2, &best, &bi), arg_take(b.w, jb + 3, &best, &bi);
+            arg_take(c.x, jc, &best, &bi), arg_take(c.y, jc + 1, &best, &bi);
+            arg_take(c.z, jc + 2, &best, &bi), arg_take(c.w, jc + 3, &best, &bi);
+            arg_take(d.x, jd, &best, &bi), arg_take(d.y, jd + 1, &best, &bi);
+            arg_take(d.z, jd + 2, &best, &bi), arg_take(d.w, jd + 3, &best, &bi);
+        }
+        for (; j < n4; j += bd) {
+            const float4 a = r4[j];
+            arg_take(a.x, 4 * j, &best, &bi), arg_take(a.y, 4 * j + 1, &best, &bi);
+            arg_take(a.z, 4 * j + 2, &best, &bi), arg_take(a.w, 4 * j + 3, &best, &bi);
+        }
+        for (int64_t i = 4 * n4 + tid; i < n; i += bd) arg_take(row[i], i, &best, &bi);
+    } else {
+        for (int64_t i = tid; i < n; i += bd) arg_take(row[i], i, &best, &bi);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        arg_take(ov, oi, &best, &bi);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    if (lane == 0) sv[warp] = best, si[warp] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < nw; w++) arg_take(sv[w], si[w], &best, &bi);
+        d_out[blockIdx.x] = bi < n ? (int32_t)bi : 0;
+    }
+}
+
+extern "C" kiln_status kiln_cuda_argmax(int32_t *d_out, const float *x, int64_t T, int64_t n, void *stream) {
+    if (T < 0 || n <= 0 || n > INT32_MAX || T > INT32_MAX)
+        return kiln_fail(KILN_ERR_INVALID, "cuda argmax: %lld rows of %lld", (long long)T, (long long)n);
+    if (T == 0) return KILN_OK;
+    /* every row 16-byte aligned: the base, and a whole number of float4 per row */
+    const bool vec = aligned16(x) && n % 4 == 0;
+    int64_t threads = ARGMAX_THREADS;
+    const int64_t per = vec ? n / 4 : n;
+    if (per < threads) threads = (per + 31) / 32 * 32; /* small rows (tests): no idle warps */
+    cudaStream_t s = (cudaStream_t)stream;
+    if (vec)
+        argmax_kernel<true><<<(unsigned)T, (unsigned)threads, 0, s>>>(d_out, x, n);
+    else
+        argmax_kernel<false><<<(unsigned)T, (unsigned)threads, 0, s>>>(d_out, x, n);
+    return launched("argmax");
+}

@@ -1,0 +1,123 @@
+/* kernels.h: the launchers of kiln's CUDA inference kernels, callable from C and from the engine (engine.cu).
+ * Every pointer is device memory unless its name starts with h_; every launcher enqueues on `stream` (a
+ * cudaStream_t, NULL for the default stream), never synchronizes, and returns KILN_OK or the launch error, so a
+ * whole decode step can be captured into one CUDA graph. Positions come from device memory (d_pos0), so a graph
+ * captured once replays at every position.
+ *
+ * Each kernel family is one file: matvec.cu (decode matmuls), gemm.cu (prefill matmuls on tensor cores),
+ * attention.cu, elementwise.cu. tests/test_cuda_*.c check each against the CPU oracle (src/cpu/ops.h) on fresh
+ * random inputs with a stated NMSE and max-abs bound; they are compiled only with KILN_CUDA and skip without a GPU.
+ *
+ * Shapes: T tokens, C width, NH/NKV heads, HS head size, F FFN width, V vocab; activations f32 row-major (T, width). */
+#ifndef KILN_CUDA_KERNELS_H
+#define KILN_CUDA_KERNELS_H
+
+#include "kiln.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A weight matrix on the GPU in its GGUF block format, exactly the file's bytes: rows of `cols` elements, row o
+ * at data + o * row_bytes. cols is a whole number of blocks. */
+typedef struct kiln_cuda_wt {
+    kiln_type type;
+    int64_t rows, cols; /* O outputs, I inputs (GGUF ne[1], ne[0]) */
+    size_t row_bytes;
+    const void *data;
+} kiln_cuda_wt;
+
+/* ---------------------------------------------------------------- matvec.cu: decode matmuls (T <= 8)
+ * Batch-1 decode is memory-bound: each kernel streams the weight once at close to the copy bandwidth. The
+ * activations are first put into the form the dot products want (for the block formats, int8 blocks of 32 with a
+ * scale and sum, llama.cpp's q8_1, so a 4-byte dp4a does four multiply-adds) by matvec_prepare; every matmul of
+ * that input then reads the prepared form. */
+
+#define KILN_CUDA_MATVEC_MAX_T 8
+
+/* Bytes of prepared activations for T rows of `cols` (cols a multiple of 32 for the block formats). */
+size_t kiln_cuda_matvec_prep_bytes(int64_t T, int64_t cols);
+/* xp <- x (T, cols) in the prepared form. */
+kiln_status kiln_cuda_matvec_prepare(void *xp, const float *x, int64_t T, int64_t cols, void *stream);
+/* y (T, W.rows) = x W^T, or y += x W^T when add (the residual add folded into the wo and down projections).
+ * x is the float activation (T, W.cols), xp its prepared form; a kernel reads whichever its type wants.
+ * T <= KILN_CUDA_MATVEC_MAX_T. Every type of the CPU backend: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K,
+ * Q5_K, Q6_K. */
+kiln_status kiln_cuda_matvec(float *y, const float *x, const void *xp, const kiln_cuda_wt *W, int64_t T, bool add,
+                             void *stream);
+/* The gated FFN's first half in one pass over both weights: out (T, F) = act(x Wg^T) * (x Wu^T), act silu
+ * (SwiGLU) or tanh-GELU (geglu). Wg and Wu have the same type and shape. */
+kiln_status kiln_cuda_matvec_glu(float *out, const float *x, const void *xp, const kiln_cuda_wt *Wg, const kiln_cuda_wt *Wu,
+                                 int64_t T, bool geglu, void *stream);
+
+/* ---------------------------------------------------------------- gemm.cu: prefill matmuls (tensor cores)
+ * A batch of T > 8 tokens is compute-bound: the weight is dequantized to bf16 into ws->w, x is rounded to bf16
+ * into ws->x, and cuBLAS multiplies them with fp32 accumulation and output. */
+typedef struct kiln_cuda_gemm_ws {
+    void *blas;     /* cublasLt handle (kiln_cuda_gemm_ws_new) */
+    void *w;        /* bf16, the largest weight's rows * cols */
+    void *x;        /* bf16, max_T * the widest input */
+    void *lt_ws;    /* cuBLASLt workspace */
+    size_t w_bytes, x_bytes, lt_ws_bytes;
+} kiln_cuda_gemm_ws;
+
+/* Allocates the workspace for weights of at most max_w_elems elements and inputs of at most max_x_elems. */
+kiln_status kiln_cuda_gemm_ws_new(kiln_cuda_gemm_ws *ws, size_t max_w_elems, size_t max_x_elems);
+void kiln_cuda_gemm_ws_free(kiln_cuda_gemm_ws *ws); /* accepts a zeroed ws */
+/* Device bytes kiln_cuda_gemm_ws_new will take (for the engine's VRAM check before it allocates). */
+size_t kiln_cuda_gemm_ws_bytes(size_t max_w_elems, size_t max_x_elems);
+/* y (T, W.rows) = x (T, W.cols) W^T, or += when add. Any T >= 1; any type matvec takes. */
+kiln_status kiln_cuda_gemm(float *y, const float *x, const kiln_cuda_wt *W, int64_t T, bool add, kiln_cuda_gemm_ws *ws,
+                           void *stream);
+/* The weight alone to bf16 (rows * cols elements): the dequantization gemm uses, for tests. */
+kiln_status kiln_cuda_dequantize_bf16(const kiln_cuda_wt *W, void *out, void *stream);
+
+/* ---------------------------------------------------------------- attention.cu
+ * Causal GQA attention over the f16 KV cache. q (T, NH*HS) f32 holds the queries of positions p0..p0+T-1 with
+ * p0 = *d_pos0 (device memory, so a captured graph replays at any position). k_cache and v_cache are
+ * (rows, NKV*HS) f16 and hold position j in row j % rows (a ring when rows < max_pos; rows = the context for a
+ * full layer). The query at p sees keys max(0, p - window + 1) .. p (window 0: all). Scores are scaled by
+ * `scale` (1/sqrt(HS), or the model's). out (T, NH*HS) f32. HS is any multiple of 8 up to 256 (compiled for each size
+ * up to 64 and for 80, 96, 128, 256; the rest share run-time-sized kernels). ws_bytes(T) covers every launch of at
+ * most T tokens. Decode (T = 1) splits the keys over blocks (flash-decoding) into ws and
+ * combines; T > 1 runs a flash-attention kernel that never forms the T x T scores. max_pos bounds p0 + T (the
+ * context), for sizing the split grid without reading d_pos0 on the host. */
+size_t kiln_cuda_attention_ws_bytes(int64_t T, int64_t NH, int64_t HS, int64_t max_pos);
+kiln_status kiln_cuda_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                                const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t window,
+                                int64_t rows, int64_t max_pos, float scale, void *ws, void *stream);
+
+/* ---------------------------------------------------------------- elementwise.cu: everything else, fused */
+/* out (T, C) = scale * dequantized rows d_ids[t] of table (V rows of C): the embedding gather, one row per token
+ * dequantized on the GPU. Ids were validated by the session. */
+kiln_status kiln_cuda_embed(float *out, const kiln_cuda_wt *table, const int32_t *d_ids, int64_t T, float scale,
+                            void *stream);
+/* The residual step between sub-blocks, one kernel per row of C:
+ *   if y:     x += (post_w ? rmsnorm(y, post_eps) * post_w : y)      (the sandwich norm's post-norm when post_w)
+ *   if out:   out = rmsnorm(x, eps) * w
+ * x (T, C) is the residual stream; y (T, C) a block's output or NULL; out (T, C) or NULL. */
+kiln_status kiln_cuda_residual_norm(float *x, const float *y, const float *post_w, float post_eps, float *out,
+                                    const float *w, float eps, int64_t T, int64_t C, void *stream);
+/* After the q, k, v projections, per token and head: add the biases (bq/bk/bv, or NULL), RMSNorm each head of q
+ * and k (q_norm/k_norm (HS), or NULL; eps), rotate the first rope_dim of each head at position *d_pos0 + t with
+ * base (interleaved pairs, or NeoX halves when neox; not at all when nope) by llama.cpp's float recurrence
+ * (src/cpu/ops_rope.c), multiply q by q_scale, and store k and v as f16 into cache rows (p % rows). q (T, NH*HS)
+ * is updated in place; k, v (T, NKV*HS) are read. */
+kiln_status kiln_cuda_qkv_post(float *q, const float *k, const float *v, const float *bq, const float *bk, const float *bv,
+                               const float *q_norm, const float *k_norm, float eps, const int32_t *d_pos0, int64_t T,
+                               int64_t NH, int64_t NKV, int64_t HS, int64_t rope_dim, float base, bool neox, bool nope,
+                               float q_scale, uint16_t *k_cache, uint16_t *v_cache, int64_t rows, void *stream);
+/* out (n) = act(gate) * up, act silu or tanh-GELU (geglu); out may equal gate. */
+kiln_status kiln_cuda_glu(float *out, const float *gate, const float *up, int64_t n, bool geglu, void *stream);
+/* x (n) *= sigmoid(g (n)): the attention output gate. */
+kiln_status kiln_cuda_sigmoid_mul(float *x, const float *g, int64_t n, void *stream);
+/* x (n) = cap * tanh(scale * x / cap), or scale * x when cap is 0. */
+kiln_status kiln_cuda_scale_softcap(float *x, int64_t n, float scale, float cap, void *stream);
+/* d_out (T) = the index of each row's largest value in x (T, n), the lowest index on ties (greedy decode reads
+ * back 4 bytes per token). */
+kiln_status kiln_cuda_argmax(int32_t *d_out, const float *x, int64_t T, int64_t n, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,407 @@
+/* test_cuda_attention.c: kiln_cuda_attention (src/cuda/attention.cu) against the CPU oracle
+ * kiln_cpu_ops.attention_window_forward on fresh random q (normal) and a random f16 cache (normal values rounded
+ * by kiln_f32_to_fp16), both paths: decode (T = 1 at positions 0, 1, 255, 1000, 4095, the split-K kernel) and
+ * prefill (T = 7, 64, 300 at pos0 0 and 517; T = 7 also takes the split-K path, one slice per token), head sizes
+ * 64, 128, 256 (80 and 96 in a few cases), NH/NKV 8/8, 32/8, 4/1, windows 0 and 128 over a full cache (rows =
+ * max_pos = 4096) and window 128 over a ring of window + T - 1 rows. A scale other than 1/sqrt(HS) is checked
+ * against a double reference written here, and one launch (same arguments, same ws) replayed at two values of
+ * *d_pos0 must give both right answers, as a captured CUDA graph does. The test models' small heads (HS 8, 16, 32,
+ * 48; then 24, 40, 56 and the run-time head sizes 72, 112, 136, 200, 248) run the same kinds of cases with window 8,
+ * and head sizes that are not a multiple of 8 in 8 .. 256 (4, 12, 264, 512) must return KILN_ERR_UNSUPPORTED.
+ *
+ * Bounds: both sides compute in fp32 from the same exact f16 k and v, differing only in summation order and expf,
+ * so max |gpu - ref| <= 1e-4 * max |ref| and NMSE <= 1e-8 (typical errors are ~1e-7 relative). Outputs and the
+ * workspace are poisoned with 0xFF (NaN) before every launch so an unwritten element fails. Skips without CUDA
+ * or a GPU. */
+#include "test.h"
+
+#include "cpu/ops.h"
+#include "cuda/cuda.h"
+#include "cuda/kernels.h"
+#include "pool.h"
+#include "quants.h"
+
+#include <math.h>
+#include <stdint.h>
+
+#ifdef KILN_CUDA
+
+#define MAX_POS 4096
+
+typedef struct {
+    int64_t HS, NH, NKV, T, pos0, window, rows;
+} attn_case;
+
+static kiln_pool *pool;
+
+/* Errors of gpu against ref (n values): NMSE, max-abs over max |ref|, the first index past `bound` of the scale. */
+typedef struct {
+    double nmse, rel_max;
+    int64_t first_bad;
+} attn_err;
+
+static attn_err compare(const float *gpu, const float *ref, int64_t n, double bound) {
+    double num = 0, den = 0, amax = 0, scale = 0;
+    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(ref[i]));
+    attn_err e = {0, 0, -1};
+    for (int64_t i = 0; i < n; i++) {
+        const double d = (double)gpu[i] - ref[i];
+        num += d * d, den += (double)ref[i] * ref[i];
+        if (!(fabs(d) <= amax)) amax = isnan(d) ? INFINITY : fmax(amax, fabs(d));
+        if (e.first_bad < 0 && !(fabs(d) <= bound * scale)) e.first_bad = i;
+    }
+    e.nmse = den > 0 ? num / den : INFINITY;
+    e.rel_max = scale > 0 ? amax / scale : INFINITY;
+    if (isnan(e.nmse)) e.nmse = INFINITY;
+    return e;
+}
+
+/* Device buffers of one test shape (the largest: HS 256, NKV 8, T 300). */
+typedef struct {
+    uint16_t *kc, *vc;
+    float *q, *out;
+    int32_t *pos;
+    void *ws;
+    size_t ws_bytes;
+} dev_bufs;
+
+/* Host reference in double with an arbitrary scale. */
+static void reference(float *out, const float *q, const uint16_t *kc, const uint16_t *vc, const attn_case *c, float scale) {
+    const int64_t G = c->NH / c->NKV, kvw = c->NKV * c->HS;
+    double *s = malloc((size_t)(c->pos0 + c->T) * sizeof *s), *acc = malloc((size_t)c->HS * sizeof *acc);
+    for (int64_t t = 0; t < c->T; t++)
+        for (int64_t h = 0; h < c->NH; h++) {
+            const int64_t p = c->pos0 + t, lo = c->window > 0 && p - c->window + 1 > 0 ? p - c->window + 1 : 0;
+            const float *qh = q + (t * c->NH + h) * c->HS;
+            double m = -INFINITY, l = 0;
+            for (int64_t j = lo; j <= p; j++) {
+                const uint16_t *k = kc + (j % c->rows) * kvw + (h / G) * c->HS;
+                double dot = 0;
+                for (int64_t d = 0; d < c->HS; d++) dot += (double)qh[d] * kiln_fp16_to_f32(k[d]);
+                s[j] = dot * scale;
+                m = fmax(m, s[j]);
+            }
+            for (int64_t d = 0; d < c->HS; d++) acc[d] = 0;
+            for (int64_t j = lo; j <= p; j++) {
+                const double e = exp(s[j] - m);
+                const uint16_t *v = vc + (j % c->rows) * kvw + (h / G) * c->HS;
+                l += e;
+                for (int64_t d = 0; d < c->HS; d++) acc[d] += e * kiln_fp16_to_f32(v[d]);
+            }
+            for (int64_t d = 0; d < c->HS; d++) out[(t * c->NH + h) * c->HS + d] = (float)(acc[d] / l);
+        }
+    free(s), free(acc);
+}
+
+static void cpu_oracle(float *out, const float *q, const uint16_t *kc, const uint16_t *vc, const attn_case *c) {
+    const int64_t n_ctx = MAX_POS;
+    size_t bytes = kiln_cpu_ops.scratch_size(c->T, c->NH * c->HS, c->NH, n_ctx, kiln_pool_size(pool));
+    kiln_ops_ctx ctx = {.pool = pool, .scratch = malloc(bytes), .scratch_bytes = bytes};
+    kiln_cpu_ops.attention_window_forward(&ctx, out, q, kc, vc, c->pos0, c->T, c->NH, c->NKV, c->HS, c->window, c->rows);
+    free(ctx.scratch);
+}
+
+/* Runs c on the GPU at *d_pos0 = c->pos0 (uploaded here) into h_out; the cache and q are already on the device. */
+static kiln_status gpu_run(float *h_out, const dev_bufs *b, const attn_case *c, float scale) {
+    const size_t out_bytes = (size_t)(c->T * c->NH * c->HS) * sizeof(float);
+    int32_t pos = (int32_t)c->pos0;
+    memset(h_out, 0xff, out_bytes);
+    kiln_status s = kiln_cuda_upload(b->out, h_out, out_bytes); /* poison */
+    if (s == KILN_OK) s = kiln_cuda_upload(b->pos, &pos, sizeof pos);
+    if (s != KILN_OK) return s;
+    s = kiln_cuda_attention(b->out, b->q, b->kc, b->vc, b->pos, c->T, c->NH, c->NKV, c->HS, c->window, c->rows, MAX_POS,
+                            scale, b->ws, NULL);
+    if (s == KILN_OK) s = kiln_cuda_sync();
+    if (s == KILN_OK) s = kiln_cuda_download(h_out, b->out, out_bytes);
+    return s;
+}
+
+/* Fresh random cache rows and q for c, uploaded: the rows that hold positions 0 .. pos0 + T - 1 (the kernels read
+ * no other; the rest keep the zeros of calloc or an earlier case's values). */
+static kiln_status fill_case(dev_bufs *b, uint16_t *kc, uint16_t *vc, float *q, const attn_case *c, unsigned long long *rng) {
+    const int64_t used = c->rows < c->pos0 + c->T ? c->rows : c->pos0 + c->T;
+    const int64_t kvn = used * c->NKV * c->HS, qn = c->T * c->NH * c->HS;
+    for (int64_t i = 0; i < kvn; i++) {
+        kc[i] = kiln_f32_to_fp16(test_rng_normal(rng));
+        vc[i] = kiln_f32_to_fp16(test_rng_normal(rng));
+    }
+    for (int64_t i = 0; i < qn; i++) q[i] = test_rng_normal(rng);
+    kiln_status s = kiln_cuda_upload(b->kc, kc, (size_t)kvn * 2);
+    if (s == KILN_OK) s = kiln_cuda_upload(b->vc, vc, (size_t)kvn * 2);
+    if (s == KILN_OK) s = kiln_cuda_upload(b->q, q, (size_t)qn * sizeof(float));
+    /* a poisoned workspace: the combine must read only the splits the decode kernel wrote */
+    void *junk = malloc(b->ws_bytes);
+    memset(junk, 0xff, b->ws_bytes);
+    if (s == KILN_OK) s = kiln_cuda_upload(b->ws, junk, b->ws_bytes);
+    free(junk);
+    return s;
+}
+
+#define BOUND_MAX 1e-4
+#define BOUND_NMSE 1e-8
+
+static const int64_t MAX_T = 300, MAX_QW = 32 * 256, MAX_KVW = 8 * 256;
+
+static int alloc_bufs(dev_bufs *b) {
+    memset(b, 0, sizeof *b);
+    b->ws_bytes = kiln_cuda_attention_ws_bytes(MAX_T, 32, 256, MAX_POS);
+    return kiln_cuda_alloc((void **)&b->kc, (size_t)(MAX_POS * MAX_KVW) * 2) == KILN_OK &&
+           kiln_cuda_alloc((void **)&b->vc, (size_t)(MAX_POS * MAX_KVW) * 2) == KILN_OK &&
+           kiln_cuda_alloc((void **)&b->q, (size_t)(MAX_T * MAX_QW) * 4) == KILN_OK &&
+           kiln_cuda_alloc((void **)&b->out, (size_t)(MAX_T * MAX_QW) * 4) == KILN_OK &&
+           kiln_cuda_alloc((void **)&b->pos, 4) == KILN_OK && kiln_cuda_alloc(&b->ws, b->ws_bytes) == KILN_OK;
+}
+
+static void free_bufs(dev_bufs *b) {
+    kiln_cuda_free(b->kc), kiln_cuda_free(b->vc), kiln_cuda_free(b->q), kiln_cuda_free(b->out), kiln_cuda_free(b->pos);
+    kiln_cuda_free(b->ws);
+}
+
+#define CASE_FMT "HS %lld NH %lld NKV %lld T %lld pos0 %lld window %lld rows %lld"
+#define CASE_ARGS(c) (long long)(c).HS, (long long)(c).NH, (long long)(c).NKV, (long long)(c).T, (long long)(c).pos0, \
+                     (long long)(c).window, (long long)(c).rows
+
+/* The outcome of a list of cases against the CPU oracle: the first failing case (-1: none) with its error and the
+ * values at its first bad index, and the worst errors over the cases that ran. */
+typedef struct {
+    kiln_status s;
+    int alloc_ok, bad_case;
+    attn_err e;
+    float gpu, ref;
+    double worst_max, worst_nmse;
+} cases_result;
+
+/* Runs each case (fresh random cache and q, scale 1/sqrt(HS)) on the GPU and the CPU oracle, stopping at the first
+ * failure. */
+static cases_result check_cases(const attn_case *cases, int n_cases, unsigned long long seed) {
+    cases_result res = {KILN_OK, 0, -1, {0, 0, -1}, 0, 0, 0, 0};
+    dev_bufs b;
+    uint16_t *kc = calloc((size_t)(MAX_POS * MAX_KVW), 2), *vc = calloc((size_t)(MAX_POS * MAX_KVW), 2);
+    float *q = malloc((size_t)(MAX_T * MAX_QW) * 4), *ref = malloc((size_t)(MAX_T * MAX_QW) * 4);
+    float *gpu = malloc((size_t)(MAX_T * MAX_QW) * 4);
+    res.alloc_ok = alloc_bufs(&b);
+    res.s = res.alloc_ok ? KILN_OK : KILN_ERR_NOMEM;
+    unsigned long long rng = seed;
+    for (int ci = 0; res.s == KILN_OK && res.bad_case < 0 && ci < n_cases; ci++) {
+        const attn_case c = cases[ci];
+        res.s = fill_case(&b, kc, vc, q, &c, &rng);
+        if (res.s == KILN_OK) res.s = gpu_run(gpu, &b, &c, 1.0f / sqrtf((float)c.HS));
+        if (res.s != KILN_OK) {
+            res.bad_case = ci;
+            break;
+        }
+        cpu_oracle(ref, q, kc, vc, &c);
+        res.e = compare(gpu, ref, c.T * c.NH * c.HS, BOUND_MAX);
+        res.worst_max = fmax(res.worst_max, res.e.rel_max), res.worst_nmse = fmax(res.worst_nmse, res.e.nmse);
+        if (res.e.first_bad >= 0 || res.e.nmse > BOUND_NMSE) {
+            res.bad_case = ci;
+            const int64_t i = res.e.first_bad >= 0 ? res.e.first_bad : 0;
+            res.gpu = gpu[i], res.ref = ref[i];
+        }
+    }
+    free(kc), free(vc), free(q), free(ref), free(gpu), free_bufs(&b);
+    return res;
+}
+
+/* CHECKs a cases_result with the failing case's shape, errors and first bad element (token, head, dim). */
+#define CHECK_CASES(res, cases)                                                                                            \
+    do {                                                                                                                   \
+        const attn_case c_ = (cases)[(res).bad_case >= 0 ? (res).bad_case : 0];                                           \
+        const int64_t i_ = (res).e.first_bad >= 0 ? (res).e.first_bad : 0;                                                 \
+        CHECK((res).s == KILN_OK, "case %d: " CASE_FMT ": %s", (res).bad_case, CASE_ARGS(c_),                              \
+              (res).alloc_ok ? kiln_last_error() : "device allocation failed");                                            \
+        CHECK((res).bad_case < 0, "case %d: " CASE_FMT ": NMSE %.3g (bound %.0e) max-abs/max|ref| %.3g (bound %.0e), "     \
+              "first bad index %lld (token %lld head %lld dim %lld): gpu %.7g cpu %.7g", (res).bad_case, CASE_ARGS(c_),    \
+              (res).e.nmse, BOUND_NMSE, (res).e.rel_max, BOUND_MAX, (long long)i_, (long long)(i_ / (c_.NH * c_.HS)),    \
+              (long long)(i_ / c_.HS % c_.NH), (long long)(i_ % c_.HS), (res).gpu, (res).ref);                             \
+    } while (0)
+
+static void test_attention_matches_cpu(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    static const int64_t hs[] = {64, 128, 256}, heads[][2] = {{8, 8}, {32, 8}, {4, 1}};
+    static const int64_t tp[][2] = {{1, 0}, {1, 1}, {1, 255}, {1, 1000}, {1, 4095}, {7, 0}, {7, 517},
+                                    {64, 0}, {64, 517}, {300, 0}, {300, 517}};
+    int n_cases = 0;
+    static attn_case cases[3 * 3 * 11 * 3 + 4];
+    for (int a = 0; a < 3; a++)
+        for (int hd = 0; hd < 3; hd++)
+            for (int i = 0; i < 11; i++)
+                for (int w = 0; w < 3; w++) {
+                    attn_case c = {hs[a], heads[hd][0], heads[hd][1], tp[i][0], tp[i][1], w == 0 ? 0 : 128, MAX_POS};
+                    if (w == 2) c.rows = c.window + c.T - 1; /* the ring: smaller than the positions when pos0 + T > rows */
+                    cases[n_cases++] = c;
+                }
+    /* the other templated head sizes, one decode and one prefill each, a ring among them */
+    cases[n_cases++] = (attn_case){80, 8, 2, 1, 2000, 0, MAX_POS};
+    cases[n_cases++] = (attn_case){80, 8, 2, 33, 700, 128, 128 + 33 - 1};
+    cases[n_cases++] = (attn_case){96, 12, 4, 1, 3000, 128, 128};
+    cases[n_cases++] = (attn_case){96, 12, 4, 45, 100, 0, MAX_POS};
+    const cases_result res = check_cases(cases, n_cases, 20240607);
+    CHECK_CASES(res, cases);
+    printf("# %d cases: worst max-abs/max|ref| %.2e (bound %.0e), worst NMSE %.2e (bound %.0e)\n", n_cases, res.worst_max,
+           BOUND_MAX, res.worst_nmse, BOUND_NMSE);
+}
+
+/* The test models' small heads (stories260K and the arch fixtures have HS 8): HS 8, 16, 32, 48 over NH/NKV 8/4, 4/1,
+ * 2/1, T = 1 at positions 0, 5, 300 and T = 5 at 300 (split-K), T = 12 and 37 at pos0 0 and 20 (prefill), window 0
+ * and 8 over the full cache and window 8 over a ring of 8 + T - 1 rows. Then the other head sizes once or twice
+ * each, decode and prefill: 24, 40, 56 (8 dims per prefill lane), 72, 112 (the run-time kernel laid out for 128),
+ * 136, 200, 248 (for 256), and a group of 16 query heads (two decode head batches) at HS 8. */
+static void test_attention_small_heads(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    static const int64_t hs[] = {8, 16, 32, 48}, heads[][2] = {{8, 4}, {4, 1}, {2, 1}};
+    static const int64_t tp[][2] = {{1, 0}, {1, 5}, {1, 300}, {5, 300}, {12, 0}, {12, 20}, {37, 0}, {37, 20}};
+    int n_cases = 0;
+    static attn_case cases[4 * 3 * 8 * 3 + 24];
+    for (int a = 0; a < 4; a++)
+        for (int hd = 0; hd < 3; hd++)
+            for (int i = 0; i < 8; i++)
+                for (int w = 0; w < 3; w++) {
+                    attn_case c = {hs[a], heads[hd][0], heads[hd][1], tp[i][0], tp[i][1], w == 0 ? 0 : 8, MAX_POS};
+                    if (w == 2) c.rows = c.window + c.T - 1;
+                    cases[n_cases++] = c;
+                }
+    static const attn_case more[] = {
+        {24, 8, 4, 1, 300, 0, MAX_POS},  {24, 8, 4, 37, 20, 8, 8 + 37 - 1}, {40, 4, 1, 1, 5, 8, 8},
+        {40, 4, 1, 12, 20, 0, MAX_POS},  {56, 2, 1, 1, 4095, 0, MAX_POS},  {56, 2, 1, 37, 0, 8, MAX_POS},
+        {72, 8, 4, 1, 1000, 0, MAX_POS}, {72, 8, 4, 37, 20, 8, 8 + 37 - 1}, {112, 4, 1, 1, 300, 8, 8},
+        {112, 4, 1, 64, 517, 0, MAX_POS}, {136, 8, 2, 1, 4095, 0, MAX_POS}, {136, 8, 2, 12, 20, 0, MAX_POS},
+        {200, 8, 4, 5, 300, 8, 8 + 5 - 1}, {200, 8, 4, 37, 20, 0, MAX_POS}, {248, 4, 1, 1, 2000, 128, 128},
+        {248, 4, 1, 300, 517, 128, 128 + 300 - 1}, {16, 4, 1, 1, 4095, 0, MAX_POS}, {8, 4, 1, 300, 517, 8, 8 + 300 - 1},
+        {8, 32, 2, 1, 1000, 0, MAX_POS}, {8, 32, 2, 5, 300, 8, 8 + 5 - 1}, {8, 32, 2, 40, 100, 8, 8 + 40 - 1},
+    };
+    for (int i = 0; i < (int)(sizeof more / sizeof more[0]); i++) cases[n_cases++] = more[i];
+    const cases_result res = check_cases(cases, n_cases, 777);
+    CHECK_CASES(res, cases);
+    printf("# %d cases: worst max-abs/max|ref| %.2e (bound %.0e), worst NMSE %.2e (bound %.0e)\n", n_cases, res.worst_max,
+           BOUND_MAX, res.worst_nmse, BOUND_NMSE);
+}
+
+/* A scale other than 1/sqrt(HS) (the CPU oracle fixes that one) against the double reference, decode and prefill. */
+static void test_attention_scale(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    const attn_case cases[] = {{128, 32, 8, 1, 1500, 0, MAX_POS}, {64, 8, 8, 40, 300, 128, 128 + 40 - 1},
+                               {256, 4, 1, 20, 90, 0, MAX_POS}, {8, 4, 1, 1, 700, 0, MAX_POS},
+                               {8, 4, 1, 37, 20, 8, 8 + 37 - 1}, {72, 8, 4, 12, 300, 0, MAX_POS}};
+    const float scale = 0.3f;
+    dev_bufs b;
+    uint16_t *kc = calloc((size_t)(MAX_POS * MAX_KVW), 2), *vc = calloc((size_t)(MAX_POS * MAX_KVW), 2);
+    float *q = malloc((size_t)(MAX_T * MAX_QW) * 4), *ref = malloc((size_t)(MAX_T * MAX_QW) * 4);
+    float *gpu = malloc((size_t)(MAX_T * MAX_QW) * 4);
+    int ok = alloc_bufs(&b), bad_case = -1;
+    kiln_status s = ok ? KILN_OK : KILN_ERR_NOMEM;
+    attn_err e = {0, 0, -1};
+    unsigned long long rng = 99;
+    for (int ci = 0; s == KILN_OK && bad_case < 0 && ci < (int)(sizeof cases / sizeof cases[0]); ci++) {
+        s = fill_case(&b, kc, vc, q, &cases[ci], &rng);
+        if (s == KILN_OK) s = gpu_run(gpu, &b, &cases[ci], scale);
+        if (s != KILN_OK) break;
+        reference(ref, q, kc, vc, &cases[ci], scale);
+        e = compare(gpu, ref, cases[ci].T * cases[ci].NH * cases[ci].HS, BOUND_MAX);
+        if (e.first_bad >= 0 || e.nmse > BOUND_NMSE) bad_case = ci;
+    }
+    const attn_case c = cases[bad_case >= 0 ? bad_case : 0];
+    const int64_t i = e.first_bad >= 0 ? e.first_bad : 0;
+    const float g = gpu[i], r = ref[i];
+    free(kc), free(vc), free(q), free(ref), free(gpu), free_bufs(&b);
+    CHECK(s == KILN_OK, "%s", kiln_last_error());
+    CHECK(bad_case < 0, "scale %.2f, " CASE_FMT ": NMSE %.3g max-abs/max|ref| %.3g, first bad index %lld: gpu %.7g ref %.7g",
+          scale, CASE_ARGS(c), e.nmse, e.rel_max, (long long)i, g, r);
+}
+
+/* One set of launch arguments and one ws, two values of *d_pos0: both answers right, so nothing about the position
+ * is decided on the host (a captured graph replays at every position). Decode and prefill, full and ring. */
+static void test_attention_replay(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    const attn_case cases[][2] = {
+        {{128, 32, 8, 1, 37, 0, MAX_POS}, {128, 32, 8, 1, 3999, 0, MAX_POS}},
+        {{64, 8, 8, 1, 5, 128, 128}, {64, 8, 8, 1, 2900, 128, 128}},
+        {{128, 32, 8, 64, 0, 0, MAX_POS}, {128, 32, 8, 64, 1900, 0, MAX_POS}},
+        {{256, 4, 1, 64, 10, 128, 128 + 63}, {256, 4, 1, 64, 3000, 128, 128 + 63}},
+        {{8, 4, 1, 1, 3, 8, 8}, {8, 4, 1, 1, 2001, 8, 8}},
+        {{8, 2, 1, 12, 0, 8, 8 + 11}, {8, 2, 1, 12, 450, 8, 8 + 11}},
+    };
+    dev_bufs b;
+    uint16_t *kc = calloc((size_t)(MAX_POS * MAX_KVW), 2), *vc = calloc((size_t)(MAX_POS * MAX_KVW), 2);
+    float *q = malloc((size_t)(MAX_T * MAX_QW) * 4), *ref = malloc((size_t)(MAX_T * MAX_QW) * 4);
+    float *gpu = malloc((size_t)(MAX_T * MAX_QW) * 4);
+    int ok = alloc_bufs(&b), bad = -1;
+    kiln_status s = ok ? KILN_OK : KILN_ERR_NOMEM;
+    attn_err e = {0, 0, -1};
+    unsigned long long rng = 5;
+    for (int ci = 0; s == KILN_OK && bad < 0 && ci < (int)(sizeof cases / sizeof cases[0]); ci++) {
+        s = fill_case(&b, kc, vc, q, &cases[ci][1], &rng); /* one cache and q for both positions: the later one's rows */
+        for (int k = 0; s == KILN_OK && bad < 0 && k < 2; k++) {
+            s = gpu_run(gpu, &b, &cases[ci][k], 1.0f / sqrtf((float)cases[ci][k].HS)); /* only *d_pos0 changes */
+            if (s != KILN_OK) break;
+            cpu_oracle(ref, q, kc, vc, &cases[ci][k]);
+            e = compare(gpu, ref, cases[ci][k].T * cases[ci][k].NH * cases[ci][k].HS, BOUND_MAX);
+            if (e.first_bad >= 0 || e.nmse > BOUND_NMSE) bad = 2 * ci + k;
+        }
+    }
+    const attn_case c = cases[bad >= 0 ? bad / 2 : 0][bad >= 0 ? bad % 2 : 0];
+    const int64_t i = e.first_bad >= 0 ? e.first_bad : 0;
+    const float g = gpu[i], r = ref[i];
+    free(kc), free(vc), free(q), free(ref), free(gpu), free_bufs(&b);
+    CHECK(s == KILN_OK, "%s", kiln_last_error());
+    CHECK(bad < 0, "replay at *d_pos0 %lld, " CASE_FMT ": NMSE %.3g max-abs/max|ref| %.3g, first bad index %lld: gpu %.7g cpu %.7g",
+          (long long)c.pos0, CASE_ARGS(c), e.nmse, e.rel_max, (long long)i, g, r);
+}
+
+/* Head sizes without a kernel and impossible shapes fail with a status, launching nothing. */
+static void test_attention_rejects(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    float *dummy = NULL;
+    CHECK(kiln_cuda_alloc((void **)&dummy, 1 << 16) == KILN_OK, "%s", kiln_last_error());
+    const uint16_t *h = (const uint16_t *)dummy;
+    const int32_t *pos = (const int32_t *)dummy;
+    kiln_status s12 = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 12, 0, 64, 64, 1.0f, dummy, NULL);
+    kiln_status s4 = kiln_cuda_attention(dummy, dummy, h, h, pos, 20, 4, 4, 4, 0, 64, 64, 1.0f, dummy, NULL);
+    kiln_status s264 = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 264, 0, 64, 64, 1.0f, dummy, NULL);
+    kiln_status s512 = kiln_cuda_attention(dummy, dummy, h, h, pos, 20, 4, 4, 512, 0, 64, 64, 1.0f, dummy, NULL);
+    kiln_status s0 = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 0, 0, 64, 64, 1.0f, dummy, NULL);
+    /* 512 cache rows: a context of 4096 without a window, and window 600 (+ 1 token) it cannot hold */
+    kiln_status s512rows = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 8, 0, 512, 4096, 1.0f, dummy, NULL);
+    kiln_status s512win = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 8, 600, 512, 4096, 1.0f, dummy, NULL);
+    kiln_status sgrp = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 6, 4, 64, 0, 64, 64, 1.0f, dummy, NULL);
+    kiln_status sring = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 64, 0, 32, 64, 1.0f, dummy, NULL);
+    kiln_status sws = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 64, 0, 64, 64, 1.0f, NULL, NULL);
+    kiln_cuda_free(dummy);
+    CHECK(s12 == KILN_ERR_UNSUPPORTED, "HS 12 (decode): status %d", (int)s12);
+    CHECK(s4 == KILN_ERR_UNSUPPORTED, "HS 4 (prefill): status %d", (int)s4);
+    CHECK(s264 == KILN_ERR_UNSUPPORTED, "HS 264 (decode): status %d", (int)s264);
+    CHECK(s512 == KILN_ERR_UNSUPPORTED, "HS 512 (prefill): status %d", (int)s512);
+    CHECK(s0 == KILN_ERR_UNSUPPORTED, "HS 0: status %d", (int)s0);
+    CHECK(s512rows == KILN_ERR_INVALID, "a 512-row cache for 4096 positions without a window: status %d", (int)s512rows);
+    CHECK(s512win == KILN_ERR_INVALID, "a 512-row ring for window 600: status %d", (int)s512win);
+    CHECK(sgrp == KILN_ERR_INVALID, "NH 6 over NKV 4: status %d", (int)sgrp);
+    CHECK(sring == KILN_ERR_INVALID, "a 32-row cache without a window: status %d", (int)sring);
+    CHECK(sws == KILN_ERR_INVALID, "decode without a workspace: status %d", (int)sws);
+    CHECK(kiln_cuda_attention_ws_bytes(1, 32, 128, 4096) > 0);
+    CHECK(kiln_cuda_attention_ws_bytes(300, 32, 128, 4096) >= kiln_cuda_attention_ws_bytes(1, 32, 128, 4096));
+}
+
+int main(void) {
+    if (kiln_pool_create(0, &pool) != KILN_OK) {
+        printf("FAIL pool: %s\n", kiln_last_error());
+        return 1;
+    }
+    RUN(test_attention_matches_cpu);
+    RUN(test_attention_small_heads);
+    RUN(test_attention_scale);
+    RUN(test_attention_replay);
+    RUN(test_attention_rejects);
+    kiln_pool_free(pool);
+    TEST_EXIT();
+}
+
+#else
+
+static void test_attention(void) { SKIP("kiln built without CUDA"); }
+
+int main(void) {
+    RUN(test_attention);
+    TEST_EXIT();
+}
+
+#endif

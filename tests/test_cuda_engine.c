@@ -1,0 +1,243 @@
+/* test_cuda_engine.c: the GPU engine (src/cuda/engine.cu) end to end against the CPU forward, the oracle.
+ *
+ * Models: kiln_synth_llama in every weight type the engine computes (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K_M,
+ * Q5_K_M, Q6_K), the architecture fixtures tests/ref/arch_{qwen2,gemma3,muse}.gguf (biases, QK-norm, sandwich
+ * norms, GeGLU, output gate, NoPE, softcap, sliding windows with a ring cache), and stories260K from
+ * ../shared/data when present. For each:
+ *   - a 37-token prompt in chunks of 16 (16, 16, 5: the tensor-core GEMM path twice, then the matvec path), with
+ *     every row's logits: relative RMS error against the CPU's under a bound per path (below);
+ *   - 24 greedy tokens through kiln_session_eval_argmax, which on the GPU replays the captured decode graph: the
+ *     same tokens as the CPU, or a first difference where the CPU's own top-2 margin is within the bound (random
+ *     weights give near-ties that rounding may break either way);
+ *   - the decode's logits, one token at a time through the graph, against the CPU's.
+ * Bounds (relative RMS of logits, sqrt(NMSE)): the CPU itself rounds activations to int8 for the block formats
+ * (Q8_K or Q8_0 blocks) and the GPU to q8_1 blocks of 32, each about 2^-8 relative per element, so two independent
+ * roundings of that size through the layers; prefill also rounds weights and activations to bf16 (2^-9). 3e-2 for
+ * both paths; F32/F16/BF16 decode with float activations on both sides 1e-4.
+ * Errors: partial offload is KILN_ERR_UNSUPPORTED, a cache beyond the GPU's memory is KILN_ERR_NOMEM before any
+ * allocation, an out-of-range token id is KILN_ERR_RANGE and leaves the position as it was.
+ * Compiled with KILN_CUDA only; skips without a GPU. */
+#include "test.h"
+#include "cuda/cuda.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifdef KILN_CUDA
+
+#define N_PROMPT 37
+#define N_GEN 24
+#define N_BATCH 16
+#define N_CTX 128
+
+static char tmp_dir[64]; /* this run's scratch folder */
+
+static const char *base_name(const char *p) {
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+static double rel_rms(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)b[i] * (double)b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static int32_t argmax_margin(const float *x, int64_t n, double *margin) {
+    int32_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = (int32_t)i;
+    double second = -INFINITY;
+    for (int64_t i = 0; i < n; i++)
+        if (i != best && x[i] > second) second = x[i];
+    *margin = (double)x[best] - second;
+    return best;
+}
+
+static double logit_rms(const float *x, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return sqrt(s / (double)n);
+}
+
+/* The whole comparison for one model file; float_decode: weights whose decode uses float activations on both sides. */
+static void compare_model(const char *path, bool float_decode) {
+    kiln_model *m = NULL;
+    if (kiln_model_load(path, &m) != KILN_OK) {
+        CHECK(0, "%s: %s", path, kiln_last_error());
+        return;
+    }
+    const int64_t V = kiln_model_n_vocab(m);
+    kiln_session *cpu = NULL, *gpu = NULL;
+    kiln_session_params pc = {.n_ctx = N_CTX, .n_batch = N_BATCH, .n_threads = 2};
+    kiln_session_params pg = pc;
+    pg.n_gpu_layers = 999;
+    CHECK(kiln_session_new(m, &pc, &cpu) == KILN_OK, "%s", kiln_last_error());
+    kiln_status st = kiln_session_new(m, &pg, &gpu);
+    CHECK(st == KILN_OK, "%s: gpu session: %s", path, kiln_last_error());
+    if (!cpu || !gpu) goto out;
+    CHECK(kiln_session_on_gpu(gpu) && !kiln_session_on_gpu(cpu), "on_gpu");
+
+    unsigned long long seed = 99;
+    int32_t ids[N_PROMPT + N_GEN];
+    for (int i = 0; i < N_PROMPT; i++) ids[i] = (int32_t)(test_rng_next(&seed) % (unsigned long long)V);
+    float *lc = malloc((size_t)(N_PROMPT * V) * sizeof *lc), *lg = malloc((size_t)(N_PROMPT * V) * sizeof *lg);
+    memset(lg, 0xFF, (size_t)(N_PROMPT * V) * sizeof *lg); /* NaN: an unwritten row fails */
+    CHECK(kiln_session_eval(cpu, ids, N_PROMPT, NULL, lc) == KILN_OK, "%s", kiln_last_error());
+    CHECK(kiln_session_eval(gpu, ids, N_PROMPT, NULL, lg) == KILN_OK, "%s", kiln_last_error());
+    double worst_gemm = 0, worst_mv = 0;
+    for (int t = 0; t < N_PROMPT; t++) {
+        double e = rel_rms(lg + (size_t)t * V, lc + (size_t)t * V, (size_t)V);
+        if (isnan(e)) e = INFINITY;
+        if (t < 32) worst_gemm = e > worst_gemm ? e : worst_gemm;
+        else worst_mv = e > worst_mv ? e : worst_mv;
+    }
+    printf("    %-28s prefill rel-rms gemm %.2e matvec %.2e (logit rms %.3f)", base_name(path), worst_gemm, worst_mv,
+           logit_rms(lc, (size_t)V));
+    CHECK(worst_gemm < 3e-2, "%s: prefill (gemm rows) logits rel-rms %.3e >= 3e-2", path, worst_gemm);
+    CHECK(worst_mv < (float_decode ? 1e-3 : 3e-2), "%s: prefill (matvec rows) logits rel-rms %.3e", path, worst_mv);
+
+    /* greedy decode: GPU through the graph (argmax only) against the CPU's argmax of its logits */
+    int32_t next_c, next_g;
+    double margin;
+    float *row = malloc((size_t)V * sizeof *row), *grow = malloc((size_t)V * sizeof *grow);
+    next_c = argmax_margin(lc + (size_t)(N_PROMPT - 1) * V, V, &margin);
+    next_g = argmax_margin(lg + (size_t)(N_PROMPT - 1) * V, V, &(double){0});
+    int same = 0;
+    double worst_dec = 0;
+    const double scale = logit_rms(lc, (size_t)V);
+    for (int i = 0; i < N_GEN; i++) {
+        if (next_c != next_g) {
+            CHECK(margin < 0.1 * scale, "%s: step %d: gpu token %d, cpu %d with margin %.4f (logit rms %.3f)", path, i, next_g, next_c,
+                  margin, scale);
+            break;
+        }
+        same++;
+        const int32_t tok = next_c;
+        CHECK(kiln_session_eval(cpu, &tok, 1, row, NULL) == KILN_OK, "%s", kiln_last_error());
+        next_c = argmax_margin(row, V, &margin);
+        /* alternate: the argmax graph, and the logits graph for the error */
+        if (i % 2 == 0) {
+            CHECK(kiln_session_eval_argmax(gpu, &tok, 1, &next_g) == KILN_OK, "%s", kiln_last_error());
+        } else {
+            memset(grow, 0xFF, (size_t)V * sizeof *grow);
+            CHECK(kiln_session_eval(gpu, &tok, 1, grow, NULL) == KILN_OK, "%s", kiln_last_error());
+            double e = rel_rms(grow, row, (size_t)V);
+            if (isnan(e)) e = INFINITY;
+            worst_dec = e > worst_dec ? e : worst_dec;
+            next_g = argmax_margin(grow, V, &(double){0});
+        }
+    }
+    printf("  decode rel-rms %.2e, %d/%d greedy tokens equal\n", worst_dec, same, N_GEN);
+    CHECK(worst_dec < (float_decode ? 1e-3 : 3e-2), "%s: decode logits rel-rms %.3e", path, worst_dec);
+    CHECK(kiln_session_pos(gpu) == kiln_session_pos(cpu), "positions %lld vs %lld", (long long)kiln_session_pos(gpu),
+          (long long)kiln_session_pos(cpu));
+    free(row);
+    free(grow);
+    free(lc);
+    free(lg);
+out:
+    kiln_session_free(cpu);
+    kiln_session_free(gpu);
+    kiln_model_free(m);
+}
+
+static void test_synth_types(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    const char *types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k_m", "q5_k_m", "q6_k"};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        kiln_synth_params p = kiln_synth_default();
+        p.n_vocab = 1000, p.n_embd = 256, p.n_layer = 2, p.n_head = 4, p.n_head_kv = 2, p.n_ff = 512, p.n_ctx = N_CTX;
+        p.tied = i % 2 == 1; /* the head reads token_embd in half the types */
+        p.n_threads = 2;
+        CHECK(kiln_ftype_from_name(types[i], &p.ftype) == KILN_OK, "%s", kiln_last_error());
+        char path[512];
+        snprintf(path, sizeof path, "%s/synth-%s.gguf", tmp_dir, types[i]);
+        CHECK(kiln_synth_llama(path, &p) == KILN_OK, "%s", kiln_last_error());
+        compare_model(path, i < 3);
+    }
+}
+
+static void test_arch_fixtures(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    const char *names[] = {"arch_qwen2", "arch_gemma3", "arch_muse"};
+    for (size_t i = 0; i < 3; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "tests/ref/%s.gguf", names[i]);
+        if (access(path, R_OK) != 0) snprintf(path, sizeof path, "../tests/ref/%s.gguf", names[i]);
+        compare_model(path, true);
+    }
+}
+
+static void test_stories(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    char bin[512], tok[512], out[512];
+    snprintf(bin, sizeof bin, "%s/models/stories260K/stories260K.bin", test_data_dir());
+    snprintf(tok, sizeof tok, "%s/models/stories260K/tok512.bin", test_data_dir());
+    if (access(bin, R_OK) != 0 || access(tok, R_OK) != 0) SKIP("needs ../shared/data/models/stories260K");
+    snprintf(out, sizeof out, "%s/stories260K.gguf", tmp_dir);
+    CHECK(kiln_convert_llama2c(bin, tok, out) == KILN_OK, "%s", kiln_last_error());
+    compare_model(out, true);
+}
+
+static void test_errors(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    kiln_synth_params p = kiln_synth_default();
+    p.n_vocab = 500, p.n_embd = 128, p.n_layer = 2, p.n_head = 2, p.n_head_kv = 2, p.n_ff = 256, p.n_threads = 2;
+    char path[512];
+    snprintf(path, sizeof path, "%s/synth-err.gguf", tmp_dir);
+    CHECK(kiln_synth_llama(path, &p) == KILN_OK, "%s", kiln_last_error());
+    kiln_model *m = NULL;
+    CHECK(kiln_model_load(path, &m) == KILN_OK, "%s", kiln_last_error());
+    if (!m) return;
+    kiln_session *s = NULL;
+    kiln_status st = kiln_session_new(m, &(kiln_session_params){.n_ctx = 64, .n_gpu_layers = 1}, &s);
+    CHECK(st == KILN_ERR_UNSUPPORTED && !s, "partial offload: %d %s", st, kiln_last_error());
+    CHECK(strstr(kiln_last_error(), "-ngl 99") != NULL, "message: %s", kiln_last_error());
+    /* 2^31 - 1 positions of 2 layers x 256 f16 k+v = 2 TiB of cache: refused before anything is allocated */
+    st = kiln_session_new(m, &(kiln_session_params){.n_ctx = INT32_MAX, .n_batch = 16, .n_gpu_layers = 99}, &s);
+    CHECK(st == KILN_ERR_NOMEM && !s, "huge cache: %d %s", st, kiln_last_error());
+    CHECK(strstr(kiln_last_error(), "GiB") != NULL, "message: %s", kiln_last_error());
+    st = kiln_session_new(m, &(kiln_session_params){.n_ctx = 64, .n_gpu_layers = 99}, &s);
+    CHECK(st == KILN_OK, "%s", kiln_last_error());
+    if (s) {
+        int32_t ok[2] = {1, 2}, bad[2] = {3, 500}, next = -1;
+        CHECK(kiln_session_eval_argmax(s, ok, 2, &next) == KILN_OK && next >= 0 && next < 500, "%s", kiln_last_error());
+        st = kiln_session_eval_argmax(s, bad, 2, &next);
+        CHECK(st == KILN_ERR_RANGE && kiln_session_pos(s) == 2, "bad id: %d pos %lld", st, (long long)kiln_session_pos(s));
+        CHECK(strstr(kiln_last_error(), "500") != NULL, "message: %s", kiln_last_error());
+    }
+    kiln_session_free(s);
+    kiln_model_free(m);
+}
+
+int main(void) {
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/kiln_test_cuda_engine_XXXXXX");
+    if (!mkdtemp(tmp_dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    char desc[256] = "";
+    if (kiln_cuda_device_count() > 0 && kiln_cuda_device_describe(desc, sizeof desc) == KILN_OK) printf("  device: %s\n", desc);
+    RUN(test_synth_types);
+    RUN(test_arch_fixtures);
+    RUN(test_stories);
+    RUN(test_errors);
+    TEST_EXIT();
+}
+
+#else
+
+static void test_engine(void) { SKIP("kiln built without CUDA (nvcc not on the PATH)"); }
+
+int main(void) {
+    RUN(test_engine);
+    TEST_EXIT();
+}
+#endif

@@ -1,0 +1,372 @@
+/* test_cuda_matvec.c: the decode matmuls of src/cuda/matvec.cu (kiln_cuda_matvec_prepare, kiln_cuda_matvec,
+ * kiln_cuda_matvec_glu) for every type, T in {1, 2, 3, 8}, odd row counts (partial last CTA) and widths from one
+ * 32-thread group per row (256) to several passes of 128 threads (11008), add, and both GLU activations, against
+ *  (a) a double-precision dot of the dequantized weights (scalar to_float) with x as the kernel sees it: for the
+ *      block types x rounded to int8 blocks of 32 exactly as matvec_prepare does (d = amax / 127 in f32,
+ *      q = roundf(x / d)), so only fp32 summation order separates the two: NMSE < 1e-8, max-abs < 1e-3 of the
+ *      RMS (a host emulation of the kernels measured NMSE <= 4e-13); for F32, F16, BF16 x itself: NMSE < 1e-10,
+ *      max-abs < 1e-4 RMS;
+ *  (b) the CPU oracle, kiln_cpu_ops.matmul_forward (+ swiglu_forward / geglu_forward), which rounds x its own way
+ *      (q8_0 / q8_1 blocks of 32 with an f16 scale, q8_K blocks of 256 for the K-quants, f16 or bf16 for those
+ *      weights). Q4_0/Q4_1/Q5_0/Q8_0 share the codes (the CPU's f16 scale leaves NMSE ~1e-7); the K-quants' q8_K
+ *      rounding was measured at NMSE <= 1.4e-4 over these shapes (max-abs 0.032 RMS), so block types take NMSE
+ *      < 1e-3, max-abs < 0.25 RMS; F32 1e-10; F16 1e-6 (unit roundoff 2^-11, measured 5e-8); BF16 1e-4 (2^-8,
+ *      measured 3e-6). The GLU's act(g) * u is heavy-tailed (measured up to 4x the matmul's NMSE), so against the
+ *      CPU it takes 10x these bounds (max-abs 1.0 RMS for the block types): (a) is the sharp check.
+ * Weights are random bytes with finite f16 scales of either sign (every quant and scale bit pattern) or random
+ * floats; x is uniform in [-1, 1); add's y0 is random and y - y0 is compared.
+ * Every output is poisoned with NaN bytes before each launch. Skips without CUDA or without a GPU. */
+#include "cpu/ops.h"
+#include "cuda/cuda.h"
+#include "cuda/kernels.h"
+#include "fp16.h"
+#include "quants.h"
+#include "test.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define COUNT(a) (int)(sizeof a / sizeof a[0])
+
+#ifdef KILN_CUDA
+
+static const kiln_type types[] = {KILN_TYPE_F32,  KILN_TYPE_F16,  KILN_TYPE_BF16, KILN_TYPE_Q4_0, KILN_TYPE_Q4_1,
+                                  KILN_TYPE_Q5_0, KILN_TYPE_Q8_0, KILN_TYPE_Q4_K, KILN_TYPE_Q5_K, KILN_TYPE_Q6_K};
+static const int64_t Ts[] = {1, 2, 3, 8};
+enum { TMAX = 8 };
+
+typedef struct {
+    double nmse_ref, max_ref; /* against the double reference */
+    double nmse_cpu, max_cpu; /* against the CPU oracle */
+} bounds;
+
+static bool is_float(kiln_type t) { return t == KILN_TYPE_F32 || t == KILN_TYPE_F16 || t == KILN_TYPE_BF16; }
+
+static bounds matvec_bounds(kiln_type t) {
+    switch (t) {
+    case KILN_TYPE_F32: return (bounds){1e-10, 1e-4, 1e-10, 1e-4};
+    case KILN_TYPE_F16: return (bounds){1e-10, 1e-4, 1e-6, 5e-3};
+    case KILN_TYPE_BF16: return (bounds){1e-10, 1e-4, 1e-4, 0.1};
+    default: return (bounds){1e-8, 1e-3, 1e-3, 0.25};
+    }
+}
+
+static bounds glu_bounds(kiln_type t) {
+    bounds b = matvec_bounds(t);
+    b.nmse_ref *= 2, b.max_ref *= 10;
+    b.nmse_cpu *= 10, b.max_cpu = is_float(t) ? 10 * b.max_cpu : 1.0;
+    return b;
+}
+
+/* xr (T, cols) = x as the kernel multiplies it: for the block types, matvec_prepare's int8 blocks times their
+ * scale (the same f32 operations, so the same codes); for float types x itself. */
+static void x_as_kernel_sees(float *xr, const float *x, int64_t T, int64_t cols, kiln_type t) {
+    if (is_float(t)) {
+        memcpy(xr, x, (size_t)(T * cols) * sizeof *xr);
+        return;
+    }
+    for (int64_t b = 0; b < T * cols / 32; b++) {
+        const float *xb = x + 32 * b;
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int i = 0; i < 32; i++) xr[32 * b + i] = d * (float)(int)roundf(xb[i] * id);
+    }
+}
+
+/* rows of cols weights of type t: random bytes with finite f16 scales of either sign, or uniform floats.
+ * deq (rows, cols) gets them dequantized by the scalar reference. */
+static uint8_t *make_weights(kiln_type t, int64_t rows, int64_t cols, float *deq, unsigned long long *rng) {
+    const size_t row = kiln_type_row_bytes(t, cols), bs = kiln_type_block_bytes(t);
+    const size_t bytes = row * (size_t)rows;
+    uint8_t *w = malloc(bytes);
+    const int64_t n = rows * cols;
+    if (t == KILN_TYPE_F32)
+        for (int64_t i = 0; i < n; i++) ((float *)w)[i] = test_rng_f32(rng);
+    else if (t == KILN_TYPE_F16)
+        for (int64_t i = 0; i < n; i++) ((kiln_fp16 *)w)[i] = kiln_f32_to_fp16(test_rng_f32(rng));
+    else if (t == KILN_TYPE_BF16)
+        for (int64_t i = 0; i < n; i++) ((kiln_bf16 *)w)[i] = kiln_f32_to_bf16(test_rng_f32(rng));
+    else {
+        for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)test_rng_next(rng);
+        for (size_t b = 0; b < bytes / bs; b++) {
+            uint8_t *p = w + b * bs;
+            const kiln_fp16 d = kiln_f32_to_fp16(0.01f * test_rng_f32(rng)), m = kiln_f32_to_fp16(0.005f * test_rng_f32(rng));
+            switch (t) {
+            case KILN_TYPE_Q4_0:
+            case KILN_TYPE_Q5_0:
+            case KILN_TYPE_Q8_0: memcpy(p, &d, 2); break;
+            case KILN_TYPE_Q6_K: memcpy(p + offsetof(block_q6_K, d), &d, 2); break;
+            default: memcpy(p, &d, 2), memcpy(p + 2, &m, 2); break; /* Q4_1 d, m; Q4_K/Q5_K d, dmin */
+            }
+        }
+    }
+    kiln_get_to_float(t, KILN_SIMD_SCALAR)(w, deq, n);
+    return w;
+}
+
+static kiln_tensor_view make_view(kiln_type t, int64_t cols, int64_t rows, const void *data) {
+    const size_t row = kiln_type_row_bytes(t, cols);
+    return (kiln_tensor_view){.name = "w", .type = t, .n_dims = 2, .ne = {cols, rows, 1, 1},
+                              .nb = {kiln_type_block_bytes(t), row, row * (size_t)rows, row * (size_t)rows},
+                              .nbytes = row * (size_t)rows, .data = data};
+}
+
+/* ref (T, rows) = x (T, cols) deq^T in double. */
+static void ref_matmul(double *ref, const float *x, const float *deq, int64_t T, int64_t rows, int64_t cols) {
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t o = 0; o < rows; o++) {
+            double s = 0;
+            for (int64_t i = 0; i < cols; i++) s += (double)deq[o * cols + i] * x[t * cols + i];
+            ref[t * rows + o] = s;
+        }
+}
+
+static double silu_d(double g) { return g / (1.0 + exp(-g)); }
+static double gelu_d(double g) { return 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))); }
+
+typedef struct {
+    double nmse, maxabs, rms;
+    int64_t bad; /* first index past the max-abs bound or not finite, -1 if none */
+    double got, want;
+} cmp;
+
+static cmp compare(const float *got, const double *want, int64_t n, double max_rel) {
+    cmp c = {0, 0, 0, -1, 0, 0};
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) den += want[i] * want[i];
+    c.rms = sqrt(den / (double)n);
+    for (int64_t i = 0; i < n; i++) {
+        const double e = (double)got[i] - want[i];
+        num += e * e;
+        if (fabs(e) > c.maxabs || e != e) c.maxabs = e != e ? INFINITY : fabs(e);
+        if (c.bad < 0 && (!isfinite(got[i]) || fabs(e) > max_rel * c.rms)) c.bad = i, c.got = got[i], c.want = want[i];
+    }
+    c.nmse = den > 0 ? num / den : num;
+    if (c.nmse != c.nmse) c.nmse = INFINITY;
+    return c;
+}
+
+/* Fails the test with the op, shape, type, T (what), which comparison (against), NMSE, max-abs and first bad index. */
+#define CHECK_CMP(c, nb, mb, what, against)                                                                               \
+    CHECK((c).nmse < (nb) && (c).bad < 0,                                                                                 \
+          "%s vs %s: NMSE %.3g (bound %.3g), max-abs %.3g (bound %.3g of RMS %.3g), first bad index %lld: got %.9g want %.9g", \
+          (what), (against), (c).nmse, (nb), (c).maxabs, (mb) * (c).rms, (c).rms, (long long)(c).bad, (c).got, (c).want)
+
+static kiln_pool *pool;
+
+static kiln_ops_ctx make_ctx(int64_t cols) {
+    size_t bytes = kiln_cpu_ops.scratch_size(TMAX, cols, 8, 1, kiln_pool_size(pool));
+    return (kiln_ops_ctx){.pool = pool, .scratch = malloc(bytes), .scratch_bytes = bytes};
+}
+
+static void poison(float *d, int64_t n) {
+    float *h = malloc((size_t)n * sizeof *h);
+    memset(h, 0xFF, (size_t)n * sizeof *h);
+    kiln_cuda_upload(d, h, (size_t)n * sizeof *h);
+    free(h);
+}
+
+typedef struct {
+    int64_t rows, cols;
+} shape;
+
+/* (37, 256): one partial CTA of short rows; (1000, 2304): 9 K-blocks, 72 Q4_0 pieces per row, a second partial pass
+ * of a 64-thread group; (4096, 512): many CTAs of 32-thread groups; (129, 11008): 7B FFN width, 128-thread groups in
+ * several passes, the last CTA holding one row. Float types also take widths that are not multiples of 8 or 32
+ * (the one-weight-per-thread path, and a prepare that must succeed doing nothing). */
+static const shape shapes[] = {{37, 256}, {1000, 2304}, {4096, 512}, {129, 11008}};
+static const shape float_shapes[] = {{37, 100}, {5, 8}, {64, 264}};
+
+static void test_matvec_type(kiln_type t, shape sh, bool add, unsigned long long *rng, bool *ok) {
+    *ok = false;
+    const int64_t rows = sh.rows, cols = sh.cols;
+    const char *tn = kiln_type_name(t);
+    const bounds bd = matvec_bounds(t);
+    float *deq = malloc((size_t)(rows * cols) * sizeof *deq), *x = malloc((size_t)(TMAX * cols) * sizeof *x);
+    float *y0 = malloc((size_t)(TMAX * rows) * sizeof *y0), *y = malloc((size_t)(TMAX * rows) * sizeof *y);
+    float *ycpu = malloc((size_t)(TMAX * rows) * sizeof *ycpu), *xr = malloc((size_t)(TMAX * cols) * sizeof *xr);
+    double *ref = malloc((size_t)(TMAX * rows) * sizeof *ref), *cpu = malloc((size_t)(TMAX * rows) * sizeof *cpu);
+    uint8_t *w = make_weights(t, rows, cols, deq, rng);
+    for (int64_t i = 0; i < TMAX * cols; i++) x[i] = test_rng_f32(rng);
+    for (int64_t i = 0; i < TMAX * rows; i++) y0[i] = test_rng_f32(rng);
+    const size_t wbytes = kiln_type_row_bytes(t, cols) * (size_t)rows, xpb = kiln_cuda_matvec_prep_bytes(TMAX, cols);
+    void *dw = NULL, *dxp = NULL;
+    float *dx = NULL, *dy = NULL;
+    kiln_ops_ctx ctx = make_ctx(cols);
+    const kiln_tensor_view view = make_view(t, cols, rows, w);
+    bool fine = kiln_cuda_alloc(&dw, wbytes) == KILN_OK && kiln_cuda_alloc((void **)&dx, (size_t)(TMAX * cols) * 4) == KILN_OK &&
+                kiln_cuda_alloc(&dxp, xpb) == KILN_OK && kiln_cuda_alloc((void **)&dy, (size_t)(TMAX * rows) * 4) == KILN_OK &&
+                kiln_cuda_upload(dw, w, wbytes) == KILN_OK && kiln_cuda_upload(dx, x, (size_t)(TMAX * cols) * 4) == KILN_OK;
+    const kiln_cuda_wt W = {.type = t, .rows = rows, .cols = cols, .row_bytes = kiln_type_row_bytes(t, cols), .data = dw};
+    char what[160] = "";
+    cmp c1 = {0}, c2 = {0};
+    kiln_status st = fine ? KILN_OK : KILN_ERR_IO;
+    for (int ti = 0; st == KILN_OK && ti < COUNT(Ts); ti++) {
+        const int64_t T = Ts[ti];
+        snprintf(what, sizeof what, "matvec %s rows %lld cols %lld T %lld%s", tn, (long long)rows, (long long)cols, (long long)T,
+                 add ? " add" : "");
+        x_as_kernel_sees(xr, x, T, cols, t);
+        ref_matmul(ref, xr, deq, T, rows, cols);
+        kiln_cpu_ops.matmul_forward(&ctx, ycpu, x, &view, T);
+        for (int64_t i = 0; i < T * rows; i++) cpu[i] = ycpu[i];
+        poison(dy, TMAX * rows);
+        if (add) kiln_cuda_upload(dy, y0, (size_t)(T * rows) * 4);
+        if ((st = kiln_cuda_matvec_prepare(dxp, dx, T, cols, NULL)) != KILN_OK) break;
+        if ((st = kiln_cuda_matvec(dy, dx, dxp, &W, T, add, NULL)) != KILN_OK) break;
+        if ((st = kiln_cuda_sync()) != KILN_OK || (st = kiln_cuda_download(y, dy, (size_t)(T * rows) * 4)) != KILN_OK) break;
+        if (add) /* y - y0 against the plain result: the subtraction's rounding (~1e-7 of |y0| <= 1) is far inside */
+            for (int64_t i = 0; i < T * rows; i++) y[i] = (float)((double)y[i] - y0[i]);
+        c1 = compare(y, ref, T * rows, bd.max_ref);
+        c2 = compare(y, cpu, T * rows, bd.max_cpu);
+        if (!(c1.nmse < bd.nmse_ref && c1.bad < 0 && c2.nmse < bd.nmse_cpu && c2.bad < 0)) break;
+        if (ti == COUNT(Ts) - 1) *ok = true;
+    }
+    kiln_cuda_free(dw), kiln_cuda_free(dx), kiln_cuda_free(dxp), kiln_cuda_free(dy);
+    free(deq), free(x), free(xr), free(y0), free(y), free(ycpu), free(ref), free(cpu), free(w), free(ctx.scratch);
+    CHECK(st == KILN_OK, "%s: %s", what, kiln_last_error());
+    CHECK_CMP(c1, bd.nmse_ref, bd.max_ref, what, "the double reference on x as the kernel rounds it");
+    CHECK_CMP(c2, bd.nmse_cpu, bd.max_cpu, what, "CPU matmul_forward");
+}
+
+static void test_matvec(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    unsigned long long rng = 0x6d617476ULL;
+    for (int ti = 0; ti < COUNT(types); ti++) {
+        const kiln_type t = types[ti];
+        for (int add = 0; add < 2; add++) {
+            for (int si = 0; si < COUNT(shapes); si++) {
+                bool ok;
+                test_matvec_type(t, shapes[si], add, &rng, &ok);
+                if (!ok) return; /* CHECK inside said why */
+            }
+            for (int si = 0; is_float(t) && si < COUNT(float_shapes); si++) {
+                bool ok;
+                test_matvec_type(t, float_shapes[si], add, &rng, &ok);
+                if (!ok) return;
+            }
+        }
+    }
+}
+
+static void test_matvec_glu_type(kiln_type t, shape sh, bool geglu, unsigned long long *rng, bool *ok) {
+    *ok = false;
+    const int64_t rows = sh.rows, cols = sh.cols;
+    const char *tn = kiln_type_name(t);
+    const bounds bd = glu_bounds(t);
+    float *dg = malloc((size_t)(rows * cols) * sizeof *dg), *du = malloc((size_t)(rows * cols) * sizeof *du);
+    float *x = malloc((size_t)(TMAX * cols) * sizeof *x), *y = malloc((size_t)(TMAX * rows) * sizeof *y);
+    float *xr = malloc((size_t)(TMAX * cols) * sizeof *xr);
+    float *gc = malloc((size_t)(TMAX * rows) * sizeof *gc), *uc = malloc((size_t)(TMAX * rows) * sizeof *uc);
+    double *gr = malloc((size_t)(TMAX * rows) * sizeof *gr), *ur = malloc((size_t)(TMAX * rows) * sizeof *ur);
+    double *cpu = malloc((size_t)(TMAX * rows) * sizeof *cpu);
+    uint8_t *wg = make_weights(t, rows, cols, dg, rng), *wu = make_weights(t, rows, cols, du, rng);
+    for (int64_t i = 0; i < TMAX * cols; i++) x[i] = test_rng_f32(rng);
+    const size_t wbytes = kiln_type_row_bytes(t, cols) * (size_t)rows, xpb = kiln_cuda_matvec_prep_bytes(TMAX, cols);
+    void *dwg = NULL, *dwu = NULL, *dxp = NULL;
+    float *dx = NULL, *dy = NULL;
+    kiln_ops_ctx ctx = make_ctx(cols);
+    const kiln_tensor_view vg = make_view(t, cols, rows, wg), vu = make_view(t, cols, rows, wu);
+    bool fine = kiln_cuda_alloc(&dwg, wbytes) == KILN_OK && kiln_cuda_alloc(&dwu, wbytes) == KILN_OK &&
+                kiln_cuda_alloc((void **)&dx, (size_t)(TMAX * cols) * 4) == KILN_OK && kiln_cuda_alloc(&dxp, xpb) == KILN_OK &&
+                kiln_cuda_alloc((void **)&dy, (size_t)(TMAX * rows) * 4) == KILN_OK && kiln_cuda_upload(dwg, wg, wbytes) == KILN_OK &&
+                kiln_cuda_upload(dwu, wu, wbytes) == KILN_OK && kiln_cuda_upload(dx, x, (size_t)(TMAX * cols) * 4) == KILN_OK;
+    const size_t rb = kiln_type_row_bytes(t, cols);
+    const kiln_cuda_wt Wg = {.type = t, .rows = rows, .cols = cols, .row_bytes = rb, .data = dwg};
+    const kiln_cuda_wt Wu = {.type = t, .rows = rows, .cols = cols, .row_bytes = rb, .data = dwu};
+    char what[160] = "";
+    cmp c1 = {0}, c2 = {0};
+    kiln_status st = fine ? KILN_OK : KILN_ERR_IO;
+    for (int ti = 0; st == KILN_OK && ti < COUNT(Ts); ti++) {
+        const int64_t T = Ts[ti];
+        snprintf(what, sizeof what, "matvec_glu (%s) %s rows %lld cols %lld T %lld", geglu ? "gelu_tanh" : "silu", tn,
+                 (long long)rows, (long long)cols, (long long)T);
+        x_as_kernel_sees(xr, x, T, cols, t);
+        ref_matmul(gr, xr, dg, T, rows, cols);
+        ref_matmul(ur, xr, du, T, rows, cols);
+        for (int64_t i = 0; i < T * rows; i++) gr[i] = (geglu ? gelu_d(gr[i]) : silu_d(gr[i])) * ur[i];
+        kiln_cpu_ops.matmul_forward(&ctx, gc, x, &vg, T);
+        kiln_cpu_ops.matmul_forward(&ctx, uc, x, &vu, T);
+        if (geglu) kiln_cpu_ops.geglu_forward(&ctx, gc, gc, uc, T * rows);
+        else kiln_cpu_ops.swiglu_forward(&ctx, gc, gc, uc, T * rows);
+        for (int64_t i = 0; i < T * rows; i++) cpu[i] = gc[i];
+        poison(dy, TMAX * rows);
+        if ((st = kiln_cuda_matvec_prepare(dxp, dx, T, cols, NULL)) != KILN_OK) break;
+        if ((st = kiln_cuda_matvec_glu(dy, dx, dxp, &Wg, &Wu, T, geglu, NULL)) != KILN_OK) break;
+        if ((st = kiln_cuda_sync()) != KILN_OK || (st = kiln_cuda_download(y, dy, (size_t)(T * rows) * 4)) != KILN_OK) break;
+        c1 = compare(y, gr, T * rows, bd.max_ref);
+        c2 = compare(y, cpu, T * rows, bd.max_cpu);
+        if (!(c1.nmse < bd.nmse_ref && c1.bad < 0 && c2.nmse < bd.nmse_cpu && c2.bad < 0)) break;
+        if (ti == COUNT(Ts) - 1) *ok = true;
+    }
+    kiln_cuda_free(dwg), kiln_cuda_free(dwu), kiln_cuda_free(dx), kiln_cuda_free(dxp), kiln_cuda_free(dy);
+    free(dg), free(du), free(x), free(xr), free(y), free(gc), free(uc), free(gr), free(ur), free(cpu), free(wg), free(wu);
+    free(ctx.scratch);
+    CHECK(st == KILN_OK, "%s: %s", what, kiln_last_error());
+    CHECK_CMP(c1, bd.nmse_ref, bd.max_ref, what, "the double reference on x as the kernel rounds it");
+    CHECK_CMP(c2, bd.nmse_cpu, bd.max_cpu, what, "CPU matmul + activation");
+}
+
+static void test_matvec_glu(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    unsigned long long rng = 0x676c75ULL;
+    static const shape glu_shapes[] = {{37, 256}, {1000, 2304}, {129, 11008}};
+    for (int ti = 0; ti < COUNT(types); ti++)
+        for (int geglu = 0; geglu < 2; geglu++)
+            for (int si = 0; si < COUNT(glu_shapes) + (is_float(types[ti]) ? 1 : 0); si++) {
+                bool ok;
+                test_matvec_glu_type(types[ti], si < COUNT(glu_shapes) ? glu_shapes[si] : float_shapes[0], geglu, &rng, &ok);
+                if (!ok) return;
+            }
+}
+
+/* The launchers refuse what they cannot compute, with a message, and never launch. */
+static void test_matvec_refuses(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    void *dw = NULL, *dxp = NULL;
+    float *dx = NULL, *dy = NULL;
+    CHECK(kiln_cuda_alloc(&dw, kiln_type_row_bytes(KILN_TYPE_Q8_1, 256) * 4) == KILN_OK);
+    CHECK(kiln_cuda_alloc((void **)&dx, 9 * 256 * 4) == KILN_OK && kiln_cuda_alloc((void **)&dy, 9 * 4 * 4) == KILN_OK);
+    CHECK(kiln_cuda_alloc(&dxp, kiln_cuda_matvec_prep_bytes(9, 256)) == KILN_OK);
+    const kiln_cuda_wt q81 = {.type = KILN_TYPE_Q8_1, .rows = 4, .cols = 256, .row_bytes = kiln_type_row_bytes(KILN_TYPE_Q8_1, 256), .data = dw};
+    const kiln_cuda_wt q80 = {.type = KILN_TYPE_Q8_0, .rows = 4, .cols = 256, .row_bytes = kiln_type_row_bytes(KILN_TYPE_Q8_0, 256), .data = dw};
+    const kiln_cuda_wt f32 = {.type = KILN_TYPE_F32, .rows = 4, .cols = 100, .row_bytes = 400, .data = dw};
+    const kiln_status s_type = kiln_cuda_matvec(dy, dx, dxp, &q81, 1, false, NULL);
+    const kiln_status s_t0 = kiln_cuda_matvec(dy, dx, dxp, &q80, 0, false, NULL);
+    const kiln_status s_t9 = kiln_cuda_matvec(dy, dx, dxp, &q80, 9, false, NULL);
+    const kiln_status s_noxp = kiln_cuda_matvec(dy, dx, NULL, &q80, 1, false, NULL);
+    const kiln_status s_shape = kiln_cuda_matvec_glu(dy, dx, dxp, &q80, &f32, 1, false, NULL);
+    const kiln_status s_prep = kiln_cuda_matvec_prepare(dxp, dx, 3, 100, NULL); /* float-only width: nothing to do */
+    const kiln_status s_sync = kiln_cuda_sync();
+    kiln_cuda_free(dw), kiln_cuda_free(dx), kiln_cuda_free(dxp), kiln_cuda_free(dy);
+    CHECK(s_type == KILN_ERR_UNSUPPORTED, "q8_1 weight: status %d", s_type);
+    CHECK(s_t0 == KILN_ERR_INVALID && s_t9 == KILN_ERR_INVALID, "T 0: %d, T 9: %d", s_t0, s_t9);
+    CHECK(s_noxp == KILN_ERR_INVALID, "q8_0 without xp: %d", s_noxp);
+    CHECK(s_shape == KILN_ERR_INVALID, "gate and up of different types: %d", s_shape);
+    CHECK(s_prep == KILN_OK && s_sync == KILN_OK, "prepare of 100 columns: %d, sync %d", s_prep, s_sync);
+    CHECK(kiln_cuda_matvec_prep_bytes(8, 11008) >= (size_t)8 * 11008 + 8 * 344 * 8);
+    CHECK(kiln_cuda_matvec_prep_bytes(3, 100) > 0);
+}
+
+int main(void) {
+    if (kiln_pool_create(4, &pool) != KILN_OK) {
+        printf("FAIL main: kiln_pool_create: %s\n", kiln_last_error());
+        return 1;
+    }
+    RUN(test_matvec);
+    RUN(test_matvec_glu);
+    RUN(test_matvec_refuses);
+    kiln_pool_free(pool);
+    TEST_EXIT();
+}
+
+#else
+
+static void test_matvec(void) { SKIP("kiln built without CUDA"); }
+
+int main(void) {
+    RUN(test_matvec);
+    TEST_EXIT();
+}
+
+#endif
