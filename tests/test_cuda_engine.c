@@ -10,10 +10,15 @@
  *     same tokens as the CPU, or a first difference where the CPU's own top-2 margin is within the bound (random
  *     weights give near-ties that rounding may break either way);
  *   - the decode's logits, one token at a time through the graph, against the CPU's.
- * Bounds (relative RMS of logits, sqrt(NMSE)): the CPU itself rounds activations to int8 for the block formats
- * (Q8_K or Q8_0 blocks) and the GPU to q8_1 blocks of 32, each about 2^-8 relative per element, so two independent
- * roundings of that size through the layers; prefill also rounds weights and activations to bf16 (2^-9). 3e-2 for
- * both paths; F32/F16/BF16 decode with float activations on both sides 1e-4.
+ * Bounds (relative RMS of logits, sqrt(NMSE)), measured on the H200 and set with room:
+ *   - prefill in chunks of 16 (GEMM path): 8e-2. The GPU rounds weights and activations to bf16 (2^-9 relative) for
+ *     the tensor cores, and every later row attends to keys computed that way; the worst measured was 4.7e-2 on the
+ *     gemma3 fixture (7 layers of width 24 with unit-scale weights, where nothing averages out), 2e-2 elsewhere;
+ *   - decode after it, and the quantized models' matvec rows: 3e-2. For the block formats the CPU rounds activations
+ *     to Q8_K/Q8_0 blocks and the GPU to q8_1 blocks of 32, each ~2^-8 relative per element (measured <= 2.2e-2);
+ *   - the F32 models (synthetic, the fixtures, stories260K) again with n_batch 8, so every chunk takes the matvec
+ *     path with float activations on both sides: 3e-4 (summation order and expf alone; measured <= 9e-5). F16 and
+ *     BF16 are not among them: the CPU rounds x to the weight's type for those dot products, 6e-4 and 4e-3.
  * Errors: partial offload is KILN_ERR_UNSUPPORTED, a cache beyond the GPU's memory is KILN_ERR_NOMEM before any
  * allocation, an out-of-range token id is KILN_ERR_RANGE and leaves the position as it was.
  * Compiled with KILN_CUDA only; skips without a GPU. */
@@ -67,7 +72,7 @@ static double logit_rms(const float *x, size_t n) {
 }
 
 /* The whole comparison for one model file; float_decode: weights whose decode uses float activations on both sides. */
-static void compare_model(const char *path, bool float_decode) {
+static void compare_model(const char *path, bool float_decode, int64_t n_batch) {
     kiln_model *m = NULL;
     if (kiln_model_load(path, &m) != KILN_OK) {
         CHECK(0, "%s: %s", path, kiln_last_error());
@@ -75,7 +80,10 @@ static void compare_model(const char *path, bool float_decode) {
     }
     const int64_t V = kiln_model_n_vocab(m);
     kiln_session *cpu = NULL, *gpu = NULL;
-    kiln_session_params pc = {.n_ctx = N_CTX, .n_batch = N_BATCH, .n_threads = 2};
+    kiln_session_params pc = {.n_ctx = N_CTX, .n_batch = n_batch, .n_threads = 2};
+    /* n_batch 8: every chunk on the matvec path, float activations on both sides for the float types */
+    const bool exact = float_decode && n_batch <= 8;
+    const double bound_mv = exact ? 3e-4 : 3e-2, bound_gemm = exact ? 3e-4 : 8e-2;
     kiln_session_params pg = pc;
     pg.n_gpu_layers = 999;
     CHECK(kiln_session_new(m, &pc, &cpu) == KILN_OK, "%s", kiln_last_error());
@@ -98,10 +106,10 @@ static void compare_model(const char *path, bool float_decode) {
         if (t < 32) worst_gemm = e > worst_gemm ? e : worst_gemm;
         else worst_mv = e > worst_mv ? e : worst_mv;
     }
-    printf("    %-28s prefill rel-rms gemm %.2e matvec %.2e (logit rms %.3f)", base_name(path), worst_gemm, worst_mv,
-           logit_rms(lc, (size_t)V));
-    CHECK(worst_gemm < 3e-2, "%s: prefill (gemm rows) logits rel-rms %.3e >= 3e-2", path, worst_gemm);
-    CHECK(worst_mv < (float_decode ? 1e-3 : 3e-2), "%s: prefill (matvec rows) logits rel-rms %.3e", path, worst_mv);
+    printf("    %-22s n_batch %2lld prefill rel-rms rows 0-31 %.2e, 32-36 %.2e (logit rms %.3f)", base_name(path), (long long)n_batch,
+           worst_gemm, worst_mv, logit_rms(lc, (size_t)V));
+    CHECK(worst_gemm < bound_gemm, "%s: prefill rows 0-31 logits rel-rms %.3e >= %.0e", path, worst_gemm, bound_gemm);
+    CHECK(worst_mv < bound_mv, "%s: prefill rows 32-36 logits rel-rms %.3e >= %.0e", path, worst_mv, bound_mv);
 
     /* greedy decode: GPU through the graph (argmax only) against the CPU's argmax of its logits */
     int32_t next_c, next_g;
@@ -135,7 +143,7 @@ static void compare_model(const char *path, bool float_decode) {
         }
     }
     printf("  decode rel-rms %.2e, %d/%d greedy tokens equal\n", worst_dec, same, N_GEN);
-    CHECK(worst_dec < (float_decode ? 1e-3 : 3e-2), "%s: decode logits rel-rms %.3e", path, worst_dec);
+    CHECK(worst_dec < bound_mv, "%s: decode logits rel-rms %.3e >= %.0e", path, worst_dec, bound_mv);
     CHECK(kiln_session_pos(gpu) == kiln_session_pos(cpu), "positions %lld vs %lld", (long long)kiln_session_pos(gpu),
           (long long)kiln_session_pos(cpu));
     free(row);
@@ -160,7 +168,9 @@ static void test_synth_types(void) {
         char path[512];
         snprintf(path, sizeof path, "%s/synth-%s.gguf", tmp_dir, types[i]);
         CHECK(kiln_synth_llama(path, &p) == KILN_OK, "%s", kiln_last_error());
-        compare_model(path, i < 3);
+        /* F32 alone has float activations on both sides: the CPU rounds x to f16 / bf16 for those weights */
+        compare_model(path, i == 0, N_BATCH);
+        if (i == 0) compare_model(path, true, 8);
     }
 }
 
@@ -171,7 +181,8 @@ static void test_arch_fixtures(void) {
         char path[512];
         snprintf(path, sizeof path, "tests/ref/%s.gguf", names[i]);
         if (access(path, R_OK) != 0) snprintf(path, sizeof path, "../tests/ref/%s.gguf", names[i]);
-        compare_model(path, true);
+        compare_model(path, true, N_BATCH);
+        compare_model(path, true, 8);
     }
 }
 
@@ -183,7 +194,8 @@ static void test_stories(void) {
     if (access(bin, R_OK) != 0 || access(tok, R_OK) != 0) SKIP("needs ../shared/data/models/stories260K");
     snprintf(out, sizeof out, "%s/stories260K.gguf", tmp_dir);
     CHECK(kiln_convert_llama2c(bin, tok, out) == KILN_OK, "%s", kiln_last_error());
-    compare_model(out, true);
+    compare_model(out, true, N_BATCH);
+    compare_model(out, true, 8);
 }
 
 static void test_errors(void) {

@@ -739,6 +739,7 @@ int main(int argc, char **argv) {
         if (argc >= 3 && strcmp(argv[2], "tokenize") == 0) return kiln_bench_tokenize(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "train") == 0) return kiln_bench_train(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "model") == 0) return kiln_bench_model(argc - 3, argv + 3);
+        if (argc >= 3 && strcmp(argv[2], "gpu-kernels") == 0) return kiln_bench_gpu_kernels(argc - 3, argv + 3);
         for (int i = 2; i < argc; i++) /* --gpu anywhere: the GPU benchmark (bench/bench_gpu.c) */
             if (strcmp(argv[i], "--gpu") == 0) return kiln_bench_gpu(argc - 2, argv + 2);
         if (argc >= 3 && strcmp(argv[2], "-m") == 0) return kiln_bench_model(argc - 2, argv + 2);

@@ -43,6 +43,8 @@ extern "C" kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
 /* One layer's weights on the device. */
 typedef struct {
     kiln_cuda_wt wq, wk, wv, wo, w_gate, w_up, w_down, w_attn_gate;
+    kiln_cuda_wt wqkv; /* wq, wk, wv as one matrix of Q + 2 KV rows when they share a type (uploaded back to back);
+                        * data NULL otherwise. A single token's q, k, v in one launch instead of three */
     const float *attn_norm, *ffn_norm;           /* (C) */
     const float *bq, *bk, *bv;                   /* (Q), (KV), (KV) or NULL */
     const float *q_norm, *k_norm;                /* (HS) or NULL */
@@ -75,6 +77,7 @@ struct kiln_cuda_engine {
     int64_t *rows;            /* (L) */
     void *abuf;               /* activations, one allocation */
     float *x, *xb, *q, *kk, *vv, *att, *gate, *up, *ag, *logits; /* (n_batch, width) each; logits (n_batch, V) */
+    float *qkv1;              /* (Q + 2 KV): one token's q, k, v from the merged matvec */
     void *xp;                 /* matvec-prepared activations */
     void *attn_ws;
     int32_t *d_ids, *d_pos0, *d_next; /* (n_batch), (1), (1) */
@@ -103,6 +106,12 @@ static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
     X(L->attn_norm) X(L->wq) X(L->wk) X(L->wv) X(L->wo) X(L->ffn_norm) X(L->w_gate) X(L->w_up) X(L->w_down) \
     X(L->bq) X(L->bk) X(L->bv) X(L->q_norm) X(L->k_norm) X(L->w_attn_gate) X(L->post_attn_norm) X(L->post_ffn_norm)
 
+/* wq, wk and wv go back to back, one matrix, when they share a type and row length and each ends on 16 bytes */
+static bool qkv_mergeable(const kiln_llama_layer *L) {
+    return L->wq->type == L->wk->type && L->wq->type == L->wv->type && L->wq->ne[0] == L->wk->ne[0] &&
+           L->wq->ne[0] == L->wv->ne[0] && L->wq->nbytes % 16 == 0 && L->wk->nbytes % 16 == 0;
+}
+
 static size_t weight_bytes(const kiln_model *m) {
     size_t n = 0;
 #define ADD(t) if (t) n += align256((t)->nbytes);
@@ -116,8 +125,9 @@ static size_t weight_bytes(const kiln_model *m) {
     return n;
 }
 
-/* Copies view t into the weight buffer at *off and returns its device address. */
-static const void *upload(kiln_cuda_engine *e, const kiln_tensor_view *t, size_t *off, kiln_status *st) {
+/* Copies view t into the weight buffer at *off and returns its device address; the next tensor starts on 256
+ * bytes, or right after this one when packed (wq, wk, wv of a merged qkv). */
+static const void *upload_at(kiln_cuda_engine *e, const kiln_tensor_view *t, size_t *off, bool packed, kiln_status *st) {
     if (!t || *st) return NULL;
     char *dst = (char *)e->wbuf + *off;
     cudaError_t err = cudaMemcpy(dst, t->data, t->nbytes, cudaMemcpyHostToDevice);
@@ -125,8 +135,12 @@ static const void *upload(kiln_cuda_engine *e, const kiln_tensor_view *t, size_t
         *st = kiln_fail(KILN_ERR_IO, "CUDA upload of %s failed: %s", t->name, cudaGetErrorString(err));
         return NULL;
     }
-    *off += align256(t->nbytes);
+    *off += packed ? t->nbytes : align256(t->nbytes);
     return dst;
+}
+
+static const void *upload(kiln_cuda_engine *e, const kiln_tensor_view *t, size_t *off, kiln_status *st) {
+    return upload_at(e, t, off, false, st);
 }
 
 static kiln_cuda_wt wt_of(const kiln_tensor_view *t, const void *d) {
@@ -196,8 +210,9 @@ extern "C" kiln_status kiln_cuda_engine_new(const kiln_model *m, int64_t n_ctx, 
     const size_t wbytes = weight_bytes(m), kv_bytes = align256(kv_rows * 2 * (size_t)KV * 2);
     const size_t xp_bytes = align256(kiln_cuda_matvec_prep_bytes(KILN_CUDA_MATVEC_MAX_T, W));
     const size_t attn_ws = align256(kiln_cuda_attention_ws_bytes(n_batch, NH, HS, n_ctx));
+    const size_t qkv1_bytes = align256((size_t)(Q + 2 * KV) * 4);
     const size_t act_bytes = align256(act_floats(c, n_batch) * 4) + align256((size_t)(n_batch * V) * 4) + xp_bytes + attn_ws +
-                             align256((size_t)(n_batch + 2) * 4);
+                             qkv1_bytes + align256((size_t)(n_batch + 2) * 4);
     const size_t gws_bytes = kiln_cuda_gemm_ws_bytes(max_w, (size_t)(n_batch * W));
     const size_t need = wbytes + kv_bytes + act_bytes + gws_bytes;
     size_t free_b = 0, total_b = 0;
@@ -246,9 +261,14 @@ extern "C" kiln_status kiln_cuda_engine_new(const kiln_model *m, int64_t n_ctx, 
         const kiln_llama_layer *L = &m->layers[l];
         dev_layer *D = &e->layers[l];
         D->attn_norm = (const float *)upload(e, L->attn_norm, &off, &st);
-        D->wq = wt_of(L->wq, upload(e, L->wq, &off, &st));
-        D->wk = wt_of(L->wk, upload(e, L->wk, &off, &st));
+        const bool merge = qkv_mergeable(L);
+        D->wq = wt_of(L->wq, upload_at(e, L->wq, &off, merge, &st));
+        D->wk = wt_of(L->wk, upload_at(e, L->wk, &off, merge, &st));
         D->wv = wt_of(L->wv, upload(e, L->wv, &off, &st));
+        if (merge) {
+            D->wqkv = D->wq;
+            D->wqkv.rows = L->wq->ne[1] + L->wk->ne[1] + L->wv->ne[1];
+        }
         D->wo = wt_of(L->wo, upload(e, L->wo, &off, &st));
         D->ffn_norm = (const float *)upload(e, L->ffn_norm, &off, &st);
         D->w_gate = wt_of(L->w_gate, upload(e, L->w_gate, &off, &st));
@@ -280,6 +300,7 @@ extern "C" kiln_status kiln_cuda_engine_new(const kiln_model *m, int64_t n_ctx, 
         next += 2 * (size_t)rows[l] * (size_t)KV;
     }
     cudaMemsetAsync(e->kv, 0, kv_bytes, e->stream);
+    cudaMemsetAsync(e->attn_ws, 0, attn_ws, e->stream); /* the decode kernel's split counters start at zero */
 
     /* activations */
     float *a = (float *)e->abuf;
@@ -297,6 +318,7 @@ extern "C" kiln_status kiln_cuda_engine_new(const kiln_model *m, int64_t n_ctx, 
     e->logits = (float *)b, b += align256((size_t)(n_batch * V) * 4);
     e->xp = b, b += xp_bytes;
     e->attn_ws = b, b += attn_ws;
+    e->qkv1 = (float *)b, b += qkv1_bytes;
     e->d_ids = (int32_t *)b;
     e->d_pos0 = e->d_ids + n_batch;
     e->d_next = e->d_pos0 + 1;
@@ -325,9 +347,20 @@ static kiln_status matmul(kiln_cuda_engine *e, float *y, const float *x, const k
     return kiln_cuda_gemm(y, x, W, T, add, &e->gws, e->stream);
 }
 
-static kiln_status prepare(kiln_cuda_engine *e, const float *x, int64_t T, int64_t cols) {
-    if (T > KILN_CUDA_MATVEC_MAX_T) return KILN_OK;
+/* xp <- x's prepared form for the matvecs, unless the kernel that wrote x already wrote it (prepared). */
+static kiln_status prepare(kiln_cuda_engine *e, const float *x, int64_t T, int64_t cols, bool prepared) {
+    if (T > KILN_CUDA_MATVEC_MAX_T || prepared) return KILN_OK;
     return kiln_cuda_matvec_prepare(e->xp, x, T, cols, e->stream);
+}
+
+/* The residual step: x += y (post-normed with post_w when given), xb = rmsnorm(x) * w, and in decode xb's
+ * prepared form in the same kernel. Returns whether xp now holds xb. */
+static kiln_status residual_norm(kiln_cuda_engine *e, const float *y, const float *post_w, const float *w, int64_t T, bool *prepared) {
+    const kiln_llama_config *c = &e->m->cfg;
+    *prepared = T <= KILN_CUDA_MATVEC_MAX_T && c->n_embd % 32 == 0;
+    if (*prepared)
+        return kiln_cuda_residual_norm_xp(e->x, y, post_w, c->post_norm_eps, e->xb, e->xp, w, c->rms_eps, T, c->n_embd, e->stream);
+    return kiln_cuda_residual_norm(e->x, y, post_w, c->post_norm_eps, e->xb, w, c->rms_eps, T, c->n_embd, e->stream);
 }
 
 /* T tokens from d_ids at positions *d_pos0..; with head, leaves the logits of rows first..T-1 in e->logits and,
@@ -337,65 +370,75 @@ static kiln_status forward(kiln_cuda_engine *e, int64_t T, int64_t first, bool h
     const kiln_model *m = e->m;
     const kiln_llama_config *c = &m->cfg;
     const int64_t C = c->n_embd, NH = c->n_head, NKV = c->n_head_kv, HS = c->head_dim, F = c->n_ff, V = c->n_vocab;
-    const int64_t Q = NH * HS;
+    const int64_t Q = NH * HS, KV = NKV * HS;
     cudaStream_t s = e->stream;
     const float scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)HS);
+    bool xb_prep = false; /* xp holds xb's prepared form */
 
     TRY(mark(e, P_EMBED, kiln_cuda_embed(e->x, &e->tok_embd, e->d_ids, T, c->embd_scale ? sqrtf((float)C) : 1.0f, s)));
-    TRY(mark(e, P_NORM, kiln_cuda_residual_norm(e->x, NULL, NULL, 0, e->xb, e->layers[0].attn_norm, c->rms_eps, T, C, s)));
+    TRY(mark(e, P_NORM, residual_norm(e, NULL, NULL, e->layers[0].attn_norm, T, &xb_prep)));
     for (int64_t l = 0; l < c->n_layer; l++) {
         const dev_layer *D = &e->layers[l];
         const kiln_llama_layer *L = &m->layers[l];
-        /* attention block: xb is this block's normed input */
-        TRY(prepare(e, e->xb, T, C));
-        TRY(matmul(e, e->q, e->xb, &D->wq, T, false));
-        TRY(matmul(e, e->kk, e->xb, &D->wk, T, false));
-        TRY(matmul(e, e->vv, e->xb, &D->wv, T, false));
+        /* attention block: xb is this block's normed input; one token's q, k, v come from one merged matvec */
+        float *q = e->q, *kk = e->kk, *vv = e->vv;
+        TRY(prepare(e, e->xb, T, C, xb_prep));
+        if (T == 1 && D->wqkv.data) {
+            q = e->qkv1, kk = q + Q, vv = kk + KV;
+            TRY(matmul(e, q, e->xb, &D->wqkv, 1, false));
+        } else {
+            TRY(matmul(e, q, e->xb, &D->wq, T, false));
+            TRY(matmul(e, kk, e->xb, &D->wk, T, false));
+            TRY(matmul(e, vv, e->xb, &D->wv, T, false));
+        }
         if (c->output_gate) TRY(matmul(e, e->ag, e->xb, &D->w_attn_gate, T, false));
         TRY(mark(e, P_QKV, KILN_OK));
         const float base = L->rope_base > 0 ? L->rope_base : c->rope_base;
-        TRY(mark(e, P_QKV_POST, kiln_cuda_qkv_post(e->q, e->kk, e->vv, D->bq, D->bk, D->bv, D->q_norm, D->k_norm, c->rms_eps,
-                                                   e->d_pos0, T, NH, NKV, HS, c->rope_dim, base, c->rope_neox, L->nope, 1.0f,
-                                                   e->k[l], e->v[l], e->rows[l], s)));
-        TRY(mark(e, P_ATTN, kiln_cuda_attention(e->att, e->q, e->k[l], e->v[l], e->d_pos0, T, NH, NKV, HS, L->window, e->rows[l],
-                                                e->n_ctx, scale, e->attn_ws, s)));
+        TRY(mark(e, P_QKV_POST, kiln_cuda_qkv_post(q, kk, vv, D->bq, D->bk, D->bv, D->q_norm, D->k_norm, c->rms_eps, e->d_pos0, T, NH, NKV,
+                                                   HS, c->rope_dim, base, c->rope_neox, L->nope, 1.0f, e->k[l], e->v[l],
+                                                   e->rows[l], s)));
+        /* the attention writes att's prepared form for wo too, where it can and nothing comes between */
+        bool att_prep = !c->output_gate && T <= KILN_CUDA_MATVEC_MAX_T && HS % 32 == 0;
+        if (att_prep)
+            TRY(mark(e, P_ATTN, kiln_cuda_attention_xp(e->att, e->xp, q, e->k[l], e->v[l], e->d_pos0, T, NH, NKV, HS, L->window,
+                                                       e->rows[l], e->n_ctx, scale, e->attn_ws, s)));
+        else
+            TRY(mark(e, P_ATTN, kiln_cuda_attention(e->att, q, e->k[l], e->v[l], e->d_pos0, T, NH, NKV, HS, L->window, e->rows[l],
+                                                    e->n_ctx, scale, e->attn_ws, s)));
         if (c->output_gate) TRY(mark(e, P_OTHER, kiln_cuda_sigmoid_mul(e->att, e->ag, T * Q, s)));
-        TRY(prepare(e, e->att, T, Q));
+        TRY(prepare(e, e->att, T, Q, att_prep));
         if (c->sandwich_norm) { /* x += rmsnorm(att Wo^T) * post; xb = rmsnorm(x) * ffn_norm */
             TRY(mark(e, P_WO, matmul(e, e->up, e->att, &D->wo, T, false)));
-            TRY(mark(e, P_NORM, kiln_cuda_residual_norm(e->x, e->up, D->post_attn_norm, c->post_norm_eps, e->xb, D->ffn_norm,
-                                                        c->rms_eps, T, C, s)));
+            TRY(mark(e, P_NORM, residual_norm(e, e->up, D->post_attn_norm, D->ffn_norm, T, &xb_prep)));
         } else {
             TRY(mark(e, P_WO, matmul(e, e->x, e->att, &D->wo, T, true)));
-            TRY(mark(e, P_NORM, kiln_cuda_residual_norm(e->x, NULL, NULL, 0, e->xb, D->ffn_norm, c->rms_eps, T, C, s)));
+            TRY(mark(e, P_NORM, residual_norm(e, NULL, NULL, D->ffn_norm, T, &xb_prep)));
         }
 
         /* feed-forward block */
+        TRY(prepare(e, e->xb, T, C, xb_prep));
         if (T <= KILN_CUDA_MATVEC_MAX_T && D->w_gate.type == D->w_up.type) {
-            TRY(prepare(e, e->xb, T, C));
             TRY(mark(e, P_FFN_UP, kiln_cuda_matvec_glu(e->gate, e->xb, e->xp, &D->w_gate, &D->w_up, T, c->geglu, s)));
         } else {
-            TRY(prepare(e, e->xb, T, C));
             TRY(matmul(e, e->gate, e->xb, &D->w_gate, T, false));
             TRY(matmul(e, e->up, e->xb, &D->w_up, T, false));
             TRY(mark(e, P_FFN_UP, kiln_cuda_glu(e->gate, e->gate, e->up, T * F, c->geglu, s)));
         }
-        TRY(prepare(e, e->gate, T, F));
+        TRY(prepare(e, e->gate, T, F, false));
         const float *next_norm = l + 1 < c->n_layer ? e->layers[l + 1].attn_norm : e->output_norm;
         if (c->sandwich_norm) {
             TRY(mark(e, P_DOWN, matmul(e, e->up, e->gate, &D->w_down, T, false)));
-            TRY(mark(e, P_NORM, kiln_cuda_residual_norm(e->x, e->up, D->post_ffn_norm, c->post_norm_eps, e->xb, next_norm,
-                                                        c->rms_eps, T, C, s)));
+            TRY(mark(e, P_NORM, residual_norm(e, e->up, D->post_ffn_norm, next_norm, T, &xb_prep)));
         } else {
             TRY(mark(e, P_DOWN, matmul(e, e->x, e->gate, &D->w_down, T, true)));
-            TRY(mark(e, P_NORM, kiln_cuda_residual_norm(e->x, NULL, NULL, 0, e->xb, next_norm, c->rms_eps, T, C, s)));
+            TRY(mark(e, P_NORM, residual_norm(e, NULL, NULL, next_norm, T, &xb_prep)));
         }
     }
     /* xb holds rmsnorm(x) * output_norm for every row; the head runs only for the rows wanted */
     if (!head) return KILN_OK;
     const int64_t n = T - first;
     const float *hx = e->xb + first * C;
-    TRY(prepare(e, hx, n, C));
+    TRY(prepare(e, hx, n, C, xb_prep && n == T));
     TRY(matmul(e, e->logits, hx, &e->output, n, false));
     const float lscale = c->logit_scale > 0 ? c->logit_scale : 1.0f;
     if (lscale != 1.0f || c->logit_softcap > 0) TRY(kiln_cuda_scale_softcap(e->logits, n * V, lscale, c->logit_softcap, s));

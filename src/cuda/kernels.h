@@ -86,6 +86,12 @@ size_t kiln_cuda_attention_ws_bytes(int64_t T, int64_t NH, int64_t HS, int64_t m
 kiln_status kiln_cuda_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                                 const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t window,
                                 int64_t rows, int64_t max_pos, float scale, void *ws, void *stream);
+/* As kiln_cuda_attention, and also out's prepared form for the wo matvec (kiln_cuda_matvec_prepare's layout for
+ * T rows of NH*HS) into xp when T <= KILN_CUDA_MATVEC_MAX_T and HS % 32 == 0; otherwise xp is left alone and
+ * the call returns KILN_ERR_UNSUPPORTED before launching anything (the engine then prepares separately). */
+kiln_status kiln_cuda_attention_xp(float *out, void *xp, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                                   const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t window,
+                                   int64_t rows, int64_t max_pos, float scale, void *ws, void *stream);
 
 /* ---------------------------------------------------------------- elementwise.cu: everything else, fused */
 /* out (T, C) = scale * dequantized rows d_ids[t] of table (V rows of C): the embedding gather, one row per token
@@ -98,6 +104,11 @@ kiln_status kiln_cuda_embed(float *out, const kiln_cuda_wt *table, const int32_t
  * x (T, C) is the residual stream; y (T, C) a block's output or NULL; out (T, C) or NULL. */
 kiln_status kiln_cuda_residual_norm(float *x, const float *y, const float *post_w, float post_eps, float *out,
                                     const float *w, float eps, int64_t T, int64_t C, void *stream);
+/* As kiln_cuda_residual_norm with out, also writing out's prepared form for the matvecs that read it
+ * (kiln_cuda_matvec_prepare's layout for T rows of C) into xp; T <= KILN_CUDA_MATVEC_MAX_T and C % 32 == 0, or
+ * KILN_ERR_INVALID before launching. Saves the prepare kernel after each norm in decode. */
+kiln_status kiln_cuda_residual_norm_xp(float *x, const float *y, const float *post_w, float post_eps, float *out, void *xp,
+                                       const float *w, float eps, int64_t T, int64_t C, void *stream);
 /* After the q, k, v projections, per token and head: add the biases (bq/bk/bv, or NULL), RMSNorm each head of q
  * and k (q_norm/k_norm (HS), or NULL; eps), rotate the first rope_dim of each head at position *d_pos0 + t with
  * base (interleaved pairs, or NeoX halves when neox; not at all when nope) by llama.cpp's float recurrence
