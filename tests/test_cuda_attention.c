@@ -8,6 +8,12 @@
  * *d_pos0 must give both right answers, as a captured CUDA graph does. The test models' small heads (HS 8, 16, 32,
  * 48; then 24, 40, 56 and the run-time head sizes 72, 112, 136, 200, 248) run the same kinds of cases with window 8,
  * and head sizes that are not a multiple of 8 in 8 .. 256 (4, 12, 264, 512) must return KILN_ERR_UNSUPPORTED.
+ * Decode is one kernel whose last split merges, counting on counters at the start of ws: the test zeroes them once
+ * per case (as the engine does once), poisons the rest of ws, and after every decode launch downloads them and
+ * requires them back at zero (so a replayed graph finds them ready); replay runs one launch at several positions.
+ * kiln_cuda_attention_xp (HS 64, 128, 256; T 1 and 3; one and several splits) must give attention's out bit for bit
+ * and an xp byte-identical to kiln_cuda_matvec_prepare(out); it returns KILN_ERR_UNSUPPORTED for T > 8 or HS not a
+ * multiple of 32, leaving xp alone.
  *
  * Bounds: both sides compute in fp32 from the same exact f16 k and v, differing only in summation order and expf,
  * so max |gpu - ref| <= 1e-4 * max |ref| and NMSE <= 1e-8 (typical errors are ~1e-7 relative). Outputs and the
@@ -101,7 +107,24 @@ static void cpu_oracle(float *out, const float *q, const uint16_t *kc, const uin
     free(ctx.scratch);
 }
 
-/* Runs c on the GPU at *d_pos0 = c->pos0 (uploaded here) into h_out; the cache and q are already on the device. */
+/* The decode counters at the start of ws (attention.cu: ATTN_DECODE_MAX_T * NH uint32, padded to 256 bytes). */
+static size_t counter_bytes(int64_t NH) { return ((size_t)8 * (size_t)NH * 4 + 255) / 256 * 256; }
+
+/* After a decode launch: the index of the first counter not back at zero, -1 if none, -2 if the download failed. */
+static int64_t counters_dirty(const void *ws, int64_t NH) {
+    const size_t n = counter_bytes(NH) / 4;
+    uint32_t *h = malloc(n * 4);
+    int64_t bad = kiln_cuda_download(h, ws, n * 4) == KILN_OK ? -1 : -2;
+    for (size_t i = 0; bad == -1 && i < n; i++)
+        if (h[i]) bad = (int64_t)i;
+    free(h);
+    return bad;
+}
+
+static int64_t last_ctr_bad = -1; /* counters_dirty after the last decode gpu_run */
+
+/* Runs c on the GPU at *d_pos0 = c->pos0 (uploaded here) into h_out; the cache and q are already on the device.
+ * For decode (T <= 8) also sets last_ctr_bad. */
 static kiln_status gpu_run(float *h_out, const dev_bufs *b, const attn_case *c, float scale) {
     const size_t out_bytes = (size_t)(c->T * c->NH * c->HS) * sizeof(float);
     int32_t pos = (int32_t)c->pos0;
@@ -113,6 +136,7 @@ static kiln_status gpu_run(float *h_out, const dev_bufs *b, const attn_case *c, 
                             scale, b->ws, NULL);
     if (s == KILN_OK) s = kiln_cuda_sync();
     if (s == KILN_OK) s = kiln_cuda_download(h_out, b->out, out_bytes);
+    last_ctr_bad = s == KILN_OK && c->T <= 8 ? counters_dirty(b->ws, c->NH) : -1;
     return s;
 }
 
@@ -129,9 +153,11 @@ static kiln_status fill_case(dev_bufs *b, uint16_t *kc, uint16_t *vc, float *q, 
     kiln_status s = kiln_cuda_upload(b->kc, kc, (size_t)kvn * 2);
     if (s == KILN_OK) s = kiln_cuda_upload(b->vc, vc, (size_t)kvn * 2);
     if (s == KILN_OK) s = kiln_cuda_upload(b->q, q, (size_t)qn * sizeof(float));
-    /* a poisoned workspace: the combine must read only the splits the decode kernel wrote */
-    void *junk = malloc(b->ws_bytes);
+    /* a poisoned workspace: the merge must read only the splits the decode kernel wrote; zero counters (the
+     * engine zeroes ws once) */
+    unsigned char *junk = malloc(b->ws_bytes);
     memset(junk, 0xff, b->ws_bytes);
+    memset(junk, 0, counter_bytes(c->NH));
     if (s == KILN_OK) s = kiln_cuda_upload(b->ws, junk, b->ws_bytes);
     free(junk);
     return s;
@@ -169,12 +195,13 @@ typedef struct {
     attn_err e;
     float gpu, ref;
     double worst_max, worst_nmse;
+    int64_t ctr_bad; /* the first decode counter left nonzero (-2: not read), -1: all zero */
 } cases_result;
 
 /* Runs each case (fresh random cache and q, scale 1/sqrt(HS)) on the GPU and the CPU oracle, stopping at the first
  * failure. */
 static cases_result check_cases(const attn_case *cases, int n_cases, unsigned long long seed) {
-    cases_result res = {KILN_OK, 0, -1, {0, 0, -1}, 0, 0, 0, 0};
+    cases_result res = {KILN_OK, 0, -1, {0, 0, -1}, 0, 0, 0, 0, -1};
     dev_bufs b;
     uint16_t *kc = calloc((size_t)(MAX_POS * MAX_KVW), 2), *vc = calloc((size_t)(MAX_POS * MAX_KVW), 2);
     float *q = malloc((size_t)(MAX_T * MAX_QW) * 4), *ref = malloc((size_t)(MAX_T * MAX_QW) * 4);
@@ -188,6 +215,10 @@ static cases_result check_cases(const attn_case *cases, int n_cases, unsigned lo
         if (res.s == KILN_OK) res.s = gpu_run(gpu, &b, &c, 1.0f / sqrtf((float)c.HS));
         if (res.s != KILN_OK) {
             res.bad_case = ci;
+            break;
+        }
+        if (last_ctr_bad != -1) { /* a decode launch left a counter set: the next one would merge too early or never */
+            res.ctr_bad = last_ctr_bad, res.bad_case = ci;
             break;
         }
         cpu_oracle(ref, q, kc, vc, &c);
@@ -210,6 +241,8 @@ static cases_result check_cases(const attn_case *cases, int n_cases, unsigned lo
         const int64_t i_ = (res).e.first_bad >= 0 ? (res).e.first_bad : 0;                                                 \
         CHECK((res).s == KILN_OK, "case %d: " CASE_FMT ": %s", (res).bad_case, CASE_ARGS(c_),                              \
               (res).alloc_ok ? kiln_last_error() : "device allocation failed");                                            \
+        CHECK((res).ctr_bad == -1, "case %d: " CASE_FMT ": decode counter %lld not back at zero (-2: unreadable)",     \
+              (res).bad_case, CASE_ARGS(c_), (long long)(res).ctr_bad);                                                  \
         CHECK((res).bad_case < 0, "case %d: " CASE_FMT ": NMSE %.3g (bound %.0e) max-abs/max|ref| %.3g (bound %.0e), "     \
               "first bad index %lld (token %lld head %lld dim %lld): gpu %.7g cpu %.7g", (res).bad_case, CASE_ARGS(c_),    \
               (res).e.nmse, BOUND_NMSE, (res).e.rel_max, BOUND_MAX, (long long)i_, (long long)(i_ / (c_.NH * c_.HS)),    \
@@ -296,6 +329,10 @@ static void test_attention_scale(void) {
         s = fill_case(&b, kc, vc, q, &cases[ci], &rng);
         if (s == KILN_OK) s = gpu_run(gpu, &b, &cases[ci], scale);
         if (s != KILN_OK) break;
+        if (last_ctr_bad != -1) {
+            bad_case = ci;
+            break;
+        }
         reference(ref, q, kc, vc, &cases[ci], scale);
         e = compare(gpu, ref, cases[ci].T * cases[ci].NH * cases[ci].HS, BOUND_MAX);
         if (e.first_bad >= 0 || e.nmse > BOUND_NMSE) bad_case = ci;
@@ -305,12 +342,16 @@ static void test_attention_scale(void) {
     const float g = gpu[i], r = ref[i];
     free(kc), free(vc), free(q), free(ref), free(gpu), free_bufs(&b);
     CHECK(s == KILN_OK, "%s", kiln_last_error());
+    CHECK(last_ctr_bad == -1, "scale %.2f, " CASE_FMT ": decode counter %lld not back at zero", scale, CASE_ARGS(c),
+          (long long)last_ctr_bad);
     CHECK(bad_case < 0, "scale %.2f, " CASE_FMT ": NMSE %.3g max-abs/max|ref| %.3g, first bad index %lld: gpu %.7g ref %.7g",
           scale, CASE_ARGS(c), e.nmse, e.rel_max, (long long)i, g, r);
 }
 
-/* One set of launch arguments and one ws, two values of *d_pos0: both answers right, so nothing about the position
- * is decided on the host (a captured graph replays at every position). Decode and prefill, full and ring. */
+/* One set of launch arguments and one ws, two values of *d_pos0 (then the second again): every answer right, so
+ * nothing about the position is decided on the host (a captured graph replays at every position), and after each
+ * decode launch the counters are back at zero. Decode (one split and several, T 1 and 3) and prefill, full and
+ * ring. */
 static void test_attention_replay(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     const attn_case cases[][2] = {
@@ -320,6 +361,9 @@ static void test_attention_replay(void) {
         {{256, 4, 1, 64, 10, 128, 128 + 63}, {256, 4, 1, 64, 3000, 128, 128 + 63}},
         {{8, 4, 1, 1, 3, 8, 8}, {8, 4, 1, 1, 2001, 8, 8}},
         {{8, 2, 1, 12, 0, 8, 8 + 11}, {8, 2, 1, 12, 450, 8, 8 + 11}},
+        {{128, 32, 8, 3, 10, 0, MAX_POS}, {128, 32, 8, 3, 3000, 0, MAX_POS}},
+        {{64, 8, 2, 1, 700, 0, MAX_POS}, {64, 8, 2, 1, 3900, 0, MAX_POS}},
+        {{256, 16, 2, 2, 1500, 0, MAX_POS}, {256, 16, 2, 2, 200, 0, MAX_POS}},
     };
     dev_bufs b;
     uint16_t *kc = calloc((size_t)(MAX_POS * MAX_KVW), 2), *vc = calloc((size_t)(MAX_POS * MAX_KVW), 2);
@@ -330,13 +374,19 @@ static void test_attention_replay(void) {
     attn_err e = {0, 0, -1};
     unsigned long long rng = 5;
     for (int ci = 0; s == KILN_OK && bad < 0 && ci < (int)(sizeof cases / sizeof cases[0]); ci++) {
-        s = fill_case(&b, kc, vc, q, &cases[ci][1], &rng); /* one cache and q for both positions: the later one's rows */
-        for (int k = 0; s == KILN_OK && bad < 0 && k < 2; k++) {
-            s = gpu_run(gpu, &b, &cases[ci][k], 1.0f / sqrtf((float)cases[ci][k].HS)); /* only *d_pos0 changes */
+        /* one cache and q for both positions: the later one's rows (the larger pos0 is second but in the last case) */
+        s = fill_case(&b, kc, vc, q, cases[ci][1].pos0 > cases[ci][0].pos0 ? &cases[ci][1] : &cases[ci][0], &rng);
+        for (int k = 0; s == KILN_OK && bad < 0 && k < 3; k++) {
+            const attn_case *ck = &cases[ci][k == 0 ? 0 : 1];
+            s = gpu_run(gpu, &b, ck, 1.0f / sqrtf((float)ck->HS)); /* only *d_pos0 changes */
             if (s != KILN_OK) break;
-            cpu_oracle(ref, q, kc, vc, &cases[ci][k]);
-            e = compare(gpu, ref, cases[ci][k].T * cases[ci][k].NH * cases[ci][k].HS, BOUND_MAX);
-            if (e.first_bad >= 0 || e.nmse > BOUND_NMSE) bad = 2 * ci + k;
+            if (last_ctr_bad != -1) {
+                bad = 2 * ci + (k == 0 ? 0 : 1);
+                break;
+            }
+            cpu_oracle(ref, q, kc, vc, ck);
+            e = compare(gpu, ref, ck->T * ck->NH * ck->HS, BOUND_MAX);
+            if (e.first_bad >= 0 || e.nmse > BOUND_NMSE) bad = 2 * ci + (k == 0 ? 0 : 1);
         }
     }
     const attn_case c = cases[bad >= 0 ? bad / 2 : 0][bad >= 0 ? bad % 2 : 0];
@@ -344,8 +394,78 @@ static void test_attention_replay(void) {
     const float g = gpu[i], r = ref[i];
     free(kc), free(vc), free(q), free(ref), free(gpu), free_bufs(&b);
     CHECK(s == KILN_OK, "%s", kiln_last_error());
+    CHECK(last_ctr_bad == -1, "replay at *d_pos0 %lld, " CASE_FMT ": decode counter %lld not back at zero", (long long)c.pos0,
+          CASE_ARGS(c), (long long)last_ctr_bad);
     CHECK(bad < 0, "replay at *d_pos0 %lld, " CASE_FMT ": NMSE %.3g max-abs/max|ref| %.3g, first bad index %lld: gpu %.7g cpu %.7g",
           (long long)c.pos0, CASE_ARGS(c), e.nmse, e.rel_max, (long long)i, g, r);
+}
+
+/* kiln_cuda_attention_xp against kiln_cuda_attention then kiln_cuda_matvec_prepare: out bit for bit, xp byte for byte
+ * (the same float values through the same arithmetic). HS 64, 128, 256; T 1 and 3; one split (pos0 5) and several
+ * (1000, 4095); G 1, 4 and 8; a full cache and a ring. */
+static void test_attention_xp(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    const attn_case cases[] = {
+        {64, 8, 8, 1, 5, 0, MAX_POS},      {64, 32, 8, 3, 1000, 0, MAX_POS},   {64, 16, 2, 1, 4095, 128, 128},
+        {128, 32, 32, 1, 1000, 0, MAX_POS}, {128, 32, 8, 3, 5, 0, MAX_POS},     {128, 32, 8, 1, 4095, 0, MAX_POS},
+        {128, 32, 8, 3, 2000, 128, 130},    {256, 4, 1, 1, 1000, 0, MAX_POS},   {256, 8, 2, 3, 4000, 0, MAX_POS},
+        {256, 8, 1, 3, 7, 0, MAX_POS},
+    };
+    const int n_cases = (int)(sizeof cases / sizeof cases[0]);
+    dev_bufs b;
+    uint16_t *kc = calloc((size_t)(MAX_POS * MAX_KVW), 2), *vc = calloc((size_t)(MAX_POS * MAX_KVW), 2);
+    float *q = malloc((size_t)(MAX_T * MAX_QW) * 4), *o_ref = malloc((size_t)(8 * MAX_QW) * 4);
+    float *o_xp = malloc((size_t)(8 * MAX_QW) * 4);
+    const size_t xp_max = kiln_cuda_matvec_prep_bytes(8, MAX_QW);
+    unsigned char *h_xp = malloc(xp_max), *h_xp_ref = malloc(xp_max);
+    void *xp = NULL, *xp_ref = NULL;
+    int ok = alloc_bufs(&b) && kiln_cuda_alloc(&xp, xp_max) == KILN_OK && kiln_cuda_alloc(&xp_ref, xp_max) == KILN_OK;
+    kiln_status s = ok ? KILN_OK : KILN_ERR_NOMEM;
+    int bad = -1;
+    const char *what = "";
+    int64_t at = -1;
+    unsigned long long rng = 31;
+    for (int ci = 0; s == KILN_OK && bad < 0 && ci < n_cases; ci++) {
+        const attn_case c = cases[ci];
+        const int64_t C = c.NH * c.HS;
+        const size_t ob = (size_t)(c.T * C) * 4, xb = kiln_cuda_matvec_prep_bytes(c.T, C);
+        const float scale = 1.0f / sqrtf((float)c.HS);
+        s = fill_case(&b, kc, vc, q, &c, &rng);
+        if (s == KILN_OK) s = gpu_run(o_ref, &b, &c, scale); /* attention alone: out into o_ref */
+        if (s != KILN_OK) break;
+        if (last_ctr_bad != -1) {
+            bad = ci, what = "counter after attention", at = last_ctr_bad;
+            break;
+        }
+        memset(h_xp, 0xff, xb), memset(o_xp, 0xff, ob);
+        s = kiln_cuda_upload(xp, h_xp, xb);
+        if (s == KILN_OK) s = kiln_cuda_upload(b.out, o_xp, ob);
+        if (s == KILN_OK)
+            s = kiln_cuda_attention_xp(b.out, xp, b.q, b.kc, b.vc, b.pos, c.T, c.NH, c.NKV, c.HS, c.window, c.rows, MAX_POS,
+                                       scale, b.ws, NULL);
+        if (s == KILN_OK) s = kiln_cuda_matvec_prepare(xp_ref, b.out, c.T, C, NULL);
+        if (s == KILN_OK) s = kiln_cuda_sync();
+        if (s == KILN_OK) s = kiln_cuda_download(o_xp, b.out, ob);
+        if (s == KILN_OK) s = kiln_cuda_download(h_xp, xp, xb);
+        if (s == KILN_OK) s = kiln_cuda_download(h_xp_ref, xp_ref, xb);
+        if (s != KILN_OK) break;
+        const int64_t cb = counters_dirty(b.ws, c.NH);
+        if (cb != -1) {
+            bad = ci, what = "counter after attention_xp", at = cb;
+            break;
+        }
+        for (int64_t i = 0; i < c.T * C && bad < 0; i++)
+            if (memcmp(&o_xp[i], &o_ref[i], 4)) bad = ci, what = "out differs from attention's at index", at = i;
+        for (size_t i = 0; i < xb && bad < 0; i++)
+            if (h_xp[i] != h_xp_ref[i])
+                bad = ci, what = i < (size_t)(c.T * C) ? "xq differs from matvec_prepare's at byte" : "xds differs from matvec_prepare's at byte",
+                at = (int64_t)i;
+    }
+    const attn_case c = cases[bad >= 0 ? bad : 0];
+    free(kc), free(vc), free(q), free(o_ref), free(o_xp), free(h_xp), free(h_xp_ref), free_bufs(&b);
+    kiln_cuda_free(xp), kiln_cuda_free(xp_ref);
+    CHECK(s == KILN_OK, "%s", ok ? kiln_last_error() : "device allocation failed");
+    CHECK(bad < 0, CASE_FMT ": %s %lld", CASE_ARGS(c), what, (long long)at);
 }
 
 /* Head sizes without a kernel and impossible shapes fail with a status, launching nothing. */
@@ -366,6 +486,21 @@ static void test_attention_rejects(void) {
     kiln_status sgrp = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 6, 4, 64, 0, 64, 64, 1.0f, dummy, NULL);
     kiln_status sring = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 64, 0, 32, 64, 1.0f, dummy, NULL);
     kiln_status sws = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 64, 0, 64, 64, 1.0f, NULL, NULL);
+    /* attention_xp: T 9 (prefill), HS 8, 72 and 80 (a block of 32 would cross heads): unsupported, xp untouched
+     * (the second half of dummy, poisoned, must stay so) */
+    unsigned char *h_poison = malloc(1 << 15), *h_after = malloc(1 << 15);
+    memset(h_poison, 0xa5, 1 << 15);
+    void *xp = (char *)dummy + (1 << 15);
+    kiln_status sup = kiln_cuda_upload(xp, h_poison, 1 << 15);
+    kiln_status sx9 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, pos, 9, 4, 4, 64, 0, 64, 64, 1.0f, dummy, NULL);
+    kiln_status sx8 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, pos, 1, 4, 4, 8, 0, 64, 64, 1.0f, dummy, NULL);
+    kiln_status sx72 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, pos, 1, 4, 4, 72, 0, 64, 64, 1.0f, dummy, NULL);
+    kiln_status sx80 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, pos, 3, 4, 4, 80, 0, 64, 64, 1.0f, dummy, NULL);
+    kiln_status sxnull = kiln_cuda_attention_xp(dummy, NULL, dummy, h, h, pos, 1, 4, 4, 64, 0, 64, 64, 1.0f, dummy, NULL);
+    if (sup == KILN_OK) sup = kiln_cuda_sync();
+    if (sup == KILN_OK) sup = kiln_cuda_download(h_after, xp, 1 << 15);
+    const int xp_kept = sup == KILN_OK && memcmp(h_poison, h_after, 1 << 15) == 0;
+    free(h_poison), free(h_after);
     kiln_cuda_free(dummy);
     CHECK(s12 == KILN_ERR_UNSUPPORTED, "HS 12 (decode): status %d", (int)s12);
     CHECK(s4 == KILN_ERR_UNSUPPORTED, "HS 4 (prefill): status %d", (int)s4);
@@ -377,6 +512,12 @@ static void test_attention_rejects(void) {
     CHECK(sgrp == KILN_ERR_INVALID, "NH 6 over NKV 4: status %d", (int)sgrp);
     CHECK(sring == KILN_ERR_INVALID, "a 32-row cache without a window: status %d", (int)sring);
     CHECK(sws == KILN_ERR_INVALID, "decode without a workspace: status %d", (int)sws);
+    CHECK(sx9 == KILN_ERR_UNSUPPORTED, "attention_xp T 9: status %d", (int)sx9);
+    CHECK(sx8 == KILN_ERR_UNSUPPORTED, "attention_xp HS 8: status %d", (int)sx8);
+    CHECK(sx72 == KILN_ERR_UNSUPPORTED, "attention_xp HS 72: status %d", (int)sx72);
+    CHECK(sx80 == KILN_ERR_UNSUPPORTED, "attention_xp HS 80: status %d", (int)sx80);
+    CHECK(sxnull == KILN_ERR_INVALID, "attention_xp without xp: status %d", (int)sxnull);
+    CHECK(xp_kept, "attention_xp touched xp when unsupported (or the check failed: %s)", kiln_last_error());
     CHECK(kiln_cuda_attention_ws_bytes(1, 32, 128, 4096) > 0);
     CHECK(kiln_cuda_attention_ws_bytes(300, 32, 128, 4096) >= kiln_cuda_attention_ws_bytes(1, 32, 128, 4096));
 }
@@ -390,6 +531,7 @@ int main(void) {
     RUN(test_attention_small_heads);
     RUN(test_attention_scale);
     RUN(test_attention_replay);
+    RUN(test_attention_xp);
     RUN(test_attention_rejects);
     kiln_pool_free(pool);
     TEST_EXIT();

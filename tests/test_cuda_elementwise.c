@@ -4,6 +4,9 @@
  * Bounds, per op (scale = max |reference|):
  *   embed                       bit-exact (same float ops as the CPU's to_float, then x * scale)
  *   residual_norm               max-abs <= 1e-5 * scale, NMSE <= 1e-11 (only the double sum's order differs)
+ *   residual_norm_xp            x and out bit-exact with residual_norm's; xp byte-exact with matvec_prepare(out);
+ *                               refused arguments (T > 8, C % 32, NULL or unaligned xp, no out) leave x and xp as
+ *                               they were
  *   qkv_post q (f32)            max-abs <= 1e-4 * max(scale, 1), NMSE <= 1e-10 (cosf/sinf at angles up to 1e5 rad
  *                               differ by ulps between CUDA and the host libm); v cache bit-exact; k cache within
  *                               one f16 rounding (|d| <= 1e-3 |r| + 1e-4 max(scale, 1)); rows not written unchanged
@@ -234,6 +237,151 @@ static void test_residual_norm(void) {
             }
 }
 
+/* ---------------------------------------------------------------- residual_norm_xp */
+
+/* First differing byte of two buffers, or -1. */
+static int64_t first_diff(const void *a, const void *b, size_t n) {
+    const uint8_t *p = a, *q = b;
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != q[i]) return (int64_t)i;
+    return -1;
+}
+
+/* residual_norm_xp against residual_norm and kiln_cuda_matvec_prepare on the same inputs: x and out bit for bit
+ * (one kernel, the same operations), and xp byte for byte with matvec_prepare(out), codes and {d, d * sum} both.
+ * off 1 shifts x, y and out one float past 16-byte alignment: the scalar path, 32 lanes per code block. */
+static void test_residual_norm_xp(void) {
+    release_all();
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    static const int64_t Cs[] = {64, 2048, 4096, 5120};
+    static const int64_t Ts[] = {1, 3, 8};
+    static const int modes[] = {0, 1, 2, 4}; /* test_residual_norm's modes that have an out */
+    static const char *mode_name[] = {"add+norm", "post-norm add+norm", "norm only", "add only", "post-norm, y == out"};
+    unsigned long long rng = 606;
+    char msg[512];
+    kiln_ops_ctx ctx = cpu_ctx();
+    const float eps = 1e-6f, post_eps = 1e-5f;
+    for (int ci = 0; ci < COUNT(Cs); ci++)
+        for (int ti = 0; ti < COUNT(Ts); ti++)
+            for (int mi = 0; mi < COUNT(modes); mi++)
+                for (int off = 0; off < 2; off++) {
+                    const int mode = modes[mi];
+                    const int64_t C = Cs[ci], T = Ts[ti], n = T * C;
+                    const size_t bytes = (size_t)n * 4, buf = bytes + 16, pb = kiln_cuda_matvec_prep_bytes(T, C);
+                    const bool has_y = mode != 2, post = mode == 1 || mode == 4;
+                    float *x = host(bytes), *y = host(bytes), *w = host((size_t)C * 4), *pw = host((size_t)C * 4);
+                    float *rx = host(bytes), *rout = host(bytes), *tmp = host(bytes);
+                    float *gx1 = host(bytes), *gx2 = host(bytes), *gout1 = host(bytes), *gout2 = host(bytes);
+                    uint8_t *gxp1 = host(pb), *gxp2 = host(pb);
+                    fill(x, n, 2.0f, &rng), fill(y, n, 0.5f, &rng), fill(w, C, 1.5f, &rng), fill(pw, C, 1.5f, &rng);
+                    memcpy(rx, x, bytes);
+                    if (has_y) {
+                        memcpy(tmp, y, bytes);
+                        if (post) kiln_cpu_ops.rmsnorm_forward(&ctx, tmp, tmp, pw, T, C, post_eps);
+                        for (int64_t i = 0; i < n; i++) rx[i] += tmp[i];
+                    }
+                    kiln_cpu_ops.rmsnorm_forward(&ctx, rout, rx, w, T, C, eps);
+                    /* set 1: residual_norm then matvec_prepare; set 2: residual_norm_xp */
+                    float *b1x = dev(buf), *b1y = dev(buf), *b1o = dev(buf), *b2x = dev(buf), *b2y = dev(buf), *b2o = dev(buf);
+                    float *dw = dev((size_t)C * 4), *dpw = dev((size_t)C * 4);
+                    void *xp1 = dev(pb), *xp2 = dev(pb);
+                    CHECK(b1x && b1y && b1o && b2x && b2y && b2o && dw && dpw && xp1 && xp2);
+                    float *d1x = b1x + off, *d1y = b1y + off, *d2x = b2x + off, *d2y = b2y + off;
+                    float *d1o = mode == 4 ? d1y : b1o + off, *d2o = mode == 4 ? d2y : b2o + off;
+                    CHECK(kiln_cuda_upload(d1x, x, bytes) == KILN_OK && kiln_cuda_upload(d1y, y, bytes) == KILN_OK &&
+                          kiln_cuda_upload(d2x, x, bytes) == KILN_OK && kiln_cuda_upload(d2y, y, bytes) == KILN_OK &&
+                          kiln_cuda_upload(dw, w, (size_t)C * 4) == KILN_OK && kiln_cuda_upload(dpw, pw, (size_t)C * 4) == KILN_OK &&
+                          poison(xp1, pb) == KILN_OK && poison(xp2, pb) == KILN_OK, "%s", kiln_last_error());
+                    if (mode != 4) CHECK(poison(d1o, bytes) == KILN_OK && poison(d2o, bytes) == KILN_OK);
+                    CHECK(kiln_cuda_residual_norm(d1x, has_y ? d1y : NULL, post ? dpw : NULL, post_eps, d1o, dw, eps, T, C,
+                                                  NULL) == KILN_OK, "%s", kiln_last_error());
+                    CHECK(kiln_cuda_matvec_prepare(xp1, d1o, T, C, NULL) == KILN_OK, "%s", kiln_last_error());
+                    CHECK(kiln_cuda_residual_norm_xp(d2x, has_y ? d2y : NULL, post ? dpw : NULL, post_eps, d2o, xp2, dw, eps,
+                                                     T, C, NULL) == KILN_OK, "%s", kiln_last_error());
+                    CHECK(kiln_cuda_sync() == KILN_OK && kiln_cuda_download(gx1, d1x, bytes) == KILN_OK &&
+                          kiln_cuda_download(gx2, d2x, bytes) == KILN_OK && kiln_cuda_download(gout1, d1o, bytes) == KILN_OK &&
+                          kiln_cuda_download(gout2, d2o, bytes) == KILN_OK && kiln_cuda_download(gxp1, xp1, pb) == KILN_OK &&
+                          kiln_cuda_download(gxp2, xp2, pb) == KILN_OK, "%s", kiln_last_error());
+                    char what[160];
+                    snprintf(what, sizeof what, "residual_norm_xp %s T %lld C %lld%s", mode_name[mode], (long long)T,
+                             (long long)C, off ? " (unaligned)" : "");
+                    int64_t bad = first_diff(gx2, gx1, bytes); /* bytes to floats below; -1 stays -1 */
+                    bad = bad < 0 ? -1 : bad / 4;
+                    CHECK(bad < 0, "%s: x differs from residual_norm's at %lld: %.9g vs %.9g", what, (long long)bad,
+                          gx2[bad], gx1[bad]);
+                    bad = first_diff(gout2, gout1, bytes);
+                    bad = bad < 0 ? -1 : bad / 4;
+                    CHECK(bad < 0, "%s: out differs from residual_norm's at %lld (token %lld col %lld): %.9g vs %.9g", what,
+                          (long long)bad, (long long)(bad / C), (long long)(bad % C), gout2[bad], gout1[bad]);
+                    char ow[200];
+                    snprintf(ow, sizeof ow, "%s: out", what);
+                    CHECK(within(ow, gout2, rout, n, 1e-5, 1e-11, 0.0, msg, sizeof msg), "%s", msg);
+                    bad = first_diff(gxp2, gxp1, (size_t)n);
+                    CHECK(bad < 0, "%s: code %lld (token %lld col %lld) is %d, matvec_prepare's %d (out %.9g)", what,
+                          (long long)bad, (long long)(bad / C), (long long)(bad % C), (int)(int8_t)gxp2[bad],
+                          (int)(int8_t)gxp1[bad], gout1[bad]);
+                    bad = first_diff(gxp2 + n, gxp1 + n, pb - (size_t)n);
+                    if (bad >= 0) {
+                        const int64_t blk = bad / 8; /* float2 {d, d * sum} per block of 32 */
+                        float a[2], r[2];
+                        memcpy(a, gxp2 + n + 8 * blk, 8), memcpy(r, gxp1 + n + 8 * blk, 8);
+                        CHECK(0, "%s: scales of block %lld (token %lld, cols %lld..) are {%.9g, %.9g}, matvec_prepare's {%.9g, %.9g}",
+                              what, (long long)blk, (long long)(blk / (C / 32)), (long long)(blk % (C / 32) * 32), a[0], a[1],
+                              r[0], r[1]);
+                    }
+                    release_all();
+                }
+}
+
+/* The contract's refusals, each before anything runs: x keeps its bytes and xp its poison. */
+static void test_residual_norm_xp_errors(void) {
+    release_all();
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    enum { T = 9, C = 96 };
+    unsigned long long rng = 707;
+    float *x = host(T * C * 4), *got = host(T * C * 4);
+    fill(x, T * C, 2.0f, &rng);
+    const size_t pb = kiln_cuda_matvec_prep_bytes(T, C);
+    uint8_t *gxp = host(pb), *poisoned = host(pb);
+    memset(poisoned, 0xff, pb);
+    float *dx = dev(T * C * 4), *dy = dev(T * C * 4), *dout = dev(T * C * 4), *dw = dev(C * 4);
+    uint8_t *dxp = dev(pb + 16);
+    CHECK(dx && dy && dout && dw && dxp);
+    CHECK(kiln_cuda_upload(dx, x, T * C * 4) == KILN_OK && kiln_cuda_upload(dy, x, T * C * 4) == KILN_OK &&
+          kiln_cuda_upload(dw, x, C * 4) == KILN_OK && poison(dxp, pb) == KILN_OK, "%s", kiln_last_error());
+    struct {
+        const char *what;
+        float *out;
+        void *xp;
+        const float *w;
+        int64_t T, C;
+    } bad[] = {
+        {"T 9 > KILN_CUDA_MATVEC_MAX_T", dout, dxp, dw, 9, 64},
+        {"C 48 not a multiple of 32", dout, dxp, dw, 1, 48},
+        {"C 100 not a multiple of 32", dout, dxp, dw, 2, 100},
+        {"out NULL", NULL, dxp, dw, 1, 64},
+        {"xp NULL", dout, NULL, dw, 1, 64},
+        {"xp not 16-byte aligned", dout, dxp + 4, dw, 1, 64},
+        {"w NULL", dout, dxp, NULL, 1, 64},
+        {"T < 0", dout, dxp, dw, -1, 64},
+        {"C 0", dout, dxp, dw, 1, 0},
+    };
+    for (int i = 0; i < COUNT(bad); i++) {
+        kiln_status s = kiln_cuda_residual_norm_xp(dx, dy, NULL, 1e-5f, bad[i].out, bad[i].xp, bad[i].w, 1e-6f, bad[i].T,
+                                                   bad[i].C, NULL);
+        CHECK(s == KILN_ERR_INVALID, "residual_norm_xp with %s: status %d, want KILN_ERR_INVALID", bad[i].what, (int)s);
+    }
+    CHECK(kiln_cuda_residual_norm(dx, dy, NULL, 1e-5f, dout, NULL, 1e-6f, 1, 64, NULL) == KILN_ERR_INVALID,
+          "residual_norm with out but no w");
+    CHECK(kiln_cuda_sync() == KILN_OK && kiln_cuda_download(got, dx, T * C * 4) == KILN_OK &&
+          kiln_cuda_download(gxp, dxp, pb) == KILN_OK, "%s", kiln_last_error());
+    CHECK(memcmp(got, x, T * C * 4) == 0, "a refused call modified x (first differing byte %lld)",
+          (long long)first_diff(got, x, T * C * 4));
+    CHECK(memcmp(gxp, poisoned, pb) == 0, "a refused call wrote xp (first written byte %lld)",
+          (long long)first_diff(gxp, poisoned, pb));
+    release_all();
+}
+
 /* ---------------------------------------------------------------- qkv_post */
 
 typedef struct {
@@ -460,6 +608,8 @@ int main(void) {
     if (kiln_pool_create(1, &pool) != KILN_OK) return 1;
     RUN(test_embed);
     RUN(test_residual_norm);
+    RUN(test_residual_norm_xp);
+    RUN(test_residual_norm_xp_errors);
     RUN(test_qkv_post);
     RUN(test_activations);
     RUN(test_argmax);

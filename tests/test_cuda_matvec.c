@@ -175,7 +175,9 @@ typedef struct {
  * of a 64-thread group; (4096, 512): many CTAs of 32-thread groups; (129, 11008): 7B FFN width, 128-thread groups in
  * several passes, the last CTA holding one row. Float types also take widths that are not multiples of 8 or 32
  * (the one-weight-per-thread path, and a prepare that must succeed doing nothing). */
-static const shape shapes[] = {{37, 256}, {1000, 2304}, {4096, 512}, {129, 11008}};
+/* {4097, 2304} and the GLU's {2049, 2304}: >= 2048 groups, so the K-quants run one warp per group from T = 4 on
+ * (launch_t), with a partial last group */
+static const shape shapes[] = {{37, 256}, {1000, 2304}, {4096, 512}, {129, 11008}, {4097, 2304}};
 static const shape float_shapes[] = {{37, 100}, {5, 8}, {64, 264}};
 
 static void test_matvec_type(kiln_type t, shape sh, bool add, unsigned long long *rng, bool *ok) {
@@ -310,7 +312,7 @@ static void test_matvec_glu_type(kiln_type t, shape sh, bool geglu, unsigned lon
 static void test_matvec_glu(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     unsigned long long rng = 0x676c75ULL;
-    static const shape glu_shapes[] = {{37, 256}, {1000, 2304}, {129, 11008}};
+    static const shape glu_shapes[] = {{37, 256}, {1000, 2304}, {129, 11008}, {2049, 2304}};
     for (int ti = 0; ti < COUNT(types); ti++)
         for (int geglu = 0; geglu < 2; geglu++)
             for (int si = 0; si < COUNT(glu_shapes) + (is_float(types[ti]) ? 1 : 0); si++) {

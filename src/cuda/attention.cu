@@ -1,12 +1,14 @@
 /* attention.cu: causal GQA attention over the f16 KV cache (kernels.h's contract), in fp32 from exact f16 k, v.
  *
- * Decode (T <= ATTN_DECODE_MAX_T): flash-decoding. The keys are cut at fixed positions into splits of `chunk`
- * keys (64, more past 16384 positions so there are at most 256), chosen from max_pos alone, so the grid is the
- * same at every position and a captured graph replays anywhere. Block (KV head g, batch of up to 8 of its query
- * heads; split; token) reads each of its K and V rows once (16-byte loads, a group of SG lanes per row) for all
- * the query heads it serves, and writes the split's max m, sum l of exp(s - m) and unnormalized output o into ws.
- * Blocks whose split lies outside the query's keys max(0, p - window + 1) .. p exit at once. attn_decode_combine
- * then merges the live splits of each (token, head) (FlashAttention's rescaling by exp(m_s - M)).
+ * Decode (T <= ATTN_DECODE_MAX_T): flash-decoding in one kernel. The grid is fixed by max_pos alone (at most
+ * ATTN_MAX_SPLITS splits per query), so a captured graph replays anywhere; each query's keys max(0, p - window + 1)
+ * .. p are cut on the device into splits of >= ATTN_KEYS_MIN keys. Block (KV head g, batch of its query heads;
+ * split; token) reads each of its K and V rows once (16-byte loads, a group of SG lanes per row) for all the query
+ * heads it serves, in one pass with an online softmax. A query with one live split (any context up to 64 keys) is
+ * finished by that block; otherwise each split writes (m, l, o) into ws and the last one to finish, found by an
+ * atomic counter in ws, merges them (FlashAttention's rescaling by exp(m_s - M)) and zeroes the counter again.
+ * So ws MUST BE ZERO-FILLED ONCE before the first decode launch (cudaMemset); every launch leaves it so.
+ * kiln_cuda_attention_xp also writes out's prepared form for the wo matvec from the block that writes out.
  *
  * Prefill (larger T): a flash-attention kernel on CUDA cores. A block takes QPB consecutive (token, head) rows of
  * one KV group (so K/V tiles are shared by the group's query heads), each row owned by TPQ lanes holding 16 (or 8)
@@ -20,10 +22,12 @@
  * .., 248) share two kernels that take the head size at run time, laid out for 128 or 256.
  *
  * Positions come only from *d_pos0 (read on the device). A query at p >= max_pos (or p < 0) breaks the contract:
- * its output is NaN rather than a silently wrong number. tests/test_cuda_attention.c checks both paths against
- * the CPU oracle (kiln_cpu_ops.attention_window_forward) and a double reference, and replays one launch at two
- * positions. */
+ * its output is NaN rather than a silently wrong number. Every kernel follows launch.h's PDL contract.
+ * tests/test_cuda_attention.c checks both paths against the CPU oracle (kiln_cpu_ops.attention_window_forward) and
+ * a double reference, replays one launch at several positions (the counters back at zero after each), and checks
+ * attention_xp's xp byte for byte against kiln_cuda_matvec_prepare. */
 #include "cuda/kernels.h"
+#include "cuda/launch.h"
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -35,24 +39,22 @@ extern "C" kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
 #define ATTN_THREADS 128
 #define ATTN_DECODE_MAX_T 8 /* up to this many tokens take the split-K path, one grid slice per token */
 #define ATTN_GB 8           /* query heads of one KV head served per decode block (more: several blocks) */
-#define ATTN_CHUNK_MIN 64   /* keys per split: 4096 positions x 8 KV heads give 512 blocks for 132 SMs */
-#define ATTN_CHUNK_MAX 512  /* bounds the decode block's score buffer (8 heads x 512 x 4 B = 16 KiB) */
-#define ATTN_MAX_SPLITS 256 /* chunk grows past 64 keys to keep the splits (and the combine's loop) this few */
+#define ATTN_KEYS_MIN 64    /* keys per decode split at least: 2 batches of K+V loads at HS 128 */
+#define ATTN_MAX_SPLITS 32  /* splits per query at most: 4096 positions x 8 KV heads give 256 blocks of 128 keys,
+                               and the merging block reads 32 partials per output */
 #define ATTN_BK 32          /* keys per prefill tile */
 
 /* ---------------------------------------------------------------- helpers */
 
-/* Keys per decode split for a context of max_pos: the power of two >= max_pos / 256, within [64, 512]. */
-static int64_t decode_chunk(int64_t max_pos) {
-    int64_t c = ATTN_CHUNK_MIN;
-    while (c < ATTN_CHUNK_MAX && c * ATTN_MAX_SPLITS < max_pos) c *= 2;
-    return c;
+/* The decode grid's splits for a context of max_pos (the device sizes each query's splits from its own keys). */
+static int64_t decode_splits(int64_t max_pos) {
+    const int64_t n = (max_pos + ATTN_KEYS_MIN - 1) / ATTN_KEYS_MIN;
+    return n < ATTN_MAX_SPLITS ? n : ATTN_MAX_SPLITS;
 }
 
-static int64_t decode_splits(int64_t max_pos) {
-    const int64_t c = decode_chunk(max_pos);
-    return (max_pos + c - 1) / c;
-}
+/* Bytes of the decode counters at the start of ws: one per (token, block of query heads) <= ATTN_DECODE_MAX_T * NH,
+ * padded to 256 so the partials after them stay aligned. */
+static size_t decode_counter_bytes(int64_t NH) { return ((size_t)ATTN_DECODE_MAX_T * (size_t)NH * 4 + 255) / 256 * 256; }
 
 /* The smallest power of two >= n. */
 static __host__ __device__ constexpr int pow2_at_least(int n) {
@@ -85,67 +87,141 @@ static __device__ __forceinline__ void h8_to_f32(uint4 u, float *f) {
 /* The first key position a query at p sees. */
 static __device__ __forceinline__ int first_key(int p, int window) { return window > 0 ? max(0, p - window + 1) : 0; }
 
-/* ---------------------------------------------------------------- decode: split-K partials
- * Grid (NKV * ceil(G / 8), n_splits, T), ATTN_THREADS threads. Lanes form groups of SG (a power of two >= HSM / 8):
- * lane_g of a group loads bytes [16 lane_g, 16 lane_g + 16) of a K or V row, so a warp reads 32 / SG whole rows
- * per load (HS 80 and 96 leave 6 and 4 of 16 lanes idle; HS 8 has SG 1, a row per lane). R = ATTN_THREADS / SG
- * rows are in flight, 4 each per batch. Pass 1 puts the scaled scores of the split in shared memory, pass 2 takes
- * each head's max and turns the scores into exp(s - m), pass 3 sums p_j v_j per lane and adds the R workers' sums
- * through shared memory.
+/* ---------------------------------------------------------------- decode: split-K in one kernel
+ * Grid (NKV * ceil(G / GBM), n_splits, T), ATTN_THREADS threads, GBM 1 (G = 1), 4 (G <= 4) or 8. Block
+ * (x, split, t) serves query heads h0 .. h0 + gb - 1 (gb <= GBM) of KV head g at token t. Lanes form groups of SG (a power of two >= HSM / 8): lane_g of a group
+ * loads bytes [16 lane_g, 16 lane_g + 16) of a K or V row, so a warp reads 32 / SG whole rows per load (HS 80 and
+ * 96 leave 6 and 4 of 16 lanes idle; HS 8 has SG 1, a row per lane). The R = ATTN_THREADS / SG groups ("workers")
+ * take rows w, w + R, .., U = 4 each per batch, loading the batch's K and V rows together (one memory round trip
+ * per batch, 8 16-byte loads in flight per lane), and each keeps its own online softmax (m, l, acc) per head,
+ * rescaled once per batch. One pass over the keys, no score buffer, so a split may be any length.
  *
- * ws: part_o (T, NH, n_splits, HS) unnormalized outputs, part_ml (T, NH, n_splits, 2) (m, l). */
-template <int HSM, bool EXACT>
+ * Splits are sized on the device from the query's own key count n = p - lo + 1: chunk = max(ATTN_KEYS_MIN,
+ * ceil(n / n_splits)) rounded up to 32, so short contexts take one split (no combine at all: that block writes out
+ * itself) and long ones spread over all n_splits. Blocks whose split lies past the query's keys exit at once.
+ *
+ * With several live splits, each block writes its (m, l, o) into ws, fences, and counts itself on the (t, x)
+ * counter; the block that counts last merges the live splits (FlashAttention's rescaling by exp(m_s - M), in split
+ * order, exactly the math of the former separate combine kernel) and resets the counter to 0 for the next launch.
+ * When xq is set (kiln_cuda_attention_xp; HS % 32 == 0 so a block of 32 never crosses a head) the writer of out
+ * also writes its prepared form with matvec_prepare_kernel's arithmetic, bit for bit.
+ *
+ * ws: counters (ATTN_DECODE_MAX_T * NH uint32 at (t, x), padded to 256 bytes; they must be zero before the first
+ * launch and every launch leaves them zero), part_o (T, NH, n_splits, HS) unnormalized outputs, part_ml (T, NH, n_splits, 2). */
+
+/* v is element i of a row-major (T, C) tensor with C % 32 == 0, and the warp's 32 lanes hold one aligned block of 32
+ * (i = 32 k + lane): writes its int8 code and the block's {d, d * sum(q)} as matvec_prepare_kernel does. */
+static __device__ __forceinline__ void prepare_store(int8_t *xq, float2 *xds, size_t i, float v) {
+    float amax = fabsf(v);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int qv = (int)roundf(v * id); /* ties away from zero, as GGML */
+    int sum = qv;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    xq[i] = (int8_t)qv;
+    if ((i & 31) == 0) xds[i / 32] = make_float2(d, d * (float)sum);
+}
+
+/* GBM: query heads per block at most (1, 4 or 8): the accumulators are GBM x 8 registers per lane. */
+template <int HSM, bool EXACT, int GBM>
 __global__ void __launch_bounds__(ATTN_THREADS)
-attn_decode_split(float *part_o, float *part_ml, const float *q, const __half *k_cache, const __half *v_cache,
-                  const int32_t *d_pos0, int hs, int NH, int NKV, int window, int rows, int max_pos, int chunk,
-                  int n_splits, float scale) {
+attn_decode(float *out, int8_t *xq, float2 *xds, unsigned *counters, float *part_o, float *part_ml, const float *q,
+            const __half *k_cache, const __half *v_cache, const int32_t *d_pos0, int hs, int NH, int NKV, int window,
+            int rows, int max_pos, float scale) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
     const int HS = EXACT ? HSM : hs; /* a constant when EXACT */
     const int NP = HS / 8;           /* 16-byte pieces of a row */
     constexpr int SG = decode_group(HSM);
     constexpr int R = ATTN_THREADS / SG;
-    constexpr int U = 4; /* rows per worker per batch: four 16-byte loads in flight per lane */
-    const int G = NH / NKV, nhb = (G + ATTN_GB - 1) / ATTN_GB;
-    const int g = blockIdx.x / nhb, h0 = (blockIdx.x % nhb) * ATTN_GB, gb = min(ATTN_GB, G - h0);
-    const int split = blockIdx.y, t = blockIdx.z;
+    constexpr int U = 4;                                /* rows per worker per batch */
+    constexpr int QV = (GBM * HSM / 4 + ATTN_THREADS - 1) / ATTN_THREADS; /* float4s of q per thread */
+    const int G = NH / NKV, nhb = (G + GBM - 1) / GBM, gbmax = min(GBM, G);
+    const int g = blockIdx.x / nhb, h0 = (blockIdx.x % nhb) * GBM, gb = min(GBM, G - h0);
+    const int split = blockIdx.y, n_splits = gridDim.y, t = blockIdx.z;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const size_t row0 = (size_t)t * NH + (size_t)g * G + h0; /* (token, head) row of head h0; h0 + hh at row0 + hh */
+
+    /* q's loads go out together with d_pos0's: they do not depend on the position */
+    float4 qv[QV];
+    const float4 *q4 = (const float4 *)(q + row0 * HS);
+#pragma unroll
+    for (int k = 0; k < QV; k++) {
+        const int i = tid + k * ATTN_THREADS;
+        if (i < gb * HS / 4) qv[k] = q4[i];
+    }
     const int p = d_pos0[0] + t;
-    if (p < 0 || p >= max_pos) return; /* the combine writes NaN */
-    const int j0 = max(first_key(p, window), split * chunk), j1 = min(p, split * chunk + chunk - 1);
-    if (j0 > j1) return; /* a split this query does not see: the combine skips it */
-    const int n = j1 - j0 + 1;
+    float *o_blk = out + row0 * HS; /* (gb, HS): the block's heads are contiguous in out's row t */
+    if (p < 0 || p >= max_pos) {    /* outside the contract: NaN, from split 0 alone */
+        if (split == 0)
+            for (int i = tid; i < gb * HS; i += ATTN_THREADS) {
+                const float v = __int_as_float(0x7fc00000);
+                o_blk[i] = v;
+                if (xq) prepare_store(xq, xds, row0 * HS + i, v);
+            }
+        return;
+    }
+    const int lo = first_key(p, window), n_keys = p - lo + 1;
+    int chunk = max(ATTN_KEYS_MIN, (int)(((int64_t)n_keys + n_splits - 1) / n_splits));
+    chunk = (int)(((int64_t)chunk + 31) / 32 * 32);
+    const int n_live = (int)(((int64_t)n_keys + chunk - 1) / chunk); /* <= n_splits */
+    if (split >= n_live) return; /* not counted: the last block waits only for the live ones */
+    const int j0 = lo + split * chunk, n = min(chunk, n_keys - split * chunk);
 
-    extern __shared__ __align__(16) float smem[]; /* float4 reads of s_q */
-    float *s_q = smem;                  /* (gb, HS) queries of this block's heads */
-    float *s_s = s_q + ATTN_GB * HS;    /* (gb, chunk) scores, then exp(s - m) */
-    float *s_red = s_s + ATTN_GB * chunk; /* (R, HS) the workers' output sums, one head at a time */
-    __shared__ float s_m[ATTN_GB], s_l[ATTN_GB];
-
-    const int tid = threadIdx.x, lane_g = tid % SG, w = tid / SG;
-    const bool active = lane_g < NP;
-    const float *qt = q + ((size_t)t * NH + (size_t)g * G + h0) * HS; /* heads h0 .. h0 + gb - 1 are contiguous */
-    for (int i = tid; i < gb * HS; i += ATTN_THREADS) s_q[i] = qt[i];
+    extern __shared__ __align__(16) float smem[]; /* float4 access to s_q */
+    float *s_q = smem;                        /* (gbmax, HS) this block's queries */
+    float *s_red = s_q + gbmax * HS;          /* (gbmax, R, HS) the workers' acc; later the merge's (m, l, factor) */
+    float *s_wm = s_red + gbmax * R * HS;     /* (gbmax, R) the workers' m */
+    float *s_wl = s_wm + gbmax * R;           /* (gbmax, R) the workers' l */
+    float *s_wf = s_wl + gbmax * R;           /* (gbmax, R) exp(m_w - M) */
+    __shared__ float s_M[GBM], s_L[GBM], s_inv[GBM];
+    __shared__ int s_last;
+#pragma unroll
+    for (int k = 0; k < QV; k++) {
+        const int i = tid + k * ATTN_THREADS;
+        if (i < gb * HS / 4) ((float4 *)s_q)[i] = qv[k];
+    }
     __syncthreads();
 
+    const int lane_g = tid % SG, w = tid / SG;
+    const bool active = lane_g < NP;
     const size_t kv_stride = (size_t)NKV * HS; /* elements between cache rows */
     const __half *kb = k_cache + (size_t)g * HS + lane_g * 8, *vb = v_cache + (size_t)g * HS + lane_g * 8;
+    float m[GBM], l[GBM], acc[GBM][8];
+#pragma unroll
+    for (int hh = 0; hh < GBM; hh++) {
+        m[hh] = -INFINITY, l[hh] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[hh][i] = 0.0f;
+    }
 
-    /* Pass 1: scores. The loop is uniform over the block (n and R are), so the full-warp shuffles are safe. */
+    /* The loop is uniform over the block (n and R are), so the full-warp shuffles are safe. */
     for (int base = 0; base < n; base += U * R) {
-        float kf[U][8];
+        uint4 kr[U], vr[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int jj = base + u * R + w;
-            uint4 raw = make_uint4(0, 0, 0, 0);
-            if (active && jj < n) raw = *(const uint4 *)(kb + (size_t)((j0 + jj) % rows) * kv_stride);
-            h8_to_f32(raw, kf[u]);
+            kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+            if (active && jj < n) {
+                const size_t off = (size_t)((j0 + jj) % rows) * kv_stride;
+                kr[u] = *(const uint4 *)(kb + off);
+                vr[u] = *(const uint4 *)(vb + off);
+            }
         }
+        float kf[U][8];
 #pragma unroll
-        for (int hh = 0; hh < ATTN_GB; hh++) {
+        for (int u = 0; u < U; u++) h8_to_f32(kr[u], kf[u]);
+#pragma unroll
+        for (int hh = 0; hh < GBM; hh++) {
             if (hh >= gb) break; /* uniform */
             float qf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             if (active) {
                 const float4 a = *(const float4 *)(s_q + hh * HS + lane_g * 8), b = *(const float4 *)(s_q + hh * HS + lane_g * 8 + 4);
                 qf[0] = a.x, qf[1] = a.y, qf[2] = a.z, qf[3] = a.w, qf[4] = b.x, qf[5] = b.y, qf[6] = b.z, qf[7] = b.w;
             }
+            float s[U], mx = m[hh];
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 float dot = 0.0f;
@@ -153,103 +229,122 @@ attn_decode_split(float *part_o, float *part_ml, const float *q, const __half *k
                 for (int i = 0; i < 8; i++) dot = fmaf(qf[i], kf[u][i], dot);
 #pragma unroll
                 for (int off = SG / 2; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-                const int jj = base + u * R + w;
-                if (lane_g == 0 && jj < n) s_s[hh * chunk + jj] = dot * scale;
+                s[u] = base + u * R + w < n ? dot * scale : -INFINITY; /* the same on every lane of the group */
+                mx = fmaxf(mx, s[u]);
             }
-        }
-    }
-    __syncthreads();
-
-    /* Pass 2: per head, m = max s and s <- exp(s - m), l = sum; warp wi takes heads wi, wi + 4. */
-    const int warp = tid / 32, lane = tid % 32;
-    for (int hh = warp; hh < gb; hh += ATTN_THREADS / 32) {
-        float *s = s_s + hh * chunk;
-        float m = -INFINITY;
-        for (int j = lane; j < n; j += 32) m = fmaxf(m, s[j]);
-        for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-        float l = 0.0f;
-        for (int j = lane; j < n; j += 32) l += (s[j] = expf(s[j] - m));
-        for (int off = 16; off > 0; off /= 2) l += __shfl_xor_sync(0xffffffffu, l, off);
-        if (lane == 0) s_m[hh] = m, s_l[hh] = l;
-    }
-    __syncthreads();
-
-    /* Pass 3: acc[hh] = sum_j p_j v_j over this worker's rows, 8 dims per lane. */
-    float acc[ATTN_GB][8];
+            if (mx == -INFINITY) continue; /* no row of this worker in the batch (the split's tail) */
+            const float fac = expf(m[hh] - mx); /* 0 on the worker's first batch (m = -inf) */
+            l[hh] *= fac;
 #pragma unroll
-    for (int hh = 0; hh < ATTN_GB; hh++)
+            for (int i = 0; i < 8; i++) acc[hh][i] *= fac;
 #pragma unroll
-        for (int i = 0; i < 8; i++) acc[hh][i] = 0.0f;
-    for (int base = 0; base < n; base += U * R) {
-        float vf[U][8];
+            for (int u = 0; u < U; u++) {
+                const float pj = expf(s[u] - mx); /* 0 past the split's end */
+                float vf[8];
+                h8_to_f32(vr[u], vf);
+                l[hh] += pj;
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int jj = base + u * R + w;
-            uint4 raw = make_uint4(0, 0, 0, 0);
-            if (active && jj < n) raw = *(const uint4 *)(vb + (size_t)((j0 + jj) % rows) * kv_stride);
-            h8_to_f32(raw, vf[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int jj = base + u * R + w;
-            if (jj >= n) break;
-#pragma unroll
-            for (int hh = 0; hh < ATTN_GB; hh++) {
-                if (hh >= gb) break;
-                const float pj = s_s[hh * chunk + jj];
-#pragma unroll
-                for (int i = 0; i < 8; i++) acc[hh][i] = fmaf(pj, vf[u][i], acc[hh][i]);
+                for (int i = 0; i < 8; i++) acc[hh][i] = fmaf(pj, vf[i], acc[hh][i]);
             }
+            m[hh] = mx;
         }
     }
 
-    /* The R workers' sums, one head at a time through s_red, in worker order (deterministic). */
-    const size_t part0 = ((size_t)t * NH + (size_t)g * G + h0) * n_splits + split; /* head hh at + hh * n_splits */
+    /* Merge the R workers: M = max m_w, L = sum l_w e^(m_w - M), o = sum acc_w e^(m_w - M), worker order. */
 #pragma unroll
-    for (int hh = 0; hh < ATTN_GB; hh++) {
-        if (hh >= gb) break; /* uniform: the barriers below are reached by all threads */
+    for (int hh = 0; hh < GBM; hh++) {
+        if (hh >= gb) break;
         if (active)
 #pragma unroll
-            for (int i = 0; i < 8; i++) s_red[w * HS + lane_g * 8 + i] = acc[hh][i];
-        __syncthreads();
-        float *o = part_o + (part0 + (size_t)hh * n_splits) * HS;
-        for (int d = tid; d < HS; d += ATTN_THREADS) {
-            float sum = 0.0f;
-#pragma unroll
-            for (int r = 0; r < R; r++) sum += s_red[r * HS + d];
-            o[d] = sum;
-        }
-        if (tid == 0) {
-            part_ml[2 * (part0 + (size_t)hh * n_splits)] = s_m[hh];
-            part_ml[2 * (part0 + (size_t)hh * n_splits) + 1] = s_l[hh];
-        }
-        __syncthreads();
+            for (int i = 0; i < 8; i++) s_red[(hh * R + w) * HS + lane_g * 8 + i] = acc[hh][i];
+        if (lane_g == 0) s_wm[hh * R + w] = m[hh], s_wl[hh * R + w] = l[hh];
     }
-}
+    __syncthreads();
+    for (int hh = warp; hh < gb; hh += ATTN_THREADS / 32) { /* warp-uniform: the shuffles see all lanes */
+        float M = -INFINITY;
+        for (int i = lane; i < R; i += 32) M = fmaxf(M, s_wm[hh * R + i]); /* finite: worker 0 has row 0 */
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+        float L = 0.0f;
+        for (int i = lane; i < R; i += 32) {
+            const float f = expf(s_wm[hh * R + i] - M); /* 0 for a worker without rows (m = -inf, l = acc = 0) */
+            s_wf[hh * R + i] = f;
+            L += s_wl[hh * R + i] * f;
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) L += __shfl_xor_sync(0xffffffffu, L, off);
+        if (lane == 0) s_M[hh] = M, s_L[hh] = L;
+    }
+    __syncthreads();
 
-/* Grid (NH, T), ATTN_THREADS threads: out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M) over the live splits
- * lo / chunk .. p / chunk (each holds at least one key, so l_s >= 1 and m_s is finite). */
-__global__ void __launch_bounds__(ATTN_THREADS)
-attn_decode_combine(float *out, const float *part_o, const float *part_ml, const int32_t *d_pos0, int NH, int HS,
-                    int window, int max_pos, int chunk, int n_splits) {
-    const int h = blockIdx.x, t = blockIdx.y;
-    const int p = d_pos0[0] + t;
-    float *o = out + ((size_t)t * NH + h) * HS;
-    if (p < 0 || p >= max_pos) {
-        for (int d = threadIdx.x; d < HS; d += blockDim.x) o[d] = __int_as_float(0x7fc00000); /* NaN */
+    if (n_live == 1) { /* the whole query in this block: out = o / l (the combine of one split, exactly) */
+        for (int i = tid; i < gb * HS; i += ATTN_THREADS) {
+            const int hh = i / HS, d = i - hh * HS;
+            float o = 0.0f;
+            for (int r = 0; r < R; r++) o += s_red[(hh * R + r) * HS + d] * s_wf[hh * R + r];
+            const float v = o * (1.0f / s_L[hh]);
+            o_blk[i] = v;
+            if (xq) prepare_store(xq, xds, row0 * HS + i, v);
+        }
         return;
     }
-    const int s_lo = first_key(p, window) / chunk, s_hi = p / chunk;
-    const size_t base = ((size_t)t * NH + h) * n_splits;
-    float M = -INFINITY;
-    for (int s = s_lo; s <= s_hi; s++) M = fmaxf(M, part_ml[2 * (base + s)]);
-    float L = 0.0f;
-    for (int s = s_lo; s <= s_hi; s++) L += part_ml[2 * (base + s) + 1] * expf(part_ml[2 * (base + s)] - M);
-    const float inv = 1.0f / L;
-    for (int d = threadIdx.x; d < HS; d += blockDim.x) {
+
+    /* This split's partial into ws; head hh's split s at (row0 + hh) * n_splits + s. */
+    for (int i = tid; i < gb * HS; i += ATTN_THREADS) {
+        const int hh = i / HS, d = i - hh * HS;
+        float o = 0.0f;
+        for (int r = 0; r < R; r++) o += s_red[(hh * R + r) * HS + d] * s_wf[hh * R + r];
+        part_o[((row0 + hh) * n_splits + split) * HS + d] = o;
+    }
+    if (tid < gb) {
+        part_ml[2 * ((row0 + tid) * n_splits + split)] = s_M[tid];
+        part_ml[2 * ((row0 + tid) * n_splits + split) + 1] = s_L[tid];
+    }
+    /* Count this split done; the last of the n_live merges (CUDA's threadFenceReduction pattern). */
+    __threadfence(); /* this thread's partials are visible device-wide before the count */
+    __syncthreads();
+    if (tid == 0) {
+        unsigned *ctr = counters + (size_t)t * gridDim.x + blockIdx.x;
+        const unsigned done = atomicAdd(ctr, 1u);
+        s_last = done == (unsigned)n_live - 1;
+        if (s_last) atomicExch(ctr, 0u); /* every live block has counted: ready for the next launch */
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+
+    /* out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M) over the live splits (each has >= 1 key, so l_s >= 1 and
+     * m_s is finite). The partials are read through L2 (__ldcg): other SMs wrote them. */
+    float *s_cm = s_red;                             /* (gbmax, ATTN_MAX_SPLITS) m_s: 96 gbmax floats in all, */
+    float *s_cl = s_cm + gbmax * ATTN_MAX_SPLITS;    /* l_s                 within s_red's >= 512 gbmax */
+    float *s_cf = s_cl + gbmax * ATTN_MAX_SPLITS;    /* e^(m_s - M) */
+    for (int i = tid; i < gb * n_live; i += ATTN_THREADS) {
+        const int hh = i / n_live, sp = i - hh * n_live;
+        s_cm[hh * ATTN_MAX_SPLITS + sp] = __ldcg(part_ml + 2 * ((row0 + hh) * n_splits + sp));
+        s_cl[hh * ATTN_MAX_SPLITS + sp] = __ldcg(part_ml + 2 * ((row0 + hh) * n_splits + sp) + 1);
+    }
+    __syncthreads();
+    if (tid < gb) {
+        const float *cm = s_cm + tid * ATTN_MAX_SPLITS, *cl = s_cl + tid * ATTN_MAX_SPLITS;
+        float M = -INFINITY;
+        for (int sp = 0; sp < n_live; sp++) M = fmaxf(M, cm[sp]);
+        float L = 0.0f;
+        for (int sp = 0; sp < n_live; sp++) {
+            const float f = expf(cm[sp] - M);
+            s_cf[tid * ATTN_MAX_SPLITS + sp] = f;
+            L += cl[sp] * f;
+        }
+        s_inv[tid] = 1.0f / L;
+    }
+    __syncthreads();
+    for (int i = tid; i < gb * HS; i += ATTN_THREADS) {
+        const int hh = i / HS, d = i - hh * HS;
+        const float *po = part_o + (row0 + hh) * n_splits * HS + d, *cf = s_cf + hh * ATTN_MAX_SPLITS;
         float a = 0.0f;
-        for (int s = s_lo; s <= s_hi; s++) a += part_o[(base + s) * HS + d] * expf(part_ml[2 * (base + s)] - M);
-        o[d] = a * inv;
+        for (int sp = 0; sp < n_live; sp++) a += __ldcg(po + (size_t)sp * HS) * cf[sp];
+        const float v = a * s_inv[hh];
+        o_blk[i] = v;
+        if (xq) prepare_store(xq, xds, row0 * HS + i, v);
     }
 }
 
@@ -263,6 +358,8 @@ template <int HSM, bool EXACT>
 __global__ void __launch_bounds__(ATTN_THREADS)
 attn_prefill(float *out, const float *q, const __half *k_cache, const __half *v_cache, const int32_t *d_pos0, int hs,
              int T, int NH, int NKV, int window, int rows, int max_pos, float scale) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
     const int HS = EXACT ? HSM : hs; /* a constant when EXACT */
     constexpr int D = prefill_dims(HSM, EXACT), TPQ = prefill_lanes(HSM, EXACT), QPB = ATTN_THREADS / TPQ;
     const int NSUB = HS / D, NP = HS / 8; /* lanes with dims, 16-byte pieces of a row */
@@ -354,51 +451,58 @@ attn_prefill(float *out, const float *q, const __half *k_cache, const __half *v_
 
 /* ---------------------------------------------------------------- launchers */
 
-static kiln_status launch_error(const char *what) {
-    cudaError_t e = cudaGetLastError();
+static kiln_status launch_error(const char *what, cudaError_t e) {
+    if (e == cudaSuccess) e = cudaGetLastError();
     return e == cudaSuccess ? KILN_OK : kiln_fail(KILN_ERR_IO, "cuda attention: %s launch failed: %s", what, cudaGetErrorString(e));
 }
 
-/* Workspace for the decode path's partials, enough for any launch of at most T tokens (a larger T runs the prefill
- * kernel, which needs none, but a later decode step of the same engine does). */
+/* Workspace for the decode path, enough for any launch of at most T tokens (a larger T runs the prefill kernel,
+ * which needs none, but a later decode step of the same engine does): the counters, then the partials. It must be
+ * zero-filled once before the first launch (cudaMemset); every decode launch leaves the counters at zero again. */
 extern "C" size_t kiln_cuda_attention_ws_bytes(int64_t T, int64_t NH, int64_t HS, int64_t max_pos) {
     if (T <= 0 || NH <= 0 || HS <= 0 || max_pos <= 0 || max_pos > INT32_MAX || NH > INT32_MAX || HS > 256) return 0;
     const int64_t Td = T < ATTN_DECODE_MAX_T ? T : ATTN_DECODE_MAX_T;
-    return (size_t)Td * (size_t)NH * (size_t)decode_splits(max_pos) * (size_t)(HS + 2) * sizeof(float);
+    return decode_counter_bytes(NH) +
+           (size_t)Td * (size_t)NH * (size_t)decode_splits(max_pos) * (size_t)(HS + 2) * sizeof(float);
 }
 
 template <int HSM, bool EXACT>
-static kiln_status attention_hs(float *out, const float *q, const __half *k, const __half *v, const int32_t *d_pos0,
-                                int HS, int T, int NH, int NKV, int window, int rows, int max_pos, float scale, void *ws,
-                                cudaStream_t s) {
+static kiln_status attention_hs(float *out, void *xp, const float *q, const __half *k, const __half *v,
+                                const int32_t *d_pos0, int HS, int T, int NH, int NKV, int window, int rows, int max_pos,
+                                float scale, void *ws, cudaStream_t s) {
     const int G = NH / NKV;
     if (T <= ATTN_DECODE_MAX_T) {
-        const int chunk = (int)decode_chunk(max_pos), n_splits = (int)decode_splits(max_pos);
-        float *part_o = (float *)ws, *part_ml = part_o + (size_t)T * NH * n_splits * HS;
-        const int nhb = (G + ATTN_GB - 1) / ATTN_GB;
+        const int n_splits = (int)decode_splits(max_pos);
+        unsigned *counters = (unsigned *)ws;
+        float *part_o = (float *)((char *)ws + decode_counter_bytes(NH));
+        float *part_ml = part_o + (size_t)T * NH * n_splits * HS;
+        int8_t *xq = (int8_t *)xp;
+        float2 *xds = xp ? (float2 *)(xq + (size_t)T * NH * HS) : NULL;
+        /* query heads per block: 1 (as LLaMA 7B), up to 4, or batches of 8 */
+        const int gbm = G == 1 ? 1 : G <= 4 ? 4 : ATTN_GB;
+        const int nhb = (G + gbm - 1) / gbm, gbmax = G < gbm ? G : gbm;
         const dim3 grid((unsigned)(NKV * nhb), (unsigned)n_splits, (unsigned)T);
-        /* s_q (8, HS), s_s (8, chunk), s_red (R, HS): 28 KiB at HS 256 and chunk 512, 20 KiB at HS 8 (R = 128) */
-        const size_t shm = sizeof(float) * ((size_t)ATTN_GB * HS + (size_t)ATTN_GB * chunk +
-                                            (size_t)(ATTN_THREADS / decode_group(HSM)) * HS);
-        attn_decode_split<HSM, EXACT><<<grid, ATTN_THREADS, shm, s>>>(part_o, part_ml, q, k, v, d_pos0, HS, NH, NKV,
-                                                                      window, rows, max_pos, chunk, n_splits, scale);
-        kiln_status st = launch_error("decode split");
-        if (st != KILN_OK) return st;
-        attn_decode_combine<<<dim3((unsigned)NH, (unsigned)T), ATTN_THREADS, 0, s>>>(out, part_o, part_ml, d_pos0, NH, HS,
-                                                                                    window, max_pos, chunk, n_splits);
-        return launch_error("decode combine");
+        /* s_q (gbmax, HS), s_red (gbmax, R, HS), s_wm, s_wl, s_wf (gbmax, R): with R HS <= 1024, 44 KiB at most
+         * (HS 8, R = 128, 8 heads), 4.6 KiB at HS 128 with one query head per KV head */
+        const size_t R = ATTN_THREADS / decode_group(HSM);
+        const size_t shm = sizeof(float) * (size_t)gbmax * ((size_t)HS + R * HS + 3 * R);
+        void (*kern)(float *, int8_t *, float2 *, unsigned *, float *, float *, const float *, const __half *,
+                     const __half *, const int32_t *, int, int, int, int, int, int, float) =
+            gbm == 1 ? attn_decode<HSM, EXACT, 1> : gbm == 4 ? attn_decode<HSM, EXACT, 4> : attn_decode<HSM, EXACT, ATTN_GB>;
+        return launch_error("decode", kiln_launch(kern, grid, dim3(ATTN_THREADS), shm, s, out, xq, xds, counters, part_o,
+                                                  part_ml, q, k, v, d_pos0, HS, NH, NKV, window, rows, max_pos, scale));
     }
     constexpr int QPB = ATTN_THREADS / prefill_lanes(HSM, EXACT);
     const int64_t blocks = ((int64_t)T * G + QPB - 1) / QPB;
-    attn_prefill<HSM, EXACT><<<dim3((unsigned)blocks, (unsigned)NKV), ATTN_THREADS, 0, s>>>(out, q, k, v, d_pos0, HS, T, NH,
-                                                                                           NKV, window, rows, max_pos, scale);
-    return launch_error("prefill");
+    return launch_error("prefill", kiln_launch(attn_prefill<HSM, EXACT>, dim3((unsigned)blocks, (unsigned)NKV),
+                                               dim3(ATTN_THREADS), 0, s, out, q, k, v, d_pos0, HS, T, NH, NKV, window,
+                                               rows, max_pos, scale));
 }
 
-extern "C" kiln_status kiln_cuda_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                                           const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
-                                           int64_t window, int64_t rows, int64_t max_pos, float scale, void *ws,
-                                           void *stream) {
+/* Both launchers: xp NULL for kiln_cuda_attention. */
+static kiln_status attention(float *out, void *xp, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                             const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t window,
+                             int64_t rows, int64_t max_pos, float scale, void *ws, void *stream) {
     if (!out || !q || !k_cache || !v_cache || !d_pos0)
         return kiln_fail(KILN_ERR_INVALID, "cuda attention: a NULL pointer");
     if (T <= 0 || NH <= 0 || NKV <= 0 || NH % NKV || window < 0 || rows <= 0 || max_pos < T || max_pos > INT32_MAX ||
@@ -410,15 +514,13 @@ extern "C" kiln_status kiln_cuda_attention(float *out, const float *q, const uin
                          (long long)rows, (long long)max_pos, (long long)window, (long long)T);
     if (T <= ATTN_DECODE_MAX_T && !ws)
         return kiln_fail(KILN_ERR_INVALID, "cuda attention: decode needs a workspace of kiln_cuda_attention_ws_bytes");
-    if (decode_splits(max_pos) > 65535)
-        return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda attention: a context of %lld positions is too long", (long long)max_pos);
     const __half *k = (const __half *)k_cache, *v = (const __half *)v_cache;
     const int Ti = (int)T, NHi = (int)NH, NKVi = (int)NKV, Wi = (int)window, Ri = (int)rows, Mi = (int)max_pos;
     cudaStream_t s = (cudaStream_t)stream;
     if (HS < 8 || HS > 256 || HS % 8) /* the kernels load rows in 16-byte pieces */
         return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda attention: head size %lld is not a multiple of 8 in 8 .. 256", (long long)HS);
     const int H = (int)HS;
-#define ATTN_ARGS out, q, k, v, d_pos0, H, Ti, NHi, NKVi, Wi, Ri, Mi, scale, ws, s
+#define ATTN_ARGS out, xp, q, k, v, d_pos0, H, Ti, NHi, NKVi, Wi, Ri, Mi, scale, ws, s
     switch (H) {
     case 8: return attention_hs<8, true>(ATTN_ARGS);
     case 16: return attention_hs<16, true>(ATTN_ARGS);
@@ -435,4 +537,24 @@ extern "C" kiln_status kiln_cuda_attention(float *out, const float *q, const uin
     default: return H < 128 ? attention_hs<128, false>(ATTN_ARGS) : attention_hs<256, false>(ATTN_ARGS);
     }
 #undef ATTN_ARGS
+}
+
+extern "C" kiln_status kiln_cuda_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                                           const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                                           int64_t window, int64_t rows, int64_t max_pos, float scale, void *ws,
+                                           void *stream) {
+    return attention(out, NULL, q, k_cache, v_cache, d_pos0, T, NH, NKV, HS, window, rows, max_pos, scale, ws, stream);
+}
+
+/* The decode kernel's writer of each output block also writes its prepared form (a block of 32 within one head). */
+extern "C" kiln_status kiln_cuda_attention_xp(float *out, void *xp, const float *q, const uint16_t *k_cache,
+                                              const uint16_t *v_cache, const int32_t *d_pos0, int64_t T, int64_t NH,
+                                              int64_t NKV, int64_t HS, int64_t window, int64_t rows, int64_t max_pos,
+                                              float scale, void *ws, void *stream) {
+    if (T > KILN_CUDA_MATVEC_MAX_T || T > ATTN_DECODE_MAX_T || HS % 32)
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda attention_xp: T %lld, HS %lld: only T <= %d and HS a multiple of 32",
+                         (long long)T, (long long)HS, ATTN_DECODE_MAX_T);
+    if (!xp || (uintptr_t)xp % 16)
+        return kiln_fail(KILN_ERR_INVALID, "cuda attention_xp: xp NULL or not 16-byte aligned");
+    return attention(out, xp, q, k_cache, v_cache, d_pos0, T, NH, NKV, HS, window, rows, max_pos, scale, ws, stream);
 }

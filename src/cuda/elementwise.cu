@@ -1,12 +1,16 @@
 /* elementwise.cu: the CUDA kernels between the matmuls (kernels.h's elementwise section): the embedding gather,
- * the fused residual add + RMSNorm, the per-head q/k/v epilogue (bias, qk-norm, RoPE, q scale, f16 cache store),
- * the GLU activations, the sigmoid gate, scale/softcap and the greedy argmax. Each one is memory-bound and small,
- * so the aim is one pass over its data and no launch more than needed; the arithmetic repeats the CPU oracle's
- * float operations in its order with explicit round-to-nearest intrinsics (__fmul_rn, __fadd_rn, ...) so nvcc
- * cannot contract them into FMAs: the embedding is bit-exact, the norms differ only in the order of a double sum,
- * and the transcendental ops by the ulps between CUDA's expf/tanhf/cosf/sinf and the host's libm.
- * tests/test_cuda_elementwise.c checks every launcher against kiln_cpu_ops (src/cpu/ops*.c) and host loops. */
+ * the fused residual add + RMSNorm (optionally also writing its output's int8 form prepared for the matvecs), the
+ * per-head q/k/v epilogue (bias, qk-norm, RoPE, q scale, f16 cache store), the GLU activations, the sigmoid gate,
+ * scale/softcap and the greedy argmax. Each one is memory-bound and small, so the aim is one pass over its data
+ * and no launch more than needed; the arithmetic repeats the CPU oracle's float operations in its order with
+ * explicit round-to-nearest intrinsics (__fmul_rn, __fadd_rn, ...) so nvcc cannot contract them into FMAs: the
+ * embedding is bit-exact, the norms differ only in the order of a double sum, and the transcendental ops by the
+ * ulps between CUDA's expf/tanhf/sincosf and the host's libm. Every kernel used in decode is launched with PDL
+ * (launch.h: kiln_pdl_wait, kiln_pdl_trigger first).
+ * tests/test_cuda_elementwise.c checks every launcher against kiln_cpu_ops (src/cpu/ops*.c) and host loops, and
+ * residual_norm_xp's prepared form byte for byte against kiln_cuda_matvec_prepare. */
 #include "cuda/kernels.h"
+#include "cuda/launch.h"
 #include "quants.h"
 
 #include <cuda_fp16.h>
@@ -20,17 +24,23 @@ static kiln_status launched(const char *what) {
     return e == cudaSuccess ? KILN_OK : kiln_fail(KILN_ERR_IO, "CUDA %s launch failed: %s", what, cudaGetErrorString(e));
 }
 
+/* A kiln_launch's own error first, then any earlier asynchronous one. */
+static kiln_status checked(const char *what, cudaError_t e) {
+    return e == cudaSuccess ? launched(what) : kiln_fail(KILN_ERR_IO, "CUDA %s launch failed: %s", what, cudaGetErrorString(e));
+}
+
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 /* ---------------------------------------------------------------- block reductions */
 
 /* A block-wide sum in double, as the CPU's RMSNorm sums its float squares in double (ops_rmsnorm.c): the order
  * differs from the CPU's sequential sum, but in double that moves the float mean by at most an ulp, rarely.
- * Every thread gets the total; sh holds 32 doubles. Deterministic: a fixed tree over a fixed block size. */
+ * Every thread gets the total. One barrier: sh (32 doubles) must serve one call only, so a kernel reducing twice
+ * passes two arrays. Deterministic: a fixed tree over a fixed block size. */
 static __device__ __forceinline__ double block_sum(double v, double *sh) {
+#pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    __syncthreads(); /* an earlier call's readers are done with sh */
     if (lane == 0) sh[warp] = v;
     __syncthreads();
     double s = 0.0;
@@ -137,6 +147,8 @@ template <int TYPE>
 __global__ void embed_kernel(float *out,            /* (T, C) */
                              const uint8_t *table,  /* (V rows of row_bytes) */
                              size_t row_bytes, const int32_t *ids /* (T) */, int64_t C, float scale) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
     const int64_t t = blockIdx.x;
     const void *row = table + (size_t)ids[t] * row_bytes;
     float *o = out + t * C;
@@ -159,8 +171,9 @@ extern "C" kiln_status kiln_cuda_embed(float *out, const kiln_cuda_wt *table, co
     cudaStream_t s = (cudaStream_t)stream;
     const uint8_t *d = (const uint8_t *)table->data;
     const size_t rb = table->row_bytes;
+    cudaError_t e;
     switch (table->type) {
-#define EMBED(T_) embed_kernel<T_><<<(unsigned)T, threads, 0, s>>>(out, d, rb, d_ids, C, scale); break
+#define EMBED(T_) e = kiln_launch(embed_kernel<T_>, dim3((unsigned)T), dim3(threads), 0, s, out, d, rb, d_ids, C, scale); break
     case KILN_TYPE_F32: EMBED(KILN_TYPE_F32);
     case KILN_TYPE_F16: EMBED(KILN_TYPE_F16);
     case KILN_TYPE_BF16: EMBED(KILN_TYPE_BF16);
@@ -176,11 +189,19 @@ extern "C" kiln_status kiln_cuda_embed(float *out, const kiln_cuda_wt *table, co
         return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda embed: table type %s is not supported",
                          kiln_type_name(table->type) ? kiln_type_name(table->type) : "?");
     }
-    return launched("embed");
+    return checked("embed", e);
 }
 
-/* ---------------------------------------------------------------- residual add + RMSNorm
- * V floats per access: 4 (float4) when C % 4 == 0 and every pointer is 16-byte aligned, else 1. */
+/* ---------------------------------------------------------------- residual add + RMSNorm (+ prepared out)
+ * One block per row, the row held in registers: thread tid owns the accesses i = tid + j * threads (j < MAXN) of
+ * V floats each (V = 4, float4, when C % 4 == 0 and every pointer is 16-byte aligned; else 1). Every global
+ * value is loaded up front (x, y, post_w, w: one round trip of latency), so the kernel reads x, y, w once and
+ * writes x and out once, with one block_sum (one barrier) per norm. In decode (T = 1, C 2048..8192) this is
+ * latency bound: the old three-pass kernel with two double reductions of two barriers each took 4.31 us (ncu).
+ * Register budget: 4 arrays x MAXN x V floats; MAXN * V = 16 keeps it at 64 under the 128 that 512 threads allow
+ * (93 used), so rows up to 512 x 16 = 8192 floats never spill; 16384 (MAXN 8 x float4: ~90 bytes of spills) is the
+ * widest row taken, wider ones are KILN_ERR_UNSUPPORTED. The squares are still summed in double (free here: a few
+ * DADDs per thread), so the result keeps the old kernel's error bound against the CPU. */
 
 template <int V> struct fvec { float v[V]; };
 
@@ -202,76 +223,153 @@ template <int V> static __device__ __forceinline__ void store(float *p, const fv
         for (int k = 0; k < V; k++) p[k] = r.v[k];
 }
 
-/* One block per row. Pass 1 (post_w only): sum of y^2. Pass 2 (y only): x += y or x += (y * s1) * post_w, the
- * sum of the new x^2 taken on the way. Pass 3 (out only): out = (x * s2) * w, re-reading the row this thread
- * wrote (C <= 16K floats: L1/L2 hits). A __syncthreads (in block_sum) separates every pass from the next, so y and
- * out may be the same buffer and out may equal x. */
+#define RN_MAX_THREADS 512
+
+/* The prepared form of one access of out (matvec.cu's layout and matvec_prepare_kernel's exact operations): the
+ * 32-value block of consecutive elements is held by G = 32 / V consecutive lanes (accesses tid + j * threads with
+ * threads a multiple of 32, so a group never straddles warps or rows), amax and the code sum are taken over those
+ * G lanes by xor shuffles. Every lane of the warp calls this (the shuffles want all 32); ok says whether the access
+ * exists: C % 32 == 0 makes whole groups valid or not. The lane at the start of a group writes {d, d * sum(q)}. */
 template <int V>
-__global__ void residual_norm_kernel(float *x,             /* (T, C) */
-                                     const float *y,       /* (T, C) or NULL */
-                                     const float *post_w,  /* (C) or NULL */
-                                     float post_eps, float *out /* (T, C) or NULL */, const float *w /* (C) */,
-                                     float eps, int64_t C) {
-    __shared__ double sh[32];
-    const int64_t n = C / V, r = blockIdx.x;
-    float *xr = x + r * C;                       /* (C) */
-    const float *yr = y ? y + r * C : NULL;      /* (C) */
-    float *outr = out ? out + r * C : NULL;      /* (C) */
-    double ss = 0.0;
+static __device__ __forceinline__ void prepare_store(const fvec<V> &o, bool ok, int8_t *q /* (V) */, float2 *ds /* (1) */) {
+    const int G = 32 / V;
+    float amax = 0.0f; /* fmaxf(0, |v|) = |v|, and max is exact in any order: matvec_prepare's amax */
+#pragma unroll
+    for (int k = 0; k < V; k++) amax = fmaxf(amax, fabsf(o.v[k]));
+#pragma unroll
+    for (int off = G / 2; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    const float d = __fdiv_rn(amax, 127.0f), id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    int c[V], sum = 0;
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        c[k] = (int)roundf(__fmul_rn(o.v[k], id)); /* ties away from zero, as GGML */
+        sum += c[k];
+    }
+#pragma unroll
+    for (int off = G / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (!ok) return;
+    if constexpr (V == 4)
+        *(char4 *)q = make_char4((signed char)c[0], (signed char)c[1], (signed char)c[2], (signed char)c[3]);
+    else
+        q[0] = (int8_t)c[0];
+    if ((threadIdx.x & (G - 1)) == 0) *ds = make_float2(d, __fmul_rn(d, (float)sum));
+}
+
+/* x += y or x += (rmsnorm(y) * post_w), then out = rmsnorm(x) * w and, when XP, out's prepared form into
+ * xq (T, C) / xds (T, C / 32). Every load precedes every store of the same thread, and each thread stores only the
+ * elements it loaded, so y may be out and out may be x. */
+template <int V, int MAXN, bool XP>
+__global__ void __launch_bounds__(RN_MAX_THREADS)
+    residual_norm_kernel(float *x,            /* (T, C) */
+                         const float *y,      /* (T, C) or NULL */
+                         const float *post_w, /* (C) or NULL */
+                         float post_eps, float *out /* (T, C) or NULL */, const float *w /* (C) */, float eps, int C,
+                         int8_t *xq /* (T, C) when XP */, float2 *xds /* (T, C / 32) when XP */) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
+    __shared__ double sh_post[32], sh_norm[32]; /* one per reduction: each is written once, behind its own barrier */
+    const int n = C / V, nt = blockDim.x, tid = threadIdx.x;
+    const int64_t r = blockIdx.x;
+    float *xr = x + r * C;                  /* (C) */
+    const float *yr = y ? y + r * C : NULL; /* (C) */
+    float *outr = out ? out + r * C : NULL; /* (C) */
+    fvec<V> xv[MAXN], yv[MAXN], pv[MAXN], wv[MAXN];
+#pragma unroll
+    for (int j = 0; j < MAXN; j++) {
+        const int i = tid + j * nt;
+        if (i < n) {
+            xv[j] = load<V>(xr + i * V);
+            if (yr) yv[j] = load<V>(yr + i * V);
+            if (yr && post_w) pv[j] = load<V>(post_w + i * V);
+            if (outr) wv[j] = load<V>(w + i * V);
+        }
+    }
     if (yr) {
         float s1 = 0.0f;
         if (post_w) {
             double sy = 0.0;
-            for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-                const fvec<V> a = load<V>(yr + i * V);
-                for (int k = 0; k < V; k++) sy += (double)__fmul_rn(a.v[k], a.v[k]);
-            }
-            s1 = rms_scale(block_sum(sy, sh), C, post_eps);
+#pragma unroll
+            for (int j = 0; j < MAXN; j++)
+                if (tid + j * nt < n)
+#pragma unroll
+                    for (int k = 0; k < V; k++) sy += (double)__fmul_rn(yv[j].v[k], yv[j].v[k]);
+            s1 = rms_scale(block_sum(sy, sh_post), C, post_eps);
         }
-        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-            fvec<V> xv = load<V>(xr + i * V);
-            const fvec<V> a = load<V>(yr + i * V);
-            if (post_w) {
-                const fvec<V> pw = load<V>(post_w + i * V);
-                for (int k = 0; k < V; k++) xv.v[k] = __fadd_rn(xv.v[k], __fmul_rn(__fmul_rn(a.v[k], s1), pw.v[k]));
-            } else {
-                for (int k = 0; k < V; k++) xv.v[k] = __fadd_rn(xv.v[k], a.v[k]);
-            }
-            for (int k = 0; k < V; k++) ss += (double)__fmul_rn(xv.v[k], xv.v[k]);
-            store<V>(xr + i * V, xv);
-        }
-    } else if (outr) {
-        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-            const fvec<V> xv = load<V>(xr + i * V);
-            for (int k = 0; k < V; k++) ss += (double)__fmul_rn(xv.v[k], xv.v[k]);
+#pragma unroll
+        for (int j = 0; j < MAXN; j++) {
+            const int i = tid + j * nt;
+            if (i >= n) continue;
+#pragma unroll
+            for (int k = 0; k < V; k++)
+                xv[j].v[k] = post_w ? __fadd_rn(xv[j].v[k], __fmul_rn(__fmul_rn(yv[j].v[k], s1), pv[j].v[k]))
+                                    : __fadd_rn(xv[j].v[k], yv[j].v[k]);
+            store<V>(xr + i * V, xv[j]);
         }
     }
     if (!outr) return;
-    const float s2 = rms_scale(block_sum(ss, sh), C, eps);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-        const fvec<V> xv = load<V>(xr + i * V), wv = load<V>(w + i * V);
+    double ss = 0.0;
+#pragma unroll
+    for (int j = 0; j < MAXN; j++)
+        if (tid + j * nt < n)
+#pragma unroll
+            for (int k = 0; k < V; k++) ss += (double)__fmul_rn(xv[j].v[k], xv[j].v[k]);
+    const float s2 = rms_scale(block_sum(ss, sh_norm), C, eps);
+#pragma unroll
+    for (int j = 0; j < MAXN; j++) {
+        if (j * nt >= n) break; /* the same for the whole block: the shuffles below see every lane */
+        const int i = tid + j * nt;
+        const bool ok = i < n;
         fvec<V> o;
-        for (int k = 0; k < V; k++) o.v[k] = __fmul_rn(__fmul_rn(xv.v[k], s2), wv.v[k]);
-        store<V>(outr + i * V, o);
+#pragma unroll
+        for (int k = 0; k < V; k++) o.v[k] = ok ? __fmul_rn(__fmul_rn(xv[j].v[k], s2), wv[j].v[k]) : 0.0f;
+        if (ok) store<V>(outr + i * V, o);
+        if (XP) prepare_store<V>(o, ok, xq + r * C + i * V, xds + r * (C / 32) + i * V / 32);
     }
+}
+
+/* The shared launcher: xp NULL for kiln_cuda_residual_norm. */
+static kiln_status residual_norm(const char *what, float *x, const float *y, const float *post_w, float post_eps,
+                                 float *out, void *xp, const float *w, float eps, int64_t T, int64_t C, void *stream) {
+    if (T < 0 || C <= 0 || (out && !w) || !x)
+        return kiln_fail(KILN_ERR_INVALID, "cuda %s: T %lld, C %lld, out %s%s", what, (long long)T, (long long)C,
+                         out ? "given" : "absent", out && !w ? " without w" : "");
+    if (xp && (!out || T > KILN_CUDA_MATVEC_MAX_T || C % 32 || !aligned16(xp)))
+        return kiln_fail(KILN_ERR_INVALID, "cuda %s: T %lld (at most %d), C %lld (a multiple of 32), out %s, xp %s", what,
+                         (long long)T, KILN_CUDA_MATVEC_MAX_T, (long long)C, out ? "given" : "NULL",
+                         aligned16(xp) ? "16-byte aligned" : "not 16-byte aligned");
+    if (T == 0 || (!y && !out)) return KILN_OK;
+    if (T > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda %s: %lld rows is too many", what, (long long)T);
+    const bool vec = C % 4 == 0 && aligned16(x) && aligned16(y) && aligned16(post_w) && aligned16(out) && aligned16(w);
+    const int64_t n = vec ? C / 4 : C;             /* accesses per row */
+    const int maxn = vec ? (n <= RN_MAX_THREADS * 4 ? 4 : 8) : 16; /* accesses per thread, at most */
+    if (n > (int64_t)RN_MAX_THREADS * maxn)
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda %s: rows of %lld floats (at most %d, or %d when unaligned or C %% 4 != 0)",
+                         what, (long long)C, RN_MAX_THREADS * 8 * 4, RN_MAX_THREADS * 16);
+    const int threads = (int)((n + maxn - 1) / maxn + 31) / 32 * 32; /* 128 for C = 2048, 256 for 4096, 512 for 8192 */
+    const dim3 grid((unsigned)T), block((unsigned)threads);
+    cudaStream_t s = (cudaStream_t)stream;
+    int8_t *xq = (int8_t *)xp;                                     /* (T, C) */
+    float2 *xds = xp ? (float2 *)((int8_t *)xp + T * C) : NULL;    /* (T, C / 32) */
+    const int c = (int)C;
+    cudaError_t e;
+#define RN(V_, M_, XP_) kiln_launch(residual_norm_kernel<V_, M_, XP_>, grid, block, 0, s, x, y, post_w, post_eps, out, w, eps, c, xq, xds)
+    if (xp)
+        e = !vec ? RN(1, 16, true) : maxn == 4 ? RN(4, 4, true) : RN(4, 8, true);
+    else
+        e = !vec ? RN(1, 16, false) : maxn == 4 ? RN(4, 4, false) : RN(4, 8, false);
+#undef RN
+    return checked(what, e);
 }
 
 extern "C" kiln_status kiln_cuda_residual_norm(float *x, const float *y, const float *post_w, float post_eps, float *out,
                                                const float *w, float eps, int64_t T, int64_t C, void *stream) {
-    if (T < 0 || C <= 0 || (out && !w))
-        return kiln_fail(KILN_ERR_INVALID, "cuda residual_norm: T %lld, C %lld, out %s without w", (long long)T, (long long)C,
-                         out ? "given" : "absent");
-    if (T == 0 || (!y && !out)) return KILN_OK;
-    if (T > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda residual_norm: %lld rows is too many", (long long)T);
-    const bool vec = C % 4 == 0 && aligned16(x) && aligned16(y) && aligned16(post_w) && aligned16(out) && aligned16(w);
-    const int64_t per = vec ? C / 4 : C; /* accesses per row: one per thread up to 1024 threads (C = 4096 as float4) */
-    const int threads = (int)(per >= 1024 ? 1024 : (per + 31) / 32 * 32);
-    cudaStream_t s = (cudaStream_t)stream;
-    if (vec)
-        residual_norm_kernel<4><<<(unsigned)T, threads, 0, s>>>(x, y, post_w, post_eps, out, w, eps, C);
-    else
-        residual_norm_kernel<1><<<(unsigned)T, threads, 0, s>>>(x, y, post_w, post_eps, out, w, eps, C);
-    return launched("residual_norm");
+    return residual_norm("residual_norm", x, y, post_w, post_eps, out, NULL, w, eps, T, C, stream);
+}
+
+extern "C" kiln_status kiln_cuda_residual_norm_xp(float *x, const float *y, const float *post_w, float post_eps, float *out,
+                                                  void *xp, const float *w, float eps, int64_t T, int64_t C, void *stream) {
+    if (!xp) return kiln_fail(KILN_ERR_INVALID, "cuda residual_norm_xp: xp is NULL");
+    return residual_norm("residual_norm_xp", x, y, post_w, post_eps, out, xp, w, eps, T, C, stream);
 }
 
 /* ---------------------------------------------------------------- q/k/v epilogue
@@ -280,6 +378,10 @@ extern "C" kiln_status kiln_cuda_residual_norm(float *x, const float *y, const f
 
 #define QKV_MAX_HS 256
 
+/* Decode (T = 1, 7B: 40 blocks of 64 threads) is pure latency: the head's loads, one or two barriers, the rope
+ * chain, the stores. So the in-head indices are 32-bit (HS <= 256), the block's (token, head) comes from one
+ * 32-bit division, the squares are summed only when a norm wants them, and each angle takes one sincosf (one
+ * range reduction for both, CUDA's sinf/cosf accuracy) instead of cosf and sinf. */
 __global__ void qkv_post_kernel(float *q,                         /* (T, NH*HS) */
                                 const float *k, const float *v,   /* (T, NKV*HS) each */
                                 const float *bq,                  /* (NH*HS) or NULL */
@@ -289,39 +391,44 @@ __global__ void qkv_post_kernel(float *q,                         /* (T, NH*HS) 
                                 int64_t rope_dim, float theta_scale, bool neox, bool rope, float q_scale,
                                 uint16_t *k_cache, uint16_t *v_cache, /* (rows, NKV*HS) f16 each */
                                 int64_t rows) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
     __shared__ float hx[QKV_MAX_HS]; /* (HS) the head being processed */
     __shared__ double sh[32];
-    const int64_t nh = NH + NKV, t = blockIdx.x / nh, h = blockIdx.x % nh;
+    const unsigned nh = (unsigned)(NH + NKV), t = blockIdx.x / nh, h = blockIdx.x % nh;
+    const int hs = (int)HS, tid = threadIdx.x, nt = blockDim.x;
     const bool is_q = h < NH;
-    const int64_t kh = h - NH; /* the key/value head when !is_q */
+    const int64_t kh = (int64_t)h - NH; /* the key/value head when !is_q */
     const int64_t p = (int64_t)*d_pos0 + t;
-    float *qh = q + (t * NH + h) * HS;                               /* (HS) when is_q */
-    const float *src = is_q ? qh : k + (t * NKV + kh) * HS;         /* (HS) */
+    float *qh = q + ((int64_t)t * NH + h) * HS;                           /* (HS) when is_q */
+    const float *src = is_q ? qh : k + ((int64_t)t * NKV + kh) * HS;     /* (HS) */
     const float *b = is_q ? (bq ? bq + h * HS : NULL) : (bk ? bk + kh * HS : NULL);
     const float *nw = is_q ? q_norm : k_norm; /* (HS) */
 
     double ss = 0.0;
-    for (int64_t i = threadIdx.x; i < HS; i += blockDim.x) {
+    for (int i = tid; i < hs; i += nt) {
         float val = src[i];
         if (b) val = __fadd_rn(val, b[i]);
         hx[i] = val;
-        ss += (double)__fmul_rn(val, val);
+        if (nw) ss += (double)__fmul_rn(val, val);
     }
-    if (nw) { /* each thread rescales the elements it wrote: no barrier needed before, block_sum has its own */
+    if (nw) { /* each thread rescales the elements it wrote: block_sum's barrier is the only one needed */
         const float sc = rms_scale(block_sum(ss, sh), HS, eps);
-        for (int64_t i = threadIdx.x; i < HS; i += blockDim.x) hx[i] = __fmul_rn(__fmul_rn(hx[i], sc), nw[i]);
+        for (int i = tid; i < hs; i += nt) hx[i] = __fmul_rn(__fmul_rn(hx[i], sc), nw[i]);
     }
     __syncthreads();
     if (rope) {
         /* Pair i at angle theta_i: theta_0 = p, theta_{i+1} = theta_i * theta_scale in float (ops_rope.c, as
          * llama.cpp), so thread i repeats the i products of the chain to get the CPU's bits. Angles reach 1e5 rad
-         * at long context: cosf/sinf, never the fast __cosf, whose error grows with the argument. */
-        const int64_t half = rope_dim / 2;
-        for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+         * at long context: sincosf, never the fast __sinf/__cosf, whose error grows with the argument. */
+        const int half = (int)(rope_dim / 2);
+        for (int i = tid; i < half; i += nt) {
             float theta = (float)p;
-            for (int64_t j = 0; j < i; j++) theta = __fmul_rn(theta, theta_scale);
-            const float c = cosf(theta), sn = sinf(theta);
-            const int64_t a = neox ? i : 2 * i, bb = neox ? i + half : 2 * i + 1;
+#pragma unroll 4
+            for (int j = 0; j < i; j++) theta = __fmul_rn(theta, theta_scale);
+            float c, sn;
+            sincosf(theta, &sn, &c);
+            const int a = neox ? i : 2 * i, bb = neox ? i + half : 2 * i + 1;
             const float x0 = hx[a], x1 = hx[bb];
             hx[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
             hx[bb] = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c));
@@ -330,14 +437,14 @@ __global__ void qkv_post_kernel(float *q,                         /* (T, NH*HS) 
     }
     if (is_q) {
         const bool scaled = q_scale != 1.0f;
-        for (int64_t i = threadIdx.x; i < HS; i += blockDim.x) qh[i] = scaled ? __fmul_rn(hx[i], q_scale) : hx[i];
+        for (int i = tid; i < hs; i += nt) qh[i] = scaled ? __fmul_rn(hx[i], q_scale) : hx[i];
         return;
     }
     /* f16 round-to-nearest-even, kiln_f32_to_fp16's rounding; position p lives in ring row p % rows */
     const int64_t row = p % rows;
-    uint16_t *kc = k_cache + (row * NKV + kh) * HS, *vc = v_cache + (row * NKV + kh) * HS; /* (HS) each */
-    const float *vh = v + (t * NKV + kh) * HS, *vb = bv ? bv + kh * HS : NULL;           /* (HS) each */
-    for (int64_t i = threadIdx.x; i < HS; i += blockDim.x) {
+    uint16_t *kc = k_cache + (row * NKV + kh) * HS, *vc = v_cache + (row * NKV + kh) * HS;      /* (HS) each */
+    const float *vh = v + ((int64_t)t * NKV + kh) * HS, *vb = bv ? bv + kh * HS : NULL;        /* (HS) each */
+    for (int i = tid; i < hs; i += nt) {
         kc[i] = __half_as_ushort(__float2half_rn(hx[i]));
         const float val = vb ? __fadd_rn(vh[i], vb[i]) : vh[i];
         vc[i] = __half_as_ushort(__float2half_rn(val));
@@ -361,10 +468,10 @@ extern "C" kiln_status kiln_cuda_qkv_post(float *q, const float *k, const float 
     const float theta_scale = nope ? 1.0f : powf(base, -2.0f / (float)rope_dim);
     /* A thread per rotated pair: HS/2 threads, at least a warp, at most 128 (HS 256). */
     const int threads = (int)(HS / 2 <= 32 ? 32 : HS / 2 <= 64 ? 64 : 128);
-    qkv_post_kernel<<<(unsigned)blocks, threads, 0, (cudaStream_t)stream>>>(
-        q, k, v, bq, bk, bv, q_norm, k_norm, eps, d_pos0, NH, NKV, HS, rope_dim, theta_scale, neox, !nope, q_scale,
-        k_cache, v_cache, rows);
-    return launched("qkv_post");
+    const cudaError_t e = kiln_launch(qkv_post_kernel, dim3((unsigned)blocks), dim3(threads), 0, (cudaStream_t)stream, q, k,
+                                      v, bq, bk, bv, q_norm, k_norm, eps, d_pos0, NH, NKV, HS, rope_dim, theta_scale, neox,
+                                      !nope, q_scale, k_cache, v_cache, rows);
+    return checked("qkv_post", e);
 }
 
 /* ---------------------------------------------------------------- GLU, sigmoid gate, scale/softcap
@@ -391,6 +498,8 @@ template <int OP> static __device__ __forceinline__ float apply(float a, float b
 /* out (n) = apply(a (n), b (n)); b unused by OP_SCALE and OP_SOFTCAP. */
 template <int OP, bool VEC>
 __global__ void elementwise_kernel(float *out, const float *a, const float *b, int64_t n, float scale, float cap) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const bool binary = OP == OP_SWIGLU || OP == OP_GEGLU || OP == OP_SIGMOID_MUL;
@@ -424,11 +533,10 @@ static kiln_status elementwise(const char *what, float *out, const float *a, con
     int64_t blocks = (work + threads - 1) / threads;
     if (blocks > max_blocks) blocks = max_blocks;
     cudaStream_t s = (cudaStream_t)stream;
-    if (vec)
-        elementwise_kernel<OP, true><<<(unsigned)blocks, threads, 0, s>>>(out, a, b, n, scale, cap);
-    else
-        elementwise_kernel<OP, false><<<(unsigned)blocks, threads, 0, s>>>(out, a, b, n, scale, cap);
-    return launched(what);
+    const dim3 grid((unsigned)blocks), block(threads);
+    const cudaError_t e = vec ? kiln_launch(elementwise_kernel<OP, true>, grid, block, 0, s, out, a, b, n, scale, cap)
+                              : kiln_launch(elementwise_kernel<OP, false>, grid, block, 0, s, out, a, b, n, scale, cap);
+    return checked(what, e);
 }
 
 extern "C" kiln_status kiln_cuda_glu(float *out, const float *gate, const float *up, int64_t n, bool geglu, void *stream) {
@@ -459,6 +567,8 @@ static __device__ __forceinline__ void arg_take(float v, int64_t i, float *best,
 #define ARGMAX_THREADS 1024
 
 template <bool VEC> __global__ void argmax_kernel(int32_t *d_out /* (T) */, const float *x /* (T, n) */, int64_t n) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
     __shared__ float sv[32];
     __shared__ int64_t si[32];
     const float *row = x + (int64_t)blockIdx.x * n; /* (n) */
@@ -514,9 +624,8 @@ extern "C" kiln_status kiln_cuda_argmax(int32_t *d_out, const float *x, int64_t 
     const int64_t per = vec ? n / 4 : n;
     if (per < threads) threads = (per + 31) / 32 * 32; /* small rows (tests): no idle warps */
     cudaStream_t s = (cudaStream_t)stream;
-    if (vec)
-        argmax_kernel<true><<<(unsigned)T, (unsigned)threads, 0, s>>>(d_out, x, n);
-    else
-        argmax_kernel<false><<<(unsigned)T, (unsigned)threads, 0, s>>>(d_out, x, n);
-    return launched("argmax");
+    const dim3 grid((unsigned)T), block((unsigned)threads);
+    const cudaError_t e = vec ? kiln_launch(argmax_kernel<true>, grid, block, 0, s, d_out, x, n)
+                              : kiln_launch(argmax_kernel<false>, grid, block, 0, s, d_out, x, n);
+    return checked("argmax", e);
 }

@@ -79,8 +79,9 @@ kiln_status kiln_cuda_dequantize_bf16(const kiln_cuda_wt *W, void *out, void *st
  * full layer). The query at p sees keys max(0, p - window + 1) .. p (window 0: all). Scores are scaled by
  * `scale` (1/sqrt(HS), or the model's). out (T, NH*HS) f32. HS is any multiple of 8 up to 256 (compiled for each size
  * up to 64 and for 80, 96, 128, 256; the rest share run-time-sized kernels). ws_bytes(T) covers every launch of at
- * most T tokens. Decode (T = 1) splits the keys over blocks (flash-decoding) into ws and
- * combines; T > 1 runs a flash-attention kernel that never forms the T x T scores. max_pos bounds p0 + T (the
+ * most T tokens. Decode (T <= 8) splits the keys over blocks (flash-decoding) into ws, the last block of
+ * each query combining them (ws holds counters that must be zero-filled once before the first launch; each launch
+ * leaves them zero); T > 1 runs a flash-attention kernel that never forms the T x T scores. max_pos bounds p0 + T (the
  * context), for sizing the split grid without reading d_pos0 on the host. */
 size_t kiln_cuda_attention_ws_bytes(int64_t T, int64_t NH, int64_t HS, int64_t max_pos);
 kiln_status kiln_cuda_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,

@@ -17,9 +17,12 @@
  * NR rows, holds their decoded quants in registers, and then for each token loads x once and does NR dot
  * products, so x is read from L1/L2 once per NR rows (x is ~2.2 bytes per weight per token in prepared form, more
  * than a 4-bit weight, so this reuse keeps the L1 from becoming the limit at T = 8). Partial sums are reduced by
- * warp shuffles, then across the group's warps in shared memory. matvec_glu runs the same kernel with its NR rows
- * being R rows of Wg and the same R rows of Wu. */
+ * warp shuffles, then across the group's warps in shared memory (a one-warp group stores straight from the
+ * shuffles). matvec_glu runs the same kernel with its NR rows being R rows of Wg and the same R rows of Wu.
+ * Both kernels launch with programmatic dependent launch (launch.h): each waits for its predecessor before it
+ * touches memory, so only the scheduling overlaps. */
 #include "cuda/kernels.h"
+#include "cuda/launch.h"
 #include "quants.h"
 
 #include <cuda_fp16.h>
@@ -374,6 +377,8 @@ static __device__ __forceinline__ float act(float g, bool geglu) {
  * NR = 2R). Output row o = (blockIdx.x * groups + group) * R + j. */
 template <class P, int T, int NR, bool GLU>
 __global__ void __launch_bounds__(MV_THREADS) matvec_kernel(const mv_args a) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
     const int R = GLU ? NR / 2 : NR;
     __shared__ float red[MV_THREADS / 32][NR * T];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -411,12 +416,30 @@ __global__ void __launch_bounds__(MV_THREADS) matvec_kernel(const mv_args a) {
 #pragma unroll
     for (int j = 0; j < NR; j++)
 #pragma unroll
-        for (int t = 0; t < T; t++) {
-            float v = acc[j][t];
+        for (int t = 0; t < T; t++)
 #pragma unroll
-            for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-            if (lane == 0) red[warp][j * T + t] = v;
+            for (int off = 16; off > 0; off >>= 1) acc[j][t] += __shfl_xor_sync(0xffffffffu, acc[j][t], off);
+
+    if (gs == 32) { /* a group is one warp: every lane holds every sum, lane (j * T + t) % 32 stores (j, t) */
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            const int64_t o = row0 + j;
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                if (lane != (j * T + t) % 32 || o >= a.rows) continue;
+                float *out = a.y + (int64_t)t * a.rows + o;
+                if (GLU) *out = act(acc[j][t], a.geglu) * acc[j + R][t];
+                else *out = a.add ? *out + acc[j][t] : acc[j][t];
+            }
         }
+        return;
+    }
+
+    if (lane == 0)
+#pragma unroll
+        for (int j = 0; j < NR; j++)
+#pragma unroll
+            for (int t = 0; t < T; t++) red[warp][j * T + t] = acc[j][t];
     __syncthreads();
 
     /* One thread per (group, output row, token): sum the group's warps, then store. */
@@ -438,6 +461,8 @@ __global__ void __launch_bounds__(MV_THREADS) matvec_kernel(const mv_args a) {
 
 /* q8 blocks of x, one warp per block of 32: xq[32 i + lane], xds[i] for block i = t * nbx + kb. */
 __global__ void matvec_prepare_kernel(const float *x, int8_t *xq, float2 *xds, int64_t n_blocks) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
     const int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (i >= n_blocks) return; /* whole warps leave together: blockDim is a multiple of 32 */
@@ -456,30 +481,30 @@ __global__ void matvec_prepare_kernel(const float *x, int8_t *xq, float2 *xds, i
 
 /* ---------------------------------------------------------------- launchers */
 
-static kiln_status launch_error(const char *what) {
-    cudaError_t e = cudaGetLastError();
-    return e == cudaSuccess ? KILN_OK : kiln_fail(KILN_ERR_IO, "CUDA %s launch failed: %s", what, cudaGetErrorString(e));
-}
-
 /* Weight rows per thread: 2 up to T = 4 (x read once per 2 rows, a grid of rows / 2 groups), 4 from T = 5 on for
  * the 32- and 8-weight pieces, where x traffic (T * ~2.2 bytes per weight) would otherwise outrun the L1. The GLU's
- * rows count Wg and Wu. */
+ * rows count Wg and Wu. Threads per group: as many as the row has pieces, up to 128, so every thread gets one
+ * where it can; except for the 64-weight pieces of the K-quants from T = 4 on when there are >= 2048 groups
+ * (15.5 warps per SM): one warp per group then, which skips the shared-memory reduction (measured on the H200,
+ * bench gpu-kernels: 7B Q4_K and Q6_K at T = 4 and 8, 5-15% faster; with 1024 groups, the 1.1B down, slower). */
 template <class P, int T, bool GLU>
-static kiln_status launch_t(const mv_args &a, cudaStream_t s) {
+static kiln_status launch_t(mv_args a, cudaStream_t s) {
     /* output rows per group; the 64-weight pieces of the K-quants hold 16+ words a row, so 4 rows of them would
      * take ~170 registers (2 CTAs per SM): they stay at 2 */
     const int R = (T <= 4 || P::ELEMS == 64) ? (GLU ? 1 : 2) : (GLU ? 2 : 4);
+    a.gs = a.ppr >= 96 ? 128 : a.ppr > 32 ? 64 : 32;
+    if (P::ELEMS == 64 && T >= 4 && a.rows / R >= 2048) a.gs = 32;
     const int64_t rows_per_cta = (int64_t)(MV_THREADS / a.gs) * R;
     const int64_t grid = (a.rows + rows_per_cta - 1) / rows_per_cta;
     if (grid > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda matvec: %lld rows is too many", (long long)a.rows);
-    matvec_kernel<P, T, GLU ? 2 * R : R, GLU><<<(unsigned)grid, MV_THREADS, 0, s>>>(a);
-    return launch_error("matvec");
+    const cudaError_t e = kiln_launch(matvec_kernel<P, T, GLU ? 2 * R : R, GLU>, dim3((unsigned)grid), dim3(MV_THREADS), 0,
+                                      s, a);
+    return e == cudaSuccess ? KILN_OK : kiln_fail(KILN_ERR_IO, "CUDA matvec launch failed: %s", cudaGetErrorString(e));
 }
 
 template <class P, bool GLU>
 static kiln_status launch_p(mv_args a, int64_t T, cudaStream_t s) {
     a.ppr = a.cols / P::ELEMS;
-    a.gs = a.ppr >= 96 ? 128 : a.ppr > 32 ? 64 : 32; /* a group's threads all get a piece where they can */
     switch (T) {
     case 1: return launch_t<P, 1, GLU>(a, s);
     case 2: return launch_t<P, 2, GLU>(a, s);
@@ -563,9 +588,9 @@ extern "C" kiln_status kiln_cuda_matvec_prepare(void *xp, const float *x, int64_
     const int threads = 256; /* 8 blocks of 32 per CTA */
     const int64_t grid = (n_blocks + threads / 32 - 1) / (threads / 32);
     if (grid > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda matvec_prepare: %lld blocks is too many", (long long)n_blocks);
-    matvec_prepare_kernel<<<(unsigned)grid, threads, 0, (cudaStream_t)stream>>>(
-        x, (int8_t *)xp, (float2 *)((int8_t *)xp + T * cols), n_blocks);
-    return launch_error("matvec_prepare");
+    const cudaError_t e = kiln_launch(matvec_prepare_kernel, dim3((unsigned)grid), dim3(threads), 0, (cudaStream_t)stream, x,
+                                      (int8_t *)xp, (float2 *)((int8_t *)xp + T * cols), n_blocks);
+    return e == cudaSuccess ? KILN_OK : kiln_fail(KILN_ERR_IO, "CUDA matvec_prepare launch failed: %s", cudaGetErrorString(e));
 }
 
 extern "C" kiln_status kiln_cuda_matvec(float *y, const float *x, const void *xp, const kiln_cuda_wt *W, int64_t T, bool add,
