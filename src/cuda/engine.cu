@@ -350,7 +350,6 @@ extern "C" kiln_status kiln_cuda_engine_new(const kiln_model *m, int64_t n_ctx, 
         next += 2 * (size_t)rows[l] * (size_t)KV;
     }
     cudaMemsetAsync(e->kv, 0, kv_bytes, e->stream);
-    cudaMemsetAsync(e->attn_ws, 0, attn_ws, e->stream); /* the decode kernel's split counters start at zero */
 
     /* activations */
     float *a = (float *)e->abuf;
@@ -372,7 +371,8 @@ extern "C" kiln_status kiln_cuda_engine_new(const kiln_model *m, int64_t n_ctx, 
     e->d_ids = (int32_t *)b;
     e->d_pos0 = e->d_ids + n_batch;
     e->d_next = e->d_pos0 + 1;
-    if ((err = cudaStreamSynchronize(e->stream)) != cudaSuccess) {
+    cudaMemsetAsync(e->attn_ws, 0, attn_ws, e->stream); /* the decode kernel's split counters start at zero */
+    if ((err = cudaGetLastError()) != cudaSuccess || (err = cudaStreamSynchronize(e->stream)) != cudaSuccess) {
         kiln_cuda_engine_free(e);
         return kiln_fail(KILN_ERR_IO, "CUDA cache clear failed: %s", cudaGetErrorString(err));
     }
