@@ -27,6 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef KILN_CUDA /* the kernels exist only in a CUDA build */
+
 #define ROTATE_BYTES ((size_t)256 << 20)
 #define MAX_COPIES 64
 #define LAUNCHES 200
@@ -228,3 +230,12 @@ int kiln_bench_gpu_kernels(int argc, char **argv) {
     free(res);
     return rc;
 }
+
+#else
+
+int kiln_bench_gpu_kernels(int argc, char **argv) {
+    fprintf(stderr, "kiln: bench gpu-kernels: kiln was built without CUDA (nvcc was not on the PATH)\n");
+    return 1;
+}
+
+#endif
