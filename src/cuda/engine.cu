@@ -49,7 +49,8 @@ typedef struct {
 /* One layer's weights on the device. */
 typedef struct {
     dev_wt wq, wk, wv, wo, w_gate, w_up, w_down, w_attn_gate;
-    dev_wt wqkv;       /* wq, wk, wv as one matrix of Q + 2 KV rows when they share a type (uploaded back to back);
+    int n_merged;      /* 3: wqkv is wq, wk, wv; 2: wq, wk (wv has another type, as Q4_K_M's Q6_K v); 0: none */
+    dev_wt wqkv;       /* wq, wk (and wv) as one matrix of Q + KV (+ KV) rows when they share a type (back to back);
                         * data NULL otherwise. A single token's q, k, v in one launch instead of three */
     const float *attn_norm, *ffn_norm;           /* (C) */
     const float *bq, *bk, *bv;                   /* (Q), (KV), (KV) or NULL */
@@ -114,10 +115,11 @@ static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
     X(L->attn_norm) X(L->wq) X(L->wk) X(L->wv) X(L->wo) X(L->ffn_norm) X(L->w_gate) X(L->w_up) X(L->w_down) \
     X(L->bq) X(L->bk) X(L->bv) X(L->q_norm) X(L->k_norm) X(L->w_attn_gate) X(L->post_attn_norm) X(L->post_ffn_norm)
 
-/* wq, wk and wv go back to back, one matrix, when they share a type and row length and each ends on 16 bytes */
-static bool qkv_mergeable(const kiln_llama_layer *L) {
-    return L->wq->type == L->wk->type && L->wq->type == L->wv->type && L->wq->ne[0] == L->wk->ne[0] &&
-           L->wq->ne[0] == L->wv->ne[0] && L->wq->nbytes % 16 == 0 && L->wk->nbytes % 16 == 0;
+/* How many of wq, wk, wv go back to back as one matrix: those that share wq's type and row length, in order, with
+ * every one before the last ending on 16 bytes. 3, 2 (q and k) or 0. */
+static int qkv_mergeable(const kiln_llama_layer *L) {
+    if (L->wq->type != L->wk->type || L->wq->ne[0] != L->wk->ne[0] || L->wq->nbytes % 16) return 0;
+    return L->wq->type == L->wv->type && L->wq->ne[0] == L->wv->ne[0] && L->wk->nbytes % 16 == 0 ? 3 : 2;
 }
 
 static size_t weight_bytes(const kiln_model *m) {
@@ -310,13 +312,14 @@ extern "C" kiln_status kiln_cuda_engine_new(const kiln_model *m, int64_t n_ctx, 
         const kiln_llama_layer *L = &m->layers[l];
         dev_layer *D = &e->layers[l];
         D->attn_norm = (const float *)upload(e, L->attn_norm, &off, &st);
-        const bool merge = qkv_mergeable(L);
-        D->wq.q = wt_of(L->wq, upload_at(e, L->wq, &off, merge, &st));
-        D->wk.q = wt_of(L->wk, upload_at(e, L->wk, &off, merge, &st));
+        const int merge = qkv_mergeable(L);
+        D->wq.q = wt_of(L->wq, upload_at(e, L->wq, &off, merge > 0, &st));
+        D->wk.q = wt_of(L->wk, upload_at(e, L->wk, &off, merge == 3, &st));
         D->wv.q = wt_of(L->wv, upload(e, L->wv, &off, &st));
+        D->n_merged = merge;
         if (merge) {
             D->wqkv.q = D->wq.q;
-            D->wqkv.q.rows = L->wq->ne[1] + L->wk->ne[1] + L->wv->ne[1];
+            D->wqkv.q.rows = L->wq->ne[1] + L->wk->ne[1] + (merge == 3 ? L->wv->ne[1] : 0);
         }
         D->wo.q = wt_of(L->wo, upload(e, L->wo, &off, &st));
         D->ffn_norm = (const float *)upload(e, L->ffn_norm, &off, &st);
@@ -434,9 +437,10 @@ static kiln_status forward(kiln_cuda_engine *e, int64_t T, int64_t first, bool h
         /* attention block: xb is this block's normed input; one token's q, k, v come from one merged matvec */
         float *q = e->q, *kk = e->kk, *vv = e->vv;
         TRY(prepare(e, e->xb, T, C, xb_prep));
-        if (T == 1 && D->wqkv.q.data) {
+        if (T == 1 && D->n_merged) {
             q = e->qkv1, kk = q + Q, vv = kk + KV;
             TRY(matmul(e, q, e->xb, &D->wqkv, 1, false));
+            if (D->n_merged == 2) TRY(matmul(e, vv, e->xb, &D->wv, 1, false));
         } else {
             TRY(matmul(e, q, e->xb, &D->wq, T, false));
             TRY(matmul(e, kk, e->xb, &D->wk, T, false));
