@@ -633,26 +633,11 @@ static void usage(FILE *f) {
 }
 
 /* Parses "a,b,c" into at most MAX_ITEMS integers in [lo, hi]; prints the error. (bench_model.c's, whose is static.) */
-static int parse_list(const char *opt, const char *s, long lo, long hi, int64_t *out, int *n) {
-    *n = 0;
-    for (const char *p = s;;) {
-        char *end;
-        const long v = strtol(p, &end, 10);
-        if (end == p || (*end && *end != ',') || v < lo || v > hi || *n == MAX_ITEMS) {
-            fprintf(stderr, "kiln bench --gpu: %s: '%s' is not a list of at most %d integers between %ld and %ld\n", opt, s,
-                    MAX_ITEMS, lo, hi);
-            return -1;
-        }
-        out[(*n)++] = v;
-        if (!*end) return 0;
-        p = end + 1;
-    }
-}
 
 static int parse_one(const char *opt, const char *s, long lo, long hi, int64_t *out) {
     int64_t v[MAX_ITEMS];
     int n;
-    if (parse_list(opt, s, lo, hi, v, &n)) return -1;
+    if (kiln_bench_parse_list(opt, s, lo, hi, v, MAX_ITEMS, &n)) return -1;
     if (n != 1) {
         fprintf(stderr, "kiln bench --gpu: %s takes one count\n", opt);
         return -1;
@@ -678,7 +663,7 @@ int kiln_bench_gpu(int argc, char **argv) {
             }
             models[n_models++] = argv[++i];
         } else if (strcmp(a, "-p") == 0 && has_val) {
-            if (parse_list(a, argv[++i], 0, INT32_MAX - CTX_SLACK, pps, &n_pp)) return 2;
+            if (kiln_bench_parse_list(a, argv[++i], 0, INT32_MAX - CTX_SLACK, pps, MAX_ITEMS, &n_pp)) return 2;
         } else if (strcmp(a, "-n") == 0 && has_val) {
             if (parse_one(a, argv[++i], 0, INT32_MAX - TG_PROMPT - CTX_SLACK - 1, &n_gen)) return 2;
         } else if (strcmp(a, "-r") == 0 && has_val) {

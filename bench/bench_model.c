@@ -273,21 +273,6 @@ static void usage(FILE *f) {
 }
 
 /* Parses "a,b,c" into at most MAX_ITEMS integers in [lo, hi]; prints the error. */
-static int parse_list(const char *opt, const char *s, long lo, long hi, int64_t *out, int *n) {
-    *n = 0;
-    for (const char *p = s;;) {
-        char *end;
-        const long v = strtol(p, &end, 10);
-        if (end == p || (*end && *end != ',') || v < lo || v > hi || *n == MAX_ITEMS) {
-            fprintf(stderr, "kiln bench: %s: '%s' is not a list of at most %d integers between %ld and %ld\n", opt, s, MAX_ITEMS,
-                    lo, hi);
-            return -1;
-        }
-        out[(*n)++] = v;
-        if (!*end) return 0;
-        p = end + 1;
-    }
-}
 
 int kiln_bench_model(int argc, char **argv) {
     const char *models[MAX_ITEMS];
@@ -305,18 +290,18 @@ int kiln_bench_model(int argc, char **argv) {
             }
             models[n_models++] = argv[++i];
         } else if (strcmp(a, "-t") == 0 && has_val) {
-            if (parse_list(a, argv[++i], 0, 4096, thr64, &n_thr)) return 2;
+            if (kiln_bench_parse_list(a, argv[++i], 0, 4096, thr64, MAX_ITEMS, &n_thr)) return 2;
         } else if (strcmp(a, "-p") == 0 && has_val) {
-            if (parse_list(a, argv[++i], 0, INT32_MAX, pps, &n_pp)) return 2;
+            if (kiln_bench_parse_list(a, argv[++i], 0, INT32_MAX, pps, MAX_ITEMS, &n_pp)) return 2;
         } else if (strcmp(a, "-n") == 0 && has_val) {
-            if (parse_list(a, argv[++i], 0, INT32_MAX - TG_PROMPT, tmp, &n_tmp)) return 2;
+            if (kiln_bench_parse_list(a, argv[++i], 0, INT32_MAX - TG_PROMPT, tmp, MAX_ITEMS, &n_tmp)) return 2;
             if (n_tmp != 1) {
                 fprintf(stderr, "kiln bench: -n takes one count\n");
                 return 2;
             }
             n_gen = tmp[0];
         } else if (strcmp(a, "-r") == 0 && has_val) {
-            if (parse_list(a, argv[++i], 1, MAX_REPS, tmp, &n_tmp)) return 2;
+            if (kiln_bench_parse_list(a, argv[++i], 1, MAX_REPS, tmp, MAX_ITEMS, &n_tmp)) return 2;
             if (n_tmp != 1) {
                 fprintf(stderr, "kiln bench: -r takes one count\n");
                 return 2;

@@ -38,3 +38,18 @@ void kiln_bench_json_str(const char *s) {
     }
     putchar('"');
 }
+
+int kiln_bench_parse_list(const char *opt, const char *s, long lo, long hi, int64_t *out, int max_items, int *n) {
+    *n = 0;
+    for (const char *p = s;;) {
+        char *end;
+        const long v = strtol(p, &end, 10);
+        if (end == p || (*end && *end != ',') || v < lo || v > hi || *n == max_items) {
+            fprintf(stderr, "kiln bench: %s: '%s' is not a list of at most %d integers between %ld and %ld\n", opt, s, max_items, lo, hi);
+            return -1;
+        }
+        out[(*n)++] = v;
+        if (!*end) return 0;
+        p = end + 1;
+    }
+}

@@ -3,28 +3,7 @@
 #include "cuda/cuda.h"
 #include "quants.h"
 #include "test.h"
-
-/* Random raw blocks: random bytes everywhere, then every f16 scale field set to a finite half. */
-static void random_blocks(kiln_type t, uint8_t *buf, int64_t n_blocks, unsigned long long *seed) {
-    size_t bs = kiln_type_block_bytes(t);
-    for (size_t i = 0; i < bs * (size_t)n_blocks; i++) buf[i] = (uint8_t)test_rng_next(seed);
-    for (int64_t b = 0; b < n_blocks; b++) {
-        uint8_t *p = buf + (size_t)b * bs;
-        kiln_fp16 d = kiln_f32_to_fp16(test_rng_f32(seed) * 0.01f), m = kiln_f32_to_fp16(test_rng_f32(seed) * 0.01f);
-        switch (t) {
-        case KILN_TYPE_F16: /* every element: keep finite */
-            for (size_t i = 0; i < bs; i += 2) memcpy(p + i, &(kiln_fp16){kiln_f32_to_fp16(test_rng_f32(seed) * 100.0f)}, 2);
-            break;
-        case KILN_TYPE_Q4_0:
-        case KILN_TYPE_Q8_0: memcpy(p, &d, 2); break;
-        case KILN_TYPE_Q4_1:
-        case KILN_TYPE_Q4_K:
-        case KILN_TYPE_Q5_K: memcpy(p, &d, 2), memcpy(p + 2, &m, 2); break;
-        case KILN_TYPE_Q6_K: memcpy(p + bs - 2, &d, 2); break;
-        default: break;
-        }
-    }
-}
+#include "test_blocks.h"
 
 static void test_dequantize_matches_cpu(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device (or kiln built without CUDA)");
@@ -37,7 +16,7 @@ static void test_dequantize_matches_cpu(void) {
         int64_t k = n_blocks * kiln_type_block_size(t);
         uint8_t *x = malloc(kiln_type_row_bytes(t, k));
         float *cpu = malloc((size_t)k * 4), *gpu = malloc((size_t)k * 4);
-        random_blocks(t, x, n_blocks, &seed);
+        test_random_blocks(t, x, k, 100.0f, 0.0f, &seed);
         if (t == KILN_TYPE_F32)
             for (int64_t i = 0; i < k; i++) ((float *)x)[i] = test_rng_f32(&seed);
         kiln_get_to_float(t, KILN_SIMD_SCALAR)(x, cpu, k);

@@ -15,6 +15,7 @@
  * Skips without a GPU, or when kiln was built without CUDA. */
 #include "cuda/cuda.h"
 #include "test.h"
+#include "test_blocks.h"
 
 #ifdef KILN_CUDA
 #include "cpu/ops.h"
@@ -104,30 +105,8 @@ static kiln_ops_ctx cpu_ctx(void) { return (kiln_ops_ctx){.pool = pool}; }
 /* V rows of C of type t: random bytes, then every f16 scale field a finite half (as tests/test_cuda.c) and every
  * F32/F16/BF16 element a finite random value. */
 static void *random_table(kiln_type t, int64_t V, int64_t C, unsigned long long *rng) {
-    const size_t row = kiln_type_row_bytes(t, C), bs = kiln_type_block_bytes(t);
-    const int64_t n_blocks = V * C / kiln_type_block_size(t);
-    uint8_t *buf = host(row * (size_t)V);
-    for (size_t i = 0; i < row * (size_t)V; i++) buf[i] = (uint8_t)test_rng_next(rng);
-    for (int64_t b = 0; b < n_blocks; b++) {
-        uint8_t *p = buf + (size_t)b * bs;
-        kiln_fp16 d = kiln_f32_to_fp16(test_rng_f32(rng) * 0.01f + 0.02f), m = kiln_f32_to_fp16(test_rng_f32(rng) * 0.01f);
-        switch (t) {
-        case KILN_TYPE_F32: {
-            float f = test_rng_f32(rng) * 3.0f;
-            memcpy(p, &f, 4);
-        } break;
-        case KILN_TYPE_F16: memcpy(p, &(kiln_fp16){kiln_f32_to_fp16(test_rng_f32(rng) * 100.0f)}, 2); break;
-        case KILN_TYPE_BF16: memcpy(p, &(kiln_bf16){kiln_f32_to_bf16(test_rng_f32(rng) * 100.0f)}, 2); break;
-        case KILN_TYPE_Q4_0:
-        case KILN_TYPE_Q5_0:
-        case KILN_TYPE_Q8_0: memcpy(p, &d, 2); break;
-        case KILN_TYPE_Q4_1:
-        case KILN_TYPE_Q4_K:
-        case KILN_TYPE_Q5_K: memcpy(p, &d, 2), memcpy(p + 2, &m, 2); break;
-        case KILN_TYPE_Q6_K: memcpy(p + bs - 2, &d, 2); break;
-        default: break;
-        }
-    }
+    uint8_t *buf = host(kiln_type_row_bytes(t, C) * (size_t)V);
+    test_random_blocks(t, buf, V * C, 100.0f, 0.02f, rng);
     return buf;
 }
 

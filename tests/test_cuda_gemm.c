@@ -14,6 +14,7 @@
 #include "cuda/kernels.h"
 #include "quants.h"
 #include "test.h"
+#include "test_blocks.h"
 
 #include <stdint.h>
 
@@ -28,32 +29,8 @@ static bool is_float_type(kiln_type t) { return t == KILN_TYPE_F32 || t == KILN_
 /* Random weight (rows, cols) of type t: random bytes in the quant payloads, finite f16 scales of magnitude <= 0.01
  * (as tests/test_cuda.c makes them), uniform [-1, 1) values for the float types. Returns the bytes (malloc). */
 static uint8_t *random_weight(kiln_type t, int64_t rows, int64_t cols, unsigned long long *seed) {
-    int64_t n = rows * cols, nb = n / kiln_type_block_size(t);
-    size_t bs = kiln_type_block_bytes(t);
-    uint8_t *buf = malloc(bs * (size_t)nb);
-    if (!buf) return NULL;
-    for (int64_t i = 0; i < n && is_float_type(t); i++) {
-        float v = test_rng_f32(seed);
-        if (t == KILN_TYPE_F32) memcpy(buf + 4 * i, &v, 4);
-        if (t == KILN_TYPE_F16) memcpy(buf + 2 * i, &(kiln_fp16){kiln_f32_to_fp16(v)}, 2);
-        if (t == KILN_TYPE_BF16) memcpy(buf + 2 * i, &(kiln_bf16){kiln_f32_to_bf16(v)}, 2);
-    }
-    if (is_float_type(t)) return buf;
-    for (size_t i = 0; i < bs * (size_t)nb; i++) buf[i] = (uint8_t)test_rng_next(seed);
-    for (int64_t b = 0; b < nb; b++) {
-        uint8_t *p = buf + (size_t)b * bs;
-        kiln_fp16 d = kiln_f32_to_fp16(test_rng_f32(seed) * 0.01f), m = kiln_f32_to_fp16(test_rng_f32(seed) * 0.01f);
-        switch (t) {
-        case KILN_TYPE_Q4_0:
-        case KILN_TYPE_Q5_0:
-        case KILN_TYPE_Q8_0: memcpy(p, &d, 2); break;
-        case KILN_TYPE_Q4_1:
-        case KILN_TYPE_Q4_K:
-        case KILN_TYPE_Q5_K: memcpy(p, &d, 2), memcpy(p + 2, &m, 2); break;
-        case KILN_TYPE_Q6_K: memcpy(p + bs - 2, &d, 2); break;
-        default: break;
-        }
-    }
+    uint8_t *buf = malloc(kiln_type_row_bytes(t, rows * cols));
+    if (buf) test_random_blocks(t, buf, rows * cols, 1.0f, 0.0f, seed);
     return buf;
 }
 

@@ -28,6 +28,7 @@
  * attention_xp's xp byte for byte against kiln_cuda_matvec_prepare. */
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
+#include "cuda/q8.cuh"
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -109,21 +110,6 @@ static __device__ __forceinline__ int first_key(int p, int window) { return wind
  * ws: counters (ATTN_DECODE_MAX_T * NH uint32 at (t, x), padded to 256 bytes; they must be zero before the first
  * launch and every launch leaves them zero), part_o (T, NH, n_splits, HS) unnormalized outputs, part_ml (T, NH, n_splits, 2). */
 
-/* v is element i of a row-major (T, C) tensor with C % 32 == 0, and the warp's 32 lanes hold one aligned block of 32
- * (i = 32 k + lane): writes its int8 code and the block's {d, d * sum(q)} as matvec_prepare_kernel does. */
-static __device__ __forceinline__ void prepare_store(int8_t *xq, float2 *xds, size_t i, float v) {
-    float amax = fabsf(v);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    const int qv = (int)roundf(v * id); /* ties away from zero, as GGML */
-    int sum = qv;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    xq[i] = (int8_t)qv;
-    if ((i & 31) == 0) xds[i / 32] = make_float2(d, d * (float)sum);
-}
-
 /* GBM: query heads per block at most (1, 4 or 8): the accumulators are GBM x 8 registers per lane. */
 template <int HSM, bool EXACT, int GBM>
 __global__ void __launch_bounds__(ATTN_THREADS)
@@ -159,7 +145,7 @@ attn_decode(float *out, int8_t *xq, float2 *xds, unsigned *counters, float *part
             for (int i = tid; i < gb * HS; i += ATTN_THREADS) {
                 const float v = __int_as_float(0x7fc00000);
                 o_blk[i] = v;
-                if (xq) prepare_store(xq, xds, row0 * HS + i, v);
+                if (xq) kiln_q8_store_warp(xq, xds, row0 * HS + i, v);
             }
         return;
     }
@@ -284,7 +270,7 @@ attn_decode(float *out, int8_t *xq, float2 *xds, unsigned *counters, float *part
             for (int r = 0; r < R; r++) o += s_red[(hh * R + r) * HS + d] * s_wf[hh * R + r];
             const float v = o * (1.0f / s_L[hh]);
             o_blk[i] = v;
-            if (xq) prepare_store(xq, xds, row0 * HS + i, v);
+            if (xq) kiln_q8_store_warp(xq, xds, row0 * HS + i, v);
         }
         return;
     }
@@ -344,7 +330,7 @@ attn_decode(float *out, int8_t *xq, float2 *xds, unsigned *counters, float *part
         for (int sp = 0; sp < n_live; sp++) a += __ldcg(po + (size_t)sp * HS) * cf[sp];
         const float v = a * s_inv[hh];
         o_blk[i] = v;
-        if (xq) prepare_store(xq, xds, row0 * HS + i, v);
+        if (xq) kiln_q8_store_warp(xq, xds, row0 * HS + i, v);
     }
 }
 

@@ -23,6 +23,7 @@
  * touches memory, so only the scheduling overlaps. */
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
+#include "cuda/q8.cuh"
 #include "quants.h"
 
 #include <cuda_fp16.h>
@@ -466,17 +467,7 @@ __global__ void matvec_prepare_kernel(const float *x, int8_t *xq, float2 *xds, i
     const int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (i >= n_blocks) return; /* whole warps leave together: blockDim is a multiple of 32 */
-    const float v = x[32 * i + lane];
-    float amax = fabsf(v);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    const int q = (int)roundf(v * id); /* ties away from zero, as GGML */
-    int sum = q;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    xq[32 * i + lane] = (int8_t)q;
-    if (lane == 0) xds[i] = make_float2(d, d * (float)sum);
+    kiln_q8_store_warp(xq, xds, (size_t)(32 * i + lane), x[32 * i + lane]);
 }
 
 /* ---------------------------------------------------------------- launchers */

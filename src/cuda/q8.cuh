@@ -1,0 +1,25 @@
+/* q8.cuh: the one definition of how a decode activation becomes the matvecs' int8 input (matvec.cu's "prepared"
+ * form: a code per value and {d, d * sum(q)} per block of 32, d = amax / 127, q = roundf(v / d) with ties away
+ * from zero as GGML's quantize_row_q8_1). matvec_prepare_kernel and the attention kernel that writes it beside its
+ * output both call this, so the two are bit-identical by construction (tests/test_cuda_attention.c checks it). */
+#ifndef KILN_CUDA_Q8_CUH
+#define KILN_CUDA_Q8_CUH
+
+#include <stdint.h>
+
+/* The warp's 32 lanes hold one aligned block of 32 values, lane l holding element 32 k + l = i: writes the code of
+ * v to xq[i] and, from lane 0 of the block, the block's {d, d * sum(q)} to xds[i / 32]. */
+static __device__ __forceinline__ void kiln_q8_store_warp(int8_t *xq, float2 *xds, size_t i, float v) {
+    float amax = fabsf(v);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int q = (int)roundf(v * id);
+    int sum = q;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    xq[i] = (int8_t)q;
+    if ((i & 31) == 0) xds[i / 32] = make_float2(d, d * (float)sum);
+}
+
+#endif
