@@ -1,21 +1,25 @@
-/* engine.cu: a model running on the GPU. The engine uploads the weights once (the file's own block formats,
- * never dequantized copies), owns the f16 KV cache with the same row layout as the CPU session (position p in
- * row p % rows[l]: sliding layers keep a ring) and one chunk's activations, and runs the forward of
- * src/model/llama.c with the kernels of kernels.h, fused where a kernel boundary costs more than it buys:
- *   - the residual add is folded into the wo and down projections (matvec/gemm with add), and the next block's
- *     RMSNorm runs in the same kernel as the sandwich post-norm (residual_norm);
+/* engine.cu: a model running on the GPU. The engine uploads the weights once in the file's own block formats,
+ * owns the f16 KV cache with the same row layout as the CPU session (position p in row p % rows[l]: sliding layers
+ * keep a ring) and one chunk's activations, and runs the forward of src/model/llama.c with the kernels of
+ * kernels.h, fused where a kernel boundary costs more than it buys:
+ *   - the residual add is folded into the wo and down projections (matvec/gemm with add); the residual step, the
+ *     sandwich post-norm and the next RMSNorm are one kernel, which in decode also writes the next matvecs' int8
+ *     input (residual_norm_xp), as the attention does for wo (attention_xp);
+ *   - a single token's q, k and v come from one matvec over wq, wk, wv uploaded back to back when they share a type
+ *     (q and k alone when v differs, as in Q4_K_M);
  *   - bias, QK-norm, RoPE, the q scale and the f16 cache store are one kernel (qkv_post);
  *   - gate and up are one pass over both weights with the GLU applied (matvec_glu) in decode.
- * Decode (T <= 8 tokens) uses the memory-bound matvec kernels; a larger chunk dequantizes each weight to bf16 and
- * multiplies on tensor cores (gemm.cu). The single-token step is captured once as a CUDA graph and replayed for
- * every token: the token id and position are copied from pinned host memory by the graph's first nodes and every
- * kernel reads the position from device memory, so one graph serves every position. Greedy decode reads back the
- * 4-byte argmax instead of the logits.
+ * Decode (T <= 8 tokens) uses the memory-bound matvec kernels; a larger chunk multiplies on tensor cores (gemm.cu)
+ * reading bf16 copies of the weights, made once here when they fit in the free memory with 1 GiB to spare, else
+ * dequantized per call. The single-token step is captured once as a CUDA graph (its kernels launched with
+ * programmatic dependent launch, launch.h) and replayed for every token: the token id and position are copied
+ * from pinned host memory by the graph's first nodes and every kernel reads the position from device memory, so
+ * one graph serves every position. Greedy decode reads back the 4-byte argmax instead of the logits.
  *
  * The engine's forward is its own rather than llama.c driving an ops table of device pointers: a captured graph
  * needs positions in device memory and the fusions above change the op boundaries. It reads the same config flags
  * (model.h) and tests/test_cuda_engine.c checks it against the CPU forward, logits and greedy tokens, on every
- * architecture fixture. */
+ * architecture fixture. docs/cuda.md has the measurements. */
 #include "cuda/cuda.h"
 #include "cuda/kernels.h"
 #include "model/model.h"
