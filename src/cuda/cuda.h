@@ -64,6 +64,35 @@ kiln_status kiln_cuda_engine_profile(kiln_cuda_engine *e, int64_t pos0, int reps
 /* The device-to-device copy bandwidth, bytes read plus written per second / 1e9 (the decode roofline). */
 kiln_status kiln_cuda_copy_bandwidth(double *gb_per_s);
 
+/* ---------------------------------------------------------------- training (trainer.cu, issue #8)
+ * A kiln_llama_train (src/model/llama_train.h) on GPU 0 for batches of B x T: its fp32 master weights, gradients,
+ * AdamW moments and bf16 mirror on the device, the activations of one batch, the forward, loss, backward and a
+ * fused AdamW (train_kernels.h). The memory is checked against the free VRAM before anything is allocated. */
+typedef struct kiln_cuda_trainer kiln_cuda_trainer;
+struct kiln_llama_train;
+struct kiln_adamw_cfg;
+
+kiln_status kiln_cuda_trainer_new(const struct kiln_llama_train *m, int64_t B, int64_t T, kiln_cuda_trainer **out);
+void kiln_cuda_trainer_free(kiln_cuda_trainer *t); /* accepts NULL */
+size_t kiln_cuda_trainer_bytes(const kiln_cuda_trainer *t);
+/* As kiln_llama_train_step: forward of inputs (B*T ids), the loss against targets (-1 ignored), and when
+ * grad_scale != 0 the backward, grads += grad_scale * d(sum of losses)/d(params) on the device. */
+kiln_status kiln_cuda_trainer_step(kiln_cuda_trainer *t, const int32_t *inputs, const int32_t *targets, float grad_scale,
+                                   double *loss_sum, int64_t *n_counted);
+kiln_status kiln_cuda_trainer_zero_grads(kiln_cuda_trainer *t);
+/* One fp32 AdamW update at lr (8-bit moments are not on the GPU: KILN_ERR_UNSUPPORTED); *skipped when the
+ * gradient was non-finite (nothing changed). */
+kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const struct kiln_adamw_cfg *cfg, float lr, double *grad_norm,
+                                    bool *skipped);
+/* The device's params and grads (n_params floats each, either may be NULL) into host memory. */
+kiln_status kiln_cuda_trainer_download(const kiln_cuda_trainer *t, float *params, float *grads);
+/* What a checkpoint needs, into host memory (any may be NULL): params, the AdamW moments m and v (n_params each),
+ * the count of applied updates and of skipped non-finite embedding-gradient rows; and its inverse for a resume
+ * (the params come with the model the trainer was made from). */
+kiln_status kiln_cuda_trainer_get_state(const kiln_cuda_trainer *t, float *params, float *m, float *v, int64_t *opt_step,
+                                        int64_t *n_embed_skipped);
+kiln_status kiln_cuda_trainer_set_state(kiln_cuda_trainer *t, const float *m, const float *v, int64_t opt_step);
+
 #ifdef __cplusplus
 }
 #endif

@@ -39,6 +39,26 @@ kiln_status kiln_cuda_copy_bandwidth(double *gb_per_s) {
     *gb_per_s = 0;
     return no_cuda();
 }
+kiln_status kiln_cuda_trainer_new(const struct kiln_llama_train *m, int64_t B, int64_t T, kiln_cuda_trainer **out) {
+    *out = NULL;
+    return no_cuda();
+}
+void kiln_cuda_trainer_free(kiln_cuda_trainer *t) {}
+size_t kiln_cuda_trainer_bytes(const kiln_cuda_trainer *t) { return 0; }
+kiln_status kiln_cuda_trainer_step(kiln_cuda_trainer *t, const int32_t *inputs, const int32_t *targets, float grad_scale,
+                                   double *loss_sum, int64_t *n_counted) {
+    return no_cuda();
+}
+kiln_status kiln_cuda_trainer_zero_grads(kiln_cuda_trainer *t) { return no_cuda(); }
+kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const struct kiln_adamw_cfg *cfg, float lr, double *grad_norm, bool *skipped) {
+    return no_cuda();
+}
+kiln_status kiln_cuda_trainer_download(const kiln_cuda_trainer *t, float *params, float *grads) { return no_cuda(); }
+kiln_status kiln_cuda_trainer_get_state(const kiln_cuda_trainer *t, float *params, float *m, float *v, int64_t *opt_step,
+                                        int64_t *n_embed_skipped) {
+    return no_cuda();
+}
+kiln_status kiln_cuda_trainer_set_state(kiln_cuda_trainer *t, const float *m, const float *v, int64_t opt_step) { return no_cuda(); }
 #else
 typedef int kiln_cuda_none_unused; /* ISO C wants a declaration in every translation unit */
 #endif

@@ -5,6 +5,7 @@
  * steps it writes a checkpoint. Progress goes to a callback (the CLI prints it) and to a JSONL log.
  * tests/test_train.c runs it end to end: resume equals an uninterrupted run bit for bit. */
 #include "train.h"
+#include "cuda/cuda.h"
 #include "data.h"
 #include "status.h"
 
@@ -62,6 +63,7 @@ static kiln_status trim_log(const char *path, int64_t step) {
 
 typedef struct run {
     const kiln_train_opts *o;
+    kiln_cuda_trainer *gpu; /* with o->gpu: the model, its gradients and AdamW state on the GPU */
     kiln_pool *pool;
     kiln_gguf *tok_gguf;
     kiln_tokenizer *tok;
@@ -76,6 +78,7 @@ typedef struct run {
 
 static void run_free(run *r) {
     if (r->log) fclose(r->log);
+    kiln_cuda_trainer_free(r->gpu);
     free(r->inputs);
     free(r->targets);
     kiln_loader_free(r->train);
@@ -143,7 +146,13 @@ static kiln_status setup(run *r) {
                          (long long)m->cfg.n_ctx_train);
     m->label_smoothing = o->label_smoothing;
     m->z_loss = o->z_loss;
-    if ((s = kiln_llama_train_reserve(m, o->B, o->T, kiln_pool_size(r->pool)))) return s;
+    if (o->gpu) { /* the GPU holds the activations, gradients and moments; the host keeps the model for checkpoints */
+        if (o->adam.eight_bit) return kiln_fail(KILN_ERR_UNSUPPORTED, "--gpu trains with fp32 AdamW; 8-bit moments are CPU-only for now");
+        if ((s = kiln_cuda_trainer_new(m, o->B, o->T, &r->gpu))) return s;
+        if (o->resume && (s = kiln_cuda_trainer_set_state(r->gpu, r->opt.m, r->opt.v, r->opt.step))) return s;
+        m->act_bytes = kiln_cuda_trainer_bytes(r->gpu);
+    } else if ((s = kiln_llama_train_reserve(m, o->B, o->T, kiln_pool_size(r->pool))))
+        return s;
 
     /* the vocab fingerprint preflight: every shard must come from this tokenizer */
     uint64_t fp = kiln_tokenizer_fingerprint(r->tok);
@@ -165,6 +174,24 @@ static kiln_status setup(run *r) {
     return KILN_OK;
 }
 
+/* One micro-batch's forward, loss and (grad_scale != 0) backward, on the GPU or the CPU. */
+static kiln_status train_step(run *r, const int32_t *inputs, const int32_t *targets, float grad_scale, double *loss_sum,
+                              int64_t *counted) {
+    if (r->gpu) return kiln_cuda_trainer_step(r->gpu, inputs, targets, grad_scale, loss_sum, counted);
+    *loss_sum = kiln_llama_train_step(r->m, &kiln_cpu_ops, r->pool, inputs, targets, grad_scale, counted);
+    return KILN_OK;
+}
+
+/* With --gpu, the device's weights, moments and counters into the host model and optimizer, for a checkpoint or
+ * an export. */
+static kiln_status sync_host(run *r) {
+    if (!r->gpu) return KILN_OK;
+    kiln_status s = kiln_cuda_trainer_get_state(r->gpu, r->m->params, r->opt.m, r->opt.v, &r->opt.step, &r->m->n_embed_skipped);
+    if (!s) kiln_llama_train_refresh_mirror(r->m);
+    r->st.n_embed_skipped = r->m->n_embed_skipped;
+    return s;
+}
+
 /* Mean loss over eval_batches validation batches from the start of the split. */
 static kiln_status evaluate(run *r, double *val_loss) {
     const kiln_train_opts *o = r->o;
@@ -174,7 +201,9 @@ static kiln_status evaluate(run *r, double *val_loss) {
     for (int64_t i = 0; i < o->eval_batches && !s; i++) {
         if ((s = kiln_loader_next(r->val, o->B, o->T, r->inputs, r->targets))) break;
         int64_t k;
-        sum += kiln_llama_train_step(r->m, &kiln_cpu_ops, r->pool, r->inputs, r->targets, 0.0f, &k);
+        double l;
+        if ((s = train_step(r, r->inputs, r->targets, 0.0f, &l, &k))) break;
+        sum += l;
         count += k;
     }
     *val_loss = count ? sum / (double)count : NAN;
@@ -205,18 +234,26 @@ kiln_status kiln_train_run(const kiln_train_opts *o, kiln_train_progress_fn prog
             s = kiln_loader_next(r.train, o->B, o->T, r.inputs + a * BT, r.targets + a * BT);
         if (s) break;
         int64_t counted = kiln_count_targets(r.targets, o->grad_accum * BT);
-        memset(m->grads, 0, (size_t)m->n_params * sizeof *m->grads);
+        if (r.gpu) s = kiln_cuda_trainer_zero_grads(r.gpu);
+        else memset(m->grads, 0, (size_t)m->n_params * sizeof *m->grads);
         double loss_sum = 0;
-        for (int64_t a = 0; a < o->grad_accum; a++) {
+        for (int64_t a = 0; a < o->grad_accum && !s; a++) {
             int64_t k;
-            loss_sum += kiln_llama_train_step(m, &kiln_cpu_ops, r.pool, r.inputs + a * BT, r.targets + a * BT,
-                                              counted ? 1.0f / (float)counted : 0.0f, &k);
+            double l;
+            s = train_step(&r, r.inputs + a * BT, r.targets + a * BT, counted ? 1.0f / (float)counted : 0.0f, &l, &k);
+            loss_sum += l;
         }
+        if (s) break;
         double loss = counted ? loss_sum / (double)counted : 0;
         float lr = kiln_lr_at(&sched, r.st.step);
         kiln_adamw_result res = {.grad_norm = NAN, .skipped = true};
-        if (isfinite(loss)) res = kiln_adamw_step(&r.opt, r.pool, m->params, m->grads, m->mirror, lr);
-        else r.opt.n_skipped++; /* the guard at the loss: nothing is updated */
+        if (isfinite(loss) && r.gpu) {
+            if ((s = kiln_cuda_trainer_adamw(r.gpu, &o->adam, lr, &res.grad_norm, &res.skipped))) break;
+            if (res.skipped) r.opt.n_skipped++;
+        } else if (isfinite(loss))
+            res = kiln_adamw_step(&r.opt, r.pool, m->params, m->grads, m->mirror, lr);
+        else
+            r.opt.n_skipped++; /* the guard at the loss: nothing is updated */
         r.st.step++;
         r.st.tokens_seen += o->grad_accum * BT;
         r.st.data_pos = kiln_loader_pos(r.train);
@@ -236,7 +273,7 @@ kiln_status kiln_train_run(const kiln_train_opts *o, kiln_train_progress_fn prog
             fflush(r.log);
         }
         bool ckpt = o->ckpt_path && (last || (o->ckpt_interval > 0 && r.st.step % o->ckpt_interval == 0));
-        if (ckpt && (s = kiln_train_save(m, r.tok_gguf, o->name, &r.opt, &r.st, o->ckpt_path))) break;
+        if (ckpt && ((s = sync_host(&r)) || (s = kiln_train_save(m, r.tok_gguf, o->name, &r.opt, &r.st, o->ckpt_path)))) break;
         p.checkpoint = ckpt;
         if (progress) progress(user, &p);
 
@@ -251,7 +288,7 @@ kiln_status kiln_train_run(const kiln_train_opts *o, kiln_train_progress_fn prog
             }
             if (o->out_path && o->out_best && vl < best_val) {
                 best_val = vl;
-                if ((s = kiln_train_save(m, r.tok_gguf, o->name, NULL, NULL, o->out_path))) break;
+                if ((s = sync_host(&r)) || (s = kiln_train_save(m, r.tok_gguf, o->name, NULL, NULL, o->out_path))) break;
                 exported = true;
             }
             if (progress) progress(user, &p);
@@ -259,7 +296,8 @@ kiln_status kiln_train_run(const kiln_train_opts *o, kiln_train_progress_fn prog
         if (out_of_time) break;
     }
     /* with out_best the export is the best evaluated model; without a validation split, the last one */
-    if (!s && o->out_path && !(o->out_best && exported)) s = kiln_train_save(m, r.tok_gguf, o->name, NULL, NULL, o->out_path);
+    if (!s && o->out_path && !(o->out_best && exported) && !(s = sync_host(&r)))
+        s = kiln_train_save(m, r.tok_gguf, o->name, NULL, NULL, o->out_path);
     run_free(&r);
     return s;
 }

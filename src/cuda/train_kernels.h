@@ -1,0 +1,120 @@
+/* train_kernels.h: launchers of the CUDA training kernels (issue #8), callable from C. Every pointer is device
+ * memory; every launcher enqueues on `stream` (a cudaStream_t, NULL for the default stream), never synchronizes,
+ * never allocates (workspaces are passed in, sized by the *_ws_bytes functions) and returns KILN_OK or the error.
+ * tests/test_cuda_train_*.c check each against the CPU training ops (src/cpu/ops.h, the oracle) on fresh random
+ * inputs with a stated bound; they compile only with KILN_CUDA and skip without a GPU.
+ *
+ * Precision (llm.c's mixed precision): fp32 master weights, gradients and AdamW moments; a bf16 mirror of the
+ * weights for the matmuls; the residual stream x and its gradient in fp32; the inputs of every matmul (normed x,
+ * attention output, the GLU output, and the gradients a backward matmul reads) in bf16, written in bf16 by the
+ * kernel that produces them. Norm weights are read from the fp32 master weights.
+ *
+ * Shapes: B sequences of T tokens, N = B*T rows; C width, NH/NKV heads, HS head size, Q = NH*HS, KV = NKV*HS,
+ * F FFN width, V vocab. The weights of one layer lie in kiln_llama_train's flat buffer in the order attn_norm, wq,
+ * wk, wv, wo, ffn_norm, w_gate, w_up, w_down, so wq|wk|wv is one (Q + 2 KV rows of C) matrix and w_gate|w_up one
+ * (2F rows of C): q, k, v come from one matmul into a packed (N, Q + 2 KV) buffer, gate and up into (N, 2F). */
+#ifndef KILN_CUDA_TRAIN_KERNELS_H
+#define KILN_CUDA_TRAIN_KERNELS_H
+
+#include "kiln.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef uint16_t kiln_bf16_t; /* bf16 bits, round to nearest even from f32 */
+
+/* ---------------------------------------------------------------- train_matmul.cu (cuBLASLt, bf16 in, fp32 accumulate)
+ * W is (O rows of I) row-major bf16 (the mirror). */
+typedef struct kiln_cuda_blas kiln_cuda_blas; /* handle, workspace, cached plans; one per stream */
+kiln_status kiln_cuda_blas_new(kiln_cuda_blas **out);
+void kiln_cuda_blas_free(kiln_cuda_blas *b); /* accepts NULL */
+/* Device bytes kiln_cuda_blas_new takes (its workspace). */
+size_t kiln_cuda_blas_bytes(void);
+/* y (N, O) = x (N, I) W^T. y_f32: y is float and, with accumulate, y += x W^T (the residual add); otherwise y is
+ * bf16 and overwritten (accumulate must be false). */
+kiln_status kiln_cuda_linear_forward(kiln_cuda_blas *b, void *y, bool y_f32, bool accumulate, const kiln_bf16_t *x,
+                                     const kiln_bf16_t *W, int64_t N, int64_t I, int64_t O, void *stream);
+/* From dy (N, O) bf16: dx (N, I) = dy W (dx_f32: float, += when accumulate; else bf16, overwritten), and
+ * dW (O, I) float += dy^T x. dx or dW may be NULL to skip it. */
+kiln_status kiln_cuda_linear_backward(kiln_cuda_blas *b, void *dx, bool dx_f32, bool accumulate, float *dW,
+                                      const kiln_bf16_t *dy, const kiln_bf16_t *x, const kiln_bf16_t *W, int64_t N,
+                                      int64_t I, int64_t O, void *stream);
+
+/* ---------------------------------------------------------------- train_elementwise.cu */
+/* x (N, C) f32 = rows ids[n] of table (V, C) f32 (the master weights). */
+kiln_status kiln_cuda_embed_forward(float *x, const float *table, const int32_t *ids, int64_t N, int64_t C, void *stream);
+/* dtable (V, C) += dx rows at ids, by atomicAdd (order-dependent in the last bits). As the CPU's embed_backward,
+ * a row of dx with a non-finite value is skipped whole and counted into *d_skipped (device, may be NULL). */
+kiln_status kiln_cuda_embed_backward(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C,
+                                     int32_t *d_skipped, void *stream);
+/* The same, deterministic: rows bucketed by id (a counting sort in ws) and each id's rows summed in row order,
+ * so the result is the same bits on every run. */
+size_t kiln_cuda_embed_backward_det_ws_bytes(int64_t N, int64_t V);
+kiln_status kiln_cuda_embed_backward_det(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C,
+                                         int64_t V, int32_t *d_skipped, void *ws, void *stream);
+/* The residual step and the norm of the next block: x (N, C) f32 += y (N, C) f32 when y is not NULL, then
+ * out (N, C) bf16 = x * rstd * w, rstd (N) f32 = 1/sqrt(mean(x^2) + eps) saved for the backward; w (C) f32. */
+kiln_status kiln_cuda_rmsnorm_forward(float *x, const float *y, kiln_bf16_t *out, float *rstd, const float *w, int64_t N,
+                                      int64_t C, float eps, void *stream);
+/* From dout (N, C) f32 (the gradient of the norm's output): dx (N, C) f32 += the norm's input gradient (the
+ * residual stream's gradient, so the skip connection's share is already in dx), dw (C) f32 += the weight's
+ * gradient, reduced deterministically through ws (per-block partials summed in a fixed order). x is the norm's
+ * input as it was (the forward's x after its add). */
+size_t kiln_cuda_rmsnorm_backward_ws_bytes(int64_t N, int64_t C);
+kiln_status kiln_cuda_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
+                                       const float *rstd, int64_t N, int64_t C, void *ws, void *stream);
+/* qkv (N, Q + 2 KV) f32, the projections' output, to qkv_bf (N, Q + 2 KV) bf16 with q and k rotated (RoPE on the
+ * first rope_dim of each head, theta = pos * base^(-2i/rope_dim) by llama.cpp's float recurrence as
+ * src/cpu/ops_rope.c; interleaved pairs, or NeoX halves when neox) and v copied; row n is position n % T. */
+kiln_status kiln_cuda_rope_forward(kiln_bf16_t *qkv_bf, const float *qkv, int64_t N, int64_t T, int64_t NH, int64_t NKV,
+                                   int64_t HS, int64_t rope_dim, float base, bool neox, void *stream);
+/* dqkv (N, Q + 2 KV) f32, the gradient of the rotated q, k and of v, to dqkv_bf bf16 with the inverse rotation. */
+kiln_status kiln_cuda_rope_backward(kiln_bf16_t *dqkv_bf, const float *dqkv, int64_t N, int64_t T, int64_t NH, int64_t NKV,
+                                    int64_t HS, int64_t rope_dim, float base, bool neox, void *stream);
+/* gu (N, 2F) f32, gate then up per row: h (N, F) bf16 = silu(gate) * up. */
+kiln_status kiln_cuda_swiglu_forward(kiln_bf16_t *h, const float *gu, int64_t N, int64_t F, void *stream);
+/* From dh (N, F) f32: dgu (N, 2F) bf16 = (dgate, dup). */
+kiln_status kiln_cuda_swiglu_backward(kiln_bf16_t *dgu, const float *dh, const float *gu, int64_t N, int64_t F, void *stream);
+/* out (n) bf16 = x (n) f32 rounded to nearest even. */
+kiln_status kiln_cuda_to_bf16(kiln_bf16_t *out, const float *x, int64_t n, void *stream);
+
+/* ---------------------------------------------------------------- train_attention.cu
+ * Causal flash attention over B sequences of T, GQA (query head h reads KV head h / (NH/NKV)), scale 1/sqrt(HS),
+ * never materializing T x T. qkv (N, Q + 2 KV) bf16 packed as the rope writes it (q at column 0, k at Q, v at
+ * Q + KV). out (N, Q) bf16; lse (B, NH, T) f32 the log-sum-exp of each row's scaled scores. HS a multiple of 8
+ * up to 256. */
+kiln_status kiln_cuda_attention_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int64_t B, int64_t T,
+                                        int64_t NH, int64_t NKV, int64_t HS, void *stream);
+/* From dout (N, Q) bf16: dqkv (N, Q + 2 KV) f32 = (dq, dk, dv), overwritten (dk, dv summed over the query heads
+ * of each KV head), recomputing the probabilities from qkv and lse; out is needed for D = rowsum(dout * out),
+ * kept in ws. */
+size_t kiln_cuda_attention_backward_ws_bytes(int64_t B, int64_t T, int64_t NH);
+kiln_status kiln_cuda_attention_backward(float *dqkv, const kiln_bf16_t *dout, const kiln_bf16_t *qkv, const kiln_bf16_t *out,
+                                         const float *lse, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                                         void *ws, void *stream);
+
+/* ---------------------------------------------------------------- train_loss.cu */
+/* Fused softmax cross-entropy over a chunk of n rows of logits (n, V) f32 (the classifier runs chunk by chunk, so
+ * no (N, V) probability tensor exists), exactly the CPU's cross_entropy (src/cpu/ops.h): per counted row
+ *   loss = (1-eps) (z - logit[target]) + eps mean_j (z - logit[j]) + z_loss z^2, z = logsumexp(logits);
+ * a target equal to ignore_index counts for nothing. losses (n) f32 gets each row's loss (0 when ignored);
+ * dlogits (n, V) bf16, unless NULL, = dscale * dloss/dlogits (0 for ignored rows). */
+kiln_status kiln_cuda_cross_entropy(float *losses, kiln_bf16_t *dlogits, const float *logits, const int32_t *targets,
+                                    int64_t n, int64_t V, float label_smoothing, float z_loss, int32_t ignore_index,
+                                    float dscale, void *stream);
+/* One AdamW step over the flat buffers (n parameters), as src/train/optim.c's fp32 AdamW: the global L2 norm of
+ * grads (deterministic: fixed-order partials in ws), the clip factor min(1, grad_clip / norm) (grad_clip <= 0: 1),
+ * a non-finite norm skipping the step (nothing changes; *d_skipped = 1), else the bias-corrected update with
+ * decoupled weight decay where decay (n) is nonzero (a byte per parameter), and the bf16 mirror (n, or NULL)
+ * refreshed from the new params. step is the 1-based update count (bias correction). d_norm (1) f32 and
+ * d_skipped (1) int32 are device outputs; the caller reads them when it needs them. */
+size_t kiln_cuda_adamw_ws_bytes(int64_t n);
+kiln_status kiln_cuda_adamw(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror, const uint8_t *decay,
+                            int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_clip,
+                            int64_t step, float *d_norm, int32_t *d_skipped, void *ws, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

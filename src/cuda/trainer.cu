@@ -1,0 +1,379 @@
+/* trainer.cu: a llama model being trained on the GPU (issue #8): the forward, loss and backward of
+ * src/model/llama_train.c with the kernels of train_kernels.h, and the fused AdamW. The model's flat buffers are
+ * mirrored on the device: fp32 master params, fp32 grads, fp32 moments, the bf16 mirror the matmuls read. The
+ * activations of a B x T batch are saved per layer (llm.c's mixed precision, train_kernels.h):
+ *   x    (N, C) f32   the layer's residual input        ln1 (N, C) bf16, rstd1 (N) f32
+ *   qkv  (N, Q + 2 KV) bf16, q and k roped               att (N, Q) bf16, lse (B, NH, T) f32
+ *   mid  (N, C) f32   x + wo(att)                        ln2 (N, C) bf16, rstd2 (N) f32
+ *   gu   (N, 2F) f32  gate | up                          h   (N, F) bf16 silu(gate) * up
+ * then xL (N, C) f32, lnf (N, C) bf16, rstdf (N). The residual add rides in the next norm kernel (x += y before
+ * the norm), and wq|wk|wv and w_gate|w_up, adjacent in the flat buffer, are one matmul each. The classifier runs
+ * over chunks of rows: logits (rows, V) f32 -> cross-entropy -> dlogits bf16 -> the head's backward, so no (N, V)
+ * tensor exists. Gradient buffers: dx (N, C) f32 the residual gradient, dln (N, C) f32, dxb (N, max(C, Q)) bf16 the
+ * copy of dx a matmul reads, dqkv (N, Q + 2 KV) f32 and its bf16 form, dh (N, F) f32, dgu (N, 2F) bf16 (also d att).
+ *
+ * Written this session without a GPU: tests/test_cuda_train.c (one step against the CPU trainer: the loss and
+ * every parameter gradient, then ten AdamW steps) is its check, to be run on the GPU machine. */
+#include "cuda/cuda.h"
+#include "cuda/train_kernels.h"
+#include "model/llama_train.h"
+#include "train/optim.h"
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
+
+#define TRY(call)                     \
+    do {                              \
+        kiln_status s_ = (call);      \
+        if (s_ != KILN_OK) return s_; \
+    } while (0)
+#define CK(call, what)                                                                                           \
+    do {                                                                                                         \
+        cudaError_t e_ = (call);                                                                                 \
+        if (e_ != cudaSuccess) return kiln_fail(KILN_ERR_IO, "CUDA %s failed: %s", what, cudaGetErrorString(e_)); \
+    } while (0)
+
+#define HEAD_CHUNK 4096 /* rows of logits at a time: 4096 x 32000 f32 = 500 MiB, bf16 dlogits 250 MiB */
+
+typedef struct {
+    float *x, *rstd1, *lse, *mid, *rstd2, *gu; /* f32 */
+    kiln_bf16_t *ln1, *qkv, *att, *ln2, *h;    /* bf16 */
+} layer_acts;
+
+struct kiln_cuda_trainer {
+    const kiln_llama_train *m; /* config and tensor table (host) */
+    int64_t B, T, N, n;        /* n parameters */
+    cudaStream_t stream;
+    kiln_cuda_blas *blas;
+    float *params, *grads, *am, *av; /* (n) each: master, gradient, AdamW moments */
+    kiln_bf16_t *mirror;              /* (n) */
+    uint8_t *decay;                   /* (n) 1 where weight decay applies */
+    int32_t *ids, *targets;           /* (N) */
+    layer_acts *layers;               /* (L) */
+    float *xL, *rstdf;                /* (N, C), (N) */
+    kiln_bf16_t *lnf;                 /* (N, C) */
+    float *logits, *losses;           /* (HEAD_CHUNK, V), (N) */
+    kiln_bf16_t *dlogits;             /* (HEAD_CHUNK, V) */
+    float *dx, *dln, *dh, *dqkv;      /* (N, C), (N, C), (N, F), (N, Q + 2 KV) */
+    kiln_bf16_t *dxb, *dqkvb, *dgu;   /* (N, max(C, Q)), (N, Q + 2 KV), (N, 2F) */
+    float *qkvf;                      /* (N, Q + 2 KV) f32 projections before RoPE */
+    void *ws;                         /* the largest kernel workspace */
+    size_t ws_bytes;
+    float *d_norm;                    /* (1) */
+    int32_t *d_skipped, *d_embed_skipped;
+    void *buf;                        /* every activation and buffer above, one allocation */
+    size_t bytes;                     /* device bytes held */
+    int64_t opt_step;                 /* AdamW updates applied */
+    float *h_losses;                  /* (N) pinned */
+};
+
+static size_t al(size_t n) { return (n + 255) & ~(size_t)255; }
+
+extern "C" void kiln_cuda_trainer_free(kiln_cuda_trainer *t) {
+    if (!t) return;
+    kiln_cuda_blas_free(t->blas);
+    cudaFree(t->params);
+    cudaFree(t->buf);
+    cudaFreeHost(t->h_losses);
+    if (t->stream) cudaStreamDestroy(t->stream);
+    free(t->layers);
+    free(t);
+}
+
+extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t B, int64_t T, kiln_cuda_trainer **out) {
+    *out = NULL;
+    const kiln_llama_config *c = &m->cfg;
+    const int64_t N = B * T, C = c->n_embd, NH = c->n_head, NKV = c->n_head_kv, HS = c->head_dim, F = c->n_ff, V = c->n_vocab;
+    const int64_t Q = NH * HS, KV = NKV * HS, QKV = Q + 2 * KV, L = c->n_layer;
+    if (kiln_cuda_device_count() == 0) return kiln_fail(KILN_ERR_UNSUPPORTED, "gpu: no CUDA device (or kiln was built without CUDA)");
+    if (B <= 0 || T <= 0 || T > c->n_ctx_train)
+        return kiln_fail(KILN_ERR_INVALID, "gpu train: batch B=%lld T=%lld is invalid (T must be 1..%lld)", (long long)B, (long long)T,
+                         (long long)c->n_ctx_train);
+    if (c->rope_neox || c->rope_dim != HS || c->qkv_bias || c->qk_norm || c->sandwich_norm || c->geglu || c->output_gate)
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "gpu train: only the plain llama architecture is trained");
+    if (Q > 2 * F) /* the backward keeps d att (N, Q) bf16 in the (N, 2F) buffer of d gate|up */
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "gpu train: NH*HS %lld wider than 2*F %lld", (long long)Q, (long long)(2 * F));
+    /* wq|wk|wv and w_gate|w_up are adjacent in the flat buffer: one matmul each */
+    for (int64_t l = 0; l < L; l++) {
+        const kiln_train_layer *w = &m->layers[l];
+        const kiln_train_tensor *ts = m->tensors;
+        if (ts[w->wk].offset != ts[w->wq].offset + Q * C || ts[w->wv].offset != ts[w->wk].offset + KV * C ||
+            ts[w->w_up].offset != ts[w->w_gate].offset + F * C)
+            return kiln_fail(KILN_ERR_INVALID, "gpu train: layer %lld's projections are not adjacent in the parameter buffer", (long long)l);
+    }
+    const int64_t chunk = N < HEAD_CHUNK ? N : HEAD_CHUNK;
+    const size_t f4 = 4, b2 = 2;
+    /* per layer: x, mid (N C f32), rstd1, rstd2 (N), lse (N NH), gu (N 2F f32), ln1, ln2 (N C bf16), qkv (N QKV bf16),
+     * att (N Q bf16), h (N F bf16) */
+    const size_t layer_bytes = 2 * al((size_t)(N * C) * f4) + 2 * al((size_t)N * f4) + al((size_t)(N * NH) * f4) +
+                               al((size_t)(N * 2 * F) * f4) + 2 * al((size_t)(N * C) * b2) + al((size_t)(N * QKV) * b2) +
+                               al((size_t)(N * Q) * b2) + al((size_t)(N * F) * b2);
+    size_t ws = kiln_cuda_adamw_ws_bytes(m->n_params);
+    const size_t ws_att = kiln_cuda_attention_backward_ws_bytes(B, T, NH), ws_norm = kiln_cuda_rmsnorm_backward_ws_bytes(N, C);
+    const size_t ws_emb = kiln_cuda_embed_backward_det_ws_bytes(N, V);
+    if (ws_att > ws) ws = ws_att;
+    if (ws_norm > ws) ws = ws_norm;
+    if (ws_emb > ws) ws = ws_emb;
+    const int64_t wide = C > Q ? C : Q;
+    const size_t buf_bytes = (size_t)L * layer_bytes + al((size_t)(N * C) * f4) + al((size_t)N * f4) + al((size_t)(N * C) * b2) +
+                             al((size_t)(chunk * V) * f4) + al((size_t)N * f4) + al((size_t)(chunk * V) * b2) +
+                             2 * al((size_t)(N * C) * f4) + al((size_t)(N * F) * f4) + al((size_t)(N * QKV) * f4) +
+                             al((size_t)(N * wide) * b2) + al((size_t)(N * QKV) * b2) + al((size_t)(N * 2 * F) * b2) +
+                             al((size_t)(N * QKV) * f4) + al(ws) + 2 * al((size_t)N * 4) + al(16) + (size_t)m->n_params;
+    const size_t param_bytes = (size_t)m->n_params * (4 * f4 + b2);
+    size_t free_b = 0, total_b = 0;
+    CK(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+    const size_t need = buf_bytes + param_bytes + kiln_cuda_blas_bytes();
+    if (need + ((size_t)256 << 20) > free_b)
+        return kiln_fail(KILN_ERR_NOMEM, "gpu train: B=%lld T=%lld needs %.2f GiB of GPU memory (activations %.2f, parameters and state %.2f) "
+                         "but %.2f GiB of %.2f is free", (long long)B, (long long)T, need / 1073741824.0, buf_bytes / 1073741824.0,
+                         param_bytes / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0);
+
+    kiln_cuda_trainer *t = (kiln_cuda_trainer *)calloc(1, sizeof *t);
+    if (!t) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    t->m = m, t->B = B, t->T = T, t->N = N, t->n = m->n_params, t->bytes = need;
+    t->layers = (layer_acts *)calloc((size_t)L, sizeof *t->layers);
+    kiln_status st = t->layers ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    cudaError_t e = cudaSuccess;
+    if (!st && ((e = cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+                (e = cudaMalloc((void **)&t->params, param_bytes)) != cudaSuccess || (e = cudaMalloc(&t->buf, buf_bytes)) != cudaSuccess ||
+                (e = cudaMallocHost((void **)&t->h_losses, (size_t)N * f4)) != cudaSuccess))
+        st = kiln_fail(KILN_ERR_NOMEM, "gpu train: allocating %.2f GiB failed: %s", need / 1073741824.0, cudaGetErrorString(e));
+    if (!st) st = kiln_cuda_blas_new(&t->blas);
+    if (st) {
+        kiln_cuda_trainer_free(t);
+        return st;
+    }
+    /* parameter state: params, grads, m, v (f32) then the mirror (bf16), one allocation */
+    t->grads = t->params + t->n, t->am = t->grads + t->n, t->av = t->am + t->n;
+    t->mirror = (kiln_bf16_t *)(t->av + t->n);
+    char *p = (char *)t->buf;
+#define CARVE(dst, type, count) (dst = (type *)p, p += al((size_t)(count) * sizeof(type)))
+    for (int64_t l = 0; l < L; l++) {
+        layer_acts *a = &t->layers[l];
+        CARVE(a->x, float, N * C);
+        CARVE(a->mid, float, N * C);
+        CARVE(a->rstd1, float, N);
+        CARVE(a->rstd2, float, N);
+        CARVE(a->lse, float, N * NH);
+        CARVE(a->gu, float, N * 2 * F);
+        CARVE(a->ln1, kiln_bf16_t, N * C);
+        CARVE(a->ln2, kiln_bf16_t, N * C);
+        CARVE(a->qkv, kiln_bf16_t, N * QKV);
+        CARVE(a->att, kiln_bf16_t, N * Q);
+        CARVE(a->h, kiln_bf16_t, N * F);
+    }
+    CARVE(t->xL, float, N * C);
+    CARVE(t->rstdf, float, N);
+    CARVE(t->lnf, kiln_bf16_t, N * C);
+    CARVE(t->logits, float, chunk * V);
+    CARVE(t->losses, float, N);
+    CARVE(t->dlogits, kiln_bf16_t, chunk * V);
+    CARVE(t->dx, float, N * C);
+    CARVE(t->dln, float, N * C);
+    CARVE(t->dh, float, N * F);
+    CARVE(t->dqkv, float, N * QKV);
+    CARVE(t->dxb, kiln_bf16_t, N * wide);
+    CARVE(t->dqkvb, kiln_bf16_t, N * QKV);
+    CARVE(t->dgu, kiln_bf16_t, N * 2 * F);
+    CARVE(t->qkvf, float, N * QKV);
+    t->ws = p, t->ws_bytes = ws, p += al(ws);
+    CARVE(t->ids, int32_t, N);
+    CARVE(t->targets, int32_t, N);
+    t->d_norm = (float *)p, t->d_skipped = (int32_t *)(p + 4), t->d_embed_skipped = (int32_t *)(p + 8), p += al(16);
+    t->decay = (uint8_t *)p;
+#undef CARVE
+    /* the master weights and the decay mask from the host model; grads and moments zero; the mirror from params */
+    uint8_t *h_decay = (uint8_t *)calloc((size_t)t->n, 1);
+    if (!h_decay) {
+        kiln_cuda_trainer_free(t);
+        return kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < m->n_tensors; i++)
+        if (m->tensors[i].decay) memset(h_decay + m->tensors[i].offset, 1, (size_t)m->tensors[i].n);
+    e = cudaMemcpy(t->params, m->params, (size_t)t->n * f4, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(t->decay, h_decay, (size_t)t->n, cudaMemcpyHostToDevice);
+    free(h_decay);
+    if (e == cudaSuccess) e = cudaMemset(t->grads, 0, (size_t)t->n * 3 * f4);
+    if (e == cudaSuccess) e = cudaMemset(t->d_norm, 0, 16);
+    if (e != cudaSuccess) {
+        kiln_cuda_trainer_free(t);
+        return kiln_fail(KILN_ERR_IO, "gpu train: upload failed: %s", cudaGetErrorString(e));
+    }
+    if ((st = kiln_cuda_to_bf16(t->mirror, t->params, t->n, t->stream)) || (e = cudaStreamSynchronize(t->stream)) != cudaSuccess) {
+        kiln_cuda_trainer_free(t);
+        return st ? st : kiln_fail(KILN_ERR_IO, "gpu train: mirror failed: %s", cudaGetErrorString(e));
+    }
+    *out = t;
+    return KILN_OK;
+}
+
+extern "C" size_t kiln_cuda_trainer_bytes(const kiln_cuda_trainer *t) { return t->bytes; }
+
+/* ---------------------------------------------------------------- forward, loss, backward */
+
+static const kiln_bf16_t *W(const kiln_cuda_trainer *t, int idx) { return t->mirror + t->m->tensors[idx].offset; }
+static float *P(const kiln_cuda_trainer *t, int idx) { return t->params + t->m->tensors[idx].offset; }
+static float *G(const kiln_cuda_trainer *t, int idx) { return t->grads + t->m->tensors[idx].offset; }
+
+static kiln_status forward(kiln_cuda_trainer *t) {
+    const kiln_llama_train *m = t->m;
+    const kiln_llama_config *c = &m->cfg;
+    const int64_t B = t->B, T = t->T, N = t->N, C = c->n_embd, NH = c->n_head, NKV = c->n_head_kv, HS = c->head_dim, F = c->n_ff;
+    const int64_t Q = NH * HS, KV = NKV * HS, QKV = Q + 2 * KV, L = c->n_layer;
+    void *s = t->stream;
+    TRY(kiln_cuda_embed_forward(t->layers[0].x, P(t, m->tok_embd), t->ids, N, C, s));
+    /* the first norm has no residual to add; every later one adds the block output it follows */
+    TRY(kiln_cuda_rmsnorm_forward(t->layers[0].x, NULL, t->layers[0].ln1, t->layers[0].rstd1, P(t, m->layers[0].attn_norm), N, C,
+                                  c->rms_eps, s));
+    for (int64_t l = 0; l < L; l++) {
+        const kiln_train_layer *w = &m->layers[l];
+        layer_acts *a = &t->layers[l];
+        TRY(kiln_cuda_linear_forward(t->blas, t->qkvf, true, false, a->ln1, W(t, w->wq), N, C, QKV, s));
+        TRY(kiln_cuda_rope_forward(a->qkv, t->qkvf, N, T, NH, NKV, HS, c->rope_dim, c->rope_base, c->rope_neox, s));
+        TRY(kiln_cuda_attention_forward(a->att, a->lse, a->qkv, B, T, NH, NKV, HS, s));
+        /* mid = wo(att), then mid += x inside the ffn norm */
+        TRY(kiln_cuda_linear_forward(t->blas, a->mid, true, false, a->att, W(t, w->wo), N, Q, C, s));
+        TRY(kiln_cuda_rmsnorm_forward(a->mid, a->x, a->ln2, a->rstd2, P(t, w->ffn_norm), N, C, c->rms_eps, s));
+        TRY(kiln_cuda_linear_forward(t->blas, a->gu, true, false, a->ln2, W(t, w->w_gate), N, C, 2 * F, s));
+        TRY(kiln_cuda_swiglu_forward(a->h, a->gu, N, F, s));
+        /* x_next = down(h), then x_next += mid inside the next norm */
+        float *x_next = l + 1 < L ? t->layers[l + 1].x : t->xL;
+        TRY(kiln_cuda_linear_forward(t->blas, x_next, true, false, a->h, W(t, w->w_down), N, F, C, s));
+        if (l + 1 < L)
+            TRY(kiln_cuda_rmsnorm_forward(x_next, a->mid, t->layers[l + 1].ln1, t->layers[l + 1].rstd1,
+                                          P(t, m->layers[l + 1].attn_norm), N, C, c->rms_eps, s));
+        else
+            TRY(kiln_cuda_rmsnorm_forward(x_next, a->mid, t->lnf, t->rstdf, P(t, m->output_norm), N, C, c->rms_eps, s));
+    }
+    return KILN_OK;
+}
+
+/* The classifier chunk by chunk: logits, the loss into losses, and with dscale != 0 the head's backward:
+ * dln (N, C) f32 = dlogits W_out and dW_out += dlogits^T lnf. */
+static kiln_status head(kiln_cuda_trainer *t, float dscale) {
+    const kiln_llama_train *m = t->m;
+    const kiln_llama_config *c = &m->cfg;
+    const int64_t N = t->N, C = c->n_embd, V = c->n_vocab, chunk = N < HEAD_CHUNK ? N : HEAD_CHUNK;
+    void *s = t->stream;
+    for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+        const int64_t n = N - r0 < chunk ? N - r0 : chunk;
+        TRY(kiln_cuda_linear_forward(t->blas, t->logits, true, false, t->lnf + r0 * C, W(t, m->output), n, C, V, s));
+        TRY(kiln_cuda_cross_entropy(t->losses + r0, dscale != 0 ? t->dlogits : NULL, t->logits, t->targets + r0, n, V,
+                                    m->label_smoothing, m->z_loss, -1, dscale, s));
+        if (dscale != 0)
+            TRY(kiln_cuda_linear_backward(t->blas, t->dln + r0 * C, true, false, G(t, m->output), t->dlogits, t->lnf + r0 * C,
+                                          W(t, m->output), n, C, V, s));
+    }
+    return KILN_OK;
+}
+
+static kiln_status backward(kiln_cuda_trainer *t) {
+    const kiln_llama_train *m = t->m;
+    const kiln_llama_config *c = &m->cfg;
+    const int64_t B = t->B, T = t->T, N = t->N, C = c->n_embd, NH = c->n_head, NKV = c->n_head_kv, HS = c->head_dim, F = c->n_ff;
+    const int64_t Q = NH * HS, KV = NKV * HS, QKV = Q + 2 * KV, L = c->n_layer;
+    void *s = t->stream;
+    cudaStream_t cs = t->stream;
+    CK(cudaMemsetAsync(t->dx, 0, (size_t)(N * C) * 4, cs), "cudaMemsetAsync");
+    TRY(kiln_cuda_rmsnorm_backward(t->dx, G(t, m->output_norm), t->dln, t->xL, P(t, m->output_norm), t->rstdf, N, C, t->ws, s));
+    for (int64_t l = L - 1; l >= 0; l--) {
+        const kiln_train_layer *w = &m->layers[l];
+        layer_acts *a = &t->layers[l];
+        /* feed-forward block: x_next = mid + down(h); dx holds d x_next */
+        TRY(kiln_cuda_to_bf16(t->dxb, t->dx, N * C, s));
+        TRY(kiln_cuda_linear_backward(t->blas, t->dh, true, false, G(t, w->w_down), t->dxb, a->h, W(t, w->w_down), N, F, C, s));
+        TRY(kiln_cuda_swiglu_backward(t->dgu, t->dh, a->gu, N, F, s));
+        TRY(kiln_cuda_linear_backward(t->blas, t->dln, true, false, G(t, w->w_gate), t->dgu, a->ln2, W(t, w->w_gate), N, C, 2 * F, s));
+        TRY(kiln_cuda_rmsnorm_backward(t->dx, G(t, w->ffn_norm), t->dln, a->mid, P(t, w->ffn_norm), a->rstd2, N, C, t->ws, s));
+        /* attention block: mid = x + wo(att); dx holds d mid */
+        TRY(kiln_cuda_to_bf16(t->dxb, t->dx, N * C, s));
+        kiln_bf16_t *datt = t->dgu; /* (N, Q) bf16: dgu is free until the next layer's swiglu backward */
+        TRY(kiln_cuda_linear_backward(t->blas, datt, false, false, G(t, w->wo), t->dxb, a->att, W(t, w->wo), N, Q, C, s));
+        TRY(kiln_cuda_attention_backward(t->dqkv, datt, a->qkv, a->att, a->lse, B, T, NH, NKV, HS, t->ws, s));
+        TRY(kiln_cuda_rope_backward(t->dqkvb, t->dqkv, N, T, NH, NKV, HS, c->rope_dim, c->rope_base, c->rope_neox, s));
+        TRY(kiln_cuda_linear_backward(t->blas, t->dln, true, false, G(t, w->wq), t->dqkvb, a->ln1, W(t, w->wq), N, C, QKV, s));
+        TRY(kiln_cuda_rmsnorm_backward(t->dx, G(t, w->attn_norm), t->dln, a->x, P(t, w->attn_norm), a->rstd1, N, C, t->ws, s));
+    }
+    /* the deterministic scatter: the same bits every run, so a resumed run repeats an uninterrupted one */
+    return kiln_cuda_embed_backward_det(G(t, m->tok_embd), t->dx, t->ids, N, C, c->n_vocab, t->d_embed_skipped, t->ws, s);
+}
+
+extern "C" kiln_status kiln_cuda_trainer_step(kiln_cuda_trainer *t, const int32_t *inputs, const int32_t *targets, float grad_scale,
+                                              double *loss_sum, int64_t *n_counted) {
+    const int64_t N = t->N;
+    const int64_t V = t->m->cfg.n_vocab;
+    int64_t counted = 0;
+    for (int64_t i = 0; i < N; i++) {
+        if (inputs[i] < 0 || inputs[i] >= V || targets[i] < -1 || targets[i] >= V)
+            return kiln_fail(KILN_ERR_RANGE, "gpu train: token id %d (input) or %d (target) at row %lld is outside the vocab of %lld",
+                             inputs[i], targets[i], (long long)i, (long long)V);
+        counted += targets[i] != -1;
+    }
+    CK(cudaMemcpyAsync(t->ids, inputs, (size_t)N * 4, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync");
+    CK(cudaMemcpyAsync(t->targets, targets, (size_t)N * 4, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync");
+    TRY(forward(t));
+    TRY(head(t, grad_scale));
+    if (grad_scale != 0) TRY(backward(t));
+    CK(cudaMemcpyAsync(t->h_losses, t->losses, (size_t)N * 4, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
+    CK(cudaStreamSynchronize(t->stream), "training step");
+    double sum = 0; /* in row order, in double: the same bits every run */
+    for (int64_t i = 0; i < N; i++) sum += t->h_losses[i];
+    *loss_sum = sum;
+    *n_counted = counted;
+    return KILN_OK;
+}
+
+extern "C" kiln_status kiln_cuda_trainer_zero_grads(kiln_cuda_trainer *t) {
+    CK(cudaMemsetAsync(t->grads, 0, (size_t)t->n * 4, t->stream), "cudaMemsetAsync");
+    return KILN_OK;
+}
+
+extern "C" kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const kiln_adamw_cfg *cfg, float lr, double *grad_norm,
+                                               bool *skipped) {
+    if (cfg->eight_bit) return kiln_fail(KILN_ERR_UNSUPPORTED, "gpu train: 8-bit AdamW is not on the GPU yet");
+    TRY(kiln_cuda_adamw(t->params, t->grads, t->am, t->av, t->mirror, t->decay, t->n, lr, cfg->beta1, cfg->beta2, cfg->eps,
+                        cfg->weight_decay, cfg->grad_clip, t->opt_step + 1, t->d_norm, t->d_skipped, t->ws, t->stream));
+    float norm = 0;
+    int32_t skip = 0;
+    CK(cudaMemcpyAsync(&norm, t->d_norm, 4, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
+    CK(cudaMemcpyAsync(&skip, t->d_skipped, 4, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
+    CK(cudaStreamSynchronize(t->stream), "AdamW step");
+    if (!skip) t->opt_step++; /* as the CPU's kiln_adamw: a skipped step does not count */
+    *grad_norm = norm;
+    *skipped = skip != 0;
+    return KILN_OK;
+}
+
+extern "C" kiln_status kiln_cuda_trainer_download(const kiln_cuda_trainer *t, float *params, float *grads) {
+    if (params) CK(cudaMemcpy(params, t->params, (size_t)t->n * 4, cudaMemcpyDeviceToHost), "cudaMemcpy params");
+    if (grads) CK(cudaMemcpy(grads, t->grads, (size_t)t->n * 4, cudaMemcpyDeviceToHost), "cudaMemcpy grads");
+    return KILN_OK;
+}
+
+extern "C" kiln_status kiln_cuda_trainer_get_state(const kiln_cuda_trainer *t, float *params, float *m, float *v, int64_t *opt_step,
+                                                   int64_t *n_embed_skipped) {
+    const size_t bytes = (size_t)t->n * 4;
+    if (params) CK(cudaMemcpy(params, t->params, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy params");
+    if (m) CK(cudaMemcpy(m, t->am, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy moments");
+    if (v) CK(cudaMemcpy(v, t->av, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy moments");
+    if (n_embed_skipped) {
+        int32_t k = 0;
+        CK(cudaMemcpy(&k, t->d_embed_skipped, 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
+        *n_embed_skipped = k;
+    }
+    if (opt_step) *opt_step = t->opt_step;
+    return KILN_OK;
+}
+
+extern "C" kiln_status kiln_cuda_trainer_set_state(kiln_cuda_trainer *t, const float *m, const float *v, int64_t opt_step) {
+    const size_t bytes = (size_t)t->n * 4;
+    CK(cudaMemcpy(t->am, m, bytes, cudaMemcpyHostToDevice), "cudaMemcpy moments");
+    CK(cudaMemcpy(t->av, v, bytes, cudaMemcpyHostToDevice), "cudaMemcpy moments");
+    t->opt_step = opt_step;
+    return KILN_OK;
+}
