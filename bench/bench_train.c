@@ -5,11 +5,17 @@
  * state in bytes per parameter (master, mirror, gradients, moments) beside the activation memory per token.
  *
  * The peer, with --peer PYTHON: bench/bench_train_torch.py, the same model in PyTorch on the CPU with the same
- * threads (it imports ../shared/bench/torch_llama_train.py's model), run in this process's run and compared. */
+ * threads (it imports ../shared/bench/torch_llama_train.py's model), run in this process's run and compared.
+ *
+ * --gpu trains on CUDA device 0 (src/cuda/trainer.cu) and reports MFU against H200 dense bf16's 989 TFLOP/s as
+ * llm.c counts it; its peer is ../shared/bench/torch_llama_train.py --compile on the same GPU, run in the same
+ * device command (it needs the GPU's PyTorch, so this binary does not start it). */
 #include "bench/bench.h"
 #include "model/llama_train.h"
 #include "tools/cmd.h"
 #include "train/optim.h"
+#include "cuda/cuda.h"
+#include "status.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -26,6 +32,7 @@ static const bench_config configs[] = {
     {"tiny", 4096, 256, 4, 8, 4, 704, 256},     /* the bundled default model's shape */
     {"small", 16384, 384, 6, 6, 2, 1024, 512},  /* ../shared/bench/torch_llama_train.py "small" */
     {"124m", 32000, 768, 12, 12, 4, 2048, 1024},/* its "124m" */
+    {"350m", 32000, 1024, 24, 16, 4, 2816, 1024},/* its "350m" */
 };
 
 static double peer_tok_s(const char *python, const bench_config *c, int64_t B, int64_t T, int steps, int threads, char *ver, size_t nver) {
@@ -45,11 +52,57 @@ static double peer_tok_s(const char *python, const bench_config *c, int64_t B, i
     return pclose(p) == 0 ? tok : NAN;
 }
 
+/* --gpu: the same steps on the GPU trainer; frees m and pool. */
+static int bench_gpu(const bench_config *c, kiln_llama_train *m, int64_t B, int64_t T, int steps, kiln_pool *pool) {
+    kiln_cuda_trainer *g = NULL;
+    kiln_status s = kiln_cuda_trainer_new(m, B, T, &g);
+    int32_t *in = malloc((size_t)(B * T) * sizeof *in), *tg = malloc((size_t)(B * T) * sizeof *tg);
+    double *t = malloc((size_t)steps * sizeof *t), loss = 0, norm = 0;
+    if (!s && (!in || !tg || !t)) s = kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    uint64_t r = 42;
+    for (int64_t i = 0; !s && i < B * T; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        in[i] = (int32_t)((r >> 33) % (uint64_t)c->V);
+        tg[i] = (int32_t)((r >> 13) % (uint64_t)c->V);
+    }
+    kiln_adamw_cfg ac = kiln_adamw_defaults();
+    for (int i = -2; !s && i < steps; i++) { /* two warm-up steps: cuBLASLt plans, first-touch allocations */
+        double t0 = kiln_bench_now();
+        int64_t k;
+        bool skipped;
+        if (!(s = kiln_cuda_trainer_zero_grads(g)) && !(s = kiln_cuda_trainer_step(g, in, tg, 1.0f / (float)(B * T), &loss, &k)))
+            s = kiln_cuda_trainer_adamw(g, &ac, 1e-4f, &norm, &skipped); /* it synchronizes: the step is done */
+        loss /= (double)(B * T);
+        if (i >= 0) t[i] = kiln_bench_now() - t0;
+    }
+    if (!s) {
+        double med = kiln_bench_median(t, steps), tok_s = (double)(B * T) / med;
+        double n_mat = (double)(m->n_params - m->tensors[m->tok_embd].n);
+        double flops_tok = 6 * n_mat + 6.0 * (double)(c->L * T * c->C), tflops = tok_s * flops_tok * 1e-12;
+        char dev[128] = "";
+        kiln_cuda_device_describe(dev, sizeof dev);
+        printf("{\"bench\": \"train_gpu\", \"device\": \"%s\", \"config\": \"%s\", \"B\": %lld, \"T\": %lld, \"params\": %lld, "
+               "\"loss\": %.4f, \"ms_per_step\": %.2f, \"tokens_per_s\": %.0f, \"tflops\": %.1f, \"mfu\": %.4f, \"peak_tflops\": 989, "
+               "\"gpu_bytes\": %zu, \"peer\": \"../shared/bench/torch_llama_train.py --compile, run beside in the same command\"}\n",
+               dev, c->name, (long long)B, (long long)T, (long long)m->n_params, loss, med * 1e3, tok_s, tflops, tflops / 989.0,
+               kiln_cuda_trainer_bytes(g));
+        printf("\n| config | B x T | params | ms/step | tok/s | TFLOP/s | MFU (989) | GPU memory |\n|---|---|---|---|---|---|---|---|\n"
+               "| %s | %lld x %lld | %.1fM | %.2f | %.0f | %.1f | %.1f%% | %.2f GiB |\n",
+               c->name, (long long)B, (long long)T, (double)m->n_params / 1e6, med * 1e3, tok_s, tflops, 100 * tflops / 989.0,
+               (double)kiln_cuda_trainer_bytes(g) / 1073741824.0);
+    }
+    free(t), free(in), free(tg);
+    kiln_cuda_trainer_free(g);
+    kiln_llama_train_free(m);
+    kiln_pool_free(pool);
+    return s ? kiln_cli_die(s) : 0;
+}
+
 int kiln_bench_train(int argc, char **argv) {
     const char *cfg_name = "tiny", *python = NULL;
     int64_t B = 8, T = 0;
     int threads = 0, steps = 5;
-    bool mixed = false, eight_bit = false;
+    bool mixed = false, eight_bit = false, gpu = false;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--config") == 0 && v) cfg_name = argv[++i];
@@ -60,9 +113,10 @@ int kiln_bench_train(int argc, char **argv) {
         else if (strcmp(a, "--peer") == 0 && v) python = argv[++i];
         else if (strcmp(a, "--mixed") == 0) mixed = true;
         else if (strcmp(a, "--8bit") == 0) eight_bit = true;
+        else if (strcmp(a, "--gpu") == 0) gpu = true;
         else {
             fprintf(stderr, "usage: kiln bench train [--config tiny|small|124m] [-B B] [-T T] [-t THREADS] [--steps N] [--mixed] "
-                            "[--8bit] [--peer PYTHON]\n");
+                            "[--8bit] [--peer PYTHON] [--gpu]\n");
             return 1;
         }
     }
@@ -70,7 +124,7 @@ int kiln_bench_train(int argc, char **argv) {
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++)
         if (strcmp(configs[i].name, cfg_name) == 0) c = &configs[i];
     if (!c || B <= 0 || steps <= 0) {
-        fprintf(stderr, "kiln: bench train: unknown config '%s' (tiny, small, 124m) or bad -B/--steps\n", cfg_name);
+        fprintf(stderr, "kiln: bench train: unknown config '%s' (tiny, small, 124m, 350m) or bad -B/--steps\n", cfg_name);
         return 1;
     }
     if (T <= 0) T = c->T;
@@ -82,6 +136,7 @@ int kiln_bench_train(int argc, char **argv) {
     if (s || (s = kiln_llama_train_new(&mc, mixed, &m))) return kiln_cli_die(s);
     threads = kiln_pool_size(pool);
     kiln_llama_train_init_random(m, 1);
+    if (gpu) return bench_gpu(c, m, B, T, steps, pool);
     if ((s = kiln_llama_train_reserve(m, B, T, threads))) return kiln_cli_die(s);
     kiln_param_segment *segs = malloc((size_t)m->n_tensors * sizeof *segs);
     for (int i = 0; i < m->n_tensors; i++)
