@@ -68,6 +68,7 @@ struct kiln_cuda_trainer {
     void *buf;                        /* every activation and buffer above, one allocation */
     size_t bytes;                     /* device bytes held */
     int64_t opt_step;                 /* AdamW updates applied */
+    int64_t embed_skipped0;           /* the model's count of skipped embedding-gradient rows when the trainer began */
     float *h_losses;                  /* (N) pinned */
 };
 
@@ -136,6 +137,7 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     kiln_cuda_trainer *t = (kiln_cuda_trainer *)calloc(1, sizeof *t);
     if (!t) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
     t->m = m, t->B = B, t->T = T, t->N = N, t->n = m->n_params, t->bytes = need;
+    t->embed_skipped0 = m->n_embed_skipped;
     t->layers = (layer_acts *)calloc((size_t)L, sizeof *t->layers);
     kiln_status st = t->layers ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "out of memory");
     cudaError_t e = cudaSuccess;
@@ -364,7 +366,7 @@ extern "C" kiln_status kiln_cuda_trainer_get_state(const kiln_cuda_trainer *t, f
     if (n_embed_skipped) {
         int32_t k = 0;
         CK(cudaMemcpy(&k, t->d_embed_skipped, 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
-        *n_embed_skipped = k;
+        *n_embed_skipped = t->embed_skipped0 + k;
     }
     if (opt_step) *opt_step = t->opt_step;
     return KILN_OK;

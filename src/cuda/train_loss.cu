@@ -1,0 +1,410 @@
+/* train_loss.cu: the loss and the optimizer of CUDA training (train_kernels.h's train_loss.cu section): the fused
+ * softmax cross-entropy over a chunk of logit rows (label smoothing, z-loss, ignore_index, bf16 dlogits) and the
+ * fused fp32 AdamW step (global-norm clip, non-finite skip, decoupled decay, bf16 mirror refresh). Both repeat the
+ * CPU oracle's float operations in its order with explicit round-to-nearest intrinsics (__fmul_rn, __fadd_rn, ...)
+ * so nvcc cannot contract them into FMAs: AdamW is bit-exact with src/train/optim.c whenever the clip factor (a
+ * double norm summed in another order) rounds to the same float, and the loss differs from src/cpu/ops_loss.c only
+ * by the order of its sums and CUDA's expf (2 ulp) against the host's. Every kernel follows launch.h's PDL contract.
+ * tests/test_cuda_train_loss.c checks both against kiln_cpu_ops.cross_entropy and kiln_adamw_step. */
+#include "cuda/launch.h"
+#include "cuda/train_kernels.h"
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+extern "C" kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
+
+/* A kiln_launch's own error first, then any earlier asynchronous one. */
+static kiln_status checked(const char *what, cudaError_t e) {
+    if (e == cudaSuccess) e = cudaGetLastError();
+    return e == cudaSuccess ? KILN_OK : kiln_fail(KILN_ERR_IO, "CUDA %s launch failed: %s", what, cudaGetErrorString(e));
+}
+
+static bool aligned(const void *p, uintptr_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
+
+/* bf16 bits of f, round to nearest even, NaN kept a (quiet) NaN: optim.c's bf16_rne, bit for bit. */
+static __device__ __forceinline__ uint16_t bf16_rne(float f) {
+    const uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+/* ---------------------------------------------------------------- block reductions
+ * Fixed trees over a fixed block size (a multiple of 32), so the results are the same bits on every run. Each
+ * returns the total to every thread; each shared array must serve one call only (one barrier per call). */
+
+static __device__ __forceinline__ float block_max(float v, float *sh) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    float m = sh[0];
+    for (int i = 1; i < nw; i++) m = fmaxf(m, sh[i]);
+    return m;
+}
+
+static __device__ __forceinline__ double block_sum(double v, double *sh) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    double s = 0.0;
+    for (int i = 0; i < nw; i++) s += sh[i];
+    return s;
+}
+
+/* ---------------------------------------------------------------- cross-entropy
+ * One block per row, two passes over its V logits (the CPU makes three):
+ *   1. each thread runs an online max / sum of exps over its strided share (16-byte loads when V % 4 == 0), in
+ *      f32: m its running max, s = sum exp(x - m), rescaled by exp(m_old - m_new) when the max grows (once per
+ *      float4, and only O(log) times in expectation). The logits' plain sum (the label-smoothing mean) goes into
+ *      a per-thread double: it is a signed sum whose cancellation f32 would expose (logits of 1e4 in a row of 256K
+ *      would lose ~1e-5 of the mean), while the exps are positive, so f32 bounds their relative error by the
+ *      ~V/threads <= 256 terms a thread adds: <= 1.5e-5 worst case, ~1e-6 typical, and the block average of
+ *      those is ~1e-7 of the sum, which is ~1e-7 absolute in z = max + log(sum). The thread partials are then
+ *      combined in double: the block max M (f32, exact), each s scaled by exp(m - M) in double, summed in a fixed
+ *      tree. z and the loss are formed in double, in ops_loss.c's order, from max and the two sums.
+ *   2. dlogits = a exp(x - M) - b (minus c at the target), the CPU's float formula with its float constants
+ *      a = dscale (1 + 2 z_loss z) / sum, b = dscale eps / V, c = dscale (1 - eps), rounded to bf16 (RNE).
+ * Non-finite logits follow the CPU: a -inf logit contributes exp = 0 (and makes the smoothing mean -inf, so the
+ * loss is +inf with eps > 0 and NaN with eps = 0, as 0 * inf on the CPU); +inf or NaN make the row NaN. A row of
+ * only -inf gives NaN. A target outside [0, V) that is not ignore_index breaks the contract (the CPU asserts): its
+ * loss and dlogits are NaN, never a silently wrong number. */
+
+#define CE_MAX_THREADS 1024
+#define CE_PER_THREAD 16 /* accesses (float4 or float) per thread a row aims for before the block grows */
+
+/* exp(x - m) in f32, with a -inf logit contributing 0 even when m is -inf (the CPU gets NaN only for a row of
+ * nothing but -inf, which this gives too, through z = -inf). */
+static __device__ __forceinline__ float ce_term(float x, float m) {
+    return x == -INFINITY ? 0.0f : expf(__fsub_rn(x, m));
+}
+
+/* Folds one value into (m, s). NaN never wins the max (as the CPU's `x > m ? x : m`); it poisons s. */
+static __device__ __forceinline__ void ce_online1(float x, float &m, float &s, double &sx) {
+    if (x > m) {
+        s = __fmul_rn(s, expf(__fsub_rn(m, x))); /* m = -inf: exp(-inf) = 0, and s is 0 (or NaN) anyway */
+        m = x;
+    }
+    s = __fadd_rn(s, ce_term(x, m));
+    sx += (double)x;
+}
+
+static __device__ __forceinline__ void ce_online4(float4 q, float &m, float &s, double &sx) {
+    const float mx = fmaxf(fmaxf(q.x, q.y), fmaxf(q.z, q.w));
+    if (mx > m) {
+        s = __fmul_rn(s, expf(__fsub_rn(m, mx)));
+        m = mx;
+    }
+    s = __fadd_rn(s, __fadd_rn(__fadd_rn(ce_term(q.x, m), ce_term(q.y, m)), __fadd_rn(ce_term(q.z, m), ce_term(q.w, m))));
+    sx += ((double)q.x + (double)q.y) + ((double)q.z + (double)q.w);
+}
+
+static __device__ __forceinline__ float ce_grad(float x, float M, float a, float b) {
+    return __fsub_rn(__fmul_rn(a, expf(__fsub_rn(x, M))), b);
+}
+
+/* grid (n), block (a multiple of 32, <= 1024). VEC: V % 4 == 0, logits 16-byte and dlogits 8-byte aligned. */
+template <bool VEC>
+__global__ void __launch_bounds__(CE_MAX_THREADS)
+    cross_entropy_kernel(float *losses, kiln_bf16_t *dlogits, const float *logits, const int32_t *targets, int V, float eps,
+                         float z_loss, int32_t ignore_index, float dscale) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
+    __shared__ float sh_max[32];
+    __shared__ double sh_e[32], sh_x[32];
+    const int64_t r = blockIdx.x;
+    const float *x = logits + r * V;                        /* (V) this row */
+    kiln_bf16_t *dx = dlogits ? dlogits + r * V : NULL;     /* (V) its gradient, or NULL */
+    const int tid = threadIdx.x, nt = blockDim.x;
+    const int32_t target = targets[r];
+
+    if (target == ignore_index || target < 0 || target >= V) { /* block-uniform */
+        const bool bad = target != ignore_index;
+        const uint16_t fill = bad ? (uint16_t)0x7fc0 : (uint16_t)0; /* bf16 NaN or +0 */
+        if (tid == 0) losses[r] = bad ? __int_as_float(0x7fc00000) : 0.0f;
+        if (!dx) return;
+        if (VEC) {
+            const uint32_t f2 = (uint32_t)fill | ((uint32_t)fill << 16);
+            for (int i = tid; i < V / 4; i += nt) ((uint2 *)dx)[i] = make_uint2(f2, f2);
+        } else {
+            for (int i = tid; i < V; i += nt) dx[i] = fill;
+        }
+        return;
+    }
+
+    /* pass 1: per-thread online max / sum of exps, plain sum in double */
+    float m = -INFINITY, s = 0.0f;
+    double sx = 0.0;
+    if (VEC) {
+        const float4 *x4 = (const float4 *)x; /* (V / 4) */
+        for (int i = tid; i < V / 4; i += nt) ce_online4(x4[i], m, s, sx);
+    } else {
+        for (int i = tid; i < V; i += nt) ce_online1(x[i], m, s, sx);
+    }
+    const float M = block_max(m, sh_max);
+    /* A thread that saw only -inf (or nothing) has m = -inf and s = 0 (NaN if it saw a NaN): it adds s * 0. */
+    const double se_t = m == -INFINITY ? (double)s * 0.0 : (double)s * exp((double)m - (double)M);
+    const double sum_e = block_sum(se_t, sh_e), sum_x = block_sum(sx, sh_x);
+
+    /* ops_loss.c's double formulas, in its order */
+    const double z = __dadd_rn((double)M, log(sum_e)), epsd = (double)eps, zl = (double)z_loss, ds = (double)dscale;
+    if (tid == 0) {
+        const double xt = (double)x[target];
+        const double t1 = __dmul_rn(__dsub_rn(1.0, epsd), __dsub_rn(z, xt));
+        const double t2 = __dmul_rn(epsd, __dsub_rn(z, __ddiv_rn(sum_x, (double)V)));
+        const double t3 = __dmul_rn(__dmul_rn(zl, z), z);
+        losses[r] = (float)__dadd_rn(__dadd_rn(t1, t2), t3);
+    }
+    if (!dx) return;
+
+    /* pass 2: the gradient from fresh exps */
+    const float a = (float)__ddiv_rn(__dmul_rn(ds, __dadd_rn(1.0, __dmul_rn(__dmul_rn(2.0, zl), z))), sum_e);
+    const float b = (float)__ddiv_rn(__dmul_rn(ds, epsd), (double)V);
+    const float c = (float)__dmul_rn(ds, __dsub_rn(1.0, epsd));
+    if (VEC) {
+        const float4 *x4 = (const float4 *)x;
+        for (int i = tid; i < V / 4; i += nt) {
+            const float4 q = x4[i];
+            float g0 = ce_grad(q.x, M, a, b), g1 = ce_grad(q.y, M, a, b), g2 = ce_grad(q.z, M, a, b), g3 = ce_grad(q.w, M, a, b);
+            if (target >> 2 == i) {
+                const int k = target & 3;
+                if (k == 0) g0 = __fsub_rn(g0, c);
+                if (k == 1) g1 = __fsub_rn(g1, c);
+                if (k == 2) g2 = __fsub_rn(g2, c);
+                if (k == 3) g3 = __fsub_rn(g3, c);
+            }
+            ((uint2 *)dx)[i] = make_uint2((uint32_t)bf16_rne(g0) | ((uint32_t)bf16_rne(g1) << 16),
+                                          (uint32_t)bf16_rne(g2) | ((uint32_t)bf16_rne(g3) << 16));
+        }
+    } else {
+        for (int i = tid; i < V; i += nt) {
+            float g = ce_grad(x[i], M, a, b);
+            if (i == target) g = __fsub_rn(g, c);
+            dx[i] = bf16_rne(g);
+        }
+    }
+}
+
+extern "C" kiln_status kiln_cuda_cross_entropy(float *losses, kiln_bf16_t *dlogits, const float *logits, const int32_t *targets,
+                                               int64_t n, int64_t V, float label_smoothing, float z_loss, int32_t ignore_index,
+                                               float dscale, void *stream) {
+    if (n < 0 || V <= 0 || (n > 0 && (!losses || !logits || !targets)))
+        return kiln_fail(KILN_ERR_INVALID, "cuda cross_entropy: n %lld, V %lld, losses %s, logits %s, targets %s", (long long)n,
+                         (long long)V, losses ? "given" : "NULL", logits ? "given" : "NULL", targets ? "given" : "NULL");
+    if (n > INT32_MAX || V > INT32_MAX)
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda cross_entropy: %lld rows of %lld (each at most %d)", (long long)n,
+                         (long long)V, INT32_MAX);
+    if (n == 0) return KILN_OK;
+    const bool vec = V % 4 == 0 && aligned(logits, 16) && aligned(dlogits, 8);
+    const int64_t accesses = vec ? V / 4 : V;
+    int64_t threads = ((accesses + CE_PER_THREAD - 1) / CE_PER_THREAD + 31) / 32 * 32; /* 512 for V = 32000, 1024 past */
+    threads = threads < 32 ? 32 : threads > CE_MAX_THREADS ? CE_MAX_THREADS : threads;
+    cudaStream_t s = (cudaStream_t)stream;
+    const dim3 grid((unsigned)n), block((unsigned)threads);
+    const int v = (int)V;
+    const cudaError_t e = vec ? kiln_launch(cross_entropy_kernel<true>, grid, block, 0, s, losses, dlogits, logits, targets, v,
+                                            label_smoothing, z_loss, ignore_index, dscale)
+                              : kiln_launch(cross_entropy_kernel<false>, grid, block, 0, s, losses, dlogits, logits, targets, v,
+                                            label_smoothing, z_loss, ignore_index, dscale);
+    return checked("cross_entropy", e);
+}
+
+/* ---------------------------------------------------------------- AdamW
+ * Three launches, none of which the host waits for:
+ *   1. sumsq: a grid fixed by n alone (norm_blocks) strides over grads, each thread adding exact double squares
+ *      (a float's square fits a double's 53 bits) into one double, each block reducing its threads in a fixed tree
+ *      into ws's partial[block];
+ *   2. norm_finish: one block sums the partials in a fixed order, norm = sqrt(sum) in double, and writes d_norm
+ *      (f32), d_skipped (norm not finite) and, into ws, the skip flag and the clip factor min(1, clip / norm)
+ *      computed in double from the double norm as optim.c does, then rounded to float;
+ *   3. update: elementwise, optim.c's adam_run float for float, unless the flag says skip (then it returns
+ *      before touching anything: params, m, v and the mirror stay byte for byte as they were).
+ * The norm matches kiln_grad_norm up to the order of a double sum (~1e-16 relative), so the clip factor is
+ * the CPU's float, or one ulp from it when the double lands next to a rounding boundary. */
+
+#define NORM_THREADS 256
+#define NORM_MAX_BLOCKS 1024      /* partials in ws: 8 KiB */
+#define NORM_ELEMS_PER_BLOCK 8192 /* below 1024 blocks: 3M parameters -> 367 blocks, enough for 132 SMs */
+#define UPDATE_THREADS 256
+#define UPDATE_MAX_BLOCKS (1 << 20)
+
+typedef struct {
+    float clip;   /* min(1, grad_clip / norm) */
+    int32_t skip; /* the norm was not finite */
+} adamw_flags;
+
+typedef struct {
+    float b1, b2, one_minus_b1, one_minus_b2;
+    float step_size;    /* lr / (1 - b1^t) */
+    float inv_sqrt_bc2; /* 1 / sqrt(1 - b2^t) */
+    float eps;
+    float decay_mul; /* 1 - lr wd */
+} adam_consts;
+
+static int64_t norm_blocks(int64_t n) {
+    const int64_t g = (n + NORM_ELEMS_PER_BLOCK - 1) / NORM_ELEMS_PER_BLOCK;
+    return g < 1 ? 1 : g > NORM_MAX_BLOCKS ? NORM_MAX_BLOCKS : g;
+}
+
+/* ws: partial (norm_blocks(n)) doubles, then the adamw_flags (8-byte aligned). */
+extern "C" size_t kiln_cuda_adamw_ws_bytes(int64_t n) {
+    return (size_t)norm_blocks(n < 0 ? 0 : n) * sizeof(double) + sizeof(adamw_flags);
+}
+
+/* grid (norm_blocks(n)), block (NORM_THREADS). VEC: g 16-byte aligned. */
+template <bool VEC>
+__global__ void __launch_bounds__(NORM_THREADS) adamw_sumsq_kernel(double *partial, const float *g, int64_t n) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
+    __shared__ double sh[32];
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x, t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    double acc = 0.0;
+    if (VEC) {
+        const int64_t n4 = n >> 2;
+        const float4 *g4 = (const float4 *)g; /* (n4) */
+        for (int64_t i = t0; i < n4; i += stride) {
+            const float4 q = g4[i];
+            acc = fma((double)q.x, (double)q.x, acc); /* the product is exact, so fma = mul + add */
+            acc = fma((double)q.y, (double)q.y, acc);
+            acc = fma((double)q.z, (double)q.z, acc);
+            acc = fma((double)q.w, (double)q.w, acc);
+        }
+        if (t0 < (n & 3)) acc = fma((double)g[n4 * 4 + t0], (double)g[n4 * 4 + t0], acc); /* the 0-3 tail */
+    } else {
+        for (int64_t i = t0; i < n; i += stride) acc = fma((double)g[i], (double)g[i], acc);
+    }
+    const double sum = block_sum(acc, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = sum;
+}
+
+/* grid (1), block (NORM_THREADS). */
+__global__ void __launch_bounds__(NORM_THREADS)
+    adamw_norm_finish_kernel(float *d_norm, int32_t *d_skipped, adamw_flags *flags, const double *partial, int n_partial,
+                             float grad_clip) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
+    __shared__ double sh[32];
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < n_partial; i += blockDim.x) acc += partial[i];
+    const double sum = block_sum(acc, sh);
+    if (threadIdx.x == 0) {
+        const double norm = __dsqrt_rn(sum);
+        const bool finite = isfinite(norm);
+        double clip = 1.0;
+        if (grad_clip > 0.0f && norm > (double)grad_clip) clip = __ddiv_rn((double)grad_clip, norm);
+        *d_norm = (float)norm;
+        *d_skipped = finite ? 0 : 1;
+        flags->clip = (float)clip;
+        flags->skip = finite ? 0 : 1;
+    }
+}
+
+/* optim.c's adam_run for one element, the same float operations in the same order. */
+static __device__ __forceinline__ void adam_elem(const adam_consts &k, float clip, float &p, float g, float &m, float &v,
+                                                 bool decay) {
+    const float dmul = decay ? k.decay_mul : 1.0f;
+    const float gi = __fmul_rn(g, clip);
+    const float mi = __fadd_rn(__fmul_rn(k.b1, m), __fmul_rn(k.one_minus_b1, gi));
+    const float vi = __fadd_rn(__fmul_rn(k.b2, v), __fmul_rn(k.one_minus_b2, __fmul_rn(gi, gi)));
+    const float s = __fsqrt_rn(vi);
+    const float upd = __fmul_rn(k.step_size, __fdiv_rn(mi, __fadd_rn(__fmul_rn(s, k.inv_sqrt_bc2), k.eps)));
+    p = __fsub_rn(__fmul_rn(p, dmul), upd);
+    m = mi;
+    v = vi;
+}
+
+/* grid-stride over n (VEC: n / 4 float4s, then the 0-3 tail). VEC: params, grads, m, v 16-byte aligned, decay
+ * 4-byte, mirror 8-byte. */
+template <bool VEC>
+__global__ void __launch_bounds__(UPDATE_THREADS)
+    adamw_update_kernel(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror, const uint8_t *decay,
+                        int64_t n, adam_consts k, const adamw_flags *flags) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
+    if (flags->skip) return; /* the same for every thread: nothing is written */
+    const float clip = flags->clip;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x, t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t scalar_from = 0;
+    if (VEC) {
+        const int64_t n4 = n >> 2;
+        for (int64_t i = t0; i < n4; i += stride) {
+            float4 p = ((float4 *)params)[i], m4 = ((float4 *)m)[i], v4 = ((float4 *)v)[i];
+            const float4 g = ((const float4 *)grads)[i];
+            const uchar4 d = ((const uchar4 *)decay)[i];
+            adam_elem(k, clip, p.x, g.x, m4.x, v4.x, d.x != 0);
+            adam_elem(k, clip, p.y, g.y, m4.y, v4.y, d.y != 0);
+            adam_elem(k, clip, p.z, g.z, m4.z, v4.z, d.z != 0);
+            adam_elem(k, clip, p.w, g.w, m4.w, v4.w, d.w != 0);
+            ((float4 *)params)[i] = p;
+            ((float4 *)m)[i] = m4;
+            ((float4 *)v)[i] = v4;
+            if (mirror)
+                ((uint2 *)mirror)[i] = make_uint2((uint32_t)bf16_rne(p.x) | ((uint32_t)bf16_rne(p.y) << 16),
+                                                  (uint32_t)bf16_rne(p.z) | ((uint32_t)bf16_rne(p.w) << 16));
+        }
+        scalar_from = n4 * 4;
+    }
+    for (int64_t i = scalar_from + t0; i < n; i += stride) {
+        float p = params[i], mi = m[i], vi = v[i];
+        adam_elem(k, clip, p, grads[i], mi, vi, decay[i] != 0);
+        params[i] = p;
+        m[i] = mi;
+        v[i] = vi;
+        if (mirror) mirror[i] = bf16_rne(p);
+    }
+}
+
+extern "C" kiln_status kiln_cuda_adamw(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror,
+                                       const uint8_t *decay, int64_t n, float lr, float beta1, float beta2, float eps,
+                                       float weight_decay, float grad_clip, int64_t step, float *d_norm, int32_t *d_skipped,
+                                       void *ws, void *stream) {
+    if (n < 0 || (n > 0 && (!params || !grads || !m || !v || !decay)) || !d_norm || !d_skipped || !ws || !aligned(ws, 8))
+        return kiln_fail(KILN_ERR_INVALID,
+                         "cuda adamw: n %lld; params, grads, m, v, decay, d_norm, d_skipped and an 8-byte aligned ws are "
+                         "required (ws %s)",
+                         (long long)n, ws ? (aligned(ws, 8) ? "aligned" : "misaligned") : "NULL");
+    if (step < 1 || !(beta1 >= 0.0f && beta1 < 1.0f && beta2 >= 0.0f && beta2 < 1.0f) || !(eps > 0.0f) || isnan(grad_clip))
+        return kiln_fail(KILN_ERR_INVALID, "cuda adamw: step %lld (from 1), betas (%g, %g) in [0, 1), eps %g > 0, clip %g",
+                         (long long)step, (double)beta1, (double)beta2, (double)eps, (double)grad_clip);
+    /* optim.c's constants, computed the same way on the host */
+    const double t = (double)step;
+    const double bc1 = 1.0 - pow((double)beta1, t), bc2 = 1.0 - pow((double)beta2, t);
+    adam_consts k;
+    k.b1 = beta1;
+    k.b2 = beta2;
+    k.one_minus_b1 = 1.0f - beta1;
+    k.one_minus_b2 = 1.0f - beta2;
+    k.step_size = (float)((double)lr / bc1);
+    k.inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
+    k.eps = eps;
+    k.decay_mul = (float)(1.0 - (double)lr * (double)weight_decay);
+
+    const int64_t nb = norm_blocks(n);
+    double *partial = (double *)ws;                        /* (nb) */
+    adamw_flags *flags = (adamw_flags *)(partial + nb);    /* (1) */
+    cudaStream_t s = (cudaStream_t)stream;
+    const bool vec_norm = aligned(grads, 16);
+    cudaError_t e = vec_norm ? kiln_launch(adamw_sumsq_kernel<true>, dim3((unsigned)nb), dim3(NORM_THREADS), 0, s, partial, grads, n)
+                             : kiln_launch(adamw_sumsq_kernel<false>, dim3((unsigned)nb), dim3(NORM_THREADS), 0, s, partial, grads, n);
+    kiln_status st = checked("adamw sumsq", e);
+    if (st != KILN_OK) return st;
+    e = kiln_launch(adamw_norm_finish_kernel, dim3(1), dim3(NORM_THREADS), 0, s, d_norm, d_skipped, flags, (const double *)partial,
+                    (int)nb, grad_clip);
+    if ((st = checked("adamw norm", e)) != KILN_OK) return st;
+    if (n == 0) return KILN_OK;
+    const bool vec = aligned(params, 16) && aligned(grads, 16) && aligned(m, 16) && aligned(v, 16) && aligned(decay, 4) &&
+                     aligned(mirror, 8);
+    const int64_t work = vec ? n / 4 + 1 : n; /* + 1: a block for the tail when n / 4 is 0 */
+    int64_t blocks = (work + UPDATE_THREADS - 1) / UPDATE_THREADS;
+    blocks = blocks > UPDATE_MAX_BLOCKS ? UPDATE_MAX_BLOCKS : blocks;
+    const dim3 grid((unsigned)blocks), block(UPDATE_THREADS);
+    e = vec ? kiln_launch(adamw_update_kernel<true>, grid, block, 0, s, params, grads, m, v, mirror, decay, n, k,
+                          (const adamw_flags *)flags)
+            : kiln_launch(adamw_update_kernel<false>, grid, block, 0, s, params, grads, m, v, mirror, decay, n, k,
+                          (const adamw_flags *)flags);
+    return checked("adamw update", e);
+}

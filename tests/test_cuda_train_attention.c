@@ -1,0 +1,250 @@
+/* test_cuda_train_attention.c: src/cuda/train_attention.cu (kiln_cuda_attention_forward / _backward) against the
+ * CPU oracle kiln_cpu_ops.attention_forward_train / attention_backward (src/cpu/ops_attention.c) on fresh seeded
+ * random inputs: q, k, v and dout normal(0, 1) rounded to bf16 (the GPU reads the packed bf16 qkv; the CPU gets
+ * the same values as f32). Every GPU output is poisoned with 0xFF bytes (NaN) first, so an element left unwritten
+ * fails. Shapes (B, T, NH, NKV, HS): odd T (7, 300, 200, 40: tails of every tile size), GQA groups of 1, 2, 3 and
+ * no grouping, head sizes 8 .. 256 (200 = 25 pieces of 8 lanes: lanes past the head idle).
+ * Bounds (scale = max |reference|):
+ *   out (bf16 vs the CPU's f32)  max-abs <= 4e-3 * scale: one bf16 rounding (2^-9 = 1.95e-3 relative) plus the
+ *                                f32 sums' order (~1e-6); NMSE <= 1e-5 (a rounding error uniform in +-2^-9
+ *                                relative gives ~1.3e-6, at most 2^-18 = 3.8e-6)
+ *   lse (f32)                    |gpu - cpu| <= 1e-5 * max(1, |cpu|): only expf/logf ulps and the sums' order
+ *   dq, dk, dv (f32)             NMSE <= 1e-5, max-abs <= 1e-4 * scale. The CPU backward is given the GPU's own
+ *                                bf16 out (as f32) for D = rowsum(dout * out), so the bf16 rounding of out is the
+ *                                same on both sides and what remains is f32 summation order and the lse's ulps
+ *                                (each ~1e-7 relative: NMSE ~1e-13 expected)
+ *   determinism                  a second backward gives dqkv bit for bit
+ * A '# ' line prints the worst measured errors. Skips without a GPU, or when kiln was built without CUDA. */
+#include "cuda/cuda.h"
+#include "test.h"
+
+#ifdef KILN_CUDA
+#include "cpu/ops.h"
+#include "cuda/train_kernels.h"
+#include "fp16.h"
+#include "pool.h"
+
+#include <stdint.h>
+
+#define COUNT(a) (int)(sizeof a / sizeof a[0])
+
+/* ---------------------------------------------------------------- device and host buffers, freed per shape */
+
+static void *dev_ptrs[32], *host_ptrs[64];
+static int n_dev, n_host;
+
+static void release_all(void) {
+    while (n_dev > 0) kiln_cuda_free(dev_ptrs[--n_dev]);
+    while (n_host > 0) free(host_ptrs[--n_host]);
+}
+
+static void *dev(size_t bytes) {
+    void *p = NULL;
+    if (n_dev == COUNT(dev_ptrs) || kiln_cuda_alloc(&p, bytes ? bytes : 16) != KILN_OK) return NULL;
+    return dev_ptrs[n_dev++] = p;
+}
+
+static void *host(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p || n_host == COUNT(host_ptrs)) abort();
+    return host_ptrs[n_host++] = p;
+}
+
+/* Fills device memory with 0xFF bytes: NaN as f32 and as bf16. */
+static kiln_status poison(void *d, size_t bytes) {
+    void *h = malloc(bytes);
+    if (!h) return KILN_ERR_NOMEM;
+    memset(h, 0xff, bytes);
+    kiln_status s = kiln_cuda_upload(d, h, bytes);
+    free(h);
+    return s;
+}
+
+/* A normal(0, 1) value rounded to bf16, never zero. */
+static kiln_bf16 random_bf16(unsigned long long *rng) {
+    float v = test_rng_normal(rng);
+    if (v == 0.0f) v = 0.5f;
+    return kiln_f32_to_bf16(v);
+}
+
+/* ---------------------------------------------------------------- comparison with a diagnostic */
+
+typedef struct {
+    double nmse, maxabs, scale;
+    int64_t worst; /* index of the largest difference (a NaN counts as infinite) */
+} diff;
+
+static diff compare(const float *got, const float *ref, int64_t n) {
+    diff d = {0, 0, 0, -1};
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = isnan(got[i]) || isinf(got[i]) ? INFINITY : fabs((double)got[i] - ref[i]);
+        num += e * e, den += (double)ref[i] * ref[i];
+        if (fabs(ref[i]) > d.scale) d.scale = fabs(ref[i]);
+        if (e > d.maxabs || d.worst < 0) d.maxabs = e, d.worst = i;
+    }
+    d.nmse = den > 0 ? num / den : num;
+    return d;
+}
+
+/* True when within bounds; otherwise msg says where: the element's (token, head, dim) for rows of heads of HS. */
+static int within(const char *what, const float *got, const float *ref, int64_t n, int64_t heads, int64_t HS,
+                  double rel_maxabs, double nmse_bound, double *worst_nmse, char *msg, size_t msg_n) {
+    diff d = compare(got, ref, n);
+    if (d.nmse > *worst_nmse) *worst_nmse = d.nmse;
+    if (d.maxabs <= rel_maxabs * d.scale && d.nmse <= nmse_bound) return 1;
+    const int64_t w = d.worst, row = heads * HS;
+    snprintf(msg, msg_n, "%s: nmse %.3g (bound %.3g), max-abs %.3g (bound %.3g = %.3g * scale %.3g) at %lld (row %lld head %lld dim %lld): gpu %.9g cpu %.9g",
+             what, d.nmse, nmse_bound, d.maxabs, rel_maxabs * d.scale, rel_maxabs, d.scale, (long long)w,
+             (long long)(w / row), (long long)(w % row / HS), (long long)(w % HS), got[w], ref[w]);
+    return 0;
+}
+
+static kiln_pool *pool;
+
+typedef struct {
+    int64_t B, T, NH, NKV, HS;
+} shape;
+
+static const shape shapes[] = {
+    {1, 7, 2, 1, 8},      /* one partial tile of everything; the smallest head (one lane a row) */
+    {2, 64, 4, 2, 64},    /* two sequences, groups of 2 */
+    {1, 300, 6, 2, 64},   /* many key tiles, a tail of 12 rows; groups of 3 */
+    {2, 128, 12, 4, 64},  /* groups of 3, exact tiles */
+    {1, 200, 4, 4, 128},  /* no grouping */
+    {1, 40, 2, 1, 256},   /* the widest head: 8 query rows a block, 5 blocks */
+    {1, 33, 3, 1, 200},   /* HS 200: 25 of 32 lanes a row live; T one past a 32-key tile */
+    {2, 19, 2, 2, 40},    /* HS 40: 5 of 8 lanes live */
+};
+
+static void test_attention(void) {
+    release_all();
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    unsigned long long rng = 808;
+    char msg[768], what[160];
+    double worst_out = 0, worst_lse = 0, worst_d[3] = {0, 0, 0};
+    for (int c = 0; c < COUNT(shapes); c++) {
+        const shape s = shapes[c];
+        const int64_t N = s.B * s.T, Q = s.NH * s.HS, KV = s.NKV * s.HS, W = Q + 2 * KV, nl = s.B * s.NH * s.T;
+        /* host inputs: packed bf16 qkv and dout; the same values as f32 for the CPU */
+        kiln_bf16 *qkv = host((size_t)(N * W) * 2), *dout_bf = host((size_t)(N * Q) * 2);
+        float *q = host((size_t)(N * Q) * 4), *k = host((size_t)(N * KV) * 4), *v = host((size_t)(N * KV) * 4);
+        float *dout = host((size_t)(N * Q) * 4);
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t e = 0; e < W; e++) {
+                const kiln_bf16 b = random_bf16(&rng);
+                const float f = kiln_bf16_to_f32(b);
+                qkv[n * W + e] = b;
+                if (e < Q) q[n * Q + e] = f;
+                else if (e < Q + KV) k[n * KV + e - Q] = f;
+                else v[n * KV + e - Q - KV] = f;
+            }
+        for (int64_t i = 0; i < N * Q; i++) dout[i] = kiln_bf16_to_f32(dout_bf[i] = random_bf16(&rng));
+
+        /* the CPU forward */
+        const size_t scratch = kiln_cpu_ops.train_scratch_size(s.B, s.T, Q, s.NH, 1, kiln_pool_size(pool));
+        kiln_ops_ctx ctx = {.pool = pool, .scratch = host(scratch), .scratch_bytes = scratch};
+        float *out_ref = host((size_t)(N * Q) * 4), *lse_ref = host((size_t)nl * 4);
+        kiln_cpu_ops.attention_forward_train(&ctx, out_ref, lse_ref, q, k, v, s.B, s.T, s.NH, s.NKV, s.HS);
+
+        /* the GPU forward */
+        kiln_bf16_t *d_qkv = dev((size_t)(N * W) * 2), *d_out = dev((size_t)(N * Q) * 2), *d_dout = dev((size_t)(N * Q) * 2);
+        float *d_lse = dev((size_t)nl * 4), *d_dqkv = dev((size_t)(N * W) * 4);
+        const size_t ws_bytes = kiln_cuda_attention_backward_ws_bytes(s.B, s.T, s.NH);
+        void *d_ws = dev(ws_bytes);
+        CHECK(d_qkv && d_out && d_dout && d_lse && d_dqkv && d_ws, "%s", kiln_last_error());
+        CHECK(ws_bytes >= (size_t)nl * 4, "ws_bytes %zu < %lld floats of D", ws_bytes, (long long)nl);
+        CHECK(kiln_cuda_upload(d_qkv, qkv, (size_t)(N * W) * 2) == KILN_OK &&
+              kiln_cuda_upload(d_dout, dout_bf, (size_t)(N * Q) * 2) == KILN_OK, "%s", kiln_last_error());
+        CHECK(poison(d_out, (size_t)(N * Q) * 2) == KILN_OK && poison(d_lse, (size_t)nl * 4) == KILN_OK);
+        CHECK(kiln_cuda_attention_forward(d_out, d_lse, d_qkv, s.B, s.T, s.NH, s.NKV, s.HS, NULL) == KILN_OK, "%s",
+              kiln_last_error());
+        kiln_bf16 *out_bf = host((size_t)(N * Q) * 2);
+        float *out = host((size_t)(N * Q) * 4), *lse = host((size_t)nl * 4);
+        CHECK(kiln_cuda_sync() == KILN_OK && kiln_cuda_download(out_bf, d_out, (size_t)(N * Q) * 2) == KILN_OK &&
+              kiln_cuda_download(lse, d_lse, (size_t)nl * 4) == KILN_OK, "%s", kiln_last_error());
+        for (int64_t i = 0; i < N * Q; i++) out[i] = kiln_bf16_to_f32(out_bf[i]);
+        char sh[96];
+        snprintf(sh, sizeof sh, "B %lld T %lld NH %lld NKV %lld HS %lld", (long long)s.B, (long long)s.T, (long long)s.NH, (long long)s.NKV, (long long)s.HS);
+        snprintf(what, sizeof what, "attention_forward %s: out", sh);
+        CHECK(within(what, out, out_ref, N * Q, s.NH, s.HS, 4e-3, 1e-5, &worst_out, msg, sizeof msg), "%s", msg);
+        for (int64_t i = 0; i < nl; i++) {
+            const double e = isnan(lse[i]) ? INFINITY : fabs((double)lse[i] - lse_ref[i]), rel = fmax(1.0, fabs(lse_ref[i]));
+            const double bound = 1e-5 * rel;
+            if (e / rel > worst_lse) worst_lse = e / rel;
+            CHECK(e <= bound, "attention_forward %s: lse at %lld (b %lld head %lld t %lld): gpu %.9g cpu %.9g, |diff| %.3g > %.3g",
+                  sh, (long long)i, (long long)(i / (s.NH * s.T)), (long long)(i / s.T % s.NH), (long long)(i % s.T),
+                  lse[i], lse_ref[i], e, bound);
+        }
+
+        /* the CPU backward, from the GPU's bf16 out (the same D) and its own lse */
+        float *dq = host((size_t)(N * Q) * 4), *dk = host((size_t)(N * KV) * 4), *dv = host((size_t)(N * KV) * 4);
+        memset(dq, 0, (size_t)(N * Q) * 4), memset(dk, 0, (size_t)(N * KV) * 4), memset(dv, 0, (size_t)(N * KV) * 4);
+        kiln_cpu_ops.attention_backward(&ctx, dq, dk, dv, dout, q, k, v, out, lse_ref, s.B, s.T, s.NH, s.NKV, s.HS);
+
+        /* the GPU backward, twice: the second must give the same bits */
+        float *dqkv = host((size_t)(N * W) * 4), *dqkv2 = host((size_t)(N * W) * 4);
+        for (int run = 0; run < 2; run++) {
+            CHECK(poison(d_dqkv, (size_t)(N * W) * 4) == KILN_OK && poison(d_ws, ws_bytes) == KILN_OK);
+            CHECK(kiln_cuda_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, s.B, s.T, s.NH, s.NKV, s.HS, d_ws, NULL) == KILN_OK,
+                  "%s", kiln_last_error());
+            CHECK(kiln_cuda_sync() == KILN_OK && kiln_cuda_download(run ? dqkv2 : dqkv, d_dqkv, (size_t)(N * W) * 4) == KILN_OK,
+                  "%s", kiln_last_error());
+        }
+        float *gq = host((size_t)(N * Q) * 4), *gk = host((size_t)(N * KV) * 4), *gv = host((size_t)(N * KV) * 4);
+        for (int64_t n = 0; n < N; n++) {
+            memcpy(gq + n * Q, dqkv + n * W, (size_t)Q * 4);
+            memcpy(gk + n * KV, dqkv + n * W + Q, (size_t)KV * 4);
+            memcpy(gv + n * KV, dqkv + n * W + Q + KV, (size_t)KV * 4);
+        }
+        snprintf(what, sizeof what, "attention_backward %s: dq", sh);
+        CHECK(within(what, gq, dq, N * Q, s.NH, s.HS, 1e-4, 1e-5, &worst_d[0], msg, sizeof msg), "%s", msg);
+        snprintf(what, sizeof what, "attention_backward %s: dk", sh);
+        CHECK(within(what, gk, dk, N * KV, s.NKV, s.HS, 1e-4, 1e-5, &worst_d[1], msg, sizeof msg), "%s", msg);
+        snprintf(what, sizeof what, "attention_backward %s: dv", sh);
+        CHECK(within(what, gv, dv, N * KV, s.NKV, s.HS, 1e-4, 1e-5, &worst_d[2], msg, sizeof msg), "%s", msg);
+        int64_t bad = -1;
+        for (int64_t i = 0; i < N * W && bad < 0; i++)
+            if (memcmp(&dqkv[i], &dqkv2[i], 4)) bad = i;
+        CHECK(bad < 0, "attention_backward %s: not deterministic: dqkv element %lld (row %lld col %lld) %.9g then %.9g", sh,
+              (long long)bad, (long long)(bad / W), (long long)(bad % W), dqkv[bad], dqkv2[bad]);
+        release_all();
+    }
+    printf("# train attention: worst NMSE out %.2e (bound 1e-5), lse rel %.2e (bound 1e-5), dq %.2e dk %.2e dv %.2e (bound 1e-5)\n",
+           worst_out, worst_lse, worst_d[0], worst_d[1], worst_d[2]);
+}
+
+/* Head sizes the kernels do not take are refused, and nothing is launched for an empty batch. */
+static void test_refused(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    kiln_bf16_t *d = NULL;
+    CHECK(kiln_cuda_alloc((void **)&d, 4096) == KILN_OK, "%s", kiln_last_error());
+    const kiln_status a = kiln_cuda_attention_forward(d, (float *)d, d, 1, 4, 2, 1, 12, NULL);
+    const kiln_status b = kiln_cuda_attention_forward(d, (float *)d, d, 1, 4, 2, 1, 264, NULL);
+    const kiln_status e = kiln_cuda_attention_forward(d, (float *)d, d, 1, 4, 3, 2, 8, NULL); /* NH % NKV */
+    const kiln_status z = kiln_cuda_attention_backward((float *)d, d, d, d, (float *)d, 0, 4, 2, 1, 8, NULL, NULL);
+    kiln_cuda_free(d);
+    CHECK(a == KILN_ERR_UNSUPPORTED && b == KILN_ERR_UNSUPPORTED, "HS 12: %d, HS 264: %d", (int)a, (int)b);
+    CHECK(e == KILN_ERR_INVALID, "NH 3 NKV 2: %d", (int)e);
+    CHECK(z == KILN_OK, "B 0: %d", (int)z);
+}
+
+int main(void) {
+    if (kiln_pool_create(0, &pool) != KILN_OK) return 1;
+    RUN(test_attention);
+    RUN(test_refused);
+    release_all();
+    kiln_pool_free(pool);
+    TEST_EXIT();
+}
+
+#else
+
+static void test_attention(void) { SKIP("kiln built without CUDA"); }
+
+int main(void) {
+    RUN(test_attention);
+    TEST_EXIT();
+}
+
+#endif
