@@ -18,45 +18,12 @@
 #include "test_blocks.h"
 
 #ifdef KILN_CUDA
+#include "test_cuda_util.h"
 #include "cpu/ops.h"
 #include "cuda/kernels.h"
 #include "quants.h"
 
 #include <stdint.h>
-
-#define COUNT(a) (int)(sizeof a / sizeof a[0])
-
-/* ---------------------------------------------------------------- device and host buffers, freed per test */
-
-static void *dev_ptrs[64], *host_ptrs[64];
-static int n_dev, n_host;
-
-static void release_all(void) {
-    while (n_dev > 0) kiln_cuda_free(dev_ptrs[--n_dev]);
-    while (n_host > 0) free(host_ptrs[--n_host]);
-}
-
-static void *dev(size_t bytes) {
-    void *p = NULL;
-    if (n_dev == COUNT(dev_ptrs) || kiln_cuda_alloc(&p, bytes) != KILN_OK) return NULL;
-    return dev_ptrs[n_dev++] = p;
-}
-
-static void *host(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p || n_host == COUNT(host_ptrs)) abort();
-    return host_ptrs[n_host++] = p;
-}
-
-/* Fills device memory with 0xFF bytes: NaN as f32, NaN as f16. */
-static kiln_status poison(void *d, size_t bytes) {
-    void *h = malloc(bytes);
-    if (!h) return KILN_ERR_NOMEM;
-    memset(h, 0xff, bytes);
-    kiln_status s = kiln_cuda_upload(d, h, bytes);
-    free(h);
-    return s;
-}
 
 static void fill(float *x, int64_t n, float amp, unsigned long long *rng) {
     for (int64_t i = 0; i < n; i++) {

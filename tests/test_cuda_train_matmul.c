@@ -27,47 +27,12 @@
 #include "test.h"
 
 #ifdef KILN_CUDA
+#include "test_cuda_util.h"
 #include "cuda/train_kernels.h"
 #include "fp16.h"
 
 #include <stdbool.h>
 #include <stdint.h>
-
-#define COUNT(a) (int)(sizeof a / sizeof a[0])
-
-/* ---------------------------------------------------------------- device and host buffers, freed per case */
-
-static void *dev_ptrs[32], *host_ptrs[64];
-static int n_dev, n_host;
-
-static void release_all(void) {
-    while (n_dev > 0) kiln_cuda_free(dev_ptrs[--n_dev]);
-    while (n_host > 0) free(host_ptrs[--n_host]);
-}
-
-/* bytes of device memory at byte offset off into a fresh allocation (off > 0 tests misaligned pointers). */
-static void *dev(size_t bytes, size_t off) {
-    void *p = NULL;
-    if (n_dev == COUNT(dev_ptrs) || kiln_cuda_alloc(&p, bytes + off) != KILN_OK) return NULL;
-    dev_ptrs[n_dev++] = p;
-    return (uint8_t *)p + off;
-}
-
-static void *host(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p || n_host == COUNT(host_ptrs)) abort();
-    return host_ptrs[n_host++] = p;
-}
-
-/* Fills device memory with 0xFF bytes: NaN as f32 and as bf16. */
-static kiln_status poison(void *d, size_t bytes) {
-    void *h = malloc(bytes);
-    if (!h) return KILN_ERR_NOMEM;
-    memset(h, 0xff, bytes);
-    kiln_status s = kiln_cuda_upload(d, h, bytes);
-    free(h);
-    return s;
-}
 
 /* bits (n) bf16 and val (n) their exact values: uniform in [-1, 1) rounded to bf16, never zero. */
 static void random_bf16(uint16_t *bits, float *val, int64_t n, unsigned long long *rng) {
@@ -238,9 +203,9 @@ static bool linear_case(kiln_cuda_blas *b, int64_t N, int64_t I, int64_t O, bool
     const double by = nmse_bound(I), bdx = nmse_bound(O), bdW = nmse_bound(N);
     const double ey = 10 * sqrt(by) * sy, edx = 10 * sqrt(bdx) * sdx, edW = 10 * sqrt(bdW) * sdW;
 
-    kiln_bf16_t *dx_in = dev((size_t)nx * 2, ho), *dW_in = dev((size_t)nw * 2, ho), *ddy = dev((size_t)ny * 2, ho);
-    float *y32 = dev((size_t)ny * 4, fo), *dx32 = dev((size_t)nx * 4, fo), *dW32 = dev((size_t)nw * 4, fo);
-    kiln_bf16_t *ybf = dev((size_t)ny * 2, ho), *dxbf = dev((size_t)nx * 2, ho);
+    kiln_bf16_t *dx_in = dev_at((size_t)nx * 2, ho), *dW_in = dev_at((size_t)nw * 2, ho), *ddy = dev_at((size_t)ny * 2, ho);
+    float *y32 = dev_at((size_t)ny * 4, fo), *dx32 = dev_at((size_t)nx * 4, fo), *dW32 = dev_at((size_t)nw * 4, fo);
+    kiln_bf16_t *ybf = dev_at((size_t)ny * 2, ho), *dxbf = dev_at((size_t)nx * 2, ho);
     TRY(dx_in && dW_in && ddy && y32 && dx32 && dW32 && ybf && dxbf, "%s: device allocation failed: %s", shape, kiln_last_error());
     TRY(kiln_cuda_upload(dx_in, hx, (size_t)nx * 2) == KILN_OK && kiln_cuda_upload(dW_in, hw, (size_t)nw * 2) == KILN_OK &&
             kiln_cuda_upload(ddy, hdy, (size_t)ny * 2) == KILN_OK,
@@ -338,7 +303,7 @@ static void test_linear_rejects(void) {
     CHECK(kiln_cuda_blas_bytes() >= ((size_t)1 << 20), "workspace of %zu bytes", kiln_cuda_blas_bytes());
     kiln_cuda_blas *b = NULL;
     CHECK(kiln_cuda_blas_new(&b) == KILN_OK, "%s", kiln_last_error());
-    uint8_t *buf = dev(1 << 20, 0);
+    uint8_t *buf = dev_at(1 << 20, 0);
     kiln_status s[10];
     for (int i = 0; i < COUNT(s); i++) s[i] = KILN_OK;
     if (buf) {

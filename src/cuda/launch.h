@@ -13,7 +13,11 @@
 #ifndef KILN_CUDA_LAUNCH_H
 #define KILN_CUDA_LAUNCH_H
 
+#include "kiln.h"
+
 #include <cuda_runtime.h>
+
+extern "C" kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
 
 static __device__ __forceinline__ void kiln_pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 static __device__ __forceinline__ void kiln_pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
@@ -33,6 +37,12 @@ static inline cudaError_t kiln_launch(void (*kernel)(KArgs...), dim3 grid, dim3 
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     return cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
+}
+
+/* A launch's status: its own error e first, then any earlier asynchronous one (cudaGetLastError). */
+static inline kiln_status kiln_launch_status(const char *what, cudaError_t e) {
+    if (e == cudaSuccess) e = cudaGetLastError();
+    return e == cudaSuccess ? KILN_OK : kiln_fail(KILN_ERR_IO, "CUDA %s launch failed: %s", what, cudaGetErrorString(e));
 }
 
 #endif

@@ -34,15 +34,8 @@ extern "C" kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
 #define ATTN_NT 256 /* threads per block: 8 warps */
 #define ATTN_BK 32  /* rows per shared-memory tile (keys in the forward and dq pass, queries in the dk/dv pass) */
 
-static kiln_status launched(const char *what) {
-    cudaError_t e = cudaGetLastError();
-    return e == cudaSuccess ? KILN_OK : kiln_fail(KILN_ERR_IO, "CUDA %s launch failed: %s", what, cudaGetErrorString(e));
-}
-
-/* A kiln_launch's own error first, then any earlier asynchronous one. */
-static kiln_status checked(const char *what, cudaError_t e) {
-    return e == cudaSuccess ? launched(what) : kiln_fail(KILN_ERR_IO, "CUDA %s launch failed: %s", what, cudaGetErrorString(e));
-}
+/* A kiln_launch's own error first, then any earlier asynchronous one (launch.h). */
+static kiln_status checked(const char *what, cudaError_t e) { return kiln_launch_status(what, e); }
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
