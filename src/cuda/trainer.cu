@@ -96,6 +96,9 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
                          (long long)c->n_ctx_train);
     if (c->rope_neox || c->rope_dim != HS || c->qkv_bias || c->qk_norm || c->sandwich_norm || c->geglu || c->output_gate)
         return kiln_fail(KILN_ERR_UNSUPPORTED, "gpu train: only the plain llama architecture is trained");
+    if (HS % 8 || HS > 256 || B > 65535) /* the attention kernels' limits, refused before anything is allocated */
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "gpu train: head size %lld (a multiple of 8 up to 256) or B=%lld (at most 65535)",
+                         (long long)HS, (long long)B);
     if (Q > 2 * F) /* the backward keeps d att (N, Q) bf16 in the (N, 2F) buffer of d gate|up */
         return kiln_fail(KILN_ERR_UNSUPPORTED, "gpu train: NH*HS %lld wider than 2*F %lld", (long long)Q, (long long)(2 * F));
     /* wq|wk|wv and w_gate|w_up are adjacent in the flat buffer: one matmul each */
@@ -197,11 +200,13 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     }
     for (int i = 0; i < m->n_tensors; i++)
         if (m->tensors[i].decay) memset(h_decay + m->tensors[i].offset, 1, (size_t)m->tensors[i].n);
-    e = cudaMemcpy(t->params, m->params, (size_t)t->n * f4, cudaMemcpyHostToDevice);
-    if (e == cudaSuccess) e = cudaMemcpy(t->decay, h_decay, (size_t)t->n, cudaMemcpyHostToDevice);
+    /* everything on the trainer's stream: it is non-blocking, so it would not wait for the legacy default stream */
+    e = cudaMemcpyAsync(t->params, m->params, (size_t)t->n * f4, cudaMemcpyHostToDevice, t->stream);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(t->decay, h_decay, (size_t)t->n, cudaMemcpyHostToDevice, t->stream);
+    if (e == cudaSuccess) e = cudaMemsetAsync(t->grads, 0, (size_t)t->n * 3 * f4, t->stream);
+    if (e == cudaSuccess) e = cudaMemsetAsync(t->d_norm, 0, 16, t->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(t->stream); /* before h_decay goes */
     free(h_decay);
-    if (e == cudaSuccess) e = cudaMemset(t->grads, 0, (size_t)t->n * 3 * f4);
-    if (e == cudaSuccess) e = cudaMemset(t->d_norm, 0, 16);
     if (e != cudaSuccess) {
         kiln_cuda_trainer_free(t);
         return kiln_fail(KILN_ERR_IO, "gpu train: upload failed: %s", cudaGetErrorString(e));
@@ -352,6 +357,7 @@ extern "C" kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const kiln_
 }
 
 extern "C" kiln_status kiln_cuda_trainer_download(const kiln_cuda_trainer *t, float *params, float *grads) {
+    CK(cudaStreamSynchronize(t->stream), "training work before a download");
     if (params) CK(cudaMemcpy(params, t->params, (size_t)t->n * 4, cudaMemcpyDeviceToHost), "cudaMemcpy params");
     if (grads) CK(cudaMemcpy(grads, t->grads, (size_t)t->n * 4, cudaMemcpyDeviceToHost), "cudaMemcpy grads");
     return KILN_OK;
@@ -360,6 +366,7 @@ extern "C" kiln_status kiln_cuda_trainer_download(const kiln_cuda_trainer *t, fl
 extern "C" kiln_status kiln_cuda_trainer_get_state(const kiln_cuda_trainer *t, float *params, float *m, float *v, int64_t *opt_step,
                                                    int64_t *n_embed_skipped) {
     const size_t bytes = (size_t)t->n * 4;
+    CK(cudaStreamSynchronize(t->stream), "training work before a download");
     if (params) CK(cudaMemcpy(params, t->params, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy params");
     if (m) CK(cudaMemcpy(m, t->am, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy moments");
     if (v) CK(cudaMemcpy(v, t->av, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy moments");
@@ -374,8 +381,9 @@ extern "C" kiln_status kiln_cuda_trainer_get_state(const kiln_cuda_trainer *t, f
 
 extern "C" kiln_status kiln_cuda_trainer_set_state(kiln_cuda_trainer *t, const float *m, const float *v, int64_t opt_step) {
     const size_t bytes = (size_t)t->n * 4;
-    CK(cudaMemcpy(t->am, m, bytes, cudaMemcpyHostToDevice), "cudaMemcpy moments");
-    CK(cudaMemcpy(t->av, v, bytes, cudaMemcpyHostToDevice), "cudaMemcpy moments");
+    CK(cudaMemcpyAsync(t->am, m, bytes, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync moments");
+    CK(cudaMemcpyAsync(t->av, v, bytes, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync moments");
+    CK(cudaStreamSynchronize(t->stream), "uploading the moments"); /* the caller may free m and v on return */
     t->opt_step = opt_step;
     return KILN_OK;
 }
