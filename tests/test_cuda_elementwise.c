@@ -32,37 +32,6 @@ static void fill(float *x, int64_t n, float amp, unsigned long long *rng) {
     }
 }
 
-/* ---------------------------------------------------------------- comparison with a diagnostic */
-
-typedef struct {
-    double nmse, maxabs, scale;
-    int64_t worst; /* index of the largest difference (a NaN counts as infinite) */
-} diff;
-
-static diff compare(const float *got, const float *ref, int64_t n) {
-    diff d = {0, 0, 0, -1};
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double e = isnan(got[i]) != isnan(ref[i]) ? INFINITY : isnan(ref[i]) ? 0.0 : fabs((double)got[i] - ref[i]);
-        num += e * e, den += (double)ref[i] * ref[i];
-        if (fabs(ref[i]) > d.scale) d.scale = fabs(ref[i]);
-        if (e > d.maxabs || d.worst < 0) d.maxabs = e, d.worst = i;
-    }
-    d.nmse = den > 0 ? num / den : num;
-    return d;
-}
-
-/* True when within bounds; otherwise msg says where. */
-static int within(const char *what, const float *got, const float *ref, int64_t n, double rel_maxabs, double nmse_bound,
-                  double scale_floor, char *msg, size_t msg_n) {
-    diff d = compare(got, ref, n);
-    double s = d.scale > scale_floor ? d.scale : scale_floor;
-    if (d.maxabs <= rel_maxabs * s && d.nmse <= nmse_bound) return 1;
-    snprintf(msg, msg_n, "%s: nmse %.3g (bound %.3g), max-abs %.3g (bound %.3g = %.3g * scale %.3g) at %lld: gpu %.9g ref %.9g",
-             what, d.nmse, nmse_bound, d.maxabs, rel_maxabs * s, rel_maxabs, s, (long long)d.worst,
-             d.worst >= 0 ? got[d.worst] : 0.0, d.worst >= 0 ? ref[d.worst] : 0.0);
-    return 0;
-}
 
 static kiln_pool *pool;
 static kiln_ops_ctx cpu_ctx(void) { return (kiln_ops_ctx){.pool = pool}; }
@@ -173,11 +142,11 @@ static void test_residual_norm(void) {
                 CHECK(kiln_cuda_sync() == KILN_OK && kiln_cuda_download(gx, dx, bytes) == KILN_OK, "%s", kiln_last_error());
                 char what[128];
                 snprintf(what, sizeof what, "residual_norm %s T %lld C %lld: x", mode_name[mode], (long long)T, (long long)C);
-                CHECK(within(what, gx, rx, n, 1e-5, 1e-11, 0.0, msg, sizeof msg), "%s", msg);
+                CHECK(gpu_within(what, gx, rx, n, 1e-5, 1e-11, 0.0, msg, sizeof msg), "%s", msg);
                 if (has_out) {
                     CHECK(kiln_cuda_download(gout, out_arg, bytes) == KILN_OK, "%s", kiln_last_error());
                     snprintf(what, sizeof what, "residual_norm %s T %lld C %lld: out", mode_name[mode], (long long)T, (long long)C);
-                    CHECK(within(what, gout, rout, n, 1e-5, 1e-11, 0.0, msg, sizeof msg), "%s", msg);
+                    CHECK(gpu_within(what, gout, rout, n, 1e-5, 1e-11, 0.0, msg, sizeof msg), "%s", msg);
                 }
                 release_all();
             }
@@ -261,7 +230,7 @@ static void test_residual_norm_xp(void) {
                           (long long)bad, (long long)(bad / C), (long long)(bad % C), gout2[bad], gout1[bad]);
                     char ow[200];
                     snprintf(ow, sizeof ow, "%s: out", what);
-                    CHECK(within(ow, gout2, rout, n, 1e-5, 1e-11, 0.0, msg, sizeof msg), "%s", msg);
+                    CHECK(gpu_within(ow, gout2, rout, n, 1e-5, 1e-11, 0.0, msg, sizeof msg), "%s", msg);
                     bad = first_diff(gxp2, gxp1, (size_t)n);
                     CHECK(bad < 0, "%s: code %lld (token %lld col %lld) is %d, matvec_prepare's %d (out %.9g)", what,
                           (long long)bad, (long long)(bad / C), (long long)(bad % C), (int)(int8_t)gxp2[bad],
@@ -420,7 +389,7 @@ static void test_qkv_post(void) {
                  c->q_scale != 1.0f ? " q_scale" : "", (long long)c->pos0, (long long)c->rows);
         char qwhat[300];
         snprintf(qwhat, sizeof qwhat, "%s: q", what);
-        CHECK(within(qwhat, gq, rq, T * Q, 1e-4, 1e-10, 1.0, msg, sizeof msg), "%s", msg);
+        CHECK(gpu_within(qwhat, gq, rq, T * Q, 1e-4, 1e-10, 1.0, msg, sizeof msg), "%s", msg);
         CHECK(memcmp(gk_in, k, (size_t)(T * KV) * 4) == 0, "%s: the k input was modified", what);
         CHECK(kiln_cuda_download(gk_in, dv, (size_t)(T * KV) * 4) == KILN_OK && memcmp(gk_in, v, (size_t)(T * KV) * 4) == 0,
               "%s: the v input was modified", what);
@@ -497,7 +466,7 @@ static void test_activations(void) {
                 CHECK(kiln_cuda_sync() == KILN_OK && kiln_cuda_download(got + off, dres, (size_t)n * 4) == KILN_OK, "%s",
                       kiln_last_error());
                 snprintf(what, sizeof what, "%s n %lld%s", names[op], (long long)n, off ? " (unaligned)" : "");
-                CHECK(within(what, got + off, ref + off, n, 1e-5, 1e-11, 0.0, msg, sizeof msg), "%s", msg);
+                CHECK(gpu_within(what, got + off, ref + off, n, 1e-5, 1e-11, 0.0, msg, sizeof msg), "%s", msg);
             }
             release_all();
         }
