@@ -1,16 +1,21 @@
 /* test_cuda_train.c: the GPU trainer (src/cuda/trainer.cu) against the CPU trainer (src/model/llama_train.c), the
  * oracle, on a small llama (C 128, L 2, NH 4, NKV 2, F 256, V 500; B 2, T 40; label smoothing 0.1, z-loss 1e-4,
- * two ignored targets; untied and tied), weights at 4x the init scale so attention is far from uniform.
+ * two ignored targets; untied and tied), weights at 2x the init scale (attention scores of std ~0.8: far from
+ * uniform, yet not saturated).
  *   - one step: the loss, and every parameter tensor's gradient by relative L2 error (untied; tied with z-loss 1e-2,
  *     large enough that a wrong z-loss term fails; two accumulated micro-batches, so every gradient write must add);
- *   - ten AdamW steps (clipping active): the per-step losses.
+ *   - ten AdamW steps (clipping active): the per-step losses and gradient norms;
+ *   - the classifier's multi-chunk path (B 2 x T 2100 = 4200 rows > the 4096-row chunk): loss and head gradients.
  * The CPU runs in mixed precision (bf16 weights, fp32 activations), the GPU in llm.c's (bf16 weights and matmul
  * inputs, fp32 residual stream; its embedding reads the fp32 master weights where the CPU reads the mirror), so
- * the two differ by bf16 roundings of activations, ~2^-9 relative each, compounded over the layers: expected about
- * 1e-4 for the loss and 1e-2 for gradients; bounds loss 3e-3 relative, gradients 5e-2 relative L2 per tensor,
- * step losses 2e-2. Not covered yet: the classifier's multi-chunk path (N > 4096 rows) and a checkpoint round trip
- * through kiln_cuda_trainer_get_state/set_state. Not yet run on a GPU (written while
- * none was available): the bounds are the derivation, to be confirmed on the GPU machine.
+ * the two differ by bf16 roundings of activations, ~2^-9 relative each, compounded over the layers. The scale of
+ * that noise is measured, not guessed: the same step on the CPU in fp32 against the CPU in mixed precision (one
+ * set of bf16 roundings, the weights') differs by 0.4% to 1.2% per tensor at this scale (printed as "noise").
+ * The GPU adds the activations' roundings, so 2 to 4 times that is expected; bounds: loss 3e-3 relative,
+ * gradients 5e-2 relative L2 per tensor, step losses 2e-2, gradient norms 5e-2. A wrong term (a missing
+ * accumulation, a transposed weight, a wrong RoPE position) gives O(1) errors. At 4x the init scale the softmax
+ * saturates and even fp32 against mixed CPU differs by 12%: no bound separates bugs from noise there.
+ * Not covered here: the checkpoint round trip (tests/test_cuda_train_resume.c).
  * Compiled with KILN_CUDA only; skips without a GPU. */
 #include "test.h"
 #include "cuda/cuda.h"
@@ -33,90 +38,112 @@ static double rel_l2(const float *a, const float *b, int64_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-static kiln_llama_train *make_model(bool tied, float z_loss) {
+static kiln_llama_train *make_model(bool tied, float z_loss, bool mixed, int64_t n_ctx) {
     kiln_llama_config c = {.n_vocab = 500, .n_embd = 128, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 256,
-                           .n_ctx_train = 64, .rope_base = 10000.0f, .rms_eps = 1e-5f, .tied = tied};
+                           .n_ctx_train = n_ctx, .rope_base = 10000.0f, .rms_eps = 1e-5f, .tied = tied};
     kiln_llama_train *m = NULL;
-    if (kiln_llama_train_new(&c, true, &m) != KILN_OK) return NULL;
+    if (kiln_llama_train_new(&c, mixed, &m) != KILN_OK) return NULL;
     kiln_llama_train_init_random(m, 11);
-    for (int64_t i = 0; i < m->n_params; i++) m->params[i] *= 4;
-    kiln_llama_train_refresh_mirror(m);
+    for (int64_t i = 0; i < m->n_params; i++) m->params[i] *= 2;
+    if (mixed) kiln_llama_train_refresh_mirror(m);
     m->label_smoothing = 0.1f, m->z_loss = z_loss;
     return m;
 }
 
-static void batch(int32_t *in, int32_t *tg, int64_t V, unsigned long long *rng) {
-    for (int i = 0; i < B_ * T_; i++) in[i] = (int32_t)(test_rng_next(rng) % (unsigned long long)V);
-    for (int i = 0; i < B_ * T_; i++) tg[i] = (int32_t)(test_rng_next(rng) % (unsigned long long)V);
-    tg[3] = tg[B_ * T_ - 1] = -1;
+static void batch(int32_t *in, int32_t *tg, int64_t N, int64_t V, unsigned long long *rng) {
+    for (int64_t i = 0; i < N; i++) in[i] = (int32_t)(test_rng_next(rng) % (unsigned long long)V);
+    for (int64_t i = 0; i < N; i++) tg[i] = (int32_t)(test_rng_next(rng) % (unsigned long long)V);
+    tg[3] = tg[N - 1] = -1;
 }
 
-/* One micro-batch, or two accumulated (the second step adds to the first's gradients on both sides: every
- * gradient write of the backward must add, not overwrite). */
-static void one_step(bool tied, float z_loss, int micro) {
-    kiln_llama_train *m = make_model(tied, z_loss);
-    CHECK(m, "%s", kiln_last_error());
+/* One micro-batch, or two accumulated (the second step adds to the first's gradients on all sides: every
+ * gradient write of the backward must add, not overwrite), of B sequences of T. The same steps on an fp32 CPU
+ * model measure the noise that bf16 weights alone cause; the three worst tensors are printed with it. */
+static void one_step(bool tied, float z_loss, int micro, int64_t B, int64_t T) {
+    const int64_t N = B * T;
+    kiln_llama_train *m = make_model(tied, z_loss, true, T), *m32 = make_model(tied, z_loss, false, T);
+    CHECK(m && m32, "%s", kiln_last_error());
     kiln_pool *pool = NULL;
     CHECK(kiln_pool_create(2, &pool) == KILN_OK);
-    CHECK(kiln_llama_train_reserve(m, B_, T_, 2) == KILN_OK, "%s", kiln_last_error());
+    CHECK(kiln_llama_train_reserve(m, B, T, 2) == KILN_OK, "%s", kiln_last_error());
+    CHECK(kiln_llama_train_reserve(m32, B, T, 2) == KILN_OK, "%s", kiln_last_error());
     kiln_cuda_trainer *g = NULL;
-    kiln_status st = kiln_cuda_trainer_new(m, B_, T_, &g);
+    kiln_status st = kiln_cuda_trainer_new(m, B, T, &g);
     CHECK(st == KILN_OK, "gpu trainer: %s", kiln_last_error());
-    int32_t in[B_ * T_], tg[B_ * T_];
+    int32_t *in = malloc((size_t)N * sizeof *in), *tg = malloc((size_t)N * sizeof *tg);
+    float *gg = malloc((size_t)m->n_params * sizeof *gg);
+    CHECK(in && tg && gg);
     unsigned long long rng = 5;
     int64_t k_cpu = 0, k_gpu = 0;
     double l_cpu = 0, l_gpu = 0;
     memset(m->grads, 0, (size_t)m->n_params * sizeof(float));
-    const float scale = 1.0f / (float)(micro * (B_ * T_ - 2));
+    memset(m32->grads, 0, (size_t)m->n_params * sizeof(float));
+    const float scale = 1.0f / (float)(micro * (N - 2));
     for (int u = 0; u < micro; u++) {
-        batch(in, tg, m->cfg.n_vocab, &rng);
+        batch(in, tg, N, m->cfg.n_vocab, &rng);
         int64_t kc, kg;
         double lg;
         l_cpu += kiln_llama_train_step(m, &kiln_cpu_ops, pool, in, tg, scale, &kc);
+        kiln_llama_train_step(m32, &kiln_cpu_ops, pool, in, tg, scale, &kc);
         CHECK(kiln_cuda_trainer_step(g, in, tg, scale, &lg, &kg) == KILN_OK, "%s", kiln_last_error());
         l_gpu += lg, k_cpu += kc, k_gpu += kg;
     }
     CHECK(k_cpu == k_gpu, "counted %lld vs %lld", (long long)k_cpu, (long long)k_gpu);
     const double le = fabs(l_gpu - l_cpu) / fabs(l_cpu);
-    float *gg = malloc((size_t)m->n_params * sizeof *gg);
-    CHECK(gg && kiln_cuda_trainer_download(g, NULL, gg) == KILN_OK, "%s", kiln_last_error());
-    double worst = 0;
-    const char *worst_name = "";
+    CHECK(kiln_cuda_trainer_download(g, NULL, gg) == KILN_OK, "%s", kiln_last_error());
+    int worst[3] = {-1, -1, -1};
+    double err[64], noise[64];
+    CHECK(m->n_tensors <= 64);
     for (int i = 0; i < m->n_tensors; i++) {
         const kiln_train_tensor *t = &m->tensors[i];
-        double e = rel_l2(gg + t->offset, m->grads + t->offset, t->n);
-        if (isnan(e)) e = INFINITY;
-        if (e > worst) worst = e, worst_name = t->name;
+        err[i] = rel_l2(gg + t->offset, m->grads + t->offset, t->n);
+        noise[i] = rel_l2(m32->grads + t->offset, m->grads + t->offset, t->n);
+        if (isnan(err[i])) err[i] = INFINITY;
+        for (int j = 0, c = i; j < 3; j++)
+            if (worst[j] < 0 || err[c] > err[worst[j]]) {
+                int tmp = worst[j];
+                worst[j] = c, c = tmp;
+                if (c < 0) break;
+            }
     }
-    printf("# %s, z-loss %g, %d micro-batch(es): loss %.6f (cpu %.6f, rel %.2e); worst gradient rel-L2 %.2e (%s)\n",
-           tied ? "tied" : "untied", z_loss, micro, l_gpu / (double)k_gpu, l_cpu / (double)k_cpu, le, worst, worst_name);
+    printf("# %s, z-loss %g, %d micro-batch(es) of %lldx%lld: loss %.6f (cpu %.6f, rel %.2e); worst gradients rel-L2:", tied ? "tied" : "untied",
+           z_loss, micro, (long long)B, (long long)T, l_gpu / (double)k_gpu, l_cpu / (double)k_cpu, le);
+    for (int j = 0; j < 3 && worst[j] >= 0; j++) printf(" %s %.2e (noise %.2e)", m->tensors[worst[j]].name, err[worst[j]], noise[worst[j]]);
+    printf("\n");
     CHECK(le < 3e-3, "loss %.6f vs cpu %.6f", l_gpu, l_cpu);
-    CHECK(worst < 5e-2, "gradient of %s: rel-L2 %.3e", worst_name, worst);
-    free(gg);
+    CHECK(err[worst[0]] < 5e-2, "gradient of %s: rel-L2 %.3e", m->tensors[worst[0]].name, err[worst[0]]);
+    free(gg), free(in), free(tg);
     kiln_cuda_trainer_free(g);
     kiln_llama_train_free(m);
+    kiln_llama_train_free(m32);
     kiln_pool_free(pool);
 }
 
 static void test_step_untied(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
-    one_step(false, 1e-4f, 1);
+    one_step(false, 1e-4f, 1, B_, T_);
 }
 
 /* z-loss 1e-2 here: with z ~ 12 it is ~10% of the loss, so a wrong z-loss term cannot hide under the bounds */
 static void test_step_tied(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
-    one_step(true, 1e-2f, 1);
+    one_step(true, 1e-2f, 1, B_, T_);
 }
 
 static void test_grad_accumulation(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
-    one_step(false, 1e-4f, 2);
+    one_step(false, 1e-4f, 2, B_, T_);
+}
+
+/* 4200 rows: the classifier's second chunk (rows 4096 ..) must see the right lnf rows and targets */
+static void test_head_chunks(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    one_step(true, 1e-4f, 1, 2, 2100);
 }
 
 static void test_ten_adamw_steps(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
-    kiln_llama_train *m = make_model(false, 1e-4f);
+    kiln_llama_train *m = make_model(false, 1e-4f, true, T_);
     CHECK(m, "%s", kiln_last_error());
     kiln_pool *pool = NULL;
     CHECK(kiln_pool_create(2, &pool) == KILN_OK);
@@ -124,7 +151,7 @@ static void test_ten_adamw_steps(void) {
     kiln_cuda_trainer *g = NULL;
     CHECK(kiln_cuda_trainer_new(m, B_, T_, &g) == KILN_OK, "%s", kiln_last_error());
     kiln_adamw_cfg cfg = kiln_adamw_defaults();
-    cfg.grad_clip = 0.5f; /* active: the 4x-scale model's gradient norm is above it */
+    cfg.grad_clip = 0.5f; /* active: the 2x-scale model's gradient norm (~11) is above it */
     kiln_param_segment *segs = malloc((size_t)m->n_tensors * sizeof *segs);
     kiln_train_segments(m, segs);
     kiln_adamw opt;
@@ -133,7 +160,7 @@ static void test_ten_adamw_steps(void) {
     double worst = 0;
     for (int s = 0; s < 10; s++) {
         int32_t in[B_ * T_], tg[B_ * T_];
-        batch(in, tg, m->cfg.n_vocab, &rng);
+        batch(in, tg, B_ * T_, m->cfg.n_vocab, &rng);
         int64_t k;
         const float scale = 1.0f / (float)(B_ * T_ - 2);
         memset(m->grads, 0, (size_t)m->n_params * sizeof(float));
@@ -163,6 +190,7 @@ int main(void) {
     RUN(test_step_untied);
     RUN(test_step_tied);
     RUN(test_grad_accumulation);
+    RUN(test_head_chunks);
     RUN(test_ten_adamw_steps);
     TEST_EXIT();
 }
