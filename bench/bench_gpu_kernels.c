@@ -1,4 +1,4 @@
-/* bench_gpu_kernels.c: `kiln bench gpu-kernels [--quick]`: the decode matmuls of src/cuda/matvec.cu alone, on the
+/* bench_gpu_kernels.c: `kiln bench gpu-kernels [--quick] [--attention]`: the decode matmuls of src/cuda/matvec.cu alone, on the
  * shapes a 7B and a 1.1B LLaMA decode runs (q/k/v/o, merged qkv, GLU gate+up, down, the head) in the types those
  * models ship in, for T = 1, 2, 4, 8 tokens (--quick: T = 1, fewer repetitions).
  *
@@ -13,11 +13,20 @@
  * Output: one JSON object per case ({"bench":"gpu_kernel", op, type, rows, cols, T, us, host_us, gbs, roof_frac})
  * and a table. GB/s counts the weight bytes alone (x and y are < 1% of them); roof_frac = GB/s /
  * kiln_cuda_copy_bandwidth (bytes read plus written per second of a device copy, the roof bench_gpu.c holds
- * decode to). Without a GPU: one line on stderr, exit 1. */
+ * decode to). Without a GPU: one line on stderr, exit 1.
+ *
+ * Then the training attention (src/cuda/train_attention.cu, kiln_cuda_attention_forward / _backward) at the
+ * trainer's shapes, B 16 T 1024 HS 64 NKV 4, NH 12 (124M) and 16 (350M); --attention runs this section alone.
+ * Each call is timed alone on the host clock around kiln_cuda_sync (ms-long calls: the ~10 us of launch and sync
+ * is < 1%), the median of ATTN_REPS after ATTN_WARM warm-ups. FLOPs counted as the causal half of the matmuls:
+ * forward 2 matmuls (S = QK^T, PV) = 4 B NH T^2 HS / 2, backward 5 (FA2: S, dP, dV, dK, dQ) = 2.5 x that (the
+ * D = rowsum(dout * out) pass and the recomputation's exps not counted). JSON {"bench":"train_attention", ...} and
+ * a table; peak_frac against 989 TFLOP/s, the H200's dense bf16 peak (this file measures no GEMM rate). */
 #include "bench/bench.h"
 
 #include "cuda/cuda.h"
 #include "cuda/kernels.h"
+#include "cuda/train_kernels.h"
 #include "fp16.h"
 #include "status.h"
 
@@ -134,12 +143,218 @@ typedef struct {
     double gbs;
 } result;
 
+/* ---------------------------------------------------------------- training attention */
+
+#define ATTN_WARM 3
+#define ATTN_REPS 10
+#define ATTN_PEAK_TFLOPS 989.0 /* H200 dense bf16 */
+
+typedef struct {
+    const char *model;
+    int64_t B, T, NH, NKV, HS;
+} attn_case;
+
+static const attn_case attn_cases[] = {
+    {"124m", 16, 1024, 12, 4, 64},
+    {"350m", 16, 1024, 16, 4, 64},
+};
+
+/* Medians of ATTN_REPS forward and backward calls of one shape, in ms. */
+static kiln_status time_attention(const attn_case *c, uint64_t *rng, double *fwd_ms, double *bwd_ms) {
+    const int64_t N = c->B * c->T, Q = c->NH * c->HS, W = Q + 2 * c->NKV * c->HS;
+    const size_t ws_bytes = kiln_cuda_attention_backward_ws_bytes(c->B, c->T, c->NH);
+    kiln_bf16 *h = malloc((size_t)(N * W) * sizeof *h);
+    void *qkv = NULL, *out = NULL, *dout = NULL, *lse = NULL, *dqkv = NULL, *ws = NULL;
+    kiln_status st = h ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "host qkv for attention %s", c->model);
+    for (int64_t i = 0; h && i < N * W; i++) h[i] = kiln_f32_to_bf16(2.0f * rng_f32(rng));
+    if (!st) st = kiln_cuda_alloc(&qkv, (size_t)(N * W) * 2);
+    if (!st) st = kiln_cuda_upload(qkv, h, (size_t)(N * W) * 2);
+    if (!st) st = kiln_cuda_alloc(&dout, (size_t)(N * Q) * 2);
+    if (!st) st = kiln_cuda_upload(dout, h, (size_t)(N * Q) * 2); /* any bf16 values will do */
+    if (!st) st = kiln_cuda_alloc(&out, (size_t)(N * Q) * 2);
+    if (!st) st = kiln_cuda_alloc(&lse, (size_t)(c->B * c->NH * c->T) * 4);
+    if (!st) st = kiln_cuda_alloc(&dqkv, (size_t)(N * W) * 4);
+    if (!st) st = kiln_cuda_alloc(&ws, ws_bytes);
+    double tf[ATTN_REPS], tb[ATTN_REPS];
+    for (int r = -ATTN_WARM; r < ATTN_REPS && !st; r++) {
+        const double t0 = kiln_bench_now();
+        st = kiln_cuda_attention_forward(out, lse, qkv, c->B, c->T, c->NH, c->NKV, c->HS, NULL);
+        if (!st) st = kiln_cuda_sync();
+        const double t1 = kiln_bench_now();
+        if (!st) st = kiln_cuda_attention_backward(dqkv, dout, qkv, out, lse, c->B, c->T, c->NH, c->NKV, c->HS, ws, NULL);
+        if (!st) st = kiln_cuda_sync();
+        const double t2 = kiln_bench_now();
+        if (r >= 0) tf[r] = (t1 - t0) * 1e3, tb[r] = (t2 - t1) * 1e3;
+    }
+    if (!st) *fwd_ms = kiln_bench_median(tf, ATTN_REPS), *bwd_ms = kiln_bench_median(tb, ATTN_REPS);
+    kiln_cuda_free(qkv), kiln_cuda_free(out), kiln_cuda_free(dout), kiln_cuda_free(lse), kiln_cuda_free(dqkv), kiln_cuda_free(ws);
+    free(h);
+    return st;
+}
+
+static int bench_attention(void) {
+    const int n = (int)(sizeof attn_cases / sizeof attn_cases[0]);
+    double ms[2][2] = {{0}};
+    uint64_t rng = 0x2545F4914F6CDD1Dull;
+    int done = 0;
+    for (; done < n; done++) {
+        const attn_case *c = &attn_cases[done];
+        if (time_attention(c, &rng, &ms[done][0], &ms[done][1])) {
+            fprintf(stderr, "kiln bench gpu-kernels: attention %s: %s\n", c->model, kiln_last_error());
+            break;
+        }
+        const double fl = 4.0 * c->B * c->NH * (double)c->T * c->T * c->HS / 2;
+        const double tf = fl / (ms[done][0] * 1e-3) / 1e12, tb = 2.5 * fl / (ms[done][1] * 1e-3) / 1e12;
+        printf("{\"bench\":\"train_attention\",\"model\":\"%s\",\"B\":%lld,\"T\":%lld,\"NH\":%lld,\"NKV\":%lld,"
+               "\"HS\":%lld,\"fwd_ms\":%.3f,\"fwd_tflops\":%.1f,\"fwd_peak_frac\":%.3f,\"bwd_ms\":%.3f,"
+               "\"bwd_tflops\":%.1f,\"bwd_peak_frac\":%.3f}\n",
+               c->model, (long long)c->B, (long long)c->T, (long long)c->NH, (long long)c->NKV, (long long)c->HS,
+               ms[done][0], tf, tf / ATTN_PEAK_TFLOPS, ms[done][1], tb, tb / ATTN_PEAK_TFLOPS);
+        fflush(stdout);
+    }
+    printf("\ntraining attention (causal FLOPs; bwd = 2.5 x fwd; peak %.0f TFLOP/s dense bf16)\n", ATTN_PEAK_TFLOPS);
+    printf("%-5s %3s %5s %3s %3s %3s %9s %8s %5s %9s %8s %5s\n", "model", "B", "T", "NH", "NKV", "HS", "fwd ms", "TFLOP/s",
+           "peak", "bwd ms", "TFLOP/s", "peak");
+    for (int i = 0; i < done; i++) {
+        const attn_case *c = &attn_cases[i];
+        const double fl = 4.0 * c->B * c->NH * (double)c->T * c->T * c->HS / 2;
+        const double tf = fl / (ms[i][0] * 1e-3) / 1e12, tb = 2.5 * fl / (ms[i][1] * 1e-3) / 1e12;
+        printf("%-5s %3lld %5lld %3lld %3lld %3lld %9.3f %8.1f %4.0f%% %9.3f %8.1f %4.0f%%\n", c->model, (long long)c->B,
+               (long long)c->T, (long long)c->NH, (long long)c->NKV, (long long)c->HS, ms[i][0], tf,
+               100 * tf / ATTN_PEAK_TFLOPS, ms[i][1], tb, 100 * tb / ATTN_PEAK_TFLOPS);
+    }
+    return done == n ? 0 : 1;
+}
+
+/* ---------------------------------------------------------------- training elementwise kernels
+ * src/cuda/train_elementwise.cu's per-layer kernels at the 124M trainer's shapes (N = B T = 16384 rows, C 768,
+ * F 2048, NH 12, NKV 4, HS 64: a packed q|k|v row of 1280, T 1024). The seam has no events, so as the matvec
+ * section: EW_LAUNCHES back-to-back launches timed on the host clock around one kiln_cuda_sync (the ~10 us of
+ * sync is < 1% of 30 launches of 20-80 us), the median of EW_REPS after one warm-up. Launches rotate over
+ * EW_COPIES sets of buffers (>= 120 MB per op, twice the 60 MB L2), so each streams from HBM. GB/s counts the
+ * bytes each kernel must move once (reads + writes, the dw partials left out: < 2%); roof = GB/s / copy_gbs. */
+
+#define EW_COPIES 3
+#define EW_LAUNCHES 30
+#define EW_REPS 7
+
+enum { EW_NORM_FWD, EW_NORM_BWD, EW_NORM_BWD_NOBF, EW_ROPE_FWD, EW_ROPE_BWD, EW_SWIGLU_FWD, EW_SWIGLU_BWD, EW_TO_BF16, EW_OPS };
+
+typedef struct {
+    float *x, *y, *rstd, *dout, *dx, *dqkv;                     /* (N, C) f32 but rstd (N), dqkv (N, W) */
+    kiln_bf16_t *out, *dx_bf, *qkv, *dqkv_bf, *gu, *h, *dh, *dgu; /* (N, C), (N, C), (N, W) x2, (N, 2F), (N, F) x2, (N, 2F) */
+} ew_set;
+
+static kiln_status ew_launch(int op, const ew_set *b, float *w, float *dw, void *ws, int64_t N, int64_t C, int64_t F,
+                             int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
+    switch (op) {
+    case EW_NORM_FWD: return kiln_cuda_rmsnorm_forward(b->x, b->y, b->out, b->rstd, w, N, C, 1e-5f, NULL);
+    case EW_NORM_BWD: return kiln_cuda_rmsnorm_backward(b->dx, b->dx_bf, dw, b->dout, b->x, w, b->rstd, N, C, ws, NULL);
+    case EW_NORM_BWD_NOBF: return kiln_cuda_rmsnorm_backward(b->dx, NULL, dw, b->dout, b->x, w, b->rstd, N, C, ws, NULL);
+    case EW_ROPE_FWD: return kiln_cuda_rope_forward(b->qkv, b->qkv, N, T, NH, NKV, HS, HS, 10000.0f, false, NULL);
+    case EW_ROPE_BWD: return kiln_cuda_rope_backward(b->dqkv_bf, b->dqkv, N, T, NH, NKV, HS, HS, 10000.0f, false, NULL);
+    case EW_SWIGLU_FWD: return kiln_cuda_swiglu_forward(b->h, b->gu, N, F, NULL);
+    case EW_SWIGLU_BWD: return kiln_cuda_swiglu_backward(b->dgu, b->dh, b->gu, N, F, NULL);
+    default: return kiln_cuda_to_bf16(b->dx_bf, b->dx, N * C, NULL);
+    }
+}
+
+static int bench_train_elementwise(double copy_gbs) {
+    const int64_t N = 16384, C = 768, F = 2048, T = 1024, NH = 12, NKV = 4, HS = 64, W = (NH + 2 * NKV) * HS;
+    static const char *names[EW_OPS] = {"rmsnorm_forward (x += y)", "rmsnorm_backward (+ dx_bf)", "rmsnorm_backward (no dx_bf)",
+                                        "rope_forward (bf16, in place)", "rope_backward (f32 -> bf16)", "swiglu_forward (bf16)",
+                                        "swiglu_backward (bf16)", "to_bf16 (N x C)"};
+    const double nc = (double)(N * C), nf = (double)(N * F), rot = (double)(N * (NH + NKV) * HS);
+    const double bytes[EW_OPS] = {
+        14 * nc + 4.0 * N, /* x, y read; x, out, rstd written */
+        18 * nc + 4.0 * N, /* dout, x, dx, rstd read; dx, dx_bf written */
+        16 * nc + 4.0 * N, /* the same without dx_bf */
+        4 * rot,           /* q, k read and written in bf16; v untouched */
+        6.0 * N * W,       /* dqkv f32 read, bf16 written */
+        6 * nf,            /* gu read, h written */
+        10 * nf,           /* dh, gu read; dgu written */
+        6 * nc,
+    };
+    ew_set set[EW_COPIES];
+    memset(set, 0, sizeof set);
+    float *w = NULL, *dw = NULL, *hf = malloc((size_t)(N * W) * sizeof *hf);
+    kiln_bf16 *hb = malloc((size_t)(N * 2 * F) * sizeof *hb);
+    void *ws = NULL;
+    uint64_t rng = 0xD1B54A32D192ED03ull;
+    kiln_status st = hf && hb ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "host buffers for the elementwise kernels");
+    for (int64_t i = 0; hf && i < N * W; i++) hf[i] = rng_f32(&rng) + 1.5f; /* in [0.5, 2.5): rstd, w stay tame */
+    for (int64_t i = 0; hb && i < N * 2 * F; i++) hb[i] = kiln_f32_to_bf16(2.0f * rng_f32(&rng));
+    const size_t ncb = (size_t)(N * C) * 4;
+    if (!st) st = kiln_cuda_alloc((void **)&w, (size_t)C * 4);
+    if (!st) st = kiln_cuda_upload(w, hf, (size_t)C * 4);
+    if (!st) st = kiln_cuda_alloc((void **)&dw, (size_t)C * 4);
+    if (!st) st = kiln_cuda_upload(dw, hf, (size_t)C * 4);
+    if (!st) st = kiln_cuda_alloc(&ws, kiln_cuda_rmsnorm_backward_ws_bytes(N, C));
+    for (int k = 0; k < EW_COPIES && !st; k++) {
+        ew_set *b = &set[k];
+        float **f32s[] = {&b->x, &b->y, &b->dout, &b->dx};
+        for (int i = 0; i < 4 && !st; i++)
+            if (!(st = kiln_cuda_alloc((void **)f32s[i], ncb))) st = kiln_cuda_upload(*f32s[i], hf, ncb);
+        if (!st && !(st = kiln_cuda_alloc((void **)&b->rstd, (size_t)N * 4))) st = kiln_cuda_upload(b->rstd, hf, (size_t)N * 4);
+        if (!st && !(st = kiln_cuda_alloc((void **)&b->dqkv, (size_t)(N * W) * 4)))
+            st = kiln_cuda_upload(b->dqkv, hf, (size_t)(N * W) * 4);
+        if (!st) st = kiln_cuda_alloc((void **)&b->out, ncb / 2);
+        if (!st) st = kiln_cuda_alloc((void **)&b->dx_bf, ncb / 2);
+        if (!st) st = kiln_cuda_alloc((void **)&b->dqkv_bf, (size_t)(N * W) * 2);
+        if (!st) st = kiln_cuda_alloc((void **)&b->h, (size_t)(N * F) * 2);
+        if (!st) st = kiln_cuda_alloc((void **)&b->dgu, (size_t)(N * 2 * F) * 2);
+        if (!st && !(st = kiln_cuda_alloc((void **)&b->qkv, (size_t)(N * W) * 2))) st = kiln_cuda_upload(b->qkv, hb, (size_t)(N * W) * 2);
+        if (!st && !(st = kiln_cuda_alloc((void **)&b->gu, (size_t)(N * 2 * F) * 2)))
+            st = kiln_cuda_upload(b->gu, hb, (size_t)(N * 2 * F) * 2);
+        if (!st && !(st = kiln_cuda_alloc((void **)&b->dh, (size_t)(N * F) * 2))) st = kiln_cuda_upload(b->dh, hb, (size_t)(N * F) * 2);
+    }
+    const bool set_up = !st;
+    double us[EW_OPS] = {0};
+    int done = 0;
+    for (; done < EW_OPS && !st; done++) {
+        double t[EW_REPS];
+        for (int r = -1; r < EW_REPS && !st; r++) {
+            const double t0 = kiln_bench_now();
+            for (int i = 0; i < EW_LAUNCHES && !st; i++)
+                st = ew_launch(done, &set[i % EW_COPIES], w, dw, ws, N, C, F, T, NH, NKV, HS);
+            if (!st) st = kiln_cuda_sync();
+            if (r >= 0) t[r] = (kiln_bench_now() - t0) * 1e6 / EW_LAUNCHES;
+        }
+        if (st) break;
+        us[done] = kiln_bench_median(t, EW_REPS);
+        const double gbs = bytes[done] / (us[done] * 1e-6) / 1e9;
+        printf("{\"bench\":\"train_elementwise\",\"op\":");
+        kiln_bench_json_str(names[done]);
+        printf(",\"N\":%lld,\"C\":%lld,\"F\":%lld,\"W\":%lld,\"mb\":%.1f,\"us\":%.2f,\"gbs\":%.1f,\"roof_frac\":%.3f}\n",
+               (long long)N, (long long)C, (long long)F, (long long)W, bytes[done] / 1e6, us[done], gbs, gbs / copy_gbs);
+        fflush(stdout);
+    }
+    if (st) fprintf(stderr, "kiln bench gpu-kernels: elementwise %s: %s\n", set_up ? names[done] : "setup", kiln_last_error());
+    printf("\ntraining elementwise kernels, N %lld C %lld F %lld qkv row %lld (copy %.0f GB/s)\n", (long long)N, (long long)C,
+           (long long)F, (long long)W, copy_gbs);
+    printf("%-30s %8s %9s %8s %6s\n", "op", "MB", "us", "GB/s", "roof");
+    for (int i = 0; i < done; i++) {
+        const double gbs = bytes[i] / (us[i] * 1e-6) / 1e9;
+        printf("%-30s %8.1f %9.2f %8.0f %5.0f%%\n", names[i], bytes[i] / 1e6, us[i], gbs, 100 * gbs / copy_gbs);
+    }
+    printf("\n");
+    for (int k = 0; k < EW_COPIES; k++) {
+        ew_set *b = &set[k];
+        void *p[] = {b->x, b->y, b->rstd, b->dout, b->dx, b->dqkv, b->out, b->dx_bf, b->qkv, b->dqkv_bf, b->gu, b->h, b->dh, b->dgu};
+        for (int i = 0; i < (int)(sizeof p / sizeof p[0]); i++) kiln_cuda_free(p[i]);
+    }
+    kiln_cuda_free(w), kiln_cuda_free(dw), kiln_cuda_free(ws);
+    free(hf), free(hb);
+    return st ? 1 : 0;
+}
+
 int kiln_bench_gpu_kernels(int argc, char **argv) {
-    bool quick = false;
+    bool quick = false, attention_only = false;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) quick = true;
+        else if (strcmp(argv[i], "--attention") == 0) attention_only = true;
         else {
-            fprintf(stderr, "kiln bench gpu-kernels: unknown argument '%s' (usage: kiln bench gpu-kernels [--quick])\n", argv[i]);
+            fprintf(stderr, "kiln bench gpu-kernels: unknown argument '%s' (usage: kiln bench gpu-kernels [--quick] [--attention])\n", argv[i]);
             return 2;
         }
     }
@@ -158,6 +373,7 @@ int kiln_bench_gpu_kernels(int argc, char **argv) {
     printf("{\"bench\":\"gpu_kernels_device\",\"device\":");
     kiln_bench_json_str(dev);
     printf(",\"copy_gbs\":%.1f}\n", copy_gbs);
+    if (attention_only) return bench_attention();
 
     static const int64_t Ts_all[] = {1, 2, 4, 8};
     const int n_T = quick ? 1 : 4, reps = quick ? 3 : REPS;
@@ -228,7 +444,9 @@ int kiln_bench_gpu_kernels(int argc, char **argv) {
                r->tm.us, r->tm.host_us, r->gbs, 100 * r->gbs / copy_gbs);
     }
     free(res);
-    return rc;
+    printf("\n");
+    rc |= bench_train_elementwise(copy_gbs);
+    return bench_attention() || rc;
 }
 
 #else

@@ -8,8 +8,10 @@
  * threads (it imports ../shared/bench/torch_llama_train.py's model), run in this process's run and compared.
  *
  * --gpu trains on CUDA device 0 (src/cuda/trainer.cu) and reports MFU against H200 dense bf16's 989 TFLOP/s as
- * llm.c counts it; its peer is ../shared/bench/torch_llama_train.py --compile on the same GPU, run in the same
- * device command (it needs the GPU's PyTorch, so this binary does not start it). */
+ * llm.c counts it, and the fraction of the bf16 GEMM rate measured in the same run (the training matmul at
+ * 8192^3). With --peer PYTHON its peer, ../shared/bench/torch_llama_train.py --compile (--peer-script to point
+ * elsewhere) with the same config, B and T, runs after kiln's steps in the same process run, and the ratio is
+ * reported; --max-batch adds the largest B the trainer accepts at this T. */
 #include "bench/bench.h"
 #include "model/llama_train.h"
 #include "tools/cmd.h"
@@ -52,8 +54,87 @@ static double peer_tok_s(const char *python, const bench_config *c, int64_t B, i
     return pclose(p) == 0 ? tok : NAN;
 }
 
-/* --gpu: the same steps on the GPU trainer; frees m and pool. */
-static int bench_gpu(const bench_config *c, kiln_llama_train *m, int64_t B, int64_t T, int steps, kiln_pool *pool) {
+/* The GPU peer: ../shared/bench/torch_llama_train.py (or `script`) --compile with the same config, B and T, run
+ * by this process after kiln's own steps, so both figures come from one command on one machine. Its tokens/s,
+ * or NAN when it fails. */
+static double peer_gpu_tok_s(const char *python, const char *script, const bench_config *c, int64_t B, int64_t T, char *ver,
+                             size_t nver) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s %s --config %s --B %lld --T %lld --compile", python, script, c->name, (long long)B, (long long)T);
+    FILE *p = popen(cmd, "r");
+    if (!p) return NAN;
+    char line[4096];
+    double tok = NAN;
+    while (fgets(line, sizeof line, p)) {
+        const char *k = strstr(line, "\"tokens_per_s\":");
+        if (k) tok = atof(k + 15);
+        const char *v = strstr(line, "\"torch\": \"");
+        if (v) snprintf(ver, nver, "%.*s", (int)strcspn(v + 10, "\""), v + 10);
+    }
+    return pclose(p) == 0 ? tok : NAN;
+}
+
+#ifdef KILN_CUDA
+#include "cuda/train_kernels.h"
+/* The GEMM roof of this device, measured in this run: the training matmul (cuBLASLt, bf16 in and out, fp32
+ * accumulate) at 8192^3 on values in [-1, 1), best of 3 rounds of 10 after warm-up. TFLOP/s, or NAN. */
+static double measure_gemm_tflops(void) {
+    const int64_t n = 8192;
+    const size_t bytes = (size_t)(n * n) * 2;
+    void *a = NULL, *w = NULL, *y = NULL;
+    kiln_cuda_blas *b = NULL;
+    uint16_t *h = malloc(bytes);
+    double best = 1e30;
+    if (h && !kiln_cuda_alloc(&a, bytes) && !kiln_cuda_alloc(&w, bytes) && !kiln_cuda_alloc(&y, bytes) && !kiln_cuda_blas_new(&b)) {
+        uint64_t r = 7;
+        for (int64_t i = 0; i < n * n; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            float f = (float)((double)(r >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            h[i] = (uint16_t)(u >> 16);
+        }
+        bool ok = !kiln_cuda_upload(a, h, bytes) && !kiln_cuda_upload(w, h, bytes);
+        for (int round = -1; ok && round < 3; round++) {
+            const double t0 = kiln_bench_now();
+            for (int i = 0; ok && i < 10; i++) ok = !kiln_cuda_linear_forward(b, y, false, false, a, w, n, n, n, NULL);
+            ok = ok && !kiln_cuda_sync();
+            const double t = (kiln_bench_now() - t0) / 10;
+            if (round >= 0 && t < best) best = t;
+        }
+        if (!ok) best = 1e30;
+    }
+    kiln_cuda_blas_free(b);
+    kiln_cuda_free(a), kiln_cuda_free(w), kiln_cuda_free(y);
+    free(h);
+    return best < 1e30 ? 2.0 * (double)n * (double)n * (double)n / best * 1e-12 : NAN;
+}
+#else
+static double measure_gemm_tflops(void) { return NAN; }
+#endif
+
+/* The largest B (at this T) the GPU trainer accepts: kiln_cuda_trainer_new refuses a batch whose buffers exceed the
+ * free memory before it allocates anything, so each probe is cheap. Doubling, then bisection. */
+static int64_t largest_batch(const kiln_llama_train *m, int64_t T) {
+    int64_t lo = 0, hi = 1;
+    kiln_cuda_trainer *g = NULL;
+    for (;; hi *= 2) {
+        if (kiln_cuda_trainer_new(m, hi, T, &g) != KILN_OK) break;
+        kiln_cuda_trainer_free(g);
+        lo = hi;
+        if (hi >= 65535) return lo;
+    }
+    while (hi - lo > 1) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (kiln_cuda_trainer_new(m, mid, T, &g) == KILN_OK) kiln_cuda_trainer_free(g), lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* --gpu: the same steps on the GPU trainer, then the PyTorch peer when python is given; frees m and pool. */
+static int bench_gpu(const bench_config *c, kiln_llama_train *m, int64_t B, int64_t T, int steps, kiln_pool *pool, const char *python,
+                     const char *script, bool max_batch) {
     kiln_cuda_trainer *g = NULL;
     kiln_status s = kiln_cuda_trainer_new(m, B, T, &g);
     int32_t *in = malloc((size_t)(B * T) * sizeof *in), *tg = malloc((size_t)(B * T) * sizeof *tg);
@@ -71,11 +152,17 @@ static int bench_gpu(const bench_config *c, kiln_llama_train *m, int64_t B, int6
         int64_t k;
         bool skipped;
         if (!(s = kiln_cuda_trainer_zero_grads(g)) && !(s = kiln_cuda_trainer_step(g, in, tg, 1.0f / (float)(B * T), &loss, &k)))
-            s = kiln_cuda_trainer_adamw(g, &ac, 1e-4f, &norm, &skipped); /* it synchronizes: the step is done */
+            s = kiln_cuda_trainer_adamw(g, &ac, 3e-4f, &norm, &skipped); /* it synchronizes: the step is done */
         loss /= (double)(B * T);
         if (i >= 0) t[i] = kiln_bench_now() - t0;
     }
+    const size_t bytes = g ? kiln_cuda_trainer_bytes(g) : 0;
+    kiln_cuda_trainer_free(g);
     if (!s) {
+        const int64_t bmax = max_batch ? largest_batch(m, T) : 0;
+        const double roof = measure_gemm_tflops();
+        char ver[64] = "";
+        const double peer = python ? peer_gpu_tok_s(python, script, c, B, T, ver, sizeof ver) : NAN;
         double med = kiln_bench_median(t, steps), tok_s = (double)(B * T) / med;
         double n_mat = (double)(m->n_params - m->tensors[m->tok_embd].n);
         double flops_tok = 6 * n_mat + 6.0 * (double)(c->L * T * c->C), tflops = tok_s * flops_tok * 1e-12;
@@ -83,23 +170,25 @@ static int bench_gpu(const bench_config *c, kiln_llama_train *m, int64_t B, int6
         kiln_cuda_device_describe(dev, sizeof dev);
         printf("{\"bench\": \"train_gpu\", \"device\": \"%s\", \"config\": \"%s\", \"B\": %lld, \"T\": %lld, \"params\": %lld, "
                "\"loss\": %.4f, \"ms_per_step\": %.2f, \"tokens_per_s\": %.0f, \"tflops\": %.1f, \"mfu\": %.4f, \"peak_tflops\": 989, "
-               "\"gpu_bytes\": %zu, \"peer\": \"../shared/bench/torch_llama_train.py --compile, run beside in the same command\"}\n",
-               dev, c->name, (long long)B, (long long)T, (long long)m->n_params, loss, med * 1e3, tok_s, tflops, tflops / 989.0,
-               kiln_cuda_trainer_bytes(g));
-        printf("\n| config | B x T | params | ms/step | tok/s | TFLOP/s | MFU (989) | GPU memory |\n|---|---|---|---|---|---|---|---|\n"
-               "| %s | %lld x %lld | %.1fM | %.2f | %.0f | %.1f | %.1f%% | %.2f GiB |\n",
+               "\"gemm_tflops\": %.1f, \"of_gemm\": %.3f, \"gpu_bytes\": %zu, \"largest_B\": %lld, \"peer\": \"pytorch %s torch.compile (%s)\", \"peer_tokens_per_s\": %.0f, "
+               "\"ratio\": %.3f}\n",
+               dev, c->name, (long long)B, (long long)T, (long long)m->n_params, loss, med * 1e3, tok_s, tflops, tflops / 989.0, roof,
+               tflops / roof, bytes, (long long)bmax, ver, python ? script : "not run", peer, tok_s / peer);
+        printf("\n| config | B x T | params | ms/step | tok/s | TFLOP/s | MFU (989) | of measured GEMM | GPU memory | largest B | "
+               "PyTorch compiled tok/s | ratio |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+               "| %s | %lld x %lld | %.1fM | %.2f | %.0f | %.1f | %.1f%% | %.1f%% of %.0f | %.2f GiB | %lld | %.0f | %.2fx |\n",
                c->name, (long long)B, (long long)T, (double)m->n_params / 1e6, med * 1e3, tok_s, tflops, 100 * tflops / 989.0,
-               (double)kiln_cuda_trainer_bytes(g) / 1073741824.0);
+               100 * tflops / roof, roof, (double)bytes / 1073741824.0, (long long)bmax, peer, tok_s / peer);
     }
     free(t), free(in), free(tg);
-    kiln_cuda_trainer_free(g);
     kiln_llama_train_free(m);
     kiln_pool_free(pool);
     return s ? kiln_cli_die(s) : 0;
 }
 
 int kiln_bench_train(int argc, char **argv) {
-    const char *cfg_name = "tiny", *python = NULL;
+    const char *cfg_name = "tiny", *python = NULL, *script = "../shared/bench/torch_llama_train.py";
+    bool max_batch = false;
     int64_t B = 8, T = 0;
     int threads = 0, steps = 5;
     bool mixed = false, eight_bit = false, gpu = false;
@@ -114,9 +203,11 @@ int kiln_bench_train(int argc, char **argv) {
         else if (strcmp(a, "--mixed") == 0) mixed = true;
         else if (strcmp(a, "--8bit") == 0) eight_bit = true;
         else if (strcmp(a, "--gpu") == 0) gpu = true;
+        else if (strcmp(a, "--peer-script") == 0 && v) script = argv[++i];
+        else if (strcmp(a, "--max-batch") == 0) max_batch = true;
         else {
-            fprintf(stderr, "usage: kiln bench train [--config tiny|small|124m] [-B B] [-T T] [-t THREADS] [--steps N] [--mixed] "
-                            "[--8bit] [--peer PYTHON] [--gpu]\n");
+            fprintf(stderr, "usage: kiln bench train [--config tiny|small|124m|350m] [-B B] [-T T] [-t THREADS] [--steps N] [--mixed] "
+                            "[--8bit] [--peer PYTHON] [--gpu [--peer-script PY] [--max-batch]]\n");
             return 1;
         }
     }
@@ -136,7 +227,7 @@ int kiln_bench_train(int argc, char **argv) {
     if (s || (s = kiln_llama_train_new(&mc, mixed, &m))) return kiln_cli_die(s);
     threads = kiln_pool_size(pool);
     kiln_llama_train_init_random(m, 1);
-    if (gpu) return bench_gpu(c, m, B, T, steps, pool);
+    if (gpu) return bench_gpu(c, m, B, T, steps, pool, python, script, max_batch);
     if ((s = kiln_llama_train_reserve(m, B, T, threads))) return kiln_cli_die(s);
     kiln_param_segment *segs = malloc((size_t)m->n_tensors * sizeof *segs);
     for (int i = 0; i < m->n_tensors; i++)

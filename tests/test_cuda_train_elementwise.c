@@ -13,12 +13,15 @@
  *                              adds each id's finite rows onto dtable in row order, as the GPU); skipped count exact
  *   rmsnorm_forward            x (after += y) bit-exact; rstd max-abs <= 1e-6 scale, NMSE <= 1e-11 (the double sum's
  *                              order); out bf16 with floor 0 (an ulp of rstd moves out by 2^-23 relative, in the 2^-20)
- *   rmsnorm_backward           dx and dw max-abs <= 1e-6 scale, NMSE <= 1e-11 (double sums' order)
+ *   rmsnorm_backward           dx and dw max-abs <= 1e-6 scale, NMSE <= 1e-11 (double sums' order); dx_bf
+ *                              bit-equal to the GPU's own dx rounded to nearest even (kiln_f32_to_bf16); a second
+ *                              run, and a third with dx_bf NULL, give dx and dw (and dx_bf) the same bits
  *   rope forward / backward    bf16 with floor 1e-6 scale (CUDA sincosf vs the host's cosf/sinf: ulps of the
  *                              inputs' magnitude, which cancellation can make large relative to a small result);
- *                              v bit-exact bf16(v)
+ *                              the forward reads bf16 (out of place and in place), the oracle its f32 values; v
+ *                              bit-exact bf16(v) (in place: untouched)
  *   swiglu forward / backward  bf16 with floor 1e-6 scale (expf ulps; dgate's 1 + g (1 - sig) cancels near
- *                              g = -1.28)
+ *                              g = -1.28); gu and dh are bf16, the oracle gets their f32 values
  *   to_bf16                    bit-exact with kiln_f32_to_bf16 (NaN: any NaN)
  * Skips without a GPU, or when kiln was built without CUDA. */
 #include "cuda/cuda.h"
@@ -225,7 +228,11 @@ static void test_embed_backward(void) {
 
 /* ---------------------------------------------------------------- RMSNorm */
 
-static const int64_t norm_Cs[] = {64, 768, 4096, 8192, 67}; /* 67: the scalar path */
+/* The kernels' tiers (train_elementwise.cu's rms_plan_for): a row per warp up to C 1024 in float4s (8, 100, 768)
+ * and 256 in floats (102, C % 4 != 0: the scalar path), a row per block beyond (4096, 8192 in float4s; 1030 in
+ * floats). N 1 and 7: warps of the block with no row; N 4100: 171 dw chunks of 24 rows, the last of 20. */
+static const int64_t norm_Cs[] = {8, 100, 102, 768, 1030, 4096, 8192};
+static const int64_t norm_Ns[] = {1, 7, 300, 4100};
 
 static void test_rmsnorm_forward(void) {
     release_all();
@@ -235,9 +242,9 @@ static void test_rmsnorm_forward(void) {
     kiln_ops_ctx ctx = cpu_ctx();
     const float eps = 1e-5f;
     for (int ci = 0; ci < COUNT(norm_Cs); ci++)
-        for (int ni = 0; ni < COUNT(Ns); ni++)
+        for (int ni = 0; ni < COUNT(norm_Ns); ni++)
             for (int has_y = 0; has_y < 2; has_y++) {
-                const int64_t C = norm_Cs[ci], N = Ns[ni], n = N * C;
+                const int64_t C = norm_Cs[ci], N = norm_Ns[ni], n = N * C;
                 const size_t xb = (size_t)n * 4;
                 float *x = host(xb), *y = host(xb), *w = host((size_t)C * 4), *rx = host(xb), *rout = host(xb);
                 float *rrstd = host((size_t)N * 4), *gx = host(xb), *grstd = host((size_t)N * 4);
@@ -264,20 +271,23 @@ static void test_rmsnorm_forward(void) {
             }
 }
 
+/* The backward three times from the same dx and dw: run 1 with dx_bf, run 2 the same (every output must repeat
+ * its bits: fixed summation orders), run 3 with dx_bf NULL (dx and dw must still be the same bits). */
 static void test_rmsnorm_backward(void) {
     release_all();
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
-    static const int64_t Nb[] = {1, 37, 512, 2048, 1000}; /* 1000: 16 dw chunks of 63 rows, the last of 55 */
     unsigned long long rng = 44;
     char msg[640], what[160];
     kiln_ops_ctx ctx = cpu_ctx();
     const float eps = 1e-5f;
     for (int ci = 0; ci < COUNT(norm_Cs); ci++)
-        for (int ni = 0; ni < COUNT(Nb); ni++) {
-            const int64_t C = norm_Cs[ci], N = Nb[ni], n = N * C;
+        for (int ni = 0; ni < COUNT(norm_Ns); ni++) {
+            const int64_t C = norm_Cs[ci], N = norm_Ns[ni], n = N * C;
             const size_t xb = (size_t)n * 4, cb = (size_t)C * 4;
             float *x = host(xb), *w = host(cb), *dout = host(xb), *out = host(xb), *rstd = host((size_t)N * 4);
-            float *dx0 = host(xb), *dw0 = host(cb), *rdx = host(xb), *rdw = host(cb), *gdx = host(xb), *gdw = host(cb);
+            float *dx0 = host(xb), *dw0 = host(cb), *rdx = host(xb), *rdw = host(cb);
+            float *gdx[3] = {host(xb), host(xb), host(xb)}, *gdw[3] = {host(cb), host(cb), host(cb)};
+            kiln_bf16 *gbf[2] = {host((size_t)n * 2), host((size_t)n * 2)};
             fill(x, n, 2.0f, &rng), fill(w, C, 1.5f, &rng), fill(dout, n, 1.0f, &rng);
             fill(dx0, n, 0.5f, &rng), fill(dw0, C, 0.5f, &rng); /* the backward accumulates into these */
             kiln_cpu_ops.rmsnorm_forward_train(&ctx, out, rstd, x, w, N, C, eps);
@@ -285,50 +295,75 @@ static void test_rmsnorm_backward(void) {
             kiln_cpu_ops.rmsnorm_backward(&ctx, rdx, rdw, dout, x, w, rstd, N, C);
             const size_t wsb = kiln_cuda_rmsnorm_backward_ws_bytes(N, C);
             float *d_x = dev_copy(x, xb), *d_w = dev_copy(w, cb), *d_dout = dev_copy(dout, xb), *d_rstd = dev_copy(rstd, (size_t)N * 4);
-            float *d_dx = dev_copy(dx0, xb), *d_dw = dev_copy(dw0, cb);
+            float *d_dx = dev(xb), *d_dw = dev(cb);
+            kiln_bf16 *d_bf = dev((size_t)n * 2);
             void *d_ws = dev(wsb);
-            CHECK(d_x && d_w && d_dout && d_rstd && d_dx && d_dw && d_ws && poison(d_ws, wsb) == KILN_OK, "%s", kiln_last_error());
-            CHECK(kiln_cuda_rmsnorm_backward(d_dx, d_dw, d_dout, d_x, d_w, d_rstd, N, C, d_ws, NULL) == KILN_OK, "%s",
-                  kiln_last_error());
-            CHECK(kiln_cuda_sync() == KILN_OK && kiln_cuda_download(gdx, d_dx, xb) == KILN_OK &&
-                  kiln_cuda_download(gdw, d_dw, cb) == KILN_OK, "%s", kiln_last_error());
+            CHECK(d_x && d_w && d_dout && d_rstd && d_dx && d_dw && d_bf && d_ws, "%s", kiln_last_error());
+            for (int run = 0; run < 3; run++) {
+                kiln_bf16 *bf = run < 2 ? d_bf : NULL;
+                CHECK(kiln_cuda_upload(d_dx, dx0, xb) == KILN_OK && kiln_cuda_upload(d_dw, dw0, cb) == KILN_OK &&
+                      poison(d_ws, wsb) == KILN_OK && poison(d_bf, (size_t)n * 2) == KILN_OK, "%s", kiln_last_error());
+                CHECK(kiln_cuda_rmsnorm_backward(d_dx, bf, d_dw, d_dout, d_x, d_w, d_rstd, N, C, d_ws, NULL) == KILN_OK, "%s",
+                      kiln_last_error());
+                CHECK(kiln_cuda_sync() == KILN_OK && kiln_cuda_download(gdx[run], d_dx, xb) == KILN_OK &&
+                      kiln_cuda_download(gdw[run], d_dw, cb) == KILN_OK, "%s", kiln_last_error());
+                if (bf) CHECK(kiln_cuda_download(gbf[run], d_bf, (size_t)n * 2) == KILN_OK, "%s", kiln_last_error());
+            }
             snprintf(what, sizeof what, "rmsnorm_backward N %lld C %lld", (long long)N, (long long)C);
-            CHECK(gpu_within(what, gdx, rdx, n, 1e-6, 1e-11, 0.0, msg, sizeof msg), "dx: %s", msg);
-            CHECK(gpu_within(what, gdw, rdw, C, 1e-6, 1e-11, 0.0, msg, sizeof msg), "dw: %s", msg);
+            CHECK(gpu_within(what, gdx[0], rdx, n, 1e-6, 1e-11, 0.0, msg, sizeof msg), "dx: %s", msg);
+            CHECK(gpu_within(what, gdw[0], rdw, C, 1e-6, 1e-11, 0.0, msg, sizeof msg), "dw: %s", msg);
+            /* dx_bf is the GPU's own dx rounded to nearest even, bit for bit */
+            for (int64_t i = 0; i < n; i++)
+                CHECK(gbf[0][i] == kiln_f32_to_bf16(gdx[0][i]),
+                      "%s: dx_bf at %lld (row %lld col %lld) is 0x%04x, bf16(dx %.9g = 0x%08x) = 0x%04x", what, (long long)i,
+                      (long long)(i / C), (long long)(i % C), gbf[0][i], gdx[0][i], kiln_f32_bits(gdx[0][i]),
+                      kiln_f32_to_bf16(gdx[0][i]));
+            CHECK(!memcmp(gbf[1], gbf[0], (size_t)n * 2), "%s: dx_bf differs between two runs", what);
+            for (int run = 1; run < 3; run++) {
+                char w2[200];
+                snprintf(w2, sizeof w2, "%s, run %d (%s) against run 0", what, run, run == 1 ? "again" : "dx_bf NULL");
+                CHECK(same_bits(w2, gdx[run], gdx[0], n, C, msg, sizeof msg), "dx: %s", msg);
+                CHECK(same_bits(w2, gdw[run], gdw[0], C, C, msg, sizeof msg), "dw: %s", msg);
+            }
             release_all();
         }
 }
 
 /* ---------------------------------------------------------------- RoPE */
 
-typedef struct {
-    int64_t NH, NKV, HS, rope_dim, T;
-    bool neox;
-} rope_case;
-
+/* Modes: the forward from bf16 out of place (v copied) and in place (v untouched), the backward from f32. HS 64
+ * and 128 take the 16-byte path; HS 40 too when interleaved (rope_dim 20 splits a unit of 8), not NeoX (rope_dim
+ * % 16 != 0); HS 6 the per-pair path. */
 static void test_rope(void) {
     release_all();
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     unsigned long long rng = 55;
-    char msg[640], what[200];
+    char msg[640], what[240];
     kiln_ops_ctx ctx = cpu_ctx();
     static const int64_t heads[][2] = {{12, 4}, {8, 8}};
-    static const int64_t HSs[] = {64, 128}, Ts[] = {16, 300};
+    static const int64_t HSs[] = {64, 128, 40, 6}, Ts[] = {16, 300};
+    static const char *mode_name[] = {"forward bf16 out of place", "forward bf16 in place", "backward f32"};
     for (int hi = 0; hi < COUNT(heads); hi++)
         for (int si = 0; si < COUNT(HSs); si++)
             for (int ti = 0; ti < COUNT(Ts); ti++)
                 for (int neox = 0; neox < 2; neox++)
                     for (int partial = 0; partial < 2; partial++)
-                        for (int bwd = 0; bwd < 2; bwd++) {
+                        for (int mode = 0; mode < 3; mode++) {
                             const int64_t NH = heads[hi][0], NKV = heads[hi][1], HS = HSs[si], T = Ts[ti];
-                            const int64_t rope_dim = partial ? HS / 2 : HS, N = 2 * T + 5; /* two sequences and a part */
+                            const int64_t rope_dim = partial ? HS / 2 / 2 * 2 : HS, N = 2 * T + 5; /* two sequences and a part */
                             const int64_t Q = NH * HS, KV = NKV * HS, W = Q + 2 * KV, n = N * W;
                             const float base = 10000.0f;
+                            const bool bwd = mode == 2;
                             float *qkv = host((size_t)n * 4), *q = host((size_t)(N * Q) * 4), *k = host((size_t)(N * KV) * 4);
                             float *ref = host((size_t)n * 4);
-                            kiln_bf16 *got = host((size_t)n * 2);
+                            kiln_bf16 *qkv_bf = host((size_t)n * 2), *got = host((size_t)n * 2);
                             int32_t *pos = host((size_t)N * 4);
                             fill(qkv, n, 2.0f, &rng);
+                            /* the forward's input is bf16: the oracle rotates the very values the GPU reads */
+                            for (int64_t i = 0; i < n; i++) {
+                                qkv_bf[i] = kiln_f32_to_bf16(qkv[i]);
+                                if (!bwd) qkv[i] = bf(qkv_bf[i]);
+                            }
                             for (int64_t r = 0; r < N; r++) {
                                 pos[r] = (int32_t)(r % T);
                                 memcpy(q + r * Q, qkv + r * W, (size_t)Q * 4);
@@ -346,23 +381,31 @@ static void test_rope(void) {
                                 memcpy(ref + r * W, q + r * Q, (size_t)Q * 4);
                                 memcpy(ref + r * W + Q, k + r * KV, (size_t)KV * 4);
                             }
-                            float *d_in = dev_copy(qkv, (size_t)n * 4);
-                            kiln_bf16 *d_out = dev((size_t)n * 2);
-                            CHECK(d_in && d_out && poison(d_out, (size_t)n * 2) == KILN_OK, "%s", kiln_last_error());
-                            const kiln_status s = bwd ? kiln_cuda_rope_backward(d_out, d_in, N, T, NH, NKV, HS, rope_dim, base, neox, NULL)
-                                                      : kiln_cuda_rope_forward(d_out, d_in, N, T, NH, NKV, HS, rope_dim, base, neox, NULL);
+                            kiln_status s;
+                            kiln_bf16 *d_out;
+                            if (bwd) {
+                                float *d_in = dev_copy(qkv, (size_t)n * 4);
+                                d_out = dev((size_t)n * 2);
+                                CHECK(d_in && d_out && poison(d_out, (size_t)n * 2) == KILN_OK, "%s", kiln_last_error());
+                                s = kiln_cuda_rope_backward(d_out, d_in, N, T, NH, NKV, HS, rope_dim, base, neox, NULL);
+                            } else {
+                                kiln_bf16 *d_in = dev_copy(qkv_bf, (size_t)n * 2);
+                                d_out = mode == 1 ? d_in : dev((size_t)n * 2);
+                                CHECK(d_in && d_out && (mode == 1 || poison(d_out, (size_t)n * 2) == KILN_OK), "%s", kiln_last_error());
+                                s = kiln_cuda_rope_forward(d_out, d_in, N, T, NH, NKV, HS, rope_dim, base, neox, NULL);
+                            }
                             CHECK(s == KILN_OK, "%s", kiln_last_error());
                             CHECK(kiln_cuda_sync() == KILN_OK && kiln_cuda_download(got, d_out, (size_t)n * 2) == KILN_OK, "%s",
                                   kiln_last_error());
-                            snprintf(what, sizeof what, "rope_%s NH %lld NKV %lld HS %lld rope_dim %lld %s T %lld N %lld (row width %lld)",
-                                     bwd ? "backward" : "forward", (long long)NH, (long long)NKV, (long long)HS, (long long)rope_dim,
+                            snprintf(what, sizeof what, "rope %s NH %lld NKV %lld HS %lld rope_dim %lld %s T %lld N %lld (row width %lld)",
+                                     mode_name[mode], (long long)NH, (long long)NKV, (long long)HS, (long long)rope_dim,
                                      neox ? "neox" : "interleaved", (long long)T, (long long)N, (long long)W);
                             CHECK(within_bf16(what, got, ref, n, 1e-6, W, msg, sizeof msg), "%s", msg);
                             for (int64_t r = 0; r < N; r++)
                                 for (int64_t i = Q + KV; i < W; i++)
-                                    CHECK(got[r * W + i] == kiln_f32_to_bf16(qkv[r * W + i]),
+                                    CHECK(got[r * W + i] == qkv_bf[r * W + i],
                                           "%s: v at row %lld col %lld is 0x%04x, bf16(%.9g) = 0x%04x", what, (long long)r,
-                                          (long long)(i - Q - KV), got[r * W + i], qkv[r * W + i], kiln_f32_to_bf16(qkv[r * W + i]));
+                                          (long long)(i - Q - KV), got[r * W + i], qkv[r * W + i], qkv_bf[r * W + i]);
                             release_all();
                         }
 }
@@ -372,18 +415,23 @@ static void test_rope(void) {
 static void test_swiglu(void) {
     release_all();
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
-    static const int64_t Fs[] = {2048, 5632, 67}; /* 67: the scalar path */
+    static const int64_t Fs[] = {2048, 5632, 68, 67}; /* 68 (F % 8 != 0) and 67: the per-column path */
     unsigned long long rng = 66;
     char msg[640], what[160];
     kiln_ops_ctx ctx = cpu_ctx();
-    for (int fi = 0; fi < COUNT(Fs); fi++)
-        for (int ni = 0; ni < COUNT(Ns); ni++) {
-            const int64_t F = Fs[fi], N = Ns[ni], n = N * F;
+    /* every F with every N of Ns, then F 16 over 70000 rows: past the grid's 65535 rows, so blocks loop */
+    for (int ci = 0; ci <= COUNT(Fs) * COUNT(Ns); ci++) {
+            const bool tall = ci == COUNT(Fs) * COUNT(Ns);
+            const int64_t F = tall ? 16 : Fs[ci / COUNT(Ns)], N = tall ? 70000 : Ns[ci % COUNT(Ns)], n = N * F;
             float *gu = host((size_t)(2 * n) * 4), *gate = host((size_t)n * 4), *up = host((size_t)n * 4);
             float *dh = host((size_t)n * 4), *rh = host((size_t)n * 4), *rdgu = host((size_t)(2 * n) * 4);
             float *rdg = host((size_t)n * 4), *rdu = host((size_t)n * 4);
             kiln_bf16 *gh = host((size_t)n * 2), *gdgu = host((size_t)(2 * n) * 2);
+            kiln_bf16 *gu_bf = host((size_t)(2 * n) * 2), *dh_bf = host((size_t)n * 2);
             fill(gu, 2 * n, 4.0f, &rng), fill(dh, n, 1.0f, &rng);
+            /* gu and dh are bf16 (matmul outputs): the oracle gets the very values the GPU reads */
+            for (int64_t i = 0; i < 2 * n; i++) gu_bf[i] = kiln_f32_to_bf16(gu[i]), gu[i] = bf(gu_bf[i]);
+            for (int64_t i = 0; i < n; i++) dh_bf[i] = kiln_f32_to_bf16(dh[i]), dh[i] = bf(dh_bf[i]);
             for (int64_t r = 0; r < N; r++) {
                 memcpy(gate + r * F, gu + r * 2 * F, (size_t)F * 4);
                 memcpy(up + r * F, gu + r * 2 * F + F, (size_t)F * 4);
@@ -395,7 +443,7 @@ static void test_swiglu(void) {
                 memcpy(rdgu + r * 2 * F, rdg + r * F, (size_t)F * 4);
                 memcpy(rdgu + r * 2 * F + F, rdu + r * F, (size_t)F * 4);
             }
-            float *d_gu = dev_copy(gu, (size_t)(2 * n) * 4), *d_dh = dev_copy(dh, (size_t)n * 4);
+            kiln_bf16 *d_gu = dev_copy(gu_bf, (size_t)(2 * n) * 2), *d_dh = dev_copy(dh_bf, (size_t)n * 2);
             kiln_bf16 *d_h = dev((size_t)n * 2), *d_dgu = dev((size_t)(2 * n) * 2);
             CHECK(d_gu && d_dh && d_h && d_dgu && poison(d_h, (size_t)n * 2) == KILN_OK &&
                   poison(d_dgu, (size_t)(2 * n) * 2) == KILN_OK, "%s", kiln_last_error());
@@ -456,14 +504,20 @@ static void test_refusals(void) {
         const char *what;
         kiln_status s;
     } r[] = {
-        {"rope rope_dim odd", kiln_cuda_rope_forward(b, d, 1, 1, 1, 1, 64, 63, 1e4f, false, NULL)},
-        {"rope rope_dim > HS", kiln_cuda_rope_forward(b, d, 1, 1, 1, 1, 64, 128, 1e4f, false, NULL)},
+        {"rope rope_dim odd", kiln_cuda_rope_forward(b, b, 1, 1, 1, 1, 64, 63, 1e4f, false, NULL)},
+        {"rope rope_dim > HS", kiln_cuda_rope_forward(b, b, 1, 1, 1, 1, 64, 128, 1e4f, false, NULL)},
         {"rope HS 512", kiln_cuda_rope_backward(b, d, 1, 1, 1, 1, 512, 512, 1e4f, true, NULL)},
-        {"rope T 0", kiln_cuda_rope_forward(b, d, 1, 0, 1, 1, 64, 64, 1e4f, false, NULL)},
+        {"rope T 0", kiln_cuda_rope_forward(b, b, 1, 0, 1, 1, 64, 64, 1e4f, false, NULL)},
         {"rmsnorm C 0", kiln_cuda_rmsnorm_forward(d, NULL, b, d, d, 1, 0, 1e-5f, NULL)},
-        {"rmsnorm_backward ws NULL", kiln_cuda_rmsnorm_backward(d, d, d, d, d, d, 1, 64, NULL, NULL)},
+        /* rows past what stays in registers: 8196 (float4s, past 8192) and 4098 (floats, past 4096) */
+        {"rmsnorm C 8196", kiln_cuda_rmsnorm_forward(d, NULL, b, d, d, 1, 8196, 1e-5f, NULL)},
+        {"rmsnorm C 4098", kiln_cuda_rmsnorm_forward(d, NULL, b, d, d, 1, 4098, 1e-5f, NULL)},
+        {"rmsnorm_backward ws NULL", kiln_cuda_rmsnorm_backward(d, b, d, d, d, d, d, 1, 64, NULL, NULL)},
+        {"rmsnorm_backward C 8196", kiln_cuda_rmsnorm_backward(d, NULL, d, d, d, d, d, 1, 8196, d, NULL)},
+        {"rmsnorm_backward C 4098", kiln_cuda_rmsnorm_backward(d, b, d, d, d, d, d, 1, 4098, d, NULL)},
         {"embed_backward_det ws NULL", kiln_cuda_embed_backward_det(d, d, (const int32_t *)d, 1, 64, 10, NULL, NULL, NULL)},
-        {"swiglu F 0", kiln_cuda_swiglu_forward(b, d, 1, 0, NULL)},
+        {"swiglu F 0", kiln_cuda_swiglu_forward(b, b, 1, 0, NULL)},
+        {"swiglu_backward N < 0", kiln_cuda_swiglu_backward(b, b, b, -1, 64, NULL)},
         {"to_bf16 n < 0", kiln_cuda_to_bf16(b, d, -1, NULL)},
     };
     for (int i = 0; i < COUNT(r); i++) CHECK(r[i].s == KILN_ERR_INVALID, "%s: status %d, want KILN_ERR_INVALID", r[i].what, (int)r[i].s);

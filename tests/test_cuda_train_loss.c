@@ -16,7 +16,11 @@
  *   adamw mirror           bit-exact where the params agree bitwise, else the next bf16 code
  *   adamw d_norm           within 1e-6 relative of kiln_grad_norm; a NaN gradient: d_skipped 1, d_norm not finite,
  *                          params, m, v and the mirror unchanged byte for byte
- * Shapes: V = 50 and 32003 (scalar path: V % 4 != 0), 32000, 151936, 262144 (float4 path); AdamW n = 1, 1000,
+ * The logits are bf16 (the classifier's matmul writes them so); the CPU gets the same values as f32.
+ * In place (dlogits == logits) must give the same bits as a separate dlogits, with and without the row's shared
+ * copy (V <= 49152 has it).
+ * Shapes: V = 50 and 32003 (scalar path: V % 4 != 0), 32000, 151936, 262144 (4-wide path; the last two without
+ * the shared copy); AdamW n = 1, 1000,
  * 3000007 (a float4 tail of 3), with clipping off, inactive (1e30) and active (0.3 of step 1's norm), and n = 1000
  * from pointers one float off 16-byte alignment (the scalar path). Skips without a GPU, or when kiln was built
  * without CUDA. */
@@ -73,14 +77,16 @@ static void test_cross_entropy(void) {
         const int64_t V = Vs[vi], n = V <= 1000 ? 37 : V <= 40000 ? 9 : 5, nV = n * V;
         float *x = host((size_t)nV * 4), *ref = host((size_t)nV * 4), *loss_ref = host((size_t)n * 4);
         float *loss = host((size_t)n * 4), *loss2 = host((size_t)n * 4);
-        uint16_t *dl = host((size_t)nV * 2);
+        uint16_t *dl = host((size_t)nV * 2), *xb = host((size_t)nV * 2), *dl2 = host((size_t)nV * 2);
         int32_t *targets = host((size_t)n * 4);
         ce_inputs(x, targets, n, V, &rng);
-        float *d_x = dev((size_t)nV * 4), *d_loss = dev((size_t)n * 4);
+        for (int64_t i = 0; i < nV; i++) xb[i] = kiln_f32_to_bf16(x[i]), x[i] = kiln_bf16_to_f32(xb[i]);
+        uint16_t *d_x = dev((size_t)nV * 2), *d_xi = dev((size_t)nV * 2);
+        float *d_loss = dev((size_t)n * 4);
         uint16_t *d_dl = dev((size_t)nV * 2);
         int32_t *d_t = dev((size_t)n * 4);
-        CHECK(d_x && d_loss && d_dl && d_t, "V %lld: device memory", (long long)V);
-        CHECK(kiln_cuda_upload(d_x, x, (size_t)nV * 4) == KILN_OK && kiln_cuda_upload(d_t, targets, (size_t)n * 4) == KILN_OK,
+        CHECK(d_x && d_xi && d_loss && d_dl && d_t, "V %lld: device memory", (long long)V);
+        CHECK(kiln_cuda_upload(d_x, xb, (size_t)nV * 2) == KILN_OK && kiln_cuda_upload(d_t, targets, (size_t)n * 4) == KILN_OK,
               "%s", kiln_last_error());
         const size_t scratch = kiln_cpu_ops.train_scratch_size(1, n, 1, 1, V, kiln_pool_size(pool));
         kiln_ops_ctx ctx = {.pool = pool, .scratch = host(scratch), .scratch_bytes = scratch};
@@ -147,6 +153,16 @@ static void test_cross_entropy(void) {
                 CHECK(kiln_cuda_sync() == KILN_OK && kiln_cuda_download(loss2, d_loss, (size_t)n * 4) == KILN_OK, "%s",
                       kiln_last_error());
                 CHECK(memcmp(loss, loss2, (size_t)n * 4) == 0, "cross_entropy V %lld: losses without dlogits differ", (long long)V);
+                /* in place: dlogits over the logits */
+                CHECK(kiln_cuda_upload(d_xi, xb, (size_t)nV * 2) == KILN_OK && poison(d_loss, (size_t)n * 4) == KILN_OK, "%s",
+                      kiln_last_error());
+                CHECK(kiln_cuda_cross_entropy(d_loss, d_xi, d_xi, d_t, n, V, ls, zl, IGNORE, dscale, NULL) == KILN_OK, "%s",
+                      kiln_last_error());
+                CHECK(kiln_cuda_sync() == KILN_OK && kiln_cuda_download(loss2, d_loss, (size_t)n * 4) == KILN_OK &&
+                          kiln_cuda_download(dl2, d_xi, (size_t)nV * 2) == KILN_OK,
+                      "%s", kiln_last_error());
+                CHECK(memcmp(loss, loss2, (size_t)n * 4) == 0, "cross_entropy V %lld: in-place losses differ", (long long)V);
+                CHECK(memcmp(dl, dl2, (size_t)nV * 2) == 0, "cross_entropy V %lld: in-place dlogits differ", (long long)V);
             }
         }
         release_all();
@@ -159,9 +175,9 @@ static void test_cross_entropy_errors(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     float *d = dev(64);
     CHECK(d);
-    CHECK(kiln_cuda_cross_entropy(d, NULL, d, (const int32_t *)d, -1, 4, 0, 0, IGNORE, 1, NULL) == KILN_ERR_INVALID);
-    CHECK(kiln_cuda_cross_entropy(d, NULL, d, (const int32_t *)d, 1, 0, 0, 0, IGNORE, 1, NULL) == KILN_ERR_INVALID);
-    CHECK(kiln_cuda_cross_entropy(NULL, NULL, d, (const int32_t *)d, 1, 4, 0, 0, IGNORE, 1, NULL) == KILN_ERR_INVALID);
+    CHECK(kiln_cuda_cross_entropy(d, NULL, (const uint16_t *)d, (const int32_t *)d, -1, 4, 0, 0, IGNORE, 1, NULL) == KILN_ERR_INVALID);
+    CHECK(kiln_cuda_cross_entropy(d, NULL, (const uint16_t *)d, (const int32_t *)d, 1, 0, 0, 0, IGNORE, 1, NULL) == KILN_ERR_INVALID);
+    CHECK(kiln_cuda_cross_entropy(NULL, NULL, (const uint16_t *)d, (const int32_t *)d, 1, 4, 0, 0, IGNORE, 1, NULL) == KILN_ERR_INVALID);
     CHECK(kiln_cuda_cross_entropy(NULL, NULL, NULL, NULL, 0, 4, 0, 0, IGNORE, 1, NULL) == KILN_OK, "n = 0 is nothing to do");
     CHECK(kiln_cuda_sync() == KILN_OK, "%s", kiln_last_error());
     release_all();

@@ -6,6 +6,7 @@
  *   - `kiln train`'s loop: a run stopped at step 3 and resumed ends byte-identical to an uninterrupted one;
  *   - a checkpoint write killed with SIGKILL leaves the previous checkpoint loadable. */
 #include "test.h"
+#include "cuda/cuda.h"
 
 #include "model/llama_train.h"
 #include "train/data.h"
@@ -316,13 +317,13 @@ static int read_losses(const char *path, double *out, int max) {
     return n;
 }
 
-static void check_resume(bool eight_bit, bool mixed) {
+static void check_resume(bool eight_bit, bool mixed, bool gpu) {
     CHECK(setup_corpus(), "%s", kiln_last_error());
-    kiln_train_opts a = loop_opts(eight_bit ? "a8" : mixed ? "am" : "a");
-    a.adam.eight_bit = eight_bit, a.mixed = mixed;
+    kiln_train_opts a = loop_opts(gpu ? "ag" : eight_bit ? "a8" : mixed ? "am" : "a");
+    a.adam.eight_bit = eight_bit, a.mixed = mixed, a.gpu = gpu;
     CHECK(kiln_train_run(&a, NULL, NULL) == KILN_OK, "%s", kiln_last_error());
-    kiln_train_opts b = loop_opts(eight_bit ? "b8" : mixed ? "bm" : "b");
-    b.adam.eight_bit = eight_bit, b.mixed = mixed;
+    kiln_train_opts b = loop_opts(gpu ? "bg" : eight_bit ? "b8" : mixed ? "bm" : "b");
+    b.adam.eight_bit = eight_bit, b.mixed = mixed, b.gpu = gpu;
     b.stop_after = 3;
     CHECK(kiln_train_run(&b, NULL, NULL) == KILN_OK, "%s", kiln_last_error());
     CHECK(!files_equal(a.out_path, b.out_path), "a run stopped at step 3 already equals the full run");
@@ -338,8 +339,14 @@ static void check_resume(bool eight_bit, bool mixed) {
     CHECK(files_equal(a.ckpt_path, b.ckpt_path), "final checkpoints differ");
 }
 
-static void test_resume_bitexact(void) { check_resume(false, false); }
-static void test_resume_bitexact_8bit_mixed(void) { check_resume(true, true); }
+static void test_resume_bitexact(void) { check_resume(false, false, false); }
+static void test_resume_bitexact_8bit_mixed(void) { check_resume(true, true, false); }
+/* On the GPU every reduction has a fixed order (deterministic attention backward, embedding scatter, norm weight
+ * gradients and AdamW norm; cuBLASLt with the same plan), so the resumed run is the same bits as well. */
+static void test_resume_bitexact_gpu(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    check_resume(false, true, true);
+}
 
 /* Gradient accumulation: two micro-batches of one sequence make the same step as one batch of two (the same
  * tokens, the gradient of the same mean); only the summation order differs, so the weights after 3 steps agree
@@ -532,6 +539,7 @@ int main(void) {
     RUN(test_train_forward_matches_inference);
     RUN(test_resume_bitexact);
     RUN(test_resume_bitexact_8bit_mixed);
+    RUN(test_resume_bitexact_gpu);
     RUN(test_grad_accum);
     RUN(test_export_loads);
     RUN(test_refuses_other_archs);

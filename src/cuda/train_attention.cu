@@ -1,26 +1,31 @@
 /* train_attention.cu: causal GQA flash attention for training (train_kernels.h's train_attention.cu section):
  * the forward saving each row's log-sum-exp, and the FlashAttention-2 backward that recomputes the probabilities
- * from qkv and lse, never forming the T x T scores. bf16 inputs (the packed qkv the rope writes, dout, out), fp32
- * math, the same formulas as the CPU oracle (src/cpu/ops_attention.c, "training"): s = (q . k) * scale,
- * scale = 1/sqrt(HS); lse = M + log(L); p = exp(s - lse); ds = p (dp - D) scale with dp = dout . v and
- * D = rowsum(dout * out).
+ * from qkv and lse, never forming the T x T scores. bf16 inputs (the packed qkv the rope writes, dout, out), the
+ * same formulas as the CPU oracle (src/cpu/ops_attention.c, "training"): s = (q . k) * scale, scale = 1/sqrt(HS);
+ * lse = M + log(L); p = exp(s - lse); ds = p (dp - D) scale with dp = dout . v and D = rowsum(dout * out).
  *
- * Layout of every kernel (CUDA cores; the tiles are shaped so mma.sync m16n8k16 can replace the inner loops
- * later): a block of ATTN_NT threads owns R = ATTN_NT / SG rows (query rows in the forward and the dq pass, key
- * rows in the dk/dv pass), each row held by a group of SG = HSM / 8 lanes, lane_g owning dims 8 lane_g .. 8 lane_g
- * + 7 (one 16-byte load of 8 bf16). HSM is the head size rounded up to a power of two (8 .. 256: 1 .. 32 lanes a
- * row); lanes past the head size hold zeros. The other side (keys in the forward and dq pass, queries in the dk/dv
- * pass) streams through shared memory in tiles of 32 rows of bf16 (32 KiB for K and V at HSM 256); each row of
- * the tile meets every row of the block as a dot product reduced over the SG lanes by xor shuffles.
+ * Two paths. HS 64 and 128 (the trained models' heads) run on tensor cores (mma.sync m16n8k16 bf16 -> f32,
+ * ldmatrix, cp.async double buffering; the "tensor-core path" section below): P and dS are rounded to bf16 as mma
+ * operands, the rest is f32. Every other head size runs the CUDA-core kernels, all f32 math:
  *
- * Backward, deterministic (no atomics: every element of dqkv is written once, by one thread, the sums in a fixed
- * order; two runs give the same bits): D into ws; then per (batch, KV head, key tile) dk, dv summed over the G
- * query heads of the group and the query tiles that see the keys; then a separate dq pass per (batch, head, query
- * tile) over the key tiles, recomputing the same probabilities (the same products in the same order: bit for bit
- * the dk/dv pass's). dqkv is overwritten.
+ * Layout of the CUDA-core kernels: a block of ATTN_NT threads owns R = ATTN_NT / SG rows (query rows in the
+ * forward and the dq pass, key rows in the dk/dv pass), each row held by a group of SG = HSM / 8 lanes, lane_g
+ * owning dims 8 lane_g .. 8 lane_g + 7 (one 16-byte load of 8 bf16). HSM is the head size rounded up to a power of
+ * two (8 .. 256: 1 .. 32 lanes a row); lanes past the head size hold zeros. The other side (keys in the forward and
+ * dq pass, queries in the dk/dv pass) streams through shared memory in tiles of 32 rows of bf16 (32 KiB for K and
+ * V at HSM 256); each row of the tile meets every row of the block as a dot product reduced over the SG lanes by
+ * xor shuffles.
+ *
+ * Backward, deterministic on both paths (no atomics: every element of dqkv is written once, by one thread, the
+ * sums in a fixed order; two runs give the same bits): D into ws; then per (batch, KV head, key tile) dk, dv summed
+ * over the G query heads of the group and the query tiles that see the keys; then a separate dq pass per (batch,
+ * head, query tile) over the key tiles, recomputing the same probabilities by the same formulas. dqkv is
+ * overwritten.
  *
  * tests/test_cuda_train_attention.c checks out, lse, dq, dk, dv against kiln_cpu_ops.attention_forward_train /
- * attention_backward on random bf16 inputs, head sizes 8 .. 256, GQA and not, and the backward's determinism. */
+ * attention_backward on random bf16 inputs, head sizes 8 .. 256 (64 and 128: the tensor-core path, with its
+ * looser bounds, T with tails of every tile), GQA and not, and the backward's determinism; bench gpu-kernels
+ * times the tensor-core path at the trainer's shapes. */
 #include "cuda/launch.h"
 #include "cuda/train_kernels.h"
 
@@ -317,6 +322,519 @@ attn_train_backward_dq(float *dqkv,               /* (B*T, (NH + 2 NKV) hs): dq 
     *(float4 *)(row + 4) = make_float4(dq[4], dq[5], dq[6], dq[7]);
 }
 
+/* ---------------------------------------------------------------- tensor-core path (HS 64 and 128)
+ * FlashAttention-2 (Dao 2023) on mma.sync.m16n8k16 (bf16 in, f32 accumulate), 4 warps a block, each warp owning
+ * 16 rows of a 64-row tile (query rows in the forward and the dq kernel, key rows in the dk/dv kernel). Tiles of
+ * bf16 rows are staged by cp.async (16-byte pieces, zero-filled past T) into shared memory, double-buffered, with
+ * the 16-byte piece c of row r stored at piece c ^ (r & 7): the 8 rows an ldmatrix phase reads then hit 8
+ * different 4-bank groups (rows are 128 or 256 bytes, so unswizzled they would all sit on the same banks).
+ * Fragments (PTX ISA, "mma.m16n8k16"): lane = 4 gr + tg; an accumulator holds (row gr, cols 2 tg, 2 tg + 1) in
+ * c0, c1 and (row gr + 8, same cols) in c2, c3, which is also the A layout, so P and dS go from accumulators to A
+ * operands in registers (one bf16 rounding each, the only precision this path loses against the CUDA-core one).
+ * Softmax in base 2: s2 = s * scale * log2(e), p = exp2(s2 - lse * log2(e)). */
+
+#define TC_NT 128 /* threads: 4 warps of 16 rows */
+#define TC_BM 64  /* rows a block owns */
+#define LOG2E 1.4426950408889634f
+
+static __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* 16 bytes global -> shared, zero-filled (nothing read) when !valid; src must still be a mapped address. */
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+static __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
+static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> static __device__ __forceinline__ void cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+static __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+/* c (16 x 8) += a (16 x 16) b (16 x 8), bf16 operands, f32 accumulators. */
+static __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Two floats to a bf16 pair, lo in the low half (the lower column), round to nearest even. */
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+/* Byte offset of 16-byte piece c of row r in a swizzled tile of HS-wide bf16 rows. */
+template <int HS> static __device__ __forceinline__ uint32_t swz(int r, int c) {
+    return (uint32_t)(r * HS * 2 + ((c ^ (r & 7)) << 4));
+}
+
+/* Rows r0 .. r0 + R - 1 of a (T, stride) bf16 matrix, HS columns from x, into the swizzled tile at shared address
+ * tile (R, HS); rows >= T zero-filled. The whole block issues it; the caller commits the group. */
+template <int R, int HS>
+static __device__ __forceinline__ void tile_async(uint32_t tile, const kiln_bf16_t *x, int64_t stride, int r0, int T) {
+    constexpr int P = HS / 8; /* 16-byte pieces a row */
+    static_assert(R * P % TC_NT == 0, "whole passes of the block");
+#pragma unroll
+    for (int k = 0; k < R * P / TC_NT; k++) {
+        const int i = k * TC_NT + threadIdx.x, r = i / P, c = i % P, row = r0 + r;
+        cp_async16(tile + swz<HS>(r, c), x + (size_t)min(row, T - 1) * (size_t)stride + c * 8, row < T);
+    }
+}
+
+/* A fragment (16 x 16 at rows m0, cols k0) of a swizzled row-major tile: matrices (rows +0, k +0), (+8, +0),
+ * (+0, +8), (+8, +8), lane l giving the address of row l % 8 of matrix l / 8. */
+template <int HS> static __device__ __forceinline__ void lda(uint32_t a[4], uint32_t tile, int m0, int k0) {
+    const int l = threadIdx.x % 32;
+    ldsm_x4(a, tile + swz<HS>(m0 + l % 8 + (l / 8 % 2) * 8, k0 / 8 + l / 16));
+}
+/* B fragments of two n-tiles (n0, n0 + 8) at k0 from a tile stored (n, k) row-major (B = tile^T): matrices
+ * (n +0, k +0), (n +0, k +8), (n +8, k +0), (n +8, k +8); b[0], b[1] for n0, b[2], b[3] for n0 + 8. */
+template <int HS> static __device__ __forceinline__ void ldb(uint32_t b[4], uint32_t tile, int n0, int k0) {
+    const int l = threadIdx.x % 32;
+    ldsm_x4(b, tile + swz<HS>(n0 + l % 8 + (l / 16) * 8, k0 / 8 + l / 8 % 2));
+}
+/* B fragments of two n-tiles (n0, n0 + 8) at k0 from a tile stored (k, n) row-major (B = tile), transposed by
+ * ldmatrix: matrices (k +0, n +0), (k +8, n +0), (k +0, n +8), (k +8, n +8). */
+template <int HS> static __device__ __forceinline__ void ldb_t(uint32_t b[4], uint32_t tile, int k0, int n0) {
+    const int l = threadIdx.x % 32;
+    ldsm_x4_t(b, tile + swz<HS>(k0 + l % 8 + (l / 8 % 2) * 8, n0 / 8 + l / 16));
+}
+
+/* ---------------------------------------------------------------- tensor-core forward
+ * Grid (ceil(T / 64), NH, B), TC_NT threads, x reversed (the last query tiles see the most keys: they start
+ * first). Block (x, h, b): query rows q0 .. q0 + 63 of head h, warp w rows q0 + 16 w ..; Q's fragments stay in
+ * registers. Key tiles of BN = 64 rows of K and V (KV head h / G), 0 .. the diagonal tile, double-buffered: per
+ * tile S = Q K^T (16 x 64 a warp), the causal mask on the diagonal tile only (keys past T lie only there), the
+ * online softmax (each row's 4 lanes share its max by 2 xor shuffles; l stays a per-lane partial until the end),
+ * O += P V with P rounded to bf16. Shared: Q 64 x HS, K and V 2 x 64 x HS bf16 each: 40 KiB at HS 64, 80 at 128. */
+template <int HS>
+__global__ void __launch_bounds__(TC_NT, 2)
+attn_tc_forward(kiln_bf16_t *out,        /* (B*T, NH*HS) */
+                float *lse,              /* (B, NH, T) */
+                const kiln_bf16_t *qkv,  /* (B*T, (NH + 2 NKV) HS) */
+                int T, int NH, int NKV, float sl2 /* scale * log2(e) */) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
+    constexpr int BN = 64, KS = HS / 16, NS = BN / 8, NO = HS / 8;
+    extern __shared__ uint4 tc_smem[];
+    const uint32_t sq = smem_addr(tc_smem), sk0 = sq + TC_BM * HS * 2, sv0 = sk0 + 2 * BN * HS * 2;
+    const int b = blockIdx.z, h = blockIdx.y, g = h / (NH / NKV);
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * TC_BM, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int gr = lane / 4, tg = lane % 4;
+    const int64_t W = (int64_t)(NH + 2 * NKV) * HS;
+    const kiln_bf16_t *seq = qkv + (size_t)b * (size_t)T * (size_t)W;
+    const kiln_bf16_t *kp = seq + (size_t)NH * HS + (size_t)g * HS, *vp = kp + (size_t)NKV * HS;
+    const int nkt = (min(q0 + TC_BM, T) + BN - 1) / BN;
+
+    tile_async<TC_BM, HS>(sq, seq + (size_t)h * HS, W, q0, T);
+    tile_async<BN, HS>(sk0, kp, W, 0, T);
+    tile_async<BN, HS>(sv0, vp, W, 0, T);
+    cp_async_commit();
+
+    uint32_t qf[KS][4];
+    float o[NO][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int d = 0; d < NO; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    for (int kt = 0; kt < nkt; kt++) {
+        const uint32_t sk = sk0 + (kt & 1) * BN * HS * 2, sv = sv0 + (kt & 1) * BN * HS * 2;
+        if (kt + 1 < nkt) { /* the other stage was consumed before the last iteration's closing barrier */
+            const uint32_t off = ((kt + 1) & 1) * BN * HS * 2;
+            tile_async<BN, HS>(sk0 + off, kp, W, (kt + 1) * BN, T);
+            tile_async<BN, HS>(sv0 + off, vp, W, (kt + 1) * BN, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (kt == 0) {
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) lda<HS>(qf[ks], sq, w * 16, ks * 16);
+        }
+        float s[NS][4];
+#pragma unroll
+        for (int n = 0; n < NS; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+            for (int n = 0; n < NS; n += 2) {
+                uint32_t bf[4];
+                ldb<HS>(bf, sk, n * 8, ks * 16);
+                mma_bf16(s[n], qf[ks], bf[0], bf[1]);
+                mma_bf16(s[n + 1], qf[ks], bf[2], bf[3]);
+            }
+        if ((kt + 1) * BN > q0) { /* the diagonal tile: key j > query i masked (and so every key >= T) */
+            const int i = q0 + w * 16 + gr;
+#pragma unroll
+            for (int n = 0; n < NS; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int j = kt * BN + n * 8 + 2 * tg + (e & 1);
+                    if (j > i + (e >> 1) * 8) s[n][e] = -INFINITY;
+                }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            /* finite: tile 0 holds key 0, which every row sees */
+            const float mn = fmaxf(m[r], mx * sl2), fac = exp2f(m[r] - mn); /* fac 0 on tile 0 */
+            m[r] = mn;
+            l[r] *= fac;
+#pragma unroll
+            for (int d = 0; d < NO; d++) o[d][2 * r] *= fac, o[d][2 * r + 1] *= fac;
+#pragma unroll
+            for (int n = 0; n < NS; n++)
+#pragma unroll
+                for (int e = 2 * r; e < 2 * r + 2; e++) {
+                    s[n][e] = exp2f(fmaf(s[n][e], sl2, -mn)); /* 0 where masked */
+                    l[r] += s[n][e];
+                }
+        }
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) {
+            const uint32_t pa[4] = {pack_bf16(s[2 * ks][0], s[2 * ks][1]), pack_bf16(s[2 * ks][2], s[2 * ks][3]),
+                                    pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                                    pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+#pragma unroll
+            for (int d = 0; d < NO; d += 2) {
+                uint32_t bf[4];
+                ldb_t<HS>(bf, sv, ks * 16, d * 8);
+                mma_bf16(o[d], pa, bf[0], bf[1]);
+                mma_bf16(o[d + 1], pa, bf[2], bf[3]);
+            }
+        }
+        __syncthreads(); /* this stage is consumed: the next iteration may refill it */
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        const int i = q0 + w * 16 + gr + r * 8;
+        if (i >= T) continue;
+        const float inv = 1.0f / l[r];
+        kiln_bf16_t *orow = out + ((size_t)b * (size_t)T + (size_t)i) * (size_t)NH * HS + (size_t)h * HS + 2 * tg;
+#pragma unroll
+        for (int d = 0; d < NO; d++) *(uint32_t *)(orow + d * 8) = pack_bf16(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
+        if (tg == 0) lse[((size_t)b * NH + h) * (size_t)T + i] = (m[r] + log2f(l[r])) * 0.69314718055994531f;
+    }
+}
+
+/* The dk/dv kernel's loads for iteration it: head g G + it / nq, query rows i0 = j0 + (it % nq) BQ .. of q and dout
+ * (bf16 tiles) and of lse and D (f32, 4-byte copies: a row of T floats need not be 16-byte aligned), into stage
+ * it & 1. The whole block issues it; the caller commits. */
+template <int HS, int BQ>
+static __device__ __forceinline__ void dkdv_issue(int it, uint32_t sq0, uint32_t sdo0, float *slse, float *sD,
+                                                  const kiln_bf16_t *seq,  /* (T, W) sequence b of qkv */
+                                                  const kiln_bf16_t *dseq, /* (T, NH*HS) sequence b of dout */
+                                                  const float *lse, const float *D, /* (B, NH, T) */
+                                                  int b, int g, int G, int NH, int j0, int nq, int T) {
+    constexpr uint32_t QB = BQ * HS * 2;
+    const int64_t W = (int64_t)(NH + 2 * (NH / G)) * HS, Q = (int64_t)NH * HS;
+    const int h = g * G + it / nq, i0 = j0 + it % nq * BQ, st = it & 1;
+    tile_async<BQ, HS>(sq0 + st * QB, seq + (size_t)h * HS, W, i0, T);
+    tile_async<BQ, HS>(sdo0 + st * QB, dseq + (size_t)h * HS, Q, i0, T);
+    if (threadIdx.x < 2 * BQ) {
+        const int r = threadIdx.x % BQ, i = min(i0 + r, T - 1);
+        const float *src = (threadIdx.x < BQ ? lse : D) + ((size_t)b * NH + h) * (size_t)T + i;
+        float *dst = (threadIdx.x < BQ ? slse : sD) + st * BQ + r;
+        cp_async4(smem_addr(dst), src, i0 + r < T);
+    }
+}
+
+/* ---------------------------------------------------------------- tensor-core backward: dk, dv
+ * Grid (ceil(T / 64), NKV, B), TC_NT threads. Block (x, g, b): key rows j0 .. j0 + 63 of KV head g, warp w rows
+ * j0 + 16 w .. (K and V stay in shared memory for the whole block). It walks the G query heads of the group (in
+ * order) and, per head, the query tiles of BQ rows from j0 to T - 1 (in order), double-buffering q, dout (BQ x HS
+ * bf16) and lse, D (BQ f32). Per tile, transposed so keys are the mma rows: S^T = K Q^T, dP^T = V dO^T (16 x BQ a
+ * warp), P^T = exp2(S^T sl2 - lse log2e) (0 unless j <= i < T), dS^T = P^T (dP^T - D); dV += P^T dO,
+ * dK += dS^T Q with P^T and dS^T rounded to bf16 as A operands. dk = scale dK and dv written once, f32.
+ * BQ 64 at HS 64, 32 at HS 128 (dK and dV are 2 x 64 f32 a lane there; 64 more for S^T, dP^T would spill).
+ * Shared: K, V 64 x HS and 2 x (q, dout) BQ x HS bf16: 48 KiB + 1 KiB at HS 64, 64 KiB + 0.5 KiB at HS 128. */
+template <int HS>
+__global__ void __launch_bounds__(TC_NT)
+attn_tc_backward_dkdv(float *dqkv,               /* (B*T, (NH + 2 NKV) HS): dk, dv written */
+                      const kiln_bf16_t *dout,   /* (B*T, NH*HS) */
+                      const kiln_bf16_t *qkv,    /* (B*T, (NH + 2 NKV) HS) */
+                      const float *lse,          /* (B, NH, T) */
+                      const float *D,            /* (B, NH, T) */
+                      int T, int NH, int NKV, float sl2, float scale) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
+    constexpr int BQ = HS == 64 ? 64 : 32, KS = HS / 16, NS = BQ / 8, NO = HS / 8;
+    constexpr uint32_t QB = BQ * HS * 2; /* bytes of one q or dout tile */
+    extern __shared__ uint4 tc_smem[];
+    const uint32_t sk = smem_addr(tc_smem), sv = sk + TC_BM * HS * 2, sq0 = sv + TC_BM * HS * 2, sdo0 = sq0 + 2 * QB;
+    float *slse = (float *)((char *)tc_smem + (sdo0 - sk) + 2 * QB), *sD = slse + 2 * BQ; /* (2, BQ) each */
+    const int b = blockIdx.z, g = blockIdx.y, G = NH / NKV, j0 = blockIdx.x * TC_BM;
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tg = lane % 4;
+    const int64_t W = (int64_t)(NH + 2 * NKV) * HS, Q = (int64_t)NH * HS;
+    const int64_t kcol = Q + (int64_t)g * HS, vcol = kcol + (int64_t)NKV * HS;
+    const kiln_bf16_t *seq = qkv + (size_t)b * (size_t)T * (size_t)W, *dseq = dout + (size_t)b * (size_t)T * (size_t)Q;
+    const int nq = (T - j0 + BQ - 1) / BQ, nit = G * nq; /* query tiles j0, j0 + BQ, .. < T per head */
+
+    tile_async<TC_BM, HS>(sk, seq + kcol, W, j0, T);
+    tile_async<TC_BM, HS>(sv, seq + vcol, W, j0, T);
+    dkdv_issue<HS, BQ>(0, sq0, sdo0, slse, sD, seq, dseq, lse, D, b, g, G, NH, j0, nq, T);
+    cp_async_commit();
+
+    float dk[NO][4], dv[NO][4];
+#pragma unroll
+    for (int d = 0; d < NO; d++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.0f;
+    const int jr = j0 + w * 16 + gr; /* this lane's key rows: jr, jr + 8 */
+    for (int it = 0; it < nit; it++) {
+        const int st = it & 1, i0 = j0 + it % nq * BQ;
+        if (it + 1 < nit) {
+            dkdv_issue<HS, BQ>(it + 1, sq0, sdo0, slse, sD, seq, dseq, lse, D, b, g, G, NH, j0, nq, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const uint32_t sq = sq0 + st * QB, sdo = sdo0 + st * QB;
+        float s[NS][4], dp[NS][4];
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t ka[4], va[4];
+            lda<HS>(ka, sk, w * 16, ks * 16);
+            lda<HS>(va, sv, w * 16, ks * 16);
+#pragma unroll
+            for (int n = 0; n < NS; n += 2) {
+                uint32_t bf[4];
+                ldb<HS>(bf, sq, n * 8, ks * 16);
+                mma_bf16(s[n], ka, bf[0], bf[1]);
+                mma_bf16(s[n + 1], ka, bf[2], bf[3]);
+                ldb<HS>(bf, sdo, n * 8, ks * 16);
+                mma_bf16(dp[n], va, bf[0], bf[1]);
+                mma_bf16(dp[n + 1], va, bf[2], bf[3]);
+            }
+        }
+        const bool edge = i0 < j0 + TC_BM || i0 + BQ > T; /* a tile crossing the diagonal or T */
+        const float *tl = slse + st * BQ, *td = sD + st * BQ;
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int ii = n * 8 + 2 * tg + c, i = i0 + ii;
+                const float l2 = tl[ii] * LOG2E, Di = td[ii];
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const int e = 2 * r + c;
+                    float p = exp2f(fmaf(s[n][e], sl2, -l2));
+                    if (edge && (i < jr + 8 * r || i >= T)) p = 0.0f;
+                    s[n][e] = p;
+                    dp[n][e] = p * (dp[n][e] - Di);
+                }
+            }
+#pragma unroll
+        for (int ks = 0; ks < BQ / 16; ks++) {
+            const uint32_t pa[4] = {pack_bf16(s[2 * ks][0], s[2 * ks][1]), pack_bf16(s[2 * ks][2], s[2 * ks][3]),
+                                    pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                                    pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+            const uint32_t da[4] = {pack_bf16(dp[2 * ks][0], dp[2 * ks][1]), pack_bf16(dp[2 * ks][2], dp[2 * ks][3]),
+                                    pack_bf16(dp[2 * ks + 1][0], dp[2 * ks + 1][1]),
+                                    pack_bf16(dp[2 * ks + 1][2], dp[2 * ks + 1][3])};
+#pragma unroll
+            for (int d = 0; d < NO; d += 2) {
+                uint32_t bf[4];
+                ldb_t<HS>(bf, sdo, ks * 16, d * 8);
+                mma_bf16(dv[d], pa, bf[0], bf[1]);
+                mma_bf16(dv[d + 1], pa, bf[2], bf[3]);
+                ldb_t<HS>(bf, sq, ks * 16, d * 8);
+                mma_bf16(dk[d], da, bf[0], bf[1]);
+                mma_bf16(dk[d + 1], da, bf[2], bf[3]);
+            }
+        }
+        __syncthreads(); /* this stage is consumed */
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int j = jr + 8 * r;
+        if (j >= T) continue;
+        float *row = dqkv + ((size_t)b * (size_t)T + (size_t)j) * (size_t)W + 2 * tg;
+#pragma unroll
+        for (int d = 0; d < NO; d++) {
+            *(float2 *)(row + kcol + d * 8) = make_float2(dk[d][2 * r] * scale, dk[d][2 * r + 1] * scale);
+            *(float2 *)(row + vcol + d * 8) = make_float2(dv[d][2 * r], dv[d][2 * r + 1]);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- tensor-core backward: dq
+ * Grid (ceil(T / 64), NH, B), TC_NT threads, x reversed as the forward's. Block (x, h, b): query rows q0 .. q0 + 63
+ * of head h (q and dout staged once), warp w rows q0 + 16 w ..; key tiles of BN rows of K and V, 0 .. the diagonal
+ * tile, double-buffered: S = Q K^T, dP = dO V^T, P = exp2(S sl2 - lse log2e) (0 for keys past the row, on the
+ * diagonal tile only), dS = P (dP - D), dQ += dS K with dS rounded to bf16; dq = scale dQ written once, f32.
+ * BN 64 at HS 64, 32 at HS 128. Shared: q, dout 64 x HS and 2 x (K, V) BN x HS bf16: 48 KiB at HS 64, 64 at 128. */
+template <int HS>
+__global__ void __launch_bounds__(TC_NT)
+attn_tc_backward_dq(float *dqkv,               /* (B*T, (NH + 2 NKV) HS): dq written */
+                    const kiln_bf16_t *dout,   /* (B*T, NH*HS) */
+                    const kiln_bf16_t *qkv,    /* (B*T, (NH + 2 NKV) HS) */
+                    const float *lse,          /* (B, NH, T) */
+                    const float *D,            /* (B, NH, T) */
+                    int T, int NH, int NKV, float sl2, float scale) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
+    constexpr int BN = HS == 64 ? 64 : 32, KS = HS / 16, NS = BN / 8, NO = HS / 8;
+    constexpr uint32_t KB = BN * HS * 2;
+    extern __shared__ uint4 tc_smem[];
+    const uint32_t sq = smem_addr(tc_smem), sdo = sq + TC_BM * HS * 2, sk0 = sdo + TC_BM * HS * 2, sv0 = sk0 + 2 * KB;
+    const int b = blockIdx.z, h = blockIdx.y, g = h / (NH / NKV);
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * TC_BM, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int gr = lane / 4, tg = lane % 4;
+    const int64_t W = (int64_t)(NH + 2 * NKV) * HS, Q = (int64_t)NH * HS;
+    const kiln_bf16_t *seq = qkv + (size_t)b * (size_t)T * (size_t)W;
+    const kiln_bf16_t *kp = seq + (size_t)Q + (size_t)g * HS, *vp = kp + (size_t)NKV * HS;
+    const int nkt = (min(q0 + TC_BM, T) + BN - 1) / BN;
+
+    tile_async<TC_BM, HS>(sq, seq + (size_t)h * HS, W, q0, T);
+    tile_async<TC_BM, HS>(sdo, dout + (size_t)b * (size_t)T * (size_t)Q + (size_t)h * HS, Q, q0, T);
+    tile_async<BN, HS>(sk0, kp, W, 0, T);
+    tile_async<BN, HS>(sv0, vp, W, 0, T);
+    cp_async_commit();
+
+    const int ir = q0 + w * 16 + gr; /* this lane's query rows: ir, ir + 8 (rows past T read row T - 1) */
+    float l2[2], Dr[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const size_t at = ((size_t)b * NH + h) * (size_t)T + (size_t)min(ir + 8 * r, T - 1);
+        l2[r] = lse[at] * LOG2E, Dr[r] = D[at];
+    }
+    float dq[NO][4];
+#pragma unroll
+    for (int d = 0; d < NO; d++) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
+    for (int kt = 0; kt < nkt; kt++) {
+        const uint32_t sk = sk0 + (kt & 1) * KB, sv = sv0 + (kt & 1) * KB;
+        if (kt + 1 < nkt) {
+            tile_async<BN, HS>(sk0 + ((kt + 1) & 1) * KB, kp, W, (kt + 1) * BN, T);
+            tile_async<BN, HS>(sv0 + ((kt + 1) & 1) * KB, vp, W, (kt + 1) * BN, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        float s[NS][4], dp[NS][4];
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t qa[4], da[4];
+            lda<HS>(qa, sq, w * 16, ks * 16);
+            lda<HS>(da, sdo, w * 16, ks * 16);
+#pragma unroll
+            for (int n = 0; n < NS; n += 2) {
+                uint32_t bf[4];
+                ldb<HS>(bf, sk, n * 8, ks * 16);
+                mma_bf16(s[n], qa, bf[0], bf[1]);
+                mma_bf16(s[n + 1], qa, bf[2], bf[3]);
+                ldb<HS>(bf, sv, n * 8, ks * 16);
+                mma_bf16(dp[n], da, bf[0], bf[1]);
+                mma_bf16(dp[n + 1], da, bf[2], bf[3]);
+            }
+        }
+        const bool diag = (kt + 1) * BN > q0;
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = e >> 1, j = kt * BN + n * 8 + 2 * tg + (e & 1);
+                float p = exp2f(fmaf(s[n][e], sl2, -l2[r]));
+                if (diag && j > ir + 8 * r) p = 0.0f;
+                dp[n][e] = p * (dp[n][e] - Dr[r]);
+            }
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) {
+            const uint32_t da[4] = {pack_bf16(dp[2 * ks][0], dp[2 * ks][1]), pack_bf16(dp[2 * ks][2], dp[2 * ks][3]),
+                                    pack_bf16(dp[2 * ks + 1][0], dp[2 * ks + 1][1]),
+                                    pack_bf16(dp[2 * ks + 1][2], dp[2 * ks + 1][3])};
+#pragma unroll
+            for (int d = 0; d < NO; d += 2) {
+                uint32_t bf[4];
+                ldb_t<HS>(bf, sk, ks * 16, d * 8);
+                mma_bf16(dq[d], da, bf[0], bf[1]);
+                mma_bf16(dq[d + 1], da, bf[2], bf[3]);
+            }
+        }
+        __syncthreads(); /* this stage is consumed */
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int i = ir + 8 * r;
+        if (i >= T) continue;
+        float *row = dqkv + ((size_t)b * (size_t)T + (size_t)i) * (size_t)W + (size_t)h * HS + 2 * tg;
+#pragma unroll
+        for (int d = 0; d < NO; d++) *(float2 *)(row + d * 8) = make_float2(dq[d][2 * r] * scale, dq[d][2 * r + 1] * scale);
+    }
+}
+
+/* Dynamic shared bytes of the tensor-core kernels (kernel comments give the layouts). */
+static size_t tc_fwd_smem(int HS) { return (size_t)(64 + 4 * 64) * HS * 2; }
+static size_t tc_dkdv_smem(int HS) { const int BQ = HS == 64 ? 64 : 32; return (size_t)(2 * 64 + 4 * BQ) * HS * 2 + 4 * BQ * 4; }
+static size_t tc_dq_smem(int HS) { const int BN = HS == 64 ? 64 : 32; return (size_t)(2 * 64 + 4 * BN) * HS * 2; }
+
+/* Kernels over 48 KiB of dynamic shared memory must opt in. A host-side attribute of the current device (no
+ * synchronization, no allocation, legal during graph capture), set at every launch so that every device gets it. */
+template <typename K> static cudaError_t tc_opt_in(K kernel, size_t bytes) {
+    return bytes > 48 * 1024 ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes)
+                             : cudaSuccess;
+}
+
+template <int HS>
+static kiln_status tc_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int B, int T, int NH, int NKV,
+                              cudaStream_t s) {
+    const size_t smem = tc_fwd_smem(HS);
+    const cudaError_t e = tc_opt_in(attn_tc_forward<HS>, smem);
+    if (e != cudaSuccess) return checked("attention_forward (train, tensor cores) shared-memory opt-in", e);
+    const dim3 grid((unsigned)((T + TC_BM - 1) / TC_BM), (unsigned)NH, (unsigned)B);
+    const float sl2 = 1.0f / sqrtf((float)HS) * LOG2E;
+    return checked("attention_forward (train, tensor cores)",
+                   kiln_launch(attn_tc_forward<HS>, grid, dim3(TC_NT), smem, s, out, lse, qkv, T, NH, NKV, sl2));
+}
+
+template <int HS>
+static kiln_status tc_backward(float *dqkv, const kiln_bf16_t *dout, const kiln_bf16_t *qkv, const float *lse, const float *D,
+                               int B, int T, int NH, int NKV, cudaStream_t s) {
+    const size_t smem_kv = tc_dkdv_smem(HS), smem_q = tc_dq_smem(HS);
+    cudaError_t e = tc_opt_in(attn_tc_backward_dkdv<HS>, smem_kv);
+    if (e == cudaSuccess) e = tc_opt_in(attn_tc_backward_dq<HS>, smem_q);
+    if (e != cudaSuccess) return checked("attention_backward (tensor cores) shared-memory opt-in", e);
+    const unsigned tiles = (unsigned)((T + TC_BM - 1) / TC_BM);
+    const float scale = 1.0f / sqrtf((float)HS), sl2 = scale * LOG2E;
+    kiln_status st = checked("attention_backward dk/dv (tensor cores)",
+                             kiln_launch(attn_tc_backward_dkdv<HS>, dim3(tiles, (unsigned)NKV, (unsigned)B), dim3(TC_NT), smem_kv,
+                                         s, dqkv, dout, qkv, lse, D, T, NH, NKV, sl2, scale));
+    if (st != KILN_OK) return st;
+    return checked("attention_backward dq (tensor cores)",
+                   kiln_launch(attn_tc_backward_dq<HS>, dim3(tiles, (unsigned)NH, (unsigned)B), dim3(TC_NT), smem_q, s,
+                               dqkv, dout, qkv, lse, D, T, NH, NKV, sl2, scale));
+}
+
 /* ---------------------------------------------------------------- launchers */
 
 /* The shape checks both launchers share; T * (NH + 2 NKV) * HS and the grid's sizes within int. */
@@ -366,6 +884,8 @@ extern "C" kiln_status kiln_cuda_attention_forward(kiln_bf16_t *out, float *lse,
         return kiln_fail(KILN_ERR_INVALID, "%s: out, lse or qkv NULL, or out / qkv not 16-byte aligned", who);
     const int Bi = (int)B, Ti = (int)T, NHi = (int)NH, NKVi = (int)NKV, H = (int)HS;
     cudaStream_t s = (cudaStream_t)stream;
+    if (HS == 64) return tc_forward<64>(out, lse, qkv, Bi, Ti, NHi, NKVi, s);
+    if (HS == 128) return tc_forward<128>(out, lse, qkv, Bi, Ti, NHi, NKVi, s);
     switch (hsm_of(HS)) {
     case 8: return forward_hs<8>(out, lse, qkv, Bi, Ti, NHi, NKVi, H, s);
     case 16: return forward_hs<16>(out, lse, qkv, Bi, Ti, NHi, NKVi, H, s);
@@ -402,6 +922,8 @@ extern "C" kiln_status kiln_cuda_attention_backward(float *dqkv, const kiln_bf16
     st = checked("attention_backward D", kiln_launch(attn_train_rowdot, dim3((unsigned)blocks), dim3(ATTN_NT), 0, s, D, dout, out,
                                                      rows, Ti, NHi, H));
     if (st != KILN_OK) return st;
+    if (HS == 64) return tc_backward<64>(dqkv, dout, qkv, lse, D, Bi, Ti, NHi, NKVi, s);
+    if (HS == 128) return tc_backward<128>(dqkv, dout, qkv, lse, D, Bi, Ti, NHi, NKVi, s);
     switch (hsm_of(HS)) {
     case 8: return backward_hs<8>(dqkv, dout, qkv, lse, D, Bi, Ti, NHi, NKVi, H, s);
     case 16: return backward_hs<16>(dqkv, dout, qkv, lse, D, Bi, Ti, NHi, NKVi, H, s);

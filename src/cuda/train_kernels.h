@@ -58,24 +58,27 @@ kiln_status kiln_cuda_embed_backward_det(float *dtable, const float *dx, const i
 kiln_status kiln_cuda_rmsnorm_forward(float *x, const float *y, kiln_bf16_t *out, float *rstd, const float *w, int64_t N,
                                       int64_t C, float eps, void *stream);
 /* From dout (N, C) f32 (the gradient of the norm's output): dx (N, C) f32 += the norm's input gradient (the
- * residual stream's gradient, so the skip connection's share is already in dx), dw (C) f32 += the weight's
- * gradient, reduced deterministically through ws (per-block partials summed in a fixed order). x is the norm's
- * input as it was (the forward's x after its add). */
+ * residual stream's gradient, so the skip connection's share is already in dx), and dx_bf (N, C) bf16, unless
+ * NULL, = the updated dx rounded (the copy the next backward matmul reads: no separate conversion pass);
+ * dw (C) f32 += the weight's gradient, reduced deterministically through ws (per-chunk partials summed in a
+ * fixed order). x is the norm's input as it was (the forward's x after its add). */
 size_t kiln_cuda_rmsnorm_backward_ws_bytes(int64_t N, int64_t C);
-kiln_status kiln_cuda_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
-                                       const float *rstd, int64_t N, int64_t C, void *ws, void *stream);
-/* qkv (N, Q + 2 KV) f32, the projections' output, to qkv_bf (N, Q + 2 KV) bf16 with q and k rotated (RoPE on the
- * first rope_dim of each head, theta = pos * base^(-2i/rope_dim) by llama.cpp's float recurrence as
- * src/cpu/ops_rope.c; interleaved pairs, or NeoX halves when neox) and v copied; row n is position n % T. */
-kiln_status kiln_cuda_rope_forward(kiln_bf16_t *qkv_bf, const float *qkv, int64_t N, int64_t T, int64_t NH, int64_t NKV,
+kiln_status kiln_cuda_rmsnorm_backward(float *dx, kiln_bf16_t *dx_bf, float *dw, const float *dout, const float *x,
+                                       const float *w, const float *rstd, int64_t N, int64_t C, void *ws, void *stream);
+/* qkv (N, Q + 2 KV) bf16, the projections' output, to qkv_bf (N, Q + 2 KV) bf16 with q and k rotated (RoPE on
+ * the first rope_dim of each head, theta = pos * base^(-2i/rope_dim) by llama.cpp's float recurrence as
+ * src/cpu/ops_rope.c; interleaved pairs, or NeoX halves when neox) in f32 and rounded once; v copied (nothing to
+ * do when qkv_bf == qkv: in place is allowed); row n is position n % T. */
+kiln_status kiln_cuda_rope_forward(kiln_bf16_t *qkv_bf, const kiln_bf16_t *qkv, int64_t N, int64_t T, int64_t NH, int64_t NKV,
                                    int64_t HS, int64_t rope_dim, float base, bool neox, void *stream);
 /* dqkv (N, Q + 2 KV) f32, the gradient of the rotated q, k and of v, to dqkv_bf bf16 with the inverse rotation. */
 kiln_status kiln_cuda_rope_backward(kiln_bf16_t *dqkv_bf, const float *dqkv, int64_t N, int64_t T, int64_t NH, int64_t NKV,
                                     int64_t HS, int64_t rope_dim, float base, bool neox, void *stream);
-/* gu (N, 2F) f32, gate then up per row: h (N, F) bf16 = silu(gate) * up. */
-kiln_status kiln_cuda_swiglu_forward(kiln_bf16_t *h, const float *gu, int64_t N, int64_t F, void *stream);
-/* From dh (N, F) f32: dgu (N, 2F) bf16 = (dgate, dup). */
-kiln_status kiln_cuda_swiglu_backward(kiln_bf16_t *dgu, const float *dh, const float *gu, int64_t N, int64_t F, void *stream);
+/* gu (N, 2F) bf16, gate then up per row (the matmul's bf16 output): h (N, F) bf16 = silu(gate) * up in f32. */
+kiln_status kiln_cuda_swiglu_forward(kiln_bf16_t *h, const kiln_bf16_t *gu, int64_t N, int64_t F, void *stream);
+/* From dh (N, F) bf16 (the down projection's backward output): dgu (N, 2F) bf16 = (dgate, dup), f32 math. */
+kiln_status kiln_cuda_swiglu_backward(kiln_bf16_t *dgu, const kiln_bf16_t *dh, const kiln_bf16_t *gu, int64_t N, int64_t F,
+                                      void *stream);
 /* out (n) bf16 = x (n) f32 rounded to nearest even. */
 kiln_status kiln_cuda_to_bf16(kiln_bf16_t *out, const float *x, int64_t n, void *stream);
 
@@ -95,12 +98,14 @@ kiln_status kiln_cuda_attention_backward(float *dqkv, const kiln_bf16_t *dout, c
                                          void *ws, void *stream);
 
 /* ---------------------------------------------------------------- train_loss.cu */
-/* Fused softmax cross-entropy over a chunk of n rows of logits (n, V) f32 (the classifier runs chunk by chunk, so
- * no (N, V) probability tensor exists), exactly the CPU's cross_entropy (src/cpu/ops.h): per counted row
+/* Fused softmax cross-entropy over a chunk of n rows of logits (n, V) bf16 (the classifier's matmul output; the
+ * classifier runs chunk by chunk, so no (N, V) probability tensor exists), with f32 math exactly the CPU's
+ * cross_entropy (src/cpu/ops.h) on those values: per counted row
  *   loss = (1-eps) (z - logit[target]) + eps mean_j (z - logit[j]) + z_loss z^2, z = logsumexp(logits);
  * a target equal to ignore_index counts for nothing. losses (n) f32 gets each row's loss (0 when ignored);
- * dlogits (n, V) bf16, unless NULL, = dscale * dloss/dlogits (0 for ignored rows). */
-kiln_status kiln_cuda_cross_entropy(float *losses, kiln_bf16_t *dlogits, const float *logits, const int32_t *targets,
+ * dlogits (n, V) bf16, unless NULL, = dscale * dloss/dlogits (0 for ignored rows); dlogits may be logits itself
+ * (each row is read whole before it is overwritten). */
+kiln_status kiln_cuda_cross_entropy(float *losses, kiln_bf16_t *dlogits, const kiln_bf16_t *logits, const int32_t *targets,
                                     int64_t n, int64_t V, float label_smoothing, float z_loss, int32_t ignore_index,
                                     float dscale, void *stream);
 /* One AdamW step over the flat buffers (n parameters), as src/train/optim.c's fp32 AdamW: the global L2 norm of

@@ -57,25 +57,34 @@ static __device__ __forceinline__ double block_sum(double v, double *sh) {
 }
 
 /* ---------------------------------------------------------------- cross-entropy
- * One block per row, two passes over its V logits (the CPU makes three):
- *   1. each thread runs an online max / sum of exps over its strided share (16-byte loads when V % 4 == 0), in
- *      f32: m its running max, s = sum exp(x - m), rescaled by exp(m_old - m_new) when the max grows (once per
- *      float4, and only O(log) times in expectation). The logits' plain sum (the label-smoothing mean) goes into
- *      a per-thread double: it is a signed sum whose cancellation f32 would expose (logits of 1e4 in a row of 256K
- *      would lose ~1e-5 of the mean), while the exps are positive, so f32 bounds their relative error by the
- *      ~V/threads <= 256 terms a thread adds: <= 1.5e-5 worst case, ~1e-6 typical, and the block average of
- *      those is ~1e-7 of the sum, which is ~1e-7 absolute in z = max + log(sum). The thread partials are then
- *      combined in double: the block max M (f32, exact), each s scaled by exp(m - M) in double, summed in a fixed
- *      tree. z and the loss are formed in double, in ops_loss.c's order, from max and the two sums.
+ * One block per row of bf16 logits, two passes over its V values (the CPU makes three), the row read from global
+ * memory once: pass 1 keeps it in shared memory (V * 2 bytes: 62.5 KiB at V = 32000, three blocks an SM) when
+ * it fits in CE_SMEM_MAX, and pass 2 reads it back from there, so the kernel moves 2V bytes in and 2V out per
+ * row (it ran at 3.1 TB/s reading f32 logits twice from HBM: 420 us a 4096-row chunk; now ~1/3 of the bytes).
+ *   1. each thread runs an online max / sum of exps over its strided share (8-byte loads of 4 bf16 when
+ *      V % 4 == 0), in f32: m its running max, s = sum exp(x - m), rescaled by exp(m_old - m_new) when the max
+ *      grows (once per 4 values, and only O(log) times in expectation). The logits' plain sum (the
+ *      label-smoothing mean) goes into a per-thread double: it is a signed sum whose cancellation f32 would
+ *      expose, while the exps are positive, so f32 bounds their relative error by the ~V/threads <= 256 terms a
+ *      thread adds: <= 1.5e-5 worst case, ~1e-6 typical, and the block average of those is ~1e-7 of the sum,
+ *      which is ~1e-7 absolute in z = max + log(sum). The thread partials are then combined in double: the block
+ *      max M (f32, exact), each s scaled by exp(m - M) in double, summed in a fixed tree. z and the loss are
+ *      formed in double, in ops_loss.c's order, from max and the two sums.
  *   2. dlogits = a exp(x - M) - b (minus c at the target), the CPU's float formula with its float constants
  *      a = dscale (1 + 2 z_loss z) / sum, b = dscale eps / V, c = dscale (1 - eps), rounded to bf16 (RNE).
- * Non-finite logits follow the CPU: a -inf logit contributes exp = 0 (and makes the smoothing mean -inf, so the
- * loss is +inf with eps > 0 and NaN with eps = 0, as 0 * inf on the CPU); +inf or NaN make the row NaN. A row of
- * only -inf gives NaN. A target outside [0, V) that is not ignore_index breaks the contract (the CPU asserts): its
- * loss and dlogits are NaN, never a silently wrong number. */
+ * dlogits may alias logits: every thread reads its own elements (or the shared copy) before it writes them, and
+ * pass 2 starts after the block-wide reductions. Non-finite logits follow the CPU: a -inf logit contributes
+ * exp = 0 (and makes the smoothing mean -inf, so the loss is +inf with eps > 0 and NaN with eps = 0, as 0 * inf
+ * on the CPU); +inf or NaN make the row NaN. A row of only -inf gives NaN. A target outside [0, V) that is not
+ * ignore_index breaks the contract (the CPU asserts): its loss and dlogits are NaN, never a silently wrong
+ * number. */
 
 #define CE_MAX_THREADS 1024
-#define CE_PER_THREAD 16 /* accesses (float4 or float) per thread a row aims for before the block grows */
+#define CE_PER_THREAD 16             /* accesses (4 bf16 or 1) per thread a row aims for before the block grows */
+#define CE_SMEM_MAX (96 * 1024)      /* the row's shared copy, V * 2 bytes, at most this (V <= 49152) */
+
+static __device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
+static __device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
 /* exp(x - m) in f32, with a -inf logit contributing 0 even when m is -inf (the CPU gets NaN only for a row of
  * nothing but -inf, which this gives too, through z = -inf). */
@@ -107,18 +116,23 @@ static __device__ __forceinline__ float ce_grad(float x, float M, float a, float
     return __fsub_rn(__fmul_rn(a, expf(__fsub_rn(x, M))), b);
 }
 
-/* grid (n), block (a multiple of 32, <= 1024). VEC: V % 4 == 0, logits 16-byte and dlogits 8-byte aligned. */
-template <bool VEC>
+static __device__ __forceinline__ float4 bf4_to_f4(uint2 u) { return make_float4(bf_lo(u.x), bf_hi(u.x), bf_lo(u.y), bf_hi(u.y)); }
+
+/* grid (n), block (a multiple of 32, <= 1024), dynamic shared memory V * 2 bytes when SMEM (else none).
+ * VEC: V % 4 == 0, logits and dlogits 8-byte aligned. */
+template <bool VEC, bool SMEM>
 __global__ void __launch_bounds__(CE_MAX_THREADS)
-    cross_entropy_kernel(float *losses, kiln_bf16_t *dlogits, const float *logits, const int32_t *targets, int V, float eps,
-                         float z_loss, int32_t ignore_index, float dscale) {
+    cross_entropy_kernel(float *losses, kiln_bf16_t *dlogits, const kiln_bf16_t *logits, const int32_t *targets, int V,
+                         float eps, float z_loss, int32_t ignore_index, float dscale) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
+    extern __shared__ uint2 row_sh[]; /* (V / 4) with SMEM and VEC, else (V / 2) words viewed as bf16 */
     __shared__ float sh_max[32];
     __shared__ double sh_e[32], sh_x[32];
     const int64_t r = blockIdx.x;
-    const float *x = logits + r * V;                        /* (V) this row */
-    kiln_bf16_t *dx = dlogits ? dlogits + r * V : NULL;     /* (V) its gradient, or NULL */
+    const kiln_bf16_t *x = logits + r * V;              /* (V) this row */
+    kiln_bf16_t *dx = dlogits ? dlogits + r * V : NULL; /* (V) its gradient, or NULL */
+    kiln_bf16_t *xs = (kiln_bf16_t *)row_sh;            /* (V) the shared copy, with SMEM */
     const int tid = threadIdx.x, nt = blockDim.x;
     const int32_t target = targets[r];
 
@@ -136,16 +150,24 @@ __global__ void __launch_bounds__(CE_MAX_THREADS)
         return;
     }
 
-    /* pass 1: per-thread online max / sum of exps, plain sum in double */
+    /* pass 1: per-thread online max / sum of exps, plain sum in double; the row into shared memory */
     float m = -INFINITY, s = 0.0f;
     double sx = 0.0;
     if (VEC) {
-        const float4 *x4 = (const float4 *)x; /* (V / 4) */
-        for (int i = tid; i < V / 4; i += nt) ce_online4(x4[i], m, s, sx);
+        const uint2 *x4 = (const uint2 *)x; /* (V / 4) */
+        for (int i = tid; i < V / 4; i += nt) {
+            const uint2 u = x4[i];
+            if (SMEM) row_sh[i] = u;
+            ce_online4(bf4_to_f4(u), m, s, sx);
+        }
     } else {
-        for (int i = tid; i < V; i += nt) ce_online1(x[i], m, s, sx);
+        for (int i = tid; i < V; i += nt) {
+            const kiln_bf16_t u = x[i];
+            if (SMEM) xs[i] = u;
+            ce_online1(__uint_as_float((uint32_t)u << 16), m, s, sx);
+        }
     }
-    const float M = block_max(m, sh_max);
+    const float M = block_max(m, sh_max); /* its barrier also orders the shared row's writes before pass 2 */
     /* A thread that saw only -inf (or nothing) has m = -inf and s = 0 (NaN if it saw a NaN): it adds s * 0. */
     const double se_t = m == -INFINITY ? (double)s * 0.0 : (double)s * exp((double)m - (double)M);
     const double sum_e = block_sum(se_t, sh_e), sum_x = block_sum(sx, sh_x);
@@ -153,22 +175,24 @@ __global__ void __launch_bounds__(CE_MAX_THREADS)
     /* ops_loss.c's double formulas, in its order */
     const double z = __dadd_rn((double)M, log(sum_e)), epsd = (double)eps, zl = (double)z_loss, ds = (double)dscale;
     if (tid == 0) {
-        const double xt = (double)x[target];
+        const double xt = (double)__uint_as_float((uint32_t)(SMEM ? xs[target] : x[target]) << 16);
         const double t1 = __dmul_rn(__dsub_rn(1.0, epsd), __dsub_rn(z, xt));
         const double t2 = __dmul_rn(epsd, __dsub_rn(z, __ddiv_rn(sum_x, (double)V)));
         const double t3 = __dmul_rn(__dmul_rn(zl, z), z);
         losses[r] = (float)__dadd_rn(__dadd_rn(t1, t2), t3);
     }
     if (!dx) return;
+    /* in place without the shared copy: thread 0 has read x[target] above; make every thread wait for it */
+    if (!SMEM) __syncthreads();
 
     /* pass 2: the gradient from fresh exps */
     const float a = (float)__ddiv_rn(__dmul_rn(ds, __dadd_rn(1.0, __dmul_rn(__dmul_rn(2.0, zl), z))), sum_e);
     const float b = (float)__ddiv_rn(__dmul_rn(ds, epsd), (double)V);
     const float c = (float)__dmul_rn(ds, __dsub_rn(1.0, epsd));
     if (VEC) {
-        const float4 *x4 = (const float4 *)x;
+        const uint2 *x4 = SMEM ? (const uint2 *)row_sh : (const uint2 *)x;
         for (int i = tid; i < V / 4; i += nt) {
-            const float4 q = x4[i];
+            const float4 q = bf4_to_f4(x4[i]);
             float g0 = ce_grad(q.x, M, a, b), g1 = ce_grad(q.y, M, a, b), g2 = ce_grad(q.z, M, a, b), g3 = ce_grad(q.w, M, a, b);
             if (target >> 2 == i) {
                 const int k = target & 3;
@@ -181,15 +205,28 @@ __global__ void __launch_bounds__(CE_MAX_THREADS)
                                           (uint32_t)bf16_rne(g2) | ((uint32_t)bf16_rne(g3) << 16));
         }
     } else {
+        const kiln_bf16_t *xr = SMEM ? xs : x;
         for (int i = tid; i < V; i += nt) {
-            float g = ce_grad(x[i], M, a, b);
+            float g = ce_grad(__uint_as_float((uint32_t)xr[i] << 16), M, a, b);
             if (i == target) g = __fsub_rn(g, c);
             dx[i] = bf16_rne(g);
         }
     }
 }
 
-extern "C" kiln_status kiln_cuda_cross_entropy(float *losses, kiln_bf16_t *dlogits, const float *logits, const int32_t *targets,
+template <bool VEC, bool SMEM> static cudaError_t ce_launch(dim3 grid, dim3 block, size_t smem, cudaStream_t s, float *losses,
+                                                            kiln_bf16_t *dlogits, const kiln_bf16_t *logits,
+                                                            const int32_t *targets, int V, float eps, float z_loss,
+                                                            int32_t ignore_index, float dscale) {
+    if (SMEM && smem > 48 * 1024) {
+        const cudaError_t e = cudaFuncSetAttribute(cross_entropy_kernel<VEC, SMEM>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+    }
+    return kiln_launch(cross_entropy_kernel<VEC, SMEM>, grid, block, smem, s, losses, dlogits, logits, targets, V, eps, z_loss,
+                       ignore_index, dscale);
+}
+
+extern "C" kiln_status kiln_cuda_cross_entropy(float *losses, kiln_bf16_t *dlogits, const kiln_bf16_t *logits, const int32_t *targets,
                                                int64_t n, int64_t V, float label_smoothing, float z_loss, int32_t ignore_index,
                                                float dscale, void *stream) {
     if (n < 0 || V <= 0 || (n > 0 && (!losses || !logits || !targets)))
@@ -199,17 +236,21 @@ extern "C" kiln_status kiln_cuda_cross_entropy(float *losses, kiln_bf16_t *dlogi
         return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda cross_entropy: %lld rows of %lld (each at most %d)", (long long)n,
                          (long long)V, INT32_MAX);
     if (n == 0) return KILN_OK;
-    const bool vec = V % 4 == 0 && aligned(logits, 16) && aligned(dlogits, 8);
+    const bool vec = V % 4 == 0 && aligned(logits, 8) && aligned(dlogits, 8);
+    const size_t smem = (size_t)V * sizeof(kiln_bf16_t);
+    const bool use_smem = smem <= CE_SMEM_MAX;
     const int64_t accesses = vec ? V / 4 : V;
     int64_t threads = ((accesses + CE_PER_THREAD - 1) / CE_PER_THREAD + 31) / 32 * 32; /* 512 for V = 32000, 1024 past */
     threads = threads < 32 ? 32 : threads > CE_MAX_THREADS ? CE_MAX_THREADS : threads;
     cudaStream_t s = (cudaStream_t)stream;
     const dim3 grid((unsigned)n), block((unsigned)threads);
     const int v = (int)V;
-    const cudaError_t e = vec ? kiln_launch(cross_entropy_kernel<true>, grid, block, 0, s, losses, dlogits, logits, targets, v,
-                                            label_smoothing, z_loss, ignore_index, dscale)
-                              : kiln_launch(cross_entropy_kernel<false>, grid, block, 0, s, losses, dlogits, logits, targets, v,
-                                            label_smoothing, z_loss, ignore_index, dscale);
+    const float eps = label_smoothing;
+    cudaError_t e;
+    if (vec) e = use_smem ? ce_launch<true, true>(grid, block, smem, s, losses, dlogits, logits, targets, v, eps, z_loss, ignore_index, dscale)
+                          : ce_launch<true, false>(grid, block, 0, s, losses, dlogits, logits, targets, v, eps, z_loss, ignore_index, dscale);
+    else e = use_smem ? ce_launch<false, true>(grid, block, smem, s, losses, dlogits, logits, targets, v, eps, z_loss, ignore_index, dscale)
+                      : ce_launch<false, false>(grid, block, 0, s, losses, dlogits, logits, targets, v, eps, z_loss, ignore_index, dscale);
     return checked("cross_entropy", e);
 }
 

@@ -3,14 +3,16 @@
  * mirrored on the device: fp32 master params, fp32 grads, fp32 moments, the bf16 mirror the matmuls read. The
  * activations of a B x T batch are saved per layer (llm.c's mixed precision, train_kernels.h):
  *   x    (N, C) f32   the layer's residual input        ln1 (N, C) bf16, rstd1 (N) f32
- *   qkv  (N, Q + 2 KV) bf16, q and k roped               att (N, Q) bf16, lse (B, NH, T) f32
+ *   qkv  (N, Q + 2 KV) bf16, q and k roped in place      att (N, Q) bf16, lse (B, NH, T) f32
  *   mid  (N, C) f32   x + wo(att)                        ln2 (N, C) bf16, rstd2 (N) f32
- *   gu   (N, 2F) f32  gate | up                          h   (N, F) bf16 silu(gate) * up
+ *   gu   (N, 2F) bf16 gate | up                          h   (N, F) bf16 silu(gate) * up
  * then xL (N, C) f32, lnf (N, C) bf16, rstdf (N). The residual add rides in the next norm kernel (x += y before
  * the norm), and wq|wk|wv and w_gate|w_up, adjacent in the flat buffer, are one matmul each. The classifier runs
- * over chunks of rows: logits (rows, V) f32 -> cross-entropy -> dlogits bf16 -> the head's backward, so no (N, V)
- * tensor exists. Gradient buffers: dx (N, C) f32 the residual gradient, dln (N, C) f32, dxb (N, max(C, Q)) bf16 the
- * copy of dx a matmul reads, dqkv (N, Q + 2 KV) f32 and its bf16 form, dh (N, F) f32, dgu (N, 2F) bf16 (also d att).
+ * over chunks of rows: logits (rows, V) bf16 -> cross-entropy -> dlogits bf16 over them -> the head's backward, so
+ * no (N, V) tensor exists. Gradient buffers: dx (N, C) f32 the residual gradient and dxb (N, max(C, Q)) bf16 its
+ * copy that the norm backward writes for the next matmul, dln (N, C) f32, dqkv (N, Q + 2 KV) f32 and its bf16 form,
+ * dh (N, F) bf16, dgu (N, 2F) bf16 (also d att). Every matmul output that only feeds another kernel is bf16, as in
+ * llm.c: the bytes the memory-bound kernels move are what the step's non-GEMM time is made of.
  *
  * Written this session without a GPU: tests/test_cuda_train.c (one step against the CPU trainer: the loss and
  * every parameter gradient, then ten AdamW steps) is its check, to be run on the GPU machine. */
@@ -37,11 +39,11 @@ extern "C" kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
         if (e_ != cudaSuccess) return kiln_fail(KILN_ERR_IO, "CUDA %s failed: %s", what, cudaGetErrorString(e_)); \
     } while (0)
 
-#define HEAD_CHUNK 4096 /* rows of logits at a time: 4096 x 32000 f32 = 500 MiB, bf16 dlogits 250 MiB */
+#define HEAD_CHUNK 4096 /* rows of logits at a time: 4096 x 32000 bf16 = 250 MiB */
 
 typedef struct {
-    float *x, *rstd1, *lse, *mid, *rstd2, *gu; /* f32 */
-    kiln_bf16_t *ln1, *qkv, *att, *ln2, *h;    /* bf16 */
+    float *x, *rstd1, *lse, *mid, *rstd2;   /* f32 */
+    kiln_bf16_t *ln1, *qkv, *att, *ln2, *gu, *h; /* bf16 */
 } layer_acts;
 
 struct kiln_cuda_trainer {
@@ -56,11 +58,10 @@ struct kiln_cuda_trainer {
     layer_acts *layers;               /* (L) */
     float *xL, *rstdf;                /* (N, C), (N) */
     kiln_bf16_t *lnf;                 /* (N, C) */
-    float *logits, *losses;           /* (HEAD_CHUNK, V), (N) */
-    kiln_bf16_t *dlogits;             /* (HEAD_CHUNK, V) */
-    float *dx, *dln, *dh, *dqkv;      /* (N, C), (N, C), (N, F), (N, Q + 2 KV) */
-    kiln_bf16_t *dxb, *dqkvb, *dgu;   /* (N, max(C, Q)), (N, Q + 2 KV), (N, 2F) */
-    float *qkvf;                      /* (N, Q + 2 KV) f32 projections before RoPE */
+    kiln_bf16_t *logits;              /* (HEAD_CHUNK, V): the logits, then their gradient in place */
+    float *losses;                    /* (N) */
+    float *dx, *dln, *dqkv;           /* (N, C), (N, C), (N, Q + 2 KV) */
+    kiln_bf16_t *dxb, *dqkvb, *dgu, *dh; /* (N, max(C, Q)), (N, Q + 2 KV), (N, 2F), (N, F) */
     void *ws;                         /* the largest kernel workspace */
     size_t ws_bytes;
     float *d_norm;                    /* (1) */
@@ -111,10 +112,10 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     }
     const int64_t chunk = N < HEAD_CHUNK ? N : HEAD_CHUNK;
     const size_t f4 = 4, b2 = 2;
-    /* per layer: x, mid (N C f32), rstd1, rstd2 (N), lse (N NH), gu (N 2F f32), ln1, ln2 (N C bf16), qkv (N QKV bf16),
-     * att (N Q bf16), h (N F bf16) */
+    /* per layer: x, mid (N C f32), rstd1, rstd2 (N), lse (N NH), gu (N 2F bf16), ln1, ln2 (N C bf16), qkv (N QKV
+     * bf16), att (N Q bf16), h (N F bf16) */
     const size_t layer_bytes = 2 * al((size_t)(N * C) * f4) + 2 * al((size_t)N * f4) + al((size_t)(N * NH) * f4) +
-                               al((size_t)(N * 2 * F) * f4) + 2 * al((size_t)(N * C) * b2) + al((size_t)(N * QKV) * b2) +
+                               al((size_t)(N * 2 * F) * b2) + 2 * al((size_t)(N * C) * b2) + al((size_t)(N * QKV) * b2) +
                                al((size_t)(N * Q) * b2) + al((size_t)(N * F) * b2);
     size_t ws = kiln_cuda_adamw_ws_bytes(m->n_params);
     const size_t ws_att = kiln_cuda_attention_backward_ws_bytes(B, T, NH), ws_norm = kiln_cuda_rmsnorm_backward_ws_bytes(N, C);
@@ -124,10 +125,10 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     if (ws_emb > ws) ws = ws_emb;
     const int64_t wide = C > Q ? C : Q;
     const size_t buf_bytes = (size_t)L * layer_bytes + al((size_t)(N * C) * f4) + al((size_t)N * f4) + al((size_t)(N * C) * b2) +
-                             al((size_t)(chunk * V) * f4) + al((size_t)N * f4) + al((size_t)(chunk * V) * b2) +
-                             2 * al((size_t)(N * C) * f4) + al((size_t)(N * F) * f4) + al((size_t)(N * QKV) * f4) +
-                             al((size_t)(N * wide) * b2) + al((size_t)(N * QKV) * b2) + al((size_t)(N * 2 * F) * b2) +
-                             al((size_t)(N * QKV) * f4) + al(ws) + 2 * al((size_t)N * 4) + al(16) + (size_t)m->n_params;
+                             al((size_t)(chunk * V) * b2) + al((size_t)N * f4) + 2 * al((size_t)(N * C) * f4) +
+                             al((size_t)(N * QKV) * f4) + al((size_t)(N * wide) * b2) + al((size_t)(N * QKV) * b2) +
+                             al((size_t)(N * 2 * F) * b2) + al((size_t)(N * F) * b2) + al(ws) + 2 * al((size_t)N * 4) + al(16) +
+                             (size_t)m->n_params;
     const size_t param_bytes = (size_t)m->n_params * (4 * f4 + b2);
     size_t free_b = 0, total_b = 0;
     CK(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
@@ -165,7 +166,7 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
         CARVE(a->rstd1, float, N);
         CARVE(a->rstd2, float, N);
         CARVE(a->lse, float, N * NH);
-        CARVE(a->gu, float, N * 2 * F);
+        CARVE(a->gu, kiln_bf16_t, N * 2 * F);
         CARVE(a->ln1, kiln_bf16_t, N * C);
         CARVE(a->ln2, kiln_bf16_t, N * C);
         CARVE(a->qkv, kiln_bf16_t, N * QKV);
@@ -175,17 +176,15 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     CARVE(t->xL, float, N * C);
     CARVE(t->rstdf, float, N);
     CARVE(t->lnf, kiln_bf16_t, N * C);
-    CARVE(t->logits, float, chunk * V);
+    CARVE(t->logits, kiln_bf16_t, chunk * V);
     CARVE(t->losses, float, N);
-    CARVE(t->dlogits, kiln_bf16_t, chunk * V);
     CARVE(t->dx, float, N * C);
     CARVE(t->dln, float, N * C);
-    CARVE(t->dh, float, N * F);
     CARVE(t->dqkv, float, N * QKV);
     CARVE(t->dxb, kiln_bf16_t, N * wide);
     CARVE(t->dqkvb, kiln_bf16_t, N * QKV);
     CARVE(t->dgu, kiln_bf16_t, N * 2 * F);
-    CARVE(t->qkvf, float, N * QKV);
+    CARVE(t->dh, kiln_bf16_t, N * F);
     t->ws = p, t->ws_bytes = ws, p += al(ws);
     CARVE(t->ids, int32_t, N);
     CARVE(t->targets, int32_t, N);
@@ -240,13 +239,13 @@ static kiln_status forward(kiln_cuda_trainer *t) {
     for (int64_t l = 0; l < L; l++) {
         const kiln_train_layer *w = &m->layers[l];
         layer_acts *a = &t->layers[l];
-        TRY(kiln_cuda_linear_forward(t->blas, t->qkvf, true, false, a->ln1, W(t, w->wq), N, C, QKV, s));
-        TRY(kiln_cuda_rope_forward(a->qkv, t->qkvf, N, T, NH, NKV, HS, c->rope_dim, c->rope_base, c->rope_neox, s));
+        TRY(kiln_cuda_linear_forward(t->blas, a->qkv, false, false, a->ln1, W(t, w->wq), N, C, QKV, s));
+        TRY(kiln_cuda_rope_forward(a->qkv, a->qkv, N, T, NH, NKV, HS, c->rope_dim, c->rope_base, c->rope_neox, s));
         TRY(kiln_cuda_attention_forward(a->att, a->lse, a->qkv, B, T, NH, NKV, HS, s));
         /* mid = wo(att), then mid += x inside the ffn norm */
         TRY(kiln_cuda_linear_forward(t->blas, a->mid, true, false, a->att, W(t, w->wo), N, Q, C, s));
         TRY(kiln_cuda_rmsnorm_forward(a->mid, a->x, a->ln2, a->rstd2, P(t, w->ffn_norm), N, C, c->rms_eps, s));
-        TRY(kiln_cuda_linear_forward(t->blas, a->gu, true, false, a->ln2, W(t, w->w_gate), N, C, 2 * F, s));
+        TRY(kiln_cuda_linear_forward(t->blas, a->gu, false, false, a->ln2, W(t, w->w_gate), N, C, 2 * F, s));
         TRY(kiln_cuda_swiglu_forward(a->h, a->gu, N, F, s));
         /* x_next = down(h), then x_next += mid inside the next norm */
         float *x_next = l + 1 < L ? t->layers[l + 1].x : t->xL;
@@ -261,7 +260,7 @@ static kiln_status forward(kiln_cuda_trainer *t) {
 }
 
 /* The classifier chunk by chunk: logits, the loss into losses, and with dscale != 0 the head's backward:
- * dln (N, C) f32 = dlogits W_out and dW_out += dlogits^T lnf. */
+ * dln (N, C) f32 = dlogits W_out and dW_out += dlogits^T lnf, dlogits written over the logits. */
 static kiln_status head(kiln_cuda_trainer *t, float dscale) {
     const kiln_llama_train *m = t->m;
     const kiln_llama_config *c = &m->cfg;
@@ -269,11 +268,11 @@ static kiln_status head(kiln_cuda_trainer *t, float dscale) {
     void *s = t->stream;
     for (int64_t r0 = 0; r0 < N; r0 += chunk) {
         const int64_t n = N - r0 < chunk ? N - r0 : chunk;
-        TRY(kiln_cuda_linear_forward(t->blas, t->logits, true, false, t->lnf + r0 * C, W(t, m->output), n, C, V, s));
-        TRY(kiln_cuda_cross_entropy(t->losses + r0, dscale != 0 ? t->dlogits : NULL, t->logits, t->targets + r0, n, V,
+        TRY(kiln_cuda_linear_forward(t->blas, t->logits, false, false, t->lnf + r0 * C, W(t, m->output), n, C, V, s));
+        TRY(kiln_cuda_cross_entropy(t->losses + r0, dscale != 0 ? t->logits : NULL, t->logits, t->targets + r0, n, V,
                                     m->label_smoothing, m->z_loss, -1, dscale, s));
         if (dscale != 0)
-            TRY(kiln_cuda_linear_backward(t->blas, t->dln + r0 * C, true, false, G(t, m->output), t->dlogits, t->lnf + r0 * C,
+            TRY(kiln_cuda_linear_backward(t->blas, t->dln + r0 * C, true, false, G(t, m->output), t->logits, t->lnf + r0 * C,
                                           W(t, m->output), n, C, V, s));
     }
     return KILN_OK;
@@ -287,24 +286,25 @@ static kiln_status backward(kiln_cuda_trainer *t) {
     void *s = t->stream;
     cudaStream_t cs = t->stream;
     CK(cudaMemsetAsync(t->dx, 0, (size_t)(N * C) * 4, cs), "cudaMemsetAsync");
-    TRY(kiln_cuda_rmsnorm_backward(t->dx, G(t, m->output_norm), t->dln, t->xL, P(t, m->output_norm), t->rstdf, N, C, t->ws, s));
+    TRY(kiln_cuda_rmsnorm_backward(t->dx, t->dxb, G(t, m->output_norm), t->dln, t->xL, P(t, m->output_norm), t->rstdf, N, C, t->ws,
+                                   s));
     for (int64_t l = L - 1; l >= 0; l--) {
         const kiln_train_layer *w = &m->layers[l];
         layer_acts *a = &t->layers[l];
-        /* feed-forward block: x_next = mid + down(h); dx holds d x_next */
-        TRY(kiln_cuda_to_bf16(t->dxb, t->dx, N * C, s));
-        TRY(kiln_cuda_linear_backward(t->blas, t->dh, true, false, G(t, w->w_down), t->dxb, a->h, W(t, w->w_down), N, F, C, s));
+        /* feed-forward block: x_next = mid + down(h); dx holds d x_next, dxb its bf16 copy */
+        TRY(kiln_cuda_linear_backward(t->blas, t->dh, false, false, G(t, w->w_down), t->dxb, a->h, W(t, w->w_down), N, F, C, s));
         TRY(kiln_cuda_swiglu_backward(t->dgu, t->dh, a->gu, N, F, s));
         TRY(kiln_cuda_linear_backward(t->blas, t->dln, true, false, G(t, w->w_gate), t->dgu, a->ln2, W(t, w->w_gate), N, C, 2 * F, s));
-        TRY(kiln_cuda_rmsnorm_backward(t->dx, G(t, w->ffn_norm), t->dln, a->mid, P(t, w->ffn_norm), a->rstd2, N, C, t->ws, s));
-        /* attention block: mid = x + wo(att); dx holds d mid */
-        TRY(kiln_cuda_to_bf16(t->dxb, t->dx, N * C, s));
+        TRY(kiln_cuda_rmsnorm_backward(t->dx, t->dxb, G(t, w->ffn_norm), t->dln, a->mid, P(t, w->ffn_norm), a->rstd2, N, C, t->ws, s));
+        /* attention block: mid = x + wo(att); dx holds d mid, dxb its bf16 copy */
         kiln_bf16_t *datt = t->dgu; /* (N, Q) bf16: dgu is free until the next layer's swiglu backward */
         TRY(kiln_cuda_linear_backward(t->blas, datt, false, false, G(t, w->wo), t->dxb, a->att, W(t, w->wo), N, Q, C, s));
         TRY(kiln_cuda_attention_backward(t->dqkv, datt, a->qkv, a->att, a->lse, B, T, NH, NKV, HS, t->ws, s));
         TRY(kiln_cuda_rope_backward(t->dqkvb, t->dqkv, N, T, NH, NKV, HS, c->rope_dim, c->rope_base, c->rope_neox, s));
         TRY(kiln_cuda_linear_backward(t->blas, t->dln, true, false, G(t, w->wq), t->dqkvb, a->ln1, W(t, w->wq), N, C, QKV, s));
-        TRY(kiln_cuda_rmsnorm_backward(t->dx, G(t, w->attn_norm), t->dln, a->x, P(t, w->attn_norm), a->rstd1, N, C, t->ws, s));
+        /* the first layer's dx goes to the embedding only: no bf16 copy */
+        TRY(kiln_cuda_rmsnorm_backward(t->dx, l > 0 ? t->dxb : NULL, G(t, w->attn_norm), t->dln, a->x, P(t, w->attn_norm), a->rstd1, N,
+                                       C, t->ws, s));
     }
     /* the deterministic scatter: the same bits every run, so a resumed run repeats an uninterrupted one */
     return kiln_cuda_embed_backward_det(G(t, m->tok_embd), t->dx, t->ids, N, C, c->n_vocab, t->d_embed_skipped, t->ws, s);
