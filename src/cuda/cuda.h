@@ -80,6 +80,10 @@ size_t kiln_cuda_trainer_bytes(const kiln_cuda_trainer *t);
 kiln_status kiln_cuda_trainer_step(kiln_cuda_trainer *t, const int32_t *inputs, const int32_t *targets, float grad_scale,
                                    double *loss_sum, int64_t *n_counted);
 kiln_status kiln_cuda_trainer_zero_grads(kiln_cuda_trainer *t);
+/* Deterministic (the default: off): every reduction of a step in a fixed order, so the same inputs give the same
+ * bits and a resumed run repeats an uninterrupted one; off, the attention backward sums dq by float atomics
+ * (faster, last-bit differences from run to run). */
+void kiln_cuda_trainer_set_deterministic(kiln_cuda_trainer *t, bool on);
 /* One fp32 AdamW update at lr (8-bit moments are not on the GPU: KILN_ERR_UNSUPPORTED); *skipped when the
  * gradient was non-finite (nothing changed). */
 kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const struct kiln_adamw_cfg *cfg, float lr, double *grad_norm,

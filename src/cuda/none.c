@@ -50,6 +50,7 @@ kiln_status kiln_cuda_trainer_step(kiln_cuda_trainer *t, const int32_t *inputs, 
     return no_cuda();
 }
 kiln_status kiln_cuda_trainer_zero_grads(kiln_cuda_trainer *t) { return no_cuda(); }
+void kiln_cuda_trainer_set_deterministic(kiln_cuda_trainer *t, bool on) {}
 kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const struct kiln_adamw_cfg *cfg, float lr, double *grad_norm, bool *skipped) {
     return no_cuda();
 }
