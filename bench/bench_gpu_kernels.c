@@ -20,8 +20,10 @@
  * Each call is timed alone on the host clock around kiln_cuda_sync (ms-long calls: the ~10 us of launch and sync
  * is < 1%), the median of ATTN_REPS after ATTN_WARM warm-ups. FLOPs counted as the causal half of the matmuls:
  * forward 2 matmuls (S = QK^T, PV) = 4 B NH T^2 HS / 2, backward 5 (FA2: S, dP, dV, dK, dQ) = 2.5 x that (the
- * D = rowsum(dout * out) pass and the recomputation's exps not counted). JSON {"bench":"train_attention", ...} and
- * a table; peak_frac against 989 TFLOP/s, the H200's dense bf16 peak (this file measures no GEMM rate). */
+ * D = rowsum(dout * out) pass and the recomputation's exps not counted), for both backward modes: deterministic
+ * (dk/dv kernel, then a dq kernel recomputing S and dP: 7 matmuls done) and atomic dq (one kernel, 5). JSON
+ * {"bench":"train_attention", ...} and a table; peak_frac against 989 TFLOP/s, the H200's dense bf16 peak (this
+ * file measures no GEMM rate). */
 #include "bench/bench.h"
 
 #include "cuda/cuda.h"
@@ -159,8 +161,8 @@ static const attn_case attn_cases[] = {
     {"350m", 16, 1024, 16, 4, 64},
 };
 
-/* Medians of ATTN_REPS forward and backward calls of one shape, in ms. */
-static kiln_status time_attention(const attn_case *c, uint64_t *rng, double *fwd_ms, double *bwd_ms) {
+/* Medians of ATTN_REPS forward and backward calls of one shape, in ms: bwd_ms[0] deterministic, [1] atomic dq. */
+static kiln_status time_attention(const attn_case *c, uint64_t *rng, double *fwd_ms, double bwd_ms[2]) {
     const int64_t N = c->B * c->T, Q = c->NH * c->HS, W = Q + 2 * c->NKV * c->HS;
     const size_t ws_bytes = kiln_cuda_attention_backward_ws_bytes(c->B, c->T, c->NH);
     kiln_bf16 *h = malloc((size_t)(N * W) * sizeof *h);
@@ -175,18 +177,25 @@ static kiln_status time_attention(const attn_case *c, uint64_t *rng, double *fwd
     if (!st) st = kiln_cuda_alloc(&lse, (size_t)(c->B * c->NH * c->T) * 4);
     if (!st) st = kiln_cuda_alloc(&dqkv, (size_t)(N * W) * 4);
     if (!st) st = kiln_cuda_alloc(&ws, ws_bytes);
-    double tf[ATTN_REPS], tb[ATTN_REPS];
+    double tf[ATTN_REPS], tb[2][ATTN_REPS];
     for (int r = -ATTN_WARM; r < ATTN_REPS && !st; r++) {
         const double t0 = kiln_bench_now();
         st = kiln_cuda_attention_forward(out, lse, qkv, c->B, c->T, c->NH, c->NKV, c->HS, NULL);
         if (!st) st = kiln_cuda_sync();
         const double t1 = kiln_bench_now();
-        if (!st) st = kiln_cuda_attention_backward(dqkv, dout, qkv, out, lse, c->B, c->T, c->NH, c->NKV, c->HS, ws, NULL);
-        if (!st) st = kiln_cuda_sync();
-        const double t2 = kiln_bench_now();
-        if (r >= 0) tf[r] = (t1 - t0) * 1e3, tb[r] = (t2 - t1) * 1e3;
+        double t2 = t1;
+        for (int m = 0; m < 2 && !st; m++) {
+            t2 = kiln_bench_now();
+            st = kiln_cuda_attention_backward(dqkv, dout, qkv, out, lse, c->B, c->T, c->NH, c->NKV, c->HS, m == 0, ws, NULL);
+            if (!st) st = kiln_cuda_sync();
+            if (r >= 0) tb[m][r] = (kiln_bench_now() - t2) * 1e3;
+        }
+        if (r >= 0) tf[r] = (t1 - t0) * 1e3;
     }
-    if (!st) *fwd_ms = kiln_bench_median(tf, ATTN_REPS), *bwd_ms = kiln_bench_median(tb, ATTN_REPS);
+    if (!st) {
+        *fwd_ms = kiln_bench_median(tf, ATTN_REPS);
+        for (int m = 0; m < 2; m++) bwd_ms[m] = kiln_bench_median(tb[m], ATTN_REPS);
+    }
     kiln_cuda_free(qkv), kiln_cuda_free(out), kiln_cuda_free(dout), kiln_cuda_free(lse), kiln_cuda_free(dqkv), kiln_cuda_free(ws);
     free(h);
     return st;
@@ -194,34 +203,38 @@ static kiln_status time_attention(const attn_case *c, uint64_t *rng, double *fwd
 
 static int bench_attention(void) {
     const int n = (int)(sizeof attn_cases / sizeof attn_cases[0]);
-    double ms[2][2] = {{0}};
+    double ms[2][3] = {{0}}; /* [case][fwd, bwd deterministic, bwd atomic dq] */
     uint64_t rng = 0x2545F4914F6CDD1Dull;
     int done = 0;
     for (; done < n; done++) {
         const attn_case *c = &attn_cases[done];
-        if (time_attention(c, &rng, &ms[done][0], &ms[done][1])) {
+        if (time_attention(c, &rng, &ms[done][0], &ms[done][1])) { /* bwd into ms[done][1], [2] */
             fprintf(stderr, "kiln bench gpu-kernels: attention %s: %s\n", c->model, kiln_last_error());
             break;
         }
         const double fl = 4.0 * c->B * c->NH * (double)c->T * c->T * c->HS / 2;
         const double tf = fl / (ms[done][0] * 1e-3) / 1e12, tb = 2.5 * fl / (ms[done][1] * 1e-3) / 1e12;
+        const double ta = 2.5 * fl / (ms[done][2] * 1e-3) / 1e12;
         printf("{\"bench\":\"train_attention\",\"model\":\"%s\",\"B\":%lld,\"T\":%lld,\"NH\":%lld,\"NKV\":%lld,"
                "\"HS\":%lld,\"fwd_ms\":%.3f,\"fwd_tflops\":%.1f,\"fwd_peak_frac\":%.3f,\"bwd_ms\":%.3f,"
-               "\"bwd_tflops\":%.1f,\"bwd_peak_frac\":%.3f}\n",
+               "\"bwd_tflops\":%.1f,\"bwd_peak_frac\":%.3f,\"bwd_atomic_ms\":%.3f,\"bwd_atomic_tflops\":%.1f,"
+               "\"bwd_atomic_peak_frac\":%.3f}\n",
                c->model, (long long)c->B, (long long)c->T, (long long)c->NH, (long long)c->NKV, (long long)c->HS,
-               ms[done][0], tf, tf / ATTN_PEAK_TFLOPS, ms[done][1], tb, tb / ATTN_PEAK_TFLOPS);
+               ms[done][0], tf, tf / ATTN_PEAK_TFLOPS, ms[done][1], tb, tb / ATTN_PEAK_TFLOPS, ms[done][2], ta,
+               ta / ATTN_PEAK_TFLOPS);
         fflush(stdout);
     }
     printf("\ntraining attention (causal FLOPs; bwd = 2.5 x fwd; peak %.0f TFLOP/s dense bf16)\n", ATTN_PEAK_TFLOPS);
-    printf("%-5s %3s %5s %3s %3s %3s %9s %8s %5s %9s %8s %5s\n", "model", "B", "T", "NH", "NKV", "HS", "fwd ms", "TFLOP/s",
-           "peak", "bwd ms", "TFLOP/s", "peak");
+    printf("%-5s %3s %5s %3s %3s %3s %9s %8s %5s %9s %8s %5s %9s %8s %5s\n", "model", "B", "T", "NH", "NKV", "HS", "fwd ms",
+           "TFLOP/s", "peak", "bwd det", "TFLOP/s", "peak", "bwd atom", "TFLOP/s", "peak");
     for (int i = 0; i < done; i++) {
         const attn_case *c = &attn_cases[i];
         const double fl = 4.0 * c->B * c->NH * (double)c->T * c->T * c->HS / 2;
         const double tf = fl / (ms[i][0] * 1e-3) / 1e12, tb = 2.5 * fl / (ms[i][1] * 1e-3) / 1e12;
-        printf("%-5s %3lld %5lld %3lld %3lld %3lld %9.3f %8.1f %4.0f%% %9.3f %8.1f %4.0f%%\n", c->model, (long long)c->B,
-               (long long)c->T, (long long)c->NH, (long long)c->NKV, (long long)c->HS, ms[i][0], tf,
-               100 * tf / ATTN_PEAK_TFLOPS, ms[i][1], tb, 100 * tb / ATTN_PEAK_TFLOPS);
+        const double ta = 2.5 * fl / (ms[i][2] * 1e-3) / 1e12;
+        printf("%-5s %3lld %5lld %3lld %3lld %3lld %9.3f %8.1f %4.0f%% %9.3f %8.1f %4.0f%% %9.3f %8.1f %4.0f%%\n", c->model,
+               (long long)c->B, (long long)c->T, (long long)c->NH, (long long)c->NKV, (long long)c->HS, ms[i][0], tf,
+               100 * tf / ATTN_PEAK_TFLOPS, ms[i][1], tb, 100 * tb / ATTN_PEAK_TFLOPS, ms[i][2], ta, 100 * ta / ATTN_PEAK_TFLOPS);
     }
     return done == n ? 0 : 1;
 }

@@ -91,11 +91,15 @@ kiln_status kiln_cuda_attention_forward(kiln_bf16_t *out, float *lse, const kiln
                                         int64_t NH, int64_t NKV, int64_t HS, void *stream);
 /* From dout (N, Q) bf16: dqkv (N, Q + 2 KV) f32 = (dq, dk, dv), overwritten (dk, dv summed over the query heads
  * of each KV head), recomputing the probabilities from qkv and lse; out is needed for D = rowsum(dout * out),
- * kept in ws. */
+ * kept in ws. deterministic: every element is written once, its sum in a fixed order (a dk/dv kernel, then a
+ * dq kernel recomputing S and dP): the same bits on every run. false: dq is added by f32 atomics from the dk/dv
+ * kernel (FlashAttention-2's backward, 5 matmuls instead of 7; only ~2% faster as measured at the 124M shape,
+ * 0.430 ms against 0.440), so its last bits differ between runs; head sizes other than 64 and 128 (the CUDA-core
+ * path) are deterministic either way. */
 size_t kiln_cuda_attention_backward_ws_bytes(int64_t B, int64_t T, int64_t NH);
 kiln_status kiln_cuda_attention_backward(float *dqkv, const kiln_bf16_t *dout, const kiln_bf16_t *qkv, const kiln_bf16_t *out,
                                          const float *lse, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
-                                         void *ws, void *stream);
+                                         bool deterministic, void *ws, void *stream);
 
 /* ---------------------------------------------------------------- train_loss.cu */
 /* Fused softmax cross-entropy over a chunk of n rows of logits (n, V) bf16 (the classifier's matmul output; the
