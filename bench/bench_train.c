@@ -11,7 +11,8 @@
  * llm.c counts it, and the fraction of the bf16 GEMM rate measured in the same run (the training matmul at
  * 8192^3). With --peer PYTHON its peer, ../shared/bench/torch_llama_train.py --compile (--peer-script to point
  * elsewhere) with the same config, B and T, runs after kiln's steps in the same process run, and the ratio is
- * reported; --max-batch adds the largest B the trainer accepts at this T. */
+ * reported; --max-batch adds the largest B the trainer accepts at this T; --recompute trains with activation
+ * recomputation (KILN_CUDA_TRAIN_RECOMPUTE). */
 #include "bench/bench.h"
 #include "model/llama_train.h"
 #include "tools/cmd.h"
@@ -115,18 +116,18 @@ static double measure_gemm_tflops(void) { return NAN; }
 
 /* The largest B (at this T) the GPU trainer accepts: kiln_cuda_trainer_new refuses a batch whose buffers exceed the
  * free memory before it allocates anything, so each probe is cheap. Doubling, then bisection. */
-static int64_t largest_batch(const kiln_llama_train *m, int64_t T) {
+static int64_t largest_batch(const kiln_llama_train *m, int64_t T, unsigned flags) {
     int64_t lo = 0, hi = 1;
     kiln_cuda_trainer *g = NULL;
     for (;; hi *= 2) {
-        if (kiln_cuda_trainer_new(m, hi, T, &g) != KILN_OK) break;
+        if (kiln_cuda_trainer_new(m, hi, T, flags, &g) != KILN_OK) break;
         kiln_cuda_trainer_free(g);
         lo = hi;
         if (hi >= 65535) return lo;
     }
     while (hi - lo > 1) {
         const int64_t mid = lo + (hi - lo) / 2;
-        if (kiln_cuda_trainer_new(m, mid, T, &g) == KILN_OK) kiln_cuda_trainer_free(g), lo = mid;
+        if (kiln_cuda_trainer_new(m, mid, T, flags, &g) == KILN_OK) kiln_cuda_trainer_free(g), lo = mid;
         else hi = mid;
     }
     return lo;
@@ -134,9 +135,9 @@ static int64_t largest_batch(const kiln_llama_train *m, int64_t T) {
 
 /* --gpu: the same steps on the GPU trainer, then the PyTorch peer when python is given; frees m and pool. */
 static int bench_gpu(const bench_config *c, kiln_llama_train *m, int64_t B, int64_t T, int steps, kiln_pool *pool, const char *python,
-                     const char *script, bool max_batch) {
+                     const char *script, bool max_batch, unsigned flags) {
     kiln_cuda_trainer *g = NULL;
-    kiln_status s = kiln_cuda_trainer_new(m, B, T, &g);
+    kiln_status s = kiln_cuda_trainer_new(m, B, T, flags, &g);
     int32_t *in = malloc((size_t)(B * T) * sizeof *in), *tg = malloc((size_t)(B * T) * sizeof *tg);
     double *t = malloc((size_t)steps * sizeof *t), loss = 0, norm = 0;
     if (!s && (!in || !tg || !t)) s = kiln_fail(KILN_ERR_NOMEM, "out of memory");
@@ -159,7 +160,7 @@ static int bench_gpu(const bench_config *c, kiln_llama_train *m, int64_t B, int6
     const size_t bytes = g ? kiln_cuda_trainer_bytes(g) : 0;
     kiln_cuda_trainer_free(g);
     if (!s) {
-        const int64_t bmax = max_batch ? largest_batch(m, T) : 0;
+        const int64_t bmax = max_batch ? largest_batch(m, T, flags) : 0;
         const double roof = measure_gemm_tflops();
         char ver[64] = "";
         const double peer = python ? peer_gpu_tok_s(python, script, c, B, T, ver, sizeof ver) : NAN;
@@ -168,11 +169,11 @@ static int bench_gpu(const bench_config *c, kiln_llama_train *m, int64_t B, int6
         double flops_tok = 6 * n_mat + 6.0 * (double)(c->L * T * c->C), tflops = tok_s * flops_tok * 1e-12;
         char dev[128] = "";
         kiln_cuda_device_describe(dev, sizeof dev);
-        printf("{\"bench\": \"train_gpu\", \"device\": \"%s\", \"config\": \"%s\", \"B\": %lld, \"T\": %lld, \"params\": %lld, "
+        printf("{\"bench\": \"train_gpu\", \"device\": \"%s\", \"config\": \"%s\", \"recompute\": %s, \"B\": %lld, \"T\": %lld, \"params\": %lld, "
                "\"loss\": %.4f, \"ms_per_step\": %.2f, \"tokens_per_s\": %.0f, \"tflops\": %.1f, \"mfu\": %.4f, \"peak_tflops\": 989, "
                "\"gemm_tflops\": %.1f, \"of_gemm\": %.3f, \"gpu_bytes\": %zu, \"largest_B\": %lld, \"peer\": \"pytorch %s torch.compile (%s)\", \"peer_tokens_per_s\": %.0f, "
                "\"ratio\": %.3f}\n",
-               dev, c->name, (long long)B, (long long)T, (long long)m->n_params, loss, med * 1e3, tok_s, tflops, tflops / 989.0, roof,
+               dev, c->name, (flags & KILN_CUDA_TRAIN_RECOMPUTE) ? "true" : "false", (long long)B, (long long)T, (long long)m->n_params, loss, med * 1e3, tok_s, tflops, tflops / 989.0, roof,
                tflops / roof, bytes, (long long)bmax, ver, python ? script : "not run", peer, tok_s / peer);
         printf("\n| config | B x T | params | ms/step | tok/s | TFLOP/s | MFU (989) | of measured GEMM | GPU memory | largest B | "
                "PyTorch compiled tok/s | ratio |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
@@ -188,7 +189,7 @@ static int bench_gpu(const bench_config *c, kiln_llama_train *m, int64_t B, int6
 
 int kiln_bench_train(int argc, char **argv) {
     const char *cfg_name = "tiny", *python = NULL, *script = "../shared/bench/torch_llama_train.py";
-    bool max_batch = false;
+    bool max_batch = false, recompute = false;
     int64_t B = 8, T = 0;
     int threads = 0, steps = 5;
     bool mixed = false, eight_bit = false, gpu = false;
@@ -205,9 +206,10 @@ int kiln_bench_train(int argc, char **argv) {
         else if (strcmp(a, "--gpu") == 0) gpu = true;
         else if (strcmp(a, "--peer-script") == 0 && v) script = argv[++i];
         else if (strcmp(a, "--max-batch") == 0) max_batch = true;
+        else if (strcmp(a, "--recompute") == 0) recompute = true;
         else {
             fprintf(stderr, "usage: kiln bench train [--config tiny|small|124m|350m] [-B B] [-T T] [-t THREADS] [--steps N] [--mixed] "
-                            "[--8bit] [--peer PYTHON] [--gpu [--peer-script PY] [--max-batch]]\n");
+                            "[--8bit] [--peer PYTHON] [--gpu [--peer-script PY] [--max-batch] [--recompute]]\n");
             return 1;
         }
     }
@@ -227,7 +229,7 @@ int kiln_bench_train(int argc, char **argv) {
     if (s || (s = kiln_llama_train_new(&mc, mixed, &m))) return kiln_cli_die(s);
     threads = kiln_pool_size(pool);
     kiln_llama_train_init_random(m, 1);
-    if (gpu) return bench_gpu(c, m, B, T, steps, pool, python, script, max_batch);
+    if (gpu) return bench_gpu(c, m, B, T, steps, pool, python, script, max_batch, recompute ? KILN_CUDA_TRAIN_RECOMPUTE : 0u);
     if ((s = kiln_llama_train_reserve(m, B, T, threads))) return kiln_cli_die(s);
     kiln_param_segment *segs = malloc((size_t)m->n_tensors * sizeof *segs);
     for (int i = 0; i < m->n_tensors; i++)

@@ -15,7 +15,9 @@
  * gradients 5e-2 relative L2 per tensor, step losses 2e-2, gradient norms 5e-2. A wrong term (a missing
  * accumulation, a transposed weight, a wrong RoPE position) gives O(1) errors. At 4x the init scale the softmax
  * saturates and even fp32 against mixed CPU differs by 12%: no bound separates bugs from noise there.
- * Not covered here: the checkpoint round trip (tests/test_cuda_train_resume.c).
+ *   - the options: deterministic twice and with activation recomputation give the same bits; the fast mode (dq by
+ *     atomics) stays within 1e-5 of them.
+ * The checkpoint round trip (a resumed GPU run equals an uninterrupted one, bit for bit) is test_train.c's.
  * Compiled with KILN_CUDA only; skips without a GPU. */
 #include "test.h"
 #include "cuda/cuda.h"
@@ -68,7 +70,7 @@ static void one_step(bool tied, float z_loss, int micro, int64_t B, int64_t T) {
     CHECK(kiln_llama_train_reserve(m, B, T, 2) == KILN_OK, "%s", kiln_last_error());
     CHECK(kiln_llama_train_reserve(m32, B, T, 2) == KILN_OK, "%s", kiln_last_error());
     kiln_cuda_trainer *g = NULL;
-    kiln_status st = kiln_cuda_trainer_new(m, B, T, &g);
+    kiln_status st = kiln_cuda_trainer_new(m, B, T, 0, &g);
     CHECK(st == KILN_OK, "gpu trainer: %s", kiln_last_error());
     int32_t *in = malloc((size_t)N * sizeof *in), *tg = malloc((size_t)N * sizeof *tg);
     float *gg = malloc((size_t)m->n_params * sizeof *gg);
@@ -141,6 +143,46 @@ static void test_head_chunks(void) {
     one_step(true, 1e-4f, 1, 2, 2100);
 }
 
+/* The options change no value: deterministic (dq in a fixed order) twice gives the same bits, and with activation
+ * recomputation (the norms' and SwiGLU's outputs recomputed in the backward by the same kernels) the same bits
+ * again, for the loss and every gradient; the fast mode (dq by atomics) stays within 1e-5 relative L2 of them. */
+static void test_options_same_bits(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    kiln_llama_train *m = make_model(false, 1e-4f, true, T_);
+    CHECK(m, "%s", kiln_last_error());
+    int32_t in[B_ * T_], tg[B_ * T_];
+    unsigned long long rng = 23;
+    batch(in, tg, B_ * T_, m->cfg.n_vocab, &rng);
+    static const unsigned flags[] = {KILN_CUDA_TRAIN_DETERMINISTIC, KILN_CUDA_TRAIN_DETERMINISTIC,
+                                     KILN_CUDA_TRAIN_DETERMINISTIC | KILN_CUDA_TRAIN_RECOMPUTE, 0, KILN_CUDA_TRAIN_RECOMPUTE};
+    float *g[5];
+    double loss[5];
+    size_t bytes[5];
+    for (int k = 0; k < 5; k++) {
+        kiln_cuda_trainer *t = NULL;
+        CHECK(kiln_cuda_trainer_new(m, B_, T_, flags[k], &t) == KILN_OK, "%s", kiln_last_error());
+        bytes[k] = kiln_cuda_trainer_bytes(t);
+        g[k] = malloc((size_t)m->n_params * sizeof(float));
+        int64_t cnt;
+        CHECK(g[k] && kiln_cuda_trainer_step(t, in, tg, 1.0f / (float)(B_ * T_ - 2), &loss[k], &cnt) == KILN_OK &&
+                  kiln_cuda_trainer_download(t, NULL, g[k]) == KILN_OK,
+              "%s", kiln_last_error());
+        kiln_cuda_trainer_free(t);
+    }
+    CHECK(loss[1] == loss[0] && memcmp(g[1], g[0], (size_t)m->n_params * sizeof(float)) == 0, "deterministic twice differs");
+    CHECK(loss[2] == loss[0] && memcmp(g[2], g[0], (size_t)m->n_params * sizeof(float)) == 0, "recompute changes the bits");
+    CHECK(bytes[2] < bytes[0], "recompute takes %zu bytes, not fewer than %zu", bytes[2], bytes[0]);
+    for (int k = 3; k < 5; k++) {
+        const double e = rel_l2(g[k], g[0], m->n_params);
+        CHECK(fabs(loss[k] - loss[0]) <= 1e-6 * fabs(loss[0]) && e <= 1e-5, "fast mode %u: loss %.9g vs %.9g, gradients rel-L2 %.3g",
+              flags[k], loss[k], loss[0], e);
+    }
+    printf("# options: deterministic and recompute bit-identical; fast mode gradients within %.2e; recompute %.1f%% of the bytes\n",
+           rel_l2(g[3], g[0], m->n_params), 100.0 * (double)bytes[2] / (double)bytes[0]);
+    for (int k = 0; k < 5; k++) free(g[k]);
+    kiln_llama_train_free(m);
+}
+
 static void test_ten_adamw_steps(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     kiln_llama_train *m = make_model(false, 1e-4f, true, T_);
@@ -149,7 +191,7 @@ static void test_ten_adamw_steps(void) {
     CHECK(kiln_pool_create(2, &pool) == KILN_OK);
     CHECK(kiln_llama_train_reserve(m, B_, T_, 2) == KILN_OK, "%s", kiln_last_error());
     kiln_cuda_trainer *g = NULL;
-    CHECK(kiln_cuda_trainer_new(m, B_, T_, &g) == KILN_OK, "%s", kiln_last_error());
+    CHECK(kiln_cuda_trainer_new(m, B_, T_, 0, &g) == KILN_OK, "%s", kiln_last_error());
     kiln_adamw_cfg cfg = kiln_adamw_defaults();
     cfg.grad_clip = 0.5f; /* active: the 2x-scale model's gradient norm (~11) is above it */
     kiln_param_segment *segs = malloc((size_t)m->n_tensors * sizeof *segs);
@@ -191,6 +233,7 @@ int main(void) {
     RUN(test_step_tied);
     RUN(test_grad_accumulation);
     RUN(test_head_chunks);
+    RUN(test_options_same_bits);
     RUN(test_ten_adamw_steps);
     TEST_EXIT();
 }

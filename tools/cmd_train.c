@@ -18,8 +18,9 @@ static void usage(void) {
             "  optimizer:     [--lr LR] [--min-lr LR] [--warmup N] [--schedule cosine|linear|constant]\n"
             "                 [--optim adamw|adamw8bit] [--wd W] [--clip C] [--beta1 B] [--beta2 B]\n"
             "  precision:     [--mixed] (bf16 compute mirror of fp32 master weights)\n"
-            "  device:        [--gpu [--deterministic]] (CUDA device 0: bf16 matmuls, fp32 master weights and AdamW;\n"
-            "                 --deterministic: the same bits every run, so a resume repeats an uninterrupted run)\n"
+            "  device:        [--gpu [--deterministic] [--recompute]] (CUDA device 0: bf16 matmuls, fp32 master weights\n"
+            "                 and AdamW; --deterministic: the same bits every run, so a resume repeats an uninterrupted run;\n"
+            "                 --recompute: recompute norm and SwiGLU outputs in the backward, ~26%% less activation memory)\n"
             "  loss:          [--label-smoothing E] [--z-loss Z]\n"
             "  eval, output:  [--eval-every N] [--eval-batches N] [--ckpt PATH] [--ckpt-every N] [-o OUT.gguf] [--out-best]\n"
             "                 [--log LOG.jsonl] [--name NAME] [--seed S] [-j THREADS]\n");
@@ -102,6 +103,7 @@ int kiln_cmd_train(int argc, char **argv) {
         else if (strcmp(a, "--mixed") == 0) o.mixed = true;
         else if (strcmp(a, "--gpu") == 0) o.gpu = true;
         else if (strcmp(a, "--deterministic") == 0) o.deterministic = true;
+        else if (strcmp(a, "--recompute") == 0) o.recompute = true;
         else if (strcmp(a, "--tied") == 0) o.cfg.tied = true;
         else if (OPT("--label-smoothing")) o.label_smoothing = (float)atof(v);
         else if (OPT("--z-loss")) o.z_loss = (float)atof(v);

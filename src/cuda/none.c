@@ -39,7 +39,7 @@ kiln_status kiln_cuda_copy_bandwidth(double *gb_per_s) {
     *gb_per_s = 0;
     return no_cuda();
 }
-kiln_status kiln_cuda_trainer_new(const struct kiln_llama_train *m, int64_t B, int64_t T, kiln_cuda_trainer **out) {
+kiln_status kiln_cuda_trainer_new(const struct kiln_llama_train *m, int64_t B, int64_t T, unsigned flags, kiln_cuda_trainer **out) {
     *out = NULL;
     return no_cuda();
 }
@@ -50,7 +50,6 @@ kiln_status kiln_cuda_trainer_step(kiln_cuda_trainer *t, const int32_t *inputs, 
     return no_cuda();
 }
 kiln_status kiln_cuda_trainer_zero_grads(kiln_cuda_trainer *t) { return no_cuda(); }
-void kiln_cuda_trainer_set_deterministic(kiln_cuda_trainer *t, bool on) {}
 kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const struct kiln_adamw_cfg *cfg, float lr, double *grad_norm, bool *skipped) {
     return no_cuda();
 }

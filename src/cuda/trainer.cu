@@ -11,7 +11,8 @@
  * over chunks of rows: logits (rows, V) bf16 -> cross-entropy -> dlogits bf16 over them -> the head's backward, so
  * no (N, V) tensor exists. Gradient buffers: dx (N, C) f32 the residual gradient and dxb (N, max(C, Q)) bf16 its
  * copy that the norm backward writes for the next matmul, dln (N, C) f32, dqkv (N, Q + 2 KV) f32 and its bf16 form,
- * dh (N, F) bf16, dgu (N, 2F) bf16 (also d att). Every matmul output that only feeds another kernel is bf16, as in
+ * dh (N, F) bf16, dgu (N, 2F) bf16 (also d att). With KILN_CUDA_TRAIN_RECOMPUTE, ln1, ln2 and h are one shared
+ * copy that each layer's backward first recomputes from x, mid (with their rstd) and gu. Every matmul output that only feeds another kernel is bf16, as in
  * llm.c: the bytes the memory-bound kernels move are what the step's non-GEMM time is made of.
  *
  * Written this session without a GPU: tests/test_cuda_train.c (one step against the CPU trainer: the loss and
@@ -72,6 +73,7 @@ struct kiln_cuda_trainer {
     int64_t embed_skipped0;           /* the model's count of skipped embedding-gradient rows when the trainer began */
     float *h_losses;                  /* (N) pinned */
     bool deterministic;               /* attention backward: same bits every run (true) or dq by atomics (faster) */
+    bool recompute;                   /* ln1, ln2, h: one shared copy, recomputed per layer in the backward */
 };
 
 static size_t al(size_t n) { return (n + 255) & ~(size_t)255; }
@@ -87,7 +89,7 @@ extern "C" void kiln_cuda_trainer_free(kiln_cuda_trainer *t) {
     free(t);
 }
 
-extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t B, int64_t T, kiln_cuda_trainer **out) {
+extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t B, int64_t T, unsigned flags, kiln_cuda_trainer **out) {
     *out = NULL;
     const kiln_llama_config *c = &m->cfg;
     const int64_t N = B * T, C = c->n_embd, NH = c->n_head, NKV = c->n_head_kv, HS = c->head_dim, F = c->n_ff, V = c->n_vocab;
@@ -115,9 +117,12 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     const size_t f4 = 4, b2 = 2;
     /* per layer: x, mid (N C f32), rstd1, rstd2 (N), lse (N NH), gu (N 2F bf16), ln1, ln2 (N C bf16), qkv (N QKV
      * bf16), att (N Q bf16), h (N F bf16) */
+    /* with recompute, ln1, ln2 and h are one shared copy (counted once, after the layers) */
+    const bool recompute = (flags & KILN_CUDA_TRAIN_RECOMPUTE) != 0;
+    const size_t saved_bytes = 2 * al((size_t)(N * C) * b2) + al((size_t)(N * F) * b2); /* ln1, ln2, h */
     const size_t layer_bytes = 2 * al((size_t)(N * C) * f4) + 2 * al((size_t)N * f4) + al((size_t)(N * NH) * f4) +
-                               al((size_t)(N * 2 * F) * b2) + 2 * al((size_t)(N * C) * b2) + al((size_t)(N * QKV) * b2) +
-                               al((size_t)(N * Q) * b2) + al((size_t)(N * F) * b2);
+                               al((size_t)(N * 2 * F) * b2) + al((size_t)(N * QKV) * b2) + al((size_t)(N * Q) * b2) +
+                               (recompute ? 0 : saved_bytes);
     size_t ws = kiln_cuda_adamw_ws_bytes(m->n_params);
     const size_t ws_att = kiln_cuda_attention_backward_ws_bytes(B, T, NH), ws_norm = kiln_cuda_rmsnorm_backward_ws_bytes(N, C);
     const size_t ws_emb = kiln_cuda_embed_backward_det_ws_bytes(N, V);
@@ -125,7 +130,7 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     if (ws_norm > ws) ws = ws_norm;
     if (ws_emb > ws) ws = ws_emb;
     const int64_t wide = C > Q ? C : Q;
-    const size_t buf_bytes = (size_t)L * layer_bytes + al((size_t)(N * C) * f4) + al((size_t)N * f4) + al((size_t)(N * C) * b2) +
+    const size_t buf_bytes = (size_t)L * layer_bytes + (recompute ? saved_bytes : 0) + al((size_t)(N * C) * f4) + al((size_t)N * f4) + al((size_t)(N * C) * b2) +
                              al((size_t)(chunk * V) * b2) + al((size_t)N * f4) + 2 * al((size_t)(N * C) * f4) +
                              al((size_t)(N * QKV) * f4) + al((size_t)(N * wide) * b2) + al((size_t)(N * QKV) * b2) +
                              al((size_t)(N * 2 * F) * b2) + al((size_t)(N * F) * b2) + al(ws) + 2 * al((size_t)N * 4) + al(16) +
@@ -143,7 +148,8 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     if (!t) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
     t->m = m, t->B = B, t->T = T, t->N = N, t->n = m->n_params, t->bytes = need;
     t->embed_skipped0 = m->n_embed_skipped;
-    t->deterministic = false; /* kiln_cuda_trainer_set_deterministic */
+    t->deterministic = (flags & KILN_CUDA_TRAIN_DETERMINISTIC) != 0;
+    t->recompute = recompute;
     t->layers = (layer_acts *)calloc((size_t)L, sizeof *t->layers);
     kiln_status st = t->layers ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "out of memory");
     cudaError_t e = cudaSuccess;
@@ -169,11 +175,15 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
         CARVE(a->rstd2, float, N);
         CARVE(a->lse, float, N * NH);
         CARVE(a->gu, kiln_bf16_t, N * 2 * F);
-        CARVE(a->ln1, kiln_bf16_t, N * C);
-        CARVE(a->ln2, kiln_bf16_t, N * C);
         CARVE(a->qkv, kiln_bf16_t, N * QKV);
         CARVE(a->att, kiln_bf16_t, N * Q);
-        CARVE(a->h, kiln_bf16_t, N * F);
+        if (!recompute || l == 0) {
+            CARVE(a->ln1, kiln_bf16_t, N * C);
+            CARVE(a->ln2, kiln_bf16_t, N * C);
+            CARVE(a->h, kiln_bf16_t, N * F);
+        } else { /* every layer writes the shared copy in the forward; the backward recomputes it per layer */
+            a->ln1 = t->layers[0].ln1, a->ln2 = t->layers[0].ln2, a->h = t->layers[0].h;
+        }
     }
     CARVE(t->xL, float, N * C);
     CARVE(t->rstdf, float, N);
@@ -293,6 +303,11 @@ static kiln_status backward(kiln_cuda_trainer *t) {
     for (int64_t l = L - 1; l >= 0; l--) {
         const kiln_train_layer *w = &m->layers[l];
         layer_acts *a = &t->layers[l];
+        if (t->recompute) { /* the forward's values from its saved inputs, by the same kernels: the same bits */
+            TRY(kiln_cuda_rmsnorm_forward(a->x, NULL, a->ln1, a->rstd1, P(t, w->attn_norm), N, C, c->rms_eps, s));
+            TRY(kiln_cuda_rmsnorm_forward(a->mid, NULL, a->ln2, a->rstd2, P(t, w->ffn_norm), N, C, c->rms_eps, s));
+            TRY(kiln_cuda_swiglu_forward(a->h, a->gu, N, F, s));
+        }
         /* feed-forward block: x_next = mid + down(h); dx holds d x_next, dxb its bf16 copy */
         TRY(kiln_cuda_linear_backward(t->blas, t->dh, false, false, G(t, w->w_down), t->dxb, a->h, W(t, w->w_down), N, F, C, s));
         TRY(kiln_cuda_swiglu_backward(t->dgu, t->dh, a->gu, N, F, s));
@@ -337,8 +352,6 @@ extern "C" kiln_status kiln_cuda_trainer_step(kiln_cuda_trainer *t, const int32_
     *n_counted = counted;
     return KILN_OK;
 }
-
-extern "C" void kiln_cuda_trainer_set_deterministic(kiln_cuda_trainer *t, bool on) { t->deterministic = on; }
 
 extern "C" kiln_status kiln_cuda_trainer_zero_grads(kiln_cuda_trainer *t) {
     CK(cudaMemsetAsync(t->grads, 0, (size_t)t->n * 4, t->stream), "cudaMemsetAsync");

@@ -148,8 +148,8 @@ static kiln_status setup(run *r) {
     m->z_loss = o->z_loss;
     if (o->gpu) { /* the GPU holds the activations, gradients and moments; the host keeps the model for checkpoints */
         if (o->adam.eight_bit) return kiln_fail(KILN_ERR_UNSUPPORTED, "--gpu trains with fp32 AdamW; 8-bit moments are CPU-only for now");
-        if ((s = kiln_cuda_trainer_new(m, o->B, o->T, &r->gpu))) return s;
-        kiln_cuda_trainer_set_deterministic(r->gpu, o->deterministic);
+        const unsigned flags = (o->deterministic ? KILN_CUDA_TRAIN_DETERMINISTIC : 0u) | (o->recompute ? KILN_CUDA_TRAIN_RECOMPUTE : 0u);
+        if ((s = kiln_cuda_trainer_new(m, o->B, o->T, flags, &r->gpu))) return s;
         if (o->resume && (s = kiln_cuda_trainer_set_state(r->gpu, r->opt.m, r->opt.v, r->opt.step))) return s;
         m->act_bytes = kiln_cuda_trainer_bytes(r->gpu);
     } else if ((s = kiln_llama_train_reserve(m, o->B, o->T, kiln_pool_size(r->pool))))
