@@ -38,10 +38,8 @@ static const bench_config configs[] = {
     {"350m", 32000, 1024, 24, 16, 4, 2816, 1024},/* its "350m" */
 };
 
-static double peer_tok_s(const char *python, const bench_config *c, int64_t B, int64_t T, int steps, int threads, char *ver, size_t nver) {
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s bench/bench_train_torch.py --config %s --B %lld --T %lld --steps %d --threads %d", python, c->name,
-             (long long)B, (long long)T, steps, threads);
+/* Runs a peer's command line and reads its JSON line: tokens_per_s (NAN when it fails) and the torch version. */
+static double run_peer(const char *cmd, char *ver, size_t nver) {
     FILE *p = popen(cmd, "r");
     if (!p) return NAN;
     char line[4096];
@@ -55,24 +53,20 @@ static double peer_tok_s(const char *python, const bench_config *c, int64_t B, i
     return pclose(p) == 0 ? tok : NAN;
 }
 
+static double peer_tok_s(const char *python, const bench_config *c, int64_t B, int64_t T, int steps, int threads, char *ver, size_t nver) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s bench/bench_train_torch.py --config %s --B %lld --T %lld --steps %d --threads %d", python, c->name,
+             (long long)B, (long long)T, steps, threads);
+    return run_peer(cmd, ver, nver);
+}
+
 /* The GPU peer: ../shared/bench/torch_llama_train.py (or `script`) --compile with the same config, B and T, run
- * by this process after kiln's own steps, so both figures come from one command on one machine. Its tokens/s,
- * or NAN when it fails. */
+ * by this process after kiln's own steps, so both figures come from one command on one machine. */
 static double peer_gpu_tok_s(const char *python, const char *script, const bench_config *c, int64_t B, int64_t T, char *ver,
                              size_t nver) {
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "%s %s --config %s --B %lld --T %lld --compile", python, script, c->name, (long long)B, (long long)T);
-    FILE *p = popen(cmd, "r");
-    if (!p) return NAN;
-    char line[4096];
-    double tok = NAN;
-    while (fgets(line, sizeof line, p)) {
-        const char *k = strstr(line, "\"tokens_per_s\":");
-        if (k) tok = atof(k + 15);
-        const char *v = strstr(line, "\"torch\": \"");
-        if (v) snprintf(ver, nver, "%.*s", (int)strcspn(v + 10, "\""), v + 10);
-    }
-    return pclose(p) == 0 ? tok : NAN;
+    return run_peer(cmd, ver, nver);
 }
 
 #ifdef KILN_CUDA
