@@ -28,8 +28,23 @@ CUDA ?= $(if $(shell command -v $(NVCC) 2>/dev/null),1,0)
 CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC) 2>/dev/null)))
 NVCCFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 -Iinclude -Isrc -Isrc/core
 
+# NCCL, for multi-GPU training (src/cuda/dist.cu), with CUDA only: found when nccl.h is in $(CUDA_HOME)/include or
+# /usr/include and libnccl.so in $(CUDA_HOME)/lib, $(CUDA_HOME)/lib64 or on the compiler's library path
+# (-print-file-name answers a bare name when it is not). Without it, src/cuda/dist_none.c answers "built without NCCL".
+ifeq ($(CUDA),1)
+NCCL_LIB := $(firstword $(wildcard $(CUDA_HOME)/lib/libnccl.so $(CUDA_HOME)/lib64/libnccl.so) \
+              $(filter /%,$(shell $(CC) -print-file-name=libnccl.so)))
+NCCL ?= $(if $(and $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h),$(NCCL_LIB)),1,0)
+endif
+ifeq ($(CUDA)$(NCCL),11)
+NCCL_DIR   := $(patsubst %/,%,$(dir $(NCCL_LIB)))
+CFLAGS     += -DKILN_NCCL=1
+NVCCFLAGS  += -DKILN_NCCL=1
+LDLIBS     += -L$(NCCL_DIR) -Wl,-rpath,$(NCCL_DIR) -lnccl
+endif
+
 C_SRC  := $(wildcard src/*/*.c)
-CU_SRC := $(if $(filter 1,$(CUDA)),$(wildcard src/cuda/*.cu),)
+CU_SRC := $(if $(filter 1,$(CUDA)),$(filter-out $(if $(filter 11,$(CUDA)$(NCCL)),,src/cuda/dist.cu),$(wildcard src/cuda/*.cu)),)
 OBJ    := $(C_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 ifeq ($(CUDA),1)
 CFLAGS += -DKILN_CUDA=1

@@ -114,14 +114,14 @@ static int64_t largest_batch(const kiln_llama_train *m, int64_t T, unsigned flag
     int64_t lo = 0, hi = 1;
     kiln_cuda_trainer *g = NULL;
     for (;; hi *= 2) {
-        if (kiln_cuda_trainer_new(m, hi, T, flags, &g) != KILN_OK) break;
+        if (kiln_cuda_trainer_new(m, hi, T, flags, NULL, &g) != KILN_OK) break;
         kiln_cuda_trainer_free(g);
         lo = hi;
         if (hi >= 65535) return lo;
     }
     while (hi - lo > 1) {
         const int64_t mid = lo + (hi - lo) / 2;
-        if (kiln_cuda_trainer_new(m, mid, T, flags, &g) == KILN_OK) kiln_cuda_trainer_free(g), lo = mid;
+        if (kiln_cuda_trainer_new(m, mid, T, flags, NULL, &g) == KILN_OK) kiln_cuda_trainer_free(g), lo = mid;
         else hi = mid;
     }
     return lo;
@@ -131,7 +131,7 @@ static int64_t largest_batch(const kiln_llama_train *m, int64_t T, unsigned flag
 static int bench_gpu(const bench_config *c, kiln_llama_train *m, int64_t B, int64_t T, int steps, kiln_pool *pool, const char *python,
                      const char *script, bool max_batch, unsigned flags) {
     kiln_cuda_trainer *g = NULL;
-    kiln_status s = kiln_cuda_trainer_new(m, B, T, flags, &g);
+    kiln_status s = kiln_cuda_trainer_new(m, B, T, flags, NULL, &g);
     int32_t *in = malloc((size_t)(B * T) * sizeof *in), *tg = malloc((size_t)(B * T) * sizeof *tg);
     double *t = malloc((size_t)steps * sizeof *t), loss = 0, norm = 0;
     if (!s && (!in || !tg || !t)) s = kiln_fail(KILN_ERR_NOMEM, "out of memory");

@@ -70,7 +70,7 @@ static void one_step(bool tied, float z_loss, int micro, int64_t B, int64_t T) {
     CHECK(kiln_llama_train_reserve(m, B, T, 2) == KILN_OK, "%s", kiln_last_error());
     CHECK(kiln_llama_train_reserve(m32, B, T, 2) == KILN_OK, "%s", kiln_last_error());
     kiln_cuda_trainer *g = NULL;
-    kiln_status st = kiln_cuda_trainer_new(m, B, T, 0, &g);
+    kiln_status st = kiln_cuda_trainer_new(m, B, T, 0, NULL, &g);
     CHECK(st == KILN_OK, "gpu trainer: %s", kiln_last_error());
     int32_t *in = malloc((size_t)N * sizeof *in), *tg = malloc((size_t)N * sizeof *tg);
     float *gg = malloc((size_t)m->n_params * sizeof *gg);
@@ -160,7 +160,7 @@ static void test_options_same_bits(void) {
     size_t bytes[5];
     for (int k = 0; k < 5; k++) {
         kiln_cuda_trainer *t = NULL;
-        CHECK(kiln_cuda_trainer_new(m, B_, T_, flags[k], &t) == KILN_OK, "%s", kiln_last_error());
+        CHECK(kiln_cuda_trainer_new(m, B_, T_, flags[k], NULL, &t) == KILN_OK, "%s", kiln_last_error());
         bytes[k] = kiln_cuda_trainer_bytes(t);
         g[k] = malloc((size_t)m->n_params * sizeof(float));
         int64_t cnt;
@@ -191,7 +191,7 @@ static void test_ten_adamw_steps(void) {
     CHECK(kiln_pool_create(2, &pool) == KILN_OK);
     CHECK(kiln_llama_train_reserve(m, B_, T_, 2) == KILN_OK, "%s", kiln_last_error());
     kiln_cuda_trainer *g = NULL;
-    CHECK(kiln_cuda_trainer_new(m, B_, T_, 0, &g) == KILN_OK, "%s", kiln_last_error());
+    CHECK(kiln_cuda_trainer_new(m, B_, T_, 0, NULL, &g) == KILN_OK, "%s", kiln_last_error());
     kiln_adamw_cfg cfg = kiln_adamw_defaults();
     cfg.grad_clip = 0.5f; /* active: the 2x-scale model's gradient norm (~11) is above it */
     kiln_param_segment *segs = malloc((size_t)m->n_tensors * sizeof *segs);

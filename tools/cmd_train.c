@@ -2,12 +2,14 @@
  * progress line per step and the validation results to stderr, and exits 1 with a one-line error. */
 #include "kiln.h"
 #include "tools/cmd.h"
+#include "train/launch.h"
 #include "train/train.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void usage(void) {
     fprintf(stderr,
@@ -21,6 +23,7 @@ static void usage(void) {
             "  device:        [--gpu [--deterministic] [--recompute]] (CUDA device 0: bf16 matmuls, fp32 master weights\n"
             "                 and AdamW; --deterministic: the same bits every run, so a resume repeats an uninterrupted run;\n"
             "                 --recompute: recompute norm and SwiGLU outputs in the backward, ~26%% less activation memory)\n"
+            "                 [--nproc N] (N processes, one per GPU, data parallel over NCCL; with --gpu)\n"
             "  loss:          [--label-smoothing E] [--z-loss Z]\n"
             "  eval, output:  [--eval-every N] [--eval-batches N] [--ckpt PATH] [--ckpt-every N] [-o OUT.gguf] [--out-best]\n"
             "                 [--log LOG.jsonl] [--name NAME] [--seed S] [-j THREADS]\n");
@@ -53,10 +56,38 @@ static void on_progress(void *user, const kiln_train_progress *p) {
             p->n_skipped ? " | skipped steps " : "", p->checkpoint ? " | checkpoint" : "");
 }
 
+/* `kiln train --nproc N`: this executable run as N ranks (src/train/launch.h) with the same arguments less
+ * "--nproc N" (argv[nproc_at], argv[nproc_at + 1]); a rank that fails stops the others. */
+static int launch_ranks(int argc, char **argv, int nproc_at, int n) {
+    char exe[4096];
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (k <= 0 || k >= (ssize_t)sizeof exe - 1) {
+        fprintf(stderr, "kiln: train: --nproc: cannot find this executable (/proc/self/exe)\n");
+        return 1;
+    }
+    exe[k] = 0;
+    char **rank_argv = malloc(((size_t)argc + 3) * sizeof *rank_argv);
+    if (!rank_argv) {
+        fprintf(stderr, "kiln: train: out of memory\n");
+        return 1;
+    }
+    int m = 0;
+    rank_argv[m++] = exe;
+    rank_argv[m++] = "train";
+    for (int i = 0; i < argc; i++)
+        if (i != nproc_at && i != nproc_at + 1) rank_argv[m++] = argv[i];
+    rank_argv[m] = NULL;
+    kiln_status s = kiln_launch_ranks(rank_argv, n, 10.0);
+    free(rank_argv);
+    return s ? kiln_cli_die(s) : 0;
+}
+
 int kiln_cmd_train(int argc, char **argv) {
     kiln_train_opts o = kiln_train_defaults();
     o.cfg.n_embd = 256, o.cfg.n_layer = 4, o.cfg.n_head = 8, o.cfg.n_head_kv = 4, o.cfg.n_ff = 704;
     bool warmup_set = false, min_lr_set = false;
+    int nproc_at = -1; /* the index of --nproc in argv */
+    double nproc = 1;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -96,6 +127,13 @@ int kiln_cmd_train(int argc, char **argv) {
                 fprintf(stderr, "kiln: train: unknown optimizer '%s' (adamw, adamw8bit)\n", v);
                 return 1;
             }
+        } else if (OPT("--nproc")) {
+            if (!kiln_cli_parse_num("train", "--nproc", v, 1, 4096, &nproc)) return 1;
+            if (nproc != (int)nproc) {
+                fprintf(stderr, "kiln: train: --nproc needs a whole number of processes, got '%s'\n", v);
+                return 1;
+            }
+            nproc_at = i - 1;
         } else if (OPT("--wd")) o.adam.weight_decay = (float)atof(v);
         else if (OPT("--clip")) o.adam.grad_clip = (float)atof(v);
         else if (OPT("--beta1")) o.adam.beta1 = (float)atof(v);
@@ -104,6 +142,7 @@ int kiln_cmd_train(int argc, char **argv) {
         else if (strcmp(a, "--gpu") == 0) o.gpu = true;
         else if (strcmp(a, "--deterministic") == 0) o.deterministic = true;
         else if (strcmp(a, "--recompute") == 0) o.recompute = true;
+        else if (strcmp(a, "--zero1") == 0) o.zero1 = true;
         else if (strcmp(a, "--tied") == 0) o.cfg.tied = true;
         else if (OPT("--label-smoothing")) o.label_smoothing = (float)atof(v);
         else if (OPT("--z-loss")) o.z_loss = (float)atof(v);
@@ -131,6 +170,8 @@ int kiln_cmd_train(int argc, char **argv) {
         fprintf(stderr, "kiln: train: --data DIR is required (shards from kiln data)\n");
         return 1;
     }
+    /* the launcher; its ranks (KILN_RANK set) train, whatever --nproc says */
+    if (nproc > 1 && !getenv("KILN_RANK")) return launch_ranks(argc, argv, nproc_at, (int)nproc);
     o.lr.total = o.steps;
     if (!warmup_set) o.lr.warmup = o.steps / 10;
     if (!min_lr_set) o.lr.min_lr = o.lr.lr / 10;

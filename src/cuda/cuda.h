@@ -80,7 +80,16 @@ struct kiln_adamw_cfg;
  * passes a layer. */
 #define KILN_CUDA_TRAIN_DETERMINISTIC 1u
 #define KILN_CUDA_TRAIN_RECOMPUTE 2u
-kiln_status kiln_cuda_trainer_new(const struct kiln_llama_train *m, int64_t B, int64_t T, unsigned flags, kiln_cuda_trainer **out);
+/* With dist (data parallel over NCCL, src/cuda/dist.h; NULL or a world of 1: one GPU) each rank trains on its own
+ * B x T rows and every step's loss and counts come back summed over the ranks. The gradient is summed over the
+ * ranks before the update: in buckets during the backward of the micro-batch that kiln_cuda_trainer_reduce_next
+ * marks, else in one piece in kiln_cuda_trainer_adamw. KILN_CUDA_TRAIN_ZERO1 shards the AdamW moments: a
+ * reduce-scatter of the gradient, each rank's update of its shard with the global norm's clip, an all-gather of
+ * the fp32 params (the forward reads the norms and the embedding in fp32) and the bf16 mirror rebuilt locally. */
+#define KILN_CUDA_TRAIN_ZERO1 4u
+struct kiln_dist;
+kiln_status kiln_cuda_trainer_new(const struct kiln_llama_train *m, int64_t B, int64_t T, unsigned flags, struct kiln_dist *dist,
+                                  kiln_cuda_trainer **out);
 void kiln_cuda_trainer_free(kiln_cuda_trainer *t); /* accepts NULL */
 size_t kiln_cuda_trainer_bytes(const kiln_cuda_trainer *t);
 /* As kiln_llama_train_step: forward of inputs (B*T ids), the loss against targets (-1 ignored), and when
@@ -88,6 +97,11 @@ size_t kiln_cuda_trainer_bytes(const kiln_cuda_trainer *t);
 kiln_status kiln_cuda_trainer_step(kiln_cuda_trainer *t, const int32_t *inputs, const int32_t *targets, float grad_scale,
                                    double *loss_sum, int64_t *n_counted);
 kiln_status kiln_cuda_trainer_zero_grads(kiln_cuda_trainer *t);
+/* Data parallel: the next kiln_cuda_trainer_step is the optimizer step's last micro-batch, so its backward sums
+ * each bucket of the gradient over the ranks as soon as it is final, overlapped with the rest of the backward. */
+void kiln_cuda_trainer_reduce_next(kiln_cuda_trainer *t);
+/* Data parallel: *flag becomes rank 0's (a collective: every rank calls it at the same point). */
+kiln_status kiln_cuda_trainer_agree(kiln_cuda_trainer *t, bool *flag);
 /* One fp32 AdamW update at lr (8-bit moments are not on the GPU: KILN_ERR_UNSUPPORTED); *skipped when the
  * gradient was non-finite (nothing changed). */
 kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const struct kiln_adamw_cfg *cfg, float lr, double *grad_norm,
@@ -97,7 +111,7 @@ kiln_status kiln_cuda_trainer_download(const kiln_cuda_trainer *t, float *params
 /* What a checkpoint needs, into host memory (any may be NULL): params, the AdamW moments m and v (n_params each),
  * the count of applied updates and of skipped non-finite embedding-gradient rows; and its inverse for a resume
  * (the params come with the model the trainer was made from). */
-kiln_status kiln_cuda_trainer_get_state(const kiln_cuda_trainer *t, float *params, float *m, float *v, int64_t *opt_step,
+kiln_status kiln_cuda_trainer_get_state(kiln_cuda_trainer *t, float *params, float *m, float *v, int64_t *opt_step,
                                         int64_t *n_embed_skipped);
 kiln_status kiln_cuda_trainer_set_state(kiln_cuda_trainer *t, const float *m, const float *v, int64_t opt_step);
 

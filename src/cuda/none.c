@@ -39,7 +39,8 @@ kiln_status kiln_cuda_copy_bandwidth(double *gb_per_s) {
     *gb_per_s = 0;
     return no_cuda();
 }
-kiln_status kiln_cuda_trainer_new(const struct kiln_llama_train *m, int64_t B, int64_t T, unsigned flags, kiln_cuda_trainer **out) {
+kiln_status kiln_cuda_trainer_new(const struct kiln_llama_train *m, int64_t B, int64_t T, unsigned flags, struct kiln_dist *dist,
+                                  kiln_cuda_trainer **out) {
     *out = NULL;
     return no_cuda();
 }
@@ -50,11 +51,13 @@ kiln_status kiln_cuda_trainer_step(kiln_cuda_trainer *t, const int32_t *inputs, 
     return no_cuda();
 }
 kiln_status kiln_cuda_trainer_zero_grads(kiln_cuda_trainer *t) { return no_cuda(); }
+void kiln_cuda_trainer_reduce_next(kiln_cuda_trainer *t) {}
+kiln_status kiln_cuda_trainer_agree(kiln_cuda_trainer *t, bool *flag) { return no_cuda(); }
 kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const struct kiln_adamw_cfg *cfg, float lr, double *grad_norm, bool *skipped) {
     return no_cuda();
 }
 kiln_status kiln_cuda_trainer_download(const kiln_cuda_trainer *t, float *params, float *grads) { return no_cuda(); }
-kiln_status kiln_cuda_trainer_get_state(const kiln_cuda_trainer *t, float *params, float *m, float *v, int64_t *opt_step,
+kiln_status kiln_cuda_trainer_get_state(kiln_cuda_trainer *t, float *params, float *m, float *v, int64_t *opt_step,
                                         int64_t *n_embed_skipped) {
     return no_cuda();
 }

@@ -119,6 +119,13 @@ kiln_status kiln_cuda_cross_entropy(float *losses, kiln_bf16_t *dlogits, const k
  * refreshed from the new params. step is the 1-based update count (bias correction). d_norm (1) f32 and
  * d_skipped (1) int32 are device outputs; the caller reads them when it needs them. */
 size_t kiln_cuda_adamw_ws_bytes(int64_t n);
+/* kiln_cuda_adamw in two stages, for data-parallel training: the sum of squares of n grads into *d_sumsq (a device
+ * double; fixed order), then, once the caller has made it the sum over every rank's shard, the update of n params
+ * with the global norm's clip. ws as kiln_cuda_adamw's (kiln_cuda_adamw_ws_bytes of the larger n). */
+kiln_status kiln_cuda_grad_sumsq(double *d_sumsq, const float *grads, int64_t n, void *ws, void *stream);
+kiln_status kiln_cuda_adamw_apply(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror, const uint8_t *decay,
+                                  int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_clip,
+                                  int64_t step, const double *d_sumsq, float *d_norm, int32_t *d_skipped, void *ws, void *stream);
 kiln_status kiln_cuda_adamw(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror, const uint8_t *decay,
                             int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_clip,
                             int64_t step, float *d_norm, int32_t *d_skipped, void *ws, void *stream);

@@ -272,9 +272,10 @@ extern "C" kiln_status kiln_cuda_cross_entropy(float *losses, kiln_bf16_t *dlogi
  *   1. sumsq: a grid fixed by n alone (norm_blocks) strides over grads, each thread adding exact double squares
  *      (a float's square fits a double's 53 bits) into one double, each block reducing its threads in a fixed tree
  *      into ws's partial[block];
- *   2. norm_finish: one block sums the partials in a fixed order, norm = sqrt(sum) in double, and writes d_norm
- *      (f32), d_skipped (norm not finite) and, into ws, the skip flag and the clip factor min(1, clip / norm)
- *      computed in double from the double norm as optim.c does, then rounded to float;
+ *   2. sum_partials: one block sums the partials in a fixed order into a double (kiln_cuda_grad_sumsq ends here:
+ *      data-parallel training adds the ranks' sums before the next stage); norm_finish: norm = sqrt(sum) in
+ *      double, and writes d_norm (f32), d_skipped (norm not finite) and, into ws, the skip flag and the clip
+ *      factor min(1, clip / norm) computed in double from the double norm as optim.c does, then rounded to float;
  *   3. update: elementwise, optim.c's adam_run float for float, unless the flag says skip (then it returns
  *      before touching anything: params, m, v and the mirror stay byte for byte as they were).
  * The norm matches kiln_grad_norm up to the order of a double sum (~1e-16 relative), so the clip factor is
@@ -304,9 +305,9 @@ static int64_t norm_blocks(int64_t n) {
     return g < 1 ? 1 : g > NORM_MAX_BLOCKS ? NORM_MAX_BLOCKS : g;
 }
 
-/* ws: partial (norm_blocks(n)) doubles, then the adamw_flags (8-byte aligned). */
+/* ws: partial (norm_blocks(n)) doubles, then the adamw_flags, then the sum of squares (a double). */
 extern "C" size_t kiln_cuda_adamw_ws_bytes(int64_t n) {
-    return (size_t)norm_blocks(n < 0 ? 0 : n) * sizeof(double) + sizeof(adamw_flags);
+    return (size_t)norm_blocks(n < 0 ? 0 : n) * sizeof(double) + sizeof(adamw_flags) + sizeof(double);
 }
 
 /* grid (norm_blocks(n)), block (NORM_THREADS). VEC: g 16-byte aligned. */
@@ -335,26 +336,29 @@ __global__ void __launch_bounds__(NORM_THREADS) adamw_sumsq_kernel(double *parti
     if (threadIdx.x == 0) partial[blockIdx.x] = sum;
 }
 
-/* grid (1), block (NORM_THREADS). */
-__global__ void __launch_bounds__(NORM_THREADS)
-    adamw_norm_finish_kernel(float *d_norm, int32_t *d_skipped, adamw_flags *flags, const double *partial, int n_partial,
-                             float grad_clip) {
+/* grid (1), block (NORM_THREADS): the partials in a fixed order into *d_sumsq. */
+__global__ void __launch_bounds__(NORM_THREADS) adamw_sum_partials_kernel(double *d_sumsq, const double *partial, int n_partial) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
     __shared__ double sh[32];
     double acc = 0.0;
     for (int i = threadIdx.x; i < n_partial; i += blockDim.x) acc += partial[i];
     const double sum = block_sum(acc, sh);
-    if (threadIdx.x == 0) {
-        const double norm = __dsqrt_rn(sum);
-        const bool finite = isfinite(norm);
-        double clip = 1.0;
-        if (grad_clip > 0.0f && norm > (double)grad_clip) clip = __ddiv_rn((double)grad_clip, norm);
-        *d_norm = (float)norm;
-        *d_skipped = finite ? 0 : 1;
-        flags->clip = (float)clip;
-        flags->skip = finite ? 0 : 1;
-    }
+    if (threadIdx.x == 0) *d_sumsq = sum;
+}
+
+/* grid (1), block (1): the norm, the clip factor and the skip flag from the sum of squares. */
+__global__ void adamw_norm_finish_kernel(float *d_norm, int32_t *d_skipped, adamw_flags *flags, const double *d_sumsq, float grad_clip) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
+    const double norm = __dsqrt_rn(*d_sumsq);
+    const bool finite = isfinite(norm);
+    double clip = 1.0;
+    if (grad_clip > 0.0f && norm > (double)grad_clip) clip = __ddiv_rn((double)grad_clip, norm);
+    *d_norm = (float)norm;
+    *d_skipped = finite ? 0 : 1;
+    flags->clip = (float)clip;
+    flags->skip = finite ? 0 : 1;
 }
 
 /* optim.c's adam_run for one element, the same float operations in the same order. */
@@ -412,14 +416,30 @@ __global__ void __launch_bounds__(UPDATE_THREADS)
     }
 }
 
-extern "C" kiln_status kiln_cuda_adamw(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror,
-                                       const uint8_t *decay, int64_t n, float lr, float beta1, float beta2, float eps,
-                                       float weight_decay, float grad_clip, int64_t step, float *d_norm, int32_t *d_skipped,
-                                       void *ws, void *stream) {
-    if (n < 0 || (n > 0 && (!params || !grads || !m || !v || !decay)) || !d_norm || !d_skipped || !ws || !aligned(ws, 8))
+extern "C" kiln_status kiln_cuda_grad_sumsq(double *d_sumsq, const float *grads, int64_t n, void *ws, void *stream) {
+    if (n < 0 || (n > 0 && !grads) || !d_sumsq || !ws || !aligned(ws, 8))
+        return kiln_fail(KILN_ERR_INVALID, "cuda grad_sumsq: n %lld, grads %s, d_sumsq %s, ws %s", (long long)n, grads ? "given" : "NULL",
+                         d_sumsq ? "given" : "NULL", ws ? (aligned(ws, 8) ? "aligned" : "misaligned") : "NULL");
+    const int64_t nb = norm_blocks(n);
+    double *partial = (double *)ws; /* (nb) */
+    cudaStream_t s = (cudaStream_t)stream;
+    const bool vec_norm = aligned(grads, 16);
+    cudaError_t e = vec_norm ? kiln_launch(adamw_sumsq_kernel<true>, dim3((unsigned)nb), dim3(NORM_THREADS), 0, s, partial, grads, n)
+                             : kiln_launch(adamw_sumsq_kernel<false>, dim3((unsigned)nb), dim3(NORM_THREADS), 0, s, partial, grads, n);
+    kiln_status st = checked("adamw sumsq", e);
+    if (st != KILN_OK) return st;
+    return checked("adamw sumsq total", kiln_launch(adamw_sum_partials_kernel, dim3(1), dim3(NORM_THREADS), 0, s, d_sumsq,
+                                                     (const double *)partial, (int)nb));
+}
+
+extern "C" kiln_status kiln_cuda_adamw_apply(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror,
+                                             const uint8_t *decay, int64_t n, float lr, float beta1, float beta2, float eps,
+                                             float weight_decay, float grad_clip, int64_t step, const double *d_sumsq,
+                                             float *d_norm, int32_t *d_skipped, void *ws, void *stream) {
+    if (n < 0 || (n > 0 && (!params || !grads || !m || !v || !decay)) || !d_sumsq || !d_norm || !d_skipped || !ws || !aligned(ws, 8))
         return kiln_fail(KILN_ERR_INVALID,
-                         "cuda adamw: n %lld; params, grads, m, v, decay, d_norm, d_skipped and an 8-byte aligned ws are "
-                         "required (ws %s)",
+                         "cuda adamw: n %lld; params, grads, m, v, decay, d_sumsq, d_norm, d_skipped and an 8-byte aligned ws "
+                         "are required (ws %s)",
                          (long long)n, ws ? (aligned(ws, 8) ? "aligned" : "misaligned") : "NULL");
     if (step < 1 || !(beta1 >= 0.0f && beta1 < 1.0f && beta2 >= 0.0f && beta2 < 1.0f) || !(eps > 0.0f) || isnan(grad_clip))
         return kiln_fail(KILN_ERR_INVALID, "cuda adamw: step %lld (from 1), betas (%g, %g) in [0, 1), eps %g > 0, clip %g",
@@ -437,18 +457,11 @@ extern "C" kiln_status kiln_cuda_adamw(float *params, const float *grads, float 
     k.eps = eps;
     k.decay_mul = (float)(1.0 - (double)lr * (double)weight_decay);
 
-    const int64_t nb = norm_blocks(n);
-    double *partial = (double *)ws;                        /* (nb) */
-    adamw_flags *flags = (adamw_flags *)(partial + nb);    /* (1) */
+    adamw_flags *flags = (adamw_flags *)((double *)ws + norm_blocks(n)); /* (1), after the partials */
     cudaStream_t s = (cudaStream_t)stream;
-    const bool vec_norm = aligned(grads, 16);
-    cudaError_t e = vec_norm ? kiln_launch(adamw_sumsq_kernel<true>, dim3((unsigned)nb), dim3(NORM_THREADS), 0, s, partial, grads, n)
-                             : kiln_launch(adamw_sumsq_kernel<false>, dim3((unsigned)nb), dim3(NORM_THREADS), 0, s, partial, grads, n);
-    kiln_status st = checked("adamw sumsq", e);
+    kiln_status st = checked("adamw norm", kiln_launch(adamw_norm_finish_kernel, dim3(1), dim3(1), 0, s, d_norm, d_skipped, flags,
+                                                       d_sumsq, grad_clip));
     if (st != KILN_OK) return st;
-    e = kiln_launch(adamw_norm_finish_kernel, dim3(1), dim3(NORM_THREADS), 0, s, d_norm, d_skipped, flags, (const double *)partial,
-                    (int)nb, grad_clip);
-    if ((st = checked("adamw norm", e)) != KILN_OK) return st;
     if (n == 0) return KILN_OK;
     const bool vec = aligned(params, 16) && aligned(grads, 16) && aligned(m, 16) && aligned(v, 16) && aligned(decay, 4) &&
                      aligned(mirror, 8);
@@ -456,9 +469,23 @@ extern "C" kiln_status kiln_cuda_adamw(float *params, const float *grads, float 
     int64_t blocks = (work + UPDATE_THREADS - 1) / UPDATE_THREADS;
     blocks = blocks > UPDATE_MAX_BLOCKS ? UPDATE_MAX_BLOCKS : blocks;
     const dim3 grid((unsigned)blocks), block(UPDATE_THREADS);
-    e = vec ? kiln_launch(adamw_update_kernel<true>, grid, block, 0, s, params, grads, m, v, mirror, decay, n, k,
-                          (const adamw_flags *)flags)
-            : kiln_launch(adamw_update_kernel<false>, grid, block, 0, s, params, grads, m, v, mirror, decay, n, k,
-                          (const adamw_flags *)flags);
+    const cudaError_t e = vec ? kiln_launch(adamw_update_kernel<true>, grid, block, 0, s, params, grads, m, v, mirror, decay, n, k,
+                                            (const adamw_flags *)flags)
+                              : kiln_launch(adamw_update_kernel<false>, grid, block, 0, s, params, grads, m, v, mirror, decay, n, k,
+                                            (const adamw_flags *)flags);
     return checked("adamw update", e);
+}
+
+extern "C" kiln_status kiln_cuda_adamw(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror,
+                                       const uint8_t *decay, int64_t n, float lr, float beta1, float beta2, float eps,
+                                       float weight_decay, float grad_clip, int64_t step, float *d_norm, int32_t *d_skipped,
+                                       void *ws, void *stream) {
+    if (n < 0 || !ws || !aligned(ws, 8))
+        return kiln_fail(KILN_ERR_INVALID, "cuda adamw: n %lld, ws %s", (long long)n, ws ? (aligned(ws, 8) ? "aligned" : "misaligned") : "NULL");
+    /* the sum of squares lives after the partials and the flags */
+    double *d_sumsq = (double *)((char *)ws + (size_t)norm_blocks(n) * sizeof(double) + sizeof(adamw_flags));
+    kiln_status st = kiln_cuda_grad_sumsq(d_sumsq, grads, n, ws, stream);
+    if (st != KILN_OK) return st;
+    return kiln_cuda_adamw_apply(params, grads, m, v, mirror, decay, n, lr, beta1, beta2, eps, weight_decay, grad_clip, step, d_sumsq,
+                                 d_norm, d_skipped, ws, stream);
 }

@@ -18,6 +18,7 @@
  * Written this session without a GPU: tests/test_cuda_train.c (one step against the CPU trainer: the loss and
  * every parameter gradient, then ten AdamW steps) is its check, to be run on the GPU machine. */
 #include "cuda/cuda.h"
+#include "cuda/dist.h"
 #include "cuda/train_kernels.h"
 #include "model/llama_train.h"
 #include "train/optim.h"
@@ -74,12 +75,32 @@ struct kiln_cuda_trainer {
     float *h_losses;                  /* (N) pinned */
     bool deterministic;               /* attention backward: same bits every run (true) or dq by atomics (faster) */
     bool recompute;                   /* ln1, ln2, h: one shared copy, recomputed per layer in the backward */
+    /* data parallel (kiln_dist): n_pad = n rounded up to a multiple of world; params, grads, mirror and decay have
+     * n_pad elements (the pad stays zero). Without ZeRO-1 every rank holds all moments (n) and the gradients are
+     * all-reduced in buckets (a layer each, the head, the embedding) on the comm stream as soon as the backward has
+     * finished them; with ZeRO-1 rank r holds the moments of shard [r S, r S + S), S = n_pad / world, the grads are
+     * reduce-scattered, the shard updated, and the fp32 params all-gathered (the forward reads the norms and the
+     * embedding in fp32), the mirror rebuilt locally. */
+    kiln_dist *dist;                  /* NULL: one GPU */
+    int rank, world;
+    bool zero1;
+    int64_t n_pad, shard;             /* shard: S with ZeRO-1, else n_pad */
+    cudaStream_t comm;                /* the collectives' stream */
+    cudaEvent_t *ev;                  /* (L + 3) bucket-ready events, then the comm-done event */
+    bool reduce_next;                 /* the next step is the last micro-batch: reduce its buckets during its backward */
+    bool reduced;                     /* the grads are already reduced for this optimizer step */
+    double *d_red;                    /* (4) device doubles for the loss and flag collectives; d_red[3] the sum of squares */
 };
 
 static size_t al(size_t n) { return (n + 255) & ~(size_t)255; }
 
 extern "C" void kiln_cuda_trainer_free(kiln_cuda_trainer *t) {
     if (!t) return;
+    if (t->ev)
+        for (int64_t i = 0; i < t->m->cfg.n_layer + 3; i++)
+            if (t->ev[i]) cudaEventDestroy(t->ev[i]);
+    free(t->ev);
+    if (t->comm) cudaStreamDestroy(t->comm);
     kiln_cuda_blas_free(t->blas);
     cudaFree(t->params);
     cudaFree(t->buf);
@@ -89,7 +110,8 @@ extern "C" void kiln_cuda_trainer_free(kiln_cuda_trainer *t) {
     free(t);
 }
 
-extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t B, int64_t T, unsigned flags, kiln_cuda_trainer **out) {
+extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t B, int64_t T, unsigned flags, struct kiln_dist *dist,
+                                              kiln_cuda_trainer **out) {
     *out = NULL;
     const kiln_llama_config *c = &m->cfg;
     const int64_t N = B * T, C = c->n_embd, NH = c->n_head, NKV = c->n_head_kv, HS = c->head_dim, F = c->n_ff, V = c->n_vocab;
@@ -115,6 +137,9 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     }
     const int64_t chunk = N < HEAD_CHUNK ? N : HEAD_CHUNK;
     const size_t f4 = 4, b2 = 2;
+    const int world = dist ? kiln_dist_world(dist) : 1;
+    const bool zero1 = world > 1 && (flags & KILN_CUDA_TRAIN_ZERO1) != 0;
+    const int64_t n = m->n_params, n_pad = (n + world - 1) / world * world, shard = zero1 ? n_pad / world : n_pad;
     /* per layer: x, mid (N C f32), rstd1, rstd2 (N), lse (N NH), gu (N 2F bf16), ln1, ln2 (N C bf16), qkv (N QKV
      * bf16), att (N Q bf16), h (N F bf16) */
     /* with recompute, ln1, ln2 and h are one shared copy (counted once, after the layers) */
@@ -123,7 +148,7 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     const size_t layer_bytes = 2 * al((size_t)(N * C) * f4) + 2 * al((size_t)N * f4) + al((size_t)(N * NH) * f4) +
                                al((size_t)(N * 2 * F) * b2) + al((size_t)(N * QKV) * b2) + al((size_t)(N * Q) * b2) +
                                (recompute ? 0 : saved_bytes);
-    size_t ws = kiln_cuda_adamw_ws_bytes(m->n_params);
+    size_t ws = kiln_cuda_adamw_ws_bytes(n_pad);
     const size_t ws_att = kiln_cuda_attention_backward_ws_bytes(B, T, NH), ws_norm = kiln_cuda_rmsnorm_backward_ws_bytes(N, C);
     const size_t ws_emb = kiln_cuda_embed_backward_det_ws_bytes(N, V);
     if (ws_att > ws) ws = ws_att;
@@ -133,9 +158,10 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     const size_t buf_bytes = (size_t)L * layer_bytes + (recompute ? saved_bytes : 0) + al((size_t)(N * C) * f4) + al((size_t)N * f4) + al((size_t)(N * C) * b2) +
                              al((size_t)(chunk * V) * b2) + al((size_t)N * f4) + 2 * al((size_t)(N * C) * f4) +
                              al((size_t)(N * QKV) * f4) + al((size_t)(N * wide) * b2) + al((size_t)(N * QKV) * b2) +
-                             al((size_t)(N * 2 * F) * b2) + al((size_t)(N * F) * b2) + al(ws) + 2 * al((size_t)N * 4) + al(16) +
-                             (size_t)m->n_params;
-    const size_t param_bytes = (size_t)m->n_params * (4 * f4 + b2);
+                             al((size_t)(N * 2 * F) * b2) + al((size_t)(N * F) * b2) + al(ws) + 2 * al((size_t)N * 4) + al(64) +
+                             (size_t)n_pad;
+    /* params, grads (n_pad f32), m, v (shard f32 each), mirror (n_pad bf16) */
+    const size_t param_bytes = (size_t)n_pad * (2 * f4 + b2) + (size_t)shard * 2 * f4;
     size_t free_b = 0, total_b = 0;
     CK(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
     const size_t need = buf_bytes + param_bytes + kiln_cuda_blas_bytes();
@@ -146,7 +172,9 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
 
     kiln_cuda_trainer *t = (kiln_cuda_trainer *)calloc(1, sizeof *t);
     if (!t) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
-    t->m = m, t->B = B, t->T = T, t->N = N, t->n = m->n_params, t->bytes = need;
+    t->m = m, t->B = B, t->T = T, t->N = N, t->n = n, t->bytes = need;
+    t->dist = world > 1 ? dist : NULL, t->world = world, t->rank = dist ? kiln_dist_rank(dist) : 0, t->zero1 = zero1;
+    t->n_pad = n_pad, t->shard = shard;
     t->embed_skipped0 = m->n_embed_skipped;
     t->deterministic = (flags & KILN_CUDA_TRAIN_DETERMINISTIC) != 0;
     t->recompute = recompute;
@@ -158,13 +186,22 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
                 (e = cudaMallocHost((void **)&t->h_losses, (size_t)N * f4)) != cudaSuccess))
         st = kiln_fail(KILN_ERR_NOMEM, "gpu train: allocating %.2f GiB failed: %s", need / 1073741824.0, cudaGetErrorString(e));
     if (!st) st = kiln_cuda_blas_new(&t->blas);
+    if (!st && t->dist) { /* the comm stream and its events */
+        t->ev = (cudaEvent_t *)calloc((size_t)(L + 3), sizeof *t->ev);
+        if (!t->ev) st = kiln_fail(KILN_ERR_NOMEM, "out of memory");
+        if (!st && (e = cudaStreamCreateWithFlags(&t->comm, cudaStreamNonBlocking)) != cudaSuccess)
+            st = kiln_fail(KILN_ERR_IO, "gpu train: a stream for the collectives: %s", cudaGetErrorString(e));
+        for (int64_t i = 0; !st && i < L + 3; i++)
+            if ((e = cudaEventCreateWithFlags(&t->ev[i], cudaEventDisableTiming)) != cudaSuccess)
+                st = kiln_fail(KILN_ERR_IO, "gpu train: events for the collectives: %s", cudaGetErrorString(e));
+    }
     if (st) {
         kiln_cuda_trainer_free(t);
         return st;
     }
-    /* parameter state: params, grads, m, v (f32) then the mirror (bf16), one allocation */
-    t->grads = t->params + t->n, t->am = t->grads + t->n, t->av = t->am + t->n;
-    t->mirror = (kiln_bf16_t *)(t->av + t->n);
+    /* parameter state: params, grads (n_pad), m, v (shard) (f32) then the mirror (bf16, n_pad), one allocation */
+    t->grads = t->params + n_pad, t->am = t->grads + n_pad, t->av = t->am + shard;
+    t->mirror = (kiln_bf16_t *)(t->av + shard);
     char *p = (char *)t->buf;
 #define CARVE(dst, type, count) (dst = (type *)p, p += al((size_t)(count) * sizeof(type)))
     for (int64_t l = 0; l < L; l++) {
@@ -200,11 +237,12 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     t->ws = p, t->ws_bytes = ws, p += al(ws);
     CARVE(t->ids, int32_t, N);
     CARVE(t->targets, int32_t, N);
-    t->d_norm = (float *)p, t->d_skipped = (int32_t *)(p + 4), t->d_embed_skipped = (int32_t *)(p + 8), p += al(16);
+    t->d_norm = (float *)p, t->d_skipped = (int32_t *)(p + 4), t->d_embed_skipped = (int32_t *)(p + 8);
+    t->d_red = (double *)(p + 16), p += al(64);
     t->decay = (uint8_t *)p;
 #undef CARVE
     /* the master weights and the decay mask from the host model; grads and moments zero; the mirror from params */
-    uint8_t *h_decay = (uint8_t *)calloc((size_t)t->n, 1);
+    uint8_t *h_decay = (uint8_t *)calloc((size_t)n_pad, 1);
     if (!h_decay) {
         kiln_cuda_trainer_free(t);
         return kiln_fail(KILN_ERR_NOMEM, "out of memory");
@@ -212,17 +250,17 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     for (int i = 0; i < m->n_tensors; i++)
         if (m->tensors[i].decay) memset(h_decay + m->tensors[i].offset, 1, (size_t)m->tensors[i].n);
     /* everything on the trainer's stream: it is non-blocking, so it would not wait for the legacy default stream */
-    e = cudaMemcpyAsync(t->params, m->params, (size_t)t->n * f4, cudaMemcpyHostToDevice, t->stream);
-    if (e == cudaSuccess) e = cudaMemcpyAsync(t->decay, h_decay, (size_t)t->n, cudaMemcpyHostToDevice, t->stream);
-    if (e == cudaSuccess) e = cudaMemsetAsync(t->grads, 0, (size_t)t->n * 3 * f4, t->stream);
-    if (e == cudaSuccess) e = cudaMemsetAsync(t->d_norm, 0, 16, t->stream);
+    e = cudaMemsetAsync(t->params, 0, param_bytes, t->stream); /* the pad, grads and moments zero */
+    if (e == cudaSuccess) e = cudaMemcpyAsync(t->params, m->params, (size_t)n * f4, cudaMemcpyHostToDevice, t->stream);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(t->decay, h_decay, (size_t)n_pad, cudaMemcpyHostToDevice, t->stream);
+    if (e == cudaSuccess) e = cudaMemsetAsync(t->d_norm, 0, 64, t->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(t->stream); /* before h_decay goes */
     free(h_decay);
     if (e != cudaSuccess) {
         kiln_cuda_trainer_free(t);
         return kiln_fail(KILN_ERR_IO, "gpu train: upload failed: %s", cudaGetErrorString(e));
     }
-    if ((st = kiln_cuda_to_bf16(t->mirror, t->params, t->n, t->stream)) || (e = cudaStreamSynchronize(t->stream)) != cudaSuccess) {
+    if ((st = kiln_cuda_to_bf16(t->mirror, t->params, n_pad, t->stream)) || (e = cudaStreamSynchronize(t->stream)) != cudaSuccess) {
         kiln_cuda_trainer_free(t);
         return st ? st : kiln_fail(KILN_ERR_IO, "gpu train: mirror failed: %s", cudaGetErrorString(e));
     }
@@ -290,7 +328,43 @@ static kiln_status head(kiln_cuda_trainer *t, float dscale) {
     return KILN_OK;
 }
 
-static kiln_status backward(kiln_cuda_trainer *t) {
+/* ---------------------------------------------------------------- data parallel: gradient buckets
+ * Bucket b < L is layer b's tensors (contiguous in the flat buffer: attn_norm .. w_down), b == L everything after
+ * the last layer (output norm, an untied output, the pad), b == L + 1 everything before layer 0 (the embedding,
+ * which a tied output shares). The backward finishes them in the order L, L - 1, ..., 0, L + 1. False when the
+ * layout is not so (then the gradient is reduced in one piece before the update). */
+static bool bucket_range(const kiln_cuda_trainer *t, int64_t b, int64_t *off, int64_t *len) {
+    const kiln_llama_train *m = t->m;
+    const int64_t L = m->cfg.n_layer;
+    int64_t lo[2], hi[2];
+    for (int k = 0; k < 2; k++) { /* layer 0 and layer L - 1's spans */
+        const kiln_train_layer *w = &m->layers[k == 0 ? 0 : L - 1];
+        const int idx[9] = {w->attn_norm, w->wq, w->wk, w->wv, w->wo, w->ffn_norm, w->w_gate, w->w_up, w->w_down};
+        lo[k] = INT64_MAX, hi[k] = 0;
+        for (int i = 0; i < 9; i++) {
+            const kiln_train_tensor *ts = &m->tensors[idx[i]];
+            if (ts->offset < lo[k]) lo[k] = ts->offset;
+            if (ts->offset + ts->n > hi[k]) hi[k] = ts->offset + ts->n;
+        }
+    }
+    const int64_t per = hi[0] - lo[0]; /* every layer has the same shapes */
+    if (hi[1] - lo[1] != per || lo[1] != lo[0] + (L - 1) * per) return false;
+    if (b < L) *off = lo[0] + b * per, *len = per;
+    else if (b == L) *off = hi[1], *len = t->n_pad - hi[1];
+    else *off = 0, *len = lo[0];
+    return true;
+}
+
+/* Bucket b's gradient is final on the compute stream: sum it over the ranks on the comm stream, after it. */
+static kiln_status reduce_bucket(kiln_cuda_trainer *t, int64_t b) {
+    int64_t off, len;
+    if (!bucket_range(t, b, &off, &len)) return kiln_fail(KILN_ERR_INVALID, "gpu train: the gradient buckets do not tile the buffer");
+    CK(cudaEventRecord(t->ev[b], t->stream), "cudaEventRecord");
+    CK(cudaStreamWaitEvent(t->comm, t->ev[b], 0), "cudaStreamWaitEvent");
+    return len > 0 ? kiln_dist_allreduce_f32(t->dist, t->grads + off, len, t->comm) : KILN_OK;
+}
+
+static kiln_status backward(kiln_cuda_trainer *t, bool reduce) {
     const kiln_llama_train *m = t->m;
     const kiln_llama_config *c = &m->cfg;
     const int64_t B = t->B, T = t->T, N = t->N, C = c->n_embd, NH = c->n_head, NKV = c->n_head_kv, HS = c->head_dim, F = c->n_ff;
@@ -300,6 +374,7 @@ static kiln_status backward(kiln_cuda_trainer *t) {
     CK(cudaMemsetAsync(t->dx, 0, (size_t)(N * C) * 4, cs), "cudaMemsetAsync");
     TRY(kiln_cuda_rmsnorm_backward(t->dx, t->dxb, G(t, m->output_norm), t->dln, t->xL, P(t, m->output_norm), t->rstdf, N, C, t->ws,
                                    s));
+    if (reduce) TRY(reduce_bucket(t, L)); /* the output norm and an untied output are final */
     for (int64_t l = L - 1; l >= 0; l--) {
         const kiln_train_layer *w = &m->layers[l];
         layer_acts *a = &t->layers[l];
@@ -322,10 +397,17 @@ static kiln_status backward(kiln_cuda_trainer *t) {
         /* the first layer's dx goes to the embedding only: no bf16 copy */
         TRY(kiln_cuda_rmsnorm_backward(t->dx, l > 0 ? t->dxb : NULL, G(t, w->attn_norm), t->dln, a->x, P(t, w->attn_norm), a->rstd1, N,
                                        C, t->ws, s));
+        if (reduce) TRY(reduce_bucket(t, l));
     }
     /* the deterministic scatter: the same bits every run, so a resumed run repeats an uninterrupted one (it costs
      * ~0.1 ms a step at N 16384 over the atomic one, so it is used in both modes) */
-    return kiln_cuda_embed_backward_det(G(t, m->tok_embd), t->dx, t->ids, N, C, c->n_vocab, t->d_embed_skipped, t->ws, s);
+    TRY(kiln_cuda_embed_backward_det(G(t, m->tok_embd), t->dx, t->ids, N, C, c->n_vocab, t->d_embed_skipped, t->ws, s));
+    if (reduce) { /* the embedding, then the compute stream waits for every bucket */
+        TRY(reduce_bucket(t, L + 1));
+        CK(cudaEventRecord(t->ev[L + 2], t->comm), "cudaEventRecord");
+        CK(cudaStreamWaitEvent(t->stream, t->ev[L + 2], 0), "cudaStreamWaitEvent");
+    }
+    return KILN_OK;
 }
 
 extern "C" kiln_status kiln_cuda_trainer_step(kiln_cuda_trainer *t, const int32_t *inputs, const int32_t *targets, float grad_scale,
@@ -343,26 +425,69 @@ extern "C" kiln_status kiln_cuda_trainer_step(kiln_cuda_trainer *t, const int32_
     CK(cudaMemcpyAsync(t->targets, targets, (size_t)N * 4, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync");
     TRY(forward(t));
     TRY(head(t, grad_scale));
-    if (grad_scale != 0) TRY(backward(t));
+    const bool reduce = t->reduce_next && grad_scale != 0;
+    t->reduce_next = false;
+    if (grad_scale != 0) TRY(backward(t, reduce));
+    if (reduce) t->reduced = true;
     CK(cudaMemcpyAsync(t->h_losses, t->losses, (size_t)N * 4, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
     CK(cudaStreamSynchronize(t->stream), "training step");
     double sum = 0; /* in row order, in double: the same bits every run */
     for (int64_t i = 0; i < N; i++) sum += t->h_losses[i];
+    if (t->dist) { /* the sums over every rank's rows */
+        double red[2] = {sum, (double)counted};
+        CK(cudaMemcpyAsync(t->d_red, red, sizeof red, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync");
+        TRY(kiln_dist_allreduce_f64(t->dist, t->d_red, 2, t->stream));
+        CK(cudaMemcpyAsync(red, t->d_red, sizeof red, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
+        CK(cudaStreamSynchronize(t->stream), "the loss over the ranks");
+        sum = red[0], counted = (int64_t)red[1];
+    }
     *loss_sum = sum;
     *n_counted = counted;
     return KILN_OK;
 }
 
+extern "C" void kiln_cuda_trainer_reduce_next(kiln_cuda_trainer *t) {
+    int64_t off, len;
+    t->reduce_next = t->dist && !t->zero1 && bucket_range(t, 0, &off, &len);
+}
+
+extern "C" kiln_status kiln_cuda_trainer_agree(kiln_cuda_trainer *t, bool *flag) {
+    if (!t->dist) return KILN_OK;
+    double v = *flag ? 1.0 : 0.0;
+    CK(cudaMemcpyAsync(t->d_red, &v, sizeof v, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync");
+    TRY(kiln_dist_broadcast(t->dist, t->d_red, sizeof v, 0, t->stream));
+    CK(cudaMemcpyAsync(&v, t->d_red, sizeof v, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
+    CK(cudaStreamSynchronize(t->stream), "a flag from rank 0");
+    *flag = v != 0.0;
+    return KILN_OK;
+}
+
 extern "C" kiln_status kiln_cuda_trainer_zero_grads(kiln_cuda_trainer *t) {
-    CK(cudaMemsetAsync(t->grads, 0, (size_t)t->n * 4, t->stream), "cudaMemsetAsync");
+    CK(cudaMemsetAsync(t->grads, 0, (size_t)t->n_pad * 4, t->stream), "cudaMemsetAsync");
+    t->reduced = false;
     return KILN_OK;
 }
 
 extern "C" kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const kiln_adamw_cfg *cfg, float lr, double *grad_norm,
                                                bool *skipped) {
     if (cfg->eight_bit) return kiln_fail(KILN_ERR_UNSUPPORTED, "gpu train: 8-bit AdamW is not on the GPU yet");
-    TRY(kiln_cuda_adamw(t->params, t->grads, t->am, t->av, t->mirror, t->decay, t->n, lr, cfg->beta1, cfg->beta2, cfg->eps,
-                        cfg->weight_decay, cfg->grad_clip, t->opt_step + 1, t->d_norm, t->d_skipped, t->ws, t->stream));
+    if (t->zero1) { /* reduce-scatter, the shard's update with the global norm, all-gather, the mirror */
+        const int64_t S = t->shard, o = (int64_t)t->rank * S;
+        double *d_sumsq = t->d_red + 3;
+        if (!t->reduced) TRY(kiln_dist_reduce_scatter_f32(t->dist, t->grads, t->grads + o, S, t->stream));
+        TRY(kiln_cuda_grad_sumsq(d_sumsq, t->grads + o, S, t->ws, t->stream));
+        TRY(kiln_dist_allreduce_f64(t->dist, d_sumsq, 1, t->stream));
+        TRY(kiln_cuda_adamw_apply(t->params + o, t->grads + o, t->am, t->av, NULL, t->decay + o, S, lr, cfg->beta1, cfg->beta2, cfg->eps,
+                                  cfg->weight_decay, cfg->grad_clip, t->opt_step + 1, d_sumsq, t->d_norm, t->d_skipped, t->ws,
+                                  t->stream));
+        TRY(kiln_dist_allgather(t->dist, t->params + o, t->params, (size_t)S * 4, t->stream));
+        TRY(kiln_cuda_to_bf16(t->mirror, t->params, t->n_pad, t->stream));
+    } else {
+        if (t->dist && !t->reduced) TRY(kiln_dist_allreduce_f32(t->dist, t->grads, t->n_pad, t->stream));
+        TRY(kiln_cuda_adamw(t->params, t->grads, t->am, t->av, t->mirror, t->decay, t->n_pad, lr, cfg->beta1, cfg->beta2, cfg->eps,
+                            cfg->weight_decay, cfg->grad_clip, t->opt_step + 1, t->d_norm, t->d_skipped, t->ws, t->stream));
+    }
+    t->reduced = false;
     float norm = 0;
     int32_t skip = 0;
     CK(cudaMemcpyAsync(&norm, t->d_norm, 4, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
@@ -381,26 +506,46 @@ extern "C" kiln_status kiln_cuda_trainer_download(const kiln_cuda_trainer *t, fl
     return KILN_OK;
 }
 
-extern "C" kiln_status kiln_cuda_trainer_get_state(const kiln_cuda_trainer *t, float *params, float *m, float *v, int64_t *opt_step,
+extern "C" kiln_status kiln_cuda_trainer_get_state(kiln_cuda_trainer *t, float *params, float *m, float *v, int64_t *opt_step,
                                                    int64_t *n_embed_skipped) {
     const size_t bytes = (size_t)t->n * 4;
     CK(cudaStreamSynchronize(t->stream), "training work before a download");
     if (params) CK(cudaMemcpy(params, t->params, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy params");
-    if (m) CK(cudaMemcpy(m, t->am, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy moments");
-    if (v) CK(cudaMemcpy(v, t->av, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy moments");
-    if (n_embed_skipped) {
+    /* with ZeRO-1 every rank gathers the moments' shards through the gradient buffer (dead until the next step) */
+    float *const src[2] = {t->am, t->av};
+    float *const dst[2] = {m, v};
+    for (int k = 0; k < 2; k++) {
+        if (t->zero1) {
+            TRY(kiln_dist_allgather(t->dist, src[k], t->grads, (size_t)t->shard * 4, t->stream));
+            CK(cudaStreamSynchronize(t->stream), "gathering the moments");
+        }
+        if (dst[k]) CK(cudaMemcpy(dst[k], t->zero1 ? t->grads : src[k], bytes, cudaMemcpyDeviceToHost), "cudaMemcpy moments");
+    }
+    if (n_embed_skipped) { /* every rank skips its own rows: the count is the sum */
         int32_t k = 0;
         CK(cudaMemcpy(&k, t->d_embed_skipped, 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
-        *n_embed_skipped = t->embed_skipped0 + k;
+        double sk = (double)k;
+        if (t->dist) {
+            CK(cudaMemcpy(t->d_red + 2, &sk, sizeof sk, cudaMemcpyHostToDevice), "cudaMemcpy");
+            TRY(kiln_dist_allreduce_f64(t->dist, t->d_red + 2, 1, t->stream));
+            CK(cudaMemcpyAsync(&sk, t->d_red + 2, sizeof sk, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
+            CK(cudaStreamSynchronize(t->stream), "the skipped rows over the ranks");
+        }
+        *n_embed_skipped = t->embed_skipped0 + (int64_t)sk;
     }
     if (opt_step) *opt_step = t->opt_step;
     return KILN_OK;
 }
 
 extern "C" kiln_status kiln_cuda_trainer_set_state(kiln_cuda_trainer *t, const float *m, const float *v, int64_t opt_step) {
-    const size_t bytes = (size_t)t->n * 4;
-    CK(cudaMemcpyAsync(t->am, m, bytes, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync moments");
-    CK(cudaMemcpyAsync(t->av, v, bytes, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync moments");
+    /* with ZeRO-1 this rank's shard of the moments (its part past n stays zero) */
+    const int64_t o = t->zero1 ? (int64_t)t->rank * t->shard : 0;
+    const int64_t cnt = t->zero1 ? (t->n - o < 0 ? 0 : t->n - o < t->shard ? t->n - o : t->shard) : t->n;
+    const size_t bytes = (size_t)cnt * 4;
+    CK(cudaMemsetAsync(t->am, 0, (size_t)t->shard * 4, t->stream), "cudaMemsetAsync moments");
+    CK(cudaMemsetAsync(t->av, 0, (size_t)t->shard * 4, t->stream), "cudaMemsetAsync moments");
+    CK(cudaMemcpyAsync(t->am, m + o, bytes, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync moments");
+    CK(cudaMemcpyAsync(t->av, v + o, bytes, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync moments");
     CK(cudaStreamSynchronize(t->stream), "uploading the moments"); /* the caller may free m and v on return */
     t->opt_step = opt_step;
     return KILN_OK;

@@ -3,10 +3,17 @@
  * gradient skips the update and is counted. Every eval_interval steps it scores eval_batches validation
  * batches (always from the start of the validation split, so evaluations compare); every ckpt_interval
  * steps it writes a checkpoint. Progress goes to a callback (the CLI prints it) and to a JSONL log.
- * tests/test_train.c runs it end to end: resume equals an uninterrupted run bit for bit. */
+ * tests/test_train.c runs it end to end: resume equals an uninterrupted run bit for bit.
+ *
+ * Data parallel (one process per GPU, src/train/launch.h; issue #9): every rank reads the same global batch of
+ * B x world sequences and trains on its own B of them, so the loss, the gradient (summed over the ranks by the
+ * trainer) and every decision are the same on all ranks; rank 0 alone writes the log, checkpoints and exports,
+ * but every rank takes part in the collectives those need. */
 #include "train.h"
 #include "cuda/cuda.h"
+#include "cuda/dist.h"
 #include "data.h"
+#include "launch.h"
 #include "status.h"
 
 #include <math.h>
@@ -72,13 +79,17 @@ typedef struct run {
     bool opt_ready;
     kiln_loader *train, *val;
     kiln_train_state st;
-    int32_t *inputs, *targets; /* (grad_accum, B*T) */
+    int32_t *inputs, *targets; /* (grad_accum, world*B*T): the global batch */
     FILE *log;
+    kiln_rank_info ri;         /* this process's rank (world 1: not distributed) */
+    kiln_dist *dist;           /* world > 1: the NCCL communicator */
 } run;
 
-static void run_free(run *r) {
+static void run_free(run *r, bool failed) {
     if (r->log) fclose(r->log);
     kiln_cuda_trainer_free(r->gpu);
+    if (failed) kiln_dist_abort(r->dist); /* the peers' collectives fail instead of waiting for this rank */
+    else kiln_dist_free(r->dist);
     free(r->inputs);
     free(r->targets);
     kiln_loader_free(r->train);
@@ -146,10 +157,16 @@ static kiln_status setup(run *r) {
                          (long long)m->cfg.n_ctx_train);
     m->label_smoothing = o->label_smoothing;
     m->z_loss = o->z_loss;
+    if ((s = kiln_rank_from_env(&r->ri))) return s;
+    if (r->ri.world > 1) { /* the ranks meet: rank 0 makes the NCCL id and leaves it in the rendezvous folder */
+        if (!o->gpu) return kiln_fail(KILN_ERR_INVALID, "rank %d of %d: data-parallel training runs on GPUs: add --gpu", r->ri.rank, r->ri.world);
+        if ((s = kiln_dist_join(&r->ri, 300.0, &r->dist))) return s;
+    }
     if (o->gpu) { /* the GPU holds the activations, gradients and moments; the host keeps the model for checkpoints */
         if (o->adam.eight_bit) return kiln_fail(KILN_ERR_UNSUPPORTED, "--gpu trains with fp32 AdamW; 8-bit moments are CPU-only for now");
-        const unsigned flags = (o->deterministic ? KILN_CUDA_TRAIN_DETERMINISTIC : 0u) | (o->recompute ? KILN_CUDA_TRAIN_RECOMPUTE : 0u);
-        if ((s = kiln_cuda_trainer_new(m, o->B, o->T, flags, &r->gpu))) return s;
+        const unsigned flags = (o->deterministic ? KILN_CUDA_TRAIN_DETERMINISTIC : 0u) | (o->recompute ? KILN_CUDA_TRAIN_RECOMPUTE : 0u) |
+                               (o->zero1 ? KILN_CUDA_TRAIN_ZERO1 : 0u);
+        if ((s = kiln_cuda_trainer_new(m, o->B, o->T, flags, r->dist, &r->gpu))) return s;
         if (o->resume && (s = kiln_cuda_trainer_set_state(r->gpu, r->opt.m, r->opt.v, r->opt.step))) return s;
         m->act_bytes = kiln_cuda_trainer_bytes(r->gpu);
     } else if ((s = kiln_llama_train_reserve(m, o->B, o->T, kiln_pool_size(r->pool))))
@@ -163,11 +180,11 @@ static kiln_status setup(run *r) {
         return s;
     if (o->resume && (s = kiln_loader_set_pos(r->train, r->st.data_pos))) return s;
 
-    size_t n = (size_t)(o->grad_accum * o->B * o->T);
+    size_t n = (size_t)(o->grad_accum * o->B * r->ri.world * o->T);
     r->inputs = malloc(n * sizeof *r->inputs);
     r->targets = malloc(n * sizeof *r->targets);
     if (!r->inputs || !r->targets) return kiln_fail(KILN_ERR_NOMEM, "out of memory for batches");
-    if (o->log_path) {
+    if (o->log_path && r->ri.rank == 0) {
         if (o->resume && (s = trim_log(o->log_path, r->st.step))) return s;
         r->log = fopen(o->log_path, o->resume ? "a" : "w");
         if (!r->log) return kiln_fail(KILN_ERR_IO, "%s: cannot open the log for writing", o->log_path);
@@ -199,11 +216,12 @@ static kiln_status evaluate(run *r, double *val_loss) {
     kiln_status s = kiln_loader_set_pos(r->val, 0);
     double sum = 0;
     int64_t count = 0;
+    const int64_t own = (int64_t)r->ri.rank * o->B * o->T; /* this rank's rows of the global batch */
     for (int64_t i = 0; i < o->eval_batches && !s; i++) {
-        if ((s = kiln_loader_next(r->val, o->B, o->T, r->inputs, r->targets))) break;
+        if ((s = kiln_loader_next(r->val, o->B * r->ri.world, o->T, r->inputs, r->targets))) break;
         int64_t k;
         double l;
-        if ((s = train_step(r, r->inputs, r->targets, 0.0f, &l, &k))) break;
+        if ((s = train_step(r, r->inputs + own, r->targets + own, 0.0f, &l, &k))) break;
         sum += l;
         count += k;
     }
@@ -221,7 +239,10 @@ kiln_status kiln_train_run(const kiln_train_opts *o, kiln_train_progress_fn prog
     run r = {.o = o};
     kiln_status s = setup(&r);
     kiln_llama_train *m = r.m;
-    const int64_t BT = o->B * o->T;
+    const int64_t BT = o->B * o->T, GBT = BT * r.ri.world; /* a micro-batch's rows: this rank's, all ranks' */
+    const int64_t own = (int64_t)r.ri.rank * BT;
+    const bool lead = r.ri.rank == 0; /* writes the log, checkpoints and exports, and reports progress */
+    if (!lead) progress = NULL;
     kiln_lr_schedule sched = o->lr;
     if (sched.total <= 0) sched.total = o->steps;
     double t0 = now_s();
@@ -232,16 +253,17 @@ kiln_status kiln_train_run(const kiln_train_opts *o, kiln_train_progress_fn prog
         double ts = now_s();
         /* load every micro-batch first: the gradient is of the mean over all their counted targets */
         for (int64_t a = 0; a < o->grad_accum && !s; a++)
-            s = kiln_loader_next(r.train, o->B, o->T, r.inputs + a * BT, r.targets + a * BT);
+            s = kiln_loader_next(r.train, o->B * r.ri.world, o->T, r.inputs + a * GBT, r.targets + a * GBT);
         if (s) break;
-        int64_t counted = kiln_count_targets(r.targets, o->grad_accum * BT);
+        int64_t counted = kiln_count_targets(r.targets, o->grad_accum * GBT); /* over the global batch */
         if (r.gpu) s = kiln_cuda_trainer_zero_grads(r.gpu);
         else memset(m->grads, 0, (size_t)m->n_params * sizeof *m->grads);
         double loss_sum = 0;
         for (int64_t a = 0; a < o->grad_accum && !s; a++) {
             int64_t k;
             double l;
-            s = train_step(&r, r.inputs + a * BT, r.targets + a * BT, counted ? 1.0f / (float)counted : 0.0f, &l, &k);
+            if (r.gpu && a == o->grad_accum - 1) kiln_cuda_trainer_reduce_next(r.gpu); /* overlap the gradient's sum */
+            s = train_step(&r, r.inputs + a * GBT + own, r.targets + a * GBT + own, counted ? 1.0f / (float)counted : 0.0f, &l, &k);
             loss_sum += l;
         }
         if (s) break;
@@ -256,17 +278,18 @@ kiln_status kiln_train_run(const kiln_train_opts *o, kiln_train_progress_fn prog
         else
             r.opt.n_skipped++; /* the guard at the loss: nothing is updated */
         r.st.step++;
-        r.st.tokens_seen += o->grad_accum * BT;
+        r.st.tokens_seen += o->grad_accum * GBT;
         r.st.data_pos = kiln_loader_pos(r.train);
         r.st.n_embed_skipped = m->n_embed_skipped;
 
         double t1 = now_s(), elapsed = t1 - t0;
         kiln_train_progress p = {.step = r.st.step, .steps = o->steps, .loss = loss, .lr = lr, .grad_norm = res.grad_norm,
-                                 .tok_per_s = (double)(o->grad_accum * BT) / (t1 - ts), .elapsed_s = elapsed,
+                                 .tok_per_s = (double)(o->grad_accum * GBT) / (t1 - ts), .elapsed_s = elapsed,
                                  .val_loss = NAN, .val_ppl = NAN, .n_skipped = r.opt.n_skipped, .n_params = m->n_params,
                                  .state_bytes = state_bytes(&r), .act_bytes = m->act_bytes};
         p.eta_s = elapsed / (double)(r.st.step - first_step) * (double)(o->steps - r.st.step);
         bool out_of_time = (o->time_budget_s > 0 && elapsed >= o->time_budget_s) || (o->stop_after > 0 && r.st.step >= o->stop_after);
+        if (o->time_budget_s > 0 && r.gpu && (s = kiln_cuda_trainer_agree(r.gpu, &out_of_time))) break; /* rank 0's clock decides */
         bool last = r.st.step == o->steps || out_of_time;
         if (r.log) {
             fprintf(r.log, "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6g, \"tok_s\": %.1f, \"elapsed_s\": %.3f%s}\n",
@@ -274,7 +297,7 @@ kiln_status kiln_train_run(const kiln_train_opts *o, kiln_train_progress_fn prog
             fflush(r.log);
         }
         bool ckpt = o->ckpt_path && (last || (o->ckpt_interval > 0 && r.st.step % o->ckpt_interval == 0));
-        if (ckpt && ((s = sync_host(&r)) || (s = kiln_train_save(m, r.tok_gguf, o->name, &r.opt, &r.st, o->ckpt_path)))) break;
+        if (ckpt && ((s = sync_host(&r)) || (lead && (s = kiln_train_save(m, r.tok_gguf, o->name, &r.opt, &r.st, o->ckpt_path))))) break;
         p.checkpoint = ckpt;
         if (progress) progress(user, &p);
 
@@ -289,7 +312,7 @@ kiln_status kiln_train_run(const kiln_train_opts *o, kiln_train_progress_fn prog
             }
             if (o->out_path && o->out_best && vl < best_val) {
                 best_val = vl;
-                if ((s = sync_host(&r)) || (s = kiln_train_save(m, r.tok_gguf, o->name, NULL, NULL, o->out_path))) break;
+                if ((s = sync_host(&r)) || (lead && (s = kiln_train_save(m, r.tok_gguf, o->name, NULL, NULL, o->out_path)))) break;
                 exported = true;
             }
             if (progress) progress(user, &p);
@@ -297,8 +320,8 @@ kiln_status kiln_train_run(const kiln_train_opts *o, kiln_train_progress_fn prog
         if (out_of_time) break;
     }
     /* with out_best the export is the best evaluated model; without a validation split, the last one */
-    if (!s && o->out_path && !(o->out_best && exported) && !(s = sync_host(&r)))
+    if (!s && o->out_path && !(o->out_best && exported) && !(s = sync_host(&r)) && lead)
         s = kiln_train_save(m, r.tok_gguf, o->name, NULL, NULL, o->out_path);
-    run_free(&r);
+    run_free(&r, s != KILN_OK);
     return s;
 }

@@ -41,6 +41,7 @@ typedef struct kiln_train_opts {
     bool gpu;                /* train on CUDA device 0 (src/cuda/trainer.cu): fp32 AdamW, bf16 matmuls */
     bool deterministic;      /* with gpu: fixed-order reductions everywhere (bit-exact resume), a little slower */
     bool recompute;          /* with gpu: recompute the norms' and SwiGLU's outputs in the backward (less memory) */
+    bool zero1;              /* data parallel: shard the AdamW moments over the ranks (ZeRO-1) */
     /* evaluation and output */
     int64_t eval_interval;   /* steps between validation passes (0: only at the end) */
     int64_t eval_batches;    /* micro-batches per validation pass */
