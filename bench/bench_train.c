@@ -12,12 +12,16 @@
  * 8192^3). With --peer PYTHON its peer, ../shared/bench/torch_llama_train.py --compile (--peer-script to point
  * elsewhere) with the same config, B and T, runs after kiln's steps in the same process run, and the ratio is
  * reported; --max-batch adds the largest B the trainer accepts at this T; --recompute trains with activation
- * recomputation (KILN_CUDA_TRAIN_RECOMPUTE). */
+ * recomputation (KILN_CUDA_TRAIN_RECOMPUTE). --nproc N (issue #9) measures one GPU, then N ranks (one process per
+ * GPU, -B sequences each, data parallel over NCCL; --zero1 shards the moments) and reports the global tokens/s and
+ * the per-GPU efficiency against the one-GPU figure. */
 #include "bench/bench.h"
 #include "model/llama_train.h"
 #include "tools/cmd.h"
 #include "train/optim.h"
 #include "cuda/cuda.h"
+#include "cuda/dist.h"
+#include "train/launch.h"
 #include "status.h"
 
 #include <math.h>
@@ -127,30 +131,44 @@ static int64_t largest_batch(const kiln_llama_train *m, int64_t T, unsigned flag
     return lo;
 }
 
-/* --gpu: the same steps on the GPU trainer, then the PyTorch peer when python is given; frees m and pool. */
-static int bench_gpu(const bench_config *c, kiln_llama_train *m, int64_t B, int64_t T, int steps, kiln_pool *pool, const char *python,
-                     const char *script, bool max_batch, unsigned flags) {
-    kiln_cuda_trainer *g = NULL;
-    kiln_status s = kiln_cuda_trainer_new(m, B, T, flags, NULL, &g);
+/* Times steps optimizer steps of the GPU trainer g on random tokens (seeded by rank, so the ranks of a
+ * data-parallel run see different rows): t (steps) seconds each after two warm-ups (cuBLASLt plans, first-touch
+ * allocations), *loss the last step's mean (over every rank's rows). */
+static kiln_status time_gpu_steps(kiln_cuda_trainer *g, const bench_config *c, int64_t B, int64_t T, int world, int rank, int steps,
+                                  double *t, double *loss) {
     int32_t *in = malloc((size_t)(B * T) * sizeof *in), *tg = malloc((size_t)(B * T) * sizeof *tg);
-    double *t = malloc((size_t)steps * sizeof *t), loss = 0, norm = 0;
-    if (!s && (!in || !tg || !t)) s = kiln_fail(KILN_ERR_NOMEM, "out of memory");
-    uint64_t r = 42;
+    kiln_status s = in && tg ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    uint64_t r = 42 + (uint64_t)rank;
     for (int64_t i = 0; !s && i < B * T; i++) {
         r = r * 6364136223846793005ull + 1442695040888963407ull;
         in[i] = (int32_t)((r >> 33) % (uint64_t)c->V);
         tg[i] = (int32_t)((r >> 13) % (uint64_t)c->V);
     }
     kiln_adamw_cfg ac = kiln_adamw_defaults();
-    for (int i = -2; !s && i < steps; i++) { /* two warm-up steps: cuBLASLt plans, first-touch allocations */
-        double t0 = kiln_bench_now();
+    const float scale = 1.0f / (float)(B * T * world);
+    for (int i = -2; !s && i < steps; i++) {
+        double t0 = kiln_bench_now(), norm;
         int64_t k;
         bool skipped;
-        if (!(s = kiln_cuda_trainer_zero_grads(g)) && !(s = kiln_cuda_trainer_step(g, in, tg, 1.0f / (float)(B * T), &loss, &k)))
+        kiln_cuda_trainer_reduce_next(g); /* data parallel: the gradient's sum overlaps the backward */
+        if (!(s = kiln_cuda_trainer_zero_grads(g)) && !(s = kiln_cuda_trainer_step(g, in, tg, scale, loss, &k)))
             s = kiln_cuda_trainer_adamw(g, &ac, 3e-4f, &norm, &skipped); /* it synchronizes: the step is done */
-        loss /= (double)(B * T);
+        *loss /= (double)(B * T * world);
         if (i >= 0) t[i] = kiln_bench_now() - t0;
     }
+    free(in), free(tg);
+    return s;
+}
+
+/* --gpu: the same steps on the GPU trainer, then the PyTorch peer when python is given; frees m and pool. *tok_out
+ * (may be NULL) gets the tokens/s. */
+static int bench_gpu(const bench_config *c, kiln_llama_train *m, int64_t B, int64_t T, int steps, kiln_pool *pool, const char *python,
+                     const char *script, bool max_batch, unsigned flags, double *tok_out) {
+    kiln_cuda_trainer *g = NULL;
+    kiln_status s = kiln_cuda_trainer_new(m, B, T, flags, NULL, &g);
+    double *t = malloc((size_t)steps * sizeof *t), loss = 0;
+    if (!s && !t) s = kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    if (!s) s = time_gpu_steps(g, c, B, T, 1, 0, steps, t, &loss);
     const size_t bytes = g ? kiln_cuda_trainer_bytes(g) : 0;
     kiln_cuda_trainer_free(g);
     if (!s) {
@@ -174,8 +192,47 @@ static int bench_gpu(const bench_config *c, kiln_llama_train *m, int64_t B, int6
                "| %s | %lld x %lld | %.1fM | %.2f | %.0f | %.1f | %.1f%% | %.1f%% of %.0f | %.2f GiB | %lld | %.0f | %.2fx |\n",
                c->name, (long long)B, (long long)T, (double)m->n_params / 1e6, med * 1e3, tok_s, tflops, 100 * tflops / 989.0,
                100 * tflops / roof, roof, (double)bytes / 1073741824.0, (long long)bmax, peer, tok_s / peer);
+        if (tok_out) *tok_out = tok_s;
     }
-    free(t), free(in), free(tg);
+    free(t);
+    kiln_llama_train_free(m);
+    kiln_pool_free(pool);
+    return s ? kiln_cli_die(s) : 0;
+}
+
+/* A rank of `bench train --gpu --nproc N` (issue #9): B x T rows per GPU, the gradient summed over the ranks in
+ * buckets during the backward (or ZeRO-1); rank 0 reports the global tokens/s and the per-GPU efficiency against
+ * the one-GPU figure the launcher measured first (KILN_BENCH_BASE_TOK_S). Frees m and pool. */
+static int bench_gpu_rank(const bench_config *c, kiln_llama_train *m, int64_t B, int64_t T, int steps, kiln_pool *pool, unsigned flags) {
+    kiln_rank_info ri;
+    kiln_dist *d = NULL;
+    kiln_cuda_trainer *g = NULL;
+    double *t = malloc((size_t)steps * sizeof *t), loss = 0;
+    kiln_status s = t ? kiln_rank_from_env(&ri) : kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    if (!s) s = kiln_dist_join(&ri, 300.0, &d);
+    if (!s) s = kiln_cuda_trainer_new(m, B, T, flags, d, &g);
+    if (!s) s = time_gpu_steps(g, c, B, T, ri.world, ri.rank, steps, t, &loss);
+    const size_t bytes = g ? kiln_cuda_trainer_bytes(g) : 0;
+    kiln_cuda_trainer_free(g);
+    if (!s && ri.rank == 0) {
+        const double med = kiln_bench_median(t, steps), tok_s = (double)(B * T * ri.world) / med;
+        const char *base_s = getenv("KILN_BENCH_BASE_TOK_S");
+        const double base = base_s ? atof(base_s) : NAN, eff = tok_s / ((double)ri.world * base);
+        const double n_mat = (double)(m->n_params - m->tensors[m->tok_embd].n);
+        const double tflops = tok_s * (6 * n_mat + 6.0 * (double)(c->L * T * c->C)) * 1e-12;
+        printf("{\"bench\": \"train_gpu_dp\", \"config\": \"%s\", \"gpus\": %d, \"zero1\": %s, \"B_per_gpu\": %lld, \"T\": %lld, "
+               "\"loss\": %.4f, \"ms_per_step\": %.2f, \"tokens_per_s\": %.0f, \"tflops\": %.1f, \"mfu_per_gpu\": %.4f, "
+               "\"one_gpu_tokens_per_s\": %.0f, \"efficiency\": %.3f, \"gpu_bytes_per_rank\": %zu}\n",
+               c->name, ri.world, (flags & KILN_CUDA_TRAIN_ZERO1) ? "true" : "false", (long long)B, (long long)T, loss, med * 1e3, tok_s,
+               tflops, tflops / ri.world / 989.0, base, eff, bytes);
+        printf("\n| config | GPUs | B x T per GPU | ZeRO-1 | ms/step | tok/s | per GPU | one GPU | efficiency | GPU memory per rank |\n"
+               "|---|---|---|---|---|---|---|---|---|---|\n| %s | %d | %lld x %lld | %s | %.2f | %.0f | %.0f | %.0f | %.1f%% | %.2f GiB |\n",
+               c->name, ri.world, (long long)B, (long long)T, (flags & KILN_CUDA_TRAIN_ZERO1) ? "yes" : "no", med * 1e3, tok_s,
+               tok_s / ri.world, base, 100 * eff, (double)bytes / 1073741824.0);
+    }
+    if (s) kiln_dist_abort(d);
+    else kiln_dist_free(d);
+    free(t);
     kiln_llama_train_free(m);
     kiln_pool_free(pool);
     return s ? kiln_cli_die(s) : 0;
@@ -183,7 +240,8 @@ static int bench_gpu(const bench_config *c, kiln_llama_train *m, int64_t B, int6
 
 int kiln_bench_train(int argc, char **argv) {
     const char *cfg_name = "tiny", *python = NULL, *script = "../shared/bench/torch_llama_train.py";
-    bool max_batch = false, recompute = false;
+    bool max_batch = false, recompute = false, zero1 = false;
+    int nproc = 1, nproc_at = -1;
     int64_t B = 8, T = 0;
     int threads = 0, steps = 5;
     bool mixed = false, eight_bit = false, gpu = false;
@@ -201,9 +259,11 @@ int kiln_bench_train(int argc, char **argv) {
         else if (strcmp(a, "--peer-script") == 0 && v) script = argv[++i];
         else if (strcmp(a, "--max-batch") == 0) max_batch = true;
         else if (strcmp(a, "--recompute") == 0) recompute = true;
+        else if (strcmp(a, "--zero1") == 0) zero1 = true;
+        else if (strcmp(a, "--nproc") == 0 && v) nproc_at = i, nproc = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: kiln bench train [--config tiny|small|124m|350m] [-B B] [-T T] [-t THREADS] [--steps N] [--mixed] "
-                            "[--8bit] [--peer PYTHON] [--gpu [--peer-script PY] [--max-batch] [--recompute]]\n");
+                            "[--8bit] [--peer PYTHON] [--gpu [--peer-script PY] [--max-batch] [--recompute] [--nproc N [--zero1]]]\n");
             return 1;
         }
     }
@@ -223,7 +283,20 @@ int kiln_bench_train(int argc, char **argv) {
     if (s || (s = kiln_llama_train_new(&mc, mixed, &m))) return kiln_cli_die(s);
     threads = kiln_pool_size(pool);
     kiln_llama_train_init_random(m, 1);
-    if (gpu) return bench_gpu(c, m, B, T, steps, pool, python, script, max_batch, recompute ? KILN_CUDA_TRAIN_RECOMPUTE : 0u);
+    const unsigned flags = (recompute ? KILN_CUDA_TRAIN_RECOMPUTE : 0u) | (zero1 ? KILN_CUDA_TRAIN_ZERO1 : 0u);
+    if (gpu && nproc > 1 && getenv("KILN_RANK")) return bench_gpu_rank(c, m, B, T, steps, pool, flags);
+    if (gpu && nproc > 1) { /* one GPU first (its own report), then the ranks, which compare with it */
+        double base = NAN;
+        const int rc = bench_gpu(c, m, B, T, steps, pool, NULL, script, false, flags & ~KILN_CUDA_TRAIN_ZERO1, &base);
+        if (rc) return rc;
+        char buf[64];
+        snprintf(buf, sizeof buf, "%.1f", base);
+        setenv("KILN_BENCH_BASE_TOK_S", buf, 1);
+        const char *cmd[] = {"bench", "train"};
+        const kiln_status ls = kiln_launch_self(cmd, 2, argc, argv, nproc_at, nproc);
+        return ls ? kiln_cli_die(ls) : 0;
+    }
+    if (gpu) return bench_gpu(c, m, B, T, steps, pool, python, script, max_batch, flags, NULL);
     if ((s = kiln_llama_train_reserve(m, B, T, threads))) return kiln_cli_die(s);
     kiln_param_segment *segs = malloc((size_t)m->n_tensors * sizeof *segs);
     for (int i = 0; i < m->n_tensors; i++)

@@ -23,7 +23,8 @@ static void usage(void) {
             "  device:        [--gpu [--deterministic] [--recompute]] (CUDA device 0: bf16 matmuls, fp32 master weights\n"
             "                 and AdamW; --deterministic: the same bits every run, so a resume repeats an uninterrupted run;\n"
             "                 --recompute: recompute norm and SwiGLU outputs in the backward, ~26%% less activation memory)\n"
-            "                 [--nproc N] (N processes, one per GPU, data parallel over NCCL; with --gpu)\n"
+            "                 [--nproc N [--zero1]] (N processes, one per GPU, data parallel over NCCL, -B sequences each;\n"
+            "                 --zero1 shards the AdamW moments over the ranks)\n"
             "  loss:          [--label-smoothing E] [--z-loss Z]\n"
             "  eval, output:  [--eval-every N] [--eval-batches N] [--ckpt PATH] [--ckpt-every N] [-o OUT.gguf] [--out-best]\n"
             "                 [--log LOG.jsonl] [--name NAME] [--seed S] [-j THREADS]\n");
@@ -58,30 +59,6 @@ static void on_progress(void *user, const kiln_train_progress *p) {
 
 /* `kiln train --nproc N`: this executable run as N ranks (src/train/launch.h) with the same arguments less
  * "--nproc N" (argv[nproc_at], argv[nproc_at + 1]); a rank that fails stops the others. */
-static int launch_ranks(int argc, char **argv, int nproc_at, int n) {
-    char exe[4096];
-    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (k <= 0 || k >= (ssize_t)sizeof exe - 1) {
-        fprintf(stderr, "kiln: train: --nproc: cannot find this executable (/proc/self/exe)\n");
-        return 1;
-    }
-    exe[k] = 0;
-    char **rank_argv = malloc(((size_t)argc + 3) * sizeof *rank_argv);
-    if (!rank_argv) {
-        fprintf(stderr, "kiln: train: out of memory\n");
-        return 1;
-    }
-    int m = 0;
-    rank_argv[m++] = exe;
-    rank_argv[m++] = "train";
-    for (int i = 0; i < argc; i++)
-        if (i != nproc_at && i != nproc_at + 1) rank_argv[m++] = argv[i];
-    rank_argv[m] = NULL;
-    kiln_status s = kiln_launch_ranks(rank_argv, n, 10.0);
-    free(rank_argv);
-    return s ? kiln_cli_die(s) : 0;
-}
-
 int kiln_cmd_train(int argc, char **argv) {
     kiln_train_opts o = kiln_train_defaults();
     o.cfg.n_embd = 256, o.cfg.n_layer = 4, o.cfg.n_head = 8, o.cfg.n_head_kv = 4, o.cfg.n_ff = 704;
@@ -171,13 +148,17 @@ int kiln_cmd_train(int argc, char **argv) {
         return 1;
     }
     /* the launcher; its ranks (KILN_RANK set) train, whatever --nproc says */
-    if (nproc > 1 && !getenv("KILN_RANK")) return launch_ranks(argc, argv, nproc_at, (int)nproc);
+    if (nproc > 1 && !getenv("KILN_RANK")) {
+        const char *cmd[] = {"train"};
+        const kiln_status ls = kiln_launch_self(cmd, 1, argc, argv, nproc_at, (int)nproc);
+        return ls ? kiln_cli_die(ls) : 0;
+    }
     o.lr.total = o.steps;
     if (!warmup_set) o.lr.warmup = o.steps / 10;
     if (!min_lr_set) o.lr.min_lr = o.lr.lr / 10;
     bool first = true;
     kiln_status s = kiln_train_run(&o, on_progress, &first);
     if (s) return kiln_cli_die(s);
-    if (o.out_path) fprintf(stderr, "train: wrote %s\n", o.out_path);
+    if (o.out_path && !(getenv("KILN_RANK") && atoi(getenv("KILN_RANK")) != 0)) fprintf(stderr, "train: wrote %s\n", o.out_path);
     return 0;
 }

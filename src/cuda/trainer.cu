@@ -75,7 +75,7 @@ struct kiln_cuda_trainer {
     float *h_losses;                  /* (N) pinned */
     bool deterministic;               /* attention backward: same bits every run (true) or dq by atomics (faster) */
     bool recompute;                   /* ln1, ln2, h: one shared copy, recomputed per layer in the backward */
-    /* data parallel (kiln_dist): n_pad = n rounded up to a multiple of world; params, grads, mirror and decay have
+    /* data parallel (kiln_dist): n_pad = n rounded up to a multiple of 64 world; params, grads, mirror and decay have
      * n_pad elements (the pad stays zero). Without ZeRO-1 every rank holds all moments (n) and the gradients are
      * all-reduced in buckets (a layer each, the head, the embedding) on the comm stream as soon as the backward has
      * finished them; with ZeRO-1 rank r holds the moments of shard [r S, r S + S), S = n_pad / world, the grads are
@@ -139,7 +139,9 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     const size_t f4 = 4, b2 = 2;
     const int world = dist ? kiln_dist_world(dist) : 1;
     const bool zero1 = world > 1 && (flags & KILN_CUDA_TRAIN_ZERO1) != 0;
-    const int64_t n = m->n_params, n_pad = (n + world - 1) / world * world, shard = zero1 ? n_pad / world : n_pad;
+    /* shards of a multiple of 64 elements, so every rank's slice keeps the 16-byte alignment of the vector paths */
+    const int64_t n = m->n_params, unit = world > 1 ? 64 * (int64_t)world : 1;
+    const int64_t n_pad = (n + unit - 1) / unit * unit, shard = zero1 ? n_pad / world : n_pad;
     /* per layer: x, mid (N C f32), rstd1, rstd2 (N), lse (N NH), gu (N 2F bf16), ln1, ln2 (N C bf16), qkv (N QKV
      * bf16), att (N Q bf16), h (N F bf16) */
     /* with recompute, ln1, ln2 and h are one shared copy (counted once, after the layers) */

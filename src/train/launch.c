@@ -336,3 +336,21 @@ kiln_status kiln_rendezvous_get(const char *dir, double timeout_s, uint8_t id[KI
         nanosleep(&(struct timespec){.tv_nsec = 20 * 1000 * 1000}, NULL); /* 20 ms: rank 0's start-up takes seconds */
     }
 }
+
+kiln_status kiln_launch_self(const char *const cmd[], int n_cmd, int argc, char **argv, int skip, int n) {
+    char exe[4096];
+    const ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (k <= 0 || k >= (ssize_t)sizeof exe - 1) return kiln_fail(KILN_ERR_IO, "launch: cannot find this executable (/proc/self/exe)");
+    exe[k] = 0;
+    char **rank_argv = malloc(((size_t)argc + (size_t)n_cmd + 2) * sizeof *rank_argv);
+    if (!rank_argv) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    int m = 0;
+    rank_argv[m++] = exe;
+    for (int i = 0; i < n_cmd; i++) rank_argv[m++] = (char *)cmd[i];
+    for (int i = 0; i < argc; i++)
+        if (skip < 0 || (i != skip && i != skip + 1)) rank_argv[m++] = argv[i];
+    rank_argv[m] = NULL;
+    const kiln_status s = kiln_launch_ranks(rank_argv, n, 10.0);
+    free(rank_argv);
+    return s;
+}

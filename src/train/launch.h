@@ -32,6 +32,10 @@ kiln_status kiln_rank_from_env(kiln_rank_info *out);
  * time between SIGTERM and SIGKILL. KILN_OK when every rank exited 0. The rendezvous directory is made under
  * $TMPDIR (or /tmp) and removed at the end. */
 kiln_status kiln_launch_ranks(char *const argv[], int n, double grace_s);
+/* kiln_launch_ranks of this executable (/proc/self/exe) with the arguments `cmd` (e.g. {"train"} or {"bench",
+ * "train"}, n_cmd of them) followed by argv without its element skip (and the one after it: an option and its
+ * value; skip < 0 keeps all), as n ranks with a grace of 10 s. */
+kiln_status kiln_launch_self(const char *const cmd[], int n_cmd, int argc, char **argv, int skip, int n);
 
 /* Rank 0: writes id into dir. The others: waits up to timeout_s for it (KILN_ERR_IO naming the file on timeout). */
 kiln_status kiln_rendezvous_put(const char *dir, const uint8_t id[KILN_DIST_ID_BYTES]);
