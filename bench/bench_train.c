@@ -213,6 +213,7 @@ static int bench_gpu_rank(const bench_config *c, kiln_llama_train *m, int64_t B,
     if (!s) s = kiln_cuda_trainer_new(m, B, T, flags, d, &g);
     if (!s) s = time_gpu_steps(g, c, B, T, ri.world, ri.rank, steps, t, &loss);
     const size_t bytes = g ? kiln_cuda_trainer_bytes(g) : 0;
+    if (s) kiln_dist_abort(d), d = NULL; /* before the trainer's free, which waits for the device */
     kiln_cuda_trainer_free(g);
     if (!s && ri.rank == 0) {
         const double med = kiln_bench_median(t, steps), tok_s = (double)(B * T * ri.world) / med;
@@ -230,8 +231,7 @@ static int bench_gpu_rank(const bench_config *c, kiln_llama_train *m, int64_t B,
                c->name, ri.world, (long long)B, (long long)T, (flags & KILN_CUDA_TRAIN_ZERO1) ? "yes" : "no", med * 1e3, tok_s,
                tok_s / ri.world, base, 100 * eff, (double)bytes / 1073741824.0);
     }
-    if (s) kiln_dist_abort(d);
-    else kiln_dist_free(d);
+    kiln_dist_free(d);
     free(t);
     kiln_llama_train_free(m);
     kiln_pool_free(pool);
@@ -284,7 +284,7 @@ int kiln_bench_train(int argc, char **argv) {
     threads = kiln_pool_size(pool);
     kiln_llama_train_init_random(m, 1);
     const unsigned flags = (recompute ? KILN_CUDA_TRAIN_RECOMPUTE : 0u) | (zero1 ? KILN_CUDA_TRAIN_ZERO1 : 0u);
-    if (gpu && nproc > 1 && getenv("KILN_RANK")) return bench_gpu_rank(c, m, B, T, steps, pool, flags);
+    if (gpu && getenv("KILN_RANK")) return bench_gpu_rank(c, m, B, T, steps, pool, flags); /* a rank (its --nproc is gone) */
     if (gpu && nproc > 1) { /* one GPU first (its own report), then the ranks, which compare with it */
         double base = NAN;
         const int rc = bench_gpu(c, m, B, T, steps, pool, NULL, script, false, flags & ~KILN_CUDA_TRAIN_ZERO1, &base);

@@ -27,6 +27,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 extern "C" kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
 
@@ -93,6 +94,34 @@ struct kiln_cuda_trainer {
 };
 
 static size_t al(size_t n) { return (n + 255) & ~(size_t)255; }
+
+#define PEER_TIMEOUT_S 900.0 /* data parallel: a step that waits this long on its peers gives up */
+
+/* Waits for the trainer's stream. Data parallel, it polls instead of blocking, asking NCCL for asynchronous errors
+ * between polls, so a peer that died fails this rank (within PEER_TIMEOUT_S at worst, for the transports that
+ * cannot notice a dead peer) instead of leaving it blocked in a collective forever. */
+static kiln_status wait_stream(kiln_cuda_trainer *t, const char *what) {
+    if (!t->dist) {
+        const cudaError_t e = cudaStreamSynchronize(t->stream);
+        return e == cudaSuccess ? KILN_OK : kiln_fail(KILN_ERR_IO, "CUDA %s failed: %s", what, cudaGetErrorString(e));
+    }
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (unsigned spin = 0;; spin++) {
+        const cudaError_t e = cudaStreamQuery(t->stream);
+        if (e == cudaSuccess) return KILN_OK;
+        if (e != cudaErrorNotReady) return kiln_fail(KILN_ERR_IO, "CUDA %s failed: %s", what, cudaGetErrorString(e));
+        kiln_status s = kiln_dist_check(t->dist);
+        if (s != KILN_OK) return s;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((double)(now.tv_sec - t0.tv_sec) + 1e-9 * (double)(now.tv_nsec - t0.tv_nsec) > PEER_TIMEOUT_S)
+            return kiln_fail(KILN_ERR_IO, "rank %d: %s waited %.0f s for the other ranks; a peer has stopped", t->rank, what, PEER_TIMEOUT_S);
+        if (spin > 64) { /* a short spin first: most waits end within a step's tail */
+            const struct timespec nap = {0, 100000};
+            nanosleep(&nap, NULL);
+        }
+    }
+}
 
 extern "C" void kiln_cuda_trainer_free(kiln_cuda_trainer *t) {
     if (!t) return;
@@ -167,7 +196,9 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     size_t free_b = 0, total_b = 0;
     CK(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
     const size_t need = buf_bytes + param_bytes + kiln_cuda_blas_bytes();
-    if (need + ((size_t)256 << 20) > free_b)
+    /* NCCL connects lazily and allocates its buffers at the first collective: 1 GiB more headroom for it */
+    const size_t margin = ((size_t)256 << 20) + (world > 1 ? ((size_t)1 << 30) : 0);
+    if (need + margin > free_b)
         return kiln_fail(KILN_ERR_NOMEM, "gpu train: B=%lld T=%lld needs %.2f GiB of GPU memory (activations %.2f, parameters and state %.2f) "
                          "but %.2f GiB of %.2f is free", (long long)B, (long long)T, need / 1073741824.0, buf_bytes / 1073741824.0,
                          param_bytes / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0);
@@ -432,7 +463,7 @@ extern "C" kiln_status kiln_cuda_trainer_step(kiln_cuda_trainer *t, const int32_
     if (grad_scale != 0) TRY(backward(t, reduce));
     if (reduce) t->reduced = true;
     CK(cudaMemcpyAsync(t->h_losses, t->losses, (size_t)N * 4, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
-    CK(cudaStreamSynchronize(t->stream), "training step");
+    TRY(wait_stream(t, "training step"));
     double sum = 0; /* in row order, in double: the same bits every run */
     for (int64_t i = 0; i < N; i++) sum += t->h_losses[i];
     if (t->dist) { /* the sums over every rank's rows */
@@ -440,7 +471,7 @@ extern "C" kiln_status kiln_cuda_trainer_step(kiln_cuda_trainer *t, const int32_
         CK(cudaMemcpyAsync(t->d_red, red, sizeof red, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync");
         TRY(kiln_dist_allreduce_f64(t->dist, t->d_red, 2, t->stream));
         CK(cudaMemcpyAsync(red, t->d_red, sizeof red, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
-        CK(cudaStreamSynchronize(t->stream), "the loss over the ranks");
+        TRY(wait_stream(t, "the loss over the ranks"));
         sum = red[0], counted = (int64_t)red[1];
     }
     *loss_sum = sum;
@@ -459,7 +490,7 @@ extern "C" kiln_status kiln_cuda_trainer_agree(kiln_cuda_trainer *t, bool *flag)
     CK(cudaMemcpyAsync(t->d_red, &v, sizeof v, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync");
     TRY(kiln_dist_broadcast(t->dist, t->d_red, sizeof v, 0, t->stream));
     CK(cudaMemcpyAsync(&v, t->d_red, sizeof v, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
-    CK(cudaStreamSynchronize(t->stream), "a flag from rank 0");
+    TRY(wait_stream(t, "a flag from rank 0"));
     *flag = v != 0.0;
     return KILN_OK;
 }
@@ -494,7 +525,7 @@ extern "C" kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const kiln_
     int32_t skip = 0;
     CK(cudaMemcpyAsync(&norm, t->d_norm, 4, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
     CK(cudaMemcpyAsync(&skip, t->d_skipped, 4, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
-    CK(cudaStreamSynchronize(t->stream), "AdamW step");
+    TRY(wait_stream(t, "AdamW step"));
     if (!skip) t->opt_step++; /* as the CPU's kiln_adamw: a skipped step does not count */
     *grad_norm = norm;
     *skipped = skip != 0;
@@ -519,7 +550,7 @@ extern "C" kiln_status kiln_cuda_trainer_get_state(kiln_cuda_trainer *t, float *
     for (int k = 0; k < 2; k++) {
         if (t->zero1) {
             TRY(kiln_dist_allgather(t->dist, src[k], t->grads, (size_t)t->shard * 4, t->stream));
-            CK(cudaStreamSynchronize(t->stream), "gathering the moments");
+            TRY(wait_stream(t, "gathering the moments"));
         }
         if (dst[k]) CK(cudaMemcpy(dst[k], t->zero1 ? t->grads : src[k], bytes, cudaMemcpyDeviceToHost), "cudaMemcpy moments");
     }
@@ -528,10 +559,10 @@ extern "C" kiln_status kiln_cuda_trainer_get_state(kiln_cuda_trainer *t, float *
         CK(cudaMemcpy(&k, t->d_embed_skipped, 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
         double sk = (double)k;
         if (t->dist) {
-            CK(cudaMemcpy(t->d_red + 2, &sk, sizeof sk, cudaMemcpyHostToDevice), "cudaMemcpy");
+            CK(cudaMemcpyAsync(t->d_red + 2, &sk, sizeof sk, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync");
             TRY(kiln_dist_allreduce_f64(t->dist, t->d_red + 2, 1, t->stream));
             CK(cudaMemcpyAsync(&sk, t->d_red + 2, sizeof sk, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
-            CK(cudaStreamSynchronize(t->stream), "the skipped rows over the ranks");
+            TRY(wait_stream(t, "the skipped rows over the ranks"));
         }
         *n_embed_skipped = t->embed_skipped0 + (int64_t)sk;
     }
@@ -546,9 +577,11 @@ extern "C" kiln_status kiln_cuda_trainer_set_state(kiln_cuda_trainer *t, const f
     const size_t bytes = (size_t)cnt * 4;
     CK(cudaMemsetAsync(t->am, 0, (size_t)t->shard * 4, t->stream), "cudaMemsetAsync moments");
     CK(cudaMemsetAsync(t->av, 0, (size_t)t->shard * 4, t->stream), "cudaMemsetAsync moments");
-    CK(cudaMemcpyAsync(t->am, m + o, bytes, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync moments");
-    CK(cudaMemcpyAsync(t->av, v + o, bytes, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync moments");
-    CK(cudaStreamSynchronize(t->stream), "uploading the moments"); /* the caller may free m and v on return */
+    if (cnt > 0) { /* a shard of nothing but padding has nothing to copy */
+        CK(cudaMemcpyAsync(t->am, m + o, bytes, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync moments");
+        CK(cudaMemcpyAsync(t->av, v + o, bytes, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync moments");
+    }
+    TRY(wait_stream(t, "uploading the moments")); /* the caller may free m and v on return */
     t->opt_step = opt_step;
     return KILN_OK;
 }

@@ -87,9 +87,11 @@ typedef struct run {
 
 static void run_free(run *r, bool failed) {
     if (r->log) fclose(r->log);
-    kiln_cuda_trainer_free(r->gpu);
-    if (failed) kiln_dist_abort(r->dist); /* the peers' collectives fail instead of waiting for this rank */
+    /* a failed rank aborts first: its peers' collectives fail instead of waiting for it, and its own unmatched
+     * collective ends, so freeing the trainer's memory (which waits for the device) cannot block */
+    if (failed) kiln_dist_abort(r->dist);
     else kiln_dist_free(r->dist);
+    kiln_cuda_trainer_free(r->gpu);
     free(r->inputs);
     free(r->targets);
     kiln_loader_free(r->train);
