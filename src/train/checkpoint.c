@@ -46,6 +46,7 @@ kiln_status kiln_train_save(const kiln_llama_train *m, const kiln_gguf *tok_src,
         TRY(kiln_gguf_writer_set_u64(w, "train.seed", st->seed));
         TRY(kiln_gguf_writer_set_u64(w, "train.B", (uint64_t)st->B));
         TRY(kiln_gguf_writer_set_u64(w, "train.T", (uint64_t)st->T));
+        TRY(kiln_gguf_writer_set_u64(w, "train.world", (uint64_t)(st->world > 0 ? st->world : 1)));
         TRY(kiln_gguf_writer_set_u64(w, "train.n_embed_skipped", (uint64_t)st->n_embed_skipped));
         TRY(kiln_gguf_writer_set_bool(w, "train.mixed", m->mirror != NULL));
     }
@@ -109,6 +110,9 @@ kiln_status kiln_train_load_checkpoint(const char *path, bool mixed, const kiln_
     *st = (kiln_train_state){.step = (int64_t)u[0], .tokens_seen = (int64_t)u[1], .data_pos = (int64_t)u[2],
                              .seed = u[3], .B = (int64_t)u[4], .T = (int64_t)u[5], .n_embed_skipped = (int64_t)u[6]};
     m->n_embed_skipped = st->n_embed_skipped;
+    uint64_t world = 1; /* optional: checkpoints from before data-parallel training have no world */
+    if (kiln_gguf_find(g, "train.world") && (s = get_u64(g, "train.world", &world))) goto fail;
+    st->world = (int64_t)world;
     kiln_str kind;
     if ((s = kiln_gguf_get_str(g, "train.optim", &kind))) goto fail;
     bool eight = kind.len == 9 && memcmp(kind.ptr, "adamw8bit", 9) == 0;

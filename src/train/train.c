@@ -113,6 +113,9 @@ static kiln_status setup_model(run *r) {
         if (r->st.B != o->B || r->st.T != o->T)
             return kiln_fail(KILN_ERR_INVALID, "%s: checkpoint was trained with B=%lld T=%lld; resume with the same batch shape",
                              o->resume, (long long)r->st.B, (long long)r->st.T);
+        if (r->st.world != r->ri.world) /* the global batch would change under the schedule */
+            return kiln_fail(KILN_ERR_INVALID, "%s: checkpoint was trained on %lld rank(s) of B=%lld; resume on the same number (--nproc %lld)",
+                             o->resume, (long long)r->st.world, (long long)r->st.B, (long long)r->st.world);
         return KILN_OK;
     }
     if (o->init_from) {
@@ -135,7 +138,7 @@ static kiln_status setup_model(run *r) {
     free(segs);
     if (s) return s;
     r->opt_ready = true;
-    r->st = (kiln_train_state){.seed = o->seed, .B = o->B, .T = o->T};
+    r->st = (kiln_train_state){.seed = o->seed, .B = o->B, .T = o->T, .world = r->ri.world};
     return KILN_OK;
 }
 
@@ -149,6 +152,7 @@ static kiln_status setup(run *r) {
     if (!tok_path) return kiln_fail(KILN_ERR_INVALID, "a new model needs a tokenizer (-t TOKENIZER.gguf)");
     if ((s = kiln_pool_create(o->n_threads, &r->pool))) return s;
     if ((s = kiln_gguf_open(tok_path, &r->tok_gguf)) || (s = kiln_tokenizer_load_gguf(r->tok_gguf, &r->tok))) return s;
+    if ((s = kiln_rank_from_env(&r->ri))) return s; /* before the model: a resume checks the checkpoint's world */
     if ((s = setup_model(r))) return s;
     kiln_llama_train *m = r->m;
     if (m->cfg.n_vocab < kiln_tokenizer_n_vocab(r->tok))
@@ -159,7 +163,6 @@ static kiln_status setup(run *r) {
                          (long long)m->cfg.n_ctx_train);
     m->label_smoothing = o->label_smoothing;
     m->z_loss = o->z_loss;
-    if ((s = kiln_rank_from_env(&r->ri))) return s;
     if (r->ri.world > 1) { /* the ranks meet: rank 0 makes the NCCL id and leaves it in the rendezvous folder */
         if (!o->gpu) return kiln_fail(KILN_ERR_INVALID, "rank %d of %d: data-parallel training runs on GPUs: add --gpu", r->ri.rank, r->ri.world);
         if ((s = kiln_dist_join(&r->ri, 300.0, &r->dist))) return s;

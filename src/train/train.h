@@ -4,7 +4,7 @@
  *
  * Checkpoint format: a llama GGUF (general.architecture llama, the tokenizer's tokenizer.ggml.* keys, F32
  * weights under their llama names) plus
- *   keys    train.step, train.tokens_seen, train.data_pos, train.seed, train.B, train.T, train.mixed,
+ *   keys    train.step, train.tokens_seen, train.data_pos, train.seed, train.B, train.T, train.world, train.mixed,
  *           train.n_embed_skipped, train.optim ("adamw" or "adamw8bit"), train.optim_step, train.n_skipped
  * After the random init nothing in a run is random (no dropout; batches are read in order), so the step,
  * the data position and the optimizer state are the whole state: a resumed run repeats the uninterrupted one.
@@ -81,6 +81,7 @@ typedef struct kiln_train_state {
     int64_t step, tokens_seen, data_pos, n_embed_skipped;
     uint64_t seed;
     int64_t B, T;
+    int64_t world; /* data-parallel ranks (train.world; a checkpoint without the key: 1) */
 } kiln_train_state;
 
 /* Writes m's weights with the metadata of a llama GGUF and the tokenizer keys of tok_src (may be NULL) to
