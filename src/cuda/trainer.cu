@@ -12,11 +12,14 @@
  * no (N, V) tensor exists. Gradient buffers: dx (N, C) f32 the residual gradient and dxb (N, max(C, Q)) bf16 its
  * copy that the norm backward writes for the next matmul, dln (N, C) f32, dqkv (N, Q + 2 KV) f32 and its bf16 form,
  * dh (N, F) bf16, dgu (N, 2F) bf16 (also d att). With KILN_CUDA_TRAIN_RECOMPUTE, ln1, ln2 and h are one shared
- * copy that each layer's backward first recomputes from x, mid (with their rstd) and gu. Every matmul output that only feeds another kernel is bf16, as in
- * llm.c: the bytes the memory-bound kernels move are what the step's non-GEMM time is made of.
+ * copy that each layer's backward first recomputes from x, mid (with their rstd) and gu. Every matmul output that
+ * only feeds another kernel is bf16, as in llm.c: the bytes the memory-bound kernels move are what the step's
+ * non-GEMM time is made of.
  *
- * Written this session without a GPU: tests/test_cuda_train.c (one step against the CPU trainer: the loss and
- * every parameter gradient, then ten AdamW steps) is its check, to be run on the GPU machine. */
+ * tests/test_cuda_train.c checks it against the CPU trainer (one step's loss and every parameter gradient, two
+ * accumulated micro-batches, two classifier chunks, ten AdamW steps, the options' bits), tests/test_train.c a
+ * bit-exact resume; both pass on the H200 (docs/cuda/train_tests*.txt). The data-parallel paths (dist) have not
+ * run on GPUs yet (issue #9). */
 #include "cuda/cuda.h"
 #include "cuda/dist.h"
 #include "cuda/train_kernels.h"
