@@ -1,0 +1,19 @@
+/* train_attention_tc.h: the tensor-core path of the training attention (train_attention_tc.cu), for head sizes
+ * 64 and 128 only; internal to src/cuda/train_attention.cu, which checks the arguments and, for the backward,
+ * writes D = rowsum(dout * out) (and zeroes the dq columns when !deterministic) before calling. C++ linkage: both
+ * sides are CUDA files. */
+#ifndef KILN_CUDA_TRAIN_ATTENTION_TC_H
+#define KILN_CUDA_TRAIN_ATTENTION_TC_H
+
+#include "cuda/train_kernels.h"
+
+#include <cuda_runtime.h>
+
+#define KILN_ATTN_TC_HS(HS) ((HS) == 64 || (HS) == 128)
+
+kiln_status kiln_attn_tc_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int B, int T, int NH, int NKV, int HS,
+                                 cudaStream_t s);
+kiln_status kiln_attn_tc_backward(float *dqkv, const kiln_bf16_t *dout, const kiln_bf16_t *qkv, const float *lse, const float *D,
+                                  int B, int T, int NH, int NKV, int HS, bool deterministic, cudaStream_t s);
+
+#endif
