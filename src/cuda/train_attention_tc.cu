@@ -284,6 +284,34 @@ attn_tc_forward(kiln_bf16_t *out,        /* (B*T, NH*HS) */
 /* The dk/dv kernel's loads for iteration it: head g G + it / nq, query rows i0 = j0 + (it % nq) BQ .. of q and dout
  * (bf16 tiles) and of lse and D (f32, 4-byte copies: a row of T floats need not be 16-byte aligned), into stage
  * it & 1. The whole block issues it; the caller commits. */
+/* The two products both backward kernels start from, for this warp's 16 rows m0.. of the A tiles over NS * 8
+ * columns of the B tiles, HS deep (KS steps of 16): s = A1 B1^T and dp = A2 B2^T. The dk/dv kernel passes (K, V,
+ * Q, dO) and gets S^T and dP^T; the dq kernel passes (Q, dO, K, V) and gets S and dP, the same products. */
+template <int HS, int NS, int KS>
+static __device__ __forceinline__ void two_products(float s[NS][4], float dp[NS][4], uint32_t a1, uint32_t a2, uint32_t b1,
+                                                    uint32_t b2, int m0) {
+#pragma unroll
+    for (int n = 0; n < NS; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        uint32_t fa1[4], fa2[4];
+        lda<HS>(fa1, a1, m0, ks * 16);
+        lda<HS>(fa2, a2, m0, ks * 16);
+#pragma unroll
+        for (int n = 0; n < NS; n += 2) {
+            uint32_t bf[4];
+            ldb<HS>(bf, b1, n * 8, ks * 16);
+            mma_bf16(s[n], fa1, bf[0], bf[1]);
+            mma_bf16(s[n + 1], fa1, bf[2], bf[3]);
+            ldb<HS>(bf, b2, n * 8, ks * 16);
+            mma_bf16(dp[n], fa2, bf[0], bf[1]);
+            mma_bf16(dp[n + 1], fa2, bf[2], bf[3]);
+        }
+    }
+}
+
 template <int HS, int BQ, int NT>
 static __device__ __forceinline__ void dkdv_issue(int it, uint32_t sq0, uint32_t sdo0, float *slse, float *sD,
                                                   const kiln_bf16_t *seq,  /* (T, W) sequence b of qkv */
@@ -368,26 +396,7 @@ attn_tc_backward_dkdv(float *dqkv,               /* (B*T, (NH + 2 NKV) HS): dk, 
         __syncthreads();
         const uint32_t sq = sq0 + st * QB, sdo = sdo0 + st * QB;
         float s[NS][4], dp[NS][4];
-#pragma unroll
-        for (int n = 0; n < NS; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            uint32_t ka[4], va[4];
-            lda<HS>(ka, sk, w * 16, ks * 16);
-            lda<HS>(va, sv, w * 16, ks * 16);
-#pragma unroll
-            for (int n = 0; n < NS; n += 2) {
-                uint32_t bf[4];
-                ldb<HS>(bf, sq, n * 8, ks * 16);
-                mma_bf16(s[n], ka, bf[0], bf[1]);
-                mma_bf16(s[n + 1], ka, bf[2], bf[3]);
-                ldb<HS>(bf, sdo, n * 8, ks * 16);
-                mma_bf16(dp[n], va, bf[0], bf[1]);
-                mma_bf16(dp[n + 1], va, bf[2], bf[3]);
-            }
-        }
+        two_products<HS, NS, KS>(s, dp, sk, sv, sq, sdo, w * 16); /* S^T = K Q^T, dP^T = V dO^T */
         const bool edge = i0 < j0 + KBM || i0 + BQ > T; /* a tile crossing the diagonal or T */
         const float *tl = slse + st * BQ, *td = sD + st * BQ;
 #pragma unroll
@@ -531,26 +540,7 @@ attn_tc_backward_dq(float *dqkv,               /* (B*T, (NH + 2 NKV) HS): dq wri
         }
         __syncthreads();
         float s[NS][4], dp[NS][4];
-#pragma unroll
-        for (int n = 0; n < NS; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            uint32_t qa[4], da[4];
-            lda<HS>(qa, sq, w * 16, ks * 16);
-            lda<HS>(da, sdo, w * 16, ks * 16);
-#pragma unroll
-            for (int n = 0; n < NS; n += 2) {
-                uint32_t bf[4];
-                ldb<HS>(bf, sk, n * 8, ks * 16);
-                mma_bf16(s[n], qa, bf[0], bf[1]);
-                mma_bf16(s[n + 1], qa, bf[2], bf[3]);
-                ldb<HS>(bf, sv, n * 8, ks * 16);
-                mma_bf16(dp[n], da, bf[0], bf[1]);
-                mma_bf16(dp[n + 1], da, bf[2], bf[3]);
-            }
-        }
+        two_products<HS, NS, KS>(s, dp, sq, sdo, sk, sv, w * 16); /* S = Q K^T, dP = dO V^T */
         const bool diag = (kt + 1) * BN > q0;
 #pragma unroll
         for (int n = 0; n < NS; n++)
