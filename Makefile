@@ -28,19 +28,22 @@ CUDA ?= $(if $(shell command -v $(NVCC) 2>/dev/null),1,0)
 CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC) 2>/dev/null)))
 NVCCFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 -Iinclude -Isrc -Isrc/core
 
-# NCCL, for multi-GPU training (src/cuda/dist.cu), with CUDA only: found when nccl.h is in $(CUDA_HOME)/include or
-# /usr/include and libnccl.so in $(CUDA_HOME)/lib, $(CUDA_HOME)/lib64 or on the compiler's library path
-# (-print-file-name answers a bare name when it is not). Without it, src/cuda/dist_none.c answers "built without NCCL".
+# NCCL, for multi-GPU training (src/cuda/dist.cu), with CUDA only: found when nccl.h is in $(NCCL_HOME)/include,
+# $(CUDA_HOME)/include or /usr/include and libnccl.so (or .so.2) in $(NCCL_HOME)/lib, $(CUDA_HOME)/lib, $(CUDA_HOME)/lib64
+# or on the compiler's library path (-print-file-name answers a bare name when it is not). NCCL_HOME is for an NCCL
+# of its own, e.g. the nvidia-nccl wheel's directory. Without NCCL, src/cuda/dist_none.c answers "built without NCCL".
 ifeq ($(CUDA),1)
-NCCL_LIB := $(firstword $(wildcard $(CUDA_HOME)/lib/libnccl.so $(CUDA_HOME)/lib64/libnccl.so) \
-              $(filter /%,$(shell $(CC) -print-file-name=libnccl.so)))
-NCCL ?= $(if $(and $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h),$(NCCL_LIB)),1,0)
+NCCL_HOME ?=
+NCCL_INC := $(firstword $(wildcard $(if $(NCCL_HOME),$(NCCL_HOME)/include/nccl.h) $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h))
+NCCL_LIB := $(firstword $(wildcard $(if $(NCCL_HOME),$(NCCL_HOME)/lib/libnccl.so $(NCCL_HOME)/lib/libnccl.so.2) \
+              $(CUDA_HOME)/lib/libnccl.so $(CUDA_HOME)/lib64/libnccl.so) $(filter /%,$(shell $(CC) -print-file-name=libnccl.so)))
+NCCL ?= $(if $(and $(NCCL_INC),$(NCCL_LIB)),1,0)
 endif
 ifeq ($(CUDA)$(NCCL),11)
 NCCL_DIR   := $(patsubst %/,%,$(dir $(NCCL_LIB)))
 CFLAGS     += -DKILN_NCCL=1
-NVCCFLAGS  += -DKILN_NCCL=1
-LDLIBS     += -L$(NCCL_DIR) -Wl,-rpath,$(NCCL_DIR) -lnccl
+NVCCFLAGS  += -DKILN_NCCL=1 -I$(patsubst %/,%,$(dir $(NCCL_INC)))
+LDLIBS     += $(NCCL_LIB) -Wl,-rpath,$(NCCL_DIR)
 endif
 
 C_SRC  := $(wildcard src/*/*.c)

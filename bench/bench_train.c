@@ -14,7 +14,8 @@
  * reported; --max-batch adds the largest B the trainer accepts at this T; --recompute trains with activation
  * recomputation (KILN_CUDA_TRAIN_RECOMPUTE). --nproc N (issue #9) measures one GPU, then N ranks (one process per
  * GPU, -B sequences each, data parallel over NCCL; --zero1 shards the moments) and reports the global tokens/s and
- * the per-GPU efficiency against the one-GPU figure. */
+ * the per-GPU efficiency against the one-GPU figure; with --peer, PyTorch DDP on as many GPUs
+ * (bench/torch_ddp_train.py) is the peer, and the one-GPU peer gives its efficiency. */
 #include "bench/bench.h"
 #include "model/llama_train.h"
 #include "tools/cmd.h"
@@ -71,6 +72,15 @@ static double peer_gpu_tok_s(const char *python, const char *script, const bench
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "%s %s --config %s --B %lld --T %lld --compile", python, script, c->name, (long long)B, (long long)T);
     return run_peer(cmd, ver, nver);
+}
+
+/* The data-parallel peer: bench/torch_ddp_train.py (PyTorch DDP over NCCL, the one-GPU peer's model and step,
+ * --compile) on nproc GPUs through torch.distributed.run, B x T rows per GPU: its global tokens/s. */
+static double peer_ddp_tok_s(const char *python, const char *script, const bench_config *c, int64_t B, int64_t T, int nproc) {
+    char cmd[1536], ver[64];
+    snprintf(cmd, sizeof cmd, "%s -m torch.distributed.run --standalone --nproc_per_node %d bench/torch_ddp_train.py --model-script %s "
+             "--config %s --B %lld --T %lld --compile", python, nproc, script, c->name, (long long)B, (long long)T);
+    return run_peer(cmd, ver, sizeof ver);
 }
 
 #ifdef KILN_CUDA
@@ -161,9 +171,9 @@ static kiln_status time_gpu_steps(kiln_cuda_trainer *g, const bench_config *c, i
 }
 
 /* --gpu: the same steps on the GPU trainer, then the PyTorch peer when python is given; frees m and pool. *tok_out
- * (may be NULL) gets the tokens/s. */
+ * and *peer_out (either may be NULL) get kiln's and the peer's tokens/s. */
 static int bench_gpu(const bench_config *c, kiln_llama_train *m, int64_t B, int64_t T, int steps, kiln_pool *pool, const char *python,
-                     const char *script, bool max_batch, unsigned flags, double *tok_out) {
+                     const char *script, bool max_batch, unsigned flags, double *tok_out, double *peer_out) {
     kiln_cuda_trainer *g = NULL;
     kiln_status s = kiln_cuda_trainer_new(m, B, T, flags, NULL, &g);
     double *t = malloc((size_t)steps * sizeof *t), loss = 0;
@@ -193,6 +203,7 @@ static int bench_gpu(const bench_config *c, kiln_llama_train *m, int64_t B, int6
                c->name, (long long)B, (long long)T, (double)m->n_params / 1e6, med * 1e3, tok_s, tflops, 100 * tflops / 989.0,
                100 * tflops / roof, roof, (double)bytes / 1073741824.0, (long long)bmax, peer, tok_s / peer);
         if (tok_out) *tok_out = tok_s;
+        if (peer_out) *peer_out = peer;
     }
     free(t);
     kiln_llama_train_free(m);
@@ -202,7 +213,8 @@ static int bench_gpu(const bench_config *c, kiln_llama_train *m, int64_t B, int6
 
 /* A rank of `bench train --gpu --nproc N` (issue #9): B x T rows per GPU, the gradient summed over the ranks in
  * buckets during the backward (or ZeRO-1); rank 0 reports the global tokens/s and the per-GPU efficiency against
- * the one-GPU figure the launcher measured first (KILN_BENCH_BASE_TOK_S). Frees m and pool. */
+ * the one-GPU figure the launcher measured first (KILN_BENCH_BASE_TOK_S), beside the peer's (PyTorch DDP on as
+ * many GPUs, KILN_BENCH_PEER_TOK_S, and its one-GPU figure, KILN_BENCH_PEER_BASE_TOK_S). Frees m and pool. */
 static int bench_gpu_rank(const bench_config *c, kiln_llama_train *m, int64_t B, int64_t T, int steps, kiln_pool *pool, unsigned flags) {
     kiln_rank_info ri;
     kiln_dist *d = NULL;
@@ -217,19 +229,24 @@ static int bench_gpu_rank(const bench_config *c, kiln_llama_train *m, int64_t B,
     kiln_cuda_trainer_free(g);
     if (!s && ri.rank == 0) {
         const double med = kiln_bench_median(t, steps), tok_s = (double)(B * T * ri.world) / med;
-        const char *base_s = getenv("KILN_BENCH_BASE_TOK_S");
+        const char *base_s = getenv("KILN_BENCH_BASE_TOK_S"), *peer_s = getenv("KILN_BENCH_PEER_TOK_S");
+        const char *peer_base_s = getenv("KILN_BENCH_PEER_BASE_TOK_S");
         const double base = base_s ? atof(base_s) : NAN, eff = tok_s / ((double)ri.world * base);
+        const double peer = peer_s ? atof(peer_s) : NAN, peer_base = peer_base_s ? atof(peer_base_s) : NAN;
+        const double peer_eff = peer / ((double)ri.world * peer_base);
         const double n_mat = (double)(m->n_params - m->tensors[m->tok_embd].n);
         const double tflops = tok_s * (6 * n_mat + 6.0 * (double)(c->L * T * c->C)) * 1e-12;
         printf("{\"bench\": \"train_gpu_dp\", \"config\": \"%s\", \"gpus\": %d, \"zero1\": %s, \"B_per_gpu\": %lld, \"T\": %lld, "
                "\"loss\": %.4f, \"ms_per_step\": %.2f, \"tokens_per_s\": %.0f, \"tflops\": %.1f, \"mfu_per_gpu\": %.4f, "
-               "\"one_gpu_tokens_per_s\": %.0f, \"efficiency\": %.3f, \"gpu_bytes_per_rank\": %zu}\n",
+               "\"one_gpu_tokens_per_s\": %.0f, \"efficiency\": %.3f, \"gpu_bytes_per_rank\": %zu, \"peer\": \"pytorch DDP torch.compile\", "
+               "\"peer_tokens_per_s\": %.0f, \"peer_one_gpu_tokens_per_s\": %.0f, \"peer_efficiency\": %.3f, \"ratio\": %.3f}\n",
                c->name, ri.world, (flags & KILN_CUDA_TRAIN_ZERO1) ? "true" : "false", (long long)B, (long long)T, loss, med * 1e3, tok_s,
-               tflops, tflops / ri.world / 989.0, base, eff, bytes);
-        printf("\n| config | GPUs | B x T per GPU | ZeRO-1 | ms/step | tok/s | per GPU | one GPU | efficiency | GPU memory per rank |\n"
-               "|---|---|---|---|---|---|---|---|---|---|\n| %s | %d | %lld x %lld | %s | %.2f | %.0f | %.0f | %.0f | %.1f%% | %.2f GiB |\n",
+               tflops, tflops / ri.world / 989.0, base, eff, bytes, peer, peer_base, peer_eff, tok_s / peer);
+        printf("\n| config | GPUs | B x T per GPU | ZeRO-1 | ms/step | tok/s | per GPU | one GPU | efficiency | GPU memory per rank | "
+               "PyTorch DDP tok/s | its efficiency | ratio |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+               "| %s | %d | %lld x %lld | %s | %.2f | %.0f | %.0f | %.0f | %.1f%% | %.2f GiB | %.0f | %.1f%% | %.2fx |\n",
                c->name, ri.world, (long long)B, (long long)T, (flags & KILN_CUDA_TRAIN_ZERO1) ? "yes" : "no", med * 1e3, tok_s,
-               tok_s / ri.world, base, 100 * eff, (double)bytes / 1073741824.0);
+               tok_s / ri.world, base, 100 * eff, (double)bytes / 1073741824.0, peer, 100 * peer_eff, tok_s / peer);
     }
     kiln_dist_free(d);
     free(t);
@@ -286,17 +303,22 @@ int kiln_bench_train(int argc, char **argv) {
     const unsigned flags = (recompute ? KILN_CUDA_TRAIN_RECOMPUTE : 0u) | (zero1 ? KILN_CUDA_TRAIN_ZERO1 : 0u);
     if (gpu && getenv("KILN_RANK")) return bench_gpu_rank(c, m, B, T, steps, pool, flags); /* a rank (its --nproc is gone) */
     if (gpu && nproc > 1) { /* one GPU first (its own report), then the ranks, which compare with it */
-        double base = NAN;
-        const int rc = bench_gpu(c, m, B, T, steps, pool, NULL, script, false, flags & ~KILN_CUDA_TRAIN_ZERO1, &base);
+        double base = NAN, peer_base = NAN;
+        const int rc = bench_gpu(c, m, B, T, steps, pool, python, script, false, flags & ~KILN_CUDA_TRAIN_ZERO1, &base, &peer_base);
         if (rc) return rc;
-        char buf[64];
-        snprintf(buf, sizeof buf, "%.1f", base);
-        setenv("KILN_BENCH_BASE_TOK_S", buf, 1);
+        const double peer = python ? peer_ddp_tok_s(python, script, c, B, T, nproc) : NAN;
+        const char *const names[3] = {"KILN_BENCH_BASE_TOK_S", "KILN_BENCH_PEER_TOK_S", "KILN_BENCH_PEER_BASE_TOK_S"};
+        const double vals[3] = {base, peer, peer_base};
+        for (int k = 0; k < 3; k++) {
+            char buf[64];
+            snprintf(buf, sizeof buf, "%.1f", vals[k]);
+            setenv(names[k], buf, 1);
+        }
         const char *cmd[] = {"bench", "train"};
         const kiln_status ls = kiln_launch_self(cmd, 2, argc, argv, nproc_at, nproc);
         return ls ? kiln_cli_die(ls) : 0;
     }
-    if (gpu) return bench_gpu(c, m, B, T, steps, pool, python, script, max_batch, flags, NULL);
+    if (gpu) return bench_gpu(c, m, B, T, steps, pool, python, script, max_batch, flags, NULL, NULL);
     if ((s = kiln_llama_train_reserve(m, B, T, threads))) return kiln_cli_die(s);
     kiln_param_segment *segs = malloc((size_t)m->n_tensors * sizeof *segs);
     for (int i = 0; i < m->n_tensors; i++)

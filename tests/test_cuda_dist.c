@@ -1,7 +1,7 @@
 /* test_cuda_dist.c: the NCCL collectives of src/cuda/dist.cu on two GPUs, one forked process each: allreduce (f32
- * and f64), reduce_scatter (also in place), allgather (also in place) and broadcast, checked against sums computed on
- * the host. The data are small integers (and halves), so every sum is exact whatever order NCCL adds in. Skips with
- * a reason unless kiln was built with NCCL and sees 2 GPUs.
+ * and f64), reduce_scatter (also in place), allgather (also in place), broadcast, reduce and a group of
+ * broadcasts, checked against sums computed on the host. The data are small integers (and halves), so every sum
+ * is exact whatever order NCCL adds in. Skips with a reason unless kiln was built with NCCL and sees 2 GPUs.
  *
  * CUDA cannot be used in a child forked after the parent touched it, so the parent never does: it counts the GPUs
  * in a throwaway child, forks the two ranks first and then makes the NCCL id (whose bootstrap listener stays in the
@@ -118,6 +118,27 @@ static int run_rank(int rank, const uint8_t id[KILN_DIST_ID_BYTES]) {
     TRY(kiln_cuda_sync());
     TRY(kiln_cuda_download(hb, db, N));
     for (int i = 0; i < N; i++) EXPECT(hb[i] == (uint8_t)((i * 7 + 3) & 255), "broadcast [%d] = %d", i, hb[i]);
+
+    /* reduce into rank 1, in place: rank r holds (i % 89) + 10 r; rank 1 gets 2 (i % 89) + 10, rank 0 keeps its own */
+    for (int i = 0; i < N; i++) hf[i] = (float)(i % 89 + 10 * rank);
+    TRY(kiln_cuda_upload(df, hf, N * sizeof(float)));
+    TRY(kiln_dist_reduce_f32(d, df, N, 1, NULL));
+    TRY(kiln_cuda_sync());
+    TRY(kiln_cuda_download(gf, df, N * sizeof(float)));
+    for (int i = 0; i < N; i++)
+        EXPECT(gf[i] == (float)(rank == 1 ? 2 * (i % 89) + 10 : i % 89), "reduce into rank 1 [%d] = %g", i, gf[i]);
+
+    /* a grouped gather of unequal parts, as ZeRO-1 makes one: bytes [0, 1000) from rank 0, [1000, N) from rank 1,
+     * each rank starting from its own (i + 50 r) & 255 */
+    for (int i = 0; i < N; i++) hb[i] = (uint8_t)((i + 50 * rank) & 255);
+    TRY(kiln_cuda_upload(db, hb, N));
+    TRY(kiln_dist_group_begin());
+    TRY(kiln_dist_broadcast(d, db, 1000, 0, NULL));
+    TRY(kiln_dist_broadcast(d, (uint8_t *)db + 1000, N - 1000, 1, NULL));
+    TRY(kiln_dist_group_end());
+    TRY(kiln_cuda_sync());
+    TRY(kiln_cuda_download(hb, db, N));
+    for (int i = 0; i < N; i++) EXPECT(hb[i] == (uint8_t)((i + (i < 1000 ? 0 : 50)) & 255), "grouped broadcasts [%d] = %d", i, hb[i]);
     TRY(kiln_dist_check(d));
 #undef TRY
 #undef EXPECT

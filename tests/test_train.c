@@ -471,11 +471,23 @@ static void test_cli_kill_resume(void) {
     CHECK(read_losses(logb, l, 64) == 40, "the resumed log has %d training lines", read_losses(logb, l, 64));
 }
 
+/* system(cmd) with its stderr kept; on failure, the last lines of it go to stdout as comments. */
+static int run_logged(const char *cmd) {
+    char full[2600];
+    snprintf(full, sizeof full, "%s 2>%s/kiln.err", cmd, work);
+    const int rc = system(full);
+    if (rc != 0) {
+        snprintf(full, sizeof full, "tail -4 %s/kiln.err | sed 's/^/# /'", work);
+        if (system(full) != 0) fprintf(stderr, "could not show %s/kiln.err\n", work);
+    }
+    return rc;
+}
+
 /* Data parallel over NCCL (issue #9): `kiln train --gpu --nproc 2 -B 2` (a global batch of 4: 2 sequences per
  * GPU) against `kiln train --gpu -B 4` on one GPU, 50 steps of the same tokens from the same weights: the loss curves
  * agree within rounding (the gradient is summed in another order: GEMM accumulation over 4 rows against two
- * 2-row halves added by NCCL, so the last bits differ and grow a little over the steps; bound 1e-2 relative per
- * step, a guess to confirm on a 2-GPU machine), with and without ZeRO-1; and a ZeRO-1 run stopped at step 25 and
+ * 2-row halves added by NCCL, so the last bits differ and grow a little over the steps; bound 4e-3 relative per
+ * step, 5x the 7.6e-4 measured on two H200s), with and without ZeRO-1; and a ZeRO-1 run stopped at step 25 and
  * resumed from its checkpoint (the moments gathered from both ranks, then sharded again) logs the same losses as
  * the uninterrupted one (NCCL sums in the same order on the same two GPUs). Skips below 2 GPUs or without NCCL. */
 static void test_cli_data_parallel(void) {
@@ -492,12 +504,12 @@ static void test_cli_data_parallel(void) {
              "train --gpu --deterministic --data %s -t %s -C 64 -L 2 --heads 4 --kv-heads 2 -F 128 -T 16 --steps 50 --lr 3e-3 "
              "--warmup 5 --eval-batches 0",
              data_dir, tok_path);
-    snprintf(cmd, sizeof cmd, "'%s' %s -B 4 --log %s 2>/dev/null", bin, common, log1);
-    CHECK(system(cmd) == 0, "the one-GPU run failed");
-    snprintf(cmd, sizeof cmd, "'%s' %s -B 2 --nproc 2 --log %s 2>/dev/null", bin, common, log2);
-    CHECK(system(cmd) == 0, "the two-GPU run failed");
-    snprintf(cmd, sizeof cmd, "'%s' %s -B 2 --nproc 2 --zero1 --log %s 2>/dev/null", bin, common, logz);
-    CHECK(system(cmd) == 0, "the two-GPU ZeRO-1 run failed");
+    snprintf(cmd, sizeof cmd, "'%s' %s -B 4 --log %s", bin, common, log1);
+    CHECK(run_logged(cmd) == 0, "the one-GPU run failed");
+    snprintf(cmd, sizeof cmd, "'%s' %s -B 2 --nproc 2 --log %s", bin, common, log2);
+    CHECK(run_logged(cmd) == 0, "the two-GPU run failed");
+    snprintf(cmd, sizeof cmd, "'%s' %s -B 2 --nproc 2 --zero1 --log %s", bin, common, logz);
+    CHECK(run_logged(cmd) == 0, "the two-GPU ZeRO-1 run failed");
     double a[64], b[64], z[64];
     CHECK(read_losses(log1, a, 64) == 50 && read_losses(log2, b, 64) == 50 && read_losses(logz, z, 64) == 50,
           "the logs have %d, %d and %d training lines", read_losses(log1, a, 64), read_losses(log2, b, 64), read_losses(logz, z, 64));
@@ -509,14 +521,14 @@ static void test_cli_data_parallel(void) {
     printf("# data parallel, 50 steps: worst step-loss relative difference %.2e (all-reduce), %.2e (ZeRO-1); first %.4f, last "
            "%.4f\n", worst, worst_z, a[0], a[49]);
     CHECK(a[49] < a[0], "the one-GPU run did not learn (%.4f -> %.4f)", a[0], a[49]);
-    CHECK(worst <= 1e-2 && worst_z <= 1e-2, "the loss curves differ by %.3g and %.3g", worst, worst_z);
+    CHECK(worst <= 4e-3 && worst_z <= 4e-3, "the loss curves differ by %.3g and %.3g", worst, worst_z);
     char logr[300], ckpt[300];
     snprintf(logr, sizeof logr, "%s/dpr.jsonl", work);
     snprintf(ckpt, sizeof ckpt, "%s/dpr.ckpt.gguf", work);
-    snprintf(cmd, sizeof cmd, "'%s' %s -B 2 --nproc 2 --zero1 --stop-after 25 --ckpt %s --log %s 2>/dev/null", bin, common, ckpt, logr);
-    CHECK(system(cmd) == 0, "the stopped ZeRO-1 run failed");
-    snprintf(cmd, sizeof cmd, "'%s' %s -B 2 --nproc 2 --zero1 --resume %s --ckpt %s --log %s 2>/dev/null", bin, common, ckpt, ckpt, logr);
-    CHECK(system(cmd) == 0, "the resumed ZeRO-1 run failed");
+    snprintf(cmd, sizeof cmd, "'%s' %s -B 2 --nproc 2 --zero1 --stop-after 25 --ckpt %s --log %s", bin, common, ckpt, logr);
+    CHECK(run_logged(cmd) == 0, "the stopped ZeRO-1 run failed");
+    snprintf(cmd, sizeof cmd, "'%s' %s -B 2 --nproc 2 --zero1 --resume %s --ckpt %s --log %s", bin, common, ckpt, ckpt, logr);
+    CHECK(run_logged(cmd) == 0, "the resumed ZeRO-1 run failed");
     double r[64];
     CHECK(read_losses(logr, r, 64) == 50, "the resumed log has %d training lines", read_losses(logr, r, 64));
     CHECK(memcmp(r, z, sizeof r[0] * 50) == 0, "the resumed ZeRO-1 run's losses differ from the uninterrupted one's");

@@ -83,9 +83,10 @@ struct kiln_adamw_cfg;
 /* With dist (data parallel over NCCL, src/cuda/dist.h; NULL or a world of 1: one GPU) each rank trains on its own
  * B x T rows and every step's loss and counts come back summed over the ranks. The gradient is summed over the
  * ranks before the update: in buckets during the backward of the micro-batch that kiln_cuda_trainer_reduce_next
- * marks, else in one piece in kiln_cuda_trainer_adamw. KILN_CUDA_TRAIN_ZERO1 shards the AdamW moments: a
- * reduce-scatter of the gradient, each rank's update of its shard with the global norm's clip, an all-gather of
- * the fp32 params (the forward reads the norms and the embedding in fp32) and the bf16 mirror rebuilt locally. */
+ * marks, else in one piece in kiln_cuda_trainer_adamw. KILN_CUDA_TRAIN_ZERO1 shards the AdamW moments: the
+ * gradient is reduce-scattered (in the same buckets, each summed into the ranks that own its parts), each rank
+ * updates its shard with the global norm's clip, then the bf16 parameters are all-gathered, and the fp32 masters
+ * of the tensors the forward reads in fp32 (the embedding, the norms). */
 #define KILN_CUDA_TRAIN_ZERO1 4u
 struct kiln_dist;
 kiln_status kiln_cuda_trainer_new(const struct kiln_llama_train *m, int64_t B, int64_t T, unsigned flags, struct kiln_dist *dist,
@@ -107,7 +108,7 @@ kiln_status kiln_cuda_trainer_agree(kiln_cuda_trainer *t, bool *flag);
 kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const struct kiln_adamw_cfg *cfg, float lr, double *grad_norm,
                                     bool *skipped);
 /* The device's params and grads (n_params floats each, either may be NULL) into host memory. */
-kiln_status kiln_cuda_trainer_download(const kiln_cuda_trainer *t, float *params, float *grads);
+kiln_status kiln_cuda_trainer_download(kiln_cuda_trainer *t, float *params, float *grads);
 /* What a checkpoint needs, into host memory (any may be NULL): params, the AdamW moments m and v (n_params each),
  * the count of applied updates and of skipped non-finite embedding-gradient rows; and its inverse for a resume
  * (the params come with the model the trainer was made from). */

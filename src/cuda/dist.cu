@@ -119,6 +119,16 @@ extern "C" kiln_status kiln_dist_broadcast(kiln_dist *d, void *buf, size_t bytes
     return nccl_check(ncclBroadcast(buf, buf, bytes, ncclUint8, root, d->comm, (cudaStream_t)stream), "ncclBroadcast", d->comm);
 }
 
+extern "C" kiln_status kiln_dist_reduce_f32(kiln_dist *d, float *buf, int64_t n, int root, void *stream) {
+    kiln_status st = count_ok("reduce", n);
+    if (st) return st;
+    if (root < 0 || root >= d->world) return kiln_fail(KILN_ERR_INVALID, "dist: reduce to rank %d of %d", root, d->world);
+    return nccl_check(ncclReduce(buf, buf, (size_t)n, ncclFloat32, ncclSum, root, d->comm, (cudaStream_t)stream), "ncclReduce", d->comm);
+}
+
+extern "C" kiln_status kiln_dist_group_begin(void) { return nccl_check(ncclGroupStart(), "ncclGroupStart", NULL); }
+extern "C" kiln_status kiln_dist_group_end(void) { return nccl_check(ncclGroupEnd(), "ncclGroupEnd", NULL); }
+
 extern "C" kiln_status kiln_dist_check(kiln_dist *d) {
     ncclResult_t async = ncclSuccess;
     kiln_status st = nccl_check(ncclCommGetAsyncError(d->comm, &async), "ncclCommGetAsyncError", d->comm);

@@ -45,6 +45,12 @@ kiln_status kiln_dist_reduce_scatter_f32(kiln_dist *d, const float *in, float *o
 kiln_status kiln_dist_allgather(kiln_dist *d, const void *in, void *out, size_t bytes, void *stream);
 /* buf (bytes) from rank `root` to every rank, in place. */
 kiln_status kiln_dist_broadcast(kiln_dist *d, void *buf, size_t bytes, int root, void *stream);
+/* buf (n) f32: the sum over the ranks, in place on rank `root` (the others' buf is left as it was). */
+kiln_status kiln_dist_reduce_f32(kiln_dist *d, float *buf, int64_t n, int root, void *stream);
+/* Collectives between group_begin and group_end (ncclGroupStart/End) are launched as one, when group_end is
+ * called: the way to make a variable-sized reduce-scatter or all-gather out of reduces or broadcasts. */
+kiln_status kiln_dist_group_begin(void);
+kiln_status kiln_dist_group_end(void);
 /* Any asynchronous NCCL error (ncclCommGetAsyncError) as a status, so a long wait can notice a dead peer. */
 kiln_status kiln_dist_check(kiln_dist *d);
 

@@ -21,6 +21,9 @@ kiln_status kiln_dist_allreduce_f64(kiln_dist *d, double *buf, int64_t n, void *
 kiln_status kiln_dist_reduce_scatter_f32(kiln_dist *d, const float *in, float *out, int64_t n, void *stream) { return no_nccl(); }
 kiln_status kiln_dist_allgather(kiln_dist *d, const void *in, void *out, size_t bytes, void *stream) { return no_nccl(); }
 kiln_status kiln_dist_broadcast(kiln_dist *d, void *buf, size_t bytes, int root, void *stream) { return no_nccl(); }
+kiln_status kiln_dist_reduce_f32(kiln_dist *d, float *buf, int64_t n, int root, void *stream) { return no_nccl(); }
+kiln_status kiln_dist_group_begin(void) { return no_nccl(); }
+kiln_status kiln_dist_group_end(void) { return no_nccl(); }
 kiln_status kiln_dist_check(kiln_dist *d) { return no_nccl(); }
 #else
 typedef int kiln_dist_none_unused; /* ISO C wants a declaration in every translation unit */

@@ -56,7 +56,7 @@ kiln_status kiln_cuda_trainer_agree(kiln_cuda_trainer *t, bool *flag) { return n
 kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const struct kiln_adamw_cfg *cfg, float lr, double *grad_norm, bool *skipped) {
     return no_cuda();
 }
-kiln_status kiln_cuda_trainer_download(const kiln_cuda_trainer *t, float *params, float *grads) { return no_cuda(); }
+kiln_status kiln_cuda_trainer_download(kiln_cuda_trainer *t, float *params, float *grads) { return no_cuda(); }
 kiln_status kiln_cuda_trainer_get_state(kiln_cuda_trainer *t, float *params, float *m, float *v, int64_t *opt_step,
                                         int64_t *n_embed_skipped) {
     return no_cuda();

@@ -82,9 +82,11 @@ struct kiln_cuda_trainer {
     /* data parallel (kiln_dist): n_pad = n rounded up to a multiple of 64 world; params, grads, mirror and decay have
      * n_pad elements (the pad stays zero). Without ZeRO-1 every rank holds all moments (n) and the gradients are
      * all-reduced in buckets (a layer each, the head, the embedding) on the comm stream as soon as the backward has
-     * finished them; with ZeRO-1 rank r holds the moments of shard [r S, r S + S), S = n_pad / world, the grads are
-     * reduce-scattered, the shard updated, and the fp32 params all-gathered (the forward reads the norms and the
-     * embedding in fp32), the mirror rebuilt locally. */
+     * finished them; with ZeRO-1 rank r holds the moments of shard [r S, r S + S), S = n_pad / world: each bucket
+     * is summed into the ranks that own its parts (grouped reduces) during the backward, each rank updates its
+     * shard and the bf16 mirror of it, the mirror is all-gathered, and so are the fp32 masters of the tensors the
+     * forward reads in fp32 (the embedding and the norms). A rank's fp32 masters outside its shard are otherwise
+     * stale: get_state and download gather them first. */
     kiln_dist *dist;                  /* NULL: one GPU */
     int rank, world;
     bool zero1;
@@ -391,13 +393,54 @@ static bool bucket_range(const kiln_cuda_trainer *t, int64_t b, int64_t *off, in
     return true;
 }
 
-/* Bucket b's gradient is final on the compute stream: sum it over the ranks on the comm stream, after it. */
+/* ZeRO-1: buf[off, off + len) (f32 when reduce, else bytes of `elem`) between the ranks by the owner of each part
+ * (rank r owns [r S, r S + S)): reduce, every part summed into its owner (a reduce-scatter of an unaligned range);
+ * else broadcast, every part from its owner to every rank (an all-gather of one). One NCCL group. */
+static kiln_status by_owners(kiln_cuda_trainer *t, void *buf, size_t elem, int64_t off, int64_t len, bool reduce, cudaStream_t stream) {
+    TRY(kiln_dist_group_begin());
+    kiln_status s = KILN_OK;
+    for (int r = 0; r < t->world && !s; r++) {
+        const int64_t a = off > r * t->shard ? off : r * t->shard, e = off + len < (r + 1) * t->shard ? off + len : (r + 1) * t->shard;
+        if (e <= a) continue;
+        s = reduce ? kiln_dist_reduce_f32(t->dist, (float *)buf + a, e - a, r, stream)
+                   : kiln_dist_broadcast(t->dist, (char *)buf + (size_t)a * elem, (size_t)(e - a) * elem, r, stream);
+    }
+    const kiln_status g = kiln_dist_group_end();
+    return s ? s : g;
+}
+
+/* ZeRO-1: every rank's fp32 masters of the tensors the forward reads in fp32 (the embedding, the norms) from
+ * their owners, after the update. */
+static kiln_status gather_fp32_read(kiln_cuda_trainer *t) {
+    const kiln_llama_train *m = t->m;
+    TRY(kiln_dist_group_begin()); /* groups nest: the whole gather is one launch */
+    kiln_status s = by_owners(t, t->params, 4, m->tensors[m->tok_embd].offset, m->tensors[m->tok_embd].n, false, t->stream);
+    for (int64_t l = 0; l < m->cfg.n_layer && !s; l++)
+        for (int k = 0; k < 2 && !s; k++) {
+            const kiln_train_tensor *ts = &m->tensors[k == 0 ? m->layers[l].attn_norm : m->layers[l].ffn_norm];
+            s = by_owners(t, t->params, 4, ts->offset, ts->n, false, t->stream);
+        }
+    if (!s) s = by_owners(t, t->params, 4, m->tensors[m->output_norm].offset, m->tensors[m->output_norm].n, false, t->stream);
+    const kiln_status g = kiln_dist_group_end();
+    return s ? s : g;
+}
+
+/* ZeRO-1: all of every rank's fp32 masters (for a checkpoint or a download). */
+static kiln_status gather_params(kiln_cuda_trainer *t) {
+    if (!t->zero1) return KILN_OK;
+    TRY(kiln_dist_allgather(t->dist, t->params + (int64_t)t->rank * t->shard, t->params, (size_t)t->shard * 4, t->stream));
+    return wait_stream(t, "gathering the parameters");
+}
+
+/* Bucket b's gradient is final on the compute stream: sum it over the ranks (ZeRO-1: into its owners) on the comm
+ * stream, after it. */
 static kiln_status reduce_bucket(kiln_cuda_trainer *t, int64_t b) {
     int64_t off, len;
     if (!bucket_range(t, b, &off, &len)) return kiln_fail(KILN_ERR_INVALID, "gpu train: the gradient buckets do not tile the buffer");
     CK(cudaEventRecord(t->ev[b], t->stream), "cudaEventRecord");
     CK(cudaStreamWaitEvent(t->comm, t->ev[b], 0), "cudaStreamWaitEvent");
-    return len > 0 ? kiln_dist_allreduce_f32(t->dist, t->grads + off, len, t->comm) : KILN_OK;
+    if (len == 0) return KILN_OK;
+    return t->zero1 ? by_owners(t, t->grads, 4, off, len, true, t->comm) : kiln_dist_allreduce_f32(t->dist, t->grads + off, len, t->comm);
 }
 
 static kiln_status backward(kiln_cuda_trainer *t, bool reduce) {
@@ -484,7 +527,7 @@ extern "C" kiln_status kiln_cuda_trainer_step(kiln_cuda_trainer *t, const int32_
 
 extern "C" void kiln_cuda_trainer_reduce_next(kiln_cuda_trainer *t) {
     int64_t off, len;
-    t->reduce_next = t->dist && !t->zero1 && bucket_range(t, 0, &off, &len);
+    t->reduce_next = t->dist && bucket_range(t, 0, &off, &len);
 }
 
 extern "C" kiln_status kiln_cuda_trainer_agree(kiln_cuda_trainer *t, bool *flag) {
@@ -507,17 +550,17 @@ extern "C" kiln_status kiln_cuda_trainer_zero_grads(kiln_cuda_trainer *t) {
 extern "C" kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const kiln_adamw_cfg *cfg, float lr, double *grad_norm,
                                                bool *skipped) {
     if (cfg->eight_bit) return kiln_fail(KILN_ERR_UNSUPPORTED, "gpu train: 8-bit AdamW is not on the GPU yet");
-    if (t->zero1) { /* reduce-scatter, the shard's update with the global norm, all-gather, the mirror */
+    if (t->zero1) { /* (reduce-scatter,) the shard's update with the global norm, the gathers */
         const int64_t S = t->shard, o = (int64_t)t->rank * S;
         double *d_sumsq = t->d_red + 3;
         if (!t->reduced) TRY(kiln_dist_reduce_scatter_f32(t->dist, t->grads, t->grads + o, S, t->stream));
         TRY(kiln_cuda_grad_sumsq(d_sumsq, t->grads + o, S, t->ws, t->stream));
         TRY(kiln_dist_allreduce_f64(t->dist, d_sumsq, 1, t->stream));
-        TRY(kiln_cuda_adamw_apply(t->params + o, t->grads + o, t->am, t->av, NULL, t->decay + o, S, lr, cfg->beta1, cfg->beta2, cfg->eps,
-                                  cfg->weight_decay, cfg->grad_clip, t->opt_step + 1, d_sumsq, t->d_norm, t->d_skipped, t->ws,
-                                  t->stream));
-        TRY(kiln_dist_allgather(t->dist, t->params + o, t->params, (size_t)S * 4, t->stream));
-        TRY(kiln_cuda_to_bf16(t->mirror, t->params, t->n_pad, t->stream));
+        TRY(kiln_cuda_adamw_apply(t->params + o, t->grads + o, t->am, t->av, t->mirror + o, t->decay + o, S, lr, cfg->beta1, cfg->beta2,
+                                  cfg->eps, cfg->weight_decay, cfg->grad_clip, t->opt_step + 1, d_sumsq, t->d_norm, t->d_skipped,
+                                  t->ws, t->stream));
+        TRY(kiln_dist_allgather(t->dist, t->mirror + o, t->mirror, (size_t)S * 2, t->stream));
+        TRY(gather_fp32_read(t));
     } else {
         if (t->dist && !t->reduced) TRY(kiln_dist_allreduce_f32(t->dist, t->grads, t->n_pad, t->stream));
         TRY(kiln_cuda_adamw(t->params, t->grads, t->am, t->av, t->mirror, t->decay, t->n_pad, lr, cfg->beta1, cfg->beta2, cfg->eps,
@@ -535,7 +578,8 @@ extern "C" kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const kiln_
     return KILN_OK;
 }
 
-extern "C" kiln_status kiln_cuda_trainer_download(const kiln_cuda_trainer *t, float *params, float *grads) {
+extern "C" kiln_status kiln_cuda_trainer_download(kiln_cuda_trainer *t, float *params, float *grads) {
+    if (params) TRY(gather_params(t));
     CK(cudaStreamSynchronize(t->stream), "training work before a download");
     if (params) CK(cudaMemcpy(params, t->params, (size_t)t->n * 4, cudaMemcpyDeviceToHost), "cudaMemcpy params");
     if (grads) CK(cudaMemcpy(grads, t->grads, (size_t)t->n * 4, cudaMemcpyDeviceToHost), "cudaMemcpy grads");
@@ -545,6 +589,7 @@ extern "C" kiln_status kiln_cuda_trainer_download(const kiln_cuda_trainer *t, fl
 extern "C" kiln_status kiln_cuda_trainer_get_state(kiln_cuda_trainer *t, float *params, float *m, float *v, int64_t *opt_step,
                                                    int64_t *n_embed_skipped) {
     const size_t bytes = (size_t)t->n * 4;
+    if (params) TRY(gather_params(t));
     CK(cudaStreamSynchronize(t->stream), "training work before a download");
     if (params) CK(cudaMemcpy(params, t->params, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy params");
     /* with ZeRO-1 every rank gathers the moments' shards through the gradient buffer (dead until the next step) */
