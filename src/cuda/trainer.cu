@@ -18,8 +18,9 @@
  *
  * tests/test_cuda_train.c checks it against the CPU trainer (one step's loss and every parameter gradient, two
  * accumulated micro-batches, two classifier chunks, ten AdamW steps, the options' bits), tests/test_train.c a
- * bit-exact resume; both pass on the H200 (docs/cuda/train_tests*.txt). The data-parallel paths (dist) have not
- * run on GPUs yet (issue #9). */
+ * bit-exact resume; both pass on the H200 (docs/cuda/train_tests*.txt). The data-parallel paths (dist, issue #9):
+ * tests/test_train.c's test_cli_data_parallel (2 GPUs against 1, with and without ZeRO-1, and a ZeRO-1 resume),
+ * passing on two H200s (docs/cuda/dist_tests.txt). */
 #include "cuda/cuda.h"
 #include "cuda/dist.h"
 #include "cuda/train_kernels.h"
