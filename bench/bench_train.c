@@ -303,6 +303,10 @@ int kiln_bench_train(int argc, char **argv) {
     const unsigned flags = (recompute ? KILN_CUDA_TRAIN_RECOMPUTE : 0u) | (zero1 ? KILN_CUDA_TRAIN_ZERO1 : 0u);
     if (gpu && getenv("KILN_RANK")) return bench_gpu_rank(c, m, B, T, steps, pool, flags); /* a rank (its --nproc is gone) */
     if (gpu && nproc > 1) { /* one GPU first (its own report), then the ranks, which compare with it */
+        if (kiln_cuda_device_count() < nproc) {
+            fprintf(stderr, "kiln: bench train: --nproc %d needs %d GPUs; this machine has %d\n", nproc, nproc, kiln_cuda_device_count());
+            return 1;
+        }
         double base = NAN, peer_base = NAN;
         const int rc = bench_gpu(c, m, B, T, steps, pool, python, script, false, flags & ~KILN_CUDA_TRAIN_ZERO1, &base, &peer_base);
         if (rc) return rc;

@@ -534,6 +534,29 @@ static void test_cli_data_parallel(void) {
     CHECK(memcmp(r, z, sizeof r[0] * 50) == 0, "the resumed ZeRO-1 run's losses differ from the uninterrupted one's");
 }
 
+/* `--nproc N` that cannot run is refused by the launcher itself, before any rank starts: without --gpu, and with
+ * more ranks than GPUs (checked against this machine's count, so it runs with or without GPUs). */
+static void test_cli_nproc_refusals(void) {
+    const char *bin = getenv("KILN_BIN");
+    if (!bin || !*bin) SKIP("KILN_BIN is not set (make test sets it)");
+    CHECK(setup_corpus());
+    const int n_dev = kiln_cuda_device_count();
+    char cmd[1024], out[1024], want[128];
+    const char *args[2] = {"--nproc 2", "--gpu --nproc 4096"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd, "'%s' train %s --data %s -t %s -C 32 -L 1 --heads 2 -F 64 -T 8 -B 1 --steps 1 2>&1", bin, args[k],
+                 data_dir, tok_path);
+        FILE *p = popen(cmd, "r");
+        CHECK(p);
+        const size_t got = fread(out, 1, sizeof out - 1, p);
+        out[got] = 0;
+        const int rc = pclose(p);
+        if (k == 0) snprintf(want, sizeof want, "--nproc 2 trains on 2 GPUs: add --gpu");
+        else snprintf(want, sizeof want, "--nproc 4096 needs 4096 GPUs; this machine has %d", n_dev);
+        CHECK(rc != 0 && strstr(out, want) && !strstr(out, "rank "), "%s: status %d, said: %s", args[k], rc, out);
+    }
+}
+
 /* SIGKILL during a checkpoint write: the previous checkpoint stays whole and loads. */
 static void test_kill_during_checkpoint(void) {
     char dir[] = "/tmp/kiln-kill-XXXXXX", path[256];
@@ -612,6 +635,7 @@ int main(void) {
     RUN(test_kill_during_checkpoint);
     RUN(test_cli_kill_resume);
     RUN(test_cli_data_parallel);
+    RUN(test_cli_nproc_refusals);
     if (work[0]) {
         char cmd[300];
         snprintf(cmd, sizeof cmd, "rm -rf %s", work);

@@ -1,6 +1,7 @@
 /* cmd_train.c: `kiln train`, the CLI over kiln_train_run (src/train/train.c). It parses the options, prints a
  * progress line per step and the validation results to stderr, and exits 1 with a one-line error. */
 #include "kiln.h"
+#include "cuda/cuda.h"
 #include "tools/cmd.h"
 #include "train/launch.h"
 #include "train/train.h"
@@ -149,6 +150,15 @@ int kiln_cmd_train(int argc, char **argv) {
     }
     /* the launcher; its ranks (KILN_RANK set) train, whatever --nproc says */
     if (nproc > 1 && !getenv("KILN_RANK")) {
+        if (!o.gpu) { /* said before N processes start, each to say it */
+            fprintf(stderr, "kiln: train: --nproc %d trains on %d GPUs: add --gpu\n", (int)nproc, (int)nproc);
+            return 1;
+        }
+        const int n_dev = kiln_cuda_device_count();
+        if (n_dev < (int)nproc) {
+            fprintf(stderr, "kiln: train: --nproc %d needs %d GPUs; this machine has %d\n", (int)nproc, (int)nproc, n_dev);
+            return 1;
+        }
         const char *cmd[] = {"train"};
         const kiln_status ls = kiln_launch_self(cmd, 1, argc, argv, nproc_at, (int)nproc);
         return ls ? kiln_cli_die(ls) : 0;
