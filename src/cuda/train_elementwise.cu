@@ -224,7 +224,9 @@ extern "C" size_t kiln_cuda_rmsnorm_backward_ws_bytes(int64_t N, int64_t C) {
 }
 
 /* Dynamic shared memory: the warp tier's combine tree holds (8 / 2) rows of C doubles (32 KiB at C 1024); the
- * block tier's group_sum blockDim / 32 doubles. Registers (ptxas, sm_90): 128 at C 768 (float4, NV 6: 2 blocks
+ * block tier's group_sum 32 doubles, as the forward's static sh[32], though it uses blockDim / 32: ptxas widens
+ * the last reads of group_sum's loop to 16 bytes, which ran past an allocation of exactly 9 doubles (C 1030,
+ * 288 threads; compute-sanitizer memcheck caught it). Registers (ptxas, sm_90): 128 at C 768 (float4, NV 6: 2 blocks
  * of 256 per SM, no spill; the bound asks for exactly that), ~200 at NV 8 (1 block per SM). */
 template <int W, int NV, bool BLOCK>
 static __global__ void __launch_bounds__(W == 4 ? 256 : 512, W == 4 && !BLOCK && NV <= 6 ? 2 : 1)
@@ -379,7 +381,7 @@ extern "C" kiln_status kiln_cuda_rmsnorm_backward(float *dx, kiln_bf16_t *dx_bf,
     const int64_t R = rms_rows_per_chunk(N), chunks = (N + R - 1) / R;
     const rms_backward_fn f = p.W == 4 ? (p.block ? rms_backward_pick<4, true>(p.NV) : rms_backward_pick<4, false>(p.NV))
                                        : (p.block ? rms_backward_pick<1, true>(p.NV) : rms_backward_pick<1, false>(p.NV));
-    const size_t smem = p.block ? (size_t)(p.threads / 32) * sizeof(double)
+    const size_t smem = p.block ? (size_t)32 * sizeof(double)
                                 : (size_t)(RMS_WARP_THREADS / 32 / 2) * (size_t)C * sizeof(double);
     cudaStream_t s = (cudaStream_t)stream;
     double *partial = (double *)ws;
