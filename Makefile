@@ -34,6 +34,11 @@ NVCCFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=co
 # of its own, e.g. the nvidia-nccl wheel's directory. Without NCCL, src/cuda/dist_none.c answers "built without NCCL".
 ifeq ($(CUDA),1)
 NCCL_HOME ?=
+ifneq ($(NCCL_HOME),)
+ifeq ($(wildcard $(NCCL_HOME)/include/nccl.h),)
+$(error NCCL_HOME=$(NCCL_HOME) has no include/nccl.h)
+endif
+endif
 NCCL_INC := $(firstword $(wildcard $(if $(NCCL_HOME),$(NCCL_HOME)/include/nccl.h) $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h))
 NCCL_LIB := $(firstword $(wildcard $(if $(NCCL_HOME),$(NCCL_HOME)/lib/libnccl.so $(NCCL_HOME)/lib/libnccl.so.2) \
               $(CUDA_HOME)/lib/libnccl.so $(CUDA_HOME)/lib64/libnccl.so) $(filter /%,$(shell $(CC) -print-file-name=libnccl.so)))
@@ -42,8 +47,9 @@ endif
 ifeq ($(CUDA)$(NCCL),11)
 NCCL_DIR   := $(patsubst %/,%,$(dir $(NCCL_LIB)))
 CFLAGS     += -DKILN_NCCL=1
-NVCCFLAGS  += -DKILN_NCCL=1 -I$(patsubst %/,%,$(dir $(NCCL_INC)))
-LDLIBS     += $(NCCL_LIB) -Wl,-rpath,$(NCCL_DIR)
+NVCCFLAGS  += -DKILN_NCCL=1 $(if $(NCCL_INC),-I$(patsubst %/,%,$(dir $(NCCL_INC))))
+comma      := ,
+LDLIBS     += $(if $(NCCL_LIB),$(NCCL_LIB) -Wl$(comma)-rpath$(comma)$(NCCL_DIR),-lnccl)
 endif
 
 C_SRC  := $(wildcard src/*/*.c)

@@ -3,6 +3,7 @@
 #ifndef KILN_BENCH_H
 #define KILN_BENCH_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 int kiln_bench_quant(int argc, char **argv);
@@ -16,6 +17,9 @@ double kiln_bench_now(void);                    /* seconds, CLOCK_MONOTONIC */
 double kiln_bench_median(double *t, int n);     /* sorts t[0..n) and returns its median */
 const char *kiln_bench_base_name(const char *path);
 void kiln_bench_json_str(const char *s);        /* prints s as a JSON string */
+/* v with prec decimals into buf (n bytes), or "null" when v is not finite (a peer not run, a ratio without one):
+ * JSON has no NaN. Returns buf. */
+const char *kiln_bench_json_num(char *buf, size_t n, double v, int prec);
 /* out[0..*n) = the comma-separated integers of s, each in [lo, hi], at most max_items; else prints why (naming
  * the option opt) and returns -1. */
 int kiln_bench_parse_list(const char *opt, const char *s, long lo, long hi, int64_t *out, int max_items, int *n);

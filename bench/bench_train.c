@@ -191,12 +191,14 @@ static int bench_gpu(const bench_config *c, kiln_llama_train *m, int64_t B, int6
         double flops_tok = 6 * n_mat + 6.0 * (double)(c->L * T * c->C), tflops = tok_s * flops_tok * 1e-12;
         char dev[128] = "";
         kiln_cuda_device_describe(dev, sizeof dev);
+        char j[4][32];
         printf("{\"bench\": \"train_gpu\", \"device\": \"%s\", \"config\": \"%s\", \"recompute\": %s, \"B\": %lld, \"T\": %lld, \"params\": %lld, "
                "\"loss\": %.4f, \"ms_per_step\": %.2f, \"tokens_per_s\": %.0f, \"tflops\": %.1f, \"mfu\": %.4f, \"peak_tflops\": 989, "
-               "\"gemm_tflops\": %.1f, \"of_gemm\": %.3f, \"gpu_bytes\": %zu, \"largest_B\": %lld, \"peer\": \"pytorch %s torch.compile (%s)\", \"peer_tokens_per_s\": %.0f, "
-               "\"ratio\": %.3f}\n",
-               dev, c->name, (flags & KILN_CUDA_TRAIN_RECOMPUTE) ? "true" : "false", (long long)B, (long long)T, (long long)m->n_params, loss, med * 1e3, tok_s, tflops, tflops / 989.0, roof,
-               tflops / roof, bytes, (long long)bmax, ver, python ? script : "not run", peer, tok_s / peer);
+               "\"gemm_tflops\": %s, \"of_gemm\": %s, \"gpu_bytes\": %zu, \"largest_B\": %lld, \"peer\": \"pytorch %s torch.compile (%s)\", \"peer_tokens_per_s\": %s, "
+               "\"ratio\": %s}\n",
+               dev, c->name, (flags & KILN_CUDA_TRAIN_RECOMPUTE) ? "true" : "false", (long long)B, (long long)T, (long long)m->n_params, loss, med * 1e3, tok_s, tflops, tflops / 989.0,
+               kiln_bench_json_num(j[0], 32, roof, 1), kiln_bench_json_num(j[1], 32, tflops / roof, 3), bytes, (long long)bmax, ver,
+               python ? script : "not run", kiln_bench_json_num(j[2], 32, peer, 0), kiln_bench_json_num(j[3], 32, tok_s / peer, 3));
         printf("\n| config | B x T | params | ms/step | tok/s | TFLOP/s | MFU (989) | of measured GEMM | GPU memory | largest B | "
                "PyTorch compiled tok/s | ratio |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
                "| %s | %lld x %lld | %.1fM | %.2f | %.0f | %.1f | %.1f%% | %.1f%% of %.0f | %.2f GiB | %lld | %.0f | %.2fx |\n",
@@ -236,12 +238,15 @@ static int bench_gpu_rank(const bench_config *c, kiln_llama_train *m, int64_t B,
         const double peer_eff = peer / ((double)ri.world * peer_base);
         const double n_mat = (double)(m->n_params - m->tensors[m->tok_embd].n);
         const double tflops = tok_s * (6 * n_mat + 6.0 * (double)(c->L * T * c->C)) * 1e-12;
+        char j[6][32];
         printf("{\"bench\": \"train_gpu_dp\", \"config\": \"%s\", \"gpus\": %d, \"zero1\": %s, \"B_per_gpu\": %lld, \"T\": %lld, "
                "\"loss\": %.4f, \"ms_per_step\": %.2f, \"tokens_per_s\": %.0f, \"tflops\": %.1f, \"mfu_per_gpu\": %.4f, "
-               "\"one_gpu_tokens_per_s\": %.0f, \"efficiency\": %.3f, \"gpu_bytes_per_rank\": %zu, \"peer\": \"pytorch DDP torch.compile\", "
-               "\"peer_tokens_per_s\": %.0f, \"peer_one_gpu_tokens_per_s\": %.0f, \"peer_efficiency\": %.3f, \"ratio\": %.3f}\n",
+               "\"one_gpu_tokens_per_s\": %s, \"efficiency\": %s, \"gpu_bytes_per_rank\": %zu, \"peer\": \"pytorch DDP torch.compile%s\", "
+               "\"peer_tokens_per_s\": %s, \"peer_one_gpu_tokens_per_s\": %s, \"peer_efficiency\": %s, \"ratio\": %s}\n",
                c->name, ri.world, (flags & KILN_CUDA_TRAIN_ZERO1) ? "true" : "false", (long long)B, (long long)T, loss, med * 1e3, tok_s,
-               tflops, tflops / ri.world / 989.0, base, eff, bytes, peer, peer_base, peer_eff, tok_s / peer);
+               tflops, tflops / ri.world / 989.0, kiln_bench_json_num(j[0], 32, base, 0), kiln_bench_json_num(j[1], 32, eff, 3), bytes,
+               isfinite(peer) ? "" : " (not run)", kiln_bench_json_num(j[2], 32, peer, 0), kiln_bench_json_num(j[3], 32, peer_base, 0),
+               kiln_bench_json_num(j[4], 32, peer_eff, 3), kiln_bench_json_num(j[5], 32, tok_s / peer, 3));
         printf("\n| config | GPUs | B x T per GPU | ZeRO-1 | ms/step | tok/s | per GPU | one GPU | efficiency | GPU memory per rank | "
                "PyTorch DDP tok/s | its efficiency | ratio |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
                "| %s | %d | %lld x %lld | %s | %.2f | %.0f | %.0f | %.0f | %.1f%% | %.2f GiB | %.0f | %.1f%% | %.2fx |\n",
@@ -287,8 +292,8 @@ int kiln_bench_train(int argc, char **argv) {
     const bench_config *c = NULL;
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++)
         if (strcmp(configs[i].name, cfg_name) == 0) c = &configs[i];
-    if (!c || B <= 0 || steps <= 0) {
-        fprintf(stderr, "kiln: bench train: unknown config '%s' (tiny, small, 124m, 350m) or bad -B/--steps\n", cfg_name);
+    if (!c || B <= 0 || steps <= 0 || nproc < 1 || nproc > 4096) {
+        fprintf(stderr, "kiln: bench train: unknown config '%s' (tiny, small, 124m, 350m) or bad -B/--steps/--nproc\n", cfg_name);
         return 1;
     }
     if (T <= 0) T = c->T;
@@ -302,6 +307,10 @@ int kiln_bench_train(int argc, char **argv) {
     kiln_llama_train_init_random(m, 1);
     const unsigned flags = (recompute ? KILN_CUDA_TRAIN_RECOMPUTE : 0u) | (zero1 ? KILN_CUDA_TRAIN_ZERO1 : 0u);
     if (gpu && getenv("KILN_RANK")) return bench_gpu_rank(c, m, B, T, steps, pool, flags); /* a rank (its --nproc is gone) */
+    if (nproc > 1 && !gpu) {
+        fprintf(stderr, "kiln: bench train: --nproc %d measures data-parallel training on GPUs: add --gpu\n", nproc);
+        return 1;
+    }
     if (gpu && nproc > 1) { /* one GPU first (its own report), then the ranks, which compare with it */
         if (kiln_cuda_device_count() < nproc) {
             fprintf(stderr, "kiln: bench train: --nproc %d needs %d GPUs; this machine has %d\n", nproc, nproc, kiln_cuda_device_count());
@@ -361,13 +370,15 @@ int kiln_bench_train(int argc, char **argv) {
     char ver[64] = "";
     double peer = python ? peer_tok_s(python, c, B, T, steps, threads, ver, sizeof ver) : NAN;
 
+    char jp[32], jr[32];
     printf("{\"bench\": \"train\", \"config\": \"%s\", \"B\": %lld, \"T\": %lld, \"threads\": %d, \"mixed\": %s, \"optim\": \"%s\", "
            "\"params\": %lld, \"loss\": %.4f, \"ms_per_step\": %.1f, \"ms_best\": %.1f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, "
            "\"peak_rss_mb\": %.1f, \"state_bytes_per_param\": %.2f, \"activation_bytes_per_token\": %.0f, "
-           "\"peer\": \"pytorch-cpu %s\", \"peer_tokens_per_s\": %.1f, \"ratio\": %.3f}\n",
+           "\"peer\": \"pytorch-cpu %s\", \"peer_tokens_per_s\": %s, \"ratio\": %s}\n",
            c->name, (long long)B, (long long)T, threads, mixed ? "true" : "false", eight_bit ? "adamw8bit" : "adamw",
            (long long)m->n_params, loss, med * 1e3, best * 1e3, tok_s, tok_s * flops_tok * 1e-9, (double)ru.ru_maxrss / 1024, bpp,
-           (double)m->act_bytes / (double)(B * T), ver, peer, tok_s / peer);
+           (double)m->act_bytes / (double)(B * T), python ? ver : "(not run)", kiln_bench_json_num(jp, sizeof jp, peer, 1),
+           kiln_bench_json_num(jr, sizeof jr, tok_s / peer, 3));
     printf("\n| config | B x T | threads | params | ms/step | tok/s | GFLOP/s | peer tok/s | ratio | peak RSS | state B/param | act B/token |\n"
            "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
            "| %s%s%s | %lld x %lld | %d | %.2fM | %.1f | %.0f | %.1f | %.0f | %.2f | %.0f MB | %.1f | %.0f |\n",

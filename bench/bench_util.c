@@ -1,6 +1,8 @@
 /* bench_util.c: timing, medians and JSON output shared by the benchmark drivers. */
 #include "bench/bench.h"
 
+#include <math.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +23,12 @@ static int cmp_double(const void *a, const void *b) {
 double kiln_bench_median(double *t, int n) {
     qsort(t, (size_t)n, sizeof *t, cmp_double);
     return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+const char *kiln_bench_json_num(char *buf, size_t n, double v, int prec) {
+    if (isfinite(v)) snprintf(buf, n, "%.*f", prec, v);
+    else snprintf(buf, n, "null");
+    return buf;
 }
 
 const char *kiln_bench_base_name(const char *path) {
