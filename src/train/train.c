@@ -110,12 +110,15 @@ static kiln_status setup_model(run *r) {
     if (o->resume) {
         if ((s = kiln_train_load_checkpoint(o->resume, o->mixed, &o->adam, &r->m, &r->opt, &r->st))) return s;
         r->opt_ready = true;
-        if (r->st.B != o->B || r->st.T != o->T)
-            return kiln_fail(KILN_ERR_INVALID, "%s: checkpoint was trained with B=%lld T=%lld; resume with the same batch shape",
-                             o->resume, (long long)r->st.B, (long long)r->st.T);
-        if (r->st.world != r->ri.world) /* the global batch would change under the schedule */
-            return kiln_fail(KILN_ERR_INVALID, "%s: checkpoint was trained on %lld rank(s) of B=%lld; resume on the same number (--nproc %lld)",
-                             o->resume, (long long)r->st.world, (long long)r->st.B, (long long)r->st.world);
+        /* The global batch (B per rank x ranks) and T fix the data order and the schedule, so they must stay; how the
+         * batch is split over GPUs may change (2 ranks of B 8 resume as 4 of B 4, or 1 of B 16): the checkpoint holds
+         * whole moments, which each rank shards again. */
+        if (r->st.B * r->st.world != o->B * r->ri.world || r->st.T != o->T)
+            return kiln_fail(KILN_ERR_INVALID, "%s: checkpoint was trained with a global batch of %lld sequences (%lld rank(s) x B=%lld) of "
+                             "T=%lld; resume with the same (B x --nproc, T), not %lld x B=%lld of T=%lld", o->resume,
+                             (long long)(r->st.B * r->st.world), (long long)r->st.world, (long long)r->st.B, (long long)r->st.T,
+                             (long long)r->ri.world, (long long)o->B, (long long)o->T);
+        r->st.B = o->B, r->st.world = r->ri.world; /* this run's split, for its checkpoints */
         return KILN_OK;
     }
     if (o->init_from) {
