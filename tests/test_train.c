@@ -474,6 +474,13 @@ static void test_cli_kill_resume(void) {
     CHECK(read_losses(logb, l, 64) == 40, "the resumed log has %d training lines", read_losses(logb, l, 64));
 }
 
+/* The largest |x[i] - ref[i]| / ref[i] over n values (losses: positive). */
+static double worst_rel(const double *x, const double *ref, int n) {
+    double w = 0;
+    for (int i = 0; i < n; i++) w = fmax(w, fabs(x[i] - ref[i]) / ref[i]);
+    return w;
+}
+
 /* system(cmd) with its stderr kept; on failure, the last lines of it go to stdout as comments. */
 static int run_logged(const char *cmd) {
     char full[2600];
@@ -516,11 +523,7 @@ static void test_cli_data_parallel(void) {
     double a[64], b[64], z[64];
     CHECK(read_losses(log1, a, 64) == 50 && read_losses(log2, b, 64) == 50 && read_losses(logz, z, 64) == 50,
           "the logs have %d, %d and %d training lines", read_losses(log1, a, 64), read_losses(log2, b, 64), read_losses(logz, z, 64));
-    double worst = 0, worst_z = 0;
-    for (int i = 0; i < 50; i++) {
-        const double e = fabs(b[i] - a[i]) / a[i], ez = fabs(z[i] - a[i]) / a[i];
-        worst = e > worst ? e : worst, worst_z = ez > worst_z ? ez : worst_z;
-    }
+    const double worst = worst_rel(b, a, 50), worst_z = worst_rel(z, a, 50);
     printf("# data parallel, 50 steps: worst step-loss relative difference %.2e (all-reduce), %.2e (ZeRO-1); first %.4f, last "
            "%.4f\n", worst, worst_z, a[0], a[49]);
     CHECK(a[49] < a[0], "the one-GPU run did not learn (%.4f -> %.4f)", a[0], a[49]);
@@ -544,8 +547,7 @@ static void test_cli_data_parallel(void) {
     snprintf(cmd, sizeof cmd, "'%s' %s -B 4 --resume %s --ckpt %s --log %s", bin, common, ckpte, ckpte, loge);
     CHECK(run_logged(cmd) == 0, "resuming the 2-GPU checkpoint on one GPU failed");
     CHECK(read_losses(loge, r, 64) == 50, "the elastic resume's log has %d training lines", read_losses(loge, r, 64));
-    double worst_e = 0;
-    for (int i = 0; i < 50; i++) worst_e = fmax(worst_e, fabs(r[i] - z[i]) / z[i]);
+    const double worst_e = worst_rel(r, z, 50);
     printf("# 2-GPU ZeRO-1 checkpoint resumed on one GPU: worst step-loss relative difference %.2e\n", worst_e);
     CHECK(worst_e <= 4e-3, "the resumed curve differs by %.3g", worst_e);
 
@@ -562,13 +564,11 @@ static void test_cli_data_parallel(void) {
     snprintf(cmd, sizeof cmd, "'%s' %s -B 2 --nproc 2 --zero1 %s -o %s --log %s", bin, common, more, oz, lz);
     CHECK(run_logged(cmd) == 0, "the ZeRO-1 run with accumulation failed");
     CHECK(read_losses(la, a, 64) == 50 && read_losses(lz, z, 64) == 50, "the accumulation logs are short");
-    double wl = 0;
-    for (int i = 0; i < 50; i++) wl = fmax(wl, fabs(z[i] - a[i]) / a[i]);
+    const double wl = worst_rel(z, a, 50);
     double va[8], vz[8];
     const int nva = read_values(la, "\"val_loss\": ", va, 8), nvz = read_values(lz, "\"val_loss\": ", vz, 8);
     CHECK(nva == 5 && nvz == 5, "%d and %d evaluations logged, expected 5", nva, nvz);
-    double wv = 0;
-    for (int i = 0; i < nva; i++) wv = fmax(wv, fabs(vz[i] - va[i]) / va[i]);
+    const double wv = worst_rel(vz, va, nva);
     kiln_gguf *ga, *gz;
     CHECK(kiln_gguf_open(oa, &ga) == KILN_OK && kiln_gguf_open(oz, &gz) == KILN_OK, "%s", kiln_last_error());
     double d2 = 0, a2 = 0;
