@@ -45,7 +45,7 @@ static int run_rank(int rank, const uint8_t id[KILN_DIST_ID_BYTES]) {
     double *hd = malloc(N * sizeof *hd);
     uint8_t *hb = malloc(WORLD * N), *gb = malloc(WORLD * N);
     void *df = NULL, *dd = NULL, *din = NULL, *db = NULL, *dbin = NULL;
-#define TRY(call)                                                      \
+#define RANK_TRY(call)                                                      \
     do {                                                               \
         if (call) {                                                    \
             bad = rank_fail(rank, "%s: %s", #call, kiln_last_error()); \
@@ -63,84 +63,84 @@ static int run_rank(int rank, const uint8_t id[KILN_DIST_ID_BYTES]) {
 
     /* allreduce f32: rank r holds (i % 97) + 100 r; the sum is 2 (i % 97) + 100 */
     for (int i = 0; i < N; i++) hf[i] = (float)(i % 97 + 100 * rank);
-    TRY(to_device(&df, hf, N * sizeof(float)));
-    TRY(kiln_dist_allreduce_f32(d, df, N, NULL));
-    TRY(kiln_cuda_sync());
-    TRY(kiln_cuda_download(gf, df, N * sizeof(float)));
+    RANK_TRY(to_device(&df, hf, N * sizeof(float)));
+    RANK_TRY(kiln_dist_allreduce_f32(d, df, N, NULL));
+    RANK_TRY(kiln_cuda_sync());
+    RANK_TRY(kiln_cuda_download(gf, df, N * sizeof(float)));
     for (int i = 0; i < N; i++) EXPECT(gf[i] == (float)(2 * (i % 97) + 100), "allreduce f32 [%d] = %g", i, gf[i]);
 
     /* allreduce f64: rank r holds i/2 + r; the sum is i + 1 */
     for (int i = 0; i < N; i++) hd[i] = 0.5 * i + rank;
-    TRY(to_device(&dd, hd, N * sizeof(double)));
-    TRY(kiln_dist_allreduce_f64(d, dd, N, NULL));
-    TRY(kiln_cuda_sync());
-    TRY(kiln_cuda_download(hd, dd, N * sizeof(double)));
+    RANK_TRY(to_device(&dd, hd, N * sizeof(double)));
+    RANK_TRY(kiln_dist_allreduce_f64(d, dd, N, NULL));
+    RANK_TRY(kiln_cuda_sync());
+    RANK_TRY(kiln_cuda_download(hd, dd, N * sizeof(double)));
     for (int i = 0; i < N; i++) EXPECT(hd[i] == i + 1.0, "allreduce f64 [%d] = %g", i, hd[i]);
 
     /* reduce_scatter: rank r holds j % 53 + 7 r for j < WORLD N and gets element r N + i of the sum,
      * 2 ((r N + i) % 53) + 7; into df, then in place (out = in + r N) */
     for (int j = 0; j < WORLD * N; j++) hf[j] = (float)(j % 53 + 7 * rank);
-    TRY(to_device(&din, hf, WORLD * N * sizeof(float)));
-    TRY(kiln_dist_reduce_scatter_f32(d, din, df, N, NULL));
-    TRY(kiln_cuda_sync());
-    TRY(kiln_cuda_download(gf, df, N * sizeof(float)));
+    RANK_TRY(to_device(&din, hf, WORLD * N * sizeof(float)));
+    RANK_TRY(kiln_dist_reduce_scatter_f32(d, din, df, N, NULL));
+    RANK_TRY(kiln_cuda_sync());
+    RANK_TRY(kiln_cuda_download(gf, df, N * sizeof(float)));
     for (int i = 0; i < N; i++) EXPECT(gf[i] == (float)(2 * ((rank * N + i) % 53) + 7), "reduce_scatter [%d] = %g", i, gf[i]);
     float *din_r = (float *)din + (size_t)rank * N;
-    TRY(kiln_dist_reduce_scatter_f32(d, din, din_r, N, NULL));
-    TRY(kiln_cuda_sync());
-    TRY(kiln_cuda_download(gf, din_r, N * sizeof(float)));
+    RANK_TRY(kiln_dist_reduce_scatter_f32(d, din, din_r, N, NULL));
+    RANK_TRY(kiln_cuda_sync());
+    RANK_TRY(kiln_cuda_download(gf, din_r, N * sizeof(float)));
     for (int i = 0; i < N; i++)
         EXPECT(gf[i] == (float)(2 * ((rank * N + i) % 53) + 7), "reduce_scatter in place [%d] = %g", i, gf[i]);
 
     /* allgather: rank r contributes N bytes (31 r + i) & 255; every rank gets both, in rank order */
     for (int i = 0; i < N; i++) hb[i] = (uint8_t)((rank * 31 + i) & 255);
-    TRY(to_device(&dbin, hb, N));
-    TRY(kiln_cuda_alloc(&db, WORLD * N));
-    TRY(kiln_dist_allgather(d, dbin, db, N, NULL));
-    TRY(kiln_cuda_sync());
-    TRY(kiln_cuda_download(gb, db, WORLD * N));
+    RANK_TRY(to_device(&dbin, hb, N));
+    RANK_TRY(kiln_cuda_alloc(&db, WORLD * N));
+    RANK_TRY(kiln_dist_allgather(d, dbin, db, N, NULL));
+    RANK_TRY(kiln_cuda_sync());
+    RANK_TRY(kiln_cuda_download(gb, db, WORLD * N));
     for (int j = 0; j < WORLD * N; j++)
         EXPECT(gb[j] == (uint8_t)(((j / N) * 31 + j % N) & 255), "allgather [%d] = %d", j, gb[j]);
     /* in place: this rank's part already at db + r N, the others' zeroed first so their arrival shows */
     memset(gb, 0, WORLD * N);
     memcpy(gb + (size_t)rank * N, hb, N);
-    TRY(kiln_cuda_upload(db, gb, WORLD * N));
-    TRY(kiln_dist_allgather(d, (uint8_t *)db + (size_t)rank * N, db, N, NULL));
-    TRY(kiln_cuda_sync());
-    TRY(kiln_cuda_download(gb, db, WORLD * N));
+    RANK_TRY(kiln_cuda_upload(db, gb, WORLD * N));
+    RANK_TRY(kiln_dist_allgather(d, (uint8_t *)db + (size_t)rank * N, db, N, NULL));
+    RANK_TRY(kiln_cuda_sync());
+    RANK_TRY(kiln_cuda_download(gb, db, WORLD * N));
     for (int j = 0; j < WORLD * N; j++)
         EXPECT(gb[j] == (uint8_t)(((j / N) * 31 + j % N) & 255), "allgather in place [%d] = %d", j, gb[j]);
 
     /* broadcast from rank 1: every rank ends with rank 1's bytes */
     for (int i = 0; i < N; i++) hb[i] = (uint8_t)(rank == 1 ? (i * 7 + 3) & 255 : 0xEE);
-    TRY(kiln_cuda_upload(db, hb, N));
-    TRY(kiln_dist_broadcast(d, db, N, 1, NULL));
-    TRY(kiln_cuda_sync());
-    TRY(kiln_cuda_download(hb, db, N));
+    RANK_TRY(kiln_cuda_upload(db, hb, N));
+    RANK_TRY(kiln_dist_broadcast(d, db, N, 1, NULL));
+    RANK_TRY(kiln_cuda_sync());
+    RANK_TRY(kiln_cuda_download(hb, db, N));
     for (int i = 0; i < N; i++) EXPECT(hb[i] == (uint8_t)((i * 7 + 3) & 255), "broadcast [%d] = %d", i, hb[i]);
 
     /* reduce into rank 1, in place: rank r holds (i % 89) + 10 r; rank 1 gets 2 (i % 89) + 10, rank 0 keeps its own */
     for (int i = 0; i < N; i++) hf[i] = (float)(i % 89 + 10 * rank);
-    TRY(kiln_cuda_upload(df, hf, N * sizeof(float)));
-    TRY(kiln_dist_reduce_f32(d, df, N, 1, NULL));
-    TRY(kiln_cuda_sync());
-    TRY(kiln_cuda_download(gf, df, N * sizeof(float)));
+    RANK_TRY(kiln_cuda_upload(df, hf, N * sizeof(float)));
+    RANK_TRY(kiln_dist_reduce_f32(d, df, N, 1, NULL));
+    RANK_TRY(kiln_cuda_sync());
+    RANK_TRY(kiln_cuda_download(gf, df, N * sizeof(float)));
     for (int i = 0; i < N; i++)
         EXPECT(gf[i] == (float)(rank == 1 ? 2 * (i % 89) + 10 : i % 89), "reduce into rank 1 [%d] = %g", i, gf[i]);
 
     /* a grouped gather of unequal parts, as ZeRO-1 makes one: bytes [0, 1000) from rank 0, [1000, N) from rank 1,
      * each rank starting from its own (i + 50 r) & 255 */
     for (int i = 0; i < N; i++) hb[i] = (uint8_t)((i + 50 * rank) & 255);
-    TRY(kiln_cuda_upload(db, hb, N));
-    TRY(kiln_dist_group_begin());
-    TRY(kiln_dist_broadcast(d, db, 1000, 0, NULL));
-    TRY(kiln_dist_broadcast(d, (uint8_t *)db + 1000, N - 1000, 1, NULL));
-    TRY(kiln_dist_group_end());
-    TRY(kiln_cuda_sync());
-    TRY(kiln_cuda_download(hb, db, N));
+    RANK_TRY(kiln_cuda_upload(db, hb, N));
+    RANK_TRY(kiln_dist_group_begin());
+    RANK_TRY(kiln_dist_broadcast(d, db, 1000, 0, NULL));
+    RANK_TRY(kiln_dist_broadcast(d, (uint8_t *)db + 1000, N - 1000, 1, NULL));
+    RANK_TRY(kiln_dist_group_end());
+    RANK_TRY(kiln_cuda_sync());
+    RANK_TRY(kiln_cuda_download(hb, db, N));
     for (int i = 0; i < N; i++) EXPECT(hb[i] == (uint8_t)((i + (i < 1000 ? 0 : 50)) & 255), "grouped broadcasts [%d] = %d", i, hb[i]);
-    TRY(kiln_dist_check(d));
-#undef TRY
+    RANK_TRY(kiln_dist_check(d));
+#undef RANK_TRY
 #undef EXPECT
 done:
     kiln_cuda_free(df);

@@ -35,7 +35,7 @@
 #include <math.h>
 #include <stdint.h>
 
-extern "C" kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
+#include "status.h"
 
 #define ATTN_THREADS 128
 #define ATTN_DECODE_MAX_T 8 /* up to this many tokens take the split-K path, one grid slice per token */

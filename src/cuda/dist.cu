@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-extern "C" kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
+#include "status.h"
 
 static_assert(sizeof(ncclUniqueId) == KILN_DIST_ID_BYTES, "dist.h's KILN_DIST_ID_BYTES must be sizeof(ncclUniqueId)");
 

@@ -17,7 +17,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 
-extern "C" kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
+#include "status.h"
 
 /* A kiln_launch's own error first, then any earlier asynchronous one (launch.h). */
 static kiln_status checked(const char *what, cudaError_t e) { return kiln_launch_status(what, e); }

@@ -31,17 +31,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-extern "C" kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
+#include "status.h"
 
 #define CK(call, what)                                                                                           \
     do {                                                                                                         \
         cudaError_t e_ = (call);                                                                                 \
         if (e_ != cudaSuccess) return kiln_fail(KILN_ERR_IO, "CUDA %s failed: %s", what, cudaGetErrorString(e_)); \
-    } while (0)
-#define TRY(call)                        \
-    do {                                 \
-        kiln_status s_ = (call);         \
-        if (s_ != KILN_OK) return s_;    \
     } while (0)
 
 /* A matmul weight on the device: the file's blocks, and for prefill a bf16 copy when the memory allows. */

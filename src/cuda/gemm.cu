@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-extern "C" kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
+#include "status.h"
 
 /* cuBLASLt's workspace: 32 MiB is what NVIDIA recommends for Hopper (split-K and stream-K reductions). */
 #define GEMM_LT_WS_BYTES ((size_t)32 << 20)

@@ -17,7 +17,7 @@
 
 #include <cuda_runtime.h>
 
-extern "C" kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
+#include "status.h"
 
 static __device__ __forceinline__ void kiln_pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 static __device__ __forceinline__ void kiln_pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }

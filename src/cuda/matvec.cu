@@ -30,7 +30,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-extern "C" kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
+#include "status.h"
 
 #define MV_THREADS 128 /* threads per CTA: 4 warps, 16 CTAs per SM at full occupancy */
 

@@ -5,7 +5,7 @@
 
 #include <cuda_runtime.h>
 
-extern "C" kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
+#include "status.h"
 
 static kiln_status check(cudaError_t e, const char *what) {
     return e == cudaSuccess ? KILN_OK : kiln_fail(KILN_ERR_IO, "CUDA %s failed: %s", what, cudaGetErrorString(e));

@@ -36,7 +36,7 @@
 #include <math.h>
 #include <stdint.h>
 
-extern "C" kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
+#include "status.h"
 
 #define ATTN_NT 256 /* threads per block: 8 warps */
 #define ATTN_BK 32  /* rows per shared-memory tile (keys in the forward and dq pass, queries in the dk/dv pass) */

@@ -13,7 +13,7 @@
 
 #include <math.h>
 
-extern "C" kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
+#include "status.h"
 
 /* ---------------------------------------------------------------- rows resident in registers (the RMSNorms)
  * A row goes to a group of threads: a warp when it is at most RMS_WARP_UNITS units (C <= 1024 in float4s, 256 in

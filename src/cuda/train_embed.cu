@@ -5,7 +5,7 @@
  * launched with PDL (launch.h). tests/test_cuda_train_elementwise.c checks both against kiln_cpu_ops. */
 #include "cuda/train_util.cuh"
 
-extern "C" kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
+#include "status.h"
 
 /* ---------------------------------------------------------------- embedding forward
  * One block per row, consecutive threads on consecutive float4 (or floats): a plain copy, bit-exact. */

@@ -13,7 +13,7 @@
 #include <math.h>
 #include <stdint.h>
 
-extern "C" kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
+#include "status.h"
 
 /* A kiln_launch's own error first, then any earlier asynchronous one. */
 static kiln_status checked(const char *what, cudaError_t e) {

@@ -33,13 +33,8 @@
 #include <string.h>
 #include <time.h>
 
-extern "C" kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
+#include "status.h"
 
-#define TRY(call)                     \
-    do {                              \
-        kiln_status s_ = (call);      \
-        if (s_ != KILN_OK) return s_; \
-    } while (0)
 #define CK(call, what)                                                                                           \
     do {                                                                                                         \
         cudaError_t e_ = (call);                                                                                 \

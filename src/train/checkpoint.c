@@ -23,57 +23,57 @@ kiln_status kiln_train_save(const kiln_llama_train *m, const kiln_gguf *tok_src,
     kiln_gguf_writer *w;
     kiln_status s = kiln_gguf_writer_new(&w);
     if (s) return s;
-#define TRY(call) \
+#define PUT(call) \
     if ((s = (call))) goto done
-    TRY(kiln_gguf_writer_set_str(w, "general.architecture", "llama"));
-    TRY(kiln_gguf_writer_set_str(w, "general.name", name ? name : "kiln"));
-    TRY(kiln_gguf_writer_set_u32(w, "general.file_type", 0)); /* all F32 */
-    TRY(kiln_gguf_writer_set_u32(w, "llama.context_length", (uint32_t)c->n_ctx_train));
-    TRY(kiln_gguf_writer_set_u32(w, "llama.embedding_length", (uint32_t)c->n_embd));
-    TRY(kiln_gguf_writer_set_u32(w, "llama.block_count", (uint32_t)c->n_layer));
-    TRY(kiln_gguf_writer_set_u32(w, "llama.feed_forward_length", (uint32_t)c->n_ff));
-    TRY(kiln_gguf_writer_set_u32(w, "llama.attention.head_count", (uint32_t)c->n_head));
-    TRY(kiln_gguf_writer_set_u32(w, "llama.attention.head_count_kv", (uint32_t)c->n_head_kv));
-    TRY(kiln_gguf_writer_set_u32(w, "llama.rope.dimension_count", (uint32_t)c->rope_dim));
-    TRY(kiln_gguf_writer_set_f32(w, "llama.rope.freq_base", c->rope_base));
-    TRY(kiln_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", c->rms_eps));
-    TRY(kiln_gguf_writer_set_u32(w, "llama.vocab_size", (uint32_t)c->n_vocab));
-    if (tok_src) TRY(kiln_gguf_writer_copy_kv(w, tok_src, not_tokenizer_key));
+    PUT(kiln_gguf_writer_set_str(w, "general.architecture", "llama"));
+    PUT(kiln_gguf_writer_set_str(w, "general.name", name ? name : "kiln"));
+    PUT(kiln_gguf_writer_set_u32(w, "general.file_type", 0)); /* all F32 */
+    PUT(kiln_gguf_writer_set_u32(w, "llama.context_length", (uint32_t)c->n_ctx_train));
+    PUT(kiln_gguf_writer_set_u32(w, "llama.embedding_length", (uint32_t)c->n_embd));
+    PUT(kiln_gguf_writer_set_u32(w, "llama.block_count", (uint32_t)c->n_layer));
+    PUT(kiln_gguf_writer_set_u32(w, "llama.feed_forward_length", (uint32_t)c->n_ff));
+    PUT(kiln_gguf_writer_set_u32(w, "llama.attention.head_count", (uint32_t)c->n_head));
+    PUT(kiln_gguf_writer_set_u32(w, "llama.attention.head_count_kv", (uint32_t)c->n_head_kv));
+    PUT(kiln_gguf_writer_set_u32(w, "llama.rope.dimension_count", (uint32_t)c->rope_dim));
+    PUT(kiln_gguf_writer_set_f32(w, "llama.rope.freq_base", c->rope_base));
+    PUT(kiln_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", c->rms_eps));
+    PUT(kiln_gguf_writer_set_u32(w, "llama.vocab_size", (uint32_t)c->n_vocab));
+    if (tok_src) PUT(kiln_gguf_writer_copy_kv(w, tok_src, not_tokenizer_key));
     if (st) {
-        TRY(kiln_gguf_writer_set_u64(w, "train.step", (uint64_t)st->step));
-        TRY(kiln_gguf_writer_set_u64(w, "train.tokens_seen", (uint64_t)st->tokens_seen));
-        TRY(kiln_gguf_writer_set_u64(w, "train.data_pos", (uint64_t)st->data_pos));
-        TRY(kiln_gguf_writer_set_u64(w, "train.seed", st->seed));
-        TRY(kiln_gguf_writer_set_u64(w, "train.B", (uint64_t)st->B));
-        TRY(kiln_gguf_writer_set_u64(w, "train.T", (uint64_t)st->T));
-        TRY(kiln_gguf_writer_set_u64(w, "train.world", (uint64_t)(st->world > 0 ? st->world : 1)));
-        TRY(kiln_gguf_writer_set_u64(w, "train.n_embed_skipped", (uint64_t)st->n_embed_skipped));
-        TRY(kiln_gguf_writer_set_bool(w, "train.mixed", m->mirror != NULL));
+        PUT(kiln_gguf_writer_set_u64(w, "train.step", (uint64_t)st->step));
+        PUT(kiln_gguf_writer_set_u64(w, "train.tokens_seen", (uint64_t)st->tokens_seen));
+        PUT(kiln_gguf_writer_set_u64(w, "train.data_pos", (uint64_t)st->data_pos));
+        PUT(kiln_gguf_writer_set_u64(w, "train.seed", st->seed));
+        PUT(kiln_gguf_writer_set_u64(w, "train.B", (uint64_t)st->B));
+        PUT(kiln_gguf_writer_set_u64(w, "train.T", (uint64_t)st->T));
+        PUT(kiln_gguf_writer_set_u64(w, "train.world", (uint64_t)(st->world > 0 ? st->world : 1)));
+        PUT(kiln_gguf_writer_set_u64(w, "train.n_embed_skipped", (uint64_t)st->n_embed_skipped));
+        PUT(kiln_gguf_writer_set_bool(w, "train.mixed", m->mirror != NULL));
     }
     if (opt) {
-        TRY(kiln_gguf_writer_set_str(w, "train.optim", opt->cfg.eight_bit ? "adamw8bit" : "adamw"));
-        TRY(kiln_gguf_writer_set_u64(w, "train.optim_step", (uint64_t)opt->step));
-        TRY(kiln_gguf_writer_set_u64(w, "train.n_skipped", (uint64_t)opt->n_skipped));
+        PUT(kiln_gguf_writer_set_str(w, "train.optim", opt->cfg.eight_bit ? "adamw8bit" : "adamw"));
+        PUT(kiln_gguf_writer_set_u64(w, "train.optim_step", (uint64_t)opt->step));
+        PUT(kiln_gguf_writer_set_u64(w, "train.n_skipped", (uint64_t)opt->n_skipped));
     }
     for (int i = 0; i < m->n_tensors; i++) {
         const kiln_train_tensor *t = &m->tensors[i];
-        TRY(kiln_gguf_writer_add_tensor(w, t->name, KILN_TYPE_F32, t->n_dims, t->ne, m->params + t->offset));
+        PUT(kiln_gguf_writer_add_tensor(w, t->name, KILN_TYPE_F32, t->n_dims, t->ne, m->params + t->offset));
     }
     if (opt) {
         int64_t n = m->n_params, nb = (n + KILN_ADAMW8_BLOCK - 1) / KILN_ADAMW8_BLOCK;
         if (opt->cfg.eight_bit) {
-            TRY(kiln_gguf_writer_add_tensor(w, "optim.m8", KILN_TYPE_I8, 1, &n, opt->m8));
-            TRY(kiln_gguf_writer_add_tensor(w, "optim.v8", KILN_TYPE_I8, 1, &n, opt->v8));
-            TRY(kiln_gguf_writer_add_tensor(w, "optim.m_scale", KILN_TYPE_F32, 1, &nb, opt->m_scale));
-            TRY(kiln_gguf_writer_add_tensor(w, "optim.v_scale", KILN_TYPE_F32, 1, &nb, opt->v_scale));
+            PUT(kiln_gguf_writer_add_tensor(w, "optim.m8", KILN_TYPE_I8, 1, &n, opt->m8));
+            PUT(kiln_gguf_writer_add_tensor(w, "optim.v8", KILN_TYPE_I8, 1, &n, opt->v8));
+            PUT(kiln_gguf_writer_add_tensor(w, "optim.m_scale", KILN_TYPE_F32, 1, &nb, opt->m_scale));
+            PUT(kiln_gguf_writer_add_tensor(w, "optim.v_scale", KILN_TYPE_F32, 1, &nb, opt->v_scale));
         } else {
-            TRY(kiln_gguf_writer_add_tensor(w, "optim.m", KILN_TYPE_F32, 1, &n, opt->m));
-            TRY(kiln_gguf_writer_add_tensor(w, "optim.v", KILN_TYPE_F32, 1, &n, opt->v));
+            PUT(kiln_gguf_writer_add_tensor(w, "optim.m", KILN_TYPE_F32, 1, &n, opt->m));
+            PUT(kiln_gguf_writer_add_tensor(w, "optim.v", KILN_TYPE_F32, 1, &n, opt->v));
         }
     }
     s = kiln_gguf_writer_write_file(w, path);
 done:
-#undef TRY
+#undef PUT
     kiln_gguf_writer_free(w);
     return s;
 }
