@@ -31,6 +31,26 @@ const char *kiln_status_name(kiln_status s);
 /* The message of the last failure on this thread ("" if none). */
 const char *kiln_last_error(void);
 
+/* ---------------------------------------------------------------- progress and devices
+ * One progress-callback shape for every long call (tokenizer training, data shards, training, perplexity):
+ * the stage, the units done of the total (merges, bytes, steps, windows), the stage's headline number so far
+ * and, for training, the step's full report. The callback runs on the calling thread. */
+struct kiln_train_progress;
+typedef struct kiln_progress {
+    const char *stage;     /* "tokenizer", "data", "train", "eval", "perplexity" (static strings) */
+    int64_t done, total;   /* total 0 when unknown */
+    double metric;         /* loss for train/eval, perplexity for perplexity; NaN when the stage has none */
+    const struct kiln_train_progress *train; /* train and eval: the step's report; NULL otherwise */
+} kiln_progress;
+typedef void (*kiln_progress_fn)(void *user, const kiln_progress *p);
+
+/* Where a session runs or a model trains: the CPU, or CUDA device `index` (0 is the first). */
+typedef enum kiln_device_kind { KILN_DEVICE_CPU = 0, KILN_DEVICE_CUDA = 1 } kiln_device_kind;
+typedef struct kiln_device {
+    kiln_device_kind kind;
+    int index;
+} kiln_device;
+
 /* ---------------------------------------------------------------- types
  * Tensor element types. The ids are GGML's and reach disk: append only, never renumber. */
 
