@@ -188,44 +188,18 @@ static kiln_status bind(const kiln_gguf *g, const char *name, int64_t ne0, int64
     return KILN_OK;
 }
 
+/* Every layer's tensors, as the table (tensors.c) lists them, those the config needs. */
 static kiln_status bind_layers(kiln_model *m) {
-    const kiln_gguf *g = m->gguf;
     const kiln_llama_config *c = &m->cfg;
-    int64_t C = c->n_embd, F = c->n_ff, Q = c->n_head * c->head_dim, KV = c->n_head_kv * c->head_dim;
     char name[96];
     kiln_status s = KILN_OK;
-#define BIND(field, suffix, ne0, ne1)                                               \
-    if (!s) {                                                                       \
-        snprintf(name, sizeof name, "blk.%lld." suffix, (long long)l);              \
-        s = bind(g, name, ne0, ne1, &layer->field);                                 \
-    }
-    for (int64_t l = 0; l < c->n_layer && !s; l++) {
-        kiln_llama_layer *layer = &m->layers[l];
-        BIND(attn_norm, "attn_norm.weight", C, 1)
-        BIND(wq, "attn_q.weight", C, Q)
-        BIND(wk, "attn_k.weight", C, KV)
-        BIND(wv, "attn_v.weight", C, KV)
-        BIND(wo, "attn_output.weight", Q, C)
-        BIND(ffn_norm, "ffn_norm.weight", C, 1)
-        BIND(w_gate, "ffn_gate.weight", C, F)
-        BIND(w_up, "ffn_up.weight", C, F)
-        BIND(w_down, "ffn_down.weight", F, C)
-        if (c->qkv_bias) {
-            BIND(bq, "attn_q.bias", Q, 1)
-            BIND(bk, "attn_k.bias", KV, 1)
-            BIND(bv, "attn_v.bias", KV, 1)
+    for (int64_t l = 0; l < c->n_layer && !s; l++)
+        for (int i = 0; i < KILN_LT_COUNT && !s; i++) {
+            if (!kiln_layer_has(c, (kiln_layer_tensor)i)) continue;
+            const kiln_tensor_spec *ts = &kiln_layer_tensors[i];
+            s = bind(m->gguf, kiln_layer_tensor_name(name, sizeof name, l, (kiln_layer_tensor)i), kiln_dim_size(c, ts->ne0),
+                     kiln_dim_size(c, ts->ne1), &m->layers[l].t[i]);
         }
-        if (c->qk_norm) {
-            BIND(q_norm, "attn_q_norm.weight", c->head_dim, 1)
-            BIND(k_norm, "attn_k_norm.weight", c->head_dim, 1)
-        }
-        if (c->output_gate) BIND(w_attn_gate, "attn_gate.weight", C, Q)
-        if (c->sandwich_norm) {
-            BIND(post_attn_norm, "post_attention_norm.weight", C, 1)
-            BIND(post_ffn_norm, "post_ffw_norm.weight", C, 1)
-        }
-    }
-#undef BIND
     return s;
 }
 

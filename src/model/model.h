@@ -59,22 +59,59 @@ typedef struct kiln_llama_config {
                            * in llama.cpp as rope_freq_base_train_swa); 0 means rope_base */
 } kiln_llama_config;
 
+/* ---- each layer's tensors, listed once (tensors.c). The table drives binding (model.c), synth, convert, the
+ * training layout, the GPU upload and the memory sizing: a new per-layer tensor is one row here and one field
+ * below, in the same place. */
+typedef enum kiln_layer_tensor {
+    KILN_LT_ATTN_NORM, KILN_LT_WQ, KILN_LT_WK, KILN_LT_WV, KILN_LT_WO, KILN_LT_FFN_NORM, KILN_LT_W_GATE, KILN_LT_W_UP,
+    KILN_LT_W_DOWN, KILN_LT_BQ, KILN_LT_BK, KILN_LT_BV, KILN_LT_Q_NORM, KILN_LT_K_NORM, KILN_LT_ATTN_GATE,
+    KILN_LT_POST_ATTN_NORM, KILN_LT_POST_FFN_NORM,
+    KILN_LT_COUNT
+} kiln_layer_tensor;
+
+/* A shape rule: one of the config's widths (ONE for the second dimension of a vector). */
+typedef enum kiln_dim { KILN_DIM_ONE, KILN_DIM_C, KILN_DIM_Q, KILN_DIM_KV, KILN_DIM_F, KILN_DIM_HS } kiln_dim;
+/* Which config flag needs a tensor (ALWAYS: every llama layer has it). */
+typedef enum kiln_need { KILN_NEED_ALWAYS, KILN_NEED_QKV_BIAS, KILN_NEED_QK_NORM, KILN_NEED_OUTPUT_GATE, KILN_NEED_SANDWICH_NORM } kiln_need;
+
+typedef struct kiln_tensor_spec {
+    const char *suffix; /* GGUF name after "blk.N." */
+    kiln_dim ne0, ne1;  /* ne[0] (the row length) and ne[1] (rows; ONE: a vector, which must be F32) */
+    kiln_need need;
+    bool decay;         /* training: AdamW weight decay applies (the matrices) */
+    bool residual;      /* training: a projection into the residual stream, initialized with std / sqrt(2L) */
+} kiln_tensor_spec;
+
+extern const kiln_tensor_spec kiln_layer_tensors[KILN_LT_COUNT];
+/* The size a shape rule gives under config c. */
+int64_t kiln_dim_size(const kiln_llama_config *c, kiln_dim d);
+/* Whether a layer of config c has tensor i. */
+bool kiln_layer_has(const kiln_llama_config *c, kiln_layer_tensor i);
+/* "blk.<l>.<suffix>" into buf (n >= 64). */
+const char *kiln_layer_tensor_name(char *buf, size_t n, int64_t l, kiln_layer_tensor i);
+/* Elements of tensor i under c (ne0 * ne1). */
+int64_t kiln_layer_tensor_elems(const kiln_llama_config *c, kiln_layer_tensor i);
+
 typedef struct kiln_llama_layer {
-    const kiln_tensor_view *attn_norm; /* (C) f32 */
-    const kiln_tensor_view *wq;        /* (NH*HS rows of C) */
-    const kiln_tensor_view *wk;        /* (NKV*HS rows of C) */
-    const kiln_tensor_view *wv;        /* (NKV*HS rows of C) */
-    const kiln_tensor_view *wo;        /* (C rows of NH*HS) */
-    const kiln_tensor_view *ffn_norm;  /* (C) f32 */
-    const kiln_tensor_view *w_gate;    /* (F rows of C) */
-    const kiln_tensor_view *w_up;      /* (F rows of C) */
-    const kiln_tensor_view *w_down;    /* (C rows of F) */
-    /* present only with the config's flag (NULL otherwise) */
-    const kiln_tensor_view *bq, *bk, *bv;          /* (NH*HS), (NKV*HS), (NKV*HS) f32: qkv_bias */
-    const kiln_tensor_view *q_norm, *k_norm;       /* (HS) f32: qk_norm */
-    const kiln_tensor_view *w_attn_gate;           /* (NH*HS rows of C): output_gate */
-    const kiln_tensor_view *post_attn_norm;        /* (C) f32: sandwich_norm */
-    const kiln_tensor_view *post_ffn_norm;         /* (C) f32: sandwich_norm */
+    union {
+        const kiln_tensor_view *t[KILN_LT_COUNT]; /* by kiln_layer_tensor; NULL where the config has no such tensor */
+        struct {                                   /* the same, by name, in the table's order */
+            const kiln_tensor_view *attn_norm; /* (C) f32 */
+            const kiln_tensor_view *wq;        /* (NH*HS rows of C) */
+            const kiln_tensor_view *wk;        /* (NKV*HS rows of C) */
+            const kiln_tensor_view *wv;        /* (NKV*HS rows of C) */
+            const kiln_tensor_view *wo;        /* (C rows of NH*HS) */
+            const kiln_tensor_view *ffn_norm;  /* (C) f32 */
+            const kiln_tensor_view *w_gate;    /* (F rows of C) */
+            const kiln_tensor_view *w_up;      /* (F rows of C) */
+            const kiln_tensor_view *w_down;    /* (C rows of F) */
+            const kiln_tensor_view *bq, *bk, *bv;    /* (NH*HS), (NKV*HS), (NKV*HS) f32: qkv_bias */
+            const kiln_tensor_view *q_norm, *k_norm; /* (HS) f32: qk_norm */
+            const kiln_tensor_view *w_attn_gate;     /* (NH*HS rows of C): output_gate */
+            const kiln_tensor_view *post_attn_norm;  /* (C) f32: sandwich_norm */
+            const kiln_tensor_view *post_ffn_norm;   /* (C) f32: sandwich_norm */
+        };
+    };
     bool nope;        /* no RoPE on this layer: <arch>.attention.nope_layers (array of layer indexes, Muse) */
     int64_t window;   /* sliding window of this layer (cfg.sliding_window and swa_pattern), 0: full attention */
     float rope_base;  /* cfg.rope_base, or rope_base_local on a sliding layer */
