@@ -32,7 +32,7 @@
  *        roof_frac = GB/s / copy_gbs.
  *   vram_gib     kiln_session_device_bytes: what the engine holds (weights, cache, activations, workspaces).
  *   session_s    kiln_session_new: mostly the weights' upload.
- *   profile      kiln_cuda_engine_profile: one decode step at position TG_PROMPT + N/2 (the tg decodes' middle),
+ *   profile      kiln_session_profile: one decode step at position TG_PROMPT + N/2 (the tg decodes' middle),
  *                op by op, PROFILE_REPS times; each op's bytes as the engine counts them. The ops run outside the
  *                graph with events between launches, so their sum exceeds the graph's step (1000 / median tg tok/s)
  *                by the launch gaps; both are printed.
@@ -47,6 +47,7 @@
 
 #include "cuda/cuda.h"
 #include "cuda/kernels.h"
+#include "model/backend.h"
 #include "model/model.h"
 #include "status.h"
 
@@ -317,7 +318,7 @@ typedef struct {
     const peer_ref *peer;
     int64_t profile_pos;
     int n_ops;                      /* -1: the profile failed */
-    kiln_cuda_op_time ops[KILN_CUDA_PROFILE_OPS];
+    kiln_op_time ops[KILN_PROFILE_OPS];
     double tg_step_ms;              /* 1000 / median tg tok/s, 0 without tg */
 } model_result;
 
@@ -429,7 +430,7 @@ static void print_model_json(const model_result *res, const kiln_model *m, const
         double sum = 0;
         printf("{\"pos0\":%lld,\"reps\":%d,\"ops\":[", (long long)res->profile_pos, PROFILE_REPS);
         for (int i = 0; i < res->n_ops; i++) {
-            const kiln_cuda_op_time *o = &res->ops[i];
+            const kiln_op_time *o = &res->ops[i];
             const double gbs = o->ms > 0 ? o->bytes / (o->ms * 1e-3) / 1e9 : 0;
             printf("%s{\"op\":", i ? "," : "");
             kiln_bench_json_str(o->name ? o->name : "?");
@@ -525,8 +526,7 @@ static int bench_model(const char *path, const int64_t *pps, int n_pp, int64_t n
         goto out;
     }
     const double session_s = kiln_bench_now() - s0;
-    kiln_cuda_engine *e = kiln_session_gpu_engine(s);
-    if (!kiln_session_on_gpu(s) || !e) {
+    if (!kiln_session_on_gpu(s)) {
         fprintf(stderr, "kiln bench --gpu: %s: the session was made with every layer offloaded but does not run on the GPU\n", path);
         goto out;
     }
@@ -545,12 +545,12 @@ static int bench_model(const char *path, const int64_t *pps, int n_pp, int64_t n
     char profile_error[512] = "";
     int n_ops = 0;
     kiln_clear_error();
-    if ((st = kiln_cuda_engine_profile(e, res->profile_pos, PROFILE_REPS, res->ops, &n_ops)) != KILN_OK) {
+    if ((st = kiln_session_profile(s, res->profile_pos, PROFILE_REPS, res->ops, &n_ops)) != KILN_OK) {
         const char *msg = kiln_last_error();
         snprintf(profile_error, sizeof profile_error, "%s", *msg ? msg : kiln_status_name(st));
         fprintf(stderr, "kiln bench --gpu: %s: decode profile: %s\n", path, profile_error);
-    } else if (n_ops < 0 || n_ops > KILN_CUDA_PROFILE_OPS) {
-        snprintf(profile_error, sizeof profile_error, "the engine reported %d ops (at most %d)", n_ops, KILN_CUDA_PROFILE_OPS);
+    } else if (n_ops < 0 || n_ops > KILN_PROFILE_OPS) {
+        snprintf(profile_error, sizeof profile_error, "the engine reported %d ops (at most %d)", n_ops, KILN_PROFILE_OPS);
         fprintf(stderr, "kiln bench --gpu: %s: decode profile: %s\n", path, profile_error);
     } else {
         res->n_ops = n_ops;
@@ -605,7 +605,7 @@ static void print_table(const device_roofs *d, const model_result *res, int n_re
                kiln_bench_base_name(mr->path), (long long)mr->profile_pos, PROFILE_REPS);
         printf("%-24s %10s %7s %12s %10s %7s\n", "op", "ms/token", "% sum", "MiB read", "GB/s", "% copy");
         for (int i = 0; i < mr->n_ops; i++) {
-            const kiln_cuda_op_time *o = &mr->ops[i];
+            const kiln_op_time *o = &mr->ops[i];
             const double gbs = o->ms > 0 ? o->bytes / (o->ms * 1e-3) / 1e9 : 0;
             printf("%-24s %10.4f %6.1f%% %12.2f %10.1f %6.1f%%\n", o->name ? o->name : "?", o->ms, sum > 0 ? 100.0 * o->ms / sum : 0,
                    o->bytes / (1 << 20), gbs, 100.0 * gbs / d->copy_gbs);

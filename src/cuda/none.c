@@ -1,5 +1,6 @@
 /* none.c: the CUDA seam when kiln is built without nvcc: every entry point says so. */
 #include "cuda/cuda.h"
+#include "model/backend.h"
 #include "status.h"
 
 #ifndef KILN_CUDA
@@ -21,20 +22,13 @@ void kiln_cuda_free(void *p) {}
 kiln_status kiln_cuda_upload(void *dst, const void *h_src, size_t bytes) { return no_cuda(); }
 kiln_status kiln_cuda_download(void *h_dst, const void *src, size_t bytes) { return no_cuda(); }
 kiln_status kiln_cuda_sync(void) { return no_cuda(); }
-kiln_status kiln_cuda_engine_new(const kiln_model *m, int64_t n_ctx, int64_t n_batch, const int64_t *rows, kiln_cuda_engine **out) {
-    *out = NULL;
+/* The CUDA backend: sessions on the GPU fail at open. */
+static kiln_status no_cuda_open(const kiln_model *m, const kiln_backend_params *p, void **ctx) {
+    *ctx = NULL;
     return no_cuda();
 }
-void kiln_cuda_engine_free(kiln_cuda_engine *e) {}
-kiln_status kiln_cuda_engine_eval(kiln_cuda_engine *e, const int32_t *ids, int64_t T, int64_t pos0, float *logits, bool all_logits,
-                                  int32_t *next) {
-    return no_cuda();
-}
-size_t kiln_cuda_engine_bytes(const kiln_cuda_engine *e) { return 0; }
-kiln_status kiln_cuda_engine_profile(kiln_cuda_engine *e, int64_t pos0, int reps, kiln_cuda_op_time *ops, int *n_ops) {
-    *n_ops = 0;
-    return no_cuda();
-}
+static void no_cuda_close(void *ctx) {}
+const kiln_backend kiln_cuda_backend = {.name = "cuda", .open = no_cuda_open, .close = no_cuda_close};
 kiln_status kiln_cuda_copy_bandwidth(double *gb_per_s) {
     *gb_per_s = 0;
     return no_cuda();

@@ -1,18 +1,17 @@
-/* session.c: a model running over a growing sequence. The session owns the f16 KV cache (sized from n_ctx),
- * one chunk's activations (proportional to n_batch), a persistent thread pool and the matmul weights in the
- * backend's layout, which replace the model's mmap pages they were copied from; that is all the memory it
- * takes. Prefill runs in chunks of n_batch tokens through the forward in src/model/llama.c. tests/test_generate.c
- * covers the errors and that chunking does not change the logits.
+/* session.c: a model running over a growing sequence, on a backend (src/model/backend.h: the CPU, or the GPU with
+ * params.n_gpu_layers). The session owns the f16 KV cache (sized from n_ctx), one chunk's activations
+ * (proportional to n_batch), the token ids, positions, logits and argmax of a step in the backend's memory, and
+ * the backend's context, which holds the weights in the backend's own form (the CPU's repacked layout, which
+ * replaces the model's mmap pages it was copied from; the GPU's uploaded copy). Prefill runs in chunks of n_batch
+ * tokens through the one forward in src/model/llama.c; a single token's step is recorded once by the backend (a
+ * CUDA graph) and replayed. tests/test_generate.c covers the errors and that chunking does not change the logits;
+ * tests/test_cuda_engine.c compares the GPU session with the CPU one.
  *
  * A sliding-window layer (#6) keeps a ring of window + n_batch - 1 positions instead of n_ctx: position p lives in
  * row p % rows, the ring's origin is position 0 and the next position to write is the session's pos, so nothing
  * else needs tracking; a batch of up to n_batch tokens overwrites only positions its first query no longer sees.
- * tests/test_arch.c checks a prompt longer than the window, chunked and token by token, against the reference.
- *
- * With params.n_gpu_layers the session holds a CUDA engine (src/cuda/engine.cu) instead of the cache, scratch and threads:
- * the same validation and chunking, the same cache rows, the forward on the GPU (tests/test_cuda_engine.c). */
-#include "model/model.h"
-#include "cpu/ops.h"
+ * tests/test_arch.c checks a prompt longer than the window, chunked and token by token, against the reference. */
+#include "model/backend.h"
 #include "cuda/cuda.h"
 #include "status.h"
 
@@ -21,38 +20,27 @@
 
 struct kiln_session {
     const kiln_model *m;
-    const kiln_ops *ops;
-    kiln_pool *pool;
-    kiln_ops_ctx ctx;  /* pool and the ops' scratch */
+    const kiln_backend *be;
+    void *ctx;         /* the backend's context */
+    kiln_weights w;    /* bound by the backend, owned by ctx */
     int64_t n_ctx;     /* positions the cache holds */
     int64_t n_batch;   /* tokens per forward call */
     int64_t pos;       /* next position */
+    /* backend memory */
     uint16_t *kv;      /* every layer's k then v, (rows[l], NKV*HS) f16 each, one after another */
+    float *act;        /* kiln_llama_act_floats(n_batch) */
+    int32_t *d_ids;    /* (n_batch) ids, then the position (1) and the argmax (1) */
+    float *d_logits;   /* (n_batch, V) on a device; (V) where backend memory is host memory */
+    /* host memory the backend copies from and to */
+    int32_t *h_ids;    /* (n_batch) ids, the position, the argmax, then h_logits (V) */
+    float *h_logits;
     uint16_t **k, **v; /* (L) layer l's k and v rows in kv */
     int64_t *rows;     /* (L) n_ctx for a full layer, min(n_ctx, window + n_batch - 1) for a sliding one */
-    float *act;        /* kiln_llama_act_floats(n_batch) */
-    kiln_cuda_engine *gpu; /* with params.gpu: the model, cache and activations on the GPU; the fields above unused */
+    /* the step being enqueued (step_enqueue's arguments) */
+    int64_t T, first;
+    float *out;        /* where the logits go: d_logits, or the caller's buffer on host memory */
+    bool want_logits, want_next, staged_out;
 };
-
-/* The matmul weights in the backend's own layout (the CPU's: 16 rows interleaved for its VNNI kernels), owned by
- * the session. They come from kiln_model_load's read-only mmap, so each weight's pages are dropped once copied:
- * resident memory holds the weights once (a second session of the same model holds a second copy). */
-static kiln_status prepare_weights(kiln_session *s) {
-    if (!s->ops->prepare_weights) return KILN_OK;
-    const kiln_llama_config *c = &s->m->cfg;
-    const int64_t per = c->output_gate ? 8 : 7, n = per * c->n_layer + 1;
-    const kiln_tensor_view **w = malloc(sizeof *w * (size_t)n);
-    if (!w) return kiln_fail(KILN_ERR_NOMEM, "session: out of memory");
-    for (int64_t l = 0; l < c->n_layer; l++) {
-        const kiln_llama_layer *L = &s->m->layers[l];
-        const kiln_tensor_view *mats[8] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down, L->w_attn_gate};
-        memcpy(w + per * l, mats, sizeof *mats * (size_t)per);
-    }
-    w[n - 1] = s->m->output;
-    kiln_status st = s->ops->prepare_weights(&s->ctx, w, n, true);
-    free(w);
-    return st;
-}
 
 /* Cache rows of layer l: the context, or a sliding layer's ring of window + n_batch - 1 when that is smaller. */
 static int64_t cache_rows(const kiln_model *m, int64_t l, int64_t n_ctx, int64_t n_batch) {
@@ -75,6 +63,7 @@ kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, 
     if (n_ctx > INT32_MAX) return kiln_fail(KILN_ERR_RANGE, "session: a context of %lld tokens is more than kiln's 2^31 - 1", (long long)n_ctx);
     int64_t n_batch = p->n_batch ? p->n_batch : 512;
     if (n_batch > n_ctx) n_batch = n_ctx; /* a chunk never holds more tokens than the context */
+    const kiln_backend *be = p->n_gpu_layers > 0 ? &kiln_cuda_backend : &kiln_cpu_backend;
 
     /* cache: 2 * sum of rows[l] * NKV*HS halves; activations: a chunk's rows; both checked for overflow */
     uint64_t kv_elems, kv_bytes, act_bytes, total_rows = 0;
@@ -83,59 +72,43 @@ kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, 
         !kiln_mul_ok(kv_elems, (uint64_t)(c->n_head_kv * c->head_dim), &kv_elems) || !kiln_mul_ok(kv_elems, 2, &kv_bytes) ||
         !kiln_mul_ok(kiln_llama_act_floats(c, 1), (uint64_t)n_batch * sizeof(float), &act_bytes) || kv_bytes > SIZE_MAX)
         return kiln_fail(KILN_ERR_NOMEM, "session: a KV cache of %lld positions overflows the address space", (long long)n_ctx);
+    const size_t V = (size_t)c->n_vocab, logit_bytes = (be->host_memory ? 1 : (size_t)n_batch) * V * sizeof(float);
+    const size_t io_bytes = (size_t)(n_batch + 2) * sizeof(int32_t);
 
     kiln_session *s = calloc(1, sizeof *s);
     if (!s) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
     s->m = m;
-    s->ops = &kiln_cpu_ops;
+    s->be = be;
     s->n_ctx = n_ctx;
     s->n_batch = n_batch;
-    if (p->n_gpu_layers > 0) {
-        int64_t *rows = malloc(sizeof *rows * (size_t)c->n_layer);
-        if (!rows) {
-            free(s);
-            return kiln_fail(KILN_ERR_NOMEM, "session: out of memory");
-        }
-        for (int64_t l = 0; l < c->n_layer; l++) rows[l] = cache_rows(m, l, n_ctx, n_batch);
-        kiln_status st = kiln_cuda_engine_new(m, n_ctx, n_batch, rows, &s->gpu);
-        free(rows);
-        if (st) {
-            free(s);
-            return st;
-        }
-        *out = s;
-        return KILN_OK;
+    s->k = malloc(sizeof *s->k * (size_t)c->n_layer);
+    s->v = malloc(sizeof *s->v * (size_t)c->n_layer);
+    s->rows = malloc(sizeof *s->rows * (size_t)c->n_layer);
+    if (!s->k || !s->v || !s->rows) {
+        kiln_session_free(s);
+        return kiln_fail(KILN_ERR_NOMEM, "session: out of memory");
     }
-    kiln_status st = kiln_pool_create(p->n_threads, &s->pool);
+    for (int64_t l = 0; l < c->n_layer; l++) s->rows[l] = cache_rows(m, l, n_ctx, n_batch);
+    const kiln_backend_params bp = {.n_ctx = n_ctx, .n_batch = n_batch, .rows = s->rows, .kv_bytes = (size_t)kv_bytes,
+                                    .act_bytes = (size_t)act_bytes + logit_bytes + io_bytes, .n_threads = p->n_threads};
+    kiln_status st = be->open(m, &bp, &s->ctx);
+    if (!st) st = be->alloc(s->ctx, (size_t)kv_bytes, (void **)&s->kv);
+    if (!st) st = be->alloc(s->ctx, (size_t)act_bytes, (void **)&s->act);
+    if (!st) st = be->alloc(s->ctx, logit_bytes, (void **)&s->d_logits);
+    if (!st) st = be->alloc(s->ctx, io_bytes, (void **)&s->d_ids);
+    if (!st) st = be->alloc_host(s->ctx, io_bytes + V * sizeof(float), (void **)&s->h_ids);
+    if (!st) st = be->load_weights(s->ctx, m, &s->w);
     if (st) {
         kiln_session_free(s);
         return st;
     }
-    s->ctx.pool = s->pool;
-    s->ctx.scratch_bytes = s->ops->scratch_size(n_batch, kiln_llama_max_width(c), c->n_head, n_ctx, kiln_pool_size(s->pool));
-    /* calloc: the pages of a long context are only touched as positions fill */
-    s->kv = calloc((size_t)kv_elems, sizeof *s->kv);
-    s->act = malloc((size_t)act_bytes);
-    s->ctx.scratch = s->ctx.scratch_bytes ? malloc(s->ctx.scratch_bytes) : NULL;
-    s->k = malloc(sizeof *s->k * (size_t)c->n_layer);
-    s->v = malloc(sizeof *s->v * (size_t)c->n_layer);
-    s->rows = malloc(sizeof *s->rows * (size_t)c->n_layer);
-    if (!s->kv || !s->act || (s->ctx.scratch_bytes && !s->ctx.scratch) || !s->k || !s->v || !s->rows) {
-        kiln_session_free(s);
-        return kiln_fail(KILN_ERR_NOMEM, "session: out of memory for a KV cache of %llu bytes and %llu bytes of scratch",
-                         (unsigned long long)kv_bytes, (unsigned long long)act_bytes);
-    }
+    s->h_logits = (float *)(s->h_ids + n_batch + 2);
     uint16_t *next = s->kv;
     const size_t KV = (size_t)(c->n_head_kv * c->head_dim);
     for (int64_t l = 0; l < c->n_layer; l++) {
-        s->rows[l] = cache_rows(m, l, n_ctx, n_batch);
         s->k[l] = next;
         s->v[l] = next + (size_t)s->rows[l] * KV;
         next += 2 * (size_t)s->rows[l] * KV;
-    }
-    if ((st = prepare_weights(s)) != KILN_OK) {
-        kiln_session_free(s);
-        return st;
     }
     *out = s;
     return KILN_OK;
@@ -143,22 +116,23 @@ kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, 
 
 void kiln_session_free(kiln_session *s) {
     if (!s) return;
-    kiln_cuda_engine_free(s->gpu);
-    if (s->ops->release_weights) s->ops->release_weights(&s->ctx);
-    kiln_pool_free(s->pool);
-    free(s->kv);
+    if (s->ctx) {
+        s->be->free(s->ctx, s->kv);
+        s->be->free(s->ctx, s->act);
+        s->be->free(s->ctx, s->d_logits);
+        s->be->free(s->ctx, s->d_ids);
+        s->be->free_host(s->ctx, s->h_ids);
+        s->be->close(s->ctx);
+    }
     free(s->k);
     free(s->v);
     free(s->rows);
-    free(s->act);
-    free(s->ctx.scratch);
     free(s);
 }
 
 int64_t kiln_session_pos(const kiln_session *s) { return s->pos; }
-bool kiln_session_on_gpu(const kiln_session *s) { return s->gpu != NULL; }
-size_t kiln_session_device_bytes(const kiln_session *s) { return s->gpu ? kiln_cuda_engine_bytes(s->gpu) : 0; }
-kiln_cuda_engine *kiln_session_gpu_engine(kiln_session *s) { return s->gpu; }
+bool kiln_session_on_gpu(const kiln_session *s) { return s->be == &kiln_cuda_backend; }
+size_t kiln_session_device_bytes(const kiln_session *s) { return s->be->device_bytes(s->ctx); }
 void kiln_session_reset(kiln_session *s) { s->pos = 0; }
 
 /* The checks every eval makes before the first chunk runs, so a failed call leaves the session as it was. */
@@ -172,6 +146,52 @@ static kiln_status check_ids(const kiln_session *s, const int32_t *ids, size_t n
     return KILN_OK;
 }
 
+/* The step as enqueued work: the staged ids and position in, the forward, the argmax (and the logits, when they go
+ * through the staging buffer) out. A single token's step enqueues the same work at every position, so the backend
+ * records it once. */
+static kiln_status step_enqueue(void *arg) {
+    kiln_session *s = arg;
+    const kiln_backend *be = s->be;
+    const int64_t V = s->m->cfg.n_vocab, T = s->T;
+    int32_t *d_pos = s->d_ids + s->n_batch, *d_next = d_pos + 1;
+    TRY(be->upload(s->ctx, s->d_ids, s->h_ids, (size_t)T * sizeof(int32_t)));
+    TRY(be->upload(s->ctx, d_pos, s->h_ids + s->n_batch, sizeof(int32_t)));
+    const kiln_llama_kv kv = {s->k, s->v, s->rows};
+    TRY(kiln_llama_forward(s->m, be, s->ctx, &s->w, &kv, s->act, s->d_ids, d_pos, T, s->first,
+                           s->want_logits || s->want_next ? s->out : NULL, s->want_next ? d_next : NULL));
+    if (s->want_next) TRY(be->download(s->ctx, s->h_ids + s->n_batch + 1, d_next, sizeof(int32_t)));
+    if (s->want_logits && s->staged_out) TRY(be->download(s->ctx, s->h_logits, s->d_logits, (size_t)V * sizeof(float)));
+    return KILN_OK;
+}
+
+/* T tokens at the session's position: logits (host), when not NULL, gets the last row's V logits or all T rows when
+ * all_logits; next, when not NULL, the last row's argmax. */
+static kiln_status eval_chunk(kiln_session *s, const int32_t *ids, int64_t T, float *logits, bool all_logits, int32_t *next) {
+    const kiln_backend *be = s->be;
+    const int64_t V = s->m->cfg.n_vocab;
+    memcpy(s->h_ids, ids, (size_t)T * sizeof *ids);
+    s->h_ids[s->n_batch] = (int32_t)s->pos;
+    s->T = T;
+    s->first = all_logits ? 0 : T - 1;
+    s->want_logits = logits != NULL;
+    s->want_next = next != NULL;
+    /* one row of logits goes through the staging buffer; more rows are copied straight into the caller's buffer,
+     * or written there by a backend whose memory is host memory */
+    s->staged_out = !all_logits;
+    s->out = all_logits && be->host_memory ? logits : s->d_logits;
+    kiln_status st;
+    if (T == 1 && !all_logits)
+        st = be->record(s->ctx, logits ? 1 : 0, step_enqueue, s);
+    else
+        st = step_enqueue(s);
+    if (!st && logits && all_logits) st = be->download(s->ctx, logits, s->out, (size_t)(T * V) * sizeof(float));
+    if (!st) st = be->synchronize(s->ctx);
+    if (st) return st;
+    if (logits && !all_logits) memcpy(logits, s->h_logits, (size_t)V * sizeof(float));
+    if (next) *next = s->h_ids[s->n_batch + 1];
+    return KILN_OK;
+}
+
 /* n tokens in chunks of n_batch; the last chunk returns the last row's logits, or every chunk its rows into
  * all_logits, and/or the last row's argmax into next. */
 static kiln_status eval_chunks(kiln_session *s, const int32_t *ids, size_t n, float *logits, float *all_logits, int32_t *next) {
@@ -182,12 +202,7 @@ static kiln_status eval_chunks(kiln_session *s, const int32_t *ids, size_t n, fl
         int64_t T = (int64_t)(n - done) < s->n_batch ? (int64_t)(n - done) : s->n_batch;
         bool last = done + (size_t)T == n;
         float *out = all_logits ? all_logits + done * (size_t)V : last ? logits : NULL;
-        if (s->gpu) {
-            if ((st = kiln_cuda_engine_eval(s->gpu, ids + done, T, s->pos, out, all_logits != NULL, last ? next : NULL))) return st;
-        } else {
-            const kiln_llama_kv kv = {s->k, s->v, s->rows};
-            kiln_llama_forward(s->m, s->ops, &s->ctx, &kv, s->act, ids + done, T, s->pos, out, all_logits != NULL);
-        }
+        if ((st = eval_chunk(s, ids + done, T, out, all_logits != NULL, last ? next : NULL))) return st;
         s->pos += T;
         done += (size_t)T;
     }
@@ -205,18 +220,26 @@ kiln_status kiln_session_eval(kiln_session *s, const int32_t *ids, size_t n, flo
 
 kiln_status kiln_session_eval_argmax(kiln_session *s, const int32_t *ids, size_t n, int32_t *next) {
     if (n == 0) return kiln_fail(KILN_ERR_INVALID, "session: no tokens to evaluate, so no argmax");
-    if (s->gpu) return eval_chunks(s, ids, n, NULL, NULL, next);
-    /* the CPU computes the logits anyway: the lowest index of the largest, as the GPU's argmax and the sampler */
-    const int64_t V = s->m->cfg.n_vocab;
-    float *logits = malloc((size_t)V * sizeof *logits);
-    if (!logits) return kiln_fail(KILN_ERR_NOMEM, "session: out of memory");
-    kiln_status st = eval_chunks(s, ids, n, logits, NULL, NULL);
-    if (!st) {
-        int32_t best = 0;
-        for (int64_t i = 1; i < V; i++)
-            if (logits[i] > logits[best]) best = (int32_t)i;
-        *next = best;
-    }
-    free(logits);
-    return st;
+    return eval_chunks(s, ids, n, NULL, NULL, next);
+}
+
+/* One decode step at position pos0, enqueued step by step (not replayed), for a backend's per-step profile. */
+static kiln_status profile_step(void *arg) {
+    kiln_session *s = arg;
+    s->h_ids[0] = 1 % (int32_t)s->m->cfg.n_vocab;
+    s->T = 1;
+    s->first = 0;
+    s->want_logits = false;
+    s->want_next = true;
+    s->out = s->d_logits;
+    TRY(step_enqueue(s));
+    return s->be->synchronize(s->ctx);
+}
+
+kiln_status kiln_session_profile(kiln_session *s, int64_t pos0, int reps, kiln_op_time *ops, int *n_ops) {
+    if (!s->be->profile) return kiln_fail(KILN_ERR_UNSUPPORTED, "session: the %s backend has no per-step profile", s->be->name);
+    if (pos0 < 0 || pos0 >= s->n_ctx)
+        return kiln_fail(KILN_ERR_RANGE, "session: profile position %lld is outside the context of %lld", (long long)pos0, (long long)s->n_ctx);
+    s->h_ids[s->n_batch] = (int32_t)pos0;
+    return s->be->profile(s->ctx, pos0, reps, profile_step, s, ops, n_ops);
 }

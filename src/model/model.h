@@ -15,7 +15,7 @@
 #include "kiln.h"
 
 #ifdef __cplusplus
-extern "C" { /* the CUDA engine (src/cuda/engine.cu) reads the config and calls kiln_llama_max_width */
+extern "C" { /* the CUDA backend (src/cuda/engine.cu, trainer.cu) reads the config and the tensor table */
 #endif
 
 typedef struct kiln_llama_config {
@@ -127,9 +127,7 @@ struct kiln_model {
     kiln_tokenizer *tokenizer;          /* NULL if the file has no tokenizer.ggml.* keys */
 };
 
-/* ---- the forward (llama.c), written once against an ops table (src/cpu/ops.h) ---- */
-struct kiln_ops;
-struct kiln_ops_ctx;
+/* ---- the forward (llama.c), written once against the backend seam (backend.h) ---- */
 
 /* The KV cache as the forward sees it: layer l keeps the key and value of position p in row p % rows[l] of
  * k[l] and v[l] ((rows[l], NKV*HS) f16 each). rows[l] is the context for a full layer and a ring of at least
@@ -140,14 +138,8 @@ typedef struct kiln_llama_kv {
     const int64_t *rows; /* (L) */
 } kiln_llama_kv;
 
-/* Floats of activations a batch of T tokens needs. */
-size_t kiln_llama_act_floats(const kiln_llama_config *c, int64_t T);
 /* The widest activation row (max of C, NH*HS, F). */
 int64_t kiln_llama_max_width(const kiln_llama_config *c);
-/* Runs T tokens at positions pos0.. through the model, writing their k and v into the cache. logits gets the last
- * token's V logits, or all T rows when all_logits. */
-void kiln_llama_forward(const kiln_model *m, const struct kiln_ops *ops, struct kiln_ops_ctx *ctx, const kiln_llama_kv *kv,
-                        float *act, const int32_t *ids, int64_t T, int64_t pos0, float *logits, bool all_logits);
 
 #ifdef __cplusplus
 }

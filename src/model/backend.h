@@ -1,0 +1,163 @@
+/* backend.h: the seam between the model and a backend. The inference forward (src/model/llama.c) is written once
+ * against this table; the CPU (src/cpu/backend.c) and CUDA (src/cuda/engine.cu) backends fill it. The CPU backend
+ * builds each step out of its kernels (src/cpu/ops.h, the scalar path of which is the oracle every other
+ * implementation is tested against); the CUDA backend runs each step as one or two fused kernels (kernels.h).
+ *
+ * A backend is a context (threads and scratch, or a device, its stream and workspaces), buffers in its own memory
+ * (alloc, upload, download, free: "backend memory" below; the CPU's is host memory), synchronize, and the steps of
+ * the forward. Every step only enqueues work on the context's stream: nothing waits for the device until
+ * synchronize, so a whole token step can be recorded once and replayed (record: a CUDA graph on the GPU; the CPU
+ * runs the steps as they come). Token ids and positions live in backend memory, so one recording serves every
+ * position; a step never reads them on the host.
+ *
+ * Steps the forward takes for each layer (the fused steps of the CUDA engine):
+ *   residual_norm   x += block output (post-normed with sandwich norms); xb = rmsnorm(x) * w, also writing the
+ *                   next matmul's prepared input where the backend has one (the GPU's int8 rows)
+ *   qkv             q, k, v = xb Wq, Wk, Wv (one matmul over the three where the backend can)
+ *   qkv_post        biases, QK-norm, RoPE, and the store of k and v into the KV cache
+ *   attention       causal GQA attention over the cache, full or sliding over a ring
+ *   matmul          y (+)= x W (the output and down projections add into the residual stream)
+ *   ffn_up          gate = act(xb Wg) * (xb Wu)
+ * and once per call embed, head (the logits with their scale and softcap) and argmax.
+ *
+ * Shapes: T tokens, C width, NH/NKV heads, HS head size, F FFN width, V vocab; activations are float, row-major
+ * (T, width). */
+#ifndef KILN_MODEL_BACKEND_H
+#define KILN_MODEL_BACKEND_H
+
+#include "model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A weight as the forward hands it to a backend: the model's view (type, shape, name, the mmap'd bytes) and the
+ * backend's own copy (device memory, another layout), or NULL where the backend reads the view in place. */
+typedef struct kiln_weight {
+    const kiln_tensor_view *view; /* NULL: the model has no such tensor */
+    const void *impl;
+} kiln_weight;
+
+/* Every weight of a model, bound by a backend (load_weights). */
+typedef struct kiln_weights {
+    kiln_weight tok_embd, output_norm, output;
+    kiln_weight (*layers)[KILN_LT_COUNT]; /* (L), indexed by kiln_layer_tensor */
+} kiln_weights;
+
+/* What a backend context is opened for: the model, the largest batch, the context and the cache rows of each
+ * layer (kiln_llama_kv), so it can size its workspaces and check its memory once, before anything is allocated. */
+typedef struct kiln_backend_params {
+    int64_t n_ctx, n_batch;
+    const int64_t *rows;     /* (L) */
+    size_t kv_bytes, act_bytes; /* the buffers the caller will alloc: counted in the memory check */
+    int n_threads;           /* CPU: 0 for all cores */
+    int device;              /* CUDA: the device index */
+} kiln_backend_params;
+
+/* The arguments of a layer's qkv_post and attention steps. */
+typedef struct kiln_attn_args {
+    int64_t NH, NKV, HS;
+    const kiln_weight *bq, *bk, *bv;     /* NULL: no biases */
+    const kiln_weight *q_norm, *k_norm;  /* NULL: no QK-norm */
+    float eps;                           /* of the QK-norm */
+    int64_t rope_dim;
+    float rope_base;
+    bool neox, nope;
+    uint16_t *k_cache, *v_cache;         /* (rows, NKV*HS) f16: position p in row p % rows */
+    int64_t rows;
+    int64_t window;                      /* 0: full attention */
+    float scale;                         /* the score scale; 0: 1/sqrt(HS) */
+} kiln_attn_args;
+
+/* One step's share of a token's decode (profile). */
+typedef struct kiln_op_time {
+    const char *name; /* static */
+    double ms;        /* per token, mean over the repetitions */
+    double bytes;     /* device bytes the step must read per token: its weights, attention's KV positions; 0 if none */
+} kiln_op_time;
+#define KILN_PROFILE_OPS 16
+
+typedef struct kiln_backend {
+    const char *name;  /* "cpu", "cuda" */
+    bool host_memory;  /* backend memory is host memory: a step may write straight into the caller's buffers */
+
+    /* ---- the context */
+    kiln_status (*open)(const kiln_model *m, const kiln_backend_params *p, void **ctx);
+    void (*close)(void *ctx); /* accepts NULL */
+    /* Binds every weight of m (uploading or repacking it) into w, owned by ctx. */
+    kiln_status (*load_weights)(void *ctx, const kiln_model *m, kiln_weights *w);
+    size_t (*device_bytes)(void *ctx); /* device memory held; 0 on the CPU */
+
+    /* ---- buffers. alloc zero-fills. alloc_host gives host memory the backend copies from and to asynchronously
+     * (pinned on the GPU), which a recorded step's uploads and downloads must use. upload and download are
+     * enqueued: the host side must stay untouched until synchronize. */
+    kiln_status (*alloc)(void *ctx, size_t bytes, void **out);
+    void (*free)(void *ctx, void *p);
+    kiln_status (*alloc_host)(void *ctx, size_t bytes, void **out);
+    void (*free_host)(void *ctx, void *p);
+    kiln_status (*upload)(void *ctx, void *dst, const void *src, size_t bytes);
+    kiln_status (*download)(void *ctx, void *dst, const void *src, size_t bytes);
+    kiln_status (*synchronize)(void *ctx);
+    /* Runs enqueue(arg). The first call of a slot records what it enqueues (a CUDA graph), later calls of the slot
+     * replay the recording without calling enqueue; the CPU has no recording and calls it every time. enqueue must
+     * enqueue the same work every time: the same buffers, T and flags. */
+    kiln_status (*record)(void *ctx, int slot, kiln_status (*enqueue)(void *arg), void *arg);
+    /* Times the steps of a decode at position pos0: runs step(arg) (one token's step, enqueued and synchronized, not
+     * replayed) reps times with a mark after every step, and sums each kind of step (events between launches, so the
+     * sum exceeds a replay's time by the launch gaps). ops holds KILN_PROFILE_OPS. NULL where the backend has none. */
+    kiln_status (*profile)(void *ctx, int64_t pos0, int reps, kiln_status (*step)(void *arg), void *arg, kiln_op_time *ops,
+                           int *n_ops);
+
+    /* ---- the forward's steps. Pointers are backend memory. */
+    /* x (T, C) = scale * rows ids[t] of the table. Ids are valid (sessions check them). */
+    kiln_status (*embed)(void *ctx, float *x, const kiln_weight *table, const int32_t *ids, int64_t T, int64_t C, float scale);
+    /* x (T, C) += y, or += rmsnorm(y, post_eps) * post_w when post_w (y may be NULL: nothing added); then
+     * xb = rmsnorm(x, eps) * w. y is not needed afterwards (a backend may overwrite it). */
+    kiln_status (*residual_norm)(void *ctx, float *x, float *y, const kiln_weight *post_w, float post_eps, float *xb,
+                                 const kiln_weight *w, float eps, int64_t T, int64_t C);
+    /* q (T, NH*HS), k, v (T, NKV*HS) = x Wq^T, x Wk^T, x Wv^T. k follows q and v follows k in memory when T is 1. */
+    kiln_status (*qkv)(void *ctx, float *q, float *k, float *v, const float *x, const kiln_weight *wq, const kiln_weight *wk,
+                       const kiln_weight *wv, int64_t T);
+    /* In order: the biases, the QK-norm of each head, RoPE at positions *pos0 + t (not when nope), and k, v stored as
+     * f16 into cache rows (p % rows). q is updated in place. */
+    kiln_status (*qkv_post)(void *ctx, float *q, float *k, float *v, const kiln_attn_args *a, const int32_t *pos0, int64_t T);
+    /* out (T, NH*HS): the query at position p = *pos0 + t sees the cached keys max(0, p - window + 1) .. p. */
+    kiln_status (*attention)(void *ctx, float *out, float *q, const kiln_attn_args *a, const int32_t *pos0, int64_t T);
+    /* x (n) *= sigmoid(g (n)): the attention output gate. */
+    kiln_status (*sigmoid_mul)(void *ctx, float *x, const float *g, int64_t n);
+    /* y (T, W rows) = x W^T, or y += x W^T when add. */
+    kiln_status (*matmul)(void *ctx, float *y, const float *x, const kiln_weight *W, int64_t T, bool add);
+    /* gate (T, F) = act(x Wg^T) * (x Wu^T), act silu or tanh-GELU (geglu); up (T, F) is scratch. */
+    kiln_status (*ffn_up)(void *ctx, float *gate, float *up, const float *x, const kiln_weight *wg, const kiln_weight *wu,
+                          int64_t T, bool geglu);
+    /* logits (T, V) = x W^T, then cap * tanh(scale * logits / cap), or scale * logits when cap is 0. */
+    kiln_status (*head)(void *ctx, float *logits, const float *x, const kiln_weight *W, int64_t T, float scale, float cap);
+    /* *next = the index of the largest of x (n), the lowest on ties. */
+    kiln_status (*argmax)(void *ctx, int32_t *next, const float *x, int64_t n);
+} kiln_backend;
+
+extern const kiln_backend kiln_cpu_backend;
+/* The CUDA backend; built without CUDA, its open fails with KILN_ERR_UNSUPPORTED saying so. */
+extern const kiln_backend kiln_cuda_backend;
+
+/* ---- the forward (llama.c) */
+
+/* Floats of activations a batch of T tokens needs. */
+size_t kiln_llama_act_floats(const kiln_llama_config *c, int64_t T);
+/* Enqueues T tokens ids (backend memory) at positions *pos0.. (backend memory) through the model, writing their
+ * k and v into the cache. With logits (backend memory), the rows first..T-1 of the head's output land there
+ * ((T - first, V)); with next (backend memory), the last row's argmax. act holds kiln_llama_act_floats(T). */
+kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void *ctx, const kiln_weights *w,
+                               const kiln_llama_kv *kv, float *act, const int32_t *ids, const int32_t *pos0, int64_t T,
+                               int64_t first, float *logits, int32_t *next);
+
+/* ---- sessions (src/infer/session.c), for the benchmarks */
+
+/* The backend's per-step profile of one decode at position pos0 (the step writes the cache row of pos0). */
+kiln_status kiln_session_profile(kiln_session *s, int64_t pos0, int reps, kiln_op_time *ops, int *n_ops);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
