@@ -1,6 +1,7 @@
 /* ops_internal.h: what the files of the CPU ops table (src/cpu/ops*.c) share: each op family's entry points,
  * the SIMD level they all use, and the helpers that split work over the pool. Not part of the library's API;
- * tests/test_ops.c includes it only to force a lower SIMD level and check that level against the oracle. */
+ * tests include it only to force a SIMD level: test_ops.c to check a level against the oracle, test_generate.c
+ * to run a golden at the scalar level. */
 #ifndef KILN_CPU_OPS_INTERNAL_H
 #define KILN_CPU_OPS_INTERNAL_H
 
