@@ -1,6 +1,8 @@
-/* ops.h: the ops table, the seam between the model code (written once) and a backend. The CPU table in
- * src/cpu/ops.c is the oracle; a faster backend (SIMD CPU, CUDA) fills the same table and is tested against it
- * op by op (tests/test_ops.c). Each op's backward lives in the same file as its forward; tests/test_grad.c checks
+/* ops.h: the CPU kernels as a table (kiln_cpu_ops, src/cpu/ops.c), forward and backward. The inference forward
+ * reaches them through the CPU backend of the seam (src/model/backend.h, src/cpu/backend.c), which builds each of
+ * the forward's fused steps out of them; the CPU trainer (src/model/llama_train.c) calls them directly. The scalar
+ * path is the oracle: the SIMD paths are tested against it op by op (tests/test_ops.c), and the CUDA kernels
+ * against it (tests/test_cuda_*.c). Each op's backward lives in the same file as its forward; tests/test_grad.c checks
  * every backward against central finite differences of a double-precision forward.
  *
  * Shapes: T tokens in a batch, C width, NH/NKV heads, HS head size, F FFN width, V vocab. Activations are

@@ -11,6 +11,7 @@
  * llama2.c rotates interleaved pairs as llama.cpp's llama layout does, so q and k need no permutation (the golden
  * test in tests/test_generate.c would fail if they did). w1 is the gate, w3 the up and w2 the down projection. */
 #include "kiln.h"
+#include "model.h"
 #include "status.h"
 #include "tok/tok.h"
 
@@ -74,34 +75,49 @@ static kiln_status parse_header(const char *path, const uint8_t *buf, uint64_t s
     return KILN_OK;
 }
 
-/* One weight of the checkpoint: its GGUF name and shape and where it starts (in floats from the data offset).
- * Per-layer weights are stored stacked, [L][rows][cols], so layer l's slice is a fixed stride further on. */
+/* One weight of the checkpoint: its GGUF shape and where it starts (in floats from the data offset). Per-layer
+ * weights are stored stacked, [L][rows][cols], so layer l's slice is a fixed stride further on; their names and
+ * shapes are the layer tensor table's (model.h). */
 typedef struct {
-    const char *name; /* printf format with the layer, or a plain name */
+    const char *name; /* the GGUF name of a whole-model weight; NULL for a layer's (lt) or the unused freq tables */
+    int lt;           /* a layer weight's kiln_layer_tensor, or -1 */
     int64_t ne0, ne1; /* GGUF shape: row length, rows (1 for a vector) */
-    bool per_layer;
     uint64_t start;   /* offset in floats */
 } llama2c_weight;
 
 enum { W_EMB, W_ATT_NORM, W_Q, W_K, W_V, W_O, W_FFN_NORM, W_GATE, W_DOWN, W_UP, W_OUT_NORM, W_FREQ, W_CLS, W_COUNT };
 
+/* The plain llama config of a header, for the table's shape rules. */
+static kiln_llama_config header_config(const llama2c_header *h) {
+    kiln_llama_config c = {.n_vocab = h->V, .n_embd = h->C, .n_layer = h->L, .n_head = h->NH, .n_head_kv = h->NKV,
+                           .head_dim = h->C / h->NH, .n_ff = h->F};
+    return c;
+}
+
+/* A layer weight, shaped by the table. */
+static llama2c_weight layer_weight(const kiln_llama_config *c, kiln_layer_tensor lt) {
+    llama2c_weight x = {NULL, (int)lt, kiln_dim_size(c, kiln_layer_tensors[lt].ne0), kiln_dim_size(c, kiln_layer_tensors[lt].ne1), 0};
+    return x;
+}
+
 /* Lays out the weights in the file's order; *n_floats gets the count the file must hold. False on overflow
  * (only a corrupt header gets near: each dimension is at most 2^24). */
 static bool layout(const llama2c_header *h, llama2c_weight *w, uint64_t *n_floats) {
-    int64_t C = h->C, F = h->F, HS = h->C / h->NH, KV = h->NKV * HS;
-    w[W_EMB] = (llama2c_weight){"token_embd.weight", C, h->V, false, 0};
-    w[W_ATT_NORM] = (llama2c_weight){"blk.%lld.attn_norm.weight", C, 1, true, 0};
-    w[W_Q] = (llama2c_weight){"blk.%lld.attn_q.weight", C, C, true, 0};
-    w[W_K] = (llama2c_weight){"blk.%lld.attn_k.weight", C, KV, true, 0};
-    w[W_V] = (llama2c_weight){"blk.%lld.attn_v.weight", C, KV, true, 0};
-    w[W_O] = (llama2c_weight){"blk.%lld.attn_output.weight", C, C, true, 0};
-    w[W_FFN_NORM] = (llama2c_weight){"blk.%lld.ffn_norm.weight", C, 1, true, 0};
-    w[W_GATE] = (llama2c_weight){"blk.%lld.ffn_gate.weight", C, F, true, 0}; /* w1 */
-    w[W_DOWN] = (llama2c_weight){"blk.%lld.ffn_down.weight", F, C, true, 0}; /* w2 */
-    w[W_UP] = (llama2c_weight){"blk.%lld.ffn_up.weight", C, F, true, 0};     /* w3 */
-    w[W_OUT_NORM] = (llama2c_weight){"output_norm.weight", C, 1, false, 0};
-    w[W_FREQ] = (llama2c_weight){NULL, HS / 2, 2 * h->seq_len, false, 0};   /* legacy only: the cos and sin tables */
-    w[W_CLS] = (llama2c_weight){"output.weight", C, h->V, false, 0};
+    const kiln_llama_config c = header_config(h);
+    int64_t C = h->C, HS = h->C / h->NH;
+    w[W_EMB] = (llama2c_weight){"token_embd.weight", -1, C, h->V, 0};
+    w[W_ATT_NORM] = layer_weight(&c, KILN_LT_ATTN_NORM);
+    w[W_Q] = layer_weight(&c, KILN_LT_WQ);
+    w[W_K] = layer_weight(&c, KILN_LT_WK);
+    w[W_V] = layer_weight(&c, KILN_LT_WV);
+    w[W_O] = layer_weight(&c, KILN_LT_WO);
+    w[W_FFN_NORM] = layer_weight(&c, KILN_LT_FFN_NORM);
+    w[W_GATE] = layer_weight(&c, KILN_LT_W_GATE); /* w1 */
+    w[W_DOWN] = layer_weight(&c, KILN_LT_W_DOWN); /* w2 */
+    w[W_UP] = layer_weight(&c, KILN_LT_W_UP);     /* w3 */
+    w[W_OUT_NORM] = (llama2c_weight){"output_norm.weight", -1, C, 1, 0};
+    w[W_FREQ] = (llama2c_weight){NULL, -1, HS / 2, 2 * h->seq_len, 0}; /* legacy only: the cos and sin tables */
+    w[W_CLS] = (llama2c_weight){"output.weight", -1, C, h->V, 0};
     static const int legacy[] = {W_EMB, W_ATT_NORM, W_Q, W_K, W_V, W_O, W_FFN_NORM, W_GATE, W_DOWN, W_UP, W_OUT_NORM, W_FREQ, W_CLS};
     static const int v1[] = {W_ATT_NORM, W_FFN_NORM, W_OUT_NORM, W_EMB, W_Q, W_K, W_V, W_O, W_GATE, W_DOWN, W_UP, W_CLS};
     const int *order = h->version == 1 ? v1 : legacy;
@@ -111,7 +127,7 @@ static bool layout(const llama2c_header *h, llama2c_weight *w, uint64_t *n_float
         llama2c_weight *x = &w[order[i]];
         if (order[i] == W_CLS && h->shared) break;
         x->start = at;
-        if (!kiln_mul_ok((uint64_t)x->ne0, (uint64_t)x->ne1, &count) || !kiln_mul_ok(count, (uint64_t)(x->per_layer ? h->L : 1), &count) ||
+        if (!kiln_mul_ok((uint64_t)x->ne0, (uint64_t)x->ne1, &count) || !kiln_mul_ok(count, (uint64_t)(x->lt >= 0 ? h->L : 1), &count) ||
             !kiln_add_ok(at, count, &at))
             return false;
     }
@@ -122,7 +138,8 @@ static bool layout(const llama2c_header *h, llama2c_weight *w, uint64_t *n_float
 /* Adds weight x (layer l's slice when per-layer) as an F32 tensor pointing into the mapped checkpoint. */
 static kiln_status add_weight(kiln_gguf_writer *w, const llama2c_weight *x, int64_t l, const float *data) {
     char name[96];
-    snprintf(name, sizeof name, x->name, (long long)l);
+    if (x->lt >= 0) kiln_layer_tensor_name(name, sizeof name, l, (kiln_layer_tensor)x->lt);
+    else snprintf(name, sizeof name, "%s", x->name);
     int64_t ne[2] = {x->ne0, x->ne1};
     uint64_t per_layer = (uint64_t)x->ne0 * (uint64_t)x->ne1;
     return kiln_gguf_writer_add_tensor(w, name, KILN_TYPE_F32, x->ne1 == 1 ? 1 : 2, ne, data + x->start + (uint64_t)l * per_layer);
@@ -179,11 +196,12 @@ static kiln_status write_gguf(const char *out_path, const llama2c_header *h, con
     if (!s) s = kiln_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
     if (!s) s = write_tokenizer(w, tok);
 
-    /* tensors in llama.cpp's order; the writer streams them out of the mapping */
-    static const int per_layer[] = {W_ATT_NORM, W_Q, W_K, W_V, W_O, W_FFN_NORM, W_GATE, W_UP, W_DOWN};
+    /* tensors in llama.cpp's order, each layer's in the table's; the writer streams them out of the mapping */
     if (!s) s = add_weight(w, &lw[W_EMB], 0, data);
     for (int64_t l = 0; l < h->L; l++)
-        for (size_t i = 0; !s && i < sizeof per_layer / sizeof per_layer[0]; i++) s = add_weight(w, &lw[per_layer[i]], l, data);
+        for (int lt = 0; !s && lt < KILN_LT_COUNT; lt++)
+            for (int i = 0; !s && i < W_COUNT; i++)
+                if (lw[i].lt == lt) s = add_weight(w, &lw[i], l, data);
     if (!s) s = add_weight(w, &lw[W_OUT_NORM], 0, data);
     if (!s && !h->shared) s = add_weight(w, &lw[W_CLS], 0, data);
     if (!s) s = kiln_gguf_writer_write_file(w, out_path);

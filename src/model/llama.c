@@ -3,9 +3,10 @@
  * their keys and values into the session's f16 KV cache and, when asked, leaves the logits of the rows wanted
  * and the last row's argmax in backend memory. The call only enqueues, so the CUDA backend records a token's
  * step once (a CUDA graph) and replays it; ids and positions are read by the steps from backend memory.
- * tests/test_cuda_engine.c checks the CUDA backend's run of it against the CPU's on every architecture fixture. tests/test_generate.c checks it against llama2.c's outputs on stories260K and checks
- * that chunked prefill, one batch and token-by-token decode agree; tests/test_arch.c checks each architecture
- * flag (model.h) against tests/ref/arch_ref.py's float64 reference, and the sliding layers' ring cache. */
+ * tests/test_generate.c checks it against llama2.c's outputs on stories260K and checks that chunked prefill, one
+ * batch and token-by-token decode agree; tests/test_arch.c checks each architecture flag (model.h) against
+ * tests/ref/arch_ref.py's float64 reference, and the sliding layers' ring cache; tests/test_cuda_engine.c checks
+ * the CUDA backend's run of it against the CPU's on every architecture fixture. */
 #include "model.h"
 #include "backend.h"
 #include "status.h"

@@ -5,6 +5,7 @@
  * is generated row by row on the thread pool, quantized straight to its type and streamed through the GGUF
  * writer: memory stays at one tensor in its final type, and row r of tensor i always draws from the same
  * stream, so the file does not depend on the thread count. tests/test_quantize.c checks the output. */
+#include "model.h"
 #include "pool.h"
 #include "quants.h"
 #include "status.h"
@@ -72,11 +73,12 @@ typedef struct {
     kiln_type type;
 } synth_tensor;
 
-/* Appends one tensor; fmt holds at most one %lld, the layer. */
-static void add(synth_tensor *ts, int64_t *n, int n_dims, int64_t ne0, int64_t ne1, bool norm, const char *fmt, int64_t layer) {
+/* Appends one tensor: a vector (ne1 1, a norm) or a matrix. */
+static void add(synth_tensor *ts, int64_t *n, int64_t ne0, int64_t ne1, const char *name) {
     synth_tensor *t = &ts[(*n)++];
-    snprintf(t->name, sizeof t->name, fmt, (long long)layer);
-    t->n_dims = n_dims;
+    snprintf(t->name, sizeof t->name, "%s", name);
+    const bool norm = ne1 == 1;
+    t->n_dims = norm ? 1 : 2;
     t->ne[0] = ne0;
     t->ne[1] = ne1;
     t->norm = norm;
@@ -173,8 +175,11 @@ kiln_status kiln_synth_llama(const char *path, const kiln_synth_params *params) 
         kiln_gguf_close(vocab);
         return s;
     }
-    int64_t C = p.n_embd, V = p.n_vocab, F = p.n_ff, HS = C / p.n_head, KV = HS * p.n_head_kv;
-    int64_t n_max = 3 + 9 * p.n_layer, n = 0;
+    int64_t C = p.n_embd, V = p.n_vocab, F = p.n_ff, HS = C / p.n_head;
+    /* a plain llama: the table's tensors that every layer has */
+    const kiln_llama_config cfg = {.n_vocab = V, .n_embd = C, .n_layer = p.n_layer, .n_head = p.n_head, .n_head_kv = p.n_head_kv,
+                                   .head_dim = HS, .n_ff = F};
+    int64_t n_max = 3 + KILN_LT_COUNT * p.n_layer, n = 0;
     synth_tensor *ts = calloc((size_t)n_max, sizeof *ts);
     kiln_gguf_writer *w = NULL;
     kiln_pool *pool = NULL;
@@ -184,20 +189,15 @@ kiln_status kiln_synth_llama(const char *path, const kiln_synth_params *params) 
         kiln_gguf_close(vocab);
         return kiln_fail(KILN_ERR_NOMEM, "synth: out of memory");
     }
-    add(ts, &n, 2, C, V, false, "token_embd.weight", 0);
-    for (int64_t l = 0; l < p.n_layer; l++) {
-        add(ts, &n, 1, C, 1, true, "blk.%lld.attn_norm.weight", l);
-        add(ts, &n, 2, C, C, false, "blk.%lld.attn_q.weight", l);
-        add(ts, &n, 2, C, KV, false, "blk.%lld.attn_k.weight", l);
-        add(ts, &n, 2, C, KV, false, "blk.%lld.attn_v.weight", l);
-        add(ts, &n, 2, C, C, false, "blk.%lld.attn_output.weight", l);
-        add(ts, &n, 1, C, 1, true, "blk.%lld.ffn_norm.weight", l);
-        add(ts, &n, 2, C, F, false, "blk.%lld.ffn_gate.weight", l);
-        add(ts, &n, 2, C, F, false, "blk.%lld.ffn_up.weight", l);
-        add(ts, &n, 2, F, C, false, "blk.%lld.ffn_down.weight", l);
-    }
-    add(ts, &n, 1, C, 1, true, "output_norm.weight", 0);
-    if (!p.tied) add(ts, &n, 2, C, V, false, "output.weight", 0);
+    char name[64];
+    add(ts, &n, C, V, "token_embd.weight");
+    for (int64_t l = 0; l < p.n_layer; l++)
+        for (int i = 0; i < KILN_LT_COUNT; i++)
+            if (kiln_layer_has(&cfg, (kiln_layer_tensor)i))
+                add(ts, &n, kiln_dim_size(&cfg, kiln_layer_tensors[i].ne0), kiln_dim_size(&cfg, kiln_layer_tensors[i].ne1),
+                    kiln_layer_tensor_name(name, sizeof name, l, (kiln_layer_tensor)i));
+    add(ts, &n, C, 1, "output_norm.weight");
+    if (!p.tied) add(ts, &n, C, V, "output.weight");
     size_t max_bytes = 1;
     for (int64_t i = 0; i < n; i++) {
         kiln_tensor_view v = {.name = ts[i].name, .n_dims = ts[i].n_dims, .ne = {ts[i].ne[0], ts[i].ne[1], 1, 1}};
