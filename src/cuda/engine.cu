@@ -83,7 +83,7 @@ typedef struct engine {
     /* which activation xp holds the prepared form of (NULL: none), for T rows of cols */
     const float *xp_of;
     int64_t xp_T, xp_cols;
-    cudaGraphExec_t graph[2]; /* record's slots */
+    cudaGraphExec_t graph[4]; /* record's slots */
     prof_marks *prof;         /* non-NULL while profiling */
 } engine;
 
@@ -189,7 +189,7 @@ static kiln_status make_bf16_copies(engine *e, size_t bytes) {
 static void cuda_close(void *p) {
     engine *e = (engine *)p;
     if (!e) return;
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 4; i++)
         if (e->graph[i]) cudaGraphExecDestroy(e->graph[i]);
     kiln_cuda_gemm_ws_free(&e->gws);
     cudaFree(e->wbuf);
@@ -386,7 +386,7 @@ static kiln_status capture(engine *e, kiln_status (*enqueue)(void *arg), void *a
 
 static kiln_status cuda_record(void *p, int slot, kiln_status (*enqueue)(void *arg), void *arg) {
     engine *e = (engine *)p;
-    if (slot < 0 || slot >= 2) return kiln_fail(KILN_ERR_INVALID, "gpu: record slot %d is not 0 or 1", slot);
+    if (slot < 0 || slot >= 4) return kiln_fail(KILN_ERR_INVALID, "gpu: record slot %d is not 0..3", slot);
     if (!e->graph[slot]) TRY(capture(e, enqueue, arg, &e->graph[slot]));
     CK(cudaGraphLaunch(e->graph[slot], e->stream), "cudaGraphLaunch");
     return KILN_OK;

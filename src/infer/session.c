@@ -180,8 +180,8 @@ static kiln_status eval_chunk(kiln_session *s, const int32_t *ids, int64_t T, fl
     s->staged_out = !all_logits;
     s->out = all_logits && be->host_memory ? logits : s->d_logits;
     kiln_status st;
-    if (T == 1 && !all_logits)
-        st = be->record(s->ctx, logits ? 1 : 0, step_enqueue, s);
+    if (T == 1 && !all_logits) /* one recording for each pair of outputs wanted */
+        st = be->record(s->ctx, (logits ? 1 : 0) | (next ? 2 : 0), step_enqueue, s);
     else
         st = step_enqueue(s);
     if (!st && logits && all_logits) st = be->download(s->ctx, logits, s->out, (size_t)(T * V) * sizeof(float));

@@ -100,7 +100,7 @@ typedef struct kiln_backend {
     kiln_status (*synchronize)(void *ctx);
     /* Runs enqueue(arg). The first call of a slot records what it enqueues (a CUDA graph), later calls of the slot
      * replay the recording without calling enqueue; the CPU has no recording and calls it every time. enqueue must
-     * enqueue the same work every time: the same buffers, T and flags. */
+     * enqueue the same work every time: the same buffers, T and flags. Slots 0..3. */
     kiln_status (*record)(void *ctx, int slot, kiln_status (*enqueue)(void *arg), void *arg);
     /* Times the steps of a decode at position pos0: runs step(arg) (one token's step, enqueued and synchronized, not
      * replayed) reps times with a mark after every step, and sums each kind of step (events between launches, so the
