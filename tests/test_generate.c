@@ -6,6 +6,7 @@
  * small synthetic model: session errors, load errors (a missing key, a wrong shape), chunked prefill against one
  * batch and token-by-token decode, the sampler's greedy ties and repetition penalty, and the v1 checkpoint layout. */
 #include "kiln.h"
+#include "cuda/cuda.h"
 #include "test.h"
 
 #include "cpu/ops_internal.h"
@@ -396,6 +397,51 @@ static void test_chunked_prefill(void) {
     else printf("# stories260K part not run: %s/models/stories260K not found\n", test_data_dir());
 }
 
+/* The forward's argmax step (kiln_session_eval_argmax) picks the lowest index of the largest logit, as the host
+ * does over kiln_session_eval's logits, through a chunked prefill and greedy decode; and a single-token eval that
+ * wants neither output, in between, does not change what the next argmax eval returns (the backend records one
+ * step per pair of outputs wanted). */
+static void check_argmax_step(int n_gpu_layers) {
+    const char *path = synth_model();
+    CHECK(path);
+    kiln_model *m = NULL;
+    CHECK(kiln_model_load(path, &m) == KILN_OK, "%s", kiln_last_error());
+    const int64_t V = kiln_model_n_vocab(m);
+    kiln_session_params sp = {.n_ctx = 96, .n_batch = 7, .n_threads = 2, .n_gpu_layers = n_gpu_layers};
+    kiln_session *a = NULL, *b = NULL;
+    float *logits = malloc(sizeof *logits * (size_t)V);
+    int32_t prompt[20];
+    for (int i = 0; i < 20; i++) prompt[i] = (int32_t)((i * 37 + 11) % V);
+    bool ok = logits && kiln_session_new(m, &sp, &a) == KILN_OK && kiln_session_new(m, &sp, &b) == KILN_OK;
+    int32_t tok_a = -1, tok_b = -2;
+    int steps = 0;
+    if (ok && kiln_session_eval(a, prompt, 20, logits, NULL) == KILN_OK && kiln_session_eval_argmax(b, prompt, 20, &tok_b) == KILN_OK) {
+        for (; steps < 16; steps++) {
+            tok_a = 0;
+            for (int64_t i = 1; i < V; i++)
+                if (logits[i] > logits[tok_a]) tok_a = (int32_t)i;
+            if (tok_a != tok_b) break;
+            if (steps == 8) { /* both append a token without asking for anything */
+                const int32_t extra = 3;
+                if (kiln_session_eval(a, &extra, 1, NULL, NULL) || kiln_session_eval(b, &extra, 1, NULL, NULL)) break;
+            }
+            if (kiln_session_eval(a, &tok_a, 1, logits, NULL) || kiln_session_eval_argmax(b, &tok_b, 1, &tok_b)) break;
+        }
+    }
+    free(logits);
+    kiln_session_free(a);
+    kiln_session_free(b);
+    kiln_model_free(m);
+    CHECK(ok, "%s", kiln_last_error());
+    CHECK(steps == 16, "step %d: argmax of the logits %d, the forward's argmax %d (%s)", steps, tok_a, tok_b, kiln_last_error());
+}
+
+static void test_argmax_step(void) { check_argmax_step(0); }
+static void test_argmax_step_gpu(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    check_argmax_step(999);
+}
+
 static void test_sampler(void) {
     kiln_sampler *s;
     kiln_sampler_params p = kiln_sampler_default();
@@ -516,6 +562,8 @@ int main(void) {
     RUN(test_session_errors);
     RUN(test_load_errors);
     RUN(test_chunked_prefill);
+    RUN(test_argmax_step);
+    RUN(test_argmax_step_gpu);
     RUN(test_sampler);
     RUN(test_convert_v1);
     remove_tmp();
