@@ -22,7 +22,8 @@
 #include "train/optim.h"
 #include "cuda/cuda.h"
 #include "cuda/dist.h"
-#include "train/launch.h"
+#include "train/rendezvous.h"
+#include "tools/launch.h"
 #include "status.h"
 
 #include <math.h>

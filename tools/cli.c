@@ -54,3 +54,16 @@ int kiln_cli_sampling_opt(const char *cmd, const char *f, const char *a, kiln_sa
         return 0;
     return ok ? 1 : -1;
 }
+
+void kiln_cli_progress(void *user, const kiln_progress *p) {
+    if (strcmp(p->stage, "tokenizer") == 0)
+        fprintf(stderr, "\r[%6lld/%6lld merges]", (long long)p->done, (long long)p->total);
+    else if (strcmp(p->stage, "perplexity") == 0)
+        fprintf(stderr, "\r[%lld/%lld] ppl %.4f", (long long)p->done, (long long)p->total, p->metric);
+    else if (strcmp(p->stage, "data") == 0)
+        fprintf(stderr, "\r[%.1f/%.1f MiB]", (double)p->done / (1 << 20), (double)p->total / (1 << 20));
+    else
+        fprintf(stderr, "\r[%s %lld/%lld]", p->stage, (long long)p->done, (long long)p->total);
+    if (p->done == p->total) fputc('\n', stderr);
+    fflush(stderr);
+}

@@ -16,5 +16,8 @@ bool kiln_cli_parse_num(const char *cmd, const char *flag, const char *arg, doub
 int kiln_cli_sampling_opt(const char *cmd, const char *f, const char *a, kiln_sampler_params *sp, kiln_session_params *sess);
 /* True when f is --gpu, which it applies to sess. */
 bool kiln_cli_gpu_flag(const char *f, kiln_session_params *sess);
+/* A kiln_progress_fn (user unused) that rewrites one stderr line per call, in the stage's unit ("[ 100/ 440 merges]",
+ * "[3/12] ppl 5.1234", "[1.0/4.0 MiB]"), ending it when done reaches total. */
+void kiln_cli_progress(void *user, const kiln_progress *p);
 
 #endif

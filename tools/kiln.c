@@ -306,18 +306,12 @@ static int cmd_tokenize(int argc, char **argv) {
 
 /* ---------------------------------------------------------------- tokenizer train */
 
-static void train_progress(void *ud, int32_t done, int32_t total) {
-    fprintf(stderr, "\r[%6d/%6d merges]", done, total);
-    if (done == total) fputc('\n', stderr);
-    fflush(stderr);
-}
-
 static int cmd_tokenizer(int argc, char **argv) {
     if (argc < 1 || strcmp(argv[0], "train") != 0) {
         fprintf(stderr, "kiln: usage: kiln tokenizer train CORPUS... --vocab N -o OUT.gguf [--specials a,b,c] [--min-frequency N]\n");
         return 1;
     }
-    kiln_bpe_train_params p = {.vocab_size = 0, .min_frequency = 2, .progress = train_progress};
+    kiln_bpe_train_params p = {.vocab_size = 0, .min_frequency = 2, .progress = kiln_cli_progress};
     const char *out = NULL;
     const char **corpus = calloc((size_t)argc, sizeof *corpus), *specials[64];
     char *spec_buf = NULL;
@@ -586,12 +580,6 @@ static int cmd_generate(int argc, char **argv) {
 
 /* ---------------------------------------------------------------- perplexity */
 
-static void ppl_progress(void *ud, int64_t w, int64_t n, double ppl) {
-    fprintf(stderr, "\r[%lld/%lld] ppl %.4f", (long long)w, (long long)n, ppl);
-    if (w == n) fputc('\n', stderr);
-    fflush(stderr);
-}
-
 static int cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *file = NULL;
     int64_t n_ctx = 512;
@@ -635,7 +623,7 @@ static int cmd_perplexity(int argc, char **argv) {
     kiln_model *m;
     kiln_status s = kiln_model_load(model, &m);
     kiln_perplexity_result r;
-    if (!s) s = kiln_perplexity(m, text, got, n_ctx, &run, ppl_progress, NULL, &r);
+    if (!s) s = kiln_perplexity(m, text, got, n_ctx, &run, kiln_cli_progress, NULL, &r);
     free(text);
     kiln_model_free(m);
     if (s) return kiln_cli_die(s);
