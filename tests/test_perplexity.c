@@ -36,6 +36,11 @@ static void test_perplexity_matches_direct(void) {
                        "called her Little Red Riding Hood. One morning she asked her mother if she could go visit her grandmother.";
     const int64_t n_ctx = 16;
     kiln_perplexity_result r;
+    /* a session's device is checked before any GPU is touched: only CUDA device 0 exists for kiln */
+    kiln_session *bad = NULL;
+    CHECK(kiln_session_new(m, &(kiln_session_params){.device = {KILN_DEVICE_CUDA, 2}}, &bad) == KILN_ERR_UNSUPPORTED && !bad &&
+              strstr(kiln_last_error(), "device index 2: only device 0 is supported"),
+          "%s", kiln_last_error());
     progress_seen seen = {0};
     kiln_status s = kiln_perplexity(m, text, strlen(text), n_ctx, &(kiln_session_params){.n_threads = 2}, on_progress, &seen, &r);
     if (s) kiln_model_free(m);
