@@ -6,6 +6,7 @@
 
 #include "ops.h"
 #include "quants.h"
+#include "cpu/simd.h"
 
 #include <stdatomic.h>
 

@@ -7,6 +7,7 @@
 #include "model.h"
 #include "cpu/ops.h"
 #include "quants.h"
+#include "cpu/simd.h"
 
 #include <math.h>
 #include <string.h>

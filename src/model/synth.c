@@ -6,6 +6,7 @@
  * writer: memory stays at one tensor in its final type, and row r of tensor i always draws from the same
  * stream, so the file does not depend on the thread count. tests/test_quantize.c checks the output. */
 #include "pool.h"
+#include "model/quantize.h"
 #include "quants.h"
 #include "status.h"
 
