@@ -377,7 +377,7 @@ typedef struct kiln_bpe_train_params {
     int n_specials;
     int64_t min_frequency;       /* pairs seen fewer times are never merged (default 2) */
     int n_threads;               /* for counting; 0 = all cores. The result does not depend on it. */
-    kiln_progress_fn progress;   /* stage "tokenizer": done/total in merges, every 100 merges and at the end; may be NULL */
+    kiln_progress_fn progress;   /* stage "tokenizer", done/total in merges: every 100 merges and at the end; or NULL */
     void *progress_ud;
 } kiln_bpe_train_params;
 kiln_status kiln_bpe_train(const char *const *corpus_paths, int n_paths, const kiln_bpe_train_params *p, const char *out_path);
@@ -460,8 +460,9 @@ typedef struct kiln_session_params {
     int n_gpu_layers; /* llama.cpp's -ngl. 0: the CPU. At least the layer count (-ngl 99): the whole model on CUDA
                        * device 0 (src/cuda/engine.cu). Between: KILN_ERR_UNSUPPORTED, as kiln offloads all or none.
                        * KILN_ERR_UNSUPPORTED without a GPU, KILN_ERR_NOMEM when weights and cache exceed its free memory */
-    kiln_device device; /* KILN_DEVICE_CUDA: the whole model on that device, as n_gpu_layers >= the layer count (only
-                         * index 0 for now: another is KILN_ERR_UNSUPPORTED). KILN_DEVICE_CPU (zero): n_gpu_layers decides */
+    kiln_device device; /* KILN_DEVICE_CUDA: the whole model on that device, as n_gpu_layers >= the layer count
+                         * (only index 0 for now: another is KILN_ERR_UNSUPPORTED). KILN_DEVICE_CPU (zero): as
+                         * n_gpu_layers says */
 } kiln_session_params;
 
 kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, kiln_session **out);

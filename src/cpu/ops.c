@@ -1,8 +1,8 @@
 /* ops.c: the CPU ops table (kiln_cpu_ops), the embedding lookup and its backward, and the scratch contracts. What
  * the op files share (SIMD level, pool dispatch, barrier) is in ops_util.c. Each other op family has its own file:
- * ops_rmsnorm.c, ops_matmul.c, ops_dense.c, ops_rope.c, ops_attention.c, ops_swiglu.c, ops_loss.c. tests/test_ops.c checks every
- * op against a double-precision reference on random inputs, at every SIMD level the CPU has and with 1, 2 and 3
- * threads; tests/test_grad.c checks every backward against finite differences and the thread counts bit for bit.
+ * ops_rmsnorm.c, ops_matmul.c, ops_dense.c, ops_rope.c, ops_attention.c, ops_swiglu.c, ops_loss.c. tests/test_ops.c
+ * checks every op against a double-precision reference on random inputs, at every SIMD level the CPU has and with
+ * 1, 2 and 3 threads; tests/test_grad.c checks every backward against finite differences and the thread counts bit for bit.
  *
  * Scratch: the ops run one after another, so each uses the whole of ctx->scratch from its start; the size
  * asked for is the largest single need (matmul's quantized activations, or attention's per-thread areas and

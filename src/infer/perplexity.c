@@ -53,8 +53,10 @@ kiln_status kiln_perplexity(const kiln_model *m, const char *text, size_t len, i
             double nll = log(z) + max - row[window[i + 1]];
             sum += nll, sum2 += nll * nll, n++;
         }
-        if (progress)
-            progress(ud, &(kiln_progress){.stage = "perplexity", .done = w + 1, .total = n_windows, .metric = exp(sum / (double)n)});
+        if (progress) {
+            const kiln_progress pr = {.stage = "perplexity", .done = w + 1, .total = n_windows, .metric = exp(sum / (double)n)};
+            progress(ud, &pr);
+        }
     }
     double mean = sum / (double)n, var = n > 1 ? (sum2 / (double)n - mean * mean) * (double)n / (double)(n - 1) : 0;
     out->ppl = exp(mean);
