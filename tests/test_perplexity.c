@@ -36,6 +36,17 @@ static void test_perplexity_matches_direct(void) {
                        "called her Little Red Riding Hood. One morning she asked her mother if she could go visit her grandmother.";
     const int64_t n_ctx = 16;
     kiln_perplexity_result r;
+    /* the model's info: the synth shape above, and every tensor's elements counted */
+    kiln_model_info info;
+    kiln_model_get_info(m, &info);
+    int64_t n_params = 0;
+    for (int64_t i = 0; i < kiln_gguf_n_tensors(kiln_model_gguf(m)); i++) {
+        const kiln_tensor_view *t = kiln_gguf_tensor_at(kiln_model_gguf(m), i);
+        n_params += t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    }
+    CHECK(strcmp(info.arch, "llama") == 0 && info.n_embd == 64 && info.n_layer == 2 && info.n_head == 4 &&
+              info.n_head_kv == 2 && info.n_ff == 128 && info.head_dim == 16 && info.n_params == n_params && n_params > 0,
+          "%s C %lld L %lld params %lld", info.arch, (long long)info.n_embd, (long long)info.n_layer, (long long)info.n_params);
     /* a session's device is checked before any GPU is touched: only CUDA device 0 exists for kiln */
     kiln_session *bad = NULL;
     CHECK(kiln_session_new(m, &(kiln_session_params){.device = {KILN_DEVICE_CUDA, 2}}, &bad) == KILN_ERR_UNSUPPORTED && !bad &&
