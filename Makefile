@@ -85,17 +85,23 @@ $(BUILD)/libkiln.a: $(OBJ)
 
 BENCH_SRC := $(wildcard bench/*.c)
 TOOL_SRC  := $(wildcard tools/*.c)
-$(BUILD)/kiln: $(TOOL_SRC) tools/cmd.h $(BENCH_SRC) $(wildcard bench/*.h) $(BUILD)/libkiln.a
-	$(CC) $(CFLAGS) -I. -o $@ $(TOOL_SRC) $(BENCH_SRC) $(BUILD)/libkiln.a $(LDLIBS)
+TOOL_OBJ  := $(TOOL_SRC:%.c=$(BUILD)/%.o) $(BENCH_SRC:%.c=$(BUILD)/%.o)
+$(TOOL_OBJ): CFLAGS += -I.
+$(BUILD)/kiln: $(TOOL_OBJ) $(BUILD)/libkiln.a
+	$(CC) $(CFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libkiln.a $(LDLIBS)
 
+# A test of code in tools/ links that tool's object (listed as an extra prerequisite below).
 $(BUILD)/tests/%: tests/%.c tests/test.h $(BUILD)/libkiln.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Wno-format-truncation -o $@ $< $(BUILD)/libkiln.a $(LDLIBS)
+	$(CC) $(CFLAGS) -I. -Wno-format-truncation -o $@ $< $(filter $(BUILD)/tools/%.o,$^) $(BUILD)/libkiln.a $(LDLIBS)
+$(BUILD)/tests/test_dist: $(BUILD)/tools/launch.o
+$(BUILD)/tests/test_data: $(BUILD)/tools/plot.o
 
 tests: $(TESTS)
 
+# tests/test_deps.sh checks the objects of this build for circles and layering (tools/check_deps.py).
 test: $(TESTS) $(BUILD)/kiln
-	@KILN_BIN=$(BUILD)/kiln tests/run.sh $(TESTS)
+	@KILN_BIN=$(BUILD)/kiln KILN_BUILD=$(BUILD) tests/run.sh $(TESTS) tests/test_deps.sh
 
 # The quick start: a synthetic llama model, quantized to Q4_K_M and inspected; then, where ../shared/data
 # has it, the real stories260K model converted from llama2.c and run.
@@ -132,4 +138,4 @@ fuzz-tokenize:
 clean:
 	rm -rf build build-san build-fuzz
 
--include $(OBJ:.o=.d)
+-include $(OBJ:.o=.d) $(TOOL_OBJ:.o=.d)

@@ -12,6 +12,7 @@
 #include "bench/bench.h"
 
 #include "quants.h"
+#include "cpu/simd.h"
 
 #include <stdio.h>
 #include <stdlib.h>

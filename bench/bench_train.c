@@ -18,11 +18,12 @@
  * (bench/torch_ddp_train.py) is the peer, and the one-GPU peer gives its efficiency. */
 #include "bench/bench.h"
 #include "model/llama_train.h"
-#include "tools/cmd.h"
+#include "tools/cli.h"
 #include "train/optim.h"
 #include "cuda/cuda.h"
 #include "cuda/dist.h"
-#include "train/launch.h"
+#include "train/rendezvous.h"
+#include "tools/launch.h"
 #include "status.h"
 
 #include <math.h>

@@ -30,6 +30,12 @@ typedef enum kiln_status {
 const char *kiln_status_name(kiln_status s);
 /* The message of the last failure on this thread ("" if none). */
 const char *kiln_last_error(void);
+/* Sets this thread's last-error message (printf-style, one line) and returns s, so code built on kiln (its CLI's
+ * launcher and plot) reports failures the way the library does: `return kiln_fail(KILN_ERR_IO, "%s: ...", path)`. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
 
 /* ---------------------------------------------------------------- progress and devices
  * One progress-callback shape for every long call (tokenizer training, data shards, training, perplexity):
@@ -371,10 +377,45 @@ typedef struct kiln_bpe_train_params {
     int n_specials;
     int64_t min_frequency;       /* pairs seen fewer times are never merged (default 2) */
     int n_threads;               /* for counting; 0 = all cores. The result does not depend on it. */
-    void (*progress)(void *ud, int32_t merges_done, int32_t merges_total);
+    kiln_progress_fn progress;   /* stage "tokenizer", done/total in merges: every 100 merges and at the end; or NULL */
     void *progress_ud;
 } kiln_bpe_train_params;
 kiln_status kiln_bpe_train(const char *const *corpus_paths, int n_paths, const kiln_bpe_train_params *p, const char *out_path);
+
+/* FNV-1a 64 over the model (family, tokenizer.ggml.model, pre-tokenizer name), every token's bytes and type
+ * (and, for SentencePiece, whose merges follow the scores, its score) and every merge in rank order, strings
+ * length-prefixed. Two tokenizers with the same vocabulary and merges have the same fingerprint; changing one
+ * token, type or merge changes it. Token shards carry it (kiln_data_write), so training refuses another
+ * tokenizer's shards. */
+uint64_t kiln_tokenizer_fingerprint(const kiln_tokenizer *tok);
+
+/* ---------------------------------------------------------------- training data
+ * Token shards for training, what `kiln data` writes: DIR/train_000.bin, ..., DIR/val_000.bin, each a 64-byte
+ * header (magic "KSHD", version, the tokenizer's fingerprint, token count, bytes per token, vocab size) and the
+ * tokens as uint16 (or uint32 for vocabularies over 65536); src/train/data.h has the layout. */
+typedef struct kiln_data_params {
+    double val_fraction;       /* of each document's tokens, its last ones, for the val split; [0, 1), 0: none */
+    int64_t shard_tokens;      /* tokens per shard at most; 0: 100M */
+    kiln_progress_fn progress; /* stage "data": done/total in corpus bytes, after each corpus file; may be NULL */
+    void *progress_ud;
+} kiln_data_params;
+
+typedef struct kiln_data_stats {
+    int64_t n_train_tokens, n_val_tokens;
+    int n_train_shards, n_val_shards;
+    int64_t n_bytes_in; /* corpus bytes read */
+} kiln_data_stats;
+
+kiln_data_params kiln_data_default(void); /* val_fraction 0.05, shard_tokens 0 (100M), no progress */
+/* Tokenizes the corpora (streaming, each file its own document, encoded as kiln_tokenizer_encode with
+ * add_special on and parse_special off: BOS/EOS as the tokenizer adds them, "<s>" in the text stays text) and
+ * writes shards to out_dir (created if missing). The last n_val = max(1, floor(n * val_fraction)) of a
+ * document's n tokens go to the validation split (none when val_fraction is 0), the rest to train, in corpus
+ * order. Invalid UTF-8 in a corpus is an error naming the file and byte offset. Shards are written atomically;
+ * shards of the same split left by an earlier run with more of them are removed. p NULL: kiln_data_default().
+ * stats (may be NULL) gets the counts. */
+kiln_status kiln_data_write(const char *const *corpora, int n_corpora, const kiln_tokenizer *tok, const char *out_dir,
+                            const kiln_data_params *p, kiln_data_stats *stats);
 
 /* ---------------------------------------------------------------- models
  * A llama-architecture GGUF (LLaMA 1/2/3, TinyLlama, SmolLM, Mistral). Loading checks every required key
@@ -386,6 +427,25 @@ void kiln_model_free(kiln_model *m); /* accepts NULL */
 const kiln_tokenizer *kiln_model_tokenizer(const kiln_model *m); /* NULL when the file has none */
 int64_t kiln_model_n_vocab(const kiln_model *m);
 int64_t kiln_model_n_ctx_train(const kiln_model *m);
+
+/* What a loaded model is: its architecture and sizes, as the loader read and checked them. */
+typedef struct kiln_model_info {
+    const char *arch;    /* general.architecture ("llama", "gemma3", ...): a static string */
+    int64_t n_vocab;     /* V */
+    int64_t n_embd;      /* C */
+    int64_t n_layer;     /* L */
+    int64_t n_head;      /* NH */
+    int64_t n_head_kv;   /* NKV */
+    int64_t head_dim;    /* HS */
+    int64_t n_ff;        /* F */
+    int64_t n_ctx_train; /* the training context */
+    int64_t n_params;    /* elements of every weight tensor of the file */
+    bool tied;           /* no output.weight: the head reuses token_embd */
+} kiln_model_info;
+void kiln_model_get_info(const kiln_model *m, kiln_model_info *out);
+/* The GGUF the model's weights are mapped from: its tensors (names, types, shapes) and metadata, for as long as
+ * the model is loaded. */
+const kiln_gguf *kiln_model_gguf(const kiln_model *m);
 
 /* ---------------------------------------------------------------- sessions
  * A session runs a model over a growing sequence: it owns the KV cache (f16, sized from n_ctx) and scratch
@@ -400,6 +460,9 @@ typedef struct kiln_session_params {
     int n_gpu_layers; /* llama.cpp's -ngl. 0: the CPU. At least the layer count (-ngl 99): the whole model on CUDA
                        * device 0 (src/cuda/engine.cu). Between: KILN_ERR_UNSUPPORTED, as kiln offloads all or none.
                        * KILN_ERR_UNSUPPORTED without a GPU, KILN_ERR_NOMEM when weights and cache exceed its free memory */
+    kiln_device device; /* KILN_DEVICE_CUDA: the whole model on that device, as n_gpu_layers >= the layer count
+                         * (only index 0 for now: another is KILN_ERR_UNSUPPORTED). KILN_DEVICE_CPU (zero): as
+                         * n_gpu_layers says */
 } kiln_session_params;
 
 kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, kiln_session **out);
@@ -496,10 +559,10 @@ typedef struct kiln_perplexity_result {
     int64_t n_scored;  /* tokens scored */
     int64_t n_windows;
 } kiln_perplexity_result;
-/* run: the session's threads and GPU use (its n_ctx is replaced by the window's), or NULL for the defaults. */
+/* run: the session's threads and GPU use (its n_ctx is replaced by the window's), or NULL for the defaults.
+ * progress (may be NULL): stage "perplexity", done/total in windows, metric the perplexity of the windows so far. */
 kiln_status kiln_perplexity(const kiln_model *m, const char *text, size_t len, int64_t n_ctx, const kiln_session_params *run,
-                            void (*progress)(void *ud, int64_t window, int64_t n_windows, double ppl), void *ud,
-                            kiln_perplexity_result *out);
+                            kiln_progress_fn progress, void *ud, kiln_perplexity_result *out);
 
 #ifdef __cplusplus
 }

@@ -7,6 +7,7 @@
 #include "test.h"
 
 #include <dirent.h>
+#include <math.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -241,8 +242,10 @@ static int same_file(const char *a, const char *b) {
 }
 
 static int progress_calls, progress_last_done, progress_last_total, progress_bad;
-static void on_progress(void *ud, int32_t done, int32_t total) {
+static void on_progress(void *ud, const kiln_progress *pr) {
     (void)ud;
+    const int done = (int)pr->done, total = (int)pr->total;
+    if (strcmp(pr->stage, "tokenizer") != 0 || pr->train || !isnan(pr->metric)) progress_bad = 1;
     if (done < progress_last_done || (progress_calls && total != progress_last_total)) progress_bad = 1;
     progress_calls++, progress_last_done = done, progress_last_total = total;
 }

@@ -1,4 +1,4 @@
-/* test_data.c: token shards, the loader and the loss plot (src/train/data.c, src/train/plot.c).
+/* test_data.c: token shards, the loader and the loss plot (src/train/data.c, tools/plot.c).
  * A small BPE tokenizer is trained by kiln_bpe_train on text the test writes to a temporary folder. Shards of
  * two corpora read back through the loader equal kiln_tokenizer_encode of each text (BOS first, the last
  * floor(n * f) tokens of each in the val split), also for a document long enough to spill to disk; then the
@@ -10,6 +10,7 @@
 #include "test.h"
 #include "tok/tok.h"
 #include "train/data.h"
+#include "tools/plot.h"
 
 #include <dirent.h>
 #include <ftw.h>
@@ -106,6 +107,13 @@ static kiln_tokens encode(const char *text, size_t len) {
     return t;
 }
 
+/* kiln_data_write with this file's tokenizer and no progress. */
+static kiln_status write_shards(const char *const *corpora, int n, const char *dir, double val_fraction, int64_t shard_tokens,
+                                kiln_data_stats *st) {
+    const kiln_data_params p = {.val_fraction = val_fraction, .shard_tokens = shard_tokens};
+    return kiln_data_write(corpora, n, tok, dir, &p, st);
+}
+
 /* All tokens of a split, through kiln_loader_next with one row of n-1 inputs (then the last target). */
 static int32_t *read_split(const char *dir, const char *split, int64_t *n) {
     kiln_loader *l;
@@ -156,13 +164,39 @@ static const char *corpus_a =
     "It was naïve, and über happy. 日本 is far away.\n";
 static const char *corpus_b = "Another document, shorter.\nWith two lines and numbers 12345.\n";
 
+typedef struct {
+    int calls;
+    bool bad; /* another stage, or done going back or past the total */
+    int64_t done, total;
+} data_progress;
+
+static void on_data_progress(void *ud, const kiln_progress *pr) {
+    data_progress *d = ud;
+    if (strcmp(pr->stage, "data") != 0 || pr->done < d->done || pr->done > pr->total || pr->train) d->bad = true;
+    d->calls++, d->done = pr->done, d->total = pr->total;
+}
+
+/* The progress of kiln_data_write: one call a corpus, in corpus bytes, ending at their total. */
+static void test_data_progress(void) {
+    const char *a = tmp_path("pa.txt"), *b = tmp_path("pb.txt");
+    CHECK(write_bytes(a, corpus_a, strlen(corpus_a)) && write_bytes(b, corpus_b, strlen(corpus_b)));
+    const char *corpora[] = {a, b};
+    data_progress seen = {0};
+    kiln_data_params p = kiln_data_default();
+    p.progress = on_data_progress, p.progress_ud = &seen;
+    CHECK(kiln_data_write(corpora, 2, tok, tmp_path("prog"), &p, NULL) == KILN_OK, "%s", kiln_last_error());
+    const int64_t bytes = (int64_t)(strlen(corpus_a) + strlen(corpus_b));
+    CHECK(!seen.bad && seen.calls == 2 && seen.done == bytes && seen.total == bytes, "%d calls, %lld/%lld of %lld bytes",
+          seen.calls, (long long)seen.done, (long long)seen.total, (long long)bytes);
+}
+
 /* Two corpora through kiln_data_write at 50 tokens a shard, read back and compared with the encoder. */
 static void test_data_round_trip(void) {
     const char *a = tmp_path("a.txt"), *b = tmp_path("b.txt"), *dir = tmp_path("rt");
     CHECK(write_bytes(a, corpus_a, strlen(corpus_a)) && write_bytes(b, corpus_b, strlen(corpus_b)));
     const char *corpora[] = {a, b};
     kiln_data_stats st;
-    CHECK(kiln_data_write(corpora, 2, tok, dir, 0.1, 50, &st) == KILN_OK, "%s", kiln_last_error());
+    CHECK(write_shards(corpora, 2, dir, 0.1, 50, &st) == KILN_OK, "%s", kiln_last_error());
     kiln_tokens ea = encode(corpus_a, strlen(corpus_a)), eb = encode(corpus_b, strlen(corpus_b));
     CHECK(ea.n > 50 && eb.n > 10);
     CHECK(ea.ids[0] == kiln_tokenizer_bos(tok) && eb.ids[0] == kiln_tokenizer_bos(tok), "BOS starts each document");
@@ -195,7 +229,7 @@ static void test_data_round_trip(void) {
     if (d) closedir(d);
 
     /* fewer, larger shards over the same folder: the old shards past the new last one are gone */
-    CHECK(kiln_data_write(corpora, 2, tok, dir, 0, 0, &st) == KILN_OK, "%s", kiln_last_error());
+    CHECK(write_shards(corpora, 2, dir, 0, 0, &st) == KILN_OK, "%s", kiln_last_error());
     CHECK(st.n_train_shards == 1 && st.n_val_shards == 0 && st.n_train_tokens == (int64_t)(ea.n + eb.n));
     CHECK(access(tmp_path("rt/train_001.bin"), F_OK) != 0 && access(tmp_path("rt/val_000.bin"), F_OK) != 0);
     kiln_loader *l;
@@ -214,7 +248,7 @@ static void test_data_long_document(void) {
     kiln_tokens e = encode(text, strlen(text));
     CHECK(e.n > (1u << 20) + 1000, "only %zu tokens: the document must outgrow the in-memory buffer", e.n);
     kiln_data_stats st;
-    CHECK(kiln_data_write(&p, 1, tok, dir, 0.01, 300000, &st) == KILN_OK, "%s", kiln_last_error());
+    CHECK(write_shards(&p, 1, dir, 0.01, 300000, &st) == KILN_OK, "%s", kiln_last_error());
     int64_t nv = n_val_of((int64_t)e.n, 0.01), n;
     CHECK(st.n_val_tokens == nv && st.n_train_shards == (int)(((int64_t)e.n - nv + 299999) / 300000));
     int32_t *train = read_split(dir, "train", &n);
@@ -233,7 +267,7 @@ static void test_data_long_document(void) {
 static void test_loader_wrap_and_pos(void) {
     const char *a = tmp_path("a.txt"), *dir = tmp_path("wrap");
     CHECK(write_bytes(a, corpus_a, strlen(corpus_a)));
-    CHECK(kiln_data_write(&a, 1, tok, dir, 0, 7, NULL) == KILN_OK, "%s", kiln_last_error()); /* 7-token shards: many seams */
+    CHECK(write_shards(&a, 1, dir, 0, 7, NULL) == KILN_OK, "%s", kiln_last_error()); /* 7-token shards: many seams */
     kiln_tokens e = encode(corpus_a, strlen(corpus_a));
     int64_t N = (int64_t)e.n;
     kiln_loader *l;
@@ -270,7 +304,7 @@ static void test_loader_wrap_and_pos(void) {
 static void test_loader_refusals(void) {
     const char *a = tmp_path("a.txt"), *dir = tmp_path("bad");
     CHECK(write_bytes(a, corpus_a, strlen(corpus_a)));
-    CHECK(kiln_data_write(&a, 1, tok, dir, 0, 0, NULL) == KILN_OK, "%s", kiln_last_error());
+    CHECK(write_shards(&a, 1, dir, 0, 0, NULL) == KILN_OK, "%s", kiln_last_error());
     uint64_t fp = kiln_tokenizer_fingerprint(tok);
     int64_t V = kiln_tokenizer_n_vocab(tok);
     kiln_loader *l;
@@ -359,28 +393,28 @@ static void test_data_invalid_utf8(void) {
     memcpy(text + (1u << 20) - 1, "\xe2\x82\xac", 3);
     const char *p = tmp_path("straddle.txt"), *dir = tmp_path("utf8");
     CHECK(write_bytes(p, text, n));
-    CHECK(kiln_data_write(&p, 1, tok, dir, 0.05, 0, NULL) == KILN_OK, "%s", kiln_last_error());
+    CHECK(write_shards(&p, 1, dir, 0.05, 0, NULL) == KILN_OK, "%s", kiln_last_error());
     /* a lone continuation byte */
     text[1000] = (char)0x80;
     const char *bad = tmp_path("bad-utf8.txt");
     CHECK(write_bytes(bad, text, n));
     const char *both[] = {p, bad};
-    CHECK(kiln_data_write(both, 2, tok, dir, 0.05, 0, NULL) == KILN_ERR_FORMAT);
+    CHECK(write_shards(both, 2, dir, 0.05, 0, NULL) == KILN_ERR_FORMAT);
     CHECK(strstr(kiln_last_error(), "bad-utf8.txt") && strstr(kiln_last_error(), "byte 1000"), "%s", kiln_last_error());
     /* a sequence cut by the chunk end whose continuation is wrong */
     text[1000] = 'a';
     memcpy(text + (1u << 20) - 1, "\xe2\x82" "a", 3);
     CHECK(write_bytes(bad, text, n));
-    CHECK(kiln_data_write(&bad, 1, tok, dir, 0.05, 0, NULL) == KILN_ERR_FORMAT);
+    CHECK(write_shards(&bad, 1, dir, 0.05, 0, NULL) == KILN_ERR_FORMAT);
     char want[64];
     snprintf(want, sizeof want, "byte %u", (1u << 20) - 1);
     CHECK(strstr(kiln_last_error(), want), "%s", kiln_last_error());
     /* truncated at the end of the file */
     CHECK(write_bytes(bad, "ok \xc3", 4));
-    CHECK(kiln_data_write(&bad, 1, tok, dir, 0.05, 0, NULL) == KILN_ERR_FORMAT && strstr(kiln_last_error(), "byte 3"), "%s", kiln_last_error());
+    CHECK(write_shards(&bad, 1, dir, 0.05, 0, NULL) == KILN_ERR_FORMAT && strstr(kiln_last_error(), "byte 3"), "%s", kiln_last_error());
     const char *missing = tmp_path("no-such.txt");
-    CHECK(kiln_data_write(&missing, 1, tok, dir, 0.05, 0, NULL) == KILN_ERR_IO && strstr(kiln_last_error(), "no-such.txt"));
-    CHECK(kiln_data_write(&p, 1, tok, dir, 1.0, 0, NULL) == KILN_ERR_INVALID);
+    CHECK(write_shards(&missing, 1, dir, 0.05, 0, NULL) == KILN_ERR_IO && strstr(kiln_last_error(), "no-such.txt"));
+    CHECK(write_shards(&p, 1, dir, 1.0, 0, NULL) == KILN_ERR_INVALID);
     free(text);
 }
 
@@ -584,7 +618,7 @@ static void test_cli(void) {
     CHECK(run_cmd(cmd) == 0, "%s", cmd);
     const char *corpora[] = {tmp_path("a.txt"), tmp_path("b.txt")};
     kiln_data_stats st;
-    CHECK(kiln_data_write(corpora, 2, tok, tmp_path("lib"), 0.1, 50, &st) == KILN_OK);
+    CHECK(write_shards(corpora, 2, tmp_path("lib"), 0.1, 50, &st) == KILN_OK);
     for (int i = 0; i < st.n_train_shards + st.n_val_shards; i++) {
         char n1[64], n2[64];
         const char *split = i < st.n_train_shards ? "train" : "val";
@@ -643,6 +677,7 @@ int main(void) {
     }
     free(text);
     RUN(test_data_round_trip);
+    RUN(test_data_progress);
     RUN(test_data_long_document);
     RUN(test_loader_wrap_and_pos);
     RUN(test_loader_refusals);

@@ -4,7 +4,8 @@
  * id's rendezvous file (round trip, timeout, a half-written file never read). Waits are bounded, not timed
  * benchmarks: the whole program takes about 3 s. */
 #include "test.h"
-#include "train/launch.h"
+#include "train/rendezvous.h"
+#include "tools/launch.h"
 
 #include <errno.h>
 #include <signal.h>

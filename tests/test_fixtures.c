@@ -7,6 +7,7 @@
  * repo root. */
 #include "kiln.h"
 #include "quants.h"
+#include "cpu/simd.h"
 #include "test.h"
 
 #include <strings.h>

@@ -6,6 +6,20 @@
 
 #include <unistd.h>
 
+typedef struct {
+    int calls;
+    bool bad; /* a call of another stage, out of order, or with another total */
+    kiln_progress last;
+} progress_seen;
+
+static void on_progress(void *ud, const kiln_progress *pr) {
+    progress_seen *s = ud;
+    if (strcmp(pr->stage, "perplexity") != 0 || pr->done != s->last.done + 1 || (s->calls && pr->total != s->last.total))
+        s->bad = true;
+    s->calls++;
+    s->last = *pr;
+}
+
 static void test_perplexity_matches_direct(void) {
     char vocab[512], path[64];
     snprintf(vocab, sizeof vocab, "%s/vocab/ggml-vocab-llama-spm.gguf", test_data_dir());
@@ -22,7 +36,24 @@ static void test_perplexity_matches_direct(void) {
                        "called her Little Red Riding Hood. One morning she asked her mother if she could go visit her grandmother.";
     const int64_t n_ctx = 16;
     kiln_perplexity_result r;
-    kiln_status s = kiln_perplexity(m, text, strlen(text), n_ctx, &(kiln_session_params){.n_threads = 2}, NULL, NULL, &r);
+    /* the model's info: the synth shape above, and every tensor's elements counted */
+    kiln_model_info info;
+    kiln_model_get_info(m, &info);
+    int64_t n_params = 0;
+    for (int64_t i = 0; i < kiln_gguf_n_tensors(kiln_model_gguf(m)); i++) {
+        const kiln_tensor_view *t = kiln_gguf_tensor_at(kiln_model_gguf(m), i);
+        n_params += t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    }
+    CHECK(strcmp(info.arch, "llama") == 0 && info.n_embd == 64 && info.n_layer == 2 && info.n_head == 4 &&
+              info.n_head_kv == 2 && info.n_ff == 128 && info.head_dim == 16 && info.n_params == n_params && n_params > 0,
+          "%s C %lld L %lld params %lld", info.arch, (long long)info.n_embd, (long long)info.n_layer, (long long)info.n_params);
+    /* a session's device is checked before any GPU is touched: only CUDA device 0 exists for kiln */
+    kiln_session *bad = NULL;
+    CHECK(kiln_session_new(m, &(kiln_session_params){.device = {KILN_DEVICE_CUDA, 2}}, &bad) == KILN_ERR_UNSUPPORTED && !bad &&
+              strstr(kiln_last_error(), "device index 2: only device 0 is supported"),
+          "%s", kiln_last_error());
+    progress_seen seen = {0};
+    kiln_status s = kiln_perplexity(m, text, strlen(text), n_ctx, &(kiln_session_params){.n_threads = 2}, on_progress, &seen, &r);
     if (s) kiln_model_free(m);
     CHECK(s == KILN_OK, "%s", kiln_last_error());
     /* direct: the same windows, scored here */
@@ -54,6 +85,10 @@ static void test_perplexity_matches_direct(void) {
     CHECK(r.n_windows == windows && r.n_scored == n, "%lld windows, %lld scored; direct %lld, %lld", (long long)r.n_windows,
           (long long)r.n_scored, (long long)windows, (long long)n);
     CHECK(fabs(r.ppl - ppl) < 1e-6 * ppl, "ppl %.9g, direct %.9g", r.ppl, ppl);
+    /* one progress call a window, in order, the last one with the final perplexity */
+    CHECK(!seen.bad && seen.calls == windows && seen.last.done == windows && seen.last.total == windows &&
+          seen.last.metric == r.ppl, "%d calls, last %lld/%lld ppl %.9g", seen.calls, (long long)seen.last.done,
+          (long long)seen.last.total, seen.last.metric);
     /* a random model knows nothing: its perplexity is near the vocab size, and the error bar is finite */
     CHECK(r.ppl > 1000 && r.ppl < 3 * V && r.ppl_err > 0 && r.ppl_err < r.ppl, "ppl %.1f +/- %.1f", r.ppl, r.ppl_err);
 }

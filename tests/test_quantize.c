@@ -3,6 +3,7 @@
  * a synthetic model is quantized (1 and 2 threads give identical bytes), read back, its types and keys
  * checked and its weights compared with the source; the result round-trips through `kiln inspect`. */
 #include "kiln.h"
+#include "model/quantize.h"
 #include "quants.h"
 #include "test.h"
 

@@ -9,6 +9,7 @@
 #include "test.h"
 
 #include "quants.h"
+#include "cpu/simd.h"
 
 #include <stdint.h>
 

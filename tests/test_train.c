@@ -258,7 +258,7 @@ static int setup_corpus(void) {
     if (kiln_tokenizer_load_file(tok_path, &tok) != KILN_OK) return 0;
     snprintf(data_dir, sizeof data_dir, "%s/data", work);
     kiln_data_stats st;
-    kiln_status s = kiln_data_write(paths, 1, tok, data_dir, 0.1, 0, &st);
+    kiln_status s = kiln_data_write(paths, 1, tok, data_dir, &(kiln_data_params){.val_fraction = 0.1, .shard_tokens = 0}, &st);
     kiln_tokenizer_free(tok);
     return s == KILN_OK;
 }

@@ -1,8 +1,7 @@
 /* cmd_data.c: `kiln data CORPUS... -t TOKENIZER.gguf -o DIR [--val-fraction F] [--shard-tokens N]`, tokenizing
- * corpora into the token shards that `kiln train` reads (src/train/data.c), with a summary on stderr.
+ * corpora into the token shards that `kiln train` reads (kiln_data_write), with a summary on stderr.
  * tests/test_data.c runs it through $KILN_BIN (set by `make test`) and reads the shards back. */
 #include "kiln.h"
-#include "train/data.h"
 #include "tools/cmd.h"
 
 #include <stdio.h>
@@ -27,8 +26,8 @@ static bool parse_i64(const char *s, int64_t *out) {
 
 int kiln_cmd_data(int argc, char **argv) {
     const char *tok_path = NULL, *out = NULL;
-    double val_fraction = 0.05;
-    int64_t shard_tokens = 0;
+    kiln_data_params dp = kiln_data_default();
+    dp.progress = kiln_cli_progress;
     const char **corpora = calloc((size_t)argc + 1, sizeof *corpora);
     int n_corpora = 0, rc = 1;
     kiln_tokenizer *tok = NULL;
@@ -40,12 +39,12 @@ int kiln_cmd_data(int argc, char **argv) {
         if ((strcmp(argv[i], "-t") == 0 || strcmp(argv[i], "--tokenizer") == 0) && i + 1 < argc) tok_path = argv[++i];
         else if (strcmp(argv[i], "-o") == 0 && i + 1 < argc) out = argv[++i];
         else if (strcmp(argv[i], "--val-fraction") == 0 && i + 1 < argc) {
-            if (!parse_f64(argv[++i], &val_fraction) || !(val_fraction >= 0 && val_fraction < 1)) {
+            if (!parse_f64(argv[++i], &dp.val_fraction) || !(dp.val_fraction >= 0 && dp.val_fraction < 1)) {
                 fprintf(stderr, "kiln: data: --val-fraction '%s' is not a number in [0, 1)\n", argv[i]);
                 goto done;
             }
         } else if (strcmp(argv[i], "--shard-tokens") == 0 && i + 1 < argc) {
-            if (!parse_i64(argv[++i], &shard_tokens) || shard_tokens <= 0) {
+            if (!parse_i64(argv[++i], &dp.shard_tokens) || dp.shard_tokens <= 0) {
                 fprintf(stderr, "kiln: data: --shard-tokens '%s' is not a positive integer\n", argv[i]);
                 goto done;
             }
@@ -66,7 +65,7 @@ int kiln_cmd_data(int argc, char **argv) {
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     kiln_data_stats st;
-    s = kiln_data_write(corpora, n_corpora, tok, out, val_fraction, shard_tokens, &st);
+    s = kiln_data_write(corpora, n_corpora, tok, out, &dp, &st);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (s) {
         kiln_cli_die(s);

@@ -1,8 +1,8 @@
 /* cmd_plot.c: `kiln plot LOG.jsonl -o loss.svg [--title T]`, the loss curves of a training log as an SVG
- * (src/train/plot.c draws it; tests/test_data.c tests it). */
+ * (tools/plot.c draws it; tests/test_data.c tests it). */
 #include "kiln.h"
-#include "train/data.h"
 #include "tools/cmd.h"
+#include "tools/plot.h"
 
 #include <stdio.h>
 #include <string.h>

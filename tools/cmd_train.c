@@ -3,7 +3,7 @@
 #include "kiln.h"
 #include "cuda/cuda.h"
 #include "tools/cmd.h"
-#include "train/launch.h"
+#include "tools/launch.h"
 #include "train/train.h"
 
 #include <math.h>
@@ -58,7 +58,7 @@ static void on_progress(void *user, const kiln_train_progress *p) {
             p->n_skipped ? " | skipped steps " : "", p->checkpoint ? " | checkpoint" : "");
 }
 
-/* `kiln train --nproc N`: this executable run as N ranks (src/train/launch.h) with the same arguments less
+/* `kiln train --nproc N`: this executable run as N ranks (tools/launch.h) with the same arguments less
  * "--nproc N" (argv[nproc_at], argv[nproc_at + 1]); a rank that fails stops the others. */
 int kiln_cmd_train(int argc, char **argv) {
     kiln_train_opts o = kiln_train_defaults();

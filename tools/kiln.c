@@ -16,6 +16,7 @@
  * Errors go to stderr as one line, "kiln: <message>", and the exit status is 1. */
 #include "kiln.h"
 #include "bench/bench.h"
+#include "tools/cli.h"
 #include "tools/cmd.h"
 
 #include <ctype.h>
@@ -26,14 +27,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-static int die_status(kiln_status s) {
-    const char *msg = kiln_last_error();
-    fprintf(stderr, "kiln: %s\n", *msg ? msg : kiln_status_name(s));
-    return 1;
-}
-
-int kiln_cli_die(int status) { return die_status((kiln_status)status); }
 
 /* ---------------------------------------------------------------- inspect */
 
@@ -111,7 +104,7 @@ static int cmd_inspect(int argc, char **argv) {
     }
     kiln_gguf *g;
     kiln_status s = kiln_gguf_open(path, &g);
-    if (s) return die_status(s);
+    if (s) return kiln_cli_die(s);
     char hb[32];
     human_bytes(hb, sizeof hb, (double)kiln_gguf_file_size(g));
     printf("%s: GGUF v%u, %" PRId64 " keys, %" PRId64 " tensors, alignment %zu, data at byte %" PRIu64 ", %s\n", path,
@@ -176,13 +169,13 @@ static int cmd_quantize(int argc, char **argv) {
     }
     kiln_quantize_params p = {.n_threads = threads, .progress = quantize_progress};
     kiln_status s = kiln_ftype_from_name(args[2], &p.ftype);
-    if (s) return die_status(s);
+    if (s) return kiln_cli_die(s);
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     double t0 = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
     p.progress_ud = &t0;
     s = kiln_quantize_file(args[0], args[1], &p);
-    if (s) return die_status(s);
+    if (s) return kiln_cli_die(s);
     fprintf(stderr, "kiln: wrote %s (%s)\n", args[1], kiln_ftype_name(p.ftype));
     return 0;
 }
@@ -216,9 +209,9 @@ static int cmd_synth(int argc, char **argv) {
         else if (strcmp(argv[i], "-t") == 0 && i + 1 < argc) p.n_threads = atoi(argv[++i]);
         else if (strcmp(argv[i], "--vocab") == 0 && i + 1 < argc) p.vocab_path = argv[++i];
         else if (strcmp(argv[i], "--shape") == 0 && i + 1 < argc) {
-            if ((s = kiln_synth_shape(argv[++i], &p))) return die_status(s);
+            if ((s = kiln_synth_shape(argv[++i], &p))) return kiln_cli_die(s);
         } else if (strcmp(argv[i], "--type") == 0 && i + 1 < argc) {
-            if ((s = kiln_ftype_from_name(argv[++i], &p.ftype))) return die_status(s);
+            if ((s = kiln_ftype_from_name(argv[++i], &p.ftype))) return kiln_cli_die(s);
         } else if (strcmp(argv[i], "-o") == 0 && i + 1 < argc) out = argv[++i];
         else if (argv[i][0] != '-' && !out) out = argv[i];
         else {
@@ -232,7 +225,7 @@ static int cmd_synth(int argc, char **argv) {
                         "[--tied] [--fast (random block bytes: for speed tests)] [--seed S] [-t N] -o OUT.gguf\n");
         return 1;
     }
-    if ((s = kiln_synth_llama(out, &p))) return die_status(s);
+    if ((s = kiln_synth_llama(out, &p))) return kiln_cli_die(s);
     fprintf(stderr, "kiln: wrote %s (llama, C=%lld L=%lld NH=%lld NKV=%lld F=%lld, %s%s%s)\n", out, (long long)p.n_embd,
             (long long)p.n_layer, (long long)p.n_head, (long long)p.n_head_kv, (long long)p.n_ff, kiln_ftype_name(p.ftype),
             p.vocab_path ? ", vocab from " : "", p.vocab_path ? p.vocab_path : "");
@@ -294,7 +287,7 @@ static int cmd_tokenize(int argc, char **argv) {
     }
     kiln_tokenizer *tok;
     kiln_status s = kiln_tokenizer_load_file(model, &tok);
-    if (s) return die_status(s);
+    if (s) return kiln_cli_die(s);
     tokenize_out o = {.tok = tok, .ids_only = ids_only};
     if (file) {
         /* the file's bytes exactly, trailing newline included, streamed in bounded memory */
@@ -308,23 +301,17 @@ static int cmd_tokenize(int argc, char **argv) {
     if (ids_only && !s) putchar('\n');
     free(o.piece);
     kiln_tokenizer_free(tok);
-    return s ? die_status(s) : 0;
+    return s ? kiln_cli_die(s) : 0;
 }
 
 /* ---------------------------------------------------------------- tokenizer train */
-
-static void train_progress(void *ud, int32_t done, int32_t total) {
-    fprintf(stderr, "\r[%6d/%6d merges]", done, total);
-    if (done == total) fputc('\n', stderr);
-    fflush(stderr);
-}
 
 static int cmd_tokenizer(int argc, char **argv) {
     if (argc < 1 || strcmp(argv[0], "train") != 0) {
         fprintf(stderr, "kiln: usage: kiln tokenizer train CORPUS... --vocab N -o OUT.gguf [--specials a,b,c] [--min-frequency N]\n");
         return 1;
     }
-    kiln_bpe_train_params p = {.vocab_size = 0, .min_frequency = 2, .progress = train_progress};
+    kiln_bpe_train_params p = {.vocab_size = 0, .min_frequency = 2, .progress = kiln_cli_progress};
     const char *out = NULL;
     const char **corpus = calloc((size_t)argc, sizeof *corpus), *specials[64];
     char *spec_buf = NULL;
@@ -354,7 +341,7 @@ static int cmd_tokenizer(int argc, char **argv) {
     kiln_status s = kiln_bpe_train(corpus, n_corpus, &p, out);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (s) {
-        die_status(s);
+        kiln_cli_die(s);
         goto out;
     }
     fprintf(stderr, "kiln: wrote %s in %.2f s\n", out, (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
@@ -383,7 +370,7 @@ static int cmd_convert(int argc, char **argv) {
         return 1;
     }
     kiln_status s = kiln_convert_llama2c(in, tok, out);
-    if (s) return die_status(s);
+    if (s) return kiln_cli_die(s);
     fprintf(stderr, "kiln: wrote %s\n", out);
     return 0;
 }
@@ -417,47 +404,6 @@ static kiln_status print_piece(const kiln_tokenizer *tok, int32_t prev, int32_t 
     return KILN_OK;
 }
 
-bool kiln_cli_parse_num(const char *cmd, const char *flag, const char *arg, double lo, double hi, double *out) {
-    char *end;
-    double v = strtod(arg, &end);
-    if (end == arg || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "kiln: %s: %s needs a number in [%g, %g], got '%s'\n", cmd, flag, lo, hi, arg);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-bool kiln_cli_gpu_flag(const char *f, kiln_session_params *sess) {
-    if (strcmp(f, "--gpu") != 0) return false;
-    sess->n_gpu_layers = INT32_MAX;
-    return true;
-}
-
-int kiln_cli_sampling_opt(const char *cmd, const char *f, const char *a, kiln_sampler_params *sp, kiln_session_params *sess) {
-    double v;
-    bool ok;
-    if (strcmp(f, "-t") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, 4096, &v), sess->n_threads = (int)v;
-    else if (strcmp(f, "-c") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, INT32_MAX, &v), sess->n_ctx = (int64_t)v;
-    else if (strcmp(f, "-ngl") == 0 || strcmp(f, "--n-gpu-layers") == 0)
-        ok = kiln_cli_parse_num(cmd, f, a, 0, INT32_MAX, &v), sess->n_gpu_layers = (int)v;
-    else if (strcmp(f, "--temp") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, 1e9, &v), sp->temp = (float)v;
-    else if (strcmp(f, "--top-k") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, INT32_MAX, &v), sp->top_k = (int32_t)v;
-    else if (strcmp(f, "--top-p") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, 1, &v), sp->top_p = (float)v;
-    else if (strcmp(f, "--min-p") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, 1, &v), sp->min_p = (float)v;
-    else if (strcmp(f, "--repeat-penalty") == 0) ok = kiln_cli_parse_num(cmd, f, a, 1e-6, 1e9, &v), sp->repeat_penalty = (float)v;
-    else if (strcmp(f, "--repeat-last-n") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, INT32_MAX, &v), sp->repeat_last_n = (int32_t)v;
-    else if (strcmp(f, "--seed") == 0) {
-        char *end;
-        errno = 0;
-        sp->seed = strtoull(a, &end, 10);
-        ok = *a >= '0' && *a <= '9' && !*end && !errno;
-        if (!ok) fprintf(stderr, "kiln: %s: --seed needs an unsigned 64-bit integer, got '%s'\n", cmd, a);
-    } else
-        return 0;
-    return ok ? 1 : -1;
-}
-
 typedef struct {
     int64_t n_new; /* tokens to generate */
     kiln_session_params sess; /* n_ctx 0: what the run needs, at most the training context */
@@ -478,7 +424,7 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     int64_t V = kiln_model_n_vocab(m);
     kiln_tokens enc = {0};
     kiln_status s = prompt ? kiln_tokenizer_encode(tok, prompt, strlen(prompt), !o->chat, o->chat, &enc) : KILN_OK;
-    if (s) return die_status(s);
+    if (s) return kiln_cli_die(s);
     if (enc.n == 0 && bos < 0) {
         kiln_tokens_free(&enc);
         fprintf(stderr, "kiln: %s: the vocab has no BOS token to start from; give a prompt\n", model_path);
@@ -552,7 +498,7 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     kiln_sampler_free(smp);
     kiln_session_free(sess);
     if (err) fprintf(stderr, "kiln: %s\n", err);
-    else if (s) die_status(s);
+    else if (s) kiln_cli_die(s);
     return s ? 1 : 0;
 }
 
@@ -611,7 +557,7 @@ static int cmd_generate(int argc, char **argv) {
     }
     kiln_model *m;
     kiln_status s = kiln_model_load(model_path, &m);
-    if (s) return die_status(s);
+    if (s) return kiln_cli_die(s);
     /* --chat: -p becomes one user turn of the chat template, with the assistant's header after it */
     char *formatted = NULL;
     kiln_chat_template t;
@@ -626,19 +572,13 @@ static int cmd_generate(int argc, char **argv) {
         if (!s) s = kiln_chat_format(&t, &(kiln_chat_msg){"user", prompt}, 1, true, &formatted, NULL);
         prompt = formatted;
     }
-    int rc = s ? die_status(s) : generate(m, model_path, prompt, &o);
+    int rc = s ? kiln_cli_die(s) : generate(m, model_path, prompt, &o);
     free(formatted);
     kiln_model_free(m);
     return rc;
 }
 
 /* ---------------------------------------------------------------- perplexity */
-
-static void ppl_progress(void *ud, int64_t w, int64_t n, double ppl) {
-    fprintf(stderr, "\r[%lld/%lld] ppl %.4f", (long long)w, (long long)n, ppl);
-    if (w == n) fputc('\n', stderr);
-    fflush(stderr);
-}
 
 static int cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *file = NULL;
@@ -683,10 +623,10 @@ static int cmd_perplexity(int argc, char **argv) {
     kiln_model *m;
     kiln_status s = kiln_model_load(model, &m);
     kiln_perplexity_result r;
-    if (!s) s = kiln_perplexity(m, text, got, n_ctx, &run, ppl_progress, NULL, &r);
+    if (!s) s = kiln_perplexity(m, text, got, n_ctx, &run, kiln_cli_progress, NULL, &r);
     free(text);
     kiln_model_free(m);
-    if (s) return die_status(s);
+    if (s) return kiln_cli_die(s);
     printf("perplexity %.4f +/- %.4f (%lld tokens scored in %lld windows of %lld)\n", r.ppl, r.ppl_err, (long long)r.n_scored,
            (long long)r.n_windows, (long long)n_ctx);
     return 0;

@@ -1,23 +1,14 @@
-/* quants.c: the traits table of computable block formats and run-time choice of SIMD level.
- * Layout facts come from types.c; the functions come from quants_ref.c (scalar oracle) and
- * src/cpu/quants_avx2.c / quants_avx512.c. */
+/* quants.c: the traits table of computable block formats. Layout facts come from types.c and the scalar
+ * functions from quants_ref.c (the oracle). The SIMD levels' entries are not named here: the CPU backend
+ * (src/cpu/simd.c) sets them through kiln_type_traits_set the first time anyone asks it for a SIMD level,
+ * which every caller of a level above scalar must do to have one. */
 #include "quants.h"
 
 #include <pthread.h>
 #include <stdbool.h>
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
-#include <stdlib.h>
-#include <string.h>
 
-#if defined(__x86_64__)
-#define X86(f) f
-#else
-#define X86(f) NULL
-#endif
-
-#define LEVELS(kind, sfx) {kiln_##kind##_##sfx##_ref, X86(kiln_##kind##_##sfx##_avx2), X86(kiln_##kind##_##sfx##_avx512)}
+/* The scalar reference at level 0; the faster levels are the CPU backend's to fill (kiln_type_traits_set). */
+#define LEVELS(kind, sfx) {kiln_##kind##_##sfx##_ref}
 
 static kiln_type_traits table[KILN_TYPE_COUNT] = {
     [KILN_TYPE_F32] = {.vec_dot_type = KILN_TYPE_F32, .to_float = LEVELS(to_float, f32),
@@ -70,51 +61,12 @@ const kiln_type_traits *kiln_type_traits_get(kiln_type t) {
     return &table[t];
 }
 
-/* CPUID leaf 1 / leaf 7 bits, and XGETBV to be sure the OS saves the wider registers. */
-kiln_simd kiln_simd_detect(void) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return KILN_SIMD_SCALAR;
-    bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28), f16c = c & (1u << 29);
-    if (!osxsave || !avx) return KILN_SIMD_SCALAR;
-    unsigned xlo, xhi;
-    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
-    bool os_avx = (xlo & 0x6) == 0x6, os_avx512 = (xlo & 0xe6) == 0xe6;
-    if (!os_avx || __get_cpuid_max(0, NULL) < 7) return KILN_SIMD_SCALAR;
-    __cpuid_count(7, 0, a, b, c, d);
-    bool avx2 = b & (1u << 5), avx512f = b & (1u << 16), avx512dq = b & (1u << 17), avx512bw = b & (1u << 30),
-         avx512vl = b & (1u << 31), vnni = c & (1u << 11);
-    unsigned a1, b1, c1, d1;
-    __cpuid_count(7, 1, a1, b1, c1, d1);
-    bool avx512bf16 = a1 & (1u << 5);
-    if (avx2 && fma && f16c && os_avx512 && avx512f && avx512dq && avx512bw && avx512vl && vnni && avx512bf16)
-        return KILN_SIMD_AVX512;
-    if (avx2 && fma && f16c) return KILN_SIMD_AVX2;
-#endif
-    return KILN_SIMD_SCALAR;
-}
-
-const char *kiln_simd_name(kiln_simd s) {
-    static const char *names[KILN_SIMD_COUNT] = {"scalar", "avx2", "avx512"};
-    return (unsigned)s < KILN_SIMD_COUNT ? names[s] : "?";
-}
-
-/* Detected once per process (CPUID traps in a VM, costing up to 80 us), capped by KILN_SIMD read then too. */
-static kiln_simd simd_best;
-static pthread_once_t simd_once = PTHREAD_ONCE_INIT;
-
-static void detect_best(void) {
-    kiln_simd best = kiln_simd_detect();
-    const char *env = getenv("KILN_SIMD");
-    if (env && *env)
-        for (int s = 0; s < KILN_SIMD_COUNT; s++)
-            if (strcmp(env, kiln_simd_name((kiln_simd)s)) == 0 && (kiln_simd)s < best) best = (kiln_simd)s;
-    simd_best = best;
-}
-
-kiln_simd kiln_simd_best(void) {
-    pthread_once(&simd_once, detect_best);
-    return simd_best;
+void kiln_type_traits_set(kiln_type t, kiln_simd level, kiln_to_float_fn to_float, kiln_from_float_fn from_float,
+                          kiln_vec_dot_fn vec_dot) {
+    assert(kiln_type_known((uint32_t)t) && level > KILN_SIMD_SCALAR && level < KILN_SIMD_COUNT);
+    table[t].to_float[level] = to_float;
+    table[t].from_float[level] = from_float;
+    table[t].vec_dot[level] = vec_dot;
 }
 
 /* Each getter returns the entry at level, or at the nearest level below that has one. */

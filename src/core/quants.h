@@ -1,8 +1,8 @@
 /* quants.h: the block formats GGUF stores, and one traits table that says how to use each.
  *
  * Layouts are GGML's byte for byte (static_assert'd below). Each computable type has a scalar reference
- * (quants_ref.c), which is the oracle; AVX2 and AVX-512 versions (src/cpu/quants_avx2.c, quants_avx512.c)
- * are chosen at run time and tested against it (tests/test_quants.c). */
+ * (quants_ref.c), which is the oracle; the CPU backend adds AVX2 and AVX-512 versions to the table (src/cpu/simd.h),
+ * chosen at run time and tested against it (tests/test_quants.c, tests/test_simd.c). */
 #ifndef KILN_QUANTS_H
 #define KILN_QUANTS_H
 
@@ -113,17 +113,17 @@ typedef struct kiln_type_traits {
 /* The table entry for a type id; NULL if unknown. */
 const kiln_type_traits *kiln_type_traits_get(kiln_type t);
 
-/* Best level this CPU supports, capped by the KILN_SIMD environment variable (scalar|avx2|avx512). */
-kiln_simd kiln_simd_best(void);
-kiln_simd kiln_simd_detect(void); /* what the CPU supports, ignoring KILN_SIMD */
-const char *kiln_simd_name(kiln_simd s);
+/* Sets type t's entries at a SIMD level (not the scalar one, which is the oracle's): the CPU backend registers its
+ * kernels with it (src/cpu/simd.c), once, before it hands out any level above scalar. */
+void kiln_type_traits_set(kiln_type t, kiln_simd level, kiln_to_float_fn to_float, kiln_from_float_fn from_float,
+                          kiln_vec_dot_fn vec_dot);
 
 /* Best available implementation at or below level; NULL if the type has none. */
 kiln_to_float_fn kiln_get_to_float(kiln_type t, kiln_simd level);
 kiln_from_float_fn kiln_get_from_float(kiln_type t, kiln_simd level);
 kiln_vec_dot_fn kiln_get_vec_dot(kiln_type t, kiln_simd level);
 
-/* ---- per-level function sets, defined in quants_ref.c / src/cpu/quants_avx2.c / quants_avx512.c ---- */
+/* ---- a level's function set: KILN_DECLARE_LEVEL(ref) is quants_ref.c's; src/cpu/simd.h declares the others ---- */
 #define KILN_DECLARE_LEVEL(sfx) \
     void kiln_to_float_f32_##sfx(const void *x, float *y, int64_t k); \
     void kiln_to_float_f16_##sfx(const void *x, float *y, int64_t k); \
@@ -155,8 +155,6 @@ kiln_vec_dot_fn kiln_get_vec_dot(kiln_type t, kiln_simd level);
     void kiln_vec_dot_q6_K_q8_K_##sfx(int64_t n, float *s, const void *x, const void *y);
 
 KILN_DECLARE_LEVEL(ref)
-KILN_DECLARE_LEVEL(avx2)
-KILN_DECLARE_LEVEL(avx512)
 
 /* Scalar reference quantizers for weight types (slow, careful scale search). */
 void kiln_quantize_q4_0_ref(const float *x, void *y, int64_t k);
@@ -165,8 +163,10 @@ void kiln_quantize_q4_K_ref(const float *x, void *y, int64_t k);
 void kiln_quantize_q5_K_ref(const float *x, void *y, int64_t k);
 void kiln_quantize_q6_K_ref(const float *x, void *y, int64_t k);
 
-/* The type `kiln quantize` gives tensor t under ftype (quantize.c has the rules). n_attn_v and n_ffn_down
- * count the model's layers with those tensors; has_output says the head is untied. */
-kiln_type kiln_quantize_choose_type(const kiln_tensor_view *t, kiln_ftype ftype, int n_attn_v, int n_ffn_down, bool has_output);
+/* dst (the rows of src, converted to dst_type by its reference quantizer) = src's rows through to_float, on every
+ * thread of pool; scratch holds one row of src->ne[0] floats per pool thread. (quantize.c) */
+struct kiln_pool;
+void kiln_quantize_rows(struct kiln_pool *pool, const kiln_tensor_view *src, kiln_to_float_fn to_float, kiln_type dst_type,
+                        void *dst, float *const *scratch);
 
 #endif

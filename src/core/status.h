@@ -1,5 +1,5 @@
-/* status.h: how library code reports a failure. kiln_fail() formats a one-line message into a
- * thread-local buffer (read back with kiln_last_error) and returns the status, so call sites read
+/* status.h: how library code reports a failure. kiln_fail() (declared in kiln.h) formats a one-line message
+ * into a thread-local buffer (read back with kiln_last_error) and returns the status, so call sites read
  * `return kiln_fail(KILN_ERR_FORMAT, "%s: tensor '%s' at byte %llu: ...", ...)`. */
 #ifndef KILN_STATUS_H
 #define KILN_STATUS_H
@@ -7,16 +7,9 @@
 #include "kiln.h"
 
 #ifdef __cplusplus
-extern "C" { /* the CUDA backend's .cu files report through the same kiln_fail */
+extern "C" { /* the CUDA backend's .cu files include it too */
 #endif
 
-#if defined(__GNUC__)
-#define KILN_PRINTF(a, b) __attribute__((format(printf, a, b)))
-#else
-#define KILN_PRINTF(a, b)
-#endif
-
-kiln_status kiln_fail(kiln_status s, const char *fmt, ...) KILN_PRINTF(2, 3);
 void kiln_clear_error(void);
 
 /* Overflow-checked size arithmetic: false when the result does not fit. */

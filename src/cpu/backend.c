@@ -9,6 +9,7 @@
  * replace the model's mmap pages they were copied from. */
 #include "model/backend.h"
 #include "cpu/ops.h"
+#include "cpu/simd.h"
 #include "quants.h"
 #include "status.h"
 

@@ -1,8 +1,8 @@
-/* ops.c: the CPU ops table (kiln_cpu_ops), the embedding lookup and its backward, the scratch contracts and what
- * the op files share (SIMD level, pool dispatch, barrier). Each other op family has its own file: ops_rmsnorm.c,
- * ops_matmul.c, ops_dense.c, ops_rope.c, ops_attention.c, ops_swiglu.c, ops_loss.c. tests/test_ops.c checks every
- * op against a double-precision reference on random inputs, at every SIMD level the CPU has and with 1, 2 and 3
- * threads; tests/test_grad.c checks every backward against finite differences and the thread counts bit for bit.
+/* ops.c: the CPU ops table (kiln_cpu_ops), the embedding lookup and its backward, and the scratch contracts. What
+ * the op files share (SIMD level, pool dispatch, barrier) is in ops_util.c. Each other op family has its own file:
+ * ops_rmsnorm.c, ops_matmul.c, ops_dense.c, ops_rope.c, ops_attention.c, ops_swiglu.c, ops_loss.c. tests/test_ops.c
+ * checks every op against a double-precision reference on random inputs, at every SIMD level the CPU has and with
+ * 1, 2 and 3 threads; tests/test_grad.c checks every backward against finite differences and the thread counts bit for bit.
  *
  * Scratch: the ops run one after another, so each uses the whole of ctx->scratch from its start; the size
  * asked for is the largest single need (matmul's quantized activations, or attention's per-thread areas and
@@ -10,7 +10,6 @@
 #include "ops_internal.h"
 
 #include <math.h>
-#include <sched.h>
 #include <stdlib.h>
 
 const kiln_ops kiln_cpu_ops = {
@@ -42,51 +41,6 @@ const kiln_ops kiln_cpu_ops = {
     .cross_entropy = kiln_cpu_cross_entropy,
     .train_scratch_size = kiln_cpu_train_scratch_size,
 };
-
-/* ---------------------------------------------------------------- shared helpers */
-
-static atomic_int cached_level = -1; /* -1: not read yet */
-
-kiln_simd kiln_cpu_ops_level(void) {
-    int l = atomic_load_explicit(&cached_level, memory_order_relaxed);
-    if (l < 0) {
-        l = (int)kiln_simd_best();
-        atomic_store_explicit(&cached_level, l, memory_order_relaxed);
-    }
-    return (kiln_simd)l;
-}
-
-void kiln_cpu_ops_force_level(kiln_simd level) {
-    kiln_simd have = kiln_simd_best();
-    atomic_store_explicit(&cached_level, (int)(level < have ? level : have), memory_order_relaxed);
-}
-
-int kiln_ops_n_threads(const kiln_ops_ctx *ctx) { return ctx->pool ? kiln_pool_size(ctx->pool) : 1; }
-
-void kiln_ops_run(kiln_ops_ctx *ctx, kiln_pool_fn fn, void *arg, bool parallel) {
-    if (parallel && ctx->pool && kiln_pool_size(ctx->pool) > 1)
-        kiln_pool_run(ctx->pool, fn, arg);
-    else
-        fn(arg, 0, 1);
-}
-
-void *kiln_ops_scratch(const kiln_ops_ctx *ctx, size_t *bytes) {
-    uintptr_t p = (uintptr_t)ctx->scratch;
-    size_t pad = (size_t)(-p & (KILN_OPS_ALIGN - 1));
-    *bytes = ctx->scratch && ctx->scratch_bytes > pad ? ctx->scratch_bytes - pad : 0;
-    return *bytes ? (char *)ctx->scratch + pad : NULL;
-}
-
-void kiln_ops_barrier(atomic_int *count, int nth) {
-    if (nth <= 1) return;
-    atomic_fetch_add_explicit(count, 1, memory_order_acq_rel);
-    for (unsigned spins = 0; atomic_load_explicit(count, memory_order_acquire) < nth; spins++) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
-        if (spins > 4096) sched_yield();
-    }
-}
 
 /* Matmul needs T quantized activation rows; attention a few areas per thread and, for decode, the partial
  * results of every key chunk (ops_attention.c). Both start at the scratch base after alignment, so the total is

@@ -7,13 +7,14 @@
 
 #include "ops.h"
 #include "quants.h"
+#include "cpu/simd.h"
 
 #include <stdatomic.h>
 
 /* Every op needs this alignment for its scratch rows (a cache line: threads never share one). */
 #define KILN_OPS_ALIGN 64
 
-/* The level every op dispatches on: kiln_simd_best() read once, because CPUID traps to the hypervisor in a
+/* ops_util.c: the level every op dispatches on: kiln_simd_best() read once, because CPUID traps to the hypervisor in a
  * VM (measured 50 us a call, more than a whole small matmul). force_level lowers it for tests; a level above
  * what the CPU supports is capped to it. */
 kiln_simd kiln_cpu_ops_level(void);

@@ -6,7 +6,7 @@
  * the order floats are accumulated. tests/test_simd.c checks all three on random blocks. */
 #if defined(__x86_64__)
 
-#include "quants.h"
+#include "cpu/simd.h"
 
 #include <immintrin.h>
 #include "cpu/simd_avx2.h"

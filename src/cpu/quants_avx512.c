@@ -8,7 +8,7 @@
  * activation row, not once per weight row, so they reuse the AVX2 versions. Tested by tests/test_simd.c. */
 #if defined(__x86_64__)
 
-#include "quants.h"
+#include "cpu/simd.h"
 
 #include <immintrin.h>
 #include "cpu/simd_avx512.h"

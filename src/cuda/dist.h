@@ -1,5 +1,5 @@
 /* dist.h: the NCCL seam of multi-GPU data-parallel training (issue #9), callable from C. One process per GPU;
- * the ranks meet through a 128-byte NCCL unique id that rank 0 makes and hands to the others (src/train/launch.h
+ * the ranks meet through a 128-byte NCCL unique id that rank 0 makes and hands to the others (src/train/rendezvous.h
  * passes it through a file). Every collective enqueues on `stream` (a cudaStream_t) and returns at once; buffers
  * are device memory. Built with NCCL when the Makefile finds nccl.h beside CUDA (KILN_NCCL); without it every
  * function returns KILN_ERR_UNSUPPORTED with a message (dist_none.c). NVLink multicast (NVLS) is never used:

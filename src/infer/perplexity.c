@@ -10,8 +10,7 @@
 #include <string.h>
 
 kiln_status kiln_perplexity(const kiln_model *m, const char *text, size_t len, int64_t n_ctx, const kiln_session_params *run,
-                            void (*progress)(void *ud, int64_t window, int64_t n_windows, double ppl), void *ud,
-                            kiln_perplexity_result *out) {
+                            kiln_progress_fn progress, void *ud, kiln_perplexity_result *out) {
     memset(out, 0, sizeof *out);
     const kiln_tokenizer *tok = kiln_model_tokenizer(m);
     if (!tok) return kiln_fail(KILN_ERR_UNSUPPORTED, "perplexity: the model file has no tokenizer");
@@ -54,7 +53,10 @@ kiln_status kiln_perplexity(const kiln_model *m, const char *text, size_t len, i
             double nll = log(z) + max - row[window[i + 1]];
             sum += nll, sum2 += nll * nll, n++;
         }
-        if (progress) progress(ud, w + 1, n_windows, exp(sum / (double)n));
+        if (progress) {
+            const kiln_progress pr = {.stage = "perplexity", .done = w + 1, .total = n_windows, .metric = exp(sum / (double)n)};
+            progress(ud, &pr);
+        }
     }
     double mean = sum / (double)n, var = n > 1 ? (sum2 / (double)n - mean * mean) * (double)n / (double)(n - 1) : 0;
     out->ppl = exp(mean);

@@ -53,6 +53,9 @@ kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, 
     const kiln_llama_config *c = &m->cfg;
     kiln_session_params d = {0};
     if (!p) p = &d;
+    if (p->device.kind == KILN_DEVICE_CUDA && p->device.index != 0)
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "gpu: device index %d: only device 0 is supported", p->device.index);
+    if (p->device.kind == KILN_DEVICE_CUDA) d = *p, d.n_gpu_layers = INT32_MAX, p = &d; /* the whole model, as -ngl 99 */
     if (p->n_gpu_layers > 0 && p->n_gpu_layers < c->n_layer)
         return kiln_fail(KILN_ERR_UNSUPPORTED, "session: offloading %d of %lld layers is not supported: kiln runs the whole model on the GPU "
                          "(n_gpu_layers >= %lld, -ngl 99) or none of it", p->n_gpu_layers, (long long)c->n_layer, (long long)c->n_layer);

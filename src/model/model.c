@@ -264,3 +264,21 @@ void kiln_model_free(kiln_model *m) {
 const kiln_tokenizer *kiln_model_tokenizer(const kiln_model *m) { return m->tokenizer; }
 int64_t kiln_model_n_vocab(const kiln_model *m) { return m->cfg.n_vocab; }
 int64_t kiln_model_n_ctx_train(const kiln_model *m) { return m->cfg.n_ctx_train; }
+const kiln_gguf *kiln_model_gguf(const kiln_model *m) { return m->gguf; }
+
+void kiln_model_get_info(const kiln_model *m, kiln_model_info *out) {
+    const kiln_llama_config *c = &m->cfg;
+    kiln_str name = {0};
+    kiln_gguf_get_str(m->gguf, "general.architecture", &name); /* present and one of arch_names: the load checked */
+    const char *arch = arch_names[ARCH_LLAMA];
+    for (size_t i = 0; i < sizeof arch_names / sizeof arch_names[0]; i++)
+        if (name.len == strlen(arch_names[i]) && memcmp(name.ptr, arch_names[i], name.len) == 0) arch = arch_names[i];
+    int64_t n_params = 0;
+    for (int64_t i = 0; i < kiln_gguf_n_tensors(m->gguf); i++) {
+        const kiln_tensor_view *t = kiln_gguf_tensor_at(m->gguf, i);
+        n_params += t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]; /* the reader checked each product fits */
+    }
+    *out = (kiln_model_info){.arch = arch, .n_vocab = c->n_vocab, .n_embd = c->n_embd, .n_layer = c->n_layer,
+                             .n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = c->head_dim, .n_ff = c->n_ff,
+                             .n_ctx_train = c->n_ctx_train, .n_params = n_params, .tied = c->tied};
+}

@@ -7,6 +7,7 @@
  * stream, so the file does not depend on the thread count. tests/test_quantize.c checks the output. */
 #include "model.h"
 #include "pool.h"
+#include "model/quantize.h"
 #include "quants.h"
 #include "status.h"
 

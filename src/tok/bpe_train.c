@@ -41,6 +41,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -665,6 +666,11 @@ static bool bytes_spell(const uint8_t *b, size_t n, const char *text) {
     return *text == 0;
 }
 
+/* The one progress shape (kiln.h): merges done of the merges asked for. */
+static void report(const kiln_bpe_train_params *p, int32_t done, int32_t total) {
+    p->progress(p->progress_ud, &(kiln_progress){.stage = "tokenizer", .done = done, .total = total, .metric = NAN});
+}
+
 /* Merges until the vocab has vocab_size tokens or the best pair is rarer than min_frequency. */
 static kiln_status train(trainer *t, const kiln_bpe_train_params *p, int64_t min_frequency, const char *const *specials,
                          int n_specials, int32_t n_base) {
@@ -698,7 +704,7 @@ static kiln_status train(trainer *t, const kiln_bpe_train_params *p, int64_t min
             if (n > UINT32_MAX || !token_add(t, tmp, n, h)) goto oom;
             z = t->n_tokens - 1;
             int32_t done = t->n_tokens - n_base;
-            if (p->progress && done % PROGRESS_EVERY == 0 && t->n_tokens < p->vocab_size) p->progress(p->progress_ud, done, total);
+            if (p->progress && done % PROGRESS_EVERY == 0 && t->n_tokens < p->vocab_size) report(p, done, total);
         }
         if (!grow((void **)&t->merges, &t->cap_merges, 2 * (t->n_merges + 1), sizeof *t->merges)) goto oom;
         t->merges[2 * t->n_merges] = a, t->merges[2 * t->n_merges + 1] = b;
@@ -720,7 +726,7 @@ static kiln_status train(trainer *t, const kiln_bpe_train_params *p, int64_t min
         if (!push_risen(t, min_frequency)) goto oom;
     }
     free(tmp);
-    if (p->progress) p->progress(p->progress_ud, t->n_tokens - n_base, total);
+    if (p->progress) report(p, t->n_tokens - n_base, total);
     return KILN_OK;
 oom:
     free(tmp);

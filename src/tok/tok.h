@@ -1,6 +1,6 @@
 /* tok.h: the tokenizer's insides, shared by the loader (vocab.c), the dispatcher and special-token
- * handling (tokenize.c) and the three families: spm.c (SentencePiece-style), bpe.c (byte-level BPE with
- * PCRE2 pre-tokenizers) and wpm.c (WordPiece). */
+ * handling (tokenize.c), the lookups they all use (lookup.c) and the three families: spm.c
+ * (SentencePiece-style), bpe.c (byte-level BPE with PCRE2 pre-tokenizers) and wpm.c (WordPiece). */
 #ifndef KILN_TOK_H
 #define KILN_TOK_H
 
@@ -45,7 +45,9 @@ struct kiln_tokenizer {
     void *wpm;            /* wpm.c's state, freed by kiln_wpm_free */
 };
 
-/* vocab.c */
+/* lookup.c: the hashes vocab.c builds its indexes with (open addressing, linear probing), and the lookups */
+uint64_t kiln_tok_hash_text(const char *s, size_t n);   /* FNV-1a */
+uint64_t kiln_tok_hash_pair(uint64_t left_right);       /* splitmix64's finalizer of (left << 32 | right) */
 int32_t kiln_tok_find(const kiln_tokenizer *t, const char *text, size_t len); /* -1 if absent */
 int32_t kiln_tok_merge_rank(const kiln_tokenizer *t, int32_t left, int32_t right); /* -1 if no such merge */
 kiln_status kiln_tokens_push(kiln_tokens *out, int32_t id);
@@ -72,12 +74,12 @@ kiln_status kiln_bpe_split(const kiln_tokenizer *t, const char *text, size_t len
 kiln_status kiln_wpm_init(kiln_tokenizer *t);
 void kiln_wpm_free(kiln_tokenizer *t);
 
-/* GPT-2's byte <-> unicode alphabet: byte b is the code point kiln_bpe_byte_to_cp[b]; printable Latin-1
+/* lookup.c: GPT-2's byte <-> unicode alphabet: byte b is the code point kiln_bpe_byte_to_cp[b]; printable Latin-1
  * bytes map to themselves, the rest to U+0100 upwards. */
 extern const uint16_t kiln_bpe_byte_to_cp[256];
 int kiln_bpe_cp_to_byte(uint32_t cp); /* -1 if cp is not in the alphabet */
 
-/* Decodes one UTF-8 sequence at s[0..n): returns its length (1..4) and the code point, or 0 if invalid
+/* lookup.c: decodes one UTF-8 sequence at s[0..n): returns its length (1..4) and the code point, or 0 if invalid
  * (overlong, surrogate, > U+10FFFF, truncated). */
 int kiln_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp);
 int kiln_utf8_encode(uint32_t cp, char *out); /* returns 1..4 */

@@ -1,5 +1,5 @@
-/* data.c: the tokenizer fingerprint, the shard writer (kiln_data_write) and the mmapped shard loader that feeds
- * training batches (src/train/data.h has the file layout).
+/* data.c: the shard writer (kiln_data_write) and the mmapped shard loader that feeds training batches
+ * (src/train/data.h has the file layout; the tokenizer fingerprint each shard carries is src/tok/fingerprint.c's).
  *
  * Writing. Each corpus is checked for valid UTF-8 in one pass (an error names the file and byte offset), then
  * encoded by the streaming encoder (src/tok/stream.c) in bounded memory. The split point of a document, its last
@@ -20,78 +20,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-/* ---------------------------------------------------------------- fingerprint */
-
-/* FNV-1a 64 (Fowler, Noll, Vo): offset basis 14695981039346656037, prime 1099511628211. */
-#define FNV_OFFSET 14695981039346656037ull
-#define FNV_PRIME 1099511628211ull
-
-static void fnv_bytes(uint64_t *h, const void *p, size_t n) {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) *h = (*h ^ b[i]) * FNV_PRIME;
-}
-
-static void fnv_u32(uint64_t *h, uint32_t v) {
-    unsigned char b[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16), (unsigned char)(v >> 24)};
-    fnv_bytes(h, b, 4);
-}
-
-/* A length-prefixed byte string, so ("ab","c") and ("a","bc") hash apart. */
-static void fnv_str(uint64_t *h, const char *s, size_t n) {
-    fnv_u32(h, (uint32_t)n);
-    fnv_bytes(h, s, n);
-}
-
-typedef struct merge_rank {
-    int32_t rank;
-    uint64_t key; /* left << 32 | right */
-} merge_rank;
-
-static int cmp_rank(const void *a, const void *b) {
-    int32_t x = ((const merge_rank *)a)->rank, y = ((const merge_rank *)b)->rank;
-    return (x > y) - (x < y);
-}
-
-uint64_t kiln_tokenizer_fingerprint(const kiln_tokenizer *t) {
-    uint64_t h = FNV_OFFSET;
-    fnv_u32(&h, (uint32_t)t->kind);
-    fnv_str(&h, t->model, strnlen(t->model, sizeof t->model));
-    fnv_str(&h, t->pre, strnlen(t->pre, sizeof t->pre));
-    fnv_u32(&h, (uint32_t)t->n_vocab);
-    for (int32_t i = 0; i < t->n_vocab; i++) {
-        const tok_entry *e = &t->tokens[i];
-        fnv_str(&h, e->text, e->len);
-        fnv_u32(&h, (uint32_t)e->type);
-        /* SentencePiece merges by score, so for it the scores are the merges */
-        if (t->kind == TOK_SPM) {
-            uint32_t bits;
-            memcpy(&bits, &e->score, 4);
-            fnv_u32(&h, bits);
-        }
-    }
-    /* BPE merges live in a hash table; ranks are the merges' indices in tokenizer.ggml.merges (merges of texts
-     * the vocab lacks are dropped, leaving gaps), so sorting by rank recovers the file's order. */
-    int64_t n = 0;
-    merge_rank *m = t->n_merges > 0 ? malloc((size_t)t->n_merges * sizeof *m) : NULL;
-    for (uint64_t i = 0; m && i < t->merge_cap; i++)
-        if (t->merge_keys[i] != UINT64_MAX && n < t->n_merges) m[n++] = (merge_rank){t->merge_ranks[i], t->merge_keys[i]};
-    if (t->n_merges > 0 && !m) return 0; /* no memory for the sort (16 bytes a merge): 0, which no shard's check matches by chance */
-    qsort(m, (size_t)n, sizeof *m, cmp_rank);
-    fnv_u32(&h, (uint32_t)n);
-    for (int64_t i = 0; i < n; i++) {
-        fnv_u32(&h, (uint32_t)(m[i].key >> 32));
-        fnv_u32(&h, (uint32_t)m[i].key);
-    }
-    free(m);
-    return h;
-}
 
 /* ---------------------------------------------------------------- little-endian helpers */
 
@@ -338,8 +273,14 @@ static kiln_status make_dirs(const char *dir) {
     return KILN_OK;
 }
 
+kiln_data_params kiln_data_default(void) { return (kiln_data_params){.val_fraction = 0.05}; }
+
 kiln_status kiln_data_write(const char *const *corpora, int n_corpora, const kiln_tokenizer *tok, const char *out_dir,
-                            double val_fraction, int64_t shard_tokens, kiln_data_stats *stats) {
+                            const kiln_data_params *p, kiln_data_stats *stats) {
+    const kiln_data_params defaults = kiln_data_default();
+    if (!p) p = &defaults;
+    const double val_fraction = p->val_fraction;
+    int64_t shard_tokens = p->shard_tokens;
     if (!corpora || n_corpora <= 0 || !tok || !out_dir) return kiln_fail(KILN_ERR_INVALID, "data: no corpus, tokenizer or output folder");
     if (!(val_fraction >= 0 && val_fraction < 1)) return kiln_fail(KILN_ERR_INVALID, "data: val fraction %g is outside [0, 1)", val_fraction);
     if (shard_tokens < 0) return kiln_fail(KILN_ERR_INVALID, "data: shard size %lld tokens is negative", (long long)shard_tokens);
@@ -359,6 +300,12 @@ kiln_status kiln_data_write(const char *const *corpora, int n_corpora, const kil
     int32_t *tmp = malloc((size_t)WBUF_TOKENS * sizeof *tmp);
     if (!tw.buf || !vw.buf || !d.ids || !tmp) s = kiln_fail(KILN_ERR_NOMEM, "data: out of memory for buffers");
 
+    /* the progress total: the corpora's sizes (a file stat cannot read counts 0 here; check_utf8 then names it) */
+    kiln_progress prog = {.stage = "data", .metric = NAN};
+    for (int c = 0; c < n_corpora && p->progress; c++) {
+        struct stat cst;
+        if (stat(corpora[c], &cst) == 0) prog.total += (int64_t)cst.st_size;
+    }
     for (int c = 0; c < n_corpora && !s; c++) {
         int64_t bytes = 0;
         if ((s = check_utf8(corpora[c], &bytes))) break;
@@ -376,6 +323,10 @@ kiln_status kiln_data_write(const char *const *corpora, int n_corpora, const kil
         if (d.spill_fd >= 0) {
             close(d.spill_fd);
             d.spill_fd = -1;
+        }
+        if (p->progress) {
+            prog.done = st.n_bytes_in;
+            p->progress(p->progress_ud, &prog);
         }
     }
     if (!s) s = shard_close(&tw);

@@ -15,28 +15,6 @@
 #define KILN_SHARD_VERSION 1
 #define KILN_SHARD_HEADER 64
 
-/* FNV-1a 64 over the model (family, tokenizer.ggml.model, pre-tokenizer name), every token's bytes and type
- * (and, for SentencePiece, whose merges follow the scores, its score) and every merge in rank order, strings
- * length-prefixed. Two tokenizers with the same vocabulary and merges have the same fingerprint; changing one
- * token, type or merge changes it. */
-uint64_t kiln_tokenizer_fingerprint(const kiln_tokenizer *tok);
-
-typedef struct kiln_data_stats {
-    int64_t n_train_tokens, n_val_tokens;
-    int n_train_shards, n_val_shards;
-    int64_t n_bytes_in;
-} kiln_data_stats;
-
-/* Tokenizes the corpora (streaming, each file its own document, encoded as kiln_tokenizer_encode with
- * add_special on and parse_special off: BOS/EOS as the tokenizer adds them, "<s>" in the text stays text) and
- * writes shards of at most shard_tokens tokens (0: 100M) to out_dir (created if missing). The last
- * n_val = max(1, floor(n * val_fraction)) of a document's n tokens go to the validation split (none when
- * val_fraction is 0), the rest to train, in corpus order. Invalid UTF-8 in a corpus is an error naming the
- * file and byte offset. Shards are written atomically; shards of the same split left by an earlier run with
- * more of them are removed. stats (may be NULL) gets the counts. */
-kiln_status kiln_data_write(const char *const *corpora, int n_corpora, const kiln_tokenizer *tok, const char *out_dir,
-                            double val_fraction, int64_t shard_tokens, kiln_data_stats *stats);
-
 typedef struct kiln_loader kiln_loader;
 
 /* Opens the shards of split ("train" or "val") in dir, SPLIT_000.bin upwards to the first missing index,
@@ -54,11 +32,5 @@ kiln_status kiln_loader_next(kiln_loader *l, int64_t B, int64_t T, int32_t *inpu
 /* The read position (token index into the concatenation), for checkpoints; set_pos restores it. */
 int64_t kiln_loader_pos(const kiln_loader *l);
 kiln_status kiln_loader_set_pos(kiln_loader *l, int64_t pos);
-
-/* `kiln plot`: reads a training log (JSONL; lines with "step" and "loss" are training points, lines with
- * "step" and "val_loss" validation points; other lines and keys are ignored) and writes an SVG of both loss
- * curves against the step, with axes, ticks, labels, a title and a legend. Malformed lines are an error
- * naming the line. */
-kiln_status kiln_plot_loss_svg(const char *log_path, const char *svg_path, const char *title);
 
 #endif

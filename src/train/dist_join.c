@@ -1,7 +1,7 @@
-/* dist_join.c: a rank's way into the data-parallel world (launch.h): the NCCL id through the rendezvous folder,
+/* dist_join.c: a rank's way into the data-parallel world (rendezvous.h): the NCCL id through the rendezvous folder,
  * then the communicator. Used by `kiln train` (train.c) and `kiln bench train --nproc` (bench/bench_train.c);
  * tests/test_train.c's data-parallel test runs it on two GPUs. */
-#include "launch.h"
+#include "train/rendezvous.h"
 #include "status.h"
 
 #include <stdio.h>

@@ -5,7 +5,7 @@
  * steps it writes a checkpoint. Progress goes to a callback (the CLI prints it) and to a JSONL log.
  * tests/test_train.c runs it end to end: resume equals an uninterrupted run bit for bit.
  *
- * Data parallel (one process per GPU, src/train/launch.h; issue #9): every rank reads the same global batch of
+ * Data parallel (one process per GPU, tools/launch.h; issue #9): every rank reads the same global batch of
  * B x world sequences and trains on its own B of them, so the loss, the gradient (summed over the ranks by the
  * trainer) and every decision are the same on all ranks; rank 0 alone writes the log, checkpoints and exports,
  * but every rank takes part in the collectives those need. */
@@ -13,7 +13,7 @@
 #include "cuda/cuda.h"
 #include "cuda/dist.h"
 #include "data.h"
-#include "launch.h"
+#include "rendezvous.h"
 #include "status.h"
 
 #include <math.h>

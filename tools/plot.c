@@ -8,9 +8,8 @@
  * training curve is drawn raw and faint with an exponential moving average over it. The SVG is self-contained
  * (no scripts, fonts or styles from outside). tests/test_data.c checks the points, ticks, legend and the
  * error for a malformed line. */
-#include "train/data.h"
-
-#include "status.h"
+#include "kiln.h"
+#include "tools/plot.h"
 
 #include <ctype.h>
 #include <errno.h>
