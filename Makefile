@@ -26,7 +26,18 @@ endif
 
 CUDA ?= $(if $(shell command -v $(NVCC) 2>/dev/null),1,0)
 CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC) 2>/dev/null)))
-NVCCFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 -Iinclude -Isrc -Isrc/core
+# CUDA_ARCH=sm_XX: SASS for compute capability X.x and PTX that the driver compiles for any later one. The
+# backend refuses an older device when an engine or trainer starts (kiln_cuda_check_device, from KILN_CUDA_ARCH)
+# instead of failing at the first launch with "no kernel image is available".
+CUDA_ARCH ?= sm_90
+CUDA_CC   := $(patsubst sm_%,%,$(CUDA_ARCH))
+non_digits = $(subst 0,,$(subst 1,,$(subst 2,,$(subst 3,,$(subst 4,,$(subst 5,,$(subst 6,,$(subst 7,,$(subst 8,,$(subst 9,,$(1)))))))))))
+ifneq ($(CUDA_ARCH)$(call non_digits,$(CUDA_CC)),sm_$(CUDA_CC))
+$(error CUDA_ARCH=$(CUDA_ARCH) is not of the form sm_XX (sm_80, sm_90, sm_100))
+endif
+NVCCFLAGS ?= -O3 -std=c++17
+NVCCFLAGS += -gencode arch=compute_$(CUDA_CC),code=sm_$(CUDA_CC) -gencode arch=compute_$(CUDA_CC),code=compute_$(CUDA_CC) \
+             -DKILN_CUDA_ARCH=$(CUDA_CC) -Iinclude -Isrc -Isrc/core
 
 # NCCL, for multi-GPU training (src/cuda/dist.cu), with CUDA only: found when nccl.h is in $(NCCL_HOME)/include,
 # $(CUDA_HOME)/include or /usr/include and libnccl.so (or .so.2) in $(NCCL_HOME)/lib, $(CUDA_HOME)/lib, $(CUDA_HOME)/lib64

@@ -220,6 +220,7 @@ extern "C" void kiln_cuda_engine_free(kiln_cuda_engine *e) {
 extern "C" kiln_status kiln_cuda_engine_new(const kiln_model *m, int64_t n_ctx, int64_t n_batch, const int64_t *rows,
                                             kiln_cuda_engine **out) {
     *out = NULL;
+    TRY(kiln_cuda_check_device());
     const kiln_llama_config *c = &m->cfg;
     const int64_t C = c->n_embd, NH = c->n_head, NKV = c->n_head_kv, HS = c->head_dim, F = c->n_ff, V = c->n_vocab;
     const int64_t Q = NH * HS, KV = NKV * HS, W = kiln_llama_max_width(c);
