@@ -1,7 +1,10 @@
 # kiln build. `make` builds build/libkiln.a and build/kiln; `make test` builds and runs every test;
 # `make test SAN=1` does the same under AddressSanitizer + UndefinedBehaviorSanitizer (in build-san/);
-# `make fuzz FUZZ_SECONDS=60` runs the GGUF reader fuzzer. The CUDA backend is compiled in when nvcc is
-# on the PATH (sm_90 SASS plus compute_90 PTX); CUDA=0 leaves it out.
+# `make fuzz FUZZ_SECONDS=60` runs the GGUF reader fuzzer; `make install PREFIX=/usr/local` (and DESTDIR)
+# installs libkiln.a, libkiln.so, kiln.h and kiln.pc. The CUDA backend is compiled in when nvcc is on the
+# PATH (CUDA_ARCH SASS plus its PTX, sm_90 by default); CUDA=0 leaves it out. Before the first compile the
+# preflight checks that the compiler and every header and library are there, and names the package of one
+# that is not.
 
 CC      ?= cc
 NVCC    ?= nvcc
@@ -26,7 +29,18 @@ endif
 
 CUDA ?= $(if $(shell command -v $(NVCC) 2>/dev/null),1,0)
 CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC) 2>/dev/null)))
-NVCCFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 -Iinclude -Isrc -Isrc/core
+# CUDA_ARCH=sm_XX: SASS for compute capability X.x and PTX that the driver compiles for any later one. The
+# backend refuses an older device when an engine or trainer starts (kiln_cuda_check_device, from KILN_CUDA_ARCH)
+# instead of failing at the first launch with "no kernel image is available".
+CUDA_ARCH ?= sm_90
+CUDA_CC   := $(patsubst sm_%,%,$(CUDA_ARCH))
+non_digits = $(subst 0,,$(subst 1,,$(subst 2,,$(subst 3,,$(subst 4,,$(subst 5,,$(subst 6,,$(subst 7,,$(subst 8,,$(subst 9,,$(1)))))))))))
+ifneq ($(CUDA_ARCH)$(call non_digits,$(CUDA_CC)),sm_$(CUDA_CC))
+$(error CUDA_ARCH=$(CUDA_ARCH) is not of the form sm_XX (sm_80, sm_90, sm_100))
+endif
+NVCCFLAGS ?= -O3 -std=c++17
+NVCCFLAGS += -gencode arch=compute_$(CUDA_CC),code=sm_$(CUDA_CC) -gencode arch=compute_$(CUDA_CC),code=compute_$(CUDA_CC) \
+             -DKILN_CUDA_ARCH=$(CUDA_CC) -Iinclude -Isrc -Isrc/core
 
 # NCCL, for multi-GPU training (src/cuda/dist.cu), with CUDA only: found when nccl.h is in $(NCCL_HOME)/include,
 # $(CUDA_HOME)/include or /usr/include and libnccl.so (or .so.2) in $(NCCL_HOME)/lib, $(CUDA_HOME)/lib, $(CUDA_HOME)/lib64
@@ -52,56 +66,162 @@ comma      := ,
 LDLIBS     += $(if $(NCCL_LIB),$(NCCL_LIB) -Wl$(comma)-rpath$(comma)$(NCCL_DIR),-lnccl)
 endif
 
-C_SRC  := $(wildcard src/*/*.c)
-CU_SRC := $(if $(filter 1,$(CUDA)),$(filter-out $(if $(filter 11,$(CUDA)$(NCCL)),,src/cuda/dist.cu),$(wildcard src/cuda/*.cu)),)
-OBJ    := $(C_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+C_SRC   := $(wildcard src/*/*.c)
+CU_SRC  := $(if $(filter 1,$(CUDA)),$(filter-out $(if $(filter 11,$(CUDA)$(NCCL)),,src/cuda/dist.cu),$(wildcard src/cuda/*.cu)),)
+OBJ     := $(C_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+# The shared library's objects: the same sources compiled position-independent into $(BUILD)/pic/, so that the
+# static library and the programs linked with it keep the faster non-PIC code.
+PIC_OBJ := $(C_SRC:%.c=$(BUILD)/pic/%.o) $(CU_SRC:%.cu=$(BUILD)/pic/%.cu.o)
 ifeq ($(CUDA),1)
 CFLAGS += -DKILN_CUDA=1
 LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++
 endif
 
-TEST_SRC := $(wildcard tests/test_*.c)
-TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# The version, from include/kiln.h alone: "0.1.0" and its three numbers, in the order kiln.h defines them.
+VERSION_DEFS := $(shell sed -n 's/^\#define KILN_VERSION\(_[A-Z]*\)\{0,1\} "\{0,1\}\([0-9.]*\)"\{0,1\}$$/\2/p' include/kiln.h)
+VERSION      := $(word 1,$(VERSION_DEFS))
+ifneq ($(VERSION),$(word 2,$(VERSION_DEFS)).$(word 3,$(VERSION_DEFS)).$(word 4,$(VERSION_DEFS)))
+$(error include/kiln.h: KILN_VERSION "$(VERSION)" disagrees with KILN_VERSION_MAJOR/MINOR/PATCH ($(wordlist 2,4,$(VERSION_DEFS))))
+endif
+SONAME := libkiln.so.$(word 2,$(VERSION_DEFS))
 
-.PHONY: all tests test clean fuzz fuzz-tokenize demo
+TEST_SRC     := $(wildcard tests/test_*.c)
+TESTS        := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# Shell-driven tests (the build itself: preflight, install); tests/run.sh counts their lines as the programs'.
+SCRIPT_TESTS := $(wildcard tests/test_*.sh)
+BENCH_SRC    := $(wildcard bench/*.c)
+TOOL_SRC     := $(wildcard tools/*.c)
+TOOL_OBJ     := $(TOOL_SRC:%.c=$(BUILD)/%.o) $(BENCH_SRC:%.c=$(BUILD)/%.o)
+
+.PHONY: all tests test clean fuzz fuzz-tokenize demo preflight install uninstall
 all: $(BUILD)/libkiln.a $(BUILD)/kiln
 
-$(BUILD)/src/cpu/%_avx2.o: src/cpu/%_avx2.c
+# ---------------------------------------------------------------- preflight
+# Every compile waits for this stamp (order-only, so it never makes an object stale). It is made again when the
+# Makefile changes and for each CUDA setting; a failed check leaves no stamp, so the next make checks again. A
+# probe is a program that includes the header and links the library, compiled with $(CC) $(CFLAGS) as the sources
+# are, so CFLAGS, C_INCLUDE_PATH and LIBRARY_PATH count. The first missing piece stops make with one line naming
+# it and its Debian package; the host libraries are probed together so that one apt line covers all of them.
+# (The probe defines PCRE2_CODE_UNIT_WIDTH because pcre2.h refuses to be included without it, as bpe.c does.)
+PREFLIGHT      := $(BUILD)/preflight-cuda$(CUDA).ok
+PREFLIGHT_LIBS := pcre2.h:-lpcre2-8:libpcre2-dev utf8proc.h:-lutf8proc:libutf8proc-dev
+CUDA_TOOLKIT   := the CUDA toolkit (NVIDIA's cuda-toolkit package, or Debian's nvidia-cuda-toolkit) in $(CUDA_HOME)
+preflight: $(PREFLIGHT)
+$(PREFLIGHT): Makefile
+	@probe() { printf '#define PCRE2_CODE_UNIT_WIDTH 8\n#include <%s>\nint main(void) { return 0; }\n' "$$1" | \
+	  $(CC) $(CFLAGS) -x c - -x none -o /dev/null $$2 >/dev/null 2>&1; }; \
+	fail() { echo "kiln: $$*" >&2; exit 1; }; \
+	command -v $(firstword $(CC)) >/dev/null || fail "C compiler $(firstword $(CC)) not found: apt install gcc"; \
+	probe stdio.h || fail "stdio.h not found ($(CC) compiles no C program): apt install libc6-dev"; \
+	missing=; pkgs=; \
+	for d in $(PREFLIGHT_LIBS); do \
+	  h=$${d%%:*}; r=$${d#*:}; \
+	  probe $$h $${r%%:*} || { missing="$$missing$${missing:+, }$$h"; pkgs="$$pkgs $${r#*:}"; }; \
+	done; \
+	[ -z "$$missing" ] || fail "$$missing not found: apt install$$pkgs"; \
+	if [ "$(CUDA)" = 1 ]; then \
+	  command -v $(NVCC) >/dev/null || fail "$(NVCC) not found (CUDA=1): install $(CUDA_TOOLKIT), or build with CUDA=0"; \
+	  for d in cuda_runtime.h:-lcudart cublasLt.h:-lcublasLt; do \
+	    probe $${d%%:*} "-I$(CUDA_HOME)/include -L$(CUDA_HOME)/lib64 $${d#*:}" || \
+	      fail "$${d%%:*} or lib$${d#*-l}.so not found: it is part of $(CUDA_TOOLKIT); or build with CUDA=0"; \
+	  done; \
+	fi
+	@mkdir -p $(dir $@) && touch $@
+
+# ---------------------------------------------------------------- objects
+# SRC_FLAGS: what one group of files adds to CFLAGS (the SIMD files their instruction sets, tools/ and bench/ the
+# repository root for "bench/..." includes).
+%_avx2.o: SRC_FLAGS = $(AVX2_FLAGS)
+%_avx512.o: SRC_FLAGS = $(AVX512_FLAGS)
+$(TOOL_OBJ): SRC_FLAGS = -I.
+
+$(BUILD)/%.o: %.c | $(PREFLIGHT)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(AVX2_FLAGS) -MMD -MP -c $< -o $@
-$(BUILD)/src/cpu/%_avx512.o: src/cpu/%_avx512.c
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
-$(BUILD)/%.o: %.c
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
-$(BUILD)/%.cu.o: %.cu
+	$(CC) $(CFLAGS) $(SRC_FLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/%.cu.o: %.cu | $(PREFLIGHT)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/pic/%.o: %.c | $(PREFLIGHT)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(SRC_FLAGS) -fPIC -MMD -MP -c $< -o $@
+$(BUILD)/pic/%.cu.o: %.cu | $(PREFLIGHT)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC -MMD -MP -c $< -o $@
 
 $(BUILD)/libkiln.a: $(OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-BENCH_SRC := $(wildcard bench/*.c)
-TOOL_SRC  := $(wildcard tools/*.c)
-TOOL_OBJ  := $(TOOL_SRC:%.c=$(BUILD)/%.o) $(BENCH_SRC:%.c=$(BUILD)/%.o)
-$(TOOL_OBJ): CFLAGS += -I.
+# libkiln.so -> libkiln.so.MAJOR (the soname) -> libkiln.so.MAJOR.MINOR.PATCH, linked with the libraries it uses
+# so that programs need only -lkiln.
+$(BUILD)/libkiln.so.$(VERSION): $(PIC_OBJ)
+	$(CC) $(CFLAGS) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(LDLIBS)
+$(BUILD)/libkiln.so: $(BUILD)/libkiln.so.$(VERSION)
+	ln -sf libkiln.so.$(VERSION) $(BUILD)/$(SONAME)
+	ln -sf $(SONAME) $@
+
 $(BUILD)/kiln: $(TOOL_OBJ) $(BUILD)/libkiln.a
 	$(CC) $(CFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libkiln.a $(LDLIBS)
 
-# A test of code in tools/ links that tool's object (listed as an extra prerequisite below).
-$(BUILD)/tests/%: tests/%.c tests/test.h $(BUILD)/libkiln.a
+# Each test is one C file linked with the library; -MMD makes it depend on every header it includes. A test of
+# code in tools/ links that tool's object (listed as an extra prerequisite below).
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libkiln.a | $(PREFLIGHT)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -I. -Wno-format-truncation -o $@ $< $(filter $(BUILD)/tools/%.o,$^) $(BUILD)/libkiln.a $(LDLIBS)
+	$(CC) $(CFLAGS) -I. -Wno-format-truncation -MMD -MP -MF $@.d -MT $@ -o $@ $< $(filter $(BUILD)/tools/%.o,$^) \
+	  $(BUILD)/libkiln.a $(LDLIBS)
 $(BUILD)/tests/test_dist: $(BUILD)/tools/launch.o
 $(BUILD)/tests/test_data: $(BUILD)/tools/plot.o
 
-tests: $(TESTS)
+# tests/test_install.sh installs the plain build and links against it; SAN=1 builds no shared library.
+TEST_NEEDS := $(TESTS) $(BUILD)/kiln $(if $(filter 0,$(SAN)),$(BUILD)/libkiln.so)
+tests: $(TEST_NEEDS)
 
-# tests/test_deps.sh checks the objects of this build for circles and layering (tools/check_deps.py).
-test: $(TESTS) $(BUILD)/kiln
-	@KILN_BIN=$(BUILD)/kiln KILN_BUILD=$(BUILD) tests/run.sh $(TESTS) tests/test_deps.sh
+# tests/test_*.sh (tests/test_deps.sh among them: the objects of this build checked for circles and layering)
+# run beside the C tests.
+test: $(TEST_NEEDS)
+	@KILN_BIN=$(BUILD)/kiln KILN_BUILD=$(BUILD) KILN_CC="$(CC)" KILN_CUDA=$(CUDA) KILN_SAN=$(SAN) \
+	  tests/run.sh $(TESTS) $(SCRIPT_TESTS)
+
+# ---------------------------------------------------------------- install
+# make install PREFIX=/usr/local DESTDIR=: the libraries, the header and kiln.pc, whose Libs.private and
+# Requires.private list what a static link needs (the CUDA libraries too when built with CUDA). A library whose
+# own .pc file pkg-config cannot find is listed by its -l flag instead, so that `pkg-config kiln` still works.
+PREFIX     ?= /usr/local
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+PC_DEPS    := libpcre2-8:-lpcre2-8 libutf8proc:-lutf8proc
+pc_found    = $(shell pkg-config --exists $(1) 2>/dev/null && echo yes)
+PC_REQUIRES = $(foreach d,$(PC_DEPS),$(if $(call pc_found,$(firstword $(subst :, ,$(d)))),$(firstword $(subst :, ,$(d)))))
+PC_LIBS     = $(foreach d,$(PC_DEPS),$(if $(call pc_found,$(firstword $(subst :, ,$(d)))),,$(lastword $(subst :, ,$(d))))) \
+              $(filter-out $(foreach d,$(PC_DEPS),$(lastword $(subst :, ,$(d)))),$(LDLIBS))
+pc_var      = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
+define KILN_PC
+prefix=$(PREFIX)
+libdir=$(call pc_var,$(LIBDIR))
+includedir=$(call pc_var,$(INCLUDEDIR))
+
+Name: kiln
+Description: C engine that trains and runs LLaMA-family models
+Version: $(VERSION)
+Requires.private: $(strip $(PC_REQUIRES))
+Libs: -L$${libdir} -lkiln
+Libs.private: $(strip $(PC_LIBS))
+Cflags: -I$${includedir}
+endef
+
+install: $(BUILD)/libkiln.a $(BUILD)/libkiln.so
+	install -d $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)
+	install -m 644 $(BUILD)/libkiln.a $(DESTDIR)$(LIBDIR)/libkiln.a
+	install -m 755 $(BUILD)/libkiln.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libkiln.so.$(VERSION)
+	ln -sf libkiln.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libkiln.so
+	install -m 644 include/kiln.h $(DESTDIR)$(INCLUDEDIR)/kiln.h
+	$(file >$(BUILD)/kiln.pc,$(KILN_PC))
+	install -m 644 $(BUILD)/kiln.pc $(DESTDIR)$(LIBDIR)/pkgconfig/kiln.pc
+
+uninstall:
+	rm -f $(DESTDIR)$(LIBDIR)/libkiln.a $(DESTDIR)$(LIBDIR)/libkiln.so $(DESTDIR)$(LIBDIR)/$(SONAME) \
+	  $(DESTDIR)$(LIBDIR)/libkiln.so.$(VERSION) $(DESTDIR)$(INCLUDEDIR)/kiln.h $(DESTDIR)$(LIBDIR)/pkgconfig/kiln.pc
 
 # The quick start: a synthetic llama model, quantized to Q4_K_M and inspected; then, where ../shared/data
 # has it, the real stories260K model converted from llama2.c and run.
@@ -138,4 +258,4 @@ fuzz-tokenize:
 clean:
 	rm -rf build build-san build-fuzz
 
--include $(OBJ:.o=.d) $(TOOL_OBJ:.o=.d)
+-include $(OBJ:.o=.d) $(PIC_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TESTS:=.d)

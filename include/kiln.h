@@ -6,6 +6,13 @@
 #ifndef KILN_H
 #define KILN_H
 
+/* The version of this header and of the library built with it. The Makefile reads these four lines for the
+ * shared library's soname (libkiln.so.MAJOR) and kiln.pc, and stops when the string and the numbers disagree. */
+#define KILN_VERSION "0.1.0"
+#define KILN_VERSION_MAJOR 0
+#define KILN_VERSION_MINOR 1
+#define KILN_VERSION_PATCH 0
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

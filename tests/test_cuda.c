@@ -44,8 +44,23 @@ static void test_describe(void) {
     printf("# device: %s\n", buf);
 }
 
+/* Without a device (or without CUDA) the check refuses with the reason; with one, this machine's GPU is at least the
+ * CUDA_ARCH the tests were built for, or the check names both and the make line that fits. */
+static void test_check_device(void) {
+    kiln_status st = kiln_cuda_check_device();
+    if (kiln_cuda_device_count() == 0) {
+        CHECK(st == KILN_ERR_UNSUPPORTED, "%s", kiln_status_name(st));
+        CHECK(strstr(kiln_last_error(), "CUDA") != NULL, "%s", kiln_last_error());
+        SKIP("no CUDA device (or kiln built without CUDA)");
+    }
+    CHECK(st == KILN_OK || (st == KILN_ERR_UNSUPPORTED && strstr(kiln_last_error(), "rebuild with make CUDA_ARCH=sm_")),
+          "%s: %s", kiln_status_name(st), kiln_last_error());
+    if (st) SKIP("%s", kiln_last_error());
+}
+
 int main(void) {
     RUN(test_dequantize_matches_cpu);
     RUN(test_describe);
+    RUN(test_check_device);
     TEST_EXIT();
 }

@@ -1,4 +1,4 @@
-/* cuda.h: the C seam of kiln's CUDA backend (the .cu files of src/cuda, compiled by nvcc for sm_90 + PTX).
+/* cuda.h: the C seam of kiln's CUDA backend (the .cu files of src/cuda, compiled by nvcc for CUDA_ARCH + PTX).
  * Built without nvcc, none.c supplies the same functions answering KILN_ERR_UNSUPPORTED, so callers and
  * tests need no #ifdefs. Kernels are checked against the scalar CPU reference by tests/test_cuda.c,
  * which skips with a reason on a machine without a GPU. */
@@ -13,6 +13,11 @@ extern "C" {
 
 /* Usable CUDA devices: 0 when built without CUDA, without a driver, or without a GPU. */
 int kiln_cuda_device_count(void);
+/* KILN_OK when the current device (0, or the one kiln_dist_init chose) can run this build's kernels: its compute
+ * capability is at least the CUDA_ARCH they were built for. Otherwise KILN_ERR_UNSUPPORTED naming the device, its
+ * capability and the make CUDA_ARCH=sm_XX that fits it; also without a device. The engine and trainer call it
+ * first. */
+kiln_status kiln_cuda_check_device(void);
 /* "NVIDIA H200, sm_90, 139.8 GiB" into buf. */
 kiln_status kiln_cuda_device_describe(char *buf, size_t n);
 /* Dequantizes k elements of type t (a whole number of blocks) on the GPU. x and y are device pointers;

@@ -212,6 +212,7 @@ static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, 
     if (p->device < 0 || p->device >= kiln_cuda_device_count())
         return kiln_fail(KILN_ERR_INVALID, "gpu: device %d does not exist (%d CUDA devices)", p->device, kiln_cuda_device_count());
     CK(cudaSetDevice(p->device), "cudaSetDevice");
+    TRY(kiln_cuda_check_device()); /* the compute capability this build's kernels need */
 
     size_t max_w = (size_t)(m->output->ne[0] * m->output->ne[1]), bf_bytes = 0;
     for (int64_t l = 0; l < c->n_layer; l++)

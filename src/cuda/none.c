@@ -8,6 +8,7 @@ int kiln_cuda_device_count(void) { return 0; }
 
 static kiln_status no_cuda(void) { return kiln_fail(KILN_ERR_UNSUPPORTED, "kiln was built without CUDA (nvcc was not on the PATH)"); }
 
+kiln_status kiln_cuda_check_device(void) { return no_cuda(); }
 kiln_status kiln_cuda_device_describe(char *buf, size_t n) {
     if (n) buf[0] = 0;
     return no_cuda();

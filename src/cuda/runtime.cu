@@ -11,6 +11,29 @@ static kiln_status check(cudaError_t e, const char *what) {
     return e == cudaSuccess ? KILN_OK : kiln_fail(KILN_ERR_IO, "CUDA %s failed: %s", what, cudaGetErrorString(e));
 }
 
+#ifndef KILN_CUDA_ARCH
+#error "KILN_CUDA_ARCH (the XX of the CUDA_ARCH=sm_XX the kernels are built for) comes from the Makefile"
+#endif
+
+/* Compute capability X.Y as the number XY, the form of KILN_CUDA_ARCH. The kernels are sm_XX SASS plus compute_XX
+ * PTX, which the driver compiles for any later device, so every device of capability KILN_CUDA_ARCH or above runs
+ * them; an older one would fail at the first launch with "no kernel image is available for execution". */
+extern "C" kiln_status kiln_cuda_check_device(void) {
+    if (kiln_cuda_device_count() == 0) return kiln_fail(KILN_ERR_UNSUPPORTED, "gpu: no CUDA device (or kiln was built without CUDA)");
+    int dev = 0;
+    cudaDeviceProp p;
+    kiln_status st = check(cudaGetDevice(&dev), "cudaGetDevice");
+    if (!st) st = check(cudaGetDeviceProperties(&p, dev), "cudaGetDeviceProperties");
+    if (st) return st;
+    const int cc = p.major * 10 + p.minor;
+    if (cc < KILN_CUDA_ARCH)
+        return kiln_fail(KILN_ERR_UNSUPPORTED,
+                         "gpu: device %d is %s with compute capability %d.%d, but this kiln was built for sm_%d "
+                         "(rebuild with make CUDA_ARCH=sm_%d)",
+                         dev, p.name, p.major, p.minor, KILN_CUDA_ARCH, cc);
+    return KILN_OK;
+}
+
 extern "C" kiln_status kiln_cuda_alloc(void **p, size_t bytes) {
     *p = NULL;
     cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);

@@ -146,7 +146,7 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     const kiln_llama_config *c = &m->cfg;
     const int64_t N = B * T, C = c->n_embd, NH = c->n_head, NKV = c->n_head_kv, HS = c->head_dim, F = c->n_ff, V = c->n_vocab;
     const int64_t Q = NH * HS, KV = NKV * HS, QKV = Q + 2 * KV, L = c->n_layer;
-    if (kiln_cuda_device_count() == 0) return kiln_fail(KILN_ERR_UNSUPPORTED, "gpu: no CUDA device (or kiln was built without CUDA)");
+    TRY(kiln_cuda_check_device());
     if (B <= 0 || T <= 0 || T > c->n_ctx_train)
         return kiln_fail(KILN_ERR_INVALID, "gpu train: batch B=%lld T=%lld is invalid (T must be 1..%lld)", (long long)B, (long long)T,
                          (long long)c->n_ctx_train);
