@@ -106,7 +106,7 @@ static double measure_gemm_tflops(void) {
         bool ok = !kiln_cuda_upload(a, h, bytes) && !kiln_cuda_upload(w, h, bytes);
         for (int round = -1; ok && round < 3; round++) {
             const double t0 = kiln_bench_now();
-            for (int i = 0; ok && i < 10; i++) ok = !kiln_cuda_linear_forward(b, y, false, false, a, w, n, n, n, NULL);
+            for (int i = 0; ok && i < 10; i++) ok = !kiln_cuda_linear_forward_train(b, y, false, false, a, w, n, n, n, NULL);
             ok = ok && !kiln_cuda_sync();
             const double t = (kiln_bench_now() - t0) / 10;
             if (round >= 0 && t < best) best = t;

@@ -316,29 +316,29 @@ static kiln_status forward(kiln_cuda_trainer *t) {
     const int64_t B = t->B, T = t->T, N = t->N, C = c->n_embd, NH = c->n_head, NKV = c->n_head_kv, HS = c->head_dim, F = c->n_ff;
     const int64_t Q = NH * HS, KV = NKV * HS, QKV = Q + 2 * KV, L = c->n_layer;
     void *s = t->stream;
-    TRY(kiln_cuda_embed_forward(t->layers[0].x, P(t, m->tok_embd), t->ids, N, C, s));
+    TRY(kiln_cuda_embed_forward_train(t->layers[0].x, P(t, m->tok_embd), t->ids, N, C, s));
     /* the first norm has no residual to add; every later one adds the block output it follows */
-    TRY(kiln_cuda_rmsnorm_forward(t->layers[0].x, NULL, t->layers[0].ln1, t->layers[0].rstd1, P(t, m->layers[0].attn_norm), N, C,
+    TRY(kiln_cuda_rmsnorm_forward_train(t->layers[0].x, NULL, t->layers[0].ln1, t->layers[0].rstd1, P(t, m->layers[0].attn_norm), N, C,
                                   c->rms_eps, s));
     for (int64_t l = 0; l < L; l++) {
         const kiln_train_layer *w = &m->layers[l];
         layer_acts *a = &t->layers[l];
-        TRY(kiln_cuda_linear_forward(t->blas, a->qkv, false, false, a->ln1, W(t, w->wq), N, C, QKV, s));
-        TRY(kiln_cuda_rope_forward(a->qkv, a->qkv, N, T, NH, NKV, HS, c->rope_dim, c->rope_base, c->rope_neox, s));
-        TRY(kiln_cuda_attention_forward(a->att, a->lse, a->qkv, B, T, NH, NKV, HS, s));
+        TRY(kiln_cuda_linear_forward_train(t->blas, a->qkv, false, false, a->ln1, W(t, w->wq), N, C, QKV, s));
+        TRY(kiln_cuda_rope_forward_train(a->qkv, a->qkv, N, T, NH, NKV, HS, c->rope_dim, c->rope_base, c->rope_neox, s));
+        TRY(kiln_cuda_attention_forward_train(a->att, a->lse, a->qkv, B, T, NH, NKV, HS, s));
         /* mid = wo(att), then mid += x inside the ffn norm */
-        TRY(kiln_cuda_linear_forward(t->blas, a->mid, true, false, a->att, W(t, w->wo), N, Q, C, s));
-        TRY(kiln_cuda_rmsnorm_forward(a->mid, a->x, a->ln2, a->rstd2, P(t, w->ffn_norm), N, C, c->rms_eps, s));
-        TRY(kiln_cuda_linear_forward(t->blas, a->gu, false, false, a->ln2, W(t, w->w_gate), N, C, 2 * F, s));
-        TRY(kiln_cuda_swiglu_forward(a->h, a->gu, N, F, s));
+        TRY(kiln_cuda_linear_forward_train(t->blas, a->mid, true, false, a->att, W(t, w->wo), N, Q, C, s));
+        TRY(kiln_cuda_rmsnorm_forward_train(a->mid, a->x, a->ln2, a->rstd2, P(t, w->ffn_norm), N, C, c->rms_eps, s));
+        TRY(kiln_cuda_linear_forward_train(t->blas, a->gu, false, false, a->ln2, W(t, w->w_gate), N, C, 2 * F, s));
+        TRY(kiln_cuda_swiglu_forward_train(a->h, a->gu, N, F, s));
         /* x_next = down(h), then x_next += mid inside the next norm */
         float *x_next = l + 1 < L ? t->layers[l + 1].x : t->xL;
-        TRY(kiln_cuda_linear_forward(t->blas, x_next, true, false, a->h, W(t, w->w_down), N, F, C, s));
+        TRY(kiln_cuda_linear_forward_train(t->blas, x_next, true, false, a->h, W(t, w->w_down), N, F, C, s));
         if (l + 1 < L)
-            TRY(kiln_cuda_rmsnorm_forward(x_next, a->mid, t->layers[l + 1].ln1, t->layers[l + 1].rstd1,
+            TRY(kiln_cuda_rmsnorm_forward_train(x_next, a->mid, t->layers[l + 1].ln1, t->layers[l + 1].rstd1,
                                           P(t, m->layers[l + 1].attn_norm), N, C, c->rms_eps, s));
         else
-            TRY(kiln_cuda_rmsnorm_forward(x_next, a->mid, t->lnf, t->rstdf, P(t, m->output_norm), N, C, c->rms_eps, s));
+            TRY(kiln_cuda_rmsnorm_forward_train(x_next, a->mid, t->lnf, t->rstdf, P(t, m->output_norm), N, C, c->rms_eps, s));
     }
     return KILN_OK;
 }
@@ -352,7 +352,7 @@ static kiln_status head(kiln_cuda_trainer *t, float dscale) {
     void *s = t->stream;
     for (int64_t r0 = 0; r0 < N; r0 += chunk) {
         const int64_t n = N - r0 < chunk ? N - r0 : chunk;
-        TRY(kiln_cuda_linear_forward(t->blas, t->logits, false, false, t->lnf + r0 * C, W(t, m->output), n, C, V, s));
+        TRY(kiln_cuda_linear_forward_train(t->blas, t->logits, false, false, t->lnf + r0 * C, W(t, m->output), n, C, V, s));
         TRY(kiln_cuda_cross_entropy(t->losses + r0, dscale != 0 ? t->logits : NULL, t->logits, t->targets + r0, n, V,
                                     m->label_smoothing, m->z_loss, -1, dscale, s));
         if (dscale != 0)
@@ -454,9 +454,9 @@ static kiln_status backward(kiln_cuda_trainer *t, bool reduce) {
         const kiln_train_layer *w = &m->layers[l];
         layer_acts *a = &t->layers[l];
         if (t->recompute) { /* the forward's values from its saved inputs, by the same kernels: the same bits */
-            TRY(kiln_cuda_rmsnorm_forward(a->x, NULL, a->ln1, a->rstd1, P(t, w->attn_norm), N, C, c->rms_eps, s));
-            TRY(kiln_cuda_rmsnorm_forward(a->mid, NULL, a->ln2, a->rstd2, P(t, w->ffn_norm), N, C, c->rms_eps, s));
-            TRY(kiln_cuda_swiglu_forward(a->h, a->gu, N, F, s));
+            TRY(kiln_cuda_rmsnorm_forward_train(a->x, NULL, a->ln1, a->rstd1, P(t, w->attn_norm), N, C, c->rms_eps, s));
+            TRY(kiln_cuda_rmsnorm_forward_train(a->mid, NULL, a->ln2, a->rstd2, P(t, w->ffn_norm), N, C, c->rms_eps, s));
+            TRY(kiln_cuda_swiglu_forward_train(a->h, a->gu, N, F, s));
         }
         /* feed-forward block: x_next = mid + down(h); dx holds d x_next, dxb its bf16 copy */
         TRY(kiln_cuda_linear_backward(t->blas, t->dh, false, false, G(t, w->w_down), t->dxb, a->h, W(t, w->w_down), N, F, C, s));
