@@ -23,7 +23,7 @@
 #include "cuda/cuda.h"
 #include "model/llama_train.h"
 #include "train/optim.h"
-#include "train/train.h"
+#include "train/trainer.h"
 #include "pool.h"
 
 #ifdef KILN_CUDA
