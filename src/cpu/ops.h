@@ -66,8 +66,10 @@ typedef struct kiln_ops {
     size_t (*scratch_size)(int64_t T, int64_t max_width, int64_t NH, int64_t n_ctx, int n_threads);
 
     /* ---- training (#5). N = B*T rows; activations and gradients are float. Every backward ACCUMULATES
-     * (+=) into each gradient it writes, activation and parameter alike (llm.c's convention): the caller
-     * zeroes them. The exceptions say so. Results never depend on the thread count (deterministic
+     * (+=) into each gradient it writes, activation and parameter alike, so a gradient with two sources (the
+     * residual stream, dln from q, k and v) needs no add: the caller zeroes an activation gradient before the
+     * ops that build it (src/model/llama_train.c), which keeps the trainer's convention of src/train/trainer.h
+     * (+= into parameter gradients, activation gradients overwritten each step). The exceptions say so. Results never depend on the thread count (deterministic
      * reductions: per-thread partials summed in a fixed order, or work split so no two threads write one
      * element). */
 

@@ -9,6 +9,12 @@
  * attention output, the GLU output, and the gradients a backward matmul reads) in bf16, written in bf16 by the
  * kernel that produces them. Norm weights are read from the fp32 master weights.
  *
+ * Gradients: every parameter gradient (dW, dw, dtable) is ADDED into (+=), so micro-batches accumulate until the
+ * trainer zeroes them; an activation gradient is overwritten (=) by the kernel that produces it, except the
+ * residual stream's f32 dx, which the norm backward and an f32 linear backward with accumulate add into (the
+ * skip connection's share is already there). Each launcher below says which. The trainer's own contract is
+ * src/train/trainer.h's.
+ *
  * Shapes: B sequences of T tokens, N = B*T rows; C width, NH/NKV heads, HS head size, Q = NH*HS, KV = NKV*HS,
  * F FFN width, V vocab. The weights of one layer lie in kiln_llama_train's flat buffer in the order attn_norm, wq,
  * wk, wv, wo, ffn_norm, w_gate, w_up, w_down, so wq|wk|wv is one (Q + 2 KV rows of C) matrix and w_gate|w_up one
@@ -71,7 +77,8 @@ kiln_status kiln_cuda_rmsnorm_backward(float *dx, kiln_bf16_t *dx_bf, float *dw,
  * do when qkv_bf == qkv: in place is allowed); row n is position n % T. */
 kiln_status kiln_cuda_rope_forward_train(kiln_bf16_t *qkv_bf, const kiln_bf16_t *qkv, int64_t N, int64_t T, int64_t NH, int64_t NKV,
                                    int64_t HS, int64_t rope_dim, float base, bool neox, void *stream);
-/* dqkv (N, Q + 2 KV) f32, the gradient of the rotated q, k and of v, to dqkv_bf bf16 with the inverse rotation. */
+/* dqkv (N, Q + 2 KV) f32, the gradient of the rotated q, k and of v, to dqkv_bf bf16 with the inverse rotation
+ * (overwritten; dv copied). */
 kiln_status kiln_cuda_rope_backward(kiln_bf16_t *dqkv_bf, const float *dqkv, int64_t N, int64_t T, int64_t NH, int64_t NKV,
                                     int64_t HS, int64_t rope_dim, float base, bool neox, void *stream);
 /* gu (N, 2F) bf16, gate then up per row (the matmul's bf16 output): h (N, F) bf16 = silu(gate) * up in f32. */
