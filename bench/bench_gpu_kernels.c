@@ -15,7 +15,7 @@
  * kiln_cuda_copy_bandwidth (bytes read plus written per second of a device copy, the roof bench_gpu.c holds
  * decode to). Without a GPU: one line on stderr, exit 1.
  *
- * Then the training attention (src/cuda/train_attention.cu, kiln_cuda_attention_forward / _backward) at the
+ * Then the training attention (src/cuda/train_attention.cu, kiln_cuda_attention_forward_train / _backward) at the
  * trainer's shapes, B 16 T 1024 HS 64 NKV 4, NH 12 (124M) and 16 (350M); --attention runs this section alone.
  * Each call is timed alone on the host clock around kiln_cuda_sync (ms-long calls: the ~10 us of launch and sync
  * is < 1%), the median of ATTN_REPS after ATTN_WARM warm-ups. FLOPs counted as the causal half of the matmuls:
@@ -180,7 +180,7 @@ static kiln_status time_attention(const attn_case *c, uint64_t *rng, double *fwd
     double tf[ATTN_REPS], tb[2][ATTN_REPS];
     for (int r = -ATTN_WARM; r < ATTN_REPS && !st; r++) {
         const double t0 = kiln_bench_now();
-        st = kiln_cuda_attention_forward(out, lse, qkv, c->B, c->T, c->NH, c->NKV, c->HS, NULL);
+        st = kiln_cuda_attention_forward_train(out, lse, qkv, c->B, c->T, c->NH, c->NKV, c->HS, NULL);
         if (!st) st = kiln_cuda_sync();
         const double t1 = kiln_bench_now();
         double t2 = t1;
@@ -261,12 +261,12 @@ typedef struct {
 static kiln_status ew_launch(int op, const ew_set *b, float *w, float *dw, void *ws, int64_t N, int64_t C, int64_t F,
                              int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
     switch (op) {
-    case EW_NORM_FWD: return kiln_cuda_rmsnorm_forward(b->x, b->y, b->out, b->rstd, w, N, C, 1e-5f, NULL);
+    case EW_NORM_FWD: return kiln_cuda_rmsnorm_forward_train(b->x, b->y, b->out, b->rstd, w, N, C, 1e-5f, NULL);
     case EW_NORM_BWD: return kiln_cuda_rmsnorm_backward(b->dx, b->dx_bf, dw, b->dout, b->x, w, b->rstd, N, C, ws, NULL);
     case EW_NORM_BWD_NOBF: return kiln_cuda_rmsnorm_backward(b->dx, NULL, dw, b->dout, b->x, w, b->rstd, N, C, ws, NULL);
-    case EW_ROPE_FWD: return kiln_cuda_rope_forward(b->qkv, b->qkv, N, T, NH, NKV, HS, HS, 10000.0f, false, NULL);
+    case EW_ROPE_FWD: return kiln_cuda_rope_forward_train(b->qkv, b->qkv, N, T, NH, NKV, HS, HS, 10000.0f, false, NULL);
     case EW_ROPE_BWD: return kiln_cuda_rope_backward(b->dqkv_bf, b->dqkv, N, T, NH, NKV, HS, HS, 10000.0f, false, NULL);
-    case EW_SWIGLU_FWD: return kiln_cuda_swiglu_forward(b->h, b->gu, N, F, NULL);
+    case EW_SWIGLU_FWD: return kiln_cuda_swiglu_forward_train(b->h, b->gu, N, F, NULL);
     case EW_SWIGLU_BWD: return kiln_cuda_swiglu_backward(b->dgu, b->dh, b->gu, N, F, NULL);
     default: return kiln_cuda_to_bf16(b->dx_bf, b->dx, N * C, NULL);
     }

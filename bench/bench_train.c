@@ -15,11 +15,13 @@
  * recomputation (KILN_CUDA_TRAIN_RECOMPUTE). --nproc N (issue #9) measures one GPU, then N ranks (one process per
  * GPU, -B sequences each, data parallel over NCCL; --zero1 shards the moments) and reports the global tokens/s and
  * the per-GPU efficiency against the one-GPU figure; with --peer, PyTorch DDP on as many GPUs
- * (bench/torch_ddp_train.py) is the peer, and the one-GPU peer gives its efficiency. */
+ * (bench/torch_ddp_train.py) is the peer, and the one-GPU peer gives its efficiency.
+ *
+ * Both devices are driven through the trainer interface (src/train/trainer.h) that `kiln train` uses; the file stays
+ * on the internal headers for that interface, the CUDA flags and the GEMM roof's kernel. */
 #include "bench/bench.h"
-#include "model/llama_train.h"
 #include "tools/cli.h"
-#include "train/optim.h"
+#include "train/trainer.h"
 #include "cuda/cuda.h"
 #include "cuda/dist.h"
 #include "train/rendezvous.h"
@@ -107,7 +109,7 @@ static double measure_gemm_tflops(void) {
         bool ok = !kiln_cuda_upload(a, h, bytes) && !kiln_cuda_upload(w, h, bytes);
         for (int round = -1; ok && round < 3; round++) {
             const double t0 = kiln_bench_now();
-            for (int i = 0; ok && i < 10; i++) ok = !kiln_cuda_linear_forward(b, y, false, false, a, w, n, n, n, NULL);
+            for (int i = 0; ok && i < 10; i++) ok = !kiln_cuda_linear_forward_train(b, y, false, false, a, w, n, n, n, NULL);
             ok = ok && !kiln_cuda_sync();
             const double t = (kiln_bench_now() - t0) / 10;
             if (round >= 0 && t < best) best = t;
@@ -125,28 +127,30 @@ static double measure_gemm_tflops(void) { return NAN; }
 
 /* The largest B (at this T) the GPU trainer accepts: kiln_cuda_trainer_new refuses a batch whose buffers exceed the
  * free memory before it allocates anything, so each probe is cheap. Doubling, then bisection. */
-static int64_t largest_batch(const kiln_llama_train *m, int64_t T, unsigned flags) {
+static int64_t largest_batch(const kiln_llama_config *mc, const kiln_trainer_cfg *tc) {
+    kiln_trainer_cfg probe = *tc;
+    kiln_trainer_impl *g = NULL;
     int64_t lo = 0, hi = 1;
-    kiln_cuda_trainer *g = NULL;
     for (;; hi *= 2) {
-        if (kiln_cuda_trainer_new(m, hi, T, flags, NULL, &g) != KILN_OK) break;
-        kiln_cuda_trainer_free(g);
+        probe.B = hi;
+        if (kiln_trainer_cuda_new(mc, &probe, &g) != KILN_OK) break;
+        kiln_trainer_impl_free(g);
         lo = hi;
         if (hi >= 65535) return lo;
     }
     while (hi - lo > 1) {
-        const int64_t mid = lo + (hi - lo) / 2;
-        if (kiln_cuda_trainer_new(m, mid, T, flags, NULL, &g) == KILN_OK) kiln_cuda_trainer_free(g), lo = mid;
-        else hi = mid;
+        probe.B = lo + (hi - lo) / 2;
+        if (kiln_trainer_cuda_new(mc, &probe, &g) == KILN_OK) kiln_trainer_impl_free(g), lo = probe.B;
+        else hi = probe.B;
     }
     return lo;
 }
 
-/* Times steps optimizer steps of the GPU trainer g on random tokens (seeded by rank, so the ranks of a
- * data-parallel run see different rows): t (steps) seconds each after two warm-ups (cuBLASLt plans, first-touch
- * allocations), *loss the last step's mean (over every rank's rows). */
-static kiln_status time_gpu_steps(kiln_cuda_trainer *g, const bench_config *c, int64_t B, int64_t T, int world, int rank, int steps,
-                                  double *t, double *loss) {
+/* Times steps optimizer steps of trainer g at lr on random tokens (seeded by rank, so the ranks of a data-parallel
+ * run see different rows): t (steps) seconds each after `warmups` untimed ones (on the GPU: cuBLASLt plans,
+ * first-touch allocations), *loss the last step's mean (over every rank's rows). */
+static kiln_status time_steps(kiln_trainer_impl *g, const bench_config *c, int64_t B, int64_t T, int world, int rank, int warmups,
+                              float lr, int steps, double *t, double *loss) {
     int32_t *in = malloc((size_t)(B * T) * sizeof *in), *tg = malloc((size_t)(B * T) * sizeof *tg);
     kiln_status s = in && tg ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "out of memory");
     uint64_t r = 42 + (uint64_t)rank;
@@ -155,15 +159,14 @@ static kiln_status time_gpu_steps(kiln_cuda_trainer *g, const bench_config *c, i
         in[i] = (int32_t)((r >> 33) % (uint64_t)c->V);
         tg[i] = (int32_t)((r >> 13) % (uint64_t)c->V);
     }
-    kiln_adamw_cfg ac = kiln_adamw_defaults();
     const float scale = 1.0f / (float)(B * T * world);
-    for (int i = -2; !s && i < steps; i++) {
-        double t0 = kiln_bench_now(), norm;
+    for (int i = -warmups; !s && i < steps; i++) {
+        double t0 = kiln_bench_now();
         int64_t k;
-        bool skipped;
-        kiln_cuda_trainer_reduce_next(g); /* data parallel: the gradient's sum overlaps the backward */
-        if (!(s = kiln_cuda_trainer_zero_grads(g)) && !(s = kiln_cuda_trainer_step(g, in, tg, scale, loss, &k)))
-            s = kiln_cuda_trainer_adamw(g, &ac, 3e-4f, &norm, &skipped); /* it synchronizes: the step is done */
+        kiln_adamw_result res;
+        g->ops->reduce_next(g); /* data parallel: the gradient's sum overlaps the backward */
+        if (!(s = g->ops->zero_grads(g)) && !(s = g->ops->step(g, in, tg, scale, loss, &k)))
+            s = g->ops->optimizer_step(g, lr, &res); /* it synchronizes: the step is done */
         *loss /= (double)(B * T * world);
         if (i >= 0) t[i] = kiln_bench_now() - t0;
     }
@@ -171,24 +174,28 @@ static kiln_status time_gpu_steps(kiln_cuda_trainer *g, const bench_config *c, i
     return s;
 }
 
-/* --gpu: the same steps on the GPU trainer, then the PyTorch peer when python is given; frees m and pool. *tok_out
- * and *peer_out (either may be NULL) get kiln's and the peer's tokens/s. */
-static int bench_gpu(const bench_config *c, kiln_llama_train *m, int64_t B, int64_t T, int steps, kiln_pool *pool, const char *python,
-                     const char *script, bool max_batch, unsigned flags, double *tok_out, double *peer_out) {
-    kiln_cuda_trainer *g = NULL;
-    kiln_status s = kiln_cuda_trainer_new(m, B, T, flags, NULL, &g);
+/* --gpu: the same steps on the GPU trainer, then the PyTorch peer when python is given. *tok_out and *peer_out
+ * (either may be NULL) get kiln's and the peer's tokens/s. */
+static int bench_gpu(const bench_config *c, const kiln_llama_config *mc, const kiln_trainer_cfg *tc, int steps, const char *python,
+                     const char *script, bool max_batch, double *tok_out, double *peer_out) {
+    const int64_t B = tc->B, T = tc->T;
+    const unsigned flags = tc->cuda_flags;
+    kiln_trainer_impl *g = NULL;
+    kiln_status s = kiln_trainer_cuda_new(mc, tc, &g);
     double *t = malloc((size_t)steps * sizeof *t), loss = 0;
     if (!s && !t) s = kiln_fail(KILN_ERR_NOMEM, "out of memory");
-    if (!s) s = time_gpu_steps(g, c, B, T, 1, 0, steps, t, &loss);
-    const size_t bytes = g ? kiln_cuda_trainer_bytes(g) : 0;
-    kiln_cuda_trainer_free(g);
+    if (!s) s = kiln_trainer_load_random(g, 1);
+    if (!s) s = time_steps(g, c, B, T, 1, 0, 2, 3e-4f, steps, t, &loss);
+    const size_t bytes = g ? g->ops->act_bytes(g) : 0;
+    const int64_t n_params = g ? g->m->n_params : 0, n_embd = g ? g->m->tensors[g->m->tok_embd].n : 0;
+    kiln_trainer_impl_free(g);
     if (!s) {
-        const int64_t bmax = max_batch ? largest_batch(m, T, flags) : 0;
+        const int64_t bmax = max_batch ? largest_batch(mc, tc) : 0;
         const double roof = measure_gemm_tflops();
         char ver[64] = "";
         const double peer = python ? peer_gpu_tok_s(python, script, c, B, T, ver, sizeof ver) : NAN;
         double med = kiln_bench_median(t, steps), tok_s = (double)(B * T) / med;
-        double n_mat = (double)(m->n_params - m->tensors[m->tok_embd].n);
+        double n_mat = (double)(n_params - n_embd);
         double flops_tok = 6 * n_mat + 6.0 * (double)(c->L * T * c->C), tflops = tok_s * flops_tok * 1e-12;
         char dev[128] = "";
         kiln_cuda_device_describe(dev, sizeof dev);
@@ -197,20 +204,18 @@ static int bench_gpu(const bench_config *c, kiln_llama_train *m, int64_t B, int6
                "\"loss\": %.4f, \"ms_per_step\": %.2f, \"tokens_per_s\": %.0f, \"tflops\": %.1f, \"mfu\": %.4f, \"peak_tflops\": 989, "
                "\"gemm_tflops\": %s, \"of_gemm\": %s, \"gpu_bytes\": %zu, \"largest_B\": %lld, \"peer\": \"pytorch %s torch.compile (%s)\", \"peer_tokens_per_s\": %s, "
                "\"ratio\": %s}\n",
-               dev, c->name, (flags & KILN_CUDA_TRAIN_RECOMPUTE) ? "true" : "false", (long long)B, (long long)T, (long long)m->n_params, loss, med * 1e3, tok_s, tflops, tflops / 989.0,
+               dev, c->name, (flags & KILN_CUDA_TRAIN_RECOMPUTE) ? "true" : "false", (long long)B, (long long)T, (long long)n_params, loss, med * 1e3, tok_s, tflops, tflops / 989.0,
                kiln_bench_json_num(j[0], 32, roof, 1), kiln_bench_json_num(j[1], 32, tflops / roof, 3), bytes, (long long)bmax, ver,
                python ? script : "not run", kiln_bench_json_num(j[2], 32, peer, 0), kiln_bench_json_num(j[3], 32, tok_s / peer, 3));
         printf("\n| config | B x T | params | ms/step | tok/s | TFLOP/s | MFU (989) | of measured GEMM | GPU memory | largest B | "
                "PyTorch compiled tok/s | ratio |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
                "| %s | %lld x %lld | %.1fM | %.2f | %.0f | %.1f | %.1f%% | %.1f%% of %.0f | %.2f GiB | %lld | %.0f | %.2fx |\n",
-               c->name, (long long)B, (long long)T, (double)m->n_params / 1e6, med * 1e3, tok_s, tflops, 100 * tflops / 989.0,
+               c->name, (long long)B, (long long)T, (double)n_params / 1e6, med * 1e3, tok_s, tflops, 100 * tflops / 989.0,
                100 * tflops / roof, roof, (double)bytes / 1073741824.0, (long long)bmax, peer, tok_s / peer);
         if (tok_out) *tok_out = tok_s;
         if (peer_out) *peer_out = peer;
     }
     free(t);
-    kiln_llama_train_free(m);
-    kiln_pool_free(pool);
     return s ? kiln_cli_die(s) : 0;
 }
 
@@ -218,18 +223,24 @@ static int bench_gpu(const bench_config *c, kiln_llama_train *m, int64_t B, int6
  * buckets during the backward (or ZeRO-1); rank 0 reports the global tokens/s and the per-GPU efficiency against
  * the one-GPU figure the launcher measured first (KILN_BENCH_BASE_TOK_S), beside the peer's (PyTorch DDP on as
  * many GPUs, KILN_BENCH_PEER_TOK_S, and its one-GPU figure, KILN_BENCH_PEER_BASE_TOK_S). Frees m and pool. */
-static int bench_gpu_rank(const bench_config *c, kiln_llama_train *m, int64_t B, int64_t T, int steps, kiln_pool *pool, unsigned flags) {
+static int bench_gpu_rank(const bench_config *c, const kiln_llama_config *mc, const kiln_trainer_cfg *tc_in, int steps) {
+    const int64_t B = tc_in->B, T = tc_in->T;
+    const unsigned flags = tc_in->cuda_flags;
+    kiln_trainer_cfg tc = *tc_in;
     kiln_rank_info ri;
     kiln_dist *d = NULL;
-    kiln_cuda_trainer *g = NULL;
+    kiln_trainer_impl *g = NULL;
     double *t = malloc((size_t)steps * sizeof *t), loss = 0;
     kiln_status s = t ? kiln_rank_from_env(&ri) : kiln_fail(KILN_ERR_NOMEM, "out of memory");
     if (!s) s = kiln_dist_join(&ri, 300.0, &d);
-    if (!s) s = kiln_cuda_trainer_new(m, B, T, flags, d, &g);
-    if (!s) s = time_gpu_steps(g, c, B, T, ri.world, ri.rank, steps, t, &loss);
-    const size_t bytes = g ? kiln_cuda_trainer_bytes(g) : 0;
+    tc.dist = d;
+    if (!s) s = kiln_trainer_cuda_new(mc, &tc, &g);
+    if (!s) s = kiln_trainer_load_random(g, 1);
+    if (!s) s = time_steps(g, c, B, T, ri.world, ri.rank, 2, 3e-4f, steps, t, &loss);
+    const size_t bytes = g ? g->ops->act_bytes(g) : 0;
+    const int64_t n_params = g ? g->m->n_params : 0, n_embd = g ? g->m->tensors[g->m->tok_embd].n : 0;
     if (s) kiln_dist_abort(d), d = NULL; /* before the trainer's free, which waits for the device */
-    kiln_cuda_trainer_free(g);
+    kiln_trainer_impl_free(g);
     if (!s && ri.rank == 0) {
         const double med = kiln_bench_median(t, steps), tok_s = (double)(B * T * ri.world) / med;
         const char *base_s = getenv("KILN_BENCH_BASE_TOK_S"), *peer_s = getenv("KILN_BENCH_PEER_TOK_S");
@@ -237,7 +248,7 @@ static int bench_gpu_rank(const bench_config *c, kiln_llama_train *m, int64_t B,
         const double base = base_s ? atof(base_s) : NAN, eff = tok_s / ((double)ri.world * base);
         const double peer = peer_s ? atof(peer_s) : NAN, peer_base = peer_base_s ? atof(peer_base_s) : NAN;
         const double peer_eff = peer / ((double)ri.world * peer_base);
-        const double n_mat = (double)(m->n_params - m->tensors[m->tok_embd].n);
+        const double n_mat = (double)(n_params - n_embd);
         const double tflops = tok_s * (6 * n_mat + 6.0 * (double)(c->L * T * c->C)) * 1e-12;
         char j[6][32];
         printf("{\"bench\": \"train_gpu_dp\", \"config\": \"%s\", \"gpus\": %d, \"zero1\": %s, \"B_per_gpu\": %lld, \"T\": %lld, "
@@ -256,9 +267,58 @@ static int bench_gpu_rank(const bench_config *c, kiln_llama_train *m, int64_t B,
     }
     kiln_dist_free(d);
     free(t);
-    kiln_llama_train_free(m);
-    kiln_pool_free(pool);
     return s ? kiln_cli_die(s) : 0;
+}
+
+/* The CPU: the same steps on the CPU trainer (kiln_llama_train and kiln_adamw), then the PyTorch peer when python
+ * is given. */
+static int bench_cpu(const bench_config *c, const kiln_llama_config *mc, const kiln_trainer_cfg *tc, int steps, int threads,
+                     const char *python) {
+    const int64_t B = tc->B, T = tc->T;
+    const bool mixed = tc->mixed, eight_bit = tc->adam.eight_bit;
+    kiln_trainer_impl *g = NULL;
+    double *t = malloc((size_t)steps * sizeof *t), loss = 0;
+    kiln_status s = t ? kiln_trainer_cpu_new(mc, tc, &g) : kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    if (!s) s = kiln_trainer_load_random(g, 1);
+    if (!s) s = time_steps(g, c, B, T, 1, 0, 1, 1e-4f, steps, t, &loss); /* one warm-up step */
+    if (s) {
+        kiln_trainer_impl_free(g);
+        free(t);
+        return kiln_cli_die(s);
+    }
+    const kiln_llama_train *m = g->m;
+    const size_t act_bytes = g->ops->act_bytes(g);
+    double best = t[0];
+    for (int i = 1; i < steps; i++) best = t[i] < best ? t[i] : best;
+    double med = kiln_bench_median(t, steps);
+    double tok_s = (double)(B * T) / med;
+    double n_mat = (double)(m->n_params - m->tensors[m->tok_embd].n); /* padding is < 16 floats a tensor */
+    double flops_tok = 6 * n_mat + 6.0 * (double)(c->L * T * c->C);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double n = (double)m->n_params;
+    double moments = eight_bit ? 2 + 8.0 / KILN_ADAMW8_BLOCK : 8;
+    double bpp = 4 + (mixed ? 2 : 0) + 4 + moments;
+    char ver[64] = "";
+    double peer = python ? peer_tok_s(python, c, B, T, steps, threads, ver, sizeof ver) : NAN;
+
+    char jp[32], jr[32];
+    printf("{\"bench\": \"train\", \"config\": \"%s\", \"B\": %lld, \"T\": %lld, \"threads\": %d, \"mixed\": %s, \"optim\": \"%s\", "
+           "\"params\": %lld, \"loss\": %.4f, \"ms_per_step\": %.1f, \"ms_best\": %.1f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, "
+           "\"peak_rss_mb\": %.1f, \"state_bytes_per_param\": %.2f, \"activation_bytes_per_token\": %.0f, "
+           "\"peer\": \"pytorch-cpu %s\", \"peer_tokens_per_s\": %s, \"ratio\": %s}\n",
+           c->name, (long long)B, (long long)T, threads, mixed ? "true" : "false", eight_bit ? "adamw8bit" : "adamw",
+           (long long)m->n_params, loss, med * 1e3, best * 1e3, tok_s, tok_s * flops_tok * 1e-9, (double)ru.ru_maxrss / 1024, bpp,
+           (double)act_bytes / (double)(B * T), python ? ver : "(not run)", kiln_bench_json_num(jp, sizeof jp, peer, 1),
+           kiln_bench_json_num(jr, sizeof jr, tok_s / peer, 3));
+    printf("\n| config | B x T | threads | params | ms/step | tok/s | GFLOP/s | peer tok/s | ratio | peak RSS | state B/param | act B/token |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+           "| %s%s%s | %lld x %lld | %d | %.2fM | %.1f | %.0f | %.1f | %.0f | %.2f | %.0f MB | %.1f | %.0f |\n",
+           c->name, mixed ? " bf16" : "", eight_bit ? " 8bit" : "", (long long)B, (long long)T, threads, n / 1e6, med * 1e3, tok_s,
+           tok_s * flops_tok * 1e-9, peer, tok_s / peer, (double)ru.ru_maxrss / 1024, bpp, (double)act_bytes / (double)(B * T));
+    free(t);
+    kiln_trainer_impl_free(g);
+    return 0;
 }
 
 int kiln_bench_train(int argc, char **argv) {
@@ -301,93 +361,47 @@ int kiln_bench_train(int argc, char **argv) {
     kiln_llama_config mc = {.n_vocab = c->V, .n_embd = c->C, .n_layer = c->L, .n_head = c->NH, .n_head_kv = c->NKV,
                             .n_ff = c->F, .n_ctx_train = T, .rope_base = 10000.0f, .rms_eps = 1e-5f};
     kiln_pool *pool;
-    kiln_llama_train *m;
     kiln_status s = kiln_pool_create(threads, &pool);
-    if (s || (s = kiln_llama_train_new(&mc, mixed, &m))) return kiln_cli_die(s);
+    if (s) return kiln_cli_die(s);
     threads = kiln_pool_size(pool);
-    kiln_llama_train_init_random(m, 1);
-    const unsigned flags = (recompute ? KILN_CUDA_TRAIN_RECOMPUTE : 0u) | (zero1 ? KILN_CUDA_TRAIN_ZERO1 : 0u);
-    if (gpu && getenv("KILN_RANK")) return bench_gpu_rank(c, m, B, T, steps, pool, flags); /* a rank (its --nproc is gone) */
-    if (nproc > 1 && !gpu) {
+    kiln_trainer_cfg tc = {.mixed = mixed, .adam = kiln_adamw_defaults(), .B = B, .T = T, .pool = pool,
+                           .cuda_flags = (recompute ? KILN_CUDA_TRAIN_RECOMPUTE : 0u) | (zero1 ? KILN_CUDA_TRAIN_ZERO1 : 0u)};
+    tc.adam.eight_bit = eight_bit;
+    int rc = -1;
+    if (gpu && getenv("KILN_RANK")) rc = bench_gpu_rank(c, &mc, &tc, steps); /* a rank (its --nproc is gone) */
+    else if (nproc > 1 && !gpu) {
         fprintf(stderr, "kiln: bench train: --nproc %d measures data-parallel training on GPUs: add --gpu\n", nproc);
-        return 1;
-    }
-    if (gpu && nproc > 1) { /* one GPU first (its own report), then the ranks, which compare with it */
+        rc = 1;
+    } else if (gpu && nproc > 1) { /* one GPU first (its own report), then the ranks, which compare with it */
         if (kiln_cuda_device_count() < nproc) {
             fprintf(stderr, "kiln: bench train: --nproc %d needs %d GPUs; this machine has %d\n", nproc, nproc, kiln_cuda_device_count());
-            return 1;
+            rc = 1;
+        } else {
+            double base = NAN, peer_base = NAN;
+            kiln_trainer_cfg one = tc;
+            one.cuda_flags &= ~KILN_CUDA_TRAIN_ZERO1;
+            rc = bench_gpu(c, &mc, &one, steps, python, script, false, &base, &peer_base);
+            if (!rc) {
+                const double peer = python ? peer_ddp_tok_s(python, script, c, B, T, nproc) : NAN;
+                const char *const names[3] = {"KILN_BENCH_BASE_TOK_S", "KILN_BENCH_PEER_TOK_S", "KILN_BENCH_PEER_BASE_TOK_S"};
+                const double vals[3] = {base, peer, peer_base};
+                for (int k = 0; k < 3; k++) {
+                    char buf[64];
+                    snprintf(buf, sizeof buf, "%.1f", vals[k]);
+                    setenv(names[k], buf, 1);
+                }
+                const char *cmd[] = {"bench", "train"};
+                const kiln_status ls = kiln_launch_self(cmd, 2, argc, argv, nproc_at, nproc);
+                rc = ls ? kiln_cli_die(ls) : 0;
+            }
         }
-        double base = NAN, peer_base = NAN;
-        const int rc = bench_gpu(c, m, B, T, steps, pool, python, script, false, flags & ~KILN_CUDA_TRAIN_ZERO1, &base, &peer_base);
-        if (rc) return rc;
-        const double peer = python ? peer_ddp_tok_s(python, script, c, B, T, nproc) : NAN;
-        const char *const names[3] = {"KILN_BENCH_BASE_TOK_S", "KILN_BENCH_PEER_TOK_S", "KILN_BENCH_PEER_BASE_TOK_S"};
-        const double vals[3] = {base, peer, peer_base};
-        for (int k = 0; k < 3; k++) {
-            char buf[64];
-            snprintf(buf, sizeof buf, "%.1f", vals[k]);
-            setenv(names[k], buf, 1);
-        }
-        const char *cmd[] = {"bench", "train"};
-        const kiln_status ls = kiln_launch_self(cmd, 2, argc, argv, nproc_at, nproc);
-        return ls ? kiln_cli_die(ls) : 0;
+    } else if (gpu)
+        rc = bench_gpu(c, &mc, &tc, steps, python, script, max_batch, NULL, NULL);
+    if (rc >= 0) {
+        kiln_pool_free(pool);
+        return rc;
     }
-    if (gpu) return bench_gpu(c, m, B, T, steps, pool, python, script, max_batch, flags, NULL, NULL);
-    if ((s = kiln_llama_train_reserve(m, B, T, threads))) return kiln_cli_die(s);
-    kiln_param_segment *segs = malloc((size_t)m->n_tensors * sizeof *segs);
-    for (int i = 0; i < m->n_tensors; i++)
-        segs[i] = (kiln_param_segment){.offset = m->tensors[i].offset, .n = m->tensors[i].n, .decay = m->tensors[i].decay};
-    kiln_adamw_cfg ac = kiln_adamw_defaults();
-    ac.eight_bit = eight_bit;
-    kiln_adamw opt;
-    if ((s = kiln_adamw_init(&opt, &ac, m->n_params, segs, m->n_tensors))) return kiln_cli_die(s);
-    int32_t *in = malloc((size_t)(B * T) * sizeof *in), *tg = malloc((size_t)(B * T) * sizeof *tg);
-    uint64_t r = 42;
-    for (int64_t i = 0; i < B * T; i++) {
-        r = r * 6364136223846793005ull + 1442695040888963407ull;
-        in[i] = (int32_t)((r >> 33) % (uint64_t)c->V);
-        tg[i] = (int32_t)((r >> 13) % (uint64_t)c->V);
-    }
-    double *t = malloc((size_t)steps * sizeof *t), loss = 0;
-    for (int i = -1; i < steps; i++) { /* step -1 warms up */
-        double t0 = kiln_bench_now();
-        memset(m->grads, 0, (size_t)m->n_params * sizeof(float));
-        int64_t k;
-        loss = kiln_llama_train_step(m, &kiln_cpu_ops, pool, in, tg, 1.0f / (float)(B * T), &k) / (double)(B * T);
-        kiln_adamw_step(&opt, pool, m->params, m->grads, m->mirror, 1e-4f);
-        if (i >= 0) t[i] = kiln_bench_now() - t0;
-    }
-    double best = t[0];
-    for (int i = 1; i < steps; i++) best = t[i] < best ? t[i] : best;
-    double med = kiln_bench_median(t, steps);
-    double tok_s = (double)(B * T) / med;
-    double n_mat = (double)(m->n_params - m->tensors[m->tok_embd].n); /* padding is < 16 floats a tensor */
-    double flops_tok = 6 * n_mat + 6.0 * (double)(c->L * T * c->C);
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    double n = (double)m->n_params;
-    double moments = eight_bit ? 2 + 8.0 / KILN_ADAMW8_BLOCK : 8;
-    double bpp = 4 + (mixed ? 2 : 0) + 4 + moments;
-    char ver[64] = "";
-    double peer = python ? peer_tok_s(python, c, B, T, steps, threads, ver, sizeof ver) : NAN;
-
-    char jp[32], jr[32];
-    printf("{\"bench\": \"train\", \"config\": \"%s\", \"B\": %lld, \"T\": %lld, \"threads\": %d, \"mixed\": %s, \"optim\": \"%s\", "
-           "\"params\": %lld, \"loss\": %.4f, \"ms_per_step\": %.1f, \"ms_best\": %.1f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, "
-           "\"peak_rss_mb\": %.1f, \"state_bytes_per_param\": %.2f, \"activation_bytes_per_token\": %.0f, "
-           "\"peer\": \"pytorch-cpu %s\", \"peer_tokens_per_s\": %s, \"ratio\": %s}\n",
-           c->name, (long long)B, (long long)T, threads, mixed ? "true" : "false", eight_bit ? "adamw8bit" : "adamw",
-           (long long)m->n_params, loss, med * 1e3, best * 1e3, tok_s, tok_s * flops_tok * 1e-9, (double)ru.ru_maxrss / 1024, bpp,
-           (double)m->act_bytes / (double)(B * T), python ? ver : "(not run)", kiln_bench_json_num(jp, sizeof jp, peer, 1),
-           kiln_bench_json_num(jr, sizeof jr, tok_s / peer, 3));
-    printf("\n| config | B x T | threads | params | ms/step | tok/s | GFLOP/s | peer tok/s | ratio | peak RSS | state B/param | act B/token |\n"
-           "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
-           "| %s%s%s | %lld x %lld | %d | %.2fM | %.1f | %.0f | %.1f | %.0f | %.2f | %.0f MB | %.1f | %.0f |\n",
-           c->name, mixed ? " bf16" : "", eight_bit ? " 8bit" : "", (long long)B, (long long)T, threads, n / 1e6, med * 1e3, tok_s,
-           tok_s * flops_tok * 1e-9, peer, tok_s / peer, (double)ru.ru_maxrss / 1024, bpp, (double)m->act_bytes / (double)(B * T));
-    free(t), free(in), free(tg), free(segs);
-    kiln_adamw_free(&opt);
-    kiln_llama_train_free(m);
+    rc = bench_cpu(c, &mc, &tc, steps, threads, python);
     kiln_pool_free(pool);
-    return 0;
+    return rc;
 }

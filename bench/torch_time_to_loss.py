@@ -9,7 +9,7 @@ What it mirrors, and where kiln defines it:
             and pos advances T a row. Evaluation (src/train/train.c evaluate) restarts the validation split at 0
             and averages the loss of eval_batches batches; it runs after steps eval_every, 2*eval_every, ... and
             after the last step, never at step 0.
-  model     src/model/llama_train.c: RMSNorm (eps 1e-5, weight), interleaved-pair RoPE base 10000, GQA (query
+  model     src/train/llama_train.c: RMSNorm (eps 1e-5, weight), interleaved-pair RoPE base 10000, GQA (query
             head h reads KV head h // (NH/NKV)), SwiGLU, output tied to the embedding or not. Its initial
             weights are kiln_llama_train_init_random's, drawn with kiln's own generator (splitmix64, Box-Muller)
             in kiln's tensor order, so both trainers start from the same weights: N(0, 0.02), attn_output and

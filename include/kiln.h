@@ -63,6 +63,8 @@ typedef struct kiln_device {
     kiln_device_kind kind;
     int index;
 } kiln_device;
+/* Usable CUDA devices: 0 when built without CUDA, without a driver, or without a GPU. */
+int kiln_cuda_device_count(void);
 
 /* ---------------------------------------------------------------- types
  * Tensor element types. The ids are GGML's and reach disk: append only, never renumber. */
@@ -252,6 +254,9 @@ kiln_status kiln_gguf_writer_write_file(kiln_gguf_writer *w, const char *path);
  * pads, fsyncs and renames. */
 kiln_status kiln_gguf_writer_begin(kiln_gguf_writer *w, const char *path);
 kiln_status kiln_gguf_writer_write_tensor(kiln_gguf_writer *w, int64_t i, const void *data, size_t nbytes);
+/* The same in consecutive parts (a tensor larger than the caller's buffer): tensor i is done, and the next may
+ * begin, once its parts add up to its size. */
+kiln_status kiln_gguf_writer_write_part(kiln_gguf_writer *w, int64_t i, const void *data, size_t nbytes);
 kiln_status kiln_gguf_writer_finish(kiln_gguf_writer *w);
 
 /* ---------------------------------------------------------------- quantization */
@@ -556,6 +561,135 @@ kiln_status kiln_chat_format(const kiln_chat_template *t, const kiln_chat_msg *m
 /* The token that ends an assistant turn, looked up in the vocab by its text: <|im_end|>, <|eot_id|>,
  * <end_of_turn>; EOS for llama2. KILN_ERR_NOT_FOUND when the vocab lacks it. */
 kiln_status kiln_chat_end_of_turn(const kiln_chat_template *t, const kiln_tokenizer *tok, int32_t *id);
+
+/* ---------------------------------------------------------------- training
+ * A llama model trained with AdamW (fp32, or 8-bit moments on the CPU) on B x T token batches, on the CPU or a CUDA
+ * device: new from dimensions, fine-tuned from a GGUF (init_from) or resumed from a checkpoint. kiln_train_run is
+ * the whole run behind `kiln train` (data shards written by kiln data, evaluation, JSONL log, checkpoints, export);
+ * kiln_trainer steps a model from the caller's own token ids:
+ *
+ *     kiln_train_opts o = kiln_train_defaults();
+ *     o.dims = (kiln_model_dims){.n_vocab = 512, .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128};
+ *     o.B = 4, o.T = 64, o.steps = 10;        the schedule spans o.steps
+ *     kiln_trainer *t;
+ *     kiln_trainer_new(&o, &t);
+ *     for (int i = 0; i < 10; i++) kiln_trainer_step(t, inputs, targets, &loss);   B*T ids each
+ *     kiln_trainer_export(t, "model.gguf");  kiln_model_load reads it
+ *     kiln_trainer_free(t);
+ *
+ * A checkpoint (kiln_trainer_save, or the run's ckpt_path) is a llama GGUF with the optimizer state and the run's
+ * position as train.* keys; resume continues it bit for bit. An export carries the weights (F32) and the
+ * tokenizer's keys. */
+
+/* A new model's shape. n_vocab 0: the tokenizer's; n_ctx 0: T. rope_base and rms_eps 0: 10000 and 1e-5. */
+typedef struct kiln_model_dims {
+    int64_t n_vocab;   /* V */
+    int64_t n_embd;    /* C: a multiple of n_head with an even head size */
+    int64_t n_layer;   /* L */
+    int64_t n_head;    /* NH */
+    int64_t n_head_kv; /* NKV: divides n_head */
+    int64_t n_ff;      /* F */
+    int64_t n_ctx;     /* the context length the model records */
+    float rope_base, rms_eps;
+    bool tied;         /* the output head is token_embd (no output.weight) */
+} kiln_model_dims;
+
+typedef enum kiln_lr_decay { KILN_LR_COSINE, KILN_LR_LINEAR, KILN_LR_CONSTANT } kiln_lr_decay;
+
+typedef struct kiln_lr_schedule {
+    float lr;            /* peak */
+    float min_lr;        /* floor reached at the end of the decay */
+    int64_t warmup;      /* steps of linear warmup from lr/warmup to lr */
+    int64_t total;       /* the step at which the decay reaches min_lr (0 in kiln_train_opts: steps) */
+    kiln_lr_decay decay;
+} kiln_lr_schedule;
+
+/* The learning rate of step (0-based): (step+1)/warmup * lr during warmup, then the decay from lr to min_lr
+ * over steps warmup..total, min_lr after. KILN_LR_CONSTANT stays at lr after the warmup (min_lr unused). */
+float kiln_lr_at(const kiln_lr_schedule *s, int64_t step);
+
+typedef struct kiln_adamw_cfg {
+    float beta1, beta2;  /* 0.9, 0.95 */
+    float eps;           /* 1e-8; must be > 0 (v is 0 where the gradient always was) */
+    float weight_decay;  /* 0.1, decoupled: p -= lr * wd * p on the matrices (not the norms or the embedding) */
+    float grad_clip;     /* global L2 norm bound; <= 0 disables clipping */
+    bool eight_bit;      /* int8 moments with one fp32 scale per 256 elements (CPU only) */
+} kiln_adamw_cfg;
+
+/* Defaults as commented in kiln_adamw_cfg (grad_clip 1). */
+kiln_adamw_cfg kiln_adamw_defaults(void);
+
+typedef struct kiln_train_opts {
+    /* the model: dimensions, or init_from a GGUF, or resume */
+    kiln_model_dims dims;
+    const char *init_from;   /* fine-tune these weights (NULL: random init from seed) */
+    const char *resume;      /* continue this checkpoint (NULL: start fresh) */
+    const char *tokenizer;   /* GGUF with tokenizer.ggml.* (NULL: init_from's / resume's; a kiln_trainer of a new
+                              * model with dims.n_vocab set may have none) */
+    const char *data_dir;    /* kiln_train_run: shards written by kiln data */
+    /* the run */
+    int64_t B, T;            /* sequences per micro-batch, tokens per sequence */
+    int64_t grad_accum;      /* kiln_train_run: micro-batches per step */
+    int64_t steps;           /* total optimizer steps */
+    double time_budget_s;    /* stop after this long (0: no limit); the schedule still spans steps */
+    int64_t stop_after;      /* stop once this step is done (0: run to steps); the schedule still spans steps */
+    kiln_lr_schedule lr;
+    kiln_adamw_cfg adam;
+    bool mixed;              /* bf16 compute mirror of the fp32 master weights */
+    float label_smoothing, z_loss;
+    uint64_t seed;
+    int n_threads;           /* CPU threads, 0: all cores */
+    kiln_device device;      /* CPU, or CUDA device index (fp32 AdamW, bf16 matmuls) */
+    bool deterministic;      /* CUDA: fixed-order reductions everywhere (bit-exact resume), a little slower */
+    bool recompute;          /* CUDA: recompute the norms' and SwiGLU's outputs in the backward (less memory) */
+    bool zero1;              /* data parallel: shard the AdamW moments over the ranks (ZeRO-1) */
+    /* evaluation and output (kiln_train_run) */
+    int64_t eval_interval;   /* steps between validation passes (0: only at the end) */
+    int64_t eval_batches;    /* micro-batches per validation pass */
+    int64_t ckpt_interval;   /* steps between checkpoints (0: only at the end) */
+    const char *ckpt_path;   /* checkpoint file (NULL: none) */
+    const char *out_path;    /* exported model (NULL: none) */
+    bool out_best;           /* export at each evaluation that improves the validation loss, not at the end */
+    const char *log_path;    /* JSONL log (NULL: none) */
+    const char *name;        /* general.name of the outputs */
+} kiln_train_opts;
+
+/* Defaults: B 8, T 256, accumulation 1, 1000 steps, lr 1e-3 cosine to 1e-4 with 100 warmup steps over 1000, AdamW
+ * defaults, mixed off, the CPU, eval every 100 steps over 20 batches, checkpoint at the end, seed 1337. */
+kiln_train_opts kiln_train_defaults(void);
+
+/* A step's report, the progress callback's p->train: stage "train" after each step (done = step, total = steps,
+ * metric = loss), "eval" after each evaluation (metric = val_loss). */
+typedef struct kiln_train_progress {
+    int64_t step, steps;     /* completed steps, target */
+    double loss;             /* mean training loss of this step */
+    double lr, grad_norm;
+    double tok_per_s;        /* this step */
+    double elapsed_s, eta_s;
+    double val_loss, val_ppl;/* NaN when this report is not an evaluation */
+    int64_t n_skipped;       /* non-finite steps skipped so far */
+    bool checkpoint;         /* a checkpoint was written after this step */
+    int64_t n_params;
+    size_t state_bytes, act_bytes; /* training state (master, mirror, grads, moments) and activations */
+} kiln_train_progress;
+
+/* The whole run (`kiln train`). Data parallel when started as one of several ranks (`kiln train --nproc N`). */
+kiln_status kiln_train_run(const kiln_train_opts *opts, kiln_progress_fn progress, void *user);
+
+typedef struct kiln_trainer kiln_trainer;
+/* A model and its optimizer as opts say (the model, B, T, lr, adam, device, ...; data_dir and the output paths are
+ * not used). */
+kiln_status kiln_trainer_new(const kiln_train_opts *opts, kiln_trainer **out);
+void kiln_trainer_free(kiln_trainer *t); /* accepts NULL */
+/* One optimizer step on one micro-batch: inputs and targets (B*T ids each, row-major (B, T); a target of -1 is
+ * ignored), the gradient of the mean loss over the counted targets, then AdamW at the schedule's rate for this
+ * step. *loss gets that mean. A non-finite loss or gradient skips the update (the step still counts). */
+kiln_status kiln_trainer_step(kiln_trainer *t, const int32_t *inputs, const int32_t *targets, double *loss);
+/* Optimizer steps taken (resumed ones included). */
+int64_t kiln_trainer_steps_done(const kiln_trainer *t);
+/* A checkpoint that opts.resume continues, and an export of the weights alone; both atomic (temp file, rename). */
+kiln_status kiln_trainer_save(kiln_trainer *t, const char *path);
+kiln_status kiln_trainer_export(kiln_trainer *t, const char *path);
 
 /* ---------------------------------------------------------------- perplexity
  * The text is tokenized (with BOS) and cut into non-overlapping windows of n_ctx tokens; each window starts

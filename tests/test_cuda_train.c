@@ -1,4 +1,4 @@
-/* test_cuda_train.c: the GPU trainer (src/cuda/trainer.cu) against the CPU trainer (src/model/llama_train.c), the
+/* test_cuda_train.c: the GPU trainer (src/cuda/trainer.cu) against the CPU trainer (src/train/llama_train.c), the
  * oracle, on a small llama (C 128, L 2, NH 4, NKV 2, F 256, V 500; B 2, T 40; label smoothing 0.1, z-loss 1e-4,
  * two ignored targets; untied and tied), weights at 2x the init scale (attention scores of std ~0.8: far from
  * uniform, yet not saturated).
@@ -21,9 +21,9 @@
  * Compiled with KILN_CUDA only; skips without a GPU. */
 #include "test.h"
 #include "cuda/cuda.h"
-#include "model/llama_train.h"
+#include "train/llama_train.h"
 #include "train/optim.h"
-#include "train/train.h"
+#include "train/trainer.h"
 #include "pool.h"
 
 #ifdef KILN_CUDA

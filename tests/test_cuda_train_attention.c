@@ -1,4 +1,4 @@
-/* test_cuda_train_attention.c: src/cuda/train_attention.cu (kiln_cuda_attention_forward / _backward) against the
+/* test_cuda_train_attention.c: src/cuda/train_attention.cu (kiln_cuda_attention_forward_train / _backward) against the
  * CPU oracle kiln_cpu_ops.attention_forward_train / attention_backward (src/cpu/ops_attention.c) on fresh seeded
  * random inputs: q, k, v and dout normal(0, 1) rounded to bf16 (the GPU reads the packed bf16 qkv; the CPU gets
  * the same values as f32). Every GPU output is poisoned with 0xFF bytes (NaN) first, so an element left unwritten
@@ -166,7 +166,7 @@ static void test_attention(void) {
         CHECK(kiln_cuda_upload(d_qkv, qkv, (size_t)(N * W) * 2) == KILN_OK &&
               kiln_cuda_upload(d_dout, dout_bf, (size_t)(N * Q) * 2) == KILN_OK, "%s", kiln_last_error());
         CHECK(poison(d_out, (size_t)(N * Q) * 2) == KILN_OK && poison(d_lse, (size_t)nl * 4) == KILN_OK);
-        CHECK(kiln_cuda_attention_forward(d_out, d_lse, d_qkv, s.B, s.T, s.NH, s.NKV, s.HS, NULL) == KILN_OK, "%s",
+        CHECK(kiln_cuda_attention_forward_train(d_out, d_lse, d_qkv, s.B, s.T, s.NH, s.NKV, s.HS, NULL) == KILN_OK, "%s",
               kiln_last_error());
         kiln_bf16 *out_bf = host((size_t)(N * Q) * 2);
         float *out = host((size_t)(N * Q) * 4), *lse = host((size_t)nl * 4);
@@ -258,9 +258,9 @@ static void test_refused(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     kiln_bf16_t *d = NULL;
     CHECK(kiln_cuda_alloc((void **)&d, 4096) == KILN_OK, "%s", kiln_last_error());
-    const kiln_status a = kiln_cuda_attention_forward(d, (float *)d, d, 1, 4, 2, 1, 12, NULL);
-    const kiln_status b = kiln_cuda_attention_forward(d, (float *)d, d, 1, 4, 2, 1, 264, NULL);
-    const kiln_status e = kiln_cuda_attention_forward(d, (float *)d, d, 1, 4, 3, 2, 8, NULL); /* NH % NKV */
+    const kiln_status a = kiln_cuda_attention_forward_train(d, (float *)d, d, 1, 4, 2, 1, 12, NULL);
+    const kiln_status b = kiln_cuda_attention_forward_train(d, (float *)d, d, 1, 4, 2, 1, 264, NULL);
+    const kiln_status e = kiln_cuda_attention_forward_train(d, (float *)d, d, 1, 4, 3, 2, 8, NULL); /* NH % NKV */
     const kiln_status z = kiln_cuda_attention_backward((float *)d, d, d, d, (float *)d, 0, 4, 2, 1, 8, true, NULL, NULL);
     kiln_cuda_free(d);
     CHECK(a == KILN_ERR_UNSUPPORTED && b == KILN_ERR_UNSUPPORTED, "HS 12: %d, HS 264: %d", (int)a, (int)b);

@@ -128,7 +128,7 @@ static void test_embed_forward(void) {
             float *d_table = dev_copy(table, (size_t)(V * C) * 4), *d_x = dev((size_t)(N * C) * 4);
             int32_t *d_ids = dev_copy(ids, (size_t)N * 4);
             CHECK(d_table && d_x && d_ids && poison(d_x, (size_t)(N * C) * 4) == KILN_OK, "%s", kiln_last_error());
-            CHECK(kiln_cuda_embed_forward(d_x, d_table, d_ids, N, C, NULL) == KILN_OK, "%s", kiln_last_error());
+            CHECK(kiln_cuda_embed_forward_train(d_x, d_table, d_ids, N, C, NULL) == KILN_OK, "%s", kiln_last_error());
             CHECK(kiln_cuda_sync() == KILN_OK && kiln_cuda_download(got, d_x, (size_t)(N * C) * 4) == KILN_OK, "%s",
                   kiln_last_error());
             snprintf(what, sizeof what, "embed_forward N %lld C %lld", (long long)N, (long long)C);
@@ -258,7 +258,7 @@ static void test_rmsnorm_forward(void) {
                 kiln_bf16 *d_out = dev((size_t)n * 2);
                 CHECK(d_x && d_y && d_w && d_rstd && d_out && poison(d_rstd, (size_t)N * 4) == KILN_OK &&
                       poison(d_out, (size_t)n * 2) == KILN_OK, "%s", kiln_last_error());
-                CHECK(kiln_cuda_rmsnorm_forward(d_x, has_y ? d_y : NULL, d_out, d_rstd, d_w, N, C, eps, NULL) == KILN_OK, "%s",
+                CHECK(kiln_cuda_rmsnorm_forward_train(d_x, has_y ? d_y : NULL, d_out, d_rstd, d_w, N, C, eps, NULL) == KILN_OK, "%s",
                       kiln_last_error());
                 CHECK(kiln_cuda_sync() == KILN_OK && kiln_cuda_download(gx, d_x, xb) == KILN_OK &&
                       kiln_cuda_download(grstd, d_rstd, (size_t)N * 4) == KILN_OK &&
@@ -392,7 +392,7 @@ static void test_rope(void) {
                                 kiln_bf16 *d_in = dev_copy(qkv_bf, (size_t)n * 2);
                                 d_out = mode == 1 ? d_in : dev((size_t)n * 2);
                                 CHECK(d_in && d_out && (mode == 1 || poison(d_out, (size_t)n * 2) == KILN_OK), "%s", kiln_last_error());
-                                s = kiln_cuda_rope_forward(d_out, d_in, N, T, NH, NKV, HS, rope_dim, base, neox, NULL);
+                                s = kiln_cuda_rope_forward_train(d_out, d_in, N, T, NH, NKV, HS, rope_dim, base, neox, NULL);
                             }
                             CHECK(s == KILN_OK, "%s", kiln_last_error());
                             CHECK(kiln_cuda_sync() == KILN_OK && kiln_cuda_download(got, d_out, (size_t)n * 2) == KILN_OK, "%s",
@@ -447,7 +447,7 @@ static void test_swiglu(void) {
             kiln_bf16 *d_h = dev((size_t)n * 2), *d_dgu = dev((size_t)(2 * n) * 2);
             CHECK(d_gu && d_dh && d_h && d_dgu && poison(d_h, (size_t)n * 2) == KILN_OK &&
                   poison(d_dgu, (size_t)(2 * n) * 2) == KILN_OK, "%s", kiln_last_error());
-            CHECK(kiln_cuda_swiglu_forward(d_h, d_gu, N, F, NULL) == KILN_OK, "%s", kiln_last_error());
+            CHECK(kiln_cuda_swiglu_forward_train(d_h, d_gu, N, F, NULL) == KILN_OK, "%s", kiln_last_error());
             CHECK(kiln_cuda_swiglu_backward(d_dgu, d_dh, d_gu, N, F, NULL) == KILN_OK, "%s", kiln_last_error());
             CHECK(kiln_cuda_sync() == KILN_OK && kiln_cuda_download(gh, d_h, (size_t)n * 2) == KILN_OK &&
                   kiln_cuda_download(gdgu, d_dgu, (size_t)(2 * n) * 2) == KILN_OK, "%s", kiln_last_error());
@@ -504,19 +504,19 @@ static void test_refusals(void) {
         const char *what;
         kiln_status s;
     } r[] = {
-        {"rope rope_dim odd", kiln_cuda_rope_forward(b, b, 1, 1, 1, 1, 64, 63, 1e4f, false, NULL)},
-        {"rope rope_dim > HS", kiln_cuda_rope_forward(b, b, 1, 1, 1, 1, 64, 128, 1e4f, false, NULL)},
+        {"rope rope_dim odd", kiln_cuda_rope_forward_train(b, b, 1, 1, 1, 1, 64, 63, 1e4f, false, NULL)},
+        {"rope rope_dim > HS", kiln_cuda_rope_forward_train(b, b, 1, 1, 1, 1, 64, 128, 1e4f, false, NULL)},
         {"rope HS 512", kiln_cuda_rope_backward(b, d, 1, 1, 1, 1, 512, 512, 1e4f, true, NULL)},
-        {"rope T 0", kiln_cuda_rope_forward(b, b, 1, 0, 1, 1, 64, 64, 1e4f, false, NULL)},
-        {"rmsnorm C 0", kiln_cuda_rmsnorm_forward(d, NULL, b, d, d, 1, 0, 1e-5f, NULL)},
+        {"rope T 0", kiln_cuda_rope_forward_train(b, b, 1, 0, 1, 1, 64, 64, 1e4f, false, NULL)},
+        {"rmsnorm C 0", kiln_cuda_rmsnorm_forward_train(d, NULL, b, d, d, 1, 0, 1e-5f, NULL)},
         /* rows past what stays in registers: 8196 (float4s, past 8192) and 4098 (floats, past 4096) */
-        {"rmsnorm C 8196", kiln_cuda_rmsnorm_forward(d, NULL, b, d, d, 1, 8196, 1e-5f, NULL)},
-        {"rmsnorm C 4098", kiln_cuda_rmsnorm_forward(d, NULL, b, d, d, 1, 4098, 1e-5f, NULL)},
+        {"rmsnorm C 8196", kiln_cuda_rmsnorm_forward_train(d, NULL, b, d, d, 1, 8196, 1e-5f, NULL)},
+        {"rmsnorm C 4098", kiln_cuda_rmsnorm_forward_train(d, NULL, b, d, d, 1, 4098, 1e-5f, NULL)},
         {"rmsnorm_backward ws NULL", kiln_cuda_rmsnorm_backward(d, b, d, d, d, d, d, 1, 64, NULL, NULL)},
         {"rmsnorm_backward C 8196", kiln_cuda_rmsnorm_backward(d, NULL, d, d, d, d, d, 1, 8196, d, NULL)},
         {"rmsnorm_backward C 4098", kiln_cuda_rmsnorm_backward(d, b, d, d, d, d, d, 1, 4098, d, NULL)},
         {"embed_backward_det ws NULL", kiln_cuda_embed_backward_det(d, d, (const int32_t *)d, 1, 64, 10, NULL, NULL, NULL)},
-        {"swiglu F 0", kiln_cuda_swiglu_forward(b, b, 1, 0, NULL)},
+        {"swiglu F 0", kiln_cuda_swiglu_forward_train(b, b, 1, 0, NULL)},
         {"swiglu_backward N < 0", kiln_cuda_swiglu_backward(b, b, b, -1, 64, NULL)},
         {"to_bf16 n < 0", kiln_cuda_to_bf16(b, d, -1, NULL)},
     };

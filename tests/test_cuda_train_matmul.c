@@ -215,7 +215,7 @@ static bool linear_case(kiln_cuda_blas *b, int64_t N, int64_t I, int64_t O, bool
     /* forward, y f32 overwritten */
     snprintf(what, sizeof what, "forward y f32 = x W^T %s", shape);
     TRY(poison(y32, (size_t)ny * 4) == KILN_OK, "%s: poison: %s", what, kiln_last_error());
-    st = finish(kiln_cuda_linear_forward(b, y32, true, false, dx_in, dW_in, N, I, O, NULL), g32, y32, (size_t)ny * 4);
+    st = finish(kiln_cuda_linear_forward_train(b, y32, true, false, dx_in, dW_in, N, I, O, NULL), g32, y32, (size_t)ny * 4);
     TRY(st == KILN_OK, "%s: %s", what, kiln_last_error());
     if (!check_f32(what, g32, ry, ny, O, by, ey, msg, n_msg)) return false;
 
@@ -223,14 +223,14 @@ static bool linear_case(kiln_cuda_blas *b, int64_t N, int64_t I, int64_t O, bool
     snprintf(what, sizeof what, "forward y f32 += x W^T %s", shape);
     random_init(init, want, ry, ny, sy, rng);
     TRY(kiln_cuda_upload(y32, init, (size_t)ny * 4) == KILN_OK, "%s: upload: %s", what, kiln_last_error());
-    st = finish(kiln_cuda_linear_forward(b, y32, true, true, dx_in, dW_in, N, I, O, NULL), g32, y32, (size_t)ny * 4);
+    st = finish(kiln_cuda_linear_forward_train(b, y32, true, true, dx_in, dW_in, N, I, O, NULL), g32, y32, (size_t)ny * 4);
     TRY(st == KILN_OK, "%s: %s", what, kiln_last_error());
     if (!check_f32(what, g32, want, ny, O, by, ey, msg, n_msg)) return false;
 
     /* forward, y bf16 */
     snprintf(what, sizeof what, "forward y bf16 = x W^T %s", shape);
     TRY(poison(ybf, (size_t)ny * 2) == KILN_OK, "%s: poison: %s", what, kiln_last_error());
-    st = finish(kiln_cuda_linear_forward(b, ybf, false, false, dx_in, dW_in, N, I, O, NULL), gbf, ybf, (size_t)ny * 2);
+    st = finish(kiln_cuda_linear_forward_train(b, ybf, false, false, dx_in, dW_in, N, I, O, NULL), gbf, ybf, (size_t)ny * 2);
     TRY(st == KILN_OK, "%s: %s", what, kiln_last_error());
     if (!check_bf16(what, gbf, ry, ny, O, ey, msg, n_msg)) return false;
 
@@ -309,12 +309,12 @@ static void test_linear_rejects(void) {
     if (buf) {
         kiln_bf16_t *x = (kiln_bf16_t *)buf, *W = (kiln_bf16_t *)(buf + 65536), *dy = (kiln_bf16_t *)(buf + 131072);
         float *y = (float *)(buf + 262144);
-        s[0] = kiln_cuda_linear_forward(b, y, false, true, x, W, 16, 32, 32, NULL); /* accumulate into bf16 */
-        s[1] = kiln_cuda_linear_forward(b, y, true, false, x, W, 0, 32, 32, NULL);  /* N = 0 */
-        s[2] = kiln_cuda_linear_forward(b, y, true, false, x, W, 16, -1, 32, NULL); /* I < 0 */
-        s[3] = kiln_cuda_linear_forward(NULL, y, true, false, x, W, 16, 32, 32, NULL);
-        s[4] = kiln_cuda_linear_forward(b, (uint8_t *)y + 2, true, false, x, W, 16, 32, 32, NULL); /* f32 y 2-byte aligned */
-        s[5] = kiln_cuda_linear_forward(b, y, true, false, (const kiln_bf16_t *)(buf + 1), W, 16, 32, 32, NULL); /* odd x */
+        s[0] = kiln_cuda_linear_forward_train(b, y, false, true, x, W, 16, 32, 32, NULL); /* accumulate into bf16 */
+        s[1] = kiln_cuda_linear_forward_train(b, y, true, false, x, W, 0, 32, 32, NULL);  /* N = 0 */
+        s[2] = kiln_cuda_linear_forward_train(b, y, true, false, x, W, 16, -1, 32, NULL); /* I < 0 */
+        s[3] = kiln_cuda_linear_forward_train(NULL, y, true, false, x, W, 16, 32, 32, NULL);
+        s[4] = kiln_cuda_linear_forward_train(b, (uint8_t *)y + 2, true, false, x, W, 16, 32, 32, NULL); /* f32 y 2-byte aligned */
+        s[5] = kiln_cuda_linear_forward_train(b, y, true, false, (const kiln_bf16_t *)(buf + 1), W, 16, 32, 32, NULL); /* odd x */
         s[6] = kiln_cuda_linear_backward(b, y, false, true, NULL, dy, x, W, 16, 32, 32, NULL); /* accumulate into bf16 dx */
         s[7] = kiln_cuda_linear_backward(b, y, true, false, y + 4096, NULL, x, W, 16, 32, 32, NULL); /* no dy */
         s[8] = kiln_cuda_linear_backward(b, NULL, true, false, y, dy, NULL, W, 16, 32, 32, NULL);   /* dW without x */

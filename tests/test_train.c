@@ -9,9 +9,9 @@
 #include "cuda/cuda.h"
 #include "cuda/dist.h"
 
-#include "model/llama_train.h"
+#include "train/llama_train.h"
 #include "train/data.h"
-#include "train/train.h"
+#include "train/trainer.h"
 
 #include <signal.h>
 #include <stdint.h>
@@ -268,8 +268,8 @@ static kiln_train_opts loop_opts(const char *tag) {
     static int n;
     int i = n++ % 8;
     kiln_train_opts o = kiln_train_defaults();
-    o.cfg = (kiln_llama_config){.n_embd = 32, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 64, .rope_base = 10000.0f,
-                                .rms_eps = 1e-5f};
+    o.dims = (kiln_model_dims){.n_embd = 32, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 64, .rope_base = 10000.0f,
+                               .rms_eps = 1e-5f};
     o.tokenizer = tok_path;
     o.data_dir = data_dir;
     o.B = 2, o.T = 16, o.steps = 6, o.n_threads = 2;
@@ -324,10 +324,11 @@ static int read_losses(const char *path, double *out, int max) { return read_val
 static void check_resume(bool eight_bit, bool mixed, bool gpu) {
     CHECK(setup_corpus(), "%s", kiln_last_error());
     kiln_train_opts a = loop_opts(gpu ? "ag" : eight_bit ? "a8" : mixed ? "am" : "a");
-    a.adam.eight_bit = eight_bit, a.mixed = mixed, a.gpu = gpu, a.deterministic = gpu;
+    const kiln_device dev = {gpu ? KILN_DEVICE_CUDA : KILN_DEVICE_CPU, 0};
+    a.adam.eight_bit = eight_bit, a.mixed = mixed, a.device = dev, a.deterministic = gpu;
     CHECK(kiln_train_run(&a, NULL, NULL) == KILN_OK, "%s", kiln_last_error());
     kiln_train_opts b = loop_opts(gpu ? "bg" : eight_bit ? "b8" : mixed ? "bm" : "b");
-    b.adam.eight_bit = eight_bit, b.mixed = mixed, b.gpu = gpu, b.deterministic = gpu;
+    b.adam.eight_bit = eight_bit, b.mixed = mixed, b.device = dev, b.deterministic = gpu;
     b.stop_after = 3;
     CHECK(kiln_train_run(&b, NULL, NULL) == KILN_OK, "%s", kiln_last_error());
     CHECK(!files_equal(a.out_path, b.out_path), "a run stopped at step 3 already equals the full run");

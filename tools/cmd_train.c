@@ -1,16 +1,15 @@
-/* cmd_train.c: `kiln train`, the CLI over kiln_train_run (src/train/train.c). It parses the options, prints a
- * progress line per step and the validation results to stderr, and exits 1 with a one-line error. */
+/* cmd_train.c: `kiln train`, the CLI over kiln.h's kiln_train_run. It parses the options, prints a progress line
+ * per step and the validation results to stderr, and exits 1 with a one-line error. */
 #include "kiln.h"
-#include "cuda/cuda.h"
 #include "tools/cmd.h"
 #include "tools/launch.h"
-#include "train/train.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
 
 static void usage(void) {
     fprintf(stderr,
@@ -38,7 +37,8 @@ static void fmt_time(char *buf, size_t n, double s) {
     else snprintf(buf, n, "%.0fs", s);
 }
 
-static void on_progress(void *user, const kiln_train_progress *p) {
+static void on_progress(void *user, const kiln_progress *pr) {
+    const kiln_train_progress *p = pr->train;
     bool *first = user;
     if (*first) {
         *first = false;
@@ -58,39 +58,45 @@ static void on_progress(void *user, const kiln_train_progress *p) {
             p->n_skipped ? " | skipped steps " : "", p->checkpoint ? " | checkpoint" : "");
 }
 
+/* True when argument *i is the option `name` and has a value, which it steps over. */
+static bool opt(int argc, char **argv, int *i, const char *name) {
+    if (strcmp(argv[*i], name) != 0 || *i + 1 >= argc) return false;
+    ++*i;
+    return true;
+}
+
 /* `kiln train --nproc N`: this executable run as N ranks (tools/launch.h) with the same arguments less
  * "--nproc N" (argv[nproc_at], argv[nproc_at + 1]); a rank that fails stops the others. */
 int kiln_cmd_train(int argc, char **argv) {
     kiln_train_opts o = kiln_train_defaults();
-    o.cfg.n_embd = 256, o.cfg.n_layer = 4, o.cfg.n_head = 8, o.cfg.n_head_kv = 4, o.cfg.n_ff = 704;
+    o.dims.n_embd = 256, o.dims.n_layer = 4, o.dims.n_head = 8, o.dims.n_head_kv = 4, o.dims.n_ff = 704;
     bool warmup_set = false, min_lr_set = false;
     int nproc_at = -1; /* the index of --nproc in argv */
     double nproc = 1;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define OPT(name) (strcmp(a, name) == 0 && v && ++i)
-        if (OPT("--data")) o.data_dir = v;
-        else if (OPT("-t") || (strcmp(a, "--tokenizer") == 0 && v && ++i)) o.tokenizer = v;
-        else if (OPT("--init-from")) o.init_from = v;
-        else if (OPT("--resume")) o.resume = v;
-        else if (OPT("-V")) o.cfg.n_vocab = atoll(v);
-        else if (OPT("-C")) o.cfg.n_embd = atoll(v);
-        else if (OPT("-L")) o.cfg.n_layer = atoll(v);
-        else if (OPT("--heads")) o.cfg.n_head = atoll(v);
-        else if (OPT("--kv-heads")) o.cfg.n_head_kv = atoll(v);
-        else if (OPT("-F")) o.cfg.n_ff = atoll(v);
-        else if (OPT("--rope-base")) o.cfg.rope_base = (float)atof(v);
-        else if (OPT("-B")) o.B = atoll(v);
-        else if (OPT("-T")) o.T = atoll(v);
-        else if (OPT("--accum")) o.grad_accum = atoll(v);
-        else if (OPT("--steps")) o.steps = atoll(v);
-        else if (OPT("--time")) o.time_budget_s = atof(v);
-        else if (OPT("--stop-after")) o.stop_after = atoll(v);
-        else if (OPT("--lr")) o.lr.lr = (float)atof(v);
-        else if (OPT("--min-lr")) o.lr.min_lr = (float)atof(v), min_lr_set = true;
-        else if (OPT("--warmup")) o.lr.warmup = atoll(v), warmup_set = true;
-        else if (OPT("--schedule")) {
+        if (opt(argc, argv, &i, "--data")) o.data_dir = v;
+        else if (opt(argc, argv, &i, "-t") || opt(argc, argv, &i, "--tokenizer")) o.tokenizer = v;
+        else if (opt(argc, argv, &i, "--init-from")) o.init_from = v;
+        else if (opt(argc, argv, &i, "--resume")) o.resume = v;
+        else if (opt(argc, argv, &i, "-V")) o.dims.n_vocab = atoll(v);
+        else if (opt(argc, argv, &i, "-C")) o.dims.n_embd = atoll(v);
+        else if (opt(argc, argv, &i, "-L")) o.dims.n_layer = atoll(v);
+        else if (opt(argc, argv, &i, "--heads")) o.dims.n_head = atoll(v);
+        else if (opt(argc, argv, &i, "--kv-heads")) o.dims.n_head_kv = atoll(v);
+        else if (opt(argc, argv, &i, "-F")) o.dims.n_ff = atoll(v);
+        else if (opt(argc, argv, &i, "--rope-base")) o.dims.rope_base = (float)atof(v);
+        else if (opt(argc, argv, &i, "-B")) o.B = atoll(v);
+        else if (opt(argc, argv, &i, "-T")) o.T = atoll(v);
+        else if (opt(argc, argv, &i, "--accum")) o.grad_accum = atoll(v);
+        else if (opt(argc, argv, &i, "--steps")) o.steps = atoll(v);
+        else if (opt(argc, argv, &i, "--time")) o.time_budget_s = atof(v);
+        else if (opt(argc, argv, &i, "--stop-after")) o.stop_after = atoll(v);
+        else if (opt(argc, argv, &i, "--lr")) o.lr.lr = (float)atof(v);
+        else if (opt(argc, argv, &i, "--min-lr")) o.lr.min_lr = (float)atof(v), min_lr_set = true;
+        else if (opt(argc, argv, &i, "--warmup")) o.lr.warmup = atoll(v), warmup_set = true;
+        else if (opt(argc, argv, &i, "--schedule")) {
             if (strcmp(v, "cosine") == 0) o.lr.decay = KILN_LR_COSINE;
             else if (strcmp(v, "linear") == 0) o.lr.decay = KILN_LR_LINEAR;
             else if (strcmp(v, "constant") == 0) o.lr.decay = KILN_LR_CONSTANT;
@@ -98,42 +104,42 @@ int kiln_cmd_train(int argc, char **argv) {
                 fprintf(stderr, "kiln: train: unknown schedule '%s' (cosine, linear, constant)\n", v);
                 return 1;
             }
-        } else if (OPT("--optim")) {
+        } else if (opt(argc, argv, &i, "--optim")) {
             if (strcmp(v, "adamw") == 0) o.adam.eight_bit = false;
             else if (strcmp(v, "adamw8bit") == 0) o.adam.eight_bit = true;
             else {
                 fprintf(stderr, "kiln: train: unknown optimizer '%s' (adamw, adamw8bit)\n", v);
                 return 1;
             }
-        } else if (OPT("--nproc")) {
+        } else if (opt(argc, argv, &i, "--nproc")) {
             if (!kiln_cli_parse_num("train", "--nproc", v, 1, 4096, &nproc)) return 1;
             if (nproc != (int)nproc) {
                 fprintf(stderr, "kiln: train: --nproc needs a whole number of processes, got '%s'\n", v);
                 return 1;
             }
             nproc_at = i - 1;
-        } else if (OPT("--wd")) o.adam.weight_decay = (float)atof(v);
-        else if (OPT("--clip")) o.adam.grad_clip = (float)atof(v);
-        else if (OPT("--beta1")) o.adam.beta1 = (float)atof(v);
-        else if (OPT("--beta2")) o.adam.beta2 = (float)atof(v);
+        } else if (opt(argc, argv, &i, "--wd")) o.adam.weight_decay = (float)atof(v);
+        else if (opt(argc, argv, &i, "--clip")) o.adam.grad_clip = (float)atof(v);
+        else if (opt(argc, argv, &i, "--beta1")) o.adam.beta1 = (float)atof(v);
+        else if (opt(argc, argv, &i, "--beta2")) o.adam.beta2 = (float)atof(v);
         else if (strcmp(a, "--mixed") == 0) o.mixed = true;
-        else if (strcmp(a, "--gpu") == 0) o.gpu = true;
+        else if (strcmp(a, "--gpu") == 0) o.device = (kiln_device){KILN_DEVICE_CUDA, 0};
         else if (strcmp(a, "--deterministic") == 0) o.deterministic = true;
         else if (strcmp(a, "--recompute") == 0) o.recompute = true;
         else if (strcmp(a, "--zero1") == 0) o.zero1 = true;
-        else if (strcmp(a, "--tied") == 0) o.cfg.tied = true;
-        else if (OPT("--label-smoothing")) o.label_smoothing = (float)atof(v);
-        else if (OPT("--z-loss")) o.z_loss = (float)atof(v);
-        else if (OPT("--eval-every")) o.eval_interval = atoll(v);
-        else if (OPT("--eval-batches")) o.eval_batches = atoll(v);
-        else if (OPT("--ckpt")) o.ckpt_path = v;
-        else if (OPT("--ckpt-every")) o.ckpt_interval = atoll(v);
-        else if (OPT("-o")) o.out_path = v;
+        else if (strcmp(a, "--tied") == 0) o.dims.tied = true;
+        else if (opt(argc, argv, &i, "--label-smoothing")) o.label_smoothing = (float)atof(v);
+        else if (opt(argc, argv, &i, "--z-loss")) o.z_loss = (float)atof(v);
+        else if (opt(argc, argv, &i, "--eval-every")) o.eval_interval = atoll(v);
+        else if (opt(argc, argv, &i, "--eval-batches")) o.eval_batches = atoll(v);
+        else if (opt(argc, argv, &i, "--ckpt")) o.ckpt_path = v;
+        else if (opt(argc, argv, &i, "--ckpt-every")) o.ckpt_interval = atoll(v);
+        else if (opt(argc, argv, &i, "-o")) o.out_path = v;
         else if (strcmp(a, "--out-best") == 0) o.out_best = true;
-        else if (OPT("--log")) o.log_path = v;
-        else if (OPT("--name")) o.name = v;
-        else if (OPT("--seed")) o.seed = strtoull(v, NULL, 10);
-        else if (OPT("-j") || (strcmp(a, "--threads") == 0 && v && ++i)) o.n_threads = atoi(v);
+        else if (opt(argc, argv, &i, "--log")) o.log_path = v;
+        else if (opt(argc, argv, &i, "--name")) o.name = v;
+        else if (opt(argc, argv, &i, "--seed")) o.seed = strtoull(v, NULL, 10);
+        else if (opt(argc, argv, &i, "-j") || opt(argc, argv, &i, "--threads")) o.n_threads = atoi(v);
         else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             usage();
             return 0;
@@ -142,7 +148,6 @@ int kiln_cmd_train(int argc, char **argv) {
             usage();
             return 1;
         }
-#undef OPT
     }
     if (!o.data_dir) {
         fprintf(stderr, "kiln: train: --data DIR is required (shards from kiln data)\n");
@@ -150,7 +155,7 @@ int kiln_cmd_train(int argc, char **argv) {
     }
     /* the launcher; its ranks (KILN_RANK set) train, whatever --nproc says */
     if (nproc > 1 && !getenv("KILN_RANK")) {
-        if (!o.gpu) { /* said before N processes start, each to say it */
+        if (o.device.kind != KILN_DEVICE_CUDA) { /* said before N processes start, each to say it */
             fprintf(stderr, "kiln: train: --nproc %d trains on %d GPUs: add --gpu\n", (int)nproc, (int)nproc);
             return 1;
         }

@@ -73,6 +73,7 @@ struct kiln_gguf_writer {
     int64_t next_tensor;
     uint64_t alignment;
     uint64_t written; /* bytes of the data section written so far */
+    size_t part;      /* bytes of tensor next_tensor written so far by write_part */
 };
 
 kiln_status kiln_gguf_writer_new(kiln_gguf_writer **out) {
@@ -352,12 +353,13 @@ kiln_status kiln_gguf_writer_begin(kiln_gguf_writer *w, const char *path) {
     free(h.p);
     w->next_tensor = 0;
     w->written = 0;
+    w->part = 0;
     return s;
 }
 
 kiln_status kiln_gguf_writer_write_tensor(kiln_gguf_writer *w, int64_t i, const void *data, size_t nbytes) {
     if (w->fd < 0) return kiln_fail(KILN_ERR_INVALID, "write_tensor before begin");
-    if (i != w->next_tensor || i >= w->n_t)
+    if (i != w->next_tensor || i >= w->n_t || w->part)
         return kiln_fail(KILN_ERR_INVALID, "%s: tensor %lld written out of order (expected %lld)", w->path, (long long)i,
                          (long long)w->next_tensor);
     if (nbytes != w->t[i].nbytes)
@@ -366,6 +368,24 @@ kiln_status kiln_gguf_writer_write_tensor(kiln_gguf_writer *w, int64_t i, const 
     kiln_status s = write_all(w, data, nbytes);
     if (!s) s = write_padding(w, nbytes);
     w->next_tensor++;
+    return s;
+}
+
+kiln_status kiln_gguf_writer_write_part(kiln_gguf_writer *w, int64_t i, const void *data, size_t nbytes) {
+    if (w->fd < 0) return kiln_fail(KILN_ERR_INVALID, "write_part before begin");
+    if (i != w->next_tensor || i >= w->n_t)
+        return kiln_fail(KILN_ERR_INVALID, "%s: tensor %lld written out of order (expected %lld)", w->path, (long long)i,
+                         (long long)w->next_tensor);
+    if (nbytes > w->t[i].nbytes - w->part)
+        return kiln_fail(KILN_ERR_INVALID, "%s: tensor '%s' gets %zu bytes past its %zu", w->path, w->t[i].name,
+                         w->part + nbytes - w->t[i].nbytes, w->t[i].nbytes);
+    kiln_status s = write_all(w, data, nbytes);
+    w->part += nbytes;
+    if (!s && w->part == w->t[i].nbytes) {
+        s = write_padding(w, w->part);
+        w->part = 0;
+        w->next_tensor++;
+    }
     return s;
 }
 

@@ -1,6 +1,6 @@
 /* ops.h: the CPU kernels as a table (kiln_cpu_ops, src/cpu/ops.c), forward and backward. The inference forward
  * reaches them through the CPU backend of the seam (src/model/backend.h, src/cpu/backend.c), which builds each of
- * the forward's fused steps out of them; the CPU trainer (src/model/llama_train.c) calls them directly. The scalar
+ * the forward's fused steps out of them; the CPU trainer (src/train/llama_train.c) calls them directly. The scalar
  * path is the oracle: the SIMD paths are tested against it op by op (tests/test_ops.c), and the CUDA kernels
  * against it (tests/test_cuda_*.c). Each op's backward lives in the same file as its forward; tests/test_grad.c checks
  * every backward against central finite differences of a double-precision forward.
@@ -68,8 +68,10 @@ typedef struct kiln_ops {
     size_t (*scratch_size)(int64_t T, int64_t max_width, int64_t NH, int64_t n_ctx, int n_threads);
 
     /* ---- training (#5). N = B*T rows; activations and gradients are float. Every backward ACCUMULATES
-     * (+=) into each gradient it writes, activation and parameter alike (llm.c's convention): the caller
-     * zeroes them. The exceptions say so. Results never depend on the thread count (deterministic
+     * (+=) into each gradient it writes, activation and parameter alike, so a gradient with two sources (the
+     * residual stream, dln from q, k and v) needs no add: the caller zeroes an activation gradient before the
+     * ops that build it (src/train/llama_train.c), which keeps the trainer's convention of src/train/trainer.h
+     * (+= into parameter gradients, activation gradients overwritten each step). The exceptions say so. Results never depend on the thread count (deterministic
      * reductions: per-thread partials summed in a fixed order, or work split so no two threads write one
      * element). */
 

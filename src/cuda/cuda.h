@@ -41,9 +41,11 @@ kiln_status kiln_cuda_sync(void);
 kiln_status kiln_cuda_copy_bandwidth(double *gb_per_s);
 
 /* ---------------------------------------------------------------- training (trainer.cu, issue #8)
- * A kiln_llama_train (src/model/llama_train.h) on GPU 0 for batches of B x T: its fp32 master weights, gradients,
- * AdamW moments and bf16 mirror on the device, the activations of one batch, the forward, loss, backward and a
- * fused AdamW (train_kernels.h). The memory is checked against the free VRAM before anything is allocated. */
+ * A kiln_llama_train's layout (src/train/llama_train.h) on a GPU for batches of B x T: its fp32 master weights,
+ * gradients, AdamW moments and bf16 mirror on the device, the activations of one batch, the forward, loss, backward
+ * and a fused AdamW (train_kernels.h). The host keeps no copy of any of them: the state streams through
+ * kiln_cuda_trainer_read and _write (src/train/trainer_cuda.c puts this behind src/train/trainer.h). The memory is
+ * checked against the free VRAM before anything is allocated. */
 typedef struct kiln_cuda_trainer kiln_cuda_trainer;
 struct kiln_llama_train;
 struct kiln_adamw_cfg;
@@ -65,9 +67,14 @@ struct kiln_adamw_cfg;
  * of the tensors the forward reads in fp32 (the embedding, the norms). */
 #define KILN_CUDA_TRAIN_ZERO1 4u
 struct kiln_dist;
+/* The trainer takes the current device of the calling thread (kiln_cuda_set_device, or kiln_dist_init's). m's
+ * params, when not NULL, are uploaded; else the parameters start at zero for kiln_cuda_trainer_write. m must outlive
+ * the trainer. */
 kiln_status kiln_cuda_trainer_new(const struct kiln_llama_train *m, int64_t B, int64_t T, unsigned flags, struct kiln_dist *dist,
                                   kiln_cuda_trainer **out);
 void kiln_cuda_trainer_free(kiln_cuda_trainer *t); /* accepts NULL */
+/* cudaSetDevice(index) for this thread, after checking that the device exists. */
+kiln_status kiln_cuda_set_device(int index);
 size_t kiln_cuda_trainer_bytes(const kiln_cuda_trainer *t);
 /* As kiln_llama_train_step: forward of inputs (B*T ids), the loss against targets (-1 ignored), and when
  * grad_scale != 0 the backward, grads += grad_scale * d(sum of losses)/d(params) on the device. */
@@ -85,12 +92,21 @@ kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const struct kiln_adam
                                     bool *skipped);
 /* The device's params and grads (n_params floats each, either may be NULL) into host memory. */
 kiln_status kiln_cuda_trainer_download(kiln_cuda_trainer *t, float *params, float *grads);
-/* What a checkpoint needs, into host memory (any may be NULL): params, the AdamW moments m and v (n_params each),
- * the count of applied updates and of skipped non-finite embedding-gradient rows; and its inverse for a resume
- * (the params come with the model the trainer was made from). */
-kiln_status kiln_cuda_trainer_get_state(kiln_cuda_trainer *t, float *params, float *m, float *v, int64_t *opt_step,
-                                        int64_t *n_embed_skipped);
-kiln_status kiln_cuda_trainer_set_state(kiln_cuda_trainer *t, const float *m, const float *v, int64_t opt_step);
+
+/* The state a checkpoint streams, each n_params floats over the flat buffer. */
+typedef enum kiln_cuda_train_part { KILN_CUDA_TRAIN_PARAMS, KILN_CUDA_TRAIN_M, KILN_CUDA_TRAIN_V } kiln_cuda_train_part;
+/* Makes part readable on this rank: with ZeRO-1 it gathers the parameters, or the moments' shards into the gradient
+ * buffer (dead until the next zero_grads: one of m and v at a time). A collective; nothing to do otherwise. */
+kiln_status kiln_cuda_trainer_gather(kiln_cuda_trainer *t, kiln_cuda_train_part part);
+/* Elements [first, first + n) of part into host dst, after kiln_cuda_trainer_gather of part. */
+kiln_status kiln_cuda_trainer_read(kiln_cuda_trainer *t, kiln_cuda_train_part part, int64_t first, int64_t n, float *dst);
+/* The same range from host src, which may go on return. With ZeRO-1 a rank keeps the moments of its shard (every
+ * rank is given all of them). Writing params refreshes the mirror before the next step or update. */
+kiln_status kiln_cuda_trainer_write(kiln_cuda_trainer *t, kiln_cuda_train_part part, int64_t first, int64_t n, const float *src);
+/* The count of applied updates and of skipped non-finite embedding-gradient rows (summed over the ranks: a
+ * collective), and their inverse for a resume. */
+kiln_status kiln_cuda_trainer_get_counters(kiln_cuda_trainer *t, int64_t *opt_step, int64_t *n_embed_skipped);
+kiln_status kiln_cuda_trainer_set_counters(kiln_cuda_trainer *t, int64_t opt_step, int64_t n_embed_skipped);
 
 #ifdef __cplusplus
 }

@@ -52,11 +52,16 @@ kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const struct kiln_adam
     return no_cuda();
 }
 kiln_status kiln_cuda_trainer_download(kiln_cuda_trainer *t, float *params, float *grads) { return no_cuda(); }
-kiln_status kiln_cuda_trainer_get_state(kiln_cuda_trainer *t, float *params, float *m, float *v, int64_t *opt_step,
-                                        int64_t *n_embed_skipped) {
+kiln_status kiln_cuda_set_device(int index) { return no_cuda(); }
+kiln_status kiln_cuda_trainer_gather(kiln_cuda_trainer *t, kiln_cuda_train_part part) { return no_cuda(); }
+kiln_status kiln_cuda_trainer_read(kiln_cuda_trainer *t, kiln_cuda_train_part part, int64_t first, int64_t n, float *dst) {
     return no_cuda();
 }
-kiln_status kiln_cuda_trainer_set_state(kiln_cuda_trainer *t, const float *m, const float *v, int64_t opt_step) { return no_cuda(); }
+kiln_status kiln_cuda_trainer_write(kiln_cuda_trainer *t, kiln_cuda_train_part part, int64_t first, int64_t n, const float *src) {
+    return no_cuda();
+}
+kiln_status kiln_cuda_trainer_get_counters(kiln_cuda_trainer *t, int64_t *opt_step, int64_t *n_embed_skipped) { return no_cuda(); }
+kiln_status kiln_cuda_trainer_set_counters(kiln_cuda_trainer *t, int64_t opt_step, int64_t n_embed_skipped) { return no_cuda(); }
 #else
 typedef int kiln_cuda_none_unused; /* ISO C wants a declaration in every translation unit */
 #endif

@@ -369,7 +369,7 @@ static kiln_status backward_hs(float *dqkv, const kiln_bf16_t *dout, const kiln_
                                                         dim3(ATTN_NT), 0, s, dqkv, dout, qkv, lse, D, T, NH, NKV, hs, scale));
 }
 
-extern "C" kiln_status kiln_cuda_attention_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int64_t B, int64_t T,
+extern "C" kiln_status kiln_cuda_attention_forward_train(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int64_t B, int64_t T,
                                                    int64_t NH, int64_t NKV, int64_t HS, void *stream) {
     const char *who = "cuda attention_forward (train)";
     kiln_status st = check_shape(who, B, T, NH, NKV, HS);

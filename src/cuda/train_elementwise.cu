@@ -174,7 +174,7 @@ static rms_forward_fn rms_forward_pick(int NV) {
     }
 }
 
-extern "C" kiln_status kiln_cuda_rmsnorm_forward(float *x, const float *y, kiln_bf16_t *out, float *rstd, const float *w,
+extern "C" kiln_status kiln_cuda_rmsnorm_forward_train(float *x, const float *y, kiln_bf16_t *out, float *rstd, const float *w,
                                                  int64_t N, int64_t C, float eps, void *stream) {
     const bool vec = C % 4 == 0 && aligned(x, 16) && aligned(y, 16) && aligned(w, 16) && aligned(out, 8);
     rms_plan p;
@@ -624,7 +624,7 @@ static kiln_status rope(const char *what, kiln_bf16_t *out, const TI *in, int64_
     return checked(what, e);
 }
 
-extern "C" kiln_status kiln_cuda_rope_forward(kiln_bf16_t *qkv_bf, const kiln_bf16_t *qkv, int64_t N, int64_t T, int64_t NH,
+extern "C" kiln_status kiln_cuda_rope_forward_train(kiln_bf16_t *qkv_bf, const kiln_bf16_t *qkv, int64_t N, int64_t T, int64_t NH,
                                               int64_t NKV, int64_t HS, int64_t rope_dim, float base, bool neox, void *stream) {
     return rope<kiln_bf16_t>("rope_forward", qkv_bf, qkv, N, T, NH, NKV, HS, rope_dim, base, neox, 1.0f, stream);
 }
@@ -716,7 +716,7 @@ static void swiglu_grid(int64_t N, int64_t F, int64_t V, dim3 *grid, dim3 *block
     *grid = dim3((unsigned)((units + t - 1) / t), (unsigned)(N < 65535 ? N : 65535));
 }
 
-extern "C" kiln_status kiln_cuda_swiglu_forward(kiln_bf16_t *h, const kiln_bf16_t *gu, int64_t N, int64_t F, void *stream) {
+extern "C" kiln_status kiln_cuda_swiglu_forward_train(kiln_bf16_t *h, const kiln_bf16_t *gu, int64_t N, int64_t F, void *stream) {
     if (N < 0 || F <= 0 || F > INT32_MAX || (N > 0 && F > INT64_MAX / 2 / N))
         return kiln_fail(KILN_ERR_INVALID, "cuda swiglu_forward: N %lld, F %lld", (long long)N, (long long)F);
     if (N == 0) return KILN_OK;

@@ -23,7 +23,7 @@ static __global__ void embed_forward_kernel(float *x /* (N, C) */, const float *
         for (int64_t i = threadIdx.x; i < C; i += blockDim.x) dst[i] = src[i];
 }
 
-extern "C" kiln_status kiln_cuda_embed_forward(float *x, const float *table, const int32_t *ids, int64_t N, int64_t C,
+extern "C" kiln_status kiln_cuda_embed_forward_train(float *x, const float *table, const int32_t *ids, int64_t N, int64_t C,
                                                void *stream) {
     if (N < 0 || C <= 0 || N > INT32_MAX)
         return kiln_fail(KILN_ERR_INVALID, "cuda embed_forward: N %lld, C %lld", (long long)N, (long long)C);

@@ -9,6 +9,12 @@
  * attention output, the GLU output, and the gradients a backward matmul reads) in bf16, written in bf16 by the
  * kernel that produces them. Norm weights are read from the fp32 master weights.
  *
+ * Gradients: every parameter gradient (dW, dw, dtable) is ADDED into (+=), so micro-batches accumulate until the
+ * trainer zeroes them; an activation gradient is overwritten (=) by the kernel that produces it, except the
+ * residual stream's f32 dx, which the norm backward and an f32 linear backward with accumulate add into (the
+ * skip connection's share is already there). Each launcher below says which. The trainer's own contract is
+ * src/train/trainer.h's.
+ *
  * Shapes: B sequences of T tokens, N = B*T rows; C width, NH/NKV heads, HS head size, Q = NH*HS, KV = NKV*HS,
  * F FFN width, V vocab. The weights of one layer lie in kiln_llama_train's flat buffer in the order attn_norm, wq,
  * wk, wv, wo, ffn_norm, w_gate, w_up, w_down, so wq|wk|wv is one (Q + 2 KV rows of C) matrix and w_gate|w_up one
@@ -33,7 +39,7 @@ void kiln_cuda_blas_free(kiln_cuda_blas *b); /* accepts NULL */
 size_t kiln_cuda_blas_bytes(void);
 /* y (N, O) = x (N, I) W^T. y_f32: y is float and, with accumulate, y += x W^T (the residual add); otherwise y is
  * bf16 and overwritten (accumulate must be false). */
-kiln_status kiln_cuda_linear_forward(kiln_cuda_blas *b, void *y, bool y_f32, bool accumulate, const kiln_bf16_t *x,
+kiln_status kiln_cuda_linear_forward_train(kiln_cuda_blas *b, void *y, bool y_f32, bool accumulate, const kiln_bf16_t *x,
                                      const kiln_bf16_t *W, int64_t N, int64_t I, int64_t O, void *stream);
 /* From dy (N, O) bf16: dx (N, I) = dy W (dx_f32: float, += when accumulate; else bf16, overwritten), and
  * dW (O, I) float += dy^T x. dx or dW may be NULL to skip it. */
@@ -43,7 +49,7 @@ kiln_status kiln_cuda_linear_backward(kiln_cuda_blas *b, void *dx, bool dx_f32, 
 
 /* ---------------------------------------------------------------- train_elementwise.cu */
 /* x (N, C) f32 = rows ids[n] of table (V, C) f32 (the master weights). */
-kiln_status kiln_cuda_embed_forward(float *x, const float *table, const int32_t *ids, int64_t N, int64_t C, void *stream);
+kiln_status kiln_cuda_embed_forward_train(float *x, const float *table, const int32_t *ids, int64_t N, int64_t C, void *stream);
 /* dtable (V, C) += dx rows at ids, by atomicAdd (order-dependent in the last bits). As the CPU's embed_backward,
  * a row of dx with a non-finite value is skipped whole and counted into *d_skipped (device, may be NULL). */
 kiln_status kiln_cuda_embed_backward(float *dtable, const float *dx, const int32_t *ids, int64_t N, int64_t C,
@@ -55,7 +61,7 @@ kiln_status kiln_cuda_embed_backward_det(float *dtable, const float *dx, const i
                                          int64_t V, int32_t *d_skipped, void *ws, void *stream);
 /* The residual step and the norm of the next block: x (N, C) f32 += y (N, C) f32 when y is not NULL, then
  * out (N, C) bf16 = x * rstd * w, rstd (N) f32 = 1/sqrt(mean(x^2) + eps) saved for the backward; w (C) f32. */
-kiln_status kiln_cuda_rmsnorm_forward(float *x, const float *y, kiln_bf16_t *out, float *rstd, const float *w, int64_t N,
+kiln_status kiln_cuda_rmsnorm_forward_train(float *x, const float *y, kiln_bf16_t *out, float *rstd, const float *w, int64_t N,
                                       int64_t C, float eps, void *stream);
 /* From dout (N, C) f32 (the gradient of the norm's output): dx (N, C) f32 += the norm's input gradient (the
  * residual stream's gradient, so the skip connection's share is already in dx), and dx_bf (N, C) bf16, unless
@@ -69,13 +75,14 @@ kiln_status kiln_cuda_rmsnorm_backward(float *dx, kiln_bf16_t *dx_bf, float *dw,
  * the first rope_dim of each head, theta = pos * base^(-2i/rope_dim) by llama.cpp's float recurrence as
  * src/cpu/ops_rope.c; interleaved pairs, or NeoX halves when neox) in f32 and rounded once; v copied (nothing to
  * do when qkv_bf == qkv: in place is allowed); row n is position n % T. */
-kiln_status kiln_cuda_rope_forward(kiln_bf16_t *qkv_bf, const kiln_bf16_t *qkv, int64_t N, int64_t T, int64_t NH, int64_t NKV,
+kiln_status kiln_cuda_rope_forward_train(kiln_bf16_t *qkv_bf, const kiln_bf16_t *qkv, int64_t N, int64_t T, int64_t NH, int64_t NKV,
                                    int64_t HS, int64_t rope_dim, float base, bool neox, void *stream);
-/* dqkv (N, Q + 2 KV) f32, the gradient of the rotated q, k and of v, to dqkv_bf bf16 with the inverse rotation. */
+/* dqkv (N, Q + 2 KV) f32, the gradient of the rotated q, k and of v, to dqkv_bf bf16 with the inverse rotation
+ * (overwritten; dv copied). */
 kiln_status kiln_cuda_rope_backward(kiln_bf16_t *dqkv_bf, const float *dqkv, int64_t N, int64_t T, int64_t NH, int64_t NKV,
                                     int64_t HS, int64_t rope_dim, float base, bool neox, void *stream);
 /* gu (N, 2F) bf16, gate then up per row (the matmul's bf16 output): h (N, F) bf16 = silu(gate) * up in f32. */
-kiln_status kiln_cuda_swiglu_forward(kiln_bf16_t *h, const kiln_bf16_t *gu, int64_t N, int64_t F, void *stream);
+kiln_status kiln_cuda_swiglu_forward_train(kiln_bf16_t *h, const kiln_bf16_t *gu, int64_t N, int64_t F, void *stream);
 /* From dh (N, F) bf16 (the down projection's backward output): dgu (N, 2F) bf16 = (dgate, dup), f32 math. */
 kiln_status kiln_cuda_swiglu_backward(kiln_bf16_t *dgu, const kiln_bf16_t *dh, const kiln_bf16_t *gu, int64_t N, int64_t F,
                                       void *stream);
@@ -87,7 +94,7 @@ kiln_status kiln_cuda_to_bf16(kiln_bf16_t *out, const float *x, int64_t n, void 
  * never materializing T x T. qkv (N, Q + 2 KV) bf16 packed as the rope writes it (q at column 0, k at Q, v at
  * Q + KV). out (N, Q) bf16; lse (B, NH, T) f32 the log-sum-exp of each row's scaled scores. HS a multiple of 8
  * up to 256. */
-kiln_status kiln_cuda_attention_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int64_t B, int64_t T,
+kiln_status kiln_cuda_attention_forward_train(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int64_t B, int64_t T,
                                         int64_t NH, int64_t NKV, int64_t HS, void *stream);
 /* From dout (N, Q) bf16: dqkv (N, Q + 2 KV) f32 = (dq, dk, dv), overwritten (dk, dv summed over the query heads
  * of each KV head), recomputing the probabilities from qkv and lse; out is needed for D = rowsum(dout * out),

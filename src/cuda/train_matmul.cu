@@ -247,7 +247,7 @@ static kiln_status check_ptr(const char *who, const char *name, const void *p, u
     return KILN_OK;
 }
 
-extern "C" kiln_status kiln_cuda_linear_forward(kiln_cuda_blas *b, void *y, bool y_f32, bool accumulate, const kiln_bf16_t *x,
+extern "C" kiln_status kiln_cuda_linear_forward_train(kiln_cuda_blas *b, void *y, bool y_f32, bool accumulate, const kiln_bf16_t *x,
                                                 const kiln_bf16_t *W, int64_t N, int64_t I, int64_t O, void *stream) {
     const char *who = "cuda linear forward";
     kiln_status st;

@@ -1,7 +1,10 @@
-/* trainer.cu: a llama model being trained on the GPU (issue #8): the forward, loss and backward of
- * src/model/llama_train.c with the kernels of train_kernels.h, and the fused AdamW. The model's flat buffers are
- * mirrored on the device: fp32 master params, fp32 grads, fp32 moments, the bf16 mirror the matmuls read. The
- * activations of a B x T batch are saved per layer (llm.c's mixed precision, train_kernels.h):
+/* trainer.cu: a llama model being trained on the GPU (issue #8): the forward, loss and backward over
+ * kiln_llama_train's layout with the kernels of train_kernels.h, and the fused AdamW. This is the GPU's own
+ * orchestration, beside the CPU's in src/train/llama_train.c (as llm.c keeps train_gpt2.cu beside train_gpt2.c):
+ * it differs in precision (bf16 activations and matmul inputs) and in its fusions, and tests/test_cuda_train.c
+ * holds the two against each other. The model's flat buffers live on the device only: fp32 master params, fp32
+ * grads, fp32 moments, the bf16 mirror the matmuls read. The activations of a B x T batch are saved per layer
+ * (llm.c's mixed precision, train_kernels.h):
  *   x    (N, C) f32   the layer's residual input        ln1 (N, C) bf16, rstd1 (N) f32
  *   qkv  (N, Q + 2 KV) bf16, q and k roped in place      att (N, Q) bf16, lse (B, NH, T) f32
  *   mid  (N, C) f32   x + wo(att)                        ln2 (N, C) bf16, rstd2 (N) f32
@@ -24,7 +27,7 @@
 #include "cuda/cuda.h"
 #include "cuda/dist.h"
 #include "cuda/train_kernels.h"
-#include "model/llama_train.h"
+#include "train/llama_train.h"
 #include "train/optim.h"
 
 #include <cuda_runtime.h>
@@ -71,7 +74,9 @@ struct kiln_cuda_trainer {
     void *buf;                        /* every activation and buffer above, one allocation */
     size_t bytes;                     /* device bytes held */
     int64_t opt_step;                 /* AdamW updates applied */
-    int64_t embed_skipped0;           /* the model's count of skipped embedding-gradient rows when the trainer began */
+    int64_t embed_skipped0;           /* skipped embedding-gradient rows before this trainer (a resume's count) */
+    bool mirror_stale;                /* params were written: the mirror is refreshed before the next step or update */
+    int gathered;                     /* ZeRO-1: the part whose full copy kiln_cuda_trainer_gather left readable, or -1 */
     float *h_losses;                  /* (N) pinned */
     bool deterministic;               /* attention backward: same bits every run (true) or dq by atomics (faster) */
     bool recompute;                   /* ln1, ln2, h: one shared copy, recomputed per layer in the backward */
@@ -95,6 +100,13 @@ struct kiln_cuda_trainer {
 };
 
 static size_t al(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* The next `bytes` of the one activation allocation at *p (256-byte aligned). */
+static void *carve(char **p, size_t bytes) {
+    void *at = *p;
+    *p += al(bytes);
+    return at;
+}
 
 #define PEER_TIMEOUT_S 900.0 /* data parallel: a step that waits this long on its peers gives up */
 
@@ -210,6 +222,7 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     t->dist = world > 1 ? dist : NULL, t->world = world, t->rank = dist ? kiln_dist_rank(dist) : 0, t->zero1 = zero1;
     t->n_pad = n_pad, t->shard = shard;
     t->embed_skipped0 = m->n_embed_skipped;
+    t->gathered = -1;
     t->deterministic = (flags & KILN_CUDA_TRAIN_DETERMINISTIC) != 0;
     t->recompute = recompute;
     t->layers = (layer_acts *)calloc((size_t)L, sizeof *t->layers);
@@ -237,45 +250,44 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     t->grads = t->params + n_pad, t->am = t->grads + n_pad, t->av = t->am + shard;
     t->mirror = (kiln_bf16_t *)(t->av + shard);
     char *p = (char *)t->buf;
-#define CARVE(dst, type, count) (dst = (type *)p, p += al((size_t)(count) * sizeof(type)))
     for (int64_t l = 0; l < L; l++) {
         layer_acts *a = &t->layers[l];
-        CARVE(a->x, float, N * C);
-        CARVE(a->mid, float, N * C);
-        CARVE(a->rstd1, float, N);
-        CARVE(a->rstd2, float, N);
-        CARVE(a->lse, float, N * NH);
-        CARVE(a->gu, kiln_bf16_t, N * 2 * F);
-        CARVE(a->qkv, kiln_bf16_t, N * QKV);
-        CARVE(a->att, kiln_bf16_t, N * Q);
+        a->x = (float *)carve(&p, (size_t)(N * C) * sizeof(float));
+        a->mid = (float *)carve(&p, (size_t)(N * C) * sizeof(float));
+        a->rstd1 = (float *)carve(&p, (size_t)N * sizeof(float));
+        a->rstd2 = (float *)carve(&p, (size_t)N * sizeof(float));
+        a->lse = (float *)carve(&p, (size_t)(N * NH) * sizeof(float));
+        a->gu = (kiln_bf16_t *)carve(&p, (size_t)(N * 2 * F) * sizeof(kiln_bf16_t));
+        a->qkv = (kiln_bf16_t *)carve(&p, (size_t)(N * QKV) * sizeof(kiln_bf16_t));
+        a->att = (kiln_bf16_t *)carve(&p, (size_t)(N * Q) * sizeof(kiln_bf16_t));
         if (!recompute || l == 0) {
-            CARVE(a->ln1, kiln_bf16_t, N * C);
-            CARVE(a->ln2, kiln_bf16_t, N * C);
-            CARVE(a->h, kiln_bf16_t, N * F);
+            a->ln1 = (kiln_bf16_t *)carve(&p, (size_t)(N * C) * sizeof(kiln_bf16_t));
+            a->ln2 = (kiln_bf16_t *)carve(&p, (size_t)(N * C) * sizeof(kiln_bf16_t));
+            a->h = (kiln_bf16_t *)carve(&p, (size_t)(N * F) * sizeof(kiln_bf16_t));
         } else { /* every layer writes the shared copy in the forward; the backward recomputes it per layer */
             a->ln1 = t->layers[0].ln1, a->ln2 = t->layers[0].ln2, a->h = t->layers[0].h;
         }
     }
-    CARVE(t->xL, float, N * C);
-    CARVE(t->rstdf, float, N);
-    CARVE(t->lnf, kiln_bf16_t, N * C);
-    CARVE(t->logits, kiln_bf16_t, chunk * V);
-    CARVE(t->losses, float, N);
-    CARVE(t->dx, float, N * C);
-    CARVE(t->dln, float, N * C);
-    CARVE(t->dqkv, float, N * QKV);
-    CARVE(t->dxb, kiln_bf16_t, N * wide);
-    CARVE(t->dqkvb, kiln_bf16_t, N * QKV);
-    CARVE(t->dgu, kiln_bf16_t, N * 2 * F);
-    CARVE(t->dh, kiln_bf16_t, N * F);
+    t->xL = (float *)carve(&p, (size_t)(N * C) * sizeof(float));
+    t->rstdf = (float *)carve(&p, (size_t)N * sizeof(float));
+    t->lnf = (kiln_bf16_t *)carve(&p, (size_t)(N * C) * sizeof(kiln_bf16_t));
+    t->logits = (kiln_bf16_t *)carve(&p, (size_t)(chunk * V) * sizeof(kiln_bf16_t));
+    t->losses = (float *)carve(&p, (size_t)N * sizeof(float));
+    t->dx = (float *)carve(&p, (size_t)(N * C) * sizeof(float));
+    t->dln = (float *)carve(&p, (size_t)(N * C) * sizeof(float));
+    t->dqkv = (float *)carve(&p, (size_t)(N * QKV) * sizeof(float));
+    t->dxb = (kiln_bf16_t *)carve(&p, (size_t)(N * wide) * sizeof(kiln_bf16_t));
+    t->dqkvb = (kiln_bf16_t *)carve(&p, (size_t)(N * QKV) * sizeof(kiln_bf16_t));
+    t->dgu = (kiln_bf16_t *)carve(&p, (size_t)(N * 2 * F) * sizeof(kiln_bf16_t));
+    t->dh = (kiln_bf16_t *)carve(&p, (size_t)(N * F) * sizeof(kiln_bf16_t));
     t->ws = p, t->ws_bytes = ws, p += al(ws);
-    CARVE(t->ids, int32_t, N);
-    CARVE(t->targets, int32_t, N);
+    t->ids = (int32_t *)carve(&p, (size_t)N * sizeof(int32_t));
+    t->targets = (int32_t *)carve(&p, (size_t)N * sizeof(int32_t));
     t->d_norm = (float *)p, t->d_skipped = (int32_t *)(p + 4), t->d_embed_skipped = (int32_t *)(p + 8);
     t->d_red = (double *)(p + 16), p += al(64);
     t->decay = (uint8_t *)p;
-#undef CARVE
-    /* the master weights and the decay mask from the host model; grads and moments zero; the mirror from params */
+    /* the master weights (when the host model has them) and the decay mask from the tensor table; grads and moments
+     * zero; the mirror from params */
     uint8_t *h_decay = (uint8_t *)calloc((size_t)n_pad, 1);
     if (!h_decay) {
         kiln_cuda_trainer_free(t);
@@ -285,7 +297,7 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
         if (m->tensors[i].decay) memset(h_decay + m->tensors[i].offset, 1, (size_t)m->tensors[i].n);
     /* everything on the trainer's stream: it is non-blocking, so it would not wait for the legacy default stream */
     e = cudaMemsetAsync(t->params, 0, param_bytes, t->stream); /* the pad, grads and moments zero */
-    if (e == cudaSuccess) e = cudaMemcpyAsync(t->params, m->params, (size_t)n * f4, cudaMemcpyHostToDevice, t->stream);
+    if (e == cudaSuccess && m->params) e = cudaMemcpyAsync(t->params, m->params, (size_t)n * f4, cudaMemcpyHostToDevice, t->stream);
     if (e == cudaSuccess) e = cudaMemcpyAsync(t->decay, h_decay, (size_t)n_pad, cudaMemcpyHostToDevice, t->stream);
     if (e == cudaSuccess) e = cudaMemsetAsync(t->d_norm, 0, 64, t->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(t->stream); /* before h_decay goes */
@@ -316,29 +328,29 @@ static kiln_status forward(kiln_cuda_trainer *t) {
     const int64_t B = t->B, T = t->T, N = t->N, C = c->n_embd, NH = c->n_head, NKV = c->n_head_kv, HS = c->head_dim, F = c->n_ff;
     const int64_t Q = NH * HS, KV = NKV * HS, QKV = Q + 2 * KV, L = c->n_layer;
     void *s = t->stream;
-    TRY(kiln_cuda_embed_forward(t->layers[0].x, P(t, m->tok_embd), t->ids, N, C, s));
+    TRY(kiln_cuda_embed_forward_train(t->layers[0].x, P(t, m->tok_embd), t->ids, N, C, s));
     /* the first norm has no residual to add; every later one adds the block output it follows */
-    TRY(kiln_cuda_rmsnorm_forward(t->layers[0].x, NULL, t->layers[0].ln1, t->layers[0].rstd1, P(t, m->layers[0].attn_norm), N, C,
+    TRY(kiln_cuda_rmsnorm_forward_train(t->layers[0].x, NULL, t->layers[0].ln1, t->layers[0].rstd1, P(t, m->layers[0].attn_norm), N, C,
                                   c->rms_eps, s));
     for (int64_t l = 0; l < L; l++) {
         const kiln_train_layer *w = &m->layers[l];
         layer_acts *a = &t->layers[l];
-        TRY(kiln_cuda_linear_forward(t->blas, a->qkv, false, false, a->ln1, W(t, w->wq), N, C, QKV, s));
-        TRY(kiln_cuda_rope_forward(a->qkv, a->qkv, N, T, NH, NKV, HS, c->rope_dim, c->rope_base, c->rope_neox, s));
-        TRY(kiln_cuda_attention_forward(a->att, a->lse, a->qkv, B, T, NH, NKV, HS, s));
+        TRY(kiln_cuda_linear_forward_train(t->blas, a->qkv, false, false, a->ln1, W(t, w->wq), N, C, QKV, s));
+        TRY(kiln_cuda_rope_forward_train(a->qkv, a->qkv, N, T, NH, NKV, HS, c->rope_dim, c->rope_base, c->rope_neox, s));
+        TRY(kiln_cuda_attention_forward_train(a->att, a->lse, a->qkv, B, T, NH, NKV, HS, s));
         /* mid = wo(att), then mid += x inside the ffn norm */
-        TRY(kiln_cuda_linear_forward(t->blas, a->mid, true, false, a->att, W(t, w->wo), N, Q, C, s));
-        TRY(kiln_cuda_rmsnorm_forward(a->mid, a->x, a->ln2, a->rstd2, P(t, w->ffn_norm), N, C, c->rms_eps, s));
-        TRY(kiln_cuda_linear_forward(t->blas, a->gu, false, false, a->ln2, W(t, w->w_gate), N, C, 2 * F, s));
-        TRY(kiln_cuda_swiglu_forward(a->h, a->gu, N, F, s));
+        TRY(kiln_cuda_linear_forward_train(t->blas, a->mid, true, false, a->att, W(t, w->wo), N, Q, C, s));
+        TRY(kiln_cuda_rmsnorm_forward_train(a->mid, a->x, a->ln2, a->rstd2, P(t, w->ffn_norm), N, C, c->rms_eps, s));
+        TRY(kiln_cuda_linear_forward_train(t->blas, a->gu, false, false, a->ln2, W(t, w->w_gate), N, C, 2 * F, s));
+        TRY(kiln_cuda_swiglu_forward_train(a->h, a->gu, N, F, s));
         /* x_next = down(h), then x_next += mid inside the next norm */
         float *x_next = l + 1 < L ? t->layers[l + 1].x : t->xL;
-        TRY(kiln_cuda_linear_forward(t->blas, x_next, true, false, a->h, W(t, w->w_down), N, F, C, s));
+        TRY(kiln_cuda_linear_forward_train(t->blas, x_next, true, false, a->h, W(t, w->w_down), N, F, C, s));
         if (l + 1 < L)
-            TRY(kiln_cuda_rmsnorm_forward(x_next, a->mid, t->layers[l + 1].ln1, t->layers[l + 1].rstd1,
+            TRY(kiln_cuda_rmsnorm_forward_train(x_next, a->mid, t->layers[l + 1].ln1, t->layers[l + 1].rstd1,
                                           P(t, m->layers[l + 1].attn_norm), N, C, c->rms_eps, s));
         else
-            TRY(kiln_cuda_rmsnorm_forward(x_next, a->mid, t->lnf, t->rstdf, P(t, m->output_norm), N, C, c->rms_eps, s));
+            TRY(kiln_cuda_rmsnorm_forward_train(x_next, a->mid, t->lnf, t->rstdf, P(t, m->output_norm), N, C, c->rms_eps, s));
     }
     return KILN_OK;
 }
@@ -352,7 +364,7 @@ static kiln_status head(kiln_cuda_trainer *t, float dscale) {
     void *s = t->stream;
     for (int64_t r0 = 0; r0 < N; r0 += chunk) {
         const int64_t n = N - r0 < chunk ? N - r0 : chunk;
-        TRY(kiln_cuda_linear_forward(t->blas, t->logits, false, false, t->lnf + r0 * C, W(t, m->output), n, C, V, s));
+        TRY(kiln_cuda_linear_forward_train(t->blas, t->logits, false, false, t->lnf + r0 * C, W(t, m->output), n, C, V, s));
         TRY(kiln_cuda_cross_entropy(t->losses + r0, dscale != 0 ? t->logits : NULL, t->logits, t->targets + r0, n, V,
                                     m->label_smoothing, m->z_loss, -1, dscale, s));
         if (dscale != 0)
@@ -373,10 +385,10 @@ static bool bucket_range(const kiln_cuda_trainer *t, int64_t b, int64_t *off, in
     int64_t lo[2], hi[2];
     for (int k = 0; k < 2; k++) { /* layer 0 and layer L - 1's spans */
         const kiln_train_layer *w = &m->layers[k == 0 ? 0 : L - 1];
-        const int idx[9] = {w->attn_norm, w->wq, w->wk, w->wv, w->wo, w->ffn_norm, w->w_gate, w->w_up, w->w_down};
         lo[k] = INT64_MAX, hi[k] = 0;
-        for (int i = 0; i < 9; i++) {
-            const kiln_train_tensor *ts = &m->tensors[idx[i]];
+        for (int i = 0; i < KILN_LT_COUNT; i++) {
+            if (w->t[i] < 0) continue; /* not in this layout */
+            const kiln_train_tensor *ts = &m->tensors[w->t[i]];
             if (ts->offset < lo[k]) lo[k] = ts->offset;
             if (ts->offset + ts->n > hi[k]) hi[k] = ts->offset + ts->n;
         }
@@ -405,18 +417,16 @@ static kiln_status by_owners(kiln_cuda_trainer *t, void *buf, size_t elem, int64
     return s ? s : g;
 }
 
-/* ZeRO-1: every rank's fp32 masters of the tensors the forward reads in fp32 (the embedding, the norms) from
- * their owners, after the update. */
+/* ZeRO-1: every rank's fp32 masters of the tensors the forward reads in fp32 (the embedding and the norms: the
+ * vectors of the table) from their owners, after the update. */
 static kiln_status gather_fp32_read(kiln_cuda_trainer *t) {
     const kiln_llama_train *m = t->m;
     TRY(kiln_dist_group_begin()); /* groups nest: the whole gather is one launch */
-    kiln_status s = by_owners(t, t->params, 4, m->tensors[m->tok_embd].offset, m->tensors[m->tok_embd].n, false, t->stream);
-    for (int64_t l = 0; l < m->cfg.n_layer && !s; l++)
-        for (int k = 0; k < 2 && !s; k++) {
-            const kiln_train_tensor *ts = &m->tensors[k == 0 ? m->layers[l].attn_norm : m->layers[l].ffn_norm];
-            s = by_owners(t, t->params, 4, ts->offset, ts->n, false, t->stream);
-        }
-    if (!s) s = by_owners(t, t->params, 4, m->tensors[m->output_norm].offset, m->tensors[m->output_norm].n, false, t->stream);
+    kiln_status s = KILN_OK;
+    for (int i = 0; i < m->n_tensors && !s; i++) {
+        const kiln_train_tensor *ts = &m->tensors[i];
+        if (i == m->tok_embd || ts->n_dims == 1) s = by_owners(t, t->params, 4, ts->offset, ts->n, false, t->stream);
+    }
     const kiln_status g = kiln_dist_group_end();
     return s ? s : g;
 }
@@ -454,9 +464,9 @@ static kiln_status backward(kiln_cuda_trainer *t, bool reduce) {
         const kiln_train_layer *w = &m->layers[l];
         layer_acts *a = &t->layers[l];
         if (t->recompute) { /* the forward's values from its saved inputs, by the same kernels: the same bits */
-            TRY(kiln_cuda_rmsnorm_forward(a->x, NULL, a->ln1, a->rstd1, P(t, w->attn_norm), N, C, c->rms_eps, s));
-            TRY(kiln_cuda_rmsnorm_forward(a->mid, NULL, a->ln2, a->rstd2, P(t, w->ffn_norm), N, C, c->rms_eps, s));
-            TRY(kiln_cuda_swiglu_forward(a->h, a->gu, N, F, s));
+            TRY(kiln_cuda_rmsnorm_forward_train(a->x, NULL, a->ln1, a->rstd1, P(t, w->attn_norm), N, C, c->rms_eps, s));
+            TRY(kiln_cuda_rmsnorm_forward_train(a->mid, NULL, a->ln2, a->rstd2, P(t, w->ffn_norm), N, C, c->rms_eps, s));
+            TRY(kiln_cuda_swiglu_forward_train(a->h, a->gu, N, F, s));
         }
         /* feed-forward block: x_next = mid + down(h); dx holds d x_next, dxb its bf16 copy */
         TRY(kiln_cuda_linear_backward(t->blas, t->dh, false, false, G(t, w->w_down), t->dxb, a->h, W(t, w->w_down), N, F, C, s));
@@ -485,6 +495,14 @@ static kiln_status backward(kiln_cuda_trainer *t, bool reduce) {
     return KILN_OK;
 }
 
+/* After kiln_cuda_trainer_write of params: the mirror the matmuls read, from them (all of it: every rank wrote all). */
+static kiln_status refresh_mirror(kiln_cuda_trainer *t) {
+    if (!t->mirror_stale) return KILN_OK;
+    TRY(kiln_cuda_to_bf16(t->mirror, t->params, t->n_pad, t->stream));
+    t->mirror_stale = false;
+    return KILN_OK;
+}
+
 extern "C" kiln_status kiln_cuda_trainer_step(kiln_cuda_trainer *t, const int32_t *inputs, const int32_t *targets, float grad_scale,
                                               double *loss_sum, int64_t *n_counted) {
     const int64_t N = t->N;
@@ -496,6 +514,8 @@ extern "C" kiln_status kiln_cuda_trainer_step(kiln_cuda_trainer *t, const int32_
                              inputs[i], targets[i], (long long)i, (long long)V);
         counted += targets[i] != -1;
     }
+    TRY(refresh_mirror(t));
+    t->gathered = -1; /* the backward writes the gradient buffer */
     CK(cudaMemcpyAsync(t->ids, inputs, (size_t)N * 4, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync");
     CK(cudaMemcpyAsync(t->targets, targets, (size_t)N * 4, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync");
     TRY(forward(t));
@@ -540,12 +560,14 @@ extern "C" kiln_status kiln_cuda_trainer_agree(kiln_cuda_trainer *t, bool *flag)
 extern "C" kiln_status kiln_cuda_trainer_zero_grads(kiln_cuda_trainer *t) {
     CK(cudaMemsetAsync(t->grads, 0, (size_t)t->n_pad * 4, t->stream), "cudaMemsetAsync");
     t->reduced = false;
+    t->gathered = -1;
     return KILN_OK;
 }
 
 extern "C" kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const kiln_adamw_cfg *cfg, float lr, double *grad_norm,
                                                bool *skipped) {
     if (cfg->eight_bit) return kiln_fail(KILN_ERR_UNSUPPORTED, "gpu train: 8-bit AdamW is not on the GPU yet");
+    TRY(refresh_mirror(t));
     if (t->zero1) { /* (reduce-scatter,) the shard's update with the global norm, the gathers */
         const int64_t S = t->shard, o = (int64_t)t->rank * S;
         double *d_sumsq = t->d_red + 3;
@@ -582,50 +604,81 @@ extern "C" kiln_status kiln_cuda_trainer_download(kiln_cuda_trainer *t, float *p
     return KILN_OK;
 }
 
-extern "C" kiln_status kiln_cuda_trainer_get_state(kiln_cuda_trainer *t, float *params, float *m, float *v, int64_t *opt_step,
-                                                   int64_t *n_embed_skipped) {
-    const size_t bytes = (size_t)t->n * 4;
-    if (params) TRY(gather_params(t));
-    CK(cudaStreamSynchronize(t->stream), "training work before a download");
-    if (params) CK(cudaMemcpy(params, t->params, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy params");
-    /* with ZeRO-1 every rank gathers the moments' shards through the gradient buffer (dead until the next step) */
-    float *const src[2] = {t->am, t->av};
-    float *const dst[2] = {m, v};
-    for (int k = 0; k < 2; k++) {
-        if (t->zero1) {
-            TRY(kiln_dist_allgather(t->dist, src[k], t->grads, (size_t)t->shard * 4, t->stream));
-            TRY(wait_stream(t, "gathering the moments"));
-        }
-        if (dst[k]) CK(cudaMemcpy(dst[k], t->zero1 ? t->grads : src[k], bytes, cudaMemcpyDeviceToHost), "cudaMemcpy moments");
-    }
-    if (n_embed_skipped) { /* every rank skips its own rows: the count is the sum */
-        int32_t k = 0;
-        CK(cudaMemcpy(&k, t->d_embed_skipped, 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
-        double sk = (double)k;
-        if (t->dist) {
-            CK(cudaMemcpyAsync(t->d_red + 2, &sk, sizeof sk, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync");
-            TRY(kiln_dist_allreduce_f64(t->dist, t->d_red + 2, 1, t->stream));
-            CK(cudaMemcpyAsync(&sk, t->d_red + 2, sizeof sk, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
-            TRY(wait_stream(t, "the skipped rows over the ranks"));
-        }
-        *n_embed_skipped = t->embed_skipped0 + (int64_t)sk;
-    }
-    if (opt_step) *opt_step = t->opt_step;
+extern "C" kiln_status kiln_cuda_set_device(int index) {
+    const int n = kiln_cuda_device_count();
+    if (index < 0 || index >= n) return kiln_fail(KILN_ERR_INVALID, "gpu: CUDA device %d does not exist (this machine has %d)", index, n);
+    CK(cudaSetDevice(index), "cudaSetDevice");
     return KILN_OK;
 }
 
-extern "C" kiln_status kiln_cuda_trainer_set_state(kiln_cuda_trainer *t, const float *m, const float *v, int64_t opt_step) {
-    /* with ZeRO-1 this rank's shard of the moments (its part past n stays zero) */
-    const int64_t o = t->zero1 ? (int64_t)t->rank * t->shard : 0;
-    const int64_t cnt = t->zero1 ? (t->n - o < 0 ? 0 : t->n - o < t->shard ? t->n - o : t->shard) : t->n;
-    const size_t bytes = (size_t)cnt * 4;
-    CK(cudaMemsetAsync(t->am, 0, (size_t)t->shard * 4, t->stream), "cudaMemsetAsync moments");
-    CK(cudaMemsetAsync(t->av, 0, (size_t)t->shard * 4, t->stream), "cudaMemsetAsync moments");
-    if (cnt > 0) { /* a shard of nothing but padding has nothing to copy */
-        CK(cudaMemcpyAsync(t->am, m + o, bytes, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync moments");
-        CK(cudaMemcpyAsync(t->av, v + o, bytes, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync moments");
+extern "C" kiln_status kiln_cuda_trainer_gather(kiln_cuda_trainer *t, kiln_cuda_train_part part) {
+    if (!t->zero1) return KILN_OK;
+    if (part == KILN_CUDA_TRAIN_PARAMS) return gather_params(t);
+    /* every rank gathers the moments' shards through the gradient buffer, dead until the next step */
+    TRY(kiln_dist_allgather(t->dist, part == KILN_CUDA_TRAIN_M ? t->am : t->av, t->grads, (size_t)t->shard * 4, t->stream));
+    TRY(wait_stream(t, "gathering the moments"));
+    t->gathered = (int)part;
+    return KILN_OK;
+}
+
+/* The device array *out holding part's elements [first, first + n) for a read or a write. */
+static kiln_status part_array(kiln_cuda_trainer *t, kiln_cuda_train_part part, int64_t first, int64_t n, bool reading, float **out) {
+    if (first < 0 || n < 0 || first + n > t->n)
+        return kiln_fail(KILN_ERR_RANGE, "gpu train: state range [%lld, %lld) outside %lld parameters", (long long)first,
+                         (long long)(first + n), (long long)t->n);
+    if (part == KILN_CUDA_TRAIN_PARAMS) *out = t->params;
+    else if (!t->zero1 || !reading) *out = part == KILN_CUDA_TRAIN_M ? t->am : t->av;
+    else if (t->gathered != (int)part) return kiln_fail(KILN_ERR_INVALID, "gpu train: moments read before kiln_cuda_trainer_gather");
+    else *out = t->grads;
+    return KILN_OK;
+}
+
+extern "C" kiln_status kiln_cuda_trainer_read(kiln_cuda_trainer *t, kiln_cuda_train_part part, int64_t first, int64_t n, float *dst) {
+    float *src;
+    TRY(part_array(t, part, first, n, true, &src));
+    if (n == 0) return KILN_OK;
+    CK(cudaMemcpyAsync(dst, src + first, (size_t)n * 4, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync state");
+    return wait_stream(t, "reading the training state");
+}
+
+extern "C" kiln_status kiln_cuda_trainer_write(kiln_cuda_trainer *t, kiln_cuda_train_part part, int64_t first, int64_t n,
+                                               const float *src) {
+    float *dst;
+    TRY(part_array(t, part, first, n, false, &dst));
+    /* with ZeRO-1 a rank keeps the moments of its shard [o, o + S): the part of the range inside it */
+    int64_t lo = first, hi = first + n, o = 0;
+    if (part != KILN_CUDA_TRAIN_PARAMS && t->zero1) {
+        o = (int64_t)t->rank * t->shard;
+        lo = lo > o ? lo : o;
+        hi = hi < o + t->shard ? hi : o + t->shard;
     }
-    TRY(wait_stream(t, "uploading the moments")); /* the caller may free m and v on return */
+    if (hi <= lo) return KILN_OK; /* none of it is this rank's */
+    CK(cudaMemcpyAsync(dst + (lo - o), src + (lo - first), (size_t)(hi - lo) * 4, cudaMemcpyHostToDevice, t->stream),
+       "cudaMemcpyAsync state");
+    if (part == KILN_CUDA_TRAIN_PARAMS) t->mirror_stale = true;
+    return wait_stream(t, "writing the training state"); /* the caller may free src on return */
+}
+
+extern "C" kiln_status kiln_cuda_trainer_get_counters(kiln_cuda_trainer *t, int64_t *opt_step, int64_t *n_embed_skipped) {
+    int32_t k = 0;
+    CK(cudaMemcpyAsync(&k, t->d_embed_skipped, 4, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
+    TRY(wait_stream(t, "reading the counters"));
+    double sk = (double)k;
+    if (t->dist) { /* every rank skips its own rows: the count is the sum */
+        CK(cudaMemcpyAsync(t->d_red + 2, &sk, sizeof sk, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync");
+        TRY(kiln_dist_allreduce_f64(t->dist, t->d_red + 2, 1, t->stream));
+        CK(cudaMemcpyAsync(&sk, t->d_red + 2, sizeof sk, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
+        TRY(wait_stream(t, "the skipped rows over the ranks"));
+    }
+    *n_embed_skipped = t->embed_skipped0 + (int64_t)sk;
+    *opt_step = t->opt_step;
+    return KILN_OK;
+}
+
+extern "C" kiln_status kiln_cuda_trainer_set_counters(kiln_cuda_trainer *t, int64_t opt_step, int64_t n_embed_skipped) {
+    CK(cudaMemsetAsync(t->d_embed_skipped, 0, 4, t->stream), "cudaMemsetAsync");
+    TRY(wait_stream(t, "setting the counters"));
     t->opt_step = opt_step;
+    t->embed_skipped0 = n_embed_skipped;
     return KILN_OK;
 }

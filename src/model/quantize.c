@@ -1,6 +1,6 @@
-/* quantize.c: `kiln quantize`, converting every weight of a llama-family GGUF file to a block format. The rules
- * below pick each tensor's type by its name, so they live with the model; the conversion of a tensor's rows is the
- * core's (kiln_quantize_rows, src/core/quantize.c).
+/* quantize.c: the rules of `kiln quantize` for a llama-family GGUF file. They pick each tensor's type by its name,
+ * so they live with the model; the file's conversion runs on the CPU backend (src/cpu/quantize.c), and a tensor's
+ * rows are converted by the core (kiln_quantize_rows, src/core/quantize.c).
  *
  * The type of each tensor follows llama.cpp's rules, so files are interchangeable with its quantizer:
  *   - 1-D tensors and norms stay (or become) F32;
@@ -11,10 +11,8 @@
  *     every third in between are the most sensitive;
  *   - a row length that is not a multiple of 256 cannot hold K-quant blocks: such a tensor falls back to
  *     Q8_0 (if a multiple of 32) or F16.
- * The output is streamed through the atomic GGUF writer.
  * tests/test_quantize.c checks the mix rules and a round trip through the reader. */
 #include "model/quantize.h"
-#include "cpu/simd.h"
 #include "pool.h"
 #include "status.h"
 
@@ -110,86 +108,13 @@ kiln_type kiln_quantize_choose_type(const kiln_tensor_view *t, kiln_ftype ftype,
     return fit_row(want, t->ne[0]);
 }
 
-static bool skip_quant_keys(const char *key) {
-    return strcmp(key, "general.file_type") == 0 || strcmp(key, "general.quantization_version") == 0;
-}
+bool kiln_ftype_known(kiln_ftype f) { return ftype_find(f) != NULL; }
 
-kiln_status kiln_quantize_file(const char *in_path, const char *out_path, const kiln_quantize_params *p) {
-    const ftype_info *fi = ftype_find(p->ftype);
-    if (!fi) return kiln_fail(KILN_ERR_INVALID, "unknown file type %d", (int)p->ftype);
-    kiln_gguf *g = NULL;
-    kiln_gguf_writer *w = NULL;
-    kiln_pool *pool = NULL;
-    kiln_type *types = NULL;
-    void *out = NULL;
-    float **scratch = NULL;
-    kiln_status s;
-    if ((s = kiln_gguf_open(in_path, &g))) return s;
-    int64_t nt = kiln_gguf_n_tensors(g);
-    int n_attn_v = 0, n_ffn_down = 0;
-    bool has_output = kiln_gguf_find_tensor(g, "output.weight") != NULL;
-    int64_t max_ne0 = 1;
-    size_t max_bytes = 1;
-    for (int64_t i = 0; i < nt; i++) {
+void kiln_quantize_count(const kiln_gguf *g, int *n_attn_v, int *n_ffn_down) {
+    *n_attn_v = *n_ffn_down = 0;
+    for (int64_t i = 0; i < kiln_gguf_n_tensors(g); i++) {
         const kiln_tensor_view *t = kiln_gguf_tensor_at(g, i);
-        n_attn_v += ends_with(t->name, ".attn_v.weight");
-        n_ffn_down += ends_with(t->name, ".ffn_down.weight");
+        *n_attn_v += ends_with(t->name, ".attn_v.weight");
+        *n_ffn_down += ends_with(t->name, ".ffn_down.weight");
     }
-    types = calloc(nt ? (size_t)nt : 1, sizeof *types);
-    if (!types) {
-        s = kiln_fail(KILN_ERR_NOMEM, "out of memory");
-        goto out;
-    }
-    if ((s = kiln_gguf_writer_new(&w)) || (s = kiln_gguf_writer_copy_kv(w, g, skip_quant_keys)) ||
-        (s = kiln_gguf_writer_set_u32(w, "general.file_type", (uint32_t)fi->ftype)) ||
-        (s = kiln_gguf_writer_set_u32(w, "general.quantization_version", 2)))
-        goto out;
-    for (int64_t i = 0; i < nt; i++) {
-        const kiln_tensor_view *t = kiln_gguf_tensor_at(g, i);
-        types[i] = kiln_quantize_choose_type(t, fi->ftype, n_attn_v, n_ffn_down, has_output);
-        const kiln_type_traits *src = kiln_type_traits_get(t->type), *dst = kiln_type_traits_get(types[i]);
-        if (t->type != types[i] && (!src->computable || !dst->from_float_ref)) {
-            s = kiln_fail(KILN_ERR_UNSUPPORTED, "%s: tensor '%s': converting %s to %s is not supported", in_path, t->name,
-                          kiln_type_name(t->type), kiln_type_name(types[i]));
-            goto out;
-        }
-        if ((s = kiln_gguf_writer_add_tensor(w, t->name, types[i], t->n_dims, t->ne, NULL))) goto out;
-        size_t bytes = kiln_type_row_bytes(types[i], t->ne[0]) * (size_t)(t->nbytes / t->nb[1]);
-        if (bytes > max_bytes) max_bytes = bytes;
-        if (t->ne[0] > max_ne0) max_ne0 = t->ne[0];
-    }
-    if ((s = kiln_pool_create(p->n_threads, &pool))) goto out;
-    int nth = kiln_pool_size(pool);
-    out = malloc(max_bytes);
-    scratch = calloc((size_t)nth, sizeof *scratch);
-    for (int i = 0; scratch && i < nth; i++)
-        if (!(scratch[i] = malloc((size_t)max_ne0 * sizeof(float)))) break;
-    if (!out || !scratch || !scratch[nth - 1]) {
-        s = kiln_fail(KILN_ERR_NOMEM, "out of memory for a %zu-byte output buffer", max_bytes);
-        goto out;
-    }
-    if ((s = kiln_gguf_writer_begin(w, out_path))) goto out;
-    kiln_simd level = kiln_simd_best();
-    for (int64_t i = 0; i < nt; i++) {
-        const kiln_tensor_view *t = kiln_gguf_tensor_at(g, i);
-        if (p->progress) p->progress(p->progress_ud, i, nt, t->name);
-        if (t->type == types[i]) {
-            s = kiln_gguf_writer_write_tensor(w, i, t->data, t->nbytes);
-        } else {
-            kiln_quantize_rows(pool, t, kiln_get_to_float(t->type, level), types[i], out, scratch);
-            s = kiln_gguf_writer_write_tensor(w, i, out, kiln_type_row_bytes(types[i], t->ne[0]) * (size_t)(t->nbytes / t->nb[1]));
-        }
-        if (s) goto out;
-    }
-    if (p->progress) p->progress(p->progress_ud, nt, nt, "done");
-    s = kiln_gguf_writer_finish(w);
-out:
-    for (int i = 0; scratch && pool && i < kiln_pool_size(pool); i++) free(scratch[i]);
-    free(scratch);
-    free(out);
-    free(types);
-    kiln_pool_free(pool);
-    kiln_gguf_writer_free(w);
-    kiln_gguf_close(g);
-    return s;
 }

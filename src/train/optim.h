@@ -11,13 +11,7 @@
 #include "kiln.h"
 #include "pool.h"
 
-typedef struct kiln_adamw_cfg {
-    float beta1, beta2;  /* 0.9, 0.95 */
-    float eps;           /* 1e-8; must be > 0 (v is 0 where the gradient always was) */
-    float weight_decay;  /* 0.1, decoupled: p -= lr * wd * p on segments with decay */
-    float grad_clip;     /* global L2 norm bound; <= 0 disables clipping */
-    bool eight_bit;      /* int8 moments with one fp32 scale per KILN_ADAMW8_BLOCK elements */
-} kiln_adamw_cfg;
+/* kiln_adamw_cfg, kiln_adamw_defaults, kiln_lr_schedule and kiln_lr_at are public (kiln.h's training section). */
 
 #define KILN_ADAMW8_BLOCK 256
 
@@ -52,8 +46,6 @@ typedef struct kiln_adamw_result {
  * buffer (KILN_ERR_RANGE) and must not overlap (KILN_ERR_INVALID); empty ones are ignored. */
 kiln_status kiln_adamw_init(kiln_adamw *opt, const kiln_adamw_cfg *cfg, int64_t n, const kiln_param_segment *segs, int n_segs);
 void kiln_adamw_free(kiln_adamw *opt); /* accepts NULL and freed or zeroed state */
-/* Defaults as commented in kiln_adamw_cfg. */
-kiln_adamw_cfg kiln_adamw_defaults(void);
 
 /* One step at learning rate lr: the norm of grads (n), then, if it is finite, clip, update the moments,
  * apply decoupled decay and the Adam update to params (n, fp32 master), and when mirror is not NULL write
@@ -63,20 +55,6 @@ kiln_adamw_result kiln_adamw_step(kiln_adamw *opt, kiln_pool *pool, float *param
 
 /* The global L2 norm of x (n), deterministic (double partials in a fixed order): the same bits for any pool. */
 double kiln_grad_norm(kiln_pool *pool, const float *x, int64_t n);
-
-typedef enum kiln_lr_decay { KILN_LR_COSINE, KILN_LR_LINEAR, KILN_LR_CONSTANT } kiln_lr_decay;
-
-typedef struct kiln_lr_schedule {
-    float lr;            /* peak */
-    float min_lr;        /* floor reached at the end of the decay */
-    int64_t warmup;      /* steps of linear warmup from lr/warmup to lr */
-    int64_t total;       /* the step at which the decay reaches min_lr */
-    kiln_lr_decay decay;
-} kiln_lr_schedule;
-
-/* The learning rate of step (0-based): (step+1)/warmup * lr during warmup, then the decay from lr to min_lr
- * over steps warmup..total, min_lr after. KILN_LR_CONSTANT stays at lr after the warmup (min_lr unused). */
-float kiln_lr_at(const kiln_lr_schedule *s, int64_t step);
 
 /* bf16 conversion used by the mirror (round to nearest even, NaN kept NaN). */
 void kiln_f32_to_bf16_row(const float *x, uint16_t *y, int64_t n);

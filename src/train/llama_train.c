@@ -1,21 +1,29 @@
-/* llama_train.c: the llama model as it trains. Parameters live in one flat fp32 buffer described by a table
- * of GGUF-named tensors; the forward saves what each backward needs (normed inputs and 1/rms, roped q and k,
- * attention output and LSE, gate and up) and the backward walks the layers in reverse, accumulating into one
- * flat gradient buffer of the same layout. Everything runs through the ops table, so the CUDA trainer (#8)
- * reuses this orchestration. tests/test_train.c holds it against tests/ref/train_ref.py (JAX, float64). */
-#include "llama_train.h"
+/* llama_train.c: the llama model as it trains on the CPU. Parameters live in one flat fp32 buffer described by a
+ * table of GGUF-named tensors (built from model.h's kiln_layer_tensors); the forward saves what each backward needs
+ * (normed inputs and 1/rms, roped q and k, attention output and LSE, gate and up) and the backward walks the layers
+ * in reverse, accumulating into one flat gradient buffer of the same layout. Everything runs through the ops table.
+ * This is the CPU's orchestration: the GPU trainer (src/cuda/trainer.cu) keeps its own, as llm.c keeps
+ * train_gpt2.cu beside train_gpt2.c, because it fuses steps (the residual add into the next norm, q|k|v and
+ * gate|up into one matmul each, the classifier in chunks) and keeps bf16 activations; tests/test_cuda_train.c holds
+ * the two against each other. tests/test_train.c holds this one against tests/ref/train_ref.py (JAX, float64). */
+#include "train/llama_train.h"
 #include "quants.h"
 #include "status.h"
 
 #include <assert.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------- layout */
 
-static int add_tensor(kiln_llama_train *m, const char *name, int64_t ne0, int64_t ne1, bool decay) {
+_Static_assert(offsetof(kiln_train_layer, w_down) == offsetof(kiln_train_layer, t[KILN_LT_W_DOWN]) &&
+                   offsetof(kiln_train_layer, post_ffn_norm) == offsetof(kiln_train_layer, t[KILN_LT_POST_FFN_NORM]),
+               "kiln_train_layer's fields follow kiln_layer_tensor");
+
+static int add_tensor(kiln_llama_train *m, const char *name, int64_t ne0, int64_t ne1, bool decay, bool residual) {
     kiln_train_tensor *t = &m->tensors[m->n_tensors];
     snprintf(t->name, sizeof t->name, "%s", name);
     t->n_dims = ne1 == 1 ? 1 : 2;
@@ -24,12 +32,16 @@ static int add_tensor(kiln_llama_train *m, const char *name, int64_t ne0, int64_
     t->offset = m->n_params;
     t->n = ne0 * ne1;
     t->decay = decay;
+    t->residual = residual;
     /* 16-float alignment of every tensor keeps SIMD rows and the 8-bit optimizer blocks tidy */
     m->n_params += (t->n + 15) / 16 * 16;
     return m->n_tensors++;
 }
 
-kiln_status kiln_llama_train_new(const kiln_llama_config *cfg_in, bool mixed, kiln_llama_train **out) {
+/* Training computes the plain llama layer: the table's tensors every llama layer has. */
+static bool trained(kiln_layer_tensor i) { return kiln_layer_tensors[i].need == KILN_NEED_ALWAYS; }
+
+kiln_status kiln_llama_train_layout(const kiln_llama_config *cfg_in, kiln_llama_train **out) {
     *out = NULL;
     kiln_llama_config c = *cfg_in;
     if (c.n_vocab <= 0 || c.n_embd <= 0 || c.n_layer <= 0 || c.n_head <= 0 || c.n_head_kv <= 0 || c.n_ff <= 0 ||
@@ -58,34 +70,36 @@ kiln_status kiln_llama_train_new(const kiln_llama_config *cfg_in, bool mixed, ki
     kiln_llama_train *m = calloc(1, sizeof *m);
     if (!m) return kiln_fail(KILN_ERR_NOMEM, "out of memory for the training model");
     m->cfg = c;
-    m->tensors = calloc((size_t)(3 + 9 * c.n_layer), sizeof *m->tensors);
+    int per_layer = 0;
+    for (int i = 0; i < KILN_LT_COUNT; i++) per_layer += trained((kiln_layer_tensor)i);
+    m->tensors = calloc((size_t)(3 + per_layer * c.n_layer), sizeof *m->tensors);
     m->layers = calloc((size_t)c.n_layer, sizeof *m->layers);
     if (!m->tensors || !m->layers) {
         kiln_llama_train_free(m);
         return kiln_fail(KILN_ERR_NOMEM, "out of memory for the training model");
     }
-    const int64_t C = c.n_embd, Q = c.n_head * c.head_dim, KV = c.n_head_kv * c.head_dim, F = c.n_ff;
-    m->tok_embd = add_tensor(m, "token_embd.weight", C, c.n_vocab, false);
-    char name[48];
-    for (int64_t l = 0; l < c.n_layer; l++) {
-        kiln_train_layer *L = &m->layers[l];
-#define T_(field, suffix, ne0, ne1, decay)                                       \
-        snprintf(name, sizeof name, "blk.%lld." suffix ".weight", (long long)l); \
-        L->field = add_tensor(m, name, ne0, ne1, decay);
-        T_(attn_norm, "attn_norm", C, 1, false)
-        T_(wq, "attn_q", C, Q, true)
-        T_(wk, "attn_k", C, KV, true)
-        T_(wv, "attn_v", C, KV, true)
-        T_(wo, "attn_output", Q, C, true)
-        T_(ffn_norm, "ffn_norm", C, 1, false)
-        T_(w_gate, "ffn_gate", C, F, true)
-        T_(w_up, "ffn_up", C, F, true)
-        T_(w_down, "ffn_down", F, C, true)
-#undef T_
-    }
-    m->output_norm = add_tensor(m, "output_norm.weight", C, 1, false);
-    m->output = c.tied ? m->tok_embd : add_tensor(m, "output.weight", C, c.n_vocab, true);
+    /* the order (embedding, each layer's tensors in the table's order, output norm, output) fixes the offsets that
+     * checkpoints and tests/ref/train_ref.gguf hold */
+    const int64_t C = c.n_embd;
+    m->tok_embd = add_tensor(m, "token_embd.weight", C, c.n_vocab, false, false);
+    char name[64];
+    for (int64_t l = 0; l < c.n_layer; l++)
+        for (int i = 0; i < KILN_LT_COUNT; i++) {
+            const kiln_tensor_spec *ts = &kiln_layer_tensors[i];
+            m->layers[l].t[i] = !trained((kiln_layer_tensor)i) ? -1
+                              : add_tensor(m, kiln_layer_tensor_name(name, sizeof name, l, (kiln_layer_tensor)i),
+                                           kiln_dim_size(&c, ts->ne0), kiln_dim_size(&c, ts->ne1), ts->decay, ts->residual);
+        }
+    m->output_norm = add_tensor(m, "output_norm.weight", C, 1, false, false);
+    m->output = c.tied ? m->tok_embd : add_tensor(m, "output.weight", C, c.n_vocab, true, false);
+    *out = m;
+    return KILN_OK;
+}
 
+kiln_status kiln_llama_train_new(const kiln_llama_config *cfg, bool mixed, kiln_llama_train **out) {
+    kiln_llama_train *m;
+    kiln_status s = kiln_llama_train_layout(cfg, &m);
+    if (s) return s;
     size_t n = (size_t)m->n_params;
     m->params = calloc(n, sizeof *m->params);
     m->grads = calloc(n, sizeof *m->grads);
@@ -145,20 +159,43 @@ static double rng_normal(uint64_t *s) {
     return sqrt(-2 * log(u1)) * cos(2 * M_PI * u2);
 }
 
+/* Elements [j0, j0 + n) of tensor t's init into dst, drawing from the one generator *s that runs through every
+ * tensor in order (so chunks do not change the values). */
+static void fill_random(const kiln_llama_train *m, const kiln_train_tensor *t, uint64_t *s, int64_t n, float *dst) {
+    const double std = 0.02, std_res = 0.02 / sqrt(2.0 * (double)m->cfg.n_layer);
+    for (int64_t j = 0; j < n; j++) dst[j] = t->n_dims == 1 ? 1.0f : (float)(rng_normal(s) * (t->residual ? std_res : std));
+}
+
+kiln_status kiln_llama_train_stream_random(const kiln_llama_train *m, uint64_t seed, kiln_param_sink sink, void *ctx) {
+    float *buf = malloc(KILN_TRAIN_CHUNK * sizeof *buf);
+    if (!buf) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    uint64_t s = seed;
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < m->n_tensors && !st; i++) {
+        const kiln_train_tensor *t = &m->tensors[i];
+        for (int64_t j0 = 0; j0 < t->n && !st; j0 += KILN_TRAIN_CHUNK) {
+            const int64_t n = t->n - j0 < KILN_TRAIN_CHUNK ? t->n - j0 : KILN_TRAIN_CHUNK;
+            fill_random(m, t, &s, n, buf);
+            st = sink(ctx, t->offset + j0, buf, n);
+        }
+    }
+    free(buf);
+    return st;
+}
+
+static kiln_status to_params(void *ctx, int64_t offset, const float *x, int64_t n) {
+    memcpy((float *)ctx + offset, x, (size_t)n * sizeof *x);
+    return KILN_OK;
+}
+
 void kiln_llama_train_init_random(kiln_llama_train *m, uint64_t seed) {
     uint64_t s = seed;
-    const double std = 0.02, std_res = 0.02 / sqrt(2.0 * (double)m->cfg.n_layer);
-    for (int i = 0; i < m->n_tensors; i++) {
-        const kiln_train_tensor *t = &m->tensors[i];
-        float *p = m->params + t->offset;
-        bool residual = strstr(t->name, "attn_output") || strstr(t->name, "ffn_down");
-        for (int64_t j = 0; j < t->n; j++) p[j] = t->n_dims == 1 ? 1.0f : (float)(rng_normal(&s) * (residual ? std_res : std));
-    }
+    for (int i = 0; i < m->n_tensors; i++) fill_random(m, &m->tensors[i], &s, m->tensors[i].n, m->params + m->tensors[i].offset);
     kiln_llama_train_refresh_mirror(m);
 }
 
-kiln_status kiln_llama_train_from_model(const kiln_model *src, bool mixed, kiln_llama_train **out) {
-    kiln_llama_config c = src->cfg;
+kiln_status kiln_llama_train_check_model(const kiln_model *src, kiln_llama_config *cfg) {
+    const kiln_llama_config c = src->cfg;
     for (int64_t l = 0; l < c.n_layer; l++)
         if (src->layers[l].nope)
             return kiln_fail(KILN_ERR_UNSUPPORTED, "training supports the llama architecture only; layer %lld has no RoPE (NoPE)",
@@ -166,25 +203,55 @@ kiln_status kiln_llama_train_from_model(const kiln_model *src, bool mixed, kiln_
     if (c.rope_dim != c.head_dim || c.rope_neox)
         return kiln_fail(KILN_ERR_UNSUPPORTED, "training supports full-width interleaved RoPE only (this model: rope_dim %lld of %lld%s)",
                          (long long)c.rope_dim, (long long)c.head_dim, c.rope_neox ? ", NeoX layout" : "");
-    kiln_llama_train *m;
-    kiln_status s = kiln_llama_train_new(&c, mixed, &m);
-    if (s) return s;
-    for (int i = 0; i < m->n_tensors; i++) {
+    *cfg = c;
+    return KILN_OK;
+}
+
+kiln_status kiln_llama_train_stream_model(const kiln_llama_train *m, const kiln_model *src, kiln_param_sink sink, void *ctx) {
+    float *buf = NULL;
+    kiln_status s = KILN_OK;
+    for (int i = 0; i < m->n_tensors && !s; i++) {
         const kiln_train_tensor *t = &m->tensors[i];
         const kiln_tensor_view *v = kiln_gguf_find_tensor(src->gguf, t->name);
         if (!v || v->ne[0] != t->ne[0] || v->ne[1] != t->ne[1]) {
-            kiln_llama_train_free(m);
-            return kiln_fail(KILN_ERR_FORMAT, "%s: tensor '%s' is missing or not [%lld, %lld]", kiln_gguf_path(src->gguf), t->name,
-                             (long long)t->ne[0], (long long)t->ne[1]);
+            s = kiln_fail(KILN_ERR_FORMAT, "%s: tensor '%s' is missing or not [%lld, %lld]", kiln_gguf_path(src->gguf), t->name,
+                          (long long)t->ne[0], (long long)t->ne[1]);
+            break;
+        }
+        if (v->type == KILN_TYPE_F32 && v->nb[1] == (size_t)t->ne[0] * sizeof(float)) { /* rows back to back: as it is */
+            s = sink(ctx, t->offset, v->data, t->n);
+            continue;
         }
         kiln_to_float_fn to_float = kiln_get_to_float(v->type, KILN_SIMD_SCALAR);
         if (!to_float) {
-            kiln_llama_train_free(m);
-            return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which cannot be dequantized",
-                             kiln_gguf_path(src->gguf), t->name, kiln_type_name(v->type));
+            s = kiln_fail(KILN_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which cannot be dequantized", kiln_gguf_path(src->gguf),
+                          t->name, kiln_type_name(v->type));
+            break;
         }
-        for (int64_t r = 0; r < t->ne[1]; r++)
-            to_float((const char *)v->data + (size_t)r * v->nb[1], m->params + t->offset + r * t->ne[0], t->ne[0]);
+        if (!buf && !(buf = malloc(KILN_TRAIN_CHUNK * sizeof *buf))) {
+            s = kiln_fail(KILN_ERR_NOMEM, "out of memory");
+            break;
+        }
+        const int64_t rows = KILN_TRAIN_CHUNK / t->ne[0]; /* >= 1: rows are at most C or F wide, under 2^20 */
+        for (int64_t r0 = 0; r0 < t->ne[1] && !s; r0 += rows) {
+            const int64_t n = t->ne[1] - r0 < rows ? t->ne[1] - r0 : rows;
+            for (int64_t r = 0; r < n; r++) to_float((const char *)v->data + (size_t)(r0 + r) * v->nb[1], buf + r * t->ne[0], t->ne[0]);
+            s = sink(ctx, t->offset + r0 * t->ne[0], buf, n * t->ne[0]);
+        }
+    }
+    free(buf);
+    return s;
+}
+
+kiln_status kiln_llama_train_from_model(const kiln_model *src, bool mixed, kiln_llama_train **out) {
+    *out = NULL;
+    kiln_llama_config c;
+    kiln_llama_train *m;
+    kiln_status s = kiln_llama_train_check_model(src, &c);
+    if (s || (s = kiln_llama_train_new(&c, mixed, &m))) return s;
+    if ((s = kiln_llama_train_stream_model(m, src, to_params, m->params))) {
+        kiln_llama_train_free(m);
+        return s;
     }
     kiln_llama_train_refresh_mirror(m);
     *out = m;
@@ -273,6 +340,10 @@ static const void *weight(const kiln_llama_train *m, int idx) {
     return m->mirror ? (const void *)(m->mirror + t->offset) : (const void *)(m->params + t->offset);
 }
 
+/* Tensor idx's fp32 master weights and its gradient. */
+static const float *param(const kiln_llama_train *m, int idx) { return m->params + m->tensors[idx].offset; }
+static float *grad(const kiln_llama_train *m, int idx) { return m->grads + m->tensors[idx].offset; }
+
 static kiln_type wtype(const kiln_llama_train *m) { return m->mirror ? KILN_TYPE_BF16 : KILN_TYPE_F32; }
 
 static void add_into(float *x, const float *y, int64_t n) {
@@ -305,7 +376,7 @@ static void forward(kiln_llama_train *m, const kiln_ops *ops, kiln_ops_ctx *ctx,
         layer_acts a = layer_at(m, l);
         float *x_next = l + 1 < c->n_layer ? layer_at(m, l + 1).x : final_x(m);
 
-        ops->rmsnorm_forward_train(ctx, a.ln1, a.rstd1, a.x, m->params + m->tensors[w->attn_norm].offset, N, C, c->rms_eps);
+        ops->rmsnorm_forward_train(ctx, a.ln1, a.rstd1, a.x, param(m, w->attn_norm), N, C, c->rms_eps);
         ops->dense_forward(ctx, a.q, a.ln1, weight(m, w->wq), wt, N, C, Q);
         ops->dense_forward(ctx, a.k, a.ln1, weight(m, w->wk), wt, N, C, KV);
         ops->dense_forward(ctx, a.v, a.ln1, weight(m, w->wv), wt, N, C, KV);
@@ -315,7 +386,7 @@ static void forward(kiln_llama_train *m, const kiln_ops *ops, kiln_ops_ctx *ctx,
         ops->dense_forward(ctx, a.mid, a.att, weight(m, w->wo), wt, N, Q, C);
         add_into(a.mid, a.x, N * C);
 
-        ops->rmsnorm_forward_train(ctx, a.ln2, a.rstd2, a.mid, m->params + m->tensors[w->ffn_norm].offset, N, C, c->rms_eps);
+        ops->rmsnorm_forward_train(ctx, a.ln2, a.rstd2, a.mid, param(m, w->ffn_norm), N, C, c->rms_eps);
         ops->dense_forward(ctx, a.gate, a.ln2, weight(m, w->w_gate), wt, N, C, F);
         ops->dense_forward(ctx, a.up, a.ln2, weight(m, w->w_up), wt, N, C, F);
         ops->swiglu_forward(ctx, a.h, a.gate, a.up, N * F);
@@ -323,10 +394,13 @@ static void forward(kiln_llama_train *m, const kiln_ops *ops, kiln_ops_ctx *ctx,
         add_into(x_next, a.mid, N * C);
     }
     float *xL = final_x(m), *lnf = xL + N * C, *rstdf = lnf + N * C, *logits = rstdf + N;
-    ops->rmsnorm_forward_train(ctx, lnf, rstdf, xL, m->params + m->tensors[m->output_norm].offset, N, C, c->rms_eps);
+    ops->rmsnorm_forward_train(ctx, lnf, rstdf, xL, param(m, m->output_norm), N, C, c->rms_eps);
     ops->dense_forward(ctx, logits, lnf, weight(m, m->output), wt, N, C, V);
 }
 
+/* The ops' backwards accumulate into every gradient they write (src/cpu/ops.h), so each activation gradient is
+ * zeroed right before the ops that build it: the step overwrites them, and adds into the parameter gradients only
+ * (src/train/trainer.h's convention). */
 static void backward(kiln_llama_train *m, const kiln_ops *ops, kiln_ops_ctx *ctx) {
     const kiln_llama_config *c = &m->cfg;
     const int64_t B = m->B, T = m->T, N = B * T, C = c->n_embd, NH = c->n_head, NKV = c->n_head_kv, HS = c->head_dim;
@@ -335,43 +409,39 @@ static void backward(kiln_llama_train *m, const kiln_ops *ops, kiln_ops_ctx *ctx
     float *dx = m->dacts, *dln = dx + N * C, *datt = dln + N * C, *dq = datt + N * Q, *dk = dq + N * Q, *dv = dk + N * KV;
     float *dh = dv + N * KV, *dgate = dh + N * F, *dup = dgate + N * F;
     float *xL = final_x(m), *lnf = xL + N * C, *rstdf = lnf + N * C, *dlogits = rstdf + N;
-#define G(idx) (m->grads + m->tensors[idx].offset)
-#define P(idx) (m->params + m->tensors[idx].offset)
 
     memset(dln, 0, (size_t)(N * C) * sizeof *dln);
-    ops->dense_backward(ctx, dln, G(m->output), dlogits, lnf, weight(m, m->output), wt, N, C, V);
+    ops->dense_backward(ctx, dln, grad(m, m->output), dlogits, lnf, weight(m, m->output), wt, N, C, V);
     memset(dx, 0, (size_t)(N * C) * sizeof *dx);
-    ops->rmsnorm_backward(ctx, dx, G(m->output_norm), dln, xL, P(m->output_norm), rstdf, N, C);
+    ops->rmsnorm_backward(ctx, dx, grad(m, m->output_norm), dln, xL, param(m, m->output_norm), rstdf, N, C);
 
     for (int64_t l = c->n_layer - 1; l >= 0; l--) {
         const kiln_train_layer *w = &m->layers[l];
         layer_acts a = layer_at(m, l);
         /* feed-forward block: x_next = mid + down(h); dx holds d x_next, which is also d mid's direct part */
         memset(dh, 0, (size_t)(N * F) * sizeof *dh);
-        ops->dense_backward(ctx, dh, G(w->w_down), dx, a.h, weight(m, w->w_down), wt, N, F, C);
+        ops->dense_backward(ctx, dh, grad(m, w->w_down), dx, a.h, weight(m, w->w_down), wt, N, F, C);
         memset(dgate, 0, (size_t)(2 * N * F) * sizeof *dgate); /* dgate and dup */
         ops->swiglu_backward(ctx, dgate, dup, dh, a.gate, a.up, N * F);
         memset(dln, 0, (size_t)(N * C) * sizeof *dln);
-        ops->dense_backward(ctx, dln, G(w->w_gate), dgate, a.ln2, weight(m, w->w_gate), wt, N, C, F);
-        ops->dense_backward(ctx, dln, G(w->w_up), dup, a.ln2, weight(m, w->w_up), wt, N, C, F);
-        ops->rmsnorm_backward(ctx, dx, G(w->ffn_norm), dln, a.mid, P(w->ffn_norm), a.rstd2, N, C);
+        ops->dense_backward(ctx, dln, grad(m, w->w_gate), dgate, a.ln2, weight(m, w->w_gate), wt, N, C, F);
+        ops->dense_backward(ctx, dln, grad(m, w->w_up), dup, a.ln2, weight(m, w->w_up), wt, N, C, F);
+        ops->rmsnorm_backward(ctx, dx, grad(m, w->ffn_norm), dln, a.mid, param(m, w->ffn_norm), a.rstd2, N, C);
 
         /* attention block: mid = x + wo(att); dx now holds d mid */
         memset(datt, 0, (size_t)(N * Q) * sizeof *datt);
-        ops->dense_backward(ctx, datt, G(w->wo), dx, a.att, weight(m, w->wo), wt, N, Q, C);
+        ops->dense_backward(ctx, datt, grad(m, w->wo), dx, a.att, weight(m, w->wo), wt, N, Q, C);
         memset(dq, 0, (size_t)(N * (Q + 2 * KV)) * sizeof *dq); /* dq, dk, dv */
         ops->attention_backward(ctx, dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, B, T, NH, NKV, HS);
         ops->rope_backward(ctx, dq, m->pos, N, NH, HS, c->rope_dim, c->rope_base, c->rope_neox);
         ops->rope_backward(ctx, dk, m->pos, N, NKV, HS, c->rope_dim, c->rope_base, c->rope_neox);
         memset(dln, 0, (size_t)(N * C) * sizeof *dln);
-        ops->dense_backward(ctx, dln, G(w->wq), dq, a.ln1, weight(m, w->wq), wt, N, C, Q);
-        ops->dense_backward(ctx, dln, G(w->wk), dk, a.ln1, weight(m, w->wk), wt, N, C, KV);
-        ops->dense_backward(ctx, dln, G(w->wv), dv, a.ln1, weight(m, w->wv), wt, N, C, KV);
-        ops->rmsnorm_backward(ctx, dx, G(w->attn_norm), dln, a.x, P(w->attn_norm), a.rstd1, N, C);
+        ops->dense_backward(ctx, dln, grad(m, w->wq), dq, a.ln1, weight(m, w->wq), wt, N, C, Q);
+        ops->dense_backward(ctx, dln, grad(m, w->wk), dk, a.ln1, weight(m, w->wk), wt, N, C, KV);
+        ops->dense_backward(ctx, dln, grad(m, w->wv), dv, a.ln1, weight(m, w->wv), wt, N, C, KV);
+        ops->rmsnorm_backward(ctx, dx, grad(m, w->attn_norm), dln, a.x, param(m, w->attn_norm), a.rstd1, N, C);
     }
-    m->n_embed_skipped += ops->embed_backward(ctx, G(m->tok_embd), dx, m->ids, N, C);
-#undef G
-#undef P
+    m->n_embed_skipped += ops->embed_backward(ctx, grad(m, m->tok_embd), dx, m->ids, N, C);
 }
 
 int64_t kiln_count_targets(const int32_t *targets, int64_t n) {
