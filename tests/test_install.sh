@@ -75,8 +75,15 @@ test_same_text() {
     check "static: $(cat "$tmp/text_static") / shared: $(cat "$tmp/text_shared")" cmp -s "$tmp/text_static" "$tmp/text_shared"
 }
 
-# ---- ten training steps through the public trainer API go here (issue #16, a later step): build and run them
-# against the installed kiln the same way, once kiln.h declares that API.
+# Ten training steps through the public trainer API, in the same runs: the loss must fall.
+test_train_steps() {
+    needs
+    [ -s "$tmp/text_static" ] || skip "the static hello_kiln build failed (above)"
+    local line; line=$(grep '^train: ' "$tmp/text_static")
+    check "no training line in: $(cat "$tmp/text_static")" [ -n "$line" ]
+    check "not ten steps, or the loss did not fall: $line" \
+        awk '/^train: 10 steps, loss/ { if ($7 + 0 < $5 + 0) ok = 1 } END { exit !ok }' <<<"$line"
+}
 
 test_destdir() {
     needs
@@ -93,6 +100,7 @@ test_destdir() {
 run test_install_files
 run test_hello_static
 run test_hello_shared
+run test_train_steps
 run test_same_text
 run test_destdir
 test_exit

@@ -1,7 +1,9 @@
 /* hello_kiln.c: a program outside kiln's tree, built by tests/test_install.sh against an installed kiln with
  * `cc hello_kiln.c $(pkg-config --cflags --libs kiln)`, statically and against libkiln.so. It sees only kiln.h:
  * it loads MODEL.gguf, samples N tokens after the prompt with a fixed seed on the CPU and prints the prompt and
- * the text to stdout, so the two link modes can be compared byte for byte. Errors go to stderr, exit status 1.
+ * the text to stdout; then it trains a new small model for ten steps on the prompt's tokens and prints the first
+ * and the last loss ("train: 10 steps, loss A -> B"), so the two link modes can be compared byte for byte.
+ * Errors go to stderr, exit status 1.
  *
  *   hello_kiln MODEL.gguf PROMPT N SEED */
 #include <kiln.h>
@@ -59,6 +61,36 @@ static kiln_status generate(const kiln_model *m, const char *prompt, int n_new, 
     return s;
 }
 
+/* Ten optimizer steps of a new 2-layer model on the prompt's tokens, repeated to fill one batch: the next token
+ * of each position is its target. */
+static kiln_status train_ten(const kiln_model *m, const char *prompt) {
+    const kiln_tokenizer *tok = kiln_model_tokenizer(m);
+    kiln_tokens seq = {0};
+    kiln_status s = kiln_tokenizer_encode(tok, prompt, strlen(prompt), true, false, &seq);
+    if (s) return s;
+    kiln_train_opts o = kiln_train_defaults();
+    o.dims = (kiln_model_dims){.n_vocab = kiln_model_n_vocab(m), .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2,
+                               .n_ff = 128, .n_ctx = 64};
+    o.B = 2, o.T = 32, o.steps = 10, o.n_threads = 1, o.seed = 7;
+    o.lr.lr = 3e-3f, o.lr.warmup = 1;
+    int32_t inputs[64], targets[64];
+    for (int i = 0; i < 64; i++) {
+        inputs[i] = seq.ids[(size_t)i % seq.n];
+        targets[i] = seq.ids[(size_t)(i + 1) % seq.n];
+    }
+    kiln_tokens_free(&seq);
+    kiln_trainer *t = NULL;
+    double first = 0, loss = 0;
+    if (!(s = kiln_trainer_new(&o, &t)))
+        for (int i = 0; i < 10 && !s; i++) {
+            s = kiln_trainer_step(t, inputs, targets, &loss);
+            if (i == 0) first = loss;
+        }
+    if (!s) printf("train: %lld steps, loss %.4f -> %.4f\n", (long long)kiln_trainer_steps_done(t), first, loss);
+    kiln_trainer_free(t);
+    return s;
+}
+
 int main(int argc, char **argv) {
     if (argc != 5) {
         fprintf(stderr, "usage: hello_kiln MODEL.gguf PROMPT N SEED\n");
@@ -68,9 +100,12 @@ int main(int argc, char **argv) {
     kiln_status s = kiln_model_load(argv[1], &m);
     if (s) return fail(argv[1], s);
     s = generate(m, argv[2], atoi(argv[3]), strtoull(argv[4], NULL, 10));
-    /* A later step adds ten training steps here through the public trainer API (issue #16); until kiln.h has
-     * that API this program only runs inference. */
+    if (s) {
+        kiln_model_free(m);
+        return fail("generate", s);
+    }
+    s = train_ten(m, argv[2]);
     kiln_model_free(m);
-    if (s) return fail("generate", s);
+    if (s) return fail("train", s);
     return 0;
 }
