@@ -24,16 +24,20 @@ cflags_without() {
             fi
         done
         flags="$flags -isystem $d"
-    done < <(env -u CPATH -u C_INCLUDE_PATH "$CC" -E -v -x c /dev/null 2>&1 |
+    done < <("$CC" -E -v -x c /dev/null 2>&1 |
              sed -n '/^#include <...> search starts here:/,/^End of search list/{//!p}')
     echo "$flags"
 }
 
 # preflight OUTFILE MAKE-ARGS...: runs the preflight target into a fresh BUILD; output to OUTFILE, make's status back.
+# With a CFLAGS argument (cflags_without's, which lists every directory the compiler searches, C_INCLUDE_PATH's
+# too) the include variables are unset, so that list is the whole search path.
 preflight() {
     local out=$1; shift
     rm -rf "$tmp/build"
-    env -u CPATH -u C_INCLUDE_PATH make --no-print-directory BUILD="$tmp/build" "$@" preflight >"$out" 2>&1
+    local unset=()
+    case " $* " in *" CFLAGS="*) unset=(-u CPATH -u C_INCLUDE_PATH) ;; esac
+    env "${unset[@]}" make --no-print-directory BUILD="$tmp/build" "$@" preflight >"$out" 2>&1
 }
 
 # refused STATUS: make's status must be an error.
