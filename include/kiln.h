@@ -45,13 +45,15 @@ __attribute__((format(printf, 2, 3)))
 kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
 
 /* ---------------------------------------------------------------- progress and devices
- * One progress-callback shape for every long call (tokenizer training, data shards, training, perplexity):
- * the stage, the units done of the total (merges, bytes, steps, windows), the stage's headline number so far
- * and, for training, the step's full report. The callback runs on the calling thread. */
+ * One progress-callback shape for every long call (quantize, tokenizer training, data shards, training,
+ * perplexity): the stage, the units done of the total (tensors, merges, bytes, steps, windows), the item being
+ * worked on, the stage's headline number so far and, for training, the step's full report. The callback runs on
+ * the calling thread. */
 struct kiln_train_progress;
 typedef struct kiln_progress {
-    const char *stage;     /* "tokenizer", "data", "train", "eval", "perplexity" (static strings) */
+    const char *stage;     /* "quantize", "tokenizer", "data", "train", "eval", "perplexity" (static strings) */
     int64_t done, total;   /* total 0 when unknown */
+    const char *item;      /* what comes next, as the input names it (quantize: the tensor; unescaped); or NULL */
     double metric;         /* loss for train/eval, perplexity for perplexity; NaN when the stage has none */
     const struct kiln_train_progress *train; /* train and eval: the step's report; NULL otherwise */
 } kiln_progress;
@@ -279,7 +281,7 @@ typedef enum kiln_ftype {
 typedef struct kiln_quantize_params {
     kiln_ftype ftype;
     int n_threads;                                  /* 0: all cores */
-    void (*progress)(void *ud, int64_t done, int64_t total, const char *tensor);
+    kiln_progress_fn progress; /* stage "quantize", done/total in tensors, item the next tensor's name; or NULL */
     void *progress_ud;
 } kiln_quantize_params;
 

@@ -145,13 +145,19 @@ static int cmd_inspect(int argc, char **argv) {
 
 /* ---------------------------------------------------------------- quantize */
 
-static void quantize_progress(void *ud, int64_t done, int64_t total, const char *tensor) {
+/* The tensor name comes from the file: bytes outside printable ASCII are written as \xNN, at most 48 columns. */
+static void quantize_progress(void *ud, const kiln_progress *p) {
     double *t0 = ud;
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     double now = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-    fprintf(stderr, "\r[%3" PRId64 "/%3" PRId64 "] %6.1fs %-48.48s", done, total, now - *t0, tensor);
-    if (done == total) fputc('\n', stderr);
+    char name[49];
+    size_t n = 0;
+    for (const unsigned char *c = (const unsigned char *)(p->item ? p->item : ""); *c && n + 4 < sizeof name; c++)
+        n += (size_t)snprintf(name + n, sizeof name - n, *c >= 0x20 && *c < 0x7f ? "%c" : "\\x%02x", *c);
+    name[n] = 0;
+    fprintf(stderr, "\r[%3" PRId64 "/%3" PRId64 "] %6.1fs %-48s", p->done, p->total, now - *t0, name);
+    if (p->done == p->total) fputc('\n', stderr);
     fflush(stderr);
 }
 

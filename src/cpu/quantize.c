@@ -7,6 +7,7 @@
 #include "pool.h"
 #include "status.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,7 +68,7 @@ kiln_status kiln_quantize_file(const char *in_path, const char *out_path, const 
     kiln_simd level = kiln_simd_best();
     for (int64_t i = 0; i < nt; i++) {
         const kiln_tensor_view *t = kiln_gguf_tensor_at(g, i);
-        if (p->progress) p->progress(p->progress_ud, i, nt, t->name);
+        if (p->progress) p->progress(p->progress_ud, &(kiln_progress){.stage = "quantize", .done = i, .total = nt, .item = t->name, .metric = NAN});
         if (t->type == types[i]) {
             s = kiln_gguf_writer_write_tensor(w, i, t->data, t->nbytes);
         } else {
@@ -76,7 +77,7 @@ kiln_status kiln_quantize_file(const char *in_path, const char *out_path, const 
         }
         if (s) goto out;
     }
-    if (p->progress) p->progress(p->progress_ud, nt, nt, "done");
+    if (p->progress) p->progress(p->progress_ud, &(kiln_progress){.stage = "quantize", .done = nt, .total = nt, .item = "done", .metric = NAN});
     s = kiln_gguf_writer_finish(w);
 out:
     for (int i = 0; scratch && pool && i < kiln_pool_size(pool); i++) free(scratch[i]);
