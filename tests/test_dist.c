@@ -1,4 +1,4 @@
-/* test_dist.c: what multi-GPU training does without a GPU (src/train/launch.c): the rank from kiln's and MPI's
+/* test_dist.c: what multi-GPU training does without a GPU (tools/launch.c, src/train/rendezvous.c): the rank from kiln's and MPI's
  * environment; the launcher with /bin/sh ranks (their environment, a failing rank stopping hanging ones within
  * the grace period, a rank that ignores SIGTERM, a rank killed by a signal, no child left behind); and the NCCL
  * id's rendezvous file (round trip, timeout, a half-written file never read). Waits are bounded, not timed
