@@ -474,9 +474,9 @@ typedef struct kiln_session_params {
     int n_gpu_layers; /* llama.cpp's -ngl. 0: the CPU. At least the layer count (-ngl 99): the whole model on CUDA
                        * device 0 (src/cuda/engine.cu). Between: KILN_ERR_UNSUPPORTED, as kiln offloads all or none.
                        * KILN_ERR_UNSUPPORTED without a GPU, KILN_ERR_NOMEM when weights and cache exceed its free memory */
-    kiln_device device; /* KILN_DEVICE_CUDA: the whole model on that device, as n_gpu_layers >= the layer count
-                         * (only index 0 for now: another is KILN_ERR_UNSUPPORTED). KILN_DEVICE_CPU (zero): as
-                         * n_gpu_layers says */
+    kiln_device device; /* KILN_DEVICE_CUDA: the whole model on device `index`, as n_gpu_layers >= the layer count
+                         * (an index the machine lacks: KILN_ERR_INVALID naming it; sessions on several devices may
+                         * run from one thread). KILN_DEVICE_CPU (zero): as n_gpu_layers says */
 } kiln_session_params;
 
 kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, kiln_session **out);

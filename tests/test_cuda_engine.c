@@ -216,9 +216,18 @@ static void test_errors(void) {
     st = kiln_session_new(m, &(kiln_session_params){.n_ctx = INT32_MAX, .n_batch = 16, .n_gpu_layers = 99}, &s);
     CHECK(st == KILN_ERR_NOMEM && !s, "huge cache: %d %s", st, kiln_last_error());
     CHECK(strstr(kiln_last_error(), "GiB") != NULL, "message: %s", kiln_last_error());
-    /* the device choice: CUDA device 0 is the whole model on the GPU, as -ngl 99; another index is refused */
-    st = kiln_session_new(m, &(kiln_session_params){.n_ctx = 64, .device = {KILN_DEVICE_CUDA, 1}}, &s);
-    CHECK(st == KILN_ERR_UNSUPPORTED && !s && strstr(kiln_last_error(), "device index 1"), "%d %s", st, kiln_last_error());
+    /* the device choice: CUDA device N is the whole model on that GPU, as -ngl 99; one past the last is refused */
+    const int n_dev = kiln_cuda_device_count();
+    st = kiln_session_new(m, &(kiln_session_params){.n_ctx = 64, .device = {KILN_DEVICE_CUDA, n_dev}}, &s);
+    CHECK(st == KILN_ERR_INVALID && !s && strstr(kiln_last_error(), "does not exist"), "%d %s", st, kiln_last_error());
+    if (n_dev > 1) { /* the last device, then device 0 again from the same thread */
+        st = kiln_session_new(m, &(kiln_session_params){.n_ctx = 64, .device = {KILN_DEVICE_CUDA, n_dev - 1}}, &s);
+        int32_t ids[2] = {1, 2}, next = -1;
+        CHECK(st == KILN_OK && kiln_session_eval_argmax(s, ids, 2, &next) == KILN_OK && next >= 0, "device %d: %s", n_dev - 1,
+              kiln_last_error());
+        kiln_session_free(s);
+        s = NULL;
+    }
     st = kiln_session_new(m, &(kiln_session_params){.n_ctx = 64, .device = {KILN_DEVICE_CUDA, 0}}, &s);
     CHECK(st == KILN_OK && kiln_session_on_gpu(s), "device 0: %d %s", st, kiln_last_error());
     kiln_session_free(s);

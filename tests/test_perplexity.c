@@ -47,11 +47,15 @@ static void test_perplexity_matches_direct(void) {
     CHECK(strcmp(info.arch, "llama") == 0 && info.n_embd == 64 && info.n_layer == 2 && info.n_head == 4 &&
               info.n_head_kv == 2 && info.n_ff == 128 && info.head_dim == 16 && info.n_params == n_params && n_params > 0,
           "%s C %lld L %lld params %lld", info.arch, (long long)info.n_embd, (long long)info.n_layer, (long long)info.n_params);
-    /* a session's device is checked before any GPU is touched: only CUDA device 0 exists for kiln */
+    /* a session's device: a negative index is refused, and a device this machine lacks (no GPU, no CUDA build, or
+     * fewer devices) fails at the backend's open, naming why */
     kiln_session *bad = NULL;
-    CHECK(kiln_session_new(m, &(kiln_session_params){.device = {KILN_DEVICE_CUDA, 2}}, &bad) == KILN_ERR_UNSUPPORTED && !bad &&
-              strstr(kiln_last_error(), "device index 2: only device 0 is supported"),
+    CHECK(kiln_session_new(m, &(kiln_session_params){.device = {KILN_DEVICE_CUDA, -1}}, &bad) == KILN_ERR_INVALID && !bad &&
+              strstr(kiln_last_error(), "index -1 is negative"),
           "%s", kiln_last_error());
+    kiln_status ds = kiln_session_new(m, &(kiln_session_params){.device = {KILN_DEVICE_CUDA, 64}}, &bad);
+    CHECK(ds != KILN_OK && !bad && (strstr(kiln_last_error(), "device 64 does not exist") || strstr(kiln_last_error(), "CUDA")),
+          "%d %s", ds, kiln_last_error());
     progress_seen seen = {0};
     kiln_status s = kiln_perplexity(m, text, strlen(text), n_ctx, &(kiln_session_params){.n_threads = 2}, on_progress, &seen, &r);
     if (s) kiln_model_free(m);

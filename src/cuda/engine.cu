@@ -67,6 +67,7 @@ typedef struct {
 
 typedef struct engine {
     const kiln_model *m;
+    int device;     /* the CUDA device: made current by every entry the session calls between steps */
     int64_t n_ctx, n_batch;
     cudaStream_t stream;
     void *wbuf; /* every weight and norm vector, one allocation */
@@ -186,9 +187,19 @@ static kiln_status make_bf16_copies(engine *e, size_t bytes) {
     return st ? st : bf16_copy(e, &e->output, &off);
 }
 
+/* Makes the engine's device current (a no-op on the common single-device path), so sessions on two devices can
+ * run from one thread; the steps the forward enqueues between two such entries stay on it. */
+static kiln_status use_device(const engine *e) {
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur == e->device) return KILN_OK;
+    CK(cudaSetDevice(e->device), "cudaSetDevice");
+    return KILN_OK;
+}
+
 static void cuda_close(void *p) {
     engine *e = (engine *)p;
     if (!e) return;
+    use_device(e);
     for (int i = 0; i < 4; i++)
         if (e->graph[i]) cudaGraphExecDestroy(e->graph[i]);
     kiln_cuda_gemm_ws_free(&e->gws);
@@ -254,6 +265,7 @@ static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, 
     engine *e = (engine *)calloc(1, sizeof *e);
     if (!e) return kiln_fail(KILN_ERR_NOMEM, "gpu: out of memory");
     e->m = m;
+    e->device = p->device;
     e->n_ctx = n_ctx;
     e->n_batch = n_batch;
     e->dev_bytes = wbytes + xp_bytes + attn_ws + gws_bytes + (keep_bf ? bf_bytes : 0);
@@ -334,6 +346,7 @@ static size_t cuda_device_bytes(void *p) { return ((engine *)p)->dev_bytes; }
 static kiln_status cuda_alloc(void *p, size_t bytes, void **out) {
     engine *e = (engine *)p;
     *out = NULL;
+    TRY(use_device(e));
     cudaError_t err = cudaMalloc(out, bytes ? bytes : 1);
     if (err != cudaSuccess) {
         *out = NULL;
@@ -344,8 +357,13 @@ static kiln_status cuda_alloc(void *p, size_t bytes, void **out) {
     CK(cudaMemsetAsync(*out, 0, bytes, e->stream), "cudaMemsetAsync");
     return KILN_OK;
 }
-static void cuda_free(void *p, void *buf) { cudaFree(buf); }
+static void cuda_free(void *p, void *buf) {
+    use_device((engine *)p);
+    cudaFree(buf);
+}
 static kiln_status cuda_alloc_host(void *p, size_t bytes, void **out) {
+    *out = NULL;
+    TRY(use_device((engine *)p));
     cudaError_t err = cudaMallocHost(out, bytes ? bytes : 1);
     if (err != cudaSuccess) {
         *out = NULL;
@@ -357,14 +375,17 @@ static kiln_status cuda_alloc_host(void *p, size_t bytes, void **out) {
 }
 static void cuda_free_host(void *p, void *buf) { cudaFreeHost(buf); }
 static kiln_status cuda_upload(void *p, void *dst, const void *src, size_t bytes) {
+    TRY(use_device((engine *)p));
     CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ((engine *)p)->stream), "cudaMemcpyAsync");
     return KILN_OK;
 }
 static kiln_status cuda_download(void *p, void *dst, const void *src, size_t bytes) {
+    TRY(use_device((engine *)p));
     CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ((engine *)p)->stream), "cudaMemcpyAsync");
     return KILN_OK;
 }
 static kiln_status cuda_synchronize(void *p) {
+    TRY(use_device((engine *)p));
     CK(cudaStreamSynchronize(((engine *)p)->stream), "forward");
     return KILN_OK;
 }
@@ -387,6 +408,7 @@ static kiln_status capture(engine *e, kiln_status (*enqueue)(void *arg), void *a
 
 static kiln_status cuda_record(void *p, int slot, kiln_status (*enqueue)(void *arg), void *arg) {
     engine *e = (engine *)p;
+    TRY(use_device(e));
     if (slot < 0 || slot >= 4) return kiln_fail(KILN_ERR_INVALID, "gpu: record slot %d is not 0..3", slot);
     if (!e->graph[slot]) TRY(capture(e, enqueue, arg, &e->graph[slot]));
     CK(cudaGraphLaunch(e->graph[slot], e->stream), "cudaGraphLaunch");

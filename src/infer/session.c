@@ -53,9 +53,9 @@ kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, 
     const kiln_llama_config *c = &m->cfg;
     kiln_session_params d = {0};
     if (!p) p = &d;
-    if (p->device.kind == KILN_DEVICE_CUDA && p->device.index != 0)
-        return kiln_fail(KILN_ERR_UNSUPPORTED, "gpu: device index %d: only device 0 is supported", p->device.index);
+    const int device = p->device.kind == KILN_DEVICE_CUDA ? p->device.index : 0;
     if (p->device.kind == KILN_DEVICE_CUDA) d = *p, d.n_gpu_layers = INT32_MAX, p = &d; /* the whole model, as -ngl 99 */
+    if (device < 0) return kiln_fail(KILN_ERR_INVALID, "session: CUDA device index %d is negative", device);
     if (p->n_gpu_layers > 0 && p->n_gpu_layers < c->n_layer)
         return kiln_fail(KILN_ERR_UNSUPPORTED, "session: offloading %d of %lld layers is not supported: kiln runs the whole model on the GPU "
                          "(n_gpu_layers >= %lld, -ngl 99) or none of it", p->n_gpu_layers, (long long)c->n_layer, (long long)c->n_layer);
@@ -93,7 +93,8 @@ kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, 
     }
     for (int64_t l = 0; l < c->n_layer; l++) s->rows[l] = cache_rows(m, l, n_ctx, n_batch);
     const kiln_backend_params bp = {.n_ctx = n_ctx, .n_batch = n_batch, .rows = s->rows, .kv_bytes = (size_t)kv_bytes,
-                                    .act_bytes = (size_t)act_bytes + logit_bytes + io_bytes, .n_threads = p->n_threads};
+                                    .act_bytes = (size_t)act_bytes + logit_bytes + io_bytes, .n_threads = p->n_threads,
+                                    .device = device};
     kiln_status st = be->open(m, &bp, &s->ctx);
     if (!st) st = be->alloc(s->ctx, (size_t)kv_bytes, (void **)&s->kv);
     if (!st) st = be->alloc(s->ctx, (size_t)act_bytes, (void **)&s->act);
