@@ -232,7 +232,6 @@ static int chat(const kiln_model *m, const chat_opts *o) {
 
 int kiln_cmd_chat(int argc, char **argv) {
     chat_opts o = {.n_max = 1024, .sampler = kiln_sampler_default()};
-    double v;
     int r;
     for (int i = 0; i < argc; i += 2) {
         const char *f = argv[i], *a = i + 1 < argc ? argv[i + 1] : NULL;
@@ -249,7 +248,7 @@ int kiln_cmd_chat(int argc, char **argv) {
         if (strcmp(f, "-m") == 0) o.model_path = a;
         else if (strcmp(f, "--system") == 0) o.system = a;
         else if (strcmp(f, "--chat-template") == 0) o.template_name = a;
-        else if (strcmp(f, "-n") == 0) ok = kiln_cli_parse_num("chat", f, a, 1, 1e9, &v), o.n_max = (int64_t)v;
+        else if (strcmp(f, "-n") == 0) ok = kiln_cli_parse_int("chat", f, a, 1, 1000000000, &o.n_max);
         else if ((r = kiln_cli_sampling_opt("chat", f, a, &o.sampler, &o.sess))) ok = r > 0;
         else {
             fprintf(stderr, "kiln: chat: unexpected argument '%s'\n", f);

@@ -530,7 +530,6 @@ static const char *default_model(char *buf, size_t n) {
 static int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *chat_template = NULL;
     generate_opts o = {.n_new = 256, .sampler = kiln_sampler_default()};
-    double v;
     int r;
     for (int i = 0; i < argc; i += 2) {
         const char *f = argv[i], *a = i + 1 < argc ? argv[i + 1] : NULL;
@@ -547,7 +546,7 @@ static int cmd_generate(int argc, char **argv) {
         if (strcmp(f, "-m") == 0) model_path = a;
         else if (strcmp(f, "-p") == 0) prompt = a;
         else if (strcmp(f, "--chat-template") == 0) chat_template = a, o.chat = true;
-        else if (strcmp(f, "-n") == 0) ok = kiln_cli_parse_num("generate", f, a, 0, 1e9, &v), o.n_new = (int64_t)v;
+        else if (strcmp(f, "-n") == 0) ok = kiln_cli_parse_int("generate", f, a, 0, 1000000000, &o.n_new);
         else if ((r = kiln_cli_sampling_opt("generate", f, a, &o.sampler, &o.sess))) ok = r > 0;
         else {
             fprintf(stderr, "kiln: generate: unexpected argument '%s'\n", f);
