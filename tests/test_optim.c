@@ -1,7 +1,7 @@
 /* test_optim.c: the optimizer of src/train/optim.c. AdamW steps against a double-precision AdamW written
  * here (clipping on and off, decay on and off per segment, gaps between segments); the bf16 mirror against
- * hand-made round-to-nearest-even cases and NaN; a NaN or Inf gradient skipping the step and changing
- * nothing else; bit-identical results for pools of 1, 2 and 3 threads; the learning-rate schedule against
+ * hand-made round-to-nearest-even cases and NaN; a NaN or Inf gradient, or a finite one whose update would
+ * overflow a weight, skipping the step and changing nothing else; bit-identical results for pools of 1, 2 and 3 threads; the learning-rate schedule against
  * its formulas; the 8-bit moments' code against its documented format; and the 8-bit optimizer's loss curve
  * against fp32's on a sparse least squares and on a noisy quadratic, 102,400 parameters each. Bounds sit
  * about 2x above the worst measured when they were set. '# ' lines report the errors measured, the 8-bit
@@ -230,6 +230,41 @@ static void test_nonfinite_skips(void) {
         CHECK(!kiln_adamw_step(&opt, NULL, p, g, mir, 1e-2f).skipped && opt.step == 2 && opt.n_skipped == 3);
         kiln_adamw_free(&opt);
         free(p), free(g), free(p0), free(mir), free(mir0), free(m0), free(v0), free(ms0), free(vs0);
+    }
+}
+
+/* A finite gradient whose update would overflow a weight (an update of ~1e32 on a weight at FLT_MAX, one ulp
+ * there is 2e31): the step is skipped and counted, and params, mirror and moments stay as they were. */
+static void test_nonfinite_weights_skip(void) {
+    const int64_t n = 5000;
+    for (int eight = 0; eight < 2; eight++) {
+        kiln_adamw_cfg cfg = kiln_adamw_defaults();
+        cfg.eight_bit = eight;
+        kiln_adamw opt;
+        CHECK(kiln_adamw_init(&opt, &cfg, n, NULL, 0) == KILN_OK);
+        float *p = malloc(n * sizeof *p), *g = malloc(n * sizeof *g), *p0 = malloc(n * sizeof *p0);
+        uint16_t *mir = malloc(n * sizeof *mir), *mir0 = malloc(n * sizeof *mir0);
+        unsigned long long rng = 9;
+        fill_normal(p, n, 1.0f, &rng);
+        fill_normal(g, n, 1.0f, &rng);
+        kiln_adamw_step(&opt, NULL, p, g, mir, 1e-2f); /* nonzero moments */
+        size_t mbytes = eight ? (size_t)n : n * sizeof(float);
+        void *m0 = malloc(mbytes), *v0 = malloc(mbytes);
+        p[4777] = 3.4e38f;
+        g[4777] = -1.0f; /* pushes it up */
+        memcpy(p0, p, n * sizeof *p);
+        memcpy(mir0, mir, n * sizeof *mir);
+        memcpy(m0, eight ? (void *)opt.m8 : opt.m, mbytes);
+        memcpy(v0, eight ? (void *)opt.v8 : opt.v, mbytes);
+        kiln_adamw_result res = kiln_adamw_step(&opt, NULL, p, g, mir, 1e32f);
+        CHECK(res.skipped && isfinite(res.grad_norm) && opt.n_skipped == 1 && opt.step == 1, "eight %d", eight);
+        CHECK(res.bad_at >= 0 && res.bad_at <= 4777 && 4777 - res.bad_at < 4096, "bad_at %lld", (long long)res.bad_at);
+        CHECK(!memcmp(p0, p, n * sizeof *p) && !memcmp(mir0, mir, n * sizeof *mir), "eight %d: the weights changed", eight);
+        CHECK(!memcmp(m0, eight ? (void *)opt.m8 : opt.m, mbytes) && !memcmp(v0, eight ? (void *)opt.v8 : opt.v, mbytes));
+        res = kiln_adamw_step(&opt, NULL, p, g, mir, 1e-2f); /* a sane rate: applied */
+        CHECK(!res.skipped && res.bad_at == -1 && opt.step == 2 && isfinite(p[4777]));
+        kiln_adamw_free(&opt);
+        free(p), free(g), free(p0), free(mir), free(mir0), free(m0), free(v0);
     }
 }
 
@@ -576,6 +611,7 @@ int main(void) {
     RUN(test_bf16_row);
     RUN(test_mirror);
     RUN(test_nonfinite_skips);
+    RUN(test_nonfinite_weights_skip);
     RUN(test_thread_count_independent);
     RUN(test_schedule);
     RUN(test_8bit_codes);

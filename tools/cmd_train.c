@@ -5,6 +5,7 @@
 #include "tools/launch.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,79 @@ static bool opt(int argc, char **argv, int *i, const char *name) {
     return true;
 }
 
+/* A numeric flag of kiln train: where its value goes and the range kiln_cli_parse_num/_int enforce. */
+typedef enum { NUM_I64, NUM_INT, NUM_F32, NUM_F64 } num_kind;
+typedef struct num_flag {
+    const char *name, *alt;
+    num_kind kind;
+    double lo, hi;
+    size_t at; /* offsetof in kiln_train_opts */
+    bool below_hi; /* the range is [lo, hi): hi itself is refused */
+} num_flag;
+
+#define AT(f) offsetof(kiln_train_opts, f)
+/* Wide ranges (nothing plausible is refused) that keep out what no run means: a negative clip or time, smoothing
+ * past 1, warmup or steps beyond 1e12 (the library checks the same, and warmup against the steps). */
+static const num_flag num_flags[] = {
+    {"-V", NULL, NUM_I64, 0, 1 << 24, AT(dims.n_vocab), false},
+    {"-C", NULL, NUM_I64, 1, 1 << 16, AT(dims.n_embd), false},
+    {"-L", NULL, NUM_I64, 1, 1024, AT(dims.n_layer), false},
+    {"--heads", NULL, NUM_I64, 1, 4096, AT(dims.n_head), false},
+    {"--kv-heads", NULL, NUM_I64, 1, 4096, AT(dims.n_head_kv), false},
+    {"-F", NULL, NUM_I64, 1, 1 << 20, AT(dims.n_ff), false},
+    {"--rope-base", NULL, NUM_F32, 1, 1e12, AT(dims.rope_base), false},
+    {"-B", NULL, NUM_I64, 1, 1 << 20, AT(B), false},
+    {"-T", NULL, NUM_I64, 2, 1 << 20, AT(T), false},
+    {"--accum", NULL, NUM_I64, 1, 1 << 20, AT(grad_accum), false},
+    {"--steps", NULL, NUM_I64, 1, 1e12, AT(steps), false},
+    {"--time", NULL, NUM_F64, 0, 1e10, AT(time_budget_s), false},
+    {"--stop-after", NULL, NUM_I64, 0, 1e12, AT(stop_after), false},
+    {"--lr", NULL, NUM_F32, 0, 10, AT(lr.lr), false},
+    {"--min-lr", NULL, NUM_F32, 0, 10, AT(lr.min_lr), false},
+    {"--warmup", NULL, NUM_I64, 0, 1e12, AT(lr.warmup), false},
+    {"--wd", NULL, NUM_F32, 0, 10, AT(adam.weight_decay), false},
+    {"--clip", NULL, NUM_F32, 0, 1e30, AT(adam.grad_clip), false},
+    {"--beta1", NULL, NUM_F32, 0, 1, AT(adam.beta1), true},
+    {"--beta2", NULL, NUM_F32, 0, 1, AT(adam.beta2), true},
+    {"--label-smoothing", NULL, NUM_F32, 0, 1, AT(label_smoothing), true},
+    {"--z-loss", NULL, NUM_F32, 0, 10, AT(z_loss), false},
+    {"--eval-every", NULL, NUM_I64, 0, 1e12, AT(eval_interval), false},
+    {"--eval-batches", NULL, NUM_I64, 0, 1e9, AT(eval_batches), false},
+    {"--ckpt-every", NULL, NUM_I64, 0, 1e12, AT(ckpt_interval), false},
+    {"-j", "--threads", NUM_INT, 0, 4096, AT(n_threads), false},
+};
+#undef AT
+
+/* When argument *i is a numeric flag with a value, parses it into o (stepping over the value): 1 parsed, -1 after
+ * printing why the value is bad, 0 when it is no numeric flag. */
+static int num_opt(int argc, char **argv, int *i, kiln_train_opts *o) {
+    for (size_t k = 0; k < sizeof num_flags / sizeof num_flags[0]; k++) {
+        const num_flag *f = &num_flags[k];
+        if (!opt(argc, argv, i, f->name) && !(f->alt && opt(argc, argv, i, f->alt))) continue;
+        const char *v = argv[*i];
+        char *dst = (char *)o + f->at;
+        if (f->kind == NUM_I64 || f->kind == NUM_INT) {
+            int64_t n;
+            if (!kiln_cli_parse_int("train", argv[*i - 1], v, (int64_t)f->lo, (int64_t)f->hi, &n)) return -1;
+            if (f->kind == NUM_I64) memcpy(dst, &n, sizeof n);
+            else *(int *)(void *)dst = (int)n;
+            return 1;
+        }
+        double x;
+        if (!kiln_cli_parse_num("train", argv[*i - 1], v, f->lo, f->hi, &x)) return -1;
+        if (f->below_hi && x >= f->hi) {
+            fprintf(stderr, "kiln: train: %s needs a number in [%g, %g), got '", argv[*i - 1], f->lo, f->hi);
+            kiln_cli_put_escaped(stderr, v);
+            fputs("'\n", stderr);
+            return -1;
+        }
+        if (f->kind == NUM_F32) *(float *)(void *)dst = (float)x;
+        else *(double *)(void *)dst = x;
+        return 1;
+    }
+    return 0;
+}
+
 /* `kiln train --nproc N`: this executable run as N ranks (tools/launch.h) with the same arguments less
  * "--nproc N" (argv[nproc_at], argv[nproc_at + 1]); a rank that fails stops the others. */
 int kiln_cmd_train(int argc, char **argv) {
@@ -72,79 +146,72 @@ int kiln_cmd_train(int argc, char **argv) {
     o.dims.n_embd = 256, o.dims.n_layer = 4, o.dims.n_head = 8, o.dims.n_head_kv = 4, o.dims.n_ff = 704;
     bool warmup_set = false, min_lr_set = false;
     int nproc_at = -1; /* the index of --nproc in argv */
-    double nproc = 1;
+    int64_t nproc = 1;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const int num = strcmp(a, "--") == 0 ? 0 : num_opt(argc, argv, &i, &o);
+        if (num < 0) return 1;
+        if (num > 0) {
+            warmup_set |= strcmp(a, "--warmup") == 0;
+            min_lr_set |= strcmp(a, "--min-lr") == 0;
+            continue;
+        }
+        if (strcmp(a, "--") == 0) {
+            if (i + 1 < argc) {
+                fprintf(stderr, "kiln: train: unexpected argument '");
+                kiln_cli_put_escaped(stderr, argv[i + 1]);
+                fputs("' (kiln train takes options only)\n", stderr);
+                return 1;
+            }
+            break;
+        }
         if (opt(argc, argv, &i, "--data")) o.data_dir = v;
         else if (opt(argc, argv, &i, "-t") || opt(argc, argv, &i, "--tokenizer")) o.tokenizer = v;
         else if (opt(argc, argv, &i, "--init-from")) o.init_from = v;
         else if (opt(argc, argv, &i, "--resume")) o.resume = v;
-        else if (opt(argc, argv, &i, "-V")) o.dims.n_vocab = atoll(v);
-        else if (opt(argc, argv, &i, "-C")) o.dims.n_embd = atoll(v);
-        else if (opt(argc, argv, &i, "-L")) o.dims.n_layer = atoll(v);
-        else if (opt(argc, argv, &i, "--heads")) o.dims.n_head = atoll(v);
-        else if (opt(argc, argv, &i, "--kv-heads")) o.dims.n_head_kv = atoll(v);
-        else if (opt(argc, argv, &i, "-F")) o.dims.n_ff = atoll(v);
-        else if (opt(argc, argv, &i, "--rope-base")) o.dims.rope_base = (float)atof(v);
-        else if (opt(argc, argv, &i, "-B")) o.B = atoll(v);
-        else if (opt(argc, argv, &i, "-T")) o.T = atoll(v);
-        else if (opt(argc, argv, &i, "--accum")) o.grad_accum = atoll(v);
-        else if (opt(argc, argv, &i, "--steps")) o.steps = atoll(v);
-        else if (opt(argc, argv, &i, "--time")) o.time_budget_s = atof(v);
-        else if (opt(argc, argv, &i, "--stop-after")) o.stop_after = atoll(v);
-        else if (opt(argc, argv, &i, "--lr")) o.lr.lr = (float)atof(v);
-        else if (opt(argc, argv, &i, "--min-lr")) o.lr.min_lr = (float)atof(v), min_lr_set = true;
-        else if (opt(argc, argv, &i, "--warmup")) o.lr.warmup = atoll(v), warmup_set = true;
         else if (opt(argc, argv, &i, "--schedule")) {
             if (strcmp(v, "cosine") == 0) o.lr.decay = KILN_LR_COSINE;
             else if (strcmp(v, "linear") == 0) o.lr.decay = KILN_LR_LINEAR;
             else if (strcmp(v, "constant") == 0) o.lr.decay = KILN_LR_CONSTANT;
             else {
-                fprintf(stderr, "kiln: train: unknown schedule '%s' (cosine, linear, constant)\n", v);
+                fprintf(stderr, "kiln: train: unknown schedule '");
+                kiln_cli_put_escaped(stderr, v);
+                fputs("' (cosine, linear, constant)\n", stderr);
                 return 1;
             }
         } else if (opt(argc, argv, &i, "--optim")) {
             if (strcmp(v, "adamw") == 0) o.adam.eight_bit = false;
             else if (strcmp(v, "adamw8bit") == 0) o.adam.eight_bit = true;
             else {
-                fprintf(stderr, "kiln: train: unknown optimizer '%s' (adamw, adamw8bit)\n", v);
+                fprintf(stderr, "kiln: train: unknown optimizer '");
+                kiln_cli_put_escaped(stderr, v);
+                fputs("' (adamw, adamw8bit)\n", stderr);
                 return 1;
             }
         } else if (opt(argc, argv, &i, "--nproc")) {
-            if (!kiln_cli_parse_num("train", "--nproc", v, 1, 4096, &nproc)) return 1;
-            if (nproc != (int)nproc) {
-                fprintf(stderr, "kiln: train: --nproc needs a whole number of processes, got '%s'\n", v);
-                return 1;
-            }
+            if (!kiln_cli_parse_int("train", "--nproc", v, 1, 4096, &nproc)) return 1;
             nproc_at = i - 1;
-        } else if (opt(argc, argv, &i, "--wd")) o.adam.weight_decay = (float)atof(v);
-        else if (opt(argc, argv, &i, "--clip")) o.adam.grad_clip = (float)atof(v);
-        else if (opt(argc, argv, &i, "--beta1")) o.adam.beta1 = (float)atof(v);
-        else if (opt(argc, argv, &i, "--beta2")) o.adam.beta2 = (float)atof(v);
-        else if (strcmp(a, "--mixed") == 0) o.mixed = true;
+        } else if (strcmp(a, "--mixed") == 0) o.mixed = true;
         else if (strcmp(a, "--gpu") == 0) o.device = (kiln_device){KILN_DEVICE_CUDA, 0};
         else if (strcmp(a, "--deterministic") == 0) o.deterministic = true;
         else if (strcmp(a, "--recompute") == 0) o.recompute = true;
         else if (strcmp(a, "--zero1") == 0) o.zero1 = true;
         else if (strcmp(a, "--tied") == 0) o.dims.tied = true;
-        else if (opt(argc, argv, &i, "--label-smoothing")) o.label_smoothing = (float)atof(v);
-        else if (opt(argc, argv, &i, "--z-loss")) o.z_loss = (float)atof(v);
-        else if (opt(argc, argv, &i, "--eval-every")) o.eval_interval = atoll(v);
-        else if (opt(argc, argv, &i, "--eval-batches")) o.eval_batches = atoll(v);
         else if (opt(argc, argv, &i, "--ckpt")) o.ckpt_path = v;
-        else if (opt(argc, argv, &i, "--ckpt-every")) o.ckpt_interval = atoll(v);
         else if (opt(argc, argv, &i, "-o")) o.out_path = v;
         else if (strcmp(a, "--out-best") == 0) o.out_best = true;
         else if (opt(argc, argv, &i, "--log")) o.log_path = v;
         else if (opt(argc, argv, &i, "--name")) o.name = v;
-        else if (opt(argc, argv, &i, "--seed")) o.seed = strtoull(v, NULL, 10);
-        else if (opt(argc, argv, &i, "-j") || opt(argc, argv, &i, "--threads")) o.n_threads = atoi(v);
-        else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+        else if (opt(argc, argv, &i, "--seed")) {
+            if (!kiln_cli_parse_u64("train", "--seed", v, &o.seed)) return 1;
+        } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             usage();
             return 0;
         } else {
-            fprintf(stderr, "kiln: train: unknown or incomplete option '%s'\n", a);
+            fprintf(stderr, "kiln: train: unknown or incomplete option '");
+            kiln_cli_put_escaped(stderr, a);
+            fputs("'\n", stderr);
             usage();
             return 1;
         }
@@ -171,6 +238,14 @@ int kiln_cmd_train(int argc, char **argv) {
     o.lr.total = o.steps;
     if (!warmup_set) o.lr.warmup = o.steps / 10;
     if (!min_lr_set) o.lr.min_lr = o.lr.lr / 10;
+    if (o.lr.warmup > o.steps) {
+        fprintf(stderr, "kiln: train: --warmup %lld is longer than the run's %lld steps\n", (long long)o.lr.warmup, (long long)o.steps);
+        return 1;
+    }
+    if (o.lr.decay != KILN_LR_CONSTANT && o.lr.min_lr > o.lr.lr) {
+        fprintf(stderr, "kiln: train: --min-lr %g is above --lr %g\n", (double)o.lr.min_lr, (double)o.lr.lr);
+        return 1;
+    }
     bool first = true;
     kiln_status s = kiln_train_run(&o, on_progress, &first);
     if (s) return kiln_cli_die(s);

@@ -12,8 +12,11 @@
  * Both directions stream through the trainer's get_state and set_state (src/train/trainer.h) in chunks of
  * KILN_TRAIN_CHUNK floats, so no n_params-sized host array is needed where the trainer keeps none (the GPU); a
  * resume reads the file's mmap straight into the trainer. Writes go through the GGUF writer's temp file + fsync +
- * rename, so a write killed halfway leaves the previous checkpoint in place. tests/test_train.c resumes bit for bit
- * and kills a write with SIGKILL mid-way. */
+ * rename, so a write killed halfway leaves the previous checkpoint in place. Nothing non-finite goes out or comes
+ * in: a write with a non-finite weight or moment fails before the rename, and a resume refuses non-finite weights,
+ * moments that are not finite (or second moments and scales below 0) and run keys out of range.
+ * tests/test_train.c resumes bit for bit, kills a write with SIGKILL mid-way and feeds damaged checkpoints;
+ * tests/fuzz/fuzz_checkpoint.c fuzzes the loader. */
 #include "trainer.h"
 #include "status.h"
 
@@ -91,6 +94,39 @@ static kiln_status put_keys(kiln_gguf_writer *w, const kiln_trainer_impl *t, con
 
 static size_t type_bytes(kiln_type t) { return t == KILN_TYPE_I8 ? 1 : 4; }
 
+/* The tensor of m holding element offset of the flat buffer (the last one for the pad after them). */
+static const char *param_name(const kiln_llama_train *m, int64_t offset) {
+    int k = 0;
+    for (int i = 0; i < m->n_tensors; i++)
+        if (m->tensors[i].offset <= offset) k = i;
+    return m->tensors[k].name;
+}
+
+/* The values a float part may hold: finite, and for the second moments and the scales not negative. The 8-bit
+ * codes have no invalid values. */
+static bool nonnegative_part(kiln_train_part part) {
+    return part == KILN_PART_V || part == KILN_PART_M_SCALE || part == KILN_PART_V_SCALE;
+}
+
+/* The first element of x (n, of part) that part may not hold, or -1. */
+static int64_t bad_value(kiln_train_part part, const float *x, int64_t n) {
+    const bool nonneg = nonnegative_part(part);
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i]) || (nonneg && x[i] < 0.0f)) return i;
+    return -1;
+}
+
+/* Refuses chunk x (n elements of the tensor ts, from element j of it) when it holds a value its part may not. */
+static kiln_status check_chunk(const char *path, const ckpt_tensor *ts, const void *x, int64_t j, int64_t n, bool reading) {
+    if (ts->type != KILN_TYPE_F32) return KILN_OK;
+    const int64_t i = bad_value(ts->part, x, n);
+    if (i < 0) return KILN_OK;
+    const float v = ((const float *)x)[i];
+    return kiln_fail(reading ? KILN_ERR_FORMAT : KILN_ERR_INVALID, "%s: tensor '%s' element %lld is %g%s; %s", path, ts->name,
+                     (long long)(j + i), (double)v, isfinite(v) ? " (a second moment or a scale is never negative)" : "",
+                     reading ? "the checkpoint is damaged" : "nothing was written (the run diverged)");
+}
+
 kiln_status kiln_train_write(kiln_trainer_impl *t, const kiln_gguf *tok_src, const char *name, const kiln_train_state *st,
                              bool write, const char *path) {
     int n_files;
@@ -115,7 +151,8 @@ kiln_status kiln_train_write(kiln_trainer_impl *t, const kiln_gguf *tok_src, con
         const int64_t n = ts[i].ne[0] * ts[i].ne[1], per = (int64_t)(chunk_bytes / elem);
         for (int64_t j = 0; j < n && !s; j += per) {
             const int64_t k = n - j < per ? n - j : per;
-            if (!(s = t->ops->get_state(t, ts[i].part, ts[i].first + j, k, buf))) s = kiln_gguf_writer_write_part(w, i, buf, (size_t)k * elem);
+            if (!(s = t->ops->get_state(t, ts[i].part, ts[i].first + j, k, buf)) && !(s = check_chunk(path, &ts[i], buf, j, k, false)))
+                s = kiln_gguf_writer_write_part(w, i, buf, (size_t)k * elem);
         }
     }
     if (!s && write) s = kiln_gguf_writer_finish(w);
@@ -163,6 +200,14 @@ kiln_status kiln_train_open_checkpoint(const char *path, const kiln_adamw_cfg *c
     if (!s && eight != cfg->eight_bit)
         s = kiln_fail(KILN_ERR_INVALID, "%s: checkpoint was trained with %s; resume it with the same optimizer", path,
                       eight ? "8-bit AdamW (--optim adamw8bit)" : "AdamW (--optim adamw)");
+    /* the counters index arrays and bound loops: absurd ones (a damaged or hand-made file) are refused here */
+    const uint64_t big = (uint64_t)1 << 62;
+    if (!s && (u[0] > (uint64_t)1e12 || u[1] > big || u[2] > big || u[4] < 1 || u[4] > (1u << 20) || u[5] < 2 || u[5] > (1u << 20) ||
+               u[6] > big || u[7] > u[0] || u[8] > u[0] || world < 1 || world > 4096))
+        s = kiln_fail(KILN_ERR_FORMAT, "%s: checkpoint's run keys are out of range (step %llu, tokens_seen %llu, data_pos %llu, B %llu, "
+                      "T %llu, world %llu, optim_step %llu, n_skipped %llu, n_embed_skipped %llu)", path, (unsigned long long)u[0],
+                      (unsigned long long)u[1], (unsigned long long)u[2], (unsigned long long)u[4], (unsigned long long)u[5],
+                      (unsigned long long)world, (unsigned long long)u[7], (unsigned long long)u[8], (unsigned long long)u[6]);
     if (s) {
         kiln_model_free(src);
         return s;
@@ -175,8 +220,13 @@ kiln_status kiln_train_open_checkpoint(const char *path, const kiln_adamw_cfg *c
     return KILN_OK;
 }
 
+/* Weights into the trainer: a non-finite one (a damaged checkpoint, a diverged model to fine-tune) is refused. */
 static kiln_status to_trainer(void *ctx, int64_t offset, const float *x, int64_t n) {
     kiln_trainer_impl *t = ctx;
+    const int64_t i = bad_value(KILN_PART_PARAMS, x, n);
+    if (i >= 0)
+        return kiln_fail(KILN_ERR_FORMAT, "weight '%s' holds %g at element %lld of the parameters; refusing to train from it",
+                         param_name(t->m, offset + i), (double)x[i], (long long)(offset + i));
     return t->ops->set_state(t, KILN_PART_PARAMS, offset, n, x);
 }
 
@@ -196,7 +246,8 @@ kiln_status kiln_train_restore(kiln_trainer_impl *t, const kiln_model *src, cons
     kiln_status s = KILN_OK;
     for (int i = t->m->n_tensors; i < n_files && !s; i++) { /* the moments, each whole from the mmap */
         const kiln_tensor_view *v = NULL;
-        if (!(s = find_flat(src->gguf, ts[i].name, ts[i].type, ts[i].ne[0], &v)))
+        if (!(s = find_flat(src->gguf, ts[i].name, ts[i].type, ts[i].ne[0], &v)) &&
+            !(s = check_chunk(kiln_gguf_path(src->gguf), &ts[i], v->data, 0, ts[i].ne[0], true)))
             s = t->ops->set_state(t, ts[i].part, 0, ts[i].ne[0], v->data);
     }
     free(ts);

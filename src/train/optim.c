@@ -6,7 +6,10 @@
  * per chunk of NORM_CHUNK elements (8 interleaved double accumulators inside a chunk, combined in a fixed
  * tree), and the caller adds the partials in index order: the chunks do not depend on the thread count, so
  * neither does the norm. A non-finite norm means a NaN or Inf in the gradient (squares of finite floats
- * cannot overflow a double): the step is skipped. The second pass is elementwise, so any split gives the
+ * cannot overflow a double): the step is skipped. A second pass computes the weights the update would give
+ * without writing them, one sum of squares per chunk: a non-finite one (an overflow of m / (sqrt(v) + eps), a
+ * weight already near FLT_MAX) skips the step the same way, so a skipped step leaves params and moments exactly
+ * as they were (about 1.5x the cost of the update alone). The last pass is elementwise, so any split gives the
  * same bits; threads take whole KILN_ADAMW8_BLOCK blocks so the 8-bit variant never shares a block. The
  * update follows PyTorch's AdamW (torch.optim.AdamW, foreach=False), with t the step after increment:
  *   g = grad * min(1, clip / norm)
@@ -177,22 +180,41 @@ typedef struct {
     float decay_mul; /* 1 - lr wd */
 } adam_consts;
 
+/* One element's update: the new moment, the new v (sqrt(v) when sqrt_v, the 8-bit path's layout) and the new
+ * parameter. adam_run applies it and check_run only looks at the parameter, so both see the same bits. */
+static inline float adam_elem(const adam_consts *k, float p, float g, float dmul, bool sqrt_v, float *m, float *v) {
+    float gi = g * k->clip;
+    float mi = k->b1 * *m + k->one_minus_b1 * gi;
+    float vprev = sqrt_v ? *v * *v : *v;
+    float vi = k->b2 * vprev + k->one_minus_b2 * (gi * gi);
+    float s = sqrtf(vi);
+    *m = mi;
+    *v = sqrt_v ? s : vi;
+    return p * dmul - k->step_size * (mi / (s * k->inv_sqrt_bc2 + k->eps));
+}
+
 /* n elements. sqrt_v: v holds sqrt(v) on input and output (the 8-bit path's layout), else v itself. */
 static inline void adam_run(const adam_consts *k, float *p, const float *g, float *m, float *v, uint16_t *mirror, int64_t n,
                             bool decay, bool sqrt_v) {
     const float dmul = decay ? k->decay_mul : 1.0f;
     for (int64_t i = 0; i < n; i++) {
-        float gi = g[i] * k->clip;
-        float mi = k->b1 * m[i] + k->one_minus_b1 * gi;
-        float vprev = sqrt_v ? v[i] * v[i] : v[i];
-        float vi = k->b2 * vprev + k->one_minus_b2 * (gi * gi);
-        float s = sqrtf(vi);
-        float pi = p[i] * dmul - k->step_size * (mi / (s * k->inv_sqrt_bc2 + k->eps));
-        m[i] = mi;
-        v[i] = sqrt_v ? s : vi;
+        float pi = adam_elem(k, p[i], g[i], dmul, sqrt_v, &m[i], &v[i]);
         p[i] = pi;
         if (mirror) mirror[i] = bf16_rne(pi);
     }
+}
+
+/* The sum of squares of the n parameters adam_run would write, writing nothing. */
+static inline double check_run(const adam_consts *k, const float *p, const float *g, const float *m, const float *v, int64_t n,
+                               bool decay, bool sqrt_v) {
+    const float dmul = decay ? k->decay_mul : 1.0f;
+    double acc = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        float mi = m[i], vi = v[i];
+        const double pi = adam_elem(k, p[i], g[i], dmul, sqrt_v, &mi, &vi);
+        acc += pi * pi;
+    }
+    return acc;
 }
 
 /* The run of constant decay starting at pos, ending at *end <= hi. *k walks the segments (sorted by
@@ -271,9 +293,61 @@ static void step_8bit(void *arg, int ith, int nth) {
     }
 }
 
+/* The check before an update: one sum of squares of the would-be parameters per chunk (chunk: a multiple of
+ * KILN_ADAMW8_BLOCK), into partial. Squares of finite floats cannot overflow a double, so a chunk's sum is
+ * finite exactly when every weight in it would be. */
+typedef struct {
+    step_job *j;
+    int64_t chunk, n_chunks;
+    double *partial; /* (n_chunks) */
+} check_job;
+
+static void check_chunks(void *arg, int ith, int nth) {
+    const check_job *c = arg;
+    const step_job *j = c->j;
+    const kiln_adamw *o = j->o;
+    int64_t lo, hi;
+    split(c->n_chunks, ith, nth, &lo, &hi);
+    for (int64_t ch = lo; ch < hi; ch++) {
+        const int64_t a0 = ch * c->chunk, a1 = o->n - a0 < c->chunk ? o->n : a0 + c->chunk;
+        double acc = 0.0;
+        int k = 0;
+        for (int64_t blk = a0; blk < a1; blk += KILN_ADAMW8_BLOCK) {
+            const int64_t len = a1 - blk < KILN_ADAMW8_BLOCK ? a1 - blk : KILN_ADAMW8_BLOCK;
+            float m8[KILN_ADAMW8_BLOCK], s8[KILN_ADAMW8_BLOCK]; /* (len) the 8-bit block's moments in fp32 */
+            const float *m = o->m ? o->m + blk : m8, *v = o->v ? o->v + blk : s8;
+            if (o->cfg.eight_bit) {
+                const float ms = o->m_scale[blk / KILN_ADAMW8_BLOCK], vs = o->v_scale[blk / KILN_ADAMW8_BLOCK];
+                for (int64_t i = 0; i < len; i++) {
+                    m8[i] = ms * j->m_val[(uint8_t)o->m8[blk + i]];
+                    s8[i] = vs * j->s_val[o->v8[blk + i]];
+                }
+            }
+            for (int64_t a = blk, b; a < blk + len; a = b) {
+                bool decay = decay_run(o, a, blk + len, &k, &b);
+                acc += check_run(&j->k, j->params + a, j->grads + a, m + (a - blk), v + (a - blk), b - a, decay, o->cfg.eight_bit);
+            }
+        }
+        c->partial[ch] = acc;
+    }
+}
+
+/* The first element of the first chunk whose updated weights would not all be finite, or -1. */
+static int64_t check_update(kiln_pool *pool, step_job *j) {
+    double partial[NORM_MAX_PARTIALS];
+    const int64_t n = j->o->n, n4k = (n + NORM_CHUNK - 1) / NORM_CHUNK;
+    int64_t chunk = NORM_CHUNK;
+    if (n4k > NORM_MAX_PARTIALS) chunk = NORM_CHUNK * ((n4k + NORM_MAX_PARTIALS - 1) / NORM_MAX_PARTIALS);
+    check_job c = {j, chunk, (n + chunk - 1) / chunk, partial};
+    run(pool, check_chunks, &c, n);
+    for (int64_t i = 0; i < c.n_chunks; i++)
+        if (!isfinite(partial[i])) return i * chunk;
+    return -1;
+}
+
 kiln_adamw_result kiln_adamw_step(kiln_adamw *opt, kiln_pool *pool, float *params, const float *grads, uint16_t *mirror, float lr) {
     assert(opt && ((params && grads) || opt->n == 0));
-    kiln_adamw_result r = {kiln_grad_norm(pool, grads, opt->n), false};
+    kiln_adamw_result r = {kiln_grad_norm(pool, grads, opt->n), false, -1};
     if (!isfinite(r.grad_norm)) {
         r.skipped = true;
         opt->n_skipped++;
@@ -296,8 +370,13 @@ kiln_adamw_result kiln_adamw_step(kiln_adamw *opt, kiln_pool *pool, float *param
         .eps = c->eps,
         .decay_mul = (float)(1.0 - (double)lr * (double)c->weight_decay),
     };
+    if (c->eight_bit) code_tables(j->m_val, j->s_val);
+    if ((r.bad_at = check_update(pool, j)) >= 0) { /* a step that would leave a non-finite weight is not applied */
+        r.skipped = true;
+        opt->n_skipped++;
+        return r;
+    }
     if (c->eight_bit) {
-        code_tables(j->m_val, j->s_val);
         run(pool, step_8bit, j, opt->n);
     } else {
         run(pool, step_f32, j, opt->n);

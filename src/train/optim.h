@@ -39,7 +39,8 @@ typedef struct kiln_adamw {
 
 typedef struct kiln_adamw_result {
     double grad_norm; /* global L2 norm of the gradient before clipping (NaN/Inf when non-finite) */
-    bool skipped;     /* the gradient was non-finite: nothing changed but n_skipped */
+    bool skipped;     /* the gradient, or the weights it would give, were non-finite: nothing changed but n_skipped */
+    int64_t bad_at;   /* -1, or the first element of the chunk whose updated weights would have been non-finite */
 } kiln_adamw_result;
 
 /* Zeroed moments for n parameters. Segments may come in any order and leave gaps, but must lie inside the
@@ -47,10 +48,12 @@ typedef struct kiln_adamw_result {
 kiln_status kiln_adamw_init(kiln_adamw *opt, const kiln_adamw_cfg *cfg, int64_t n, const kiln_param_segment *segs, int n_segs);
 void kiln_adamw_free(kiln_adamw *opt); /* accepts NULL and freed or zeroed state */
 
-/* One step at learning rate lr: the norm of grads (n), then, if it is finite, clip, update the moments,
- * apply decoupled decay and the Adam update to params (n, fp32 master), and when mirror is not NULL write
- * the updated parameters to it as bf16 (round to nearest even; NaN stays NaN). grads is not modified.
- * pool may be NULL (one thread). */
+/* One step at learning rate lr: the norm of grads (n), then, if it is finite, the weights the update would give
+ * are checked (a sum of squares per chunk of them, nothing written); if they are all finite, clip, update the
+ * moments, apply decoupled decay and the Adam update to params (n, fp32 master), and when mirror is not NULL
+ * write the updated parameters to it as bf16 (round to nearest even). A non-finite gradient or updated weight
+ * skips the step (n_skipped counts it; params and moments stay as they were). grads is not modified. pool may
+ * be NULL (one thread). */
 kiln_adamw_result kiln_adamw_step(kiln_adamw *opt, kiln_pool *pool, float *params, const float *grads, uint16_t *mirror, float lr);
 
 /* The global L2 norm of x (n), deterministic (double partials in a fixed order): the same bits for any pool. */

@@ -21,11 +21,19 @@
 #include "rendezvous.h"
 #include "status.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
+#include <unistd.h>
 
 kiln_train_opts kiln_train_defaults(void) {
     kiln_train_opts o;
@@ -49,6 +57,65 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---------------------------------------------------------------- the options */
+
+/* One numeric option and its allowed range. */
+typedef struct opt_range {
+    const char *field; /* as kiln_train_opts spells it */
+    double value, lo, hi;
+} opt_range;
+
+#define MAX_STEPS 1e12 /* a trillion steps: past any run, far below where int64 token counts overflow */
+
+/* Every number of o finite and in its range, the field named; run: kiln_train_run's fields too. The ranges are
+ * wide (what no run needs is refused, nothing plausible is) but bound the products the run computes. */
+static kiln_status check_opts(const kiln_train_opts *o, bool run) {
+    const kiln_adamw_cfg *a = &o->adam;
+    const double steps = (double)o->steps, total = o->lr.total > 0 ? (double)o->lr.total : steps;
+    const opt_range r[] = {
+        {"B", (double)o->B, 1, 1 << 20},
+        {"T", (double)o->T, 2, 1 << 20},
+        {"steps", steps, 1, MAX_STEPS},
+        {"grad_accum", run ? (double)o->grad_accum : 1, 1, 1 << 20},
+        {"time_budget_s", o->time_budget_s, 0, 1e10},
+        {"stop_after", (double)o->stop_after, 0, MAX_STEPS},
+        {"lr.lr", o->lr.lr, 0, 10},
+        {"lr.min_lr", o->lr.min_lr, 0, o->lr.decay == KILN_LR_CONSTANT ? 10 : o->lr.lr},
+        {"lr.total", (double)o->lr.total, 0, MAX_STEPS},
+        {"lr.warmup", (double)o->lr.warmup, 0, total},
+        {"lr.decay", (double)o->lr.decay, KILN_LR_COSINE, KILN_LR_CONSTANT},
+        {"adam.beta1", a->beta1, 0, 1},
+        {"adam.beta2", a->beta2, 0, 1},
+        {"adam.eps", a->eps, 1e-30, 1},
+        {"adam.weight_decay", a->weight_decay, 0, 10},
+        {"adam.grad_clip", a->grad_clip, -1e30, 1e30},
+        {"label_smoothing", o->label_smoothing, 0, 1},
+        {"z_loss", o->z_loss, 0, 10},
+        {"n_threads", o->n_threads, 0, 4096},
+        {"dims.rope_base", o->dims.rope_base, 0, 1e12},
+        {"dims.rms_eps", o->dims.rms_eps, 0, 1},
+        {"eval_interval", (double)o->eval_interval, 0, MAX_STEPS},
+        {"eval_batches", (double)o->eval_batches, 0, 1e9},
+        {"ckpt_interval", (double)o->ckpt_interval, 0, MAX_STEPS},
+    };
+    for (size_t i = 0; i < sizeof r / sizeof r[0]; i++)
+        if (!(isfinite(r[i].value) && r[i].value >= r[i].lo && r[i].value <= r[i].hi))
+            return kiln_fail(KILN_ERR_INVALID, "train: opts.%s is %g; it must be a finite number in [%g, %g]", r[i].field, r[i].value,
+                             r[i].lo, r[i].hi);
+    /* the open ends of the intervals above */
+    if (a->beta1 >= 1 || a->beta2 >= 1 || o->label_smoothing >= 1)
+        return kiln_fail(KILN_ERR_INVALID, "train: opts.adam.beta1 (%g), adam.beta2 (%g) and label_smoothing (%g) must be below 1",
+                         (double)a->beta1, (double)a->beta2, (double)o->label_smoothing);
+    if ((double)o->lr.lr * (double)a->weight_decay >= 1)
+        return kiln_fail(KILN_ERR_INVALID, "train: opts.lr.lr x adam.weight_decay is %g; it must be below 1 (the decay would flip the "
+                         "weights' sign)", (double)o->lr.lr * (double)a->weight_decay);
+    /* a global batch's ids are counted and indexed in int64 and held in one host array */
+    if ((double)o->B * (double)o->T * (run ? (double)o->grad_accum : 1) > (double)(1 << 30))
+        return kiln_fail(KILN_ERR_INVALID, "train: a step of B x T x grad_accum = %g tokens is too large (at most 2^30)",
+                         (double)o->B * (double)o->T * (double)(run ? o->grad_accum : 1));
+    return KILN_OK;
 }
 
 /* ---------------------------------------------------------------- the trainer */
@@ -95,6 +162,9 @@ static kiln_status model_config(kiln_trainer *tr, kiln_model **src, kiln_train_c
                              "T=%lld; resume with the same (B x --nproc, T), not %lld x B=%lld of T=%lld", o->resume,
                              (long long)(st->B * st->world), (long long)st->world, (long long)st->B, (long long)st->T,
                              (long long)tr->ri.world, (long long)o->B, (long long)o->T);
+        if (st->step > o->steps) /* the schedule spans steps: a checkpoint past it belongs to a longer run */
+            return kiln_fail(KILN_ERR_INVALID, "%s: checkpoint is at step %lld, past this run's %lld steps; resume with at least "
+                             "as many", o->resume, (long long)st->step, (long long)o->steps);
         tr->st.B = o->B, tr->st.world = tr->ri.world; /* this run's split, for its checkpoints */
         return KILN_OK;
     }
@@ -115,8 +185,7 @@ static kiln_status model_config(kiln_trainer *tr, kiln_model **src, kiln_train_c
  * none (a new model with dims.n_vocab, or a checkpoint or init_from file without tokenizer keys). */
 static kiln_status trainer_setup(kiln_trainer *tr, const kiln_train_opts *o, bool need_tok) {
     kiln_status s;
-    if (o->B <= 0 || o->T <= 1 || o->steps <= 0)
-        return kiln_fail(KILN_ERR_INVALID, "B, steps and grad_accum must be positive and T at least 2");
+    TRY(check_opts(o, false));
     const char *tok_path = o->tokenizer ? o->tokenizer : o->resume ? o->resume : o->init_from;
     if (!tok_path && o->dims.n_vocab <= 0) return kiln_fail(KILN_ERR_INVALID, "a new model needs a tokenizer (-t TOKENIZER.gguf)");
     if (o->device.kind != KILN_DEVICE_CPU && o->device.kind != KILN_DEVICE_CUDA)
@@ -203,7 +272,7 @@ static kiln_status optimizer_step(kiln_trainer *tr, const int32_t *inputs, const
     if (s) return s;
     *loss = counted ? loss_sum / (double)counted : 0;
     *lr = kiln_lr_at(&tr->sched, tr->st.step);
-    *res = (kiln_adamw_result){.grad_norm = NAN, .skipped = true}; /* the guard at the loss: nothing is updated */
+    *res = (kiln_adamw_result){.grad_norm = NAN, .skipped = true, .bad_at = -1}; /* the guard at the loss: nothing is updated */
     if (isfinite(*loss) && (s = t->ops->optimizer_step(t, *lr, res))) return s;
     if (res->skipped) tr->st.n_skipped++;
     tr->st.step++;
@@ -229,10 +298,13 @@ kiln_status kiln_trainer_export(kiln_trainer *t, const char *path) {
 
 /* ---------------------------------------------------------------- the run */
 
-/* On resume, the log keeps only the lines up to the checkpoint's step, so it reads as one run. */
+/* On resume, the log keeps only the lines up to the checkpoint's step, so it reads as one run. A log that is not a
+ * regular file (a pipe, /dev/full) is left alone. */
 static kiln_status trim_log(const char *path, int64_t step) {
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) return KILN_OK; /* no log yet, or nothing to trim */
     FILE *f = fopen(path, "r");
-    if (!f) return KILN_OK; /* no log yet */
+    if (!f) return KILN_OK;
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *o = fopen(tmp, "w");
@@ -247,9 +319,101 @@ static kiln_status trim_log(const char *path, int64_t step) {
         fputs(line, o);
     }
     fclose(f);
-    bool ok = fclose(o) == 0;
-    if (!ok || rename(tmp, path) != 0) return kiln_fail(KILN_ERR_IO, "%s: cannot rewrite the log", path);
+    bool ok = !ferror(o);
+    ok = fclose(o) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return kiln_fail(KILN_ERR_IO, "%s: cannot rewrite the log", path);
+    }
     return KILN_OK;
+}
+
+/* ---------------------------------------------------------------- the outputs, checked before step 1 */
+
+/* path's folder into dir (".": none named) and the name after it into *base. */
+static void split_path(const char *path, char *dir, size_t n, const char **base) {
+    const char *slash = strrchr(path, '/');
+    *base = slash ? slash + 1 : path;
+    if (!slash) snprintf(dir, n, ".");
+    else if (slash == path) snprintf(dir, n, "/");
+    else snprintf(dir, n, "%.*s", (int)(slash - path), path);
+}
+
+/* The place an output will be (its folder's real path, then its name), for comparing two outputs. */
+static bool output_place(const char *path, char *out, size_t n) {
+    char dir[PATH_MAX], real[PATH_MAX];
+    const char *base;
+    split_path(path, dir, sizeof dir, &base);
+    if (!realpath(dir, real)) return false;
+    return snprintf(out, n, "%s/%s", real, base) < (int)n;
+}
+
+/* One output path: not a folder, its folder there and writable, and room in it for bytes (*dev: its device). */
+static kiln_status check_output(const char *what, const char *path, uint64_t bytes, dev_t *dev, uint64_t *avail) {
+    struct stat sb;
+    if (!*path) return kiln_fail(KILN_ERR_INVALID, "train: the %s path is empty", what);
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return kiln_fail(KILN_ERR_INVALID, "%s: the %s path is a folder", path, what);
+    char dir[PATH_MAX];
+    const char *base;
+    split_path(path, dir, sizeof dir, &base);
+    if (!*base) return kiln_fail(KILN_ERR_INVALID, "%s: the %s path names no file", path, what);
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return kiln_fail(KILN_ERR_IO, "%s: the %s's folder %s does not exist", path, what, dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        return kiln_fail(KILN_ERR_IO, "%s: cannot write the %s into %s: %s", path, what, dir, strerror(errno));
+    struct statvfs fs;
+    *dev = sb.st_dev;
+    *avail = statvfs(dir, &fs) == 0 ? (uint64_t)fs.f_bavail * (uint64_t)fs.f_frsize : UINT64_MAX;
+    if (*avail < bytes)
+        return kiln_fail(KILN_ERR_IO, "%s: %s has %.1f MB free; the %s needs about %.1f MB", path, dir, (double)*avail / 1e6, what,
+                         (double)bytes / 1e6);
+    return KILN_OK;
+}
+
+/* -o and --ckpt before step 1: each writable with room for one of its kind (both, where they share a disk), and
+ * not the same file, so a run never trains to its last step to find it cannot save. */
+static kiln_status check_outputs(const kiln_train_opts *o, const kiln_trainer *tr) {
+    const uint64_t n = (uint64_t)tr->impl->m->n_params, meta = 1u << 20; /* keys and the tokenizer's vocab */
+    const uint64_t moments = o->adam.eight_bit ? 2 * n + 8 * (n / KILN_ADAMW8_BLOCK + 1) : 8 * n;
+    const uint64_t out_bytes = 4 * n + meta, ckpt_bytes = 4 * n + moments + meta;
+    dev_t out_dev = 0, ckpt_dev = 0;
+    uint64_t avail;
+    if (o->out_path) TRY(check_output("export (-o)", o->out_path, out_bytes, &out_dev, &avail));
+    if (o->ckpt_path) TRY(check_output("checkpoint (--ckpt)", o->ckpt_path, ckpt_bytes, &ckpt_dev, &avail));
+    if (!o->out_path || !o->ckpt_path) return KILN_OK;
+    char a[PATH_MAX + 256], b[PATH_MAX + 256];
+    struct stat sa, sb;
+    bool same = strcmp(o->out_path, o->ckpt_path) == 0 ||
+                (output_place(o->out_path, a, sizeof a) && output_place(o->ckpt_path, b, sizeof b) && strcmp(a, b) == 0) ||
+                (stat(o->out_path, &sa) == 0 && stat(o->ckpt_path, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino);
+    if (same) return kiln_fail(KILN_ERR_INVALID, "%s: -o and --ckpt are the same file; the export would overwrite the checkpoint", o->out_path);
+    if (out_dev == ckpt_dev && avail < out_bytes + ckpt_bytes) /* avail: the checkpoint's disk, both being on it */
+        return kiln_fail(KILN_ERR_IO, "%s: the disk has %.1f MB free; the checkpoint and the export need about %.1f MB", o->ckpt_path,
+                         (double)avail / 1e6, (double)(out_bytes + ckpt_bytes) / 1e6);
+    return KILN_OK;
+}
+
+/* Removes the temp files (PATH.tmp.<pid>, src/core/gguf_write.c) that killed runs left beside path: only those
+ * whose process is gone (kill(pid, 0) fails with ESRCH), never a live one's. */
+static void remove_stale_temps(const char *path) {
+    char dir[PATH_MAX], file[PATH_MAX + 256];
+    const char *base;
+    split_path(path, dir, sizeof dir, &base);
+    const size_t bl = strlen(base);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    for (struct dirent *e; (e = readdir(d));) {
+        const char *tail = e->d_name + bl;
+        if (strncmp(e->d_name, base, bl) != 0 || strncmp(tail, ".tmp.", 5) != 0) continue;
+        char *end;
+        errno = 0;
+        const long pid = strtol(tail + 5, &end, 10);
+        if (*end || end == tail + 5 || errno || pid <= 0 || pid > INT_MAX || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to judge */
+        snprintf(file, sizeof file, "%s/%s", dir, e->d_name);
+        unlink(file);
+    }
+    closedir(d);
 }
 
 typedef struct run {
@@ -259,6 +423,29 @@ typedef struct run {
     int32_t *inputs, *targets; /* (grad_accum, world*B*T): the global batch */
     FILE *log;
 } run;
+
+/* One line of the JSONL log, flushed, so a full disk is an error at the step it happens, not an empty log. */
+static kiln_status log_line(run *r, const char *fmt, ...) {
+    if (!r->log) return KILN_OK;
+    va_list ap;
+    va_start(ap, fmt);
+    errno = 0;
+    int n = vfprintf(r->log, fmt, ap);
+    va_end(ap);
+    if (n < 0 || fflush(r->log) != 0 || ferror(r->log))
+        return kiln_fail(KILN_ERR_IO, "%s: cannot write the log: %s", r->o->log_path, strerror(errno ? errno : EIO));
+    return KILN_OK;
+}
+
+/* Closes the log; a failed close (the last buffered bytes lost) is an error. */
+static kiln_status log_close(run *r) {
+    if (!r->log) return KILN_OK;
+    errno = 0;
+    bool ok = !ferror(r->log);
+    ok = fclose(r->log) == 0 && ok;
+    r->log = NULL;
+    return ok ? KILN_OK : kiln_fail(KILN_ERR_IO, "%s: cannot write the log: %s", r->o->log_path, strerror(errno ? errno : EIO));
+}
 
 static void run_free(run *r, bool failed) {
     if (r->log) fclose(r->log);
@@ -272,13 +459,17 @@ static void run_free(run *r, bool failed) {
 static kiln_status setup(run *r) {
     const kiln_train_opts *o = r->o;
     kiln_status s;
-    if (o->B <= 0 || o->T <= 1 || o->grad_accum <= 0 || o->steps <= 0 || o->eval_batches < 0)
-        return kiln_fail(KILN_ERR_INVALID, "B, steps and grad_accum must be positive and T at least 2");
+    TRY(check_opts(o, true));
     if (!o->data_dir) return kiln_fail(KILN_ERR_INVALID, "no data: pass the shard folder written by kiln data");
     if (!o->tokenizer && !o->resume && !o->init_from) return kiln_fail(KILN_ERR_INVALID, "a new model needs a tokenizer (-t TOKENIZER.gguf)");
     if ((s = trainer_open(o, true, &r->tr))) return s;
     const kiln_trainer *tr = r->tr;
     const int64_t V = tr->impl->m->cfg.n_vocab;
+    if (tr->ri.rank == 0) {
+        TRY(check_outputs(o, tr));
+        if (o->out_path) remove_stale_temps(o->out_path);
+        if (o->ckpt_path) remove_stale_temps(o->ckpt_path);
+    }
 
     /* the vocab fingerprint preflight: every shard must come from this tokenizer */
     uint64_t fp = kiln_tokenizer_fingerprint(tr->tok);
@@ -326,6 +517,17 @@ static size_t state_bytes(const kiln_trainer *tr) {
     return n * sizeof(float) * 2 + (tr->o.mixed ? n * 2 : 0) + moments;
 }
 
+/* The run's end after an output failed (status failed, its message in why): the final export is still tried, so
+ * the weights trained so far are not lost, and the error says what became of them. */
+static kiln_status export_after_failure(kiln_trainer *tr, const kiln_train_opts *o, kiln_status failed, const char *why) {
+    if (!o->out_path || tr->ri.world > 1) return failed; /* data parallel: the ranks are no longer in step */
+    char first[1024];
+    snprintf(first, sizeof first, "%s", why);
+    if (kiln_trainer_export(tr, o->out_path) == KILN_OK)
+        return kiln_fail(failed, "%s (the weights of step %lld were exported to %s)", first, (long long)tr->st.step, o->out_path);
+    return kiln_fail(failed, "%s; the final export failed too: %s", first, kiln_last_error());
+}
+
 kiln_status kiln_train_run(const kiln_train_opts *o, kiln_progress_fn progress, void *user) {
     run r = {.o = o};
     kiln_status s = setup(&r);
@@ -335,10 +537,11 @@ kiln_status kiln_train_run(const kiln_train_opts *o, kiln_progress_fn progress, 
     const bool lead = !tr || tr->ri.rank == 0; /* writes the log, checkpoints and exports, and reports progress */
     if (!lead) progress = NULL;
     double t0 = now_s();
-    const int64_t first_step = tr ? tr->st.step : 0;
+    const int64_t first_step = tr ? tr->st.step : 0, skipped0 = tr ? tr->st.n_skipped : 0;
     double best_val = INFINITY;
     bool exported = false;
-    while (!s && tr->st.step < o->steps) {
+    kiln_status out_failed = KILN_OK; /* a checkpoint or the log could not be written: stop, still export */
+    while (!s && !out_failed && tr->st.step < o->steps) {
         double ts = now_s();
         /* load every micro-batch first: the gradient is of the mean over all their counted targets */
         for (int64_t a = 0; a < o->grad_accum && !s; a++)
@@ -360,13 +563,11 @@ kiln_status kiln_train_run(const kiln_train_opts *o, kiln_progress_fn progress, 
         bool out_of_time = (o->time_budget_s > 0 && elapsed >= o->time_budget_s) || (o->stop_after > 0 && tr->st.step >= o->stop_after);
         if (o->time_budget_s > 0 && (s = tr->impl->ops->agree(tr->impl, &out_of_time))) break; /* rank 0's clock decides */
         bool last = tr->st.step == o->steps || out_of_time;
-        if (r.log) {
-            fprintf(r.log, "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6g, \"tok_s\": %.1f, \"elapsed_s\": %.3f%s}\n",
-                    (long long)tr->st.step, loss, lr, res.grad_norm, p.tok_per_s, elapsed, res.skipped ? ", \"skipped\": true" : "");
-            fflush(r.log);
-        }
+        out_failed = log_line(&r, "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6g, \"tok_s\": %.1f, \"elapsed_s\": %.3f%s}\n",
+                              (long long)tr->st.step, loss, lr, res.grad_norm, p.tok_per_s, elapsed, res.skipped ? ", \"skipped\": true" : "");
         bool ckpt = o->ckpt_path && (last || (o->ckpt_interval > 0 && tr->st.step % o->ckpt_interval == 0));
-        if (ckpt && (s = kiln_trainer_save(tr, o->ckpt_path))) break;
+        if (!out_failed && ckpt && (out_failed = kiln_trainer_save(tr, o->ckpt_path)) && world > 1) s = out_failed;
+        if (out_failed) break;
         p.checkpoint = ckpt;
         if (progress) progress(user, &(kiln_progress){.stage = "train", .done = p.step, .total = p.steps, .metric = loss, .train = &p});
 
@@ -375,10 +576,9 @@ kiln_status kiln_train_run(const kiln_train_opts *o, kiln_progress_fn progress, 
             if ((s = evaluate(&r, &vl))) break;
             p.val_loss = vl;
             p.val_ppl = exp(vl);
-            if (r.log) {
-                fprintf(r.log, "{\"step\": %lld, \"val_loss\": %.6f, \"val_ppl\": %.4f}\n", (long long)tr->st.step, vl, p.val_ppl);
-                fflush(r.log);
-            }
+            if ((out_failed = log_line(&r, "{\"step\": %lld, \"val_loss\": %.6f, \"val_ppl\": %.4f}\n", (long long)tr->st.step, vl,
+                                       p.val_ppl)))
+                break;
             if (o->out_path && o->out_best && vl < best_val) {
                 best_val = vl;
                 if ((s = kiln_trainer_export(tr, o->out_path))) break;
@@ -388,8 +588,18 @@ kiln_status kiln_train_run(const kiln_train_opts *o, kiln_progress_fn progress, 
         }
         if (out_of_time) break;
     }
-    /* with out_best the export is the best evaluated model; without a validation split, the last one */
-    if (!s && o->out_path && !(o->out_best && exported)) s = kiln_trainer_export(tr, o->out_path);
+    if (!s && !out_failed) out_failed = log_close(&r);
+    if (!s && out_failed) {
+        s = o->out_best && exported ? out_failed : export_after_failure(tr, o, out_failed, kiln_last_error());
+    } else if (!s && o->out_path && !(o->out_best && exported)) {
+        /* with out_best the export is the best evaluated model; without a validation split, the last one */
+        s = kiln_trainer_export(tr, o->out_path);
+    }
+    /* a run that skipped most of its steps learned little and is likely diverging: the caller must not take it as done */
+    const int64_t ran = tr ? tr->st.step - first_step : 0, skipped = tr ? tr->st.n_skipped - skipped0 : 0;
+    if (!s && ran > 0 && 2 * skipped > ran)
+        s = kiln_fail(KILN_ERR_RANGE, "train: %lld of the run's %lld steps were skipped (a non-finite loss, gradient or updated weight); "
+                      "the outputs hold the last finite weights", (long long)skipped, (long long)ran);
     run_free(&r, s != KILN_OK);
     return s;
 }

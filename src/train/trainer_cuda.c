@@ -26,7 +26,7 @@ static kiln_status cuda_step(kiln_trainer_impl *t, const int32_t *inputs, const 
 static kiln_status cuda_zero_grads(kiln_trainer_impl *t) { return kiln_cuda_trainer_zero_grads(gpu(t)->g); }
 
 static kiln_status cuda_optimizer_step(kiln_trainer_impl *t, float lr, kiln_adamw_result *out) {
-    *out = (kiln_adamw_result){.grad_norm = NAN, .skipped = true};
+    *out = (kiln_adamw_result){.grad_norm = NAN, .skipped = true, .bad_at = -1};
     return kiln_cuda_trainer_adamw(gpu(t)->g, &t->cfg.adam, lr, &out->grad_norm, &out->skipped);
 }
 
