@@ -17,6 +17,8 @@
  * saturates and even fp32 against mixed CPU differs by 12%: no bound separates bugs from noise there.
  *   - the options: deterministic twice and with activation recomputation give the same bits; the fast mode (dq by
  *     atomics) stays within 1e-5 of them.
+ *   - the weight check before the update: an update that would overflow a weight is skipped and changes nothing;
+ *     a resume with NaN moments is refused.
  * The checkpoint round trip (a resumed GPU run equals an uninterrupted one, bit for bit) is test_train.c's.
  * Compiled with KILN_CUDA only; skips without a GPU. */
 #include "test.h"
@@ -25,6 +27,8 @@
 #include "train/optim.h"
 #include "train/trainer.h"
 #include "pool.h"
+
+#include <unistd.h>
 
 #ifdef KILN_CUDA
 
@@ -228,6 +232,84 @@ static void test_ten_adamw_steps(void) {
     kiln_pool_free(pool);
 }
 
+/* The weight check before the update: a first moment of 3e38 where v is 0 makes m / (sqrt(v) + eps) overflow, so
+ * the update would write -inf into a weight though the gradient is finite. The step is skipped and changes nothing
+ * (weights, moments, the update count); with the moment back to 0 the next step applies. */
+static void test_weight_check_skips(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    kiln_llama_train *m = make_model(false, 0.0f, true, T_);
+    CHECK(m, "%s", kiln_last_error());
+    kiln_cuda_trainer *g = NULL;
+    CHECK(kiln_cuda_trainer_new(m, B_, T_, 0, NULL, &g) == KILN_OK, "%s", kiln_last_error());
+    const int64_t n = m->n_params;
+    float *p0 = malloc((size_t)n * sizeof *p0), *p1 = malloc((size_t)n * sizeof *p1), *m1 = malloc((size_t)n * sizeof *m1);
+    CHECK(p0 && p1 && m1);
+    const float huge = 3e38f, zero = 0.0f;
+    const int64_t at = m->tensors[m->layers[1].wq].offset + 7; /* inside a matrix that decays and has a gradient */
+    CHECK(kiln_cuda_trainer_write(g, KILN_CUDA_TRAIN_M, at, 1, &huge) == KILN_OK, "%s", kiln_last_error());
+    CHECK(kiln_cuda_trainer_download(g, p0, NULL) == KILN_OK, "%s", kiln_last_error());
+    kiln_adamw_cfg cfg = kiln_adamw_defaults();
+    unsigned long long rng = 3;
+    int32_t in[B_ * T_], tg[B_ * T_];
+    batch(in, tg, B_ * T_, m->cfg.n_vocab, &rng);
+    double l, norm;
+    int64_t k, opt_step, emb;
+    bool skipped;
+    CHECK(kiln_cuda_trainer_zero_grads(g) == KILN_OK && kiln_cuda_trainer_step(g, in, tg, 1.0f / (B_ * T_ - 2), &l, &k) == KILN_OK);
+    CHECK(kiln_cuda_trainer_adamw(g, &cfg, 1e-3f, &norm, &skipped) == KILN_OK, "%s", kiln_last_error());
+    CHECK(skipped && isfinite(norm), "skipped %d, norm %g: the overflowing update was applied", skipped, norm);
+    CHECK(kiln_cuda_trainer_download(g, p1, NULL) == KILN_OK && !memcmp(p0, p1, (size_t)n * sizeof *p0), "a skipped step changed weights");
+    CHECK(kiln_cuda_trainer_read(g, KILN_CUDA_TRAIN_M, 0, n, m1) == KILN_OK && m1[at] == huge && m1[0] == 0.0f, "the moments changed");
+    CHECK(kiln_cuda_trainer_get_counters(g, &opt_step, &emb) == KILN_OK && opt_step == 0, "opt_step %lld", (long long)opt_step);
+    CHECK(kiln_cuda_trainer_write(g, KILN_CUDA_TRAIN_M, at, 1, &zero) == KILN_OK);
+    CHECK(kiln_cuda_trainer_adamw(g, &cfg, 1e-3f, &norm, &skipped) == KILN_OK && !skipped, "the sane step was skipped");
+    CHECK(kiln_cuda_trainer_download(g, p1, NULL) == KILN_OK && memcmp(p0, p1, (size_t)n * sizeof *p0) != 0);
+    for (int64_t i = 0; i < n; i++) CHECK(isfinite(p1[i]), "weight %lld is %g", (long long)i, p1[i]);
+    free(p0), free(p1), free(m1);
+    kiln_cuda_trainer_free(g);
+    kiln_llama_train_free(m);
+}
+
+/* A GPU resume validates the checkpoint as the CPU's does: NaN second moments are refused before any step. */
+static void test_resume_refuses_bad_moments(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    kiln_llama_train *m = make_model(false, 0.0f, false, T_);
+    CHECK(m, "%s", kiln_last_error());
+    kiln_param_segment *segs = malloc((size_t)m->n_tensors * sizeof *segs);
+    kiln_train_segments(m, segs);
+    kiln_adamw_cfg cfg = kiln_adamw_defaults();
+    kiln_adamw opt;
+    CHECK(kiln_adamw_init(&opt, &cfg, m->n_params, segs, m->n_tensors) == KILN_OK);
+    char dir[] = "/tmp/kiln-cudackpt-XXXXXX", path[256];
+    CHECK(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/ckpt.gguf", dir);
+    kiln_train_state st = {.step = 1, .seed = 1, .B = B_, .T = T_, .world = 1};
+    opt.step = 1;
+    CHECK(kiln_train_save(m, NULL, "t", &opt, &st, path) == KILN_OK, "%s", kiln_last_error());
+    /* damage the file's optim.v in place: its first element */
+    kiln_model *src;
+    CHECK(kiln_model_load(path, &src) == KILN_OK);
+    const kiln_tensor_view *v = kiln_gguf_find_tensor(src->gguf, "optim.v");
+    CHECK(v);
+    const long off = (long)(kiln_gguf_data_offset(src->gguf) + v->offset);
+    kiln_model_free(src);
+    FILE *f = fopen(path, "r+b");
+    const float nan_ = NAN;
+    CHECK(f && fseek(f, off, SEEK_SET) == 0 && fwrite(&nan_, 4, 1, f) == 1);
+    fclose(f);
+    kiln_train_opts o = kiln_train_defaults();
+    o.resume = path, o.B = B_, o.T = T_, o.steps = 4, o.device = (kiln_device){KILN_DEVICE_CUDA, 0};
+    kiln_trainer *t = NULL;
+    const kiln_status s = kiln_trainer_new(&o, &t);
+    CHECK(s == KILN_ERR_FORMAT && strstr(kiln_last_error(), "optim.v"), "status %d: %s", (int)s, kiln_last_error());
+    kiln_trainer_free(t);
+    kiln_adamw_free(&opt);
+    free(segs);
+    kiln_llama_train_free(m);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void) {
     RUN(test_step_untied);
     RUN(test_step_tied);
@@ -235,6 +317,8 @@ int main(void) {
     RUN(test_head_chunks);
     RUN(test_options_same_bits);
     RUN(test_ten_adamw_steps);
+    RUN(test_weight_check_skips);
+    RUN(test_resume_refuses_bad_moments);
     TEST_EXIT();
 }
 

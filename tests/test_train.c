@@ -4,7 +4,10 @@
  *   - gradients bit-identical with 1, 2 and 3 threads;
  *   - the training forward against the inference forward (session, f16 KV cache) on the same weights;
  *   - `kiln train`'s loop: a run stopped at step 3 and resumed ends byte-identical to an uninterrupted one;
- *   - a checkpoint write killed with SIGKILL leaves the previous checkpoint loadable. */
+ *   - a checkpoint write killed with SIGKILL leaves the previous checkpoint loadable;
+ *   - the hardening of issue 17: options checked in the library, damaged checkpoints refused at resume, non-finite
+ *     writes refused, the guard on the updated weights in a run, a failed checkpoint that still exports, outputs
+ *     checked before step 1, stale temp files removed, log write errors (tests/test_train_faults.sh: the CLI). */
 #include "test.h"
 #include "cuda/cuda.h"
 #include "cuda/dist.h"
@@ -689,6 +692,261 @@ static void test_kill_during_checkpoint(void) {
     rmdir(dir);
 }
 
+/* ---- hardening (issue 17): options, damaged checkpoints, the weight guard, failing outputs */
+
+/* The options are checked in the library, the field named: a NaN rate, a floor above the peak, warmup past the
+ * schedule, an infinite clip, smoothing of 5, a negative time, beta2 of 1, B of 0; kiln_train_run also its own
+ * (grad_accum). Nothing is built or written for any of them. */
+static void test_opts_validated(void) {
+    const char *fields[] = {"lr.lr", "lr.min_lr", "lr.warmup", "adam.grad_clip", "label_smoothing",
+                            "time_budget_s", "adam.beta2", "opts.B", "grad_accum", "steps"};
+    for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++) {
+        kiln_train_opts o = kiln_train_defaults();
+        o.dims = (kiln_model_dims){.n_vocab = 64, .n_embd = 16, .n_layer = 1, .n_head = 2, .n_head_kv = 1, .n_ff = 32};
+        o.B = 1, o.T = 8, o.steps = 10, o.lr.warmup = 2, o.lr.total = 10;
+        switch (k) {
+        case 0: o.lr.lr = NAN; break;
+        case 1: o.lr.min_lr = 2 * o.lr.lr; break;
+        case 2: o.lr.warmup = 11; break;
+        case 3: o.adam.grad_clip = INFINITY; break;
+        case 4: o.label_smoothing = 5; break;
+        case 5: o.time_budget_s = -5; break;
+        case 6: o.adam.beta2 = 1; break;
+        case 7: o.B = 0; break;
+        case 8: o.grad_accum = 0; break;
+        case 9: o.steps = (int64_t)1e13; break;
+        }
+        kiln_trainer *t = NULL;
+        kiln_status s = k == 8 ? (o.data_dir = "/nonexistent", kiln_train_run(&o, NULL, NULL)) : kiln_trainer_new(&o, &t);
+        CHECK(s == KILN_ERR_INVALID && !t, "case %s: status %d", fields[k], (int)s);
+        CHECK(strstr(kiln_last_error(), fields[k]), "case %s: %s", fields[k], kiln_last_error());
+    }
+}
+
+/* Overwrites element i of tensor name in the GGUF at path with v (the file's bytes, in place). */
+static int poke_tensor(const char *path, const char *name, int64_t i, float v) {
+    kiln_gguf *g;
+    if (kiln_gguf_open(path, &g) != KILN_OK) return 0;
+    const kiln_tensor_view *t = kiln_gguf_find_tensor(g, name);
+    const long off = t && t->type == KILN_TYPE_F32 ? (long)(kiln_gguf_data_offset(g) + t->offset + 4 * (uint64_t)i) : -1;
+    kiln_gguf_close(g);
+    FILE *f = off >= 0 ? fopen(path, "r+b") : NULL;
+    int ok = f && fseek(f, off, SEEK_SET) == 0 && fwrite(&v, 4, 1, f) == 1;
+    if (f) ok = fclose(f) == 0 && ok;
+    return ok;
+}
+
+static int copy_file(const char *from, const char *to) {
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", from, to);
+    return system(cmd) == 0;
+}
+
+/* A resume refuses what would poison the run, naming it: a NaN first moment, a negative second moment, a NaN weight,
+ * a step past the schedule, and absurd run keys (a step of 1e15, as a damaged file might hold). */
+static void test_resume_refuses_bad_state(void) {
+    CHECK(setup_corpus());
+    kiln_train_opts a = loop_opts("rv");
+    a.steps = 2, a.lr.total = 2;
+    CHECK(kiln_train_run(&a, NULL, NULL) == KILN_OK, "%s", kiln_last_error());
+    char bad[300];
+    snprintf(bad, sizeof bad, "%s/rv.bad.gguf", work);
+    const struct { const char *tensor; float v; const char *says; } pokes[] = {
+        {"optim.m", NAN, "optim.m"}, {"optim.v", -1.0f, "optim.v"}, {"blk.1.ffn_up.weight", NAN, "blk.1.ffn_up.weight"},
+    };
+    for (int k = 0; k < 3; k++) {
+        CHECK(copy_file(a.ckpt_path, bad) && poke_tensor(bad, pokes[k].tensor, 5, pokes[k].v));
+        kiln_train_opts b = loop_opts("rv2");
+        b.resume = bad;
+        kiln_trainer *t = NULL;
+        const kiln_status s = kiln_trainer_new(&b, &t);
+        CHECK(s == KILN_ERR_FORMAT && !t && strstr(kiln_last_error(), pokes[k].says), "%s: status %d: %s", pokes[k].tensor, (int)s,
+              kiln_last_error());
+        CHECK(kiln_train_run(&b, NULL, NULL) == KILN_ERR_FORMAT, "kiln_train_run resumed a damaged %s", pokes[k].tensor);
+    }
+    /* past the schedule: the 2-step checkpoint resumed as a 1-step run */
+    kiln_train_opts c = loop_opts("rv3");
+    c.resume = a.ckpt_path, c.steps = 1, c.lr.total = 1, c.lr.warmup = 1;
+    CHECK(kiln_train_run(&c, NULL, NULL) == KILN_ERR_INVALID && strstr(kiln_last_error(), "past this run's 1 steps"), "%s",
+          kiln_last_error());
+    /* a huge step, written as a real checkpoint would be */
+    kiln_llama_config cfg = {.n_vocab = 300, .n_embd = 32, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 64, .n_ctx_train = 16,
+                             .rope_base = 10000.0f, .rms_eps = 1e-5f};
+    kiln_llama_train *m;
+    CHECK(kiln_llama_train_new(&cfg, false, &m) == KILN_OK);
+    kiln_llama_train_init_random(m, 1);
+    kiln_param_segment *segs = malloc((size_t)m->n_tensors * sizeof *segs);
+    kiln_train_segments(m, segs);
+    kiln_adamw_cfg ac = kiln_adamw_defaults();
+    kiln_adamw opt;
+    CHECK(kiln_adamw_init(&opt, &ac, m->n_params, segs, m->n_tensors) == KILN_OK);
+    kiln_train_state st = {.step = (int64_t)1e15, .seed = 1, .B = 2, .T = 16, .world = 1};
+    CHECK(kiln_train_save(m, NULL, "huge", &opt, &st, bad) == KILN_OK, "%s", kiln_last_error());
+    kiln_train_opts d = loop_opts("rv4");
+    d.resume = bad;
+    CHECK(kiln_train_run(&d, NULL, NULL) == KILN_ERR_FORMAT && strstr(kiln_last_error(), "out of range"), "%s", kiln_last_error());
+    kiln_adamw_free(&opt);
+    free(segs);
+    kiln_llama_train_free(m);
+}
+
+/* A checkpoint or export with a non-finite weight or moment is refused and nothing is written (no file, no temp). */
+static void test_write_refuses_nonfinite(void) {
+    char dir[] = "/tmp/kiln-nanw-XXXXXX", path[256], tmp[300];
+    CHECK(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/m.gguf", dir);
+    kiln_llama_config cfg = {.n_vocab = 64, .n_embd = 16, .n_layer = 1, .n_head = 2, .n_head_kv = 1, .n_ff = 32, .n_ctx_train = 8,
+                             .rope_base = 10000.0f, .rms_eps = 1e-5f};
+    kiln_llama_train *m;
+    CHECK(kiln_llama_train_new(&cfg, false, &m) == KILN_OK);
+    kiln_llama_train_init_random(m, 1);
+    kiln_param_segment *segs = malloc((size_t)m->n_tensors * sizeof *segs);
+    kiln_train_segments(m, segs);
+    kiln_adamw_cfg ac = kiln_adamw_defaults();
+    kiln_adamw opt;
+    CHECK(kiln_adamw_init(&opt, &ac, m->n_params, segs, m->n_tensors) == KILN_OK);
+    kiln_train_state st = {.step = 1, .seed = 1, .B = 1, .T = 8, .world = 1};
+    m->params[m->n_params - 3] = INFINITY;
+    CHECK(kiln_train_save(m, NULL, "x", NULL, NULL, path) == KILN_ERR_INVALID, "an export with Inf was written");
+    CHECK(strstr(kiln_last_error(), "nothing was written"), "%s", kiln_last_error());
+    m->params[m->n_params - 3] = 0.5f;
+    opt.v[7] = NAN;
+    CHECK(kiln_train_save(m, NULL, "x", &opt, &st, path) == KILN_ERR_INVALID && strstr(kiln_last_error(), "optim.v"), "%s",
+          kiln_last_error());
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    CHECK(access(path, F_OK) != 0 && access(tmp, F_OK) != 0, "a refused write left a file");
+    opt.v[7] = 0;
+    CHECK(kiln_train_save(m, NULL, "x", &opt, &st, path) == KILN_OK, "%s", kiln_last_error());
+    unlink(path);
+    rmdir(dir);
+    kiln_adamw_free(&opt);
+    free(segs);
+    kiln_llama_train_free(m);
+}
+
+/* The guard on the updated weights in a real run: a checkpoint whose first moment is 3e38 where v is 0 (finite, so
+ * the resume takes it) makes every update overflow that weight. Every step is skipped, not applied; the run says
+ * how many and fails, and its export holds finite weights (the checkpoint's). */
+static void test_weight_guard_run(void) {
+    CHECK(setup_corpus());
+    kiln_train_opts a = loop_opts("wg");
+    a.steps = 2, a.lr.total = 2;
+    CHECK(kiln_train_run(&a, NULL, NULL) == KILN_OK, "%s", kiln_last_error());
+    CHECK(poke_tensor(a.ckpt_path, "optim.m", 100, 3e38f) && poke_tensor(a.ckpt_path, "optim.v", 100, 0.0f));
+    kiln_train_opts b = loop_opts("wg2");
+    b.resume = a.ckpt_path;
+    b.eval_batches = 0;
+    const kiln_status s = kiln_train_run(&b, NULL, NULL);
+    CHECK(s == KILN_ERR_RANGE && strstr(kiln_last_error(), "4 of the run's 4 steps were skipped"), "status %d: %s", (int)s,
+          kiln_last_error());
+    kiln_model *out;
+    CHECK(kiln_model_load(b.out_path, &out) == KILN_OK, "%s", kiln_last_error());
+    for (int64_t i = 0; i < kiln_gguf_n_tensors(out->gguf); i++) {
+        const kiln_tensor_view *t = kiln_gguf_tensor_at(out->gguf, i);
+        const float *x = t->data;
+        for (size_t j = 0; j < t->nbytes / 4; j++) CHECK(isfinite(x[j]), "%s[%zu] is %g", t->name, j, x[j]);
+    }
+    kiln_model_free(out);
+}
+
+/* Stops the run's checkpoint from being written: at step 3 its folder goes (the last step's checkpoint is the only
+ * one, ckpt_interval 0). */
+static void lose_ckpt_dir(void *user, const kiln_progress *p) {
+    if (p->train && p->train->step == 3 && strcmp(p->stage, "train") == 0) rmdir((const char *)user);
+}
+
+/* A checkpoint that cannot be written ends the run with its error, yet the final export is still written. */
+static void test_ckpt_failure_still_exports(void) {
+    CHECK(setup_corpus());
+    char dir[300], ckpt[340];
+    snprintf(dir, sizeof dir, "%s/gone", work);
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt.gguf", dir);
+    CHECK(mkdir(dir, 0755) == 0);
+    kiln_train_opts o = loop_opts("cf");
+    o.ckpt_path = ckpt, o.ckpt_interval = 0, o.eval_batches = 0;
+    const kiln_status s = kiln_train_run(&o, lose_ckpt_dir, dir);
+    CHECK(s == KILN_ERR_IO && strstr(kiln_last_error(), "exported to"), "status %d: %s", (int)s, kiln_last_error());
+    CHECK(!strchr(kiln_last_error(), '\n'));
+    kiln_model *out;
+    CHECK(kiln_model_load(o.out_path, &out) == KILN_OK, "the export after the failed checkpoint: %s", kiln_last_error());
+    kiln_model_free(out);
+}
+
+/* The outputs are checked before step 1: a missing folder, a folder as the path, -o the same file as --ckpt (by
+ * name and through a symlinked folder); each fails before any progress is reported. */
+static bool progressed;
+static void note_progress(void *user, const kiln_progress *p) { progressed = true; }
+
+static void test_outputs_checked_first(void) {
+    CHECK(setup_corpus());
+    char missing[300], link[300], via[340];
+    snprintf(missing, sizeof missing, "%s/no/such/dir/out.gguf", work);
+    snprintf(link, sizeof link, "%s/link", work);
+    unlink(link);
+    CHECK(symlink(work, link) == 0);
+    for (int k = 0; k < 4; k++) {
+        kiln_train_opts o = loop_opts("oc");
+        if (k == 0) o.out_path = missing;
+        else if (k == 1) o.ckpt_path = work;
+        else if (k == 2) o.out_path = o.ckpt_path;
+        else {
+            snprintf(via, sizeof via, "%s/oc.ckpt.gguf", link);
+            o.out_path = via;
+        }
+        progressed = false;
+        const kiln_status s = kiln_train_run(&o, note_progress, NULL);
+        CHECK(s != KILN_OK && !progressed, "case %d: status %d, progressed %d", k, (int)s, progressed);
+        const char *want[] = {"does not exist", "is a folder", "same file", "same file"};
+        CHECK(strstr(kiln_last_error(), want[k]), "case %d: %s", k, kiln_last_error());
+    }
+    unlink(link);
+}
+
+/* Temp files of killed runs beside the outputs are removed at the start: a dead process's, not a live one's. */
+static void test_stale_temps_removed(void) {
+    CHECK(setup_corpus());
+    kiln_train_opts o = loop_opts("st");
+    o.steps = 1, o.lr.total = 1, o.lr.warmup = 1, o.eval_batches = 0;
+    pid_t dead = fork();
+    CHECK(dead >= 0);
+    if (dead == 0) _exit(0);
+    waitpid(dead, NULL, 0);
+    pid_t live = fork(); /* alive until killed below */
+    CHECK(live >= 0);
+    if (live == 0) {
+        pause();
+        _exit(0);
+    }
+    char dead_tmp[2][400], live_tmp[400], other[400];
+    snprintf(dead_tmp[0], sizeof dead_tmp[0], "%s.tmp.%d", o.out_path, (int)dead);
+    snprintf(dead_tmp[1], sizeof dead_tmp[1], "%s.tmp.%d", o.ckpt_path, (int)dead);
+    snprintf(live_tmp, sizeof live_tmp, "%s.tmp.%d", o.ckpt_path, (int)live);
+    snprintf(other, sizeof other, "%s.tmp.%dx", o.out_path, (int)dead); /* not a pid: not ours */
+    const char *all[] = {dead_tmp[0], dead_tmp[1], live_tmp, other};
+    for (int i = 0; i < 4; i++) {
+        FILE *f = fopen(all[i], "w");
+        CHECK(f && fputs("partial", f) >= 0 && fclose(f) == 0);
+    }
+    const kiln_status s = kiln_train_run(&o, NULL, NULL);
+    kill(live, SIGKILL);
+    waitpid(live, NULL, 0);
+    CHECK(s == KILN_OK, "%s", kiln_last_error());
+    CHECK(access(dead_tmp[0], F_OK) != 0 && access(dead_tmp[1], F_OK) != 0, "a dead run's temp file is still there");
+    CHECK(access(live_tmp, F_OK) == 0 && access(other, F_OK) == 0, "a live run's temp file (or another file) was removed");
+    unlink(live_tmp), unlink(other);
+}
+
+/* The log on a full disk (/dev/full): the run fails with the log named, not an empty log and success. */
+static void test_log_write_errors(void) {
+    CHECK(setup_corpus());
+    if (access("/dev/full", W_OK) != 0) SKIP("no writable /dev/full");
+    kiln_train_opts o = loop_opts("lf");
+    o.log_path = "/dev/full";
+    const kiln_status s = kiln_train_run(&o, NULL, NULL);
+    CHECK(s == KILN_ERR_IO && strstr(kiln_last_error(), "/dev/full") && strstr(kiln_last_error(), "log"), "status %d: %s", (int)s,
+          kiln_last_error());
+}
+
 int main(void) {
     RUN(test_grads_fp32);
     RUN(test_grads_mixed);
@@ -707,6 +965,14 @@ int main(void) {
     RUN(test_cli_data_parallel);
     RUN(test_cli_nproc_refusals);
     RUN(test_resume_refuses_other_batch);
+    RUN(test_opts_validated);
+    RUN(test_resume_refuses_bad_state);
+    RUN(test_write_refuses_nonfinite);
+    RUN(test_weight_guard_run);
+    RUN(test_ckpt_failure_still_exports);
+    RUN(test_outputs_checked_first);
+    RUN(test_stale_temps_removed);
+    RUN(test_log_write_errors);
     if (work[0]) {
         char cmd[300];
         snprintf(cmd, sizeof cmd, "rm -rf %s", work);

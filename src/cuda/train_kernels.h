@@ -133,6 +133,21 @@ kiln_status kiln_cuda_grad_sumsq(double *d_sumsq, const float *grads, int64_t n,
 kiln_status kiln_cuda_adamw_apply(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror, const uint8_t *decay,
                                   int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_clip,
                                   int64_t step, const double *d_sumsq, float *d_norm, int32_t *d_skipped, void *ws, void *stream);
+/* The check before an update: the weights kiln_cuda_adamw_apply would write (same constants, the clip from
+ * *d_sumsq), squared and summed per segment into d_wsumsq (n_seg doubles; fixed order), writing nothing else.
+ * d_seg (n_seg, 2) int64 on the device: each segment's first element and length, in the indices of params (a
+ * tensor, or the part of it in a ZeRO-1 shard; length 0 allowed). partial: n_seg * KILN_CUDA_ADAMW_CHECK_BLOCKS
+ * doubles of work space. kiln_cuda_adamw_apply_checked then skips the update (nothing written, *d_skipped = 1) when
+ * a sum is not finite, as for a non-finite gradient norm. */
+#define KILN_CUDA_ADAMW_CHECK_BLOCKS 32
+kiln_status kiln_cuda_adamw_check(double *d_wsumsq, double *partial, const int64_t *d_seg, int n_seg, const float *params,
+                                  const float *grads, const float *m, const float *v, const uint8_t *decay, float lr, float beta1,
+                                  float beta2, float eps, float weight_decay, float grad_clip, int64_t step, const double *d_sumsq,
+                                  void *stream);
+kiln_status kiln_cuda_adamw_apply_checked(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror,
+                                          const uint8_t *decay, int64_t n, float lr, float beta1, float beta2, float eps,
+                                          float weight_decay, float grad_clip, int64_t step, const double *d_sumsq,
+                                          const double *d_wsumsq, int n_seg, float *d_norm, int32_t *d_skipped, void *ws, void *stream);
 kiln_status kiln_cuda_adamw(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror, const uint8_t *decay,
                             int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_clip,
                             int64_t step, float *d_norm, int32_t *d_skipped, void *ws, void *stream);

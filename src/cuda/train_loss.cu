@@ -347,12 +347,15 @@ __global__ void __launch_bounds__(NORM_THREADS) adamw_sum_partials_kernel(double
     if (threadIdx.x == 0) *d_sumsq = sum;
 }
 
-/* grid (1), block (1): the norm, the clip factor and the skip flag from the sum of squares. */
-__global__ void adamw_norm_finish_kernel(float *d_norm, int32_t *d_skipped, adamw_flags *flags, const double *d_sumsq, float grad_clip) {
+/* grid (1), block (1): the norm, the clip factor and the skip flag from the sum of squares; with d_wsumsq (n_seg) the
+ * sums of squares of the weights the update would give (kiln_cuda_adamw_check), a non-finite one skips it too. */
+__global__ void adamw_norm_finish_kernel(float *d_norm, int32_t *d_skipped, adamw_flags *flags, const double *d_sumsq, float grad_clip,
+                                         const double *d_wsumsq, int n_seg) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
     const double norm = __dsqrt_rn(*d_sumsq);
-    const bool finite = isfinite(norm);
+    bool finite = isfinite(norm);
+    for (int i = 0; i < n_seg && finite; i++) finite = isfinite(d_wsumsq[i]);
     double clip = 1.0;
     if (grad_clip > 0.0f && norm > (double)grad_clip) clip = __ddiv_rn((double)grad_clip, norm);
     *d_norm = (float)norm;
@@ -373,6 +376,45 @@ static __device__ __forceinline__ void adam_elem(const adam_consts &k, float cli
     p = __fsub_rn(__fmul_rn(p, dmul), upd);
     m = mi;
     v = vi;
+}
+
+/* The clip factor of adamw_norm_finish_kernel, from the sum of squares (1 when the norm is not finite: the step is
+ * skipped by the gradient then, whatever the weights would be). */
+static __device__ __forceinline__ float clip_factor(const double *d_sumsq, float grad_clip) {
+    const double norm = __dsqrt_rn(*d_sumsq);
+    if (!isfinite(norm) || !(grad_clip > 0.0f && norm > (double)grad_clip)) return 1.0f;
+    return (float)__ddiv_rn((double)grad_clip, norm);
+}
+
+/* grid (KILN_CUDA_ADAMW_CHECK_BLOCKS, n_seg), block (NORM_THREADS): blockIdx.y's segment [seg[2y], +seg[2y+1]) of
+ * the weights adam_elem would write, squared and summed (nothing written but the partials). */
+__global__ void __launch_bounds__(NORM_THREADS)
+    adamw_check_kernel(double *partial /* (n_seg, CHECK_BLOCKS) */, const int64_t *seg, const float *params, const float *grads,
+                       const float *m, const float *v, const uint8_t *decay, adam_consts k, const double *d_sumsq, float grad_clip) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
+    __shared__ double sh[32];
+    const float clip = clip_factor(d_sumsq, grad_clip);
+    const int64_t off = seg[2 * blockIdx.y], len = seg[2 * blockIdx.y + 1];
+    double acc = 0.0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += (int64_t)gridDim.x * blockDim.x) {
+        float p = params[off + i], mi = m[off + i], vi = v[off + i];
+        adam_elem(k, clip, p, grads[off + i], mi, vi, decay[off + i] != 0);
+        acc = fma((double)p, (double)p, acc);
+    }
+    const double sum = block_sum(acc, sh);
+    if (threadIdx.x == 0) partial[(int64_t)blockIdx.y * gridDim.x + blockIdx.x] = sum;
+}
+
+/* grid (1), block (NORM_THREADS): each segment's partials, in order, into d_wsumsq (n_seg). */
+__global__ void __launch_bounds__(NORM_THREADS) adamw_check_finish_kernel(double *d_wsumsq, const double *partial, int n_seg) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
+    for (int y = threadIdx.x; y < n_seg; y += blockDim.x) {
+        double acc = 0.0;
+        for (int x = 0; x < KILN_CUDA_ADAMW_CHECK_BLOCKS; x++) acc += partial[(int64_t)y * KILN_CUDA_ADAMW_CHECK_BLOCKS + x];
+        d_wsumsq[y] = acc;
+    }
 }
 
 /* grid-stride over n (VEC: n / 4 float4s, then the 0-3 tail). VEC: params, grads, m, v 16-byte aligned, decay
@@ -432,19 +474,8 @@ extern "C" kiln_status kiln_cuda_grad_sumsq(double *d_sumsq, const float *grads,
                                                      (const double *)partial, (int)nb));
 }
 
-extern "C" kiln_status kiln_cuda_adamw_apply(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror,
-                                             const uint8_t *decay, int64_t n, float lr, float beta1, float beta2, float eps,
-                                             float weight_decay, float grad_clip, int64_t step, const double *d_sumsq,
-                                             float *d_norm, int32_t *d_skipped, void *ws, void *stream) {
-    if (n < 0 || (n > 0 && (!params || !grads || !m || !v || !decay)) || !d_sumsq || !d_norm || !d_skipped || !ws || !aligned(ws, 8))
-        return kiln_fail(KILN_ERR_INVALID,
-                         "cuda adamw: n %lld; params, grads, m, v, decay, d_sumsq, d_norm, d_skipped and an 8-byte aligned ws "
-                         "are required (ws %s)",
-                         (long long)n, ws ? (aligned(ws, 8) ? "aligned" : "misaligned") : "NULL");
-    if (step < 1 || !(beta1 >= 0.0f && beta1 < 1.0f && beta2 >= 0.0f && beta2 < 1.0f) || !(eps > 0.0f) || isnan(grad_clip))
-        return kiln_fail(KILN_ERR_INVALID, "cuda adamw: step %lld (from 1), betas (%g, %g) in [0, 1), eps %g > 0, clip %g",
-                         (long long)step, (double)beta1, (double)beta2, (double)eps, (double)grad_clip);
-    /* optim.c's constants, computed the same way on the host */
+/* optim.c's constants, computed the same way on the host */
+static adam_consts make_consts(float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step) {
     const double t = (double)step;
     const double bc1 = 1.0 - pow((double)beta1, t), bc2 = 1.0 - pow((double)beta2, t);
     adam_consts k;
@@ -456,11 +487,54 @@ extern "C" kiln_status kiln_cuda_adamw_apply(float *params, const float *grads, 
     k.inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
     k.eps = eps;
     k.decay_mul = (float)(1.0 - (double)lr * (double)weight_decay);
+    return k;
+}
 
+extern "C" kiln_status kiln_cuda_adamw_check(double *d_wsumsq, double *partial, const int64_t *d_seg, int n_seg, const float *params,
+                                             const float *grads, const float *m, const float *v, const uint8_t *decay, float lr,
+                                             float beta1, float beta2, float eps, float weight_decay, float grad_clip, int64_t step,
+                                             const double *d_sumsq, void *stream) {
+    if (n_seg < 1 || n_seg > 65535 || !d_wsumsq || !partial || !d_seg || !params || !grads || !m || !v || !decay || !d_sumsq)
+        return kiln_fail(KILN_ERR_INVALID, "cuda adamw check: %d segments (1..65535) and every buffer are required", n_seg);
+    if (step < 1) return kiln_fail(KILN_ERR_INVALID, "cuda adamw check: step %lld (from 1)", (long long)step);
+    const adam_consts k = make_consts(lr, beta1, beta2, eps, weight_decay, step);
+    cudaStream_t s = (cudaStream_t)stream;
+    kiln_status st = checked("adamw check", kiln_launch(adamw_check_kernel, dim3(KILN_CUDA_ADAMW_CHECK_BLOCKS, (unsigned)n_seg),
+                                                        dim3(NORM_THREADS), 0, s, partial, d_seg, params, grads, m, v, decay, k,
+                                                        d_sumsq, grad_clip));
+    if (st != KILN_OK) return st;
+    return checked("adamw check sums", kiln_launch(adamw_check_finish_kernel, dim3(1), dim3(NORM_THREADS), 0, s, d_wsumsq,
+                                                    (const double *)partial, n_seg));
+}
+
+extern "C" kiln_status kiln_cuda_adamw_apply(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror,
+                                             const uint8_t *decay, int64_t n, float lr, float beta1, float beta2, float eps,
+                                             float weight_decay, float grad_clip, int64_t step, const double *d_sumsq,
+                                             float *d_norm, int32_t *d_skipped, void *ws, void *stream) {
+    return kiln_cuda_adamw_apply_checked(params, grads, m, v, mirror, decay, n, lr, beta1, beta2, eps, weight_decay, grad_clip, step,
+                                         d_sumsq, NULL, 0, d_norm, d_skipped, ws, stream);
+}
+
+extern "C" kiln_status kiln_cuda_adamw_apply_checked(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror,
+                                                     const uint8_t *decay, int64_t n, float lr, float beta1, float beta2, float eps,
+                                                     float weight_decay, float grad_clip, int64_t step, const double *d_sumsq,
+                                                     const double *d_wsumsq, int n_seg, float *d_norm, int32_t *d_skipped, void *ws,
+                                                     void *stream) {
+    if (n_seg < 0 || (n_seg > 0 && !d_wsumsq))
+        return kiln_fail(KILN_ERR_INVALID, "cuda adamw: %d weight sums without their buffer", n_seg);
+    if (n < 0 || (n > 0 && (!params || !grads || !m || !v || !decay)) || !d_sumsq || !d_norm || !d_skipped || !ws || !aligned(ws, 8))
+        return kiln_fail(KILN_ERR_INVALID,
+                         "cuda adamw: n %lld; params, grads, m, v, decay, d_sumsq, d_norm, d_skipped and an 8-byte aligned ws "
+                         "are required (ws %s)",
+                         (long long)n, ws ? (aligned(ws, 8) ? "aligned" : "misaligned") : "NULL");
+    if (step < 1 || !(beta1 >= 0.0f && beta1 < 1.0f && beta2 >= 0.0f && beta2 < 1.0f) || !(eps > 0.0f) || isnan(grad_clip))
+        return kiln_fail(KILN_ERR_INVALID, "cuda adamw: step %lld (from 1), betas (%g, %g) in [0, 1), eps %g > 0, clip %g",
+                         (long long)step, (double)beta1, (double)beta2, (double)eps, (double)grad_clip);
+    const adam_consts k = make_consts(lr, beta1, beta2, eps, weight_decay, step);
     adamw_flags *flags = (adamw_flags *)((double *)ws + norm_blocks(n)); /* (1), after the partials */
     cudaStream_t s = (cudaStream_t)stream;
     kiln_status st = checked("adamw norm", kiln_launch(adamw_norm_finish_kernel, dim3(1), dim3(1), 0, s, d_norm, d_skipped, flags,
-                                                       d_sumsq, grad_clip));
+                                                       d_sumsq, grad_clip, d_wsumsq, n_seg));
     if (st != KILN_OK) return st;
     if (n == 0) return KILN_OK;
     const bool vec = aligned(params, 16) && aligned(grads, 16) && aligned(m, 16) && aligned(v, 16) && aligned(decay, 4) &&

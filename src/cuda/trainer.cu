@@ -97,6 +97,13 @@ struct kiln_cuda_trainer {
     bool reduce_next;                 /* the next step is the last micro-batch: reduce its buckets during its backward */
     bool reduced;                     /* the grads are already reduced for this optimizer step */
     double *d_red;                    /* (4) device doubles for the loss and flag collectives; d_red[3] the sum of squares */
+    /* the weight check before each update (kiln_cuda_adamw_check): one segment per tensor, in the indices of the
+     * range this rank updates (its ZeRO-1 shard, else the whole buffer); one allocation */
+    int n_seg;
+    int64_t *d_seg;                   /* (n_seg, 2) first element, length */
+    double *d_wpartial;               /* (n_seg, KILN_CUDA_ADAMW_CHECK_BLOCKS) */
+    double *d_wsumsq;                 /* (n_seg) the would-be weights' sums of squares */
+    double *h_wsumsq;                 /* (n_seg) pinned: the step's one read of them */
 };
 
 static size_t al(size_t n) { return (n + 255) & ~(size_t)255; }
@@ -146,10 +153,41 @@ extern "C" void kiln_cuda_trainer_free(kiln_cuda_trainer *t) {
     kiln_cuda_blas_free(t->blas);
     cudaFree(t->params);
     cudaFree(t->buf);
+    cudaFree(t->d_seg);
     cudaFreeHost(t->h_losses);
+    cudaFreeHost(t->h_wsumsq);
     if (t->stream) cudaStreamDestroy(t->stream);
     free(t->layers);
     free(t);
+}
+
+/* The weight check's segments: each tensor's part of the range [o, o + shard) this rank updates, relative to o. */
+static kiln_status check_setup(kiln_cuda_trainer *t) {
+    const int n_seg = t->m->n_tensors;
+    const int64_t o = t->zero1 ? (int64_t)t->rank * t->shard : 0, end = o + t->shard;
+    if (n_seg < 1 || n_seg > 65535) return kiln_fail(KILN_ERR_UNSUPPORTED, "gpu train: %d tensors (the weight check takes 1..65535)", n_seg);
+    int64_t *h_seg = (int64_t *)malloc((size_t)n_seg * 2 * sizeof *h_seg);
+    if (!h_seg) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n_seg; i++) {
+        const kiln_train_tensor *ts = &t->m->tensors[i];
+        const int64_t lo = ts->offset > o ? ts->offset : o, hi = ts->offset + ts->n < end ? ts->offset + ts->n : end;
+        h_seg[2 * i] = hi > lo ? lo - o : 0;
+        h_seg[2 * i + 1] = hi > lo ? hi - lo : 0;
+    }
+    const size_t seg_bytes = al((size_t)n_seg * 2 * sizeof(int64_t)), part_bytes = al((size_t)n_seg * KILN_CUDA_ADAMW_CHECK_BLOCKS * 8);
+    char *p = NULL;
+    cudaError_t e = cudaMalloc((void **)&p, seg_bytes + part_bytes + (size_t)n_seg * 8);
+    if (e == cudaSuccess) {
+        t->d_seg = (int64_t *)p, t->d_wpartial = (double *)(p + seg_bytes), t->d_wsumsq = (double *)(p + seg_bytes + part_bytes);
+        t->n_seg = n_seg;
+        e = cudaMallocHost((void **)&t->h_wsumsq, (size_t)n_seg * 8);
+    }
+    if (e == cudaSuccess) e = cudaMemcpyAsync(t->d_seg, h_seg, (size_t)n_seg * 2 * sizeof *h_seg, cudaMemcpyHostToDevice, t->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(t->stream); /* before h_seg goes */
+    free(h_seg);
+    if (e != cudaSuccess) return kiln_fail(KILN_ERR_NOMEM, "gpu train: the weight check's buffers: %s", cudaGetErrorString(e));
+    t->bytes += seg_bytes + part_bytes + (size_t)n_seg * 8;
+    return KILN_OK;
 }
 
 extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t B, int64_t T, unsigned flags, struct kiln_dist *dist,
@@ -309,6 +347,10 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     if ((st = kiln_cuda_to_bf16(t->mirror, t->params, n_pad, t->stream)) || (e = cudaStreamSynchronize(t->stream)) != cudaSuccess) {
         kiln_cuda_trainer_free(t);
         return st ? st : kiln_fail(KILN_ERR_IO, "gpu train: mirror failed: %s", cudaGetErrorString(e));
+    }
+    if ((st = check_setup(t))) {
+        kiln_cuda_trainer_free(t);
+        return st;
     }
     *out = t;
     return KILN_OK;
@@ -564,35 +606,43 @@ extern "C" kiln_status kiln_cuda_trainer_zero_grads(kiln_cuda_trainer *t) {
     return KILN_OK;
 }
 
+/* One AdamW update, checked before it is applied: the gradient's norm (summed over the ranks), then the weights the
+ * update would give, squared and summed per tensor (over the shards with ZeRO-1, so every rank decides alike), and
+ * the update only when all of them are finite; else nothing changes and the step counts as skipped, as on the CPU.
+ * The host reads the norm, the flag and the sums once, after the update. */
 extern "C" kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const kiln_adamw_cfg *cfg, float lr, double *grad_norm,
                                                bool *skipped) {
     if (cfg->eight_bit) return kiln_fail(KILN_ERR_UNSUPPORTED, "gpu train: 8-bit AdamW is not on the GPU yet");
     TRY(refresh_mirror(t));
-    if (t->zero1) { /* (reduce-scatter,) the shard's update with the global norm, the gathers */
-        const int64_t S = t->shard, o = (int64_t)t->rank * S;
-        double *d_sumsq = t->d_red + 3;
-        if (!t->reduced) TRY(kiln_dist_reduce_scatter_f32(t->dist, t->grads, t->grads + o, S, t->stream));
-        TRY(kiln_cuda_grad_sumsq(d_sumsq, t->grads + o, S, t->ws, t->stream));
-        TRY(kiln_dist_allreduce_f64(t->dist, d_sumsq, 1, t->stream));
-        TRY(kiln_cuda_adamw_apply(t->params + o, t->grads + o, t->am, t->av, t->mirror + o, t->decay + o, S, lr, cfg->beta1, cfg->beta2,
-                                  cfg->eps, cfg->weight_decay, cfg->grad_clip, t->opt_step + 1, d_sumsq, t->d_norm, t->d_skipped,
-                                  t->ws, t->stream));
+    const int64_t S = t->shard, o = t->zero1 ? (int64_t)t->rank * S : 0;
+    double *d_sumsq = t->d_red + 3;
+    if (t->zero1 && !t->reduced) TRY(kiln_dist_reduce_scatter_f32(t->dist, t->grads, t->grads + o, S, t->stream));
+    if (!t->zero1 && t->dist && !t->reduced) TRY(kiln_dist_allreduce_f32(t->dist, t->grads, t->n_pad, t->stream));
+    TRY(kiln_cuda_grad_sumsq(d_sumsq, t->grads + o, S, t->ws, t->stream));
+    if (t->zero1) TRY(kiln_dist_allreduce_f64(t->dist, d_sumsq, 1, t->stream));
+    TRY(kiln_cuda_adamw_check(t->d_wsumsq, t->d_wpartial, t->d_seg, t->n_seg, t->params + o, t->grads + o, t->am, t->av, t->decay + o,
+                              lr, cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay, cfg->grad_clip, t->opt_step + 1, d_sumsq,
+                              t->stream));
+    if (t->zero1) TRY(kiln_dist_allreduce_f64(t->dist, t->d_wsumsq, t->n_seg, t->stream)); /* each rank summed its shard */
+    TRY(kiln_cuda_adamw_apply_checked(t->params + o, t->grads + o, t->am, t->av, t->mirror + o, t->decay + o, S, lr, cfg->beta1,
+                                      cfg->beta2, cfg->eps, cfg->weight_decay, cfg->grad_clip, t->opt_step + 1, d_sumsq, t->d_wsumsq,
+                                      t->n_seg, t->d_norm, t->d_skipped, t->ws, t->stream));
+    if (t->zero1) {
         TRY(kiln_dist_allgather(t->dist, t->mirror + o, t->mirror, (size_t)S * 2, t->stream));
         TRY(gather_fp32_read(t));
-    } else {
-        if (t->dist && !t->reduced) TRY(kiln_dist_allreduce_f32(t->dist, t->grads, t->n_pad, t->stream));
-        TRY(kiln_cuda_adamw(t->params, t->grads, t->am, t->av, t->mirror, t->decay, t->n_pad, lr, cfg->beta1, cfg->beta2, cfg->eps,
-                            cfg->weight_decay, cfg->grad_clip, t->opt_step + 1, t->d_norm, t->d_skipped, t->ws, t->stream));
     }
     t->reduced = false;
     float norm = 0;
     int32_t skip = 0;
     CK(cudaMemcpyAsync(&norm, t->d_norm, 4, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
     CK(cudaMemcpyAsync(&skip, t->d_skipped, 4, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
+    CK(cudaMemcpyAsync(t->h_wsumsq, t->d_wsumsq, (size_t)t->n_seg * 8, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
     TRY(wait_stream(t, "AdamW step"));
+    bool weights_ok = true;
+    for (int i = 0; i < t->n_seg; i++) weights_ok = weights_ok && isfinite(t->h_wsumsq[i]);
     if (!skip) t->opt_step++; /* as the CPU's kiln_adamw: a skipped step does not count */
     *grad_norm = norm;
-    *skipped = skip != 0;
+    *skipped = skip != 0 || !weights_ok;
     return KILN_OK;
 }
 
