@@ -1,8 +1,8 @@
 # kiln build. `make` builds build/libkiln.a and build/kiln; `make test` builds and runs every test;
 # `make test SAN=1` does the same under AddressSanitizer + UndefinedBehaviorSanitizer (in build-san/);
-# `make fuzz FUZZ_SECONDS=60` runs the GGUF reader fuzzer; `make install PREFIX=/usr/local` (and DESTDIR)
-# installs libkiln.a, libkiln.so, kiln.h and kiln.pc. The CUDA backend is compiled in when nvcc is on the
-# PATH (CUDA_ARCH SASS plus its PTX, sm_90 by default); CUDA=0 leaves it out. Before the first compile the
+# `make fuzz FUZZ_SECONDS=60` runs the GGUF reader fuzzer (`make fuzz-ckpt`: the checkpoint loader's);
+# `make install PREFIX=/usr/local` (and DESTDIR) installs libkiln.a, libkiln.so, kiln.h and kiln.pc. The CUDA
+# backend is compiled in when nvcc is on the PATH (CUDA_ARCH SASS plus its PTX, sm_90 by default); CUDA=0 leaves it out. Before the first compile the
 # preflight checks that the compiler and every header and library are there, and names the package of one
 # that is not.
 
@@ -93,7 +93,7 @@ BENCH_SRC    := $(wildcard bench/*.c)
 TOOL_SRC     := $(wildcard tools/*.c)
 TOOL_OBJ     := $(TOOL_SRC:%.c=$(BUILD)/%.o) $(BENCH_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all tests test clean fuzz fuzz-tokenize demo preflight install uninstall
+.PHONY: all tests test clean fuzz fuzz-tokenize fuzz-ckpt demo preflight install uninstall
 all: $(BUILD)/libkiln.a $(BUILD)/kiln
 
 # ---------------------------------------------------------------- preflight
@@ -254,6 +254,24 @@ fuzz-tokenize:
 	  -o build-fuzz/fuzz_tokenize -lpcre2-8 -lutf8proc -lm -lpthread
 	build-fuzz/fuzz_tokenize -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -artifact_prefix=tests/fuzz/crashes/ \
 	  build-fuzz/corpus-tok tests/fuzz/corpus-tok
+
+# The checkpoint loader (kiln_train_load_checkpoint: the GGUF, the model's config, the run's keys, the weights and the
+# moments with their validation), on the CPU build's sources (the CUDA seam's stubs, no nvcc), each compiled with the
+# fuzzer's instrumentation and its own SIMD flags. The harness seeds build-fuzz/corpus-ckpt with tiny real checkpoints.
+FUZZ_CKPT_SRC := $(C_SRC)
+fuzz-ckpt:
+	@mkdir -p build-fuzz/ckpt build-fuzz/corpus-ckpt tests/fuzz/crashes
+	@for f in $(FUZZ_CKPT_SRC); do \
+	  case $$f in *_avx2.c) fl="$(AVX2_FLAGS)";; *_avx512.c) fl="$(AVX512_FLAGS)";; *) fl="";; esac; \
+	  o=build-fuzz/ckpt/$$(echo $$f | tr / _).o; \
+	  if [ ! -e $$o ] || [ $$f -nt $$o ]; then echo "  fuzz cc $$f"; \
+	    $(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer-no-link,address,undefined $$fl -Iinclude -Isrc -Isrc/core \
+	      -c $$f -o $$o || exit 1; fi; \
+	done
+	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -Isrc/core \
+	  tests/fuzz/fuzz_checkpoint.c build-fuzz/ckpt/*.o -o build-fuzz/fuzz_checkpoint -lpcre2-8 -lutf8proc -lm -lpthread
+	KILN_FUZZ_SEED_DIR=build-fuzz/corpus-ckpt build-fuzz/fuzz_checkpoint -max_total_time=$(FUZZ_SECONDS) -max_len=65536 \
+	  -artifact_prefix=tests/fuzz/crashes/ build-fuzz/corpus-ckpt
 
 clean:
 	rm -rf build build-san build-fuzz
