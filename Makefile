@@ -2,9 +2,9 @@
 # `make test SAN=1` does the same under AddressSanitizer + UndefinedBehaviorSanitizer (in build-san/);
 # `make fuzz FUZZ_SECONDS=60` runs the GGUF reader fuzzer (`make fuzz-ckpt`: the checkpoint loader's);
 # `make install PREFIX=/usr/local` (and DESTDIR) installs libkiln.a, libkiln.so, kiln.h and kiln.pc. The CUDA
-# backend is compiled in when nvcc is on the PATH (CUDA_ARCH SASS plus its PTX, sm_90 by default); CUDA=0 leaves it out. Before the first compile the
-# preflight checks that the compiler and every header and library are there, and names the package of one
-# that is not.
+# backend is compiled in when nvcc is on the PATH (CUDA_ARCH SASS plus its PTX, sm_90 by default); CUDA=0 leaves
+# it out. Before the first compile the preflight checks that the compiler and every header and library are there,
+# and names the package of one that is not.
 
 CC      ?= cc
 NVCC    ?= nvcc
