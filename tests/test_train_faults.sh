@@ -68,6 +68,20 @@ test_unwritable_output_refused_first() {
     check "trained before failing: $(head -c 300 "$tmp/ro.err")" fails grep -q '^step ' "$tmp/ro.err"
 }
 
+# A disk without room for one checkpoint (statvfs against the checkpoint's size) is refused before step 1.
+test_no_room_refused_first() {
+    local small=$tmp/small
+    mkdir -p "$small"
+    mount -t tmpfs -o size=256k tmpfs "$small" 2>/dev/null || skip "mount -t tmpfs is not allowed here"
+    train -C 64 -L 2 --heads 4 --kv-heads 2 -F 128 -B 2 -T 16 --eval-batches 0 -j 1 --steps 50 --ckpt "$small/c.gguf" \
+        -o "$tmp/room.gguf" >/dev/null 2>"$tmp/room.err"
+    local rc=$?
+    umount "$small"
+    check "a checkpoint on a 256 KiB disk was accepted" [ $rc -ne 0 ]
+    check "said: $(cat "$tmp/room.err")" grep -q "MB free; the checkpoint (--ckpt) needs about" "$tmp/room.err"
+    check "trained before failing: $(head -c 300 "$tmp/room.err")" fails grep -q '^step ' "$tmp/room.err"
+}
+
 # The shim for machines without mount: write() to a temp file of the GGUF writer (a name with ".tmp.") fails with
 # ENOSPC once KILN_TEST_ENOSPC_BYTES bytes have gone to such files in this process.
 build_enospc_shim() {
@@ -173,6 +187,7 @@ fi
 run test_numeric_flags_refused
 run test_log_on_full_disk
 run test_unwritable_output_refused_first
+run test_no_room_refused_first
 run test_disk_full_at_second_checkpoint
 run test_sigkill_during_checkpoints
 test_exit
