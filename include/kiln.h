@@ -675,21 +675,29 @@ typedef struct kiln_train_progress {
     size_t state_bytes, act_bytes; /* training state (master, mirror, grads, moments) and activations */
 } kiln_train_progress;
 
-/* The whole run (`kiln train`). Data parallel when started as one of several ranks (`kiln train --nproc N`). */
+/* The whole run (`kiln train`). Data parallel when started as one of several ranks (`kiln train --nproc N`).
+ * Every number of opts is checked first (KILN_ERR_INVALID naming the field: finite and in range), then the outputs
+ * (writable folders, room for one checkpoint, -o not the checkpoint), before step 1; stale PATH.tmp.<pid> files of
+ * dead runs beside the outputs are removed. A checkpoint or log that cannot be written ends the run with its
+ * error, after the final export has still been tried (one process). A run that skipped more than half of its steps
+ * (non-finite loss, gradient or updated weight) fails with KILN_ERR_RANGE and the count, after writing its outputs. */
 kiln_status kiln_train_run(const kiln_train_opts *opts, kiln_progress_fn progress, void *user);
 
 typedef struct kiln_trainer kiln_trainer;
 /* A model and its optimizer as opts say (the model, B, T, lr, adam, device, ...; data_dir and the output paths are
- * not used). */
+ * not used). opts is checked as kiln_train_run checks it; a resumed checkpoint must hold finite weights and moments
+ * (second moments >= 0) and a step within opts.steps (KILN_ERR_FORMAT / KILN_ERR_INVALID naming what is wrong). */
 kiln_status kiln_trainer_new(const kiln_train_opts *opts, kiln_trainer **out);
 void kiln_trainer_free(kiln_trainer *t); /* accepts NULL */
 /* One optimizer step on one micro-batch: inputs and targets (B*T ids each, row-major (B, T); a target of -1 is
  * ignored), the gradient of the mean loss over the counted targets, then AdamW at the schedule's rate for this
- * step. *loss gets that mean. A non-finite loss or gradient skips the update (the step still counts). */
+ * step. *loss gets that mean. A non-finite loss or gradient, or an update that would make a weight non-finite,
+ * skips the update (nothing changes; the step still counts). */
 kiln_status kiln_trainer_step(kiln_trainer *t, const int32_t *inputs, const int32_t *targets, double *loss);
 /* Optimizer steps taken (resumed ones included). */
 int64_t kiln_trainer_steps_done(const kiln_trainer *t);
-/* A checkpoint that opts.resume continues, and an export of the weights alone; both atomic (temp file, rename). */
+/* A checkpoint that opts.resume continues, and an export of the weights alone; both atomic (temp file, rename). A
+ * non-finite weight or moment is refused (KILN_ERR_INVALID) and nothing is written. */
 kiln_status kiln_trainer_save(kiln_trainer *t, const char *path);
 kiln_status kiln_trainer_export(kiln_trainer *t, const char *path);
 
