@@ -1,8 +1,8 @@
 /* test_optim.c: the optimizer of src/train/optim.c. AdamW steps against a double-precision AdamW written
  * here (clipping on and off, decay on and off per segment, gaps between segments); the bf16 mirror against
  * hand-made round-to-nearest-even cases and NaN; a NaN or Inf gradient, or a finite one whose update would
- * overflow a weight, skipping the step and changing nothing else; bit-identical results for pools of 1, 2 and 3 threads; the learning-rate schedule against
- * its formulas; the 8-bit moments' code against its documented format; and the 8-bit optimizer's loss curve
+ * overflow a weight, skipping the step and changing nothing else; bit-identical results for pools of 1, 2
+ * and 3 threads; the learning-rate schedule against its formulas; the 8-bit moments' code against its documented format; and the 8-bit optimizer's loss curve
  * against fp32's on a sparse least squares and on a noisy quadratic, 102,400 parameters each. Bounds sit
  * about 2x above the worst measured when they were set. '# ' lines report the errors measured, the 8-bit
  * tracking gaps and the step throughput at 10M parameters. */
