@@ -3,7 +3,7 @@
  *   kiln inspect FILE.gguf [--all]        metadata and tensor table
  *   kiln quantize IN.gguf OUT.gguf TYPE   convert weights (f16 bf16 q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m q5_k_m)
  *   kiln synth [--shape S] [--type T] [--vocab V.gguf] -o OUT.gguf   a llama model with random weights
- *   kiln tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH)
+ *   kiln tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH | -- -TEXT)
  *   kiln tokenizer train CORPUS... --vocab N -o OUT.gguf [--specials a,b,c] [--min-frequency N]
  *   kiln data CORPUS... -t TOKENIZER.gguf -o DIR [--val-fraction F] [--shard-tokens N]   (tools/cmd_data.c)
  *   kiln plot LOG.jsonl -o loss.svg [--title T]                                          (tools/cmd_plot.c)
@@ -13,7 +13,9 @@
  *   kiln generate [-m MODEL.gguf] [-p PROMPT] [-n N] [sampling options] [-t THREADS] [-c CTX] [--chat] [--chat-template NAME]
  *   kiln chat -m MODEL.gguf [--system TEXT] [--chat-template NAME] [sampling options]                 (tools/cmd_chat.c)
  *
- * Errors go to stderr as one line, "kiln: <message>", and the exit status is 1. */
+ * Every command reads its arguments through one option table (kiln_cli_parse_args, tools/cli.c): numbers are
+ * strict, "--" ends the options, and what came from a file or argv is printed escaped. Errors go to stderr as one
+ * line, "kiln: <message>", and the exit status is 1. */
 #include "kiln.h"
 #include "bench/bench.h"
 #include "tools/cli.h"
@@ -188,9 +190,9 @@ static int cmd_synth(int argc, char **argv) {
         {"--layers", KILN_CLI_I64, &dims[2], 1, INT32_MAX},     {"--heads", KILN_CLI_I64, &dims[3], 1, INT32_MAX},
         {"--kv-heads", KILN_CLI_I64, &dims[4], 1, INT32_MAX},   {"--ff", KILN_CLI_I64, &dims[5], 1, INT32_MAX},
         {"--ctx", KILN_CLI_I64, &dims[6], 1, INT32_MAX},        {"--tied", KILN_CLI_FLAG, &p.tied, 0, 0},
-        {"--fast", KILN_CLI_FLAG, &p.fast, 0, 0},                     {"--seed", KILN_CLI_U64, &p.seed, 0, 0},
+        {"--fast", KILN_CLI_FLAG, &p.fast, 0, 0},               {"--seed", KILN_CLI_U64, &p.seed, 0, 0},
         {"-t", KILN_CLI_INT, &p.n_threads, 0, 4096},            {"--vocab", KILN_CLI_STR, &p.vocab_path, 0, 0},
-        {"--shape", KILN_CLI_STR, &shape, 0, 0},                      {"--type", KILN_CLI_STR, &type, 0, 0},
+        {"--shape", KILN_CLI_STR, &shape, 0, 0},                {"--type", KILN_CLI_STR, &type, 0, 0},
         {"-o", KILN_CLI_STR, &out, 0, 0},
     };
     int n_pos;
@@ -253,8 +255,10 @@ static int cmd_tokenize(int argc, char **argv) {
     const char *model = NULL, *file = NULL, *text = NULL;
     bool add_special = false, parse_special = false, ids_only = false;
     const kiln_cli_opt opts[] = {
-        {"-m", KILN_CLI_STR, &model, 0, 0},           {"--file", KILN_CLI_STR, &file, 0, 0},
-        {"--add-special", KILN_CLI_FLAG, &add_special, 0, 0}, {"--parse-special", KILN_CLI_FLAG, &parse_special, 0, 0},
+        {"-m", KILN_CLI_STR, &model, 0, 0},
+        {"--file", KILN_CLI_STR, &file, 0, 0},
+        {"--add-special", KILN_CLI_FLAG, &add_special, 0, 0},
+        {"--parse-special", KILN_CLI_FLAG, &parse_special, 0, 0},
         {"--ids", KILN_CLI_FLAG, &ids_only, 0, 0},
     };
     int n_pos;
@@ -295,8 +299,10 @@ static int cmd_tokenizer(int argc, char **argv) {
     char *spec_buf = NULL;
     int n_corpus = 0, rc = 1;
     const kiln_cli_opt opts[] = {
-        {"--vocab", KILN_CLI_INT, &p.vocab_size, 1, INT32_MAX}, {"-o", KILN_CLI_STR, &out, 0, 0},
-        {"--min-frequency", KILN_CLI_I64, &p.min_frequency, 0, INT32_MAX}, {"-t", KILN_CLI_INT, &p.n_threads, 0, 4096},
+        {"--vocab", KILN_CLI_INT, &p.vocab_size, 1, INT32_MAX},
+        {"-o", KILN_CLI_STR, &out, 0, 0},
+        {"--min-frequency", KILN_CLI_I64, &p.min_frequency, 0, INT32_MAX},
+        {"-t", KILN_CLI_INT, &p.n_threads, 0, 4096},
         {"--specials", KILN_CLI_STR, &spec_arg, 0, 0},
     };
     if (!corpus) return kiln_cli_error("out of memory");
@@ -389,9 +395,7 @@ typedef struct {
  * then each new piece as it comes; timings go to stderr. */
 static int generate(const kiln_model *m, const char *model_path, const char *prompt, const generate_opts *o) {
     const kiln_tokenizer *tok = kiln_model_tokenizer(m);
-    if (!tok) {
-        return kiln_cli_error("%s: the model has no tokenizer (tokenizer.ggml.* keys)", model_path);
-    }
+    if (!tok) return kiln_cli_error("%s: the model has no tokenizer (tokenizer.ggml.* keys)", model_path);
     int32_t bos = kiln_tokenizer_bos(tok), eos = kiln_tokenizer_eos(tok);
     int64_t V = kiln_model_n_vocab(m);
     kiln_tokens enc = {0};
@@ -497,10 +501,13 @@ static int cmd_generate(int argc, char **argv) {
     generate_opts o = {.n_new = 256, .sampler = kiln_sampler_default()};
     bool gpu = false;
     kiln_cli_opt opts[6 + KILN_CLI_N_SAMPLING] = {
-        {"-m", KILN_CLI_STR, &model_path, 0, 0},   {"-p", KILN_CLI_STR, &prompt, 0, 0},
-        {"--chat-template", KILN_CLI_STR, &chat_template, 0, 0}, {"-n", KILN_CLI_I64, &o.n_new, 0, 1000000000},
-        {"--chat", KILN_CLI_FLAG, &o.chat, 0, 0},  {"--gpu", KILN_CLI_FLAG, &gpu, 0, 0},
-    };
+        {"-m", KILN_CLI_STR, &model_path, 0, 0},
+        {"-p", KILN_CLI_STR, &prompt, 0, 0},
+        {"--chat-template", KILN_CLI_STR, &chat_template, 0, 0},
+        {"-n", KILN_CLI_I64, &o.n_new, 0, 1000000000},
+        {"--chat", KILN_CLI_FLAG, &o.chat, 0, 0},
+        {"--gpu", KILN_CLI_FLAG, &gpu, 0, 0}, /* all layers on the GPU, as -ngl 99 */
+    }; /* then the session and sampling options chat shares */
     int n_opts = 6 + kiln_cli_sampling_opts(opts + 6, &o.sampler, &o.sess), n_pos;
     if (!kiln_cli_parse_args("generate", argc, argv, opts, n_opts, NULL, 0, &n_pos)) return 1;
     if (gpu) kiln_cli_gpu_flag("--gpu", &o.sess);
@@ -542,8 +549,11 @@ static int cmd_perplexity(int argc, char **argv) {
     kiln_session_params run = {0};
     bool gpu = false;
     const kiln_cli_opt opts[] = {
-        {"-m", KILN_CLI_STR, &model, 0, 0}, {"-f", KILN_CLI_STR, &file, 0, 0}, {"--ctx", KILN_CLI_I64, &n_ctx, 16, INT32_MAX},
-        {"-t", KILN_CLI_INT, &run.n_threads, 0, 4096}, {"-ngl", KILN_CLI_INT, &run.n_gpu_layers, 0, INT32_MAX},
+        {"-m", KILN_CLI_STR, &model, 0, 0},
+        {"-f", KILN_CLI_STR, &file, 0, 0},
+        {"--ctx", KILN_CLI_I64, &n_ctx, 16, INT32_MAX},
+        {"-t", KILN_CLI_INT, &run.n_threads, 0, 4096},
+        {"-ngl", KILN_CLI_INT, &run.n_gpu_layers, 0, INT32_MAX},
         {"--gpu", KILN_CLI_FLAG, &gpu, 0, 0},
     };
     int n_pos;
@@ -554,9 +564,7 @@ static int cmd_perplexity(int argc, char **argv) {
         return 1;
     }
     FILE *f = fopen(file, "rb");
-    if (!f) {
-        return kiln_cli_error("%s: cannot open: %s", file, strerror(errno));
-    }
+    if (!f) return kiln_cli_error("%s: cannot open: %s", file, strerror(errno));
     fseek(f, 0, SEEK_END);
     long size = ftell(f);
     fseek(f, 0, SEEK_SET);
@@ -586,7 +594,7 @@ static void usage(FILE *f) {
                "  inspect FILE.gguf [--all]              print metadata and the tensor table\n"
                "  quantize IN.gguf OUT.gguf TYPE [-t N]  TYPE: f16 bf16 q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m q5_k_m\n"
                "  perplexity -m MODEL -f TEXT [--ctx N] [-t N] [--gpu]  perplexity over non-overlapping windows\n"
-               "  tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH)\n"
+               "  tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH | -- -TEXT)\n"
                "  tokenizer train CORPUS... --vocab N -o OUT.gguf [--specials a,b,c] [--min-frequency N]\n"
                "  data CORPUS... -t TOKENIZER.gguf -o DIR [--val-fraction F] [--shard-tokens N]   token shards for training\n"
                "  plot LOG.jsonl -o loss.svg [--title T]  train and val loss curves of a training log as an SVG\n"
