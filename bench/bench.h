@@ -21,8 +21,9 @@ void kiln_bench_json_str(const char *s);        /* prints s as a JSON string */
 /* v with prec decimals into buf (n bytes), or "null" when v is not finite (a peer not run, a ratio without one):
  * JSON has no NaN. Returns buf. */
 const char *kiln_bench_json_num(char *buf, size_t n, double v, int prec);
-/* out[0..*n) = the comma-separated integers of s, each in [lo, hi], at most max_items; else prints why (naming
- * the option opt) and returns -1. */
-int kiln_bench_parse_list(const char *opt, const char *s, long lo, long hi, int64_t *out, int max_items, int *n);
+/* out[0..*n) = the comma-separated integers of s, each in [lo, hi] and read by kiln_cli_parse_int, at most
+ * max_items; else prints why in one line naming the command cmd and the option opt and returns -1. */
+int kiln_bench_parse_list(const char *cmd, const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out, int max_items,
+                          int *n);
 
 #endif

@@ -44,6 +44,7 @@
  * is one line on stderr and exit status 1 (2 for a bad command line); a failed profile alone is reported in the
  * model's object ("profile": null, "profile_error") and on stderr, the run goes on, and the exit status is 1. */
 #include "bench/bench.h"
+#include "tools/cli.h"
 
 #include "cuda/cuda.h"
 #include "cuda/kernels.h"
@@ -632,64 +633,50 @@ static void usage(FILE *f) {
             TG_PROMPT);
 }
 
-/* Parses "a,b,c" into at most MAX_ITEMS integers in [lo, hi]; prints the error. (bench_model.c's, whose is static.) */
-
-static int parse_one(const char *opt, const char *s, long lo, long hi, int64_t *out) {
-    int64_t v[MAX_ITEMS];
-    int n;
-    if (kiln_bench_parse_list(opt, s, lo, hi, v, MAX_ITEMS, &n)) return -1;
-    if (n != 1) {
-        fprintf(stderr, "kiln bench --gpu: %s takes one count\n", opt);
-        return -1;
-    }
-    *out = v[0];
-    return 0;
+/* The options that take a value. */
+static bool takes_value(const char *a) {
+    return strcmp(a, "-m") == 0 || strcmp(a, "-p") == 0 || strcmp(a, "-n") == 0 || strcmp(a, "-r") == 0;
 }
 
 int kiln_bench_gpu(int argc, char **argv) {
-    const char *models[MAX_ITEMS];
+    const char *models[MAX_ITEMS], *cmd = "bench --gpu";
     int n_models = 0, n_pp = 1;
     int64_t pps[MAX_ITEMS] = {512};
     int64_t n_gen = 128, reps = 3;
     bool json_only = false;
     for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        const bool has_val = i + 1 < argc;
+        const char *a = argv[i], *v;
+        if (strcmp(a, "--") == 0) { /* ends the options; bench takes no other argument */
+            if (i + 1 < argc) return kiln_cli_error("%s: unexpected argument '%s'", cmd, argv[i + 1]);
+            break;
+        }
         if (strcmp(a, "--gpu") == 0) continue; /* how kiln.c chose this driver */
-        if (strcmp(a, "-m") == 0 && has_val) {
-            if (n_models == MAX_ITEMS) {
-                fprintf(stderr, "kiln bench --gpu: more than %d models\n", MAX_ITEMS);
-                return 2;
-            }
-            models[n_models++] = argv[++i];
-        } else if (strcmp(a, "-p") == 0 && has_val) {
-            if (kiln_bench_parse_list(a, argv[++i], 0, INT32_MAX - CTX_SLACK, pps, MAX_ITEMS, &n_pp)) return 2;
-        } else if (strcmp(a, "-n") == 0 && has_val) {
-            if (parse_one(a, argv[++i], 0, INT32_MAX - TG_PROMPT - CTX_SLACK - 1, &n_gen)) return 2;
-        } else if (strcmp(a, "-r") == 0 && has_val) {
-            if (parse_one(a, argv[++i], 1, MAX_REPS, &reps)) return 2;
-        } else if (strcmp(a, "--json-only") == 0) {
-            json_only = true;
-        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+        if (strcmp(a, "--json-only") == 0) json_only = true;
+        else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return 0;
-        } else {
-            fprintf(stderr, "kiln bench --gpu: unexpected argument '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
+        } else if (!takes_value(a)) return kiln_cli_unknown(cmd, a);
+        else if (!(v = kiln_cli_value(cmd, argc, argv, &i))) return 1;
+        else if (strcmp(a, "-m") == 0) {
+            if (n_models == MAX_ITEMS) return kiln_cli_error("%s: more than %d models", cmd, MAX_ITEMS);
+            models[n_models++] = v;
+        } else if (strcmp(a, "-p") == 0) {
+            if (kiln_bench_parse_list(cmd, a, v, 0, INT32_MAX - CTX_SLACK, pps, MAX_ITEMS, &n_pp)) return 1;
+        } else if (strcmp(a, "-n") == 0) {
+            if (!kiln_cli_parse_int(cmd, a, v, 0, INT32_MAX - TG_PROMPT - CTX_SLACK - 1, &n_gen)) return 1;
+        } else if (!kiln_cli_parse_int(cmd, a, v, 1, MAX_REPS, &reps)) /* -r */
+            return 1;
     }
     if (n_models == 0) {
-        fprintf(stderr, "kiln bench --gpu: need -m MODEL.gguf\n");
-        usage(stderr);
-        return 2;
+        fprintf(stderr, "kiln: bench --gpu: need -m MODEL.gguf (kiln bench --gpu --help)\n");
+        return 1;
     }
     int n_pp_on = 0; /* -p 0 turns pp off */
     for (int i = 0; i < n_pp; i++)
         if (pps[i] > 0) pps[n_pp_on++] = pps[i];
     if (n_pp_on == 0 && n_gen == 0) {
-        fprintf(stderr, "kiln bench --gpu: -p 0 and -n 0 leave nothing to run\n");
-        return 2;
+        fprintf(stderr, "kiln: bench --gpu: -p 0 and -n 0 leave nothing to run\n");
+        return 1;
     }
     if (kiln_cuda_device_count() == 0) {
 #ifdef KILN_CUDA

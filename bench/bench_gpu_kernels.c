@@ -25,6 +25,7 @@
  * {"bench":"train_attention", ...} and a table; peak_frac against 989 TFLOP/s, the H200's dense bf16 peak (this
  * file measures no GEMM rate). */
 #include "bench/bench.h"
+#include "tools/cli.h"
 
 #include "cuda/cuda.h"
 #include "cuda/kernels.h"
@@ -364,12 +365,13 @@ static int bench_train_elementwise(double copy_gbs) {
 int kiln_bench_gpu_kernels(int argc, char **argv) {
     bool quick = false, attention_only = false;
     for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--") == 0) { /* ends the options; gpu-kernels takes no other argument */
+            if (i + 1 < argc) return kiln_cli_error("bench gpu-kernels: unexpected argument '%s'", argv[i + 1]);
+            break;
+        }
         if (strcmp(argv[i], "--quick") == 0) quick = true;
         else if (strcmp(argv[i], "--attention") == 0) attention_only = true;
-        else {
-            fprintf(stderr, "kiln bench gpu-kernels: unknown argument '%s' (usage: kiln bench gpu-kernels [--quick] [--attention])\n", argv[i]);
-            return 2;
-        }
+        else return kiln_cli_unknown("bench gpu-kernels", argv[i]);
     }
     if (kiln_cuda_device_count() == 0) {
         fprintf(stderr, "kiln bench gpu-kernels: no CUDA device (or kiln built without CUDA)\n");

@@ -17,6 +17,7 @@
  * session_s is kiln_session_new's time, most of it repacking the weights for the CPU kernels (src/cpu/ops_repack.c).
  * Output: one JSON object per case on stdout, then a table (--json-only leaves the table out). */
 #include "bench/bench.h"
+#include "tools/cli.h"
 
 #include "model/model.h"
 #include "pool.h"
@@ -272,63 +273,52 @@ static void usage(FILE *f) {
             TG_PROMPT);
 }
 
-/* Parses "a,b,c" into at most MAX_ITEMS integers in [lo, hi]; prints the error. */
+/* The options that take a value. */
+static bool takes_value(const char *a) {
+    return strcmp(a, "-m") == 0 || strcmp(a, "-t") == 0 || strcmp(a, "-p") == 0 || strcmp(a, "-n") == 0 || strcmp(a, "-r") == 0;
+}
 
 int kiln_bench_model(int argc, char **argv) {
-    const char *models[MAX_ITEMS];
-    int n_models = 0, n_pp = 2, n_thr = 1, n_tmp;
-    int64_t pps[MAX_ITEMS] = {128, 512}, thr64[MAX_ITEMS] = {0}, tmp[MAX_ITEMS];
+    const char *models[MAX_ITEMS], *cmd = "bench";
+    int n_models = 0, n_pp = 2, n_thr = 1;
+    int64_t pps[MAX_ITEMS] = {128, 512}, thr64[MAX_ITEMS] = {0};
     int64_t n_gen = 64, reps = 3;
     bool json_only = false;
     for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        const bool has_val = i + 1 < argc;
-        if (strcmp(a, "-m") == 0 && has_val) {
-            if (n_models == MAX_ITEMS) {
-                fprintf(stderr, "kiln bench: more than %d models\n", MAX_ITEMS);
-                return 2;
-            }
-            models[n_models++] = argv[++i];
-        } else if (strcmp(a, "-t") == 0 && has_val) {
-            if (kiln_bench_parse_list(a, argv[++i], 0, 4096, thr64, MAX_ITEMS, &n_thr)) return 2;
-        } else if (strcmp(a, "-p") == 0 && has_val) {
-            if (kiln_bench_parse_list(a, argv[++i], 0, INT32_MAX, pps, MAX_ITEMS, &n_pp)) return 2;
-        } else if (strcmp(a, "-n") == 0 && has_val) {
-            if (kiln_bench_parse_list(a, argv[++i], 0, INT32_MAX - TG_PROMPT, tmp, MAX_ITEMS, &n_tmp)) return 2;
-            if (n_tmp != 1) {
-                fprintf(stderr, "kiln bench: -n takes one count\n");
-                return 2;
-            }
-            n_gen = tmp[0];
-        } else if (strcmp(a, "-r") == 0 && has_val) {
-            if (kiln_bench_parse_list(a, argv[++i], 1, MAX_REPS, tmp, MAX_ITEMS, &n_tmp)) return 2;
-            if (n_tmp != 1) {
-                fprintf(stderr, "kiln bench: -r takes one count\n");
-                return 2;
-            }
-            reps = tmp[0];
-        } else if (strcmp(a, "--json-only") == 0) json_only = true;
+        const char *a = argv[i], *v;
+        if (strcmp(a, "--") == 0) { /* ends the options; bench takes no other argument */
+            if (i + 1 < argc) return kiln_cli_error("%s: unexpected argument '%s'", cmd, argv[i + 1]);
+            break;
+        }
+        if (strcmp(a, "--json-only") == 0) json_only = true;
         else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return 0;
-        } else {
-            fprintf(stderr, "kiln bench: unexpected argument '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
+        } else if (!takes_value(a)) return kiln_cli_unknown(cmd, a);
+        else if (!(v = kiln_cli_value(cmd, argc, argv, &i))) return 1;
+        else if (strcmp(a, "-m") == 0) {
+            if (n_models == MAX_ITEMS) return kiln_cli_error("%s: more than %d models", cmd, MAX_ITEMS);
+            models[n_models++] = v;
+        } else if (strcmp(a, "-t") == 0) {
+            if (kiln_bench_parse_list(cmd, a, v, 0, 4096, thr64, MAX_ITEMS, &n_thr)) return 1;
+        } else if (strcmp(a, "-p") == 0) {
+            if (kiln_bench_parse_list(cmd, a, v, 0, INT32_MAX, pps, MAX_ITEMS, &n_pp)) return 1;
+        } else if (strcmp(a, "-n") == 0) {
+            if (!kiln_cli_parse_int(cmd, a, v, 0, INT32_MAX - TG_PROMPT, &n_gen)) return 1;
+        } else if (!kiln_cli_parse_int(cmd, a, v, 1, MAX_REPS, &reps)) /* -r */
+            return 1;
     }
     if (n_models == 0) {
-        fprintf(stderr, "kiln bench: need -m MODEL.gguf\n");
-        usage(stderr);
-        return 2;
+        fprintf(stderr, "kiln: bench: need -m MODEL.gguf (kiln bench --help)\n");
+        return 1;
     }
     /* -p 0 turns pp off */
     int n_pp_on = 0;
     for (int i = 0; i < n_pp; i++)
         if (pps[i] > 0) pps[n_pp_on++] = pps[i];
     if (n_pp_on == 0 && n_gen == 0) {
-        fprintf(stderr, "kiln bench: -p 0 and -n 0 leave nothing to run\n");
-        return 2;
+        fprintf(stderr, "kiln: bench: -p 0 and -n 0 leave nothing to run\n");
+        return 1;
     }
     int threads[MAX_ITEMS];
     for (int i = 0; i < n_thr; i++) threads[i] = thr64[i] ? (int)thr64[i] : kiln_n_cores();

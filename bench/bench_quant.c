@@ -10,6 +10,7 @@
  * for at least the minimum time (0.2 s, --quick 0.02 s) and reports its best repetition.
  * Output: one JSON object per case on stdout, then a table. */
 #include "bench/bench.h"
+#include "tools/cli.h"
 
 #include "quants.h"
 #include "cpu/simd.h"
@@ -123,29 +124,27 @@ static void usage(FILE *f) {
 
 int kiln_bench_quant(int argc, char **argv) {
     double min_time = 0.2;
-    long big_mib = 32;
+    int64_t big_mib = 32;
     for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--quick") == 0) min_time = 0.02;
-        else if (strcmp(argv[i], "--big-mib") == 0 && i + 1 < argc) {
-            char *end;
-            big_mib = strtol(argv[++i], &end, 10);
-            if (*end || big_mib < 1 || big_mib > 4096) {
-                fprintf(stderr, "kiln bench quant: --big-mib: '%s' is not a size in MiB between 1 and 4096\n", argv[i]);
-                return 2;
-            }
-        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+        const char *a = argv[i], *v;
+        if (strcmp(a, "--") == 0) { /* ends the options; bench quant takes no other argument */
+            if (i + 1 < argc) return kiln_cli_error("bench quant: unexpected argument '%s'", argv[i + 1]);
+            break;
+        }
+        if (strcmp(a, "--quick") == 0) min_time = 0.02;
+        else if (strcmp(a, "--big-mib") == 0) {
+            if (!(v = kiln_cli_value("bench quant", argc, argv, &i)) || !kiln_cli_parse_int("bench quant", a, v, 1, 4096, &big_mib))
+                return 1;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return 0;
-        } else {
-            fprintf(stderr, "kiln bench quant: unknown option '%s'\n", argv[i]);
-            usage(stderr);
-            return 2;
-        }
+        } else
+            return kiln_cli_unknown("bench quant", a);
     }
 
     const kiln_simd have = kiln_simd_detect();
     char big_label[32];
-    snprintf(big_label, sizeof big_label, "%ldMiB", big_mib);
+    snprintf(big_label, sizeof big_label, "%lldMiB", (long long)big_mib);
     const struct { const char *label; size_t bytes; } sizes[2] = {
         {big_label, (size_t)big_mib << 20}, /* beyond L2: streams from L3 or DRAM */
         {"256KiB", (size_t)256 << 10},      /* fits L2 */

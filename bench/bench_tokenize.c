@@ -10,6 +10,7 @@
  * min frequency 2, one counting thread by default so it compares with a single-threaded peer.
  * Output: one JSON object per case on stdout, then a table (--json-only leaves the table out). */
 #include "bench/bench.h"
+#include "tools/cli.h"
 
 #include "kiln.h"
 
@@ -283,82 +284,66 @@ static void usage(FILE *f) {
                "  --out PATH     keep the trained vocab there (default: a file in /tmp, removed)\n");
 }
 
-static bool parse_long(const char *opt, const char *s, long lo, long hi, long *v) {
-    char *end;
-    *v = strtol(s, &end, 10);
-    if (*s && !*end && *v >= lo && *v <= hi) return true;
-    fprintf(stderr, "kiln bench tokenize: %s: '%s' is not an integer between %ld and %ld\n", opt, s, lo, hi);
-    return false;
-}
-
 int kiln_bench_tokenize(int argc, char **argv) {
-    const char *vocabs[MAX_ITEMS], *texts[MAX_ITEMS], *corpus[MAX_ITEMS];
+    const char *vocabs[MAX_ITEMS], *texts[MAX_ITEMS], *corpus[MAX_ITEMS], *cmd = "bench tokenize";
     int n_vocabs = 0, n_texts = 0, n_corpus = 0;
     const char **list = NULL; /* where a bare argument goes: after -m, --text or --train */
     int *list_n = NULL;
     const char *ids_out = NULL, *out_path = NULL;
-    bool json_only = false, train = false;
+    bool json_only = false, train = false, options = true;
     rep_policy pol = {.reps = 0, .min_time = 1.0};
-    long vocab_size = 0, threads = 1, min_frequency = 2, v;
+    int64_t vocab_size = 0, threads = 1, min_frequency = 2, reps;
     for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        const bool has_val = i + 1 < argc;
-        if (strcmp(a, "-m") == 0) list = vocabs, list_n = &n_vocabs;
+        const char *a = argv[i], *v = NULL;
+        /* the options that take a value */
+        const bool valued = strcmp(a, "--reps") == 0 || strcmp(a, "--min-time") == 0 || strcmp(a, "--vocab") == 0 ||
+                            strcmp(a, "-t") == 0 || strcmp(a, "--min-frequency") == 0 || strcmp(a, "--ids-out") == 0 ||
+                            strcmp(a, "--out") == 0;
+        if (!options || !kiln_cli_is_option(a)) { /* a file of the list the last -m, --text or --train began */
+            if (!list) return kiln_cli_error("%s: unexpected argument '%s'", cmd, a);
+            if (*list_n == MAX_ITEMS) return kiln_cli_error("%s: more than %d files after one option", cmd, MAX_ITEMS);
+            list[(*list_n)++] = a;
+        } else if (strcmp(a, "--") == 0) options = false;
+        else if (strcmp(a, "-m") == 0) list = vocabs, list_n = &n_vocabs;
         else if (strcmp(a, "--text") == 0) list = texts, list_n = &n_texts;
         else if (strcmp(a, "--train") == 0) list = corpus, list_n = &n_corpus, train = true;
-        else if (strcmp(a, "--reps") == 0 && has_val) {
-            if (!parse_long(a, argv[++i], 1, 1000000, &v)) return 2;
-            pol.reps = (int)v;
-        } else if (strcmp(a, "--min-time") == 0 && has_val) {
-            char *end;
-            pol.min_time = strtod(argv[++i], &end);
-            if (*end || !(pol.min_time >= 0.0 && pol.min_time <= 3600.0)) {
-                fprintf(stderr, "kiln bench tokenize: --min-time: '%s' is not a number of seconds in [0, 3600]\n", argv[i]);
-                return 2;
-            }
-        } else if (strcmp(a, "--vocab") == 0 && has_val) {
-            if (!parse_long(a, argv[++i], 257, INT32_MAX, &vocab_size)) return 2;
-        } else if (strcmp(a, "-t") == 0 && has_val) {
-            if (!parse_long(a, argv[++i], 0, 4096, &threads)) return 2;
-        } else if (strcmp(a, "--min-frequency") == 0 && has_val) {
-            if (!parse_long(a, argv[++i], 0, INT32_MAX, &min_frequency)) return 2;
-        } else if (strcmp(a, "--ids-out") == 0 && has_val) ids_out = argv[++i];
-        else if (strcmp(a, "--out") == 0 && has_val) out_path = argv[++i];
         else if (strcmp(a, "--json-only") == 0) json_only = true;
         else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return 0;
-        } else if (a[0] != '-' && list) {
-            if (*list_n == MAX_ITEMS) {
-                fprintf(stderr, "kiln bench tokenize: more than %d files after one option\n", MAX_ITEMS);
-                return 2;
-            }
-            list[(*list_n)++] = a;
-        } else {
-            fprintf(stderr, "kiln bench tokenize: unexpected argument '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
+        } else if (!valued) return kiln_cli_unknown(cmd, a);
+        else if (!(v = kiln_cli_value(cmd, argc, argv, &i))) return 1;
+        else if (strcmp(a, "--reps") == 0) {
+            if (!kiln_cli_parse_int(cmd, a, v, 1, 1000000, &reps)) return 1;
+            pol.reps = (int)reps;
+        } else if (strcmp(a, "--min-time") == 0) {
+            if (!kiln_cli_parse_num(cmd, a, v, 0, 3600, &pol.min_time)) return 1;
+        } else if (strcmp(a, "--vocab") == 0) {
+            if (!kiln_cli_parse_int(cmd, a, v, 257, INT32_MAX, &vocab_size)) return 1;
+        } else if (strcmp(a, "-t") == 0) {
+            if (!kiln_cli_parse_int(cmd, a, v, 0, 4096, &threads)) return 1;
+        } else if (strcmp(a, "--min-frequency") == 0) {
+            if (!kiln_cli_parse_int(cmd, a, v, 0, INT32_MAX, &min_frequency)) return 1;
+        } else if (strcmp(a, "--ids-out") == 0) ids_out = v;
+        else out_path = v; /* --out */
     }
 
     if (train) {
         if (n_corpus == 0 || vocab_size == 0 || n_vocabs || n_texts || ids_out) {
-            fprintf(stderr, "kiln bench tokenize: --train needs CORPUS files and --vocab N, and no -m, --text or --ids-out\n");
-            usage(stderr);
-            return 2;
+            fprintf(stderr, "kiln: bench tokenize: --train needs CORPUS files and --vocab N, and no -m, --text or --ids-out\n");
+            return 1;
         }
         if (pol.reps == 0) pol.reps = 1; /* seconds per run: one is the measurement */
         return bench_train(corpus, n_corpus, (int32_t)vocab_size, min_frequency, (int)threads, &pol, out_path, json_only);
     }
 
     if (n_vocabs == 0 || n_texts == 0) {
-        fprintf(stderr, "kiln bench tokenize: need -m VOCAB.gguf and --text FILE\n");
-        usage(stderr);
-        return 2;
+        fprintf(stderr, "kiln: bench tokenize: need -m VOCAB.gguf and --text FILE (kiln bench tokenize --help)\n");
+        return 1;
     }
     if (ids_out && n_vocabs * n_texts != 1) {
-        fprintf(stderr, "kiln bench tokenize: --ids-out takes one vocab and one text (got %d x %d)\n", n_vocabs, n_texts);
-        return 2;
+        fprintf(stderr, "kiln: bench tokenize: --ids-out takes one vocab and one text (got %d x %d)\n", n_vocabs, n_texts);
+        return 1;
     }
     encode_result res[MAX_ITEMS * MAX_ITEMS];
     int n_res = 0;

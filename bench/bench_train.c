@@ -328,35 +328,48 @@ int kiln_bench_train(int argc, char **argv) {
     int64_t B = 8, T = 0;
     int threads = 0, steps = 5;
     bool mixed = false, eight_bit = false, gpu = false;
+    const char *who = "bench train";
+    /* the valueless options, then those with a value: a string, or an integer in [lo, hi] (int64_t or int) */
+    const struct { const char *name; bool *flag; } flags[] = {
+        {"--mixed", &mixed}, {"--8bit", &eight_bit}, {"--gpu", &gpu}, {"--max-batch", &max_batch}, {"--recompute", &recompute},
+        {"--zero1", &zero1},
+    };
+    const struct { const char *name; const char **str; int64_t *i64; int *i32; int64_t lo, hi; } opts[] = {
+        {"--config", &cfg_name, NULL, NULL, 0, 0}, {"--peer", &python, NULL, NULL, 0, 0},
+        {"--peer-script", &script, NULL, NULL, 0, 0},
+        {"-B", NULL, &B, NULL, 1, INT32_MAX},            {"-T", NULL, &T, NULL, 0, INT32_MAX},
+        {"-t", NULL, NULL, &threads, 0, 4096},           {"--steps", NULL, NULL, &steps, 1, 1000000},
+        {"--nproc", NULL, NULL, &nproc, 1, 4096},
+    };
     for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--config") == 0 && v) cfg_name = argv[++i];
-        else if (strcmp(a, "-B") == 0 && v) B = atoll(argv[++i]);
-        else if (strcmp(a, "-T") == 0 && v) T = atoll(argv[++i]);
-        else if (strcmp(a, "-t") == 0 && v) threads = atoi(argv[++i]);
-        else if (strcmp(a, "--steps") == 0 && v) steps = atoi(argv[++i]);
-        else if (strcmp(a, "--peer") == 0 && v) python = argv[++i];
-        else if (strcmp(a, "--mixed") == 0) mixed = true;
-        else if (strcmp(a, "--8bit") == 0) eight_bit = true;
-        else if (strcmp(a, "--gpu") == 0) gpu = true;
-        else if (strcmp(a, "--peer-script") == 0 && v) script = argv[++i];
-        else if (strcmp(a, "--max-batch") == 0) max_batch = true;
-        else if (strcmp(a, "--recompute") == 0) recompute = true;
-        else if (strcmp(a, "--zero1") == 0) zero1 = true;
-        else if (strcmp(a, "--nproc") == 0 && v) nproc_at = i, nproc = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: kiln bench train [--config tiny|small|124m|350m] [-B B] [-T T] [-t THREADS] [--steps N] [--mixed] "
-                            "[--8bit] [--peer PYTHON] [--gpu [--peer-script PY] [--max-batch] [--recompute] [--nproc N [--zero1]]]\n");
-            return 1;
+        const char *a = argv[i], *v;
+        if (strcmp(a, "--") == 0) { /* ends the options; bench train takes no other argument */
+            if (i + 1 < argc) return kiln_cli_error("%s: unexpected argument '%s'", who, argv[i + 1]);
+            break;
+        }
+        size_t f = 0, o = 0;
+        while (f < sizeof flags / sizeof flags[0] && strcmp(a, flags[f].name) != 0) f++;
+        while (o < sizeof opts / sizeof opts[0] && strcmp(a, opts[o].name) != 0) o++;
+        if (f < sizeof flags / sizeof flags[0]) *flags[f].flag = true;
+        else if (o == sizeof opts / sizeof opts[0]) {
+            return kiln_cli_error("%s: %s '%s' (usage: kiln bench train [--config tiny|small|124m|350m] [-B B] [-T T] "
+                                  "[-t THREADS] [--steps N] [--mixed] [--8bit] [--peer PYTHON] [--gpu [--peer-script PY] "
+                                  "[--max-batch] [--recompute] [--nproc N [--zero1]]])",
+                                  who, kiln_cli_is_option(a) ? "unknown option" : "unexpected argument", a);
+        } else {
+            if (strcmp(a, "--nproc") == 0) nproc_at = i; /* the ranks run without it */
+            int64_t n;
+            if (!(v = kiln_cli_value(who, argc, argv, &i))) return 1;
+            if (opts[o].str) *opts[o].str = v;
+            else if (!kiln_cli_parse_int(who, a, v, opts[o].lo, opts[o].hi, &n)) return 1;
+            else if (opts[o].i64) *opts[o].i64 = n;
+            else *opts[o].i32 = (int)n;
         }
     }
     const bench_config *c = NULL;
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++)
         if (strcmp(configs[i].name, cfg_name) == 0) c = &configs[i];
-    if (!c || B <= 0 || steps <= 0 || nproc < 1 || nproc > 4096) {
-        fprintf(stderr, "kiln: bench train: unknown config '%s' (tiny, small, 124m, 350m) or bad -B/--steps/--nproc\n", cfg_name);
-        return 1;
-    }
+    if (!c) return kiln_cli_error("%s: unknown config '%s' (tiny, small, 124m, 350m)", who, cfg_name);
     if (T <= 0) T = c->T;
     kiln_llama_config mc = {.n_vocab = c->V, .n_embd = c->C, .n_layer = c->L, .n_head = c->NH, .n_head_kv = c->NKV,
                             .n_ff = c->F, .n_ctx_train = T, .rope_base = 10000.0f, .rms_eps = 1e-5f};

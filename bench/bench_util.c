@@ -1,5 +1,6 @@
-/* bench_util.c: timing, medians and JSON output shared by the benchmark drivers. */
+/* bench_util.c: timing, medians, JSON output and the list flags (-p 128,512) shared by the benchmark drivers. */
 #include "bench/bench.h"
+#include "tools/cli.h"
 
 #include <math.h>
 
@@ -47,17 +48,17 @@ void kiln_bench_json_str(const char *s) {
     putchar('"');
 }
 
-int kiln_bench_parse_list(const char *opt, const char *s, long lo, long hi, int64_t *out, int max_items, int *n) {
+int kiln_bench_parse_list(const char *cmd, const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out, int max_items,
+                          int *n) {
+    char *copy = strdup(s), *rest = copy;
+    if (!copy) return -kiln_cli_error("out of memory");
+    int rc = 0;
     *n = 0;
-    for (const char *p = s;;) {
-        char *end;
-        const long v = strtol(p, &end, 10);
-        if (end == p || (*end && *end != ',') || v < lo || v > hi || *n == max_items) {
-            fprintf(stderr, "kiln bench: %s: '%s' is not a list of at most %d integers between %ld and %ld\n", opt, s, max_items, lo, hi);
-            return -1;
-        }
-        out[(*n)++] = v;
-        if (!*end) return 0;
-        p = end + 1;
+    for (char *item; rc == 0 && (item = strsep(&rest, ","));) {
+        if (*n == max_items) rc = -kiln_cli_error("%s: %s takes at most %d values, got '%s'", cmd, opt, max_items, s);
+        else if (!kiln_cli_parse_int(cmd, opt, item, lo, hi, &out[*n])) rc = -1;
+        else ++*n;
     }
+    free(copy);
+    return rc;
 }

@@ -1,10 +1,12 @@
-/* cli.c: what the CLI's commands share (tools/cli.h): the one-line error exit and the flag parsers. It uses the public
- * API only and nothing of the commands; the CLI tests (tests/test_chat.c, which run $KILN_BIN) exercise it. */
+/* cli.c: what the CLI's commands share (tools/cli.h): the one-line error exit, the escaped output, the number parsers
+ * and the option table reader. It uses the public API only and nothing of the commands; tests/test_cli.sh runs every
+ * command's bad values through $KILN_BIN, and tests/test_chat.c the chat flags. */
 #include "kiln.h"
 #include "tools/cli.h"
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,27 +17,65 @@ int kiln_cli_die(kiln_status s) {
     return 1;
 }
 
-/* Writes s to f with control bytes, quotes, backslashes and bytes >= 0x80 that are not valid UTF-8 escaped, so a
- * string from a file, the network or argv cannot move the cursor or clear the terminal. */
-void kiln_cli_put_escaped(FILE *f, const char *s) {
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+/* Writes the n bytes of s to f with control bytes (C0, DEL, the UTF-8-encoded C1 range) and bytes >= 0x80 that are
+ * not well-formed UTF-8 as \xNN and each byte of `also` after a backslash, so a string from a file, the network or
+ * argv cannot move the cursor or clear the terminal. Returns the bytes written. */
+static size_t put_escaped_n(FILE *f, const char *s, size_t n, const char *also) {
+    size_t w = 0;
+    for (const unsigned char *p = (const unsigned char *)s, *end = p + n; p < end; p++) {
         unsigned c = *p;
-        if (c == '\\' || c == '\'') fprintf(f, "\\%c", c);
-        else if (c == '\n') fputs("\\n", f);
-        else if (c == '\t') fputs("\\t", f);
+        if (c && strchr(also, (int)c)) w += (size_t)fprintf(f, "\\%c", c);
+        else if (c == '\n' && *also) w += (size_t)fprintf(f, "\\n");
+        else if (c == '\t' && *also) w += (size_t)fprintf(f, "\\t");
         else if (c < 0x20 || c == 0x7f || c >= 0x80) {
             /* keep well-formed multi-byte UTF-8 (Turkish text, emoji) but not C1 controls (U+0080..U+009F) */
-            int n = c >= 0xf0 && c < 0xf5 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
-            bool ok = n > 0 && !(c == 0xc2 && p[1] < 0xa0);
-            for (int k = 1; ok && k < n; k++) ok = (p[k] & 0xc0) == 0x80;
+            size_t k = c >= 0xf0 && c < 0xf5 ? 4 : c >= 0xe0 && c < 0xf0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
+            bool ok = k > 0 && k <= (size_t)(end - p) && !(c == 0xc2 && p[1] < 0xa0);
+            for (size_t j = 1; ok && j < k; j++) ok = (p[j] & 0xc0) == 0x80;
             if (ok) {
-                fwrite(p, 1, (size_t)n, f);
-                p += n - 1;
+                w += fwrite(p, 1, k, f);
+                p += k - 1;
             } else
-                fprintf(f, "\\x%02x", c);
+                w += (size_t)fprintf(f, "\\x%02x", c);
         } else
-            fputc((int)c, f);
+            w += fputc((int)c, f) != EOF;
     }
+    return w;
+}
+
+void kiln_cli_put_escaped(FILE *f, const char *s) { put_escaped_n(f, s, strlen(s), "\\'"); }
+
+void kiln_cli_put_quoted(FILE *f, const char *s, size_t n) {
+    fputc('"', f);
+    put_escaped_n(f, s, n, "\\\"");
+    fputc('"', f);
+}
+
+void kiln_cli_put_padded(FILE *f, const char *s, int width) {
+    for (size_t w = put_escaped_n(f, s, strlen(s), "\\'"); w < (size_t)(width > 0 ? width : 0); w++) fputc(' ', f);
+}
+
+static void put_message(const char *fmt, va_list ap) {
+    char buf[1024];
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    fputs("kiln: ", stderr);
+    put_escaped_n(stderr, buf, n < 0 ? 0 : (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1, "");
+    fputc('\n', stderr);
+}
+
+int kiln_cli_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    put_message(fmt, ap);
+    va_end(ap);
+    return 1;
+}
+
+void kiln_cli_note(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    put_message(fmt, ap);
+    va_end(ap);
 }
 
 static void bad_value(const char *cmd, const char *flag, const char *what, double lo, double hi, const char *arg) {
@@ -124,26 +164,6 @@ bool kiln_cli_gpu_flag(const char *f, kiln_session_params *sess) {
     return true;
 }
 
-int kiln_cli_sampling_opt(const char *cmd, const char *f, const char *a, kiln_sampler_params *sp, kiln_session_params *sess) {
-    double v;
-    int64_t n;
-    bool ok;
-    if (strcmp(f, "-t") == 0) ok = kiln_cli_parse_int(cmd, f, a, 0, 4096, &n), sess->n_threads = (int)n;
-    else if (strcmp(f, "-c") == 0) ok = kiln_cli_parse_int(cmd, f, a, 0, INT32_MAX, &n), sess->n_ctx = n;
-    else if (strcmp(f, "-ngl") == 0 || strcmp(f, "--n-gpu-layers") == 0)
-        ok = kiln_cli_parse_int(cmd, f, a, 0, INT32_MAX, &n), sess->n_gpu_layers = (int)n;
-    else if (strcmp(f, "--temp") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, 1e9, &v), sp->temp = (float)v;
-    else if (strcmp(f, "--top-k") == 0) ok = kiln_cli_parse_int(cmd, f, a, 0, INT32_MAX, &n), sp->top_k = (int32_t)n;
-    else if (strcmp(f, "--top-p") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, 1, &v), sp->top_p = (float)v;
-    else if (strcmp(f, "--min-p") == 0) ok = kiln_cli_parse_num(cmd, f, a, 0, 1, &v), sp->min_p = (float)v;
-    else if (strcmp(f, "--repeat-penalty") == 0) ok = kiln_cli_parse_num(cmd, f, a, 1e-6, 1e9, &v), sp->repeat_penalty = (float)v;
-    else if (strcmp(f, "--repeat-last-n") == 0) ok = kiln_cli_parse_int(cmd, f, a, 0, INT32_MAX, &n), sp->repeat_last_n = (int32_t)n;
-    else if (strcmp(f, "--seed") == 0) ok = kiln_cli_parse_u64(cmd, f, a, &sp->seed);
-    else
-        return 0;
-    return ok ? 1 : -1;
-}
-
 void kiln_cli_progress(void *user, const kiln_progress *p) {
     if (strcmp(p->stage, "tokenizer") == 0)
         fprintf(stderr, "\r[%6lld/%6lld merges]", (long long)p->done, (long long)p->total);
@@ -155,4 +175,101 @@ void kiln_cli_progress(void *user, const kiln_progress *p) {
         fprintf(stderr, "\r[%s %lld/%lld]", p->stage, (long long)p->done, (long long)p->total);
     if (p->done == p->total) fputc('\n', stderr);
     fflush(stderr);
+}
+
+/* ---------------------------------------------------------------- options */
+
+_Static_assert(_Generic((int32_t)0, int: 1, default: 0), "KILN_CLI_INT writes int32_t fields as int");
+
+static const kiln_cli_opt *find_opt(const kiln_cli_opt *opts, int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(opts[i].name, name) == 0) return &opts[i];
+    return NULL;
+}
+
+/* The int64 bounds of an option: its double lo/hi, cut to what an int64_t holds (2^63 itself does not). */
+static int64_t i64_bound(double v) { return v >= 0x1p63 ? INT64_MAX : v <= -0x1p63 ? INT64_MIN : (int64_t)v; }
+
+/* Parses value a of option o (named as given, for the error) into its out. */
+static bool set_opt(const char *cmd, const kiln_cli_opt *o, const char *a) {
+    int64_t n;
+    double v;
+    switch (o->kind) {
+    case KILN_CLI_FLAG: *(bool *)o->out = true; return true;
+    case KILN_CLI_STR: *(const char **)o->out = a; return true;
+    case KILN_CLI_U64: return kiln_cli_parse_u64(cmd, o->name, a, o->out);
+    case KILN_CLI_INT:
+    case KILN_CLI_I64:
+        if (!kiln_cli_parse_int(cmd, o->name, a, i64_bound(o->lo), i64_bound(o->hi), &n)) return false;
+        if (o->kind == KILN_CLI_INT) *(int *)o->out = (int)n;
+        else *(int64_t *)o->out = n;
+        return true;
+    case KILN_CLI_FLOAT:
+    case KILN_CLI_DOUBLE:
+        if (!kiln_cli_parse_num(cmd, o->name, a, o->lo, o->hi, &v)) return false;
+        if (o->kind == KILN_CLI_FLOAT) *(float *)o->out = (float)v;
+        else *(double *)o->out = v;
+        return true;
+    }
+    return false;
+}
+
+bool kiln_cli_is_option(const char *arg) { return arg[0] == '-' && arg[1] != 0; }
+
+const char *kiln_cli_value(const char *cmd, int argc, char **argv, int *i) {
+    if (*i + 1 < argc) return argv[++*i];
+    kiln_cli_error("%s: %s needs a value", cmd, argv[*i]);
+    return NULL;
+}
+
+int kiln_cli_unknown(const char *cmd, const char *arg) {
+    return kiln_cli_error(kiln_cli_is_option(arg) ? "%s: unknown option '%s'" : "%s: unexpected argument '%s'", cmd, arg);
+}
+
+bool kiln_cli_parse_args(const char *cmd, int argc, char **argv, const kiln_cli_opt *opts, int n_opts, const char **pos,
+                         int max_pos, int *n_pos) {
+    *n_pos = 0;
+    bool options = true;
+    for (int i = 0; i < argc; i++) {
+        const kiln_cli_opt *o = NULL;
+        if (options && strcmp(argv[i], "--") == 0) {
+            options = false;
+            continue;
+        }
+        if (options && kiln_cli_is_option(argv[i])) {
+            if (!(o = find_opt(opts, n_opts, argv[i]))) return !kiln_cli_unknown(cmd, argv[i]);
+            const char *a = o->kind == KILN_CLI_FLAG ? NULL : kiln_cli_value(cmd, argc, argv, &i);
+            if ((o->kind != KILN_CLI_FLAG && !a) || !set_opt(cmd, o, a)) return false;
+        } else if (*n_pos == max_pos)
+            return !kiln_cli_error("%s: unexpected argument '%s'", cmd, argv[i]);
+        else
+            pos[(*n_pos)++] = argv[i];
+    }
+    return true;
+}
+
+int kiln_cli_sampling_opts(kiln_cli_opt *o, kiln_sampler_params *sp, kiln_session_params *sess) {
+    const kiln_cli_opt t[KILN_CLI_N_SAMPLING] = {
+        {"-t", KILN_CLI_INT, &sess->n_threads, 0, 4096},
+        {"-c", KILN_CLI_I64, &sess->n_ctx, 0, INT32_MAX},
+        {"-ngl", KILN_CLI_INT, &sess->n_gpu_layers, 0, INT32_MAX},
+        {"--n-gpu-layers", KILN_CLI_INT, &sess->n_gpu_layers, 0, INT32_MAX},
+        {"--temp", KILN_CLI_FLOAT, &sp->temp, 0, 1e9},
+        {"--top-k", KILN_CLI_INT, &sp->top_k, 0, INT32_MAX},
+        {"--top-p", KILN_CLI_FLOAT, &sp->top_p, 0, 1},
+        {"--min-p", KILN_CLI_FLOAT, &sp->min_p, 0, 1},
+        {"--repeat-penalty", KILN_CLI_FLOAT, &sp->repeat_penalty, 1e-6, 1e9},
+        {"--repeat-last-n", KILN_CLI_INT, &sp->repeat_last_n, 0, INT32_MAX},
+        {"--seed", KILN_CLI_U64, &sp->seed, 0, 0},
+    };
+    memcpy(o, t, sizeof t);
+    return KILN_CLI_N_SAMPLING;
+}
+
+int kiln_cli_sampling_opt(const char *cmd, const char *f, const char *a, kiln_sampler_params *sp, kiln_session_params *sess) {
+    kiln_cli_opt t[KILN_CLI_N_SAMPLING];
+    const kiln_cli_opt *o = find_opt(t, kiln_cli_sampling_opts(t, sp, sess), f);
+    if (!o) return 0;
+    if (!a) return -kiln_cli_error("%s: %s needs a value", cmd, f);
+    return set_opt(cmd, o, a) ? 1 : -1;
 }

@@ -19,10 +19,51 @@ bool kiln_cli_parse_u64(const char *cmd, const char *flag, const char *arg, uint
 /* Writes s with control bytes, quotes and malformed UTF-8 escaped (\n, \t, \xNN): for anything printed that came
  * from a file, the network or the command line. */
 void kiln_cli_put_escaped(FILE *f, const char *s);
-/* The options generate and chat share: the session's -t, -c and -ngl (into sess) and the sampling flags (--temp
- * --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed). Returns 1 when flag f with value a was one and
- * parsed, 0 when it is not one of them, -1 after printing why its value is bad. The valueless --gpu (all layers on
- * the GPU, as -ngl 99) is kiln_cli_gpu_flag's. */
+/* The n bytes of s (NULs too) between double quotes, escaped as above: a string value of a file. */
+void kiln_cli_put_quoted(FILE *f, const char *s, size_t n);
+/* s escaped, then spaces up to width bytes (as printf's %-*s): a name from a file in a table column. */
+void kiln_cli_put_padded(FILE *f, const char *s, int width);
+/* Prints "kiln: MESSAGE" to stderr with the message's control bytes and malformed UTF-8 escaped (as kiln_fail does
+ * for the library's) and returns 1: for a CLI message that names a file or an argument. */
+int kiln_cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The same for a line that reports what was done ("kiln: wrote OUT.gguf"). */
+void kiln_cli_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---------------------------------------------------------------- options */
+
+/* One option of a command, for kiln_cli_parse_args: its name ("-n", "--temp"), what it holds and where it goes. A
+ * FLAG takes no value and sets *(bool *)out. The others take the next argument, whatever it starts with: STR keeps
+ * it (const char **), INT (int, int32_t) and I64 (int64_t) parse it with kiln_cli_parse_int in [lo, hi], FLOAT and
+ * DOUBLE with kiln_cli_parse_num, U64 (uint64_t, lo and hi unused) with kiln_cli_parse_u64. */
+typedef enum { KILN_CLI_FLAG, KILN_CLI_STR, KILN_CLI_INT, KILN_CLI_I64, KILN_CLI_FLOAT, KILN_CLI_DOUBLE, KILN_CLI_U64 } kiln_cli_kind;
+typedef struct {
+    const char *name;
+    kiln_cli_kind kind;
+    void *out;
+    double lo, hi;
+} kiln_cli_opt;
+
+/* Reads cmd's arguments argv[0..argc): an argument that starts with '-' ("-" alone does not) is one of opts, until
+ * "--", after which every argument is positional; the positionals go to pos[0..*n_pos), at most max_pos. A repeated
+ * option keeps its last value. On an unknown option, a missing or bad value or one positional too many it prints one
+ * line naming it ("kiln: CMD: unknown option '-x'", "kiln: CMD: -n needs a value") and returns false. */
+bool kiln_cli_parse_args(const char *cmd, int argc, char **argv, const kiln_cli_opt *opts, int n_opts, const char **pos,
+                         int max_pos, int *n_pos);
+/* For commands that walk argv themselves (bench): whether arg is an option ('-' and more), the value of the option
+ * argv[*i] (argv[*i + 1], *i moved onto it; NULL after printing "kiln: CMD: FLAG needs a value"), and the error of an
+ * argument that is not one of cmd's (an unknown option or an unexpected argument, escaped; returns 1). */
+bool kiln_cli_is_option(const char *arg);
+const char *kiln_cli_value(const char *cmd, int argc, char **argv, int *i);
+int kiln_cli_unknown(const char *cmd, const char *arg);
+
+/* The options generate and chat share: the session's -t, -c and -ngl (also --n-gpu-layers) and the sampling flags
+ * (--temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed), written into sp and sess. Fills
+ * opts[0..KILN_CLI_N_SAMPLING) and returns KILN_CLI_N_SAMPLING. */
+#define KILN_CLI_N_SAMPLING 11
+int kiln_cli_sampling_opts(kiln_cli_opt *opts, kiln_sampler_params *sp, kiln_session_params *sess);
+/* The same options one at a time: returns 1 when flag f with value a was one and parsed, 0 when it is not one of
+ * them, -1 after printing why its value is bad or missing (a NULL). The valueless --gpu (all layers on the GPU, as
+ * -ngl 99) is kiln_cli_gpu_flag's. */
 int kiln_cli_sampling_opt(const char *cmd, const char *f, const char *a, kiln_sampler_params *sp, kiln_session_params *sess);
 /* True when f is --gpu, which it applies to sess. */
 bool kiln_cli_gpu_flag(const char *f, kiln_session_params *sess);

@@ -9,21 +9,15 @@
 
 int kiln_cmd_plot(int argc, char **argv) {
     const char *log = NULL, *out = NULL, *title = NULL;
-    for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "-o") == 0 && i + 1 < argc) out = argv[++i];
-        else if (strcmp(argv[i], "--title") == 0 && i + 1 < argc) title = argv[++i];
-        else if (argv[i][0] != '-' && !log) log = argv[i];
-        else {
-            fprintf(stderr, "kiln: plot: unexpected argument '%s'\n", argv[i]);
-            return 1;
-        }
-    }
+    const kiln_cli_opt opts[] = {{"-o", KILN_CLI_STR, &out, 0, 0}, {"--title", KILN_CLI_STR, &title, 0, 0}};
+    int n_pos;
+    if (!kiln_cli_parse_args("plot", argc, argv, opts, 2, &log, 1, &n_pos)) return 1;
     if (!log || !out) {
         fprintf(stderr, "kiln: usage: kiln plot LOG.jsonl -o loss.svg [--title T]\n");
         return 1;
     }
     kiln_status s = kiln_plot_loss_svg(log, out, title);
     if (s) return kiln_cli_die(s);
-    fprintf(stderr, "kiln: wrote %s\n", out);
+    kiln_cli_note("wrote %s", out);
     return 0;
 }

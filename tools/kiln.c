@@ -3,7 +3,7 @@
  *   kiln inspect FILE.gguf [--all]        metadata and tensor table
  *   kiln quantize IN.gguf OUT.gguf TYPE   convert weights (f16 bf16 q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m q5_k_m)
  *   kiln synth [--shape S] [--type T] [--vocab V.gguf] -o OUT.gguf   a llama model with random weights
- *   kiln tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH)
+ *   kiln tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH | -- -TEXT)
  *   kiln tokenizer train CORPUS... --vocab N -o OUT.gguf [--specials a,b,c] [--min-frequency N]
  *   kiln data CORPUS... -t TOKENIZER.gguf -o DIR [--val-fraction F] [--shard-tokens N]   (tools/cmd_data.c)
  *   kiln plot LOG.jsonl -o loss.svg [--title T]                                          (tools/cmd_plot.c)
@@ -13,7 +13,9 @@
  *   kiln generate [-m MODEL.gguf] [-p PROMPT] [-n N] [sampling options] [-t THREADS] [-c CTX] [--chat] [--chat-template NAME]
  *   kiln chat -m MODEL.gguf [--system TEXT] [--chat-template NAME] [sampling options]                 (tools/cmd_chat.c)
  *
- * Errors go to stderr as one line, "kiln: <message>", and the exit status is 1. */
+ * Every command reads its arguments through one option table (kiln_cli_parse_args, tools/cli.c): numbers are
+ * strict, "--" ends the options, and what came from a file or argv is printed escaped. Errors go to stderr as one
+ * line, "kiln: <message>", and the exit status is 1. */
 #include "kiln.h"
 #include "bench/bench.h"
 #include "tools/cli.h"
@@ -30,18 +32,10 @@
 
 /* ---------------------------------------------------------------- inspect */
 
-/* Prints a string value, escaping control bytes and cutting it at max bytes. */
+/* Prints a string value from a file, escaped and cut at max bytes. */
 static void print_str(kiln_str s, size_t max) {
-    putchar('"');
     size_t n = s.len < max ? (size_t)s.len : max;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s.ptr[i];
-        if (c == '"' || c == '\\') printf("\\%c", c);
-        else if (c == '\n') printf("\\n");
-        else if (c < 0x20 || c == 0x7f) printf("\\x%02x", c);
-        else putchar(c);
-    }
-    putchar('"');
+    kiln_cli_put_quoted(stdout, s.ptr, n);
     if (n < s.len) printf("...(%" PRIu64 " bytes)", s.len);
 }
 
@@ -90,14 +84,9 @@ static void human_bytes(char *out, size_t n, double b) {
 static int cmd_inspect(int argc, char **argv) {
     const char *path = NULL;
     bool all = false;
-    for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--all") == 0) all = true;
-        else if (!path) path = argv[i];
-        else {
-            fprintf(stderr, "kiln: inspect: unexpected argument '%s'\n", argv[i]);
-            return 1;
-        }
-    }
+    const kiln_cli_opt opts[] = {{"--all", KILN_CLI_FLAG, &all, 0, 0}};
+    int n_pos;
+    if (!kiln_cli_parse_args("inspect", argc, argv, opts, 1, &path, 1, &n_pos)) return 1;
     if (!path) {
         fprintf(stderr, "kiln: usage: kiln inspect FILE.gguf [--all]\n");
         return 1;
@@ -107,12 +96,15 @@ static int cmd_inspect(int argc, char **argv) {
     if (s) return kiln_cli_die(s);
     char hb[32];
     human_bytes(hb, sizeof hb, (double)kiln_gguf_file_size(g));
-    printf("%s: GGUF v%u, %" PRId64 " keys, %" PRId64 " tensors, alignment %zu, data at byte %" PRIu64 ", %s\n", path,
+    kiln_cli_put_escaped(stdout, path);
+    printf(": GGUF v%u, %" PRId64 " keys, %" PRId64 " tensors, alignment %zu, data at byte %" PRIu64 ", %s\n",
            kiln_gguf_version(g), kiln_gguf_n_kv(g), kiln_gguf_n_tensors(g), kiln_gguf_alignment(g), kiln_gguf_data_offset(g), hb);
     printf("\nmetadata:\n");
     for (int64_t i = 0; i < kiln_gguf_n_kv(g); i++) {
         const kiln_gguf_kv *kv = kiln_gguf_kv_at(g, i);
-        printf("  %-44s %-5s ", kv->key, kiln_gguf_vtype_name(kv->value.type));
+        fputs("  ", stdout);
+        kiln_cli_put_padded(stdout, kv->key, 44);
+        printf(" %-5s ", kiln_gguf_vtype_name(kv->value.type));
         print_value(&kv->value, all, 0);
         putchar('\n');
     }
@@ -130,7 +122,9 @@ static int cmd_inspect(int argc, char **argv) {
                 elems *= (uint64_t)t->ne[d];
             }
             snprintf(shape + n, sizeof shape - (size_t)n, "]");
-            printf("  %5" PRId64 "  %-40s %-7s %-28s %12zu %14" PRIu64 " %6.2f\n", i, t->name, kiln_type_name(t->type), shape,
+            printf("  %5" PRId64 "  ", i);
+            kiln_cli_put_padded(stdout, t->name, 40);
+            printf(" %-7s %-28s %12zu %14" PRIu64 " %6.2f\n", kiln_type_name(t->type), shape,
                    t->nbytes, t->offset, 8.0 * (double)t->nbytes / (double)elems);
             total_elems += elems;
             total_bytes += t->nbytes;
@@ -164,11 +158,8 @@ static void quantize_progress(void *ud, const kiln_progress *p) {
 static int cmd_quantize(int argc, char **argv) {
     int threads = 0, pos = 0;
     const char *args[3] = {0};
-    for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "-t") == 0 && i + 1 < argc) threads = atoi(argv[++i]);
-        else if (pos < 3) args[pos++] = argv[i];
-        else pos++;
-    }
+    const kiln_cli_opt opts[] = {{"-t", KILN_CLI_INT, &threads, 0, 4096}};
+    if (!kiln_cli_parse_args("quantize", argc, argv, opts, 1, args, 3, &pos)) return 1;
     if (pos != 3) {
         fprintf(stderr, "kiln: usage: kiln quantize IN.gguf OUT.gguf TYPE [-t THREADS]  (TYPE: f16 bf16 q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m q5_k_m)\n");
         return 1;
@@ -182,49 +173,37 @@ static int cmd_quantize(int argc, char **argv) {
     p.progress_ud = &t0;
     s = kiln_quantize_file(args[0], args[1], &p);
     if (s) return kiln_cli_die(s);
-    fprintf(stderr, "kiln: wrote %s (%s)\n", args[1], kiln_ftype_name(p.ftype));
+    kiln_cli_note("wrote %s (%s)", args[1], kiln_ftype_name(p.ftype));
     return 0;
 }
 
 /* ---------------------------------------------------------------- synth */
 
+/* An explicit dimension (--dim C ...) overrides the shape's, whatever their order. */
 static int cmd_synth(int argc, char **argv) {
     kiln_synth_params p = kiln_synth_default();
-    const char *out = NULL;
-    struct { const char *flag; int64_t *v; } dims[] = {
-        {"--vocab-size", &p.n_vocab}, {"--dim", &p.n_embd}, {"--layers", &p.n_layer}, {"--heads", &p.n_head},
-        {"--kv-heads", &p.n_head_kv}, {"--ff", &p.n_ff}, {"--ctx", &p.n_ctx},
+    const char *out = NULL, *pos = NULL, *shape = NULL, *type = NULL;
+    int64_t dims[7] = {0}; /* 0: not given */
+    int64_t *const to[7] = {&p.n_vocab, &p.n_embd, &p.n_layer, &p.n_head, &p.n_head_kv, &p.n_ff, &p.n_ctx};
+    const kiln_cli_opt opts[] = {
+        {"--vocab-size", KILN_CLI_I64, &dims[0], 1, INT32_MAX}, {"--dim", KILN_CLI_I64, &dims[1], 1, INT32_MAX},
+        {"--layers", KILN_CLI_I64, &dims[2], 1, INT32_MAX},     {"--heads", KILN_CLI_I64, &dims[3], 1, INT32_MAX},
+        {"--kv-heads", KILN_CLI_I64, &dims[4], 1, INT32_MAX},   {"--ff", KILN_CLI_I64, &dims[5], 1, INT32_MAX},
+        {"--ctx", KILN_CLI_I64, &dims[6], 1, INT32_MAX},        {"--tied", KILN_CLI_FLAG, &p.tied, 0, 0},
+        {"--fast", KILN_CLI_FLAG, &p.fast, 0, 0},               {"--seed", KILN_CLI_U64, &p.seed, 0, 0},
+        {"-t", KILN_CLI_INT, &p.n_threads, 0, 4096},            {"--vocab", KILN_CLI_STR, &p.vocab_path, 0, 0},
+        {"--shape", KILN_CLI_STR, &shape, 0, 0},                {"--type", KILN_CLI_STR, &type, 0, 0},
+        {"-o", KILN_CLI_STR, &out, 0, 0},
     };
+    int n_pos;
+    if (!kiln_cli_parse_args("synth", argc, argv, opts, sizeof opts / sizeof opts[0], &pos, 1, &n_pos)) return 1;
+    if (pos && out) return kiln_cli_error("synth: unexpected argument '%s' (the output is -o %s)", pos, out);
+    if (pos) out = pos;
     kiln_status s;
-    for (int i = 0; i < argc; i++) {
-        bool matched = false;
-        for (size_t d = 0; d < sizeof dims / sizeof dims[0] && !matched; d++)
-            if (strcmp(argv[i], dims[d].flag) == 0 && i + 1 < argc) {
-                char *end;
-                *dims[d].v = strtoll(argv[++i], &end, 10);
-                if (*end || *dims[d].v <= 0) {
-                    fprintf(stderr, "kiln: synth: %s needs a positive integer, got '%s'\n", dims[d].flag, argv[i]);
-                    return 1;
-                }
-                matched = true;
-            }
-        if (matched) continue;
-        if (strcmp(argv[i], "--tied") == 0) p.tied = true;
-        else if (strcmp(argv[i], "--fast") == 0) p.fast = true;
-        else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) p.seed = strtoull(argv[++i], NULL, 10);
-        else if (strcmp(argv[i], "-t") == 0 && i + 1 < argc) p.n_threads = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--vocab") == 0 && i + 1 < argc) p.vocab_path = argv[++i];
-        else if (strcmp(argv[i], "--shape") == 0 && i + 1 < argc) {
-            if ((s = kiln_synth_shape(argv[++i], &p))) return kiln_cli_die(s);
-        } else if (strcmp(argv[i], "--type") == 0 && i + 1 < argc) {
-            if ((s = kiln_ftype_from_name(argv[++i], &p.ftype))) return kiln_cli_die(s);
-        } else if (strcmp(argv[i], "-o") == 0 && i + 1 < argc) out = argv[++i];
-        else if (argv[i][0] != '-' && !out) out = argv[i];
-        else {
-            fprintf(stderr, "kiln: synth: unexpected argument '%s'\n", argv[i]);
-            return 1;
-        }
-    }
+    if (shape && (s = kiln_synth_shape(shape, &p))) return kiln_cli_die(s);
+    if (type && (s = kiln_ftype_from_name(type, &p.ftype))) return kiln_cli_die(s);
+    for (int d = 0; d < 7; d++)
+        if (dims[d]) *to[d] = dims[d];
     if (!out) {
         fprintf(stderr, "kiln: usage: kiln synth [--shape llama-124m|tinyllama-1.1b|llama2-7b|llama3-8b] [--type f32|f16|q8_0|q4_0|q4_k_m|...] "
                         "[--vocab VOCAB.gguf] [--dim C] [--layers L] [--heads NH] [--kv-heads NKV] [--ff F] [--vocab-size V] [--ctx N] "
@@ -232,7 +211,7 @@ static int cmd_synth(int argc, char **argv) {
         return 1;
     }
     if ((s = kiln_synth_llama(out, &p))) return kiln_cli_die(s);
-    fprintf(stderr, "kiln: wrote %s (llama, C=%lld L=%lld NH=%lld NKV=%lld F=%lld, %s%s%s)\n", out, (long long)p.n_embd,
+    kiln_cli_note("wrote %s (llama, C=%lld L=%lld NH=%lld NKV=%lld F=%lld, %s%s%s)", out, (long long)p.n_embd,
             (long long)p.n_layer, (long long)p.n_head, (long long)p.n_head_kv, (long long)p.n_ff, kiln_ftype_name(p.ftype),
             p.vocab_path ? ", vocab from " : "", p.vocab_path ? p.vocab_path : "");
     return 0;
@@ -275,20 +254,17 @@ static kiln_status print_ids(void *ud, const int32_t *ids, size_t n) {
 static int cmd_tokenize(int argc, char **argv) {
     const char *model = NULL, *file = NULL, *text = NULL;
     bool add_special = false, parse_special = false, ids_only = false;
-    for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "-m") == 0 && i + 1 < argc) model = argv[++i];
-        else if (strcmp(argv[i], "--file") == 0 && i + 1 < argc) file = argv[++i];
-        else if (strcmp(argv[i], "--add-special") == 0) add_special = true;
-        else if (strcmp(argv[i], "--parse-special") == 0) parse_special = true;
-        else if (strcmp(argv[i], "--ids") == 0) ids_only = true;
-        else if (!text && (argv[i][0] != '-' || argv[i][1] == 0)) text = argv[i];
-        else {
-            fprintf(stderr, "kiln: tokenize: unexpected argument '%s'\n", argv[i]);
-            return 1;
-        }
-    }
+    const kiln_cli_opt opts[] = {
+        {"-m", KILN_CLI_STR, &model, 0, 0},
+        {"--file", KILN_CLI_STR, &file, 0, 0},
+        {"--add-special", KILN_CLI_FLAG, &add_special, 0, 0},
+        {"--parse-special", KILN_CLI_FLAG, &parse_special, 0, 0},
+        {"--ids", KILN_CLI_FLAG, &ids_only, 0, 0},
+    };
+    int n_pos;
+    if (!kiln_cli_parse_args("tokenize", argc, argv, opts, sizeof opts / sizeof opts[0], &text, 1, &n_pos)) return 1;
     if (!model || (!text == !file)) {
-        fprintf(stderr, "kiln: usage: kiln tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH)\n");
+        fprintf(stderr, "kiln: usage: kiln tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH | -- -TEXT)\n");
         return 1;
     }
     kiln_tokenizer *tok;
@@ -318,25 +294,27 @@ static int cmd_tokenizer(int argc, char **argv) {
         return 1;
     }
     kiln_bpe_train_params p = {.vocab_size = 0, .min_frequency = 2, .progress = kiln_cli_progress};
-    const char *out = NULL;
+    const char *out = NULL, *spec_arg = NULL;
     const char **corpus = calloc((size_t)argc, sizeof *corpus), *specials[64];
     char *spec_buf = NULL;
     int n_corpus = 0, rc = 1;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--vocab") == 0 && i + 1 < argc) p.vocab_size = atoi(argv[++i]);
-        else if (strcmp(argv[i], "-o") == 0 && i + 1 < argc) out = argv[++i];
-        else if (strcmp(argv[i], "--min-frequency") == 0 && i + 1 < argc) p.min_frequency = atoll(argv[++i]);
-        else if (strcmp(argv[i], "-t") == 0 && i + 1 < argc) p.n_threads = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--specials") == 0 && i + 1 < argc) {
-            free(spec_buf);
-            spec_buf = strdup(argv[++i]);
-            p.n_specials = 0;
-            for (char *tok = strtok(spec_buf, ","); tok && p.n_specials < 64; tok = strtok(NULL, ",")) specials[p.n_specials++] = tok;
-            p.specials = specials;
-        } else if (argv[i][0] == '-') {
-            fprintf(stderr, "kiln: tokenizer train: unexpected argument '%s'\n", argv[i]);
+    const kiln_cli_opt opts[] = {
+        {"--vocab", KILN_CLI_INT, &p.vocab_size, 1, INT32_MAX},
+        {"-o", KILN_CLI_STR, &out, 0, 0},
+        {"--min-frequency", KILN_CLI_I64, &p.min_frequency, 0, INT32_MAX},
+        {"-t", KILN_CLI_INT, &p.n_threads, 0, 4096},
+        {"--specials", KILN_CLI_STR, &spec_arg, 0, 0},
+    };
+    if (!corpus) return kiln_cli_error("out of memory");
+    if (!kiln_cli_parse_args("tokenizer train", argc - 1, argv + 1, opts, sizeof opts / sizeof opts[0], corpus, argc, &n_corpus))
+        goto out;
+    if (spec_arg) {
+        if (!(spec_buf = strdup(spec_arg))) {
+            kiln_cli_error("out of memory");
             goto out;
-        } else corpus[n_corpus++] = argv[i];
+        }
+        for (char *tok = strtok(spec_buf, ","); tok && p.n_specials < 64; tok = strtok(NULL, ",")) specials[p.n_specials++] = tok;
+        p.specials = specials;
     }
     if (!out || n_corpus == 0 || p.vocab_size <= 0) {
         fprintf(stderr, "kiln: usage: kiln tokenizer train CORPUS... --vocab N -o OUT.gguf [--specials a,b,c] [--min-frequency N]\n");
@@ -350,7 +328,7 @@ static int cmd_tokenizer(int argc, char **argv) {
         kiln_cli_die(s);
         goto out;
     }
-    fprintf(stderr, "kiln: wrote %s in %.2f s\n", out, (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+    kiln_cli_note("wrote %s in %.2f s", out, (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
     rc = 0;
 out:
     free(corpus);
@@ -362,22 +340,17 @@ out:
 
 static int cmd_convert(int argc, char **argv) {
     const char *in = NULL, *tok = NULL, *out = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--tokenizer") == 0 && i + 1 < argc) tok = argv[++i];
-        else if (strcmp(argv[i], "-o") == 0 && i + 1 < argc) out = argv[++i];
-        else if (argv[i][0] != '-' && !in) in = argv[i];
-        else {
-            fprintf(stderr, "kiln: convert: unexpected argument '%s'\n", argv[i]);
-            return 1;
-        }
-    }
+    const kiln_cli_opt opts[] = {{"--tokenizer", KILN_CLI_STR, &tok, 0, 0}, {"-o", KILN_CLI_STR, &out, 0, 0}};
+    int n_pos = 0;
+    if (argc >= 1 && strcmp(argv[0], "llama2c") == 0 && !kiln_cli_parse_args("convert", argc - 1, argv + 1, opts, 2, &in, 1, &n_pos))
+        return 1;
     if (argc < 1 || strcmp(argv[0], "llama2c") != 0 || !in || !tok || !out) {
         fprintf(stderr, "kiln: usage: kiln convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf\n");
         return 1;
     }
     kiln_status s = kiln_convert_llama2c(in, tok, out);
     if (s) return kiln_cli_die(s);
-    fprintf(stderr, "kiln: wrote %s\n", out);
+    kiln_cli_note("wrote %s", out);
     return 0;
 }
 
@@ -422,10 +395,7 @@ typedef struct {
  * then each new piece as it comes; timings go to stderr. */
 static int generate(const kiln_model *m, const char *model_path, const char *prompt, const generate_opts *o) {
     const kiln_tokenizer *tok = kiln_model_tokenizer(m);
-    if (!tok) {
-        fprintf(stderr, "kiln: %s: the model has no tokenizer (tokenizer.ggml.* keys)\n", model_path);
-        return 1;
-    }
+    if (!tok) return kiln_cli_error("%s: the model has no tokenizer (tokenizer.ggml.* keys)", model_path);
     int32_t bos = kiln_tokenizer_bos(tok), eos = kiln_tokenizer_eos(tok);
     int64_t V = kiln_model_n_vocab(m);
     kiln_tokens enc = {0};
@@ -433,8 +403,7 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     if (s) return kiln_cli_die(s);
     if (enc.n == 0 && bos < 0) {
         kiln_tokens_free(&enc);
-        fprintf(stderr, "kiln: %s: the vocab has no BOS token to start from; give a prompt\n", model_path);
-        return 1;
+        return kiln_cli_error("%s: the vocab has no BOS token to start from; give a prompt", model_path);
     }
     size_t n_prompt = enc.n ? enc.n : 1;
     int64_t n_ctx = o->sess.n_ctx;
@@ -530,30 +499,19 @@ static const char *default_model(char *buf, size_t n) {
 static int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *chat_template = NULL;
     generate_opts o = {.n_new = 256, .sampler = kiln_sampler_default()};
-    int r;
-    for (int i = 0; i < argc; i += 2) {
-        const char *f = argv[i], *a = i + 1 < argc ? argv[i + 1] : NULL;
-        bool ok = true;
-        if (strcmp(f, "--chat") == 0 || kiln_cli_gpu_flag(f, &o.sess)) { /* the flags without a value */
-            if (f[2] == 'c') o.chat = true;
-            i--;
-            continue;
-        }
-        if (!a) {
-            fprintf(stderr, "kiln: generate: %s needs a value\n", f);
-            return 1;
-        }
-        if (strcmp(f, "-m") == 0) model_path = a;
-        else if (strcmp(f, "-p") == 0) prompt = a;
-        else if (strcmp(f, "--chat-template") == 0) chat_template = a, o.chat = true;
-        else if (strcmp(f, "-n") == 0) ok = kiln_cli_parse_int("generate", f, a, 0, 1000000000, &o.n_new);
-        else if ((r = kiln_cli_sampling_opt("generate", f, a, &o.sampler, &o.sess))) ok = r > 0;
-        else {
-            fprintf(stderr, "kiln: generate: unexpected argument '%s'\n", f);
-            return 1;
-        }
-        if (!ok) return 1;
-    }
+    bool gpu = false;
+    kiln_cli_opt opts[6 + KILN_CLI_N_SAMPLING] = {
+        {"-m", KILN_CLI_STR, &model_path, 0, 0},
+        {"-p", KILN_CLI_STR, &prompt, 0, 0},
+        {"--chat-template", KILN_CLI_STR, &chat_template, 0, 0},
+        {"-n", KILN_CLI_I64, &o.n_new, 0, 1000000000},
+        {"--chat", KILN_CLI_FLAG, &o.chat, 0, 0},
+        {"--gpu", KILN_CLI_FLAG, &gpu, 0, 0}, /* all layers on the GPU, as -ngl 99 */
+    }; /* then the session and sampling options chat shares */
+    int n_opts = 6 + kiln_cli_sampling_opts(opts + 6, &o.sampler, &o.sess), n_pos;
+    if (!kiln_cli_parse_args("generate", argc, argv, opts, n_opts, NULL, 0, &n_pos)) return 1;
+    if (gpu) kiln_cli_gpu_flag("--gpu", &o.sess);
+    if (chat_template) o.chat = true;
     char default_path[4096];
     if (!model_path && !(model_path = default_model(default_path, sizeof default_path))) {
         fprintf(stderr, "kiln: generate: no -m MODEL.gguf and the bundled default (models/" DEFAULT_MODEL ") was not found next to "
@@ -589,31 +547,24 @@ static int cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *file = NULL;
     int64_t n_ctx = 512;
     kiln_session_params run = {0};
-    double v;
-    for (int i = 0; i < argc; i++) {
-        const char *a = i + 1 < argc ? argv[i + 1] : NULL;
-        bool ok = true;
-        if (kiln_cli_gpu_flag(argv[i], &run)) continue;
-        if (strcmp(argv[i], "-m") == 0 && a) model = argv[++i];
-        else if (strcmp(argv[i], "-f") == 0 && a) file = argv[++i];
-        else if (strcmp(argv[i], "--ctx") == 0 && a) ok = kiln_cli_parse_num("perplexity", argv[i], a, 16, INT32_MAX, &v), n_ctx = (int64_t)v, i++;
-        else if (strcmp(argv[i], "-t") == 0 && a) ok = kiln_cli_parse_num("perplexity", argv[i], a, 0, 4096, &v), run.n_threads = (int)v, i++;
-        else if (strcmp(argv[i], "-ngl") == 0 && a) ok = kiln_cli_parse_num("perplexity", argv[i], a, 0, INT32_MAX, &v), run.n_gpu_layers = (int)v, i++;
-        else {
-            fprintf(stderr, "kiln: perplexity: unexpected argument '%s'\n", argv[i]);
-            return 1;
-        }
-        if (!ok) return 1;
-    }
+    bool gpu = false;
+    const kiln_cli_opt opts[] = {
+        {"-m", KILN_CLI_STR, &model, 0, 0},
+        {"-f", KILN_CLI_STR, &file, 0, 0},
+        {"--ctx", KILN_CLI_I64, &n_ctx, 16, INT32_MAX},
+        {"-t", KILN_CLI_INT, &run.n_threads, 0, 4096},
+        {"-ngl", KILN_CLI_INT, &run.n_gpu_layers, 0, INT32_MAX},
+        {"--gpu", KILN_CLI_FLAG, &gpu, 0, 0},
+    };
+    int n_pos;
+    if (!kiln_cli_parse_args("perplexity", argc, argv, opts, sizeof opts / sizeof opts[0], NULL, 0, &n_pos)) return 1;
+    if (gpu) kiln_cli_gpu_flag("--gpu", &run);
     if (!model || !file) {
         fprintf(stderr, "kiln: usage: kiln perplexity -m MODEL -f TEXT [--ctx N] [-t THREADS] [--gpu | -ngl N]\n");
         return 1;
     }
     FILE *f = fopen(file, "rb");
-    if (!f) {
-        fprintf(stderr, "kiln: %s: cannot open: %s\n", file, strerror(errno));
-        return 1;
-    }
+    if (!f) return kiln_cli_error("%s: cannot open: %s", file, strerror(errno));
     fseek(f, 0, SEEK_END);
     long size = ftell(f);
     fseek(f, 0, SEEK_SET);
@@ -622,8 +573,7 @@ static int cmd_perplexity(int argc, char **argv) {
     fclose(f);
     if (!text || got != (size_t)size) {
         free(text);
-        fprintf(stderr, "kiln: %s: read failed\n", file);
-        return 1;
+        return kiln_cli_error("%s: read failed", file);
     }
     kiln_model *m;
     kiln_status s = kiln_model_load(model, &m);
@@ -644,7 +594,7 @@ static void usage(FILE *f) {
                "  inspect FILE.gguf [--all]              print metadata and the tensor table\n"
                "  quantize IN.gguf OUT.gguf TYPE [-t N]  TYPE: f16 bf16 q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m q5_k_m\n"
                "  perplexity -m MODEL -f TEXT [--ctx N] [-t N] [--gpu]  perplexity over non-overlapping windows\n"
-               "  tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH)\n"
+               "  tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH | -- -TEXT)\n"
                "  tokenizer train CORPUS... --vocab N -o OUT.gguf [--specials a,b,c] [--min-frequency N]\n"
                "  data CORPUS... -t TOKENIZER.gguf -o DIR [--val-fraction F] [--shard-tokens N]   token shards for training\n"
                "  plot LOG.jsonl -o loss.svg [--title T]  train and val loss curves of a training log as an SVG\n"
@@ -687,11 +637,8 @@ int main(int argc, char **argv) {
         if (argc >= 3 && strcmp(argv[2], "gpu-kernels") == 0) return kiln_bench_gpu_kernels(argc - 3, argv + 3);
         for (int i = 2; i < argc; i++) /* --gpu anywhere: the GPU benchmark (bench/bench_gpu.c) */
             if (strcmp(argv[i], "--gpu") == 0) return kiln_bench_gpu(argc - 2, argv + 2);
-        if (argc >= 3 && strcmp(argv[2], "-m") == 0) return kiln_bench_model(argc - 2, argv + 2);
-        fprintf(stderr, "kiln: bench: unknown benchmark '%s' (available: quant, tokenize, train, model or -m MODEL)\n", argc >= 3 ? argv[2] : "");
-        return 1;
+        if (argc >= 3 && argv[2][0] == '-') return kiln_bench_model(argc - 2, argv + 2); /* -m MODEL, in any order */
+        return kiln_cli_error("bench: unknown benchmark '%s' (available: quant, tokenize, train, model or -m MODEL)", argc >= 3 ? argv[2] : "");
     }
-    fprintf(stderr, "kiln: unknown command '%s'\n", cmd);
-    usage(stderr);
-    return 1;
+    return kiln_cli_error("unknown command '%s' (kiln --help lists them)", cmd);
 }
