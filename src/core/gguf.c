@@ -12,6 +12,7 @@
  * KILN_ERR_FORMAT naming the file, the field and its byte offset, never a read outside the mapping.
  * tests/test_gguf.c has one test per rejection class; tests/fuzz/fuzz_gguf.c fuzzes this file. */
 #include "status.h"
+#include "file.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -493,12 +494,14 @@ kiln_status kiln_gguf_open_memory(const void *data, size_t size, const char *nam
 
 kiln_status kiln_gguf_open(const char *path, kiln_gguf **out) {
     *out = NULL;
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return kiln_fail(KILN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    int fd;
+    kiln_status s = kiln_open_regular(path, &fd);
+    if (s) return s;
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0) {
+        s = kiln_fail(KILN_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
         close(fd);
-        return kiln_fail(KILN_ERR_IO, "%s: not a regular file", path);
+        return s;
     }
     void *map = NULL;
     if (st.st_size > 0) {
@@ -509,7 +512,7 @@ kiln_status kiln_gguf_open(const char *path, kiln_gguf **out) {
         }
     }
     close(fd);
-    kiln_status s = open_image(map ? map : "", (uint64_t)st.st_size, path, map != NULL, out);
+    s = open_image(map ? map : "", (uint64_t)st.st_size, path, map != NULL, out);
     if (s && map) munmap(map, (size_t)st.st_size);
     return s;
 }
