@@ -378,9 +378,42 @@ static kiln_status parse_tensor_info(kiln_gguf *g, cursor *c, kiln_tensor_view *
     return KILN_OK;
 }
 
+/* The alignment a type's data is read at in place: the largest power of two, up to 8, dividing its block bytes
+ * (f32 and q8_K 4, f16, bf16 and the fp16-scaled blocks 2 or more, f64 8). general.alignment below it would leave
+ * typed loads misaligned (undefined behaviour: rmsnorm reading an f32 norm at an odd address). */
+static uint64_t type_alignment(kiln_type t) {
+    uint64_t b = kiln_type_block_bytes(t), a = 1;
+    while (a < 8 && b % (a * 2) == 0) a *= 2;
+    return a;
+}
+
+static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
 static int cmp_by_offset(const void *a, const void *b) {
     const kiln_tensor_view *x = *(const kiln_tensor_view *const *)a, *y = *(const kiln_tensor_view *const *)b;
     return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* The tensors, in data order (order, not overlapping), must tile the data section: each starts at the aligned end
+ * of the one before, and the section ends within the last one's padding. Bytes that belong to no tensor mean the
+ * header does not describe the file; a tensor count one lower than the tensors present lands here, since the
+ * data section then starts inside the last tensor info and the last tensor's bytes are left over. */
+static kiln_status check_coverage(const kiln_gguf *g, kiln_tensor_view *const *order, const uint64_t *info_at,
+                                  uint64_t data_size) {
+    uint64_t end = 0;
+    for (int64_t i = 0; i < g->n_tensors; i++) {
+        const kiln_tensor_view *t = order[i];
+        if (t->offset > align_up(end, g->alignment))
+            return kiln_fail(KILN_ERR_FORMAT, "%s: tensor '%s' at byte %llu: data offset %llu leaves bytes [%llu, %llu) of the data section (file byte %llu) in no tensor",
+                             g->path, t->name, (unsigned long long)info_at[t - g->tensors], (unsigned long long)t->offset,
+                             (unsigned long long)end, (unsigned long long)t->offset, (unsigned long long)(g->data_offset + end));
+        end = t->offset + t->nbytes;
+    }
+    if (data_size > align_up(end, g->alignment))
+        return kiln_fail(KILN_ERR_FORMAT, "%s: %llu bytes at file byte %llu follow the last tensor's data and belong to no tensor (is the tensor count %lld wrong?)",
+                         g->path, (unsigned long long)(data_size - end), (unsigned long long)(g->data_offset + end),
+                         (long long)g->n_tensors);
+    return KILN_OK;
 }
 
 static kiln_status parse_tensors(kiln_gguf *g, cursor *c) {
@@ -412,12 +445,16 @@ static kiln_status parse_tensors(kiln_gguf *g, cursor *c) {
             goto out;
         }
     }
-    g->data_offset = (c->pos + g->alignment - 1) / g->alignment * g->alignment;
+    g->data_offset = align_up(c->pos, g->alignment);
     /* The data section may be absent when no tensor has bytes (vocab-only files end after the infos). */
     uint64_t data_size = g->size > g->data_offset ? g->size - g->data_offset : 0;
     for (int64_t i = 0; i < g->n_tensors; i++) {
         kiln_tensor_view *t = &g->tensors[i];
-        if (t->offset % g->alignment)
+        if (g->alignment < type_alignment(t->type))
+            s = kiln_fail(KILN_ERR_FORMAT, "%s: tensor '%s' at byte %llu: general.alignment %llu is below the %llu bytes %s data must be aligned to",
+                          g->path, t->name, (unsigned long long)info_at[i], (unsigned long long)g->alignment,
+                          (unsigned long long)type_alignment(t->type), kiln_type_name(t->type));
+        else if (t->offset % g->alignment)
             s = kiln_fail(KILN_ERR_FORMAT, "%s: tensor '%s' at byte %llu: data offset %llu is not a multiple of the alignment %llu",
                           g->path, t->name, (unsigned long long)info_at[i], (unsigned long long)t->offset,
                           (unsigned long long)g->alignment);
@@ -438,7 +475,7 @@ static kiln_status parse_tensors(kiln_gguf *g, cursor *c) {
                           order[i - 1]->name, (unsigned long long)order[i - 1]->offset);
             goto out;
         }
-    s = KILN_OK;
+    s = check_coverage(g, order, info_at, data_size);
 out:
     free(info_at);
     free(order);
