@@ -11,6 +11,7 @@
 #include "status.h"
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* The fp16 scales of a block format: their byte offset in the block and their count (consecutive). */
 typedef struct {
@@ -37,7 +38,7 @@ static const char *what16(uint16_t h, uint16_t exp_mask) {
 
 /* The largest magnitude bits of n contiguous 16- or 32-bit values: a value is not finite exactly when its bits
  * without the sign reach the exponent mask, so one max over the tensor answers (a reduction the compiler
- * vectorizes). The data is aligned for its type: the reader checks that. */
+ * vectorizes). Only for aligned data: a file's tensors are (the reader checks), a caller's memory image need not be. */
 static uint16_t max_abs16(const uint16_t *x, int64_t n) {
     uint16_t m = 0;
     int64_t i = 0;
@@ -70,7 +71,7 @@ static uint32_t max_abs32(const uint32_t *x, int64_t n) {
 
 /* Index of the first of n 16-bit values (stride bytes apart) that is not finite, or -1. */
 static int64_t find16(const uint8_t *p, int64_t n, size_t stride, uint16_t exp_mask) {
-    if (stride == 2 && max_abs16((const uint16_t *)p, n) < exp_mask) return -1;
+    if (stride == 2 && (uintptr_t)p % 2 == 0 && max_abs16((const uint16_t *)p, n) < exp_mask) return -1;
     for (int64_t i = 0; i < n; i++) {
         uint16_t h;
         memcpy(&h, p + (size_t)i * stride, 2);
@@ -80,7 +81,7 @@ static int64_t find16(const uint8_t *p, int64_t n, size_t stride, uint16_t exp_m
 }
 
 static int64_t find32(const uint8_t *p, int64_t n, size_t stride) {
-    if (stride == 4 && max_abs32((const uint32_t *)p, n) < 0x7f800000u) return -1;
+    if (stride == 4 && (uintptr_t)p % 4 == 0 && max_abs32((const uint32_t *)p, n) < 0x7f800000u) return -1;
     for (int64_t i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, p + (size_t)i * stride, 4);
