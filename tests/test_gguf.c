@@ -337,6 +337,8 @@ static void test_alignment_below_type(void) {
     kiln_gguf_close(g);
 }
 
+static kiln_status count_ids(void *ud, const int32_t *ids, size_t n) { return KILN_OK; }
+
 /* A FIFO with no writer blocked the open; a directory said "read failed at byte 0". */
 static void test_open_not_regular(void) {
     char dir[] = "/tmp/kiln-fifo-XXXXXX", fifo[64];
@@ -352,6 +354,15 @@ static void test_open_not_regular(void) {
     snprintf(want, sizeof want, "%s: is a directory", dir);
     CHECK(kiln_gguf_open(dir, &g) == KILN_ERR_IO && strcmp(kiln_last_error(), want) == 0, "%s", kiln_last_error());
     CHECK(kiln_tokenizer_load_file(dir, &t) == KILN_ERR_IO && strcmp(kiln_last_error(), want) == 0, "%s", kiln_last_error());
+    /* token text streams open the same way (the bundled model's tokenizer reads them) */
+    CHECK(kiln_tokenizer_load_file("models/shakespeare.gguf", &t) == KILN_OK, "%s", kiln_last_error());
+    kiln_status es = kiln_tokenizer_encode_file(t, dir, false, false, count_ids, NULL);
+    CHECK(es == KILN_ERR_IO && strcmp(kiln_last_error(), want) == 0, "%s", kiln_last_error());
+    es = kiln_tokenizer_encode_file(t, fifo, false, false, count_ids, NULL);
+    kiln_tokenizer_free(t);
+    snprintf(want, sizeof want, "%s: is not a regular file", fifo);
+    CHECK(es == KILN_ERR_IO && strcmp(kiln_last_error(), want) == 0, "%s", kiln_last_error());
+    snprintf(want, sizeof want, "%s: is a directory", dir);
     /* the llama2.c converter opens its checkpoint the same way (its tokenizer is opened first) */
     CHECK(kiln_convert_llama2c(dir, fifo, "/tmp/kiln-unused.gguf") == KILN_ERR_IO);
     snprintf(want, sizeof want, "%s: is not a regular file", fifo);
