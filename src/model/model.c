@@ -209,6 +209,9 @@ static kiln_status check_block_count(const kiln_gguf *g, int64_t n_layer) {
         for (; *p >= '0' && *p <= '9' && l <= (1LL << 31); p++) l = l * 10 + (*p - '0');
         if (*p == '.' && l + 1 > present) present = l + 1;
     }
+    if (present == 0)
+        return kiln_fail(KILN_ERR_FORMAT, "%s: block_count is %lld but no tensor is of a layer (blk.N.*)", kiln_gguf_path(g),
+                         (long long)n_layer);
     if (present != n_layer)
         return kiln_fail(KILN_ERR_FORMAT, "%s: block_count is %lld but the tensors are of %lld layers (blk.0 to blk.%lld)",
                          kiln_gguf_path(g), (long long)n_layer, (long long)present, (long long)present - 1);
