@@ -363,10 +363,25 @@ static void test_open_not_regular(void) {
     snprintf(want, sizeof want, "%s: is not a regular file", fifo);
     CHECK(es == KILN_ERR_IO && strcmp(kiln_last_error(), want) == 0, "%s", kiln_last_error());
     snprintf(want, sizeof want, "%s: is a directory", dir);
-    /* the llama2.c converter opens its checkpoint the same way (its tokenizer is opened first) */
-    CHECK(kiln_convert_llama2c(dir, fifo, "/tmp/kiln-unused.gguf") == KILN_ERR_IO);
+    /* the llama2.c converter opens its checkpoint the same way, once its (SentencePiece) tokenizer has loaded */
+    char tok[80];
+    snprintf(tok, sizeof tok, "%s/tok.gguf", dir);
+    const char *pieces[4] = {"<unk>", "<s>", "</s>", "a"};
+    const float scores[4] = {0, 0, 0, -1};
+    const int32_t types[4] = {2, 3, 3, 1};
+    kiln_gguf_writer *w;
+    CHECK(kiln_gguf_writer_new(&w) == KILN_OK && kiln_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama") == KILN_OK &&
+          kiln_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", pieces, 4) == KILN_OK &&
+          kiln_gguf_writer_set_arr(w, "tokenizer.ggml.scores", KILN_GGUF_FLOAT32, scores, 4) == KILN_OK &&
+          kiln_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", KILN_GGUF_INT32, types, 4) == KILN_OK &&
+          kiln_gguf_writer_write_file(w, tok) == KILN_OK, "%s", kiln_last_error());
+    kiln_gguf_writer_free(w);
+    CHECK(kiln_convert_llama2c(dir, tok, "/tmp/kiln-unused.gguf") == KILN_ERR_IO && strcmp(kiln_last_error(), want) == 0,
+          "%s", kiln_last_error());
     snprintf(want, sizeof want, "%s: is not a regular file", fifo);
-    CHECK(strcmp(kiln_last_error(), want) == 0, "%s", kiln_last_error());
+    CHECK(kiln_convert_llama2c(fifo, tok, "/tmp/kiln-unused.gguf") == KILN_ERR_IO && strcmp(kiln_last_error(), want) == 0,
+          "%s", kiln_last_error());
+    unlink(tok);
     unlink(fifo);
     rmdir(dir);
 }
