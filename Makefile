@@ -242,7 +242,8 @@ FUZZ_CC ?= clang
 fuzz:
 	@mkdir -p build-fuzz/corpus tests/fuzz/crashes
 	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -Isrc/core \
-	  tests/fuzz/fuzz_gguf.c src/core/status.c src/core/types.c src/core/gguf.c -o build-fuzz/fuzz_gguf -lm -lpthread
+	  tests/fuzz/fuzz_gguf.c src/core/status.c src/core/types.c src/core/file.c src/core/finite.c src/core/gguf.c \
+	  -o build-fuzz/fuzz_gguf -lm -lpthread
 	build-fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -artifact_prefix=tests/fuzz/crashes/ \
 	  build-fuzz/corpus tests/fuzz/corpus
 
@@ -250,7 +251,7 @@ fuzz:
 fuzz-tokenize:
 	@mkdir -p build-fuzz/corpus-tok tests/fuzz/crashes
 	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -Isrc/core \
-	  tests/fuzz/fuzz_tokenize.c src/core/status.c src/core/types.c src/core/gguf.c $(filter-out src/tok/bpe_train.c,$(wildcard src/tok/*.c)) \
+	  tests/fuzz/fuzz_tokenize.c src/core/status.c src/core/types.c src/core/file.c src/core/gguf.c $(filter-out src/tok/bpe_train.c,$(wildcard src/tok/*.c)) \
 	  -o build-fuzz/fuzz_tokenize -lpcre2-8 -lutf8proc -lm -lpthread
 	build-fuzz/fuzz_tokenize -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -artifact_prefix=tests/fuzz/crashes/ \
 	  build-fuzz/corpus-tok tests/fuzz/corpus-tok

@@ -252,6 +252,152 @@ static void test_duplicates(void) {
     EXPECT_ERROR(&m, "t.gguf: tensor 'w' at byte 57: duplicate tensor name (first at byte 24)");
 }
 
+/* ---------------------------------------------------------------- the header must describe the data section */
+
+/* A file of three f32 tensors (a 8, b 16, c 8 elements) written by kiln's writer, read back into m. */
+static int written_three(img *m, size_t alignment) {
+    char path[] = "/tmp/kiln-three-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) return 0;
+    close(fd);
+    static float data[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    int64_t n8[1] = {8}, n16[1] = {16};
+    kiln_gguf_writer *w;
+    int ok = kiln_gguf_writer_new(&w) == KILN_OK && (!alignment || kiln_gguf_writer_set_alignment(w, alignment) == KILN_OK) &&
+             kiln_gguf_writer_set_u32(w, "k", 1) == KILN_OK &&
+             kiln_gguf_writer_add_tensor(w, "a", KILN_TYPE_F32, 1, n8, data) == KILN_OK &&
+             kiln_gguf_writer_add_tensor(w, "b", KILN_TYPE_F32, 1, n16, data) == KILN_OK &&
+             kiln_gguf_writer_add_tensor(w, "c", KILN_TYPE_F32, 1, n8, data) == KILN_OK &&
+             kiln_gguf_writer_write_file(w, path) == KILN_OK;
+    kiln_gguf_writer_free(w);
+    FILE *f = ok ? fopen(path, "rb") : NULL;
+    if (f) m->n = fread(m->b, 1, sizeof m->b, f), fclose(f);
+    unlink(path);
+    return f != NULL;
+}
+
+/* One tensor fewer in the count than in the table: the data section would start inside the last tensor info and
+ * every tensor's bytes would shift (quantize wrote garbage, exit 0). The last tensor's bytes are left over. */
+static void test_wrong_tensor_count(void) {
+    img m;
+    CHECK(written_three(&m, 0), "%s", kiln_last_error());
+    kiln_gguf *g;
+    CHECK(kiln_gguf_open_memory(m.b, m.n, "t.gguf", &g) == KILN_OK, "%s", kiln_last_error());
+    kiln_gguf_close(g);
+    /* header 24 + key 'k' 17 + infos a, b, c of 33 each = 140, data at 160: a [0, 32), b [32, 96), c [96, 128) */
+    CHECK(m.n == 160 + 128, "the writer's file has %zu bytes", m.n);
+    uint64_t two = 2;
+    memcpy(m.b + 8, &two, 8);
+    /* the table now ends at 107, the data section starts at 128: a [0,32) and b [32,96) leave 64 bytes over */
+    EXPECT_ERROR(&m, "t.gguf: 64 bytes at file byte 224 follow the last tensor's data and belong to no tensor (is the tensor count 2 wrong?)");
+    uint64_t four = 4; /* one more than the table: the data is read as a fourth tensor info, which cannot parse */
+    CHECK(written_three(&m, 0));
+    memcpy(m.b + 8, &four, 8);
+    kiln_status st = kiln_gguf_open_memory(m.b, m.n, "t.gguf", &g);
+    CHECK(st == KILN_ERR_FORMAT, "a tensor count of 4 for 3 tensors gave status %d: %s", (int)st, kiln_last_error());
+}
+
+static void test_data_not_covered(void) {
+    img m;
+    uint64_t ne8[1] = {8};
+    /* a gap of one alignment unit before the only tensor */
+    header(&m, 1, 0), tinfo(&m, "t", 1, ne8, 0, 32), pad_data(&m, 64);
+    EXPECT_ERROR(&m, "t.gguf: tensor 't' at byte 24: data offset 32 leaves bytes [0, 32) of the data section (file byte 64) in no tensor");
+    /* a gap between two tensors */
+    header(&m, 2, 0), tinfo(&m, "x", 1, ne8, 0, 0), tinfo(&m, "y", 1, ne8, 0, 64), pad_data(&m, 96);
+    EXPECT_ERROR(&m, "t.gguf: tensor 'y' at byte 57: data offset 64 leaves bytes [32, 64) of the data section (file byte 128) in no tensor");
+    /* bytes after the last tensor beyond its padding; within the padding (or without it) is fine */
+    uint64_t ne4[1] = {4};
+    header(&m, 1, 0), tinfo(&m, "t", 1, ne4, 0, 0), pad_data(&m, 33);
+    EXPECT_ERROR(&m, "t.gguf: 17 bytes at file byte 80 follow the last tensor's data and belong to no tensor (is the tensor count 1 wrong?)");
+    kiln_gguf *g;
+    for (size_t n = 16; n <= 32; n += 16) {
+        header(&m, 1, 0), tinfo(&m, "t", 1, ne4, 0, 0), pad_data(&m, n);
+        CHECK(kiln_gguf_open_memory(m.b, m.n, "t.gguf", &g) == KILN_OK, "%zu data bytes: %s", n, kiln_last_error());
+        kiln_gguf_close(g);
+    }
+    /* a file without tensors ends after its header (and padding) */
+    header(&m, 0, 1), kv_u32(&m, "k", 1), pad_data(&m, 4);
+    EXPECT_ERROR(&m, "t.gguf: 4 bytes at file byte 64 follow the last tensor's data and belong to no tensor (is the tensor count 0 wrong?)");
+}
+
+/* general.alignment = 1 is legal GGUF but left an f32 tensor at an odd address (UBSan: misaligned load in rmsnorm). */
+static void test_alignment_below_type(void) {
+    img m;
+    CHECK(written_three(&m, 1));
+    EXPECT_ERROR(&m, "t.gguf: tensor 'a' at byte 74: general.alignment 1 is below the 4 bytes f32 data must be aligned to");
+    CHECK(written_three(&m, 2));
+    EXPECT_ERROR(&m, "t.gguf: tensor 'a' at byte 74: general.alignment 2 is below the 4 bytes f32 data must be aligned to");
+    CHECK(written_three(&m, 4));
+    kiln_gguf *g;
+    CHECK(kiln_gguf_open_memory(m.b, m.n, "t.gguf", &g) == KILN_OK, "%s", kiln_last_error());
+    for (int64_t i = 0; i < kiln_gguf_n_tensors(g); i++)
+        CHECK((uintptr_t)kiln_gguf_tensor_at(g, i)->data % 4 == 0, "tensor %lld misaligned", (long long)i);
+    CHECK(((const float *)kiln_gguf_find_tensor(g, "c")->data)[7] == 8.0f);
+    kiln_gguf_close(g);
+}
+
+static kiln_status count_ids(void *ud, const int32_t *ids, size_t n) { return KILN_OK; }
+
+/* A FIFO with no writer blocked the open; a directory said "read failed at byte 0". */
+static void test_open_not_regular(void) {
+    char dir[] = "/tmp/kiln-fifo-XXXXXX", fifo[64];
+    CHECK(mkdtemp(dir));
+    snprintf(fifo, sizeof fifo, "%s/f", dir);
+    CHECK(mkfifo(fifo, 0600) == 0);
+    char want[128];
+    kiln_gguf *g = NULL;
+    kiln_tokenizer *t = NULL;
+    snprintf(want, sizeof want, "%s: is not a regular file", fifo);
+    CHECK(kiln_gguf_open(fifo, &g) == KILN_ERR_IO && !g && strcmp(kiln_last_error(), want) == 0, "%s", kiln_last_error());
+    CHECK(kiln_tokenizer_load_file(fifo, &t) == KILN_ERR_IO && strcmp(kiln_last_error(), want) == 0, "%s", kiln_last_error());
+    snprintf(want, sizeof want, "%s: is a directory", dir);
+    CHECK(kiln_gguf_open(dir, &g) == KILN_ERR_IO && strcmp(kiln_last_error(), want) == 0, "%s", kiln_last_error());
+    CHECK(kiln_tokenizer_load_file(dir, &t) == KILN_ERR_IO && strcmp(kiln_last_error(), want) == 0, "%s", kiln_last_error());
+    /* token text streams open the same way (the bundled model's tokenizer reads them) */
+    CHECK(kiln_tokenizer_load_file("models/shakespeare.gguf", &t) == KILN_OK, "%s", kiln_last_error());
+    kiln_status es = kiln_tokenizer_encode_file(t, dir, false, false, count_ids, NULL);
+    CHECK(es == KILN_ERR_IO && strcmp(kiln_last_error(), want) == 0, "%s", kiln_last_error());
+    es = kiln_tokenizer_encode_file(t, fifo, false, false, count_ids, NULL);
+    kiln_tokenizer_free(t);
+    snprintf(want, sizeof want, "%s: is not a regular file", fifo);
+    CHECK(es == KILN_ERR_IO && strcmp(kiln_last_error(), want) == 0, "%s", kiln_last_error());
+    snprintf(want, sizeof want, "%s: is a directory", dir);
+    /* the llama2.c converter opens its checkpoint the same way, once its (SentencePiece) tokenizer has loaded */
+    char tok[80];
+    snprintf(tok, sizeof tok, "%s/tok.gguf", dir);
+    const char *pieces[4] = {"<unk>", "<s>", "</s>", "a"};
+    const float scores[4] = {0, 0, 0, -1};
+    const int32_t types[4] = {2, 3, 3, 1};
+    kiln_gguf_writer *w;
+    CHECK(kiln_gguf_writer_new(&w) == KILN_OK && kiln_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama") == KILN_OK &&
+          kiln_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", pieces, 4) == KILN_OK &&
+          kiln_gguf_writer_set_arr(w, "tokenizer.ggml.scores", KILN_GGUF_FLOAT32, scores, 4) == KILN_OK &&
+          kiln_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", KILN_GGUF_INT32, types, 4) == KILN_OK &&
+          kiln_gguf_writer_write_file(w, tok) == KILN_OK, "%s", kiln_last_error());
+    kiln_gguf_writer_free(w);
+    CHECK(kiln_convert_llama2c(dir, tok, "/tmp/kiln-unused.gguf") == KILN_ERR_IO && strcmp(kiln_last_error(), want) == 0,
+          "%s", kiln_last_error());
+    snprintf(want, sizeof want, "%s: is not a regular file", fifo);
+    CHECK(kiln_convert_llama2c(fifo, tok, "/tmp/kiln-unused.gguf") == KILN_ERR_IO && strcmp(kiln_last_error(), want) == 0,
+          "%s", kiln_last_error());
+    unlink(tok);
+    unlink(fifo);
+    rmdir(dir);
+}
+
+/* A name from the file reaches an error message with its control bytes escaped (ESC [2J would clear a terminal). */
+static void test_escaped_names(void) {
+    img m;
+    uint64_t ne[1] = {8};
+    header(&m, 2, 0), tinfo(&m, "\x1b[2Jw", 1, ne, 0, 0), tinfo(&m, "\x1b[2Jw", 1, ne, 0, 32), pad_data(&m, 64);
+    EXPECT_ERROR(&m, "t.gguf: tensor '\\x1b[2Jw' at byte 61: duplicate tensor name (first at byte 24)");
+    header(&m, 0, 1);
+    str(&m, "\x1b[2Jk"), u32(&m, 7), put(&m, "\x02", 1);
+    EXPECT_ERROR(&m, "t.gguf: key '\\x1b[2Jk' at byte 41: bool value is 2, not 0 or 1");
+    for (const char *p = kiln_last_error(); *p; p++) CHECK((unsigned char)*p >= 0x20 && *p != 0x7f, "raw control byte in the message");
+}
+
 /* ---------------------------------------------------------------- writer round trip */
 
 static void test_round_trip(void) {
@@ -453,6 +599,11 @@ int main(void) {
     RUN(test_bad_type);
     RUN(test_bad_data_placement);
     RUN(test_duplicates);
+    RUN(test_wrong_tensor_count);
+    RUN(test_data_not_covered);
+    RUN(test_alignment_below_type);
+    RUN(test_open_not_regular);
+    RUN(test_escaped_names);
     RUN(test_round_trip);
     RUN(test_reads_vocab_files);
     RUN(test_atomic_write);

@@ -7,6 +7,7 @@
 #include "quants.h"
 #include "test.h"
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -120,6 +121,65 @@ static void test_quantize_file(void) {
     kiln_gguf_close(src);
 }
 
+/* A file of three tensors (one 1-D norm, two matrices of 2 x 32 f32) with bad[i] written into element at[i] of
+ * tensor i when at[i] >= 0. */
+static int write_small(const char *path, const int at[3], float bad) {
+    static float w[3][64];
+    const char *names[3] = {"output_norm.weight", "blk.0.attn_q.weight", "token_embd.weight"};
+    int64_t ne[3][2] = {{32, 1}, {32, 2}, {32, 2}};
+    kiln_gguf_writer *gw;
+    if (kiln_gguf_writer_new(&gw) != KILN_OK) return 0;
+    int ok = 1;
+    for (int t = 0; t < 3; t++) {
+        for (int i = 0; i < 64; i++) w[t][i] = (float)((i * 7 + t) % 13) / 13.0f - 0.5f;
+        if (at[t] >= 0) w[t][at[t]] = bad;
+        ok = ok && kiln_gguf_writer_add_tensor(gw, names[t], KILN_TYPE_F32, t ? 2 : 1, ne[t], w[t]) == KILN_OK;
+    }
+    ok = ok && kiln_gguf_writer_write_file(gw, path) == KILN_OK;
+    kiln_gguf_writer_free(gw);
+    return ok;
+}
+
+/* NaN and inf weights: quantizing them was undefined behaviour and wrote garbage; now an error naming the tensor,
+ * with no output file (and no temp file) left behind. A tensor count one too low wrote shifted garbage, exit 0. */
+static void test_quantize_refuses_bad_input(void) {
+    char in[64], outp[64], tmp[96], want[256];
+    snprintf(in, sizeof in, "/tmp/kiln-q-bad-%d.gguf", (int)getpid());
+    snprintf(outp, sizeof outp, "/tmp/kiln-q-bad-out-%d.gguf", (int)getpid());
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", outp, (int)getpid());
+    kiln_quantize_params qp = {.ftype = KILN_FTYPE_MOSTLY_Q8_0, .n_threads = 2};
+    CHECK(write_small(in, (const int[3]){-1, -1, -1}, 0), "%s", kiln_last_error());
+    CHECK(kiln_quantize_file(in, outp, &qp) == KILN_OK, "%s", kiln_last_error());
+    unlink(outp);
+    const struct {
+        int at[3];
+        float v;
+        const char *msg;
+    } cases[] = {
+        {{-1, 37, -1}, NAN, "tensor 'blk.0.attn_q.weight': element 37 is nan"},     /* converted to q8_0 */
+        {{-1, -1, 0}, -INFINITY, "tensor 'token_embd.weight': element 0 is -inf"},  /* converted to q8_0 */
+        {{31, -1, -1}, INFINITY, "tensor 'output_norm.weight': element 31 is inf"}, /* copied as f32 */
+    };
+    struct stat st;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        CHECK(write_small(in, cases[c].at, cases[c].v), "%s", kiln_last_error());
+        snprintf(want, sizeof want, "%s: %s", in, cases[c].msg);
+        CHECK(kiln_quantize_file(in, outp, &qp) == KILN_ERR_FORMAT && strcmp(kiln_last_error(), want) == 0,
+              "\n  got:  %s\n  want: %s", kiln_last_error(), want);
+        CHECK(stat(outp, &st) != 0 && stat(tmp, &st) != 0, "an output file was left for a refused input");
+    }
+    /* one tensor fewer in the count than in the table */
+    CHECK(write_small(in, (const int[3]){-1, -1, -1}, 0));
+    FILE *f = fopen(in, "r+b");
+    uint64_t two = 2;
+    CHECK(f && fseek(f, 8, SEEK_SET) == 0 && fwrite(&two, 8, 1, f) == 1);
+    fclose(f);
+    CHECK(kiln_quantize_file(in, outp, &qp) == KILN_ERR_FORMAT, "a tensor count of 2 for 3 tensors was quantized");
+    CHECK(strstr(kiln_last_error(), "belong to no tensor (is the tensor count 2 wrong?)"), "%s", kiln_last_error());
+    CHECK(stat(outp, &st) != 0);
+    unlink(in);
+}
+
 static void test_inspect_quantized(void) {
     const char *bin = getenv("KILN_BIN");
     if (!bin) SKIP("KILN_BIN not set (make test sets it)");
@@ -168,6 +228,7 @@ static void test_requantize_and_errors(void) {
 int main(void) {
     RUN(test_mix_rules);
     RUN(test_quantize_file);
+    RUN(test_quantize_refuses_bad_input);
     RUN(test_inspect_quantized);
     RUN(test_requantize_and_errors);
     TEST_EXIT();

@@ -12,6 +12,7 @@
  * KILN_ERR_FORMAT naming the file, the field and its byte offset, never a read outside the mapping.
  * tests/test_gguf.c has one test per rejection class; tests/fuzz/fuzz_gguf.c fuzzes this file. */
 #include "status.h"
+#include "file.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -377,9 +378,42 @@ static kiln_status parse_tensor_info(kiln_gguf *g, cursor *c, kiln_tensor_view *
     return KILN_OK;
 }
 
+/* The alignment a type's data is read at in place: the largest power of two, up to 8, dividing its block bytes
+ * (f32 and q8_K 4, f16, bf16 and the fp16-scaled blocks 2 or more, f64 8). general.alignment below it would leave
+ * typed loads misaligned (undefined behaviour: rmsnorm reading an f32 norm at an odd address). */
+static uint64_t type_alignment(kiln_type t) {
+    uint64_t b = kiln_type_block_bytes(t), a = 1;
+    while (a < 8 && b % (a * 2) == 0) a *= 2;
+    return a;
+}
+
+static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
 static int cmp_by_offset(const void *a, const void *b) {
     const kiln_tensor_view *x = *(const kiln_tensor_view *const *)a, *y = *(const kiln_tensor_view *const *)b;
     return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* The tensors, in data order (order, not overlapping), must tile the data section: each starts at the aligned end
+ * of the one before, and the section ends within the last one's padding. Bytes that belong to no tensor mean the
+ * header does not describe the file; a tensor count one lower than the tensors present lands here, since the
+ * data section then starts inside the last tensor info and the last tensor's bytes are left over. */
+static kiln_status check_coverage(const kiln_gguf *g, kiln_tensor_view *const *order, const uint64_t *info_at,
+                                  uint64_t data_size) {
+    uint64_t end = 0;
+    for (int64_t i = 0; i < g->n_tensors; i++) {
+        const kiln_tensor_view *t = order[i];
+        if (t->offset > align_up(end, g->alignment))
+            return kiln_fail(KILN_ERR_FORMAT, "%s: tensor '%s' at byte %llu: data offset %llu leaves bytes [%llu, %llu) of the data section (file byte %llu) in no tensor",
+                             g->path, t->name, (unsigned long long)info_at[t - g->tensors], (unsigned long long)t->offset,
+                             (unsigned long long)end, (unsigned long long)t->offset, (unsigned long long)(g->data_offset + end));
+        end = t->offset + t->nbytes;
+    }
+    if (data_size > align_up(end, g->alignment))
+        return kiln_fail(KILN_ERR_FORMAT, "%s: %llu bytes at file byte %llu follow the last tensor's data and belong to no tensor (is the tensor count %lld wrong?)",
+                         g->path, (unsigned long long)(data_size - end), (unsigned long long)(g->data_offset + end),
+                         (long long)g->n_tensors);
+    return KILN_OK;
 }
 
 static kiln_status parse_tensors(kiln_gguf *g, cursor *c) {
@@ -411,12 +445,16 @@ static kiln_status parse_tensors(kiln_gguf *g, cursor *c) {
             goto out;
         }
     }
-    g->data_offset = (c->pos + g->alignment - 1) / g->alignment * g->alignment;
+    g->data_offset = align_up(c->pos, g->alignment);
     /* The data section may be absent when no tensor has bytes (vocab-only files end after the infos). */
     uint64_t data_size = g->size > g->data_offset ? g->size - g->data_offset : 0;
     for (int64_t i = 0; i < g->n_tensors; i++) {
         kiln_tensor_view *t = &g->tensors[i];
-        if (t->offset % g->alignment)
+        if (g->alignment < type_alignment(t->type))
+            s = kiln_fail(KILN_ERR_FORMAT, "%s: tensor '%s' at byte %llu: general.alignment %llu is below the %llu bytes %s data must be aligned to",
+                          g->path, t->name, (unsigned long long)info_at[i], (unsigned long long)g->alignment,
+                          (unsigned long long)type_alignment(t->type), kiln_type_name(t->type));
+        else if (t->offset % g->alignment)
             s = kiln_fail(KILN_ERR_FORMAT, "%s: tensor '%s' at byte %llu: data offset %llu is not a multiple of the alignment %llu",
                           g->path, t->name, (unsigned long long)info_at[i], (unsigned long long)t->offset,
                           (unsigned long long)g->alignment);
@@ -437,7 +475,7 @@ static kiln_status parse_tensors(kiln_gguf *g, cursor *c) {
                           order[i - 1]->name, (unsigned long long)order[i - 1]->offset);
             goto out;
         }
-    s = KILN_OK;
+    s = check_coverage(g, order, info_at, data_size);
 out:
     free(info_at);
     free(order);
@@ -493,12 +531,14 @@ kiln_status kiln_gguf_open_memory(const void *data, size_t size, const char *nam
 
 kiln_status kiln_gguf_open(const char *path, kiln_gguf **out) {
     *out = NULL;
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return kiln_fail(KILN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    int fd;
+    kiln_status s = kiln_open_regular(path, &fd);
+    if (s) return s;
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0) {
+        s = kiln_fail(KILN_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
         close(fd);
-        return kiln_fail(KILN_ERR_IO, "%s: not a regular file", path);
+        return s;
     }
     void *map = NULL;
     if (st.st_size > 0) {
@@ -509,7 +549,7 @@ kiln_status kiln_gguf_open(const char *path, kiln_gguf **out) {
         }
     }
     close(fd);
-    kiln_status s = open_image(map ? map : "", (uint64_t)st.st_size, path, map != NULL, out);
+    s = open_image(map ? map : "", (uint64_t)st.st_size, path, map != NULL, out);
     if (s && map) munmap(map, (size_t)st.st_size);
     return s;
 }

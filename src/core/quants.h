@@ -163,6 +163,10 @@ void kiln_quantize_q4_K_ref(const float *x, void *y, int64_t k);
 void kiln_quantize_q5_K_ref(const float *x, void *y, int64_t k);
 void kiln_quantize_q6_K_ref(const float *x, void *y, int64_t k);
 
+/* KILN_OK when every value of t is finite, else KILN_ERR_FORMAT naming path, the tensor and the first element (float
+ * types) or block (block formats, whose values are finite exactly when their fp16 or f32 scales are). (finite.c) */
+kiln_status kiln_tensor_check_finite(const char *path, const kiln_tensor_view *t);
+
 /* dst (the rows of src, converted to dst_type by its reference quantizer) = src's rows through to_float, on every
  * thread of pool; scratch holds one row of src->ne[0] floats per pool thread. (quantize.c) */
 struct kiln_pool;

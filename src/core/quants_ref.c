@@ -7,7 +7,9 @@
  * edge inputs and every vec_dot against a double-precision dot; the SIMD levels are tested against this file.
  *
  * Scales are stored as f16, so inputs whose block scale exceeds 65504 (|x| beyond ~5e5 for Q4_0) overflow to
- * inf, exactly as in GGML; callers that can meet such weights must check first. */
+ * inf, exactly as in GGML; callers that can meet such weights must check first. A NaN or inf input gives
+ * meaningless codes but no undefined behaviour (every float-to-int conversion is clamped first); kiln quantize
+ * refuses such weights before they get here. */
 #include "quants.h"
 
 #include <math.h>
@@ -34,6 +36,21 @@ static inline int round_clamp(float v, int lo, int hi) {
     if (!(v > (float)lo)) return lo;
     if (v > (float)hi) return hi;
     return nearest_int(v);
+}
+
+/* trunc(v) for the legacy quantizers' codes, capped at hi. Finite inputs put v in [0, hi + 1.5], where this is
+ * GGML's (int)v then min(., hi); an inf or NaN weight makes v NaN, and the plain cast (undefined behaviour) then
+ * gave a negative code that the nibble packing shifted left (undefined too). Here such a v gives code 0. */
+static inline int trunc_code(float v, int hi) {
+    if (!(v >= 0.0f)) return 0;
+    return v < (float)hi ? (int)v : hi;
+}
+
+/* roundf(v) as an int8 code in [-127, 127] (Q8_0, Q8_1): finite inputs give |v| <= 127 already; NaN is 0 and
+ * inf the nearest end, where the plain cast was undefined. */
+static inline int8_t round_code_q8(float v) {
+    if (v != v) return 0;
+    return (int8_t)roundf(v < -127.0f ? -127.0f : v > 127.0f ? 127.0f : v);
 }
 
 /* 1/d, or 0 where d is 0 or so small (below ~2.9e-39) that 1/d overflows. GGML writes `d ? 1/d : 0`; the
@@ -127,8 +144,9 @@ void kiln_quantize_q4_0_ref(const float *x, void *vy, int64_t k) {
         y[i].d = kiln_f32_to_fp16(d);
         for (int j = 0; j < QK4_0 / 2; j++) {
             /* x*id is in [-8, 8], so x*id + 8.5 is in [0.5, 16.5]: truncation is floor, never negative */
-            const int q0 = (int)(x[j] * id + 8.5f), q1 = (int)(x[j + QK4_0 / 2] * id + 8.5f);
-            y[i].qs[j] = (uint8_t)((q0 < 15 ? q0 : 15) | (q1 < 15 ? q1 : 15) << 4);
+            const unsigned q0 = (unsigned)trunc_code(x[j] * id + 8.5f, 15);
+            const unsigned q1 = (unsigned)trunc_code(x[j + QK4_0 / 2] * id + 8.5f, 15);
+            y[i].qs[j] = (uint8_t)(q0 | q1 << 4);
         }
     }
 }
@@ -217,8 +235,9 @@ void kiln_quantize_q4_1_ref(const float *x, void *vy, int64_t k) {
         y[i].m = kiln_f32_to_fp16(min);
         for (int j = 0; j < QK4_1 / 2; j++) {
             /* (x - min)*id is in [0, 15]: truncation is floor */
-            const int q0 = (int)((x[j] - min) * id + 0.5f), q1 = (int)((x[j + QK4_1 / 2] - min) * id + 0.5f);
-            y[i].qs[j] = (uint8_t)((q0 < 15 ? q0 : 15) | (q1 < 15 ? q1 : 15) << 4);
+            const unsigned q0 = (unsigned)trunc_code((x[j] - min) * id + 0.5f, 15);
+            const unsigned q1 = (unsigned)trunc_code((x[j + QK4_1 / 2] - min) * id + 0.5f, 15);
+            y[i].qs[j] = (uint8_t)(q0 | q1 << 4);
         }
     }
 }
@@ -260,7 +279,7 @@ void kiln_from_float_q8_0_ref(const float *x, void *vy, int64_t k) {
         const float d = amax / 127.0f;
         const float id = safe_inverse(d);
         y[i].d = kiln_f32_to_fp16(d);
-        for (int j = 0; j < QK8_0; j++) y[i].qs[j] = (int8_t)roundf(x[j] * id);
+        for (int j = 0; j < QK8_0; j++) y[i].qs[j] = round_code_q8(x[j] * id);
     }
 }
 
@@ -299,7 +318,7 @@ void kiln_from_float_q8_1_ref(const float *x, void *vy, int64_t k) {
         const float id = safe_inverse(d);
         int sum = 0;
         for (int j = 0; j < QK8_1; j++) {
-            y[i].qs[j] = (int8_t)roundf(x[j] * id);
+            y[i].qs[j] = round_code_q8(x[j] * id);
             sum += y[i].qs[j];
         }
         y[i].d = kiln_f32_to_fp16(d);

@@ -1,9 +1,11 @@
 /* quantize.c: `kiln quantize` (kiln_quantize_file), converting every weight of a llama-family GGUF file to the
  * block format the model's rules pick for it (src/model/quantize.c), on the CPU: each tensor's rows are converted
  * on the thread pool with the best SIMD level's kernels (kiln_quantize_rows) and streamed through the atomic GGUF
- * writer. tests/test_quantize.c checks the mix rules and a round trip through the reader. */
+ * writer. A tensor holding a NaN or inf is refused by name before it is converted. tests/test_quantize.c checks the
+ * mix rules, a round trip through the reader and the refusal. */
 #include "model/quantize.h"
 #include "cpu/simd.h"
+#include "quants.h"
 #include "pool.h"
 #include "status.h"
 
@@ -69,6 +71,8 @@ kiln_status kiln_quantize_file(const char *in_path, const char *out_path, const 
     for (int64_t i = 0; i < nt; i++) {
         const kiln_tensor_view *t = kiln_gguf_tensor_at(g, i);
         if (p->progress) p->progress(p->progress_ud, &(kiln_progress){.stage = "quantize", .done = i, .total = nt, .item = t->name, .metric = NAN});
+        /* a NaN or inf weight has no quantized form: refuse it by name, and the temp file goes with the writer */
+        if ((s = kiln_tensor_check_finite(in_path, t))) goto out;
         if (t->type == types[i]) {
             s = kiln_gguf_writer_write_tensor(w, i, t->data, t->nbytes);
         } else {

@@ -13,6 +13,7 @@
 #include "kiln.h"
 #include "model.h"
 #include "status.h"
+#include "file.h"
 #include "tok/tok.h"
 
 #include <errno.h>
@@ -218,10 +219,10 @@ kiln_status kiln_convert_llama2c(const char *model_path, const char *tokenizer_p
         return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: a %s tokenizer; a llama2.c model takes a llama (SentencePiece) one", tokenizer_path,
                          kiln_tokenizer_model(tok));
     }
-    int fd = open(model_path, O_RDONLY);
-    if (fd < 0) {
+    int fd;
+    if ((s = kiln_open_regular(model_path, &fd))) {
         kiln_tokenizer_free(tok);
-        return kiln_fail(KILN_ERR_IO, "%s: cannot open: %s", model_path, strerror(errno));
+        return s;
     }
     struct stat st;
     void *map = MAP_FAILED;

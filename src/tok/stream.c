@@ -16,8 +16,8 @@
  * cut points, time stays linear. tests/test_tokenizer.c checks streamed ids against whole-text ids. */
 #include "tok.h"
 #include "status.h"
+#include "file.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,8 +66,9 @@ static kiln_status emit_tokens(kiln_tokens *ids, kiln_tokens_emit_fn emit, void 
 
 kiln_status kiln_tokenizer_encode_file(const kiln_tokenizer *t, const char *path, bool add_special, bool parse_special,
                                        kiln_tokens_emit_fn emit, void *ud) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return kiln_fail(KILN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f;
+    kiln_status fs = kiln_fopen_regular(path, &f);
+    if (fs) return fs;
     size_t cap = 2 * CHUNK, len = 0;
     unsigned char *buf = malloc(cap + 1);
     kiln_tokens ids = {0};

@@ -8,8 +8,8 @@
  * WordPiece adds [CLS] ... [SEP]. An id that names no token is an error naming the key. */
 #include "tok.h"
 #include "status.h"
+#include "file.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -397,8 +397,9 @@ fail:
 
 kiln_status kiln_tokenizer_load_file(const char *path, kiln_tokenizer **out) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return kiln_fail(KILN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f;
+    kiln_status fs = kiln_fopen_regular(path, &f);
+    if (fs) return fs;
     char magic[4] = {0};
     size_t got = fread(magic, 1, 4, f);
     if (got == 4 && memcmp(magic, "GGUF", 4) == 0) {

@@ -1,8 +1,10 @@
 /* fuzz_gguf.c: libFuzzer harness for the GGUF reader (`make fuzz FUZZ_SECONDS=N`).
  * Each input is parsed as a GGUF image; when it parses, every accessor is exercised so that a view
- * pointing outside the image would be caught by AddressSanitizer. Crashes go to tests/fuzz/crashes/;
+ * pointing outside the image would be caught by AddressSanitizer, and every tensor goes through the load-time
+ * finite check (src/core/finite.c), which reads the scale fields of every block. Crashes go to tests/fuzz/crashes/;
  * each one found is copied to tests/fuzz/regress/ and replayed by tests/test_gguf.c forever. */
 #include "kiln.h"
+#include "quants.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -26,6 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         const kiln_tensor_view *t = kiln_gguf_tensor_at(g, i);
         if (t->nbytes) sink += ((const uint8_t *)t->data)[0] + ((const uint8_t *)t->data)[t->nbytes - 1];
         if (kiln_gguf_find_tensor(g, t->name) != t) __builtin_trap();
+        sink += kiln_tensor_check_finite("fuzz", t);
     }
     uint32_t u;
     kiln_str s;
