@@ -401,6 +401,36 @@ static void test_export_loads(void) {
     kiln_model_free(m);
 }
 
+/* -V above the tokenizer's count pads the embedding table (as llm.c pads 50257 to 50304); the export pads the
+ * tokenizer to the same rows with llama.cpp's "[PAD<id>]" UNUSED tokens, so the model loader, which requires the two
+ * to be equal, takes it, and the padded ids are never what a text tokenizes to. */
+static void test_export_pads_vocab(void) {
+    CHECK(setup_corpus());
+    kiln_train_opts a = loop_opts("pad");
+    a.steps = 2, a.lr.total = 2;
+    kiln_tokenizer *tok;
+    kiln_gguf *tg;
+    CHECK(kiln_gguf_open(a.tokenizer, &tg) == KILN_OK, "%s", kiln_last_error());
+    CHECK(kiln_tokenizer_load_gguf(tg, &tok) == KILN_OK, "%s", kiln_last_error());
+    const int n_tok = kiln_tokenizer_n_vocab(tok);
+    kiln_tokenizer_free(tok), kiln_gguf_close(tg);
+    a.dims.n_vocab = (n_tok + 63) / 64 * 64 + 64;
+    CHECK(kiln_train_run(&a, NULL, NULL) == KILN_OK, "%s", kiln_last_error());
+    kiln_model *m;
+    CHECK(kiln_model_load(a.out_path, &m) == KILN_OK, "%s", kiln_last_error());
+    const kiln_tokenizer *mt = kiln_model_tokenizer(m);
+    CHECK(mt && kiln_tokenizer_n_vocab(mt) == a.dims.n_vocab, "the export's tokenizer has %d tokens, the model %lld rows",
+          mt ? kiln_tokenizer_n_vocab(mt) : -1, (long long)a.dims.n_vocab);
+    CHECK(kiln_tokenizer_token_type(mt, (int32_t)a.dims.n_vocab - 1) == 5, "a padding token is UNUSED");
+    char text[64];
+    snprintf(text, sizeof text, "[PAD%d] the text [PAD%lld]", n_tok, (long long)a.dims.n_vocab - 1);
+    kiln_tokens ids = {0};
+    CHECK(kiln_tokenizer_encode(mt, text, strlen(text), false, true, &ids) == KILN_OK, "%s", kiln_last_error());
+    for (size_t i = 0; i < ids.n; i++) CHECK(ids.ids[i] < n_tok, "'%s' tokenized to padding id %d", text, ids.ids[i]);
+    kiln_tokens_free(&ids);
+    kiln_model_free(m);
+}
+
 /* Architectures the training forward does not compute are refused, never trained as plain llama. */
 static void test_refuses_other_archs(void) {
     const char *files[] = {"tests/ref/arch_muse.gguf", "tests/ref/arch_qwen2.gguf", "tests/ref/arch_gemma3.gguf"};
@@ -958,6 +988,7 @@ int main(void) {
     RUN(test_resume_bitexact_gpu);
     RUN(test_grad_accum);
     RUN(test_export_loads);
+    RUN(test_export_pads_vocab);
     RUN(test_refuses_other_archs);
     RUN(test_fingerprint_preflight);
     RUN(test_kill_during_checkpoint);

@@ -21,10 +21,57 @@
 #include "status.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static bool not_tokenizer_key(const char *key) { return strncmp(key, "tokenizer.", 10) != 0; }
+
+static bool is_token_array(const char *key) {
+    return strcmp(key, "tokenizer.ggml.tokens") == 0 || strcmp(key, "tokenizer.ggml.scores") == 0 ||
+           strcmp(key, "tokenizer.ggml.token_type") == 0;
+}
+static bool not_tokenizer_or_token_array(const char *key) { return not_tokenizer_key(key) || is_token_array(key); }
+
+/* tok_src's tokenizer keys. A vocabulary shorter than the model's n_vocab rows (kiln train -V padding the table, as
+ * llm.c pads 50257 to 50304) is padded the way llama.cpp's converters pad one: tokens "[PAD<id>]" of type UNUSED (5)
+ * and score -1000, which no tokenization produces, so the file loads wherever the token count must equal the
+ * embedding's rows (kiln's model loader and llama.cpp's). */
+static kiln_status put_tokenizer(kiln_gguf_writer *w, const kiln_gguf *g, int64_t n_vocab) {
+    const kiln_gguf_value *tokens = kiln_gguf_find(g, "tokenizer.ggml.tokens");
+    if (!tokens || tokens->type != KILN_GGUF_ARRAY || tokens->arr.type != KILN_GGUF_STRING || !tokens->arr.items ||
+        (int64_t)tokens->arr.n >= n_vocab)
+        return kiln_gguf_writer_copy_kv(w, g, not_tokenizer_key);
+    const uint64_t n = tokens->arr.n, nv = (uint64_t)n_vocab;
+    const kiln_gguf_value *scores = kiln_gguf_find(g, "tokenizer.ggml.scores"), *types = kiln_gguf_find(g, "tokenizer.ggml.token_type");
+    kiln_gguf_value *items = calloc(nv, sizeof *items);
+    char *pads = calloc(nv - n, 24);
+    float *sc = malloc(nv * sizeof *sc);
+    int32_t *ty = malloc(nv * sizeof *ty);
+    kiln_status s = items && pads && sc && ty ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "out of memory for the padded tokenizer");
+    for (uint64_t i = 0; !s && i < nv; i++) {
+        if (i < n) {
+            items[i] = tokens->arr.items[i];
+        } else {
+            char *p = pads + (i - n) * 24;
+            int len = snprintf(p, 24, "[PAD%llu]", (unsigned long long)i);
+            items[i] = (kiln_gguf_value){.type = KILN_GGUF_STRING, .str = {p, (uint64_t)len}};
+        }
+        bool have_score = scores && scores->type == KILN_GGUF_ARRAY && i < scores->arr.n;
+        bool have_type = types && types->type == KILN_GGUF_ARRAY && i < types->arr.n;
+        sc[i] = i < n ? (have_score ? (float)kiln_gguf_arr_f64(scores, i) : 0.0f) : -1000.0f;
+        ty[i] = i < n ? (have_type ? (int32_t)kiln_gguf_arr_i64(types, i) : 1) : 5;
+    }
+    if (!s) s = kiln_gguf_writer_copy_kv(w, g, not_tokenizer_or_token_array);
+    if (!s) {
+        kiln_gguf_value v = {.type = KILN_GGUF_ARRAY, .arr = {.type = KILN_GGUF_STRING, .n = nv, .items = items}};
+        s = kiln_gguf_writer_set(w, "tokenizer.ggml.tokens", &v);
+    }
+    if (!s && scores) s = kiln_gguf_writer_set_arr(w, "tokenizer.ggml.scores", KILN_GGUF_FLOAT32, sc, nv);
+    if (!s) s = kiln_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", KILN_GGUF_INT32, ty, nv);
+    free(items), free(pads), free(sc), free(ty);
+    return s;
+}
 
 /* One tensor of the file: a range of a state part. */
 typedef struct ckpt_tensor {
@@ -75,7 +122,7 @@ static kiln_status put_keys(kiln_gguf_writer *w, const kiln_trainer_impl *t, con
     TRY(kiln_gguf_writer_set_f32(w, "llama.rope.freq_base", c->rope_base));
     TRY(kiln_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", c->rms_eps));
     TRY(kiln_gguf_writer_set_u32(w, "llama.vocab_size", (uint32_t)c->n_vocab));
-    if (tok_src) TRY(kiln_gguf_writer_copy_kv(w, tok_src, not_tokenizer_key));
+    if (tok_src) TRY(put_tokenizer(w, tok_src, c->n_vocab));
     if (!st) return KILN_OK;
     TRY(kiln_gguf_writer_set_u64(w, "train.step", (uint64_t)st->step));
     TRY(kiln_gguf_writer_set_u64(w, "train.tokens_seen", (uint64_t)st->tokens_seen));
