@@ -157,6 +157,34 @@ static int write_shard(const char *path, uint32_t magic, uint64_t fp, uint64_t n
     return ok;
 }
 
+/* A manifest (src/train/data.h's layout) for the shards now in dir: n_train train and n_val val shards, each
+ * listed with the token count its header says, its size and kiln_shard_hash of its bytes. For tests that edit
+ * shards by hand and mean to reach the loader's checks past the manifest's. */
+static int write_manifest(const char *dir, uint64_t fp, int n_train, int n_val) {
+    char *text = malloc((size_t)(n_train + n_val + 4) * 96), path[512];
+    int n = sprintf(text, "kiln-shards 1\nfingerprint %016llx\nshards %d %d\n", (unsigned long long)fp, n_train, n_val);
+    for (int i = 0; i < n_train + n_val; i++) {
+        const char *split = i < n_train ? "train" : "val";
+        int k = i < n_train ? i : i - n_train;
+        snprintf(path, sizeof path, "%s/%s_%03d.bin", dir, split, k);
+        size_t sz;
+        unsigned char *b = read_bytes(path, &sz);
+        if (!b) {
+            free(text);
+            return 0;
+        }
+        uint64_t count = 0;
+        for (int j = 7; j >= 0 && sz >= 24; j--) count = count << 8 | b[16 + j];
+        n += sprintf(text + n, "%s_%03d.bin %llu %zu %016llx\n", split, k, (unsigned long long)count, sz, (unsigned long long)kiln_shard_hash(b, sz));
+        free(b);
+    }
+    n += sprintf(text + n, "end\n");
+    snprintf(path, sizeof path, "%s/manifest.txt", dir);
+    int ok = write_bytes(path, text, (size_t)n);
+    free(text);
+    return ok;
+}
+
 /* ---------------------------------------------------------------- shards */
 
 static const char *corpus_a =
@@ -326,7 +354,12 @@ static void test_loader_refusals(void) {
     char want[64];
     snprintf(want, sizeof want, "%016llx", (unsigned long long)fp2);
     CHECK(kiln_loader_open(dir, "train", fp2, V, &l) == KILN_ERR_INVALID && !l);
+    CHECK(strstr(kiln_last_error(), "bad/manifest.txt") && strstr(kiln_last_error(), want), "%s", kiln_last_error());
+    /* a manifest of the other tokenizer over shards of this one: the shard's own fingerprint is checked too */
+    CHECK(write_manifest(dir, fp2, 1, 0));
+    CHECK(kiln_loader_open(dir, "train", fp2, V, &l) == KILN_ERR_INVALID && !l);
     CHECK(strstr(kiln_last_error(), "bad/train_000.bin") && strstr(kiln_last_error(), want), "%s", kiln_last_error());
+    CHECK(write_manifest(dir, fp, 1, 0));
 
     /* truncated by one byte, and shorter than a header */
     size_t sz;
@@ -335,18 +368,21 @@ static void test_loader_refusals(void) {
     CHECK(write_bytes(tmp_path("bad/train_000.bin"), bytes, sz - 1));
     CHECK(kiln_loader_open(dir, "train", fp, V, &l) == KILN_ERR_FORMAT);
     CHECK(strstr(kiln_last_error(), "bad/train_000.bin") && strstr(kiln_last_error(), "truncated"), "%s", kiln_last_error());
-    CHECK(write_bytes(tmp_path("bad/train_000.bin"), bytes, 40));
+    CHECK(write_manifest(dir, fp, 1, 0)); /* the header's own check, past the manifest's size */
+    CHECK(kiln_loader_open(dir, "train", fp, V, &l) == KILN_ERR_FORMAT);
+    CHECK(strstr(kiln_last_error(), "bad/train_000.bin") && strstr(kiln_last_error(), "truncated"), "%s", kiln_last_error());
+    CHECK(write_bytes(tmp_path("bad/train_000.bin"), bytes, 40) && write_manifest(dir, fp, 1, 0));
     CHECK(kiln_loader_open(dir, "train", fp, V, &l) == KILN_ERR_FORMAT && strstr(kiln_last_error(), "truncated"), "%s", kiln_last_error());
     /* a trailing byte is as wrong as a missing one */
     unsigned char *longer = malloc(sz + 1);
     memcpy(longer, bytes, sz);
     longer[sz] = 0;
-    CHECK(write_bytes(tmp_path("bad/train_000.bin"), longer, sz + 1));
+    CHECK(write_bytes(tmp_path("bad/train_000.bin"), longer, sz + 1) && write_manifest(dir, fp, 1, 0));
     free(longer);
     CHECK(kiln_loader_open(dir, "train", fp, V, &l) == KILN_ERR_FORMAT && strstr(kiln_last_error(), "bad/train_000.bin"), "%s", kiln_last_error());
     /* bad magic */
     bytes[0] = 'X';
-    CHECK(write_bytes(tmp_path("bad/train_000.bin"), bytes, sz));
+    CHECK(write_bytes(tmp_path("bad/train_000.bin"), bytes, sz) && write_manifest(dir, fp, 1, 0));
     CHECK(kiln_loader_open(dir, "train", fp, V, &l) == KILN_ERR_FORMAT);
     CHECK(strstr(kiln_last_error(), "bad/train_000.bin") && strstr(kiln_last_error(), "magic"), "%s", kiln_last_error());
     free(bytes);
@@ -354,16 +390,16 @@ static void test_loader_refusals(void) {
     /* a token outside the vocab, in a second shard: the error names it and its index */
     uint32_t ids[5] = {1, 2, 3, (uint32_t)V, 4};
     CHECK(write_shard(tmp_path("bad/train_000.bin"), KILN_SHARD_MAGIC, fp, 3, 2, ids, 3));
-    CHECK(write_shard(tmp_path("bad/train_001.bin"), KILN_SHARD_MAGIC, fp, 2, 2, ids + 3, 2));
+    CHECK(write_shard(tmp_path("bad/train_001.bin"), KILN_SHARD_MAGIC, fp, 2, 2, ids + 3, 2) && write_manifest(dir, fp, 2, 0));
     CHECK(kiln_loader_open(dir, "train", fp, V, &l) == KILN_ERR_RANGE, "%s", kiln_last_error());
     snprintf(want, sizeof want, "token %lld at index 0", (long long)V);
     CHECK(strstr(kiln_last_error(), "bad/train_001.bin") && strstr(kiln_last_error(), want), "%s", kiln_last_error());
     CHECK(kiln_loader_open(dir, "train", fp, V + 1, &l) == KILN_OK, "a model vocab larger than the tokenizer's takes the id");
     kiln_loader_free(l);
     /* a header whose count disagrees with the data, and bytes per token other than 2 or 4 */
-    CHECK(write_shard(tmp_path("bad/train_001.bin"), KILN_SHARD_MAGIC, fp, 3, 2, ids, 2));
+    CHECK(write_shard(tmp_path("bad/train_001.bin"), KILN_SHARD_MAGIC, fp, 3, 2, ids, 2) && write_manifest(dir, fp, 2, 0));
     CHECK(kiln_loader_open(dir, "train", fp, V, &l) == KILN_ERR_FORMAT && strstr(kiln_last_error(), "truncated"), "%s", kiln_last_error());
-    CHECK(write_shard(tmp_path("bad/train_001.bin"), KILN_SHARD_MAGIC, fp, 2, 3, ids, 2));
+    CHECK(write_shard(tmp_path("bad/train_001.bin"), KILN_SHARD_MAGIC, fp, 2, 3, ids, 2) && write_manifest(dir, fp, 2, 0));
     CHECK(kiln_loader_open(dir, "train", fp, V, &l) == KILN_ERR_FORMAT && strstr(kiln_last_error(), "bytes per token"), "%s", kiln_last_error());
 }
 
@@ -372,7 +408,7 @@ static void test_loader_uint32(void) {
     CHECK(mkdir(tmp_path("u32"), 0700) == 0);
     uint32_t wide[4] = {0, 65535, 65536, 99999}, narrow[2] = {4464, 5};
     CHECK(write_shard(tmp_path("u32/train_000.bin"), KILN_SHARD_MAGIC, 42, 4, 4, wide, 4));
-    CHECK(write_shard(tmp_path("u32/train_001.bin"), KILN_SHARD_MAGIC, 42, 2, 2, narrow, 2));
+    CHECK(write_shard(tmp_path("u32/train_001.bin"), KILN_SHARD_MAGIC, 42, 2, 2, narrow, 2) && write_manifest(tmp_path("u32"), 42, 2, 0));
     kiln_loader *l;
     CHECK(kiln_loader_open(tmp_path("u32"), "train", 42, 100000, &l) == KILN_OK, "%s", kiln_last_error());
     CHECK(kiln_loader_n_tokens(l) == 6);
