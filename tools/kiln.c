@@ -319,7 +319,7 @@ static int cmd_tokenizer(int argc, char **argv) {
     }
     kiln_bpe_train_params p = {.vocab_size = 0, .min_frequency = 2, .progress = kiln_cli_progress};
     const char *out = NULL;
-    const char **corpus = calloc((size_t)argc, sizeof *corpus), *specials[64];
+    const char **corpus = calloc((size_t)argc, sizeof *corpus), **specials = NULL;
     char *spec_buf = NULL;
     int n_corpus = 0, rc = 1;
     for (int i = 1; i < argc; i++) {
@@ -329,9 +329,18 @@ static int cmd_tokenizer(int argc, char **argv) {
         else if (strcmp(argv[i], "-t") == 0 && i + 1 < argc) p.n_threads = atoi(argv[++i]);
         else if (strcmp(argv[i], "--specials") == 0 && i + 1 < argc) {
             free(spec_buf);
+            free(specials);
             spec_buf = strdup(argv[++i]);
+            /* as many as the list has: it has at most one more than its commas */
+            size_t most = 1;
+            for (const char *c = argv[i]; *c; c++) most += *c == ',';
+            specials = calloc(most, sizeof *specials);
+            if (!spec_buf || !specials) {
+                fprintf(stderr, "kiln: tokenizer train: out of memory for --specials\n");
+                goto out;
+            }
             p.n_specials = 0;
-            for (char *tok = strtok(spec_buf, ","); tok && p.n_specials < 64; tok = strtok(NULL, ",")) specials[p.n_specials++] = tok;
+            for (char *tok = strtok(spec_buf, ","); tok; tok = strtok(NULL, ",")) specials[p.n_specials++] = tok;
             p.specials = specials;
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "kiln: tokenizer train: unexpected argument '%s'\n", argv[i]);
@@ -355,6 +364,7 @@ static int cmd_tokenizer(int argc, char **argv) {
 out:
     free(corpus);
     free(spec_buf);
+    free(specials);
     return rc;
 }
 
