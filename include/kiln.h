@@ -434,7 +434,7 @@ kiln_status kiln_data_tokenizer_load(const char *path, kiln_tokenizer **out);
  * writes shards to out_dir (created if missing). The last n_val = max(1, floor(n * val_fraction)) of a
  * document's n tokens go to the validation split (none when val_fraction is 0), the rest to train, in corpus
  * order. Invalid UTF-8 in a corpus is an error naming the file and byte offset, a corpus that is not a regular
- * file (a directory, a FIFO) one naming what it is, before any read. Shards are written atomically; shards of the
+ * file (a directory, a FIFO) one naming what it is; every corpus is checked before out_dir is touched. Shards are written atomically; shards of the
  * same split left by an earlier run with more of them are removed. The old manifest is removed first and the new
  * one written last (temp file, fsync, rename), so a run that fails or is stopped leaves a folder training refuses.
  * p NULL: kiln_data_default().

@@ -670,10 +670,12 @@ static void test_data_stopped_run(void) {
 }
 
 /* A corpus that is a folder or a FIFO is refused by name before any read; the FIFO must not block (alarm: a
- * blocked open ends the program, a failure). */
+ * blocked open ends the program, a failure). Bad input, these or invalid UTF-8, leaves an earlier run's folder
+ * whole. */
 static void test_data_not_regular(void) {
     const char *dir = tmp_path("nr"), *fifo = tmp_path("nr.fifo"), *a = tmp_path("a.txt");
     CHECK(write_bytes(a, corpus_a, strlen(corpus_a)));
+    CHECK(write_shards(&a, 1, dir, 0.1, 7, NULL) == KILN_OK && open_train(dir) == KILN_OK, "%s", kiln_last_error());
     CHECK(mkdir(tmp_path("nr-corpus"), 0700) == 0 && mkfifo(fifo, 0600) == 0);
     const char *folder = tmp_path("nr-corpus");
     CHECK(write_shards(&folder, 1, dir, 0.1, 0, NULL) == KILN_ERR_IO);
@@ -683,7 +685,13 @@ static void test_data_not_regular(void) {
     kiln_status s = write_shards(two, 2, dir, 0.1, 0, NULL);
     alarm(0);
     CHECK(s == KILN_ERR_IO && strstr(kiln_last_error(), "nr.fifo: is not a regular file"), "%s", kiln_last_error());
-    CHECK(open_train(dir) == KILN_ERR_NOT_FOUND, "a failed run leaves no manifest");
+    /* refused before anything was written: the earlier run's folder is whole, and so after invalid UTF-8 in a
+     * second corpus */
+    CHECK(open_train(dir) == KILN_OK, "%s", kiln_last_error());
+    const char *bad = tmp_path("nr-bad.txt"), *with_bad[] = {a, bad};
+    CHECK(write_bytes(bad, "ok \xff", 4));
+    CHECK(write_shards(with_bad, 2, dir, 0.1, 0, NULL) == KILN_ERR_FORMAT && strstr(kiln_last_error(), "nr-bad.txt"), "%s", kiln_last_error());
+    CHECK(open_train(dir) == KILN_OK && access(tmp_path("nr/train_001.bin"), F_OK) == 0, "%s", kiln_last_error());
 }
 
 /* ---------------------------------------------------------------- fingerprint */

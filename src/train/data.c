@@ -2,8 +2,9 @@
  * loader that feeds training batches (src/train/data.h has both file layouts; the tokenizer fingerprint each shard
  * carries is src/tok/fingerprint.c's).
  *
- * Writing. Each corpus is checked for valid UTF-8 in one pass (an error names the file and byte offset), then
- * encoded by the streaming encoder (src/tok/stream.c) in bounded memory. The split point of a document, its last
+ * Writing. Every corpus is checked first, before anything in the output folder is touched: a regular file (by
+ * stat, which cannot block on a FIFO) and valid UTF-8 in one pass (an error names the file and byte offset). Then
+ * each is encoded by the streaming encoder (src/tok/stream.c) in bounded memory. The split point of a document, its last
  * val_fraction of tokens, is known only at its end, so a document's ids are held in memory up to 2^20 ids
  * (4 MiB) and spilled beyond that to an unlinked temporary file in the output folder, then routed to the train
  * and val shard streams. A shard goes to PATH.tmp.<pid> and is fsync'd and renamed over PATH (the folder
@@ -106,6 +107,14 @@ static kiln_status open_regular(const char *path, int *out) {
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     *out = fd;
+    return KILN_OK;
+}
+
+/* The same refusal from stat alone, which opens nothing: for checking every corpus before the first is read. */
+static kiln_status check_regular(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) return kiln_fail(KILN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) return kiln_fail(KILN_ERR_IO, "%s: %s", path, S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file");
     return KILN_OK;
 }
 
@@ -538,8 +547,8 @@ static kiln_status doc_route(doc_state *d, int64_t from, int64_t to, shard_write
 
 /* ---------------------------------------------------------------- UTF-8 check */
 
-/* Reads path once and fails at the first invalid UTF-8 sequence, naming the byte offset. *bytes gets the size.
- * A folder, FIFO or device is refused before the first read. */
+/* Reads path once and fails at the first invalid UTF-8 sequence, naming the byte offset. *bytes (bytes may be
+ * NULL) gets the size. A folder, FIFO or device is refused before the first read. */
 static kiln_status check_utf8(const char *path, int64_t *bytes) {
     int fd;
     TRY(open_regular(path, &fd));
@@ -582,7 +591,7 @@ static kiln_status check_utf8(const char *path, int64_t *bytes) {
             i += (size_t)n;
         }
         if (s || eof) {
-            if (!s) *bytes = base + (int64_t)len;
+            if (!s && bytes) *bytes = base + (int64_t)len;
             break;
         }
         carry = len - i;
@@ -626,7 +635,12 @@ kiln_status kiln_data_write(const char *const *corpora, int n_corpora, const kil
     if (!(val_fraction >= 0 && val_fraction < 1)) return kiln_fail(KILN_ERR_INVALID, "data: val fraction %g is outside [0, 1)", val_fraction);
     if (shard_tokens < 0) return kiln_fail(KILN_ERR_INVALID, "data: shard size %lld tokens is negative", (long long)shard_tokens);
     if (shard_tokens == 0) shard_tokens = 100000000;
-    kiln_status s = make_dirs(out_dir);
+    /* every corpus is checked (a regular file, valid UTF-8) before anything in out_dir is touched: bad input
+     * leaves an earlier run's folder as it was */
+    kiln_status s = KILN_OK;
+    for (int c = 0; c < n_corpora && !s; c++) s = check_regular(corpora[c]);
+    for (int c = 0; c < n_corpora && !s; c++) s = check_utf8(corpora[c], NULL);
+    if (!s) s = make_dirs(out_dir);
     if (!s) s = manifest_remove(out_dir);
     if (s) return s;
 
@@ -650,9 +664,11 @@ kiln_status kiln_data_write(const char *const *corpora, int n_corpora, const kil
         if (stat(corpora[c], &cst) == 0 && S_ISREG(cst.st_mode)) prog.total += (int64_t)cst.st_size;
     }
     for (int c = 0; c < n_corpora && !s; c++) {
-        int64_t bytes = 0;
-        if ((s = check_utf8(corpora[c], &bytes))) break;
-        st.n_bytes_in += bytes;
+        struct stat cst;
+        if (stat(corpora[c], &cst) != 0) {
+            s = kiln_fail(KILN_ERR_IO, "%s: cannot stat: %s", corpora[c], strerror(errno));
+            break;
+        }
         d.n = 0, d.n_spilled = 0;
         /* parse_special off: text that spells "<s>" in a corpus is text, not a control token */
         if ((s = kiln_tokenizer_encode_file(tok, corpora[c], true, false, doc_emit, &d))) break;
@@ -667,6 +683,7 @@ kiln_status kiln_data_write(const char *const *corpora, int n_corpora, const kil
             close(d.spill_fd);
             d.spill_fd = -1;
         }
+        st.n_bytes_in += (int64_t)cst.st_size;
         if (p->progress) {
             prog.done = st.n_bytes_in;
             p->progress(p->progress_ud, &prog);
