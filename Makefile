@@ -1,10 +1,10 @@
 # kiln build. `make` builds build/libkiln.a and build/kiln; `make test` builds and runs every test;
 # `make test SAN=1` does the same under AddressSanitizer + UndefinedBehaviorSanitizer (in build-san/);
-# `make fuzz FUZZ_SECONDS=60` runs the GGUF reader fuzzer (`make fuzz-ckpt`: the checkpoint loader's);
-# `make install PREFIX=/usr/local` (and DESTDIR) installs libkiln.a, libkiln.so, kiln.h and kiln.pc. The CUDA
-# backend is compiled in when nvcc is on the PATH (CUDA_ARCH SASS plus its PTX, sm_90 by default); CUDA=0 leaves
-# it out. Before the first compile the preflight checks that the compiler and every header and library are there,
-# and names the package of one that is not.
+# `make fuzz FUZZ_SECONDS=60` runs the GGUF reader fuzzer (fuzz-tokenize, fuzz-shards and fuzz-ckpt: the tokenizers',
+# the shard loader's and the checkpoint loader's); `make install PREFIX=/usr/local` (and DESTDIR) installs libkiln.a,
+# libkiln.so, kiln.h and kiln.pc. The CUDA backend is compiled in when nvcc is on the PATH (CUDA_ARCH SASS plus its
+# PTX, sm_90 by default); CUDA=0 leaves it out. Before the first compile the preflight checks that the compiler and
+# every header and library are there, and names the package of one that is not.
 
 CC      ?= cc
 NVCC    ?= nvcc
@@ -93,7 +93,7 @@ BENCH_SRC    := $(wildcard bench/*.c)
 TOOL_SRC     := $(wildcard tools/*.c)
 TOOL_OBJ     := $(TOOL_SRC:%.c=$(BUILD)/%.o) $(BENCH_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all tests test clean fuzz fuzz-tokenize fuzz-ckpt demo preflight install uninstall
+.PHONY: all tests test clean fuzz fuzz-tokenize fuzz-shards fuzz-ckpt demo preflight install uninstall
 all: $(BUILD)/libkiln.a $(BUILD)/kiln
 
 # ---------------------------------------------------------------- preflight
@@ -247,13 +247,15 @@ fuzz:
 	build-fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -artifact_prefix=tests/fuzz/crashes/ \
 	  build-fuzz/corpus tests/fuzz/corpus
 
-# Needs ../shared/data/vocab (KILN_DATA overrides): the harness encodes with real vocabularies.
+# Needs ../shared/data/vocab (KILN_DATA overrides): the harness encodes with real vocabularies. The seeds in
+# tests/fuzz/corpus-tok are a few KB each of real Turkish, English and C, and -max_len (16 KiB) is above their
+# sizes, so the fuzzer starts from long, real text rather than short strings.
 fuzz-tokenize:
 	@mkdir -p build-fuzz/corpus-tok tests/fuzz/crashes
 	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -Isrc/core \
 	  tests/fuzz/fuzz_tokenize.c src/core/status.c src/core/types.c src/core/file.c src/core/gguf.c $(filter-out src/tok/bpe_train.c,$(wildcard src/tok/*.c)) \
 	  -o build-fuzz/fuzz_tokenize -lpcre2-8 -lutf8proc -lm -lpthread
-	build-fuzz/fuzz_tokenize -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -artifact_prefix=tests/fuzz/crashes/ \
+	build-fuzz/fuzz_tokenize -max_total_time=$(FUZZ_SECONDS) -max_len=16384 -artifact_prefix=tests/fuzz/crashes/ \
 	  build-fuzz/corpus-tok tests/fuzz/corpus-tok
 
 # The checkpoint loader (kiln_train_load_checkpoint: the GGUF, the model's config, the run's keys, the weights and the
@@ -275,6 +277,15 @@ fuzz-ckpt:
 	  tests/fuzz/fuzz_checkpoint.c build-fuzz/ckpt/*.o -o build-fuzz/fuzz_checkpoint -lpcre2-8 -lutf8proc -lm -lpthread
 	KILN_FUZZ_SEED_DIR=build-fuzz/corpus-ckpt build-fuzz/fuzz_checkpoint -max_total_time=$(FUZZ_SECONDS) -max_len=65536 \
 	  -artifact_prefix=tests/fuzz/crashes/ build-fuzz/corpus-ckpt
+
+# The shard manifest and loader (src/train/data.c): inputs become manifests and shards in a temporary folder.
+fuzz-shards:
+	@mkdir -p build-fuzz/corpus-shards tests/fuzz/crashes
+	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -Isrc/core \
+	  tests/fuzz/fuzz_shards.c src/train/data.c src/core/status.c src/core/types.c src/core/file.c src/core/gguf.c \
+	  $(filter-out src/tok/bpe_train.c,$(wildcard src/tok/*.c)) -o build-fuzz/fuzz_shards -lpcre2-8 -lutf8proc -lm -lpthread
+	build-fuzz/fuzz_shards -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -artifact_prefix=tests/fuzz/crashes/ \
+	  build-fuzz/corpus-shards tests/fuzz/corpus-shards
 
 clean:
 	rm -rf build build-san build-fuzz

@@ -406,7 +406,10 @@ uint64_t kiln_tokenizer_fingerprint(const kiln_tokenizer *tok);
 /* ---------------------------------------------------------------- training data
  * Token shards for training, what `kiln data` writes: DIR/train_000.bin, ..., DIR/val_000.bin, each a 64-byte
  * header (magic "KSHD", version, the tokenizer's fingerprint, token count, bytes per token, vocab size) and the
- * tokens as uint16 (or uint32 for vocabularies over 65536); src/train/data.h has the layout. */
+ * tokens as uint16 (or uint32 for vocabularies over 65536), and last DIR/manifest.txt listing every shard with its
+ * token count, size and hash and the tokenizer's fingerprint; src/train/data.h has both layouts. Training reads a
+ * folder only through its manifest: one without it, or with a listed shard missing or changed, or a shard file it
+ * does not list, is refused naming the file. */
 typedef struct kiln_data_params {
     double val_fraction;       /* of each document's tokens, its last ones, for the val split; [0, 1), 0: none */
     int64_t shard_tokens;      /* tokens per shard at most; 0: 100M */
@@ -421,12 +424,20 @@ typedef struct kiln_data_stats {
 } kiln_data_stats;
 
 kiln_data_params kiln_data_default(void); /* val_fraction 0.05, shard_tokens 0 (100M), no progress */
+/* Loads the tokenizer of a GGUF file (a vocab from kiln tokenizer train, or a model) through the check kiln train
+ * applies to its -t, so that kiln data never writes shards training then refuses: a directory, FIFO or other
+ * non-regular file is KILN_ERR_IO, a file that is not GGUF (a llama2.c tokenizer.bin) KILN_ERR_UNSUPPORTED, both
+ * naming the file and saying why. */
+kiln_status kiln_data_tokenizer_load(const char *path, kiln_tokenizer **out);
 /* Tokenizes the corpora (streaming, each file its own document, encoded as kiln_tokenizer_encode with
  * add_special on and parse_special off: BOS/EOS as the tokenizer adds them, "<s>" in the text stays text) and
  * writes shards to out_dir (created if missing). The last n_val = max(1, floor(n * val_fraction)) of a
  * document's n tokens go to the validation split (none when val_fraction is 0), the rest to train, in corpus
- * order. Invalid UTF-8 in a corpus is an error naming the file and byte offset. Shards are written atomically;
- * shards of the same split left by an earlier run with more of them are removed. p NULL: kiln_data_default().
+ * order. Invalid UTF-8 in a corpus is an error naming the file and byte offset, a corpus that is not a regular
+ * file (a directory, a FIFO) one naming what it is; every corpus is checked before out_dir is touched. Shards are written atomically; shards of the
+ * same split left by an earlier run with more of them are removed. The old manifest is removed first and the new
+ * one written last (temp file, fsync, rename), so a run that fails or is stopped leaves a folder training refuses.
+ * p NULL: kiln_data_default().
  * stats (may be NULL) gets the counts. */
 kiln_status kiln_data_write(const char *const *corpora, int n_corpora, const kiln_tokenizer *tok, const char *out_dir,
                             const kiln_data_params *p, kiln_data_stats *stats);

@@ -1,6 +1,7 @@
 /* test_bpe_train.c: the byte-level BPE trainer (src/tok/bpe_train.c).
  * First merges derived by hand on tiny corpora (counts, tie-break, min_frequency, specials), identical files
- * across runs and thread counts, invalid UTF-8, a Turkish round trip through kiln's encoder, and the
+ * across runs and thread counts, invalid UTF-8, corpora that are a folder or a FIFO, 100 specials through
+ * `kiln tokenizer train --specials` ($KILN_BIN), a Turkish round trip through kiln's encoder, and the
  * criterion: a 4096-token vocab trained on Turkish encodes held-out Turkish in fewer tokens than Llama-2's
  * 32000-token SentencePiece vocab (needs ../shared/data; prints bytes/token for both vocabs). */
 #include "kiln.h"
@@ -208,6 +209,49 @@ static void test_bpe_train_errors(void) {
     }
 }
 
+/* A corpus that is a folder or a FIFO is refused by name before counting; the FIFO must not block (alarm: a
+ * blocked open ends the program, a failure). */
+static void test_bpe_train_not_regular(void) {
+    kiln_bpe_train_params p = params(300);
+    const char *good = tmp_path("good.txt"), *folder = tmp_path("a-folder"), *fifo = tmp_path("a.fifo");
+    CHECK(write_text(good, "ab ab ab", 8) && mkdir(folder, 0700) == 0 && mkfifo(fifo, 0600) == 0);
+    const char *with_folder[] = {good, folder}, *with_fifo[] = {good, fifo};
+    CHECK(kiln_bpe_train(with_folder, 2, &p, tmp_path("nr.gguf")) == KILN_ERR_IO && strstr(kiln_last_error(), "a-folder: is a directory"), "%s",
+          kiln_last_error());
+    alarm(20);
+    kiln_status s = kiln_bpe_train(with_fifo, 2, &p, tmp_path("nr.gguf"));
+    alarm(0);
+    CHECK(s == KILN_ERR_IO && strstr(kiln_last_error(), "a.fifo: is not a regular file"), "%s", kiln_last_error());
+    CHECK(access(tmp_path("nr.gguf"), F_OK) != 0, "no vocab written");
+}
+
+/* `kiln tokenizer train --specials` with 100 of them keeps all 100, ids 0..99 in the order given. */
+static void test_bpe_train_cli_many_specials(void) {
+    const char *bin = getenv("KILN_BIN");
+    if (!bin || !*bin) SKIP("KILN_BIN is not set (make test sets it)");
+    char list[2048], cmd[4096];
+    size_t n = 0;
+    for (int i = 0; i < 100; i++) n += (size_t)snprintf(list + n, sizeof list - n, "%s<sp%d>", i ? "," : "", i);
+    const char *corpus = tmp_path("sp.txt"), *out = tmp_path("sp.gguf");
+    CHECK(write_text(corpus, "ab ab ab cd cd", 14));
+    snprintf(cmd, sizeof cmd, "'%s' tokenizer train '%s' --vocab 400 -o '%s' --specials '%s' 2>/dev/null", bin, corpus, out, list);
+    int rc = system(cmd);
+    CHECK(rc == 0, "%s", cmd);
+    kiln_gguf *g;
+    CHECK(kiln_gguf_open(out, &g) == KILN_OK, "%s", kiln_last_error());
+    char b[64], want[16];
+    int bad = -1;
+    for (int i = 0; i < 100 && bad < 0; i++) {
+        snprintf(want, sizeof want, "<sp%d>", i);
+        if (strcmp(arr_str(g, "tokenizer.ggml.tokens", (uint64_t)i, b, sizeof b), want) != 0) bad = i;
+    }
+    /* then the 256 byte tokens: token 100 is byte 0x00, written by the byte alphabet as U+0100 */
+    int byte_ok = strcmp(arr_str(g, "tokenizer.ggml.tokens", 100, b, sizeof b), "\xc4\x80") == 0;
+    kiln_gguf_close(g);
+    CHECK(bad < 0, "token %d is '%s'", bad, b);
+    CHECK(byte_ok, "token 100 is '%s'", b);
+}
+
 /* ---------------------------------------------------------------- determinism */
 
 /* About 60 KB of Turkish-like text: 300 stems with suffixes, words repeated with a skewed distribution,
@@ -408,6 +452,8 @@ int main(void) {
     RUN(test_bpe_train_tie_break);
     RUN(test_bpe_train_specials);
     RUN(test_bpe_train_errors);
+    RUN(test_bpe_train_not_regular);
+    RUN(test_bpe_train_cli_many_specials);
     RUN(test_bpe_train_deterministic);
     RUN(test_bpe_train_turkish_round_trip);
     RUN(test_bpe_train_turkish_beats_llama2);

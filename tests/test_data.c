@@ -5,7 +5,12 @@
  * loader's wrap-around and pos/set_pos, and each refusal: another tokenizer's fingerprint, a truncated shard,
  * bad magic, a token outside the vocab, invalid UTF-8 (naming the file and byte offset); uint32 shards; the
  * fingerprint's sensitivity to one token type and one merge; the SVG's points, ticks and legend and a
- * malformed log line; and `kiln data` / `kiln plot` through $KILN_BIN (set by `make test`). */
+ * malformed log line; and `kiln data` / `kiln plot` through $KILN_BIN (set by `make test`).
+ * The manifest: kiln_shard_hash against an independent Python implementation, the manifest's exact text, and each
+ * folder the loader must refuse (no manifest, a middle shard deleted, changed, swapped, truncated or grown, an
+ * unlisted shard file, malformed manifests), runs stopped by a full disk (RLIMIT_FSIZE) or a kill in a child, a
+ * corpus that is a folder or a FIFO; through the CLI, a llama2.c tokenizer refused by kiln data with kiln train's
+ * reason, the strict numeric flags and `--`. */
 #include "kiln.h"
 #include "test.h"
 #include "tok/tok.h"
@@ -15,6 +20,8 @@
 #include <dirent.h>
 #include <ftw.h>
 #include <stdint.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -154,6 +161,34 @@ static int write_shard(const char *path, uint32_t magic, uint64_t fp, uint64_t n
         for (uint32_t k = 0; k < bpt; k++) b[KILN_SHARD_HEADER + i * bpt + k] = (unsigned char)(ids[i] >> (8 * k));
     int ok = write_bytes(path, b, size);
     free(b);
+    return ok;
+}
+
+/* A manifest (src/train/data.h's layout) for the shards now in dir: n_train train and n_val val shards, each
+ * listed with the token count its header says, its size and kiln_shard_hash of its bytes. For tests that edit
+ * shards by hand and mean to reach the loader's checks past the manifest's. */
+static int write_manifest(const char *dir, uint64_t fp, int n_train, int n_val) {
+    char *text = malloc((size_t)(n_train + n_val + 4) * 96), path[512];
+    int n = sprintf(text, "kiln-shards 1\nfingerprint %016llx\nshards %d %d\n", (unsigned long long)fp, n_train, n_val);
+    for (int i = 0; i < n_train + n_val; i++) {
+        const char *split = i < n_train ? "train" : "val";
+        int k = i < n_train ? i : i - n_train;
+        snprintf(path, sizeof path, "%s/%s_%03d.bin", dir, split, k);
+        size_t sz;
+        unsigned char *b = read_bytes(path, &sz);
+        if (!b) {
+            free(text);
+            return 0;
+        }
+        uint64_t count = 0;
+        for (int j = 7; j >= 0 && sz >= 24; j--) count = count << 8 | b[16 + j];
+        n += sprintf(text + n, "%s_%03d.bin %llu %zu %016llx\n", split, k, (unsigned long long)count, sz, (unsigned long long)kiln_shard_hash(b, sz));
+        free(b);
+    }
+    n += sprintf(text + n, "end\n");
+    snprintf(path, sizeof path, "%s/manifest.txt", dir);
+    int ok = write_bytes(path, text, (size_t)n);
+    free(text);
     return ok;
 }
 
@@ -326,7 +361,12 @@ static void test_loader_refusals(void) {
     char want[64];
     snprintf(want, sizeof want, "%016llx", (unsigned long long)fp2);
     CHECK(kiln_loader_open(dir, "train", fp2, V, &l) == KILN_ERR_INVALID && !l);
+    CHECK(strstr(kiln_last_error(), "bad/manifest.txt") && strstr(kiln_last_error(), want), "%s", kiln_last_error());
+    /* a manifest of the other tokenizer over shards of this one: the shard's own fingerprint is checked too */
+    CHECK(write_manifest(dir, fp2, 1, 0));
+    CHECK(kiln_loader_open(dir, "train", fp2, V, &l) == KILN_ERR_INVALID && !l);
     CHECK(strstr(kiln_last_error(), "bad/train_000.bin") && strstr(kiln_last_error(), want), "%s", kiln_last_error());
+    CHECK(write_manifest(dir, fp, 1, 0));
 
     /* truncated by one byte, and shorter than a header */
     size_t sz;
@@ -335,18 +375,21 @@ static void test_loader_refusals(void) {
     CHECK(write_bytes(tmp_path("bad/train_000.bin"), bytes, sz - 1));
     CHECK(kiln_loader_open(dir, "train", fp, V, &l) == KILN_ERR_FORMAT);
     CHECK(strstr(kiln_last_error(), "bad/train_000.bin") && strstr(kiln_last_error(), "truncated"), "%s", kiln_last_error());
-    CHECK(write_bytes(tmp_path("bad/train_000.bin"), bytes, 40));
+    CHECK(write_manifest(dir, fp, 1, 0)); /* the header's own check, past the manifest's size */
+    CHECK(kiln_loader_open(dir, "train", fp, V, &l) == KILN_ERR_FORMAT);
+    CHECK(strstr(kiln_last_error(), "bad/train_000.bin") && strstr(kiln_last_error(), "truncated"), "%s", kiln_last_error());
+    CHECK(write_bytes(tmp_path("bad/train_000.bin"), bytes, 40) && write_manifest(dir, fp, 1, 0));
     CHECK(kiln_loader_open(dir, "train", fp, V, &l) == KILN_ERR_FORMAT && strstr(kiln_last_error(), "truncated"), "%s", kiln_last_error());
     /* a trailing byte is as wrong as a missing one */
     unsigned char *longer = malloc(sz + 1);
     memcpy(longer, bytes, sz);
     longer[sz] = 0;
-    CHECK(write_bytes(tmp_path("bad/train_000.bin"), longer, sz + 1));
+    CHECK(write_bytes(tmp_path("bad/train_000.bin"), longer, sz + 1) && write_manifest(dir, fp, 1, 0));
     free(longer);
     CHECK(kiln_loader_open(dir, "train", fp, V, &l) == KILN_ERR_FORMAT && strstr(kiln_last_error(), "bad/train_000.bin"), "%s", kiln_last_error());
     /* bad magic */
     bytes[0] = 'X';
-    CHECK(write_bytes(tmp_path("bad/train_000.bin"), bytes, sz));
+    CHECK(write_bytes(tmp_path("bad/train_000.bin"), bytes, sz) && write_manifest(dir, fp, 1, 0));
     CHECK(kiln_loader_open(dir, "train", fp, V, &l) == KILN_ERR_FORMAT);
     CHECK(strstr(kiln_last_error(), "bad/train_000.bin") && strstr(kiln_last_error(), "magic"), "%s", kiln_last_error());
     free(bytes);
@@ -354,16 +397,16 @@ static void test_loader_refusals(void) {
     /* a token outside the vocab, in a second shard: the error names it and its index */
     uint32_t ids[5] = {1, 2, 3, (uint32_t)V, 4};
     CHECK(write_shard(tmp_path("bad/train_000.bin"), KILN_SHARD_MAGIC, fp, 3, 2, ids, 3));
-    CHECK(write_shard(tmp_path("bad/train_001.bin"), KILN_SHARD_MAGIC, fp, 2, 2, ids + 3, 2));
+    CHECK(write_shard(tmp_path("bad/train_001.bin"), KILN_SHARD_MAGIC, fp, 2, 2, ids + 3, 2) && write_manifest(dir, fp, 2, 0));
     CHECK(kiln_loader_open(dir, "train", fp, V, &l) == KILN_ERR_RANGE, "%s", kiln_last_error());
     snprintf(want, sizeof want, "token %lld at index 0", (long long)V);
     CHECK(strstr(kiln_last_error(), "bad/train_001.bin") && strstr(kiln_last_error(), want), "%s", kiln_last_error());
     CHECK(kiln_loader_open(dir, "train", fp, V + 1, &l) == KILN_OK, "a model vocab larger than the tokenizer's takes the id");
     kiln_loader_free(l);
     /* a header whose count disagrees with the data, and bytes per token other than 2 or 4 */
-    CHECK(write_shard(tmp_path("bad/train_001.bin"), KILN_SHARD_MAGIC, fp, 3, 2, ids, 2));
+    CHECK(write_shard(tmp_path("bad/train_001.bin"), KILN_SHARD_MAGIC, fp, 3, 2, ids, 2) && write_manifest(dir, fp, 2, 0));
     CHECK(kiln_loader_open(dir, "train", fp, V, &l) == KILN_ERR_FORMAT && strstr(kiln_last_error(), "truncated"), "%s", kiln_last_error());
-    CHECK(write_shard(tmp_path("bad/train_001.bin"), KILN_SHARD_MAGIC, fp, 2, 3, ids, 2));
+    CHECK(write_shard(tmp_path("bad/train_001.bin"), KILN_SHARD_MAGIC, fp, 2, 3, ids, 2) && write_manifest(dir, fp, 2, 0));
     CHECK(kiln_loader_open(dir, "train", fp, V, &l) == KILN_ERR_FORMAT && strstr(kiln_last_error(), "bytes per token"), "%s", kiln_last_error());
 }
 
@@ -372,7 +415,7 @@ static void test_loader_uint32(void) {
     CHECK(mkdir(tmp_path("u32"), 0700) == 0);
     uint32_t wide[4] = {0, 65535, 65536, 99999}, narrow[2] = {4464, 5};
     CHECK(write_shard(tmp_path("u32/train_000.bin"), KILN_SHARD_MAGIC, 42, 4, 4, wide, 4));
-    CHECK(write_shard(tmp_path("u32/train_001.bin"), KILN_SHARD_MAGIC, 42, 2, 2, narrow, 2));
+    CHECK(write_shard(tmp_path("u32/train_001.bin"), KILN_SHARD_MAGIC, 42, 2, 2, narrow, 2) && write_manifest(tmp_path("u32"), 42, 2, 0));
     kiln_loader *l;
     CHECK(kiln_loader_open(tmp_path("u32"), "train", 42, 100000, &l) == KILN_OK, "%s", kiln_last_error());
     CHECK(kiln_loader_n_tokens(l) == 6);
@@ -416,6 +459,239 @@ static void test_data_invalid_utf8(void) {
     CHECK(write_shards(&missing, 1, dir, 0.05, 0, NULL) == KILN_ERR_IO && strstr(kiln_last_error(), "no-such.txt"));
     CHECK(write_shards(&p, 1, dir, 1.0, 0, NULL) == KILN_ERR_INVALID);
     free(text);
+}
+
+/* ---------------------------------------------------------------- manifest */
+
+/* kiln_shard_hash against values from an independent Python implementation of data.h's description (lanes,
+ * tail, length, splitmix64 finalizer), so a change to the hash, which would orphan every manifest on disk, fails. */
+static void test_shard_hash(void) {
+    unsigned char b[1000];
+    for (int i = 0; i < 1000; i++) b[i] = (unsigned char)(i * 7 + 3);
+    unsigned char r[100];
+    for (int i = 0; i < 100; i++) r[i] = (unsigned char)i;
+    CHECK(kiln_shard_hash("", 0) == 0x766c7601bfa28fe9ull && kiln_shard_hash("a", 1) == 0x569b86e37b2d48c6ull);
+    CHECK(kiln_shard_hash("kiln", 4) == 0xff4ecfe1837a1100ull && kiln_shard_hash(r, 100) == 0x64cd277dbbe9b428ull);
+    CHECK(kiln_shard_hash(b, 1000) == 0x7f848e201fdb9e36ull);
+    /* every single-bit change of a 100-byte input moves it */
+    uint64_t h = kiln_shard_hash(r, 100);
+    for (int i = 0; i < 800; i++) {
+        r[i / 8] ^= (unsigned char)(1 << (i % 8));
+        CHECK(kiln_shard_hash(r, 100) != h, "bit %d", i);
+        r[i / 8] ^= (unsigned char)(1 << (i % 8));
+    }
+}
+
+/* The manifest kiln_data_write leaves: the layout of data.h, each shard's count, size and hash of its bytes. */
+static void test_manifest_written(void) {
+    const char *a = tmp_path("a.txt"), *b = tmp_path("b.txt"), *dir = tmp_path("mf");
+    CHECK(write_bytes(a, corpus_a, strlen(corpus_a)) && write_bytes(b, corpus_b, strlen(corpus_b)));
+    const char *corpora[] = {a, b};
+    kiln_data_stats st;
+    CHECK(write_shards(corpora, 2, dir, 0.1, 20, &st) == KILN_OK, "%s", kiln_last_error());
+    CHECK(st.n_train_shards >= 3 && st.n_val_shards == 1);
+    char want[4096], path[512];
+    int n = snprintf(want, sizeof want, "kiln-shards 1\nfingerprint %016llx\nshards %d %d\n", (unsigned long long)kiln_tokenizer_fingerprint(tok),
+                     st.n_train_shards, st.n_val_shards);
+    int64_t left = st.n_train_tokens;
+    for (int i = 0; i < st.n_train_shards + 1; i++) {
+        bool val = i == st.n_train_shards;
+        int64_t count = val ? st.n_val_tokens : left < 20 ? left : 20;
+        left -= val ? 0 : count;
+        snprintf(path, sizeof path, "%s/%s_%03d.bin", dir, val ? "val" : "train", val ? 0 : i);
+        size_t sz;
+        unsigned char *bytes = read_bytes(path, &sz);
+        CHECK(bytes && sz == (size_t)(KILN_SHARD_HEADER + 2 * count), "%s", path);
+        n += snprintf(want + n, sizeof want - (size_t)n, "%s_%03d.bin %lld %zu %016llx\n", val ? "val" : "train", val ? 0 : i, (long long)count, sz,
+                      (unsigned long long)kiln_shard_hash(bytes, sz));
+        free(bytes);
+    }
+    n += snprintf(want + n, sizeof want - (size_t)n, "end\n");
+    size_t got_n;
+    char *got = (char *)read_bytes(tmp_path("mf/manifest.txt"), &got_n);
+    CHECK(got && got_n == (size_t)n && memcmp(got, want, got_n) == 0, "manifest:\n%s\nwant:\n%s", got ? got : "(none)", want);
+    free(got);
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    while (d && (de = readdir(d))) CHECK(!strstr(de->d_name, ".tmp"), "%s left behind", de->d_name);
+    if (d) closedir(d);
+}
+
+static kiln_status open_train(const char *dir) {
+    kiln_loader *l = NULL;
+    kiln_status s = kiln_loader_open(dir, "train", kiln_tokenizer_fingerprint(tok), kiln_tokenizer_n_vocab(tok), &l);
+    kiln_loader_free(l);
+    return s;
+}
+
+static int copy_file(const char *from, const char *to) {
+    size_t n;
+    unsigned char *b = read_bytes(from, &n);
+    int ok = b && write_bytes(to, b, n);
+    free(b);
+    return ok;
+}
+
+/* The loader trusts a folder only through its manifest: each way a folder can be incomplete or mixed is refused,
+ * naming the file. */
+static void test_loader_manifest_refusals(void) {
+    const char *a = tmp_path("a.txt"), *dir = tmp_path("mr");
+    CHECK(write_bytes(a, corpus_a, strlen(corpus_a)));
+    CHECK(write_shards(&a, 1, dir, 0.1, 10, NULL) == KILN_OK, "%s", kiln_last_error());
+    CHECK(open_train(dir) == KILN_OK, "%s", kiln_last_error());
+    const char *mf = tmp_path("mr/manifest.txt"), *s1 = tmp_path("mr/train_001.bin"), *keep = tmp_path("mr-keep.bin");
+    size_t mf_n, s1_n;
+    char *mf_text = (char *)read_bytes(mf, &mf_n);
+    unsigned char *s1_bytes = read_bytes(s1, &s1_n);
+    CHECK(mf_text && s1_bytes);
+
+    /* no manifest: a run that stopped before it */
+    CHECK(rename(mf, tmp_path("mr-keep.txt")) == 0);
+    CHECK(open_train(dir) == KILN_ERR_NOT_FOUND && strstr(kiln_last_error(), "mr/manifest.txt: missing"), "%s", kiln_last_error());
+    CHECK(rename(tmp_path("mr-keep.txt"), mf) == 0 && open_train(dir) == KILN_OK);
+    /* a middle shard deleted: the data after it is not dropped in silence */
+    CHECK(rename(s1, keep) == 0);
+    CHECK(open_train(dir) == KILN_ERR_FORMAT && strstr(kiln_last_error(), "mr/train_001.bin: missing"), "%s", kiln_last_error());
+    CHECK(rename(keep, s1) == 0 && open_train(dir) == KILN_OK);
+    /* one token changed, the size kept */
+    s1_bytes[KILN_SHARD_HEADER] ^= 1;
+    CHECK(write_bytes(s1, s1_bytes, s1_n));
+    CHECK(open_train(dir) == KILN_ERR_FORMAT && strstr(kiln_last_error(), "mr/train_001.bin: changed"), "%s", kiln_last_error());
+    s1_bytes[KILN_SHARD_HEADER] ^= 1;
+    /* two shards of the same size swapped */
+    CHECK(copy_file(tmp_path("mr/train_000.bin"), s1));
+    CHECK(open_train(dir) == KILN_ERR_FORMAT && strstr(kiln_last_error(), "mr/train_001.bin: changed"), "%s", kiln_last_error());
+    /* truncated, grown */
+    CHECK(write_bytes(s1, s1_bytes, s1_n - 2));
+    CHECK(open_train(dir) == KILN_ERR_FORMAT && strstr(kiln_last_error(), "mr/train_001.bin: truncated"), "%s", kiln_last_error());
+    unsigned char *grown = calloc(1, s1_n + 2);
+    memcpy(grown, s1_bytes, s1_n);
+    CHECK(write_bytes(s1, grown, s1_n + 2));
+    free(grown);
+    CHECK(open_train(dir) == KILN_ERR_FORMAT && strstr(kiln_last_error(), "mr/train_001.bin: grown"), "%s", kiln_last_error());
+    CHECK(write_bytes(s1, s1_bytes, s1_n) && open_train(dir) == KILN_OK);
+    /* shard files the manifest does not list: one past the last, a val shard, a name kiln data never writes */
+    const char *extras[] = {"mr/train_099.bin", "mr/val_001.bin", "mr/train_0001.bin", "mr/val_5.bin"};
+    for (int i = 0; i < 4; i++) {
+        CHECK(copy_file(s1, tmp_path(extras[i])));
+        CHECK(open_train(dir) == KILN_ERR_FORMAT && strstr(kiln_last_error(), extras[i]) && strstr(kiln_last_error(), "does not list"), "%s",
+              kiln_last_error());
+        CHECK(unlink(tmp_path(extras[i])) == 0);
+    }
+    CHECK(open_train(dir) == KILN_OK, "%s", kiln_last_error());
+    /* the manifest refers to folders, not paths: a shard-like name elsewhere is no concern */
+    CHECK(copy_file(s1, tmp_path("mr-train_007.bin")) && open_train(dir) == KILN_OK);
+
+    /* malformed manifests: each a located error */
+    struct {
+        const char *from, *to, *line;
+    } bad[] = {
+        {"kiln-shards 1", "kiln-shards 2", "manifest.txt:1:"},        /* a version kiln does not read */
+        {"kiln-shards 1", "kiln shards 1", "manifest.txt:1:"},
+        {"fingerprint ", "fingerprint  ", "manifest.txt:2:"},          /* two spaces */
+        {"train_000.bin", "train_001.bin", "manifest.txt:4:"},         /* out of order */
+        {"\nend\n", "\nend\nmore\n", "text after"},
+        {"\nend\n", "\nend", "truncated"},
+        {"\nend\n", "\n", "truncated"},
+        {"\nshards ", "\nshards 9", "manifest.txt:3:"},                /* more shards than the text holds */
+        {"\nshards ", "\nshards 0", "manifest.txt:3:"},                /* a leading zero */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char *p = strstr(mf_text, bad[i].from);
+        CHECK(p, "case %zu", i);
+        size_t fl = strlen(bad[i].from), tl = strlen(bad[i].to), off = (size_t)(p - mf_text);
+        char *t = malloc(mf_n + tl + 1);
+        memcpy(t, mf_text, off);
+        memcpy(t + off, bad[i].to, tl);
+        memcpy(t + off + tl, p + fl, mf_n - off - fl);
+        CHECK(write_bytes(mf, t, mf_n - fl + tl));
+        free(t);
+        kiln_status s = open_train(dir);
+        CHECK((s == KILN_ERR_FORMAT || (i == 0 && s == KILN_ERR_UNSUPPORTED)) && strstr(kiln_last_error(), bad[i].line), "case %zu: %s", i,
+              kiln_last_error());
+    }
+    CHECK(write_bytes(mf, mf_text, mf_n) && open_train(dir) == KILN_OK);
+    /* a manifest that is a folder */
+    CHECK(unlink(mf) == 0 && mkdir(mf, 0700) == 0);
+    CHECK(open_train(dir) == KILN_ERR_IO && strstr(kiln_last_error(), "is a directory"), "%s", kiln_last_error());
+    CHECK(rmdir(mf) == 0);
+    free(mf_text);
+    free(s1_bytes);
+}
+
+/* Runs kiln_data_write in a child with the process's file size limit at limit bytes (a full disk for every
+ * write past it: EFBIG once SIGXFSZ is ignored), or stopping it with _exit after its first corpus when limit is 0
+ * (a kill). Returns the child's exit status: 0 when kiln_data_write failed, 2 when it succeeded, 3 when it was
+ * stopped. */
+static void exit_after_first(void *ud, const kiln_progress *p) {
+    (void)ud, (void)p;
+    _exit(3);
+}
+
+static int data_write_stopped(const char *const *corpora, int n, const char *dir, long limit) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        kiln_data_params p = {.val_fraction = 0.1, .shard_tokens = 5};
+        if (limit) {
+            signal(SIGXFSZ, SIG_IGN);
+            struct rlimit rl = {.rlim_cur = (rlim_t)limit, .rlim_max = (rlim_t)limit};
+            setrlimit(RLIMIT_FSIZE, &rl);
+        } else
+            p.progress = exit_after_first;
+        _exit(kiln_data_write(corpora, n, tok, dir, &p, NULL) == KILN_OK ? 2 : 0);
+    }
+    int st;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return -1;
+    return WEXITSTATUS(st);
+}
+
+/* A run stopped by a full disk or a kill leaves a folder the loader refuses, also over an earlier whole run. */
+static void test_data_stopped_run(void) {
+    const char *a = tmp_path("a.txt"), *b = tmp_path("b.txt"), *dir = tmp_path("full");
+    CHECK(write_bytes(a, corpus_a, strlen(corpus_a)) && write_bytes(b, corpus_b, strlen(corpus_b)));
+    const char *corpora[] = {a, b};
+    /* 5-token shards are 74 bytes; the manifest of their 15-odd is past 500: the disk fills at the manifest */
+    int rc = data_write_stopped(corpora, 2, dir, 500);
+    CHECK(rc == 0, "child status %d", rc);
+    CHECK(access(tmp_path("full/train_000.bin"), F_OK) == 0, "the shards before the full disk are there");
+    CHECK(open_train(dir) == KILN_ERR_NOT_FOUND && strstr(kiln_last_error(), "manifest.txt: missing"), "%s", kiln_last_error());
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    while (d && (de = readdir(d))) CHECK(!strstr(de->d_name, ".tmp"), "%s left behind", de->d_name);
+    if (d) closedir(d);
+    /* a whole run, then a second run over it killed after its first corpus: the old manifest does not vouch for
+     * the new shards */
+    CHECK(write_shards(corpora, 2, dir, 0.1, 5, NULL) == KILN_OK && open_train(dir) == KILN_OK, "%s", kiln_last_error());
+    const char *other[] = {b, a};
+    CHECK(data_write_stopped(other, 2, dir, 0) == 3);
+    CHECK(open_train(dir) == KILN_ERR_NOT_FOUND && strstr(kiln_last_error(), "manifest.txt: missing"), "%s", kiln_last_error());
+    CHECK(write_shards(corpora, 2, dir, 0.1, 5, NULL) == KILN_OK && open_train(dir) == KILN_OK, "%s", kiln_last_error());
+}
+
+/* A corpus that is a folder or a FIFO is refused by name before any read; the FIFO must not block (alarm: a
+ * blocked open ends the program, a failure). Bad input, these or invalid UTF-8, leaves an earlier run's folder
+ * whole. */
+static void test_data_not_regular(void) {
+    const char *dir = tmp_path("nr"), *fifo = tmp_path("nr.fifo"), *a = tmp_path("a.txt");
+    CHECK(write_bytes(a, corpus_a, strlen(corpus_a)));
+    CHECK(write_shards(&a, 1, dir, 0.1, 7, NULL) == KILN_OK && open_train(dir) == KILN_OK, "%s", kiln_last_error());
+    CHECK(mkdir(tmp_path("nr-corpus"), 0700) == 0 && mkfifo(fifo, 0600) == 0);
+    const char *folder = tmp_path("nr-corpus");
+    CHECK(write_shards(&folder, 1, dir, 0.1, 0, NULL) == KILN_ERR_IO);
+    CHECK(strstr(kiln_last_error(), "nr-corpus: is a directory"), "%s", kiln_last_error());
+    alarm(20);
+    const char *two[] = {a, fifo};
+    kiln_status s = write_shards(two, 2, dir, 0.1, 0, NULL);
+    alarm(0);
+    CHECK(s == KILN_ERR_IO && strstr(kiln_last_error(), "nr.fifo: is not a regular file"), "%s", kiln_last_error());
+    /* refused before anything was written: the earlier run's folder is whole, and so after invalid UTF-8 in a
+     * second corpus */
+    CHECK(open_train(dir) == KILN_OK, "%s", kiln_last_error());
+    const char *bad = tmp_path("nr-bad.txt"), *with_bad[] = {a, bad};
+    CHECK(write_bytes(bad, "ok \xff", 4));
+    CHECK(write_shards(with_bad, 2, dir, 0.1, 0, NULL) == KILN_ERR_FORMAT && strstr(kiln_last_error(), "nr-bad.txt"), "%s", kiln_last_error());
+    CHECK(open_train(dir) == KILN_OK && access(tmp_path("nr/train_001.bin"), F_OK) == 0, "%s", kiln_last_error());
 }
 
 /* ---------------------------------------------------------------- fingerprint */
@@ -660,6 +936,107 @@ static void test_cli(void) {
     free(err);
 }
 
+/* A llama2.c tokenizer.bin: max_token_length, then each token's float score, int32 length and bytes. */
+static int write_llama2c_tok(const char *path) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return 0;
+    int32_t max_len = 8;
+    fwrite(&max_len, 4, 1, f);
+    const char *fixed[] = {"<unk>", "<s>", "</s>"};
+    for (int i = 0; i < 3 + 256 + 26; i++) {
+        char text[16];
+        if (i < 3) snprintf(text, sizeof text, "%s", fixed[i]);
+        else if (i < 259) snprintf(text, sizeof text, "<0x%02X>", i - 3);
+        else snprintf(text, sizeof text, "%c", 'a' + i - 259);
+        float score = i < 259 ? 0.0f : -(float)i;
+        int32_t len = (int32_t)strlen(text);
+        fwrite(&score, 4, 1, f);
+        fwrite(&len, 4, 1, f);
+        fwrite(text, 1, (size_t)len, f);
+    }
+    return fclose(f) == 0;
+}
+
+/* The last line kiln wrote to path (its error, after any progress line), without its newline, or "" (static). */
+static const char *err_line(const char *path) {
+    static char line[2048];
+    size_t n = 0;
+    char *e = (char *)read_bytes(path, &n);
+    while (n && e[n - 1] == '\n') e[--n] = 0;
+    const char *last = e ? e : "";
+    for (size_t i = 0; i < n; i++)
+        if (e[i] == '\n' || e[i] == '\r') last = e + i + 1;
+    snprintf(line, sizeof line, "%s", last);
+    free(e);
+    return line;
+}
+
+/* kiln data refuses what kiln train refuses, with the same reason: a llama2.c tokenizer.bin, which
+ * kiln_tokenizer_load_file reads, and a folder given as -t. */
+static void test_cli_tokenizer_check(void) {
+    const char *bin = getenv("KILN_BIN");
+    if (!bin || !*bin) SKIP("KILN_BIN is not set (make test sets it)");
+    const char *l2c = tmp_path("tok-l2c.bin");
+    CHECK(write_llama2c_tok(l2c) && write_bytes(tmp_path("a.txt"), corpus_a, strlen(corpus_a)));
+    kiln_tokenizer *t;
+    CHECK(kiln_tokenizer_load_file(l2c, &t) == KILN_OK, "the file is a tokenizer kiln reads: %s", kiln_last_error());
+    kiln_tokenizer_free(t);
+    CHECK(kiln_data_tokenizer_load(l2c, &t) == KILN_ERR_UNSUPPORTED && !t && strstr(kiln_last_error(), "not a GGUF file"), "%s", kiln_last_error());
+    CHECK(kiln_data_tokenizer_load(tmp_dir, &t) == KILN_ERR_IO && strstr(kiln_last_error(), "is a directory"), "%s", kiln_last_error());
+    CHECK(kiln_data_tokenizer_load(tok_path, &t) == KILN_OK && kiln_tokenizer_fingerprint(t) == kiln_tokenizer_fingerprint(tok));
+    kiln_tokenizer_free(t);
+    const char *toks[] = {l2c, tmp_dir};
+    for (int i = 0; i < 2; i++) {
+        char cmd[2048], data_err[2048], train_err[2048];
+        snprintf(cmd, sizeof cmd, "'%s' data '%s' -t '%s' -o '%s' 2>'%s'", bin, tmp_path("a.txt"), toks[i], tmp_path("cli-l2c"), tmp_path("d.err"));
+        CHECK(run_cmd(cmd) == 1, "%s", cmd);
+        snprintf(data_err, sizeof data_err, "%s", err_line(tmp_path("d.err")));
+        CHECK(access(tmp_path("cli-l2c/train_000.bin"), F_OK) != 0, "no shards written");
+        snprintf(cmd, sizeof cmd, "'%s' train --data '%s' -t '%s' -C 32 -L 1 --heads 2 --kv-heads 2 -F 32 -B 1 -T 8 --steps 1 -o '%s' 2>'%s'",
+                 bin, tmp_path("cli"), toks[i], tmp_path("l2c.gguf"), tmp_path("t.err"));
+        CHECK(run_cmd(cmd) == 1, "%s", cmd);
+        snprintf(train_err, sizeof train_err, "%s", err_line(tmp_path("t.err")));
+        CHECK(strstr(data_err, toks[i]) && (strstr(data_err, "not a GGUF file") || strstr(data_err, "is a directory")), "%s", data_err);
+        CHECK(strcmp(data_err, train_err) == 0, "kiln data: %s; kiln train: %s", data_err, train_err);
+    }
+}
+
+/* kiln data's numeric flags take the strict parsers (the error names the flag), and -- ends the options. */
+static void test_cli_data_flags(void) {
+    const char *bin = getenv("KILN_BIN");
+    if (!bin || !*bin) SKIP("KILN_BIN is not set (make test sets it)");
+    CHECK(write_bytes(tmp_path("a.txt"), corpus_a, strlen(corpus_a)));
+    struct {
+        const char *flag, *value;
+    } bad[] = {{"--val-fraction", "0x0.1"}, {"--val-fraction", "nan"}, {"--val-fraction", "1"},   {"--val-fraction", "-0.1"},
+               {"--val-fraction", "0.1x"},  {"--shard-tokens", "1e3"},  {"--shard-tokens", "0"}, {"--shard-tokens", "-5"},
+               {"--shard-tokens", "99999999999999999999"}, {"--shard-tokens", ""}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char cmd[2048];
+        snprintf(cmd, sizeof cmd, "'%s' data '%s' -t '%s' -o '%s' %s '%s' 2>'%s'", bin, tmp_path("a.txt"), tok_path, tmp_path("flags"), bad[i].flag,
+                 bad[i].value, tmp_path("f.err"));
+        CHECK(run_cmd(cmd) == 1, "%s", cmd);
+        const char *e = err_line(tmp_path("f.err"));
+        CHECK(strstr(e, bad[i].flag) && strstr(e, "kiln: data:"), "%s %s: %s", bad[i].flag, bad[i].value, e);
+        CHECK(access(tmp_path("flags/manifest.txt"), F_OK) != 0, "%s %s wrote shards", bad[i].flag, bad[i].value);
+    }
+    /* a corpus whose name starts with '-' after --, and an option after -- read as a corpus */
+    CHECK(write_bytes(tmp_path("-dash.txt"), corpus_b, strlen(corpus_b)));
+    char cmd[2048], abs_bin[4096];
+    CHECK(realpath(bin, abs_bin), "%s", bin); /* the commands below run in the temporary folder */
+    bin = abs_bin;
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' data -t '%s' -o dash --shard-tokens 1000 -- -dash.txt 2>dash.err", tmp_dir, bin, tok_path);
+    CHECK(run_cmd(cmd) == 0, "%s: %s", cmd, err_line(tmp_path("dash.err")));
+    kiln_tokens e = encode(corpus_b, strlen(corpus_b));
+    int64_t n;
+    int32_t *train = read_split(tmp_path("dash"), "train", &n);
+    CHECK(train && n == (int64_t)e.n - n_val_of((int64_t)e.n, 0.05), "%s", kiln_last_error());
+    free(train);
+    kiln_tokens_free(&e);
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' data -t '%s' -o dash2 -- a.txt --val-fraction 2>dash.err", tmp_dir, bin, tok_path);
+    CHECK(run_cmd(cmd) == 1 && strstr(err_line(tmp_path("dash.err")), "--val-fraction"), "%s", err_line(tmp_path("dash.err")));
+}
+
 int main(void) {
     snprintf(tmp_dir, sizeof tmp_dir, "/tmp/kiln-data-XXXXXX");
     if (!mkdtemp(tmp_dir)) {
@@ -683,10 +1060,17 @@ int main(void) {
     RUN(test_loader_refusals);
     RUN(test_loader_uint32);
     RUN(test_data_invalid_utf8);
+    RUN(test_shard_hash);
+    RUN(test_manifest_written);
+    RUN(test_loader_manifest_refusals);
+    RUN(test_data_stopped_run);
+    RUN(test_data_not_regular);
     RUN(test_fingerprint);
     RUN(test_plot_svg);
     RUN(test_plot_errors);
     RUN(test_cli);
+    RUN(test_cli_tokenizer_check);
+    RUN(test_cli_data_flags);
     kiln_tokenizer_free(tok);
     nftw(tmp_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     TEST_EXIT();

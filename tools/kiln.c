@@ -295,7 +295,7 @@ static int cmd_tokenizer(int argc, char **argv) {
     }
     kiln_bpe_train_params p = {.vocab_size = 0, .min_frequency = 2, .progress = kiln_cli_progress};
     const char *out = NULL, *spec_arg = NULL;
-    const char **corpus = calloc((size_t)argc, sizeof *corpus), *specials[64];
+    const char **corpus = calloc((size_t)argc, sizeof *corpus), **specials = NULL;
     char *spec_buf = NULL;
     int n_corpus = 0, rc = 1;
     const kiln_cli_opt opts[] = {
@@ -313,7 +313,14 @@ static int cmd_tokenizer(int argc, char **argv) {
             kiln_cli_error("out of memory");
             goto out;
         }
-        for (char *tok = strtok(spec_buf, ","); tok && p.n_specials < 64; tok = strtok(NULL, ",")) specials[p.n_specials++] = tok;
+        /* as many as the list has: it has at most one more than its commas */
+        size_t most = 1;
+        for (const char *c = spec_arg; *c; c++) most += *c == ',';
+        if (!(specials = calloc(most, sizeof *specials))) {
+            kiln_cli_error("out of memory");
+            goto out;
+        }
+        for (char *tok = strtok(spec_buf, ","); tok; tok = strtok(NULL, ",")) specials[p.n_specials++] = tok;
         p.specials = specials;
     }
     if (!out || n_corpus == 0 || p.vocab_size <= 0) {
@@ -333,6 +340,7 @@ static int cmd_tokenizer(int argc, char **argv) {
 out:
     free(corpus);
     free(spec_buf);
+    free(specials);
     return rc;
 }
 

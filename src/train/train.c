@@ -195,7 +195,7 @@ static kiln_status trainer_setup(kiln_trainer *tr, const kiln_train_opts *o, boo
     tr->sched = o->lr;
     if (tr->sched.total <= 0) tr->sched.total = o->steps;
     if ((s = kiln_pool_create(o->n_threads, &tr->pool))) return s;
-    if (tok_path && (s = kiln_gguf_open(tok_path, &tr->tok_gguf))) return s;
+    if (tok_path && (s = kiln_data_tokenizer_gguf(tok_path, &tr->tok_gguf))) return s; /* kiln data applies the same check */
     if (tok_path && !need_tok && !o->tokenizer && !kiln_gguf_find(tr->tok_gguf, "tokenizer.ggml.model")) {
         kiln_gguf_close(tr->tok_gguf);
         tr->tok_gguf = NULL;

@@ -2,7 +2,12 @@
  * Random bytes are encoded by one SentencePiece, one byte-level BPE and one WordPiece vocab from
  * ../shared/data/vocab (KILN_DATA overrides the folder), with special-token parsing on and off, and decoded
  * again. Invalid UTF-8 must never crash; for valid UTF-8 the byte-level BPE must decode back to the input
- * bytes exactly. */
+ * bytes exactly.
+ * Seeds (tests/fuzz/corpus-tok): short hand-written strings, and excerpts of a few KB, cut at line ends, of
+ * ../shared/data/corpora so that mutations start from long real text: tr-ud.txt and tr-ud-test.txt from the UD
+ * Turkish-BOUN treebank (dev and test sentences, CC BY-SA 4.0, Universal Dependencies), en-shakespeare.txt
+ * (tinyshakespeare, public domain), en-tinystories.txt (TinyStories V2 validation, CDLA-Sharing-1.0),
+ * en-jargon.txt (the Jargon File 4.4.7, public domain), and code-c.txt, C from kiln's src/train/data.c. */
 #include "kiln.h"
 
 #include <stdio.h>
