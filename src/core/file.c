@@ -45,3 +45,11 @@ kiln_status kiln_fopen_regular(const char *path, FILE **f) {
     }
     return s;
 }
+
+kiln_status kiln_check_regular(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) return kiln_fail(KILN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (S_ISDIR(st.st_mode)) return kiln_fail(KILN_ERR_IO, "%s: is a directory", path);
+    if (!S_ISREG(st.st_mode)) return kiln_fail(KILN_ERR_IO, "%s: is not a regular file", path);
+    return KILN_OK;
+}

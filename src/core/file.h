@@ -16,4 +16,8 @@ kiln_status kiln_open_regular(const char *path, int *fd);
 /* The same as a stdio stream ("rb"); *f is NULL on error. */
 kiln_status kiln_fopen_regular(const char *path, FILE **f);
 
+/* The same refusal from stat alone, which opens nothing: for checking every input of a run before the first one is
+ * read (kiln data, kiln tokenizer train). */
+kiln_status kiln_check_regular(const char *path);
+
 #endif

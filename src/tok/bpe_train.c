@@ -36,6 +36,7 @@
 #include <pcre2.h>
 
 #include "pool.h"
+#include "file.h"
 #include "status.h"
 #include "tok.h"
 
@@ -333,35 +334,11 @@ static kiln_status count_chunk(counting *k, const uint8_t *chunk, size_t n, uint
     return KILN_OK;
 }
 
-/* Refuses a corpus that is not a regular file by name ("is a directory", "is not a regular file"), where a
- * folder would fail only at its first read. stat does not open, so a FIFO cannot block it. */
-static kiln_status check_regular(const char *path) {
-    struct stat st;
-    if (stat(path, &st) != 0) return kiln_fail(KILN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (!S_ISREG(st.st_mode)) return kiln_fail(KILN_ERR_IO, "%s: %s", path, S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file");
-    return KILN_OK;
-}
-
-/* fopen for reading that cannot block either: opened O_NONBLOCK (a FIFO returns at once) and checked with fstat,
- * so a path swapped for a FIFO after check_regular is still refused. */
-static kiln_status open_corpus(const char *path, FILE **out) {
-    *out = NULL;
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return kiln_fail(KILN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    kiln_status s = KILN_OK;
-    if (fstat(fd, &st) != 0) s = kiln_fail(KILN_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
-    else if (!S_ISREG(st.st_mode)) s = kiln_fail(KILN_ERR_IO, "%s: %s", path, S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file");
-    int fl = s ? -1 : fcntl(fd, F_GETFL);
-    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    if (!s && !(*out = fdopen(fd, "rb"))) s = kiln_fail(KILN_ERR_NOMEM, "%s: cannot open a stream: %s", path, strerror(errno));
-    if (s) close(fd);
-    return s;
-}
+/* Corpora open through core/file.h: a folder or a FIFO is refused by name, and the open cannot block. */
 
 static kiln_status count_file(counting *k, const char *path, uint8_t **buf, uint64_t *cap) {
     FILE *f;
-    TRY(open_corpus(path, &f));
+    TRY(kiln_fopen_regular(path, &f));
     kiln_status s = KILN_OK;
     uint64_t want = CHUNK_BYTES, at = 0; /* at: file offset of (*buf)[0] */
     size_t have = 0;
@@ -865,7 +842,7 @@ kiln_status kiln_bpe_train(const char *const *corpus_paths, int n_paths, const k
     if (p->vocab_size < n_base)
         return kiln_fail(KILN_ERR_INVALID, "vocab size %d is below the %d special and 256 byte tokens it starts with", p->vocab_size, n_specials);
     kiln_status s = check_specials(specials, n_specials);
-    for (int i = 0; i < n_paths && !s; i++) s = check_regular(corpus_paths[i]); /* all, before counting any */
+    for (int i = 0; i < n_paths && !s; i++) s = kiln_check_regular(corpus_paths[i]); /* all, before counting any */
     counting k = {0};
     trainer t = {0};
     uint8_t *buf = NULL;

@@ -19,6 +19,7 @@
  * kiln_tokenizer_encode and checks each failure; tests/fuzz/fuzz_shards.c fuzzes the manifest and the loader. */
 #include "train/data.h"
 
+#include "file.h"
 #include "status.h"
 #include "tok/tok.h"
 
@@ -87,36 +88,8 @@ uint64_t kiln_shard_hash(const void *p, size_t n) {
 
 /* ---------------------------------------------------------------- input files */
 
-/* Opens path for reading, refusing anything but a regular file before a read can block on it: opened O_NONBLOCK,
- * a FIFO returns at once where a plain open waits for a writer, and fstat then names what it is. A folder would
- * otherwise fail only at its first read ("read failed at byte 0"). */
-static kiln_status open_regular(const char *path, int *out) {
-    *out = -1;
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return kiln_fail(KILN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        kiln_status s = kiln_fail(KILN_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
-        close(fd);
-        return s;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return kiln_fail(KILN_ERR_IO, "%s: %s", path, S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file");
-    }
-    int fl = fcntl(fd, F_GETFL);
-    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    *out = fd;
-    return KILN_OK;
-}
-
-/* The same refusal from stat alone, which opens nothing: for checking every corpus before the first is read. */
-static kiln_status check_regular(const char *path) {
-    struct stat st;
-    if (stat(path, &st) != 0) return kiln_fail(KILN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (!S_ISREG(st.st_mode)) return kiln_fail(KILN_ERR_IO, "%s: %s", path, S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file");
-    return KILN_OK;
-}
+/* Input files open through core/file.h: anything but a regular file is refused by name before a read can block on
+ * it (a FIFO) or fail at its first byte (a folder). */
 
 /* ---------------------------------------------------------------- shard writer */
 
@@ -447,7 +420,7 @@ static kiln_status manifest_read(const char *dir, char *path, size_t cap, kiln_m
         return kiln_fail(KILN_ERR_NOT_FOUND, "%s: missing: %s is not a complete kiln data folder (kiln data writes the manifest after "
                                              "the last shard; a run that stopped early leaves none): run kiln data again", path, dir);
     int fd;
-    TRY(open_regular(path, &fd));
+    TRY(kiln_open_regular(path, &fd));
     kiln_status s = KILN_OK;
     enum { MAX_BYTES = 256 << 20 }; /* KILN_MANIFEST_MAX_SHARDS lines of both splits, under 96 bytes each */
     char *text = NULL;
@@ -472,7 +445,7 @@ static kiln_status manifest_read(const char *dir, char *path, size_t cap, kiln_m
 kiln_status kiln_data_tokenizer_gguf(const char *path, kiln_gguf **out) {
     *out = NULL;
     int fd;
-    TRY(open_regular(path, &fd));
+    TRY(kiln_open_regular(path, &fd));
     unsigned char magic[4] = {0};
     ssize_t got = pread(fd, magic, 4, 0);
     close(fd);
@@ -551,7 +524,7 @@ static kiln_status doc_route(doc_state *d, int64_t from, int64_t to, shard_write
  * NULL) gets the size. A folder, FIFO or device is refused before the first read. */
 static kiln_status check_utf8(const char *path, int64_t *bytes) {
     int fd;
-    TRY(open_regular(path, &fd));
+    TRY(kiln_open_regular(path, &fd));
     FILE *f = fdopen(fd, "rb");
     if (!f) {
         close(fd);
@@ -638,7 +611,7 @@ kiln_status kiln_data_write(const char *const *corpora, int n_corpora, const kil
     /* every corpus is checked (a regular file, valid UTF-8) before anything in out_dir is touched: bad input
      * leaves an earlier run's folder as it was */
     kiln_status s = KILN_OK;
-    for (int c = 0; c < n_corpora && !s; c++) s = check_regular(corpora[c]);
+    for (int c = 0; c < n_corpora && !s; c++) s = kiln_check_regular(corpora[c]);
     for (int c = 0; c < n_corpora && !s; c++) s = check_utf8(corpora[c], NULL);
     if (!s) s = make_dirs(out_dir);
     if (!s) s = manifest_remove(out_dir);
