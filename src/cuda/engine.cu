@@ -7,7 +7,9 @@
  *   - a single token's q, k and v come from one matvec over wq, wk, wv uploaded back to back when they share a type
  *     (q and k alone when v differs, as in Q4_K_M);
  *   - bias, QK-norm, RoPE and the f16 cache store are one kernel (qkv_post);
- *   - gate and up are one pass over both weights with the GLU applied (matvec_glu) in decode.
+ *   - gate and up are one pass over both weights with the GLU applied (matvec_glu) in decode;
+ *   - nonfinite, the check of a stage's output for a NaN or an infinity (the greedy argmax's row always, every layer
+ *     with check_finite), is a small grid-stride kernel here that sets a flag in device memory the session reads back.
  * The context remembers which activation the prepared int8 buffer (xp) holds, so a matvec prepares its input only
  * when the step before did not.
  *

@@ -4,7 +4,12 @@
  * (Python's str.strip / Jinja's trim), where it puts bos_token, how it places the system message. chatml
  * templates that add a system turn when there is none (SmolLM2, Qwen2) carry that text as a string literal,
  * which is read out of the template. tests/test_chat.c compares every family with tests/ref/chat_*.txt, the
- * output of the real templates rendered by jinja2 as transformers' apply_chat_template does. */
+ * output of the real templates rendered by jinja2 as transformers' apply_chat_template does.
+ *
+ * kiln_chat_tokenize tokenizes that text with special tokens cut only where the template wrote its markers, never in a
+ * message's content; kiln_chat_eval runs a conversation in a session, keeping the KV cache up to the first token that
+ * changed and dropping the oldest turns when the context is full. tests/test_chat.c checks both, and `kiln chat`
+ * (tools/cmd_chat.c) over 200 piped turns. */
 #include "model/model.h"
 #include "status.h"
 #include "tok/tok.h"
