@@ -475,7 +475,10 @@ const kiln_gguf *kiln_model_gguf(const kiln_model *m);
 /* ---------------------------------------------------------------- sessions
  * A session runs a model over a growing sequence: it owns the KV cache (f16, sized from n_ctx) and scratch
  * proportional to the prefill chunk. Token ids are validated here: an id outside the vocab is KILN_ERR_RANGE
- * naming the id and the vocab size; going past n_ctx is KILN_ERR_RANGE naming both. */
+ * naming the id and the vocab size; going past n_ctx is KILN_ERR_RANGE naming both. Logits that hold a NaN or an
+ * infinity (weights or metadata that make one) are KILN_ERR_RANGE naming the position, on the CPU and the GPU, for
+ * kiln_session_eval's logits and kiln_session_eval_argmax's row alike. The session keeps the ids at its positions
+ * (kiln_session_tokens), so a caller can keep the cache up to the first token that changes (kiln_session_keep). */
 typedef struct kiln_session kiln_session;
 
 typedef struct kiln_session_params {
@@ -488,12 +491,16 @@ typedef struct kiln_session_params {
     kiln_device device; /* KILN_DEVICE_CUDA: the whole model on device `index`, as n_gpu_layers >= the layer count
                          * (an index the machine lacks: KILN_ERR_INVALID naming it; sessions on several devices may
                          * run from one thread). KILN_DEVICE_CPU (zero): as n_gpu_layers says */
+    bool check_finite;  /* also check the embedding and every layer's output for a NaN or an infinity, and name the first
+                         * that holds one (a debugging aid: one more pass over the activations per layer). The environment
+                         * variable KILN_CHECK_FINITE=1 turns it on for every session */
 } kiln_session_params;
 
 kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, kiln_session **out);
 void kiln_session_free(kiln_session *s); /* accepts NULL */
 /* Appends n tokens at the next positions (prefill in chunks of n_batch). logits, when not NULL, receives the
- * last token's V logits; all_logits, when not NULL, receives n x V logits (row per token). */
+ * last token's V logits; all_logits, when not NULL, receives n x V logits (row per token). On an error the position
+ * stays after the last chunk that succeeded. */
 kiln_status kiln_session_eval(kiln_session *s, const int32_t *ids, size_t n, float *logits, float *all_logits);
 /* As kiln_session_eval, but returns only the last token's argmax in *next (greedy decode): on the GPU the logits
  * never leave the device. */
@@ -502,15 +509,25 @@ int64_t kiln_session_pos(const kiln_session *s);
 bool kiln_session_on_gpu(const kiln_session *s);
 size_t kiln_session_device_bytes(const kiln_session *s); /* GPU memory the session holds; 0 on the CPU */
 void kiln_session_reset(kiln_session *s); /* back to position 0 */
+int64_t kiln_session_n_ctx(const kiln_session *s); /* positions the cache holds */
+/* The ids at positions 0 .. kiln_session_pos - 1, in the session's memory (valid until the next eval or free). */
+const int32_t *kiln_session_tokens(const kiln_session *s);
+/* Keeps the first n positions (the cache and the history up to them) and drops the rest, so the next eval appends
+ * at n. Returns the positions kept: n (at most the current position), or 0 where a sliding-window layer's ring has
+ * already overwritten positions the next query at n would read. */
+int64_t kiln_session_keep(kiln_session *s, int64_t n);
+/* Tokens run through the model since the session was made (every eval's, a re-evaluated one counted again). */
+int64_t kiln_session_n_evaluated(const kiln_session *s);
 
 /* ---------------------------------------------------------------- sampling
  * The RNG is llama2.c's xorshift64* and top-p follows llama2.c's procedure (../shared/data/README.md), so a
  * seeded run reproduces llama2.c's output. temp 0 is greedy. top_k 0, top_p 1 and min_p 0 disable their filters;
- * repeat_penalty 1 disables the penalty. */
+ * top_p 0 keeps only the most likely token, as llama.cpp's top-p keeps at least one; repeat_penalty 1 disables the
+ * penalty. */
 typedef struct kiln_sampler_params {
     float temp;
     int32_t top_k;
-    float top_p;
+    float top_p;     /* [0, 1] */
     float min_p;
     float repeat_penalty;
     int32_t repeat_last_n; /* tokens the penalty looks back over */
@@ -529,8 +546,8 @@ int32_t kiln_sampler_sample(kiln_sampler *s, float *logits, const int32_t *histo
  * Jinja engine): llama2 ([INST] ... [/INST] with <<SYS>>), llama3 (<|start_header_id|> ... <|eot_id|>), chatml
  * (<|im_start|>role ... <|im_end|>: SmolLM, Qwen) and gemma (<start_of_turn> ... <end_of_turn>, the assistant
  * is 'model', a system message opens the first user turn). kiln_chat_format writes the text the family's Hugging
- * Face template renders, bos_token included (tests/ref/chat_*.txt are jinja2 renderings); tokenize it with
- * add_special false and parse_special true. */
+ * Face template renders, bos_token included (tests/ref/chat_*.txt are jinja2 renderings). kiln_chat_tokenize gives
+ * its tokens with only the template's own markers as special tokens: what a user types is always plain text. */
 typedef enum kiln_chat_family {
     KILN_CHAT_LLAMA2 = 0,
     KILN_CHAT_LLAMA3 = 1,
@@ -574,6 +591,34 @@ kiln_status kiln_chat_format(const kiln_chat_template *t, const kiln_chat_msg *m
 /* The token that ends an assistant turn, looked up in the vocab by its text: <|im_end|>, <|eot_id|>,
  * <end_of_turn>; EOS for llama2. KILN_ERR_NOT_FOUND when the vocab lacks it. */
 kiln_status kiln_chat_end_of_turn(const kiln_chat_template *t, const kiln_tokenizer *tok, int32_t *id);
+/* Appends the tokens of kiln_chat_format's text to out, tokenized as llama.cpp does with special tokens parsed, except
+ * that only the markers the template wrote (bos, eos, <|im_start|>, <|eot_id|>, <start_of_turn>, ...) become special
+ * tokens: a message's role and content are plain text, so a user who types "</s>" or "<|im_end|>" gets the ordinary
+ * tokens of those characters, never the control token. */
+kiln_status kiln_chat_tokenize(const kiln_chat_template *t, const kiln_tokenizer *tok, const kiln_chat_msg *msgs, size_t n,
+                               bool add_generation_prompt, kiln_tokens *out);
+
+/* What kiln_chat_eval did. */
+typedef struct kiln_chat_eval_info {
+    size_t n_dropped;         /* messages dropped after the system message to fit the context (0: none) */
+    int64_t n_dropped_tokens; /* the tokens that saved */
+    int64_t n_tokens;         /* the conversation's tokens, now the session's positions */
+    int64_t n_kept;           /* of them, already in the KV cache (the prefix shared with the session's history) */
+    int64_t n_eval;           /* evaluated by this call: n_tokens - n_kept */
+    bool too_long;            /* the call failed because the last turn alone does not fit the context */
+} kiln_chat_eval_info;
+
+/* Brings session s to the conversation msgs[0..n) with the generation prompt, and leaves the last token's V logits in
+ * logits. The cache is kept up to the first token that differs from the session's history (kiln_session_tokens), so
+ * a turn costs its new tokens (and the last reply's, where its text tokenizes otherwise than it was generated).
+ * When the conversation and reserve more tokens (room for the reply) exceed the context, the oldest turns after an
+ * optional leading system message are dropped, whole turns (a user message and what follows it) at a time, and
+ * info->n_dropped says how many messages went: the caller drops msgs[f .. f + n_dropped) from its own list (f is 1
+ * with a system message, else 0), and the cache is re-evaluated from there. The last message is never dropped: when
+ * it and the system message alone leave no position to reply in, KILN_ERR_RANGE names the sizes, nothing is dropped
+ * and the session is as it was. */
+kiln_status kiln_chat_eval(kiln_session *s, const kiln_chat_template *t, const kiln_tokenizer *tok, const kiln_chat_msg *msgs, size_t n,
+                           int64_t reserve, float *logits, kiln_chat_eval_info *info);
 
 /* ---------------------------------------------------------------- training
  * A llama model trained with AdamW (fp32, or 8-bit moments on the CPU) on B x T token batches, on the CPU or a CUDA

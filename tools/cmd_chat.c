@@ -1,10 +1,13 @@
 /* cmd_chat.c: `kiln chat -m MODEL [--system TEXT] [--chat-template NAME] [sampling options]`, a conversation over
  * stdin: each line is a user turn, the reply streams to stdout and ends at the family's end-of-turn token (or EOS).
- * The KV cache is kept across turns: the whole conversation is formatted with the chat template (src/infer/chat.c)
- * and, when the text already in the cache is a prefix of it, only the new suffix is tokenized and evaluated; if it
- * is not (a template that rewrites earlier turns, as llama2's strip() does) the session restarts from position 0.
- * Each turn ends with one stderr line, "kiln: turn N: K new tokens ..., G generated ...", which
- * tests/test_chat.c greps, through $KILN_BIN, to see that a second turn evaluates only its own tokens. */
+ * Each turn hands the whole conversation to kiln_chat_eval (src/infer/chat.c), which tokenizes it with only the
+ * template's markers as special tokens (a typed "</s>" is text), keeps the KV cache up to the first token that
+ * differs from what the session holds and evaluates the rest, so a turn costs its own tokens. When the context
+ * fills, the oldest turns are dropped (the system message stays) with a notice on stderr; a turn too long for the
+ * context alone is refused with an error and the chat goes on (the exit status is then 1). A reply that reaches
+ * the end of the context stops there. Each turn ends with one stderr line, "kiln: turn N: K new tokens (cache kept
+ * C) ...; E evaluated in all", which tests/test_chat.c reads, through $KILN_BIN, to see that a turn evaluates only
+ * its own tokens. */
 #include "kiln.h"
 #include "tools/cmd.h"
 
@@ -18,7 +21,7 @@
 static const char usage_line[] =
     "kiln: usage: kiln chat -m MODEL.gguf [--system TEXT] [--chat-template llama2|llama3|chatml|gemma] [-n MAXTOK (1024)]\n"
     "                 [--temp T] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R] [--repeat-last-n N] [--seed S]\n"
-    "                 [-t THREADS] [-c CTX (the model's, at most 4096)] [--gpu | -ngl N]\n";
+    "                 [-t THREADS] [-c CTX (the model's, at most 4096)] [--gpu | -ngl N] [--check-finite] [--]\n";
 
 #define DEFAULT_MAX_CTX 4096 /* the default context: enough for a conversation, a 128k-context model's KV cache is not */
 
@@ -28,7 +31,7 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* A growable byte string: the text already in the KV cache, and each reply. */
+/* A growable byte string: each reply. */
 typedef struct {
     char *p;
     size_t n, cap;
@@ -91,6 +94,40 @@ static void conv_free(conversation *c) {
     free(c->msgs);
 }
 
+/* Drops messages first .. first + n - 1: the oldest turns kiln_chat_eval dropped, or a refused last turn. */
+static void conv_drop(conversation *c, size_t first, size_t n) {
+    for (size_t i = first; i < first + n; i++) free((char *)c->msgs[i].content);
+    memmove(c->msgs + first, c->msgs + first + n, (c->n - first - n) * sizeof *c->msgs);
+    c->n -= n;
+}
+
+/* Samples, prints and evaluates the reply until the end of the turn, -n tokens or the end of the context; the stop
+ * token itself is not evaluated (the next turn's text begins with it). *n_gen gets the tokens generated and *full
+ * whether the context ended the reply. */
+static kiln_status reply_loop(kiln_session *sess, kiln_sampler *smp, const kiln_tokenizer *tok, int32_t eot, int64_t n_max, float *logits,
+                              text *reply, char **buf, size_t *buf_cap, int64_t *n_gen, bool *full) {
+    const int32_t eos = kiln_tokenizer_eos(tok);
+    const int64_t n_ctx = kiln_session_n_ctx(sess);
+    kiln_status s = KILN_OK;
+    *n_gen = 0, *full = false;
+    for (; *n_gen < n_max; ++*n_gen) {
+        int32_t next = kiln_sampler_sample(smp, logits, kiln_session_tokens(sess), (size_t)kiln_session_pos(sess));
+        if (next == eot || next == eos) break;
+        size_t n;
+        if ((s = piece(tok, next, false, buf, buf_cap, &n))) return s;
+        fwrite(*buf, 1, n, stdout);
+        fflush(stdout);
+        if (!text_put(reply, *buf, n)) return kiln_fail(KILN_ERR_NOMEM, "chat: out of memory for the reply");
+        if (kiln_session_pos(sess) == n_ctx) {
+            *full = true;
+            ++*n_gen;
+            break;
+        }
+        if ((s = kiln_session_eval(sess, &next, 1, logits, NULL))) return s;
+    }
+    return KILN_OK;
+}
+
 static int chat(const kiln_model *m, const chat_opts *o) {
     const kiln_tokenizer *tok = kiln_model_tokenizer(m);
     if (!tok) {
@@ -99,11 +136,13 @@ static int chat(const kiln_model *m, const chat_opts *o) {
     }
     kiln_chat_template tmpl;
     kiln_status s = o->template_name ? kiln_chat_template_from_name(o->template_name, m, &tmpl) : kiln_chat_template_detect(m, &tmpl);
-    int32_t eot = -1, eos = kiln_tokenizer_eos(tok);
+    int32_t eot = -1;
     if (!s) s = kiln_chat_end_of_turn(&tmpl, tok, &eot);
     if (s) return kiln_cli_die(s);
     int64_t V = kiln_model_n_vocab(m), n_ctx = o->sess.n_ctx;
     if (n_ctx == 0) n_ctx = kiln_model_n_ctx_train(m) < DEFAULT_MAX_CTX ? kiln_model_n_ctx_train(m) : DEFAULT_MAX_CTX;
+    /* room kept for a reply when old turns can be dropped to make it: -n, at most a quarter of the context */
+    const int64_t reserve = o->n_max < n_ctx / 4 ? o->n_max : n_ctx / 4;
     fprintf(stderr, "kiln: chat template %s, context %lld tokens%s\n", kiln_chat_family_name(tmpl.family), (long long)n_ctx,
             o->template_name ? "" : " (template detected from tokenizer.chat_template)");
 
@@ -117,19 +156,17 @@ static int chat(const kiln_model *m, const chat_opts *o) {
         kiln_session_free(sess);
         return kiln_cli_die(s);
     }
-    int32_t *ids = malloc((size_t)(n_ctx + 1) * sizeof *ids); /* (n_ctx + 1) the cached tokens, for the repeat penalty */
-    float *logits = malloc((size_t)V * sizeof *logits);      /* (V) */
+    float *logits = malloc((size_t)V * sizeof *logits); /* (V) */
     conversation conv = {0};
-    text cached = {0}, reply = {0};
-    char *line = NULL, *formatted = NULL, *buf = NULL;
-    size_t line_cap = 0, buf_cap = 0, n_ids = 0;
-    kiln_tokens enc = {0};
-    const char *err = NULL;
-    char msg[256];
-    if (!ids || !logits || !text_put(&cached, "", 0) || (o->system && !conv_push(&conv, "system", o->system, strlen(o->system))))
-        err = "out of memory";
+    text reply = {0};
+    char *line = NULL, *buf = NULL;
+    size_t line_cap = 0, buf_cap = 0;
+    bool refused = false; /* a turn was too long for the context */
+    if (!logits || !text_put(&reply, "", 0) || (o->system && !conv_push(&conv, "system", o->system, strlen(o->system))))
+        s = kiln_fail(KILN_ERR_NOMEM, "chat: out of memory");
+    const size_t first = o->system ? 1 : 0; /* the oldest turn after the system message */
     bool tty = isatty(STDIN_FILENO);
-    for (int turn = 1; !err && !s; turn++) {
+    for (int turn = 1; !s; turn++) {
         if (tty) fputs("> ", stderr), fflush(stderr);
         ssize_t got = getline(&line, &line_cap, stdin);
         if (got < 0) break; /* EOF ends the chat */
@@ -139,95 +176,49 @@ static int chat(const kiln_model *m, const chat_opts *o) {
             continue;
         }
         if (!conv_push(&conv, "user", line, (size_t)got)) {
-            err = "out of memory";
-            break;
-        }
-        free(formatted);
-        size_t len;
-        if ((s = kiln_chat_format(&tmpl, conv.msgs, conv.n, true, &formatted, &len))) break;
-        /* keep the cache when the text in it is a prefix of the conversation; otherwise start over */
-        bool kept = cached.n <= len && memcmp(cached.p, formatted, cached.n) == 0;
-        size_t n_before = n_ids;
-        if (!kept) {
-            kiln_session_reset(sess);
-            cached.n = 0, n_ids = 0;
-        }
-        enc.n = 0;
-        if ((s = kiln_tokenizer_encode(tok, formatted + cached.n, len - cached.n, false, true, &enc))) break;
-        if ((int64_t)(n_ids + enc.n) > n_ctx) {
-            snprintf(msg, sizeof msg, "chat: turn %d needs %zu tokens of context, more than the %lld of -c; start a new chat or raise -c",
-                     turn, n_ids + enc.n, (long long)n_ctx);
-            err = msg;
+            s = kiln_fail(KILN_ERR_NOMEM, "chat: out of memory");
             break;
         }
         double t0 = now_s();
-        if ((s = kiln_session_eval(sess, enc.ids, enc.n, logits, NULL))) break;
-        memcpy(ids + n_ids, enc.ids, enc.n * sizeof *ids);
-        n_ids += enc.n;
-        if (!text_put(&cached, formatted + cached.n, len - cached.n)) {
-            err = "out of memory";
-            break;
+        kiln_chat_eval_info info;
+        s = kiln_chat_eval(sess, &tmpl, tok, conv.msgs, conv.n, reserve, logits, &info);
+        if (s && info.too_long) { /* this turn is refused; the conversation goes on without it */
+            fprintf(stderr, "kiln: turn %d: %s\n", turn, kiln_last_error());
+            conv_drop(&conv, conv.n - 1, 1);
+            refused = true;
+            s = KILN_OK;
+            continue;
+        }
+        if (s) break;
+        if (info.n_dropped) {
+            conv_drop(&conv, first, info.n_dropped);
+            fprintf(stderr, "kiln: the context of %lld tokens is full: dropped the oldest %zu messages (%lld tokens)%s\n",
+                    (long long)n_ctx, info.n_dropped, (long long)info.n_dropped_tokens, first ? ", kept the system message" : "");
         }
         double t1 = now_s();
-        /* sample, print and evaluate until the end of the turn; the stop token itself is not evaluated, the next turn's
-         * text begins with it */
         reply.n = 0;
-        if (!text_put(&reply, "", 0)) {
-            err = "out of memory";
-            break;
-        }
-        int64_t n_gen = 0;
-        for (; n_gen < o->n_max; n_gen++) {
-            int32_t next = kiln_sampler_sample(smp, logits, ids, n_ids);
-            if (next == eot || next == eos) break;
-            size_t n;
-            if ((s = piece(tok, next, false, &buf, &buf_cap, &n))) break;
-            fwrite(buf, 1, n, stdout);
-            fflush(stdout);
-            if (!text_put(&reply, buf, n)) {
-                err = "out of memory";
-                break;
-            }
-            /* the cache's text takes the piece with control tokens spelled out, so a stray one breaks the prefix */
-            if ((s = piece(tok, next, true, &buf, &buf_cap, &n))) break;
-            if (!text_put(&cached, buf, n)) {
-                err = "out of memory";
-                break;
-            }
-            if ((int64_t)n_ids == n_ctx) {
-                snprintf(msg, sizeof msg, "chat: the context of %lld tokens is full in turn %d; start a new chat or raise -c",
-                         (long long)n_ctx, turn);
-                err = msg;
-                break;
-            }
-            ids[n_ids++] = next;
-            if ((s = kiln_session_eval(sess, &next, 1, logits, NULL))) break;
-        }
+        int64_t n_gen;
+        bool full;
+        s = reply_loop(sess, smp, tok, eot, o->n_max, logits, &reply, &buf, &buf_cap, &n_gen, &full);
         double t2 = now_s();
         fputc('\n', stdout);
         fflush(stdout);
-        if (!err && !s && !conv_push(&conv, "assistant", reply.p, reply.n)) err = "out of memory";
-        if (err || s) break;
-        fprintf(stderr, "kiln: turn %d: %zu new tokens (%s %zu) in %.3f s; %lld generated in %.3f s (%.1f tok/s)%s\n", turn, enc.n,
-                kept ? "cache kept" : "cache reset, dropped", n_before, t1 - t0, (long long)n_gen, t2 - t1,
-                n_gen ? (double)n_gen / (t2 - t1) : 0.0, n_gen == o->n_max ? "; stopped at -n" : "");
+        if (!s && !conv_push(&conv, "assistant", reply.p, reply.n)) s = kiln_fail(KILN_ERR_NOMEM, "chat: out of memory");
+        if (s) break;
+        fprintf(stderr, "kiln: turn %d: %lld new tokens (cache kept %lld) in %.3f s; %lld generated in %.3f s (%.1f tok/s)%s; %lld "
+                "evaluated in all\n", turn, (long long)info.n_eval, (long long)info.n_kept, t1 - t0, (long long)n_gen, t2 - t1,
+                n_gen ? (double)n_gen / (t2 - t1) : 0.0, full ? "; stopped at the end of the context" : n_gen == o->n_max ? "; stopped at -n" : "",
+                (long long)kiln_session_n_evaluated(sess));
     }
-    kiln_tokens_free(&enc);
-    free(formatted);
     free(line);
     free(buf);
-    free(cached.p);
     free(reply.p);
     conv_free(&conv);
     free(logits);
-    free(ids);
     kiln_sampler_free(smp);
     kiln_session_free(sess);
-    if (err) {
-        fprintf(stderr, "kiln: %s\n", err);
-        return 1;
-    }
-    return s ? kiln_cli_die(s) : 0;
+    if (s) return kiln_cli_die(s);
+    return refused ? 1 : 0;
 }
 
 int kiln_cmd_chat(int argc, char **argv) {
@@ -236,12 +227,25 @@ int kiln_cmd_chat(int argc, char **argv) {
     for (int i = 0; i < argc; i += 2) {
         const char *f = argv[i], *a = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
-        if (kiln_cli_gpu_flag(f, &o.sess)) { /* the one flag without a value */
+        if (strcmp(f, "--") == 0) { /* the end of the options; chat takes no other arguments */
+            if (i + 1 < argc) {
+                fputs("kiln: chat: unexpected argument '", stderr);
+                kiln_cli_put_escaped(stderr, argv[i + 1]);
+                fputs("' after --\n", stderr);
+                fputs(usage_line, stderr);
+                return 1;
+            }
+            break;
+        }
+        if (kiln_cli_gpu_flag(f, &o.sess) || strcmp(f, "--check-finite") == 0) { /* the flags without a value */
+            if (f[2] == 'c') o.sess.check_finite = true;
             i--;
             continue;
         }
         if (!a) {
-            fprintf(stderr, "kiln: chat: %s needs a value\n", f);
+            fputs("kiln: chat: ", stderr);
+            kiln_cli_put_escaped(stderr, f);
+            fputs(" needs a value\n", stderr);
             fputs(usage_line, stderr);
             return 1;
         }
@@ -251,7 +255,9 @@ int kiln_cmd_chat(int argc, char **argv) {
         else if (strcmp(f, "-n") == 0) ok = kiln_cli_parse_int("chat", f, a, 1, 1000000000, &o.n_max);
         else if ((r = kiln_cli_sampling_opt("chat", f, a, &o.sampler, &o.sess))) ok = r > 0;
         else {
-            fprintf(stderr, "kiln: chat: unexpected argument '%s'\n", f);
+            fputs("kiln: chat: unexpected argument '", stderr);
+            kiln_cli_put_escaped(stderr, f);
+            fputs("'\n", stderr);
             fputs(usage_line, stderr);
             return 1;
         }

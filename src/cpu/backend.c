@@ -242,6 +242,16 @@ static kiln_status cpu_argmax(void *p, int32_t *next, const float *x, int64_t n)
     return KILN_OK;
 }
 
+static kiln_status cpu_nonfinite(void *p, int32_t *flag, const float *x, int64_t n, int32_t code) {
+    if (*flag) return KILN_OK;
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) {
+            *flag = code;
+            break;
+        }
+    return KILN_OK;
+}
+
 const kiln_backend kiln_cpu_backend = {
     .name = "cpu",
     .host_memory = true,
@@ -267,4 +277,5 @@ const kiln_backend kiln_cpu_backend = {
     .ffn_up = cpu_ffn_up,
     .head = cpu_head,
     .argmax = cpu_argmax,
+    .nonfinite = cpu_nonfinite,
 };

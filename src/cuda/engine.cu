@@ -7,7 +7,9 @@
  *   - a single token's q, k and v come from one matvec over wq, wk, wv uploaded back to back when they share a type
  *     (q and k alone when v differs, as in Q4_K_M);
  *   - bias, QK-norm, RoPE and the f16 cache store are one kernel (qkv_post);
- *   - gate and up are one pass over both weights with the GLU applied (matvec_glu) in decode.
+ *   - gate and up are one pass over both weights with the GLU applied (matvec_glu) in decode;
+ *   - nonfinite, the check of a stage's output for a NaN or an infinity (the greedy argmax's row always, every layer
+ *     with check_finite), is a small grid-stride kernel here that sets a flag in device memory the session reads back.
  * The context remembers which activation the prepared int8 buffer (xp) holds, so a matvec prepares its input only
  * when the step before did not.
  *
@@ -20,6 +22,7 @@
  * and greedy tokens, on every architecture fixture. docs/cuda.md has the measurements. */
 #include "cuda/cuda.h"
 #include "cuda/kernels.h"
+#include "cuda/launch.h"
 #include "model/backend.h"
 #include "quants.h"
 #include "status.h"
@@ -550,6 +553,28 @@ static kiln_status cuda_argmax(void *p, int32_t *next, const float *x, int64_t n
     return mark(e, P_HEAD, kiln_cuda_argmax(next, x, 1, n, e->stream));
 }
 
+/* *flag = code when some x (n) is a NaN or an infinity (exponent bits all set) and *flag is 0: a grid-stride pass
+ * of one read per float, a few microseconds for a vocab's logits. */
+#define NONFINITE_THREADS 256
+__global__ void nonfinite_kernel(int32_t *flag, const float *x, int64_t n, int32_t code) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
+    bool bad = false;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n && !bad; i += stride)
+        bad = (__float_as_uint(x[i]) & 0x7f800000u) == 0x7f800000u;
+    if (__syncthreads_or(bad) && threadIdx.x == 0) atomicCAS(flag, 0, code);
+}
+
+static kiln_status cuda_nonfinite(void *p, int32_t *flag, const float *x, int64_t n, int32_t code) {
+    engine *e = (engine *)p;
+    if (n <= 0) return KILN_OK;
+    int64_t blocks = (n + NONFINITE_THREADS - 1) / NONFINITE_THREADS;
+    if (blocks > 264) blocks = 264; /* two waves of the H200's 132 SMs; each thread then loops */
+    const cudaError_t err = kiln_launch(nonfinite_kernel, dim3((unsigned)blocks), dim3(NONFINITE_THREADS), 0, e->stream, flag, x, n, code);
+    return mark(e, P_HEAD, kiln_launch_status("nonfinite", err));
+}
+
 /* ---------------------------------------------------------------- measurement */
 
 static kiln_status cuda_profile(void *p, int64_t pos0, int reps, kiln_status (*step)(void *arg), void *arg, kiln_op_time *ops,
@@ -630,6 +655,7 @@ extern "C" const kiln_backend kiln_cuda_backend = {
     /* .ffn_up = */ cuda_ffn_up,
     /* .head = */ cuda_head,
     /* .argmax = */ cuda_argmax,
+    /* .nonfinite = */ cuda_nonfinite,
 };
 
 extern "C" kiln_status kiln_cuda_copy_bandwidth(double *gb_per_s) {

@@ -29,11 +29,12 @@ kiln_sampler_params kiln_sampler_default(void) {
 kiln_status kiln_sampler_new(const kiln_sampler_params *p, int64_t n_vocab, kiln_sampler **out) {
     *out = NULL;
     if (n_vocab < 1 || n_vocab > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "sampler: a vocab of %lld tokens", (long long)n_vocab);
-    if (!(p->temp >= 0) || p->top_k < 0 || !(p->min_p >= 0 && p->min_p <= 1) || !(p->repeat_penalty > 0) || p->repeat_last_n < 0 ||
-        isnan(p->top_p))
+    if (!(p->temp >= 0) || p->top_k < 0 || !(p->top_p >= 0 && p->top_p <= 1) || !(p->min_p >= 0 && p->min_p <= 1) ||
+        !(p->repeat_penalty > 0) || p->repeat_last_n < 0)
         return kiln_fail(KILN_ERR_INVALID,
-                         "sampler: temp %g must be >= 0, top_k %d >= 0, min_p %g in [0, 1], repeat_penalty %g > 0, repeat_last_n %d >= 0",
-                         (double)p->temp, p->top_k, (double)p->min_p, (double)p->repeat_penalty, p->repeat_last_n);
+                         "sampler: temp %g must be >= 0, top_k %d >= 0, top_p %g and min_p %g in [0, 1], repeat_penalty %g > 0, "
+                         "repeat_last_n %d >= 0", (double)p->temp, p->top_k, (double)p->top_p, (double)p->min_p,
+                         (double)p->repeat_penalty, p->repeat_last_n);
     kiln_sampler *s = calloc(1, sizeof *s);
     if (!s) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
     s->p = *p;
@@ -208,6 +209,9 @@ int32_t kiln_sampler_sample(kiln_sampler *s, float *logits, const int32_t *histo
     softmax(logits, V);
     if (p->min_p > 0.0f) min_p_filter(logits, V, p->min_p);
     float coin = random_f32(&s->rng);
-    if (p->top_p <= 0.0f || p->top_p >= 1.0f || V == 1) return sample_mult(logits, V, coin);
+    if (p->top_p >= 1.0f || V == 1) return sample_mult(logits, V, coin);
+    /* top_p 0: the nucleus is the top token alone (llama.cpp keeps min_keep = 1); the coin is still drawn, so the
+     * sequence of coins does not depend on top_p */
+    if (p->top_p <= 0.0f) return argmax(logits, V);
     return sample_topp(s, logits, V, p->top_p, coin);
 }

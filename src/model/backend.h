@@ -18,7 +18,8 @@
  *   attention       causal GQA attention over the cache, full or sliding over a ring
  *   matmul          y (+)= x W (the output and down projections add into the residual stream)
  *   ffn_up          gate = act(xb Wg) * (xb Wu)
- * and once per call embed, head (the logits with their scale and softcap) and argmax.
+ * and once per call embed, head (the logits with their scale and softcap) and argmax, and nonfinite where the
+ * forward is asked to check a stage's output for a NaN or an infinity.
  *
  * Shapes: T tokens, C width, NH/NKV heads, HS head size, F FFN width, V vocab; activations are float, row-major
  * (T, width). */
@@ -134,6 +135,9 @@ typedef struct kiln_backend {
     kiln_status (*head)(void *ctx, float *logits, const float *x, const kiln_weight *W, int64_t T, float scale, float cap);
     /* *next = the index of the largest of x (n), the lowest on ties. */
     kiln_status (*argmax)(void *ctx, int32_t *next, const float *x, int64_t n);
+    /* *flag = code when x (n) holds a NaN or an infinity and *flag is still 0, so the first stage checked that made
+     * one is the one reported (flag is backend memory, zeroed by the caller before the step). */
+    kiln_status (*nonfinite)(void *ctx, int32_t *flag, const float *x, int64_t n, int32_t code);
 } kiln_backend;
 
 extern const kiln_backend kiln_cpu_backend;
@@ -144,12 +148,23 @@ extern const kiln_backend kiln_cuda_backend;
 
 /* Floats of activations a batch of T tokens needs. */
 size_t kiln_llama_act_floats(const kiln_llama_config *c, int64_t T);
+/* What kiln_llama_forward checks for a NaN or an infinity, and the flag (backend memory, zeroed by the caller) where
+ * the backend's nonfinite step writes the first stage that holds one: KILN_LLAMA_STAGE_EMBED, layer l as
+ * KILN_LLAMA_STAGE_LAYER + l, then KILN_LLAMA_STAGE_LAYER + L for the head's logits; 0 when every check passed. */
+typedef struct kiln_llama_checks {
+    int32_t *flag;  /* NULL: no checks */
+    bool logits;    /* the logits rows the forward writes (with next: the row argmax reads, on the device) */
+    bool layers;    /* the embedding and every layer's output (the residual stream), for KILN_CHECK_FINITE */
+} kiln_llama_checks;
+enum { KILN_LLAMA_STAGE_EMBED = 1, KILN_LLAMA_STAGE_LAYER = 2 };
+
 /* Enqueues T tokens ids (backend memory) at positions *pos0.. (backend memory) through the model, writing their
  * k and v into the cache. With logits (backend memory), the rows first..T-1 of the head's output land there
- * ((T - first, V)); with next (backend memory), the last row's argmax. act holds kiln_llama_act_floats(T). */
+ * ((T - first, V)); with next (backend memory), the last row's argmax. act holds kiln_llama_act_floats(T). checks
+ * may be NULL. */
 kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void *ctx, const kiln_weights *w,
                                const kiln_llama_kv *kv, float *act, const int32_t *ids, const int32_t *pos0, int64_t T,
-                               int64_t first, float *logits, int32_t *next);
+                               int64_t first, float *logits, int32_t *next, const kiln_llama_checks *checks);
 
 /* ---- sessions (src/infer/session.c), for the benchmarks */
 

@@ -41,8 +41,10 @@ int64_t kiln_llama_max_width(const kiln_llama_config *c) {
  * residual_norm where a sandwich norm comes between. */
 kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void *ctx, const kiln_weights *w,
                                const kiln_llama_kv *kv, float *act, const int32_t *ids, const int32_t *pos0, int64_t T,
-                               int64_t first, float *logits, int32_t *next) {
+                               int64_t first, float *logits, int32_t *next, const kiln_llama_checks *checks) {
     const kiln_llama_config *c = &m->cfg;
+    int32_t *flag = checks ? checks->flag : NULL; /* backend memory */
+    const bool each_layer = flag && checks->layers, check_logits = flag && (checks->logits || checks->layers);
     const int64_t C = c->n_embd, NH = c->n_head, NKV = c->n_head_kv, HS = c->head_dim, F = c->n_ff, V = c->n_vocab;
     const int64_t Q = NH * HS, KV = NKV * HS;
     float *x = act;            /* (T, C) */
@@ -57,6 +59,7 @@ kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void
     float *ag = yb + T * C;    /* (T, Q), with output_gate */
 
     TRY(be->embed(ctx, x, &w->tok_embd, ids, T, C, c->embd_scale ? sqrtf((float)C) : 1.0f));
+    if (each_layer) TRY(be->nonfinite(ctx, flag, x, T * C, KILN_LLAMA_STAGE_EMBED));
     TRY(be->residual_norm(ctx, x, NULL, NULL, 0, xb, &w->layers[0][KILN_LT_ATTN_NORM], c->rms_eps, T, C));
     for (int64_t l = 0; l < c->n_layer; l++) {
         const kiln_llama_layer *L = &m->layers[l];
@@ -96,6 +99,8 @@ kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void
             TRY(be->matmul(ctx, x, gate, &lw[KILN_LT_W_DOWN], T, true));
             TRY(be->residual_norm(ctx, x, NULL, NULL, 0, xb, next_norm, c->rms_eps, T, C));
         }
+        /* x is the layer's output; a NaN in the next norm's weight shows in the next layer, whose weight it is */
+        if (each_layer) TRY(be->nonfinite(ctx, flag, x, T * C, KILN_LLAMA_STAGE_LAYER + (int32_t)l));
     }
     if (!logits) return KILN_OK;
     /* xb holds rmsnorm(x) * output_norm for every row; the head, V x C per row and the largest matmul of a small
@@ -103,5 +108,11 @@ kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void
     const int64_t n = T - first;
     TRY(be->head(ctx, logits, xb + first * C, &w->output, n, c->logit_scale > 0 ? c->logit_scale : 1.0f, c->logit_softcap));
     if (next) TRY(be->argmax(ctx, next, logits + (n - 1) * V, V));
+    /* argmax ignores NaNs and takes an infinity as any other maximum: the row it read is checked beside it, so a
+     * greedy decode on the device fails instead of printing garbage (one pass over V floats) */
+    if (check_logits) {
+        const int64_t rows = next && !each_layer ? 1 : n;
+        TRY(be->nonfinite(ctx, flag, logits + (n - rows) * V, rows * V, KILN_LLAMA_STAGE_LAYER + (int32_t)c->n_layer));
+    }
     return KILN_OK;
 }
