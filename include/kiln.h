@@ -179,7 +179,7 @@ typedef struct kiln_tensor_view {
     int n_dims;
     int64_t ne[4];   /* elements per dimension, ne[0] fastest (row length); unused dims are 1 */
     size_t nb[4];    /* strides in bytes; nb[0] is the block size in bytes */
-    uint64_t offset; /* absolute byte offset of the data in the file */
+    uint64_t offset; /* byte offset of the data from the start of the data section (kiln_gguf_data_offset), as the file stores it */
     size_t nbytes;
     const void *data; /* into the mmap */
 } kiln_tensor_view;

@@ -10,7 +10,7 @@
  *   kiln bench quant [--quick]            dequantize / vec_dot throughput per type and SIMD level
  *   kiln bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   pp and tg tok/s, as llama-bench
  *   kiln convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf
- *   kiln generate [-m MODEL.gguf] [-p PROMPT] [-n N] [sampling options] [-t THREADS] [-c CTX] [--chat] [--chat-template NAME]
+ *   kiln generate [-m MODEL.gguf] [-p PROMPT] [-n N] [sampling options] [-t THREADS] [-c CTX] [--chat] [--chat-template NAME] [--check-finite]
  *   kiln chat -m MODEL.gguf [--system TEXT] [--chat-template NAME] [sampling options]                 (tools/cmd_chat.c)
  *
  * Every command reads its arguments through one option table (kiln_cli_parse_args, tools/cli.c): numbers are
@@ -395,8 +395,9 @@ typedef struct {
     int64_t n_new; /* tokens to generate */
     kiln_session_params sess; /* n_ctx 0: what the run needs, at most the training context */
     kiln_sampler_params sampler;
-    bool chat;       /* the prompt is a formatted chat turn: tokenize its special tokens, do not echo it */
+    bool chat;       /* the prompt is a chat turn (chat_ids, tokenized by kiln_chat_tokenize): do not echo it */
     int32_t eot;     /* with chat: the end-of-turn token, which stops generation like EOS */
+    kiln_tokens chat_ids; /* with chat: the templated prompt, only the template's markers special */
 } generate_opts;
 
 /* Prompt -> prefill -> sample/print/decode until n_new tokens, EOS or a full context. Prints the prompt as given,
@@ -407,7 +408,13 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     int32_t bos = kiln_tokenizer_bos(tok), eos = kiln_tokenizer_eos(tok);
     int64_t V = kiln_model_n_vocab(m);
     kiln_tokens enc = {0};
-    kiln_status s = prompt ? kiln_tokenizer_encode(tok, prompt, strlen(prompt), !o->chat, o->chat, &enc) : KILN_OK;
+    kiln_status s = KILN_OK;
+    if (o->chat) {
+        if (!(enc.ids = malloc((o->chat_ids.n ? o->chat_ids.n : 1) * sizeof *enc.ids))) return kiln_cli_error("out of memory");
+        memcpy(enc.ids, o->chat_ids.ids, o->chat_ids.n * sizeof *enc.ids);
+        enc.n = enc.cap = o->chat_ids.n;
+    } else if (prompt)
+        s = kiln_tokenizer_encode(tok, prompt, strlen(prompt), true, false, &enc);
     if (s) return kiln_cli_die(s);
     if (enc.n == 0 && bos < 0) {
         kiln_tokens_free(&enc);
@@ -508,15 +515,16 @@ static int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *chat_template = NULL;
     generate_opts o = {.n_new = 256, .sampler = kiln_sampler_default()};
     bool gpu = false;
-    kiln_cli_opt opts[6 + KILN_CLI_N_SAMPLING] = {
+    kiln_cli_opt opts[7 + KILN_CLI_N_SAMPLING] = {
         {"-m", KILN_CLI_STR, &model_path, 0, 0},
         {"-p", KILN_CLI_STR, &prompt, 0, 0},
         {"--chat-template", KILN_CLI_STR, &chat_template, 0, 0},
         {"-n", KILN_CLI_I64, &o.n_new, 0, 1000000000},
         {"--chat", KILN_CLI_FLAG, &o.chat, 0, 0},
         {"--gpu", KILN_CLI_FLAG, &gpu, 0, 0}, /* all layers on the GPU, as -ngl 99 */
+        {"--check-finite", KILN_CLI_FLAG, &o.sess.check_finite, 0, 0}, /* name the first layer whose output is NaN/Inf */
     }; /* then the session and sampling options chat shares */
-    int n_opts = 6 + kiln_cli_sampling_opts(opts + 6, &o.sampler, &o.sess), n_pos;
+    int n_opts = 7 + kiln_cli_sampling_opts(opts + 7, &o.sampler, &o.sess), n_pos;
     if (!kiln_cli_parse_args("generate", argc, argv, opts, n_opts, NULL, 0, &n_pos)) return 1;
     if (gpu) kiln_cli_gpu_flag("--gpu", &o.sess);
     if (chat_template) o.chat = true;
@@ -529,8 +537,8 @@ static int cmd_generate(int argc, char **argv) {
     kiln_model *m;
     kiln_status s = kiln_model_load(model_path, &m);
     if (s) return kiln_cli_die(s);
-    /* --chat: -p becomes one user turn of the chat template, with the assistant's header after it */
-    char *formatted = NULL;
+    /* --chat: -p becomes one user turn of the chat template, with the assistant's header after it; only the
+     * template's markers are special tokens, so a "</s>" typed in -p stays text */
     kiln_chat_template t;
     if (o.chat && (!prompt || !kiln_model_tokenizer(m))) {
         fprintf(stderr, "kiln: generate: --chat needs %s\n", prompt ? "a model with a tokenizer" : "a prompt (-p)");
@@ -540,11 +548,10 @@ static int cmd_generate(int argc, char **argv) {
     if (o.chat) {
         s = chat_template ? kiln_chat_template_from_name(chat_template, m, &t) : kiln_chat_template_detect(m, &t);
         if (!s) s = kiln_chat_end_of_turn(&t, kiln_model_tokenizer(m), &o.eot);
-        if (!s) s = kiln_chat_format(&t, &(kiln_chat_msg){"user", prompt}, 1, true, &formatted, NULL);
-        prompt = formatted;
+        if (!s) s = kiln_chat_tokenize(&t, kiln_model_tokenizer(m), &(kiln_chat_msg){"user", prompt}, 1, true, &o.chat_ids);
     }
     int rc = s ? kiln_cli_die(s) : generate(m, model_path, prompt, &o);
-    free(formatted);
+    kiln_tokens_free(&o.chat_ids);
     kiln_model_free(m);
     return rc;
 }
@@ -614,6 +621,7 @@ static void usage(FILE *f) {
                "  generate [-m MODEL.gguf] [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
                "           [--repeat-penalty R] [--repeat-last-n N] [--seed S] [-t THREADS] [-c CTX] [--gpu | -ngl N]\n"
                "           [--chat] [--chat-template NAME]   -p as one user turn of the model's chat template\n"
+               "           [--check-finite]   name the first layer whose output is NaN or infinite (KILN_CHECK_FINITE=1)\n"
                "  chat -m MODEL.gguf [--system TEXT] [--chat-template llama2|llama3|chatml|gemma] [-n MAXTOK] [sampling opts]\n"
                "                                         a conversation over stdin lines, replies streamed to stdout\n"
                "  --gpu (or -ngl N, N at least the layer count, as llama.cpp's -ngl 99) runs the whole model on the GPU\n");
