@@ -699,7 +699,8 @@ static void test_cli_chat_flags(void) {
 }
 
 /* --check-finite on a model whose layer 1 makes NaNs (the bundled vocab in a tiny synthetic model): the turn fails
- * naming layer 1; without the flag it fails naming the position. */
+ * naming layer 1; without the flag it fails naming the position. The load refuses a NaN weight, so the poison is a
+ * finite one that overflows: layer 1's attention norm scaled by 3e38 makes its normalized rows infinite. */
 static void test_cli_chat_check_finite(void) {
     NEED_BIN();
     char path[128];
@@ -709,12 +710,14 @@ static void test_cli_chat_check_finite(void) {
     CHECK(kiln_synth_llama(path, &p) == KILN_OK, "%s", kiln_last_error());
     kiln_gguf *g;
     CHECK(kiln_gguf_open(path, &g) == KILN_OK, "%s", kiln_last_error());
-    const kiln_tensor_view *tv = kiln_gguf_find_tensor(g, "blk.1.ffn_down.weight");
+    const kiln_tensor_view *tv = kiln_gguf_find_tensor(g, "blk.1.attn_norm.weight");
     uint64_t off = tv ? kiln_gguf_data_offset(g) + tv->offset : 0; /* the view's offset is relative to the data section */
     kiln_gguf_close(g);
     FILE *f = off ? fopen(path, "r+b") : NULL;
-    const float nan_ = NAN;
-    CHECK(f && fseek(f, (long)off, SEEK_SET) == 0 && fwrite(&nan_, sizeof nan_, 1, f) == 1);
+    const float huge[32] = {3e38f, 3e38f, 3e38f, 3e38f, 3e38f, 3e38f, 3e38f, 3e38f, 3e38f, 3e38f, 3e38f,
+                            3e38f, 3e38f, 3e38f, 3e38f, 3e38f, 3e38f, 3e38f, 3e38f, 3e38f, 3e38f, 3e38f,
+                            3e38f, 3e38f, 3e38f, 3e38f, 3e38f, 3e38f, 3e38f, 3e38f, 3e38f, 3e38f};
+    CHECK(f && fseek(f, (long)off, SEEK_SET) == 0 && fwrite(huge, sizeof huge, 1, f) == 1);
     fclose(f);
     char args[300];
     snprintf(args, sizeof args, "chat -m '%s' --chat-template llama2 -n 4 -t 1 --check-finite", path);

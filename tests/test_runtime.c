@@ -1,6 +1,7 @@
 /* test_runtime.c: the session's runtime checks and its history (src/infer/session.c) and top-p 0 (src/infer/sampler.c).
  *
- * A tiny F32 llama from kiln_synth_llama is poisoned by writing a NaN (or an infinity) into one tensor of the file:
+ * A tiny F32 llama from kiln_synth_llama is poisoned by writing huge finite weights (3e38) into one tensor of the
+ * file, which overflow to infinities and NaNs at run time (the load refuses a NaN or an infinity in a weight itself):
  * the logits a session returns, and the row its greedy argmax reads, must then be an error naming the position,
  * and check_finite (or KILN_CHECK_FINITE=1) must name the stage that first holds one. Every check runs on the CPU and,
  * when a CUDA device is there, on the GPU (skipped otherwise). kiln_session_keep must give the logits of a fresh
@@ -67,12 +68,12 @@ static bool run_prompt(const char *path, int n_gpu_layers, bool check_finite, ru
     return ok;
 }
 
-/* A NaN in layer 1's down projection makes every logit NaN: both calls fail naming position 4, the last of the
- * prompt, and the session does not move. */
+/* Layer 1's attention norm scaled by 3e38 makes its normalized rows infinite, and every logit NaN: both calls fail
+ * naming position 4, the last of the prompt, and the session does not move. */
 static void check_nan_layer(int ngl) {
     char path[128];
     snprintf(path, sizeof path, "%s/nan_layer.gguf", tmp_dir);
-    CHECK(make_model(path, "blk.1.ffn_down.weight", 0, 1, NAN), "%s", kiln_last_error());
+    CHECK(make_model(path, "blk.1.attn_norm.weight", 0, 32, 3e38f), "%s", kiln_last_error());
     run_out r;
     CHECK(run_prompt(path, ngl, false, &r), "%s", kiln_last_error());
     CHECK(r.s_logits == KILN_ERR_RANGE, "eval: %s", kiln_status_name(r.s_logits));
@@ -91,15 +92,15 @@ static void test_nan_layer_gpu(void) {
     check_nan_layer(99);
 }
 
-/* One NaN row of the head (token 7's): a single logit is NaN, which an argmax skips over. Both calls must still
- * fail; the host check names the token, check_finite the logits. */
+/* One overflowing row of the head (token 7's, every weight 3e38): a single logit is infinite, which an argmax
+ * could take as its answer. Both calls must still fail; the host check names the token, check_finite the logits. */
 static void check_nan_logit(int ngl) {
     char path[128];
     snprintf(path, sizeof path, "%s/nan_logit.gguf", tmp_dir);
-    CHECK(make_model(path, "output.weight", 7 * 32, 32, NAN), "%s", kiln_last_error());
+    CHECK(make_model(path, "output.weight", 7 * 32, 32, 3e38f), "%s", kiln_last_error());
     run_out r;
     CHECK(run_prompt(path, ngl, false, &r), "%s", kiln_last_error());
-    CHECK(r.s_logits == KILN_ERR_RANGE && strstr(r.msg_logits, "position 4 are not finite (token 7's is nan)"), "%s", r.msg_logits);
+    CHECK(r.s_logits == KILN_ERR_RANGE && strstr(r.msg_logits, "position 4 are not finite (token 7's is "), "%s", r.msg_logits);
     CHECK(r.s_argmax == KILN_ERR_RANGE && strstr(r.msg_argmax, "position 4 are not finite"), "%s", r.msg_argmax);
     CHECK(run_prompt(path, ngl, true, &r), "%s", kiln_last_error());
     CHECK(r.s_argmax == KILN_ERR_RANGE && strstr(r.msg_argmax, "the logits (the output norm and head) at positions 0..4"), "%s",
@@ -111,26 +112,33 @@ static void test_nan_logit_gpu(void) {
     check_nan_logit(99);
 }
 
-/* An infinity in the embedding row of token 17 (the prompt's third token), found by KILN_CHECK_FINITE=1 without
- * the parameter. */
-static void check_inf_embedding(int ngl) {
+/* An infinity in the embedding row of token 17 (the prompt's third token) is refused at load, naming the tensor;
+ * KILN_CHECK_FINITE=1 without the parameter turns the per-stage check on, here naming layer 0 (its attention norm
+ * scaled by 3e38). */
+static void check_env_and_load(int ngl) {
     char path[128];
     snprintf(path, sizeof path, "%s/inf_embd.gguf", tmp_dir);
     CHECK(make_model(path, "token_embd.weight", 17 * 32 + 3, 1, INFINITY), "%s", kiln_last_error());
+    kiln_model *m = NULL;
+    CHECK(kiln_model_load(path, &m) != KILN_OK && strstr(kiln_last_error(), "token_embd.weight") &&
+              strstr(kiln_last_error(), "is inf"), "%s", kiln_last_error());
+    kiln_model_free(m);
+    snprintf(path, sizeof path, "%s/huge_layer0.gguf", tmp_dir);
+    CHECK(make_model(path, "blk.0.attn_norm.weight", 0, 32, 3e38f), "%s", kiln_last_error());
     setenv("KILN_CHECK_FINITE", "1", 1);
     run_out r;
     bool ok = run_prompt(path, ngl, false, &r);
     unsetenv("KILN_CHECK_FINITE");
     CHECK(ok, "%s", kiln_last_error());
-    CHECK(r.s_logits == KILN_ERR_RANGE && strstr(r.msg_logits, "the token embedding at positions 0..4 is not finite"), "%s",
+    CHECK(r.s_logits == KILN_ERR_RANGE && strstr(r.msg_logits, "layer 0's output at positions 0..4 is not finite"), "%s",
           r.msg_logits);
     CHECK(run_prompt(path, ngl, false, &r), "%s", kiln_last_error());
     CHECK(r.s_logits == KILN_ERR_RANGE && strstr(r.msg_logits, "position 4 are not finite"), "%s", r.msg_logits);
 }
-static void test_inf_embedding_cpu(void) { check_inf_embedding(0); }
-static void test_inf_embedding_gpu(void) {
+static void test_env_and_load_cpu(void) { check_env_and_load(0); }
+static void test_env_and_load_gpu(void) {
     if (!have_gpu()) SKIP("no CUDA device");
-    check_inf_embedding(99);
+    check_env_and_load(99);
 }
 
 /* A clean model passes every check, and the checks change no logit (token by token too: the recorded GPU step). */
@@ -252,8 +260,8 @@ int main(void) {
     RUN(test_nan_layer_gpu);
     RUN(test_nan_logit_cpu);
     RUN(test_nan_logit_gpu);
-    RUN(test_inf_embedding_cpu);
-    RUN(test_inf_embedding_gpu);
+    RUN(test_env_and_load_cpu);
+    RUN(test_env_and_load_gpu);
     RUN(test_clean_cpu);
     RUN(test_clean_gpu);
     RUN(test_keep_cpu);
