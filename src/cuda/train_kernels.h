@@ -136,14 +136,16 @@ kiln_status kiln_cuda_adamw_apply(float *params, const float *grads, float *m, f
 /* The check before an update: the weights kiln_cuda_adamw_apply would write (same constants, the clip from
  * *d_sumsq), squared and summed per segment into d_wsumsq (n_seg doubles; fixed order), writing nothing else.
  * d_seg (n_seg, 2) int64 on the device: each segment's first element and length, in the indices of params (a
- * tensor, or the part of it in a ZeRO-1 shard; length 0 allowed). partial: n_seg * KILN_CUDA_ADAMW_CHECK_BLOCKS
- * doubles of work space. kiln_cuda_adamw_apply_checked then skips the update (nothing written, *d_skipped = 1) when
- * a sum is not finite, as for a non-finite gradient norm. */
-#define KILN_CUDA_ADAMW_CHECK_BLOCKS 32
-kiln_status kiln_cuda_adamw_check(double *d_wsumsq, double *partial, const int64_t *d_seg, int n_seg, const float *params,
-                                  const float *grads, const float *m, const float *v, const uint8_t *decay, float lr, float beta1,
-                                  float beta2, float eps, float weight_decay, float grad_clip, int64_t step, const double *d_sumsq,
-                                  void *stream);
+ * tensor, or the part of it in a ZeRO-1 shard; length 0 allowed), cut into chunks of KILN_CUDA_ADAMW_CHECK_CHUNK
+ * elements that the grid shares; n_chunks = kiln_cuda_adamw_check_chunks of the same table on the host, and partial
+ * n_chunks doubles of work space. kiln_cuda_adamw_apply_checked then skips the update (nothing written,
+ * *d_skipped = 1) when a sum is not finite, as for a non-finite gradient norm. */
+#define KILN_CUDA_ADAMW_CHECK_CHUNK 8192
+int64_t kiln_cuda_adamw_check_chunks(const int64_t *h_seg, int n_seg);
+kiln_status kiln_cuda_adamw_check(double *d_wsumsq, double *partial, const int64_t *d_seg, int n_seg, int64_t n_chunks,
+                                  const float *params, const float *grads, const float *m, const float *v, const uint8_t *decay,
+                                  float lr, float beta1, float beta2, float eps, float weight_decay, float grad_clip, int64_t step,
+                                  const double *d_sumsq, void *stream);
 kiln_status kiln_cuda_adamw_apply_checked(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror,
                                           const uint8_t *decay, int64_t n, float lr, float beta1, float beta2, float eps,
                                           float weight_decay, float grad_clip, int64_t step, const double *d_sumsq,

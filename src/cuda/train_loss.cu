@@ -386,35 +386,59 @@ static __device__ __forceinline__ float clip_factor(const double *d_sumsq, float
     return (float)__ddiv_rn((double)grad_clip, norm);
 }
 
-/* grid (KILN_CUDA_ADAMW_CHECK_BLOCKS, n_seg), block (NORM_THREADS): blockIdx.y's segment [seg[2y], +seg[2y+1]) of
- * the weights adam_elem would write, squared and summed (nothing written but the partials). */
+static __device__ __forceinline__ int64_t check_chunks(int64_t len) {
+    return (len + KILN_CUDA_ADAMW_CHECK_CHUNK - 1) / KILN_CUDA_ADAMW_CHECK_CHUNK;
+}
+
+/* grid (n_chunks), block (NORM_THREADS): block b is chunk b of the segments taken in order, each segment [seg[2y],
+ * +seg[2y+1]) cut into KILN_CUDA_ADAMW_CHECK_CHUNK elements, so every SM shares the large tensors (the embedding is
+ * a third of a 124M model: one grid row per segment left it to a few SMs and made the check 2 ms of a 29 ms step).
+ * The weights adam_elem would write, squared and summed into partial[b]; nothing else is written. */
 __global__ void __launch_bounds__(NORM_THREADS)
-    adamw_check_kernel(double *partial /* (n_seg, CHECK_BLOCKS) */, const int64_t *seg, const float *params, const float *grads,
+    adamw_check_kernel(double *partial /* (n_chunks) */, const int64_t *seg, int n_seg, const float *params, const float *grads,
                        const float *m, const float *v, const uint8_t *decay, adam_consts k, const double *d_sumsq, float grad_clip) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
     __shared__ double sh[32];
+    __shared__ int64_t s_at, s_end;
+    if (threadIdx.x == 0) {
+        int64_t c = blockIdx.x;
+        int y = 0;
+        for (; y < n_seg; y++) {
+            const int64_t nc = check_chunks(seg[2 * y + 1]);
+            if (c < nc) break;
+            c -= nc;
+        }
+        const int64_t len = y < n_seg ? seg[2 * y + 1] : 0, lo = c * KILN_CUDA_ADAMW_CHECK_CHUNK;
+        s_at = y < n_seg ? seg[2 * y] + lo : 0;
+        s_end = y < n_seg ? seg[2 * y] + (len < lo + KILN_CUDA_ADAMW_CHECK_CHUNK ? len : lo + KILN_CUDA_ADAMW_CHECK_CHUNK) : 0;
+    }
+    __syncthreads();
     const float clip = clip_factor(d_sumsq, grad_clip);
-    const int64_t off = seg[2 * blockIdx.y], len = seg[2 * blockIdx.y + 1];
+    const int64_t at = s_at, end = s_end;
     double acc = 0.0;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += (int64_t)gridDim.x * blockDim.x) {
-        float p = params[off + i], mi = m[off + i], vi = v[off + i];
-        adam_elem(k, clip, p, grads[off + i], mi, vi, decay[off + i] != 0);
+    for (int64_t i = at + threadIdx.x; i < end; i += blockDim.x) {
+        float p = params[i], mi = m[i], vi = v[i];
+        adam_elem(k, clip, p, grads[i], mi, vi, decay[i] != 0);
         acc = fma((double)p, (double)p, acc);
     }
     const double sum = block_sum(acc, sh);
-    if (threadIdx.x == 0) partial[(int64_t)blockIdx.y * gridDim.x + blockIdx.x] = sum;
+    if (threadIdx.x == 0) partial[blockIdx.x] = sum;
 }
 
-/* grid (1), block (NORM_THREADS): each segment's partials, in order, into d_wsumsq (n_seg). */
-__global__ void __launch_bounds__(NORM_THREADS) adamw_check_finish_kernel(double *d_wsumsq, const double *partial, int n_seg) {
+/* grid (n_seg), block (NORM_THREADS): segment y's partials, in a fixed order, into d_wsumsq[y]. */
+__global__ void __launch_bounds__(NORM_THREADS) adamw_check_finish_kernel(double *d_wsumsq, const double *partial, const int64_t *seg) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
-    for (int y = threadIdx.x; y < n_seg; y += blockDim.x) {
-        double acc = 0.0;
-        for (int x = 0; x < KILN_CUDA_ADAMW_CHECK_BLOCKS; x++) acc += partial[(int64_t)y * KILN_CUDA_ADAMW_CHECK_BLOCKS + x];
-        d_wsumsq[y] = acc;
-    }
+    __shared__ double sh[32];
+    const int y = blockIdx.x;
+    int64_t c0 = 0;
+    for (int j = 0; j < y; j++) c0 += check_chunks(seg[2 * j + 1]);
+    const int64_t nc = check_chunks(seg[2 * y + 1]);
+    double acc = 0.0;
+    for (int64_t x = threadIdx.x; x < nc; x += blockDim.x) acc += partial[c0 + x];
+    const double sum = block_sum(acc, sh);
+    if (threadIdx.x == 0) d_wsumsq[y] = sum;
 }
 
 /* grid-stride over n (VEC: n / 4 float4s, then the 0-3 tail). VEC: params, grads, m, v 16-byte aligned, decay
@@ -490,21 +514,30 @@ static adam_consts make_consts(float lr, float beta1, float beta2, float eps, fl
     return k;
 }
 
-extern "C" kiln_status kiln_cuda_adamw_check(double *d_wsumsq, double *partial, const int64_t *d_seg, int n_seg, const float *params,
-                                             const float *grads, const float *m, const float *v, const uint8_t *decay, float lr,
-                                             float beta1, float beta2, float eps, float weight_decay, float grad_clip, int64_t step,
-                                             const double *d_sumsq, void *stream) {
-    if (n_seg < 1 || n_seg > 65535 || !d_wsumsq || !partial || !d_seg || !params || !grads || !m || !v || !decay || !d_sumsq)
-        return kiln_fail(KILN_ERR_INVALID, "cuda adamw check: %d segments (1..65535) and every buffer are required", n_seg);
+extern "C" int64_t kiln_cuda_adamw_check_chunks(const int64_t *h_seg, int n_seg) {
+    int64_t n = 0;
+    for (int i = 0; i < n_seg; i++) n += (h_seg[2 * i + 1] + KILN_CUDA_ADAMW_CHECK_CHUNK - 1) / KILN_CUDA_ADAMW_CHECK_CHUNK;
+    return n;
+}
+
+extern "C" kiln_status kiln_cuda_adamw_check(double *d_wsumsq, double *partial, const int64_t *d_seg, int n_seg, int64_t n_chunks,
+                                             const float *params, const float *grads, const float *m, const float *v,
+                                             const uint8_t *decay, float lr, float beta1, float beta2, float eps, float weight_decay,
+                                             float grad_clip, int64_t step, const double *d_sumsq, void *stream) {
+    if (n_seg < 1 || n_seg > 65535 || n_chunks < 0 || n_chunks > INT32_MAX || !d_wsumsq || !partial || !d_seg || !params || !grads ||
+        !m || !v || !decay || !d_sumsq)
+        return kiln_fail(KILN_ERR_INVALID, "cuda adamw check: %d segments (1..65535), %lld chunks and every buffer are required", n_seg,
+                         (long long)n_chunks);
     if (step < 1) return kiln_fail(KILN_ERR_INVALID, "cuda adamw check: step %lld (from 1)", (long long)step);
     const adam_consts k = make_consts(lr, beta1, beta2, eps, weight_decay, step);
     cudaStream_t s = (cudaStream_t)stream;
-    kiln_status st = checked("adamw check", kiln_launch(adamw_check_kernel, dim3(KILN_CUDA_ADAMW_CHECK_BLOCKS, (unsigned)n_seg),
-                                                        dim3(NORM_THREADS), 0, s, partial, d_seg, params, grads, m, v, decay, k,
-                                                        d_sumsq, grad_clip));
-    if (st != KILN_OK) return st;
-    return checked("adamw check sums", kiln_launch(adamw_check_finish_kernel, dim3(1), dim3(NORM_THREADS), 0, s, d_wsumsq,
-                                                    (const double *)partial, n_seg));
+    if (n_chunks > 0) {
+        kiln_status st = checked("adamw check", kiln_launch(adamw_check_kernel, dim3((unsigned)n_chunks), dim3(NORM_THREADS), 0, s,
+                                                            partial, d_seg, n_seg, params, grads, m, v, decay, k, d_sumsq, grad_clip));
+        if (st != KILN_OK) return st;
+    }
+    return checked("adamw check sums", kiln_launch(adamw_check_finish_kernel, dim3((unsigned)n_seg), dim3(NORM_THREADS), 0, s, d_wsumsq,
+                                                    (const double *)partial, d_seg));
 }
 
 extern "C" kiln_status kiln_cuda_adamw_apply(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror,

@@ -100,8 +100,9 @@ struct kiln_cuda_trainer {
     /* the weight check before each update (kiln_cuda_adamw_check): one segment per tensor, in the indices of the
      * range this rank updates (its ZeRO-1 shard, else the whole buffer); one allocation */
     int n_seg;
+    int64_t n_chunks;                 /* the check's blocks: each segment in KILN_CUDA_ADAMW_CHECK_CHUNK pieces */
     int64_t *d_seg;                   /* (n_seg, 2) first element, length */
-    double *d_wpartial;               /* (n_seg, KILN_CUDA_ADAMW_CHECK_BLOCKS) */
+    double *d_wpartial;               /* (n_chunks) */
     double *d_wsumsq;                 /* (n_seg) the would-be weights' sums of squares */
     double *h_wsumsq;                 /* (n_seg) pinned: the step's one read of them */
 };
@@ -174,12 +175,13 @@ static kiln_status check_setup(kiln_cuda_trainer *t) {
         h_seg[2 * i] = hi > lo ? lo - o : 0;
         h_seg[2 * i + 1] = hi > lo ? hi - lo : 0;
     }
-    const size_t seg_bytes = al((size_t)n_seg * 2 * sizeof(int64_t)), part_bytes = al((size_t)n_seg * KILN_CUDA_ADAMW_CHECK_BLOCKS * 8);
+    const int64_t n_chunks = kiln_cuda_adamw_check_chunks(h_seg, n_seg);
+    const size_t seg_bytes = al((size_t)n_seg * 2 * sizeof(int64_t)), part_bytes = al((size_t)(n_chunks ? n_chunks : 1) * 8);
     char *p = NULL;
     cudaError_t e = cudaMalloc((void **)&p, seg_bytes + part_bytes + (size_t)n_seg * 8);
     if (e == cudaSuccess) {
         t->d_seg = (int64_t *)p, t->d_wpartial = (double *)(p + seg_bytes), t->d_wsumsq = (double *)(p + seg_bytes + part_bytes);
-        t->n_seg = n_seg;
+        t->n_seg = n_seg, t->n_chunks = n_chunks;
         e = cudaMallocHost((void **)&t->h_wsumsq, (size_t)n_seg * 8);
     }
     if (e == cudaSuccess) e = cudaMemcpyAsync(t->d_seg, h_seg, (size_t)n_seg * 2 * sizeof *h_seg, cudaMemcpyHostToDevice, t->stream);
@@ -620,7 +622,7 @@ extern "C" kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const kiln_
     if (!t->zero1 && t->dist && !t->reduced) TRY(kiln_dist_allreduce_f32(t->dist, t->grads, t->n_pad, t->stream));
     TRY(kiln_cuda_grad_sumsq(d_sumsq, t->grads + o, S, t->ws, t->stream));
     if (t->zero1) TRY(kiln_dist_allreduce_f64(t->dist, d_sumsq, 1, t->stream));
-    TRY(kiln_cuda_adamw_check(t->d_wsumsq, t->d_wpartial, t->d_seg, t->n_seg, t->params + o, t->grads + o, t->am, t->av, t->decay + o,
+    TRY(kiln_cuda_adamw_check(t->d_wsumsq, t->d_wpartial, t->d_seg, t->n_seg, t->n_chunks, t->params + o, t->grads + o, t->am, t->av, t->decay + o,
                               lr, cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay, cfg->grad_clip, t->opt_step + 1, d_sumsq,
                               t->stream));
     if (t->zero1) TRY(kiln_dist_allreduce_f64(t->dist, t->d_wsumsq, t->n_seg, t->stream)); /* each rank summed its shard */
