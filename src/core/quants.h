@@ -14,6 +14,8 @@
 #define QK4_0 32
 #define QK4_1 32
 #define QK5_0 32
+#define QK5_1 32
+#define QK4_NL 32
 #define QK8_0 32
 #define QK8_1 32
 #define QK_K 256
@@ -32,6 +34,18 @@ static_assert(sizeof(block_q4_1) == 4 + QK4_1 / 2, "block_q4_1 size");
 typedef struct { kiln_fp16 d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; } block_q5_0;
 static_assert(sizeof(block_q5_0) == 2 + 4 + QK5_0 / 2, "block_q5_0 size");
 
+/* 24 bytes, 6 bits/weight: x = d * q + m, q in 0..31, the 5th bits in qh as in Q5_0. */
+typedef struct { kiln_fp16 d; kiln_fp16 m; uint8_t qh[4]; uint8_t qs[QK5_1 / 2]; } block_q5_1;
+static_assert(sizeof(block_q5_1) == 4 + 4 + QK5_1 / 2, "block_q5_1 size");
+
+/* 18 bytes, 4.5 bits/weight: x = d * kiln_iq4nl_values[q], q in 0..15 packed as Q4_0 (element j low nibble of
+ * qs[j], element j+16 high nibble). */
+typedef struct { kiln_fp16 d; uint8_t qs[QK4_NL / 2]; } block_iq4_nl;
+static_assert(sizeof(block_iq4_nl) == 2 + QK4_NL / 2, "block_iq4_nl size");
+
+/* The 16 non-uniform levels of IQ4_NL and IQ4_XS (GGML's kvalues_iq4nl). */
+static const int8_t kiln_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
 /* 34 bytes, 8.5 bits/weight: x = d * q. */
 typedef struct { kiln_fp16 d; int8_t qs[QK8_0]; } block_q8_0;
 static_assert(sizeof(block_q8_0) == 2 + QK8_0, "block_q8_0 size");
@@ -39,6 +53,24 @@ static_assert(sizeof(block_q8_0) == 2 + QK8_0, "block_q8_0 size");
 /* 36 bytes: activations paired with Q4_1. s = d * sum(qs). */
 typedef struct { kiln_fp16 d; kiln_fp16 s; int8_t qs[QK8_1]; } block_q8_1;
 static_assert(sizeof(block_q8_1) == 4 + QK8_1, "block_q8_1 size");
+
+/* 84 bytes, 2.625 bits/weight. 16 sub-blocks of 16; scales[j] holds sub-block j's 4-bit scale (low nibble) and
+ * 4-bit min (high); x = d * sc * q - dmin * m, q 2-bit: for each 128-element half, 32 bytes of qs whose bit pairs
+ * 0-1, 2-3, 4-5, 6-7 are elements 0..31, 32..63, 64..95, 96..127. */
+typedef struct { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; kiln_fp16 d; kiln_fp16 dmin; } block_q2_K;
+static_assert(sizeof(block_q2_K) == QK_K / 16 + QK_K / 4 + 4, "block_q2_K size");
+
+/* 110 bytes, 3.4375 bits/weight. 16 sub-blocks of 16 with 6-bit signed scales (stored + 32) packed in scales[12];
+ * x = d * (sc - 32) * (q - 4 * !hbit), q 2-bit in qs as Q2_K, the high bit of element i in bit i / 32 of
+ * hmask[i % 32]: a set bit means q as is, a clear one q - 4. */
+typedef struct { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[K_SCALE_SIZE]; kiln_fp16 d; } block_q3_K;
+static_assert(sizeof(block_q3_K) == QK_K / 8 + QK_K / 4 + K_SCALE_SIZE + 2, "block_q3_K size");
+
+/* 136 bytes, 4.25 bits/weight. 8 sub-blocks of 32 with 6-bit scales (stored + 32): low 4 bits in scales_l (two
+ * per byte, sub-block 2i low nibble), high 2 bits in scales_h (bits 2j, 2j+1 for sub-block j);
+ * x = d * (sc - 32) * kiln_iq4nl_values[q], each sub-block's 16 bytes of qs packed as IQ4_NL. */
+typedef struct { kiln_fp16 d; uint16_t scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } block_iq4_xs;
+static_assert(sizeof(block_iq4_xs) == 4 + QK_K / 64 + QK_K / 2, "block_iq4_xs size");
 
 /* 144 bytes, 4.5 bits/weight. 8 sub-blocks of 32; each has a 6-bit scale and 6-bit min packed in scales[12];
  * x = d * sc * q - dmin * m. qs: for each 64-element chunk, 32 bytes: low nibbles are elements 0..31, high 32..63. */
