@@ -25,6 +25,9 @@ static const scale_fields fp16_scales[] = {
     {KILN_TYPE_Q5_0, offsetof(block_q5_0, d), 1},  {KILN_TYPE_Q8_0, offsetof(block_q8_0, d), 1},
     {KILN_TYPE_Q8_1, offsetof(block_q8_1, d), 2},  {KILN_TYPE_Q4_K, offsetof(block_q4_K, d), 2},
     {KILN_TYPE_Q5_K, offsetof(block_q5_K, d), 2},  {KILN_TYPE_Q6_K, offsetof(block_q6_K, d), 1},
+    {KILN_TYPE_Q5_1, offsetof(block_q5_1, d), 2},  {KILN_TYPE_IQ4_NL, offsetof(block_iq4_nl, d), 1},
+    {KILN_TYPE_Q2_K, offsetof(block_q2_K, d), 2},  {KILN_TYPE_Q3_K, offsetof(block_q3_K, d), 1},
+    {KILN_TYPE_IQ4_XS, offsetof(block_iq4_xs, d), 1},
 };
 
 static bool bad16(uint16_t h, uint16_t exp_mask) { return (h & exp_mask) == exp_mask; }
@@ -123,7 +126,7 @@ kiln_status kiln_tensor_check_finite(const char *path, const kiln_tensor_view *t
             if ((i = find16(s0, n_blocks, bb, 0x7c00)) < 0) continue;
             memcpy(&h, s0 + (size_t)i * bb, 2);
             return kiln_fail(KILN_ERR_FORMAT, "%s: tensor '%s': block %lld has %s %s", path, t->name, (long long)i,
-                             j ? (t->type == KILN_TYPE_Q4_1 ? "min" : t->type == KILN_TYPE_Q8_1 ? "sum" : "dmin") : "scale",
+                             j ? (t->type == KILN_TYPE_Q4_1 || t->type == KILN_TYPE_Q5_1 ? "min" : t->type == KILN_TYPE_Q8_1 ? "sum" : "dmin") : "scale",
                              what16(h, 0x7c00));
         }
     }

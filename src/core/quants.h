@@ -163,11 +163,16 @@ kiln_vec_dot_fn kiln_get_vec_dot(kiln_type t, kiln_simd level);
     void kiln_to_float_q4_0_##sfx(const void *x, float *y, int64_t k); \
     void kiln_to_float_q4_1_##sfx(const void *x, float *y, int64_t k); \
     void kiln_to_float_q5_0_##sfx(const void *x, float *y, int64_t k); \
+    void kiln_to_float_q5_1_##sfx(const void *x, float *y, int64_t k); \
+    void kiln_to_float_iq4_nl_##sfx(const void *x, float *y, int64_t k); \
     void kiln_to_float_q8_0_##sfx(const void *x, float *y, int64_t k); \
     void kiln_to_float_q8_1_##sfx(const void *x, float *y, int64_t k); \
+    void kiln_to_float_q2_K_##sfx(const void *x, float *y, int64_t k); \
+    void kiln_to_float_q3_K_##sfx(const void *x, float *y, int64_t k); \
     void kiln_to_float_q4_K_##sfx(const void *x, float *y, int64_t k); \
     void kiln_to_float_q5_K_##sfx(const void *x, float *y, int64_t k); \
     void kiln_to_float_q6_K_##sfx(const void *x, float *y, int64_t k); \
+    void kiln_to_float_iq4_xs_##sfx(const void *x, float *y, int64_t k); \
     void kiln_to_float_q8_K_##sfx(const void *x, float *y, int64_t k); \
     void kiln_from_float_f32_##sfx(const float *x, void *y, int64_t k); \
     void kiln_from_float_f16_##sfx(const float *x, void *y, int64_t k); \
@@ -181,19 +186,29 @@ kiln_vec_dot_fn kiln_get_vec_dot(kiln_type t, kiln_simd level);
     void kiln_vec_dot_q4_0_q8_0_##sfx(int64_t n, float *s, const void *x, const void *y); \
     void kiln_vec_dot_q4_1_q8_1_##sfx(int64_t n, float *s, const void *x, const void *y); \
     void kiln_vec_dot_q5_0_q8_0_##sfx(int64_t n, float *s, const void *x, const void *y); \
+    void kiln_vec_dot_q5_1_q8_1_##sfx(int64_t n, float *s, const void *x, const void *y); \
+    void kiln_vec_dot_iq4_nl_q8_0_##sfx(int64_t n, float *s, const void *x, const void *y); \
+    void kiln_vec_dot_q2_K_q8_K_##sfx(int64_t n, float *s, const void *x, const void *y); \
+    void kiln_vec_dot_q3_K_q8_K_##sfx(int64_t n, float *s, const void *x, const void *y); \
     void kiln_vec_dot_q8_0_q8_0_##sfx(int64_t n, float *s, const void *x, const void *y); \
     void kiln_vec_dot_q4_K_q8_K_##sfx(int64_t n, float *s, const void *x, const void *y); \
     void kiln_vec_dot_q5_K_q8_K_##sfx(int64_t n, float *s, const void *x, const void *y); \
-    void kiln_vec_dot_q6_K_q8_K_##sfx(int64_t n, float *s, const void *x, const void *y);
+    void kiln_vec_dot_q6_K_q8_K_##sfx(int64_t n, float *s, const void *x, const void *y); \
+    void kiln_vec_dot_iq4_xs_q8_K_##sfx(int64_t n, float *s, const void *x, const void *y);
 
 KILN_DECLARE_LEVEL(ref)
 
 /* Scalar reference quantizers for weight types (slow, careful scale search). */
 void kiln_quantize_q4_0_ref(const float *x, void *y, int64_t k);
 void kiln_quantize_q4_1_ref(const float *x, void *y, int64_t k);
+void kiln_quantize_q5_1_ref(const float *x, void *y, int64_t k);
+void kiln_quantize_iq4_nl_ref(const float *x, void *y, int64_t k);
+void kiln_quantize_q2_K_ref(const float *x, void *y, int64_t k);
+void kiln_quantize_q3_K_ref(const float *x, void *y, int64_t k);
 void kiln_quantize_q4_K_ref(const float *x, void *y, int64_t k);
 void kiln_quantize_q5_K_ref(const float *x, void *y, int64_t k);
 void kiln_quantize_q6_K_ref(const float *x, void *y, int64_t k);
+void kiln_quantize_iq4_xs_ref(const float *x, void *y, int64_t k);
 
 /* KILN_OK when every value of t is finite, else KILN_ERR_FORMAT naming path, the tensor and the first element (float
  * types) or block (block formats, whose values are finite exactly when their fp16 or f32 scales are). (finite.c) */

@@ -2,8 +2,9 @@
  *
  * Dequantization repeats GGML's float32 arithmetic operation for operation, so it matches llama.cpp and the
  * gguf Python package's numpy dequantize bit for bit (tests/test_fixtures.c). The activation quantizers (Q8_0,
- * Q8_1, Q8_K), the legacy weight quantizers (Q4_0, Q4_1) and the vec_dots have GGML's reference semantics; the
- * K-quant weight quantizers are kiln's own weighted scale searches. tests/test_quants.c checks round-trip error,
+ * Q8_1, Q8_K), the legacy weight quantizers (Q4_0, Q4_1, Q5_1), the low-bit ones (Q2_K, Q3_K, IQ4_NL, IQ4_XS,
+ * followed from llama-quantize's without an importance matrix) and the vec_dots have GGML's reference semantics;
+ * the Q4_K, Q5_K and Q6_K weight quantizers are kiln's own weighted scale searches. tests/test_quants.c checks round-trip error,
  * edge inputs and every vec_dot against a double-precision dot; the SIMD levels are tested against this file.
  *
  * Scales are stored as f16, so inputs whose block scale exceeds 65504 (|x| beyond ~5e5 for Q4_0) overflow to
@@ -167,9 +168,10 @@ void kiln_vec_dot_q4_0_q8_0_ref(int64_t n, float *s, const void *vx, const void 
 
 /* ---------------------------------------------------------------- Q5_0: 22 bytes per 32, x = d * (q - 16) */
 
-/* Bit 4 of element i (0..31) is bit i of qh read as a little-endian uint32 (GGML's dequantize_row_q5_0). */
-static inline uint32_t q5_0_qh(const block_q5_0 *b) {
-    return (uint32_t)b->qh[0] | (uint32_t)b->qh[1] << 8 | (uint32_t)b->qh[2] << 16 | (uint32_t)b->qh[3] << 24;
+/* Bit 4 of element i (0..31) is bit i of qh read as a little-endian uint32 (GGML's dequantize_row_q5_0; Q5_1's
+ * qh is the same). */
+static inline uint32_t load_qh(const uint8_t qh[4]) {
+    return (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
 }
 
 void kiln_to_float_q5_0_ref(const void *vx, float *y, int64_t k) {
@@ -177,7 +179,7 @@ void kiln_to_float_q5_0_ref(const void *vx, float *y, int64_t k) {
     const block_q5_0 *x = vx;
     for (int64_t i = 0; i < k / QK5_0; i++, y += QK5_0) {
         const float d = kiln_fp16_to_f32(x[i].d);
-        const uint32_t qh = q5_0_qh(&x[i]);
+        const uint32_t qh = load_qh(x[i].qh);
         for (int j = 0; j < QK5_0 / 2; j++) {
             const int x0 = (int)((x[i].qs[j] & 0x0F) | ((qh >> j) & 1) << 4) - 16;
             const int x1 = (int)((x[i].qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16;
@@ -193,7 +195,7 @@ void kiln_vec_dot_q5_0_q8_0_ref(int64_t n, float *s, const void *vx, const void 
     const block_q8_0 *y = vy;
     float sum = 0.0f;
     for (int64_t i = 0; i < n / QK8_0; i++) {
-        const uint32_t qh = q5_0_qh(&x[i]);
+        const uint32_t qh = load_qh(x[i].qh);
         int sumi = 0;
         for (int j = 0; j < QK5_0 / 2; j++) {
             const int x0 = (int)((x[i].qs[j] & 0x0F) | ((qh >> j) & 1) << 4) - 16;
@@ -252,6 +254,69 @@ void kiln_vec_dot_q4_1_q8_1_ref(int64_t n, float *s, const void *vx, const void 
         int sumi = 0;
         for (int j = 0; j < QK4_1 / 2; j++)
             sumi += (x[i].qs[j] & 0x0F) * y[i].qs[j] + (x[i].qs[j] >> 4) * y[i].qs[j + QK4_1 / 2];
+        sum += kiln_fp16_to_f32(x[i].d) * kiln_fp16_to_f32(y[i].d) * (float)sumi +
+               kiln_fp16_to_f32(x[i].m) * kiln_fp16_to_f32(y[i].s);
+    }
+    *s = sum;
+}
+
+/* ---------------------------------------------------------------- Q5_1: 24 bytes per 32, x = d * q + m
+ * q in 0..31: the low 4 bits packed as Q4_1, bit 4 of element i at bit i of qh (as Q5_0). */
+
+void kiln_to_float_q5_1_ref(const void *vx, float *y, int64_t k) {
+    assert(k % QK5_1 == 0);
+    const block_q5_1 *x = vx;
+    for (int64_t i = 0; i < k / QK5_1; i++, y += QK5_1) {
+        const float d = kiln_fp16_to_f32(x[i].d), m = kiln_fp16_to_f32(x[i].m);
+        const uint32_t qh = load_qh(x[i].qh);
+        for (int j = 0; j < QK5_1 / 2; j++) {
+            const int x0 = (x[i].qs[j] & 0x0F) | ((qh >> j) & 1) << 4;
+            const int x1 = (x[i].qs[j] >> 4) | ((qh >> (j + 12)) & 0x10);
+            y[j] = (float)x0 * d + m;
+            y[j + QK5_1 / 2] = (float)x1 * d + m;
+        }
+    }
+}
+
+/* GGML's quantize_row_q5_1_ref byte for byte (gguf-py's numpy port is its fixture): [min, max] in 31 steps,
+ * codes trunc((x - min)/d + 0.5) capped at 31. */
+void kiln_quantize_q5_1_ref(const float *x, void *vy, int64_t k) {
+    assert(k % QK5_1 == 0);
+    block_q5_1 *y = vy;
+    for (int64_t i = 0; i < k / QK5_1; i++, x += QK5_1) {
+        float min = x[0], max = x[0];
+        for (int j = 1; j < QK5_1; j++) {
+            if (x[j] < min) min = x[j];
+            if (x[j] > max) max = x[j];
+        }
+        const float d = (max - min) / 31.0f;
+        const float id = safe_inverse(d);
+        y[i].d = kiln_f32_to_fp16(d);
+        y[i].m = kiln_f32_to_fp16(min);
+        uint32_t qh = 0;
+        for (int j = 0; j < QK5_1 / 2; j++) {
+            const unsigned q0 = (unsigned)trunc_code((x[j] - min) * id + 0.5f, 31);
+            const unsigned q1 = (unsigned)trunc_code((x[j + QK5_1 / 2] - min) * id + 0.5f, 31);
+            y[i].qs[j] = (uint8_t)((q0 & 0x0F) | (q1 & 0x0F) << 4);
+            qh |= (q0 >> 4) << j | (q1 >> 4) << (j + QK5_1 / 2);
+        }
+        for (int b = 0; b < 4; b++) y[i].qh[b] = (uint8_t)(qh >> (8 * b));
+    }
+}
+
+void kiln_vec_dot_q5_1_q8_1_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    assert(n % QK8_1 == 0);
+    const block_q5_1 *x = vx;
+    const block_q8_1 *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK8_1; i++) {
+        const uint32_t qh = load_qh(x[i].qh);
+        int sumi = 0;
+        for (int j = 0; j < QK5_1 / 2; j++) {
+            const int x0 = (x[i].qs[j] & 0x0F) | ((qh >> j) & 1) << 4;
+            const int x1 = (x[i].qs[j] >> 4) | ((qh >> (j + 12)) & 0x10);
+            sumi += x0 * y[i].qs[j] + x1 * y[i].qs[j + QK5_1 / 2];
+        }
         sum += kiln_fp16_to_f32(x[i].d) * kiln_fp16_to_f32(y[i].d) * (float)sumi +
                kiln_fp16_to_f32(x[i].m) * kiln_fp16_to_f32(y[i].s);
     }
@@ -733,6 +798,443 @@ void kiln_vec_dot_q6_K_q8_K_ref(int64_t n, float *s, const void *vx, const void 
                     sumi += x[i].scales[8 * h + 2 * r + g] * dot;
                 }
             }
+        }
+        sum += kiln_fp16_to_f32(x[i].d) * y[i].d * (float)sumi;
+    }
+    *s = sum;
+}
+
+/* ---------------------------------------------------------------- the low-bit K-quants' scale searches (Q2_K, Q3_K)
+ * Followed from GGML's make_qkx2_quants and make_q3_quants operation for operation in float, so kiln's Q2_K and
+ * Q3_K files are llama-quantize's (no importance matrix); every float-to-int step is clamped first (round_clamp),
+ * which equals GGML's nearest_int and clamp for every finite input in its range. */
+
+/* x ~ scale*q - min over n elements, q in 0..nmax, min >= 0 stored (returned negated in *the_min), minimizing the
+ * w-weighted absolute (use_mad) or squared error: the plain [min(x,0), max] grid, then nstep+1 grids of
+ * nmax + rmin + rdelta*is levels over the range, each refit by weighted least squares. aux: n scratch codes. */
+static float fit_qkx2(int n, int nmax, const float *x, const float *w, uint8_t *L, float *the_min, uint8_t *aux,
+                      float rmin, float rdelta, int nstep, bool use_mad) {
+    float min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] < min) min = x[i];
+        if (x[i] > max) max = x[i];
+        sum_w += w[i];
+        sum_x += w[i] * x[i];
+    }
+    if (min > 0) min = 0;
+    if (max == min) {
+        memset(L, 0, (size_t)n);
+        *the_min = -min;
+        return 0.0f;
+    }
+    float iscale = (float)nmax / (max - min), scale = 1.0f / iscale, best_error = 0.0f;
+    for (int i = 0; i < n; i++) {
+        L[i] = (uint8_t)round_clamp(iscale * (x[i] - min), 0, nmax);
+        const float diff = scale * (float)L[i] + min - x[i];
+        best_error += w[i] * (use_mad ? fabsf(diff) : diff * diff);
+    }
+    for (int is = 0; is <= nstep; is++) {
+        iscale = (rmin + rdelta * (float)is + (float)nmax) / (max - min);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < n; i++) {
+            const int l = round_clamp(iscale * (x[i] - min), 0, nmax);
+            aux[i] = (uint8_t)l;
+            sum_l += w[i] * (float)l;
+            sum_l2 += w[i] * (float)l * (float)l;
+            sum_xl += w[i] * (float)l * x[i];
+        }
+        const float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (!(D > 0)) continue;
+        float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D, this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+        if (this_min > 0) {
+            this_min = 0;
+            this_scale = sum_xl / sum_l2;
+        }
+        float cur_error = 0;
+        for (int i = 0; i < n; i++) {
+            const float diff = this_scale * (float)aux[i] + this_min - x[i];
+            cur_error += w[i] * (use_mad ? fabsf(diff) : diff * diff);
+        }
+        if (cur_error < best_error) {
+            memcpy(L, aux, (size_t)n);
+            best_error = cur_error, scale = this_scale, min = this_min;
+        }
+    }
+    *the_min = -min;
+    return scale;
+}
+
+/* Symmetric x ~ scale*(q - nmax) with q - nmax in -nmax..nmax-1 (GGML's make_q3_quants with do_rmse): the signed
+ * extreme maps to -nmax, then up to 5 passes move single codes while that raises <wxl>^2/<wll> (w = x^2).
+ * Returns the scale (signed), 0 for a sub-block below 1e-15; L gets q = l + nmax. */
+static float fit_q3(int n, int nmax, const float *x, int8_t *L) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; i++)
+        if (fabsf(x[i]) > amax) amax = fabsf(x[i]), max = x[i];
+    if (amax < 1e-15f) {
+        memset(L, 0, (size_t)n);
+        return 0.0f;
+    }
+    const float iscale = -(float)nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        const int l = round_clamp(iscale * x[i], -nmax, nmax - 1);
+        L[i] = (int8_t)l;
+        const float w = x[i] * x[i];
+        sumlx += w * x[i] * (float)l;
+        suml2 += w * (float)l * (float)l;
+    }
+    for (int itry = 0; itry < 5; itry++) {
+        int n_changed = 0;
+        for (int i = 0; i < n; i++) {
+            const float w = x[i] * x[i];
+            float slx = sumlx - w * x[i] * (float)L[i];
+            if (!(slx > 0)) continue;
+            float sl2 = suml2 - w * (float)L[i] * (float)L[i];
+            const int new_l = round_clamp(x[i] * sl2 / slx, -nmax, nmax - 1);
+            if (new_l == L[i]) continue;
+            slx += w * x[i] * (float)new_l;
+            sl2 += w * (float)new_l * (float)new_l;
+            if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
+                L[i] = (int8_t)new_l, sumlx = slx, suml2 = sl2;
+                n_changed++;
+            }
+        }
+        if (!n_changed) break;
+    }
+    for (int i = 0; i < n; i++) L[i] = (int8_t)(L[i] + nmax);
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+/* The 2-bit codes of a Q2_K/Q3_K super-block, L[256] in 0..3: for each 128-element half, byte l of its 32 holds
+ * elements l, l+32, l+64, l+96 in bit pairs 0-1, 2-3, 4-5, 6-7. */
+static void pack_2bit(const uint8_t *L, uint8_t *qs) {
+    for (int h = 0; h < QK_K; h += 128)
+        for (int l = 0; l < 32; l++)
+            qs[h / 4 + l] = (uint8_t)(L[h + l] | L[h + l + 32] << 2 | L[h + l + 64] << 4 | L[h + l + 96] << 6);
+}
+
+/* The 2 low bits of element 32*r + l (r = 0..3) of the 128-element half whose 32 bytes are q. */
+static inline int two_bits(const uint8_t *q, int r, int l) { return (q[l] >> (2 * r)) & 3; }
+
+/* ---------------------------------------------------------------- Q2_K: 84 bytes per 256, x = d*sc*q - dmin*m
+ * Sub-block s (16 elements) is elements 16s..16s+15; scales[s] is its 4-bit scale (low) and 4-bit min (high). */
+
+void kiln_to_float_q2_K_ref(const void *vx, float *y, int64_t k) {
+    assert(k % QK_K == 0);
+    const block_q2_K *x = vx;
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = kiln_fp16_to_f32(x[i].d), dmin = kiln_fp16_to_f32(x[i].dmin);
+        for (int s = 0; s < QK_K / 16; s++, y += 16) {
+            const uint8_t *q = x[i].qs + 32 * (s / 8);
+            const int r = (s % 8) / 2, l0 = 16 * (s % 2);
+            const float dl = d * (float)(x[i].scales[s] & 0xF), ml = dmin * (float)(x[i].scales[s] >> 4);
+            for (int l = 0; l < 16; l++) y[l] = dl * (float)two_bits(q, r, l0 + l) - ml;
+        }
+    }
+}
+
+/* GGML's quantize_row_q2_K_ref: each sub-block fit by fit_qkx2 (weights |x|, absolute error, 16 grids from
+ * nmax-0.5), scales and mins to 4 bits against d = max scale/15 and dmin = max min/15, codes requantized. */
+void kiln_quantize_q2_K_ref(const float *x, void *vy, int64_t k) {
+    assert(k % QK_K == 0);
+    block_q2_K *y = vy;
+    uint8_t L[QK_K], aux[16];
+    float w[16], mins[QK_K / 16], scales[QK_K / 16];
+    for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
+        float max_scale = 0, max_min = 0;
+        for (int j = 0; j < QK_K / 16; j++) {
+            for (int l = 0; l < 16; l++) w[l] = fabsf(x[16 * j + l]);
+            scales[j] = fit_qkx2(16, 3, x + 16 * j, w, L + 16 * j, &mins[j], aux, -0.5f, 0.1f, 15, true);
+            if (scales[j] > max_scale) max_scale = scales[j];
+            if (mins[j] > max_min) max_min = mins[j];
+        }
+        memset(y[i].scales, 0, sizeof y[i].scales);
+        y[i].d = y[i].dmin = kiln_f32_to_fp16(0.0f);
+        if (max_scale > 0) {
+            const float iscale = 15.0f / max_scale;
+            for (int j = 0; j < QK_K / 16; j++) y[i].scales[j] = (uint8_t)round_clamp(iscale * scales[j], 0, 15);
+            y[i].d = kiln_f32_to_fp16(max_scale / 15.0f);
+        }
+        if (max_min > 0) {
+            const float iscale = 15.0f / max_min;
+            for (int j = 0; j < QK_K / 16; j++) y[i].scales[j] |= (uint8_t)(round_clamp(iscale * mins[j], 0, 15) << 4);
+            y[i].dmin = kiln_f32_to_fp16(max_min / 15.0f);
+        }
+        for (int j = 0; j < QK_K / 16; j++) {
+            const float d = kiln_fp16_to_f32(y[i].d) * (float)(y[i].scales[j] & 0xF);
+            if (d == 0.0f) continue;
+            const float dm = kiln_fp16_to_f32(y[i].dmin) * (float)(y[i].scales[j] >> 4);
+            for (int l = 0; l < 16; l++) L[16 * j + l] = (uint8_t)round_clamp((x[16 * j + l] + dm) / d, 0, 3);
+        }
+        pack_2bit(L, y[i].qs);
+    }
+}
+
+/* The min term needs only y's bsums (one per sub-block of 16). */
+void kiln_vec_dot_q2_K_q8_K_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    assert(n % QK_K == 0);
+    const block_q2_K *x = vx;
+    const block_q8_K *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int32_t sumi = 0, summ = 0; /* |sumi| <= 256*15*3*127 ~ 1.5e6 */
+        for (int sb = 0; sb < QK_K / 16; sb++) {
+            const uint8_t *q = x[i].qs + 32 * (sb / 8);
+            const int r = (sb % 8) / 2, l0 = 16 * (sb % 2);
+            const int8_t *q8 = y[i].qs + 16 * sb;
+            int32_t dot = 0;
+            for (int l = 0; l < 16; l++) dot += two_bits(q, r, l0 + l) * q8[l];
+            sumi += (x[i].scales[sb] & 0xF) * dot;
+            summ += (x[i].scales[sb] >> 4) * y[i].bsums[sb];
+        }
+        const float d = kiln_fp16_to_f32(x[i].d) * y[i].d, dmin = kiln_fp16_to_f32(x[i].dmin) * y[i].d;
+        sum += d * (float)sumi;
+        sum -= dmin * (float)summ;
+    }
+    *s = sum;
+}
+
+/* ---------------------------------------------------------------- Q3_K: 110 bytes per 256, x = d*(sc-32)*(q-4*!h)
+ * Sub-block s's 6-bit scale: low 4 bits in scales[s % 8] (low nibble for s < 8, high for s >= 8), top 2 bits at
+ * bit 2*(s/4) of scales[8 + s%4]. Element e's high bit is bit e/32 of hmask[e%32]. */
+
+static inline int q3_scale(const uint8_t *scales, int s) {
+    const int lo = s < 8 ? scales[s] & 0xF : scales[s - 8] >> 4;
+    return (lo | ((scales[8 + s % 4] >> (2 * (s / 4))) & 3) << 4) - 32;
+}
+
+/* Code of element 32*r + l of half h, in -4..3. */
+static inline int q3_code(const block_q3_K *b, int h, int r, int l) {
+    return two_bits(b->qs + 32 * h, r, l) - ((b->hmask[l] >> (4 * h + r)) & 1 ? 0 : 4);
+}
+
+void kiln_to_float_q3_K_ref(const void *vx, float *y, int64_t k) {
+    assert(k % QK_K == 0);
+    const block_q3_K *x = vx;
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = kiln_fp16_to_f32(x[i].d);
+        for (int s = 0; s < QK_K / 16; s++, y += 16) {
+            const int h = s / 8, r = (s % 8) / 2, l0 = 16 * (s % 2);
+            const float dl = d * (float)q3_scale(x[i].scales, s);
+            for (int l = 0; l < 16; l++) y[l] = dl * (float)q3_code(&x[i], h, r, l0 + l);
+        }
+    }
+}
+
+/* GGML's quantize_row_q3_K_ref: each sub-block fit by fit_q3 (4 levels each side), the scales to 6 bits signed
+ * against d = (signed largest)/-32, codes requantized against the stored scales. */
+void kiln_quantize_q3_K_ref(const float *x, void *vy, int64_t k) {
+    assert(k % QK_K == 0);
+    block_q3_K *y = vy;
+    int8_t L[QK_K];
+    float scales[QK_K / 16];
+    for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
+        float max_scale = 0, amax = 0;
+        for (int j = 0; j < QK_K / 16; j++) {
+            scales[j] = fit_q3(16, 4, x + 16 * j, L + 16 * j);
+            if (fabsf(scales[j]) > amax) amax = fabsf(scales[j]), max_scale = scales[j];
+        }
+        memset(y[i].scales, 0, sizeof y[i].scales);
+        y[i].d = kiln_f32_to_fp16(0.0f);
+        if (max_scale != 0.0f) {
+            const float iscale = -32.0f / max_scale;
+            for (int j = 0; j < QK_K / 16; j++) {
+                const int l = round_clamp(iscale * scales[j], -32, 31) + 32;
+                y[i].scales[j % 8] |= (uint8_t)((l & 0xF) << (j < 8 ? 0 : 4));
+                y[i].scales[8 + j % 4] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
+            }
+            y[i].d = kiln_f32_to_fp16(1.0f / iscale);
+        }
+        for (int j = 0; j < QK_K / 16; j++) {
+            const float d = kiln_fp16_to_f32(y[i].d) * (float)q3_scale(y[i].scales, j);
+            if (d == 0.0f) continue;
+            for (int l = 0; l < 16; l++) L[16 * j + l] = (int8_t)(round_clamp(x[16 * j + l] / d, -4, 3) + 4);
+        }
+        uint8_t low[QK_K];
+        memset(y[i].hmask, 0, sizeof y[i].hmask);
+        for (int j = 0; j < QK_K; j++) {
+            if (L[j] > 3) y[i].hmask[j % 32] |= (uint8_t)(1u << (j / 32));
+            low[j] = (uint8_t)(L[j] > 3 ? L[j] - 4 : L[j]);
+        }
+        pack_2bit(low, y[i].qs);
+    }
+}
+
+void kiln_vec_dot_q3_K_q8_K_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    assert(n % QK_K == 0);
+    const block_q3_K *x = vx;
+    const block_q8_K *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int32_t sumi = 0; /* |sumi| <= 256*32*4*128 ~ 4.2e6 */
+        for (int sb = 0; sb < QK_K / 16; sb++) {
+            const int h = sb / 8, r = (sb % 8) / 2, l0 = 16 * (sb % 2);
+            const int8_t *q8 = y[i].qs + 16 * sb;
+            int32_t dot = 0;
+            for (int l = 0; l < 16; l++) dot += q3_code(&x[i], h, r, l0 + l) * q8[l];
+            sumi += q3_scale(x[i].scales, sb) * dot;
+        }
+        sum += kiln_fp16_to_f32(x[i].d) * y[i].d * (float)sumi;
+    }
+    *s = sum;
+}
+
+/* ---------------------------------------------------------------- IQ4_NL and IQ4_XS: 16 non-uniform levels
+ * Both store indices into kiln_iq4nl_values, 32 elements to 16 bytes (element j low nibble of byte j, j+16 high). */
+
+/* The index of the level nearest v (the lower one on a tie), GGML's best_index_int8; NaN gives 15. */
+static int iq4_index(float v) {
+    const int8_t *val = kiln_iq4nl_values;
+    if (v <= val[0]) return 0;
+    if (v >= val[15]) return 15;
+    int lo = 0, hi = 15;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (v < val[mid]) hi = mid;
+        else lo = mid;
+    }
+    return v - val[hi - 1] < val[hi] - v ? hi - 1 : hi;
+}
+
+/* One 32-element block's scale, GGML's quantize_row_iq4_nl_impl without an importance matrix (w = x^2, ntry 7,
+ * as llama-quantize runs it): the signed extreme at level -127, refit by least squares, then 15 grids putting it
+ * at -127 + itry; the best by <wxq>^2/<wqq>. 0 for a block below 1e-15. */
+static float iq4_block_scale(const float *x) {
+    float amax = 0, max = 0;
+    for (int j = 0; j < 32; j++)
+        if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
+    if (amax < 1e-15f) return 0.0f;
+    const float v0 = (float)kiln_iq4nl_values[0];
+    float id = 1.0f / (-max / v0), sumqx = 0, sumq2 = 0;
+    for (int j = 0; j < 32; j++) {
+        const float q = (float)kiln_iq4nl_values[iq4_index(id * x[j])], w = x[j] * x[j];
+        sumqx += w * q * x[j];
+        sumq2 += w * q * q;
+    }
+    float d = sumq2 > 0 ? sumqx / sumq2 : 0.0f, best = d * sumqx;
+    for (int itry = -7; itry <= 7; itry++) {
+        id = ((float)itry + v0) / max;
+        sumqx = sumq2 = 0;
+        for (int j = 0; j < 32; j++) {
+            const float q = (float)kiln_iq4nl_values[iq4_index(id * x[j])], w = x[j] * x[j];
+            sumqx += w * q * x[j];
+            sumq2 += w * q * q;
+        }
+        if (sumq2 > 0 && sumqx * sumqx > best * sumq2) d = sumqx / sumq2, best = d * sumqx;
+    }
+    return d;
+}
+
+/* 32 elements' indices against scale d (0: the level nearest 0), packed into 16 bytes. */
+static void iq4_pack(const float *x, float d, uint8_t *qs) {
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int j = 0; j < 16; j++) qs[j] = (uint8_t)(iq4_index(id * x[j]) | iq4_index(id * x[j + 16]) << 4);
+}
+
+/* ---------------------------------------------------------------- IQ4_NL: 18 bytes per 32, x = d * values[q] */
+
+void kiln_to_float_iq4_nl_ref(const void *vx, float *y, int64_t k) {
+    assert(k % QK4_NL == 0);
+    const block_iq4_nl *x = vx;
+    for (int64_t i = 0; i < k / QK4_NL; i++, y += QK4_NL) {
+        const float d = kiln_fp16_to_f32(x[i].d);
+        for (int j = 0; j < QK4_NL / 2; j++) {
+            y[j] = d * (float)kiln_iq4nl_values[x[i].qs[j] & 0xF];
+            y[j + QK4_NL / 2] = d * (float)kiln_iq4nl_values[x[i].qs[j] >> 4];
+        }
+    }
+}
+
+/* The float scale is stored as f16; the indices are chosen against the float one, as GGML does. */
+void kiln_quantize_iq4_nl_ref(const float *x, void *vy, int64_t k) {
+    assert(k % QK4_NL == 0);
+    block_iq4_nl *y = vy;
+    for (int64_t i = 0; i < k / QK4_NL; i++, x += QK4_NL) {
+        const float d = iq4_block_scale(x);
+        y[i].d = kiln_f32_to_fp16(d);
+        iq4_pack(x, d, y[i].qs);
+    }
+}
+
+void kiln_vec_dot_iq4_nl_q8_0_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    assert(n % QK8_0 == 0);
+    const block_iq4_nl *x = vx;
+    const block_q8_0 *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        int sumi = 0;
+        for (int j = 0; j < QK4_NL / 2; j++)
+            sumi += kiln_iq4nl_values[x[i].qs[j] & 0xF] * y[i].qs[j] +
+                    kiln_iq4nl_values[x[i].qs[j] >> 4] * y[i].qs[j + QK4_NL / 2];
+        sum += (float)sumi * (kiln_fp16_to_f32(x[i].d) * kiln_fp16_to_f32(y[i].d));
+    }
+    *s = sum;
+}
+
+/* ---------------------------------------------------------------- IQ4_XS: 136 bytes per 256, x = d*(ls-32)*values[q]
+ * Sub-block s (32 elements): ls's low 4 bits are nibble s%2 of scales_l[s/2], its top 2 bits bits 2s..2s+1 of
+ * scales_h; its indices are qs[16s..16s+15] packed as IQ4_NL. */
+
+static inline int iq4_xs_scale(const block_iq4_xs *b, int s) {
+    return (((b->scales_l[s / 2] >> (4 * (s % 2))) & 0xF) | ((b->scales_h >> (2 * s)) & 3) << 4) - 32;
+}
+
+void kiln_to_float_iq4_xs_ref(const void *vx, float *y, int64_t k) {
+    assert(k % QK_K == 0);
+    const block_iq4_xs *x = vx;
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = kiln_fp16_to_f32(x[i].d);
+        for (int s = 0; s < QK_K / 32; s++, y += 32) {
+            const float dl = d * (float)iq4_xs_scale(&x[i], s);
+            const uint8_t *qs = x[i].qs + 16 * s;
+            for (int j = 0; j < 16; j++) {
+                y[j] = dl * (float)kiln_iq4nl_values[qs[j] & 0xF];
+                y[j + 16] = dl * (float)kiln_iq4nl_values[qs[j] >> 4];
+            }
+        }
+    }
+}
+
+/* GGML's quantize_iq4_xs without an importance matrix: each sub-block's scale by iq4_block_scale, then 6-bit
+ * signed sub-scales against d = (signed largest)/-32 (rounded against the float d, which is stored as f16) and
+ * the indices chosen again against d*l. */
+void kiln_quantize_iq4_xs_ref(const float *x, void *vy, int64_t k) {
+    assert(k % QK_K == 0);
+    block_iq4_xs *y = vy;
+    for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
+        float scales[QK_K / 32], max_scale = 0, amax_scale = 0;
+        for (int s = 0; s < QK_K / 32; s++) {
+            scales[s] = iq4_block_scale(x + 32 * s);
+            if (fabsf(scales[s]) > amax_scale) amax_scale = fabsf(scales[s]), max_scale = scales[s];
+        }
+        const float d = -max_scale / 32.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = kiln_f32_to_fp16(d);
+        y[i].scales_h = 0;
+        memset(y[i].scales_l, 0, sizeof y[i].scales_l);
+        for (int s = 0; s < QK_K / 32; s++) {
+            const int l = round_clamp(id * scales[s], -32, 31);
+            iq4_pack(x + 32 * s, d * (float)l, y[i].qs + 16 * s);
+            y[i].scales_l[s / 2] |= (uint8_t)(((l + 32) & 0xF) << (4 * (s % 2)));
+            y[i].scales_h |= (uint16_t)(((l + 32) >> 4) << (2 * s));
+        }
+    }
+}
+
+void kiln_vec_dot_iq4_xs_q8_K_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    assert(n % QK_K == 0);
+    const block_iq4_xs *x = vx;
+    const block_q8_K *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int32_t sumi = 0; /* |sumi| <= 256*32*127*127 ~ 1.3e8 */
+        for (int sb = 0; sb < QK_K / 32; sb++) {
+            const uint8_t *qs = x[i].qs + 16 * sb;
+            const int8_t *q8 = y[i].qs + 32 * sb;
+            int32_t dot = 0;
+            for (int j = 0; j < 16; j++)
+                dot += kiln_iq4nl_values[qs[j] & 0xF] * q8[j] + kiln_iq4nl_values[qs[j] >> 4] * q8[j + 16];
+            sumi += iq4_xs_scale(&x[i], sb) * dot;
         }
         sum += kiln_fp16_to_f32(x[i].d) * y[i].d * (float)sumi;
     }
