@@ -1,7 +1,7 @@
 /* test_fixtures.c: kiln's block formats against an independent oracle, the numpy code of the PyPI gguf package.
  * tests/ref/dequant_fixtures.gguf (made by tests/ref/gen_dequant_fixtures.py) holds, per type T, random raw
  * blocks T.raw with gguf's dequantization T.expected, and for types gguf can quantize, T.quant_in with gguf's
- * T.quant_out. Every SIMD level up to kiln_simd_best() must reproduce T.expected bit for bit (NaN matches any
+ * T.quant_out (for Q2_K, Q3_K, IQ4_NL and IQ4_XS, which gguf cannot quantize, llama.cpp's C quantizers' output). Every SIMD level up to kiln_simd_best() must reproduce T.expected bit for bit (NaN matches any
  * NaN), whole tensor and row by row, and the scalar reference quantizer must reproduce T.quant_out byte for
  * byte. tests/ref/type_sizes.txt is gguf's GGML_QUANT_SIZES table, checked against types.c. Run from the
  * repo root. */
@@ -18,10 +18,15 @@
 /* Types gguf.quants dequantizes (gguf 0.19.0 has no Q8_1 or Q8_K dequantizer) and quantizes. */
 #define DEQUANT_TYPES(X) \
     X(f16, KILN_TYPE_F16) X(bf16, KILN_TYPE_BF16) X(q4_0, KILN_TYPE_Q4_0) X(q4_1, KILN_TYPE_Q4_1) \
-    X(q8_0, KILN_TYPE_Q8_0) X(q4_K, KILN_TYPE_Q4_K) X(q5_K, KILN_TYPE_Q5_K) X(q6_K, KILN_TYPE_Q6_K)
+    X(q8_0, KILN_TYPE_Q8_0) X(q4_K, KILN_TYPE_Q4_K) X(q5_K, KILN_TYPE_Q5_K) X(q6_K, KILN_TYPE_Q6_K) \
+    X(q5_1, KILN_TYPE_Q5_1) X(q2_K, KILN_TYPE_Q2_K) X(q3_K, KILN_TYPE_Q3_K) X(iq4_nl, KILN_TYPE_IQ4_NL) \
+    X(iq4_xs, KILN_TYPE_IQ4_XS)
+/* Q5_1's quant_out is gguf's; Q2_K, Q3_K, IQ4_NL and IQ4_XS's are llama.cpp's ggml-quants.c (gguf-py has no
+ * quantizer for them): tests/ref/ggml_quant_oracle.c. */
 #define QUANT_TYPES(X) \
     X(f16, KILN_TYPE_F16) X(bf16, KILN_TYPE_BF16) X(q4_0, KILN_TYPE_Q4_0) X(q4_1, KILN_TYPE_Q4_1) \
-    X(q8_0, KILN_TYPE_Q8_0)
+    X(q8_0, KILN_TYPE_Q8_0) X(q5_1, KILN_TYPE_Q5_1) X(q2_K, KILN_TYPE_Q2_K) X(q3_K, KILN_TYPE_Q3_K) \
+    X(iq4_nl, KILN_TYPE_IQ4_NL) X(iq4_xs, KILN_TYPE_IQ4_XS)
 
 #define CANARY 0x7fa5a5a5u /* a signalling NaN no to_float writes: marks floats past k */
 #define N_CANARY 16

@@ -4,11 +4,13 @@
  * against a double-precision dot of the dequantized operands. Bit-exactness against gguf-py is
  * tests/test_fixtures.c's job, except for Q5_0 (computed, never written, so it has no quantizer case above):
  * its vec_dot is checked on random blocks and its to_float at every SIMD level against the gguf-py fixture
- * q5_0.raw / q5_0.expected in tests/ref/dequant_fixtures.gguf. Set KILN_TEST_VERBOSE=1 to print the measured
- * errors to stderr. */
+ * q5_0.raw / q5_0.expected in tests/ref/dequant_fixtures.gguf. The low-bit types (Q5_1, Q2_K, Q3_K, IQ4_NL,
+ * IQ4_XS) also go through the CPU backend's matmul at every level (test_matmul_low_bit). Set KILN_TEST_VERBOSE=1
+ * to print the measured errors to stderr. */
 #include "test.h"
 
 #include "quants.h"
+#include "cpu/ops_internal.h"
 #include "cpu/simd.h"
 
 #include <stdint.h>
@@ -47,6 +49,16 @@ static const wcase cases[] = {
      kiln_from_float_q8_K_ref, kiln_to_float_q8_K_ref, kiln_vec_dot_q5_K_q8_K_ref, 0.043}, /* measured 0.0351 */
     {"q6_K", KILN_TYPE_Q6_K, kiln_quantize_q6_K_ref, kiln_to_float_q6_K_ref, KILN_TYPE_Q8_K,
      kiln_from_float_q8_K_ref, kiln_to_float_q8_K_ref, kiln_vec_dot_q6_K_q8_K_ref, 0.022}, /* measured 0.0177 */
+    {"q5_1", KILN_TYPE_Q5_1, kiln_quantize_q5_1_ref, kiln_to_float_q5_1_ref, KILN_TYPE_Q8_1,
+     kiln_from_float_q8_1_ref, kiln_to_float_q8_1_ref, kiln_vec_dot_q5_1_q8_1_ref, 0.046}, /* measured 0.0378 */
+    {"q2_K", KILN_TYPE_Q2_K, kiln_quantize_q2_K_ref, kiln_to_float_q2_K_ref, KILN_TYPE_Q8_K,
+     kiln_from_float_q8_K_ref, kiln_to_float_q8_K_ref, kiln_vec_dot_q2_K_q8_K_ref, 0.36}, /* measured 0.296 */
+    {"q3_K", KILN_TYPE_Q3_K, kiln_quantize_q3_K_ref, kiln_to_float_q3_K_ref, KILN_TYPE_Q8_K,
+     kiln_from_float_q8_K_ref, kiln_to_float_q8_K_ref, kiln_vec_dot_q3_K_q8_K_ref, 0.18}, /* measured 0.151 */
+    {"iq4_nl", KILN_TYPE_IQ4_NL, kiln_quantize_iq4_nl_ref, kiln_to_float_iq4_nl_ref, KILN_TYPE_Q8_0,
+     kiln_from_float_q8_0_ref, kiln_to_float_q8_0_ref, kiln_vec_dot_iq4_nl_q8_0_ref, 0.092}, /* measured 0.0761 */
+    {"iq4_xs", KILN_TYPE_IQ4_XS, kiln_quantize_iq4_xs_ref, kiln_to_float_iq4_xs_ref, KILN_TYPE_Q8_K,
+     kiln_from_float_q8_K_ref, kiln_to_float_q8_K_ref, kiln_vec_dot_iq4_xs_q8_K_ref, 0.093}, /* measured 0.0767 */
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
 
@@ -106,7 +118,8 @@ static void test_round_trip_error(void) {
     }
     /* more bits must buy less error, and K-quants must beat the legacy format of the same width */
     const char *order[][2] = {{"q4_K", "q4_0"}, {"q4_K", "q4_1"}, {"q5_K", "q4_K"}, {"q6_K", "q5_K"},
-                              {"q8_0", "q6_K"}, {"bf16", "q8_0"}, {"f16", "bf16"}};
+                              {"q8_0", "q6_K"}, {"bf16", "q8_0"}, {"f16", "bf16"}, {"q3_K", "q2_K"},
+                              {"q4_K", "q3_K"}, {"q5_1", "q4_1"}, {"iq4_nl", "q4_0"}, {"iq4_xs", "q3_K"}};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
         const int a = (int)(find_case(order[i][0]) - cases), b = (int)(find_case(order[i][1]) - cases);
         CHECK(err[a] < err[b], "%s error %g is not below %s error %g", order[i][0], err[a], order[i][1], err[b]);
@@ -298,7 +311,8 @@ static void test_requantize_stable(void) {
 
 /* The double-precision dot vec_dot must reproduce: sum of dequant(w)*dequant(a). For Q4_1 the min term uses
  * Q8_1's s, which is d*sum(q) with the unrounded d, so the oracle adds m*(s - sum of the block's dequantized
- * activations), the part GGML's dot defines differently from the dequantized values. *mag gets sum|w*a|. */
+ * activations), the part GGML's dot defines differently from the dequantized values (Q5_1 likewise). *mag gets
+ * sum|w*a|. */
 static double reference_dot(const wcase *c, int64_t n, const float *w, const float *a, const void *wq, const void *aq,
                             double *mag) {
     double dot = 0, m = 0;
@@ -306,13 +320,16 @@ static double reference_dot(const wcase *c, int64_t n, const float *w, const flo
         dot += (double)w[i] * a[i];
         m += fabs((double)w[i] * a[i]);
     }
-    if (c->type == KILN_TYPE_Q4_1) {
-        const block_q4_1 *bw = wq;
+    if (c->type == KILN_TYPE_Q4_1 || c->type == KILN_TYPE_Q5_1) { /* Q5_1 likewise: m at the same offset */
+        static_assert(offsetof(block_q4_1, m) == offsetof(block_q5_1, m), "m offsets");
+        const size_t bb = kiln_type_block_bytes(c->type);
         const block_q8_1 *ba = aq;
         for (int64_t b = 0; b < n / QK4_1; b++) {
             double sa = 0;
             for (int j = 0; j < QK4_1; j++) sa += a[b * QK4_1 + j];
-            const double mw = kiln_fp16_to_f32(bw[b].m), s = kiln_fp16_to_f32(ba[b].s);
+            kiln_fp16 mh;
+            memcpy(&mh, (const uint8_t *)wq + (size_t)b * bb + offsetof(block_q4_1, m), 2);
+            const double mw = kiln_fp16_to_f32(mh), s = kiln_fp16_to_f32(ba[b].s);
             dot += mw * (s - sa);
             m += fabs(mw * s);
         }
@@ -383,13 +400,19 @@ static void random_blocks(kiln_type t, void *buf, int64_t n, unsigned long long 
         case KILN_TYPE_Q4_K: ((block_q4_K *)buf)[b].d = random_half(rng), ((block_q4_K *)buf)[b].dmin = random_half(rng); break;
         case KILN_TYPE_Q5_K: ((block_q5_K *)buf)[b].d = random_half(rng), ((block_q5_K *)buf)[b].dmin = random_half(rng); break;
         case KILN_TYPE_Q6_K: ((block_q6_K *)buf)[b].d = random_half(rng); break;
+        case KILN_TYPE_Q5_1: ((block_q5_1 *)buf)[b].d = random_half(rng), ((block_q5_1 *)buf)[b].m = random_half(rng); break;
+        case KILN_TYPE_Q2_K: ((block_q2_K *)buf)[b].d = random_half(rng), ((block_q2_K *)buf)[b].dmin = random_half(rng); break;
+        case KILN_TYPE_Q3_K: ((block_q3_K *)buf)[b].d = random_half(rng); break;
+        case KILN_TYPE_IQ4_NL: ((block_iq4_nl *)buf)[b].d = random_half(rng); break;
+        case KILN_TYPE_IQ4_XS: ((block_iq4_xs *)buf)[b].d = random_half(rng); break;
         default: break;
         }
     }
 }
 
+/* Every 2-bit code, hmask bit, 4/6-bit scale and IQ4 index appears in 2048 random elements of each type. */
 static void test_vec_dot_random_blocks(void) {
-    const char *names[] = {"q4_0", "q4_1", "q8_0", "q4_K", "q5_K", "q6_K"};
+    const char *names[] = {"q4_0", "q4_1", "q8_0", "q4_K", "q5_K", "q6_K", "q5_1", "q2_K", "q3_K", "iq4_nl", "iq4_xs"};
     enum { N = 2048 };
     static float xa[N], w[N], a[N];
     static uint8_t wq[N * 4], aq[N * 4];
@@ -451,6 +474,72 @@ static void test_q5_0_gguf_fixture(void) {
     kiln_gguf_close(g);
 }
 
+/* ---------------------------------------------------------------- the CPU backend's matmul */
+
+/* The low-bit types through kiln_cpu_ops.matmul_forward, the path of every weight in prefill (T > 1, token tiles)
+ * and decode (T = 1, rows split across threads), at every SIMD level this CPU has, on 2 threads: each output
+ * against a double dot over the dequantized weights and the float activations. The activations are quantized to
+ * Q8 first, which costs ~1e-3 of sum|w x| for every block type (tests/test_ops.c's bound for the others is 3e-3,
+ * the same here); measured worst over the five types at scalar and AVX2: 1.33e-3. */
+static void test_matmul_low_bit(void) {
+    static const kiln_type types[] = {KILN_TYPE_Q5_1, KILN_TYPE_Q2_K, KILN_TYPE_Q3_K, KILN_TYPE_IQ4_NL, KILN_TYPE_IQ4_XS};
+    static const int64_t Ts[] = {1, 5, 17};
+    enum { I = 1024, O = 70, TMAX = 17 };
+    const double bound = 3e-3;
+    kiln_pool *pool = NULL;
+    CHECK(kiln_pool_create(2, &pool) == KILN_OK, "pool: %s", kiln_last_error());
+    float *x = malloc((size_t)TMAX * I * sizeof *x), *deq = malloc((size_t)O * I * sizeof *deq);
+    float *y = malloc((size_t)TMAX * O * sizeof *y), *row = malloc((size_t)I * sizeof *row);
+    CHECK(x && deq && y && row, "out of memory");
+    unsigned long long rng = 0x5eed0009;
+    for (int64_t i = 0; i < (int64_t)TMAX * I; i++) x[i] = test_rng_normal(&rng);
+    double worst = 0;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const kiln_type t = types[ti];
+        const kiln_type_traits *tt = kiln_type_traits_get(t);
+        const size_t rb = kiln_type_row_bytes(t, I);
+        uint8_t *w = malloc(rb * O);
+        CHECK(w != NULL, "out of memory");
+        for (int64_t o = 0; o < O; o++) {
+            for (int64_t i = 0; i < I; i++) row[i] = test_rng_normal(&rng) * 0.02f;
+            tt->from_float_ref(row, w + (size_t)o * rb, I);
+            tt->to_float[KILN_SIMD_SCALAR](w + (size_t)o * rb, deq + o * I, I);
+        }
+        const kiln_tensor_view W = {.name = "w", .type = t, .n_dims = 2, .ne = {I, O, 1, 1},
+                                    .nb = {tt->type_size, rb, rb * O, rb * O}, .nbytes = rb * O, .data = w};
+        for (int level = KILN_SIMD_SCALAR; level <= (int)kiln_simd_best(); level++) {
+            kiln_cpu_ops_force_level((kiln_simd)level);
+            for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
+                const int64_t T = Ts[k];
+                const size_t bytes = kiln_cpu_ops.scratch_size(T, I, 8, 1, kiln_pool_size(pool));
+                kiln_ops_ctx ctx = {.pool = pool, .scratch = malloc(bytes), .scratch_bytes = bytes};
+                CHECK(ctx.scratch != NULL, "out of memory");
+                for (int64_t i = 0; i < T * O; i++) y[i] = NAN;
+                kiln_cpu_ops.matmul_forward(&ctx, y, x, &W, T);
+                free(ctx.scratch);
+                for (int64_t tk = 0; tk < T; tk++)
+                    for (int64_t o = 0; o < O; o++) {
+                        double dot = 0, norm = 0;
+                        for (int64_t i = 0; i < I; i++) {
+                            dot += (double)deq[o * I + i] * x[tk * I + i];
+                            norm += fabs((double)deq[o * I + i] * x[tk * I + i]);
+                        }
+                        const double err = fabs(y[tk * O + o] - dot) / norm;
+                        if (err > worst) worst = err;
+                        CHECK(err <= bound, "%s %s T %lld: y[%lld][%lld] %g, dequantized dot %g (%.3g of sum|wx|)",
+                              tt->name, kiln_simd_name((kiln_simd)level), (long long)T, (long long)tk, (long long)o,
+                              y[tk * O + o], dot, err);
+                    }
+            }
+        }
+        free(w);
+    }
+    kiln_cpu_ops_force_level(kiln_simd_best());
+    if (verbose()) fprintf(stderr, "matmul low-bit types: worst %.3g of sum|wx| (bound %g)\n", worst, bound);
+    free(x), free(deq), free(y), free(row);
+    kiln_pool_free(pool);
+}
+
 int main(void) {
     RUN(test_round_trip_error);
     RUN(test_edge_non_finite);
@@ -464,5 +553,6 @@ int main(void) {
     RUN(test_vec_dot_random_blocks);
     RUN(test_vec_dot_q5_0);
     RUN(test_q5_0_gguf_fixture);
+    RUN(test_matmul_low_bit);
     TEST_EXIT();
 }

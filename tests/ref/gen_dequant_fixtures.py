@@ -18,12 +18,15 @@ tests/test_fixtures.c reads both. Regenerate (the outputs are committed; rerunni
 numpy versions reproduces them byte for byte):
 
   python3 -m venv /tmp/ggvenv && /tmp/ggvenv/bin/pip install 'gguf>=0.17' numpy   # requirements: gguf, numpy
-  /tmp/ggvenv/bin/python tests/ref/gen_dequant_fixtures.py
+  LLAMA_CPP=/path/to/llama.cpp /tmp/ggvenv/bin/python tests/ref/gen_dequant_fixtures.py   # and a C compiler
+
+(the committed file was made from llama.cpp's tree as vendored in llama-cpp-python 0.3.36.)
 
 Coverage (gguf 0.19.0): dequantize covers every type kiln computes (Q5_0 included, written last) except Q8_1 and Q8_K, which gguf.quants
 does not implement (they are activation-only formats), so they are skipped here. quantize covers F16, BF16,
-Q4_0, Q4_1 and Q8_0 of kiln's types (also Q5_0/Q5_1/TQ*/MXFP4, which kiln does not produce); the K-quants
-have no numpy quantizer.
+Q4_0, Q4_1, Q8_0 and Q5_1 of kiln's types (also Q5_0/TQ*/MXFP4, which kiln does not produce); the K-quants
+and IQ4 have no numpy quantizer. Q2_K, Q3_K, IQ4_NL and IQ4_XS quant_out come from llama.cpp's C quantizers
+instead (ggml_quant_oracle.c, with quantize_<type>(..., imatrix = NULL) as llama-quantize calls them).
 
 Choices that keep the oracle unambiguous:
 - Raw blocks are random bytes; every f16 scale (d, dmin, m) is overwritten with a finite half of random sign
@@ -36,7 +39,9 @@ Choices that keep the oracle unambiguous:
   underflow cases, and only quiet NaNs (signalling-NaN narrowing differs between numpy and hardware).
 """
 import os
+import subprocess
 import sys
+import tempfile
 
 import numpy as np
 
@@ -50,17 +55,23 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 # kiln's names (src/core/types.c) for the types fixtured here.
 KILN_NAME = {QT.F16: "f16", QT.BF16: "bf16", QT.Q4_0: "q4_0", QT.Q4_1: "q4_1", QT.Q8_0: "q8_0",
-             QT.Q8_1: "q8_1", QT.Q4_K: "q4_K", QT.Q5_K: "q5_K", QT.Q6_K: "q6_K", QT.Q8_K: "q8_K", QT.Q5_0: "q5_0"}
+             QT.Q8_1: "q8_1", QT.Q4_K: "q4_K", QT.Q5_K: "q5_K", QT.Q6_K: "q6_K", QT.Q8_K: "q8_K", QT.Q5_0: "q5_0",
+             QT.Q5_1: "q5_1", QT.Q2_K: "q2_K", QT.Q3_K: "q3_K", QT.IQ4_NL: "iq4_nl", QT.IQ4_XS: "iq4_xs"}
 DEQUANT_TYPES = [QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_K, QT.Q8_1]
 # Dequantize-only fixtures added later (Q5_0: kiln computes it, never writes it). Drawn after everything above
 # from the same generator, so the earlier tensors stay byte for byte what they were.
 LATE_DEQUANT_TYPES = [QT.Q5_0]
+# The low-bit types kiln computes and writes since, drawn after those (same reason): dequantized by gguf.quants,
+# quantized by gguf.quants where it can (Q5_1) and otherwise by llama.cpp's own ggml-quants.c through
+# ggml_quant_oracle.c, the path llama-quantize takes without an importance matrix.
+LOW_BIT_TYPES = [QT.Q5_1, QT.Q2_K, QT.Q3_K, QT.IQ4_NL, QT.IQ4_XS]
 QUANT_TYPES = [QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_K, QT.Q8_1]
 
 # Byte offsets of the f16 scale fields in one block: (offset of d, offsets of other f16 fields).
 F16_FIELDS = {
     QT.Q4_0: (0, []), QT.Q4_1: (0, [2]), QT.Q5_0: (0, []), QT.Q8_0: (0, []),
     QT.Q4_K: (0, [2]), QT.Q5_K: (0, [2]), QT.Q6_K: (208, []),
+    QT.Q5_1: (0, [2]), QT.Q2_K: (80, [82]), QT.Q3_K: (108, []), QT.IQ4_NL: (0, []), QT.IQ4_XS: (0, []),
 }
 
 
@@ -159,6 +170,27 @@ def add_dequant(w, rng, qt, done_d, skipped):
     done_d.append(qt.name)
 
 
+def ggml_oracle():
+    """Builds ggml_quant_oracle (this folder's driver, linked with llama.cpp's unmodified ggml-quants.c from the
+    source tree named by $LLAMA_CPP) once; returns its path. ISO C11 without FMA contraction, as kiln builds."""
+    root = os.environ.get("LLAMA_CPP")
+    if not root:
+        sys.exit("set LLAMA_CPP to a llama.cpp source tree (its ggml/src/ggml-quants.c is the Q2_K/Q3_K/IQ4 oracle)")
+    ggml = os.path.join(root, "ggml")
+    exe = os.path.join(tempfile.mkdtemp(), "ggml_quant_oracle")
+    subprocess.run(["cc", "-std=c11", "-O1", "-DNDEBUG", "-D_GNU_SOURCE", "-I", os.path.join(ggml, "include"),
+                    "-I", os.path.join(ggml, "src"), os.path.join(HERE, "ggml_quant_oracle.c"),
+                    os.path.join(ggml, "src", "ggml-quants.c"), "-lm", "-o", exe], check=True)
+    return exe
+
+
+def oracle_quantize(exe, x, qt):
+    """llama.cpp's quantization of x (rows of floats) to qt, as uint8 rows."""
+    out = subprocess.run([exe, KILN_NAME[qt], str(x.shape[1])], input=np.ascontiguousarray(x).tobytes(),
+                         stdout=subprocess.PIPE, check=True).stdout
+    return np.frombuffer(out, dtype=np.uint8).reshape(x.shape[0], -1)
+
+
 def main():
     rng = np.random.default_rng(SEED)
     path = os.path.join(HERE, "dequant_fixtures.gguf")
@@ -186,6 +218,19 @@ def main():
 
     for qt in LATE_DEQUANT_TYPES:
         add_dequant(w, rng, qt, done_d, skipped)
+
+    exe = ggml_oracle()
+    for qt in LOW_BIT_TYPES:
+        add_dequant(w, rng, qt, done_d, skipped)
+        x = quant_input(rng, qt)
+        if supports("quantize", qt):
+            q = np.ascontiguousarray(gguf.quants.quantize(x, qt)).view(np.uint8)
+            done_q.append(qt.name)
+        else:
+            q = oracle_quantize(exe, x, qt)
+            done_q.append(qt.name + "(ggml-quants.c)")
+        w.add_tensor(f"{KILN_NAME[qt]}.quant_in", x)
+        w.add_tensor(f"{KILN_NAME[qt]}.quant_out", q, raw_dtype=qt)
 
     w.add_array("kiln.fixture.dequantize_types", done_d)
     w.add_array("kiln.fixture.quantize_types", done_q)
