@@ -17,11 +17,13 @@ static const int64_t block_counts[] = {1, 3, 7, 13};          /* quantized types
 
 static const kiln_type all_types[] = {KILN_TYPE_F32,  KILN_TYPE_F16,  KILN_TYPE_BF16, KILN_TYPE_Q4_0,
                                       KILN_TYPE_Q4_1, KILN_TYPE_Q5_0, KILN_TYPE_Q8_0, KILN_TYPE_Q8_1, KILN_TYPE_Q4_K,
-                                      KILN_TYPE_Q5_K, KILN_TYPE_Q6_K, KILN_TYPE_Q8_K};
+                                      KILN_TYPE_Q5_K, KILN_TYPE_Q6_K, KILN_TYPE_Q8_K, KILN_TYPE_Q5_1, KILN_TYPE_Q2_K,
+                                      KILN_TYPE_Q3_K, KILN_TYPE_IQ4_NL, KILN_TYPE_IQ4_XS};
 static const kiln_type quantizer_types[] = {KILN_TYPE_F32, KILN_TYPE_F16, KILN_TYPE_BF16,
                                             KILN_TYPE_Q8_0, KILN_TYPE_Q8_1, KILN_TYPE_Q8_K};
 static const kiln_type dot_types[] = {KILN_TYPE_F32,  KILN_TYPE_F16,  KILN_TYPE_BF16, KILN_TYPE_Q4_0, KILN_TYPE_Q4_1,
-                                      KILN_TYPE_Q5_0, KILN_TYPE_Q8_0, KILN_TYPE_Q4_K, KILN_TYPE_Q5_K, KILN_TYPE_Q6_K};
+                                      KILN_TYPE_Q5_0, KILN_TYPE_Q8_0, KILN_TYPE_Q4_K, KILN_TYPE_Q5_K, KILN_TYPE_Q6_K,
+                                      KILN_TYPE_Q5_1, KILN_TYPE_Q2_K, KILN_TYPE_Q3_K, KILN_TYPE_IQ4_NL, KILN_TYPE_IQ4_XS};
 #define COUNT(a) (int)(sizeof a / sizeof a[0])
 
 /* Scratch shared by the tests (the largest case is 13 Q8_K blocks or 1001 floats). */
@@ -52,10 +54,13 @@ static kiln_fp16 random_scale(unsigned long long *rng) {
 /* Offsets of the f16 scale fields of each block type, -1 terminated. */
 static const int *scale_fields(kiln_type t) {
     static const int none[] = {-1}, d0[] = {0, -1}, d0_2[] = {0, 2, -1}, q6k[] = {offsetof(block_q6_K, d), -1};
+    static const int q2k[] = {offsetof(block_q2_K, d), offsetof(block_q2_K, dmin), -1}, q3k[] = {offsetof(block_q3_K, d), -1};
     switch (t) {
-    case KILN_TYPE_Q4_0: case KILN_TYPE_Q5_0: case KILN_TYPE_Q8_0: return d0;
-    case KILN_TYPE_Q4_1: case KILN_TYPE_Q8_1: case KILN_TYPE_Q4_K: case KILN_TYPE_Q5_K: return d0_2;
+    case KILN_TYPE_Q4_0: case KILN_TYPE_Q5_0: case KILN_TYPE_Q8_0: case KILN_TYPE_IQ4_NL: case KILN_TYPE_IQ4_XS: return d0;
+    case KILN_TYPE_Q4_1: case KILN_TYPE_Q8_1: case KILN_TYPE_Q4_K: case KILN_TYPE_Q5_K: case KILN_TYPE_Q5_1: return d0_2;
     case KILN_TYPE_Q6_K: return q6k;
+    case KILN_TYPE_Q2_K: return q2k;
+    case KILN_TYPE_Q3_K: return q3k;
     default: return none;
     }
 }
@@ -192,20 +197,21 @@ static void check_from_float(kiln_simd level) {
 /* ---------------------------------------------------------------- vec_dot: within a bound */
 
 /* A copy of block bytes whose dequantization is term by term at least as large as the terms the dots add:
- * Q4_1's x = d*q + m becomes |d|*q + |m|, Q4_K/Q5_K's d*sc*q - dmin*m becomes |d|*sc*q + |dmin|*m. The
+ * Q4_1/Q5_1's x = d*q + m becomes |d|*q + |m|, Q4_K/Q5_K/Q2_K's d*sc*q - dmin*m becomes |d|*sc*q + |dmin|*m. The
  * other types are a single product per element, so |x| already is. */
 static void magnitude_blocks(kiln_type t, const uint8_t *src, uint8_t *dst, size_t bytes) {
     memcpy(dst, src, bytes);
     const size_t ts = kiln_type_traits_get(t)->type_size;
+    const size_t off = t == KILN_TYPE_Q2_K ? offsetof(block_q2_K, d) : 0; /* d, then dmin or m */
     for (size_t b = 0; b < bytes; b += ts) {
         kiln_fp16 d, m;
-        memcpy(&d, dst + b, 2);
-        memcpy(&m, dst + b + 2, 2);
-        if (t == KILN_TYPE_Q4_1) d &= 0x7fff, m &= 0x7fff;
-        else if (t == KILN_TYPE_Q4_K || t == KILN_TYPE_Q5_K) d &= 0x7fff, m |= 0x8000;
+        memcpy(&d, dst + b + off, 2);
+        memcpy(&m, dst + b + off + 2, 2);
+        if (t == KILN_TYPE_Q4_1 || t == KILN_TYPE_Q5_1) d &= 0x7fff, m &= 0x7fff;
+        else if (t == KILN_TYPE_Q4_K || t == KILN_TYPE_Q5_K || t == KILN_TYPE_Q2_K) d &= 0x7fff, m |= 0x8000;
         else return;
-        memcpy(dst + b, &d, 2);
-        memcpy(dst + b + 2, &m, 2);
+        memcpy(dst + b + off, &d, 2);
+        memcpy(dst + b + off + 2, &m, 2);
     }
 }
 

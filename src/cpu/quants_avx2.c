@@ -564,4 +564,228 @@ void kiln_vec_dot_q6_K_q8_K_avx2(int64_t n, float *s, const void *vx, const void
     *s = hsum_ps(acc);
 }
 
+/* ---------------------------------------------------------------- the low-bit types (Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS)
+ * to_float as the oracle, product for product; vec_dot with exact integer sums. */
+
+/* The 32 5-bit codes of a Q5_1 block, 0..31, in element order (its qh is Q5_0's). */
+static inline __m256i q5_1_codes(const block_q5_1 *b) { return _mm256_or_si256(unpack_nibbles16(b->qs), q5_high_bits(b->qh)); }
+
+/* The IQ4 levels of 16 packed bytes (32 indices) in element order, as int8 (-127..113). */
+static inline __m256i iq4_levels(const uint8_t *qs) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kiln_iq4nl_values));
+    return _mm256_shuffle_epi8(table, unpack_nibbles16(qs));
+}
+
+/* Pairwise int16 sums of x*y for signed x and y (|x|, |y| <= 127, so a pair is at most 32258): maddubs needs an
+ * unsigned first operand, so |x| times y with x's sign. */
+static inline __m256i dot_pairs_i8(__m256i x, __m256i y) {
+    return _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+/* Per-lane int16 scale for a 32-byte product vector whose 128-bit lanes are sub-blocks k and k+1 of the eight
+ * int16 scales in sc8 (broadcast to both lanes). */
+static inline __m256i lane_scales(__m256i sc8, int k) {
+    const __m256i mask = _mm256_set_m128i(_mm256_castsi256_si128(word_bcast_mask(k + 1)), _mm256_castsi256_si128(word_bcast_mask(k)));
+    return _mm256_shuffle_epi8(sc8, mask);
+}
+
+void kiln_to_float_q5_1_avx2(const void *vx, float *y, int64_t k) {
+    const block_q5_1 *x = vx;
+    for (int64_t i = 0; i < k / QK5_1; i++, y += QK5_1) {
+        const __m256 d = _mm256_set1_ps(f16_to_f32(x[i].d)), mn = _mm256_set1_ps(f16_to_f32(x[i].m));
+        __m256 f[4];
+        bytes_ps(q5_1_codes(&x[i]), 0, f);
+        UNROLL for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 8 * m, _mm256_add_ps(_mm256_mul_ps(f[m], d), mn));
+    }
+}
+
+void kiln_to_float_iq4_nl_avx2(const void *vx, float *y, int64_t k) {
+    const block_iq4_nl *x = vx;
+    for (int64_t i = 0; i < k / QK4_NL; i++, y += QK4_NL) {
+        const __m256 d = _mm256_set1_ps(f16_to_f32(x[i].d));
+        __m256 f[4];
+        bytes_ps(iq4_levels(x[i].qs), 1, f);
+        UNROLL for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 8 * m, _mm256_mul_ps(d, f[m]));
+    }
+}
+
+/* y = (d*(ls-32)) * level per 32-element sub-block, as GGML's dequantize_row_iq4_xs. */
+void kiln_to_float_iq4_xs_avx2(const void *vx, float *y, int64_t k) {
+    const block_iq4_xs *x = vx;
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = f16_to_f32(x[i].d);
+        for (int s = 0; s < QK_K / 32; s++, y += 32) {
+            const int ls = (((x[i].scales_l[s / 2] >> (4 * (s % 2))) & 0xF) | ((x[i].scales_h >> (2 * s)) & 3) << 4) - 32;
+            const __m256 dl = _mm256_set1_ps(d * (float)ls);
+            __m256 f[4];
+            bytes_ps(iq4_levels(x[i].qs + 16 * s), 1, f);
+            UNROLL for (int m = 0; m < 4; m++) _mm256_storeu_ps(y + 8 * m, _mm256_mul_ps(dl, f[m]));
+        }
+    }
+}
+
+/* y = (d*sc)*q - (dmin*m) per 16-element sub-block, as GGML's dequantize_row_q2_K. Bit pair r of the 32 bytes
+ * of a 128-element half is its elements 32r..32r+31: sub-blocks 2r (first 16 bytes) and 2r+1. */
+void kiln_to_float_q2_K_avx2(const void *vx, float *y, int64_t k) {
+    const block_q2_K *x = vx;
+    const __m256i m2 = _mm256_set1_epi8(3);
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = f16_to_f32(x[i].d), dmin = f16_to_f32(x[i].dmin);
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
+            UNROLL for (int r = 0; r < 4; r++, y += 32) {
+                __m256 f[4];
+                bytes_ps(_mm256_and_si256(_mm256_srli_epi16(q, 2 * r), m2), 0, f);
+                UNROLL for (int g = 0; g < 2; g++) {
+                    const uint8_t sc = x[i].scales[8 * h + 2 * r + g];
+                    const __m256 dl = _mm256_set1_ps(d * (float)(sc & 0xF)), ml = _mm256_set1_ps(dmin * (float)(sc >> 4));
+                    _mm256_storeu_ps(y + 16 * g, _mm256_sub_ps(_mm256_mul_ps(dl, f[2 * g]), ml));
+                    _mm256_storeu_ps(y + 16 * g + 8, _mm256_sub_ps(_mm256_mul_ps(dl, f[2 * g + 1]), ml));
+                }
+            }
+        }
+    }
+}
+
+/* The 16 signed 6-bit scales (sc - 32) of a Q3_K block. */
+static inline void q3_scales(const uint8_t *scales, int8_t out[16]) {
+    for (int s = 0; s < 16; s++) {
+        const int lo = s < 8 ? scales[s] & 0xF : scales[s - 8] >> 4;
+        out[s] = (int8_t)((lo | ((scales[8 + s % 4] >> (2 * (s / 4))) & 3) << 4) - 32);
+    }
+}
+
+/* Bit pair r of half h as codes 0..3 (lo), and 4 where element's high bit is clear (sub): code = lo - sub. */
+static inline void q3_codes(const block_q3_K *b, __m256i hm, int h, int r, __m256i *lo, __m256i *sub) {
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * h));
+    *lo = _mm256_and_si256(_mm256_srli_epi16(q, 2 * r), _mm256_set1_epi8(3));
+    const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + r), _mm256_set1_epi8(1));
+    *sub = _mm256_slli_epi16(_mm256_xor_si256(bit, _mm256_set1_epi8(1)), 2);
+}
+
+void kiln_to_float_q3_K_avx2(const void *vx, float *y, int64_t k) {
+    const block_q3_K *x = vx;
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = f16_to_f32(x[i].d);
+        int8_t sc[16];
+        q3_scales(x[i].scales, sc);
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)x[i].hmask);
+        for (int h = 0; h < 2; h++) {
+            UNROLL for (int r = 0; r < 4; r++, y += 32) {
+                __m256i lo, sub;
+                q3_codes(&x[i], hm, h, r, &lo, &sub);
+                __m256 f[4];
+                bytes_ps(_mm256_sub_epi8(lo, sub), 1, f);
+                UNROLL for (int g = 0; g < 2; g++) {
+                    const __m256 dl = _mm256_set1_ps(d * (float)sc[8 * h + 2 * r + g]);
+                    _mm256_storeu_ps(y + 16 * g, _mm256_mul_ps(dl, f[2 * g]));
+                    _mm256_storeu_ps(y + 16 * g + 8, _mm256_mul_ps(dl, f[2 * g + 1]));
+                }
+            }
+        }
+    }
+}
+
+void kiln_vec_dot_q5_1_q8_1_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q5_1 *x = vx;
+    const block_q8_1 *y = vy;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    __m128 summs = _mm_setzero_ps(); /* lane 2: sum of m_x * s_y */
+    for (int64_t i = 0; i < n / QK5_1; i++) {
+        /* a pair is at most 2*31*127 = 7874 in int16 */
+        __m256i p = _mm256_maddubs_epi16(q5_1_codes(&x[i]), _mm256_loadu_si256((const __m256i *)y[i].qs));
+        const __m128 prod = scale_products(x[i].d, y[i].d, x[i].m, y[i].s);
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc);
+        summs = _mm_add_ps(summs, prod);
+    }
+    *s = hsum_ps(acc) + _mm_cvtss_f32(_mm_movehl_ps(summs, summs));
+}
+
+void kiln_vec_dot_iq4_nl_q8_0_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_iq4_nl *x = vx;
+    const block_q8_0 *y = vy;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK4_NL; i++) {
+        __m256i p = dot_pairs_i8(iq4_levels(x[i].qs), _mm256_loadu_si256((const __m256i *)y[i].qs));
+        const __m256 d = _mm256_broadcastss_ps(scale_products(x[i].d, y[i].d, 0, 0));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc);
+    }
+    *s = hsum_ps(acc);
+}
+
+/* Per sub-block of 32: (ls-32) * dot(levels, y), the scale applied by madd to the int16 pair sums. */
+void kiln_vec_dot_iq4_xs_q8_K_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_iq4_xs *x = vx;
+    const block_q8_K *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        __m256i isum = _mm256_setzero_si256();
+        UNROLL for (int sb = 0; sb < QK_K / 32; sb++) {
+            const int ls = (((x[i].scales_l[sb / 2] >> (4 * (sb % 2))) & 0xF) | ((x[i].scales_h >> (2 * sb)) & 3) << 4) - 32;
+            __m256i p = dot_pairs_i8(iq4_levels(x[i].qs + 16 * sb), _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * sb)));
+            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set1_epi16((short)ls)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(x[i].d) * y[i].d), _mm256_cvtepi32_ps(isum), acc);
+    }
+    *s = hsum_ps(acc);
+}
+
+/* sum_s sc[s]*dot(q, y) - dmin * sum_s m[s]*bsums[s]; codes 0..3 (maddubs-safe), each 128-bit lane of a bit
+ * pair's 32 bytes one sub-block, so madd with a per-lane scale. */
+void kiln_vec_dot_q2_K_q8_K_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q2_K *x = vx;
+    const block_q8_K *y = vy;
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const __m256i m2 = _mm256_set1_epi8(3);
+    __m256 acc = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = f16_to_f32(x[i].d) * y[i].d, dmin = f16_to_f32(x[i].dmin) * y[i].d;
+        const __m128i sc = _mm_loadu_si128((const __m128i *)x[i].scales);
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), m4));
+        acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin),
+                                _mm256_cvtepi32_ps(_mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)y[i].bsums))), acc_m);
+        const __m128i sc4 = _mm_and_si128(sc, m4);
+        __m256i isum = _mm256_setzero_si256();
+        UNROLL for (int h = 0; h < 2; h++) {
+            const __m256i sc8 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(h ? _mm_srli_si128(sc4, 8) : sc4));
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
+            UNROLL for (int r = 0; r < 4; r++) {
+                __m256i p = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 2 * r), m2),
+                                                 _mm256_loadu_si256((const __m256i *)(y[i].qs + 128 * h + 32 * r)));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, lane_scales(sc8, 2 * r)));
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+    }
+    *s = hsum_ps(acc) - hsum_ps(acc_m);
+}
+
+/* dot((lo - sub), y) = dot(lo, y) - dot(sub, y), both maddubs-safe (0..3 and 0 or 4), times the per-lane signed
+ * scale. */
+void kiln_vec_dot_q3_K_q8_K_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q3_K *x = vx;
+    const block_q8_K *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int8_t sc[16];
+        q3_scales(x[i].scales, sc);
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)x[i].hmask);
+        __m256i isum = _mm256_setzero_si256();
+        UNROLL for (int h = 0; h < 2; h++) {
+            const __m256i sc8 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(sc + 8 * h))));
+            UNROLL for (int r = 0; r < 4; r++) {
+                __m256i lo, sub;
+                q3_codes(&x[i], hm, h, r, &lo, &sub);
+                const __m256i qy = _mm256_loadu_si256((const __m256i *)(y[i].qs + 128 * h + 32 * r));
+                __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(lo, qy), _mm256_maddubs_epi16(sub, qy));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, lane_scales(sc8, 2 * r)));
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(x[i].d) * y[i].d), _mm256_cvtepi32_ps(isum), acc);
+    }
+    *s = hsum_ps(acc);
+}
+
 #endif /* __x86_64__ */

@@ -484,4 +484,20 @@ void kiln_vec_dot_q6_K_q8_K_avx512(int64_t n, float *s, const void *vx, const vo
     *s = hsum512_ps(acc);
 }
 
+/* ---------------------------------------------------------------- the low-bit types (Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS)
+ * Not yet widened to 512 bits: this level runs the AVX2 kernels (quants_avx2.c), as the Q8 quantizers above
+ * do, so results at both levels are the same bits. */
+
+void kiln_to_float_q5_1_avx512(const void *x, float *y, int64_t k) { kiln_to_float_q5_1_avx2(x, y, k); }
+void kiln_to_float_q2_K_avx512(const void *x, float *y, int64_t k) { kiln_to_float_q2_K_avx2(x, y, k); }
+void kiln_to_float_q3_K_avx512(const void *x, float *y, int64_t k) { kiln_to_float_q3_K_avx2(x, y, k); }
+void kiln_to_float_iq4_nl_avx512(const void *x, float *y, int64_t k) { kiln_to_float_iq4_nl_avx2(x, y, k); }
+void kiln_to_float_iq4_xs_avx512(const void *x, float *y, int64_t k) { kiln_to_float_iq4_xs_avx2(x, y, k); }
+
+void kiln_vec_dot_q5_1_q8_1_avx512(int64_t n, float *s, const void *x, const void *y) { kiln_vec_dot_q5_1_q8_1_avx2(n, s, x, y); }
+void kiln_vec_dot_q2_K_q8_K_avx512(int64_t n, float *s, const void *x, const void *y) { kiln_vec_dot_q2_K_q8_K_avx2(n, s, x, y); }
+void kiln_vec_dot_q3_K_q8_K_avx512(int64_t n, float *s, const void *x, const void *y) { kiln_vec_dot_q3_K_q8_K_avx2(n, s, x, y); }
+void kiln_vec_dot_iq4_nl_q8_0_avx512(int64_t n, float *s, const void *x, const void *y) { kiln_vec_dot_iq4_nl_q8_0_avx2(n, s, x, y); }
+void kiln_vec_dot_iq4_xs_q8_K_avx512(int64_t n, float *s, const void *x, const void *y) { kiln_vec_dot_iq4_xs_q8_K_avx2(n, s, x, y); }
+
 #endif /* __x86_64__ */

@@ -39,6 +39,11 @@ static const level_kernels kernels[] = {
     {KILN_TYPE_Q5_K, BOTH(to_float, q5_K), NONE, BOTH(vec_dot, q5_K_q8_K)},
     {KILN_TYPE_Q6_K, BOTH(to_float, q6_K), NONE, BOTH(vec_dot, q6_K_q8_K)},
     {KILN_TYPE_Q8_K, BOTH(to_float, q8_K), BOTH(from_float, q8_K), NONE},
+    {KILN_TYPE_Q5_1, BOTH(to_float, q5_1), NONE, BOTH(vec_dot, q5_1_q8_1)},
+    {KILN_TYPE_Q2_K, BOTH(to_float, q2_K), NONE, BOTH(vec_dot, q2_K_q8_K)},
+    {KILN_TYPE_Q3_K, BOTH(to_float, q3_K), NONE, BOTH(vec_dot, q3_K_q8_K)},
+    {KILN_TYPE_IQ4_NL, BOTH(to_float, iq4_nl), NONE, BOTH(vec_dot, iq4_nl_q8_0)},
+    {KILN_TYPE_IQ4_XS, BOTH(to_float, iq4_xs), NONE, BOTH(vec_dot, iq4_xs_q8_K)},
 };
 #endif
 
