@@ -39,6 +39,12 @@ static const ftype_info ftypes[] = {
     {"q6_k", KILN_FTYPE_MOSTLY_Q6_K, KILN_TYPE_Q6_K, false},
     {"q4_k_m", KILN_FTYPE_MOSTLY_Q4_K_M, KILN_TYPE_Q4_K, true},
     {"q5_k_m", KILN_FTYPE_MOSTLY_Q5_K_M, KILN_TYPE_Q5_K, true},
+    /* plain single-type targets (output.weight Q6_K, rows not a multiple of the block Q8_0), not llama.cpp's mixes */
+    {"q5_1", KILN_FTYPE_MOSTLY_Q5_1, KILN_TYPE_Q5_1, false},
+    {"q2_k", KILN_FTYPE_MOSTLY_Q2_K, KILN_TYPE_Q2_K, false},
+    {"q3_k", KILN_FTYPE_MOSTLY_Q3_K_S, KILN_TYPE_Q3_K, false},
+    {"iq4_nl", KILN_FTYPE_MOSTLY_IQ4_NL, KILN_TYPE_IQ4_NL, false},
+    {"iq4_xs", KILN_FTYPE_MOSTLY_IQ4_XS, KILN_TYPE_IQ4_XS, false},
 };
 #define N_FTYPES (sizeof ftypes / sizeof ftypes[0])
 
@@ -59,7 +65,7 @@ kiln_status kiln_ftype_from_name(const char *name, kiln_ftype *out) {
                 return KILN_OK;
             }
     }
-    return kiln_fail(KILN_ERR_INVALID, "unknown quantization type '%s' (expected one of f16 bf16 q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m q5_k_m)", name);
+    return kiln_fail(KILN_ERR_INVALID, "unknown quantization type '%s' (expected one of f16 bf16 q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m q5_k_m q5_1 q2_k q3_k iq4_nl iq4_xs)", name);
 }
 
 const char *kiln_ftype_name(kiln_ftype f) {

@@ -120,8 +120,14 @@ static void raw_blocks(kiln_type t, uint8_t *row, size_t row_bytes, uint64_t *rn
         memcpy(row + i, &x, row_bytes - i < 8 ? row_bytes - i : 8);
     }
     const size_t bs = kiln_type_block_bytes(t);
-    float d = 0, m = 0; /* the scale fields: d at offset 0 and m at 2, except Q6_K's d at the end */
+    float d = 0, m = 0; /* the scale fields: d at offset 0 and m at 2, except Q6_K's and Q3_K's d at the end, Q2_K's
+                         * d and dmin the last 4 bytes */
     switch (t) {
+    case KILN_TYPE_Q5_1: d = 0.0022f, m = -0.034f; break;
+    case KILN_TYPE_Q2_K: d = 1.7e-3f, m = 2.5e-3f; break; /* d sc q - dmin m, sc and m 4-bit */
+    case KILN_TYPE_Q3_K: d = 4.7e-4f; break;              /* d (sc - 32) (q - 4), sc 6-bit */
+    case KILN_TYPE_IQ4_NL: d = 3e-4f; break;              /* d * level, level std ~68 */
+    case KILN_TYPE_IQ4_XS: d = 1.6e-5f; break;            /* d (ls - 32) level */
     case KILN_TYPE_Q4_0: d = 0.0043f; break;
     case KILN_TYPE_Q4_1: d = 0.0043f, m = -0.032f; break;
     case KILN_TYPE_Q5_0: d = 0.0022f; break;
@@ -133,12 +139,17 @@ static void raw_blocks(kiln_type t, uint8_t *row, size_t row_bytes, uint64_t *rn
     }
     const kiln_fp16 hd = kiln_f32_to_fp16(d), hm = kiln_f32_to_fp16(m);
     for (size_t b = 0; b < row_bytes; b += bs) {
-        if (t == KILN_TYPE_Q6_K) {
+        if (t == KILN_TYPE_Q6_K || t == KILN_TYPE_Q3_K) {
             memcpy(row + b + bs - 2, &hd, 2);
             continue;
         }
+        if (t == KILN_TYPE_Q2_K) {
+            memcpy(row + b + bs - 4, &hd, 2);
+            memcpy(row + b + bs - 2, &hm, 2);
+            continue;
+        }
         memcpy(row + b, &hd, 2);
-        if (t == KILN_TYPE_Q4_1 || t == KILN_TYPE_Q4_K || t == KILN_TYPE_Q5_K) memcpy(row + b + 2, &hm, 2);
+        if (t == KILN_TYPE_Q4_1 || t == KILN_TYPE_Q4_K || t == KILN_TYPE_Q5_K || t == KILN_TYPE_Q5_1) memcpy(row + b + 2, &hm, 2);
     }
 }
 
