@@ -485,8 +485,10 @@ void kiln_vec_dot_q6_K_q8_K_avx512(int64_t n, float *s, const void *vx, const vo
 }
 
 /* ---------------------------------------------------------------- the low-bit types (Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS)
- * Not yet widened to 512 bits: this level runs the AVX2 kernels (quants_avx2.c), as the Q8 quantizers above
- * do, so results at both levels are the same bits. */
+ * to_float runs the AVX2 kernels (quants_avx2.c): it serves embedding rows and kiln quantize, never a matmul, so
+ * it is not worth a second copy; the results are the oracle's bits at both levels. The dots use the contract
+ * above: dpbusd for the 32-element blocks (IQ4's signed levels offset by 128, the offset removed with a second
+ * dpbusd), maddubs then dpwssd with per-sub-block int16 scales for the 16-element K-quant sub-blocks. */
 
 void kiln_to_float_q5_1_avx512(const void *x, float *y, int64_t k) { kiln_to_float_q5_1_avx2(x, y, k); }
 void kiln_to_float_q2_K_avx512(const void *x, float *y, int64_t k) { kiln_to_float_q2_K_avx2(x, y, k); }
@@ -494,10 +496,168 @@ void kiln_to_float_q3_K_avx512(const void *x, float *y, int64_t k) { kiln_to_flo
 void kiln_to_float_iq4_nl_avx512(const void *x, float *y, int64_t k) { kiln_to_float_iq4_nl_avx2(x, y, k); }
 void kiln_to_float_iq4_xs_avx512(const void *x, float *y, int64_t k) { kiln_to_float_iq4_xs_avx2(x, y, k); }
 
-void kiln_vec_dot_q5_1_q8_1_avx512(int64_t n, float *s, const void *x, const void *y) { kiln_vec_dot_q5_1_q8_1_avx2(n, s, x, y); }
-void kiln_vec_dot_q2_K_q8_K_avx512(int64_t n, float *s, const void *x, const void *y) { kiln_vec_dot_q2_K_q8_K_avx2(n, s, x, y); }
-void kiln_vec_dot_q3_K_q8_K_avx512(int64_t n, float *s, const void *x, const void *y) { kiln_vec_dot_q3_K_q8_K_avx2(n, s, x, y); }
-void kiln_vec_dot_iq4_nl_q8_0_avx512(int64_t n, float *s, const void *x, const void *y) { kiln_vec_dot_iq4_nl_q8_0_avx2(n, s, x, y); }
-void kiln_vec_dot_iq4_xs_q8_K_avx512(int64_t n, float *s, const void *x, const void *y) { kiln_vec_dot_iq4_xs_q8_K_avx2(n, s, x, y); }
+/* The 32 5-bit codes of a Q5_1 block, 0..31, in element order (qh as Q5_0's). */
+static inline __m256i q5_1_codes(const block_q5_1 *b) {
+    uint32_t qh;
+    memcpy(&qh, b->qh, 4);
+    return _mm256_or_si256(unpack_nibbles16(b->qs), _mm256_maskz_mov_epi8((__mmask32)qh, _mm256_set1_epi8(0x10)));
+}
+
+/* The IQ4 levels of 16 packed bytes (32 indices), element order, plus 128: unsigned bytes 1..241 for dpbusd. */
+static inline __m256i iq4_levels_u8(const uint8_t *qs) {
+    const __m256i table = _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kiln_iq4nl_values)),
+                                           _mm256_set1_epi8((char)0x80));
+    return _mm256_shuffle_epi8(table, unpack_nibbles16(qs));
+}
+
+/* Q4_1's kernel with 5-bit codes: two blocks per step, the min term from Q8_1's s. */
+void kiln_vec_dot_q5_1_q8_1_avx512(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q5_1 *x = vx;
+    const block_q8_1 *y = vy;
+    const int64_t nb = n / QK5_1;
+    __m512 acc = _mm512_setzero_ps();
+    __m256 acc_m = _mm256_setzero_ps(); /* lanes 4 and 6: sums of m_x * s_y */
+    float summs = 0.0f;
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        __m512i qx = join256(q5_1_codes(&x[i]), q5_1_codes(&x[i + 1]));
+        __m512i qy = join256(_mm256_loadu_si256((const __m256i *)y[i].qs), _mm256_loadu_si256((const __m256i *)y[i + 1].qs));
+        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qx, qy);
+        const uint64_t dd = (uint64_t)x[i].d | (uint64_t)y[i].d << 16 | (uint64_t)x[i + 1].d << 32 | (uint64_t)y[i + 1].d << 48;
+        const uint64_t ms = (uint64_t)x[i].m | (uint64_t)y[i].s << 16 | (uint64_t)x[i + 1].m << 32 | (uint64_t)y[i + 1].s << 48;
+        const __m256 f = _mm256_cvtph_ps(_mm_set_epi64x((long long)ms, (long long)dd)), prod = _mm256_mul_ps(f, _mm256_movehdup_ps(f));
+        const __m512i idx = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+        acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, _mm512_castps256_ps512(prod)), _mm512_cvtepi32_ps(p), acc);
+        acc_m = _mm256_add_ps(acc_m, prod);
+    }
+    float sum = hsum512_ps(acc);
+    if (i < nb) {
+        __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q5_1_codes(&x[i]), _mm256_loadu_si256((const __m256i *)y[i].qs));
+        sum += f16_to_f32(x[i].d) * f16_to_f32(y[i].d) * hsum256_ps(_mm256_cvtepi32_ps(p));
+        summs += f16_to_f32(x[i].m) * f16_to_f32(y[i].s);
+    }
+    __m128 m = _mm256_extractf128_ps(acc_m, 1);
+    *s = sum + summs + _mm_cvtss_f32(_mm_add_ss(m, _mm_movehl_ps(m, m)));
+}
+
+/* sum (v+128)*y - sum 128*y = sum v*y, two blocks per step. */
+void kiln_vec_dot_iq4_nl_q8_0_avx512(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_iq4_nl *x = vx;
+    const block_q8_0 *y = vy;
+    const int64_t nb = n / QK4_NL;
+    __m512 acc = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        __m512i qx = join256(iq4_levels_u8(x[i].qs), iq4_levels_u8(x[i + 1].qs));
+        __m512i qy = join256(_mm256_loadu_si256((const __m256i *)y[i].qs), _mm256_loadu_si256((const __m256i *)y[i + 1].qs));
+        __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), qx, qy),
+                                     _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), qy));
+        acc = _mm512_fmadd_ps(pair_scales(x[i].d, y[i].d, x[i + 1].d, y[i + 1].d), _mm512_cvtepi32_ps(p), acc);
+    }
+    float sum = hsum512_ps(acc);
+    if (i < nb) {
+        __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        __m256i p = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), iq4_levels_u8(x[i].qs), qy),
+                                     _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), qy));
+        sum += f16_to_f32(x[i].d) * f16_to_f32(y[i].d) * hsum256_ps(_mm256_cvtepi32_ps(p));
+    }
+    *s = sum;
+}
+
+/* Two 32-element sub-blocks per step (one per 256-bit half), each dot times its (ls - 32) in int32. */
+void kiln_vec_dot_iq4_xs_q8_K_avx512(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_iq4_xs *x = vx;
+    const block_q8_K *y = vy;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        __m512i isum = _mm512_setzero_si512();
+        UNROLL for (int j = 0; j < QK_K / 64; j++) {
+            int ls[2];
+            UNROLL for (int h = 0; h < 2; h++) {
+                const int sb = 2 * j + h;
+                ls[h] = (((x[i].scales_l[sb / 2] >> (4 * (sb % 2))) & 0xF) | ((x[i].scales_h >> (2 * sb)) & 3) << 4) - 32;
+            }
+            __m512i qx = join256(iq4_levels_u8(x[i].qs + 32 * j), iq4_levels_u8(x[i].qs + 32 * j + 16));
+            __m512i qy = _mm512_loadu_si512((const void *)(y[i].qs + 64 * j));
+            __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), qx, qy),
+                                         _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), qy));
+            isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(p, join256(_mm256_set1_epi32(ls[0]), _mm256_set1_epi32(ls[1]))));
+        }
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(f16_to_f32(x[i].d) * y[i].d), _mm512_cvtepi32_ps(isum), acc);
+    }
+    *s = hsum512_ps(acc);
+}
+
+/* 64 codes of a 128-element half: bit pairs r and r+1 of its 32 bytes q, elements 32r..32r+63 of the half. */
+static inline __m512i two_bit_pairs(__m256i q, int r) {
+    const __m256i m2 = _mm256_set1_epi8(3);
+    return join256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * r), m2), _mm256_and_si256(_mm256_srli_epi16(q, 2 * r + 2), m2));
+}
+
+/* Each 64-byte step is four 16-element sub-blocks: words 8k..8k+7 of the maddubs pair-sums get scale 4j+k
+ * (scale_idx_quarters, as Q6_K). The min term from the bsums, as the AVX2 kernel. */
+void kiln_vec_dot_q2_K_q8_K_avx512(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q2_K *x = vx;
+    const block_q8_K *y = vy;
+    __m512i idx[4];
+    UNROLL for (int j = 0; j < 4; j++) idx[j] = load_idx(scale_idx_quarters[j]);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    __m512 acc = _mm512_setzero_ps();
+    __m256 acc_m = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = f16_to_f32(x[i].d) * y[i].d, dmin = f16_to_f32(x[i].dmin) * y[i].d;
+        const __m128i sc = _mm_loadu_si128((const __m128i *)x[i].scales);
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), m4));
+        acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin),
+                                _mm256_cvtepi32_ps(_mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)y[i].bsums))), acc_m);
+        const __m512i sc16 = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(sc, m4)));
+        __m512i isum = _mm512_setzero_si512();
+        UNROLL for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
+            UNROLL for (int m = 0; m < 2; m++) {
+                /* codes 0..3: a maddubs pair is at most 2*3*128 */
+                __m512i p = _mm512_maddubs_epi16(two_bit_pairs(q, 2 * m), _mm512_loadu_si512((const void *)(y[i].qs + 128 * h + 64 * m)));
+                isum = _mm512_dpwssd_epi32(isum, p, _mm512_permutexvar_epi16(idx[2 * h + m], sc16));
+            }
+        }
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(isum), acc);
+    }
+    *s = hsum512_ps(acc) - hsum256_ps(acc_m);
+}
+
+/* As Q2_K with codes lo - sub (lo 0..3; sub 4 where the high bit is clear), both maddubs-safe, and signed
+ * scales (sc - 32). */
+void kiln_vec_dot_q3_K_q8_K_avx512(int64_t n, float *s, const void *vx, const void *vy) {
+    const block_q3_K *x = vx;
+    const block_q8_K *y = vy;
+    __m512i idx[4];
+    UNROLL for (int j = 0; j < 4; j++) idx[j] = load_idx(scale_idx_quarters[j]);
+    const __m256i one = _mm256_set1_epi8(1);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int8_t scb[16];
+        for (int sb = 0; sb < 16; sb++) {
+            const int lo = sb < 8 ? x[i].scales[sb] & 0xF : x[i].scales[sb - 8] >> 4;
+            scb[sb] = (int8_t)((lo | ((x[i].scales[8 + sb % 4] >> (2 * (sb / 4))) & 3) << 4) - 32);
+        }
+        const __m512i sc16 = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scb)));
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)x[i].hmask);
+        __m512i isum = _mm512_setzero_si512();
+        UNROLL for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
+            UNROLL for (int m = 0; m < 2; m++) {
+                const int r = 2 * m; /* bit pairs r, r+1; high bits 4h+r, 4h+r+1 of hmask */
+                const __m256i c0 = _mm256_andnot_si256(_mm256_srli_epi16(hm, 4 * h + r), one);
+                const __m256i c1 = _mm256_andnot_si256(_mm256_srli_epi16(hm, 4 * h + r + 1), one);
+                const __m512i sub = _mm512_slli_epi16(join256(c0, c1), 2);
+                const __m512i qy = _mm512_loadu_si512((const void *)(y[i].qs + 128 * h + 64 * m));
+                __m512i p = _mm512_sub_epi16(_mm512_maddubs_epi16(two_bit_pairs(q, r), qy), _mm512_maddubs_epi16(sub, qy));
+                isum = _mm512_dpwssd_epi32(isum, p, _mm512_permutexvar_epi16(idx[2 * h + m], sc16));
+            }
+        }
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(f16_to_f32(x[i].d) * y[i].d), _mm512_cvtepi32_ps(isum), acc);
+    }
+    *s = hsum512_ps(acc);
+}
 
 #endif /* __x86_64__ */
