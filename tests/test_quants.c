@@ -540,6 +540,37 @@ static void test_matmul_low_bit(void) {
     kiln_pool_free(pool);
 }
 
+/* The load-time finite check (src/core/finite.c) reads each new type's f16 scales: an inf or NaN in any of them
+ * is refused naming the block and the field, and the clean tensor passes. */
+static void test_check_finite_low_bit(void) {
+    static const struct { kiln_type type; size_t offset; const char *field; } fields[] = {
+        {KILN_TYPE_Q5_1, offsetof(block_q5_1, d), "scale"},   {KILN_TYPE_Q5_1, offsetof(block_q5_1, m), "min"},
+        {KILN_TYPE_Q2_K, offsetof(block_q2_K, d), "scale"},   {KILN_TYPE_Q2_K, offsetof(block_q2_K, dmin), "dmin"},
+        {KILN_TYPE_Q3_K, offsetof(block_q3_K, d), "scale"},   {KILN_TYPE_IQ4_NL, offsetof(block_iq4_nl, d), "scale"},
+        {KILN_TYPE_IQ4_XS, offsetof(block_iq4_xs, d), "scale"},
+    };
+    enum { N = 1024 };
+    static float x[N];
+    static uint8_t q[N * 2];
+    unsigned long long rng = 0x5eed000a;
+    for (int i = 0; i < N; i++) x[i] = test_rng_normal(&rng);
+    for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++) {
+        const kiln_type_traits *tt = kiln_type_traits_get(fields[k].type);
+        tt->from_float_ref(x, q, N);
+        const size_t nbytes = kiln_type_row_bytes(fields[k].type, N);
+        const kiln_tensor_view v = {.name = "w", .type = fields[k].type, .n_dims = 1, .ne = {N, 1, 1, 1},
+                                    .nb = {tt->type_size, nbytes, nbytes, nbytes}, .nbytes = nbytes, .data = q};
+        CHECK(kiln_tensor_check_finite("f.gguf", &v) == KILN_OK, "%s: clean tensor refused: %s", tt->name, kiln_last_error());
+        const int64_t blk = N / tt->blck_size - 1; /* the last block */
+        const kiln_fp16 inf = 0x7c00;
+        memcpy(q + (size_t)blk * tt->type_size + fields[k].offset, &inf, 2);
+        CHECK(kiln_tensor_check_finite("f.gguf", &v) == KILN_ERR_FORMAT, "%s: inf %s not refused", tt->name, fields[k].field);
+        char want[96];
+        snprintf(want, sizeof want, "block %lld has %s inf", (long long)blk, fields[k].field);
+        CHECK(strstr(kiln_last_error(), want) != NULL, "%s: message '%s' lacks '%s'", tt->name, kiln_last_error(), want);
+    }
+}
+
 int main(void) {
     RUN(test_round_trip_error);
     RUN(test_edge_non_finite);
@@ -554,5 +585,6 @@ int main(void) {
     RUN(test_vec_dot_q5_0);
     RUN(test_q5_0_gguf_fixture);
     RUN(test_matmul_low_bit);
+    RUN(test_check_finite_low_bit);
     TEST_EXIT();
 }

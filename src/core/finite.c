@@ -125,9 +125,9 @@ kiln_status kiln_tensor_check_finite(const char *path, const kiln_tensor_view *t
             const uint8_t *s0 = p + f->offset + 2 * (size_t)j;
             if ((i = find16(s0, n_blocks, bb, 0x7c00)) < 0) continue;
             memcpy(&h, s0 + (size_t)i * bb, 2);
+            const bool has_m = t->type == KILN_TYPE_Q4_1 || t->type == KILN_TYPE_Q5_1;
             return kiln_fail(KILN_ERR_FORMAT, "%s: tensor '%s': block %lld has %s %s", path, t->name, (long long)i,
-                             j ? (t->type == KILN_TYPE_Q4_1 || t->type == KILN_TYPE_Q5_1 ? "min" : t->type == KILN_TYPE_Q8_1 ? "sum" : "dmin") : "scale",
-                             what16(h, 0x7c00));
+                             j ? (has_m ? "min" : t->type == KILN_TYPE_Q8_1 ? "sum" : "dmin") : "scale", what16(h, 0x7c00));
         }
     }
     return KILN_OK; /* a type without scales kiln knows of is not computable: binding refuses it */
