@@ -51,9 +51,11 @@ static void test_mix_rules(void) {
     CHECK(kiln_quantize_choose_type(&odd, KILN_FTYPE_MOSTLY_Q4_K_M, 16, 16, true) == KILN_TYPE_F16);
     kiln_ftype f;
     CHECK(kiln_ftype_from_name("Q4_K_M", &f) == KILN_OK && f == KILN_FTYPE_MOSTLY_Q4_K_M);
-    CHECK(kiln_ftype_from_name("q3_k", &f) == KILN_ERR_INVALID);
-    CHECK(strcmp(kiln_last_error(), "unknown quantization type 'q3_k' (expected one of f16 bf16 q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m q5_k_m)") == 0,
+    CHECK(kiln_ftype_from_name("q7_k", &f) == KILN_ERR_INVALID);
+    CHECK(strcmp(kiln_last_error(), "unknown quantization type 'q7_k' (expected one of f16 bf16 q8_0 q4_0 q4_1 q4_k q5_k "
+                                    "q6_k q4_k_m q5_k_m q5_1 q2_k q3_k iq4_nl iq4_xs)") == 0,
           "%s", kiln_last_error());
+    CHECK(kiln_ftype_from_name("q3_k", &f) == KILN_OK && f == KILN_FTYPE_MOSTLY_Q3_K_S);
 }
 
 static char src_path[64], out_path[64], out1_path[64];
