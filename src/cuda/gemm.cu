@@ -6,6 +6,7 @@
  * __fmul_rn/__fsub_rn order as dequant.cu) and then rounded to nearest even to bf16.
  * tests/test_cuda_gemm.c checks kiln_cuda_dequantize_bf16 bit for bit and kiln_cuda_gemm against a double
  * reference on every type (NMSE < 2e-4: both operands carry bf16's 2^-9 relative rounding). */
+#include "cuda/blocks.cuh"
 #include "cuda/kernels.h"
 #include "quants.h"
 
@@ -150,6 +151,72 @@ struct dq_q6_K {
     }
 };
 
+struct dq_q5_1 { /* Q5_0's 5-bit quants; x = q * d + m */
+    static __device__ __forceinline__ void run(const void *w, int64_t g, float v[8]) {
+        const block_q5_1 *b = (const block_q5_1 *)w + g / 4;
+        int j0 = (int)(g % 4) * 8, shift = j0 >= 16 ? 4 : 0;
+        const uint8_t *qs = b->qs + (j0 & 15);
+        uint32_t qh = (uint32_t)b->qh[0] | (uint32_t)b->qh[1] << 8 | (uint32_t)b->qh[2] << 16 | (uint32_t)b->qh[3] << 24;
+        float d = h2f(b->d), m = h2f(b->m);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int q = ((qs[i] >> shift) & 0xF) | (int)((qh >> (j0 + i)) & 1) << 4;
+            v[i] = __fadd_rn(__fmul_rn((float)q, d), m);
+        }
+    }
+};
+
+struct dq_iq4_nl { /* Q4_0's packing; x = d * level(q) */
+    static __device__ __forceinline__ void run(const void *w, int64_t g, float v[8]) {
+        const block_iq4_nl *b = (const block_iq4_nl *)w + g / 4;
+        int j0 = (int)(g % 4) * 8, shift = j0 >= 16 ? 4 : 0;
+        const uint8_t *qs = b->qs + (j0 & 15);
+        float d = h2f(b->d);
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = __fmul_rn(d, (float)iq4nl_level((qs[i] >> shift) & 0xF));
+    }
+};
+
+/* Q2_K and Q3_K: element e = 128 h + 32 j + l of a super-block is bits 2j..2j+1 of qs[32 h + l], in sub-block
+ * 8 h + 2 j + l / 16 (8 elements never straddle one). Q2_K: x = (d * sc) * q - dmin * m; Q3_K: q - 4 where bit
+ * 4 h + j of hmask[l] is clear, x = (d * (sc - 32)) * q. */
+struct dq_q2_K {
+    static __device__ __forceinline__ void run(const void *w, int64_t g, float v[8]) {
+        const block_q2_K *b = (const block_q2_K *)w + g / 32;
+        int e0 = (int)(g % 32) * 8, h = e0 / 128, j = (e0 % 128) / 32, l0 = e0 % 32;
+        int sc = b->scales[8 * h + 2 * j + l0 / 16];
+        float dl = __fmul_rn(h2f(b->d), (float)(sc & 0xF)), ml = __fmul_rn(h2f(b->dmin), (float)(sc >> 4));
+        const uint8_t *qs = b->qs + 32 * h + l0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = __fsub_rn(__fmul_rn(dl, (float)((qs[i] >> (2 * j)) & 3)), ml);
+    }
+};
+
+struct dq_q3_K {
+    static __device__ __forceinline__ void run(const void *w, int64_t g, float v[8]) {
+        const block_q3_K *b = (const block_q3_K *)w + g / 32;
+        int e0 = (int)(g % 32) * 8, h = e0 / 128, j = (e0 % 128) / 32, l0 = e0 % 32;
+        float dl = __fmul_rn(h2f(b->d), (float)(q3k_scale(b->scales, 8 * h + 2 * j + l0 / 16) - 32));
+        const uint8_t *qs = b->qs + 32 * h + l0, *hm = b->hmask + l0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int q = ((qs[i] >> (2 * j)) & 3) - (((hm[i] >> (4 * h + j)) & 1) ? 0 : 4);
+            v[i] = __fmul_rn(dl, (float)q);
+        }
+    }
+};
+
+struct dq_iq4_xs { /* sub-block ib = e / 32 packed as IQ4_NL in qs[16 ib ..]; x = (d * (sc - 32)) * level(q) */
+    static __device__ __forceinline__ void run(const void *w, int64_t g, float v[8]) {
+        const block_iq4_xs *b = (const block_iq4_xs *)w + g / 32;
+        int e0 = (int)(g % 32) * 8, ib = e0 / 32, j0 = e0 % 32, shift = j0 >= 16 ? 4 : 0;
+        float dl = __fmul_rn(h2f(b->d), (float)(iq4xs_scale(b, ib) - 32));
+        const uint8_t *qs = b->qs + 16 * ib + (j0 & 15);
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = __fmul_rn(dl, (float)iq4nl_level((qs[i] >> shift) & 0xF));
+    }
+};
+
 /* out (n8 * 8) bf16 = the block-format weight w; 16-byte aligned out (ws->w is cudaMalloc'd). */
 template <typename Dq>
 __global__ void blocks_to_bf16(const void *w, uint4 *out, int64_t n8) {
@@ -215,7 +282,8 @@ static kiln_status launch_float_to_bf16(const Src *x, void *out, int64_t n, cuda
 static bool gemm_type_supported(kiln_type t) {
     switch (t) {
     case KILN_TYPE_F32: case KILN_TYPE_F16: case KILN_TYPE_BF16: case KILN_TYPE_Q4_0: case KILN_TYPE_Q4_1:
-    case KILN_TYPE_Q5_0: case KILN_TYPE_Q8_0: case KILN_TYPE_Q4_K: case KILN_TYPE_Q5_K: case KILN_TYPE_Q6_K: return true;
+    case KILN_TYPE_Q5_0: case KILN_TYPE_Q8_0: case KILN_TYPE_Q4_K: case KILN_TYPE_Q5_K: case KILN_TYPE_Q6_K:
+    case KILN_TYPE_Q5_1: case KILN_TYPE_Q2_K: case KILN_TYPE_Q3_K: case KILN_TYPE_IQ4_NL: case KILN_TYPE_IQ4_XS: return true;
     default: return false;
     }
 }
@@ -261,6 +329,11 @@ static kiln_status weight_to_bf16(const kiln_cuda_wt *W, void *out, cudaStream_t
     case KILN_TYPE_Q4_K: blocks_to_bf16<dq_q4_K><<<(unsigned)grid, threads, 0, s>>>(W->data, o, n8); break;
     case KILN_TYPE_Q5_K: blocks_to_bf16<dq_q5_K><<<(unsigned)grid, threads, 0, s>>>(W->data, o, n8); break;
     case KILN_TYPE_Q6_K: blocks_to_bf16<dq_q6_K><<<(unsigned)grid, threads, 0, s>>>(W->data, o, n8); break;
+    case KILN_TYPE_Q5_1: blocks_to_bf16<dq_q5_1><<<(unsigned)grid, threads, 0, s>>>(W->data, o, n8); break;
+    case KILN_TYPE_IQ4_NL: blocks_to_bf16<dq_iq4_nl><<<(unsigned)grid, threads, 0, s>>>(W->data, o, n8); break;
+    case KILN_TYPE_Q2_K: blocks_to_bf16<dq_q2_K><<<(unsigned)grid, threads, 0, s>>>(W->data, o, n8); break;
+    case KILN_TYPE_Q3_K: blocks_to_bf16<dq_q3_K><<<(unsigned)grid, threads, 0, s>>>(W->data, o, n8); break;
+    case KILN_TYPE_IQ4_XS: blocks_to_bf16<dq_iq4_xs><<<(unsigned)grid, threads, 0, s>>>(W->data, o, n8); break;
     default: return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda dequantize bf16: type %s is not supported", kiln_type_name(W->type));
     }
     return launch_check("dequantize bf16 launch");

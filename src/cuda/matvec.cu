@@ -21,6 +21,7 @@
  * shuffles). matvec_glu runs the same kernel with its NR rows being R rows of Wg and the same R rows of Wu.
  * Both kernels launch with programmatic dependent launch (launch.h): each waits for its predecessor before it
  * touches memory, so only the scheduling overlaps. */
+#include "cuda/blocks.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
 #include "cuda/q8.cuh"
@@ -315,6 +316,202 @@ struct piece_q6_K {
     }
 };
 
+/* Q5_1, 24 bytes per 32 (4-byte aligned): x = d * q + m, q 5-bit as Q5_0; the dot is d * dx * sum(q * xq) + m * s. */
+struct piece_q5_1 {
+    static const int ELEMS = 32;
+    typedef xblock X;
+    uint32_t v[4], qh;
+    float d, m;
+    __device__ __forceinline__ void load(const uint8_t *row, int64_t p) {
+        const uint8_t *b = row + p * sizeof(block_q5_1);
+        const uint32_t dm = ld_u32(b);
+        d = h2f((uint16_t)dm), m = h2f((uint16_t)(dm >> 16));
+        qh = ld_u32(b + 4);
+#pragma unroll
+        for (int i = 0; i < 4; i++) v[i] = ld_u32(b + 8 + 4 * i);
+    }
+    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) { x.load(a, t, p); }
+    __device__ __forceinline__ float dot(const X &x) const {
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            s = __dp4a((int)((v[i] & 0x0F0F0F0F) | spread4(qh >> (4 * i))), x.q[i], s);
+            s = __dp4a((int)(((v[i] >> 4) & 0x0F0F0F0F) | spread4(qh >> (4 * i + 16))), x.q[i + 4], s);
+        }
+        return d * x.ds.x * (float)s + m * x.ds.y;
+    }
+};
+
+/* IQ4_NL, 18 bytes per 32: x = d * level(q), packed as Q4_0; the levels are decoded to int8 in registers at load
+ * (blocks.cuh's byte permutes), so the dot is Q8_0's. */
+struct piece_iq4_nl {
+    static const int ELEMS = 32;
+    typedef xblock X;
+    uint32_t v[8]; /* int8 levels of elements 4i.. (v[i]) and 16 + 4i.. (v[i + 4]) */
+    float d;
+    __device__ __forceinline__ void load(const uint8_t *row, int64_t p) {
+        const uint8_t *b = row + p * sizeof(block_iq4_nl);
+        d = h2f(ld_u16(b));
+        uint32_t q[4];
+        ld_words_a2<4>(b + 2, q);
+#pragma unroll
+        for (int i = 0; i < 4; i++) iq4nl_levels8(q[i], &v[i], &v[i + 4]);
+    }
+    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) { x.load(a, t, p); }
+    __device__ __forceinline__ float dot(const X &x) const {
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) s = __dp4a((int)v[i], x.q[i], s);
+        return d * x.ds.x * (float)s;
+    }
+};
+
+/* IQ4_XS, 136 bytes per 256 (8-byte aligned): piece = sub-blocks 2c, 2c+1 (c = p % 4) of block p / 4, whose 32 qs
+ * bytes at 8 + 32c are two IQ4_NL payloads; x = d * (sc - 32) * level(q), so no min term. */
+struct piece_iq4_xs {
+    static const int ELEMS = 64;
+    typedef xblock2 X;
+    uint32_t v0[8], v1[8]; /* int8 levels of sub-blocks 2c and 2c+1, in Q8_0 order */
+    float d0, d1;          /* d * (sc - 32) of each */
+    __device__ __forceinline__ void load(const uint8_t *row, int64_t p) {
+        const int c = (int)(p & 3);
+        const uint8_t *b = row + (p >> 2) * sizeof(block_iq4_xs);
+        const uint32_t dh = ld_u32(b), sl = ld_u32(b + 4);
+        const float d = h2f((uint16_t)dh);
+        const uint32_t sh = dh >> (16 + 4 * c), slc = sl >> (8 * c); /* scales_h bits 4c.., scales_l byte c */
+        d0 = d * (float)((int)((slc & 0xF) | ((sh & 3) << 4)) - 32);
+        d1 = d * (float)((int)(((slc >> 4) & 0xF) | (((sh >> 2) & 3) << 4)) - 32);
+        const uint2 *q = (const uint2 *)(b + 8 + 32 * c);
+        const uint2 q0 = q[0], q1 = q[1], q2 = q[2], q3 = q[3];
+        const uint32_t w[8] = {q0.x, q0.y, q1.x, q1.y, q2.x, q2.y, q3.x, q3.y};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            iq4nl_levels8(w[i], &v0[i], &v0[i + 4]);
+            iq4nl_levels8(w[i + 4], &v1[i], &v1[i + 4]);
+        }
+    }
+    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) { /* blocks 2p, 2p+1 */
+        x.b[0].load(a, t, 2 * p), x.b[1].load(a, t, 2 * p + 1);
+    }
+    __device__ __forceinline__ float dot(const X &x) const {
+        int s0 = 0, s1 = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            s0 = __dp4a((int)v0[i], x.b[0].q[i], s0);
+            s1 = __dp4a((int)v1[i], x.b[1].q[i], s1);
+        }
+        return d0 * x.b[0].ds.x * (float)s0 + d1 * x.b[1].ds.x * (float)s1;
+    }
+};
+
+/* Q2_K and Q3_K share a piece shape: half h of a super-block holds elements 128h + 32j + l (j 0..3, l 0..31) as
+ * bits 2j..2j+1 of qs[32h + l], 16-element sub-block 8h + 2j + l/16. Piece p = (h, lh) = (p/2 % 2, p % 2) of block
+ * p / 4 takes the 16 qs bytes l = 16 lh .. 16 lh + 15 (4 words) and so 64 elements: the 16-element half lh of x
+ * blocks 8 blk + 4h + j, one sub-block each. The x side also carries the half's sum of codes, u = sum(xq), which
+ * Q2_K's min and Q3_K's -4 offset multiply: computed once per token for all NR rows. */
+struct xhalf4 {
+    int q[4][4]; /* codes of the 16 elements of x block kx0 + j, half lh */
+    float dx[4]; /* their block's d */
+    int u[4];    /* sum of the 16 codes */
+};
+
+static __device__ __forceinline__ void load_xhalf4(xhalf4 &x, const mv_args &a, int t, int64_t p) {
+    const int64_t kx0 = 8 * (p >> 2) + 4 * ((p >> 1) & 1);
+    const int lh = (int)(p & 1);
+    const int8_t *xr = a.xq + (int64_t)t * a.cols;
+    const float2 *ds = a.xds + (int64_t)t * (a.cols / 32);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int4 w = *(const int4 *)(xr + 32 * (kx0 + j) + 16 * lh);
+        x.q[j][0] = w.x, x.q[j][1] = w.y, x.q[j][2] = w.z, x.q[j][3] = w.w;
+        x.dx[j] = ds[kx0 + j].x;
+        int u = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) u = __dp4a(x.q[j][i], 0x01010101, u);
+        x.u[j] = u;
+    }
+}
+
+/* Q2_K, 84 bytes per 256 (4-byte aligned): x = d * sc * q - dmin * m with 4-bit sc, m; the sub-block's dot is
+ * dx * (d * sc * sum(q * xq) - dmin * m * u). */
+struct piece_q2_K {
+    static const int ELEMS = 64;
+    typedef xhalf4 X;
+    uint32_t v[4];  /* qs bytes 32h + 16lh .. + 15 */
+    uint32_t sc;    /* scales[8h + 2j + lh] as byte j */
+    float d, dmin;
+    __device__ __forceinline__ void load(const uint8_t *row, int64_t p) {
+        const int h = (int)((p >> 1) & 1), lh = (int)(p & 1);
+        const uint8_t *b = row + (p >> 2) * sizeof(block_q2_K);
+        const uint32_t s0 = ld_u32(b + 8 * h), s1 = ld_u32(b + 8 * h + 4); /* scales 8h .. 8h + 7 */
+        sc = __byte_perm(s0, s1, lh ? 0x7531u : 0x6420u);
+#pragma unroll
+        for (int i = 0; i < 4; i++) v[i] = ld_u32(b + 16 + 32 * h + 16 * lh + 4 * i);
+        const uint32_t dm = ld_u32(b + 80);
+        d = h2f((uint16_t)dm), dmin = h2f((uint16_t)(dm >> 16));
+    }
+    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) { load_xhalf4(x, a, t, p); }
+    __device__ __forceinline__ float dot(const X &x) const {
+        float sd = 0.0f, sm = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int s = 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) s = __dp4a((int)((v[i] >> (2 * j)) & 0x03030303), x.q[j][i], s);
+            const int scj = (int)((sc >> (8 * j)) & 0xF), mj = (int)((sc >> (8 * j + 4)) & 0xF);
+            sd += x.dx[j] * (float)(scj * s);
+            sm += x.dx[j] * (float)(mj * x.u[j]);
+        }
+        return d * sd - dmin * sm;
+    }
+};
+
+/* Q3_K, 110 bytes per 256 (2-byte aligned: shifted word loads): q = the 2 bits | bit 4h + j of hmask[l] << 2, minus
+ * 4, so the sub-block's dot is dx * d * (sc - 32) * (sum(q' * xq) - 4u) with q' = 0..7. hmask's 16 bytes l = 16lh.. sit
+ * at 16lh, qs's at 32 + 32h + 16lh, the 12 scale bytes at 96, d at 108. */
+struct piece_q3_K {
+    static const int ELEMS = 64;
+    typedef xhalf4 X;
+    uint32_t v[4], hm[4];
+    int sc[4]; /* scale - 32 of sub-block 8h + 2j + lh */
+    float d;
+    __device__ __forceinline__ void load(const uint8_t *row, int64_t p) {
+        const int h = (int)((p >> 1) & 1), lh = (int)(p & 1);
+        const uint8_t *b = row + (p >> 2) * sizeof(block_q3_K);
+        ld_words_a2<4>(b + 16 * lh, hm);
+#pragma unroll
+        for (int i = 0; i < 4; i++) hm[i] = (hm[i] >> (4 * h)) & 0x0F0F0F0F; /* bit j: the high bit of shift pair j */
+        ld_words_a2<4>(b + 32 + 32 * h + 16 * lh, v);
+        uint32_t s[3];
+        ld_words_a2<3>(b + 96, s);
+        /* scale k = 8h + 2j + lh (blocks.cuh's q3k_scale): the low (h = 0) or high (h = 1) nibble of byte k % 8, and
+         * bits 2 (k / 4) .. +1 of byte 8 + k % 4 */
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int k = 8 * h + 2 * j + lh;
+            const uint32_t lo = (s[(k & 7) >> 2] >> (8 * (k & 3) + 4 * h)) & 0xF;
+            const uint32_t hi = (s[2] >> (8 * (k & 3) + 2 * (k >> 2))) & 3;
+            sc[j] = (int)(lo | (hi << 4)) - 32;
+        }
+        d = h2f(ld_u16(b + 108));
+    }
+    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) { load_xhalf4(x, a, t, p); }
+    __device__ __forceinline__ float dot(const X &x) const {
+        float sd = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int s = 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint32_t q = ((v[i] >> (2 * j)) & 0x03030303) | (((hm[i] >> j) & 0x01010101) << 2);
+                s = __dp4a((int)q, x.q[j][i], s);
+            }
+            sd += x.dx[j] * (float)(sc[j] * (s - 4 * x.u[j]));
+        }
+        return d * sd;
+    }
+};
+
 /* Float weights against float x. VEC: 8 weights per piece with 16-byte loads (cols % 8 == 0 and every pointer
  * 16-byte aligned); otherwise one weight per piece. */
 template <int N>
@@ -543,11 +740,17 @@ static kiln_status matvec_dispatch(const char *op, float *y, const float *x, con
                             : launch_p<piece_float<KILN_TYPE_BF16, false>, GLU>(a, T, s);
         }
     }
-    /* Block formats: 16-byte loads of xq, 4- and 16-byte loads of the blocks (Q4_K/Q5_K rows are 144/176 bytes a
-     * block, multiples of 16). */
+    /* Block formats: 16-byte loads of xq, 4-, 8- and 16-byte loads of the blocks (Q4_K/Q5_K rows are 144/176 bytes
+     * a block, multiples of 16; IQ4_XS 136, of 8; Q4_1, Q5_1, Q2_K 20, 24, 84, of 4). */
     if (!xp || !aligned(xp, 16))
         return kiln_fail(KILN_ERR_INVALID, "cuda %s: %s weights need prepared activations, 16-byte aligned", op, tn);
-    const size_t row_align = W->type == KILN_TYPE_Q4_K || W->type == KILN_TYPE_Q5_K ? 16 : W->type == KILN_TYPE_Q4_1 ? 4 : 2;
+    size_t row_align = 2;
+    switch (W->type) {
+    case KILN_TYPE_Q4_K: case KILN_TYPE_Q5_K: row_align = 16; break;
+    case KILN_TYPE_IQ4_XS: row_align = 8; break;
+    case KILN_TYPE_Q4_1: case KILN_TYPE_Q5_1: case KILN_TYPE_Q2_K: row_align = 4; break;
+    default: break; /* the 18-, 22-, 34-, 110- and 210-byte blocks: 2 */
+    }
     if (!aligned(a.w[0], 16) || !aligned(a.w[1], 16) || W->row_bytes % row_align)
         return kiln_fail(KILN_ERR_INVALID, "cuda %s: %s weight data must be 16-byte aligned, rows %zu-byte aligned", op, tn,
                          row_align);
@@ -561,6 +764,11 @@ static kiln_status matvec_dispatch(const char *op, float *y, const float *x, con
     case KILN_TYPE_Q4_K: return launch_p<piece_q4_K, GLU>(a, T, s);
     case KILN_TYPE_Q5_K: return launch_p<piece_q5_K, GLU>(a, T, s);
     case KILN_TYPE_Q6_K: return launch_p<piece_q6_K, GLU>(a, T, s);
+    case KILN_TYPE_Q5_1: return launch_p<piece_q5_1, GLU>(a, T, s);
+    case KILN_TYPE_IQ4_NL: return launch_p<piece_iq4_nl, GLU>(a, T, s);
+    case KILN_TYPE_Q2_K: return launch_p<piece_q2_K, GLU>(a, T, s);
+    case KILN_TYPE_Q3_K: return launch_p<piece_q3_K, GLU>(a, T, s);
+    case KILN_TYPE_IQ4_XS: return launch_p<piece_iq4_xs, GLU>(a, T, s);
     default: return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda %s: type %s is not supported", op, tn);
     }
 }
