@@ -67,6 +67,20 @@ static const mv_case cases[] = {
     {"7b", "q/k/v/o", KILN_TYPE_F16, 4096, 4096, false},
     {"7b", "gate+up", KILN_TYPE_F16, 11008, 4096, true},
     {"7b", "down", KILN_TYPE_F16, 4096, 11008, false},
+    /* the types issue 18 added, at the 7B shapes */
+    {"7b", "q/k/v/o", KILN_TYPE_Q2_K, 4096, 4096, false},
+    {"7b", "gate+up", KILN_TYPE_Q2_K, 11008, 4096, true},
+    {"7b", "down", KILN_TYPE_Q2_K, 4096, 11008, false},
+    {"7b", "q/k/v/o", KILN_TYPE_Q3_K, 4096, 4096, false},
+    {"7b", "gate+up", KILN_TYPE_Q3_K, 11008, 4096, true},
+    {"7b", "down", KILN_TYPE_Q3_K, 4096, 11008, false},
+    {"7b", "q/k/v/o", KILN_TYPE_IQ4_XS, 4096, 4096, false},
+    {"7b", "gate+up", KILN_TYPE_IQ4_XS, 11008, 4096, true},
+    {"7b", "down", KILN_TYPE_IQ4_XS, 4096, 11008, false},
+    {"7b", "q/k/v/o", KILN_TYPE_IQ4_NL, 4096, 4096, false},
+    {"7b", "gate+up", KILN_TYPE_IQ4_NL, 11008, 4096, true},
+    {"7b", "q/k/v/o", KILN_TYPE_Q5_1, 4096, 4096, false},
+    {"7b", "gate+up", KILN_TYPE_Q5_1, 11008, 4096, true},
     {"1.1b", "q/o", KILN_TYPE_Q4_K, 2048, 2048, false},
     {"1.1b", "qkv", KILN_TYPE_Q4_K, 2560, 2048, false},
     {"1.1b", "gate+up", KILN_TYPE_Q4_K, 5632, 2048, true},
@@ -99,9 +113,11 @@ static uint8_t *make_weight(kiln_type t, int64_t rows, int64_t cols, uint64_t *r
     for (size_t b = 0; b < bytes / bs; b++) {
         uint8_t *p = w + b * bs;
         const kiln_fp16 d = kiln_f32_to_fp16(0.01f * rng_f32(rng)), m = kiln_f32_to_fp16(0.005f * rng_f32(rng));
-        if (t == KILN_TYPE_Q6_K) memcpy(p + bs - 2, &d, 2); /* block_q6_K ends with d */
-        else if (t == KILN_TYPE_Q8_0 || t == KILN_TYPE_Q4_0 || t == KILN_TYPE_Q5_0) memcpy(p, &d, 2);
-        else memcpy(p, &d, 2), memcpy(p + 2, &m, 2); /* Q4_1 d, m; Q4_K / Q5_K d, dmin */
+        if (t == KILN_TYPE_Q6_K || t == KILN_TYPE_Q3_K) memcpy(p + bs - 2, &d, 2); /* block_q6_K / q3_K end with d */
+        else if (t == KILN_TYPE_Q2_K) memcpy(p + bs - 4, &d, 2), memcpy(p + bs - 2, &m, 2); /* ... with d, dmin */
+        else if (t == KILN_TYPE_Q8_0 || t == KILN_TYPE_Q4_0 || t == KILN_TYPE_Q5_0 || t == KILN_TYPE_IQ4_NL || t == KILN_TYPE_IQ4_XS)
+            memcpy(p, &d, 2);
+        else memcpy(p, &d, 2), memcpy(p + 2, &m, 2); /* Q4_1 / Q5_1 d, m; Q4_K / Q5_K d, dmin */
     }
     return w;
 }

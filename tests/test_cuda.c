@@ -1,14 +1,17 @@
-/* test_cuda.c: the CUDA kernels against the scalar CPU reference on fresh random blocks.
+/* test_cuda.c: the CUDA kernels against the scalar CPU reference on fresh random blocks (for Q5_1, Q2_K, Q3_K,
+ * IQ4_NL and IQ4_XS, test_blocks_ggml.h's dequantizer, written from GGML's layouts), bit for bit.
  * Skips with a reason when kiln was built without CUDA or the machine has no GPU. */
 #include "cuda/cuda.h"
 #include "quants.h"
 #include "test.h"
 #include "test_blocks.h"
+#include "test_blocks_ggml.h"
 
 static void test_dequantize_matches_cpu(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device (or kiln built without CUDA)");
-    const kiln_type types[] = {KILN_TYPE_F32, KILN_TYPE_F16, KILN_TYPE_BF16, KILN_TYPE_Q4_0, KILN_TYPE_Q4_1,
-                               KILN_TYPE_Q8_0, KILN_TYPE_Q4_K, KILN_TYPE_Q5_K, KILN_TYPE_Q6_K};
+    const kiln_type types[] = {KILN_TYPE_F32,  KILN_TYPE_F16,  KILN_TYPE_BF16, KILN_TYPE_Q4_0, KILN_TYPE_Q4_1,
+                               KILN_TYPE_Q5_0, KILN_TYPE_Q8_0, KILN_TYPE_Q4_K, KILN_TYPE_Q5_K, KILN_TYPE_Q6_K,
+                               KILN_TYPE_Q5_1, KILN_TYPE_Q2_K, KILN_TYPE_Q3_K, KILN_TYPE_IQ4_NL, KILN_TYPE_IQ4_XS};
     unsigned long long seed = 7;
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         kiln_type t = types[ti];
@@ -17,9 +20,10 @@ static void test_dequantize_matches_cpu(void) {
         uint8_t *x = malloc(kiln_type_row_bytes(t, k));
         float *cpu = malloc((size_t)k * 4), *gpu = malloc((size_t)k * 4);
         test_random_blocks(t, x, k, 100.0f, 0.0f, &seed);
+        test_ggml_fix_scales(t, x, k, 0.01f, 0.0f, &seed);
         if (t == KILN_TYPE_F32)
             for (int64_t i = 0; i < k; i++) ((float *)x)[i] = test_rng_f32(&seed);
-        kiln_get_to_float(t, KILN_SIMD_SCALAR)(x, cpu, k);
+        test_ggml_to_float(t, x, cpu, k); /* the CPU reference; test_blocks_ggml.h's for the types it lacks */
         kiln_status s = kiln_cuda_dequantize_host(t, x, gpu, k);
         int64_t bad = -1;
         for (int64_t i = 0; s == KILN_OK && i < k && bad < 0; i++)

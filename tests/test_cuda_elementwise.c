@@ -2,7 +2,8 @@
  * the fusions, host loops built from those ops in llama.c's order, on fresh seeded random inputs (never zeros).
  * Every GPU output is poisoned with 0xFF bytes (NaN) before a launch, so an element left unwritten fails.
  * Bounds, per op (scale = max |reference|):
- *   embed                       bit-exact (same float ops as the CPU's to_float, then x * scale)
+ *   embed                       bit-exact (same float ops as the CPU's to_float, then x * scale; for Q5_1, Q2_K,
+ *                               Q3_K, IQ4_NL, IQ4_XS as test_blocks_ggml.h's GGML dequantizer)
  *   residual_norm               max-abs <= 1e-5 * scale, NMSE <= 1e-11 (only the double sum's order differs)
  *   residual_norm_xp            x and out bit-exact with residual_norm's; xp byte-exact with matvec_prepare(out);
  *                               refused arguments (T > 8, C % 32, NULL or unaligned xp, no out) leave x and xp as
@@ -16,6 +17,7 @@
 #include "cuda/cuda.h"
 #include "test.h"
 #include "test_blocks.h"
+#include "test_blocks_ggml.h"
 
 #ifdef KILN_CUDA
 #include "test_cuda_util.h"
@@ -43,14 +45,16 @@ static kiln_ops_ctx cpu_ctx(void) { return (kiln_ops_ctx){.pool = pool}; }
 static void *random_table(kiln_type t, int64_t V, int64_t C, unsigned long long *rng) {
     uint8_t *buf = host(kiln_type_row_bytes(t, C) * (size_t)V);
     test_random_blocks(t, buf, V * C, 100.0f, 0.02f, rng);
+    test_ggml_fix_scales(t, buf, V * C, 0.01f, 0.02f, rng);
     return buf;
 }
 
 static void test_embed(void) {
     release_all();
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
-    static const kiln_type types[] = {KILN_TYPE_F32,  KILN_TYPE_F16,  KILN_TYPE_BF16, KILN_TYPE_Q4_0, KILN_TYPE_Q4_1,
-                                      KILN_TYPE_Q5_0, KILN_TYPE_Q8_0, KILN_TYPE_Q4_K, KILN_TYPE_Q5_K, KILN_TYPE_Q6_K};
+    static const kiln_type types[] = {KILN_TYPE_F32,  KILN_TYPE_F16,  KILN_TYPE_BF16, KILN_TYPE_Q4_0,  KILN_TYPE_Q4_1,
+                                      KILN_TYPE_Q5_0, KILN_TYPE_Q8_0, KILN_TYPE_Q4_K, KILN_TYPE_Q5_K,  KILN_TYPE_Q6_K,
+                                      KILN_TYPE_Q5_1, KILN_TYPE_Q2_K, KILN_TYPE_Q3_K, KILN_TYPE_IQ4_NL, KILN_TYPE_IQ4_XS};
     static const int64_t Cs[] = {512, 2304}; /* 2304 = 9 super-blocks: not a power of two */
     static const int64_t Ts[] = {1, 5, 64};
     enum { V = 37 };
@@ -79,7 +83,11 @@ static void test_embed(void) {
                 CHECK(d_ids && d_out && kiln_cuda_upload(d_ids, ids, (size_t)T * 4) == KILN_OK);
                 for (int sc = 0; sc < 2; sc++) {
                     const float scale = sc ? sqrtf((float)C) : 1.0f; /* gemma's embd_scale, as llama.c applies it */
-                    kiln_cpu_ops.embed_forward(&ctx, ref, &view, ids, T);
+                    if (test_ggml_is_new(t)) /* the rows through test_blocks_ggml.h: GGML's dequantization */
+                        for (int64_t i = 0; i < T; i++)
+                            test_ggml_to_float(t, (const uint8_t *)h_table + (size_t)ids[i] * row, ref + i * C, C);
+                    else
+                        kiln_cpu_ops.embed_forward(&ctx, ref, &view, ids, T);
                     if (scale != 1.0f) kiln_cpu_ops.scale_softcap_forward(&ctx, ref, T * C, scale, 0.0f);
                     CHECK(poison(d_out, (size_t)(T * C) * 4) == KILN_OK);
                     CHECK(kiln_cuda_embed(d_out, &wt, d_ids, T, scale, NULL) == KILN_OK, "%s", kiln_last_error());

@@ -1,6 +1,6 @@
 /* test_cuda_gemm.c: the prefill matmul (src/cuda/gemm.cu) against a double-precision reference on the host.
- * For every weight type the CPU backend computes, random blocks are dequantized by the scalar CPU oracle
- * (quants.h to_float) and
+ * For every weight type the CUDA backend computes, random blocks are dequantized by the scalar CPU oracle
+ * (quants.h to_float; for Q5_1, Q2_K, Q3_K, IQ4_NL and IQ4_XS test_blocks_ggml.h's, written from GGML's layouts) and
  *   - kiln_cuda_dequantize_bf16 must equal the oracle's f32 rounded to nearest even to bf16, bit for bit;
  *   - kiln_cuda_gemm's y (T, O) = x (T, I) W^T, and y += x W^T with add, must match sum_i x[t,i] * W[o,i] in double
  *     within the bound below, on shapes (O, I, T) = (96, 256, 9), (1000, 2304, 33), (2048, 1024, 512), plus an odd
@@ -15,13 +15,15 @@
 #include "quants.h"
 #include "test.h"
 #include "test_blocks.h"
+#include "test_blocks_ggml.h"
 
 #include <stdint.h>
 
 #ifdef KILN_CUDA
 
-static const kiln_type gemm_types[] = {KILN_TYPE_F32,  KILN_TYPE_F16,  KILN_TYPE_BF16, KILN_TYPE_Q4_0, KILN_TYPE_Q4_1,
-                                       KILN_TYPE_Q5_0, KILN_TYPE_Q8_0, KILN_TYPE_Q4_K, KILN_TYPE_Q5_K, KILN_TYPE_Q6_K};
+static const kiln_type gemm_types[] = {KILN_TYPE_F32,  KILN_TYPE_F16,  KILN_TYPE_BF16, KILN_TYPE_Q4_0,  KILN_TYPE_Q4_1,
+                                       KILN_TYPE_Q5_0, KILN_TYPE_Q8_0, KILN_TYPE_Q4_K, KILN_TYPE_Q5_K,  KILN_TYPE_Q6_K,
+                                       KILN_TYPE_Q5_1, KILN_TYPE_Q2_K, KILN_TYPE_Q3_K, KILN_TYPE_IQ4_NL, KILN_TYPE_IQ4_XS};
 #define N_TYPES (sizeof gemm_types / sizeof gemm_types[0])
 
 static bool is_float_type(kiln_type t) { return t == KILN_TYPE_F32 || t == KILN_TYPE_F16 || t == KILN_TYPE_BF16; }
@@ -30,7 +32,7 @@ static bool is_float_type(kiln_type t) { return t == KILN_TYPE_F32 || t == KILN_
  * (as tests/test_cuda.c makes them), uniform [-1, 1) values for the float types. Returns the bytes (malloc). */
 static uint8_t *random_weight(kiln_type t, int64_t rows, int64_t cols, unsigned long long *seed) {
     uint8_t *buf = malloc(kiln_type_row_bytes(t, rows * cols));
-    if (buf) test_random_blocks(t, buf, rows * cols, 1.0f, 0.0f, seed);
+    if (buf) test_random_blocks(t, buf, rows * cols, 1.0f, 0.0f, seed), test_ggml_fix_scales(t, buf, rows * cols, 0.01f, 0.0f, seed);
     return buf;
 }
 
@@ -58,7 +60,7 @@ static bool dequant_case(kiln_type t, int64_t rows, int64_t cols, size_t misalig
     snprintf(msg, n_msg, "%s (%lld x %lld, weight offset %zu): setup failed: %s", kiln_type_name(t), (long long)rows,
              (long long)cols, misalign, kiln_last_error());
     if (!hw || !wf || !got) goto done;
-    kiln_get_to_float(t, KILN_SIMD_SCALAR)(hw, wf, n);
+    test_ggml_to_float(t, hw, wf, n);
     const void *dw = upload_at(hw, wbytes, misalign, &wbase);
     if (!dw || kiln_cuda_alloc(&dout, (size_t)n * 2) != KILN_OK) goto done;
     memset(got, 0xFF, (size_t)n * 2);
@@ -166,7 +168,7 @@ static bool gemm_case(kiln_type t, int64_t rows, int64_t cols, int64_t T, bool m
              (long long)cols, misalign ? " (misaligned W and y)" : "");
     snprintf(msg, n_msg, "%s: setup failed: %s", what, kiln_last_error());
     if (!hw || !wf || !x || !y || !y0 || !ref || !want) goto done;
-    kiln_get_to_float(t, KILN_SIMD_SCALAR)(hw, wf, nw);
+    test_ggml_to_float(t, hw, wf, nw);
     for (int64_t i = 0; i < nx; i++) x[i] = test_rng_f32(seed);
     reference(ref, x, wf, rows, cols, T);
 
@@ -240,11 +242,11 @@ static void test_gemm_rejects(void) {
     kiln_status unsupported = KILN_OK, not_blocks = KILN_OK, too_big = KILN_OK, too_long = KILN_OK, no_tokens = KILN_OK;
     if (alloc == KILN_OK) {
         float *y = buf, *x = (float *)buf + 4096;
-        kiln_cuda_wt q5_1 = {KILN_TYPE_Q5_1, 64, 64, kiln_type_row_bytes(KILN_TYPE_Q5_1, 64), buf};
+        kiln_cuda_wt q8_1 = {KILN_TYPE_Q8_1, 64, 64, kiln_type_row_bytes(KILN_TYPE_Q8_1, 64), buf}; /* activations only */
         kiln_cuda_wt odd = {KILN_TYPE_Q4_0, 64, 48, 48 / 32 * 18, buf};
         kiln_cuda_wt big = {KILN_TYPE_Q8_0, 65, 64, kiln_type_row_bytes(KILN_TYPE_Q8_0, 64), buf};
         kiln_cuda_wt fine = {KILN_TYPE_Q8_0, 64, 64, kiln_type_row_bytes(KILN_TYPE_Q8_0, 64), buf};
-        unsupported = kiln_cuda_gemm(y, x, &q5_1, 16, false, &ws, NULL);
+        unsupported = kiln_cuda_gemm(y, x, &q8_1, 16, false, &ws, NULL);
         not_blocks = kiln_cuda_gemm(y, x, &odd, 16, false, &ws, NULL);
         too_big = kiln_cuda_gemm(y, x, &big, 16, false, &ws, NULL);
         too_long = kiln_cuda_gemm(y, x, &fine, 17, false, &ws, NULL);
@@ -253,7 +255,7 @@ static void test_gemm_rejects(void) {
     kiln_cuda_free(buf);
     kiln_cuda_gemm_ws_free(&ws);
     CHECK(alloc == KILN_OK, "%s", kiln_last_error());
-    CHECK(unsupported == KILN_ERR_UNSUPPORTED, "q5_1 weight: status %d", unsupported);
+    CHECK(unsupported == KILN_ERR_UNSUPPORTED, "q8_1 weight: status %d", unsupported);
     CHECK(not_blocks == KILN_ERR_INVALID, "q4_0 with 48 cols: status %d", not_blocks);
     CHECK(too_big == KILN_ERR_INVALID, "65 x 64 weight in a 64*64 workspace: status %d", too_big);
     CHECK(too_long == KILN_ERR_INVALID, "17 x 64 input in a 16*64 workspace: status %d", too_long);

@@ -3,6 +3,7 @@
  * block header a warp shares is read once per thread from L1. The arithmetic uses explicit
  * round-to-nearest intrinsics (__fmul_rn, __fadd_rn) in the scalar reference's order, so nvcc cannot fuse
  * into FMAs and results equal the CPU oracle bit for bit (tests/test_cuda.c). */
+#include "cuda/blocks.cuh"
 #include "cuda/cuda.h"
 #include "quants.h"
 
@@ -101,6 +102,23 @@ __global__ void dequant_q6_K(const block_q6_K *x, float *y, int64_t k) {
     y[i] = __fmul_rn(__fmul_rn(h2f(b->d), (float)sc), (float)q);
 }
 
+/* Q5_0: x = d * (q - 16), the low 4 bits as Q4_0 and bit 4 of element j at bit j of qh. */
+__global__ void dequant_q5_0(const block_q5_0 *x, float *y, int64_t k) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= k) return;
+    const block_q5_0 *b = &x[i / QK5_0];
+    int j = (int)(i % QK5_0);
+    int q = (j < 16 ? (b->qs[j] & 0xF) : (b->qs[j - 16] >> 4)) | (((b->qh[j >> 3] >> (j & 7)) & 1) << 4);
+    y[i] = __fmul_rn((float)(q - 16), h2f(b->d));
+}
+
+/* The formats of blocks.cuh, one element per thread through its decoder. */
+template <float (*ELEM)(const void *, int64_t)>
+__global__ void dequant_blocks(const void *x, float *y, int64_t k) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < k) y[i] = ELEM(x, i);
+}
+
 static kiln_status cuda_error(cudaError_t e, const char *what) {
     return kiln_fail(KILN_ERR_IO, "CUDA %s failed: %s", what, cudaGetErrorString(e));
 }
@@ -140,6 +158,12 @@ extern "C" kiln_status kiln_cuda_dequantize(kiln_type t, const void *x, float *y
     case KILN_TYPE_BF16: dequant_bf16<<<(unsigned)grid, threads, 0, s>>>((const kiln_bf16 *)x, y, k); break;
     case KILN_TYPE_Q4_0: dequant_q4_0<<<(unsigned)grid, threads, 0, s>>>((const block_q4_0 *)x, y, k); break;
     case KILN_TYPE_Q4_1: dequant_q4_1<<<(unsigned)grid, threads, 0, s>>>((const block_q4_1 *)x, y, k); break;
+    case KILN_TYPE_Q5_0: dequant_q5_0<<<(unsigned)grid, threads, 0, s>>>((const block_q5_0 *)x, y, k); break;
+    case KILN_TYPE_Q5_1: dequant_blocks<dequant_elem_q5_1><<<(unsigned)grid, threads, 0, s>>>(x, y, k); break;
+    case KILN_TYPE_IQ4_NL: dequant_blocks<dequant_elem_iq4_nl><<<(unsigned)grid, threads, 0, s>>>(x, y, k); break;
+    case KILN_TYPE_Q2_K: dequant_blocks<dequant_elem_q2_K><<<(unsigned)grid, threads, 0, s>>>(x, y, k); break;
+    case KILN_TYPE_Q3_K: dequant_blocks<dequant_elem_q3_K><<<(unsigned)grid, threads, 0, s>>>(x, y, k); break;
+    case KILN_TYPE_IQ4_XS: dequant_blocks<dequant_elem_iq4_xs><<<(unsigned)grid, threads, 0, s>>>(x, y, k); break;
     case KILN_TYPE_Q8_0: dequant_q8_0<<<(unsigned)grid, threads, 0, s>>>((const block_q8_0 *)x, y, k); break;
     case KILN_TYPE_Q4_K: dequant_q4_K<<<(unsigned)grid, threads, 0, s>>>((const block_q4_K *)x, y, k); break;
     case KILN_TYPE_Q5_K: dequant_q5_K<<<(unsigned)grid, threads, 0, s>>>((const block_q5_K *)x, y, k); break;

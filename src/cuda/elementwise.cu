@@ -9,6 +9,7 @@
  * (launch.h: kiln_pdl_wait, kiln_pdl_trigger first).
  * tests/test_cuda_elementwise.c checks every launcher against kiln_cpu_ops (src/cpu/ops*.c) and host loops, and
  * residual_norm_xp's prepared form byte for byte against kiln_cuda_matvec_prepare. */
+#include "cuda/blocks.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
 #include "quants.h"
@@ -134,6 +135,23 @@ template <> __device__ __forceinline__ float dequant_elem<KILN_TYPE_Q6_K>(const 
     return __fmul_rn(__fmul_rn(h2f(b->d), (float)sc), (float)q);
 }
 
+/* The formats issue 18 added: blocks.cuh's decoders. */
+template <> __device__ __forceinline__ float dequant_elem<KILN_TYPE_Q5_1>(const void *row, int64_t e) {
+    return dequant_elem_q5_1(row, e);
+}
+template <> __device__ __forceinline__ float dequant_elem<KILN_TYPE_IQ4_NL>(const void *row, int64_t e) {
+    return dequant_elem_iq4_nl(row, e);
+}
+template <> __device__ __forceinline__ float dequant_elem<KILN_TYPE_Q2_K>(const void *row, int64_t e) {
+    return dequant_elem_q2_K(row, e);
+}
+template <> __device__ __forceinline__ float dequant_elem<KILN_TYPE_Q3_K>(const void *row, int64_t e) {
+    return dequant_elem_q3_K(row, e);
+}
+template <> __device__ __forceinline__ float dequant_elem<KILN_TYPE_IQ4_XS>(const void *row, int64_t e) {
+    return dequant_elem_iq4_xs(row, e);
+}
+
 /* One block per token: consecutive threads on consecutive elements of the row, so stores coalesce and a block
  * header is read by the warp from L1. out (T, C); the table's rows are row_bytes apart. */
 template <int TYPE>
@@ -177,6 +195,11 @@ extern "C" kiln_status kiln_cuda_embed(float *out, const kiln_cuda_wt *table, co
     case KILN_TYPE_Q4_K: EMBED(KILN_TYPE_Q4_K);
     case KILN_TYPE_Q5_K: EMBED(KILN_TYPE_Q5_K);
     case KILN_TYPE_Q6_K: EMBED(KILN_TYPE_Q6_K);
+    case KILN_TYPE_Q5_1: EMBED(KILN_TYPE_Q5_1);
+    case KILN_TYPE_IQ4_NL: EMBED(KILN_TYPE_IQ4_NL);
+    case KILN_TYPE_Q2_K: EMBED(KILN_TYPE_Q2_K);
+    case KILN_TYPE_Q3_K: EMBED(KILN_TYPE_Q3_K);
+    case KILN_TYPE_IQ4_XS: EMBED(KILN_TYPE_IQ4_XS);
 #undef EMBED
     default:
         return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda embed: table type %s is not supported",

@@ -96,7 +96,8 @@ typedef struct engine {
 static bool type_supported(kiln_type t) {
     switch (t) {
     case KILN_TYPE_F32: case KILN_TYPE_F16: case KILN_TYPE_BF16: case KILN_TYPE_Q4_0: case KILN_TYPE_Q4_1:
-    case KILN_TYPE_Q5_0: case KILN_TYPE_Q8_0: case KILN_TYPE_Q4_K: case KILN_TYPE_Q5_K: case KILN_TYPE_Q6_K: return true;
+    case KILN_TYPE_Q5_0: case KILN_TYPE_Q8_0: case KILN_TYPE_Q4_K: case KILN_TYPE_Q5_K: case KILN_TYPE_Q6_K:
+    case KILN_TYPE_Q5_1: case KILN_TYPE_Q2_K: case KILN_TYPE_Q3_K: case KILN_TYPE_IQ4_NL: case KILN_TYPE_IQ4_XS: return true;
     default: return false;
     }
 }

@@ -6,6 +6,7 @@
  * __fmul_rn/__fsub_rn order as dequant.cu) and then rounded to nearest even to bf16.
  * tests/test_cuda_gemm.c checks kiln_cuda_dequantize_bf16 bit for bit and kiln_cuda_gemm against a double
  * reference on every type (NMSE < 2e-4: both operands carry bf16's 2^-9 relative rounding). */
+#include "cuda/gemm_dq.cuh"
 #include "cuda/kernels.h"
 #include "quants.h"
 
@@ -31,9 +32,7 @@
  * thread's 8 never straddle a block (4 threads per 32-block, 32 threads = one warp per 256-element super-block)
  * and never a sub-block's scale. Block headers are read with byte loads (the blocks are 18 to 210 bytes, only
  * 2-byte aligned); neighbouring threads hit the same L1 lines, so DRAM traffic is the weight once plus the
- * bf16 output (2 bytes per element), which dominates. */
-
-static __device__ __forceinline__ float h2f(kiln_fp16 h) { return __half2float(__ushort_as_half(h)); }
+ * bf16 output (2 bytes per element), which dominates. The decoders are gemm_dq.cuh's. */
 
 static __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
@@ -43,112 +42,6 @@ static __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 static __device__ __forceinline__ uint4 pack_bf16x8(const float v[8]) {
     return make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]), pack_bf16x2(v[4], v[5]), pack_bf16x2(v[6], v[7]));
 }
-
-static __device__ __forceinline__ void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
-/* Each decoder fills v[0..7] with elements 8g .. 8g+7 in f32, exactly as quants_ref.c computes them. */
-struct dq_q4_0 { /* 32 per block: element j < 16 is the low nibble of qs[j], j >= 16 the high nibble of qs[j-16] */
-    static __device__ __forceinline__ void run(const void *w, int64_t g, float v[8]) {
-        const block_q4_0 *b = (const block_q4_0 *)w + g / 4;
-        int j0 = (int)(g % 4) * 8, shift = j0 >= 16 ? 4 : 0;
-        const uint8_t *qs = b->qs + (j0 & 15);
-        float d = h2f(b->d);
-#pragma unroll
-        for (int i = 0; i < 8; i++) v[i] = __fmul_rn((float)(((qs[i] >> shift) & 0xF) - 8), d);
-    }
-};
-
-struct dq_q4_1 { /* x = q * d + m */
-    static __device__ __forceinline__ void run(const void *w, int64_t g, float v[8]) {
-        const block_q4_1 *b = (const block_q4_1 *)w + g / 4;
-        int j0 = (int)(g % 4) * 8, shift = j0 >= 16 ? 4 : 0;
-        const uint8_t *qs = b->qs + (j0 & 15);
-        float d = h2f(b->d), m = h2f(b->m);
-#pragma unroll
-        for (int i = 0; i < 8; i++) v[i] = __fadd_rn(__fmul_rn((float)((qs[i] >> shift) & 0xF), d), m);
-    }
-};
-
-struct dq_q5_0 { /* Q4_0's nibbles plus bit j of qh (little-endian uint32) as bit 4 of element j; x = d * (q - 16) */
-    static __device__ __forceinline__ void run(const void *w, int64_t g, float v[8]) {
-        const block_q5_0 *b = (const block_q5_0 *)w + g / 4;
-        int j0 = (int)(g % 4) * 8, shift = j0 >= 16 ? 4 : 0;
-        const uint8_t *qs = b->qs + (j0 & 15);
-        uint32_t qh = (uint32_t)b->qh[0] | (uint32_t)b->qh[1] << 8 | (uint32_t)b->qh[2] << 16 | (uint32_t)b->qh[3] << 24;
-        float d = h2f(b->d);
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            int q = ((qs[i] >> shift) & 0xF) | (int)((qh >> (j0 + i)) & 1) << 4;
-            v[i] = __fmul_rn((float)(q - 16), d);
-        }
-    }
-};
-
-struct dq_q8_0 { /* x = d * q */
-    static __device__ __forceinline__ void run(const void *w, int64_t g, float v[8]) {
-        const block_q8_0 *b = (const block_q8_0 *)w + g / 4;
-        const int8_t *qs = b->qs + (int)(g % 4) * 8;
-        float d = h2f(b->d);
-#pragma unroll
-        for (int i = 0; i < 8; i++) v[i] = __fmul_rn((float)qs[i], d);
-    }
-};
-
-/* Q4_K and Q5_K: element e of a super-block is in sub-block e/32 (its scale and min) and takes byte
- * qs[32 * (e/64) + e%32], the low nibble for even sub-blocks, the high for odd; Q5_K adds bit `sub` of qh[e%32]. */
-struct dq_q4_K {
-    static __device__ __forceinline__ void run(const void *w, int64_t g, float v[8]) {
-        const block_q4_K *b = (const block_q4_K *)w + g / 32;
-        int e0 = (int)(g % 32) * 8, sub = e0 / 32, shift = (sub & 1) * 4;
-        int sc, m;
-        scale_min_k4(sub, b->scales, &sc, &m);
-        float d1 = __fmul_rn(h2f(b->d), (float)sc), m1 = __fmul_rn(h2f(b->dmin), (float)m);
-        const uint8_t *qs = b->qs + 32 * (e0 / 64) + e0 % 32;
-#pragma unroll
-        for (int i = 0; i < 8; i++) v[i] = __fsub_rn(__fmul_rn(d1, (float)((qs[i] >> shift) & 0xF)), m1);
-    }
-};
-
-struct dq_q5_K {
-    static __device__ __forceinline__ void run(const void *w, int64_t g, float v[8]) {
-        const block_q5_K *b = (const block_q5_K *)w + g / 32;
-        int e0 = (int)(g % 32) * 8, sub = e0 / 32, shift = (sub & 1) * 4;
-        int sc, m;
-        scale_min_k4(sub, b->scales, &sc, &m);
-        float d1 = __fmul_rn(h2f(b->d), (float)sc), m1 = __fmul_rn(h2f(b->dmin), (float)m);
-        const uint8_t *qs = b->qs + 32 * (e0 / 64) + e0 % 32, *qh = b->qh + e0 % 32;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            int q = ((qs[i] >> shift) & 0xF) | ((qh[i] >> sub) & 1) << 4;
-            v[i] = __fsub_rn(__fmul_rn(d1, (float)q), m1);
-        }
-    }
-};
-
-/* Q6_K: each 128-half h has ql[64], qh[32] and 8 scales; its element r = 32*k + l (k 0..3) takes ql[l + 32*(k&1)]
- * (low nibble for k < 2, high for k >= 2), bits 2k..2k+1 of qh[l], and scale 8h + l/16 + 2k; x = (d * sc) * (q - 32). */
-struct dq_q6_K {
-    static __device__ __forceinline__ void run(const void *w, int64_t g, float v[8]) {
-        const block_q6_K *b = (const block_q6_K *)w + g / 32;
-        int e0 = (int)(g % 32) * 8, h = e0 / 128, k = (e0 % 128) / 32, l0 = e0 % 32;
-        const uint8_t *ql = b->ql + 64 * h + l0 + 32 * (k & 1), *qh = b->qh + 32 * h + l0;
-        int shift = k < 2 ? 0 : 4;
-        float dsc = __fmul_rn(h2f(b->d), (float)b->scales[8 * h + l0 / 16 + 2 * k]);
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            int q = (((ql[i] >> shift) & 0xF) | ((qh[i] >> (2 * k)) & 3) << 4) - 32;
-            v[i] = __fmul_rn(dsc, (float)q);
-        }
-    }
-};
 
 /* out (n8 * 8) bf16 = the block-format weight w; 16-byte aligned out (ws->w is cudaMalloc'd). */
 template <typename Dq>
@@ -215,7 +108,8 @@ static kiln_status launch_float_to_bf16(const Src *x, void *out, int64_t n, cuda
 static bool gemm_type_supported(kiln_type t) {
     switch (t) {
     case KILN_TYPE_F32: case KILN_TYPE_F16: case KILN_TYPE_BF16: case KILN_TYPE_Q4_0: case KILN_TYPE_Q4_1:
-    case KILN_TYPE_Q5_0: case KILN_TYPE_Q8_0: case KILN_TYPE_Q4_K: case KILN_TYPE_Q5_K: case KILN_TYPE_Q6_K: return true;
+    case KILN_TYPE_Q5_0: case KILN_TYPE_Q8_0: case KILN_TYPE_Q4_K: case KILN_TYPE_Q5_K: case KILN_TYPE_Q6_K:
+    case KILN_TYPE_Q5_1: case KILN_TYPE_Q2_K: case KILN_TYPE_Q3_K: case KILN_TYPE_IQ4_NL: case KILN_TYPE_IQ4_XS: return true;
     default: return false;
     }
 }
@@ -261,6 +155,11 @@ static kiln_status weight_to_bf16(const kiln_cuda_wt *W, void *out, cudaStream_t
     case KILN_TYPE_Q4_K: blocks_to_bf16<dq_q4_K><<<(unsigned)grid, threads, 0, s>>>(W->data, o, n8); break;
     case KILN_TYPE_Q5_K: blocks_to_bf16<dq_q5_K><<<(unsigned)grid, threads, 0, s>>>(W->data, o, n8); break;
     case KILN_TYPE_Q6_K: blocks_to_bf16<dq_q6_K><<<(unsigned)grid, threads, 0, s>>>(W->data, o, n8); break;
+    case KILN_TYPE_Q5_1: blocks_to_bf16<dq_q5_1><<<(unsigned)grid, threads, 0, s>>>(W->data, o, n8); break;
+    case KILN_TYPE_IQ4_NL: blocks_to_bf16<dq_iq4_nl><<<(unsigned)grid, threads, 0, s>>>(W->data, o, n8); break;
+    case KILN_TYPE_Q2_K: blocks_to_bf16<dq_q2_K><<<(unsigned)grid, threads, 0, s>>>(W->data, o, n8); break;
+    case KILN_TYPE_Q3_K: blocks_to_bf16<dq_q3_K><<<(unsigned)grid, threads, 0, s>>>(W->data, o, n8); break;
+    case KILN_TYPE_IQ4_XS: blocks_to_bf16<dq_iq4_xs><<<(unsigned)grid, threads, 0, s>>>(W->data, o, n8); break;
     default: return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda dequantize bf16: type %s is not supported", kiln_type_name(W->type));
     }
     return launch_check("dequantize bf16 launch");

@@ -11,6 +11,8 @@
  * xp must be 16-byte aligned (the kernels read xq with 16-byte loads); every block starts 32-byte aligned in it.
  * Since xds sits after T * cols codes, a matvec must be given the T its xp was prepared with.
  *
+ * The pieces (each type's decoder) are in matvec_pieces.cuh, which tests/test_cuda_host.sh also compiles for the host.
+ *
  * Work split: one CTA of 128 threads holds `groups` groups of gs = 32, 64 or 128 threads (gs grows with the row's
  * width so short rows of a 2048-wide model still fill the warps). A group computes NR weight rows together: each
  * thread takes "pieces" (32 or 64 weights of a row, the unit one thread decodes) p = lane, lane + gs, ... of all
@@ -23,6 +25,7 @@
  * touches memory, so only the scheduling overlaps. */
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
+#include "cuda/matvec_pieces.cuh"
 #include "cuda/q8.cuh"
 #include "quants.h"
 
@@ -33,339 +36,6 @@
 #include "status.h"
 
 #define MV_THREADS 128 /* threads per CTA: 4 warps, 16 CTAs per SM at full occupancy */
-
-/* Everything a matvec kernel needs, passed by value. */
-struct mv_args {
-    const uint8_t *w[2];   /* weight rows (rows, cols) at w + o * row_bytes; w[1] is Wu for the GLU */
-    size_t row_bytes;
-    int64_t rows, cols;    /* O, I */
-    int64_t ppr;           /* pieces per row */
-    const int8_t *xq;      /* (T, cols) int8 codes, prepared */
-    const float2 *xds;     /* (T, cols / 32) {d, d * sum(q)} */
-    const float *xf;       /* (T, cols) the float activation (float weights read it) */
-    float *y;              /* (T, rows) */
-    int gs;                /* threads per group: 32, 64 or 128 */
-    bool add, geglu;
-};
-
-/* ---------------------------------------------------------------- loads */
-
-static __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
-static __device__ __forceinline__ uint16_t ld_u16(const uint8_t *p) { return *(const uint16_t *)p; }
-static __device__ __forceinline__ uint32_t ld_u32(const uint8_t *p) { return *(const uint32_t *)p; }
-
-/* N little-endian 32-bit words from a 2-byte-aligned p (the 18-, 22-, 34- and 210-byte blocks put their quants
- * at 2 mod 4 in every other block): aligned 4-byte loads from p rounded down, shifted together by 16 bits when p
- * is 2 mod 4. The word at p - 2 then holds 2 bytes before p (still inside the buffer: every caller's region has
- * a header or an earlier region before it), and the last 2 bytes come from one 16-bit load at p + 4N - 2, so
- * nothing past p + 4N is read. */
-template <int N>
-static __device__ __forceinline__ void ld_words_a2(const uint8_t *p, uint32_t *out) {
-    const unsigned sh = ((uintptr_t)p & 2) ? 16u : 0u;
-    const uint32_t *base = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
-    uint32_t a[N + 1];
-#pragma unroll
-    for (int i = 0; i < N; i++) a[i] = base[i];
-    a[N] = sh ? (uint32_t)ld_u16(p + 4 * N - 2) : 0u;
-#pragma unroll
-    for (int i = 0; i < N; i++) out[i] = __funnelshift_r(a[i], a[i + 1], sh);
-}
-
-/* The int8 codes of x block kx of token t: 8 words, two 16-byte loads. */
-struct xblock {
-    int q[8];
-    float2 ds;
-    __device__ __forceinline__ void load(const mv_args &a, int t, int64_t kx) {
-        const int4 *p = (const int4 *)(a.xq + (int64_t)t * a.cols + 32 * kx);
-        const int4 u = p[0], v = p[1];
-        q[0] = u.x, q[1] = u.y, q[2] = u.z, q[3] = u.w, q[4] = v.x, q[5] = v.y, q[6] = v.z, q[7] = v.w;
-        ds = a.xds[(int64_t)t * (a.cols / 32) + kx];
-    }
-};
-
-struct xblock2 {
-    xblock b[2];
-};
-
-/* ---------------------------------------------------------------- pieces
- * A piece type says how many weights one thread decodes (ELEMS), loads them for row `row` (load), loads the x that
- * matches for token t (load_x, shared by the NR rows), and returns their dot product (dot). */
-
-/* Q4_0, 18 bytes per 32: x = d * (q - 8). Piece = one block. sum((q - 8) * xq) * dx = dx * sum(q * xq) - 8 * s. */
-struct piece_q4_0 {
-    static const int ELEMS = 32;
-    typedef xblock X;
-    uint32_t v[4];
-    float d;
-    __device__ __forceinline__ void load(const uint8_t *row, int64_t p) {
-        const uint8_t *b = row + p * sizeof(block_q4_0);
-        d = h2f(ld_u16(b));
-        ld_words_a2<4>(b + 2, v);
-    }
-    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) { x.load(a, t, p); }
-    __device__ __forceinline__ float dot(const X &x) const {
-        int s = 0;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            s = __dp4a((int)(v[i] & 0x0F0F0F0F), x.q[i], s);            /* elements 4i..4i+3 */
-            s = __dp4a((int)((v[i] >> 4) & 0x0F0F0F0F), x.q[i + 4], s); /* elements 16+4i.. */
-        }
-        return d * (x.ds.x * (float)s - 8.0f * x.ds.y);
-    }
-};
-
-/* Q4_1, 20 bytes per 32: x = d * q + m, so the dot is d * dx * sum(q * xq) + m * s. */
-struct piece_q4_1 {
-    static const int ELEMS = 32;
-    typedef xblock X;
-    uint32_t v[4];
-    float d, m;
-    __device__ __forceinline__ void load(const uint8_t *row, int64_t p) {
-        const uint8_t *b = row + p * sizeof(block_q4_1);
-        const uint32_t dm = ld_u32(b);
-        d = h2f((uint16_t)dm), m = h2f((uint16_t)(dm >> 16));
-#pragma unroll
-        for (int i = 0; i < 4; i++) v[i] = ld_u32(b + 4 + 4 * i);
-    }
-    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) { x.load(a, t, p); }
-    __device__ __forceinline__ float dot(const X &x) const {
-        int s = 0;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            s = __dp4a((int)(v[i] & 0x0F0F0F0F), x.q[i], s);
-            s = __dp4a((int)((v[i] >> 4) & 0x0F0F0F0F), x.q[i + 4], s);
-        }
-        return d * x.ds.x * (float)s + m * x.ds.y;
-    }
-};
-
-/* Bits 0..3 of h to bit 4 of bytes 0..3: the fifth bit of four 5-bit quants. */
-static __device__ __forceinline__ uint32_t spread4(uint32_t h) {
-    return ((h & 1) << 4) | ((h & 2) << 11) | ((h & 4) << 18) | ((h & 8) << 25);
-}
-
-/* Q5_0, 22 bytes per 32: x = d * (q - 16); bit j of qh is bit 4 of element j. */
-struct piece_q5_0 {
-    static const int ELEMS = 32;
-    typedef xblock X;
-    uint32_t v[4], qh;
-    float d;
-    __device__ __forceinline__ void load(const uint8_t *row, int64_t p) {
-        const uint8_t *b = row + p * sizeof(block_q5_0);
-        d = h2f(ld_u16(b));
-        ld_words_a2<1>(b + 2, &qh);
-        ld_words_a2<4>(b + 6, v);
-    }
-    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) { x.load(a, t, p); }
-    __device__ __forceinline__ float dot(const X &x) const {
-        int s = 0;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const uint32_t lo = (v[i] & 0x0F0F0F0F) | spread4(qh >> (4 * i));
-            const uint32_t hi = ((v[i] >> 4) & 0x0F0F0F0F) | spread4(qh >> (4 * i + 16));
-            s = __dp4a((int)lo, x.q[i], s);
-            s = __dp4a((int)hi, x.q[i + 4], s);
-        }
-        return d * (x.ds.x * (float)s - 16.0f * x.ds.y);
-    }
-};
-
-/* Q8_0, 34 bytes per 32: x = d * q. */
-struct piece_q8_0 {
-    static const int ELEMS = 32;
-    typedef xblock X;
-    uint32_t v[8];
-    float d;
-    __device__ __forceinline__ void load(const uint8_t *row, int64_t p) {
-        const uint8_t *b = row + p * sizeof(block_q8_0);
-        d = h2f(ld_u16(b));
-        ld_words_a2<8>(b + 2, v);
-    }
-    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) { x.load(a, t, p); }
-    __device__ __forceinline__ float dot(const X &x) const {
-        int s = 0;
-#pragma unroll
-        for (int i = 0; i < 8; i++) s = __dp4a((int)v[i], x.q[i], s);
-        return d * x.ds.x * (float)s;
-    }
-};
-
-/* Q4_K and Q5_K: 6-bit scales and mins of the two sub-blocks 2c, 2c+1 of a 64-chunk c, from scales[12] read as three
- * words (kiln_unpack_scales_k4's unpacking, equal to get_scale_min_k4). */
-static __device__ __forceinline__ void k4_scales(const uint8_t *scales12, int c, float *sc, float *m) {
-    const uint32_t a = ld_u32(scales12), b = ld_u32(scales12 + 4), cc = ld_u32(scales12 + 8);
-    const uint32_t sw = c < 2 ? (a & 0x3f3f3f3f) : ((cc & 0x0f0f0f0f) | (((a >> 6) & 0x03030303) << 4));
-    const uint32_t mw = c < 2 ? (b & 0x3f3f3f3f) : (((cc >> 4) & 0x0f0f0f0f) | (((b >> 6) & 0x03030303) << 4));
-    const unsigned sh = 16u * (unsigned)(c & 1); /* sub-block 2c is byte (2c) & 3 of its word */
-    sc[0] = (float)((sw >> sh) & 0xFF), sc[1] = (float)((sw >> (sh + 8)) & 0xFF);
-    m[0] = (float)((mw >> sh) & 0xFF), m[1] = (float)((mw >> (sh + 8)) & 0xFF);
-}
-
-/* Q4_K, 144 bytes per 256: piece = 64-chunk c of block p / 4. qs[32c + l] holds element l of sub-block 2c (low
- * nibble) and of sub-block 2c+1 (high); x = d * sc * q - dmin * m. The 32 quant bytes sit at 16 + 32c in a block of
- * 144 = 9 * 16 bytes, so they are two 16-byte loads. */
-struct piece_q4_K {
-    static const int ELEMS = 64;
-    typedef xblock2 X;
-    uint32_t v[8];
-    float d, dmin, sc[2], m[2];
-    __device__ __forceinline__ void load(const uint8_t *row, int64_t p) {
-        const int c = (int)(p & 3);
-        const uint8_t *b = row + (p >> 2) * sizeof(block_q4_K);
-        const uint32_t dm = ld_u32(b);
-        d = h2f((uint16_t)dm), dmin = h2f((uint16_t)(dm >> 16));
-        k4_scales(b + 4, c, sc, m);
-        const uint4 *q = (const uint4 *)(b + 16 + 32 * c);
-        const uint4 u = q[0], w = q[1];
-        v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w, v[4] = w.x, v[5] = w.y, v[6] = w.z, v[7] = w.w;
-    }
-    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) { /* blocks 2p, 2p+1 */
-        x.b[0].load(a, t, 2 * p), x.b[1].load(a, t, 2 * p + 1);
-    }
-    __device__ __forceinline__ float dot(const X &x) const {
-        int s0 = 0, s1 = 0;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            s0 = __dp4a((int)(v[i] & 0x0F0F0F0F), x.b[0].q[i], s0);
-            s1 = __dp4a((int)((v[i] >> 4) & 0x0F0F0F0F), x.b[1].q[i], s1);
-        }
-        return d * (sc[0] * x.b[0].ds.x * (float)s0 + sc[1] * x.b[1].ds.x * (float)s1) -
-               dmin * (m[0] * x.b[0].ds.y + m[1] * x.b[1].ds.y);
-    }
-};
-
-/* Q5_K, 176 bytes per 256: Q4_K plus qh[32] at 16 (bit sb of qh[l] is bit 4 of element l of sub-block sb); qs at 48.
- * 176 = 11 * 16, so qh and qs are 16-byte loads. */
-struct piece_q5_K {
-    static const int ELEMS = 64;
-    typedef xblock2 X;
-    uint32_t v0[8], v1[8]; /* the 5-bit quants of sub-blocks 2c and 2c+1 */
-    float d, dmin, sc[2], m[2];
-    __device__ __forceinline__ void load(const uint8_t *row, int64_t p) {
-        const int c = (int)(p & 3);
-        const uint8_t *b = row + (p >> 2) * sizeof(block_q5_K);
-        const uint32_t dm = ld_u32(b);
-        d = h2f((uint16_t)dm), dmin = h2f((uint16_t)(dm >> 16));
-        k4_scales(b + 4, c, sc, m);
-        const uint4 *hq = (const uint4 *)(b + 16), *q = (const uint4 *)(b + 48 + 32 * c);
-        const uint4 h0 = hq[0], h1 = hq[1], u = q[0], w = q[1];
-        const uint32_t h[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-        const uint32_t l[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            v0[i] = (l[i] & 0x0F0F0F0F) | (((h[i] >> (2 * c)) & 0x01010101) << 4);
-            v1[i] = ((l[i] >> 4) & 0x0F0F0F0F) | (((h[i] >> (2 * c + 1)) & 0x01010101) << 4);
-        }
-    }
-    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) {
-        x.b[0].load(a, t, 2 * p), x.b[1].load(a, t, 2 * p + 1);
-    }
-    __device__ __forceinline__ float dot(const X &x) const {
-        int s0 = 0, s1 = 0;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            s0 = __dp4a((int)v0[i], x.b[0].q[i], s0);
-            s1 = __dp4a((int)v1[i], x.b[1].q[i], s1);
-        }
-        return d * (sc[0] * x.b[0].ds.x * (float)s0 + sc[1] * x.b[1].ds.x * (float)s1) -
-               dmin * (m[0] * x.b[0].ds.y + m[1] * x.b[1].ds.y);
-    }
-};
-
-/* Q6_K, 210 bytes per 256: in 128-half h, element 32g + l (g 0..3) is the low (g < 2) or high nibble of
- * ql[64h + 32(g&1) + l], with bits 2g..2g+1 of qh[32h + l], minus 32, times d * scales[8h + 2g + l/16]. Piece
- * p = (h, g2) = (p/2 % 2, p % 2) covers g = g2 and g2 + 2, which share the same 32 ql and 32 qh bytes: x blocks
- * 8 * blk + 4h + g2 and + 2. The block is only 2-byte aligned: 4-byte loads shifted together. */
-struct piece_q6_K {
-    static const int ELEMS = 64;
-    typedef xblock2 X;
-    uint32_t v0[8], v1[8]; /* the quants minus 32 (int8) of g = g2 and g2 + 2 */
-    float d, sc[4];        /* scales of (g2, l < 16), (g2, l >= 16), (g2+2, l < 16), (g2+2, l >= 16) */
-    __device__ __forceinline__ void load(const uint8_t *row, int64_t p) {
-        const int h = (int)((p >> 1) & 1), g2 = (int)(p & 1);
-        const uint8_t *b = row + (p >> 2) * sizeof(block_q6_K);
-        uint32_t ql[8], qh[8];
-        ld_words_a2<8>(b + 64 * h + 32 * g2, ql);
-        ld_words_a2<8>(b + 128 + 32 * h, qh);
-        const uint16_t s01 = ld_u16(b + 192 + 8 * h + 2 * g2), s23 = ld_u16(b + 192 + 8 * h + 2 * g2 + 4);
-        sc[0] = (float)(int8_t)(s01 & 0xFF), sc[1] = (float)(int8_t)(s01 >> 8);
-        sc[2] = (float)(int8_t)(s23 & 0xFF), sc[3] = (float)(int8_t)(s23 >> 8);
-        d = h2f(ld_u16(b + 208));
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            v0[i] = __vsub4((ql[i] & 0x0F0F0F0F) | (((qh[i] >> (2 * g2)) & 0x03030303) << 4), 0x20202020);
-            v1[i] = __vsub4(((ql[i] >> 4) & 0x0F0F0F0F) | (((qh[i] >> (2 * g2 + 4)) & 0x03030303) << 4), 0x20202020);
-        }
-    }
-    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) {
-        const int64_t kx = 8 * (p >> 2) + 4 * ((p >> 1) & 1) + (p & 1);
-        x.b[0].load(a, t, kx), x.b[1].load(a, t, kx + 2);
-    }
-    __device__ __forceinline__ float dot(const X &x) const {
-        int a0 = 0, a1 = 0, b0 = 0, b1 = 0;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            a0 = __dp4a((int)v0[i], x.b[0].q[i], a0);
-            a1 = __dp4a((int)v0[i + 4], x.b[0].q[i + 4], a1);
-            b0 = __dp4a((int)v1[i], x.b[1].q[i], b0);
-            b1 = __dp4a((int)v1[i + 4], x.b[1].q[i + 4], b1);
-        }
-        return d * (x.b[0].ds.x * (sc[0] * (float)a0 + sc[1] * (float)a1) +
-                    x.b[1].ds.x * (sc[2] * (float)b0 + sc[3] * (float)b1));
-    }
-};
-
-/* Float weights against float x. VEC: 8 weights per piece with 16-byte loads (cols % 8 == 0 and every pointer
- * 16-byte aligned); otherwise one weight per piece. */
-template <int N>
-struct xfloat {
-    float f[N];
-};
-
-static __device__ __forceinline__ void ld_f8(const float *p, float *f) {
-    const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
-    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-}
-
-template <kiln_type TY, bool VEC>
-struct piece_float {
-    static const int ELEMS = VEC ? 8 : 1;
-    typedef xfloat<ELEMS> X;
-    float w[ELEMS];
-    __device__ __forceinline__ void load(const uint8_t *row, int64_t p) {
-        if (VEC) {
-            if (TY == KILN_TYPE_F32) {
-                ld_f8((const float *)row + 8 * p, w);
-            } else {
-                const uint4 u = ((const uint4 *)row)[p];
-                const uint32_t h[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    if (TY == KILN_TYPE_F16) {
-                        w[2 * i] = h2f((uint16_t)h[i]), w[2 * i + 1] = h2f((uint16_t)(h[i] >> 16));
-                    } else {
-                        w[2 * i] = __uint_as_float(h[i] << 16), w[2 * i + 1] = __uint_as_float(h[i] & 0xFFFF0000u);
-                    }
-                }
-            }
-        } else {
-            if (TY == KILN_TYPE_F32) w[0] = ((const float *)row)[p];
-            else if (TY == KILN_TYPE_F16) w[0] = h2f(((const uint16_t *)row)[p]);
-            else w[0] = __uint_as_float((uint32_t)((const uint16_t *)row)[p] << 16);
-        }
-    }
-    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) {
-        const float *xr = a.xf + (int64_t)t * a.cols;
-        if (VEC) ld_f8(xr + 8 * p, x.f);
-        else x.f[0] = xr[p];
-    }
-    __device__ __forceinline__ float dot(const X &x) const {
-        float s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < ELEMS; i++) s = fmaf(w[i], x.f[i], s);
-        return s;
-    }
-};
 
 /* ---------------------------------------------------------------- the kernel */
 
@@ -543,11 +213,17 @@ static kiln_status matvec_dispatch(const char *op, float *y, const float *x, con
                             : launch_p<piece_float<KILN_TYPE_BF16, false>, GLU>(a, T, s);
         }
     }
-    /* Block formats: 16-byte loads of xq, 4- and 16-byte loads of the blocks (Q4_K/Q5_K rows are 144/176 bytes a
-     * block, multiples of 16). */
+    /* Block formats: 16-byte loads of xq, 4-, 8- and 16-byte loads of the blocks (Q4_K/Q5_K rows are 144/176 bytes
+     * a block, multiples of 16; IQ4_XS 136, of 8; Q4_1, Q5_1, Q2_K 20, 24, 84, of 4). */
     if (!xp || !aligned(xp, 16))
         return kiln_fail(KILN_ERR_INVALID, "cuda %s: %s weights need prepared activations, 16-byte aligned", op, tn);
-    const size_t row_align = W->type == KILN_TYPE_Q4_K || W->type == KILN_TYPE_Q5_K ? 16 : W->type == KILN_TYPE_Q4_1 ? 4 : 2;
+    size_t row_align = 2;
+    switch (W->type) {
+    case KILN_TYPE_Q4_K: case KILN_TYPE_Q5_K: row_align = 16; break;
+    case KILN_TYPE_IQ4_XS: row_align = 8; break;
+    case KILN_TYPE_Q4_1: case KILN_TYPE_Q5_1: case KILN_TYPE_Q2_K: row_align = 4; break;
+    default: break; /* the 18-, 22-, 34-, 110- and 210-byte blocks: 2 */
+    }
     if (!aligned(a.w[0], 16) || !aligned(a.w[1], 16) || W->row_bytes % row_align)
         return kiln_fail(KILN_ERR_INVALID, "cuda %s: %s weight data must be 16-byte aligned, rows %zu-byte aligned", op, tn,
                          row_align);
@@ -561,6 +237,11 @@ static kiln_status matvec_dispatch(const char *op, float *y, const float *x, con
     case KILN_TYPE_Q4_K: return launch_p<piece_q4_K, GLU>(a, T, s);
     case KILN_TYPE_Q5_K: return launch_p<piece_q5_K, GLU>(a, T, s);
     case KILN_TYPE_Q6_K: return launch_p<piece_q6_K, GLU>(a, T, s);
+    case KILN_TYPE_Q5_1: return launch_p<piece_q5_1, GLU>(a, T, s);
+    case KILN_TYPE_IQ4_NL: return launch_p<piece_iq4_nl, GLU>(a, T, s);
+    case KILN_TYPE_Q2_K: return launch_p<piece_q2_K, GLU>(a, T, s);
+    case KILN_TYPE_Q3_K: return launch_p<piece_q3_K, GLU>(a, T, s);
+    case KILN_TYPE_IQ4_XS: return launch_p<piece_iq4_xs, GLU>(a, T, s);
     default: return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda %s: type %s is not supported", op, tn);
     }
 }
