@@ -338,6 +338,46 @@ static void test_rope_train(void) {
     printf("# training forward with linear scaling: %.2e from inference, %.2e from the unscaled model\n", e_scaled, e_none);
 }
 
+/* ---------------------------------------------------------------- the CLI */
+
+/* stderr and the exit status of `kiln ARGS` (stdout and stdin closed). */
+static int run_cli(const char *bin, const char *args, char *out, size_t n) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1 >/dev/null </dev/null", bin, args);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t got = fread(out, 1, n - 1, p);
+    out[got] = 0;
+    return pclose(p);
+}
+
+/* The flags reach kiln_model_set_rope on generate, perplexity and chat; a bad value is one line naming the flag. */
+static void test_rope_cli(void) {
+    const char *bin = getenv("KILN_BIN");
+    if (!bin || !*bin) SKIP("KILN_BIN is not set (make test sets it)");
+    const struct {
+        const char *args, *want;
+    } cases[] = {
+        {"generate -m tests/ref/rope_linear.gguf -n 1 --rope-scaling bogus",
+         "kiln: generate: --rope-scaling needs none, linear or yarn, got 'bogus'\n"},
+        {"perplexity -m tests/ref/rope_linear.gguf -f /dev/null --yarn-beta-fast nan",
+         "kiln: perplexity: --yarn-beta-fast needs a finite number in ["},
+        {"chat -m tests/ref/rope_linear.gguf --rope-freq-scale 0", "kiln: chat: --rope-freq-scale needs a finite number"},
+        {"chat -m tests/ref/rope_linear.gguf --rope-scaling yarn --yarn-orig-ctx", "kiln: chat: --yarn-orig-ctx needs a value"},
+        /* accepted and applied: generate goes on to need a tokenizer, which the fixture lacks */
+        {"generate -m tests/ref/rope_linear.gguf -n 1 -p x --rope-scaling yarn --rope-scale 2 --yarn-orig-ctx 16 "
+         "--yarn-ext-factor 0.5 --yarn-attn-factor 1 --yarn-beta-slow 1 --yarn-beta-fast 16 --rope-freq-base 900",
+         "tokenizer"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char out[2048];
+        const int rc = run_cli(bin, cases[i].args, out, sizeof out);
+        const bool applied_case = i == sizeof cases / sizeof cases[0] - 1; /* must not fail on a rope flag */
+        CHECK(rc != 0 && strstr(out, cases[i].want) && !(applied_case && (strstr(out, "--rope") || strstr(out, "--yarn"))),
+              "kiln %s: exit %d, stderr '%s' (want '%s')", cases[i].args, rc, out, cases[i].want);
+    }
+}
+
 int main(void) {
     RUN(test_rope_op);
     RUN(test_rope_config);
@@ -350,5 +390,6 @@ int main(void) {
     RUN(test_rope_overrides);
     RUN(test_rope_rejects);
     RUN(test_rope_train);
+    RUN(test_rope_cli);
     TEST_EXIT();
 }
