@@ -237,6 +237,44 @@ static void test_rope_rejects(void) {
     unlink(out);
 }
 
+/* What a trainer's export writes (kiln_rope_write_config) reads back as the same tables: each fixture without its
+ * rope.scaling.* keys, written again from its config. */
+static bool not_scaling(const char *k) { return strstr(k, ".rope.scaling.") != NULL; }
+
+static void test_rope_write_config(void) {
+    const char *names[][2] = {{"rope_linear", "llama"}, {"rope_yarn", "qwen2"}, {"rope_llama3", "llama"}};
+    char out[64];
+    snprintf(out, sizeof out, "/tmp/kiln_test_rope_w%d.gguf", (int)getpid());
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char in[128];
+        snprintf(in, sizeof in, "tests/ref/%s.gguf", names[i][0]);
+        kiln_model *a = NULL, *b = NULL;
+        kiln_gguf_writer *w = NULL;
+        kiln_status s = kiln_model_load(in, &a);
+        if (!s) s = kiln_gguf_writer_new(&w);
+        if (!s) s = kiln_gguf_writer_copy_kv(w, a->gguf, not_scaling);
+        if (!s) s = kiln_rope_write_config(w, names[i][1], &a->cfg.rope_scaling);
+        for (int64_t t = 0; !s && t < kiln_gguf_n_tensors(a->gguf); t++) {
+            const kiln_tensor_view *v = kiln_gguf_tensor_at(a->gguf, t);
+            s = kiln_gguf_writer_add_tensor(w, v->name, v->type, v->n_dims, v->ne, v->data);
+        }
+        if (!s) s = kiln_gguf_writer_write_file(w, out);
+        if (!s) s = kiln_model_load(out, &b);
+        bool same = !s;
+        for (int64_t l = 0; same && l < a->cfg.n_layer; l++) {
+            const kiln_rope *ra = &a->layers[l].rope, *rb = &b->layers[l].rope;
+            same = ra->mscale == rb->mscale && !ra->freq == !rb->freq &&
+                   (!ra->freq || memcmp(ra->freq, rb->freq, sizeof(float) * (size_t)(a->cfg.rope_dim / 2)) == 0);
+        }
+        kiln_gguf_writer_free(w);
+        kiln_model_free(a);
+        kiln_model_free(b);
+        CHECK(!s, "%s: %s", names[i][0], kiln_last_error());
+        CHECK(same, "%s: the written config gives other tables", names[i][0]);
+    }
+    unlink(out);
+}
+
 /* ---------------------------------------------------------------- the op */
 
 /* rope_forward with a table against the double formula on the float recurrence's angles (the documented definition:
@@ -389,6 +427,7 @@ int main(void) {
     RUN(test_rope_gemma3);
     RUN(test_rope_overrides);
     RUN(test_rope_rejects);
+    RUN(test_rope_write_config);
     RUN(test_rope_train);
     RUN(test_rope_cli);
     TEST_EXIT();
