@@ -234,6 +234,11 @@ static void test_rope_rejects(void) {
     const variant fine = {.src = "rope_longrope", .key = "llama.rope.scaling.attn_factor", .f = 1.5f};
     CHECK(load_variant(&fine, out, &m) == KILN_OK && m->layers[0].rope.mscale == 1.5f, "%s", kiln_last_error());
     kiln_model_free(m);
+    /* llama.cpp's rope.freq_base_swa sets gemma3's sliding layers' base (10000 without it) */
+    const variant swa = {.src = "rope_gemma3", .key = "gemma3.rope.freq_base_swa", .f = 2000.0f};
+    CHECK(load_variant(&swa, out, &m) == KILN_OK && m->layers[0].rope_base == 2000.0f && m->layers[1].rope_base == 1e6f, "%s",
+          kiln_last_error());
+    kiln_model_free(m);
     unlink(out);
 }
 
@@ -402,6 +407,9 @@ static void test_rope_cli(void) {
          "kiln: perplexity: --yarn-beta-fast needs a finite number in ["},
         {"chat -m tests/ref/rope_linear.gguf --rope-freq-scale 0", "kiln: chat: --rope-freq-scale needs a finite number"},
         {"chat -m tests/ref/rope_linear.gguf --rope-scaling yarn --yarn-orig-ctx", "kiln: chat: --yarn-orig-ctx needs a value"},
+        {"bench -m tests/ref/rope_linear.gguf -p 0 -n 1 -r 1 --rope-scaling linear --rope-freq-scale -2",
+         "kiln: bench: --rope-freq-scale needs a finite number"},
+        {"bench -m tests/ref/rope_linear.gguf -p 0 -n 1 -r 1 --yarn-ext-factor nan", "--yarn-ext-factor needs a finite number"},
         /* accepted and applied: generate goes on to need a tokenizer, which the fixture lacks */
         {"generate -m tests/ref/rope_linear.gguf -n 1 -p x --rope-scaling yarn --rope-scale 2 --yarn-orig-ctx 16 "
          "--yarn-ext-factor 0.5 --yarn-attn-factor 1 --yarn-beta-slow 1 --yarn-beta-fast 16 --rope-freq-base 900",
@@ -414,6 +422,12 @@ static void test_rope_cli(void) {
         CHECK(rc != 0 && strstr(out, cases[i].want) && !(applied_case && (strstr(out, "--rope") || strstr(out, "--yarn"))),
               "kiln %s: exit %d, stderr '%s' (want '%s')", cases[i].args, rc, out, cases[i].want);
     }
+    /* a whole run with the flags: bench needs no tokenizer */
+    char out[4096];
+    const char *args = "bench -m tests/ref/rope_linear.gguf -p 8 -n 2 -r 1 -t 1 --json-only --rope-scaling yarn --rope-scale 4 "
+                       "--yarn-orig-ctx 16";
+    const int rc = run_cli(bin, args, out, sizeof out);
+    CHECK(rc == 0, "kiln %s: exit %d, stderr '%s'", args, rc, out);
 }
 
 int main(void) {

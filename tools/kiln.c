@@ -639,7 +639,7 @@ static void usage(FILE *f) {
                "  chat -m MODEL.gguf [--system TEXT] [--chat-template llama2|llama3|chatml|gemma] [-n MAXTOK] [sampling opts]\n"
                "                                         a conversation over stdin lines, replies streamed to stdout\n"
                "  --gpu (or -ngl N, N at least the layer count, as llama.cpp's -ngl 99) runs the whole model on the GPU\n"
-               "  generate, chat, perplexity: llama.cpp's RoPE overrides --rope-scaling none|linear|yarn, --rope-scale N,\n"
+               "  generate, chat, perplexity, bench: llama.cpp's RoPE overrides --rope-scaling none|linear|yarn, --rope-scale N,\n"
                "           --rope-freq-base N, --rope-freq-scale N, --yarn-orig-ctx N, --yarn-ext-factor N,\n"
                "           --yarn-attn-factor N, --yarn-beta-slow N, --yarn-beta-fast N\n");
 }

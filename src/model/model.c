@@ -121,6 +121,7 @@ static kiln_status read_config(const kiln_gguf *g, kiln_llama_config *c, arch_id
         (s = opt_f32(g, K("final_logit_softcapping"), F32_NOT_NEGATIVE, &c->logit_softcap)) ||
         (s = opt_dim(g, K("attention.sliding_window"), &c->sliding_window)) ||
         (s = opt_f32(g, K("rope.local.freq_base"), F32_NOT_NEGATIVE, &c->rope_base_local)) ||
+        (s = opt_f32(g, K("rope.freq_base_swa"), F32_POSITIVE, &c->rope_base_local)) || /* llama.cpp's name (gemma3) */
         (s = opt_f32(g, K("attention.scale"), F32_NOT_NEGATIVE, &c->attn_scale)))
         return s;
     const kiln_gguf_value *pv = kiln_gguf_find(g, K("attention.sliding_window_pattern"));

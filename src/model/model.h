@@ -91,8 +91,9 @@ typedef struct kiln_llama_config {
     float attn_scale;     /* <arch>.attention.scale (llama.cpp's key, granite): the attention's score scale, 0 meaning
                            * 1/sqrt(HS); gemma3 27B (62 layers) uses 1/sqrt(C/NH) as llama.cpp's f_attention_scale
                            * (gemma_pytorch's query_pre_attn_scalar). Applied by scaling q before attention */
-    float rope_base_local;/* sliding layers' RoPE base: <arch>.rope.local.freq_base (Muse), gemma3 10000 (hard-coded
-                           * in llama.cpp as rope_freq_base_train_swa); 0 means rope_base */
+    float rope_base_local;/* sliding layers' RoPE base: <arch>.rope.local.freq_base (Muse) or .rope.freq_base_swa
+                           * (llama.cpp's key), gemma3 10000 without either (llama.cpp's rope_freq_base_train_swa
+                           * default); 0 means rope_base */
     kiln_rope_scaling_cfg rope_scaling; /* <arch>.rope.scaling.* (rope.c); all zero: unscaled */
 } kiln_llama_config;
 
