@@ -311,15 +311,15 @@ static void test_qkv_post(void) {
     release_all();
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     static const qkv_case cases[] = {
-        /* T NH NKV HS rope  neox   nope   bias   norm   q_scale base     rows  pos0 */
-        {1, 8, 2, 64, 64, false, false, false, false, 1.0f, 10000.0f, 4096, 5},
-        {5, 4, 4, 128, 128, true, false, true, true, 0.5f, 1e6f, 1024, 100000},     /* ring row = p % rows */
-        {64, 16, 8, 256, 128, true, false, false, true, 1.0f, 10000.0f, 80, 1000}, /* partial rope, ring wraps in batch */
-        {5, 6, 2, 80, 80, false, true, true, false, 1.0f, 10000.0f, 16, 30},       /* nope, HS 80 */
-        {64, 8, 1, 128, 64, false, false, true, true, 0.125f, 500000.0f, 8192, 0}, /* interleaved partial rope */
-        {1, 4, 2, 256, 256, false, false, true, true, 0.0625f, 10000.0f, 512, 99999},
-        {1, 32, 8, 128, 128, true, false, false, false, 1.0f, 500000.0f, 8192, 100000},
-        {5, 2, 2, 64, 32, true, false, false, true, 2.0f, 10000.0f, 7, 3}, /* a 7-row ring: positions 3..7 -> 3,4,5,6,0 */
+        /* T NH NKV HS rope  neox   nope   bias   norm   q_scale base     rows  pos0  scaled */
+        {1, 8, 2, 64, 64, false, false, false, false, 1.0f, 10000.0f, 4096, 5, false},
+        {5, 4, 4, 128, 128, true, false, true, true, 0.5f, 1e6f, 1024, 100000, false},     /* ring row = p % rows */
+        {64, 16, 8, 256, 128, true, false, false, true, 1.0f, 10000.0f, 80, 1000, false}, /* partial rope, ring wraps in batch */
+        {5, 6, 2, 80, 80, false, true, true, false, 1.0f, 10000.0f, 16, 30, false},       /* nope, HS 80 */
+        {64, 8, 1, 128, 64, false, false, true, true, 0.125f, 500000.0f, 8192, 0, false}, /* interleaved partial rope */
+        {1, 4, 2, 256, 256, false, false, true, true, 0.0625f, 10000.0f, 512, 99999, false},
+        {1, 32, 8, 128, 128, true, false, false, false, 1.0f, 500000.0f, 8192, 100000, false},
+        {5, 2, 2, 64, 32, true, false, false, true, 2.0f, 10000.0f, 7, 3, false}, /* a 7-row ring: positions 3..7 -> 3,4,5,6,0 */
         {5, 4, 2, 128, 128, false, false, false, false, 1.0f, 500000.0f, 65536, 60000, true}, /* scaled, interleaved */
         {64, 8, 4, 256, 256, true, false, true, true, 1.0f, 1e6f, 128, 30000, true},         /* scaled NeoX, 128 pairs */
         {1, 4, 2, 96, 64, true, false, false, false, 1.0f, 10000.0f, 512, 300, true},        /* scaled, partial rope */

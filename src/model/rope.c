@@ -324,6 +324,7 @@ static kiln_status check_opt(const char *field, float v, bool positive) {
 }
 
 kiln_status kiln_model_set_rope(kiln_model *m, const kiln_rope_overrides *ov) {
+    if (!m || !ov) return kiln_fail(KILN_ERR_INVALID, "rope overrides: no model or no overrides");
     if (ov->type < KILN_ROPE_SCALING_UNSET || ov->type > KILN_ROPE_SCALING_YARN)
         return kiln_fail(KILN_ERR_INVALID, "rope overrides: type %d is not none, linear or yarn", (int)ov->type);
     if (!isfinite(ov->freq_base) || ov->freq_base < 0 || !isfinite(ov->freq_scale) || ov->freq_scale < 0)
