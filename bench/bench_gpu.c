@@ -474,7 +474,7 @@ static void print_model_json(const model_result *res, const kiln_model *m, const
 /* Every case of one model: pp for each prompt length, then tg, then the profile. Returns 0, 1 on an error (nothing
  * printed for the model), or 3 when everything but the profile ran (the object is printed with "profile": null). */
 static int bench_model(const char *path, const int64_t *pps, int n_pp, int64_t n_gen, int reps, const device_roofs *d,
-                       model_result *res) {
+                       model_result *res, kiln_cli_rope *rope) {
     kiln_model *m = NULL;
     kiln_clear_error();
     const double t0 = kiln_bench_now();
@@ -482,6 +482,10 @@ static int bench_model(const char *path, const int64_t *pps, int n_pp, int64_t n
     if (st) {
         const char *msg = kiln_last_error();
         fprintf(stderr, "kiln bench --gpu: %s\n", *msg ? msg : kiln_status_name(st));
+        return 1;
+    }
+    if (!kiln_cli_rope_apply("bench --gpu", rope, m)) { /* --rope-* / --yarn-*, as generate */
+        kiln_model_free(m);
         return 1;
     }
     const double load_s = kiln_bench_now() - t0;
@@ -644,8 +648,16 @@ int kiln_bench_gpu(int argc, char **argv) {
     int64_t pps[MAX_ITEMS] = {512};
     int64_t n_gen = 128, reps = 3;
     bool json_only = false;
+    kiln_cli_rope rope;
+    kiln_cli_rope_init(&rope);
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v;
+        const int rr = kiln_cli_rope_opt(cmd, a, i + 1 < argc ? argv[i + 1] : NULL, &rope);
+        if (rr < 0) return 1;
+        if (rr > 0) {
+            i++;
+            continue;
+        }
         if (strcmp(a, "--") == 0) { /* ends the options; bench takes no other argument */
             if (i + 1 < argc) return kiln_cli_error("%s: unexpected argument '%s'", cmd, argv[i + 1]);
             break;
@@ -696,7 +708,7 @@ int kiln_bench_gpu(int argc, char **argv) {
     }
     int n_res = 0, rc = 0;
     for (int mi = 0; mi < n_models; mi++) {
-        const int r = bench_model(models[mi], pps, n_pp_on, n_gen, (int)reps, &d, &res[n_res]);
+        const int r = bench_model(models[mi], pps, n_pp_on, n_gen, (int)reps, &d, &res[n_res], &rope);
         if (r == 1) {
             free(res);
             return 1;

@@ -281,8 +281,8 @@ static kiln_status ew_launch(int op, const ew_set *b, float *w, float *dw, void 
     case EW_NORM_FWD: return kiln_cuda_rmsnorm_forward_train(b->x, b->y, b->out, b->rstd, w, N, C, 1e-5f, NULL);
     case EW_NORM_BWD: return kiln_cuda_rmsnorm_backward(b->dx, b->dx_bf, dw, b->dout, b->x, w, b->rstd, N, C, ws, NULL);
     case EW_NORM_BWD_NOBF: return kiln_cuda_rmsnorm_backward(b->dx, NULL, dw, b->dout, b->x, w, b->rstd, N, C, ws, NULL);
-    case EW_ROPE_FWD: return kiln_cuda_rope_forward_train(b->qkv, b->qkv, N, T, NH, NKV, HS, HS, 10000.0f, false, NULL);
-    case EW_ROPE_BWD: return kiln_cuda_rope_backward(b->dqkv_bf, b->dqkv, N, T, NH, NKV, HS, HS, 10000.0f, false, NULL);
+    case EW_ROPE_FWD: return kiln_cuda_rope_forward_train(b->qkv, b->qkv, N, T, NH, NKV, HS, HS, 10000.0f, NULL, 1.0f, false, NULL);
+    case EW_ROPE_BWD: return kiln_cuda_rope_backward(b->dqkv_bf, b->dqkv, N, T, NH, NKV, HS, HS, 10000.0f, NULL, 1.0f, false, NULL);
     case EW_SWIGLU_FWD: return kiln_cuda_swiglu_forward_train(b->h, b->gu, N, F, NULL);
     case EW_SWIGLU_BWD: return kiln_cuda_swiglu_backward(b->dgu, b->dh, b->gu, N, F, NULL);
     default: return kiln_cuda_to_bf16(b->dx_bf, b->dx, N * C, NULL);

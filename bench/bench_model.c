@@ -199,13 +199,17 @@ static int bench_case(const model_info *mi, kiln_session *s, double session_s, i
 
 /* Every case of one model: pp for each prompt length, then tg, for each thread count. */
 static int bench_model(const char *path, const int64_t *pps, int n_pp, int64_t n_gen, const int *threads, int n_threads,
-                       int reps, case_result *res, int *n_res) {
+                       int reps, case_result *res, int *n_res, kiln_cli_rope *rope) {
     kiln_model *m = NULL;
     const double t0 = kiln_bench_now();
     kiln_status st = kiln_model_load(path, &m);
     if (st) {
         const char *msg = kiln_last_error();
         fprintf(stderr, "kiln bench: %s\n", *msg ? msg : kiln_status_name(st));
+        return 1;
+    }
+    if (!kiln_cli_rope_apply("bench", rope, m)) { /* --rope-* / --yarn-*, as generate */
+        kiln_model_free(m);
         return 1;
     }
     const double load_s = kiln_bench_now() - t0;
@@ -284,8 +288,16 @@ int kiln_bench_model(int argc, char **argv) {
     int64_t pps[MAX_ITEMS] = {128, 512}, thr64[MAX_ITEMS] = {0};
     int64_t n_gen = 64, reps = 3;
     bool json_only = false;
+    kiln_cli_rope rope;
+    kiln_cli_rope_init(&rope);
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v;
+        const int rr = kiln_cli_rope_opt(cmd, a, i + 1 < argc ? argv[i + 1] : NULL, &rope);
+        if (rr < 0) return 1;
+        if (rr > 0) {
+            i++;
+            continue;
+        }
         if (strcmp(a, "--") == 0) { /* ends the options; bench takes no other argument */
             if (i + 1 < argc) return kiln_cli_error("%s: unexpected argument '%s'", cmd, argv[i + 1]);
             break;
@@ -330,7 +342,7 @@ int kiln_bench_model(int argc, char **argv) {
         return 1;
     }
     for (int mi = 0; mi < n_models; mi++)
-        if (bench_model(models[mi], pps, n_pp_on, n_gen, threads, n_thr, (int)reps, res, &n_res) != 0) {
+        if (bench_model(models[mi], pps, n_pp_on, n_gen, threads, n_thr, (int)reps, res, &n_res, &rope) != 0) {
             free(res);
             return 1;
         }

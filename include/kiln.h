@@ -477,6 +477,32 @@ void kiln_model_get_info(const kiln_model *m, kiln_model_info *out);
  * the model is loaded. */
 const kiln_gguf *kiln_model_gguf(const kiln_model *m);
 
+/* RoPE scaling as the file sets it (<arch>.rope.scaling.*, rope_freqs.weight, rope_factors_{long,short}.weight:
+ * linear, YaRN, Llama 3's frequency factors, Phi-3's LongRoPE), overridden field by field as llama.cpp's context
+ * parameters override the model's (--rope-scaling, --rope-scale, --rope-freq-base, --rope-freq-scale,
+ * --yarn-orig-ctx, --yarn-ext-factor, --yarn-attn-factor, --yarn-beta-slow, --yarn-beta-fast). Call
+ * kiln_model_set_rope after kiln_model_load and before any session or trainer is made from the model; it recomputes
+ * every layer's RoPE table. A value outside its domain is KILN_ERR_INVALID naming the field, and leaves m as it was. */
+typedef enum kiln_rope_scaling_type {
+    KILN_ROPE_SCALING_UNSET = 0, /* the file's */
+    KILN_ROPE_SCALING_NONE,      /* no scaling: freq_scale 1 (the file's frequency factors still apply, as llama.cpp) */
+    KILN_ROPE_SCALING_LINEAR,
+    KILN_ROPE_SCALING_YARN,
+} kiln_rope_scaling_type;
+typedef struct kiln_rope_overrides {
+    kiln_rope_scaling_type type;
+    float freq_base;        /* 0: the file's rope.freq_base (the global layers') */
+    float freq_scale;       /* 0: the file's 1 / rope.scaling.factor */
+    int64_t yarn_orig_ctx;  /* 0: the file's rope.scaling.original_context_length */
+    float yarn_ext_factor;  /* negative: the file's (yarn: 1) */
+    float yarn_attn_factor; /* negative: the file's (1) */
+    float yarn_beta_slow;   /* negative: the file's (1) */
+    float yarn_beta_fast;   /* negative: the file's (32) */
+} kiln_rope_overrides;
+/* Every field unset. */
+kiln_rope_overrides kiln_rope_overrides_default(void);
+kiln_status kiln_model_set_rope(kiln_model *m, const kiln_rope_overrides *ov);
+
 /* ---------------------------------------------------------------- sessions
  * A session runs a model over a growing sequence: it owns the KV cache (f16, sized from n_ctx) and scratch
  * proportional to the prefill chunk. Token ids are validated here: an id outside the vocab is KILN_ERR_RANGE

@@ -312,21 +312,25 @@ typedef struct {
     bool neox, nope, bias, norm;
     float q_scale, base;
     int64_t rows, pos0;
+    bool scaled; /* a RoPE scaling table (random multipliers in 0.1..1.1) and mscale 1.25, against the CPU's */
 } qkv_case;
 
 static void test_qkv_post(void) {
     release_all();
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     static const qkv_case cases[] = {
-        /* T NH NKV HS rope  neox   nope   bias   norm   q_scale base     rows  pos0 */
-        {1, 8, 2, 64, 64, false, false, false, false, 1.0f, 10000.0f, 4096, 5},
-        {5, 4, 4, 128, 128, true, false, true, true, 0.5f, 1e6f, 1024, 100000},     /* ring row = p % rows */
-        {64, 16, 8, 256, 128, true, false, false, true, 1.0f, 10000.0f, 80, 1000}, /* partial rope, ring wraps in batch */
-        {5, 6, 2, 80, 80, false, true, true, false, 1.0f, 10000.0f, 16, 30},       /* nope, HS 80 */
-        {64, 8, 1, 128, 64, false, false, true, true, 0.125f, 500000.0f, 8192, 0}, /* interleaved partial rope */
-        {1, 4, 2, 256, 256, false, false, true, true, 0.0625f, 10000.0f, 512, 99999},
-        {1, 32, 8, 128, 128, true, false, false, false, 1.0f, 500000.0f, 8192, 100000},
-        {5, 2, 2, 64, 32, true, false, false, true, 2.0f, 10000.0f, 7, 3}, /* a 7-row ring: positions 3..7 -> 3,4,5,6,0 */
+        /* T NH NKV HS rope  neox   nope   bias   norm   q_scale base     rows  pos0  scaled */
+        {1, 8, 2, 64, 64, false, false, false, false, 1.0f, 10000.0f, 4096, 5, false},
+        {5, 4, 4, 128, 128, true, false, true, true, 0.5f, 1e6f, 1024, 100000, false},     /* ring row = p % rows */
+        {64, 16, 8, 256, 128, true, false, false, true, 1.0f, 10000.0f, 80, 1000, false}, /* partial rope, ring wraps in batch */
+        {5, 6, 2, 80, 80, false, true, true, false, 1.0f, 10000.0f, 16, 30, false},       /* nope, HS 80 */
+        {64, 8, 1, 128, 64, false, false, true, true, 0.125f, 500000.0f, 8192, 0, false}, /* interleaved partial rope */
+        {1, 4, 2, 256, 256, false, false, true, true, 0.0625f, 10000.0f, 512, 99999, false},
+        {1, 32, 8, 128, 128, true, false, false, false, 1.0f, 500000.0f, 8192, 100000, false},
+        {5, 2, 2, 64, 32, true, false, false, true, 2.0f, 10000.0f, 7, 3, false}, /* a 7-row ring: positions 3..7 -> 3,4,5,6,0 */
+        {5, 4, 2, 128, 128, false, false, false, false, 1.0f, 500000.0f, 65536, 60000, true}, /* scaled, interleaved */
+        {64, 8, 4, 256, 256, true, false, true, true, 1.0f, 1e6f, 128, 30000, true},         /* scaled NeoX, 128 pairs */
+        {1, 4, 2, 96, 64, true, false, false, false, 1.0f, 10000.0f, 512, 300, true},        /* scaled, partial rope */
     };
     unsigned long long rng = 303;
     char msg[512], what[256];
@@ -355,9 +359,16 @@ static void test_qkv_post(void) {
             kiln_cpu_ops.rmsnorm_forward(&ctx, rq, rq, qn, T * c->NH, c->HS, eps);
             kiln_cpu_ops.rmsnorm_forward(&ctx, rk, rk, kn, T * c->NKV, c->HS, eps);
         }
+        float *freq = NULL;
+        const float mscale = c->scaled ? 1.25f : 1.0f;
+        if (c->scaled) {
+            freq = host((size_t)(c->rope_dim / 2) * 4);
+            fill(freq, c->rope_dim / 2, 0.5f, &rng);
+            for (int64_t i = 0; i < c->rope_dim / 2; i++) freq[i] += 0.6f; /* 0.1..1.1 */
+        }
         if (!c->nope) {
-            kiln_cpu_ops.rope_forward(&ctx, rq, pos, T, c->NH, c->HS, c->rope_dim, c->base, c->neox);
-            kiln_cpu_ops.rope_forward(&ctx, rk, pos, T, c->NKV, c->HS, c->rope_dim, c->base, c->neox);
+            kiln_cpu_ops.rope_forward(&ctx, rq, pos, T, c->NH, c->HS, c->rope_dim, c->base, freq, mscale, c->neox);
+            kiln_cpu_ops.rope_forward(&ctx, rk, pos, T, c->NKV, c->HS, c->rope_dim, c->base, freq, mscale, c->neox);
         }
         if (c->q_scale != 1.0f) kiln_cpu_ops.scale_softcap_forward(&ctx, rq, T * Q, c->q_scale, 0.0f);
         const size_t cache_bytes = (size_t)(c->rows * KV) * 2;
@@ -385,16 +396,16 @@ static void test_qkv_post(void) {
               poison(dvc, cache_bytes) == KILN_OK, "%s", kiln_last_error());
         CHECK(kiln_cuda_qkv_post(dq, dk, dv, c->bias ? dbq : NULL, c->bias ? dbk : NULL, c->bias ? dbv : NULL,
                                  c->norm ? dqn : NULL, c->norm ? dkn : NULL, eps, dpos0, T, c->NH, c->NKV, c->HS, c->rope_dim,
-                                 c->base, c->neox, c->nope, c->q_scale, dkc, dvc, c->rows, NULL) == KILN_OK,
+                                 c->base, freq, mscale, c->neox, c->nope, c->q_scale, dkc, dvc, c->rows, NULL) == KILN_OK,
               "%s", kiln_last_error());
         float *gq = host((size_t)(T * Q) * 4), *gk_in = host((size_t)(T * KV) * 4);
         CHECK(kiln_cuda_sync() == KILN_OK && kiln_cuda_download(gq, dq, (size_t)(T * Q) * 4) == KILN_OK &&
               kiln_cuda_download(gkc, dkc, cache_bytes) == KILN_OK && kiln_cuda_download(gvc, dvc, cache_bytes) == KILN_OK &&
               kiln_cuda_download(gk_in, dk, (size_t)(T * KV) * 4) == KILN_OK, "%s", kiln_last_error());
-        snprintf(what, sizeof what, "qkv_post case %d (T %lld NH %lld NKV %lld HS %lld rope_dim %lld %s%s%s%s pos0 %lld rows %lld)",
+        snprintf(what, sizeof what, "qkv_post case %d (T %lld NH %lld NKV %lld HS %lld rope_dim %lld %s%s%s%s%s pos0 %lld rows %lld)",
                  ci, (long long)T, (long long)c->NH, (long long)c->NKV, (long long)c->HS, (long long)c->rope_dim,
                  c->nope ? "nope" : c->neox ? "neox" : "interleaved", c->bias ? " bias" : "", c->norm ? " qk-norm" : "",
-                 c->q_scale != 1.0f ? " q_scale" : "", (long long)c->pos0, (long long)c->rows);
+                 c->q_scale != 1.0f ? " q_scale" : "", c->scaled ? " rope-scaled" : "", (long long)c->pos0, (long long)c->rows);
         char qwhat[300];
         snprintf(qwhat, sizeof qwhat, "%s: q", what);
         CHECK(gpu_within(qwhat, gq, rq, T * Q, 1e-4, 1e-10, 1.0, msg, sizeof msg), "%s", msg);

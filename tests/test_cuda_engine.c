@@ -176,8 +176,9 @@ static void test_synth_types(void) {
 
 static void test_arch_fixtures(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
-    const char *names[] = {"arch_qwen2", "arch_gemma3", "arch_muse"};
-    for (size_t i = 0; i < 3; i++) {
+    const char *names[] = {"arch_qwen2", "arch_gemma3", "arch_muse", /* and RoPE scaling (tests/test_rope.c) */
+                           "rope_linear", "rope_yarn", "rope_freqs", "rope_llama3", "rope_longrope", "rope_gemma3"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char path[512];
         snprintf(path, sizeof path, "tests/ref/%s.gguf", names[i]);
         if (access(path, R_OK) != 0) snprintf(path, sizeof path, "../tests/ref/%s.gguf", names[i]);

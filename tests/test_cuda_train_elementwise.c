@@ -348,12 +348,13 @@ static void test_rope(void) {
             for (int ti = 0; ti < COUNT(Ts); ti++)
                 for (int neox = 0; neox < 2; neox++)
                     for (int partial = 0; partial < 2; partial++)
-                        for (int mode = 0; mode < 3; mode++) {
+                        for (int mode = 0; mode < 6; mode++) { /* modes 3..5: the same with a scaling table */
+                            const bool scaled = mode >= 3;
                             const int64_t NH = heads[hi][0], NKV = heads[hi][1], HS = HSs[si], T = Ts[ti];
                             const int64_t rope_dim = partial ? HS / 2 / 2 * 2 : HS, N = 2 * T + 5; /* two sequences and a part */
                             const int64_t Q = NH * HS, KV = NKV * HS, W = Q + 2 * KV, n = N * W;
                             const float base = 10000.0f;
-                            const bool bwd = mode == 2;
+                            const bool bwd = mode % 3 == 2;
                             float *qkv = host((size_t)n * 4), *q = host((size_t)(N * Q) * 4), *k = host((size_t)(N * KV) * 4);
                             float *ref = host((size_t)n * 4);
                             kiln_bf16 *qkv_bf = host((size_t)n * 2), *got = host((size_t)n * 2);
@@ -369,12 +370,19 @@ static void test_rope(void) {
                                 memcpy(q + r * Q, qkv + r * W, (size_t)Q * 4);
                                 memcpy(k + r * KV, qkv + r * W + Q, (size_t)KV * 4);
                             }
+                            /* scaled: multipliers in 0.25..1.25 and mscale 1.2, as a YaRN table has */
+                            float *freq = scaled ? host((size_t)(rope_dim / 2) * 4) : NULL;
+                            const float mscale = scaled ? 1.2f : 1.0f;
+                            if (freq) {
+                                fill(freq, rope_dim / 2, 0.5f, &rng);
+                                for (int64_t i = 0; i < rope_dim / 2; i++) freq[i] += 0.75f;
+                            }
                             if (bwd) {
-                                kiln_cpu_ops.rope_backward(&ctx, q, pos, N, NH, HS, rope_dim, base, neox);
-                                kiln_cpu_ops.rope_backward(&ctx, k, pos, N, NKV, HS, rope_dim, base, neox);
+                                kiln_cpu_ops.rope_backward(&ctx, q, pos, N, NH, HS, rope_dim, base, freq, mscale, neox);
+                                kiln_cpu_ops.rope_backward(&ctx, k, pos, N, NKV, HS, rope_dim, base, freq, mscale, neox);
                             } else {
-                                kiln_cpu_ops.rope_forward(&ctx, q, pos, N, NH, HS, rope_dim, base, neox);
-                                kiln_cpu_ops.rope_forward(&ctx, k, pos, N, NKV, HS, rope_dim, base, neox);
+                                kiln_cpu_ops.rope_forward(&ctx, q, pos, N, NH, HS, rope_dim, base, freq, mscale, neox);
+                                kiln_cpu_ops.rope_forward(&ctx, k, pos, N, NKV, HS, rope_dim, base, freq, mscale, neox);
                             }
                             memcpy(ref, qkv, (size_t)n * 4);
                             for (int64_t r = 0; r < N; r++) {
@@ -387,18 +395,18 @@ static void test_rope(void) {
                                 float *d_in = dev_copy(qkv, (size_t)n * 4);
                                 d_out = dev((size_t)n * 2);
                                 CHECK(d_in && d_out && poison(d_out, (size_t)n * 2) == KILN_OK, "%s", kiln_last_error());
-                                s = kiln_cuda_rope_backward(d_out, d_in, N, T, NH, NKV, HS, rope_dim, base, neox, NULL);
+                                s = kiln_cuda_rope_backward(d_out, d_in, N, T, NH, NKV, HS, rope_dim, base, freq, mscale, neox, NULL);
                             } else {
                                 kiln_bf16 *d_in = dev_copy(qkv_bf, (size_t)n * 2);
-                                d_out = mode == 1 ? d_in : dev((size_t)n * 2);
-                                CHECK(d_in && d_out && (mode == 1 || poison(d_out, (size_t)n * 2) == KILN_OK), "%s", kiln_last_error());
-                                s = kiln_cuda_rope_forward_train(d_out, d_in, N, T, NH, NKV, HS, rope_dim, base, neox, NULL);
+                                d_out = mode % 3 == 1 ? d_in : dev((size_t)n * 2);
+                                CHECK(d_in && d_out && (mode % 3 == 1 || poison(d_out, (size_t)n * 2) == KILN_OK), "%s", kiln_last_error());
+                                s = kiln_cuda_rope_forward_train(d_out, d_in, N, T, NH, NKV, HS, rope_dim, base, freq, mscale, neox, NULL);
                             }
                             CHECK(s == KILN_OK, "%s", kiln_last_error());
                             CHECK(kiln_cuda_sync() == KILN_OK && kiln_cuda_download(got, d_out, (size_t)n * 2) == KILN_OK, "%s",
                                   kiln_last_error());
-                            snprintf(what, sizeof what, "rope %s NH %lld NKV %lld HS %lld rope_dim %lld %s T %lld N %lld (row width %lld)",
-                                     mode_name[mode], (long long)NH, (long long)NKV, (long long)HS, (long long)rope_dim,
+                            snprintf(what, sizeof what, "rope %s%s NH %lld NKV %lld HS %lld rope_dim %lld %s T %lld N %lld (row width %lld)",
+                                     mode_name[mode % 3], scaled ? " scaled" : "", (long long)NH, (long long)NKV, (long long)HS, (long long)rope_dim,
                                      neox ? "neox" : "interleaved", (long long)T, (long long)N, (long long)W);
                             CHECK(within_bf16(what, got, ref, n, 1e-6, W, msg, sizeof msg), "%s", msg);
                             for (int64_t r = 0; r < N; r++)
@@ -504,10 +512,10 @@ static void test_refusals(void) {
         const char *what;
         kiln_status s;
     } r[] = {
-        {"rope rope_dim odd", kiln_cuda_rope_forward_train(b, b, 1, 1, 1, 1, 64, 63, 1e4f, false, NULL)},
-        {"rope rope_dim > HS", kiln_cuda_rope_forward_train(b, b, 1, 1, 1, 1, 64, 128, 1e4f, false, NULL)},
-        {"rope HS 512", kiln_cuda_rope_backward(b, d, 1, 1, 1, 1, 512, 512, 1e4f, true, NULL)},
-        {"rope T 0", kiln_cuda_rope_forward_train(b, b, 1, 0, 1, 1, 64, 64, 1e4f, false, NULL)},
+        {"rope rope_dim odd", kiln_cuda_rope_forward_train(b, b, 1, 1, 1, 1, 64, 63, 1e4f, NULL, 1.0f, false, NULL)},
+        {"rope rope_dim > HS", kiln_cuda_rope_forward_train(b, b, 1, 1, 1, 1, 64, 128, 1e4f, NULL, 1.0f, false, NULL)},
+        {"rope HS 512", kiln_cuda_rope_backward(b, d, 1, 1, 1, 1, 512, 512, 1e4f, NULL, 1.0f, true, NULL)},
+        {"rope T 0", kiln_cuda_rope_forward_train(b, b, 1, 0, 1, 1, 64, 64, 1e4f, NULL, 1.0f, false, NULL)},
         {"rmsnorm C 0", kiln_cuda_rmsnorm_forward_train(d, NULL, b, d, d, 1, 0, 1e-5f, NULL)},
         /* rows past what stays in registers: 8196 (float4s, past 8192) and 4098 (floats, past 4096) */
         {"rmsnorm C 8196", kiln_cuda_rmsnorm_forward_train(d, NULL, b, d, d, 1, 8196, 1e-5f, NULL)},

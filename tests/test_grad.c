@@ -291,7 +291,7 @@ static void test_rope_grad(void) {
     for (int neox = 0; neox < 2; neox++) {
         float *x = new_normal(T * W, 1, &rng), *R = new_normal(T * W, 1, &rng), *dx = new_copy(R, T * W);
         kiln_ops_ctx ctx = {.pool = pools[0]};
-        kiln_cpu_ops.rope_backward(&ctx, dx, pos, T, NH, HS, ROPE_DIM, 10000.0f, neox);
+        kiln_cpu_ops.rope_backward(&ctx, dx, pos, T, NH, HS, ROPE_DIM, 10000.0f, NULL, 1.0f, neox);
         double *x_d = new_double(x, T * W), *R_d = new_double(R, T * W), *num = malloc(T * W * sizeof *num);
         rope_ref ref = {x_d, R_d, pos, T, NH, HS, ROPE_DIM, 10000.0f, neox};
         numeric_grad(num, x_d, T * W, rope_objective, &ref);
@@ -305,8 +305,8 @@ static void test_rope_grad(void) {
                       "tail changed");
         /* backward undoes forward: the same angles, rotated back */
         float *y = new_copy(x, T * W);
-        kiln_cpu_ops.rope_forward(&ctx, y, pos, T, NH, HS, ROPE_DIM, 10000.0f, neox);
-        kiln_cpu_ops.rope_backward(&ctx, y, pos, T, NH, HS, ROPE_DIM, 10000.0f, neox);
+        kiln_cpu_ops.rope_forward(&ctx, y, pos, T, NH, HS, ROPE_DIM, 10000.0f, NULL, 1.0f, neox);
+        kiln_cpu_ops.rope_backward(&ctx, y, pos, T, NH, HS, ROPE_DIM, 10000.0f, NULL, 1.0f, neox);
         double e = 0;
         for (int64_t i = 0; i < T * W; i++) e = fmax(e, fabs(y[i] - x[i]));
         CHECK(e <= 1e-6, "backward(forward(x)) differs from x by %.3g", e); /* two float rotations: ~2e-7 */
@@ -325,7 +325,7 @@ static void test_rope_threads(void) {
         for (int p = 0; p < COUNT(pools); p++) {
             kiln_ops_ctx ctx = {.pool = pools[p]};
             float *dx = new_copy(dx0, T * W);
-            kiln_cpu_ops.rope_backward(&ctx, dx, pos, T, NH, HS, ROPE_DIM, 500000.0f, neox);
+            kiln_cpu_ops.rope_backward(&ctx, dx, pos, T, NH, HS, ROPE_DIM, 500000.0f, NULL, 1.0f, neox);
             if (!first) first = dx;
             else {
                 CHECK(memcmp(first, dx, T * W * sizeof *dx) == 0, "%d threads differ from 1", p + 1);

@@ -247,7 +247,7 @@ static void check_rope(void) {
                     const int64_t d = dims[di];
                     kiln_ops_ctx ctx = {.pool = pools[p]};
                     memcpy(out, x, sizeof x);
-                    kiln_cpu_ops.rope_forward(&ctx, out, pos, T, NHEAD, HS, d, bases[bi], neox);
+                    kiln_cpu_ops.rope_forward(&ctx, out, pos, T, NHEAD, HS, d, bases[bi], NULL, 1.0f, neox);
                     if (p == 0) memcpy(first, out, sizeof out);
                     CHECK(memcmp(first, out, sizeof out) == 0, "threads differ");
                     const float theta_scale = powf(bases[bi], -2.0f / (float)d);

@@ -273,3 +273,52 @@ int kiln_cli_sampling_opt(const char *cmd, const char *f, const char *a, kiln_sa
     if (!a) return -kiln_cli_error("%s: %s needs a value", cmd, f);
     return set_opt(cmd, o, a) ? 1 : -1;
 }
+
+/* ---------------------------------------------------------------- RoPE overrides (llama.cpp's flags) */
+
+void kiln_cli_rope_init(kiln_cli_rope *r) { *r = (kiln_cli_rope){.ov = kiln_rope_overrides_default()}; }
+
+int kiln_cli_rope_opts(kiln_cli_opt *o, kiln_cli_rope *r) {
+    const kiln_cli_opt t[KILN_CLI_N_ROPE] = {
+        {"--rope-scaling", KILN_CLI_STR, &r->scaling, 0, 0},
+        {"--rope-scale", KILN_CLI_FLOAT, &r->rope_scale, 1e-6, 1e6},
+        {"--rope-freq-base", KILN_CLI_FLOAT, &r->ov.freq_base, 1e-6, 1e12},
+        {"--rope-freq-scale", KILN_CLI_FLOAT, &r->ov.freq_scale, 1e-6, 1e6},
+        {"--yarn-orig-ctx", KILN_CLI_I64, &r->ov.yarn_orig_ctx, 0, INT32_MAX},
+        {"--yarn-ext-factor", KILN_CLI_FLOAT, &r->ov.yarn_ext_factor, -1, 1e3}, /* negative: the file's, as llama.cpp */
+        {"--yarn-attn-factor", KILN_CLI_FLOAT, &r->ov.yarn_attn_factor, 1e-6, 1e3},
+        {"--yarn-beta-slow", KILN_CLI_FLOAT, &r->ov.yarn_beta_slow, 1e-6, 1e6},
+        {"--yarn-beta-fast", KILN_CLI_FLOAT, &r->ov.yarn_beta_fast, 1e-6, 1e6},
+    };
+    memcpy(o, t, sizeof t);
+    return KILN_CLI_N_ROPE;
+}
+
+int kiln_cli_rope_opt(const char *cmd, const char *f, const char *a, kiln_cli_rope *r) {
+    kiln_cli_opt t[KILN_CLI_N_ROPE];
+    const kiln_cli_opt *o = find_opt(t, kiln_cli_rope_opts(t, r), f);
+    if (!o) return 0;
+    if (!a) return -kiln_cli_error("%s: %s needs a value", cmd, f);
+    return set_opt(cmd, o, a) ? 1 : -1;
+}
+
+bool kiln_cli_rope_apply(const char *cmd, kiln_cli_rope *r, kiln_model *m) {
+    static const struct {
+        const char *name;
+        kiln_rope_scaling_type type;
+    } types[] = {{"none", KILN_ROPE_SCALING_NONE}, {"linear", KILN_ROPE_SCALING_LINEAR}, {"yarn", KILN_ROPE_SCALING_YARN}};
+    if (r->scaling) {
+        size_t i = 0;
+        while (i < sizeof types / sizeof types[0] && strcmp(r->scaling, types[i].name) != 0) i++;
+        if (i == sizeof types / sizeof types[0]) {
+            kiln_cli_error("%s: --rope-scaling needs none, linear or yarn, got '%s'", cmd, r->scaling);
+            return false;
+        }
+        r->ov.type = types[i].type;
+    }
+    /* --rope-scale N is --rope-freq-scale 1/N (llama.cpp's); an explicit --rope-freq-scale wins */
+    if (r->rope_scale > 0 && !(r->ov.freq_scale > 0)) r->ov.freq_scale = 1.0f / r->rope_scale;
+    kiln_status s = kiln_model_set_rope(m, &r->ov);
+    if (s) kiln_cli_die(s);
+    return !s;
+}

@@ -67,6 +67,22 @@ int kiln_cli_sampling_opts(kiln_cli_opt *opts, kiln_sampler_params *sp, kiln_ses
 int kiln_cli_sampling_opt(const char *cmd, const char *f, const char *a, kiln_sampler_params *sp, kiln_session_params *sess);
 /* True when f is --gpu, which it applies to sess. */
 bool kiln_cli_gpu_flag(const char *f, kiln_session_params *sess);
+/* llama.cpp's RoPE overrides, for generate, chat, perplexity and bench: --rope-scaling {none,linear,yarn},
+ * --rope-scale N (freq_scale 1/N), --rope-freq-base, --rope-freq-scale, --yarn-orig-ctx, --yarn-ext-factor,
+ * --yarn-attn-factor, --yarn-beta-slow, --yarn-beta-fast, into r (kiln_cli_rope_init first). Fills
+ * opts[0..KILN_CLI_N_ROPE) and returns KILN_CLI_N_ROPE; kiln_cli_rope_opt takes them one at a time as
+ * kiln_cli_sampling_opt. kiln_cli_rope_apply checks --rope-scaling's name and applies r to a loaded model
+ * (kiln_model_set_rope), printing the error and returning false when it fails. */
+#define KILN_CLI_N_ROPE 9
+typedef struct kiln_cli_rope {
+    kiln_rope_overrides ov;
+    const char *scaling; /* --rope-scaling, checked by kiln_cli_rope_apply */
+    float rope_scale;    /* --rope-scale; 0: unset */
+} kiln_cli_rope;
+void kiln_cli_rope_init(kiln_cli_rope *r);
+int kiln_cli_rope_opts(kiln_cli_opt *opts, kiln_cli_rope *r);
+int kiln_cli_rope_opt(const char *cmd, const char *f, const char *a, kiln_cli_rope *r);
+bool kiln_cli_rope_apply(const char *cmd, kiln_cli_rope *r, kiln_model *m);
 /* A kiln_progress_fn (user unused) that rewrites one stderr line per call, in the stage's unit ("[ 100/ 440 merges]",
  * "[3/12] ppl 5.1234", "[1.0/4.0 MiB]"), ending it when done reaches total. */
 void kiln_cli_progress(void *user, const kiln_progress *p);

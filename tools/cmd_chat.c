@@ -223,6 +223,8 @@ static int chat(const kiln_model *m, const chat_opts *o) {
 
 int kiln_cmd_chat(int argc, char **argv) {
     chat_opts o = {.n_max = 1024, .sampler = kiln_sampler_default()};
+    kiln_cli_rope rope;
+    kiln_cli_rope_init(&rope);
     int r;
     for (int i = 0; i < argc; i += 2) {
         const char *f = argv[i], *a = i + 1 < argc ? argv[i + 1] : NULL;
@@ -254,6 +256,7 @@ int kiln_cmd_chat(int argc, char **argv) {
         else if (strcmp(f, "--chat-template") == 0) o.template_name = a;
         else if (strcmp(f, "-n") == 0) ok = kiln_cli_parse_int("chat", f, a, 1, 1000000000, &o.n_max);
         else if ((r = kiln_cli_sampling_opt("chat", f, a, &o.sampler, &o.sess))) ok = r > 0;
+        else if ((r = kiln_cli_rope_opt("chat", f, a, &rope))) ok = r > 0;
         else {
             fputs("kiln: chat: unexpected argument '", stderr);
             kiln_cli_put_escaped(stderr, f);
@@ -270,7 +273,7 @@ int kiln_cmd_chat(int argc, char **argv) {
     kiln_model *m;
     kiln_status s = kiln_model_load(o.model_path, &m);
     if (s) return kiln_cli_die(s);
-    int rc = chat(m, &o);
+    int rc = kiln_cli_rope_apply("chat", &rope, m) ? chat(m, &o) : 1;
     kiln_model_free(m);
     return rc;
 }

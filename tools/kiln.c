@@ -515,7 +515,9 @@ static int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *chat_template = NULL;
     generate_opts o = {.n_new = 256, .sampler = kiln_sampler_default()};
     bool gpu = false;
-    kiln_cli_opt opts[7 + KILN_CLI_N_SAMPLING] = {
+    kiln_cli_rope rope;
+    kiln_cli_rope_init(&rope);
+    kiln_cli_opt opts[7 + KILN_CLI_N_SAMPLING + KILN_CLI_N_ROPE] = {
         {"-m", KILN_CLI_STR, &model_path, 0, 0},
         {"-p", KILN_CLI_STR, &prompt, 0, 0},
         {"--chat-template", KILN_CLI_STR, &chat_template, 0, 0},
@@ -525,6 +527,7 @@ static int cmd_generate(int argc, char **argv) {
         {"--check-finite", KILN_CLI_FLAG, &o.sess.check_finite, 0, 0}, /* name the first layer whose output is NaN/Inf */
     }; /* then the session and sampling options chat shares */
     int n_opts = 7 + kiln_cli_sampling_opts(opts + 7, &o.sampler, &o.sess), n_pos;
+    n_opts += kiln_cli_rope_opts(opts + n_opts, &rope);
     if (!kiln_cli_parse_args("generate", argc, argv, opts, n_opts, NULL, 0, &n_pos)) return 1;
     if (gpu) kiln_cli_gpu_flag("--gpu", &o.sess);
     if (chat_template) o.chat = true;
@@ -537,6 +540,10 @@ static int cmd_generate(int argc, char **argv) {
     kiln_model *m;
     kiln_status s = kiln_model_load(model_path, &m);
     if (s) return kiln_cli_die(s);
+    if (!kiln_cli_rope_apply("generate", &rope, m)) {
+        kiln_model_free(m);
+        return 1;
+    }
     /* --chat: -p becomes one user turn of the chat template, with the assistant's header after it; only the
      * template's markers are special tokens, so a "</s>" typed in -p stays text */
     kiln_chat_template t;
@@ -563,7 +570,9 @@ static int cmd_perplexity(int argc, char **argv) {
     int64_t n_ctx = 512;
     kiln_session_params run = {0};
     bool gpu = false;
-    const kiln_cli_opt opts[] = {
+    kiln_cli_rope rope;
+    kiln_cli_rope_init(&rope);
+    kiln_cli_opt opts[6 + KILN_CLI_N_ROPE] = {
         {"-m", KILN_CLI_STR, &model, 0, 0},
         {"-f", KILN_CLI_STR, &file, 0, 0},
         {"--ctx", KILN_CLI_I64, &n_ctx, 16, INT32_MAX},
@@ -571,8 +580,8 @@ static int cmd_perplexity(int argc, char **argv) {
         {"-ngl", KILN_CLI_INT, &run.n_gpu_layers, 0, INT32_MAX},
         {"--gpu", KILN_CLI_FLAG, &gpu, 0, 0},
     };
-    int n_pos;
-    if (!kiln_cli_parse_args("perplexity", argc, argv, opts, sizeof opts / sizeof opts[0], NULL, 0, &n_pos)) return 1;
+    int n_pos, n_opts = 6 + kiln_cli_rope_opts(opts + 6, &rope);
+    if (!kiln_cli_parse_args("perplexity", argc, argv, opts, n_opts, NULL, 0, &n_pos)) return 1;
     if (gpu) kiln_cli_gpu_flag("--gpu", &run);
     if (!model || !file) {
         fprintf(stderr, "kiln: usage: kiln perplexity -m MODEL -f TEXT [--ctx N] [-t THREADS] [--gpu | -ngl N]\n");
@@ -592,6 +601,11 @@ static int cmd_perplexity(int argc, char **argv) {
     }
     kiln_model *m;
     kiln_status s = kiln_model_load(model, &m);
+    if (!s && !kiln_cli_rope_apply("perplexity", &rope, m)) {
+        free(text);
+        kiln_model_free(m);
+        return 1;
+    }
     kiln_perplexity_result r;
     if (!s) s = kiln_perplexity(m, text, got, n_ctx, &run, kiln_cli_progress, NULL, &r);
     free(text);
@@ -624,7 +638,10 @@ static void usage(FILE *f) {
                "           [--check-finite]   name the first layer whose output is NaN or infinite (KILN_CHECK_FINITE=1)\n"
                "  chat -m MODEL.gguf [--system TEXT] [--chat-template llama2|llama3|chatml|gemma] [-n MAXTOK] [sampling opts]\n"
                "                                         a conversation over stdin lines, replies streamed to stdout\n"
-               "  --gpu (or -ngl N, N at least the layer count, as llama.cpp's -ngl 99) runs the whole model on the GPU\n");
+               "  --gpu (or -ngl N, N at least the layer count, as llama.cpp's -ngl 99) runs the whole model on the GPU\n"
+               "  generate, chat, perplexity, bench: llama.cpp's RoPE overrides --rope-scaling none|linear|yarn, --rope-scale N,\n"
+               "           --rope-freq-base N, --rope-freq-scale N, --yarn-orig-ctx N, --yarn-ext-factor N,\n"
+               "           --yarn-attn-factor N, --yarn-beta-slow N, --yarn-beta-fast N\n");
 }
 
 int main(int argc, char **argv) {

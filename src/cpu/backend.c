@@ -175,8 +175,8 @@ static kiln_status cpu_qkv_post(void *p, float *q, float *k, float *v, const kil
     }
     if (!a->nope) {
         for (int64_t t = 0; t < T; t++) c->pos[t] = (int32_t)(*pos0 + t);
-        c->ops->rope_forward(&c->k, q, c->pos, T, a->NH, a->HS, a->rope_dim, a->rope_base, a->neox);
-        c->ops->rope_forward(&c->k, k, c->pos, T, a->NKV, a->HS, a->rope_dim, a->rope_base, a->neox);
+        c->ops->rope_forward(&c->k, q, c->pos, T, a->NH, a->HS, a->rope_dim, a->rope_base, a->rope_freq, a->rope_mscale, a->neox);
+        c->ops->rope_forward(&c->k, k, c->pos, T, a->NKV, a->HS, a->rope_dim, a->rope_base, a->rope_freq, a->rope_mscale, a->neox);
     }
     store_rows(c->to_f16, a->k_cache, a->rows, k, *pos0, T, KV);
     store_rows(c->to_f16, a->v_cache, a->rows, v, *pos0, T, KV);

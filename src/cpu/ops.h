@@ -40,9 +40,10 @@ typedef struct kiln_ops {
     kiln_status (*prepare_weights)(kiln_ops_ctx *ctx, const kiln_tensor_view *const *W, int64_t n, bool drop_source);
     void (*release_weights)(kiln_ops_ctx *ctx); /* accepts a ctx with nothing prepared */
     /* Rotates the first rope_dim of each head of x (T, n_heads*HS) in place, token t at position pos[t]:
-     * theta_i = pos * base^(-2i/rope_dim). Interleaved pairs (2i, 2i+1) when !neox, halves (i, i+rope_dim/2) when neox. */
+     * theta_i = pos * base^(-2i/rope_dim) (llama.cpp's float recurrence) times freq[i] (rope_dim/2; NULL: 1), cos and sin
+     * times mscale (kiln_rope, model.h). Interleaved pairs (2i, 2i+1) when !neox, halves (i, i+rope_dim/2) when neox. */
     void (*rope_forward)(kiln_ops_ctx *ctx, float *x, const int32_t *pos, int64_t T, int64_t n_heads, int64_t HS,
-                         int64_t rope_dim, float base, bool neox);
+                         int64_t rope_dim, float base, const float *freq, float mscale, bool neox);
     /* Causal attention with GQA. q (T, NH*HS) at positions pos0..pos0+T-1; the cache holds k and v (f16,
      * (n_ctx, NKV*HS) each) for positions 0..pos0+T-1, this batch's included. out (T, NH*HS). Scale 1/sqrt(HS). */
     void (*attention_forward)(kiln_ops_ctx *ctx, float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
@@ -93,7 +94,7 @@ typedef struct kiln_ops {
                            kiln_type wtype, int64_t N, int64_t I, int64_t O);
     /* The inverse rotation of rope_forward, in place on the gradient dx (T, n_heads*HS). */
     void (*rope_backward)(kiln_ops_ctx *ctx, float *dx, const int32_t *pos, int64_t T, int64_t n_heads, int64_t HS,
-                          int64_t rope_dim, float base, bool neox);
+                          int64_t rope_dim, float base, const float *freq, float mscale, bool neox);
     /* Causal GQA attention over B independent sequences of T tokens, online softmax. q (B*T, NH*HS),
      * k and v (B*T, NKV*HS); out (B*T, NH*HS) is overwritten and lse (B, NH, T) gets each row's
      * log-sum-exp of the scaled scores. Scale 1/sqrt(HS). */

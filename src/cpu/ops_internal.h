@@ -78,7 +78,7 @@ void kiln_gemm4_q5_K_q8_K_avx2(int64_t n, float *s, size_t bs, const void *x, co
 void kiln_gemm4_q5_K_q8_K_avx512(int64_t n, float *s, size_t bs, const void *x, const void *y, size_t by);
 /* ops_rope.c */
 void kiln_cpu_rope_forward(kiln_ops_ctx *ctx, float *x, const int32_t *pos, int64_t T, int64_t n_heads, int64_t HS,
-                           int64_t rope_dim, float base, bool neox);
+                           int64_t rope_dim, float base, const float *freq, float mscale, bool neox);
 /* ops_attention.c */
 void kiln_cpu_attention_forward(kiln_ops_ctx *ctx, float *out, const float *q, const uint16_t *k_cache,
                                 const uint16_t *v_cache, int64_t pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS);
@@ -123,7 +123,7 @@ void kiln_cpu_dense_backward(kiln_ops_ctx *ctx, float *dx, float *dW, const floa
 size_t kiln_cpu_dense_scratch_size(int64_t N, int64_t I, int64_t O, int n_threads);
 /* ops_rope.c */
 void kiln_cpu_rope_backward(kiln_ops_ctx *ctx, float *dx, const int32_t *pos, int64_t T, int64_t n_heads, int64_t HS,
-                            int64_t rope_dim, float base, bool neox);
+                            int64_t rope_dim, float base, const float *freq, float mscale, bool neox);
 /* ops_attention.c */
 void kiln_cpu_attention_forward_train(kiln_ops_ctx *ctx, float *out, float *lse, const float *q, const float *k,
                                       const float *v, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS);

@@ -404,8 +404,8 @@ __global__ void qkv_post_kernel(float *q,                         /* (T, NH*HS) 
                                 const float *bk, const float *bv, /* (NKV*HS) each, or NULL */
                                 const float *q_norm, const float *k_norm, /* (HS) each, or NULL */
                                 float eps, const int32_t *d_pos0 /* (1) */, int64_t NH, int64_t NKV, int64_t HS,
-                                int64_t rope_dim, float theta_scale, bool neox, bool rope, float q_scale,
-                                uint16_t *k_cache, uint16_t *v_cache, /* (rows, NKV*HS) f16 each */
+                                int64_t rope_dim, float theta_scale, kiln_cuda_rope_freq rf, bool neox, bool rope,
+                                float q_scale, uint16_t *k_cache, uint16_t *v_cache, /* (rows, NKV*HS) f16 each */
                                 int64_t rows) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
@@ -442,8 +442,10 @@ __global__ void qkv_post_kernel(float *q,                         /* (T, NH*HS) 
             float theta = (float)p;
 #pragma unroll 4
             for (int j = 0; j < i; j++) theta = __fmul_rn(theta, theta_scale);
+            if (rf.scaled) theta = __fmul_rn(theta, rf.f[i]); /* scaling: ops_rope.c's theta * freq[i] */
             float c, sn;
             sincosf(theta, &sn, &c);
+            if (rf.scaled) c = __fmul_rn(c, rf.mscale), sn = __fmul_rn(sn, rf.mscale);
             const int a = neox ? i : 2 * i, bb = neox ? i + half : 2 * i + 1;
             const float x0 = hx[a], x1 = hx[bb];
             hx[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
@@ -470,8 +472,9 @@ __global__ void qkv_post_kernel(float *q,                         /* (T, NH*HS) 
 extern "C" kiln_status kiln_cuda_qkv_post(float *q, const float *k, const float *v, const float *bq, const float *bk,
                                           const float *bv, const float *q_norm, const float *k_norm, float eps,
                                           const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
-                                          int64_t rope_dim, float base, bool neox, bool nope, float q_scale,
-                                          uint16_t *k_cache, uint16_t *v_cache, int64_t rows, void *stream) {
+                                          int64_t rope_dim, float base, const float *h_rope_freq, float rope_mscale,
+                                          bool neox, bool nope, float q_scale, uint16_t *k_cache, uint16_t *v_cache,
+                                          int64_t rows, void *stream) {
     if (T < 0 || NH <= 0 || NKV <= 0 || HS <= 0 || HS > QKV_MAX_HS || rows <= 0 ||
         (!nope && (rope_dim <= 0 || rope_dim % 2 || rope_dim > HS)))
         return kiln_fail(KILN_ERR_INVALID, "cuda qkv_post: T %lld, NH %lld, NKV %lld, HS %lld (at most %d), rope_dim %lld, rows %lld",
@@ -482,10 +485,11 @@ extern "C" kiln_status kiln_cuda_qkv_post(float *q, const float *k, const float 
     if (blocks > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda qkv_post: %lld heads is too many", (long long)blocks);
     /* The host's powf, the very call ops_rope.c makes, so theta_scale has the CPU's bits. */
     const float theta_scale = nope ? 1.0f : powf(base, -2.0f / (float)rope_dim);
+    const kiln_cuda_rope_freq rf = kiln_cuda_rope_freq_make(nope ? NULL : h_rope_freq, rope_dim / 2, nope ? 1.0f : rope_mscale);
     /* A thread per rotated pair: HS/2 threads, at least a warp, at most 128 (HS 256). */
     const int threads = (int)(HS / 2 <= 32 ? 32 : HS / 2 <= 64 ? 64 : 128);
     const cudaError_t e = kiln_launch(qkv_post_kernel, dim3((unsigned)blocks), dim3(threads), 0, (cudaStream_t)stream, q, k,
-                                      v, bq, bk, bv, q_norm, k_norm, eps, d_pos0, NH, NKV, HS, rope_dim, theta_scale, neox,
+                                      v, bq, bk, bv, q_norm, k_norm, eps, d_pos0, NH, NKV, HS, rope_dim, theta_scale, rf, neox,
                                       !nope, q_scale, k_cache, v_cache, rows);
     return checked("qkv_post", e);
 }

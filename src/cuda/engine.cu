@@ -493,8 +493,8 @@ static kiln_status cuda_qkv_post(void *p, float *q, float *k, float *v, const ki
     e->xp_of = NULL;
     return mark(e, P_QKV_POST,
                 kiln_cuda_qkv_post(q, k, v, vec(a->bq), vec(a->bk), vec(a->bv), vec(a->q_norm), vec(a->k_norm), a->eps, pos0, T, a->NH,
-                                   a->NKV, a->HS, a->rope_dim, a->rope_base, a->neox, a->nope, 1.0f, a->k_cache, a->v_cache, a->rows,
-                                   e->stream));
+                                   a->NKV, a->HS, a->rope_dim, a->rope_base, a->rope_freq, a->rope_mscale, a->neox, a->nope, 1.0f,
+                                   a->k_cache, a->v_cache, a->rows, e->stream));
 }
 
 /* The attention writes its output's prepared form for wo too, where it can and nothing comes between. */

@@ -18,6 +18,25 @@
 extern "C" {
 #endif
 
+/* RoPE scaling as a kernel takes it, by value (kernel parameters, captured by a CUDA graph like any other, so no
+ * device copy to keep): pair i's angle is multiplied by f[i] and cos, sin by mscale (kiln_rope, src/model/model.h).
+ * scaled false: the unscaled rotation, untouched. 128 pairs: the kernels' largest head (HS 256). */
+#define KILN_CUDA_ROPE_MAX_PAIRS 128
+typedef struct kiln_cuda_rope_freq {
+    float f[KILN_CUDA_ROPE_MAX_PAIRS];
+    float mscale;
+    bool scaled;
+} kiln_cuda_rope_freq;
+
+/* The by-value table of h_freq (half, host memory, NULL: all 1) and mscale; half <= KILN_CUDA_ROPE_MAX_PAIRS. */
+static inline kiln_cuda_rope_freq kiln_cuda_rope_freq_make(const float *h_freq, int64_t half, float mscale) {
+    kiln_cuda_rope_freq r;
+    r.mscale = mscale;
+    r.scaled = h_freq || mscale != 1.0f;
+    for (int64_t i = 0; i < KILN_CUDA_ROPE_MAX_PAIRS; i++) r.f[i] = h_freq && i < half ? h_freq[i] : 1.0f;
+    return r;
+}
+
 /* A weight matrix on the GPU in its GGUF block format, exactly the file's bytes: rows of `cols` elements, row o
  * at data + o * row_bytes. cols is a whole number of blocks. */
 typedef struct kiln_cuda_wt {
@@ -117,8 +136,9 @@ kiln_status kiln_cuda_residual_norm_xp(float *x, const float *y, const float *po
  * is updated in place; k, v (T, NKV*HS) are read. */
 kiln_status kiln_cuda_qkv_post(float *q, const float *k, const float *v, const float *bq, const float *bk, const float *bv,
                                const float *q_norm, const float *k_norm, float eps, const int32_t *d_pos0, int64_t T,
-                               int64_t NH, int64_t NKV, int64_t HS, int64_t rope_dim, float base, bool neox, bool nope,
-                               float q_scale, uint16_t *k_cache, uint16_t *v_cache, int64_t rows, void *stream);
+                               int64_t NH, int64_t NKV, int64_t HS, int64_t rope_dim, float base, const float *h_rope_freq,
+                               float rope_mscale, bool neox, bool nope, float q_scale, uint16_t *k_cache, uint16_t *v_cache,
+                               int64_t rows, void *stream);
 /* out (n) = act(gate) * up, act silu or tanh-GELU (geglu); out may equal gate. */
 kiln_status kiln_cuda_glu(float *out, const float *gate, const float *up, int64_t n, bool geglu, void *stream);
 /* x (n) *= sigmoid(g (n)): the attention output gate. */

@@ -10,6 +10,7 @@
  * with PDL (launch.h: kiln_pdl_wait first, then kiln_pdl_trigger); none uses atomics.
  * tests/test_cuda_train_elementwise.c checks every launcher against kiln_cpu_ops (src/cpu/ops*.c). */
 #include "cuda/train_util.cuh"
+#include "cuda/kernels.h"
 
 #include <math.h>
 
@@ -448,12 +449,14 @@ static __device__ __forceinline__ void store8_bf16(kiln_bf16_t *p /* (8), 16-byt
 /* The row's angle table: cos_t, sin_t (rope_dim / 2) for position pos. Angles reach T rad: sincosf, never the
  * fast __sinf/__cosf, whose error grows with the argument. */
 static __device__ __forceinline__ void rope_angles(float *cos_t /* (half) */, float *sin_t /* (half) */, int half, float pos, float theta_scale,
-                                                   float sin_sign) {
+                                                   const kiln_cuda_rope_freq &rf, float sin_sign) {
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float theta = pos;
         for (int j = 0; j < i; j++) theta = __fmul_rn(theta, theta_scale);
+        if (rf.scaled) theta = __fmul_rn(theta, rf.f[i]); /* scaling: ops_rope.c's theta * freq[i] */
         float sn, c;
         sincosf(theta, &sn, &c);
+        if (rf.scaled) c = __fmul_rn(c, rf.mscale), sn = __fmul_rn(sn, rf.mscale);
         cos_t[i] = c;
         sin_t[i] = __fmul_rn(sin_sign, sn);
     }
@@ -520,7 +523,7 @@ static __device__ __forceinline__ void rope_unit_store(kiln_bf16_t *dst /* (W) *
 template <typename TI, bool NEOX>
 static __global__ void __launch_bounds__(ROPE_THREADS)
     rope_vec_kernel(kiln_bf16_t *out /* (N, W) */, const TI *in /* (N, W), or out itself */, int64_t T, int NH, int NKV, int HS,
-                    int rope_dim, float theta_scale, float sin_sign, bool copy) {
+                    int rope_dim, float theta_scale, kiln_cuda_rope_freq rf, float sin_sign, bool copy) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
     __shared__ float cos_t[ROPE_MAX_HS / 2], sin_t[ROPE_MAX_HS / 2];
@@ -543,7 +546,7 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
         load8<TI>(v, src + r0.o0);
         if (NEOX && r0.rot) load8<TI>(v2, src + r0.o0 + half);
     }
-    rope_angles(cos_t, sin_t, half, (float)(n % T), theta_scale, sin_sign);
+    rope_angles(cos_t, sin_t, half, (float)(n % T), theta_scale, rf, sin_sign);
     __syncthreads();
     if (have) rope_unit_store<NEOX>(dst, r0, v, v2, cos_t, sin_t, half, rope_dim);
     for (u += blockDim.x; u < units; u += blockDim.x) {
@@ -561,7 +564,7 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
 template <typename TI, bool NEOX>
 static __global__ void __launch_bounds__(ROPE_THREADS)
     rope_kernel(kiln_bf16_t *out /* (N, W) */, const TI *in /* (N, W), or out itself */, int64_t T, int NH, int NKV, int HS,
-                int rope_dim, float theta_scale, float sin_sign, bool copy) {
+                int rope_dim, float theta_scale, kiln_cuda_rope_freq rf, float sin_sign, bool copy) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
     __shared__ float cos_t[ROPE_MAX_HS / 2], sin_t[ROPE_MAX_HS / 2];
@@ -569,7 +572,7 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
     const int half = rope_dim / 2, hp = HS / 2;
     const TI *src = in + n * W;     /* (W) */
     kiln_bf16_t *dst = out + n * W; /* (W) */
-    rope_angles(cos_t, sin_t, half, (float)(n % T), theta_scale, sin_sign);
+    rope_angles(cos_t, sin_t, half, (float)(n % T), theta_scale, rf, sin_sign);
     __syncthreads();
     const int units = (NH + NKV) * hp;
     for (int u = threadIdx.x; u < units; u += blockDim.x) {
@@ -594,7 +597,8 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
 
 template <typename TI>
 static kiln_status rope(const char *what, kiln_bf16_t *out, const TI *in, int64_t N, int64_t T, int64_t NH, int64_t NKV,
-                        int64_t HS, int64_t rope_dim, float base, bool neox, float sin_sign, void *stream) {
+                        int64_t HS, int64_t rope_dim, float base, const float *h_freq, float mscale, bool neox, float sin_sign,
+                        void *stream) {
     if (N < 0 || N > INT32_MAX || T <= 0 || NH <= 0 || NKV <= 0 || NH > 65536 || NKV > 65536 || HS <= 0 || HS % 2 ||
         HS > ROPE_MAX_HS || rope_dim <= 0 || rope_dim % 2 || rope_dim > HS || !(base > 0.0f) || !out || !in)
         return kiln_fail(KILN_ERR_INVALID, "cuda %s: N %lld, T %lld, NH %lld, NKV %lld, HS %lld (even, at most %d), rope_dim %lld, base %g",
@@ -603,6 +607,7 @@ static kiln_status rope(const char *what, kiln_bf16_t *out, const TI *in, int64_
     if (N == 0) return KILN_OK;
     /* The host's powf, the very call ops_rope.c makes, so theta_scale has the CPU's bits. */
     const float theta_scale = powf(base, -2.0f / (float)rope_dim);
+    const kiln_cuda_rope_freq rf = kiln_cuda_rope_freq_make(h_freq, rope_dim / 2, mscale);
     const bool copy = (const void *)out != (const void *)in; /* in place: v and the pass-through columns stay */
     const bool vec = HS % 8 == 0 && (!neox || rope_dim % 16 == 0) && aligned(out, 16) && aligned(in, 16);
     const int nh = (int)NH, nkv = (int)NKV, hs = (int)HS, rd = (int)rope_dim;
@@ -616,22 +621,24 @@ static kiln_status rope(const char *what, kiln_bf16_t *out, const TI *in, int64_
     cudaStream_t s = (cudaStream_t)stream;
     cudaError_t e;
     if (vec)
-        e = neox ? kiln_launch(rope_vec_kernel<TI, true>, grid, block, 0, s, out, in, T, nh, nkv, hs, rd, theta_scale, sin_sign, copy)
-                 : kiln_launch(rope_vec_kernel<TI, false>, grid, block, 0, s, out, in, T, nh, nkv, hs, rd, theta_scale, sin_sign, copy);
+        e = neox ? kiln_launch(rope_vec_kernel<TI, true>, grid, block, 0, s, out, in, T, nh, nkv, hs, rd, theta_scale, rf, sin_sign, copy)
+                 : kiln_launch(rope_vec_kernel<TI, false>, grid, block, 0, s, out, in, T, nh, nkv, hs, rd, theta_scale, rf, sin_sign, copy);
     else
-        e = neox ? kiln_launch(rope_kernel<TI, true>, grid, block, 0, s, out, in, T, nh, nkv, hs, rd, theta_scale, sin_sign, copy)
-                 : kiln_launch(rope_kernel<TI, false>, grid, block, 0, s, out, in, T, nh, nkv, hs, rd, theta_scale, sin_sign, copy);
+        e = neox ? kiln_launch(rope_kernel<TI, true>, grid, block, 0, s, out, in, T, nh, nkv, hs, rd, theta_scale, rf, sin_sign, copy)
+                 : kiln_launch(rope_kernel<TI, false>, grid, block, 0, s, out, in, T, nh, nkv, hs, rd, theta_scale, rf, sin_sign, copy);
     return checked(what, e);
 }
 
 extern "C" kiln_status kiln_cuda_rope_forward_train(kiln_bf16_t *qkv_bf, const kiln_bf16_t *qkv, int64_t N, int64_t T, int64_t NH,
-                                              int64_t NKV, int64_t HS, int64_t rope_dim, float base, bool neox, void *stream) {
-    return rope<kiln_bf16_t>("rope_forward", qkv_bf, qkv, N, T, NH, NKV, HS, rope_dim, base, neox, 1.0f, stream);
+                                              int64_t NKV, int64_t HS, int64_t rope_dim, float base, const float *h_freq,
+                                              float mscale, bool neox, void *stream) {
+    return rope<kiln_bf16_t>("rope_forward", qkv_bf, qkv, N, T, NH, NKV, HS, rope_dim, base, h_freq, mscale, neox, 1.0f, stream);
 }
 
 extern "C" kiln_status kiln_cuda_rope_backward(kiln_bf16_t *dqkv_bf, const float *dqkv, int64_t N, int64_t T, int64_t NH,
-                                               int64_t NKV, int64_t HS, int64_t rope_dim, float base, bool neox, void *stream) {
-    return rope<float>("rope_backward", dqkv_bf, dqkv, N, T, NH, NKV, HS, rope_dim, base, neox, -1.0f, stream);
+                                               int64_t NKV, int64_t HS, int64_t rope_dim, float base, const float *h_freq,
+                                               float mscale, bool neox, void *stream) {
+    return rope<float>("rope_backward", dqkv_bf, dqkv, N, T, NH, NKV, HS, rope_dim, base, h_freq, mscale, neox, -1.0f, stream);
 }
 
 /* ---------------------------------------------------------------- SwiGLU (forward and backward)

@@ -73,14 +73,17 @@ kiln_status kiln_cuda_rmsnorm_backward(float *dx, kiln_bf16_t *dx_bf, float *dw,
                                        const float *w, const float *rstd, int64_t N, int64_t C, void *ws, void *stream);
 /* qkv (N, Q + 2 KV) bf16, the projections' output, to qkv_bf (N, Q + 2 KV) bf16 with q and k rotated (RoPE on
  * the first rope_dim of each head, theta = pos * base^(-2i/rope_dim) by llama.cpp's float recurrence as
- * src/cpu/ops_rope.c; interleaved pairs, or NeoX halves when neox) in f32 and rounded once; v copied (nothing to
+ * src/cpu/ops_rope.c, times h_freq[i] and cos, sin times mscale: the scaling table, host memory passed by value,
+ * NULL and 1 unscaled; interleaved pairs, or NeoX halves when neox) in f32 and rounded once; v copied (nothing to
  * do when qkv_bf == qkv: in place is allowed); row n is position n % T. */
 kiln_status kiln_cuda_rope_forward_train(kiln_bf16_t *qkv_bf, const kiln_bf16_t *qkv, int64_t N, int64_t T, int64_t NH, int64_t NKV,
-                                   int64_t HS, int64_t rope_dim, float base, bool neox, void *stream);
+                                   int64_t HS, int64_t rope_dim, float base, const float *h_freq, float mscale, bool neox,
+                                   void *stream);
 /* dqkv (N, Q + 2 KV) f32, the gradient of the rotated q, k and of v, to dqkv_bf bf16 with the inverse rotation
  * (overwritten; dv copied). */
 kiln_status kiln_cuda_rope_backward(kiln_bf16_t *dqkv_bf, const float *dqkv, int64_t N, int64_t T, int64_t NH, int64_t NKV,
-                                    int64_t HS, int64_t rope_dim, float base, bool neox, void *stream);
+                                    int64_t HS, int64_t rope_dim, float base, const float *h_freq, float mscale, bool neox,
+                                    void *stream);
 /* gu (N, 2F) bf16, gate then up per row (the matmul's bf16 output): h (N, F) bf16 = silu(gate) * up in f32. */
 kiln_status kiln_cuda_swiglu_forward_train(kiln_bf16_t *h, const kiln_bf16_t *gu, int64_t N, int64_t F, void *stream);
 /* From dh (N, F) bf16 (the down projection's backward output): dgu (N, 2F) bf16 = (dgate, dup), f32 math. */

@@ -380,7 +380,8 @@ static kiln_status forward(kiln_cuda_trainer *t) {
         const kiln_train_layer *w = &m->layers[l];
         layer_acts *a = &t->layers[l];
         TRY(kiln_cuda_linear_forward_train(t->blas, a->qkv, false, false, a->ln1, W(t, w->wq), N, C, QKV, s));
-        TRY(kiln_cuda_rope_forward_train(a->qkv, a->qkv, N, T, NH, NKV, HS, c->rope_dim, c->rope_base, c->rope_neox, s));
+        TRY(kiln_cuda_rope_forward_train(a->qkv, a->qkv, N, T, NH, NKV, HS, c->rope_dim, c->rope_base, m->rope_freq, m->rope_mscale,
+                                         c->rope_neox, s));
         TRY(kiln_cuda_attention_forward_train(a->att, a->lse, a->qkv, B, T, NH, NKV, HS, s));
         /* mid = wo(att), then mid += x inside the ffn norm */
         TRY(kiln_cuda_linear_forward_train(t->blas, a->mid, true, false, a->att, W(t, w->wo), N, Q, C, s));
@@ -521,7 +522,8 @@ static kiln_status backward(kiln_cuda_trainer *t, bool reduce) {
         kiln_bf16_t *datt = t->dgu; /* (N, Q) bf16: dgu is free until the next layer's swiglu backward */
         TRY(kiln_cuda_linear_backward(t->blas, datt, false, false, G(t, w->wo), t->dxb, a->att, W(t, w->wo), N, Q, C, s));
         TRY(kiln_cuda_attention_backward(t->dqkv, datt, a->qkv, a->att, a->lse, B, T, NH, NKV, HS, t->deterministic, t->ws, s));
-        TRY(kiln_cuda_rope_backward(t->dqkvb, t->dqkv, N, T, NH, NKV, HS, c->rope_dim, c->rope_base, c->rope_neox, s));
+        TRY(kiln_cuda_rope_backward(t->dqkvb, t->dqkv, N, T, NH, NKV, HS, c->rope_dim, c->rope_base, t->m->rope_freq,
+                                    t->m->rope_mscale, c->rope_neox, s));
         TRY(kiln_cuda_linear_backward(t->blas, t->dln, true, false, G(t, w->wq), t->dqkvb, a->ln1, W(t, w->wq), N, C, QKV, s));
         /* the first layer's dx goes to the embedding only: no bf16 copy */
         TRY(kiln_cuda_rmsnorm_backward(t->dx, l > 0 ? t->dxb : NULL, G(t, w->attn_norm), t->dln, a->x, P(t, w->attn_norm), a->rstd1, N,

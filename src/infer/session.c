@@ -199,7 +199,7 @@ static kiln_status step_enqueue(void *arg) {
     int32_t *h_flag = s->h_ids + s->n_batch + 1;
     TRY(be->upload(s->ctx, s->d_ids, s->h_ids, (size_t)T * sizeof(int32_t)));
     TRY(be->upload(s->ctx, d_pos, s->h_ids + s->n_batch, 2 * sizeof(int32_t))); /* the position and a zero flag */
-    const kiln_llama_kv kv = {s->k, s->v, s->rows};
+    const kiln_llama_kv kv = {s->k, s->v, s->rows, s->n_ctx};
     /* logits that come back to the host are checked there; the argmax's row on the backend, beside it */
     const kiln_llama_checks checks = {.flag = d_flag, .logits = s->want_next, .layers = s->check_layers};
     TRY(kiln_llama_forward(s->m, be, s->ctx, &s->w, &kv, s->act, s->d_ids, d_pos, T, s->first,

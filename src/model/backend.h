@@ -63,6 +63,9 @@ typedef struct kiln_attn_args {
     float eps;                           /* of the QK-norm */
     int64_t rope_dim;
     float rope_base;
+    const float *rope_freq;              /* (rope_dim / 2) host memory: each pair's angle multiplier (kiln_rope in
+                                          * model.h), NULL: unscaled; the CUDA backend passes it by value */
+    float rope_mscale;                   /* cos and sin are multiplied by it; 1 unscaled */
     bool neox, nope;
     uint16_t *k_cache, *v_cache;         /* (rows, NKV*HS) f16: position p in row p % rows */
     int64_t rows;

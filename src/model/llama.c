@@ -64,12 +64,14 @@ kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void
     for (int64_t l = 0; l < c->n_layer; l++) {
         const kiln_llama_layer *L = &m->layers[l];
         const kiln_weight *lw = w->layers[l];
+        const kiln_rope rope = kiln_llama_layer_rope(m, l, kv->n_ctx);
         const kiln_attn_args a = {
             .NH = NH, .NKV = NKV, .HS = HS,
             .bq = c->qkv_bias ? &lw[KILN_LT_BQ] : NULL, .bk = c->qkv_bias ? &lw[KILN_LT_BK] : NULL,
             .bv = c->qkv_bias ? &lw[KILN_LT_BV] : NULL,
             .q_norm = c->qk_norm ? &lw[KILN_LT_Q_NORM] : NULL, .k_norm = c->qk_norm ? &lw[KILN_LT_K_NORM] : NULL,
             .eps = c->rms_eps, .rope_dim = c->rope_dim, .rope_base = L->rope_base > 0 ? L->rope_base : c->rope_base,
+            .rope_freq = rope.freq, .rope_mscale = rope.mscale,
             .neox = c->rope_neox, .nope = L->nope, .k_cache = kv->k[l], .v_cache = kv->v[l], .rows = kv->rows[l],
             .window = L->window, .scale = c->attn_scale,
         };

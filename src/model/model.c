@@ -1,6 +1,6 @@
 /* model.c: loading a llama, qwen2 or gemma3 GGUF into a kiln_model: the config from metadata (required keys are
  * errors naming the key when absent; optional keys take llama.cpp's defaults) and weight views bound by name
- * with their shapes and types checked. tests/test_generate.c (test_load_errors) and
+ * with their shapes and types checked; RoPE scaling is rope.c's. tests/test_generate.c (test_load_errors) and
  * tests/test_arch.c cover the rejections. */
 #include "model.h"
 #include "quants.h"
@@ -121,6 +121,7 @@ static kiln_status read_config(const kiln_gguf *g, kiln_llama_config *c, arch_id
         (s = opt_f32(g, K("final_logit_softcapping"), F32_NOT_NEGATIVE, &c->logit_softcap)) ||
         (s = opt_dim(g, K("attention.sliding_window"), &c->sliding_window)) ||
         (s = opt_f32(g, K("rope.local.freq_base"), F32_NOT_NEGATIVE, &c->rope_base_local)) ||
+        (s = opt_f32(g, K("rope.freq_base_swa"), F32_POSITIVE, &c->rope_base_local)) || /* llama.cpp's name (gemma3) */
         (s = opt_f32(g, K("attention.scale"), F32_NOT_NEGATIVE, &c->attn_scale)))
         return s;
     const kiln_gguf_value *pv = kiln_gguf_find(g, K("attention.sliding_window_pattern"));
@@ -128,12 +129,8 @@ static kiln_status read_config(const kiln_gguf *g, kiln_llama_config *c, arch_id
         if ((s = kiln_gguf_get_u32(g, k, &pattern))) return s;
         c->swa_pattern = pattern;
     }
-    if (a == ARCH_GEMMA3 && kiln_gguf_find(g, K("rope.scaling.factor"))) {
-        float f;
-        if ((s = kiln_gguf_get_f32(g, K("rope.scaling.factor"), &f))) return s;
-        if (f != 1.0f)
-            return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: %s is %g; kiln does not support RoPE scaling", path, k, (double)f);
-    }
+    if ((s = kiln_rope_read_config(g, A, c))) return s;
+    c->rope_scaling.swa_unscaled = a == ARCH_GEMMA3; /* gemma3's sliding layers: rope_freq_scale_train_swa = 1 */
 #undef K
     return KILN_OK;
 }
@@ -285,6 +282,7 @@ kiln_status kiln_model_load(const char *path, kiln_model **out) {
     if (!s && !(m->layers = calloc((size_t)c->n_layer, sizeof *m->layers))) s = kiln_fail(KILN_ERR_NOMEM, "out of memory");
     if (!s) s = bind_layers(m);
     if (!s) s = layer_flags(m->gguf, arch_names[arch], m);
+    if (!s) s = kiln_rope_build_model(m);
     if (!s) s = check_weights_finite(m);
     /* One embedding row per token, as llama.cpp requires (its token_embd shape is {C, the tokenizer's count}; its
      * converters pad a short tokenizer with [PAD] tokens instead). Rows past the tokenizer would be sampled and
@@ -306,6 +304,7 @@ kiln_status kiln_model_load(const char *path, kiln_model **out) {
 void kiln_model_free(kiln_model *m) {
     if (!m) return;
     kiln_tokenizer_free(m->tokenizer);
+    free(m->rope_freq);
     free(m->layers);
     kiln_gguf_close(m->gguf);
     free(m);

@@ -18,6 +18,42 @@
 extern "C" { /* the CUDA backend (src/cuda/engine.cu, trainer.cu) reads the config and the tensor table */
 #endif
 
+/* ---- RoPE scaling (rope.c), read from <arch>.rope.scaling.* as llama.cpp reads them (llama-model.cpp,
+ * llama-context.cpp) and overridable with kiln_model_set_rope. Every kind reduces to a per-pair multiplier of the
+ * unscaled angle and a factor on cos and sin (kiln_rope). */
+typedef enum kiln_rope_kind {
+    KILN_ROPE_KIND_NONE,     /* no scaling (also rope.scaling.type "none") */
+    KILN_ROPE_KIND_LINEAR,   /* positions times freq_scale = 1 / rope.scaling.factor */
+    KILN_ROPE_KIND_YARN,     /* YaRN: ggml's rope_yarn ramp between interpolated and extrapolated angles, mscale */
+    KILN_ROPE_KIND_LONGROPE, /* Phi-3: rope_factors_{long,short}.weight divide the frequencies, attn_factor on cos/sin */
+} kiln_rope_kind;
+
+typedef struct kiln_rope_scaling_cfg {
+    kiln_rope_kind kind;
+    float factor;          /* rope.scaling.factor (linear, yarn, llama3); 0 absent: freq_scale 1 */
+    float freq_scale;      /* the angles' scale: 1 / factor (llama.cpp's rope_freq_scale), 1 for none/longrope/llama3 */
+    int64_t orig_ctx;      /* rope.scaling.original_context_length, default context_length (n_ctx_orig_yarn) */
+    float attn_factor;     /* rope.scaling.attn_factor (hparams.rope_attn_factor), default 1; LongRoPE without the
+                            * key: sqrt(1 + ln(s) / ln(orig_ctx)), s = context_length / orig_ctx, as Phi-3's converter */
+    float ext_factor;      /* rope.scaling.yarn_ext_factor; negative: unset (1 for yarn, else 0) */
+    float yarn_attn_factor;/* rope.scaling.yarn_attn_factor, default 1 (llama.cpp replaces it when ext_factor != 0) */
+    float beta_fast, beta_slow; /* rope.scaling.yarn_beta_fast / _slow, default 32 and 1 */
+    bool llama3;           /* rope.scaling.type "llama3" (kiln's keys; llama.cpp reads rope_freqs.weight instead): the
+                            * frequency factors of HF's llama3 rope_type, when the file has no rope_freqs.weight; the
+                            * kind is then none, as llama.cpp applies the factors under any type */
+    float low_freq_factor, high_freq_factor; /* llama3: rope.scaling.low_freq_factor / high_freq_factor (1, 4) */
+    bool swa_unscaled;     /* sliding layers keep freq_scale 1 (llama.cpp's rope_freq_scale_train_swa: gemma3) */
+} kiln_rope_scaling_cfg;
+
+/* A layer's RoPE after scaling: pair i of position p turns by theta_i(p) * freq[i], theta_i(p) the unscaled angle
+ * p * base^(-2i/rope_dim) in llama.cpp's float recurrence (ops_rope.c), and cos, sin are multiplied by mscale.
+ * freq folds freq_scale, YaRN's ramp and the frequency factors: freq[i] = (s (1 - mix_i) + mix_i) / ff_i, which
+ * is ggml's rope_yarn on theta / ff rearranged; freq NULL and mscale 1 is the unscaled rotation, bit for bit. */
+typedef struct kiln_rope {
+    const float *freq; /* (rope_dim / 2), owned by the model; NULL: every multiplier is 1 */
+    float mscale;
+} kiln_rope;
+
 typedef struct kiln_llama_config {
     int64_t n_vocab;     /* V */
     int64_t n_embd;      /* C */
@@ -55,8 +91,10 @@ typedef struct kiln_llama_config {
     float attn_scale;     /* <arch>.attention.scale (llama.cpp's key, granite): the attention's score scale, 0 meaning
                            * 1/sqrt(HS); gemma3 27B (62 layers) uses 1/sqrt(C/NH) as llama.cpp's f_attention_scale
                            * (gemma_pytorch's query_pre_attn_scalar). Applied by scaling q before attention */
-    float rope_base_local;/* sliding layers' RoPE base: <arch>.rope.local.freq_base (Muse), gemma3 10000 (hard-coded
-                           * in llama.cpp as rope_freq_base_train_swa); 0 means rope_base */
+    float rope_base_local;/* sliding layers' RoPE base: <arch>.rope.local.freq_base (Muse) or .rope.freq_base_swa
+                           * (llama.cpp's key), gemma3 10000 without either (llama.cpp's rope_freq_base_train_swa
+                           * default); 0 means rope_base */
+    kiln_rope_scaling_cfg rope_scaling; /* <arch>.rope.scaling.* (rope.c); all zero: unscaled */
 } kiln_llama_config;
 
 /* ---- each layer's tensors, listed once (tensors.c). The table drives binding (model.c), synth, convert, the
@@ -115,6 +153,9 @@ typedef struct kiln_llama_layer {
     bool nope;        /* no RoPE on this layer: <arch>.attention.nope_layers (array of layer indexes, Muse) */
     int64_t window;   /* sliding window of this layer (cfg.sliding_window and swa_pattern), 0: full attention */
     float rope_base;  /* cfg.rope_base, or rope_base_local on a sliding layer */
+    kiln_rope rope;      /* the scaled RoPE of this layer (rope.c) */
+    kiln_rope rope_long; /* LongRoPE's long factors, used when the session's context exceeds
+                          * cfg.rope_scaling.orig_ctx (llama.cpp's get_rope_factors); freq NULL without them */
 } kiln_llama_layer;
 
 struct kiln_model {
@@ -125,6 +166,7 @@ struct kiln_model {
     const kiln_tensor_view *output;     /* (V rows of C); == tok_embd when tied */
     kiln_llama_layer *layers;           /* (L) */
     kiln_tokenizer *tokenizer;          /* NULL if the file has no tokenizer.ggml.* keys */
+    float *rope_freq;                   /* (2, L, rope_dim / 2): the layers' kiln_rope tables, NULL unscaled */
 };
 
 /* ---- the forward (llama.c), written once against the backend seam (backend.h) ---- */
@@ -136,7 +178,29 @@ struct kiln_model {
 typedef struct kiln_llama_kv {
     uint16_t **k, **v;   /* (L) */
     const int64_t *rows; /* (L) */
+    int64_t n_ctx;       /* the session's context: picks LongRoPE's long or short factors */
 } kiln_llama_kv;
+
+/* ---- RoPE scaling (rope.c) */
+
+/* Reads <arch>.rope.scaling.* into c->rope_scaling (c's rope fields and n_ctx_train already read); an unknown type
+ * or a key out of its domain is an error naming it. */
+kiln_status kiln_rope_read_config(const kiln_gguf *g, const char *arch, kiln_llama_config *c);
+/* Builds every layer's kiln_rope from m's config, its layers' bases and the frequency-factor tensors
+ * (rope_freqs.weight, rope_factors_long/short.weight), replacing the tables built before. */
+kiln_status kiln_rope_build_model(kiln_model *m);
+/* One table: freq (rope_dim / 2) and *mscale for a layer of RoPE base `base` and freq_scale fs, with frequency
+ * factors ff (rope_dim / 2, NULL: all 1). What the model load and the trainers use. */
+void kiln_rope_table(const kiln_rope_scaling_cfg *sc, int64_t rope_dim, float base, float fs, const float *ff, float *freq,
+                     float *mscale);
+/* The global layers' table from c alone (no tensors; llama3's factors from its keys), as the trainers use it: *freq
+ * (rope_dim / 2, malloc'd) or NULL when unscaled, and *mscale. */
+kiln_status kiln_rope_config_table(const kiln_llama_config *c, float **freq, float *mscale);
+/* Writes c's scaling as <arch>.rope.scaling.* keys (nothing when unscaled); LongRoPE, which needs its tensors, is
+ * KILN_ERR_UNSUPPORTED. */
+kiln_status kiln_rope_write_config(kiln_gguf_writer *w, const char *arch, const kiln_rope_scaling_cfg *sc);
+/* The layer's kiln_rope for a context of n_ctx positions. */
+kiln_rope kiln_llama_layer_rope(const kiln_model *m, int64_t l, int64_t n_ctx);
 
 /* The widest activation row (max of C, NH*HS, F). */
 int64_t kiln_llama_max_width(const kiln_llama_config *c);

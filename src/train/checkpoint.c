@@ -120,6 +120,7 @@ static kiln_status put_keys(kiln_gguf_writer *w, const kiln_trainer_impl *t, con
     TRY(kiln_gguf_writer_set_u32(w, "llama.attention.head_count_kv", (uint32_t)c->n_head_kv));
     TRY(kiln_gguf_writer_set_u32(w, "llama.rope.dimension_count", (uint32_t)c->rope_dim));
     TRY(kiln_gguf_writer_set_f32(w, "llama.rope.freq_base", c->rope_base));
+    TRY(kiln_rope_write_config(w, "llama", &c->rope_scaling));
     TRY(kiln_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", c->rms_eps));
     TRY(kiln_gguf_writer_set_u32(w, "llama.vocab_size", (uint32_t)c->n_vocab));
     if (tok_src) TRY(put_tokenizer(w, tok_src, c->n_vocab));

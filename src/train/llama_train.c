@@ -70,6 +70,11 @@ kiln_status kiln_llama_train_layout(const kiln_llama_config *cfg_in, kiln_llama_
     kiln_llama_train *m = calloc(1, sizeof *m);
     if (!m) return kiln_fail(KILN_ERR_NOMEM, "out of memory for the training model");
     m->cfg = c;
+    kiln_status rs = kiln_rope_config_table(&c, &m->rope_freq, &m->rope_mscale);
+    if (rs) {
+        free(m);
+        return rs;
+    }
     int per_layer = 0;
     for (int i = 0; i < KILN_LT_COUNT; i++) per_layer += trained((kiln_layer_tensor)i);
     m->tensors = calloc((size_t)(3 + per_layer * c.n_layer), sizeof *m->tensors);
@@ -124,6 +129,7 @@ void kiln_llama_train_free(kiln_llama_train *m) {
     free(m->pos);
     free(m->ids);
     free(m->scratch);
+    free(m->rope_freq);
     free(m);
 }
 
@@ -203,6 +209,11 @@ kiln_status kiln_llama_train_check_model(const kiln_model *src, kiln_llama_confi
     if (c.rope_dim != c.head_dim || c.rope_neox)
         return kiln_fail(KILN_ERR_UNSUPPORTED, "training supports full-width interleaved RoPE only (this model: rope_dim %lld of %lld%s)",
                          (long long)c.rope_dim, (long long)c.head_dim, c.rope_neox ? ", NeoX layout" : "");
+    /* the trainer's table comes from the config alone: frequency-factor tensors would be lost in training and export */
+    static const char *const factors[] = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"};
+    for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++)
+        if (kiln_gguf_find_tensor(src->gguf, factors[i]))
+            return kiln_fail(KILN_ERR_UNSUPPORTED, "training does not support RoPE frequency-factor tensors (%s)", factors[i]);
     *cfg = c;
     return KILN_OK;
 }
@@ -380,8 +391,8 @@ static void forward(kiln_llama_train *m, const kiln_ops *ops, kiln_ops_ctx *ctx,
         ops->dense_forward(ctx, a.q, a.ln1, weight(m, w->wq), wt, N, C, Q);
         ops->dense_forward(ctx, a.k, a.ln1, weight(m, w->wk), wt, N, C, KV);
         ops->dense_forward(ctx, a.v, a.ln1, weight(m, w->wv), wt, N, C, KV);
-        ops->rope_forward(ctx, a.q, m->pos, N, NH, HS, c->rope_dim, c->rope_base, c->rope_neox);
-        ops->rope_forward(ctx, a.k, m->pos, N, NKV, HS, c->rope_dim, c->rope_base, c->rope_neox);
+        ops->rope_forward(ctx, a.q, m->pos, N, NH, HS, c->rope_dim, c->rope_base, m->rope_freq, m->rope_mscale, c->rope_neox);
+        ops->rope_forward(ctx, a.k, m->pos, N, NKV, HS, c->rope_dim, c->rope_base, m->rope_freq, m->rope_mscale, c->rope_neox);
         ops->attention_forward_train(ctx, a.att, a.lse, a.q, a.k, a.v, B, T, NH, NKV, HS);
         ops->dense_forward(ctx, a.mid, a.att, weight(m, w->wo), wt, N, Q, C);
         add_into(a.mid, a.x, N * C);
@@ -433,8 +444,8 @@ static void backward(kiln_llama_train *m, const kiln_ops *ops, kiln_ops_ctx *ctx
         ops->dense_backward(ctx, datt, grad(m, w->wo), dx, a.att, weight(m, w->wo), wt, N, Q, C);
         memset(dq, 0, (size_t)(N * (Q + 2 * KV)) * sizeof *dq); /* dq, dk, dv */
         ops->attention_backward(ctx, dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, B, T, NH, NKV, HS);
-        ops->rope_backward(ctx, dq, m->pos, N, NH, HS, c->rope_dim, c->rope_base, c->rope_neox);
-        ops->rope_backward(ctx, dk, m->pos, N, NKV, HS, c->rope_dim, c->rope_base, c->rope_neox);
+        ops->rope_backward(ctx, dq, m->pos, N, NH, HS, c->rope_dim, c->rope_base, m->rope_freq, m->rope_mscale, c->rope_neox);
+        ops->rope_backward(ctx, dk, m->pos, N, NKV, HS, c->rope_dim, c->rope_base, m->rope_freq, m->rope_mscale, c->rope_neox);
         memset(dln, 0, (size_t)(N * C) * sizeof *dln);
         ops->dense_backward(ctx, dln, grad(m, w->wq), dq, a.ln1, weight(m, w->wq), wt, N, C, Q);
         ops->dense_backward(ctx, dln, grad(m, w->wk), dk, a.ln1, weight(m, w->wk), wt, N, C, KV);

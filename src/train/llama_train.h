@@ -54,6 +54,8 @@ typedef struct kiln_llama_train {
     float *acts;      /* saved activations, see llama_train.c */
     float *dacts;     /* gradient work buffers */
     int32_t *pos;     /* (B*T) positions t of each row, for RoPE */
+    float *rope_freq; /* (rope_dim / 2) RoPE's scaled angle multipliers from cfg.rope_scaling (rope.c), NULL unscaled */
+    float rope_mscale;
     int32_t *ids;     /* (B*T) copy of the last inputs, for the embedding backward */
     void *scratch;    /* ops scratch */
     size_t scratch_bytes;
