@@ -352,16 +352,16 @@ static kiln_status add_llama3_freqs(out_list *o, const hf_config *c) {
         num(c->rope, "high_freq_factor", &hi), num(c->rope, "original_max_position_embeddings", &old);
     out_tensor *x = add_vec(o, "rope_freqs.weight", c->HS / 2);
     if (!x) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
-    double lo_wavelen = old / lo, hi_wavelen = old / hi;
+    /* in float32 throughout, as torch computes it there, so that the factors are llama.cpp's to the bit */
+    const float lo_wavelen = (float)old / (float)lo, hi_wavelen = (float)old / (float)hi;
     for (int64_t i = 0; i < c->HS / 2; i++) {
-        /* torch computes the frequency in float32 */
-        float freq = (float)(1.0 / pow(base, (double)(float)(2 * i) / (double)c->HS));
-        double wavelen = 2 * M_PI / freq;
+        float freq = 1.0f / powf((float)base, (float)(2 * i) / (float)c->HS);
+        float wavelen = (float)(2 * M_PI) / freq;
         if (wavelen < hi_wavelen) x->data[i] = 1;
         else if (wavelen > lo_wavelen) x->data[i] = (float)factor;
         else {
-            double smooth = (old / wavelen - lo) / (hi - lo);
-            x->data[i] = (float)(1 / ((1 - smooth) / factor + smooth));
+            float smooth = ((float)old / wavelen - (float)lo) / (float)(hi - lo);
+            x->data[i] = 1.0f / ((1.0f - smooth) / (float)factor + smooth);
         }
     }
     return KILN_OK;

@@ -471,7 +471,7 @@ kiln_status kiln_hf_tokenizer_write(kiln_gguf_writer *w, const char *dir, const 
         if (json_is_boolean(eo)) add_eos = json_is_true(eo);
     }
     if (!s) s = kiln_gguf_writer_set_str(w, "tokenizer.ggml.model", spm ? "llama" : "gpt2");
-    if (!s && pre) s = kiln_gguf_writer_set_str(w, "tokenizer.ggml.pre", pre);
+    if (!s) s = kiln_gguf_writer_set_str(w, "tokenizer.ggml.pre", spm ? "default" : pre); /* llama.cpp's for SentencePiece */
     if (!s) s = write_vocab(w, &v, spm);
     if (!s && !spm)
         s = kiln_gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", (const char *const *)merges.m, (uint64_t)merges.n);
