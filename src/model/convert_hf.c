@@ -495,7 +495,7 @@ static kiln_status convert(const char *dir, const char *out_path, kiln_type wtyp
     snprintf(name, sizeof name, "%s", base && base[1] ? base + 1 : dir);
     if (!s) s = write_metadata(w, &c, name, ftype);
     const kiln_st_tensor *emb = kiln_st_find(&st, "model.embed_tokens.weight");
-    kiln_hf_tok_params tp = {c.a ? c.a->prefer_spm : false, c.a && c.a->norm_plus_one, emb ? emb->shape[0] : 0};
+    kiln_hf_tok_params tp = {c.a ? c.a->prefer_spm : false, emb ? emb->shape[0] : 0};
     if (!s) s = kiln_hf_tokenizer_write(w, dir, &tp);
     for (size_t i = 0; !s && i < o.n; i++) {
         int64_t ne[KILN_ST_MAX_DIMS];

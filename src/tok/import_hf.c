@@ -326,9 +326,11 @@ static kiln_status spm_piece(pb m, int64_t id, vocab *v, const char *path) {
     return vocab_set(v, id, (const char *)text.p, (size_t)(text.end - text.p), score, type);
 }
 
-/* ModelProto {1: pieces (repeated), 2: trainer_spec {40 unk_id, 41 bos_id, 42 eos_id, 43 pad_id}}. The trainer
- * spec's ids are kept for when no JSON names them. */
-static kiln_status read_spm(const char *path, vocab *v, int64_t spec_ids[4]) {
+/* ModelProto {1: pieces (repeated), 2: trainer_spec {40 unk_id, 41 bos_id, 42 eos_id, 43 pad_id},
+ * 3: normalizer_spec {3: add_dummy_prefix, default true}}. The trainer spec's ids are kept for when no JSON names
+ * them; add_dummy_prefix is llama.cpp's add_space_prefix (false in Gemma's models, which llama.cpp's gemma
+ * converters write as a constant). */
+static kiln_status read_spm(const char *path, vocab *v, int64_t spec_ids[4], bool *dummy_prefix) {
     uint8_t *buf;
     size_t n;
     kiln_status s = read_all(path, &buf, &n);
@@ -347,6 +349,12 @@ static kiln_status read_spm(const char *path, vocab *v, int64_t spec_ids[4]) {
             while (!s && ts.p < ts.end) {
                 if (!pb_field(&ts, &f, &wt, &x, &val)) s = kiln_fail(KILN_ERR_FORMAT, "%s: the trainer spec is not valid protobuf", path);
                 else if (wt == 0 && f >= 40 && f <= 43) spec_ids[f - 40] = (int64_t)(int32_t)(uint32_t)val;
+            }
+        } else if (f == 3 && wt == 2) {
+            pb ns = sub, x;
+            while (!s && ns.p < ns.end) {
+                if (!pb_field(&ns, &f, &wt, &x, &val)) s = kiln_fail(KILN_ERR_FORMAT, "%s: the normalizer spec is not valid protobuf", path);
+                else if (wt == 0 && f == 3) *dummy_prefix = val != 0;
             }
         }
     }
@@ -443,9 +451,10 @@ kiln_status kiln_hf_tokenizer_write(kiln_gguf_writer *w, const char *dir, const 
     const char *pre = NULL;
     int64_t spec[4] = {-1, -1, -1, -1}; /* unk, bos, eos, pad */
     int add_bos = -1, add_eos = -1;
+    bool dummy_prefix = true;
     kiln_status s = opt_json(dir, "tokenizer_config.json", &tc);
     if (!s) s = opt_json(dir, "config.json", &cfg);
-    if (!s) s = spm ? read_spm(spm_path, &v, spec) : read_bpe(json_path, &v, &merges, &pre, &tj);
+    if (!s) s = spm ? read_spm(spm_path, &v, spec, &dummy_prefix) : read_bpe(json_path, &v, &merges, &pre, &tj);
     /* SentencePiece: tokenizer_config.json's added tokens type (and extend) the pieces */
     json_t *dec = spm ? json_object_get(tc, "added_tokens_decoder") : NULL;
     const char *ids;
@@ -478,7 +487,7 @@ kiln_status kiln_hf_tokenizer_write(kiln_gguf_writer *w, const char *dir, const 
     if (!s && add_bos >= 0) s = kiln_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", add_bos);
     if (!s && add_eos >= 0) s = kiln_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", add_eos);
     json_t *asp = json_object_get(tc, "add_prefix_space");
-    if (!s && spm && p->space_prefix_off) s = kiln_gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", false);
+    if (!s && spm && !dummy_prefix) s = kiln_gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", false);
     else if (!s && json_is_boolean(asp)) s = kiln_gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", json_is_true(asp));
     if (!s) s = write_template(w, dir, tc);
     vocab_free(&v);

@@ -10,7 +10,6 @@
 
 typedef struct kiln_hf_tok_params {
     bool prefer_spm;      /* tokenizer.model before tokenizer.json (llama, mistral, gemma, phi3 as llama.cpp does) */
-    bool space_prefix_off; /* gemma: tokenizer.ggml.add_space_prefix false */
     int64_t n_rows;       /* the embedding's rows: the token list is padded with [PAD<id>] (UNUSED) up to it */
 } kiln_hf_tok_params;
 

@@ -5,13 +5,16 @@ For each architecture kiln converts, the model is built with transformers from i
 dicts below, with the model id each came from), shrunk to a few layers of width 256 (4 heads, 2 KV heads,
 head_dim 64, FFN 512, vocab 512) but keeping every feature flag, and a small original context (64) where the
 model has RoPE scaling, so that the 80 positions of the test sequence go past it. Weights are random from a fixed
-seed with std 0.1 (logits of std ~1.5: a top-1 margin the comparison can see). Each folder gets
+seed: the embedding and head with std 0.1 (logits of std ~1.5: a top-1 margin the comparison can see), the layers'
+matrices with std 0.5/sqrt(fan_in) (so a layer's update does not swamp the residual and the network stays tame
+enough for a 4-bit weight's error to stay small). Each folder gets
   config.json, model.safetensors (float32), the tokenizer (a byte-level BPE made with `tokenizers`, or the
   SentencePiece model ../shared/data/models/stories260K/tok512.model, else one trained with sentencepiece),
   tokenizer_config.json, and
   oracle.json  {"tokens": the 80 input ids, "greedy": transformers' 8-token greedy continuation,
                 "n_vocab": V, "text": a sample text, "text_ids": the tokenizer's ids of it (no specials)}
-  logits.bin   transformers' float32 logits of the 80 tokens, [80][V] little-endian.
+  logits.bin   transformers' float32 logits of the 80 tokens, [80][V] little-endian;
+  unscaled/    where the config scales RoPE: the same folder with the scaling taken out of config.json.
 Usage: hf_oracle.py OUT_DIR [NAME...]    (OUT_DIR is build/hf: generated at test time, never committed)
 """
 import json
@@ -209,8 +212,10 @@ def build(name, root):
     gemma = name.startswith("gemma")
     with torch.no_grad():
         for pname, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.1)
+            if p.dim() >= 2 and ("embed_tokens" in pname or "lm_head" in pname):
+                p.normal_(0.0, 0.1)  # the head: logits of std ~1.5
+            elif p.dim() >= 2:
+                p.normal_(0.0, 0.5 / p.shape[1] ** 0.5)  # each layer's update about half the residual's size
             elif "norm" in pname:
                 p.normal_(0.0, 0.1) if gemma else p.normal_(1.0, 0.1)  # Gemma's norms are 1 + w
             else:
@@ -231,6 +236,20 @@ def build(name, root):
     with open(os.path.join(out, "oracle.json"), "w") as f:
         json.dump({"model_id": model_id, "tokens": tokens[0].tolist(), "greedy": greedy, "n_vocab": V,
                    "text": TEXT, "text_ids": text_ids, "transformers": transformers.__version__}, f)
+    if "rope_scaling" in published and published["rope_scaling"]:
+        # the same model without its RoPE scaling: the test tells a kiln that ignores the scaling by equal logits
+        plain = os.path.join(out, "unscaled")
+        os.makedirs(plain)
+        for f in os.listdir(out):
+            if f not in ("config.json", "unscaled"):
+                os.symlink(os.path.join("..", f), os.path.join(plain, f))
+        with open(os.path.join(out, "config.json")) as f:
+            c = json.load(f)
+        for k in ("rope_scaling", "rope_parameters"):
+            if isinstance(c.get(k), dict):
+                c[k] = {kk: vv for kk, vv in c[k].items() if kk == "rope_theta"} | {"rope_type": "default"}
+        with open(os.path.join(plain, "config.json"), "w") as f:
+            json.dump(c, f)
     print(f"{name}: {model_id} shrunk, logits std {logits.std():.3f}")
 
 
