@@ -5,7 +5,7 @@
  *   - the SentencePiece import tokenizes text as kiln's loader of the same vocabulary from llama2.c's tok512.bin;
  *   - broken folders are refused with one line naming the file and what is wrong: an unknown architecture, a
  *     tensor past the end of the file, a size that is not the shape's, an unsupported dtype, a header length past
- *     the file, a tensor with no GGUF name, and no output file is left behind. */
+ *     the file, a tensor with no GGUF name, a BF16 value that F16 cannot hold, and no output file is left behind. */
 #include "kiln.h"
 #include "fp16.h"
 #include "test.h"
@@ -54,6 +54,7 @@ typedef struct breakage {
     int64_t end_extra;   /* added to the first tensor's end offset */
     int64_t hlen_extra;  /* added to the header length field */
     bool extra_tensor;   /* a tensor with no GGUF name */
+    bool big_v;          /* v_proj's (BF16) element 5 is 1e5, past F16's range */
 } breakage;
 
 static void write_folder(const char *dir, const char *arch, const breakage *b) {
@@ -94,7 +95,8 @@ static void write_folder(const char *dir, const char *arch, const breakage *b) {
         st_tensor t = i < N_TENSORS ? tensors[i] : (st_tensor){"", "F16", 4, 0};
         int64_t ne = t.rows * (t.cols ? t.cols : 1);
         for (int64_t j = 0; j < ne; j++, p += 2) {
-            uint16_t h = strcmp(t.dtype, "BF16") == 0 ? kiln_f32_to_bf16(value(i, j)) : kiln_f32_to_fp16(value(i, j));
+            float v = b && b->big_v && i == 4 && j == 5 ? 1e5f : value(i, j);
+            uint16_t h = strcmp(t.dtype, "BF16") == 0 ? kiln_f32_to_bf16(v) : kiln_f32_to_fp16(v);
             memcpy(p, &h, 2);
         }
     }
@@ -199,6 +201,11 @@ static void test_hf_convert_refusals(void) {
     breakage extra = {.extra_tensor = true};
     CHECK(refused("extra", "LlamaForCausalLM", &extra, KILN_ERR_UNSUPPORTED, "tensor 'model.layers.0.mlp.mystery.weight' has no GGUF name",
                   NULL));
+    breakage big = {.big_v = true};
+    char tok[512];
+    snprintf(tok, sizeof tok, "%s/models/stories260K/tok512.model", test_data_dir());
+    CHECK(access(tok, R_OK) != 0 || refused("big", "LlamaForCausalLM", &big, KILN_ERR_RANGE,
+                  "tensor 'model.layers.0.self_attn.v_proj.weight' element 5 is 99840, outside F16's range", NULL));
     char none[600];
     snprintf(none, sizeof none, "%s/none", tmp_dir);
     mkdir(none, 0755);

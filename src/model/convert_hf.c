@@ -464,6 +464,9 @@ static kiln_status write_tensor(kiln_gguf_writer *w, int64_t i, const out_tensor
             if (!isfinite(f))
                 return kiln_fail(KILN_ERR_FORMAT, "%s: tensor '%s' holds a non-finite value at element %lld", x->src ? x->src->file : "config",
                                  x->src ? x->src->name : x->name, (long long)(base + j));
+            if (x->type == KILN_TYPE_F16 && !(fabsf(f) <= 65504.0f)) /* would round to an infinity */
+                return kiln_fail(KILN_ERR_RANGE, "%s: tensor '%s' element %lld is %g, outside F16's range: convert with --type bf16 or f32",
+                                 x->src ? x->src->file : "config", x->src ? x->src->name : x->name, (long long)(base + j), (double)f);
             store(x->type, f, buf + used + (size_t)j * eb);
         }
         used += row_bytes;
