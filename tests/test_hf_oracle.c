@@ -2,7 +2,7 @@
  * tests/ref/hf_oracle.py builds each architecture from its published config, shrunk, with random weights, and
  * saves the folder with transformers' float32 logits of 80 tokens (past the original context of 64 where RoPE is
  * scaled) and its greedy continuation into $KILN_BUILD/hf/<name>. Here each folder is converted (F32 through the
- * CLI when KILN_BIN is set, Q4_K_M through the library), loaded, and run on the CPU and, when there is one, the GPU:
+ * CLI when KILN_BIN is set, else the library; Q4_K_M by kiln_quantize_file over the F32 file), loaded, and run on the CPU and, when there is one, the GPU:
  *   - logits: max |kiln - transformers| over all 80 x V, relative to max |transformers|, within the type's bound;
  *   - greedy: F32's 8 argmax steps equal transformers' (Q4_K_M's agreement is printed, not asserted: random
  *     weights leave small top-1 margins that a 4-bit weight may flip);
@@ -100,9 +100,13 @@ static kiln_status convert(const char *dir, const char *out, kiln_ftype ftype, c
         int rc = p ? pclose(p) : -1;
         return rc == 0 ? KILN_OK : KILN_ERR_FORMAT;
     }
-    kiln_convert_hf_params p = {.ftype = ftype};
-    kiln_status s = kiln_convert_hf(dir, out, &p);
-    if (s) snprintf(why, n_why, kiln_last_error());
+    /* a quantized type: kiln quantize over the F32 file converted first (as the CLI does) */
+    char f32[1200];
+    snprintf(f32, sizeof f32, "%s/f32.gguf", dir);
+    kiln_convert_hf_params p = {KILN_FTYPE_ALL_F32};
+    kiln_quantize_params q = {.ftype = ftype};
+    kiln_status s = ftype == KILN_FTYPE_ALL_F32 ? kiln_convert_hf(dir, out, &p) : kiln_quantize_file(f32, out, &q);
+    if (s) snprintf(why, n_why, "%s", kiln_last_error());
     return s;
 }
 
@@ -131,7 +135,7 @@ static double run(const kiln_model *m, const oracle *o, bool gpu, int32_t *greed
         greedy[0] = next;
         for (int k = 1; k < N_GREEDY && !*st; k++) *st = kiln_session_eval_argmax(s, &greedy[k - 1], 1, &greedy[k]);
     }
-    if (*st) snprintf(why, n_why, kiln_last_error()), err = -1;
+    if (*st) snprintf(why, n_why, "%s", kiln_last_error()), err = -1;
     kiln_session_free(s);
     return err;
 }

@@ -6,6 +6,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 static int convert_llama2c(int argc, char **argv) {
     const char *in = NULL, *tok = NULL, *out = NULL;
@@ -31,11 +32,25 @@ static int convert_hf(int argc, char **argv) {
         fprintf(stderr, "kiln: usage: kiln convert hf DIR -o OUT.gguf [--type f32|f16|bf16|q8_0|q4_k_m|...] [-t THREADS]\n");
         return 1;
     }
-    kiln_convert_hf_params p = {.n_threads = threads};
-    kiln_status s = kiln_ftype_from_name(type, &p.ftype);
-    if (!s) s = kiln_convert_hf(dir, out, &p);
+    kiln_ftype ftype;
+    kiln_status s = kiln_ftype_from_name(type, &ftype);
     if (s) return kiln_cli_die(s);
-    kiln_cli_note("wrote %s (%s)", out, kiln_ftype_name(p.ftype));
+    bool plain = ftype == KILN_FTYPE_ALL_F32 || ftype == KILN_FTYPE_MOSTLY_F16 || ftype == KILN_FTYPE_MOSTLY_BF16;
+    if (plain) s = kiln_convert_hf(dir, out, &(kiln_convert_hf_params){ftype});
+    else {
+        /* a quantized mix: F32 first (no rounding before the quantizer's), then kiln quantize's rules */
+        char tmp[4200];
+        if (snprintf(tmp, sizeof tmp, "%s.f32.%ld", out, (long)getpid()) >= (int)sizeof tmp) {
+            fprintf(stderr, "kiln: convert: -o path too long\n");
+            return 1;
+        }
+        kiln_quantize_params q = {.ftype = ftype, .n_threads = threads};
+        s = kiln_convert_hf(dir, tmp, &(kiln_convert_hf_params){KILN_FTYPE_ALL_F32});
+        if (!s) s = kiln_quantize_file(tmp, out, &q);
+        unlink(tmp);
+    }
+    if (s) return kiln_cli_die(s);
+    kiln_cli_note("wrote %s (%s)", out, kiln_ftype_name(ftype));
     return 0;
 }
 

@@ -6,8 +6,9 @@
  *   - gemma2, gemma3: every *norm.weight + 1 (Gemma's RMSNorm multiplies by 1 + w);
  *   - phi3: qkv_proj and gate_up_proj stay fused (attn_qkv, ffn_up); LongRoPE factors as rope_factors_long/short;
  *   - qwen2, qwen3, olmo2: names only (their RoPE is NEOX in llama.cpp, as in HF).
- * 2-D weights take the asked type (F32, F16, BF16); 1-D tensors stay F32. A quantized type writes the F32 GGUF
- * to a temporary file and runs kiln_quantize_file over it. tests/test_hf_oracle.c compares the result with
+ * 2-D weights take the asked type (F32, F16, BF16); 1-D tensors stay F32. A quantized type is the caller's second
+ * step (kiln_quantize_file over the F32 output; `kiln convert hf --type q4_k_m` does both), as the quantizer sits in
+ * the CPU backend's layer above this one. tests/test_hf_oracle.c compares the result with
  * transformers' logits for every architecture; tests/test_hf_convert.c covers the refusals. */
 #include "kiln.h"
 #include "model.h"
@@ -21,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 /* ---------------------------------------------------------------- architectures */
 
@@ -522,13 +522,6 @@ kiln_status kiln_convert_hf(const char *dir, const char *out_path, const kiln_co
     if (ftype == KILN_FTYPE_ALL_F32) return convert(dir, out_path, KILN_TYPE_F32, ftype);
     if (ftype == KILN_FTYPE_MOSTLY_F16) return convert(dir, out_path, KILN_TYPE_F16, ftype);
     if (ftype == KILN_FTYPE_MOSTLY_BF16) return convert(dir, out_path, KILN_TYPE_BF16, ftype);
-    /* a quantized mix: F32 first (no rounding before the quantizer's), then kiln quantize's rules */
-    char tmp[4200];
-    if (snprintf(tmp, sizeof tmp, "%s.f32.%ld", out_path, (long)getpid()) >= (int)sizeof tmp)
-        return kiln_fail(KILN_ERR_INVALID, "%s: path too long", out_path);
-    kiln_status s = convert(dir, tmp, KILN_TYPE_F32, KILN_FTYPE_ALL_F32);
-    kiln_quantize_params q = {.ftype = ftype, .n_threads = p->n_threads, .progress = p->progress, .progress_ud = p->progress_ud};
-    if (!s) s = kiln_quantize_file(tmp, out_path, &q);
-    unlink(tmp);
-    return s;
+    return kiln_fail(KILN_ERR_UNSUPPORTED, "kiln_convert_hf writes f32, f16 or bf16, not %s: quantize its F32 output with kiln_quantize_file",
+                     kiln_ftype_name(ftype));
 }
