@@ -19,7 +19,7 @@ endif
 OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wno-unused-parameter -Iinclude -Isrc -Isrc/core $(SANFLAGS)
-LDLIBS  += -lpcre2-8 -lutf8proc -lpthread -lm
+LDLIBS  += -lpcre2-8 -lutf8proc -ljansson -lpthread -lm
 
 ARCH := $(shell uname -m)
 ifeq ($(ARCH),x86_64)
@@ -104,7 +104,7 @@ all: $(BUILD)/libkiln.a $(BUILD)/kiln
 # it and its Debian package; the host libraries are probed together so that one apt line covers all of them.
 # (The probe defines PCRE2_CODE_UNIT_WIDTH because pcre2.h refuses to be included without it, as bpe.c does.)
 PREFLIGHT      := $(BUILD)/preflight-cuda$(CUDA).ok
-PREFLIGHT_LIBS := pcre2.h:-lpcre2-8:libpcre2-dev utf8proc.h:-lutf8proc:libutf8proc-dev
+PREFLIGHT_LIBS := pcre2.h:-lpcre2-8:libpcre2-dev utf8proc.h:-lutf8proc:libutf8proc-dev jansson.h:-ljansson:libjansson-dev
 CUDA_TOOLKIT   := the CUDA toolkit (NVIDIA's cuda-toolkit package, or Debian's nvidia-cuda-toolkit) in $(CUDA_HOME)
 preflight: $(PREFLIGHT)
 $(PREFLIGHT): Makefile
@@ -189,7 +189,7 @@ test: $(TEST_NEEDS)
 PREFIX     ?= /usr/local
 LIBDIR     ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
-PC_DEPS    := libpcre2-8:-lpcre2-8 libutf8proc:-lutf8proc
+PC_DEPS    := libpcre2-8:-lpcre2-8 libutf8proc:-lutf8proc jansson:-ljansson
 pc_found    = $(shell pkg-config --exists $(1) 2>/dev/null && echo yes)
 PC_REQUIRES = $(foreach d,$(PC_DEPS),$(if $(call pc_found,$(firstword $(subst :, ,$(d)))),$(firstword $(subst :, ,$(d)))))
 PC_LIBS     = $(foreach d,$(PC_DEPS),$(if $(call pc_found,$(firstword $(subst :, ,$(d)))),,$(lastword $(subst :, ,$(d))))) \
@@ -253,7 +253,7 @@ fuzz:
 fuzz-tokenize:
 	@mkdir -p build-fuzz/corpus-tok tests/fuzz/crashes
 	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -Isrc/core \
-	  tests/fuzz/fuzz_tokenize.c src/core/status.c src/core/types.c src/core/file.c src/core/gguf.c $(filter-out src/tok/bpe_train.c,$(wildcard src/tok/*.c)) \
+	  tests/fuzz/fuzz_tokenize.c src/core/status.c src/core/types.c src/core/file.c src/core/gguf.c $(filter-out src/tok/bpe_train.c src/tok/import_hf.c,$(wildcard src/tok/*.c)) \
 	  -o build-fuzz/fuzz_tokenize -lpcre2-8 -lutf8proc -lm -lpthread
 	build-fuzz/fuzz_tokenize -max_total_time=$(FUZZ_SECONDS) -max_len=16384 -artifact_prefix=tests/fuzz/crashes/ \
 	  build-fuzz/corpus-tok tests/fuzz/corpus-tok
@@ -274,7 +274,7 @@ fuzz-ckpt:
 	    $(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 $$fl -Iinclude -Isrc -Isrc/core -c $$f -o $$o || exit 1; fi; \
 	done
 	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -Isrc/core \
-	  tests/fuzz/fuzz_checkpoint.c build-fuzz/ckpt/*.o -o build-fuzz/fuzz_checkpoint -lpcre2-8 -lutf8proc -lm -lpthread
+	  tests/fuzz/fuzz_checkpoint.c build-fuzz/ckpt/*.o -o build-fuzz/fuzz_checkpoint -lpcre2-8 -lutf8proc -ljansson -lm -lpthread
 	KILN_FUZZ_SEED_DIR=build-fuzz/corpus-ckpt build-fuzz/fuzz_checkpoint -max_total_time=$(FUZZ_SECONDS) -max_len=65536 \
 	  -artifact_prefix=tests/fuzz/crashes/ build-fuzz/corpus-ckpt
 
@@ -283,7 +283,7 @@ fuzz-shards:
 	@mkdir -p build-fuzz/corpus-shards tests/fuzz/crashes
 	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -Isrc/core \
 	  tests/fuzz/fuzz_shards.c src/train/data.c src/core/status.c src/core/types.c src/core/file.c src/core/gguf.c \
-	  $(filter-out src/tok/bpe_train.c,$(wildcard src/tok/*.c)) -o build-fuzz/fuzz_shards -lpcre2-8 -lutf8proc -lm -lpthread
+	  $(filter-out src/tok/bpe_train.c src/tok/import_hf.c,$(wildcard src/tok/*.c)) -o build-fuzz/fuzz_shards -lpcre2-8 -lutf8proc -lm -lpthread
 	build-fuzz/fuzz_shards -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -artifact_prefix=tests/fuzz/crashes/ \
 	  build-fuzz/corpus-shards tests/fuzz/corpus-shards
 

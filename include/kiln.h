@@ -331,6 +331,18 @@ kiln_status kiln_synth_llama(const char *path, const kiln_synth_params *p);
  * heads, the file size it implies); see src/model/convert_llama2c.c for both layouts. */
 kiln_status kiln_convert_llama2c(const char *model_path, const char *tokenizer_path, const char *out_path);
 
+/* A Hugging Face checkpoint folder (config.json, model.safetensors or its sharded index, tokenizer.json or
+ * tokenizer.model, tokenizer_config.json) into a GGUF that kiln and llama.cpp run, with llama.cpp's
+ * convert_hf_to_gguf.py keys, tensor names and transforms: Llama, Mistral, Qwen2, Qwen3, Gemma2, Gemma3, Phi3,
+ * SmolLM3 and Olmo2 (ForCausalLM); any other architecture is KILN_ERR_UNSUPPORTED naming it. Safetensors F32, F16
+ * and BF16 are read, every offset checked against its file. ftype F32, F16 (the default, as llama.cpp) or BF16
+ * converts 2-D weights to it (1-D stay F32); for a quantized mix, convert to F32 and kiln_quantize_file the result
+ * (another ftype is KILN_ERR_UNSUPPORTED). The write is atomic (see kiln_gguf_writer). See src/model/convert_hf.c. */
+typedef struct kiln_convert_hf_params {
+    kiln_ftype ftype; /* KILN_FTYPE_ALL_F32, _MOSTLY_F16 or _MOSTLY_BF16 */
+} kiln_convert_hf_params;
+kiln_status kiln_convert_hf(const char *dir, const char *out_path, const kiln_convert_hf_params *p); /* p NULL: F16 */
+
 /* ---------------------------------------------------------------- tokenizers
  * Loaded from GGUF metadata (tokenizer.ggml.*) or a llama2.c tokenizer.bin. Three families, chosen by
  * tokenizer.ggml.model: "llama" (SentencePiece-style, score-driven merges, byte fallback), "gpt2"

@@ -9,7 +9,7 @@
  *   kiln plot LOG.jsonl -o loss.svg [--title T]                                          (tools/cmd_plot.c)
  *   kiln bench quant [--quick]            dequantize / vec_dot throughput per type and SIMD level
  *   kiln bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   pp and tg tok/s, as llama-bench
- *   kiln convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf
+ *   kiln convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf | hf DIR -o OUT.gguf [--type T]     (tools/cmd_convert.c)
  *   kiln generate [-m MODEL.gguf] [-p PROMPT] [-n N] [sampling options] [-t THREADS] [-c CTX] [--chat] [--chat-template NAME] [--check-finite]
  *   kiln chat -m MODEL.gguf [--system TEXT] [--chat-template NAME] [sampling options]                 (tools/cmd_chat.c)
  *
@@ -344,24 +344,6 @@ out:
     return rc;
 }
 
-/* ---------------------------------------------------------------- convert */
-
-static int cmd_convert(int argc, char **argv) {
-    const char *in = NULL, *tok = NULL, *out = NULL;
-    const kiln_cli_opt opts[] = {{"--tokenizer", KILN_CLI_STR, &tok, 0, 0}, {"-o", KILN_CLI_STR, &out, 0, 0}};
-    int n_pos = 0;
-    if (argc >= 1 && strcmp(argv[0], "llama2c") == 0 && !kiln_cli_parse_args("convert", argc - 1, argv + 1, opts, 2, &in, 1, &n_pos))
-        return 1;
-    if (argc < 1 || strcmp(argv[0], "llama2c") != 0 || !in || !tok || !out) {
-        fprintf(stderr, "kiln: usage: kiln convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf\n");
-        return 1;
-    }
-    kiln_status s = kiln_convert_llama2c(in, tok, out);
-    if (s) return kiln_cli_die(s);
-    kiln_cli_note("wrote %s", out);
-    return 0;
-}
-
 /* ---------------------------------------------------------------- generate */
 
 static double now_s(void) {
@@ -632,6 +614,7 @@ static void usage(FILE *f) {
                "  bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   prompt and generation tok/s, as llama-bench\n"
                "  bench --gpu -m MODEL.gguf [-p 512] [-n 128] [-r R]   the same on the GPU, with GB/s, VRAM and a per-op decode profile\n"
                "  convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf   a llama2.c checkpoint to GGUF\n"
+               "  convert hf DIR -o OUT.gguf [--type T]  a Hugging Face checkpoint folder to GGUF\n"
                "  generate [-m MODEL.gguf] [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
                "           [--repeat-penalty R] [--repeat-last-n N] [--seed S] [-t THREADS] [-c CTX] [--gpu | -ngl N]\n"
                "           [--chat] [--chat-template NAME]   -p as one user turn of the model's chat template\n"
@@ -655,7 +638,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "synth") == 0) return cmd_synth(argc - 2, argv + 2);
     if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 2, argv + 2);
     if (strcmp(cmd, "tokenizer") == 0) return cmd_tokenizer(argc - 2, argv + 2);
-    if (strcmp(cmd, "convert") == 0) return cmd_convert(argc - 2, argv + 2);
+    if (strcmp(cmd, "convert") == 0) return kiln_cmd_convert(argc - 2, argv + 2);
     if (strcmp(cmd, "perplexity") == 0) return cmd_perplexity(argc - 2, argv + 2);
     if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 2, argv + 2);
     if (strcmp(cmd, "data") == 0) return kiln_cmd_data(argc - 2, argv + 2);
