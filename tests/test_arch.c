@@ -3,12 +3,22 @@
  * token sequence (ref.tokens) and logits (ref.logits (T, V)); the reference rounds k and v to f16 as kiln's cache
  * does (that rounding alone moves gemma3's logits by 3.5e-3), so what is left is float32 arithmetic plus the odd k
  * or v that float32 rounds to the neighbouring f16: the bound is 2e-4 absolute on logits of magnitude up to ~4
- * (measured: qwen2 6e-7, gemma3 7e-5, muse 7e-6).
- *   qwen2:  q/k/v biases, NeoX RoPE, GQA.
- *   gemma3: sqrt(C) embedding scale, HS from key_length (8, not C/NH = 12), per-head QK norm, sandwich norms,
- *           GeGLU, tied head, sliding window 4 on six of seven layers with the local RoPE base.
- *   muse:   NoPE layer, sigmoid output gate, post-norm epsilon, logit scale and softcap, window 5 every other layer
- *           with a local RoPE base, attention scale 0.25.
+ * (measured: qwen2 8e-7, gemma3 3e-6, muse 1e-5, qwen3 8e-7, mistral 7e-7, mistral3 8e-7, phi3 3.2e-5, gemma2 1.5e-6,
+ * smollm3 6e-7, olmo2 1.1e-6; each feature below moves the reference's logits by 0.08 to 3.3 when turned off).
+ *   qwen2:    q/k/v biases, NeoX RoPE, GQA.
+ *   gemma3:   sqrt(C) embedding scale, HS from key_length (8, not C/NH = 12), per-head QK norm, sandwich norms,
+ *             GeGLU, tied head, sliding window 4 on six of seven layers with the local RoPE base.
+ *   muse:     NoPE layer, sigmoid output gate, post-norm epsilon, logit scale and softcap, window 5 every other layer
+ *             with a local RoPE base, attention scale 0.25.
+ *   qwen3:    per-head QK norm, NeoX, HS 16 from key_length (C/NH = 8), tied head.
+ *   mistral:  a llama file with sliding_window 4 and no pattern: every layer slides; one KV head.
+ *   mistral3: llama's graph under its own name.
+ *   phi3:     fused attn_qkv and ffn_up (gate then up) bound as row views, partial NeoX rotary (4 of 8), window 5 on
+ *             every layer, LongRoPE factor tensors present (ones).
+ *   gemma2:   attention softcap 2, final softcap 3, window 4 on even layers, attention.scale 0.2, sandwich norms,
+ *             GeGLU, embedding scale, tied head.
+ *   smollm3:  NoPE on layers 3 and 7 of 8, interleaved RoPE.
+ *   olmo2:    no pre-norms, post-norms, QK norm over the whole q (32) and k (16), NeoX.
  * Every fixture runs as one batch, in chunks of 3 and token by token, with 1 and 2 threads: with a window of 4
  * and chunks of 3 a sliding layer's ring holds 6 rows for 20 positions, so it wraps three times, and decode reads
  * keys across the wrap. test_window_attention checks the op itself at sizes that take the threaded paths (prefill by
@@ -102,6 +112,53 @@ static void check_fixture(const char *path) {
 static void test_arch_qwen2(void) { check_fixture("tests/ref/arch_qwen2.gguf"); }
 static void test_arch_gemma3(void) { check_fixture("tests/ref/arch_gemma3.gguf"); }
 static void test_arch_muse(void) { check_fixture("tests/ref/arch_muse.gguf"); }
+static void test_arch_qwen3(void) { check_fixture("tests/ref/arch_qwen3.gguf"); }
+static void test_arch_mistral(void) { check_fixture("tests/ref/arch_mistral.gguf"); }
+static void test_arch_mistral3(void) { check_fixture("tests/ref/arch_mistral3.gguf"); }
+static void test_arch_phi3(void) { check_fixture("tests/ref/arch_phi3.gguf"); }
+static void test_arch_gemma2(void) { check_fixture("tests/ref/arch_gemma2.gguf"); }
+static void test_arch_smollm3(void) { check_fixture("tests/ref/arch_smollm3.gguf"); }
+static void test_arch_olmo2(void) { check_fixture("tests/ref/arch_olmo2.gguf"); }
+
+/* The new architectures' flags as each fixture's metadata and llama.cpp's rules set them. */
+static void test_arch_config_more(void) {
+    kiln_model *m;
+    CHECK(kiln_model_load("tests/ref/arch_qwen3.gguf", &m) == KILN_OK, "%s", kiln_last_error());
+    bool ok = m->cfg.qk_norm && !m->cfg.qk_norm_full && m->cfg.rope_neox && !m->cfg.qkv_bias && m->cfg.head_dim == 16 && m->cfg.tied;
+    kiln_model_free(m);
+    CHECK(ok, "qwen3 flags");
+    CHECK(kiln_model_load("tests/ref/arch_mistral.gguf", &m) == KILN_OK, "%s", kiln_last_error());
+    ok = !m->cfg.rope_neox && m->layers[0].window == 4 && m->layers[1].window == 4;
+    kiln_model_free(m);
+    CHECK(ok, "mistral flags: every layer slides");
+    CHECK(kiln_model_load("tests/ref/arch_phi3.gguf", &m) == KILN_OK, "%s", kiln_last_error());
+    const kiln_llama_layer *L = &m->layers[1];
+    const kiln_tensor_view *qkv = kiln_gguf_find_tensor(m->gguf, "blk.1.attn_qkv.weight");
+    const kiln_tensor_view *gu = kiln_gguf_find_tensor(m->gguf, "blk.1.ffn_up.weight");
+    ok = m->cfg.fused_qkv && m->cfg.fused_gate_up && m->cfg.rope_neox && m->cfg.rope_dim == 4 && L->window == 5 && qkv && gu &&
+         L->wq->data == qkv->data && L->wq->ne[1] == 32 && (const char *)L->wk->data == (const char *)qkv->data + 32 * qkv->nb[1] &&
+         (const char *)L->wv->data == (const char *)qkv->data + 64 * qkv->nb[1] && L->wv->ne[1] == 32 &&
+         L->w_gate->data == gu->data && L->w_gate->ne[1] == 40 && (const char *)L->w_up->data == (const char *)gu->data + 40 * gu->nb[1] &&
+         L->w_up->nbytes == 40 * gu->nb[1];
+    kiln_model_free(m);
+    CHECK(ok, "phi3 flags and row views");
+    CHECK(kiln_model_load("tests/ref/arch_gemma2.gguf", &m) == KILN_OK, "%s", kiln_last_error());
+    ok = m->cfg.attn_softcap == 2.0f && m->cfg.logit_softcap == 3.0f && m->cfg.attn_scale == 0.2f && m->cfg.geglu &&
+         m->cfg.sandwich_norm && m->cfg.embd_scale && !m->cfg.qk_norm && m->cfg.tied;
+    for (int64_t l = 0; l < m->cfg.n_layer; l++) ok = ok && m->layers[l].window == (l % 2 == 0 ? 4 : 0); /* even layers slide */
+    kiln_model_free(m);
+    CHECK(ok, "gemma2 flags");
+    CHECK(kiln_model_load("tests/ref/arch_smollm3.gguf", &m) == KILN_OK, "%s", kiln_last_error());
+    ok = !m->cfg.rope_neox;
+    for (int64_t l = 0; l < m->cfg.n_layer; l++) ok = ok && m->layers[l].nope == (l == 3 || l == 7);
+    kiln_model_free(m);
+    CHECK(ok, "smollm3 flags: NoPE on layers 3 and 7");
+    CHECK(kiln_model_load("tests/ref/arch_olmo2.gguf", &m) == KILN_OK, "%s", kiln_last_error());
+    ok = m->cfg.no_pre_norm && m->cfg.qk_norm && m->cfg.qk_norm_full && m->cfg.sandwich_norm && m->cfg.rope_neox &&
+         !m->layers[0].attn_norm && !m->layers[0].ffn_norm && m->layers[0].q_norm->ne[0] == 32 && m->layers[0].k_norm->ne[0] == 16;
+    kiln_model_free(m);
+    CHECK(ok, "olmo2 flags");
+}
 
 /* The metadata reached the config: each fixture's flags, read independently of the logits. */
 static void test_arch_config(void) {
@@ -163,12 +220,12 @@ static void test_window_attention(void) {
         for (int p = 0; p < 2; p++) {
             const size_t bytes = kiln_cpu_ops.scratch_size(k.T, qw, k.NH, n, kiln_pool_size(pools[p]));
             kiln_ops_ctx ctx = {.pool = pools[p], .scratch = malloc(bytes), .scratch_bytes = bytes};
-            kiln_cpu_ops.attention_window_forward(&ctx, out, q, kr, vr, k.pos0, k.T, k.NH, k.NKV, k.HS, k.W, R);
+            kiln_cpu_ops.attention_window_forward(&ctx, out, q, kr, vr, k.pos0, k.T, k.NH, k.NKV, k.HS, k.W, R, 0.0f);
             if (p == 0) memcpy(first, out, sizeof *out * (size_t)(k.T * qw));
             bool same = memcmp(first, out, sizeof *out * (size_t)(k.T * qw)) == 0;
             for (int64_t t = 0; t < k.T && same; t++) { /* token by token, same bits */
                 float one[512];
-                kiln_cpu_ops.attention_window_forward(&ctx, one, q + t * qw, kr, vr, k.pos0 + t, 1, k.NH, k.NKV, k.HS, k.W, R);
+                kiln_cpu_ops.attention_window_forward(&ctx, one, q + t * qw, kr, vr, k.pos0 + t, 1, k.NH, k.NKV, k.HS, k.W, R, 0.0f);
                 same = memcmp(one, first + t * qw, sizeof *one * (size_t)qw) == 0;
             }
             free(ctx.scratch);
@@ -273,5 +330,13 @@ int main(void) {
     RUN(test_arch_qwen2);
     RUN(test_arch_gemma3);
     RUN(test_arch_muse);
+    RUN(test_arch_config_more);
+    RUN(test_arch_qwen3);
+    RUN(test_arch_mistral);
+    RUN(test_arch_mistral3);
+    RUN(test_arch_phi3);
+    RUN(test_arch_gemma2);
+    RUN(test_arch_smollm3);
+    RUN(test_arch_olmo2);
     TEST_EXIT();
 }
