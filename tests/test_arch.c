@@ -28,6 +28,7 @@
 #include "cpu/ops.h"
 #include "fp16.h"
 #include "model/model.h"
+#include "train/llama_train.h"
 #include "test.h"
 
 #include <stdint.h>
@@ -184,6 +185,47 @@ static void test_arch_config(void) {
     CHECK(ok, "qwen2 flags");
 }
 
+/* Training computes the plain llama layer: each new architecture fixture is refused by the checks kiln_trainer_new
+ * runs (kiln_llama_train_check_model, then the layout), naming what it cannot train, except mistral3, which is
+ * plain llama and trains. */
+static void test_arch_train_refuses(void) {
+    static const struct {
+        const char *name, *says; /* says: a piece of the refusal, NULL: trainable */
+    } cases[] = {
+        {"arch_qwen3", "NeoX"}, {"arch_mistral", "sliding-window"}, {"arch_phi3", "rope_dim 4 of 8"},
+        {"arch_gemma2", "NeoX"}, {"arch_smollm3", "NoPE"}, {"arch_olmo2", "NeoX"}, {"arch_mistral3", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[96];
+        snprintf(path, sizeof path, "tests/ref/%s.gguf", cases[i].name);
+        kiln_model *m;
+        CHECK(kiln_model_load(path, &m) == KILN_OK, "%s", kiln_last_error());
+        kiln_llama_config c;
+        kiln_llama_train *t = NULL;
+        kiln_status s = kiln_llama_train_check_model(m, &c);
+        if (!s) s = kiln_llama_train_layout(&c, &t);
+        kiln_llama_train_free(t);
+        kiln_model_free(m);
+        if (cases[i].says)
+            CHECK(s == KILN_ERR_UNSUPPORTED && strstr(kiln_last_error(), cases[i].says), "%s: status %d: %s", path, (int)s,
+                  s ? kiln_last_error() : "trains");
+        else
+            CHECK(s == KILN_OK, "%s: %s", path, kiln_last_error());
+    }
+    /* the flags each refusal names, past the RoPE checks that come first in a file (a config built by hand) */
+    const kiln_llama_config base = {.n_vocab = 64, .n_embd = 32, .n_layer = 2, .n_head = 4, .n_head_kv = 4, .n_ff = 48};
+    kiln_llama_config soft = base, post = base;
+    soft.attn_softcap = 50.0f;
+    post.no_pre_norm = true;
+    kiln_llama_train *t = NULL;
+    CHECK(kiln_llama_train_layout(&soft, &t) == KILN_ERR_UNSUPPORTED && strstr(kiln_last_error(), "attention softcap"), "%s",
+          kiln_last_error());
+    CHECK(kiln_llama_train_layout(&post, &t) == KILN_ERR_UNSUPPORTED && strstr(kiln_last_error(), "pre-norms"), "%s",
+          kiln_last_error());
+    CHECK(kiln_llama_train_layout(&base, &t) == KILN_OK, "%s", kiln_last_error());
+    kiln_llama_train_free(t);
+}
+
 /* attention_window_forward over a ring against a double reference of the windowed softmax over the full history.
  * Cases: decode steps (T = 1, 2: keys split over threads, pieces cut at the wrap), a prefill batch (T = 6), a
  * window past the 128-key chunk (W = 300), and W larger than the history (no sliding yet). Bound: 2e-6 of
@@ -331,6 +373,7 @@ int main(void) {
     RUN(test_arch_gemma3);
     RUN(test_arch_muse);
     RUN(test_arch_config_more);
+    RUN(test_arch_train_refuses);
     RUN(test_arch_qwen3);
     RUN(test_arch_mistral);
     RUN(test_arch_mistral3);
