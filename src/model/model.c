@@ -1,5 +1,5 @@
-/* model.c: loading a GGUF of one of the architectures below (archs) into a kiln_model: the config from metadata (required keys are
- * errors naming the key when absent; optional keys take llama.cpp's defaults) and weight views bound by name
+/* model.c: loading a GGUF of one of the architectures below (archs) into a kiln_model: the config from metadata
+ * (required keys are errors naming the key when absent; optional keys take llama.cpp's defaults) and weight views bound by name
  * with their shapes and types checked. tests/test_generate.c (test_load_errors) and
  * tests/test_arch.c cover the rejections. */
 #include "model.h"
@@ -66,14 +66,15 @@ typedef enum {
 
 typedef struct arch_spec {
     const char *name;
-    bool neox, qkv_bias, qk_norm, qk_norm_full, gemma, no_pre_norm, sandwich_norm, fused;
+    bool neox, qkv_bias, qk_norm, qk_norm_full, gemma, no_pre_norm, sandwich_norm;
+    bool fused;            /* ffn_up holds gate then up (fused_gate_up); a fused attn_qkv is found by name in any file */
     float eps;             /* layer_norm_rms_epsilon's default */
     int64_t swa_pattern;   /* llama.cpp's set_swa_pattern default (0: every layer slides when sliding_window is set) */
     int64_t window;        /* sliding_window's default (0: none) */
     int64_t nope_step;     /* layer l has no RoPE when (l + 1) % nope_step == 0 (smollm3's n_no_rope_layer_step 4) */
 } arch_spec;
 
-/* llama: Llama 1-3 and Mistral 7B (Mistral's llama files carry llama.attention.sliding_window: every layer slides).
+/* llama: Llama 1-3 and Mistral 7B (with llama.attention.sliding_window, as v0.1's 4096, every layer slides).
  * qwen2: q, k, v biases. qwen3: per-head QK norm, head size from key_length. mistral3 (Ministral 3 / Mistral Small
  * 3.x text): llama's graph, refused when it asks for its attention temperature scale. phi3: fused qkv and gate|up,
  * partial rotary, a sliding window on every layer when phi3.attention.sliding_window is set (as transformers'
@@ -412,7 +413,7 @@ kiln_status kiln_model_load(const char *path, kiln_model **out) {
         c->qk_norm |= kiln_gguf_find_tensor(m->gguf, "blk.0.attn_q_norm.weight") != NULL;
         c->sandwich_norm |= kiln_gguf_find_tensor(m->gguf, "blk.0.post_attention_norm.weight") != NULL;
         c->fused_qkv = kiln_gguf_find_tensor(m->gguf, "blk.0.attn_qkv.weight") != NULL;
-        c->fused_gate_up = arch == ARCH_PHI3;
+        c->fused_gate_up = archs[arch].fused;
         s = check_unsupported(m->gguf, c);
     }
     if (!s) s = check_block_count(m->gguf, c->n_layer);
