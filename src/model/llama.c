@@ -69,7 +69,8 @@ kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void
             .bq = c->qkv_bias ? &lw[KILN_LT_BQ] : NULL, .bk = c->qkv_bias ? &lw[KILN_LT_BK] : NULL,
             .bv = c->qkv_bias ? &lw[KILN_LT_BV] : NULL,
             .q_norm = c->qk_norm ? &lw[KILN_LT_Q_NORM] : NULL, .k_norm = c->qk_norm ? &lw[KILN_LT_K_NORM] : NULL,
-            .qk_norm_full = c->qk_norm_full, .eps = c->rms_eps, .rope_dim = c->rope_dim, .rope_base = L->rope_base > 0 ? L->rope_base : c->rope_base,
+            .qk_norm_full = c->qk_norm_full,
+            .eps = c->rms_eps, .rope_dim = c->rope_dim, .rope_base = L->rope_base > 0 ? L->rope_base : c->rope_base,
             .neox = c->rope_neox, .nope = L->nope, .k_cache = kv->k[l], .v_cache = kv->v[l], .rows = kv->rows[l],
             .window = L->window, .scale = c->attn_scale, .softcap = c->attn_softcap,
         };
