@@ -61,11 +61,6 @@ void kiln_attn_chunk_scalar(float *a, float *m, float *l, float *s, const float 
     }
 }
 
-void kiln_attn_softcap(float *s, int64_t n, float cap) {
-    const float inv = 1.0f / cap;
-    for (int64_t j = 0; j < n; j++) s[j] = cap * tanhf(s[j] * inv);
-}
-
 /* State (M, L, A) += partial (pm, pl, pa): the larger max stays, the other side is scaled by exp(its max - it). */
 static void merge(float *M, float *L, float *A, float pm, float pl, const float *pa, int64_t HS) {
     if (pm > *M) {

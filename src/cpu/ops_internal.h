@@ -9,6 +9,7 @@
 #include "quants.h"
 #include "cpu/simd.h"
 
+#include <math.h>
 #include <stdatomic.h>
 
 /* Every op needs this alignment for its scratch rows (a cache line: threads never share one). */
@@ -105,8 +106,12 @@ void kiln_attn_chunk_scalar(float *a, float *m, float *l, float *s, const float 
                             int64_t kv_stride, int64_t nk, int64_t HS, int64_t G, float scale, float cap);
 void kiln_attn_chunk_avx2(float *a, float *m, float *l, float *s, const float *q, const uint16_t *k, const uint16_t *v,
                           int64_t kv_stride, int64_t nk, int64_t HS, int64_t G, float scale, float cap);
-/* s (n) = cap tanh(s / cap): the attention scores' softcap (gemma2), shared by both chunk kernels. */
-void kiln_attn_softcap(float *s, int64_t n, float cap);
+/* s (n) = cap tanh(s / cap): the attention scores' softcap (gemma2), shared by both chunk kernels (inline: the two
+ * kernel files must not call each other). */
+static inline void kiln_attn_softcap(float *s, int64_t n, float cap) {
+    const float inv = 1.0f / cap;
+    for (int64_t j = 0; j < n; j++) s[j] = cap * tanhf(s[j] * inv);
+}
 
 
 /* ---- training (#5): each backward in its forward's file */
