@@ -3,12 +3,22 @@
  * token sequence (ref.tokens) and logits (ref.logits (T, V)); the reference rounds k and v to f16 as kiln's cache
  * does (that rounding alone moves gemma3's logits by 3.5e-3), so what is left is float32 arithmetic plus the odd k
  * or v that float32 rounds to the neighbouring f16: the bound is 2e-4 absolute on logits of magnitude up to ~4
- * (measured: qwen2 6e-7, gemma3 7e-5, muse 7e-6).
- *   qwen2:  q/k/v biases, NeoX RoPE, GQA.
- *   gemma3: sqrt(C) embedding scale, HS from key_length (8, not C/NH = 12), per-head QK norm, sandwich norms,
- *           GeGLU, tied head, sliding window 4 on six of seven layers with the local RoPE base.
- *   muse:   NoPE layer, sigmoid output gate, post-norm epsilon, logit scale and softcap, window 5 every other layer
- *           with a local RoPE base, attention scale 0.25.
+ * (measured: qwen2 8e-7, gemma3 3e-6, muse 1e-5, qwen3 8e-7, mistral 7e-7, mistral3 8e-7, phi3 3.2e-5, gemma2 1.5e-6,
+ * smollm3 6e-7, olmo2 1.1e-6; each feature below moves the reference's logits by 0.08 to 3.3 when turned off).
+ *   qwen2:    q/k/v biases, NeoX RoPE, GQA.
+ *   gemma3:   sqrt(C) embedding scale, HS from key_length (8, not C/NH = 12), per-head QK norm, sandwich norms,
+ *             GeGLU, tied head, sliding window 4 on six of seven layers with the local RoPE base.
+ *   muse:     NoPE layer, sigmoid output gate, post-norm epsilon, logit scale and softcap, window 5 every other layer
+ *             with a local RoPE base, attention scale 0.25.
+ *   qwen3:    per-head QK norm, NeoX, HS 16 from key_length (C/NH = 8), tied head.
+ *   mistral:  a llama file with sliding_window 4 and no pattern: every layer slides; one KV head.
+ *   mistral3: llama's graph under its own name.
+ *   phi3:     fused attn_qkv and ffn_up (gate then up) bound as row views, partial NeoX rotary (4 of 8), window 5 on
+ *             every layer, LongRoPE factor tensors present (ones).
+ *   gemma2:   attention softcap 2, final softcap 3, window 4 on even layers, attention.scale 0.2, sandwich norms,
+ *             GeGLU, embedding scale, tied head.
+ *   smollm3:  NoPE on layers 3 and 7 of 8, interleaved RoPE.
+ *   olmo2:    no pre-norms, post-norms, QK norm over the whole q (32) and k (16), NeoX.
  * Every fixture runs as one batch, in chunks of 3 and token by token, with 1 and 2 threads: with a window of 4
  * and chunks of 3 a sliding layer's ring holds 6 rows for 20 positions, so it wraps three times, and decode reads
  * keys across the wrap. test_window_attention checks the op itself at sizes that take the threaded paths (prefill by
@@ -18,6 +28,7 @@
 #include "cpu/ops.h"
 #include "fp16.h"
 #include "model/model.h"
+#include "train/llama_train.h"
 #include "test.h"
 
 #include <stdint.h>
@@ -102,6 +113,53 @@ static void check_fixture(const char *path) {
 static void test_arch_qwen2(void) { check_fixture("tests/ref/arch_qwen2.gguf"); }
 static void test_arch_gemma3(void) { check_fixture("tests/ref/arch_gemma3.gguf"); }
 static void test_arch_muse(void) { check_fixture("tests/ref/arch_muse.gguf"); }
+static void test_arch_qwen3(void) { check_fixture("tests/ref/arch_qwen3.gguf"); }
+static void test_arch_mistral(void) { check_fixture("tests/ref/arch_mistral.gguf"); }
+static void test_arch_mistral3(void) { check_fixture("tests/ref/arch_mistral3.gguf"); }
+static void test_arch_phi3(void) { check_fixture("tests/ref/arch_phi3.gguf"); }
+static void test_arch_gemma2(void) { check_fixture("tests/ref/arch_gemma2.gguf"); }
+static void test_arch_smollm3(void) { check_fixture("tests/ref/arch_smollm3.gguf"); }
+static void test_arch_olmo2(void) { check_fixture("tests/ref/arch_olmo2.gguf"); }
+
+/* The new architectures' flags as each fixture's metadata and llama.cpp's rules set them. */
+static void test_arch_config_more(void) {
+    kiln_model *m;
+    CHECK(kiln_model_load("tests/ref/arch_qwen3.gguf", &m) == KILN_OK, "%s", kiln_last_error());
+    bool ok = m->cfg.qk_norm && !m->cfg.qk_norm_full && m->cfg.rope_neox && !m->cfg.qkv_bias && m->cfg.head_dim == 16 && m->cfg.tied;
+    kiln_model_free(m);
+    CHECK(ok, "qwen3 flags");
+    CHECK(kiln_model_load("tests/ref/arch_mistral.gguf", &m) == KILN_OK, "%s", kiln_last_error());
+    ok = !m->cfg.rope_neox && m->layers[0].window == 4 && m->layers[1].window == 4;
+    kiln_model_free(m);
+    CHECK(ok, "mistral flags: every layer slides");
+    CHECK(kiln_model_load("tests/ref/arch_phi3.gguf", &m) == KILN_OK, "%s", kiln_last_error());
+    const kiln_llama_layer *L = &m->layers[1];
+    const kiln_tensor_view *qkv = kiln_gguf_find_tensor(m->gguf, "blk.1.attn_qkv.weight");
+    const kiln_tensor_view *gu = kiln_gguf_find_tensor(m->gguf, "blk.1.ffn_up.weight");
+    ok = m->cfg.fused_qkv && m->cfg.fused_gate_up && m->cfg.rope_neox && m->cfg.rope_dim == 4 && L->window == 5 && qkv && gu &&
+         L->wq->data == qkv->data && L->wq->ne[1] == 32 && (const char *)L->wk->data == (const char *)qkv->data + 32 * qkv->nb[1] &&
+         (const char *)L->wv->data == (const char *)qkv->data + 64 * qkv->nb[1] && L->wv->ne[1] == 32 &&
+         L->w_gate->data == gu->data && L->w_gate->ne[1] == 40 && (const char *)L->w_up->data == (const char *)gu->data + 40 * gu->nb[1] &&
+         L->w_up->nbytes == 40 * gu->nb[1];
+    kiln_model_free(m);
+    CHECK(ok, "phi3 flags and row views");
+    CHECK(kiln_model_load("tests/ref/arch_gemma2.gguf", &m) == KILN_OK, "%s", kiln_last_error());
+    ok = m->cfg.attn_softcap == 2.0f && m->cfg.logit_softcap == 3.0f && m->cfg.attn_scale == 0.2f && m->cfg.geglu &&
+         m->cfg.sandwich_norm && m->cfg.embd_scale && !m->cfg.qk_norm && m->cfg.tied;
+    for (int64_t l = 0; l < m->cfg.n_layer; l++) ok = ok && m->layers[l].window == (l % 2 == 0 ? 4 : 0); /* even layers slide */
+    kiln_model_free(m);
+    CHECK(ok, "gemma2 flags");
+    CHECK(kiln_model_load("tests/ref/arch_smollm3.gguf", &m) == KILN_OK, "%s", kiln_last_error());
+    ok = !m->cfg.rope_neox;
+    for (int64_t l = 0; l < m->cfg.n_layer; l++) ok = ok && m->layers[l].nope == (l == 3 || l == 7);
+    kiln_model_free(m);
+    CHECK(ok, "smollm3 flags: NoPE on layers 3 and 7");
+    CHECK(kiln_model_load("tests/ref/arch_olmo2.gguf", &m) == KILN_OK, "%s", kiln_last_error());
+    ok = m->cfg.no_pre_norm && m->cfg.qk_norm && m->cfg.qk_norm_full && m->cfg.sandwich_norm && m->cfg.rope_neox &&
+         !m->layers[0].attn_norm && !m->layers[0].ffn_norm && m->layers[0].q_norm->ne[0] == 32 && m->layers[0].k_norm->ne[0] == 16;
+    kiln_model_free(m);
+    CHECK(ok, "olmo2 flags");
+}
 
 /* The metadata reached the config: each fixture's flags, read independently of the logits. */
 static void test_arch_config(void) {
@@ -125,6 +183,47 @@ static void test_arch_config(void) {
     ok = m->cfg.qkv_bias && m->cfg.rope_neox && !m->cfg.geglu && m->cfg.sliding_window == 0;
     kiln_model_free(m);
     CHECK(ok, "qwen2 flags");
+}
+
+/* Training computes the plain llama layer: each new architecture fixture is refused by the checks kiln_trainer_new
+ * runs (kiln_llama_train_check_model, then the layout), naming what it cannot train, except mistral3, which is
+ * plain llama and trains. */
+static void test_arch_train_refuses(void) {
+    static const struct {
+        const char *name, *says; /* says: a piece of the refusal, NULL: trainable */
+    } cases[] = {
+        {"arch_qwen3", "NeoX"}, {"arch_mistral", "sliding-window"}, {"arch_phi3", "rope_dim 4 of 8"},
+        {"arch_gemma2", "NeoX"}, {"arch_smollm3", "NoPE"}, {"arch_olmo2", "NeoX"}, {"arch_mistral3", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[96];
+        snprintf(path, sizeof path, "tests/ref/%s.gguf", cases[i].name);
+        kiln_model *m;
+        CHECK(kiln_model_load(path, &m) == KILN_OK, "%s", kiln_last_error());
+        kiln_llama_config c;
+        kiln_llama_train *t = NULL;
+        kiln_status s = kiln_llama_train_check_model(m, &c);
+        if (!s) s = kiln_llama_train_layout(&c, &t);
+        kiln_llama_train_free(t);
+        kiln_model_free(m);
+        if (cases[i].says)
+            CHECK(s == KILN_ERR_UNSUPPORTED && strstr(kiln_last_error(), cases[i].says), "%s: status %d: %s", path, (int)s,
+                  s ? kiln_last_error() : "trains");
+        else
+            CHECK(s == KILN_OK, "%s: %s", path, kiln_last_error());
+    }
+    /* the flags each refusal names, past the RoPE checks that come first in a file (a config built by hand) */
+    const kiln_llama_config base = {.n_vocab = 64, .n_embd = 32, .n_layer = 2, .n_head = 4, .n_head_kv = 4, .n_ff = 48};
+    kiln_llama_config soft = base, post = base;
+    soft.attn_softcap = 50.0f;
+    post.no_pre_norm = true;
+    kiln_llama_train *t = NULL;
+    CHECK(kiln_llama_train_layout(&soft, &t) == KILN_ERR_UNSUPPORTED && strstr(kiln_last_error(), "attention softcap"), "%s",
+          kiln_last_error());
+    CHECK(kiln_llama_train_layout(&post, &t) == KILN_ERR_UNSUPPORTED && strstr(kiln_last_error(), "pre-norms"), "%s",
+          kiln_last_error());
+    CHECK(kiln_llama_train_layout(&base, &t) == KILN_OK, "%s", kiln_last_error());
+    kiln_llama_train_free(t);
 }
 
 /* attention_window_forward over a ring against a double reference of the windowed softmax over the full history.
@@ -163,12 +262,12 @@ static void test_window_attention(void) {
         for (int p = 0; p < 2; p++) {
             const size_t bytes = kiln_cpu_ops.scratch_size(k.T, qw, k.NH, n, kiln_pool_size(pools[p]));
             kiln_ops_ctx ctx = {.pool = pools[p], .scratch = malloc(bytes), .scratch_bytes = bytes};
-            kiln_cpu_ops.attention_window_forward(&ctx, out, q, kr, vr, k.pos0, k.T, k.NH, k.NKV, k.HS, k.W, R);
+            kiln_cpu_ops.attention_window_forward(&ctx, out, q, kr, vr, k.pos0, k.T, k.NH, k.NKV, k.HS, k.W, R, 0.0f);
             if (p == 0) memcpy(first, out, sizeof *out * (size_t)(k.T * qw));
             bool same = memcmp(first, out, sizeof *out * (size_t)(k.T * qw)) == 0;
             for (int64_t t = 0; t < k.T && same; t++) { /* token by token, same bits */
                 float one[512];
-                kiln_cpu_ops.attention_window_forward(&ctx, one, q + t * qw, kr, vr, k.pos0 + t, 1, k.NH, k.NKV, k.HS, k.W, R);
+                kiln_cpu_ops.attention_window_forward(&ctx, one, q + t * qw, kr, vr, k.pos0 + t, 1, k.NH, k.NKV, k.HS, k.W, R, 0.0f);
                 same = memcmp(one, first + t * qw, sizeof *one * (size_t)qw) == 0;
             }
             free(ctx.scratch);
@@ -266,12 +365,90 @@ static void test_arch_rejects(void) {
     CHECK(ok, "per-layer sliding flags");
 }
 
+/* A copy of fixture src with: the f32 key fkey (when not NULL), the u32 key ukey (when not NULL), a tensor named add
+ * (when not NULL: a copy of output_norm.weight's data) and without the tensor named drop; then loaded, the model
+ * freed. Returns the load's status. */
+typedef struct {
+    const char *src, *fkey;
+    float f;
+    const char *ukey;
+    uint32_t u;
+    const char *add, *drop;
+} variant;
+
+static kiln_status load_copy(const variant *v, int64_t *window0) {
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/kiln_arch_copy_%d.gguf", (int)getpid());
+    kiln_gguf *g = NULL;
+    kiln_gguf_writer *w = NULL;
+    kiln_status s = kiln_gguf_open(v->src, &g);
+    if (!s) s = kiln_gguf_writer_new(&w);
+    if (!s) s = kiln_gguf_writer_copy_kv(w, g, NULL);
+    if (!s && v->fkey) s = kiln_gguf_writer_set_f32(w, v->fkey, v->f);
+    if (!s && v->ukey) s = kiln_gguf_writer_set_u32(w, v->ukey, v->u);
+    for (int64_t i = 0; !s && i < kiln_gguf_n_tensors(g); i++) {
+        const kiln_tensor_view *t = kiln_gguf_tensor_at(g, i);
+        if (v->drop && strcmp(t->name, v->drop) == 0) continue;
+        s = kiln_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data);
+        if (!s && v->add && strcmp(t->name, "output_norm.weight") == 0)
+            s = kiln_gguf_writer_add_tensor(w, v->add, t->type, t->n_dims, t->ne, t->data);
+    }
+    if (!s) s = kiln_gguf_writer_write_file(w, path);
+    kiln_gguf_writer_free(w);
+    kiln_gguf_close(g);
+    if (s) return KILN_ERR_IO; /* the writing failed, not the load */
+    kiln_model *m = NULL;
+    s = kiln_model_load(path, &m);
+    if (m && window0) *window0 = m->layers[0].window;
+    kiln_model_free(m);
+    remove(path);
+    return s;
+}
+
+/* What the new architectures' files may hold that kiln does not run is refused, naming it; the keys that are
+ * supported in one value and not another take the supported one. */
+static void test_arch_rejects_more(void) {
+    static const struct {
+        variant v;
+        kiln_status want;
+        const char *says;
+    } cases[] = {
+        {{"tests/ref/arch_mistral3.gguf", .fkey = "mistral3.attention.temperature_scale", .f = 0.1f}, KILN_ERR_UNSUPPORTED, "temperature"},
+        {{"tests/ref/arch_mistral3.gguf", .fkey = "mistral3.attention.temperature_scale", .f = 0.0f}, KILN_OK, NULL},
+        {{"tests/ref/arch_muse.gguf", .add = "blk.0.ffn_gate_inp.weight"}, KILN_ERR_UNSUPPORTED, "mixture-of-experts"},
+        {{"tests/ref/arch_phi3.gguf", .add = "blk.0.attn_qkv.bias"}, KILN_ERR_UNSUPPORTED, "attn_qkv.bias"},
+        {{"tests/ref/arch_phi3.gguf", .drop = "blk.1.attn_qkv.weight"}, KILN_ERR_NOT_FOUND, "blk.1.attn_qkv.weight"},
+        {{"tests/ref/arch_phi3.gguf", .drop = "blk.0.ffn_up.weight"}, KILN_ERR_NOT_FOUND, "blk.0.ffn_up.weight"},
+        {{"tests/ref/arch_olmo2.gguf", .add = "blk.0.attn_q.bias"}, KILN_ERR_UNSUPPORTED, "full-width QK norm"},
+        {{"tests/ref/arch_olmo2.gguf", .drop = "blk.1.attn_k_norm.weight"}, KILN_ERR_NOT_FOUND, "blk.1.attn_k_norm.weight"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const kiln_status s = load_copy(&cases[i].v, NULL);
+        CHECK(s == cases[i].want && (!cases[i].says || strstr(kiln_last_error(), cases[i].says)), "case %zu: status %d: %s", i,
+              (int)s, kiln_last_error());
+    }
+    /* phi3's converter writes sliding_window 0 for "none" (Phi-4): every layer is then full */
+    int64_t w0 = -1;
+    const variant none = {"tests/ref/arch_phi3.gguf", .ukey = "phi3.attention.sliding_window", .u = 0};
+    CHECK(load_copy(&none, &w0) == KILN_OK && w0 == 0, "sliding_window 0: %s, window %lld", kiln_last_error(), (long long)w0);
+}
+
 int main(void) {
+    RUN(test_arch_rejects_more);
     RUN(test_arch_rejects);
     RUN(test_window_attention);
     RUN(test_arch_config);
     RUN(test_arch_qwen2);
     RUN(test_arch_gemma3);
     RUN(test_arch_muse);
+    RUN(test_arch_config_more);
+    RUN(test_arch_train_refuses);
+    RUN(test_arch_qwen3);
+    RUN(test_arch_mistral);
+    RUN(test_arch_mistral3);
+    RUN(test_arch_phi3);
+    RUN(test_arch_gemma2);
+    RUN(test_arch_smollm3);
+    RUN(test_arch_olmo2);
     TEST_EXIT();
 }

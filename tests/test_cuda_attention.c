@@ -38,6 +38,9 @@ typedef struct {
     int64_t HS, NH, NKV, T, pos0, window, rows;
 } attn_case;
 
+/* The scores' softcap every run below uses (0: none); test_attention_softcap sets it for its cases. */
+static float softcap;
+
 static kiln_pool *pool;
 
 /* Errors of gpu against ref (n values): NMSE, max-abs over max |ref|, the first index past `bound` of the scale. */
@@ -103,7 +106,8 @@ static void cpu_oracle(float *out, const float *q, const uint16_t *kc, const uin
     const int64_t n_ctx = MAX_POS;
     size_t bytes = kiln_cpu_ops.scratch_size(c->T, c->NH * c->HS, c->NH, n_ctx, kiln_pool_size(pool));
     kiln_ops_ctx ctx = {.pool = pool, .scratch = malloc(bytes), .scratch_bytes = bytes};
-    kiln_cpu_ops.attention_window_forward(&ctx, out, q, kc, vc, c->pos0, c->T, c->NH, c->NKV, c->HS, c->window, c->rows);
+    kiln_cpu_ops.attention_window_forward(&ctx, out, q, kc, vc, c->pos0, c->T, c->NH, c->NKV, c->HS, c->window, c->rows,
+                                     softcap);
     free(ctx.scratch);
 }
 
@@ -133,7 +137,7 @@ static kiln_status gpu_run(float *h_out, const dev_bufs *b, const attn_case *c, 
     if (s == KILN_OK) s = kiln_cuda_upload(b->pos, &pos, sizeof pos);
     if (s != KILN_OK) return s;
     s = kiln_cuda_attention(b->out, b->q, b->kc, b->vc, b->pos, c->T, c->NH, c->NKV, c->HS, c->window, c->rows, MAX_POS,
-                            scale, b->ws, NULL);
+                            scale, softcap, b->ws, NULL);
     if (s == KILN_OK) s = kiln_cuda_sync();
     if (s == KILN_OK) s = kiln_cuda_download(h_out, b->out, out_bytes);
     last_ctr_bad = s == KILN_OK && c->T <= 8 ? counters_dirty(b->ws, c->NH) : -1;
@@ -310,6 +314,25 @@ static void test_attention_small_heads(void) {
            BOUND_MAX, res.worst_nmse, BOUND_NMSE);
 }
 
+/* The scores' softcap (gemma2's attn_logit_softcapping) against the CPU oracle's: cap 1.5 on scores of about N(0, 1)
+ * changes most of them. Decode and prefill, exact head sizes (8, 128, 256: gemma2's) and a run-time one (72), full
+ * cache, window and ring. */
+static void test_attention_softcap(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    const attn_case cases[] = {
+        {8, 4, 1, 1, 700, 0, MAX_POS},           {8, 4, 1, 37, 20, 8, 8 + 37 - 1}, {128, 32, 8, 1, 1500, 0, MAX_POS},
+        {128, 16, 8, 40, 300, 128, 128 + 40 - 1}, {256, 8, 4, 1, 3000, 0, MAX_POS}, {256, 8, 4, 20, 90, 0, MAX_POS},
+        {72, 8, 4, 5, 300, 8, 8 + 5 - 1},        {72, 8, 4, 37, 20, 0, MAX_POS},
+    };
+    const int n_cases = (int)(sizeof cases / sizeof cases[0]);
+    softcap = 1.5f;
+    const cases_result res = check_cases(cases, n_cases, 4242);
+    softcap = 0.0f;
+    CHECK_CASES(res, cases);
+    printf("# softcap: %d cases: worst max-abs/max|ref| %.2e (bound %.0e), worst NMSE %.2e (bound %.0e)\n", n_cases, res.worst_max,
+           BOUND_MAX, res.worst_nmse, BOUND_NMSE);
+}
+
 /* A scale other than 1/sqrt(HS) (the CPU oracle fixes that one) against the double reference, decode and prefill. */
 static void test_attention_scale(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
@@ -442,7 +465,7 @@ static void test_attention_xp(void) {
         if (s == KILN_OK) s = kiln_cuda_upload(b.out, o_xp, ob);
         if (s == KILN_OK)
             s = kiln_cuda_attention_xp(b.out, xp, b.q, b.kc, b.vc, b.pos, c.T, c.NH, c.NKV, c.HS, c.window, c.rows, MAX_POS,
-                                       scale, b.ws, NULL);
+                                       scale, softcap, b.ws, NULL);
         if (s == KILN_OK) s = kiln_cuda_matvec_prepare(xp_ref, b.out, c.T, C, NULL);
         if (s == KILN_OK) s = kiln_cuda_sync();
         if (s == KILN_OK) s = kiln_cuda_download(o_xp, b.out, ob);
@@ -475,28 +498,29 @@ static void test_attention_rejects(void) {
     CHECK(kiln_cuda_alloc((void **)&dummy, 1 << 16) == KILN_OK, "%s", kiln_last_error());
     const uint16_t *h = (const uint16_t *)dummy;
     const int32_t *pos = (const int32_t *)dummy;
-    kiln_status s12 = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 12, 0, 64, 64, 1.0f, dummy, NULL);
-    kiln_status s4 = kiln_cuda_attention(dummy, dummy, h, h, pos, 20, 4, 4, 4, 0, 64, 64, 1.0f, dummy, NULL);
-    kiln_status s264 = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 264, 0, 64, 64, 1.0f, dummy, NULL);
-    kiln_status s512 = kiln_cuda_attention(dummy, dummy, h, h, pos, 20, 4, 4, 512, 0, 64, 64, 1.0f, dummy, NULL);
-    kiln_status s0 = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 0, 0, 64, 64, 1.0f, dummy, NULL);
+    kiln_status s12 = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 12, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status s4 = kiln_cuda_attention(dummy, dummy, h, h, pos, 20, 4, 4, 4, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status s264 = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 264, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status s512 = kiln_cuda_attention(dummy, dummy, h, h, pos, 20, 4, 4, 512, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status s0 = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 0, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
     /* 512 cache rows: a context of 4096 without a window, and window 600 (+ 1 token) it cannot hold */
-    kiln_status s512rows = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 8, 0, 512, 4096, 1.0f, dummy, NULL);
-    kiln_status s512win = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 8, 600, 512, 4096, 1.0f, dummy, NULL);
-    kiln_status sgrp = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 6, 4, 64, 0, 64, 64, 1.0f, dummy, NULL);
-    kiln_status sring = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 64, 0, 32, 64, 1.0f, dummy, NULL);
-    kiln_status sws = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 64, 0, 64, 64, 1.0f, NULL, NULL);
+    kiln_status s512rows = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 8, 0, 512, 4096, 1.0f, 0.0f, dummy, NULL);
+    kiln_status s512win = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 8, 600, 512, 4096, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sgrp = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 6, 4, 64, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sring = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 64, 0, 32, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sws = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 64, 0, 64, 64, 1.0f, 0.0f, NULL, NULL);
+    kiln_status scap = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 64, 0, 64, 64, 1.0f, -1.0f, dummy, NULL);
     /* attention_xp: T 9 (prefill), HS 8, 72 and 80 (a block of 32 would cross heads): unsupported, xp untouched
      * (the second half of dummy, poisoned, must stay so) */
     unsigned char *h_poison = malloc(1 << 15), *h_after = malloc(1 << 15);
     memset(h_poison, 0xa5, 1 << 15);
     void *xp = (char *)dummy + (1 << 15);
     kiln_status sup = kiln_cuda_upload(xp, h_poison, 1 << 15);
-    kiln_status sx9 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, pos, 9, 4, 4, 64, 0, 64, 64, 1.0f, dummy, NULL);
-    kiln_status sx8 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, pos, 1, 4, 4, 8, 0, 64, 64, 1.0f, dummy, NULL);
-    kiln_status sx72 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, pos, 1, 4, 4, 72, 0, 64, 64, 1.0f, dummy, NULL);
-    kiln_status sx80 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, pos, 3, 4, 4, 80, 0, 64, 64, 1.0f, dummy, NULL);
-    kiln_status sxnull = kiln_cuda_attention_xp(dummy, NULL, dummy, h, h, pos, 1, 4, 4, 64, 0, 64, 64, 1.0f, dummy, NULL);
+    kiln_status sx9 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, pos, 9, 4, 4, 64, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sx8 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, pos, 1, 4, 4, 8, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sx72 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, pos, 1, 4, 4, 72, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sx80 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, pos, 3, 4, 4, 80, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sxnull = kiln_cuda_attention_xp(dummy, NULL, dummy, h, h, pos, 1, 4, 4, 64, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
     if (sup == KILN_OK) sup = kiln_cuda_sync();
     if (sup == KILN_OK) sup = kiln_cuda_download(h_after, xp, 1 << 15);
     const int xp_kept = sup == KILN_OK && memcmp(h_poison, h_after, 1 << 15) == 0;
@@ -512,6 +536,7 @@ static void test_attention_rejects(void) {
     CHECK(sgrp == KILN_ERR_INVALID, "NH 6 over NKV 4: status %d", (int)sgrp);
     CHECK(sring == KILN_ERR_INVALID, "a 32-row cache without a window: status %d", (int)sring);
     CHECK(sws == KILN_ERR_INVALID, "decode without a workspace: status %d", (int)sws);
+    CHECK(scap == KILN_ERR_INVALID, "a negative softcap: status %d", (int)scap);
     CHECK(sx9 == KILN_ERR_UNSUPPORTED, "attention_xp T 9: status %d", (int)sx9);
     CHECK(sx8 == KILN_ERR_UNSUPPORTED, "attention_xp HS 8: status %d", (int)sx8);
     CHECK(sx72 == KILN_ERR_UNSUPPORTED, "attention_xp HS 72: status %d", (int)sx72);
@@ -530,6 +555,7 @@ int main(void) {
     RUN(test_attention_matches_cpu);
     RUN(test_attention_small_heads);
     RUN(test_attention_scale);
+    RUN(test_attention_softcap);
     RUN(test_attention_replay);
     RUN(test_attention_xp);
     RUN(test_attention_rejects);

@@ -1,8 +1,10 @@
 /* test_cuda_engine.c: the GPU engine (src/cuda/engine.cu) end to end against the CPU forward, the oracle.
  *
  * Models: kiln_synth_llama in every weight type the engine computes (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K_M,
- * Q5_K_M, Q6_K), the architecture fixtures tests/ref/arch_{qwen2,gemma3,muse}.gguf (biases, QK-norm, sandwich
- * norms, GeGLU, output gate, NoPE, softcap, sliding windows with a ring cache), and stories260K from
+ * Q5_K_M, Q6_K), the architecture fixtures tests/ref/arch_*.gguf (qwen2, gemma3, muse, qwen3, mistral, mistral3,
+ * phi3, gemma2, smollm3, olmo2: biases, QK-norm per head and full-width, sandwich norms and post-norms only, GeGLU,
+ * output gate, NoPE, logit and attention softcaps, fused qkv and gate|up views, partial rotary, sliding windows
+ * with a ring cache), and stories260K from
  * ../shared/data when present. For each:
  *   - a 37-token prompt in chunks of 16 (16, 16, 5: the tensor-core GEMM path twice, then the matvec path), with
  *     every row's logits: relative RMS error against the CPU's under a bound per path (below);
@@ -176,7 +178,8 @@ static void test_synth_types(void) {
 
 static void test_arch_fixtures(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
-    const char *names[] = {"arch_qwen2", "arch_gemma3", "arch_muse", /* and RoPE scaling (tests/test_rope.c) */
+    const char *names[] = {"arch_qwen2", "arch_gemma3", "arch_muse", "arch_qwen3", "arch_mistral", "arch_mistral3",
+                           "arch_phi3", "arch_gemma2", "arch_smollm3", "arch_olmo2", /* and RoPE scaling (tests/test_rope.c) */
                            "rope_linear", "rope_yarn", "rope_freqs", "rope_llama3", "rope_longrope", "rope_gemma3"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char path[512];

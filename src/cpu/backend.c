@@ -129,7 +129,10 @@ static kiln_status cpu_residual_norm(void *p, float *x, float *y, const kiln_wei
         if (post_w) c->ops->rmsnorm_forward(&c->k, y, y, post_w->view->data, T, C, post_eps);
         for (int64_t i = 0; i < T * C; i++) x[i] += y[i];
     }
-    c->ops->rmsnorm_forward(&c->k, xb, x, w->view->data, T, C, eps);
+    if (w)
+        c->ops->rmsnorm_forward(&c->k, xb, x, w->view->data, T, C, eps);
+    else /* no pre-norm (olmo2) */
+        memcpy(xb, x, sizeof *xb * (size_t)(T * C));
     return KILN_OK;
 }
 
@@ -169,7 +172,10 @@ static kiln_status cpu_qkv_post(void *p, float *q, float *k, float *v, const kil
         c->ops->add_bias_forward(&c->k, k, a->bk->view->data, T, KV);
         c->ops->add_bias_forward(&c->k, v, a->bv->view->data, T, KV);
     }
-    if (a->q_norm) { /* each head's row of HS is one RMSNorm row */
+    if (a->q_norm && a->qk_norm_full) { /* each token's q and k are one RMSNorm row each (olmo2) */
+        c->ops->rmsnorm_forward(&c->k, q, q, a->q_norm->view->data, T, Q, a->eps);
+        c->ops->rmsnorm_forward(&c->k, k, k, a->k_norm->view->data, T, KV, a->eps);
+    } else if (a->q_norm) { /* each head's row of HS is one RMSNorm row */
         c->ops->rmsnorm_forward(&c->k, q, q, a->q_norm->view->data, T * a->NH, a->HS, a->eps);
         c->ops->rmsnorm_forward(&c->k, k, k, a->k_norm->view->data, T * a->NKV, a->HS, a->eps);
     }
@@ -188,8 +194,9 @@ static kiln_status cpu_attention(void *p, float *out, float *q, const kiln_attn_
     const int64_t pos = *pos0;
     /* the kernels scale by 1/sqrt(HS): another scale goes into q */
     if (a->scale > 0) c->ops->scale_softcap_forward(&c->k, q, T * a->NH * a->HS, a->scale * sqrtf((float)a->HS), 0.0f);
-    if (a->window || a->rows < pos + T)
-        c->ops->attention_window_forward(&c->k, out, q, a->k_cache, a->v_cache, pos, T, a->NH, a->NKV, a->HS, a->window, a->rows);
+    if (a->window || a->rows < pos + T || a->softcap > 0)
+        c->ops->attention_window_forward(&c->k, out, q, a->k_cache, a->v_cache, pos, T, a->NH, a->NKV, a->HS, a->window, a->rows,
+                                         a->softcap);
     else
         c->ops->attention_forward(&c->k, out, q, a->k_cache, a->v_cache, pos, T, a->NH, a->NKV, a->HS);
     return KILN_OK;

@@ -52,10 +52,11 @@ typedef struct kiln_ops {
     void (*swiglu_forward)(kiln_ops_ctx *ctx, float *out, const float *gate, const float *up, int64_t n);
     /* As attention_forward with a sliding window and a ring cache (#6): the query at position p sees positions
      * max(0, p - window + 1) .. p (window 0: all), and position j is row j % rows of each cache. rows is n_ctx
-     * for a full cache, or a ring of at least window + T - 1 rows. */
+     * for a full cache, or a ring of at least window + T - 1 rows. softcap > 0: each score s (after the scale)
+     * becomes softcap tanh(s / softcap) (gemma2's attn_logit_softcapping); 0: none. */
     void (*attention_window_forward)(kiln_ops_ctx *ctx, float *out, const float *q, const uint16_t *k_cache,
                                      const uint16_t *v_cache, int64_t pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
-                                     int64_t window, int64_t rows);
+                                     int64_t window, int64_t rows, float softcap);
     /* ---- the architecture features' elementwise ops (#6), ops_arch.c */
     /* out (n) = gelu_tanh(gate) * up (gemma's GeGLU); out may equal gate. */
     void (*geglu_forward)(kiln_ops_ctx *ctx, float *out, const float *gate, const float *up, int64_t n);

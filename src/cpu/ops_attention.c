@@ -36,7 +36,7 @@ static size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
 
 /* The scalar chunk kernel, the oracle for the SIMD one (ops_internal.h states the contract). */
 void kiln_attn_chunk_scalar(float *a, float *m, float *l, float *s, const float *q, const uint16_t *k,
-                            const uint16_t *v, int64_t kv_stride, int64_t nk, int64_t HS, int64_t G, float scale) {
+                            const uint16_t *v, int64_t kv_stride, int64_t nk, int64_t HS, int64_t G, float scale, float cap) {
     for (int64_t h = 0; h < G; h++) {
         const float *qh = q + h * HS;
         float *sh = s + h * nk, *ah = a + h * HS;
@@ -46,8 +46,9 @@ void kiln_attn_chunk_scalar(float *a, float *m, float *l, float *s, const float 
             float dot = 0.0f;
             for (int64_t d = 0; d < HS; d++) dot += qh[d] * kiln_fp16_to_f32(kj[d]);
             sh[j] = dot * scale;
-            max = sh[j] > max ? sh[j] : max;
         }
+        if (cap > 0) kiln_attn_softcap(sh, nk, cap);
+        for (int64_t j = 0; j < nk; j++) max = sh[j] > max ? sh[j] : max;
         float sum = 0.0f;
         for (int64_t j = 0; j < nk; j++) sum += (sh[j] = expf(sh[j] - max));
         for (int64_t d = 0; d < HS; d++) ah[d] = 0.0f;
@@ -80,7 +81,7 @@ typedef struct {
     const uint16_t *k, *v;          /* (n_ctx, NKV*HS) f16 */
     int64_t pos0, T, NH, NKV, HS, G;
     int64_t window, rows;           /* 0 or the sliding window; cache rows (position j in row j % rows) */
-    float scale;
+    float scale, softcap;           /* softcap 0: none */
     kiln_attn_chunk_fn chunk;
     float *thread_scratch;          /* (nth, per_thread) floats */
     size_t per_thread;
@@ -166,7 +167,7 @@ static void attention_by_group(void *arg, int ith, int nth) {
             int64_t j0, nk;
             piece_of(&r, c, &j0, &nk);
             const size_t off = (size_t)(j0 % j->rows * kv_stride + g * HS);
-            j->chunk(w.a, w.m, w.l, w.s, q, j->k + off, j->v + off, kv_stride, nk, HS, G, j->scale);
+            j->chunk(w.a, w.m, w.l, w.s, q, j->k + off, j->v + off, kv_stride, nk, HS, G, j->scale, j->softcap);
             for (int64_t h = 0; h < G; h++) merge(&w.M[h], &w.L[h], w.A + h * HS, w.m[h], w.l[h], w.a + h * HS, HS);
         }
         float *out = j->out + (t * j->NH + g * G) * HS;
@@ -194,7 +195,8 @@ static void attention_by_chunk(void *arg, int ith, int nth) {
         float *part = j->partials + ((size_t)t * (size_t)j->max_chunks + (size_t)u) * (size_t)(NH * P);
         for (int64_t g = 0; g < j->NKV; g++) {
             const size_t off = (size_t)(j0 % j->rows * kv_stride + g * HS);
-            j->chunk(w.a, w.m, w.l, w.s, j->q + (t * NH + g * G) * HS, j->k + off, j->v + off, kv_stride, nk, HS, G, j->scale);
+            j->chunk(w.a, w.m, w.l, w.s, j->q + (t * NH + g * G) * HS, j->k + off, j->v + off, kv_stride, nk, HS, G, j->scale,
+                     j->softcap);
             for (int64_t h = 0; h < G; h++) {
                 float *ph = part + (g * G + h) * P;
                 for (int64_t d = 0; d < HS; d++) ph[d] = w.a[h * HS + d];
@@ -236,12 +238,13 @@ size_t kiln_cpu_attention_scratch_size(int64_t T, int64_t max_width, int64_t NH,
 
 void kiln_cpu_attention_forward(kiln_ops_ctx *ctx, float *out, const float *q, const uint16_t *k_cache,
                                 const uint16_t *v_cache, int64_t pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
-    kiln_cpu_attention_window_forward(ctx, out, q, k_cache, v_cache, pos0, T, NH, NKV, HS, 0, INT64_MAX / 2);
+    kiln_cpu_attention_window_forward(ctx, out, q, k_cache, v_cache, pos0, T, NH, NKV, HS, 0, INT64_MAX / 2, 0.0f);
 }
 
 void kiln_cpu_attention_window_forward(kiln_ops_ctx *ctx, float *out, const float *q, const uint16_t *k_cache,
                                        const uint16_t *v_cache, int64_t pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
-                                       int64_t window, int64_t rows) {
+                                       int64_t window, int64_t rows, float softcap) {
+    assert(softcap >= 0);
     assert(pos0 >= 0 && T >= 0 && NKV > 0 && NH % NKV == 0 && HS > 0 && window >= 0 && rows > 0);
     assert((rows >= pos0 + T || (window > 0 && rows >= window + T - 1)) && "a ring must hold the window and the batch");
     if (T == 0) return;
@@ -252,7 +255,7 @@ void kiln_cpu_attention_window_forward(kiln_ops_ctx *ctx, float *out, const floa
     size_t bytes;
     float *scratch = kiln_ops_scratch(ctx, &bytes);
     attn_job j = {.out = out, .q = q, .k = k_cache, .v = v_cache, .pos0 = pos0, .T = T, .NH = NH, .NKV = NKV, .HS = HS,
-                  .G = G, .window = window, .rows = rows, .scale = 1.0f / sqrtf((float)HS), .chunk = kiln_attn_chunk_scalar, .thread_scratch = scratch,
+                  .G = G, .window = window, .rows = rows, .scale = 1.0f / sqrtf((float)HS), .softcap = softcap, .chunk = kiln_attn_chunk_scalar, .thread_scratch = scratch,
                   .per_thread = thread_floats(G, HS, n_max)};
 #if defined(__x86_64__)
     if (kiln_cpu_ops_level() >= KILN_SIMD_AVX2 && HS % 8 == 0) j.chunk = kiln_attn_chunk_avx2;

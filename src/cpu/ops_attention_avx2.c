@@ -146,22 +146,23 @@ static void softmax_partial(float *s, int64_t nk, float *m, float *l) {
 
 /* The kernel for NH (1..4) heads, specialized by constant NH after inlining. */
 INLINE void chunk_heads(float *a, float *m, float *l, float *s, const float *q, const uint16_t *k, const uint16_t *v,
-                        int64_t kv_stride, int64_t nk, int64_t HS, const int NH, float scale) {
+                        int64_t kv_stride, int64_t nk, int64_t HS, const int NH, float scale, float cap) {
     scores(s, nk, q, NH, k, v, kv_stride, HS, scale);
+    if (cap > 0) kiln_attn_softcap(s, NH * nk, cap); /* a pass of its own: the plain path's loops stay as they were */
     for (int h = 0; h < NH; h++) softmax_partial(s + h * nk, nk, &m[h], &l[h]);
     weighted_sum(a, s, nk, NH, v, kv_stride, HS);
 }
 
 void kiln_attn_chunk_avx2(float *a, float *m, float *l, float *s, const float *q, const uint16_t *k, const uint16_t *v,
-                          int64_t kv_stride, int64_t nk, int64_t HS, int64_t G, float scale) {
+                          int64_t kv_stride, int64_t nk, int64_t HS, int64_t G, float scale, float cap) {
     for (int64_t h0 = 0; h0 < G; h0 += 4) {
         float *ah = a + h0 * HS, *mh = m + h0, *lh = l + h0, *sh = s + h0 * nk;
         const float *qh = q + h0 * HS;
         switch (G - h0 < 4 ? G - h0 : 4) {
-        case 1: chunk_heads(ah, mh, lh, sh, qh, k, v, kv_stride, nk, HS, 1, scale); break;
-        case 2: chunk_heads(ah, mh, lh, sh, qh, k, v, kv_stride, nk, HS, 2, scale); break;
-        case 3: chunk_heads(ah, mh, lh, sh, qh, k, v, kv_stride, nk, HS, 3, scale); break;
-        default: chunk_heads(ah, mh, lh, sh, qh, k, v, kv_stride, nk, HS, 4, scale); break;
+        case 1: chunk_heads(ah, mh, lh, sh, qh, k, v, kv_stride, nk, HS, 1, scale, cap); break;
+        case 2: chunk_heads(ah, mh, lh, sh, qh, k, v, kv_stride, nk, HS, 2, scale, cap); break;
+        case 3: chunk_heads(ah, mh, lh, sh, qh, k, v, kv_stride, nk, HS, 3, scale, cap); break;
+        default: chunk_heads(ah, mh, lh, sh, qh, k, v, kv_stride, nk, HS, 4, scale, cap); break;
         }
     }
 }

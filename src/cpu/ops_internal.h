@@ -9,6 +9,7 @@
 #include "quants.h"
 #include "cpu/simd.h"
 
+#include <math.h>
 #include <stdatomic.h>
 
 /* Every op needs this alignment for its scratch rows (a cache line: threads never share one). */
@@ -84,7 +85,7 @@ void kiln_cpu_attention_forward(kiln_ops_ctx *ctx, float *out, const float *q, c
                                 const uint16_t *v_cache, int64_t pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS);
 void kiln_cpu_attention_window_forward(kiln_ops_ctx *ctx, float *out, const float *q, const uint16_t *k_cache,
                                        const uint16_t *v_cache, int64_t pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
-                                       int64_t window, int64_t rows);
+                                       int64_t window, int64_t rows, float softcap);
 size_t kiln_cpu_attention_scratch_size(int64_t T, int64_t max_width, int64_t NH, int64_t n_ctx, int n_threads);
 /* ops_arch.c: the elementwise ops of the architecture features (#6) */
 void kiln_cpu_geglu_forward(kiln_ops_ctx *ctx, float *out, const float *gate, const float *up, int64_t n);
@@ -95,15 +96,22 @@ void kiln_cpu_scale_softcap_forward(kiln_ops_ctx *ctx, float *x, int64_t n, floa
 void kiln_cpu_swiglu_forward(kiln_ops_ctx *ctx, float *out, const float *gate, const float *up, int64_t n);
 
 /* Attention's chunk kernel: over nk keys (rows kv_stride halves apart in k and v, f16), for each of G heads
- * (q rows HS apart): s (G, nk) the scores scale * q.k_j, m (G) their max, s then exp(s - m), l (G) its sum, and
+ * (q rows HS apart): s (G, nk) the scores scale * q.k_j (then cap tanh(s / cap) when cap > 0), m (G) their max, s then exp(s - m), l (G) its sum, and
  * a (G, HS) = sum_j s_j v_j. The scalar one (ops_attention.c) is the oracle; the AVX2 + FMA + F16C one
  * (ops_attention_avx2.c, HS a multiple of 8) sums in another order and uses a polynomial exp within 2 ulp. */
 typedef void (*kiln_attn_chunk_fn)(float *a, float *m, float *l, float *s, const float *q, const uint16_t *k,
-                                   const uint16_t *v, int64_t kv_stride, int64_t nk, int64_t HS, int64_t G, float scale);
+                                   const uint16_t *v, int64_t kv_stride, int64_t nk, int64_t HS, int64_t G, float scale,
+                                   float cap);
 void kiln_attn_chunk_scalar(float *a, float *m, float *l, float *s, const float *q, const uint16_t *k, const uint16_t *v,
-                            int64_t kv_stride, int64_t nk, int64_t HS, int64_t G, float scale);
+                            int64_t kv_stride, int64_t nk, int64_t HS, int64_t G, float scale, float cap);
 void kiln_attn_chunk_avx2(float *a, float *m, float *l, float *s, const float *q, const uint16_t *k, const uint16_t *v,
-                          int64_t kv_stride, int64_t nk, int64_t HS, int64_t G, float scale);
+                          int64_t kv_stride, int64_t nk, int64_t HS, int64_t G, float scale, float cap);
+/* s (n) = cap tanh(s / cap): the attention scores' softcap (gemma2), shared by both chunk kernels (inline: the two
+ * kernel files must not call each other). */
+static inline void kiln_attn_softcap(float *s, int64_t n, float cap) {
+    const float inv = 1.0f / cap;
+    for (int64_t j = 0; j < n; j++) s[j] = cap * tanhf(s[j] * inv);
+}
 
 
 /* ---- training (#5): each backward in its forward's file */

@@ -85,6 +85,12 @@ static __device__ __forceinline__ void h8_to_f32(uint4 u, float *f) {
     }
 }
 
+/* A score after the scale: cap tanh(s / cap) with the softcap (gemma2; inv = 1 / cap), else s as it is. CAP is a
+ * template flag of both kernels so the plain path compiles exactly as without it. */
+template <bool CAP> static __device__ __forceinline__ float capped(float s, float cap, float inv) {
+    return CAP ? cap * tanhf(s * inv) : s;
+}
+
 /* The first key position a query at p sees. */
 static __device__ __forceinline__ int first_key(int p, int window) { return window > 0 ? max(0, p - window + 1) : 0; }
 
@@ -111,14 +117,15 @@ static __device__ __forceinline__ int first_key(int p, int window) { return wind
  * launch and every launch leaves them zero), part_o (T, NH, n_splits, HS) unnormalized outputs, part_ml (T, NH, n_splits, 2). */
 
 /* GBM: query heads per block at most (1, 4 or 8): the accumulators are GBM x 8 registers per lane. */
-template <int HSM, bool EXACT, int GBM>
+template <int HSM, bool EXACT, int GBM, bool CAP>
 __global__ void __launch_bounds__(ATTN_THREADS)
 attn_decode(float *out, int8_t *xq, float2 *xds, unsigned *counters, float *part_o, float *part_ml, const float *q,
             const __half *k_cache, const __half *v_cache, const int32_t *d_pos0, int hs, int NH, int NKV, int window,
-            int rows, int max_pos, float scale) {
+            int rows, int max_pos, float scale, float cap) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
     const int HS = EXACT ? HSM : hs; /* a constant when EXACT */
+    const float inv_cap = CAP ? 1.0f / cap : 0.0f;
     const int NP = HS / 8;           /* 16-byte pieces of a row */
     constexpr int SG = decode_group(HSM);
     constexpr int R = ATTN_THREADS / SG;
@@ -215,7 +222,7 @@ attn_decode(float *out, int8_t *xq, float2 *xds, unsigned *counters, float *part
                 for (int i = 0; i < 8; i++) dot = fmaf(qf[i], kf[u][i], dot);
 #pragma unroll
                 for (int off = SG / 2; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-                s[u] = base + u * R + w < n ? dot * scale : -INFINITY; /* the same on every lane of the group */
+                s[u] = base + u * R + w < n ? capped<CAP>(dot * scale, cap, inv_cap) : -INFINITY; /* same on every lane of the group */
                 mx = fmaxf(mx, s[u]);
             }
             if (mx == -INFINITY) continue; /* no row of this worker in the batch (the split's tail) */
@@ -340,13 +347,14 @@ attn_decode(float *out, int8_t *xq, float2 *xds, unsigned *counters, float *part
  * per lane when it divides the head size, else 8 (HS 8, 24, 40, 56 and the run-time head sizes). The block's
  * keys are the union of its rows' ranges, lo(first token) .. p(last token); each row masks the keys outside its
  * own range with -inf. Every row in that range is a real cache row: the ring holds window + T - 1 rows. */
-template <int HSM, bool EXACT>
+template <int HSM, bool EXACT, bool CAP>
 __global__ void __launch_bounds__(ATTN_THREADS)
 attn_prefill(float *out, const float *q, const __half *k_cache, const __half *v_cache, const int32_t *d_pos0, int hs,
-             int T, int NH, int NKV, int window, int rows, int max_pos, float scale) {
+             int T, int NH, int NKV, int window, int rows, int max_pos, float scale, float cap) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
     const int HS = EXACT ? HSM : hs; /* a constant when EXACT */
+    const float inv_cap = CAP ? 1.0f / cap : 0.0f;
     constexpr int D = prefill_dims(HSM, EXACT), TPQ = prefill_lanes(HSM, EXACT), QPB = ATTN_THREADS / TPQ;
     const int NSUB = HS / D, NP = HS / 8; /* lanes with dims, 16-byte pieces of a row */
     __shared__ __align__(16) __half sk[ATTN_BK * HSM], sv[ATTN_BK * HSM]; /* (BK, HS) each: 16 KiB each at HS 256 */
@@ -405,7 +413,7 @@ attn_prefill(float *out, const float *q, const __half *k_cache, const __half *v_
 #pragma unroll
             for (int off = TPQ / 2; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
             const int j = tile + jj;
-            s[jj] = j >= lo && j <= p ? dot * scale : -INFINITY; /* j > key_hi >= p for the zero-filled tail */
+            s[jj] = j >= lo && j <= p ? capped<CAP>(dot * scale, cap, inv_cap) : -INFINITY; /* j > key_hi >= p: the tail */
             mt = fmaxf(mt, s[jj]);
         }
         const float m_new = fmaxf(m, mt);
@@ -452,10 +460,10 @@ extern "C" size_t kiln_cuda_attention_ws_bytes(int64_t T, int64_t NH, int64_t HS
            (size_t)Td * (size_t)NH * (size_t)decode_splits(max_pos) * (size_t)(HS + 2) * sizeof(float);
 }
 
-template <int HSM, bool EXACT>
-static kiln_status attention_hs(float *out, void *xp, const float *q, const __half *k, const __half *v,
-                                const int32_t *d_pos0, int HS, int T, int NH, int NKV, int window, int rows, int max_pos,
-                                float scale, void *ws, cudaStream_t s) {
+template <int HSM, bool EXACT, bool CAP>
+static kiln_status attention_cap(float *out, void *xp, const float *q, const __half *k, const __half *v,
+                                 const int32_t *d_pos0, int HS, int T, int NH, int NKV, int window, int rows, int max_pos,
+                                 float scale, float cap, void *ws, cudaStream_t s) {
     const int G = NH / NKV;
     if (T <= ATTN_DECODE_MAX_T) {
         const int n_splits = (int)decode_splits(max_pos);
@@ -473,24 +481,38 @@ static kiln_status attention_hs(float *out, void *xp, const float *q, const __ha
         const size_t R = ATTN_THREADS / decode_group(HSM);
         const size_t shm = sizeof(float) * (size_t)gbmax * ((size_t)HS + R * HS + 3 * R);
         void (*kern)(float *, int8_t *, float2 *, unsigned *, float *, float *, const float *, const __half *,
-                     const __half *, const int32_t *, int, int, int, int, int, int, float) =
-            gbm == 1 ? attn_decode<HSM, EXACT, 1> : gbm == 4 ? attn_decode<HSM, EXACT, 4> : attn_decode<HSM, EXACT, ATTN_GB>;
+                     const __half *, const int32_t *, int, int, int, int, int, int, float, float) =
+            gbm == 1   ? attn_decode<HSM, EXACT, 1, CAP>
+            : gbm == 4 ? attn_decode<HSM, EXACT, 4, CAP>
+                       : attn_decode<HSM, EXACT, ATTN_GB, CAP>;
         return launch_error("decode", kiln_launch(kern, grid, dim3(ATTN_THREADS), shm, s, out, xq, xds, counters, part_o,
-                                                  part_ml, q, k, v, d_pos0, HS, NH, NKV, window, rows, max_pos, scale));
+                                                  part_ml, q, k, v, d_pos0, HS, NH, NKV, window, rows, max_pos, scale, cap));
     }
     constexpr int QPB = ATTN_THREADS / prefill_lanes(HSM, EXACT);
     const int64_t blocks = ((int64_t)T * G + QPB - 1) / QPB;
-    return launch_error("prefill", kiln_launch(attn_prefill<HSM, EXACT>, dim3((unsigned)blocks, (unsigned)NKV),
+    return launch_error("prefill", kiln_launch(attn_prefill<HSM, EXACT, CAP>, dim3((unsigned)blocks, (unsigned)NKV),
                                                dim3(ATTN_THREADS), 0, s, out, q, k, v, d_pos0, HS, T, NH, NKV, window,
-                                               rows, max_pos, scale));
+                                               rows, max_pos, scale, cap));
+}
+
+/* One head size's kernels, with the score softcap compiled in only where there is one. */
+template <int HSM, bool EXACT>
+static kiln_status attention_hs(float *out, void *xp, const float *q, const __half *k, const __half *v,
+                                const int32_t *d_pos0, int HS, int T, int NH, int NKV, int window, int rows, int max_pos,
+                                float scale, float cap, void *ws, cudaStream_t s) {
+    return cap > 0 ? attention_cap<HSM, EXACT, true>(out, xp, q, k, v, d_pos0, HS, T, NH, NKV, window, rows, max_pos, scale, cap, ws, s)
+                   : attention_cap<HSM, EXACT, false>(out, xp, q, k, v, d_pos0, HS, T, NH, NKV, window, rows, max_pos, scale, 0.0f,
+                                                      ws, s);
 }
 
 /* Both launchers: xp NULL for kiln_cuda_attention. */
 static kiln_status attention(float *out, void *xp, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                              const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t window,
-                             int64_t rows, int64_t max_pos, float scale, void *ws, void *stream) {
+                             int64_t rows, int64_t max_pos, float scale, float softcap, void *ws, void *stream) {
     if (!out || !q || !k_cache || !v_cache || !d_pos0)
         return kiln_fail(KILN_ERR_INVALID, "cuda attention: a NULL pointer");
+    if (!(softcap >= 0) || !isfinite(softcap))
+        return kiln_fail(KILN_ERR_INVALID, "cuda attention: softcap %g (0: none, or positive)", (double)softcap);
     if (T <= 0 || NH <= 0 || NKV <= 0 || NH % NKV || window < 0 || rows <= 0 || max_pos < T || max_pos > INT32_MAX ||
         rows > INT32_MAX || window > INT32_MAX || T * NH > INT32_MAX)
         return kiln_fail(KILN_ERR_INVALID, "cuda attention: bad shape T %lld NH %lld NKV %lld window %lld rows %lld max_pos %lld",
@@ -506,7 +528,7 @@ static kiln_status attention(float *out, void *xp, const float *q, const uint16_
     if (HS < 8 || HS > 256 || HS % 8) /* the kernels load rows in 16-byte pieces */
         return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda attention: head size %lld is not a multiple of 8 in 8 .. 256", (long long)HS);
     const int H = (int)HS;
-#define ATTN_ARGS out, xp, q, k, v, d_pos0, H, Ti, NHi, NKVi, Wi, Ri, Mi, scale, ws, s
+#define ATTN_ARGS out, xp, q, k, v, d_pos0, H, Ti, NHi, NKVi, Wi, Ri, Mi, scale, softcap, ws, s
     switch (H) {
     case 8: return attention_hs<8, true>(ATTN_ARGS);
     case 16: return attention_hs<16, true>(ATTN_ARGS);
@@ -527,20 +549,20 @@ static kiln_status attention(float *out, void *xp, const float *q, const uint16_
 
 extern "C" kiln_status kiln_cuda_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                                            const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
-                                           int64_t window, int64_t rows, int64_t max_pos, float scale, void *ws,
-                                           void *stream) {
-    return attention(out, NULL, q, k_cache, v_cache, d_pos0, T, NH, NKV, HS, window, rows, max_pos, scale, ws, stream);
+                                           int64_t window, int64_t rows, int64_t max_pos, float scale, float softcap,
+                                           void *ws, void *stream) {
+    return attention(out, NULL, q, k_cache, v_cache, d_pos0, T, NH, NKV, HS, window, rows, max_pos, scale, softcap, ws, stream);
 }
 
 /* The decode kernel's writer of each output block also writes its prepared form (a block of 32 within one head). */
 extern "C" kiln_status kiln_cuda_attention_xp(float *out, void *xp, const float *q, const uint16_t *k_cache,
                                               const uint16_t *v_cache, const int32_t *d_pos0, int64_t T, int64_t NH,
                                               int64_t NKV, int64_t HS, int64_t window, int64_t rows, int64_t max_pos,
-                                              float scale, void *ws, void *stream) {
+                                              float scale, float softcap, void *ws, void *stream) {
     if (T > KILN_CUDA_MATVEC_MAX_T || T > ATTN_DECODE_MAX_T || HS % 32)
         return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda attention_xp: T %lld, HS %lld: only T <= %d and HS a multiple of 32",
                          (long long)T, (long long)HS, ATTN_DECODE_MAX_T);
     if (!xp || (uintptr_t)xp % 16)
         return kiln_fail(KILN_ERR_INVALID, "cuda attention_xp: xp NULL or not 16-byte aligned");
-    return attention(out, xp, q, k_cache, v_cache, d_pos0, T, NH, NKV, HS, window, rows, max_pos, scale, ws, stream);
+    return attention(out, xp, q, k_cache, v_cache, d_pos0, T, NH, NKV, HS, window, rows, max_pos, scale, softcap, ws, stream);
 }

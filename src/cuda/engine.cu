@@ -460,9 +460,12 @@ static kiln_status cuda_embed(void *p, float *x, const kiln_weight *table, const
 static kiln_status cuda_residual_norm(void *p, float *x, float *y, const kiln_weight *post_w, float post_eps, float *xb,
                                       const kiln_weight *w, float eps, int64_t T, int64_t C) {
     engine *e = (engine *)p;
-    const float *pw = post_w ? (const float *)post_w->impl : NULL, *nw = (const float *)w->impl;
+    const float *pw = post_w ? (const float *)post_w->impl : NULL, *nw = w ? (const float *)w->impl : NULL;
     e->xp_of = NULL;
-    if (T <= KILN_CUDA_MATVEC_MAX_T && C % 32 == 0) {
+    if (!w) { /* no pre-norm (olmo2): the residual add alone, then xb = x; the matvec prepares xb itself */
+        TRY(kiln_cuda_residual_norm(x, y, pw, post_eps, NULL, NULL, eps, T, C, e->stream));
+        CK(cudaMemcpyAsync(xb, x, sizeof(float) * (size_t)(T * C), cudaMemcpyDeviceToDevice, e->stream), "cudaMemcpyAsync (xb = x)");
+    } else if (T <= KILN_CUDA_MATVEC_MAX_T && C % 32 == 0) {
         TRY(kiln_cuda_residual_norm_xp(x, y, pw, post_eps, xb, e->xp, nw, eps, T, C, e->stream));
         prepared(e, xb, T, C);
     } else {
@@ -491,9 +494,15 @@ static const float *vec(const kiln_weight *w) { return w ? (const float *)w->imp
 static kiln_status cuda_qkv_post(void *p, float *q, float *k, float *v, const kiln_attn_args *a, const int32_t *pos0, int64_t T) {
     engine *e = (engine *)p;
     e->xp_of = NULL;
+    const bool full = a->q_norm && a->qk_norm_full; /* olmo2: a token's whole q and k are one norm row each */
+    if (full) { /* the model refuses biases beside it, so the norm comes first here as it does on the CPU */
+        TRY(kiln_cuda_residual_norm(q, NULL, NULL, 0.0f, q, vec(a->q_norm), a->eps, T, a->NH * a->HS, e->stream));
+        TRY(kiln_cuda_residual_norm(k, NULL, NULL, 0.0f, k, vec(a->k_norm), a->eps, T, a->NKV * a->HS, e->stream));
+    }
+    const float *qn = full ? NULL : vec(a->q_norm), *kn = full ? NULL : vec(a->k_norm);
     return mark(e, P_QKV_POST,
-                kiln_cuda_qkv_post(q, k, v, vec(a->bq), vec(a->bk), vec(a->bv), vec(a->q_norm), vec(a->k_norm), a->eps, pos0, T, a->NH,
-                                   a->NKV, a->HS, a->rope_dim, a->rope_base, a->rope_freq, a->rope_mscale, a->neox, a->nope, 1.0f,
+                kiln_cuda_qkv_post(q, k, v, vec(a->bq), vec(a->bk), vec(a->bv), qn, kn, a->eps, pos0, T, a->NH, a->NKV,
+                                   a->HS, a->rope_dim, a->rope_base, a->rope_freq, a->rope_mscale, a->neox, a->nope, 1.0f,
                                    a->k_cache, a->v_cache, a->rows, e->stream));
 }
 
@@ -504,11 +513,11 @@ static kiln_status cuda_attention(void *p, float *out, float *q, const kiln_attn
     e->xp_of = NULL;
     if (!e->m->cfg.output_gate && T <= KILN_CUDA_MATVEC_MAX_T && a->HS % 32 == 0) {
         TRY(kiln_cuda_attention_xp(out, e->xp, q, a->k_cache, a->v_cache, pos0, T, a->NH, a->NKV, a->HS, a->window, a->rows, e->n_ctx,
-                                   scale, e->attn_ws, e->stream));
+                                   scale, a->softcap, e->attn_ws, e->stream));
         prepared(e, out, T, a->NH * a->HS);
     } else {
         TRY(kiln_cuda_attention(out, q, a->k_cache, a->v_cache, pos0, T, a->NH, a->NKV, a->HS, a->window, a->rows, e->n_ctx, scale,
-                                e->attn_ws, e->stream));
+                                a->softcap, e->attn_ws, e->stream));
     }
     return mark(e, P_ATTN, KILN_OK);
 }

@@ -96,7 +96,8 @@ kiln_status kiln_cuda_dequantize_bf16(const kiln_cuda_wt *W, void *out, void *st
  * p0 = *d_pos0 (device memory, so a captured graph replays at any position). k_cache and v_cache are
  * (rows, NKV*HS) f16 and hold position j in row j % rows (a ring when rows < max_pos; rows = the context for a
  * full layer). The query at p sees keys max(0, p - window + 1) .. p (window 0: all). Scores are scaled by
- * `scale` (1/sqrt(HS), or the model's). out (T, NH*HS) f32. HS is any multiple of 8 up to 256 (compiled for each size
+ * `scale` (1/sqrt(HS), or the model's), then capped to softcap tanh(s / softcap) when softcap > 0 (gemma2; 0: none).
+ * out (T, NH*HS) f32. HS is any multiple of 8 up to 256 (compiled for each size
  * up to 64 and for 80, 96, 128, 256; the rest share run-time-sized kernels). ws_bytes(T) covers every launch of at
  * most T tokens. Decode (T <= 8) splits the keys over blocks (flash-decoding) into ws, the last block of
  * each query combining them (ws holds counters that must be zero-filled once before the first launch; each launch
@@ -105,13 +106,13 @@ kiln_status kiln_cuda_dequantize_bf16(const kiln_cuda_wt *W, void *out, void *st
 size_t kiln_cuda_attention_ws_bytes(int64_t T, int64_t NH, int64_t HS, int64_t max_pos);
 kiln_status kiln_cuda_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                                 const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t window,
-                                int64_t rows, int64_t max_pos, float scale, void *ws, void *stream);
+                                int64_t rows, int64_t max_pos, float scale, float softcap, void *ws, void *stream);
 /* As kiln_cuda_attention, and also out's prepared form for the wo matvec (kiln_cuda_matvec_prepare's layout for
  * T rows of NH*HS) into xp when T <= KILN_CUDA_MATVEC_MAX_T and HS % 32 == 0; otherwise xp is left alone and
  * the call returns KILN_ERR_UNSUPPORTED before launching anything (the engine then prepares separately). */
 kiln_status kiln_cuda_attention_xp(float *out, void *xp, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                                    const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t window,
-                                   int64_t rows, int64_t max_pos, float scale, void *ws, void *stream);
+                                   int64_t rows, int64_t max_pos, float scale, float softcap, void *ws, void *stream);
 
 /* ---------------------------------------------------------------- elementwise.cu: everything else, fused */
 /* out (T, C) = scale * dequantized rows d_ids[t] of table (V rows of C): the embedding gather, one row per token

@@ -60,6 +60,8 @@ typedef struct kiln_attn_args {
     int64_t NH, NKV, HS;
     const kiln_weight *bq, *bk, *bv;     /* NULL: no biases */
     const kiln_weight *q_norm, *k_norm;  /* NULL: no QK-norm */
+    bool qk_norm_full;                   /* q_norm, k_norm (NH*HS), (NKV*HS): one RMSNorm over each token's whole q
+                                          * and k (olmo2) instead of one per head (HS) */
     float eps;                           /* of the QK-norm */
     int64_t rope_dim;
     float rope_base;
@@ -71,6 +73,8 @@ typedef struct kiln_attn_args {
     int64_t rows;
     int64_t window;                      /* 0: full attention */
     float scale;                         /* the score scale; 0: 1/sqrt(HS) */
+    float softcap;                       /* scores s = softcap tanh(s / softcap) after the scale, before the mask and
+                                          * softmax (gemma2); 0: none */
 } kiln_attn_args;
 
 /* One step's share of a token's decode (profile). */
@@ -116,16 +120,18 @@ typedef struct kiln_backend {
     /* x (T, C) = scale * rows ids[t] of the table. Ids are valid (sessions check them). */
     kiln_status (*embed)(void *ctx, float *x, const kiln_weight *table, const int32_t *ids, int64_t T, int64_t C, float scale);
     /* x (T, C) += y, or += rmsnorm(y, post_eps) * post_w when post_w (y may be NULL: nothing added); then
-     * xb = rmsnorm(x, eps) * w. y is not needed afterwards (a backend may overwrite it). */
+     * xb = rmsnorm(x, eps) * w, or xb = x when w is NULL (no pre-norm: olmo2). y is not needed afterwards (a
+     * backend may overwrite it). */
     kiln_status (*residual_norm)(void *ctx, float *x, float *y, const kiln_weight *post_w, float post_eps, float *xb,
                                  const kiln_weight *w, float eps, int64_t T, int64_t C);
     /* q (T, NH*HS), k, v (T, NKV*HS) = x Wq^T, x Wk^T, x Wv^T. k follows q and v follows k in memory when T is 1. */
     kiln_status (*qkv)(void *ctx, float *q, float *k, float *v, const float *x, const kiln_weight *wq, const kiln_weight *wk,
                        const kiln_weight *wv, int64_t T);
-    /* In order: the biases, the QK-norm of each head, RoPE at positions *pos0 + t (not when nope), and k, v stored as
+    /* In order: the biases, the QK-norm of each head (or of the whole q and k: qk_norm_full), RoPE at positions *pos0 + t (not when nope), and k, v stored as
      * f16 into cache rows (p % rows). q is updated in place. */
     kiln_status (*qkv_post)(void *ctx, float *q, float *k, float *v, const kiln_attn_args *a, const int32_t *pos0, int64_t T);
-    /* out (T, NH*HS): the query at position p = *pos0 + t sees the cached keys max(0, p - window + 1) .. p. */
+    /* out (T, NH*HS): the query at position p = *pos0 + t sees the cached keys max(0, p - window + 1) .. p, with
+     * the scores' scale and softcap. */
     kiln_status (*attention)(void *ctx, float *out, float *q, const kiln_attn_args *a, const int32_t *pos0, int64_t T);
     /* x (n) *= sigmoid(g (n)): the attention output gate. */
     kiln_status (*sigmoid_mul)(void *ctx, float *x, const float *g, int64_t n);

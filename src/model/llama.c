@@ -60,7 +60,7 @@ kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void
 
     TRY(be->embed(ctx, x, &w->tok_embd, ids, T, C, c->embd_scale ? sqrtf((float)C) : 1.0f));
     if (each_layer) TRY(be->nonfinite(ctx, flag, x, T * C, KILN_LLAMA_STAGE_EMBED));
-    TRY(be->residual_norm(ctx, x, NULL, NULL, 0, xb, &w->layers[0][KILN_LT_ATTN_NORM], c->rms_eps, T, C));
+    TRY(be->residual_norm(ctx, x, NULL, NULL, 0, xb, c->no_pre_norm ? NULL : &w->layers[0][KILN_LT_ATTN_NORM], c->rms_eps, T, C));
     for (int64_t l = 0; l < c->n_layer; l++) {
         const kiln_llama_layer *L = &m->layers[l];
         const kiln_weight *lw = w->layers[l];
@@ -70,11 +70,14 @@ kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void
             .bq = c->qkv_bias ? &lw[KILN_LT_BQ] : NULL, .bk = c->qkv_bias ? &lw[KILN_LT_BK] : NULL,
             .bv = c->qkv_bias ? &lw[KILN_LT_BV] : NULL,
             .q_norm = c->qk_norm ? &lw[KILN_LT_Q_NORM] : NULL, .k_norm = c->qk_norm ? &lw[KILN_LT_K_NORM] : NULL,
+            .qk_norm_full = c->qk_norm_full,
             .eps = c->rms_eps, .rope_dim = c->rope_dim, .rope_base = L->rope_base > 0 ? L->rope_base : c->rope_base,
             .rope_freq = rope.freq, .rope_mscale = rope.mscale,
             .neox = c->rope_neox, .nope = L->nope, .k_cache = kv->k[l], .v_cache = kv->v[l], .rows = kv->rows[l],
-            .window = L->window, .scale = c->attn_scale,
+            .window = L->window, .scale = c->attn_scale, .softcap = c->attn_softcap,
         };
+        /* the blocks' pre-norms; NULL without them (olmo2): residual_norm then copies x into xb */
+        const kiln_weight *ffn_norm = c->no_pre_norm ? NULL : &lw[KILN_LT_FFN_NORM];
 
         /* attention block: xb is its normed input */
         TRY(be->qkv(ctx, q, k, v, xb, &lw[KILN_LT_WQ], &lw[KILN_LT_WK], &lw[KILN_LT_WV], T));
@@ -84,16 +87,18 @@ kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void
         if (c->output_gate) TRY(be->sigmoid_mul(ctx, att, ag, T * Q));
         if (c->sandwich_norm) { /* x += rmsnorm(att Wo^T) * post; xb = rmsnorm(x) * ffn_norm */
             TRY(be->matmul(ctx, yb, att, &lw[KILN_LT_WO], T, false));
-            TRY(be->residual_norm(ctx, x, yb, &lw[KILN_LT_POST_ATTN_NORM], c->post_norm_eps, xb, &lw[KILN_LT_FFN_NORM], c->rms_eps, T, C));
+            TRY(be->residual_norm(ctx, x, yb, &lw[KILN_LT_POST_ATTN_NORM], c->post_norm_eps, xb, ffn_norm, c->rms_eps, T, C));
         } else {
             TRY(be->matmul(ctx, x, att, &lw[KILN_LT_WO], T, true));
-            TRY(be->residual_norm(ctx, x, NULL, NULL, 0, xb, &lw[KILN_LT_FFN_NORM], c->rms_eps, T, C));
+            TRY(be->residual_norm(ctx, x, NULL, NULL, 0, xb, ffn_norm, c->rms_eps, T, C));
         }
 
         /* feed-forward block: down(act(gate(x)) * up(x)), act silu (SwiGLU) or tanh-GELU (GeGLU); the residual
          * step also norms x for the next layer, or for the head after the last */
         TRY(be->ffn_up(ctx, gate, up, xb, &lw[KILN_LT_W_GATE], &lw[KILN_LT_W_UP], T, c->geglu));
-        const kiln_weight *next_norm = l + 1 < c->n_layer ? &w->layers[l + 1][KILN_LT_ATTN_NORM] : &w->output_norm;
+        const kiln_weight *next_norm = l + 1 == c->n_layer ? &w->output_norm
+                                     : c->no_pre_norm    ? NULL
+                                                         : &w->layers[l + 1][KILN_LT_ATTN_NORM];
         if (c->sandwich_norm) {
             TRY(be->matmul(ctx, yb, gate, &lw[KILN_LT_W_DOWN], T, false));
             TRY(be->residual_norm(ctx, x, yb, &lw[KILN_LT_POST_FFN_NORM], c->post_norm_eps, xb, next_norm, c->rms_eps, T, C));

@@ -2,9 +2,9 @@
  * views of its weights, bound by tensor name with shape checks. The weights stay in the mmap (zero copy).
  * Inference (src/infer), training (src/train) and the CUDA backend (src/cuda) all start from this.
  *
- * One forward serves llama and its relatives (qwen2, gemma3, Muse's own features): each difference is a flag of
- * the config or of a layer, read from metadata under the architecture's prefix (<arch>. below: llama., qwen2.,
- * gemma3.). A zeroed flag is plain llama, so a config built by hand (training) stays llama.
+ * One forward serves llama and its relatives (qwen2, qwen3, mistral3, phi3, gemma2, gemma3, smollm3, olmo2, Muse's
+ * own features): each difference is a flag of the config or of a layer, read from metadata under the architecture's
+ * prefix (<arch>. below: llama., qwen2., gemma3., ...). A zeroed flag is plain llama, so a config built by hand (training) stays llama.
  *
  * Shapes follow GGUF: a weight's ne[0] is its input width (row length), ne[1] its output width, so a matmul
  * computes y[o] = dot(row o of W, x). Vocabulary: V vocab, C width, L layers, NH query heads, NKV KV heads,
@@ -94,6 +94,16 @@ typedef struct kiln_llama_config {
     float rope_base_local;/* sliding layers' RoPE base: <arch>.rope.local.freq_base (Muse) or .rope.freq_base_swa
                            * (llama.cpp's key), gemma3 10000 without either (llama.cpp's rope_freq_base_train_swa
                            * default); 0 means rope_base */
+    float attn_softcap;   /* <arch>.attn_logit_softcapping (gemma2, default 50 as llama.cpp): each attention score
+                           * s = cap tanh(s / cap) after the scale, before the mask and softmax; 0 off */
+    bool qk_norm_full;    /* with qk_norm: one RMSNorm over each token's whole q (NH*HS) and k (NKV*HS), the norms'
+                           * weights that wide (olmo2), instead of one per head */
+    bool no_pre_norm;     /* no attn_norm / ffn_norm: a block's input is the residual stream itself (olmo2, which
+                           * norms each block's output instead: sandwich_norm's post-norms) */
+    bool fused_qkv;       /* blk.N.attn_qkv.weight (Q + 2 KV rows of C: q, then k, then v) instead of attn_{q,k,v}
+                           * (phi3; any file whose layer 0 has it); wq, wk, wv are row views into it */
+    bool fused_gate_up;   /* blk.N.ffn_up.weight holds 2F rows, gate then up, and there is no ffn_gate (phi3; llama.cpp's
+                           * LLM_FFN_SWIGLU split: the first half goes through silu); w_gate, w_up are row views */
     kiln_rope_scaling_cfg rope_scaling; /* <arch>.rope.scaling.* (rope.c); all zero: unscaled */
 } kiln_llama_config;
 
@@ -107,10 +117,13 @@ typedef enum kiln_layer_tensor {
     KILN_LT_COUNT
 } kiln_layer_tensor;
 
-/* A shape rule: one of the config's widths (ONE for the second dimension of a vector). */
-typedef enum kiln_dim { KILN_DIM_ONE, KILN_DIM_C, KILN_DIM_Q, KILN_DIM_KV, KILN_DIM_F, KILN_DIM_HS } kiln_dim;
-/* Which config flag needs a tensor (ALWAYS: every llama layer has it). */
-typedef enum kiln_need { KILN_NEED_ALWAYS, KILN_NEED_QKV_BIAS, KILN_NEED_QK_NORM, KILN_NEED_OUTPUT_GATE, KILN_NEED_SANDWICH_NORM } kiln_need;
+/* A shape rule: one of the config's widths (ONE for the second dimension of a vector);
+ * QNORM and KNORM: the QK-norm weights' width, HS, or Q and KV with qk_norm_full. */
+typedef enum kiln_dim { KILN_DIM_ONE, KILN_DIM_C, KILN_DIM_Q, KILN_DIM_KV, KILN_DIM_F, KILN_DIM_HS, KILN_DIM_QNORM, KILN_DIM_KNORM } kiln_dim;
+/* Which config flag needs a tensor (ALWAYS: every llama layer has it; PRE_NORM: unless no_pre_norm). */
+typedef enum kiln_need {
+    KILN_NEED_ALWAYS, KILN_NEED_QKV_BIAS, KILN_NEED_QK_NORM, KILN_NEED_OUTPUT_GATE, KILN_NEED_SANDWICH_NORM, KILN_NEED_PRE_NORM
+} kiln_need;
 
 typedef struct kiln_tensor_spec {
     const char *suffix; /* GGUF name after "blk.N." */
@@ -134,17 +147,17 @@ typedef struct kiln_llama_layer {
     union {
         const kiln_tensor_view *t[KILN_LT_COUNT]; /* by kiln_layer_tensor; NULL where the config has no such tensor */
         struct {                                   /* the same, by name, in the table's order */
-            const kiln_tensor_view *attn_norm; /* (C) f32 */
+            const kiln_tensor_view *attn_norm; /* (C) f32; NULL with no_pre_norm */
             const kiln_tensor_view *wq;        /* (NH*HS rows of C) */
             const kiln_tensor_view *wk;        /* (NKV*HS rows of C) */
             const kiln_tensor_view *wv;        /* (NKV*HS rows of C) */
             const kiln_tensor_view *wo;        /* (C rows of NH*HS) */
-            const kiln_tensor_view *ffn_norm;  /* (C) f32 */
+            const kiln_tensor_view *ffn_norm;  /* (C) f32; NULL with no_pre_norm */
             const kiln_tensor_view *w_gate;    /* (F rows of C) */
             const kiln_tensor_view *w_up;      /* (F rows of C) */
             const kiln_tensor_view *w_down;    /* (C rows of F) */
             const kiln_tensor_view *bq, *bk, *bv;    /* (NH*HS), (NKV*HS), (NKV*HS) f32: qkv_bias */
-            const kiln_tensor_view *q_norm, *k_norm; /* (HS) f32: qk_norm */
+            const kiln_tensor_view *q_norm, *k_norm; /* (HS) f32: qk_norm; (NH*HS), (NKV*HS) with qk_norm_full */
             const kiln_tensor_view *w_attn_gate;     /* (NH*HS rows of C): output_gate */
             const kiln_tensor_view *post_attn_norm;  /* (C) f32: sandwich_norm */
             const kiln_tensor_view *post_ffn_norm;   /* (C) f32: sandwich_norm */
@@ -165,6 +178,8 @@ struct kiln_model {
     const kiln_tensor_view *output_norm;/* (C) f32 */
     const kiln_tensor_view *output;     /* (V rows of C); == tok_embd when tied */
     kiln_llama_layer *layers;           /* (L) */
+    kiln_tensor_view *views;            /* (L, 5) row views into fused tensors (fused_qkv: q, k, v; fused_gate_up:
+                                         * gate, up), which layers point at; NULL when nothing is fused */
     kiln_tokenizer *tokenizer;          /* NULL if the file has no tokenizer.ggml.* keys */
     float *rope_freq;                   /* (2, L, rope_dim / 2): the layers' kiln_rope tables, NULL unscaled */
 };

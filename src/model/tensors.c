@@ -7,20 +7,20 @@
 #include <stdio.h>
 
 const kiln_tensor_spec kiln_layer_tensors[KILN_LT_COUNT] = {
-    [KILN_LT_ATTN_NORM] = {"attn_norm.weight", KILN_DIM_C, KILN_DIM_ONE, KILN_NEED_ALWAYS, false, false},
+    [KILN_LT_ATTN_NORM] = {"attn_norm.weight", KILN_DIM_C, KILN_DIM_ONE, KILN_NEED_PRE_NORM, false, false},
     [KILN_LT_WQ] = {"attn_q.weight", KILN_DIM_C, KILN_DIM_Q, KILN_NEED_ALWAYS, true, false},
     [KILN_LT_WK] = {"attn_k.weight", KILN_DIM_C, KILN_DIM_KV, KILN_NEED_ALWAYS, true, false},
     [KILN_LT_WV] = {"attn_v.weight", KILN_DIM_C, KILN_DIM_KV, KILN_NEED_ALWAYS, true, false},
     [KILN_LT_WO] = {"attn_output.weight", KILN_DIM_Q, KILN_DIM_C, KILN_NEED_ALWAYS, true, true},
-    [KILN_LT_FFN_NORM] = {"ffn_norm.weight", KILN_DIM_C, KILN_DIM_ONE, KILN_NEED_ALWAYS, false, false},
+    [KILN_LT_FFN_NORM] = {"ffn_norm.weight", KILN_DIM_C, KILN_DIM_ONE, KILN_NEED_PRE_NORM, false, false},
     [KILN_LT_W_GATE] = {"ffn_gate.weight", KILN_DIM_C, KILN_DIM_F, KILN_NEED_ALWAYS, true, false},
     [KILN_LT_W_UP] = {"ffn_up.weight", KILN_DIM_C, KILN_DIM_F, KILN_NEED_ALWAYS, true, false},
     [KILN_LT_W_DOWN] = {"ffn_down.weight", KILN_DIM_F, KILN_DIM_C, KILN_NEED_ALWAYS, true, true},
     [KILN_LT_BQ] = {"attn_q.bias", KILN_DIM_Q, KILN_DIM_ONE, KILN_NEED_QKV_BIAS, false, false},
     [KILN_LT_BK] = {"attn_k.bias", KILN_DIM_KV, KILN_DIM_ONE, KILN_NEED_QKV_BIAS, false, false},
     [KILN_LT_BV] = {"attn_v.bias", KILN_DIM_KV, KILN_DIM_ONE, KILN_NEED_QKV_BIAS, false, false},
-    [KILN_LT_Q_NORM] = {"attn_q_norm.weight", KILN_DIM_HS, KILN_DIM_ONE, KILN_NEED_QK_NORM, false, false},
-    [KILN_LT_K_NORM] = {"attn_k_norm.weight", KILN_DIM_HS, KILN_DIM_ONE, KILN_NEED_QK_NORM, false, false},
+    [KILN_LT_Q_NORM] = {"attn_q_norm.weight", KILN_DIM_QNORM, KILN_DIM_ONE, KILN_NEED_QK_NORM, false, false},
+    [KILN_LT_K_NORM] = {"attn_k_norm.weight", KILN_DIM_KNORM, KILN_DIM_ONE, KILN_NEED_QK_NORM, false, false},
     [KILN_LT_ATTN_GATE] = {"attn_gate.weight", KILN_DIM_C, KILN_DIM_Q, KILN_NEED_OUTPUT_GATE, true, false},
     [KILN_LT_POST_ATTN_NORM] = {"post_attention_norm.weight", KILN_DIM_C, KILN_DIM_ONE, KILN_NEED_SANDWICH_NORM, false, false},
     [KILN_LT_POST_FFN_NORM] = {"post_ffw_norm.weight", KILN_DIM_C, KILN_DIM_ONE, KILN_NEED_SANDWICH_NORM, false, false},
@@ -41,6 +41,8 @@ int64_t kiln_dim_size(const kiln_llama_config *c, kiln_dim d) {
     case KILN_DIM_KV: return c->n_head_kv * c->head_dim;
     case KILN_DIM_F: return c->n_ff;
     case KILN_DIM_HS: return c->head_dim;
+    case KILN_DIM_QNORM: return c->qk_norm_full ? c->n_head * c->head_dim : c->head_dim;
+    case KILN_DIM_KNORM: return c->qk_norm_full ? c->n_head_kv * c->head_dim : c->head_dim;
     }
     return 0;
 }
@@ -52,6 +54,7 @@ bool kiln_layer_has(const kiln_llama_config *c, kiln_layer_tensor i) {
     case KILN_NEED_QK_NORM: return c->qk_norm;
     case KILN_NEED_OUTPUT_GATE: return c->output_gate;
     case KILN_NEED_SANDWICH_NORM: return c->sandwich_norm;
+    case KILN_NEED_PRE_NORM: return !c->no_pre_norm;
     }
     return false;
 }

@@ -38,8 +38,10 @@ static int add_tensor(kiln_llama_train *m, const char *name, int64_t ne0, int64_
     return m->n_tensors++;
 }
 
-/* Training computes the plain llama layer: the table's tensors every llama layer has. */
-static bool trained(kiln_layer_tensor i) { return kiln_layer_tensors[i].need == KILN_NEED_ALWAYS; }
+/* Training computes the plain llama layer: the table's tensors every llama layer has (the pre-norms included). */
+static bool trained(kiln_layer_tensor i) {
+    return kiln_layer_tensors[i].need == KILN_NEED_ALWAYS || kiln_layer_tensors[i].need == KILN_NEED_PRE_NORM;
+}
 
 kiln_status kiln_llama_train_layout(const kiln_llama_config *cfg_in, kiln_llama_train **out) {
     *out = NULL;
@@ -57,6 +59,7 @@ kiln_status kiln_llama_train_layout(const kiln_llama_config *cfg_in, kiln_llama_
                         : c.sandwich_norm ? "sandwich norms" : c.geglu ? "GeGLU" : c.embd_scale ? "the embedding scale"
                         : (c.logit_scale != 0 && c.logit_scale != 1) ? "a logit scale" : c.logit_softcap ? "a logit softcap"
                         : c.sliding_window ? "sliding-window attention" : c.attn_scale ? "an attention scale"
+                        : c.attn_softcap ? "an attention softcap" : c.no_pre_norm ? "no pre-norms (post-norms only)"
                         : (c.head_dim && c.head_dim != c.n_embd / c.n_head) ? "a head size other than C/NH" : NULL;
     if (feature)
         return kiln_fail(KILN_ERR_UNSUPPORTED, "training supports the llama architecture only; this model has %s", feature);
