@@ -758,9 +758,11 @@ kiln_status kiln_trainer_save(kiln_trainer *t, const char *path);
 kiln_status kiln_trainer_export(kiln_trainer *t, const char *path);
 
 /* ---------------------------------------------------------------- perplexity
- * The text is tokenized (with BOS) and cut into non-overlapping windows of n_ctx tokens; each window starts
- * from BOS and, as llama.cpp's perplexity does, scores only its second half, so every scored token has at least
- * n_ctx/2 tokens of context. ppl = exp(mean NLL); ppl_err = ppl * the standard error of that mean. */
+ * As llama.cpp's llama-perplexity computes it: the text is tokenized with BOS only where the vocab's
+ * add_bos_token says so, and cut into non-overlapping windows of n_ctx tokens (at least two; the tail is dropped);
+ * each window's first token becomes BOS (again only where add_bos_token says so) and only its second half is
+ * scored, n_ctx - 1 - n_ctx/2 tokens a window, so every scored token has at least n_ctx/2 tokens of context.
+ * ppl = exp(mean NLL); ppl_err = ppl * the standard error of that mean. */
 typedef struct kiln_perplexity_result {
     double ppl, ppl_err;
     int64_t n_scored;  /* tokens scored */
