@@ -5,7 +5,7 @@
  * differs from what the session holds and evaluates the rest, so a turn costs its own tokens. When the context
  * fills, the oldest turns are dropped (the system message stays) with a notice on stderr; a turn too long for the
  * context alone is refused with an error and the chat goes on (the exit status is then 1). A reply that reaches
- * the end of the context stops there. Each turn ends with one stderr line, "kiln: turn N: K new tokens (cache kept
+ * the end of the context stops there. Flags are read by kiln_cli_parse_args, with llama.cpp's spellings (tools/cli.h). Each turn ends with one stderr line, "kiln: turn N: K new tokens (cache kept
  * C) ...; E evaluated in all", which tests/test_chat.c reads, through $KILN_BIN, to see that a turn evaluates only
  * its own tokens. */
 #include "kiln.h"
@@ -19,9 +19,10 @@
 #include <unistd.h>
 
 static const char usage_line[] =
-    "kiln: usage: kiln chat -m MODEL.gguf [--system TEXT] [--chat-template llama2|llama3|chatml|gemma] [-n MAXTOK (1024)]\n"
-    "                 [--temp T] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R] [--repeat-last-n N] [--seed S]\n"
-    "                 [-t THREADS] [-c CTX (the model's, at most 4096)] [--gpu | -ngl N] [--check-finite] [--]\n";
+    "kiln: usage: kiln chat -m MODEL.gguf [-sys TEXT] [--chat-template llama2|llama3|chatml|gemma] [-n MAXTOK (1024)]\n"
+    "                 [--temp T] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R] [--repeat-last-n N]\n"
+    "                 [--presence-penalty P] [--frequency-penalty F] [--seed S] [-t THREADS] [-c CTX (the model's, at\n"
+    "                 most 4096)] [-b BATCH] [--gpu | -ngl N] [--check-finite] [--]   (llama.cpp's long forms too)\n";
 
 #define DEFAULT_MAX_CTX 4096 /* the default context: enough for a conversation, a 128k-context model's KV cache is not */
 
@@ -223,46 +224,27 @@ static int chat(const kiln_model *m, const chat_opts *o) {
 
 int kiln_cmd_chat(int argc, char **argv) {
     chat_opts o = {.n_max = 1024, .sampler = kiln_sampler_default()};
-    int r;
-    for (int i = 0; i < argc; i += 2) {
-        const char *f = argv[i], *a = i + 1 < argc ? argv[i + 1] : NULL;
-        bool ok = true;
-        if (strcmp(f, "--") == 0) { /* the end of the options; chat takes no other arguments */
-            if (i + 1 < argc) {
-                fputs("kiln: chat: unexpected argument '", stderr);
-                kiln_cli_put_escaped(stderr, argv[i + 1]);
-                fputs("' after --\n", stderr);
-                fputs(usage_line, stderr);
-                return 1;
-            }
-            break;
-        }
-        if (kiln_cli_gpu_flag(f, &o.sess) || strcmp(f, "--check-finite") == 0) { /* the flags without a value */
-            if (f[2] == 'c') o.sess.check_finite = true;
-            i--;
-            continue;
-        }
-        if (!a) {
-            fputs("kiln: chat: ", stderr);
-            kiln_cli_put_escaped(stderr, f);
-            fputs(" needs a value\n", stderr);
-            fputs(usage_line, stderr);
-            return 1;
-        }
-        if (strcmp(f, "-m") == 0) o.model_path = a;
-        else if (strcmp(f, "--system") == 0) o.system = a;
-        else if (strcmp(f, "--chat-template") == 0) o.template_name = a;
-        else if (strcmp(f, "-n") == 0) ok = kiln_cli_parse_int("chat", f, a, 1, 1000000000, &o.n_max);
-        else if ((r = kiln_cli_sampling_opt("chat", f, a, &o.sampler, &o.sess))) ok = r > 0;
-        else {
-            fputs("kiln: chat: unexpected argument '", stderr);
-            kiln_cli_put_escaped(stderr, f);
-            fputs("'\n", stderr);
-            fputs(usage_line, stderr);
-            return 1;
-        }
-        if (!ok) return 1;
+    bool gpu = false;
+    enum { N_OWN = 11 };
+    kiln_cli_opt opts[N_OWN + KILN_CLI_N_SAMPLING] = {
+        {"-m", KILN_CLI_STR, &o.model_path, 0, 0},
+        {"--model", KILN_CLI_STR, &o.model_path, 0, 0},
+        {"-sys", KILN_CLI_STR, &o.system, 0, 0},
+        {"--system-prompt", KILN_CLI_STR, &o.system, 0, 0},
+        {"--system", KILN_CLI_STR, &o.system, 0, 0},
+        {"--chat-template", KILN_CLI_STR, &o.template_name, 0, 0},
+        {"-n", KILN_CLI_I64, &o.n_max, 1, 1000000000},
+        {"--n-predict", KILN_CLI_I64, &o.n_max, 1, 1000000000},
+        {"--predict", KILN_CLI_I64, &o.n_max, 1, 1000000000},
+        {"--gpu", KILN_CLI_FLAG, &gpu, 0, 0}, /* all layers on the GPU, as -ngl 99 */
+        {"--check-finite", KILN_CLI_FLAG, &o.sess.check_finite, 0, 0},
+    }; /* then the session and sampling options generate shares */
+    int n_opts = N_OWN + kiln_cli_sampling_opts(opts + N_OWN, &o.sampler, &o.sess), n_pos;
+    if (!kiln_cli_parse_args("chat", argc, argv, opts, n_opts, NULL, 0, &n_pos)) {
+        fputs(usage_line, stderr);
+        return 1;
     }
+    if (gpu) kiln_cli_gpu_flag("--gpu", &o.sess);
     if (!o.model_path) {
         fputs(usage_line, stderr);
         return 1;
