@@ -240,10 +240,7 @@ int kiln_cmd_chat(int argc, char **argv) {
         {"--check-finite", KILN_CLI_FLAG, &o.sess.check_finite, 0, 0},
     }; /* then the session and sampling options generate shares */
     int n_opts = N_OWN + kiln_cli_sampling_opts(opts + N_OWN, &o.sampler, &o.sess), n_pos;
-    if (!kiln_cli_parse_args("chat", argc, argv, opts, n_opts, NULL, 0, &n_pos)) {
-        fputs(usage_line, stderr);
-        return 1;
-    }
+    if (!kiln_cli_parse_args("chat", argc, argv, opts, n_opts, NULL, 0, &n_pos)) return 1;
     if (gpu) kiln_cli_gpu_flag("--gpu", &o.sess);
     if (!o.model_path) {
         fputs(usage_line, stderr);

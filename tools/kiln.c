@@ -797,7 +797,9 @@ int main(int argc, char **argv) {
         if (argc >= 3 && strcmp(argv[2], "train") == 0) return kiln_bench_train(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "model") == 0) return kiln_bench_model(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "gpu-kernels") == 0) return kiln_bench_gpu_kernels(argc - 3, argv + 3);
-        for (int i = 2; i < argc; i++) /* --gpu anywhere: the GPU benchmark (bench/bench_gpu.c) */
+        for (int i = 2; i < argc; i++) /* --version anywhere: kiln's; --gpu: the GPU benchmark (bench/bench_gpu.c) */
+            if (kiln_cli_version(argv[i])) return 0;
+        for (int i = 2; i < argc; i++)
             if (strcmp(argv[i], "--gpu") == 0) return kiln_bench_gpu(argc - 2, argv + 2);
         if (argc >= 3 && argv[2][0] == '-') return kiln_bench_model(argc - 2, argv + 2); /* -m MODEL, in any order */
         return kiln_cli_error("bench: unknown benchmark '%s' (available: quant, tokenize, train, model or -m MODEL)", argc >= 3 ? argv[2] : "");
