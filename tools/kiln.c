@@ -10,11 +10,14 @@
  *   kiln bench quant [--quick]            dequantize / vec_dot throughput per type and SIMD level
  *   kiln bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   pp and tg tok/s, as llama-bench
  *   kiln convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf
- *   kiln generate [-m MODEL.gguf] [-p PROMPT] [-n N] [sampling options] [-t THREADS] [-c CTX] [--chat] [--chat-template NAME] [--check-finite]
- *   kiln chat -m MODEL.gguf [--system TEXT] [--chat-template NAME] [sampling options]                 (tools/cmd_chat.c)
+ *   kiln generate [-m MODEL.gguf] [-p PROMPT | -f FILE] [-n N] [sampling options] [-r STOP]... [--ignore-eos] [-t THREADS]
+ *                 [-c CTX] [-b BATCH] [--chat] [--chat-template NAME] [--check-finite]
+ *   kiln chat -m MODEL.gguf [-sys TEXT] [--chat-template NAME] [sampling options]                       (tools/cmd_chat.c)
+ *   kiln --version
  *
- * Every command reads its arguments through one option table (kiln_cli_parse_args, tools/cli.c): numbers are
- * strict, "--" ends the options, and what came from a file or argv is printed escaped. Errors go to stderr as one
+ * Every command reads its arguments through one option table (kiln_cli_parse_args, tools/cli.c), with llama.cpp's
+ * spellings beside kiln's short ones (--model, --prompt, --n-predict, --ctx-size, ...): numbers are strict, an
+ * unknown flag is named with the nearest known one, "--" ends the options, and what came from a file or argv is printed escaped. Errors go to stderr as one
  * line, "kiln: <message>", and the exit status is 1. */
 #include "kiln.h"
 #include "bench/bench.h"
@@ -752,8 +755,8 @@ static void usage(FILE *f) {
     fprintf(f, "usage: kiln COMMAND ...\n"
                "  inspect FILE.gguf [--all]              print metadata and the tensor table\n"
                "  quantize IN.gguf OUT.gguf TYPE [-t N]  TYPE: f16 bf16 q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m q5_k_m\n"
-               "  perplexity -m MODEL -f TEXT [--ctx N] [-t N] [--gpu]  perplexity over non-overlapping windows\n"
-               "  tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH | -- -TEXT)\n"
+               "  perplexity -m MODEL -f TEXT [-c N] [-b N] [-t N] [--gpu]  perplexity as llama-perplexity computes it\n"
+               "  tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | -p TEXT | -f PATH | -- -TEXT)\n"
                "  tokenizer train CORPUS... --vocab N -o OUT.gguf [--specials a,b,c] [--min-frequency N]\n"
                "  data CORPUS... -t TOKENIZER.gguf -o DIR [--val-fraction F] [--shard-tokens N]   token shards for training\n"
                "  plot LOG.jsonl -o loss.svg [--title T]  train and val loss curves of a training log as an SVG\n"
@@ -762,13 +765,16 @@ static void usage(FILE *f) {
                "  bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   prompt and generation tok/s, as llama-bench\n"
                "  bench --gpu -m MODEL.gguf [-p 512] [-n 128] [-r R]   the same on the GPU, with GB/s, VRAM and a per-op decode profile\n"
                "  convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf   a llama2.c checkpoint to GGUF\n"
-               "  generate [-m MODEL.gguf] [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
-               "           [--repeat-penalty R] [--repeat-last-n N] [--seed S] [-t THREADS] [-c CTX] [--gpu | -ngl N]\n"
+               "  generate [-m MODEL.gguf] [-p PROMPT | -f FILE] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
+               "           [--repeat-penalty R] [--repeat-last-n N] [--presence-penalty P] [--frequency-penalty F]\n"
+               "           [-s SEED] [-r STOP]... [--ignore-eos] [-t THREADS] [-c CTX] [-b BATCH] [--gpu | -ngl N]\n"
                "           [--chat] [--chat-template NAME]   -p as one user turn of the model's chat template\n"
                "           [--check-finite]   name the first layer whose output is NaN or infinite (KILN_CHECK_FINITE=1)\n"
-               "  chat -m MODEL.gguf [--system TEXT] [--chat-template llama2|llama3|chatml|gemma] [-n MAXTOK] [sampling opts]\n"
+               "  chat -m MODEL.gguf [-sys TEXT] [--chat-template llama2|llama3|chatml|gemma] [-n MAXTOK] [sampling opts]\n"
                "                                         a conversation over stdin lines, replies streamed to stdout\n"
-               "  --gpu (or -ngl N, N at least the layer count, as llama.cpp's -ngl 99) runs the whole model on the GPU\n");
+               "  --gpu (or -ngl N, N at least the layer count, as llama.cpp's -ngl 99) runs the whole model on the GPU\n"
+               "  llama.cpp's long forms work too: --model --prompt --file --n-predict --ctx-size --threads --batch-size\n"
+               "  --seed --temperature --reverse-prompt --n-gpu-layers --system-prompt; kiln --version prints the version\n");
 }
 
 int main(int argc, char **argv) {
