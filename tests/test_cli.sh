@@ -282,21 +282,29 @@ test_version() {
     done
 }
 
+# pick_stop TEXT: a 6-byte stop string around the first space after byte 20 of TEXT (a word's end, the space, the
+# next word's start: at least two tokens of a vocab whose words carry their leading space), or nothing.
+pick_stop() {
+    local t=$1 i stop
+    for ((i = 20; i < ${#t} - 4; i++)); do
+        stop=${t:i-2:6}
+        if [ "${t:i:1}" = " " ] && [[ $stop != *$'\n'* ]] && [[ ${stop:0:2} != *" "* ]] && [[ ${stop:3:3} != *" "* ]]; then
+            printf '%s' "$stop"
+            return
+        fi
+    done
+}
+
 # -r: the text stops before the first stop string the generated text holds, even one split across tokens, and the
 # stop string is never printed. The cut is checked against the same greedy run without -r: its text up to that
-# string's first occurrence after the prompt.
+# string's first occurrence after the prompt. Chat's reply is cut the same way.
 test_stop_strings() {
-    local model=models/shakespeare.gguf full stop want got i
+    local model=models/shakespeare.gguf full stop want got
     [ -s "$model" ] || skip "$model not found"
     full=$("$KILN" generate -m "$model" -p "ROMEO:" -n 60 --temp 0 -t 1 2>"$tmp/err")
     check "generate failed: $(cat "$tmp/err")" [ $? -eq 0 ]
-    # a 6-byte stop string around the first space after byte 20 of the text (a word's end, the space, the next
-    # word's start: at least two tokens of this vocab, whose words carry their leading space)
-    for ((i = 20; i < ${#full} - 4; i++)); do
-        stop=${full:i-2:6}
-        [ "${full:i:1}" = " " ] && [[ $stop != *$'\n'* ]] && [[ ${stop:0:2} != *" "* ]] && [[ ${stop:3:3} != *" "* ]] && break
-    done
-    check "no stop string candidate in '$full'" [ "$i" -lt $((${#full} - 4)) ]
+    stop=$(pick_stop "$full")
+    check "no stop string candidate in '$full'" [ -n "$stop" ]
     want=${full#ROMEO:}
     want="ROMEO:${want%%"$stop"*}"
     got=$("$KILN" generate -m "$model" -p "ROMEO:" -n 60 --temp 0 -t 1 -r "zzqq" -r "$stop" 2>"$tmp/err")
@@ -306,6 +314,12 @@ test_stop_strings() {
     # a stop string that never comes holds nothing back for good: the whole text is printed
     got=$("$KILN" generate -m "$model" -p "ROMEO:" -n 60 --temp 0 -t 1 --reverse-prompt "zzqq" 2>"$tmp/err")
     check "-r zzqq gave '$got', not '$full'" [ "$got" = "$full" ]
+    full=$(echo Hail | "$KILN" chat -m "$model" --chat-template llama2 --temp 0 -n 40 -t 1 2>"$tmp/err")
+    check "chat failed: $(cat "$tmp/err")" [ $? -eq 0 ]
+    stop=$(pick_stop "$full")
+    check "no stop string candidate in the reply '$full'" [ -n "$stop" ]
+    got=$(echo Hail | "$KILN" chat -m "$model" --chat-template llama2 --temp 0 -n 40 -t 1 -r "$stop" 2>"$tmp/err")
+    check "chat -r '$stop' gave '$got', not '${full%%"$stop"*}' (without it: '$full')" [ "$got" = "${full%%"$stop"*}" ]
 }
 
 # --ignore-eos: stories260K ends its greedy story with BOS/EOS before 400 tokens; with the flag it writes all 400.

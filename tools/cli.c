@@ -193,6 +193,54 @@ void kiln_cli_progress(void *user, const kiln_progress *p) {
     fflush(stderr);
 }
 
+/* ---------------------------------------------------------------- stop strings */
+
+bool kiln_cli_stream_add(kiln_cli_stream *g, const char *s, size_t n, kiln_status *err) {
+    if (g->n + n > g->cap) {
+        size_t cap = g->cap ? g->cap : 256;
+        while (cap < g->n + n) cap *= 2;
+        char *p = realloc(g->p, cap);
+        if (!p) {
+            *err = KILN_ERR_NOMEM;
+            return false;
+        }
+        g->p = p, g->cap = cap;
+    }
+    if (n) memcpy(g->p + g->n, s, n);
+    g->n += n;
+    size_t end = g->n, hold = 0; /* end: where the earliest stop string begins; hold: a possible start kept back */
+    for (int i = 0; g->stops && i < g->stops->n; i++) {
+        const char *stop = g->stops->v[i];
+        size_t k = strlen(stop);
+        /* a stop string not found before ends after the printed bytes: search from where it could begin */
+        for (size_t at = g->printed > k ? g->printed - k : 0; k && at + k <= g->n; at++)
+            if (at < end && memcmp(g->p + at, stop, k) == 0) {
+                end = at;
+                break;
+            }
+        for (size_t h = k - (k > 0); h > hold; h--) /* the longest tail of the text that begins the stop string */
+            if (h <= g->n && memcmp(g->p + g->n - h, stop, h) == 0) {
+                hold = h;
+                break;
+            }
+    }
+    const bool stopped = end < g->n;
+    size_t upto = stopped ? end : g->n - hold;
+    if (upto > g->printed) {
+        fwrite(g->p + g->printed, 1, upto - g->printed, stdout);
+        fflush(stdout);
+        g->printed = upto;
+    }
+    return stopped;
+}
+
+void kiln_cli_stream_flush(kiln_cli_stream *g) {
+    if (g->n == g->printed) return;
+    fwrite(g->p + g->printed, 1, g->n - g->printed, stdout);
+    fflush(stdout);
+    g->printed = g->n;
+}
+
 /* ---------------------------------------------------------------- options */
 
 _Static_assert(_Generic((int32_t)0, int: 1, default: 0), "KILN_CLI_INT writes int32_t fields as int");

@@ -72,6 +72,22 @@ int kiln_cli_unknown(const char *cmd, const char *arg);
  * to stdout and returns true. */
 bool kiln_cli_version(const char *arg);
 
+/* Generated text on its way to stdout, with the stop strings (-r) of generate and chat: the bytes that could begin
+ * one are held back until the next piece shows whether they do, so a stop string split across tokens is found and
+ * never printed. p[0..n) is the text so far, p[0..printed) what stdout has; zero it to start (stops may be NULL or an
+ * empty list), free p after. */
+typedef struct {
+    char *p;
+    size_t n, cap, printed;
+    const kiln_cli_list *stops;
+} kiln_cli_stream;
+/* Appends n bytes and prints what can no longer be part of a stop string. Returns true when the text now holds one:
+ * the text before it is printed (printed is where it begins) and the rest never is. False with *err set when out of
+ * memory. */
+bool kiln_cli_stream_add(kiln_cli_stream *g, const char *s, size_t n, kiln_status *err);
+/* Prints what was held back for a stop string that never came. */
+void kiln_cli_stream_flush(kiln_cli_stream *g);
+
 /* The options generate and chat share, with llama.cpp's spellings: the session's -t/--threads, -c/--ctx-size,
  * -b/--batch-size and -ngl/--gpu-layers/--n-gpu-layers, and the sampling flags --temp/--temperature, --top-k,
  * --top-p, --min-p, --repeat-penalty, --repeat-last-n, --presence-penalty, --frequency-penalty and --seed/-s,

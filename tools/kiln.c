@@ -433,64 +433,6 @@ static kiln_status piece_text(const kiln_tokenizer *tok, int32_t prev, int32_t i
     return KILN_OK;
 }
 
-/* ---------------------------------------------------------------- stop strings */
-
-/* The generated text and how much of it is on stdout. With stop strings (-r), the bytes that could begin one are held
- * back until the next piece shows whether they do, so a stop string split across tokens is found and never printed. */
-typedef struct {
-    char *p;
-    size_t n, cap, printed;
-    const kiln_cli_list *stops;
-} gen_text;
-
-/* Appends n bytes, prints what can no longer be part of a stop string, and returns true when the text now holds one:
- * the text before it is printed and the rest (the stop string and what followed it in the piece) never is. */
-static bool gen_text_add(gen_text *g, const char *s, size_t n, kiln_status *err) {
-    if (g->n + n > g->cap) {
-        size_t cap = g->cap ? g->cap : 256;
-        while (cap < g->n + n) cap *= 2;
-        char *p = realloc(g->p, cap);
-        if (!p) {
-            *err = KILN_ERR_NOMEM;
-            return false;
-        }
-        g->p = p, g->cap = cap;
-    }
-    if (n) memcpy(g->p + g->n, s, n);
-    g->n += n;
-    size_t end = g->n, hold = 0; /* end: where the earliest stop string begins; hold: a possible start kept back */
-    for (int i = 0; i < g->stops->n; i++) {
-        const char *stop = g->stops->v[i];
-        size_t k = strlen(stop);
-        /* a stop string not found before ends after the printed bytes: search from where it could begin */
-        for (size_t at = g->printed > k ? g->printed - k : 0; k && at + k <= g->n; at++)
-            if (at < end && memcmp(g->p + at, stop, k) == 0) {
-                end = at;
-                break;
-            }
-        for (size_t h = k - (k > 0); h > hold; h--) /* the longest tail of the text that begins the stop string */
-            if (h <= g->n && memcmp(g->p + g->n - h, stop, h) == 0) {
-                hold = h;
-                break;
-            }
-    }
-    const bool stopped = end < g->n;
-    size_t upto = stopped ? end : g->n - hold;
-    if (upto > g->printed) {
-        fwrite(g->p + g->printed, 1, upto - g->printed, stdout);
-        fflush(stdout);
-        g->printed = upto;
-    }
-    return stopped;
-}
-
-/* Prints what was held back for a stop string that never came. */
-static void gen_text_flush(gen_text *g) {
-    fwrite(g->p + g->printed, 1, g->n - g->printed, stdout);
-    fflush(stdout);
-    g->printed = g->n;
-}
-
 typedef struct {
     int64_t n_new; /* tokens to generate */
     kiln_session_params sess; /* n_ctx 0: what the run needs, at most the training context */
@@ -538,7 +480,7 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     float *logits = malloc((size_t)V * sizeof *logits);
     char *piece = NULL;
     size_t piece_cap = 0;
-    gen_text text = {.stops = &o->stops};
+    kiln_cli_stream text = {.stops = &o->stops};
     kiln_session *sess = NULL;
     kiln_sampler *smp = NULL;
     const char *err = NULL; /* a failure of this function's own, printed as is */
@@ -581,13 +523,13 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
         size_t np;
         if ((s = piece_text(tok, seq[n - 1], next, &piece, &piece_cap, &p, &np))) break;
         seq[n++] = next;
-        if ((stopped = gen_text_add(&text, p, np, &s)) || s) break;
+        if ((stopped = kiln_cli_stream_add(&text, p, np, &s)) || s) break;
         if (i + 1 == o->n_new) break;
         if ((full = kiln_session_pos(sess) == n_ctx)) break;
         s = argmax ? kiln_session_eval_argmax(sess, &next, 1, &next) : kiln_session_eval(sess, &next, 1, logits, NULL);
     }
     double t2 = now_s();
-    if (!s && !stopped) gen_text_flush(&text);
+    if (!s && !stopped) kiln_cli_stream_flush(&text);
     if (!s) {
         size_t n_gen = n - n_prompt;
         fputc('\n', stderr); /* the text has no newline of its own at the end */
