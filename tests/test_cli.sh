@@ -224,6 +224,9 @@ test_llama_cpp_spellings() {
     TOO_BIG=15 bad_int perplexity -m x -f y --ctx-size
     TOO_BIG=4097 bad_int perplexity -m x -f y --threads
     TOO_BIG=0 bad_int chat -m x --n-predict
+    refuses "--n-prompt" bench --model x.gguf --n-prompt 128,abc
+    TOO_BIG=1001 bad_int bench --model x.gguf --repetitions
+    refuses "--n-gen" bench --model x.gguf --n-gen 2.5
     refuses "--model" chat --model
     refuses "-sys" chat -m x -sys
     refuses "--file" generate --file
