@@ -273,8 +273,19 @@ static void usage(FILE *f) {
                "  -t THREADS  comma-separated thread counts (default: all cores)\n"
                "  -p LIST     prompt lengths for pp, comma-separated (default 128,512; 0: no pp)\n"
                "  -n N        tokens decoded one at a time for tg, after a prompt of %d tokens (default 64; 0: no tg)\n"
-               "  -r REPS     timed repetitions per case after one warm-up (default 3); best and median reported\n",
+               "  -r REPS     timed repetitions per case after one warm-up (default 3); best and median reported\n"
+               "  llama-bench's --model, --threads, --n-prompt, --n-gen and --repetitions are the same flags\n",
             TG_PROMPT);
+}
+
+/* llama-bench's long forms (tools/llama-bench) of the flags below: the short form they stand for, or a itself. */
+static const char *short_form(const char *a) {
+    static const char *const longs[][2] = {
+        {"--model", "-m"}, {"--threads", "-t"}, {"--n-prompt", "-p"}, {"--n-gen", "-n"}, {"--repetitions", "-r"},
+    };
+    for (size_t i = 0; i < sizeof longs / sizeof longs[0]; i++)
+        if (strcmp(a, longs[i][0]) == 0) return longs[i][1];
+    return a;
 }
 
 /* The options that take a value. */
@@ -291,13 +302,13 @@ int kiln_bench_model(int argc, char **argv) {
     kiln_cli_rope rope;
     kiln_cli_rope_init(&rope);
     for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *v;
-        const int rr = kiln_cli_rope_opt(cmd, a, i + 1 < argc ? argv[i + 1] : NULL, &rope);
+        const int rr = kiln_cli_rope_opt(cmd, argv[i], i + 1 < argc ? argv[i + 1] : NULL, &rope);
         if (rr < 0) return 1;
         if (rr > 0) {
             i++;
             continue;
         }
+        const char *a = short_form(argv[i]), *typed = argv[i], *v; /* the errors name the flag as typed */
         if (strcmp(a, "--") == 0) { /* ends the options; bench takes no other argument */
             if (i + 1 < argc) return kiln_cli_error("%s: unexpected argument '%s'", cmd, argv[i + 1]);
             break;
@@ -306,18 +317,18 @@ int kiln_bench_model(int argc, char **argv) {
         else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return 0;
-        } else if (!takes_value(a)) return kiln_cli_unknown(cmd, a);
+        } else if (!takes_value(a)) return kiln_cli_unknown(cmd, typed);
         else if (!(v = kiln_cli_value(cmd, argc, argv, &i))) return 1;
         else if (strcmp(a, "-m") == 0) {
             if (n_models == MAX_ITEMS) return kiln_cli_error("%s: more than %d models", cmd, MAX_ITEMS);
             models[n_models++] = v;
         } else if (strcmp(a, "-t") == 0) {
-            if (kiln_bench_parse_list(cmd, a, v, 0, 4096, thr64, MAX_ITEMS, &n_thr)) return 1;
+            if (kiln_bench_parse_list(cmd, typed, v, 0, 4096, thr64, MAX_ITEMS, &n_thr)) return 1;
         } else if (strcmp(a, "-p") == 0) {
-            if (kiln_bench_parse_list(cmd, a, v, 0, INT32_MAX, pps, MAX_ITEMS, &n_pp)) return 1;
+            if (kiln_bench_parse_list(cmd, typed, v, 0, INT32_MAX, pps, MAX_ITEMS, &n_pp)) return 1;
         } else if (strcmp(a, "-n") == 0) {
-            if (!kiln_cli_parse_int(cmd, a, v, 0, INT32_MAX - TG_PROMPT, &n_gen)) return 1;
-        } else if (!kiln_cli_parse_int(cmd, a, v, 1, MAX_REPS, &reps)) /* -r */
+            if (!kiln_cli_parse_int(cmd, typed, v, 0, INT32_MAX - TG_PROMPT, &n_gen)) return 1;
+        } else if (!kiln_cli_parse_int(cmd, typed, v, 1, MAX_REPS, &reps)) /* -r */
             return 1;
     }
     if (n_models == 0) {

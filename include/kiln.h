@@ -572,13 +572,18 @@ typedef struct kiln_sampler_params {
     int32_t top_k;
     float top_p;     /* [0, 1] */
     float min_p;
-    float repeat_penalty;
-    int32_t repeat_last_n; /* tokens the penalty looks back over */
+    /* llama.cpp's penalties, applied first (before temp) to each distinct token that occurs count > 0 times among the
+     * last repeat_last_n of the history: a positive logit divided by repeat_penalty (a negative one multiplied),
+     * then count * frequency_penalty + presence_penalty subtracted */
+    float repeat_penalty;    /* > 0; 1 disables it */
+    int32_t repeat_last_n;   /* tokens the penalties look back over; 0 disables them, -1 the whole history */
+    float presence_penalty;  /* 0 disables it */
+    float frequency_penalty; /* 0 disables it */
     uint64_t seed;
 } kiln_sampler_params;
 
 typedef struct kiln_sampler kiln_sampler;
-kiln_sampler_params kiln_sampler_default(void); /* temp 0.8, top_k 40, top_p 0.95, min_p 0.05, penalty 1, seed 42 */
+kiln_sampler_params kiln_sampler_default(void); /* temp 0.8, top_k 40, top_p 0.95, min_p 0.05, penalties off, seed 42 */
 kiln_status kiln_sampler_new(const kiln_sampler_params *p, int64_t n_vocab, kiln_sampler **out);
 void kiln_sampler_free(kiln_sampler *s);
 /* Picks a token from logits (modified in place); history is the sequence so far, for the repetition penalty. */
@@ -801,9 +806,11 @@ kiln_status kiln_trainer_save(kiln_trainer *t, const char *path);
 kiln_status kiln_trainer_export(kiln_trainer *t, const char *path);
 
 /* ---------------------------------------------------------------- perplexity
- * The text is tokenized (with BOS) and cut into non-overlapping windows of n_ctx tokens; each window starts
- * from BOS and, as llama.cpp's perplexity does, scores only its second half, so every scored token has at least
- * n_ctx/2 tokens of context. ppl = exp(mean NLL); ppl_err = ppl * the standard error of that mean. */
+ * As llama.cpp's llama-perplexity computes it: the text is tokenized with BOS only where the vocab's
+ * add_bos_token says so, and cut into non-overlapping windows of n_ctx tokens (at least two; the tail is dropped);
+ * each window's first token becomes BOS (again only where add_bos_token says so) and only its second half is
+ * scored, n_ctx - 1 - n_ctx/2 tokens a window, so every scored token has at least n_ctx/2 tokens of context.
+ * ppl = exp(mean NLL); ppl_err = ppl * the standard error of that mean. */
 typedef struct kiln_perplexity_result {
     double ppl, ppl_err;
     int64_t n_scored;  /* tokens scored */

@@ -677,7 +677,7 @@ static void test_cli_chat_flags(void) {
         {"chat -m " BUNDLED " --temp nan", "--temp needs"},
         {"chat -m " BUNDLED " -c -5", "-c needs"},
         {"chat -m " BUNDLED " --seed", "--seed needs a value"},
-        {"chat -m " BUNDLED " --frobnicate 1", "unexpected argument '--frobnicate'"},
+        {"chat -m " BUNDLED " --frobnicate 1", "unknown option '--frobnicate'"},
         {"chat -m " BUNDLED " -- -n 5", "unexpected argument '-n' after --"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

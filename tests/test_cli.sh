@@ -205,6 +205,150 @@ EOF
     check "a raw ESC in inspect's header for an escaped file name" [ "$(tr -cd '\033' <"$tmp/out" | wc -c)" -eq 0 ]
 }
 
+# llama.cpp's spellings (common/arg.cpp) are the same flags: a bad value through a long form is refused naming it as
+# typed, and a run with every long form prints what the short forms print, which differs when one value differs.
+test_llama_cpp_spellings() {
+    TOO_BIG=1000000001 bad_int generate --n-predict
+    TOO_BIG=1000000001 bad_int generate --predict
+    TOO_BIG=4097 bad_int generate --threads
+    TOO_BIG=2147483648 bad_int generate --ctx-size
+    TOO_BIG=0 bad_int generate --batch-size
+    TOO_BIG=-1 bad_int generate --n-gpu-layers
+    TOO_BIG=-1 bad_int generate --gpu-layers
+    TOO_BIG=-2 bad_int generate --repeat-last-n
+    TOO_BIG=1e10 bad_num generate --presence-penalty
+    TOO_BIG=-1e10 bad_num generate --frequency-penalty
+    TOO_BIG=-0.1 bad_num generate --temperature
+    TOO_BIG=18446744073709551616 bad_int generate -s
+    TOO_BIG=15 bad_int perplexity -m x -f y -c
+    TOO_BIG=15 bad_int perplexity -m x -f y --ctx-size
+    TOO_BIG=4097 bad_int perplexity -m x -f y --threads
+    TOO_BIG=0 bad_int chat -m x --n-predict
+    refuses "--n-prompt" bench --model x.gguf --n-prompt 128,abc
+    TOO_BIG=1001 bad_int bench --model x.gguf --repetitions
+    refuses "--n-gen" bench --model x.gguf --n-gen 2.5
+    refuses "--model" chat --model
+    refuses "-sys" chat -m x -sys
+    refuses "--file" generate --file
+    refuses "-r" generate -r
+    refuses "no/such/prompt" generate -f "$tmp/no/such/prompt"
+    make_models || check "could not make the test models" false
+    local short long other
+    short=$("$KILN" generate -m "$tmp/m.gguf" -p "the fox" -n 12 -t 1 -c 48 -b 4 --temp 0.9 --top-k 20 --top-p 0.9 --min-p 0.01 \
+        --repeat-penalty 1.3 --repeat-last-n 8 --seed 5 2>"$tmp/err")
+    check "generate with the short forms failed: $(cat "$tmp/err")" [ $? -eq 0 ]
+    long=$("$KILN" generate --model "$tmp/m.gguf" --prompt "the fox" --n-predict 12 --threads 1 --ctx-size 48 --batch-size 4 \
+        --temperature 0.9 --top-k 20 --top-p 0.9 --min-p 0.01 --repeat-penalty 1.3 --repeat-last-n 8 -s 5 2>"$tmp/err")
+    check "generate with the long forms failed: $(cat "$tmp/err")" [ $? -eq 0 ]
+    check "the long forms gave '$long', the short ones '$short'" [ "$long" = "$short" ]
+    other=$("$KILN" generate --model "$tmp/m.gguf" --prompt "the fox" --predict 12 --threads 1 --temperature 0.9 -s 6 2>/dev/null)
+    check "the seed (-s) changed nothing: '$other'" [ "$other" != "$short" ]
+    # -f: the prompt from a file, less one final newline, as llama.cpp's -f
+    printf 'the fox\n' >"$tmp/prompt.txt"
+    long=$("$KILN" generate -m "$tmp/m.gguf" -f "$tmp/prompt.txt" -n 12 -t 1 -c 48 -b 4 --temp 0.9 --top-k 20 --top-p 0.9 \
+        --min-p 0.01 --repeat-penalty 1.3 --repeat-last-n 8 --seed 5 2>"$tmp/err")
+    check "generate -f failed: $(cat "$tmp/err")" [ $? -eq 0 ]
+    check "-f gave '$long', -p '$short'" [ "$long" = "$short" ]
+    printf 'the\0fox' >"$tmp/nul.txt"
+    refuses "offset 3" generate -m "$tmp/m.gguf" -f "$tmp/nul.txt"
+    refuses "not both" generate -m "$tmp/m.gguf" -f "$tmp/prompt.txt" -p "the fox"
+    # tokenize -p is the positional text
+    short=$("$KILN" tokenize -m "$tmp/tok.gguf" --ids "the fox" 2>&1)
+    long=$("$KILN" tokenize --model "$tmp/tok.gguf" --ids --prompt "the fox" 2>&1)
+    check "tokenize --prompt gave '$long', the positional text '$short'" [ -n "$short" ] && [ "$long" = "$short" ]
+}
+
+# An unknown flag is named as unknown wherever it stands (at the end of chat's line it read "-i needs a value"),
+# with the nearest flag when one is close.
+test_unknown_option() {
+    local c
+    for c in generate chat perplexity tokenize; do
+        refuses "kiln: $c: unknown option '--foo'" $c -m x --foo
+        refuses "kiln: $c: unknown option '-i'" $c -m x -i
+    done
+    refuses "kiln: bench: unknown option '-i'" bench -m x -i
+    refuses "unknown option '--tmp' (did you mean --temp?)" generate --tmp 0.5
+    refuses "unknown option '--ctx-sise' (did you mean --ctx-size?)" perplexity --ctx-sise 64
+    refuses "unknown option '--presense-penalty' (did you mean --presence-penalty?)" chat --presense-penalty 1
+    refuses "unknown option '--zzzzzz'" generate --zzzzzz
+    check "a suggestion for a far-off flag: $(cat "$tmp/err")" [ "$(grep -c "did you mean" "$tmp/err")" -eq 0 ]
+}
+
+# kiln --version and each command's print include/kiln.h's KILN_VERSION on stdout and exit 0.
+test_version() {
+    local want got c
+    want="kiln $(sed -n 's/^#define KILN_VERSION "\(.*\)"$/\1/p' include/kiln.h)"
+    check "no KILN_VERSION in include/kiln.h" [ "$want" != "kiln " ]
+    for c in "" version generate chat perplexity tokenize bench "generate -m x.gguf" "bench -m x.gguf"; do
+        got=$("$KILN" $c --version 2>"$tmp/err")
+        check "kiln $c --version: exit $?, '$got' (stderr: $(cat "$tmp/err")), not '$want'" [ "$got" = "$want" ]
+    done
+}
+
+# pick_stop TEXT: a 6-byte stop string around the first space after byte 20 of TEXT (a word's end, the space, the
+# next word's start: at least two tokens of a vocab whose words carry their leading space), or nothing.
+pick_stop() {
+    local t=$1 i stop
+    for ((i = 20; i < ${#t} - 4; i++)); do
+        stop=${t:i-2:6}
+        if [ "${t:i:1}" = " " ] && [[ $stop != *$'\n'* ]] && [[ ${stop:0:2} != *" "* ]] && [[ ${stop:3:3} != *" "* ]]; then
+            printf '%s' "$stop"
+            return
+        fi
+    done
+}
+
+# -r: the text stops before the first stop string the generated text holds, even one split across tokens, and the
+# stop string is never printed. The cut is checked against the same greedy run without -r: its text up to that
+# string's first occurrence after the prompt. Chat's reply is cut the same way.
+test_stop_strings() {
+    local model=models/shakespeare.gguf full stop want got
+    [ -s "$model" ] || skip "$model not found"
+    full=$("$KILN" generate -m "$model" -p "ROMEO:" -n 60 --temp 0 -t 1 2>"$tmp/err")
+    check "generate failed: $(cat "$tmp/err")" [ $? -eq 0 ]
+    stop=$(pick_stop "$full")
+    check "no stop string candidate in '$full'" [ -n "$stop" ]
+    want=${full#ROMEO:}
+    want="ROMEO:${want%%"$stop"*}"
+    got=$("$KILN" generate -m "$model" -p "ROMEO:" -n 60 --temp 0 -t 1 -r "zzqq" -r "$stop" 2>"$tmp/err")
+    check "generate -r failed: $(cat "$tmp/err")" [ $? -eq 0 ]
+    check "-r '$stop' gave '$got', not '$want' (the run without it: '$full')" [ "$got" = "$want" ]
+    check "-r did not say it stopped: $(cat "$tmp/err")" grep -q "stopped at a stop string" "$tmp/err"
+    # a stop string that never comes holds nothing back for good: the whole text is printed
+    got=$("$KILN" generate -m "$model" -p "ROMEO:" -n 60 --temp 0 -t 1 --reverse-prompt "zzqq" 2>"$tmp/err")
+    check "-r zzqq gave '$got', not '$full'" [ "$got" = "$full" ]
+    full=$(echo Hail | "$KILN" chat -m "$model" --chat-template llama2 --temp 0 -n 40 -t 1 2>"$tmp/err")
+    check "chat failed: $(cat "$tmp/err")" [ $? -eq 0 ]
+    stop=$(pick_stop "$full")
+    check "no stop string candidate in the reply '$full'" [ -n "$stop" ]
+    got=$(echo Hail | "$KILN" chat -m "$model" --chat-template llama2 --temp 0 -n 40 -t 1 -r "$stop" 2>"$tmp/err")
+    check "chat -r '$stop' gave '$got', not '${full%%"$stop"*}' (without it: '$full')" [ "$got" = "${full%%"$stop"*}" ]
+}
+
+# --ignore-eos: stories260K ends its greedy story with BOS/EOS before 400 tokens; with the flag it writes all 400.
+test_ignore_eos() {
+    local d=${KILN_DATA:-../shared/data}/models/stories260K
+    [ -s "$d/stories260K.bin" ] || skip "$d/stories260K.bin not found (needs ../shared/data)"
+    "$KILN" convert llama2c "$d/stories260K.bin" --tokenizer "$d/tok512.bin" -o "$tmp/s260.gguf" 2>/dev/null
+    check "convert llama2c failed" [ -s "$tmp/s260.gguf" ]
+    "$KILN" generate -m "$tmp/s260.gguf" -n 400 --temp 0 -t 1 >/dev/null 2>"$tmp/err"
+    check "without --ignore-eos the story did not end early: $(cat "$tmp/err")" grep -qE "generated ([0-9]|[0-9][0-9]|[0-3][0-9][0-9]) tokens" "$tmp/err"
+    "$KILN" generate -m "$tmp/s260.gguf" -n 400 --temp 0 -t 1 --ignore-eos >/dev/null 2>"$tmp/err"
+    check "--ignore-eos did not write 400 tokens: $(cat "$tmp/err")" grep -q "generated 400 tokens" "$tmp/err"
+}
+
+# Progress without a terminal: whole lines, no \r (a log stays readable).
+test_progress_plain() {
+    local model=models/shakespeare.gguf text=${KILN_DATA:-../shared/data}/corpora/english/tinyshakespeare.txt
+    [ -s "$model" ] || skip "$model not found"
+    [ -s "$text" ] || skip "$text not found (needs ../shared/data)"
+    head -c 6000 "$text" >"$tmp/ppl.txt"
+    "$KILN" perplexity -m "$model" -f "$tmp/ppl.txt" -c 64 -t 1 >"$tmp/out" 2>"$tmp/err"
+    check "perplexity failed: $(cat "$tmp/err")" [ $? -eq 0 ]
+    check "a \\r in perplexity's progress off a terminal: $(od -c "$tmp/err" | head -3)" [ "$(tr -cd '\r' <"$tmp/err" | wc -c)" -eq 0 ]
+    check "no progress lines: $(head -3 "$tmp/err")" [ "$(grep -c '^\[[0-9]*/[0-9]*\] ppl' "$tmp/err")" -gt 1 ]
+}
+
 run test_generate_flags
 run test_perplexity_flags
 run test_synth_flags
@@ -215,4 +359,10 @@ run test_file_commands_flags
 run test_tokenize_dash_text
 run test_tokenize_pieces_escaped
 run test_inspect_escapes
+run test_llama_cpp_spellings
+run test_unknown_option
+run test_version
+run test_stop_strings
+run test_ignore_eos
+run test_progress_plain
 test_exit

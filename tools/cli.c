@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int kiln_cli_die(kiln_status s) {
     const char *msg = kiln_last_error();
@@ -164,17 +165,80 @@ bool kiln_cli_gpu_flag(const char *f, kiln_session_params *sess) {
     return true;
 }
 
+bool kiln_cli_progress_tty(void) { return isatty(STDERR_FILENO); }
+
 void kiln_cli_progress(void *user, const kiln_progress *p) {
+    (void)user;
+    /* without a terminal every line stays, so write one a percent at most (a 10,000-window run writes 100 lines) */
+    static const char *last_stage;
+    static int64_t last_pct = -1;
+    const bool tty = kiln_cli_progress_tty(), last = p->done == p->total;
+    if (!tty) {
+        int64_t pct = p->total > 0 ? (int64_t)((double)p->done * 100.0 / (double)p->total) : 0;
+        if (p->stage != last_stage || pct < last_pct) last_pct = -1;
+        last_stage = p->stage;
+        if (pct == last_pct && !last) return;
+        last_pct = pct;
+    }
+    const char *start = tty ? "\r" : "";
     if (strcmp(p->stage, "tokenizer") == 0)
-        fprintf(stderr, "\r[%6lld/%6lld merges]", (long long)p->done, (long long)p->total);
+        fprintf(stderr, "%s[%6lld/%6lld merges]", start, (long long)p->done, (long long)p->total);
     else if (strcmp(p->stage, "perplexity") == 0)
-        fprintf(stderr, "\r[%lld/%lld] ppl %.4f", (long long)p->done, (long long)p->total, p->metric);
+        fprintf(stderr, "%s[%lld/%lld] ppl %.4f", start, (long long)p->done, (long long)p->total, p->metric);
     else if (strcmp(p->stage, "data") == 0)
-        fprintf(stderr, "\r[%.1f/%.1f MiB]", (double)p->done / (1 << 20), (double)p->total / (1 << 20));
+        fprintf(stderr, "%s[%.1f/%.1f MiB]", start, (double)p->done / (1 << 20), (double)p->total / (1 << 20));
     else
-        fprintf(stderr, "\r[%s %lld/%lld]", p->stage, (long long)p->done, (long long)p->total);
-    if (p->done == p->total) fputc('\n', stderr);
+        fprintf(stderr, "%s[%s %lld/%lld]", start, p->stage, (long long)p->done, (long long)p->total);
+    if (last || !tty) fputc('\n', stderr);
     fflush(stderr);
+}
+
+/* ---------------------------------------------------------------- stop strings */
+
+bool kiln_cli_stream_add(kiln_cli_stream *g, const char *s, size_t n, kiln_status *err) {
+    if (g->n + n > g->cap) {
+        size_t cap = g->cap ? g->cap : 256;
+        while (cap < g->n + n) cap *= 2;
+        char *p = realloc(g->p, cap);
+        if (!p) {
+            *err = KILN_ERR_NOMEM;
+            return false;
+        }
+        g->p = p, g->cap = cap;
+    }
+    if (n) memcpy(g->p + g->n, s, n);
+    g->n += n;
+    size_t end = g->n, hold = 0; /* end: where the earliest stop string begins; hold: a possible start kept back */
+    for (int i = 0; g->stops && i < g->stops->n; i++) {
+        const char *stop = g->stops->v[i];
+        size_t k = strlen(stop);
+        /* a stop string not found before ends after the printed bytes: search from where it could begin */
+        for (size_t at = g->printed > k ? g->printed - k : 0; k && at + k <= g->n; at++)
+            if (at < end && memcmp(g->p + at, stop, k) == 0) {
+                end = at;
+                break;
+            }
+        for (size_t h = k - (k > 0); h > hold; h--) /* the longest tail of the text that begins the stop string */
+            if (h <= g->n && memcmp(g->p + g->n - h, stop, h) == 0) {
+                hold = h;
+                break;
+            }
+    }
+    const bool stopped = end < g->n;
+    size_t upto = stopped ? end : g->n - hold;
+    if (upto > g->printed) {
+        fwrite(g->p + g->printed, 1, upto - g->printed, stdout);
+        fflush(stdout);
+        g->printed = upto;
+    }
+    return stopped;
+}
+
+void kiln_cli_stream_flush(kiln_cli_stream *g) {
+    if (g->n == g->printed) return;
+    fwrite(g->p + g->printed, 1, g->n - g->printed, stdout);
+    fflush(stdout);
+    g->printed = g->n;
 }
 
 /* ---------------------------------------------------------------- options */
@@ -187,26 +251,62 @@ static const kiln_cli_opt *find_opt(const kiln_cli_opt *opts, int n, const char 
     return NULL;
 }
 
+/* Levenshtein distance of a and b[0..nb), capped at 8 (longer names are not worth suggesting). */
+static int edit_distance(const char *a, const char *b, size_t nb) {
+    size_t na = strlen(a);
+    if (na > 40 || nb > 40) return 8;
+    int row[41];
+    for (size_t j = 0; j <= nb; j++) row[j] = (int)j;
+    for (size_t i = 1; i <= na; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= nb; j++) {
+            int up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            diag = up, row[j] = best;
+        }
+    }
+    return row[nb] < 8 ? row[nb] : 8;
+}
+
+/* The name in opts nearest to arg, when it is close (at most 2 edits, and at most a third of its length), or NULL. */
+static const char *nearest_opt(const kiln_cli_opt *opts, int n, const char *arg) {
+    int third = (int)strlen(arg) / 3, best = (third < 2 ? third : 2) + 1;
+    const char *near = NULL;
+    for (int i = 0; i < n; i++) {
+        int d = edit_distance(arg, opts[i].name, strlen(opts[i].name));
+        if (d < best) best = d, near = opts[i].name;
+    }
+    return near;
+}
+
 /* The int64 bounds of an option: its double lo/hi, cut to what an int64_t holds (2^63 itself does not). */
 static int64_t i64_bound(double v) { return v >= 0x1p63 ? INT64_MAX : v <= -0x1p63 ? INT64_MIN : (int64_t)v; }
 
-/* Parses value a of option o (named as given, for the error) into its out. */
-static bool set_opt(const char *cmd, const kiln_cli_opt *o, const char *a) {
+/* Parses value a of option o (typed as name, which the errors use) into its out. */
+static bool set_opt(const char *cmd, const kiln_cli_opt *o, const char *name, const char *a) {
     int64_t n;
     double v;
     switch (o->kind) {
     case KILN_CLI_FLAG: *(bool *)o->out = true; return true;
     case KILN_CLI_STR: *(const char **)o->out = a; return true;
-    case KILN_CLI_U64: return kiln_cli_parse_u64(cmd, o->name, a, o->out);
+    case KILN_CLI_LIST: {
+        kiln_cli_list *l = o->out;
+        if (l->n == KILN_CLI_LIST_MAX) return !kiln_cli_error("%s: %s is given more than %d times", cmd, name, KILN_CLI_LIST_MAX);
+        l->v[l->n++] = a;
+        return true;
+    }
+    case KILN_CLI_U64: return kiln_cli_parse_u64(cmd, name, a, o->out);
     case KILN_CLI_INT:
     case KILN_CLI_I64:
-        if (!kiln_cli_parse_int(cmd, o->name, a, i64_bound(o->lo), i64_bound(o->hi), &n)) return false;
+        if (!kiln_cli_parse_int(cmd, name, a, i64_bound(o->lo), i64_bound(o->hi), &n)) return false;
         if (o->kind == KILN_CLI_INT) *(int *)o->out = (int)n;
         else *(int64_t *)o->out = n;
         return true;
     case KILN_CLI_FLOAT:
     case KILN_CLI_DOUBLE:
-        if (!kiln_cli_parse_num(cmd, o->name, a, o->lo, o->hi, &v)) return false;
+        if (!kiln_cli_parse_num(cmd, name, a, o->lo, o->hi, &v)) return false;
         if (o->kind == KILN_CLI_FLOAT) *(float *)o->out = (float)v;
         else *(double *)o->out = v;
         return true;
@@ -220,6 +320,12 @@ const char *kiln_cli_value(const char *cmd, int argc, char **argv, int *i) {
     if (*i + 1 < argc) return argv[++*i];
     kiln_cli_error("%s: %s needs a value", cmd, argv[*i]);
     return NULL;
+}
+
+bool kiln_cli_version(const char *arg) {
+    if (strcmp(arg, "--version") != 0) return false;
+    printf("kiln %s\n", KILN_VERSION);
+    return true;
 }
 
 int kiln_cli_unknown(const char *cmd, const char *arg) {
@@ -237,11 +343,17 @@ bool kiln_cli_parse_args(const char *cmd, int argc, char **argv, const kiln_cli_
             continue;
         }
         if (options && kiln_cli_is_option(argv[i])) {
-            if (!(o = find_opt(opts, n_opts, argv[i]))) return !kiln_cli_unknown(cmd, argv[i]);
+            const char *name = argv[i];
+            if (!(o = find_opt(opts, n_opts, name))) {
+                if (kiln_cli_version(name)) exit(0);
+                const char *near = nearest_opt(opts, n_opts, name);
+                if (!near) return !kiln_cli_unknown(cmd, name);
+                return !kiln_cli_error("%s: unknown option '%s' (did you mean %s?)", cmd, name, near);
+            }
             const char *a = o->kind == KILN_CLI_FLAG ? NULL : kiln_cli_value(cmd, argc, argv, &i);
-            if ((o->kind != KILN_CLI_FLAG && !a) || !set_opt(cmd, o, a)) return false;
+            if ((o->kind != KILN_CLI_FLAG && !a) || !set_opt(cmd, o, name, a)) return false;
         } else if (*n_pos == max_pos)
-            return !kiln_cli_error("%s: unexpected argument '%s'", cmd, argv[i]);
+            return !kiln_cli_error("%s: unexpected argument '%s'%s", cmd, argv[i], options ? "" : " after --");
         else
             pos[(*n_pos)++] = argv[i];
     }
@@ -251,27 +363,28 @@ bool kiln_cli_parse_args(const char *cmd, int argc, char **argv, const kiln_cli_
 int kiln_cli_sampling_opts(kiln_cli_opt *o, kiln_sampler_params *sp, kiln_session_params *sess) {
     const kiln_cli_opt t[KILN_CLI_N_SAMPLING] = {
         {"-t", KILN_CLI_INT, &sess->n_threads, 0, 4096},
+        {"--threads", KILN_CLI_INT, &sess->n_threads, 0, 4096},
         {"-c", KILN_CLI_I64, &sess->n_ctx, 0, INT32_MAX},
+        {"--ctx-size", KILN_CLI_I64, &sess->n_ctx, 0, INT32_MAX},
+        {"-b", KILN_CLI_I64, &sess->n_batch, 1, INT32_MAX},
+        {"--batch-size", KILN_CLI_I64, &sess->n_batch, 1, INT32_MAX},
         {"-ngl", KILN_CLI_INT, &sess->n_gpu_layers, 0, INT32_MAX},
+        {"--gpu-layers", KILN_CLI_INT, &sess->n_gpu_layers, 0, INT32_MAX},
         {"--n-gpu-layers", KILN_CLI_INT, &sess->n_gpu_layers, 0, INT32_MAX},
         {"--temp", KILN_CLI_FLOAT, &sp->temp, 0, 1e9},
+        {"--temperature", KILN_CLI_FLOAT, &sp->temp, 0, 1e9},
         {"--top-k", KILN_CLI_INT, &sp->top_k, 0, INT32_MAX},
         {"--top-p", KILN_CLI_FLOAT, &sp->top_p, 0, 1},
         {"--min-p", KILN_CLI_FLOAT, &sp->min_p, 0, 1},
         {"--repeat-penalty", KILN_CLI_FLOAT, &sp->repeat_penalty, 1e-6, 1e9},
-        {"--repeat-last-n", KILN_CLI_INT, &sp->repeat_last_n, 0, INT32_MAX},
+        {"--repeat-last-n", KILN_CLI_INT, &sp->repeat_last_n, -1, INT32_MAX}, /* -1: the whole context */
+        {"--presence-penalty", KILN_CLI_FLOAT, &sp->presence_penalty, -1e9, 1e9},
+        {"--frequency-penalty", KILN_CLI_FLOAT, &sp->frequency_penalty, -1e9, 1e9},
         {"--seed", KILN_CLI_U64, &sp->seed, 0, 0},
+        {"-s", KILN_CLI_U64, &sp->seed, 0, 0},
     };
     memcpy(o, t, sizeof t);
     return KILN_CLI_N_SAMPLING;
-}
-
-int kiln_cli_sampling_opt(const char *cmd, const char *f, const char *a, kiln_sampler_params *sp, kiln_session_params *sess) {
-    kiln_cli_opt t[KILN_CLI_N_SAMPLING];
-    const kiln_cli_opt *o = find_opt(t, kiln_cli_sampling_opts(t, sp, sess), f);
-    if (!o) return 0;
-    if (!a) return -kiln_cli_error("%s: %s needs a value", cmd, f);
-    return set_opt(cmd, o, a) ? 1 : -1;
 }
 
 /* ---------------------------------------------------------------- RoPE overrides (llama.cpp's flags) */
@@ -299,7 +412,7 @@ int kiln_cli_rope_opt(const char *cmd, const char *f, const char *a, kiln_cli_ro
     const kiln_cli_opt *o = find_opt(t, kiln_cli_rope_opts(t, r), f);
     if (!o) return 0;
     if (!a) return -kiln_cli_error("%s: %s needs a value", cmd, f);
-    return set_opt(cmd, o, a) ? 1 : -1;
+    return set_opt(cmd, o, f, a) ? 1 : -1;
 }
 
 bool kiln_cli_rope_apply(const char *cmd, kiln_cli_rope *r, kiln_model *m) {

@@ -31,11 +31,15 @@ void kiln_cli_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* ---------------------------------------------------------------- options */
 
-/* One option of a command, for kiln_cli_parse_args: its name ("-n", "--temp"), what it holds and where it goes. A
- * FLAG takes no value and sets *(bool *)out. The others take the next argument, whatever it starts with: STR keeps
- * it (const char **), INT (int, int32_t) and I64 (int64_t) parse it with kiln_cli_parse_int in [lo, hi], FLOAT and
- * DOUBLE with kiln_cli_parse_num, U64 (uint64_t, lo and hi unused) with kiln_cli_parse_u64. */
-typedef enum { KILN_CLI_FLAG, KILN_CLI_STR, KILN_CLI_INT, KILN_CLI_I64, KILN_CLI_FLOAT, KILN_CLI_DOUBLE, KILN_CLI_U64 } kiln_cli_kind;
+/* One option of a command, for kiln_cli_parse_args: its name ("-n", "--temp"), what it holds, where it goes and its
+ * bounds. Another spelling of the same flag (llama.cpp's --n-predict for -n) is one more row with the same out. A FLAG
+ * takes no value and sets *(bool *)out. The others take the next argument, whatever it starts with: STR keeps it (const char **),
+ * LIST appends it to a kiln_cli_list (a flag given several times: -r), INT (int, int32_t) and I64 (int64_t) parse
+ * it with kiln_cli_parse_int in [lo, hi], FLOAT and DOUBLE with kiln_cli_parse_num, U64 (uint64_t, lo and hi
+ * unused) with kiln_cli_parse_u64. An error names the flag as it was typed. */
+typedef enum {
+    KILN_CLI_FLAG, KILN_CLI_STR, KILN_CLI_LIST, KILN_CLI_INT, KILN_CLI_I64, KILN_CLI_FLOAT, KILN_CLI_DOUBLE, KILN_CLI_U64
+} kiln_cli_kind;
 typedef struct {
     const char *name;
     kiln_cli_kind kind;
@@ -43,10 +47,19 @@ typedef struct {
     double lo, hi;
 } kiln_cli_opt;
 
+/* The values of a LIST option, in the order given; a 17th is refused, naming the flag. */
+#define KILN_CLI_LIST_MAX 16
+typedef struct {
+    const char *v[KILN_CLI_LIST_MAX];
+    int n;
+} kiln_cli_list;
+
 /* Reads cmd's arguments argv[0..argc): an argument that starts with '-' ("-" alone does not) is one of opts, until
  * "--", after which every argument is positional; the positionals go to pos[0..*n_pos), at most max_pos. A repeated
- * option keeps its last value. On an unknown option, a missing or bad value or one positional too many it prints one
- * line naming it ("kiln: CMD: unknown option '-x'", "kiln: CMD: -n needs a value") and returns false. */
+ * option keeps its last value (a LIST keeps them all). --version, unless opts has it, prints kiln's version to
+ * stdout and exits 0. On an unknown option, a missing or bad value or one positional too many it prints one line
+ * naming it ("kiln: CMD: unknown option '-x' (did you mean -c?)", "kiln: CMD: -n needs a value") and returns
+ * false. */
 bool kiln_cli_parse_args(const char *cmd, int argc, char **argv, const kiln_cli_opt *opts, int n_opts, const char **pos,
                          int max_pos, int *n_pos);
 /* For commands that walk argv themselves (bench): whether arg is an option ('-' and more), the value of the option
@@ -55,23 +68,39 @@ bool kiln_cli_parse_args(const char *cmd, int argc, char **argv, const kiln_cli_
 bool kiln_cli_is_option(const char *arg);
 const char *kiln_cli_value(const char *cmd, int argc, char **argv, int *i);
 int kiln_cli_unknown(const char *cmd, const char *arg);
+/* When arg is "--version": prints "kiln VERSION" (KILN_VERSION, include/kiln.h: the one place the build reads it)
+ * to stdout and returns true. */
+bool kiln_cli_version(const char *arg);
 
-/* The options generate and chat share: the session's -t, -c and -ngl (also --n-gpu-layers) and the sampling flags
- * (--temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed), written into sp and sess. Fills
- * opts[0..KILN_CLI_N_SAMPLING) and returns KILN_CLI_N_SAMPLING. */
-#define KILN_CLI_N_SAMPLING 11
+/* Generated text on its way to stdout, with the stop strings (-r) of generate and chat: the bytes that could begin
+ * one are held back until the next piece shows whether they do, so a stop string split across tokens is found and
+ * never printed. p[0..n) is the text so far, p[0..printed) what stdout has; zero it to start (stops may be NULL or an
+ * empty list), free p after. */
+typedef struct {
+    char *p;
+    size_t n, cap, printed;
+    const kiln_cli_list *stops;
+} kiln_cli_stream;
+/* Appends n bytes and prints what can no longer be part of a stop string. Returns true when the text now holds one:
+ * the text before it is printed (printed is where it begins) and the rest never is. False with *err set when out of
+ * memory. */
+bool kiln_cli_stream_add(kiln_cli_stream *g, const char *s, size_t n, kiln_status *err);
+/* Prints what was held back for a stop string that never came. */
+void kiln_cli_stream_flush(kiln_cli_stream *g);
+
+/* The options generate and chat share, with llama.cpp's spellings: the session's -t/--threads, -c/--ctx-size,
+ * -b/--batch-size and -ngl/--gpu-layers/--n-gpu-layers, and the sampling flags --temp/--temperature, --top-k,
+ * --top-p, --min-p, --repeat-penalty, --repeat-last-n, --presence-penalty, --frequency-penalty and --seed/-s,
+ * written into sp and sess. Fills opts[0..KILN_CLI_N_SAMPLING) and returns KILN_CLI_N_SAMPLING. */
+#define KILN_CLI_N_SAMPLING 20
 int kiln_cli_sampling_opts(kiln_cli_opt *opts, kiln_sampler_params *sp, kiln_session_params *sess);
-/* The same options one at a time: returns 1 when flag f with value a was one and parsed, 0 when it is not one of
- * them, -1 after printing why its value is bad or missing (a NULL). The valueless --gpu (all layers on the GPU, as
- * -ngl 99) is kiln_cli_gpu_flag's. */
-int kiln_cli_sampling_opt(const char *cmd, const char *f, const char *a, kiln_sampler_params *sp, kiln_session_params *sess);
 /* True when f is --gpu, which it applies to sess. */
 bool kiln_cli_gpu_flag(const char *f, kiln_session_params *sess);
 /* llama.cpp's RoPE overrides, for generate, chat, perplexity and bench: --rope-scaling {none,linear,yarn},
  * --rope-scale N (freq_scale 1/N), --rope-freq-base, --rope-freq-scale, --yarn-orig-ctx, --yarn-ext-factor,
  * --yarn-attn-factor, --yarn-beta-slow, --yarn-beta-fast, into r (kiln_cli_rope_init first). Fills
- * opts[0..KILN_CLI_N_ROPE) and returns KILN_CLI_N_ROPE; kiln_cli_rope_opt takes them one at a time as
- * kiln_cli_sampling_opt. kiln_cli_rope_apply checks --rope-scaling's name and applies r to a loaded model
+ * opts[0..KILN_CLI_N_ROPE) and returns KILN_CLI_N_ROPE; kiln_cli_rope_opt takes them one at a time
+ * (bench's own loops). kiln_cli_rope_apply checks --rope-scaling's name and applies r to a loaded model
  * (kiln_model_set_rope), printing the error and returning false when it fails. */
 #define KILN_CLI_N_ROPE 9
 typedef struct kiln_cli_rope {
@@ -83,8 +112,11 @@ void kiln_cli_rope_init(kiln_cli_rope *r);
 int kiln_cli_rope_opts(kiln_cli_opt *opts, kiln_cli_rope *r);
 int kiln_cli_rope_opt(const char *cmd, const char *f, const char *a, kiln_cli_rope *r);
 bool kiln_cli_rope_apply(const char *cmd, kiln_cli_rope *r, kiln_model *m);
-/* A kiln_progress_fn (user unused) that rewrites one stderr line per call, in the stage's unit ("[ 100/ 440 merges]",
- * "[3/12] ppl 5.1234", "[1.0/4.0 MiB]"), ending it when done reaches total. */
+/* A kiln_progress_fn (user unused) that reports on stderr in the stage's unit ("[ 100/ 440 merges]",
+ * "[3/12] ppl 5.1234", "[1.0/4.0 MiB]"): on a terminal it rewrites one line per call (\r), ending it when done
+ * reaches total; otherwise (a log, a pipe) it writes whole lines, at most one per percent of the total. */
 void kiln_cli_progress(void *user, const kiln_progress *p);
+/* Whether progress may use \r: stderr is a terminal. */
+bool kiln_cli_progress_tty(void);
 
 #endif

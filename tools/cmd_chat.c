@@ -5,13 +5,14 @@
  * differs from what the session holds and evaluates the rest, so a turn costs its own tokens. When the context
  * fills, the oldest turns are dropped (the system message stays) with a notice on stderr; a turn too long for the
  * context alone is refused with an error and the chat goes on (the exit status is then 1). A reply that reaches
- * the end of the context stops there. Each turn ends with one stderr line, "kiln: turn N: K new tokens (cache kept
+ * the end of the context stops there. Flags are read by kiln_cli_parse_args, with llama.cpp's spellings (tools/cli.h). Each turn ends with one stderr line, "kiln: turn N: K new tokens (cache kept
  * C) ...; E evaluated in all", which tests/test_chat.c reads, through $KILN_BIN, to see that a turn evaluates only
  * its own tokens. */
 #include "kiln.h"
 #include "tools/cmd.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,9 +20,11 @@
 #include <unistd.h>
 
 static const char usage_line[] =
-    "kiln: usage: kiln chat -m MODEL.gguf [--system TEXT] [--chat-template llama2|llama3|chatml|gemma] [-n MAXTOK (1024)]\n"
-    "                 [--temp T] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R] [--repeat-last-n N] [--seed S]\n"
-    "                 [-t THREADS] [-c CTX (the model's, at most 4096)] [--gpu | -ngl N] [--check-finite] [--]\n";
+    "kiln: usage: kiln chat -m MODEL.gguf [-sys TEXT] [--chat-template llama2|llama3|chatml|gemma] [-n MAXTOK (1024)]\n"
+    "                 [--temp T] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R] [--repeat-last-n N]\n"
+    "                 [--presence-penalty P] [--frequency-penalty F] [--seed S] [-t THREADS] [-c CTX (the model's, at\n"
+    "                 most 4096)] [-b BATCH] [-r STOP]... [--ignore-eos] [--gpu | -ngl N] [--check-finite] [--]\n"
+    "                 (llama.cpp's long forms too: --model --system-prompt --n-predict --ctx-size --threads ...)\n";
 
 #define DEFAULT_MAX_CTX 4096 /* the default context: enough for a conversation, a 128k-context model's KV cache is not */
 
@@ -29,26 +32,6 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* A growable byte string: each reply. */
-typedef struct {
-    char *p;
-    size_t n, cap;
-} text;
-
-static bool text_put(text *t, const char *s, size_t n) {
-    if (t->n + n + 1 > t->cap) {
-        size_t cap = t->cap ? t->cap : 1024;
-        while (cap < t->n + n + 1) cap *= 2;
-        char *p = realloc(t->p, cap);
-        if (!p) return false;
-        t->p = p, t->cap = cap;
-    }
-    memcpy(t->p + t->n, s, n);
-    t->n += n;
-    t->p[t->n] = 0;
-    return true;
 }
 
 /* The bytes of token id into *buf (grown as needed); *n gets the length. */
@@ -66,6 +49,8 @@ typedef struct {
     int64_t n_max;
     kiln_session_params sess; /* n_ctx 0: the training context, at most DEFAULT_MAX_CTX */
     kiln_sampler_params sampler;
+    kiln_cli_list stops; /* -r: a reply ends before the first of these it holds, which is neither printed nor kept */
+    bool ignore_eos;     /* EOS and the end of turn are never sampled: each reply runs to -n or the context's end */
 } chat_opts;
 
 /* The conversation so far; contents are owned. */
@@ -101,23 +86,29 @@ static void conv_drop(conversation *c, size_t first, size_t n) {
     c->n -= n;
 }
 
-/* Samples, prints and evaluates the reply until the end of the turn, -n tokens or the end of the context; the stop
- * token itself is not evaluated (the next turn's text begins with it). *n_gen gets the tokens generated and *full
- * whether the context ended the reply. */
-static kiln_status reply_loop(kiln_session *sess, kiln_sampler *smp, const kiln_tokenizer *tok, int32_t eot, int64_t n_max, float *logits,
-                              text *reply, char **buf, size_t *buf_cap, int64_t *n_gen, bool *full) {
+/* Samples, prints and evaluates the reply until the end of the turn, a stop string, -n tokens or the end of the
+ * context; the stop token itself is not evaluated (the next turn's text begins with it). reply gets the text, up to
+ * reply->printed; *n_gen the tokens generated and *full whether the context ended the reply. */
+static kiln_status reply_loop(kiln_session *sess, kiln_sampler *smp, const kiln_tokenizer *tok, int32_t eot, const chat_opts *o,
+                              int64_t V, float *logits, kiln_cli_stream *reply, char **buf, size_t *buf_cap, int64_t *n_gen, bool *full) {
     const int32_t eos = kiln_tokenizer_eos(tok);
     const int64_t n_ctx = kiln_session_n_ctx(sess);
     kiln_status s = KILN_OK;
     *n_gen = 0, *full = false;
-    for (; *n_gen < n_max; ++*n_gen) {
+    for (; *n_gen < o->n_max; ++*n_gen) {
+        if (o->ignore_eos) {
+            if (eot >= 0 && eot < V) logits[eot] = -INFINITY;
+            if (eos >= 0 && eos < V) logits[eos] = -INFINITY;
+        }
         int32_t next = kiln_sampler_sample(smp, logits, kiln_session_tokens(sess), (size_t)kiln_session_pos(sess));
         if (next == eot || next == eos) break;
         size_t n;
         if ((s = piece(tok, next, false, buf, buf_cap, &n))) return s;
-        fwrite(*buf, 1, n, stdout);
-        fflush(stdout);
-        if (!text_put(reply, *buf, n)) return kiln_fail(KILN_ERR_NOMEM, "chat: out of memory for the reply");
+        if (kiln_cli_stream_add(reply, *buf, n, &s)) {
+            ++*n_gen;
+            return KILN_OK;
+        }
+        if (s) return kiln_fail(KILN_ERR_NOMEM, "chat: out of memory for the reply");
         if (kiln_session_pos(sess) == n_ctx) {
             *full = true;
             ++*n_gen;
@@ -125,6 +116,7 @@ static kiln_status reply_loop(kiln_session *sess, kiln_sampler *smp, const kiln_
         }
         if ((s = kiln_session_eval(sess, &next, 1, logits, NULL))) return s;
     }
+    kiln_cli_stream_flush(reply);
     return KILN_OK;
 }
 
@@ -158,11 +150,11 @@ static int chat(const kiln_model *m, const chat_opts *o) {
     }
     float *logits = malloc((size_t)V * sizeof *logits); /* (V) */
     conversation conv = {0};
-    text reply = {0};
+    kiln_cli_stream reply = {.stops = &o->stops};
     char *line = NULL, *buf = NULL;
     size_t line_cap = 0, buf_cap = 0;
     bool refused = false; /* a turn was too long for the context */
-    if (!logits || !text_put(&reply, "", 0) || (o->system && !conv_push(&conv, "system", o->system, strlen(o->system))))
+    if (!logits || (o->system && !conv_push(&conv, "system", o->system, strlen(o->system))))
         s = kiln_fail(KILN_ERR_NOMEM, "chat: out of memory");
     const size_t first = o->system ? 1 : 0; /* the oldest turn after the system message */
     bool tty = isatty(STDIN_FILENO);
@@ -196,14 +188,14 @@ static int chat(const kiln_model *m, const chat_opts *o) {
                     (long long)n_ctx, info.n_dropped, (long long)info.n_dropped_tokens, first ? ", kept the system message" : "");
         }
         double t1 = now_s();
-        reply.n = 0;
+        reply.n = reply.printed = 0;
         int64_t n_gen;
         bool full;
-        s = reply_loop(sess, smp, tok, eot, o->n_max, logits, &reply, &buf, &buf_cap, &n_gen, &full);
+        s = reply_loop(sess, smp, tok, eot, o, V, logits, &reply, &buf, &buf_cap, &n_gen, &full);
         double t2 = now_s();
         fputc('\n', stdout);
         fflush(stdout);
-        if (!s && !conv_push(&conv, "assistant", reply.p, reply.n)) s = kiln_fail(KILN_ERR_NOMEM, "chat: out of memory");
+        if (!s && !conv_push(&conv, "assistant", reply.p ? reply.p : "", reply.printed)) s = kiln_fail(KILN_ERR_NOMEM, "chat: out of memory");
         if (s) break;
         fprintf(stderr, "kiln: turn %d: %lld new tokens (cache kept %lld) in %.3f s; %lld generated in %.3f s (%.1f tok/s)%s; %lld "
                 "evaluated in all\n", turn, (long long)info.n_eval, (long long)info.n_kept, t1 - t0, (long long)n_gen, t2 - t1,
@@ -223,49 +215,32 @@ static int chat(const kiln_model *m, const chat_opts *o) {
 
 int kiln_cmd_chat(int argc, char **argv) {
     chat_opts o = {.n_max = 1024, .sampler = kiln_sampler_default()};
+    bool gpu = false;
     kiln_cli_rope rope;
     kiln_cli_rope_init(&rope);
-    int r;
-    for (int i = 0; i < argc; i += 2) {
-        const char *f = argv[i], *a = i + 1 < argc ? argv[i + 1] : NULL;
-        bool ok = true;
-        if (strcmp(f, "--") == 0) { /* the end of the options; chat takes no other arguments */
-            if (i + 1 < argc) {
-                fputs("kiln: chat: unexpected argument '", stderr);
-                kiln_cli_put_escaped(stderr, argv[i + 1]);
-                fputs("' after --\n", stderr);
-                fputs(usage_line, stderr);
-                return 1;
-            }
-            break;
-        }
-        if (kiln_cli_gpu_flag(f, &o.sess) || strcmp(f, "--check-finite") == 0) { /* the flags without a value */
-            if (f[2] == 'c') o.sess.check_finite = true;
-            i--;
-            continue;
-        }
-        if (!a) {
-            fputs("kiln: chat: ", stderr);
-            kiln_cli_put_escaped(stderr, f);
-            fputs(" needs a value\n", stderr);
-            fputs(usage_line, stderr);
-            return 1;
-        }
-        if (strcmp(f, "-m") == 0) o.model_path = a;
-        else if (strcmp(f, "--system") == 0) o.system = a;
-        else if (strcmp(f, "--chat-template") == 0) o.template_name = a;
-        else if (strcmp(f, "-n") == 0) ok = kiln_cli_parse_int("chat", f, a, 1, 1000000000, &o.n_max);
-        else if ((r = kiln_cli_sampling_opt("chat", f, a, &o.sampler, &o.sess))) ok = r > 0;
-        else if ((r = kiln_cli_rope_opt("chat", f, a, &rope))) ok = r > 0;
-        else {
-            fputs("kiln: chat: unexpected argument '", stderr);
-            kiln_cli_put_escaped(stderr, f);
-            fputs("'\n", stderr);
-            fputs(usage_line, stderr);
-            return 1;
-        }
-        if (!ok) return 1;
-    }
+    enum { N_OWN = 14 };
+    kiln_cli_opt opts[N_OWN + KILN_CLI_N_SAMPLING + KILN_CLI_N_ROPE] = {
+        {"-m", KILN_CLI_STR, &o.model_path, 0, 0},
+        {"--model", KILN_CLI_STR, &o.model_path, 0, 0},
+        {"-sys", KILN_CLI_STR, &o.system, 0, 0},
+        {"--system-prompt", KILN_CLI_STR, &o.system, 0, 0},
+        {"--system", KILN_CLI_STR, &o.system, 0, 0},
+        {"--chat-template", KILN_CLI_STR, &o.template_name, 0, 0},
+        {"-n", KILN_CLI_I64, &o.n_max, 1, 1000000000},
+        {"--n-predict", KILN_CLI_I64, &o.n_max, 1, 1000000000},
+        {"--predict", KILN_CLI_I64, &o.n_max, 1, 1000000000},
+        {"--gpu", KILN_CLI_FLAG, &gpu, 0, 0}, /* all layers on the GPU, as -ngl 99 */
+        {"--check-finite", KILN_CLI_FLAG, &o.sess.check_finite, 0, 0},
+        {"-r", KILN_CLI_LIST, &o.stops, 0, 0},
+        {"--reverse-prompt", KILN_CLI_LIST, &o.stops, 0, 0},
+        {"--ignore-eos", KILN_CLI_FLAG, &o.ignore_eos, 0, 0},
+    }; /* then the session and sampling options generate shares */
+    int n_opts = N_OWN + kiln_cli_sampling_opts(opts + N_OWN, &o.sampler, &o.sess), n_pos;
+    n_opts += kiln_cli_rope_opts(opts + n_opts, &rope);
+    if (!kiln_cli_parse_args("chat", argc, argv, opts, n_opts, NULL, 0, &n_pos)) return 1;
+    if (gpu) kiln_cli_gpu_flag("--gpu", &o.sess);
+    for (int i = 0; i < o.stops.n; i++)
+        if (!*o.stops.v[i]) return kiln_cli_error("chat: -r needs a non-empty stop string");
     if (!o.model_path) {
         fputs(usage_line, stderr);
         return 1;

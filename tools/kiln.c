@@ -10,11 +10,14 @@
  *   kiln bench quant [--quick]            dequantize / vec_dot throughput per type and SIMD level
  *   kiln bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   pp and tg tok/s, as llama-bench
  *   kiln convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf | hf DIR -o OUT.gguf [--type T]     (tools/cmd_convert.c)
- *   kiln generate [-m MODEL.gguf] [-p PROMPT] [-n N] [sampling options] [-t THREADS] [-c CTX] [--chat] [--chat-template NAME] [--check-finite]
- *   kiln chat -m MODEL.gguf [--system TEXT] [--chat-template NAME] [sampling options]                 (tools/cmd_chat.c)
+ *   kiln generate [-m MODEL.gguf] [-p PROMPT | -f FILE] [-n N] [sampling options] [-r STOP]... [--ignore-eos] [-t THREADS]
+ *                 [-c CTX] [-b BATCH] [--chat] [--chat-template NAME] [--check-finite]
+ *   kiln chat -m MODEL.gguf [-sys TEXT] [--chat-template NAME] [sampling options]                       (tools/cmd_chat.c)
+ *   kiln --version
  *
- * Every command reads its arguments through one option table (kiln_cli_parse_args, tools/cli.c): numbers are
- * strict, "--" ends the options, and what came from a file or argv is printed escaped. Errors go to stderr as one
+ * Every command reads its arguments through one option table (kiln_cli_parse_args, tools/cli.c), with llama.cpp's
+ * spellings beside kiln's short ones (--model, --prompt, --n-predict, --ctx-size, ...): numbers are strict, an
+ * unknown flag is named with the nearest known one, "--" ends the options, and what came from a file or argv is printed escaped. Errors go to stderr as one
  * line, "kiln: <message>", and the exit status is 1. */
 #include "kiln.h"
 #include "bench/bench.h"
@@ -24,6 +27,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -219,6 +223,38 @@ static int cmd_synth(int argc, char **argv) {
 
 /* ---------------------------------------------------------------- tokenize */
 
+/* The bytes of file path, NUL-terminated, in a malloc'd buffer (*len: without the NUL); NULL after printing why. */
+static char *read_whole(const char *cmd, const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        kiln_cli_error("%s: %s: cannot open: %s", cmd, path, strerror(errno));
+        return NULL;
+    }
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 65536 + 1 > cap) {
+            char *p = realloc(buf, cap = (n + 65536 + 1) * 2);
+            if (!p) break;
+            buf = p;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0) break;
+    }
+    bool bad = ferror(f) || !buf || n + 1 > cap;
+    fclose(f);
+    if (bad) {
+        free(buf);
+        kiln_cli_error("%s: %s: read failed", cmd, path);
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+
 typedef struct {
     const kiln_tokenizer *tok;
     bool ids_only;
@@ -252,24 +288,29 @@ static kiln_status print_ids(void *ud, const int32_t *ids, size_t n) {
 }
 
 static int cmd_tokenize(int argc, char **argv) {
-    const char *model = NULL, *file = NULL, *text = NULL;
+    const char *model = NULL, *file = NULL, *text = NULL, *prompt = NULL;
     bool add_special = false, parse_special = false, ids_only = false;
     const kiln_cli_opt opts[] = {
         {"-m", KILN_CLI_STR, &model, 0, 0},
+        {"--model", KILN_CLI_STR, &model, 0, 0},
+        {"-f", KILN_CLI_STR, &file, 0, 0},
         {"--file", KILN_CLI_STR, &file, 0, 0},
+        {"-p", KILN_CLI_STR, &prompt, 0, 0},
+        {"--prompt", KILN_CLI_STR, &prompt, 0, 0},
         {"--add-special", KILN_CLI_FLAG, &add_special, 0, 0},
         {"--parse-special", KILN_CLI_FLAG, &parse_special, 0, 0},
         {"--ids", KILN_CLI_FLAG, &ids_only, 0, 0},
     };
     int n_pos;
     if (!kiln_cli_parse_args("tokenize", argc, argv, opts, sizeof opts / sizeof opts[0], &text, 1, &n_pos)) return 1;
-    if (!model || (!text == !file)) {
-        fprintf(stderr, "kiln: usage: kiln tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH | -- -TEXT)\n");
+    if (!model || (!!text + !!file + !!prompt) != 1) {
+        fprintf(stderr, "kiln: usage: kiln tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | -p TEXT | -f PATH | -- -TEXT)\n");
         return 1;
     }
     kiln_tokenizer *tok;
     kiln_status s = kiln_tokenizer_load_file(model, &tok);
     if (s) return kiln_cli_die(s);
+    if (prompt) text = prompt;
     tokenize_out o = {.tok = tok, .ids_only = ids_only};
     if (file) {
         /* the file's bytes exactly, trailing newline included, streamed in bounded memory */
@@ -352,10 +393,12 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Prints token id as llama2.c's run.c does, so seeded runs match its output byte for byte: a piece right after
- * BOS loses its leading space (the SentencePiece dummy prefix), a byte token prints as its byte, and a lone byte
- * that is neither printable nor whitespace (a stray UTF-8 fragment, a control byte) is not printed. */
-static kiln_status print_piece(const kiln_tokenizer *tok, int32_t prev, int32_t id, char **buf, size_t *cap) {
+/* The text of token id as llama2.c's run.c prints it, so seeded runs match its output byte for byte: a piece right
+ * after BOS loses its leading space (the SentencePiece dummy prefix), a byte token is its byte, and a lone byte that
+ * is neither printable nor whitespace (a stray UTF-8 fragment, a control byte) is nothing. *out and *n_out get it,
+ * inside *buf. */
+static kiln_status piece_text(const kiln_tokenizer *tok, int32_t prev, int32_t id, char **buf, size_t *cap, const char **out,
+                              size_t *n_out) {
     size_t n;
     kiln_status s = kiln_tokenizer_piece(tok, id, false, *buf, *cap, &n);
     if (s) return s;
@@ -367,9 +410,8 @@ static kiln_status print_piece(const kiln_tokenizer *tok, int32_t prev, int32_t 
     }
     const char *p = *buf;
     if (prev == kiln_tokenizer_bos(tok) && n > 0 && p[0] == ' ' && kiln_tokenizer_token_type(tok, id) != KILN_TOKEN_BYTE) p++, n--;
-    if (n == 1 && !(isprint((unsigned char)p[0]) || isspace((unsigned char)p[0]))) return KILN_OK;
-    fwrite(p, 1, n, stdout);
-    fflush(stdout);
+    if (n == 1 && !(isprint((unsigned char)p[0]) || isspace((unsigned char)p[0]))) n = 0;
+    *out = p, *n_out = n;
     return KILN_OK;
 }
 
@@ -380,10 +422,14 @@ typedef struct {
     bool chat;       /* the prompt is a chat turn (chat_ids, tokenized by kiln_chat_tokenize): do not echo it */
     int32_t eot;     /* with chat: the end-of-turn token, which stops generation like EOS */
     kiln_tokens chat_ids; /* with chat: the templated prompt, only the template's markers special */
+    kiln_cli_list stops;  /* -r: stop when the generated text holds one of these, which is not printed */
+    bool ignore_eos;      /* EOS, BOS and the end of turn are never sampled (their logits -inf), as llama.cpp's */
+    kiln_cli_rope rope;   /* --rope-* / --yarn-*, applied to the model once loaded */
 } generate_opts;
 
-/* Prompt -> prefill -> sample/print/decode until n_new tokens, EOS or a full context. Prints the prompt as given,
- * then each new piece as it comes; timings go to stderr. */
+/* Prompt -> prefill -> sample/print/decode until n_new tokens, EOS, a stop string or a full context. Prints the
+ * prompt as given, then each new piece as it comes (held back while it could begin a stop string); timings go to
+ * stderr. */
 static int generate(const kiln_model *m, const char *model_path, const char *prompt, const generate_opts *o) {
     const kiln_tokenizer *tok = kiln_model_tokenizer(m);
     if (!tok) return kiln_cli_error("%s: the model has no tokenizer (tokenizer.ggml.* keys)", model_path);
@@ -417,6 +463,7 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     float *logits = malloc((size_t)V * sizeof *logits);
     char *piece = NULL;
     size_t piece_cap = 0;
+    kiln_cli_stream text = {.stops = &o->stops};
     kiln_session *sess = NULL;
     kiln_sampler *smp = NULL;
     const char *err = NULL; /* a failure of this function's own, printed as is */
@@ -440,31 +487,42 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     }
     double t0 = now_s();
     size_t n = n_prompt;
-    bool full = false;
+    bool full = false, stopped = false;
     /* greedy on the GPU: the argmax is taken there and 4 bytes come back instead of the logits */
-    const bool argmax = sess && kiln_session_on_gpu(sess) && o->sampler.temp == 0 && o->sampler.repeat_penalty == 1;
+    const kiln_sampler_params *sm = &o->sampler;
+    const bool argmax = sess && kiln_session_on_gpu(sess) && sm->temp == 0 && sm->repeat_penalty == 1 && sm->presence_penalty == 0 &&
+                        sm->frequency_penalty == 0 && !o->ignore_eos;
+    const int32_t banned[3] = {eos, bos, o->chat ? o->eot : -1}; /* with --ignore-eos */
     int32_t next = 0;
     if (!s) s = argmax ? kiln_session_eval_argmax(sess, seq, n_prompt, &next) : kiln_session_eval(sess, seq, n_prompt, logits, NULL);
     double t1 = now_s();
     for (int64_t i = 0; !s && i < o->n_new; i++) {
+        for (int b = 0; o->ignore_eos && b < 3; b++)
+            if (banned[b] >= 0 && banned[b] < V) logits[banned[b]] = -INFINITY;
         if (!argmax) next = kiln_sampler_sample(smp, logits, seq, n);
         /* EOS ends the text; so does BOS, which llama2.c's stories use to separate documents */
         if (next == eos || next == bos || (o->chat && next == o->eot)) break;
-        if ((s = print_piece(tok, seq[n - 1], next, &piece, &piece_cap))) break;
+        const char *p;
+        size_t np;
+        if ((s = piece_text(tok, seq[n - 1], next, &piece, &piece_cap, &p, &np))) break;
         seq[n++] = next;
+        if ((stopped = kiln_cli_stream_add(&text, p, np, &s)) || s) break;
         if (i + 1 == o->n_new) break;
         if ((full = kiln_session_pos(sess) == n_ctx)) break;
         s = argmax ? kiln_session_eval_argmax(sess, &next, 1, &next) : kiln_session_eval(sess, &next, 1, logits, NULL);
     }
     double t2 = now_s();
+    if (!s && !stopped) kiln_cli_stream_flush(&text);
     if (!s) {
         size_t n_gen = n - n_prompt;
         fputc('\n', stderr); /* the text has no newline of its own at the end */
+        if (stopped) fprintf(stderr, "kiln: stopped at a stop string (-r)\n");
         if (full) fprintf(stderr, "kiln: stopped: the context of %lld tokens is full\n", (long long)n_ctx);
         fprintf(stderr, "kiln: prompt %zu tokens in %.3f s (%.1f tok/s); generated %zu tokens in %.3f s (%.1f tok/s)\n", n_prompt,
                 t1 - t0, (double)n_prompt / (t1 - t0), n_gen, t2 - t1, n_gen ? (double)n_gen / (t2 - t1) : 0.0);
     }
     free(piece);
+    free(text.p);
     free(logits);
     free(seq);
     kiln_sampler_free(smp);
@@ -493,26 +551,8 @@ static const char *default_model(char *buf, size_t n) {
     return access(buf, R_OK) == 0 ? buf : NULL;
 }
 
-static int cmd_generate(int argc, char **argv) {
-    const char *model_path = NULL, *prompt = NULL, *chat_template = NULL;
-    generate_opts o = {.n_new = 256, .sampler = kiln_sampler_default()};
-    bool gpu = false;
-    kiln_cli_rope rope;
-    kiln_cli_rope_init(&rope);
-    kiln_cli_opt opts[7 + KILN_CLI_N_SAMPLING + KILN_CLI_N_ROPE] = {
-        {"-m", KILN_CLI_STR, &model_path, 0, 0},
-        {"-p", KILN_CLI_STR, &prompt, 0, 0},
-        {"--chat-template", KILN_CLI_STR, &chat_template, 0, 0},
-        {"-n", KILN_CLI_I64, &o.n_new, 0, 1000000000},
-        {"--chat", KILN_CLI_FLAG, &o.chat, 0, 0},
-        {"--gpu", KILN_CLI_FLAG, &gpu, 0, 0}, /* all layers on the GPU, as -ngl 99 */
-        {"--check-finite", KILN_CLI_FLAG, &o.sess.check_finite, 0, 0}, /* name the first layer whose output is NaN/Inf */
-    }; /* then the session and sampling options chat shares */
-    int n_opts = 7 + kiln_cli_sampling_opts(opts + 7, &o.sampler, &o.sess), n_pos;
-    n_opts += kiln_cli_rope_opts(opts + n_opts, &rope);
-    if (!kiln_cli_parse_args("generate", argc, argv, opts, n_opts, NULL, 0, &n_pos)) return 1;
-    if (gpu) kiln_cli_gpu_flag("--gpu", &o.sess);
-    if (chat_template) o.chat = true;
+/* generate's work after its options: the model (the bundled default without -m), the chat template, the run. */
+static int generate_with(const char *model_path, const char *prompt, const char *chat_template, generate_opts *o) {
     char default_path[4096];
     if (!model_path && !(model_path = default_model(default_path, sizeof default_path))) {
         fprintf(stderr, "kiln: generate: no -m MODEL.gguf and the bundled default (models/" DEFAULT_MODEL ") was not found next to "
@@ -522,26 +562,75 @@ static int cmd_generate(int argc, char **argv) {
     kiln_model *m;
     kiln_status s = kiln_model_load(model_path, &m);
     if (s) return kiln_cli_die(s);
-    if (!kiln_cli_rope_apply("generate", &rope, m)) {
+    if (!kiln_cli_rope_apply("generate", &o->rope, m)) {
         kiln_model_free(m);
         return 1;
     }
     /* --chat: -p becomes one user turn of the chat template, with the assistant's header after it; only the
      * template's markers are special tokens, so a "</s>" typed in -p stays text */
     kiln_chat_template t;
-    if (o.chat && (!prompt || !kiln_model_tokenizer(m))) {
+    if (o->chat && (!prompt || !kiln_model_tokenizer(m))) {
         fprintf(stderr, "kiln: generate: --chat needs %s\n", prompt ? "a model with a tokenizer" : "a prompt (-p)");
         kiln_model_free(m);
         return 1;
     }
-    if (o.chat) {
+    if (o->chat) {
         s = chat_template ? kiln_chat_template_from_name(chat_template, m, &t) : kiln_chat_template_detect(m, &t);
-        if (!s) s = kiln_chat_end_of_turn(&t, kiln_model_tokenizer(m), &o.eot);
-        if (!s) s = kiln_chat_tokenize(&t, kiln_model_tokenizer(m), &(kiln_chat_msg){"user", prompt}, 1, true, &o.chat_ids);
+        if (!s) s = kiln_chat_end_of_turn(&t, kiln_model_tokenizer(m), &o->eot);
+        if (!s) s = kiln_chat_tokenize(&t, kiln_model_tokenizer(m), &(kiln_chat_msg){"user", prompt}, 1, true, &o->chat_ids);
     }
-    int rc = s ? kiln_cli_die(s) : generate(m, model_path, prompt, &o);
-    kiln_tokens_free(&o.chat_ids);
+    int rc = s ? kiln_cli_die(s) : generate(m, model_path, prompt, o);
+    kiln_tokens_free(&o->chat_ids);
     kiln_model_free(m);
+    return rc;
+}
+
+static int cmd_generate(int argc, char **argv) {
+    const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL, *chat_template = NULL;
+    generate_opts o = {.n_new = 256, .sampler = kiln_sampler_default()};
+    bool gpu = false;
+    enum { N_OWN = 16 };
+    kiln_cli_rope_init(&o.rope);
+    kiln_cli_opt opts[N_OWN + KILN_CLI_N_SAMPLING + KILN_CLI_N_ROPE] = {
+        {"-m", KILN_CLI_STR, &model_path, 0, 0},
+        {"--model", KILN_CLI_STR, &model_path, 0, 0},
+        {"-p", KILN_CLI_STR, &prompt, 0, 0},
+        {"--prompt", KILN_CLI_STR, &prompt, 0, 0},
+        {"-f", KILN_CLI_STR, &prompt_file, 0, 0}, /* the prompt from a file, less one final newline */
+        {"--file", KILN_CLI_STR, &prompt_file, 0, 0},
+        {"-r", KILN_CLI_LIST, &o.stops, 0, 0},
+        {"--reverse-prompt", KILN_CLI_LIST, &o.stops, 0, 0},
+        {"--ignore-eos", KILN_CLI_FLAG, &o.ignore_eos, 0, 0},
+        {"-n", KILN_CLI_I64, &o.n_new, 0, 1000000000},
+        {"--n-predict", KILN_CLI_I64, &o.n_new, 0, 1000000000},
+        {"--predict", KILN_CLI_I64, &o.n_new, 0, 1000000000},
+        {"--chat", KILN_CLI_FLAG, &o.chat, 0, 0},
+        {"--chat-template", KILN_CLI_STR, &chat_template, 0, 0},
+        {"--gpu", KILN_CLI_FLAG, &gpu, 0, 0}, /* all layers on the GPU, as -ngl 99 */
+        {"--check-finite", KILN_CLI_FLAG, &o.sess.check_finite, 0, 0}, /* name the first layer whose output is NaN/Inf */
+    }; /* then the session and sampling options chat shares */
+    int n_opts = N_OWN + kiln_cli_sampling_opts(opts + N_OWN, &o.sampler, &o.sess), n_pos;
+    n_opts += kiln_cli_rope_opts(opts + n_opts, &o.rope);
+    if (!kiln_cli_parse_args("generate", argc, argv, opts, n_opts, NULL, 0, &n_pos)) return 1;
+    if (gpu) kiln_cli_gpu_flag("--gpu", &o.sess);
+    if (chat_template) o.chat = true;
+    for (int i = 0; i < o.stops.n; i++)
+        if (!*o.stops.v[i]) return kiln_cli_error("generate: -r needs a non-empty stop string");
+    if (prompt && prompt_file) return kiln_cli_error("generate: give the prompt as -p or as -f, not both");
+    char *file_text = NULL;
+    if (prompt_file) {
+        size_t len;
+        if (!(file_text = read_whole("generate", prompt_file, &len))) return 1;
+        if (strlen(file_text) != len) {
+            kiln_cli_error("generate: %s: a NUL byte at offset %zu; a prompt is text", prompt_file, strlen(file_text));
+            free(file_text);
+            return 1;
+        }
+        if (len && file_text[len - 1] == '\n') file_text[len - 1] = 0; /* as llama.cpp's -f */
+        prompt = file_text;
+    }
+    int rc = generate_with(model_path, prompt, chat_template, &o);
+    free(file_text);
     return rc;
 }
 
@@ -556,31 +645,31 @@ static int cmd_perplexity(int argc, char **argv) {
     kiln_cli_rope_init(&rope);
     kiln_cli_opt opts[6 + KILN_CLI_N_ROPE] = {
         {"-m", KILN_CLI_STR, &model, 0, 0},
+        {"--model", KILN_CLI_STR, &model, 0, 0},
         {"-f", KILN_CLI_STR, &file, 0, 0},
+        {"--file", KILN_CLI_STR, &file, 0, 0},
+        {"-c", KILN_CLI_I64, &n_ctx, 16, INT32_MAX},
+        {"--ctx-size", KILN_CLI_I64, &n_ctx, 16, INT32_MAX},
         {"--ctx", KILN_CLI_I64, &n_ctx, 16, INT32_MAX},
+        {"-b", KILN_CLI_I64, &run.n_batch, 1, INT32_MAX},
+        {"--batch-size", KILN_CLI_I64, &run.n_batch, 1, INT32_MAX},
         {"-t", KILN_CLI_INT, &run.n_threads, 0, 4096},
+        {"--threads", KILN_CLI_INT, &run.n_threads, 0, 4096},
         {"-ngl", KILN_CLI_INT, &run.n_gpu_layers, 0, INT32_MAX},
+        {"--gpu-layers", KILN_CLI_INT, &run.n_gpu_layers, 0, INT32_MAX},
+        {"--n-gpu-layers", KILN_CLI_INT, &run.n_gpu_layers, 0, INT32_MAX},
         {"--gpu", KILN_CLI_FLAG, &gpu, 0, 0},
     };
     int n_pos, n_opts = 6 + kiln_cli_rope_opts(opts + 6, &rope);
     if (!kiln_cli_parse_args("perplexity", argc, argv, opts, n_opts, NULL, 0, &n_pos)) return 1;
     if (gpu) kiln_cli_gpu_flag("--gpu", &run);
     if (!model || !file) {
-        fprintf(stderr, "kiln: usage: kiln perplexity -m MODEL -f TEXT [--ctx N] [-t THREADS] [--gpu | -ngl N]\n");
+        fprintf(stderr, "kiln: usage: kiln perplexity -m MODEL -f TEXT [-c N (512)] [-b N] [-t THREADS] [--gpu | -ngl N]\n");
         return 1;
     }
-    FILE *f = fopen(file, "rb");
-    if (!f) return kiln_cli_error("%s: cannot open: %s", file, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *text = size >= 0 ? malloc((size_t)size + 1) : NULL;
-    size_t got = text ? fread(text, 1, (size_t)size, f) : 0;
-    fclose(f);
-    if (!text || got != (size_t)size) {
-        free(text);
-        return kiln_cli_error("%s: read failed", file);
-    }
+    size_t len;
+    char *text = read_whole("perplexity", file, &len);
+    if (!text) return 1;
     kiln_model *m;
     kiln_status s = kiln_model_load(model, &m);
     if (!s && !kiln_cli_rope_apply("perplexity", &rope, m)) {
@@ -589,7 +678,7 @@ static int cmd_perplexity(int argc, char **argv) {
         return 1;
     }
     kiln_perplexity_result r;
-    if (!s) s = kiln_perplexity(m, text, got, n_ctx, &run, kiln_cli_progress, NULL, &r);
+    if (!s) s = kiln_perplexity(m, text, len, n_ctx, &run, kiln_cli_progress, NULL, &r);
     free(text);
     kiln_model_free(m);
     if (s) return kiln_cli_die(s);
@@ -604,8 +693,8 @@ static void usage(FILE *f) {
     fprintf(f, "usage: kiln COMMAND ...\n"
                "  inspect FILE.gguf [--all]              print metadata and the tensor table\n"
                "  quantize IN.gguf OUT.gguf TYPE [-t N]  TYPE: f16 bf16 q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m q5_k_m\n"
-               "  perplexity -m MODEL -f TEXT [--ctx N] [-t N] [--gpu]  perplexity over non-overlapping windows\n"
-               "  tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | --file PATH | -- -TEXT)\n"
+               "  perplexity -m MODEL -f TEXT [-c N] [-b N] [-t N] [--gpu]  perplexity as llama-perplexity computes it\n"
+               "  tokenize -m FILE [--add-special] [--parse-special] [--ids] (TEXT | -p TEXT | -f PATH | -- -TEXT)\n"
                "  tokenizer train CORPUS... --vocab N -o OUT.gguf [--specials a,b,c] [--min-frequency N]\n"
                "  data CORPUS... -t TOKENIZER.gguf -o DIR [--val-fraction F] [--shard-tokens N]   token shards for training\n"
                "  plot LOG.jsonl -o loss.svg [--title T]  train and val loss curves of a training log as an SVG\n"
@@ -615,13 +704,17 @@ static void usage(FILE *f) {
                "  bench --gpu -m MODEL.gguf [-p 512] [-n 128] [-r R]   the same on the GPU, with GB/s, VRAM and a per-op decode profile\n"
                "  convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf   a llama2.c checkpoint to GGUF\n"
                "  convert hf DIR -o OUT.gguf [--type T]  a Hugging Face checkpoint folder to GGUF\n"
-               "  generate [-m MODEL.gguf] [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
-               "           [--repeat-penalty R] [--repeat-last-n N] [--seed S] [-t THREADS] [-c CTX] [--gpu | -ngl N]\n"
+               "  generate [-m MODEL.gguf] [-p PROMPT | -f FILE] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
+               "           [--repeat-penalty R] [--repeat-last-n N] [--presence-penalty P] [--frequency-penalty F]\n"
+               "           [-s SEED] [-r STOP]... [--ignore-eos] [-t THREADS] [-c CTX] [-b BATCH] [--gpu | -ngl N]\n"
                "           [--chat] [--chat-template NAME]   -p as one user turn of the model's chat template\n"
                "           [--check-finite]   name the first layer whose output is NaN or infinite (KILN_CHECK_FINITE=1)\n"
-               "  chat -m MODEL.gguf [--system TEXT] [--chat-template llama2|llama3|chatml|gemma] [-n MAXTOK] [sampling opts]\n"
+               "  chat -m MODEL.gguf [-sys TEXT] [--chat-template llama2|llama3|chatml|gemma] [-n MAXTOK] [sampling opts]\n"
                "                                         a conversation over stdin lines, replies streamed to stdout\n"
                "  --gpu (or -ngl N, N at least the layer count, as llama.cpp's -ngl 99) runs the whole model on the GPU\n"
+               "  llama.cpp's long forms work too: --model --prompt --file --n-predict --ctx-size --threads --batch-size\n"
+               "  --seed --temperature --reverse-prompt --n-gpu-layers --system-prompt; kiln --version prints the version\n"
+
                "  generate, chat, perplexity, bench: llama.cpp's RoPE overrides --rope-scaling none|linear|yarn, --rope-scale N,\n"
                "           --rope-freq-base N, --rope-freq-scale N, --yarn-orig-ctx N, --yarn-ext-factor N,\n"
                "           --yarn-attn-factor N, --yarn-beta-slow N, --yarn-beta-fast N\n");
@@ -633,6 +726,8 @@ int main(int argc, char **argv) {
         return argc < 2;
     }
     const char *cmd = argv[1];
+    if (strcmp(cmd, "version") == 0) cmd = "--version";
+    if (kiln_cli_version(cmd)) return 0;
     if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
     if (strcmp(cmd, "quantize") == 0) return cmd_quantize(argc - 2, argv + 2);
     if (strcmp(cmd, "synth") == 0) return cmd_synth(argc - 2, argv + 2);
@@ -651,7 +746,9 @@ int main(int argc, char **argv) {
         if (argc >= 3 && strcmp(argv[2], "train") == 0) return kiln_bench_train(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "model") == 0) return kiln_bench_model(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "gpu-kernels") == 0) return kiln_bench_gpu_kernels(argc - 3, argv + 3);
-        for (int i = 2; i < argc; i++) /* --gpu anywhere: the GPU benchmark (bench/bench_gpu.c) */
+        for (int i = 2; i < argc; i++) /* --version anywhere: kiln's; --gpu: the GPU benchmark (bench/bench_gpu.c) */
+            if (kiln_cli_version(argv[i])) return 0;
+        for (int i = 2; i < argc; i++)
             if (strcmp(argv[i], "--gpu") == 0) return kiln_bench_gpu(argc - 2, argv + 2);
         if (argc >= 3 && argv[2][0] == '-') return kiln_bench_model(argc - 2, argv + 2); /* -m MODEL, in any order */
         return kiln_cli_error("bench: unknown benchmark '%s' (available: quant, tokenize, train, model or -m MODEL)", argc >= 3 ? argv[2] : "");

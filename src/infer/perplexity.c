@@ -1,9 +1,14 @@
-/* perplexity.c: `kiln perplexity`, the exponentiated mean negative log-likelihood of a text under a model.
- * Windows of n_ctx tokens do not overlap; each begins with BOS (replacing the window's first token, as
- * llama.cpp does) and scores only its second half, so scores are comparable with llama.cpp's perplexity
- * tool. The log-softmax runs in double. tests/test_generate.c checks it against a direct computation. */
+/* perplexity.c: `kiln perplexity`, the exponentiated mean negative log-likelihood of a text under a model, computed
+ * as llama.cpp's llama-perplexity does (tools/perplexity/perplexity.cpp, perplexity()): the text is tokenized with
+ * BOS only where the vocab's add_bos_token says so (Qwen2.5 says no) and never EOS; it is cut into
+ * tokens / n_ctx non-overlapping windows (the tail is dropped), and at least two are needed; a window's first token
+ * is replaced by BOS where add_bos_token says so; the first n_ctx/2 positions of each window are context only and
+ * the n_ctx - 1 - n_ctx/2 predictions after them are scored. The log-softmax runs in double.
+ * tests/test_perplexity.c checks it against a direct computation and against llama-perplexity's own figures
+ * (tests/ref/perplexity_ref.txt). */
 #include "model/model.h"
 #include "status.h"
+#include "tok/tok.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -20,11 +25,16 @@ kiln_status kiln_perplexity(const kiln_model *m, const char *text, size_t len, i
     kiln_session *sess = NULL;
     float *logits = NULL;
     int32_t *window = NULL;
-    kiln_status s = kiln_tokenizer_encode(tok, text, len, true, false, &ids);
+    int32_t bos, eos_unused; /* bos: -1 where add_bos_token is false */
+    kiln_tok_special_ends(tok, &bos, &eos_unused);
+    kiln_status s = bos >= 0 ? kiln_tokens_push(&ids, bos) : KILN_OK;
+    if (!s) s = kiln_tok_encode_part(tok, text, len, false, true, &ids);
     if (s) goto out;
+    /* llama.cpp refuses fewer than two windows' tokens, so a figure always averages at least two windows */
     int64_t n_windows = (int64_t)ids.n / n_ctx;
-    if (n_windows == 0) {
-        s = kiln_fail(KILN_ERR_INVALID, "perplexity: the text has %zu tokens, fewer than one window of %lld", ids.n, (long long)n_ctx);
+    if (n_windows < 2) {
+        s = kiln_fail(KILN_ERR_INVALID, "perplexity: the text has %zu tokens, fewer than two windows of %lld (as llama-perplexity, "
+                      "at least %lld)", ids.n, (long long)n_ctx, 2 * (long long)n_ctx);
         goto out;
     }
     kiln_session_params sp = run ? *run : (kiln_session_params){0};
@@ -36,7 +46,6 @@ kiln_status kiln_perplexity(const kiln_model *m, const char *text, size_t len, i
         s = kiln_fail(KILN_ERR_NOMEM, "perplexity: out of memory for %lld x %lld logits", (long long)n_ctx, (long long)V);
         goto out;
     }
-    int32_t bos = kiln_tokenizer_bos(tok);
     double sum = 0, sum2 = 0;
     int64_t n = 0;
     for (int64_t w = 0; w < n_windows; w++) {

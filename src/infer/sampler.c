@@ -1,4 +1,5 @@
-/* sampler.c: picking the next token from logits. The pipeline is repetition penalty (llama.cpp's rule), then
+/* sampler.c: picking the next token from logits. The pipeline is the penalties (llama.cpp's rules: repeat,
+ * frequency and presence over the last repeat_last_n tokens), then
  * greedy at temp 0, else logits / temp -> top-k -> softmax -> min-p -> top-p, with llama2.c's RNG (xorshift64*)
  * and llama2.c's sample_topp / sample_mult. With top_k 0 and min_p 0 the steps after the penalty are exactly
  * llama2.c's sample(), so a seeded run reproduces its output byte for byte (tests/test_generate.c). */
@@ -17,24 +18,27 @@ struct kiln_sampler {
         float prob;
         int32_t index;
     } *cand;              /* (V) top-k heap, then top-p candidates */
-    uint32_t *seen;       /* (V) stamp per token: penalized in this call, kept by top-k */
+    uint32_t *seen;       /* (V) stamp per token: kept by top-k */
     uint32_t stamp;
+    int32_t *count;       /* (V) occurrences in the penalty window; all zero between calls */
 };
 
 kiln_sampler_params kiln_sampler_default(void) {
     return (kiln_sampler_params){.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .repeat_penalty = 1.0f,
-                                 .repeat_last_n = 64, .seed = 42};
+                                 .repeat_last_n = 64, .presence_penalty = 0.0f, .frequency_penalty = 0.0f, .seed = 42};
 }
 
 kiln_status kiln_sampler_new(const kiln_sampler_params *p, int64_t n_vocab, kiln_sampler **out) {
     *out = NULL;
     if (n_vocab < 1 || n_vocab > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "sampler: a vocab of %lld tokens", (long long)n_vocab);
     if (!(p->temp >= 0) || p->top_k < 0 || !(p->top_p >= 0 && p->top_p <= 1) || !(p->min_p >= 0 && p->min_p <= 1) ||
-        !(p->repeat_penalty > 0) || p->repeat_last_n < 0)
+        !(p->repeat_penalty > 0 && isfinite(p->repeat_penalty)) || p->repeat_last_n < -1 || !isfinite(p->presence_penalty) ||
+        !isfinite(p->frequency_penalty))
         return kiln_fail(KILN_ERR_INVALID,
-                         "sampler: temp %g must be >= 0, top_k %d >= 0, top_p %g and min_p %g in [0, 1], repeat_penalty %g > 0, "
-                         "repeat_last_n %d >= 0", (double)p->temp, p->top_k, (double)p->top_p, (double)p->min_p,
-                         (double)p->repeat_penalty, p->repeat_last_n);
+                         "sampler: temp %g must be >= 0, top_k %d >= 0, top_p %g and min_p %g in [0, 1], repeat_penalty %g finite "
+                         "and > 0, repeat_last_n %d >= -1, presence_penalty %g and frequency_penalty %g finite", (double)p->temp,
+                         p->top_k, (double)p->top_p, (double)p->min_p, (double)p->repeat_penalty, p->repeat_last_n,
+                         (double)p->presence_penalty, (double)p->frequency_penalty);
     kiln_sampler *s = calloc(1, sizeof *s);
     if (!s) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
     s->p = *p;
@@ -42,7 +46,8 @@ kiln_status kiln_sampler_new(const kiln_sampler_params *p, int64_t n_vocab, kiln
     s->rng = p->seed;
     s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
     s->seen = calloc((size_t)n_vocab, sizeof *s->seen);
-    if (!s->cand || !s->seen) {
+    s->count = calloc((size_t)n_vocab, sizeof *s->count);
+    if (!s->cand || !s->seen || !s->count) {
         kiln_sampler_free(s);
         return kiln_fail(KILN_ERR_NOMEM, "sampler: out of memory for a vocab of %lld tokens", (long long)n_vocab);
     }
@@ -54,6 +59,7 @@ void kiln_sampler_free(kiln_sampler *s) {
     if (!s) return;
     free(s->cand);
     free(s->seen);
+    free(s->count);
     free(s);
 }
 
@@ -76,16 +82,23 @@ static uint32_t next_stamp(kiln_sampler *s) {
     return s->stamp;
 }
 
-/* llama.cpp's penalty: each distinct token among the last repeat_last_n is made less likely once,
- * positive logits divided by the penalty and negative ones multiplied by it. */
-static void apply_repeat_penalty(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history) {
-    size_t n = (size_t)s->p.repeat_last_n < n_history ? (size_t)s->p.repeat_last_n : n_history;
-    uint32_t stamp = next_stamp(s);
-    for (size_t i = n_history - n; i < n_history; i++) {
-        int32_t id = history[i];
-        if (id < 0 || id >= s->n_vocab || s->seen[id] == stamp) continue;
-        s->seen[id] = stamp;
-        logits[id] = logits[id] > 0 ? logits[id] / s->p.repeat_penalty : logits[id] * s->p.repeat_penalty;
+/* llama.cpp's penalties (llama_sampler_penalties_apply): each distinct token among the last repeat_last_n (-1: the
+ * whole history) that occurs count times there is penalized once: a positive logit divided by repeat_penalty, zero
+ * or negative multiplied by it, then count * frequency_penalty + presence_penalty subtracted, in that float order.
+ * Ids outside the vocab are not counted. */
+static void apply_penalties(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history) {
+    const kiln_sampler_params *p = &s->p;
+    size_t n = p->repeat_last_n < 0 || (size_t)p->repeat_last_n > n_history ? n_history : (size_t)p->repeat_last_n;
+    const int32_t *h = history + (n_history - n);
+    for (size_t i = 0; i < n; i++)
+        if (h[i] >= 0 && h[i] < s->n_vocab) s->count[h[i]]++;
+    for (size_t i = 0; i < n; i++) {
+        int32_t id = h[i];
+        if (id < 0 || id >= s->n_vocab || s->count[id] == 0) continue;
+        const int32_t c = s->count[id];
+        s->count[id] = 0; /* each token once, and the array zero again for the next call */
+        logits[id] = logits[id] <= 0 ? logits[id] * p->repeat_penalty : logits[id] / p->repeat_penalty;
+        logits[id] -= (float)c * p->frequency_penalty + (float)(c > 0) * p->presence_penalty;
     }
 }
 
@@ -202,7 +215,8 @@ static int32_t sample_topp(kiln_sampler *s, const float *probs, int64_t n, float
 int32_t kiln_sampler_sample(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history) {
     const kiln_sampler_params *p = &s->p;
     const int64_t V = s->n_vocab;
-    if (p->repeat_penalty != 1.0f && p->repeat_last_n > 0 && n_history > 0) apply_repeat_penalty(s, logits, history, n_history);
+    const bool penalize = p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+    if (penalize && p->repeat_last_n != 0 && n_history > 0) apply_penalties(s, logits, history, n_history);
     if (p->temp == 0.0f) return argmax(logits, V);
     for (int64_t i = 0; i < V; i++) logits[i] /= p->temp;
     if (p->top_k > 0 && p->top_k < V) top_k_filter(s, logits, p->top_k);

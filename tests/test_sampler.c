@@ -1,0 +1,94 @@
+/* test_sampler.c: the sampler's penalties (llama.cpp's repeat, frequency and presence rules) against values worked
+ * out by hand below, on six logits that are binary fractions so every expected value is exact in float; and the
+ * refusal of parameters that are not finite or out of range. (The seeded sampling itself is held to llama2.c's
+ * output in tests/test_generate.c.) */
+#include "kiln.h"
+#include "test.h"
+
+enum { V = 6 };
+static const float base[V] = {2.0f, -1.0f, 0.5f, 3.0f, -2.0f, 0.0f};
+static const int32_t history[] = {0, 1, 0, 3, 5, 0};
+
+/* Greedy (temp 0), so the call leaves the penalized logits in place and returns their argmax. */
+static int32_t penalize(kiln_sampler_params p, const int32_t *h, size_t n, float *out) {
+    kiln_sampler *s;
+    p.temp = 0;
+    if (kiln_sampler_new(&p, V, &s) != KILN_OK) return -2;
+    memcpy(out, base, sizeof base);
+    int32_t id = kiln_sampler_sample(s, out, h, n);
+    /* a second call on fresh logits must give the same: nothing is carried from one call to the next */
+    float again[V];
+    memcpy(again, base, sizeof base);
+    if (kiln_sampler_sample(s, again, h, n) != id || memcmp(again, out, sizeof again) != 0) id = -3;
+    kiln_sampler_free(s);
+    return id;
+}
+
+static void test_sampler_penalties_last_n(void) {
+    kiln_sampler_params p = kiln_sampler_default();
+    p.repeat_penalty = 2.0f, p.frequency_penalty = 0.5f, p.presence_penalty = 0.25f, p.repeat_last_n = 4;
+    float got[V];
+    int32_t id = penalize(p, history, 6, got);
+    /* the last 4 of the history are {0, 3, 5, 0}: token 0 twice, 3 and 5 once; 1, 2 and 4 are untouched.
+     *   0:  2.0 / 2 = 1.0,  - (2 * 0.5 + 0.25) = -0.25
+     *   3:  3.0 / 2 = 1.5,  - (1 * 0.5 + 0.25) =  0.75
+     *   5:  0.0 * 2 = 0.0,  - (1 * 0.5 + 0.25) = -0.75   (zero is multiplied, as llama.cpp's logit <= 0) */
+    const float want[V] = {-0.25f, -1.0f, 0.5f, 0.75f, -2.0f, -0.75f};
+    CHECK(id == 3, "argmax %d", id);
+    for (int i = 0; i < V; i++) CHECK(got[i] == want[i], "token %d: %.9g, want %.9g", i, got[i], want[i]);
+}
+
+static void test_sampler_penalties_whole_history(void) {
+    kiln_sampler_params p = kiln_sampler_default();
+    p.repeat_penalty = 2.0f, p.frequency_penalty = 0.5f, p.presence_penalty = 0.25f, p.repeat_last_n = -1;
+    const int32_t h[] = {0, 1, 0, 3, 5, 0, -7, 99}; /* ids outside the vocab are not counted */
+    float got[V];
+    int32_t id = penalize(p, h, 8, got);
+    /* all of it: 0 three times, 1, 3 and 5 once.
+     *   0:  2.0 / 2 = 1.0,  - (3 * 0.5 + 0.25) = -0.75
+     *   1: -1.0 * 2 = -2.0, - 0.75             = -2.75
+     *   3:  1.5 - 0.75 = 0.75;  5: -0.75;  the top is now token 3 at 0.75 over token 2's 0.5 */
+    const float want[V] = {-0.75f, -2.75f, 0.5f, 0.75f, -2.0f, -0.75f};
+    CHECK(id == 3, "argmax %d", id);
+    for (int i = 0; i < V; i++) CHECK(got[i] == want[i], "token %d: %.9g, want %.9g", i, got[i], want[i]);
+    /* presence alone moves the top: 2.0 - 2.75 and 3.0 - 2.75 fall below 0.5, so token 2 wins */
+    p.repeat_penalty = 1.0f, p.frequency_penalty = 0.0f, p.presence_penalty = 2.75f;
+    CHECK((id = penalize(p, h, 8, got)) == 2 && got[0] == -0.75f && got[3] == 0.25f && got[1] == -3.75f, "argmax %d: %g %g %g", id,
+          got[0], got[3], got[1]);
+}
+
+static void test_sampler_penalties_off(void) {
+    kiln_sampler_params p = kiln_sampler_default();
+    p.repeat_penalty = 2.0f, p.frequency_penalty = 0.5f, p.presence_penalty = 0.25f, p.repeat_last_n = 0;
+    float got[V];
+    CHECK(penalize(p, history, 6, got) == 3);
+    CHECK(memcmp(got, base, sizeof base) == 0, "repeat_last_n 0 changed the logits");
+    p = kiln_sampler_default(); /* the defaults penalize nothing */
+    CHECK(penalize(p, history, 6, got) == 3 && memcmp(got, base, sizeof base) == 0);
+}
+
+static void test_sampler_refuses_bad_params(void) {
+    const struct {
+        const char *what;
+        kiln_sampler_params p;
+    } bad[] = {
+        {"presence NaN", {.temp = 1, .top_p = 1, .repeat_penalty = 1, .presence_penalty = NAN}},
+        {"frequency inf", {.temp = 1, .top_p = 1, .repeat_penalty = 1, .frequency_penalty = INFINITY}},
+        {"repeat 0", {.temp = 1, .top_p = 1, .repeat_penalty = 0}},
+        {"repeat inf", {.temp = 1, .top_p = 1, .repeat_penalty = INFINITY}},
+        {"last_n -2", {.temp = 1, .top_p = 1, .repeat_penalty = 1, .repeat_last_n = -2}},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kiln_sampler *s = (kiln_sampler *)1;
+        CHECK(kiln_sampler_new(&bad[i].p, V, &s) == KILN_ERR_INVALID && !s && strstr(kiln_last_error(), "sampler:"), "%s: %s",
+              bad[i].what, kiln_last_error());
+    }
+}
+
+int main(void) {
+    RUN(test_sampler_penalties_last_n);
+    RUN(test_sampler_penalties_whole_history);
+    RUN(test_sampler_penalties_off);
+    RUN(test_sampler_refuses_bad_params);
+    TEST_EXIT();
+}
