@@ -418,6 +418,96 @@ static void test_inspect_quantized(void) {
     CHECK(WEXITSTATUS(rc) == 1 && strncmp(line, "kiln: unknown quantization type 'q9_9'", 38) == 0, "%s", line);
 }
 
+/* A copy of the F32 model src with blk.0.attn_q.weight stored as type t (zero blocks). */
+static bool write_with_type(const char *src, const char *dst, kiln_type t) {
+    kiln_gguf *g;
+    kiln_gguf_writer *w;
+    if (kiln_gguf_open(src, &g) || kiln_gguf_writer_new(&w)) return false;
+    bool ok = kiln_gguf_writer_copy_kv(w, g, NULL) == KILN_OK;
+    void *zeros = NULL;
+    for (int64_t i = 0; ok && i < kiln_gguf_n_tensors(g); i++) {
+        const kiln_tensor_view *v = kiln_gguf_tensor_at(g, i);
+        if (strcmp(v->name, "blk.0.attn_q.weight") == 0) {
+            zeros = calloc(kiln_type_row_bytes(t, v->ne[0]), (size_t)v->ne[1]);
+            ok = zeros && kiln_gguf_writer_add_tensor(w, v->name, t, v->n_dims, v->ne, zeros) == KILN_OK;
+        } else {
+            ok = kiln_gguf_writer_add_tensor(w, v->name, v->type, v->n_dims, v->ne, v->data) == KILN_OK;
+        }
+    }
+    ok = ok && kiln_gguf_writer_write_file(w, dst) == KILN_OK;
+    free(zeros);
+    kiln_gguf_writer_free(w);
+    kiln_gguf_close(g);
+    return ok;
+}
+
+/* The output of `kiln inspect path`, in out[n]; false when it fails. */
+static bool inspect_output(const char *bin, const char *path, char *out, size_t n) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s inspect %s 2>&1", bin, path);
+    FILE *p = popen(cmd, "r");
+    if (!p) return false;
+    size_t got = fread(out, 1, n - 1, p);
+    out[got] = 0;
+    return pclose(p) == 0;
+}
+
+/* A weight of a type kiln cannot run: the load names the types it runs and the command that converts the file, and
+ * `kiln inspect` says the same; for a type kiln cannot even dequantize (iq2_xxs) both point at the model's F16 file.
+ * q8_K stands for a type kiln reads but does not run (it has no dot product as a weight). */
+static void test_unrunnable_types(void) {
+    char f32[64], q8k[64], iq2[64], want[512], out[1 << 16];
+    snprintf(f32, sizeof f32, "/tmp/kiln-q-run-%d.gguf", (int)getpid());
+    snprintf(q8k, sizeof q8k, "/tmp/kiln-q-q8k-%d.gguf", (int)getpid());
+    snprintf(iq2, sizeof iq2, "/tmp/kiln-q-iq2-%d.gguf", (int)getpid());
+    kiln_synth_params sp = kiln_synth_default();
+    sp.n_vocab = 300, sp.n_layer = 1, sp.n_ff = 512, sp.n_embd = 256, sp.n_head = 4, sp.n_head_kv = 2, sp.n_threads = 2;
+    CHECK(kiln_synth_llama(f32, &sp) == KILN_OK, "%s", kiln_last_error());
+    CHECK(write_with_type(f32, q8k, KILN_TYPE_Q8_K) && write_with_type(f32, iq2, KILN_TYPE_IQ2_XXS), "%s", kiln_last_error());
+    kiln_model *m = NULL;
+    CHECK(kiln_model_load(q8k, &m) == KILN_ERR_UNSUPPORTED);
+    snprintf(want, sizeof want, "%s: tensor 'blk.0.attn_q.weight' has type q8_K, which kiln cannot run (it runs %s); convert the file "
+             "with `kiln quantize %s OUT.gguf --type q4_k_m`", q8k, kiln_runnable_type_names(), q8k);
+    CHECK(strcmp(kiln_last_error(), want) == 0, "\n  got:  %s\n  want: %s", kiln_last_error(), want);
+    /* the list: every type with a dot product, and not the activation types q8_1 and q8_K */
+    char list[300];
+    snprintf(list, sizeof list, " %s ", kiln_runnable_type_names());
+    const char *runs[] = {" f32 ", " f16 ", " bf16 ", " q4_0 ", " q4_1 ", " q5_0 ", " q8_0 ", " q4_K ", " q5_K ", " q6_K "};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) CHECK(strstr(list, runs[i]), "%s not in '%s'", runs[i], list);
+    CHECK(!strstr(list, " q8_K ") && !strstr(list, " q8_1 ") && !strstr(list, " iq2_xxs "), "%s", list);
+    CHECK(kiln_model_load(iq2, &m) == KILN_ERR_UNSUPPORTED);
+    CHECK(strstr(kiln_last_error(), "has type iq2_xxs, which kiln cannot run (it runs f32 f16 ") &&
+              strstr(kiln_last_error(), "; kiln cannot read it either: convert the model's F16 or BF16 GGUF with `kiln quantize "
+                                         "MODEL-F16.gguf OUT.gguf --type q4_k_m`"),
+          "%s", kiln_last_error());
+    const char *bin = getenv("KILN_BIN");
+    if (bin) {
+        CHECK(inspect_output(bin, q8k, out, sizeof out), "%s", out);
+        snprintf(want, sizeof want, "\nkiln cannot run 1 of these tensors: q8_K (1); it runs %s\nconvert the file with: kiln quantize %s "
+                 "OUT.gguf --type q4_k_m\n", kiln_runnable_type_names(), q8k);
+        CHECK(strstr(out, want), "inspect printed:\n%s", out + (strlen(out) > 600 ? strlen(out) - 600 : 0));
+        CHECK(inspect_output(bin, iq2, out, sizeof out), "%s", out);
+        CHECK(strstr(out, "\nkiln cannot run 1 of these tensors: iq2_xxs (1); it runs ") &&
+                  strstr(out, "kiln cannot read them to convert them; convert the model's F16 file with: kiln quantize MODEL-F16.gguf "
+                              "OUT.gguf --type q4_k_m\n"),
+              "%s", out + (strlen(out) > 600 ? strlen(out) - 600 : 0));
+        CHECK(inspect_output(bin, f32, out, sizeof out) && !strstr(out, "cannot run"), "a runnable file gets the note");
+    }
+    /* the advice holds: the q8_K file converts, and the result loads */
+    kiln_quantize_params qp = {.ftype = KILN_FTYPE_MOSTLY_Q4_K_M, .n_threads = 2};
+    CHECK(kiln_quantize_file(q8k, f32, &qp) == KILN_OK, "%s", kiln_last_error());
+    CHECK(kiln_model_load(f32, &m) == KILN_OK, "%s", kiln_last_error());
+    kiln_model_free(m);
+    /* the iq2_xxs one does not: refused before anything is written */
+    CHECK(kiln_quantize_file(iq2, f32, &qp) == KILN_ERR_UNSUPPORTED);
+    snprintf(want, sizeof want, "%s: tensor 'blk.0.attn_q.weight' is iq2_xxs, which kiln cannot dequantize to convert it", iq2);
+    CHECK(strcmp(kiln_last_error(), want) == 0, "%s", kiln_last_error());
+    unlink(f32);
+    unlink(q8k);
+    unlink(iq2);
+    if (!bin) SKIP("KILN_BIN not set: kiln inspect not run (make test sets it)");
+}
+
 static void test_requantize_and_errors(void) {
     /* an already-quantized file can be converted again (dequantize, quantize) */
     char again[64];
@@ -445,6 +535,7 @@ int main(void) {
     RUN(test_quantize_file);
     RUN(test_quantize_refuses_bad_input);
     RUN(test_inspect_quantized);
+    RUN(test_unrunnable_types);
     RUN(test_requantize_and_errors);
     TEST_EXIT();
 }
