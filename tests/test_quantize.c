@@ -393,6 +393,55 @@ static void test_quantize_refuses_bad_input(void) {
     unlink(in);
 }
 
+/* `kiln quantize --dry-run` prints each tensor's type and the plan's exact size, writing nothing; a real run to a
+ * file that is not a terminal prints one plain line per tensor (no \r) and a summary with the mix and the size. */
+static void test_quantize_cli(void) {
+    const char *bin = getenv("KILN_BIN");
+    if (!bin) SKIP("KILN_BIN not set (make test sets it)");
+    char cmd[1024], line[512], dst[64], log[64];
+    snprintf(dst, sizeof dst, "/tmp/kiln-q-cli-%d.gguf", (int)getpid());
+    snprintf(log, sizeof log, "/tmp/kiln-q-cli-%d.log", (int)getpid());
+    kiln_quantize_plan plan;
+    CHECK(kiln_quantize_plan_make(src_path, KILN_FTYPE_MOSTLY_Q4_K_M, &plan) == KILN_OK, "%s", kiln_last_error());
+    snprintf(cmd, sizeof cmd, "%s quantize %s %s --type q4_k_m --dry-run", bin, src_path, dst);
+    FILE *p = popen(cmd, "r");
+    CHECK(p);
+    int rows = 0, q6 = 0, size_ok = 0, mix_ok = 0;
+    char want_size[64], want_mix[128];
+    snprintf(want_size, sizeof want_size, "size: %llu bytes", (unsigned long long)plan.file_bytes);
+    snprintf(want_mix, sizeof want_mix, "tensors: %lld f32, %lld q4_K, %lld q6_K", (long long)plan.n_of_type[KILN_TYPE_F32],
+             (long long)plan.n_of_type[KILN_TYPE_Q4_K], (long long)plan.n_of_type[KILN_TYPE_Q6_K]);
+    while (fgets(line, sizeof line, p)) {
+        rows += strstr(line, " -> ") != NULL;
+        q6 += strstr(line, "-> q6_K") != NULL;
+        size_ok += strncmp(line, want_size, strlen(want_size)) == 0;
+        mix_ok += strstr(line, want_mix) != NULL;
+    }
+    int rc = pclose(p);
+    struct stat st;
+    CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 0 && stat(dst, &st) != 0, "the dry run failed or wrote %s", dst);
+    CHECK(rows == plan.n_tensors && q6 == 17 && size_ok == 1 && mix_ok == 1, "rows %d, q6_K %d, '%s' %d, '%s' %d", rows, q6, want_size,
+          size_ok, want_mix, mix_ok);
+    snprintf(cmd, sizeof cmd, "%s quantize %s %s --type q4_k_m -t 2 2>%s", bin, src_path, dst, log);
+    rc = system(cmd);
+    CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "kiln quantize failed");
+    CHECK(stat(dst, &st) == 0 && (uint64_t)st.st_size == plan.file_bytes, "the file has %lld bytes, the plan %llu",
+          (long long)st.st_size, (unsigned long long)plan.file_bytes);
+    FILE *f = fopen(log, "r");
+    CHECK(f);
+    int lines = 0, cr = 0, summary = 0;
+    int c, prev = '\n';
+    while ((c = fgetc(f)) != EOF) cr += c == '\r', lines += c == '\n', prev = c;
+    rewind(f);
+    while (fgets(line, sizeof line, f)) summary += strncmp(line, "kiln: wrote ", 12) == 0 && strstr(line, want_mix + 9);
+    fclose(f);
+    CHECK(cr == 0 && prev == '\n' && lines == plan.n_tensors + 1 && summary == 1, "%d \\r, %d lines for %lld tensors, summary %d",
+          cr, lines, (long long)plan.n_tensors, summary);
+    kiln_quantize_plan_free(&plan);
+    unlink(dst);
+    unlink(log);
+}
+
 static void test_inspect_quantized(void) {
     const char *bin = getenv("KILN_BIN");
     if (!bin) SKIP("KILN_BIN not set (make test sets it)");
@@ -535,6 +584,7 @@ int main(void) {
     RUN(test_quantize_file);
     RUN(test_quantize_refuses_bad_input);
     RUN(test_inspect_quantized);
+    RUN(test_quantize_cli);
     RUN(test_unrunnable_types);
     RUN(test_requantize_and_errors);
     TEST_EXIT();
