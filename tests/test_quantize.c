@@ -99,6 +99,8 @@ static void test_mix_rules(void) {
     CHECK(kiln_quantize_choose_type(&norm2, KILN_FTYPE_ALL_F32, &mix16, 0) == KILN_TYPE_F16);
     CHECK(kiln_quantize_choose_type(&bias, KILN_FTYPE_MOSTLY_Q8_0, &mix16, 0) == KILN_TYPE_F32);
     CHECK(kiln_quantize_choose_type(&router, KILN_FTYPE_MOSTLY_Q8_0, &mix16, 0) == KILN_TYPE_F32);
+    kiln_tensor_view column = view("blk.0.attn_q.weight", 2, 256, 1); /* 2-D in the file, 1-D to ggml_n_dims */
+    CHECK(kiln_quantize_choose_type(&column, KILN_FTYPE_MOSTLY_Q8_0, &mix16, 0) == KILN_TYPE_F32);
     kiln_ftype f;
     CHECK(kiln_ftype_from_name("Q4_K_M", &f) == KILN_OK && f == KILN_FTYPE_MOSTLY_Q4_K_M);
     CHECK(kiln_ftype_from_name("q3_k", &f) == KILN_OK && f == KILN_FTYPE_MOSTLY_Q3_K_M, "llama-quantize's alias");

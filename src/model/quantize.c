@@ -161,9 +161,16 @@ static tensor_class class_of(const char *name) {
 static const char *const kept_patterns[] = {"_norm.weight", "ffn_gate_inp.weight", "position_embd", "token_types.weight",
                                             "altup", "laurel", "per_layer_model_proj"};
 
+/* As ggml_n_dims counts them: up to the last dimension above 1, so a [C, 1] matrix is 1-D. */
+static int real_dims(const kiln_tensor_view *t) {
+    int d = t->n_dims;
+    while (d > 1 && t->ne[d - 1] == 1) d--;
+    return d;
+}
+
 static bool quantizable(const kiln_tensor_view *t) {
     size_t n = strlen(t->name);
-    if (t->n_dims < 2 || n < 6 || strcmp(t->name + n - 6, "weight") != 0) return false;
+    if (real_dims(t) < 2 || n < 6 || strcmp(t->name + n - 6, "weight") != 0) return false;
     for (size_t i = 0; i < sizeof kept_patterns / sizeof kept_patterns[0]; i++)
         if (strstr(t->name, kept_patterns[i])) return false;
     return true;
