@@ -260,19 +260,25 @@ kiln_status kiln_gguf_writer_write_tensor(kiln_gguf_writer *w, int64_t i, const 
  * begin, once its parts add up to its size. */
 kiln_status kiln_gguf_writer_write_part(kiln_gguf_writer *w, int64_t i, const void *data, size_t nbytes);
 kiln_status kiln_gguf_writer_finish(kiln_gguf_writer *w);
+/* The size of the file the writer would write now (header, metadata, tensors, padding), without writing. */
+kiln_status kiln_gguf_writer_file_size(const kiln_gguf_writer *w, uint64_t *bytes);
 
 /* ---------------------------------------------------------------- quantization */
 
-/* The mixes kiln quantize offers: a plain type, or a llama.cpp-style _M mix. */
+/* The mixes kiln quantize offers, llama.cpp's file types (the ids are llama_ftype's and reach disk as
+ * general.file_type): each tensor's type follows llama-quantize's rules for the mix (src/model/quantize.c). */
 typedef enum kiln_ftype {
     KILN_FTYPE_ALL_F32 = 0,
     KILN_FTYPE_MOSTLY_F16 = 1,
     KILN_FTYPE_MOSTLY_Q4_0 = 2,
     KILN_FTYPE_MOSTLY_Q4_1 = 3,
     KILN_FTYPE_MOSTLY_Q8_0 = 7,
+    KILN_FTYPE_MOSTLY_Q5_0 = 8,
     KILN_FTYPE_MOSTLY_Q5_1 = 9,
     KILN_FTYPE_MOSTLY_Q2_K = 10,
     KILN_FTYPE_MOSTLY_Q3_K_S = 11,
+    KILN_FTYPE_MOSTLY_Q3_K_M = 12,
+    KILN_FTYPE_MOSTLY_Q3_K_L = 13,
     KILN_FTYPE_MOSTLY_Q4_K_S = 14,
     KILN_FTYPE_MOSTLY_Q4_K_M = 15,
     KILN_FTYPE_MOSTLY_Q5_K_S = 16,
@@ -290,11 +296,44 @@ typedef struct kiln_quantize_params {
     void *progress_ud;
 } kiln_quantize_params;
 
-/* Parses "q4_k_m" etc. into an ftype. */
+/* Parses "q4_k_m" etc. into an ftype, case-insensitive; llama-quantize's aliases q3_k, q4_k and q5_k are the _M mixes. */
 kiln_status kiln_ftype_from_name(const char *name, kiln_ftype *out);
 const char *kiln_ftype_name(kiln_ftype f);
-/* Reads in_path, writes out_path with every eligible weight converted per the mix rules. */
+/* The names kiln_ftype_from_name takes, space-separated ("f32 f16 ... iq4_xs"), for usage lines. */
+const char *kiln_ftype_names(void);
+/* Reads in_path, writes out_path with every eligible weight converted per the mix rules. A tensor whose conversion
+ * kiln lacks (no quantizer for its new type yet) fails before anything is written. */
 kiln_status kiln_quantize_file(const char *in_path, const char *out_path, const kiln_quantize_params *p);
+
+/* What kiln quantize would do to one tensor. */
+typedef struct kiln_quantize_tensor {
+    const char *name;   /* as the input names it (unescaped) */
+    kiln_type from, to; /* its type in the input and in the output */
+    int n_dims;
+    int64_t ne[4];
+    uint64_t bytes;     /* its data in the output */
+    bool convertible;   /* to == from, or kiln can dequantize from and quantize to: a real run gets past it */
+} kiln_quantize_tensor;
+
+/* A dry run of kiln_quantize_file: every tensor's type and the exact size of the file it would write. */
+typedef struct kiln_quantize_plan {
+    kiln_ftype ftype;
+    int64_t n_tensors;
+    kiln_quantize_tensor *tensors;      /* (n_tensors), in the input's order, which the output keeps */
+    int64_t n_of_type[KILN_TYPE_COUNT]; /* output tensors per type */
+    int64_t n_inconvertible;            /* tensors with convertible false */
+    uint64_t file_bytes;                /* the output file: header, metadata, tensor data and padding */
+    uint64_t in_file_bytes;
+    uint64_t n_elements;                /* of every tensor */
+    char *names_;                       /* owns the names */
+} kiln_quantize_plan;
+
+kiln_status kiln_quantize_plan_make(const char *in_path, kiln_ftype ftype, kiln_quantize_plan *out);
+void kiln_quantize_plan_free(kiln_quantize_plan *p); /* accepts NULL and a zeroed plan */
+
+/* Whether kiln can run a model whose weights are of type t (a dot product on the CPU); the load of any other type
+ * fails, naming these and `kiln quantize`. */
+bool kiln_type_runnable(kiln_type t);
 
 /* ---------------------------------------------------------------- synthetic models
  * A llama-architecture GGUF with random weights (normal, std 0.02, seeded) and full metadata, for demos,

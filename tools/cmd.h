@@ -11,6 +11,8 @@ int kiln_cmd_data(int argc, char **argv);   /* tools/cmd_data.c:  kiln data CORP
 int kiln_cmd_plot(int argc, char **argv);   /* tools/cmd_plot.c:  kiln plot LOG.jsonl -o loss.svg */
 int kiln_cmd_train(int argc, char **argv);  /* tools/cmd_train.c: kiln train ... */
 int kiln_cmd_chat(int argc, char **argv);   /* tools/cmd_chat.c:  kiln chat -m MODEL [--system TEXT] ... */
+int kiln_cmd_inspect(int argc, char **argv);  /* tools/cmd_quantize.c: kiln inspect FILE.gguf [--all] */
+int kiln_cmd_quantize(int argc, char **argv); /* tools/cmd_quantize.c: kiln quantize IN OUT --type T [--dry-run] */
 int kiln_cmd_convert(int argc, char **argv); /* tools/cmd_convert.c: kiln convert llama2c|hf ... */
 
 #endif

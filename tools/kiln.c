@@ -34,151 +34,11 @@
 #include <time.h>
 #include <unistd.h>
 
-/* ---------------------------------------------------------------- inspect */
-
 /* Prints a string value from a file, escaped and cut at max bytes. */
 static void print_str(kiln_str s, size_t max) {
     size_t n = s.len < max ? (size_t)s.len : max;
     kiln_cli_put_quoted(stdout, s.ptr, n);
     if (n < s.len) printf("...(%" PRIu64 " bytes)", s.len);
-}
-
-static void print_value(const kiln_gguf_value *v, bool all, int depth) {
-    switch (v->type) {
-    case KILN_GGUF_STRING: print_str(v->str, all ? SIZE_MAX : 200); break;
-    case KILN_GGUF_BOOL: printf("%s", v->u64 ? "true" : "false"); break;
-    case KILN_GGUF_FLOAT32: printf("%.7g", v->f64); break;
-    case KILN_GGUF_FLOAT64: printf("%.17g", v->f64); break;
-    case KILN_GGUF_INT8:
-    case KILN_GGUF_INT16:
-    case KILN_GGUF_INT32:
-    case KILN_GGUF_INT64: printf("%" PRId64, v->i64); break;
-    case KILN_GGUF_ARRAY: {
-        /* long arrays are summarized: their type, length and first few elements */
-        uint64_t show = all ? v->arr.n : (v->arr.n < 8 ? v->arr.n : 5);
-        printf("[%s x %" PRIu64 "] [", kiln_gguf_vtype_name(v->arr.type), v->arr.n);
-        for (uint64_t i = 0; i < show; i++) {
-            if (i) printf(", ");
-            if (v->arr.items) print_value(&v->arr.items[i], all, depth + 1);
-            else {
-                kiln_gguf_value e = {.type = v->arr.type};
-                if (v->arr.type == KILN_GGUF_FLOAT32 || v->arr.type == KILN_GGUF_FLOAT64) e.f64 = kiln_gguf_arr_f64(v, i);
-                else if (v->arr.type == KILN_GGUF_INT8 || v->arr.type == KILN_GGUF_INT16 || v->arr.type == KILN_GGUF_INT32 ||
-                         v->arr.type == KILN_GGUF_INT64)
-                    e.i64 = kiln_gguf_arr_i64(v, i);
-                else e.u64 = kiln_gguf_arr_u64(v, i);
-                print_value(&e, all, depth + 1);
-            }
-        }
-        if (show < v->arr.n) printf(", ...");
-        printf("]");
-        break;
-    }
-    default: printf("%" PRIu64, v->u64); break;
-    }
-}
-
-static void human_bytes(char *out, size_t n, double b) {
-    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int i = 0;
-    while (b >= 1024 && i < 4) b /= 1024, i++;
-    snprintf(out, n, i ? "%.2f %s" : "%.0f %s", b, u[i]);
-}
-
-static int cmd_inspect(int argc, char **argv) {
-    const char *path = NULL;
-    bool all = false;
-    const kiln_cli_opt opts[] = {{"--all", KILN_CLI_FLAG, &all, 0, 0}};
-    int n_pos;
-    if (!kiln_cli_parse_args("inspect", argc, argv, opts, 1, &path, 1, &n_pos)) return 1;
-    if (!path) {
-        fprintf(stderr, "kiln: usage: kiln inspect FILE.gguf [--all]\n");
-        return 1;
-    }
-    kiln_gguf *g;
-    kiln_status s = kiln_gguf_open(path, &g);
-    if (s) return kiln_cli_die(s);
-    char hb[32];
-    human_bytes(hb, sizeof hb, (double)kiln_gguf_file_size(g));
-    kiln_cli_put_escaped(stdout, path);
-    printf(": GGUF v%u, %" PRId64 " keys, %" PRId64 " tensors, alignment %zu, data at byte %" PRIu64 ", %s\n",
-           kiln_gguf_version(g), kiln_gguf_n_kv(g), kiln_gguf_n_tensors(g), kiln_gguf_alignment(g), kiln_gguf_data_offset(g), hb);
-    printf("\nmetadata:\n");
-    for (int64_t i = 0; i < kiln_gguf_n_kv(g); i++) {
-        const kiln_gguf_kv *kv = kiln_gguf_kv_at(g, i);
-        fputs("  ", stdout);
-        kiln_cli_put_padded(stdout, kv->key, 44);
-        printf(" %-5s ", kiln_gguf_vtype_name(kv->value.type));
-        print_value(&kv->value, all, 0);
-        putchar('\n');
-    }
-    int64_t nt = kiln_gguf_n_tensors(g);
-    if (nt) {
-        printf("\ntensors:\n  %5s  %-40s %-7s %-28s %12s %14s %6s\n", "#", "name", "type", "shape", "bytes", "offset", "bpw");
-        uint64_t total_elems = 0, total_bytes = 0;
-        for (int64_t i = 0; i < nt; i++) {
-            const kiln_tensor_view *t = kiln_gguf_tensor_at(g, i);
-            char shape[64];
-            int n = snprintf(shape, sizeof shape, "[");
-            uint64_t elems = 1;
-            for (int d = 0; d < t->n_dims; d++) {
-                n += snprintf(shape + n, sizeof shape - (size_t)n, d ? ", %" PRId64 : "%" PRId64, t->ne[d]);
-                elems *= (uint64_t)t->ne[d];
-            }
-            snprintf(shape + n, sizeof shape - (size_t)n, "]");
-            printf("  %5" PRId64 "  ", i);
-            kiln_cli_put_padded(stdout, t->name, 40);
-            printf(" %-7s %-28s %12zu %14" PRIu64 " %6.2f\n", kiln_type_name(t->type), shape,
-                   t->nbytes, t->offset, 8.0 * (double)t->nbytes / (double)elems);
-            total_elems += elems;
-            total_bytes += t->nbytes;
-        }
-        human_bytes(hb, sizeof hb, (double)total_bytes);
-        printf("\ntotal: %" PRId64 " tensors, %" PRIu64 " elements (%.3f M), %" PRIu64 " bytes (%s), %.3f bits per weight\n", nt,
-               total_elems, (double)total_elems / 1e6, total_bytes, hb, 8.0 * (double)total_bytes / (double)total_elems);
-    }
-    kiln_gguf_close(g);
-    return 0;
-}
-
-/* ---------------------------------------------------------------- quantize */
-
-/* The tensor name comes from the file: bytes outside printable ASCII are written as \xNN, at most 48 columns. */
-static void quantize_progress(void *ud, const kiln_progress *p) {
-    double *t0 = ud;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double now = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-    char name[49];
-    size_t n = 0;
-    for (const unsigned char *c = (const unsigned char *)(p->item ? p->item : ""); *c && n + 4 < sizeof name; c++)
-        n += (size_t)snprintf(name + n, sizeof name - n, *c >= 0x20 && *c < 0x7f ? "%c" : "\\x%02x", *c);
-    name[n] = 0;
-    fprintf(stderr, "\r[%3" PRId64 "/%3" PRId64 "] %6.1fs %-48s", p->done, p->total, now - *t0, name);
-    if (p->done == p->total) fputc('\n', stderr);
-    fflush(stderr);
-}
-
-static int cmd_quantize(int argc, char **argv) {
-    int threads = 0, pos = 0;
-    const char *args[3] = {0};
-    const kiln_cli_opt opts[] = {{"-t", KILN_CLI_INT, &threads, 0, 4096}};
-    if (!kiln_cli_parse_args("quantize", argc, argv, opts, 1, args, 3, &pos)) return 1;
-    if (pos != 3) {
-        fprintf(stderr, "kiln: usage: kiln quantize IN.gguf OUT.gguf TYPE [-t THREADS]  (TYPE: f16 bf16 q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m q5_k_m)\n");
-        return 1;
-    }
-    kiln_quantize_params p = {.n_threads = threads, .progress = quantize_progress};
-    kiln_status s = kiln_ftype_from_name(args[2], &p.ftype);
-    if (s) return kiln_cli_die(s);
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double t0 = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-    p.progress_ud = &t0;
-    s = kiln_quantize_file(args[0], args[1], &p);
-    if (s) return kiln_cli_die(s);
-    kiln_cli_note("wrote %s (%s)", args[1], kiln_ftype_name(p.ftype));
-    return 0;
 }
 
 /* ---------------------------------------------------------------- synth */
@@ -728,8 +588,8 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (strcmp(cmd, "version") == 0) cmd = "--version";
     if (kiln_cli_version(cmd)) return 0;
-    if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
-    if (strcmp(cmd, "quantize") == 0) return cmd_quantize(argc - 2, argv + 2);
+    if (strcmp(cmd, "inspect") == 0) return kiln_cmd_inspect(argc - 2, argv + 2);
+    if (strcmp(cmd, "quantize") == 0) return kiln_cmd_quantize(argc - 2, argv + 2);
     if (strcmp(cmd, "synth") == 0) return cmd_synth(argc - 2, argv + 2);
     if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 2, argv + 2);
     if (strcmp(cmd, "tokenizer") == 0) return cmd_tokenizer(argc - 2, argv + 2);

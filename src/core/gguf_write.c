@@ -432,3 +432,19 @@ kiln_status kiln_gguf_writer_write_file(kiln_gguf_writer *w, const char *path) {
     }
     return s;
 }
+
+/* The bytes begin and the tensor writes would put on disk, counted as begin lays them out: the header (magic,
+ * version, counts, each key and value, each tensor's info) padded to the alignment, then each tensor padded. */
+kiln_status kiln_gguf_writer_file_size(const kiln_gguf_writer *w, uint64_t *bytes) {
+    uint64_t a = writer_alignment(w), n = 4 + 4 + 8 + 8;
+    for (int64_t i = 0; i < w->n_kv; i++) n += 8 + strlen(w->kv[i].key) + w->kv[i].value.len;
+    for (int64_t i = 0; i < w->n_t; i++) n += 8 + strlen(w->t[i].name) + 4 + 8 * (uint64_t)w->t[i].n_dims + 4 + 8;
+    n = (n + a - 1) / a * a;
+    for (int64_t i = 0; i < w->n_t; i++) {
+        uint64_t t = (w->t[i].nbytes + a - 1) / a * a;
+        if (n > UINT64_MAX - t) return kiln_fail(KILN_ERR_NOMEM, "GGUF file size overflows");
+        n += t;
+    }
+    *bytes = n;
+    return KILN_OK;
+}

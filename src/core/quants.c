@@ -24,10 +24,8 @@ static kiln_type_traits table[KILN_TYPE_COUNT] = {
                         .from_float_ref = kiln_quantize_q4_0_ref, .vec_dot = LEVELS(vec_dot, q4_0_q8_0)},
     [KILN_TYPE_Q4_1] = {.vec_dot_type = KILN_TYPE_Q8_1, .to_float = LEVELS(to_float, q4_1),
                         .from_float_ref = kiln_quantize_q4_1_ref, .vec_dot = LEVELS(vec_dot, q4_1_q8_1)},
-    /* Q5_0 is computed, not produced: kiln quantize never chooses it (from_float_ref NULL), but Q4_K_M files
-     * such as Gemma 3 270M's store some tensors in it. */
     [KILN_TYPE_Q5_0] = {.vec_dot_type = KILN_TYPE_Q8_0, .to_float = LEVELS(to_float, q5_0),
-                        .vec_dot = LEVELS(vec_dot, q5_0_q8_0)},
+                        .from_float_ref = kiln_quantize_q5_0_ref, .vec_dot = LEVELS(vec_dot, q5_0_q8_0)},
     [KILN_TYPE_Q5_1] = {.vec_dot_type = KILN_TYPE_Q8_1, .to_float = LEVELS(to_float, q5_1),
                         .from_float_ref = kiln_quantize_q5_1_ref, .vec_dot = LEVELS(vec_dot, q5_1_q8_1)},
     [KILN_TYPE_IQ4_NL] = {.vec_dot_type = KILN_TYPE_Q8_0, .to_float = LEVELS(to_float, iq4_nl),

@@ -201,6 +201,7 @@ KILN_DECLARE_LEVEL(ref)
 /* Scalar reference quantizers for weight types (slow, careful scale search). */
 void kiln_quantize_q4_0_ref(const float *x, void *y, int64_t k);
 void kiln_quantize_q4_1_ref(const float *x, void *y, int64_t k);
+void kiln_quantize_q5_0_ref(const float *x, void *y, int64_t k);
 void kiln_quantize_q5_1_ref(const float *x, void *y, int64_t k);
 void kiln_quantize_iq4_nl_ref(const float *x, void *y, int64_t k);
 void kiln_quantize_q2_K_ref(const float *x, void *y, int64_t k);

@@ -189,6 +189,30 @@ void kiln_to_float_q5_0_ref(const void *vx, float *y, int64_t k) {
     }
 }
 
+/* GGML's quantize_row_q5_0_ref, byte for byte: as Q4_0 with 32 levels, the element of largest magnitude (with its
+ * sign) maps to level 0, so d = max / -16; codes are trunc(x/d + 16.5) capped at 31, their bit 4 packed into qh. */
+void kiln_quantize_q5_0_ref(const float *x, void *vy, int64_t k) {
+    assert(k % QK5_0 == 0);
+    block_q5_0 *y = vy;
+    for (int64_t i = 0; i < k / QK5_0; i++, x += QK5_0) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < QK5_0; j++)
+            if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
+        const float d = max / -16.0f;
+        const float id = safe_inverse(d);
+        y[i].d = kiln_f32_to_fp16(d);
+        uint32_t qh = 0;
+        for (int j = 0; j < QK5_0 / 2; j++) {
+            /* x*id is in [-16, 16], so x*id + 16.5 is in [0.5, 32.5]: truncation is floor, never negative */
+            const unsigned q0 = (unsigned)trunc_code(x[j] * id + 16.5f, 31);
+            const unsigned q1 = (unsigned)trunc_code(x[j + QK5_0 / 2] * id + 16.5f, 31);
+            y[i].qs[j] = (uint8_t)((q0 & 0x0F) | (q1 & 0x0F) << 4);
+            qh |= (q0 >> 4) << j | (q1 >> 4) << (j + QK5_0 / 2);
+        }
+        for (int b = 0; b < 4; b++) y[i].qh[b] = (uint8_t)(qh >> (8 * b));
+    }
+}
+
 void kiln_vec_dot_q5_0_q8_0_ref(int64_t n, float *s, const void *vx, const void *vy) {
     assert(n % QK8_0 == 0);
     const block_q5_0 *x = vx;

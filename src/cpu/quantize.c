@@ -1,8 +1,10 @@
 /* quantize.c: `kiln quantize` (kiln_quantize_file), converting every weight of a llama-family GGUF file to the
  * block format the model's rules pick for it (src/model/quantize.c), on the CPU: each tensor's rows are converted
  * on the thread pool with the best SIMD level's kernels (kiln_quantize_rows) and streamed through the atomic GGUF
- * writer. A tensor holding a NaN or inf is refused by name before it is converted. tests/test_quantize.c checks the
- * mix rules, a round trip through the reader and the refusal. */
+ * writer, in the order and with the types of the plan (kiln_quantize_plan_gguf). A type without a quantizer (or a
+ * source without a dequantizer) is refused before anything is written, by the traits table, so a quantizer added
+ * there needs nothing here; a tensor holding a NaN or inf is refused by name before it is converted.
+ * tests/test_quantize.c checks the mix rules, a round trip through the reader and the refusals. */
 #include "model/quantize.h"
 #include "cpu/simd.h"
 #include "quants.h"
@@ -13,8 +15,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-static bool skip_quant_keys(const char *key) {
-    return strcmp(key, "general.file_type") == 0 || strcmp(key, "general.quantization_version") == 0;
+/* The first tensor of p that kiln cannot convert yet, as one line naming what is missing: before anything is written. */
+static kiln_status refuse_inconvertible(const char *in_path, const kiln_quantize_plan *p) {
+    for (int64_t i = 0; i < p->n_tensors; i++) {
+        const kiln_quantize_tensor *t = &p->tensors[i];
+        if (t->convertible) continue;
+        if (!kiln_get_to_float(t->from, KILN_SIMD_SCALAR))
+            return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: tensor '%s' is %s, which kiln cannot dequantize to convert it", in_path,
+                             t->name, kiln_type_name(t->from));
+        return kiln_fail(KILN_ERR_UNSUPPORTED,
+                         "%s: tensor '%s' takes %s in %s, which kiln cannot write yet (it has no quantizer for it); %lld "
+                         "tensors of the mix do (--dry-run lists every tensor's type)",
+                         in_path, t->name, kiln_type_name(t->to), kiln_ftype_name(p->ftype), (long long)p->n_inconvertible);
+    }
+    return KILN_OK;
 }
 
 kiln_status kiln_quantize_file(const char *in_path, const char *out_path, const kiln_quantize_params *p) {
@@ -22,39 +36,24 @@ kiln_status kiln_quantize_file(const char *in_path, const char *out_path, const 
     kiln_gguf *g = NULL;
     kiln_gguf_writer *w = NULL;
     kiln_pool *pool = NULL;
-    kiln_type *types = NULL;
+    kiln_quantize_plan plan = {0};
     void *out = NULL;
     float **scratch = NULL;
     kiln_status s;
     if ((s = kiln_gguf_open(in_path, &g))) return s;
     int64_t nt = kiln_gguf_n_tensors(g);
-    int n_attn_v, n_ffn_down;
-    kiln_quantize_count(g, &n_attn_v, &n_ffn_down);
-    bool has_output = kiln_gguf_find_tensor(g, "output.weight") != NULL;
+    if ((s = kiln_quantize_plan_gguf(g, p->ftype, &plan)) || (s = refuse_inconvertible(in_path, &plan)) ||
+        (s = kiln_quantize_writer(g, &plan, &w)))
+        goto out;
     int64_t max_ne0 = 1;
     size_t max_bytes = 1;
-    types = calloc(nt ? (size_t)nt : 1, sizeof *types);
-    if (!types) {
-        s = kiln_fail(KILN_ERR_NOMEM, "out of memory");
-        goto out;
-    }
-    if ((s = kiln_gguf_writer_new(&w)) || (s = kiln_gguf_writer_copy_kv(w, g, skip_quant_keys)) ||
-        (s = kiln_gguf_writer_set_u32(w, "general.file_type", (uint32_t)p->ftype)) ||
-        (s = kiln_gguf_writer_set_u32(w, "general.quantization_version", 2)))
-        goto out;
     for (int64_t i = 0; i < nt; i++) {
-        const kiln_tensor_view *t = kiln_gguf_tensor_at(g, i);
-        types[i] = kiln_quantize_choose_type(t, p->ftype, n_attn_v, n_ffn_down, has_output);
-        const kiln_type_traits *src = kiln_type_traits_get(t->type), *dst = kiln_type_traits_get(types[i]);
-        if (t->type != types[i] && (!src->computable || !dst->from_float_ref)) {
-            s = kiln_fail(KILN_ERR_UNSUPPORTED, "%s: tensor '%s': converting %s to %s is not supported", in_path, t->name,
-                          kiln_type_name(t->type), kiln_type_name(types[i]));
+        if (plan.tensors[i].bytes > SIZE_MAX) {
+            s = kiln_fail(KILN_ERR_NOMEM, "%s: tensor '%s' does not fit in memory", in_path, plan.tensors[i].name);
             goto out;
         }
-        if ((s = kiln_gguf_writer_add_tensor(w, t->name, types[i], t->n_dims, t->ne, NULL))) goto out;
-        size_t bytes = kiln_type_row_bytes(types[i], t->ne[0]) * (size_t)(t->nbytes / t->nb[1]);
-        if (bytes > max_bytes) max_bytes = bytes;
-        if (t->ne[0] > max_ne0) max_ne0 = t->ne[0];
+        if (plan.tensors[i].bytes > max_bytes) max_bytes = (size_t)plan.tensors[i].bytes;
+        if (plan.tensors[i].ne[0] > max_ne0) max_ne0 = plan.tensors[i].ne[0];
     }
     if ((s = kiln_pool_create(p->n_threads, &pool))) goto out;
     int nth = kiln_pool_size(pool);
@@ -73,11 +72,12 @@ kiln_status kiln_quantize_file(const char *in_path, const char *out_path, const 
         if (p->progress) p->progress(p->progress_ud, &(kiln_progress){.stage = "quantize", .done = i, .total = nt, .item = t->name, .metric = NAN});
         /* a NaN or inf weight has no quantized form: refuse it by name, and the temp file goes with the writer */
         if ((s = kiln_tensor_check_finite(in_path, t))) goto out;
-        if (t->type == types[i]) {
+        const kiln_quantize_tensor *pt = &plan.tensors[i];
+        if (t->type == pt->to) {
             s = kiln_gguf_writer_write_tensor(w, i, t->data, t->nbytes);
         } else {
-            kiln_quantize_rows(pool, t, kiln_get_to_float(t->type, level), types[i], out, scratch);
-            s = kiln_gguf_writer_write_tensor(w, i, out, kiln_type_row_bytes(types[i], t->ne[0]) * (size_t)(t->nbytes / t->nb[1]));
+            kiln_quantize_rows(pool, t, kiln_get_to_float(t->type, level), pt->to, out, scratch);
+            s = kiln_gguf_writer_write_tensor(w, i, out, (size_t)pt->bytes);
         }
         if (s) goto out;
     }
@@ -87,7 +87,7 @@ out:
     for (int i = 0; scratch && pool && i < kiln_pool_size(pool); i++) free(scratch[i]);
     free(scratch);
     free(out);
-    free(types);
+    kiln_quantize_plan_free(&plan);
     kiln_pool_free(pool);
     kiln_gguf_writer_free(w);
     kiln_gguf_close(g);

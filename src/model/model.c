@@ -3,6 +3,7 @@
  * with their shapes and types checked; RoPE scaling is rope.c's. tests/test_generate.c (test_load_errors) and
  * tests/test_arch.c cover the rejections. */
 #include "model.h"
+#include "model/quantize.h"
 #include "quants.h"
 #include "status.h"
 
@@ -251,12 +252,16 @@ static kiln_status bind(const kiln_gguf *g, const char *name, int64_t ne0, int64
         return kiln_fail(KILN_ERR_FORMAT, "%s: tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]", path, name,
                          (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3], (long long)ne0,
                          (long long)ne1);
-    const kiln_type_traits *tt = kiln_type_traits_get(t->type);
     if (ne1 == 1 && t->type != KILN_TYPE_F32)
         return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: tensor '%s' is %s, expected f32", path, name, kiln_type_name(t->type));
-    if (!tt || !tt->computable || !tt->vec_dot[KILN_SIMD_SCALAR])
-        return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which kiln cannot compute with", path, name,
-                         kiln_type_name(t->type));
+    /* a type kiln can dequantize, it can quantize to one it runs */
+    const bool readable = kiln_get_to_float(t->type, KILN_SIMD_SCALAR) != NULL;
+    if (!kiln_type_runnable(t->type))
+        return kiln_fail(KILN_ERR_UNSUPPORTED,
+                         "%s: tensor '%s' has type %s, which kiln cannot run (it runs %s); %s `kiln quantize %s OUT.gguf --type q4_k_m`",
+                         path, name, kiln_type_name(t->type), kiln_runnable_type_names(),
+                         readable ? "convert the file with" : "kiln cannot read it either: convert the model's F16 or BF16 GGUF with",
+                         readable ? path : "MODEL-F16.gguf");
     *out = t;
     return KILN_OK;
 }

@@ -211,13 +211,21 @@ kiln_status kiln_synth_llama(const char *path, const kiln_synth_params *params) 
     add(ts, &n, C, 1, "output_norm.weight");
     if (!p.tied) add(ts, &n, C, V, "output.weight");
     size_t max_bytes = 1;
+    /* every layer has one tensor of each class, so a tensor's rank in its class is its layer */
+    kiln_mix_model mix = {.n_layer = (int)p.n_layer, .n_attn_v = (int)p.n_layer, .n_gqa = (int)(p.n_head / p.n_head_kv),
+                          .tied = p.tied};
     for (int64_t i = 0; i < n; i++) {
         kiln_tensor_view v = {.name = ts[i].name, .n_dims = ts[i].n_dims, .ne = {ts[i].ne[0], ts[i].ne[1], 1, 1}};
-        ts[i].type = kiln_quantize_choose_type(&v, p.ftype, (int)p.n_layer, (int)p.n_layer, !p.tied);
+        int layer = strncmp(v.name, "blk.", 4) == 0 ? atoi(v.name + 4) : 0;
+        ts[i].type = kiln_quantize_choose_type(&v, p.ftype, &mix, layer);
         size_t bytes = kiln_type_row_bytes(ts[i].type, ts[i].ne[0]) * (size_t)ts[i].ne[1];
         if (bytes > max_bytes) max_bytes = bytes;
+        /* a type without a quantizer yet: only --fast, which writes random blocks, can make it */
+        if (!p.fast && !kiln_type_traits_get(ts[i].type)->from_float_ref && !s)
+            s = kiln_fail(KILN_ERR_UNSUPPORTED, "synth: kiln cannot write %s yet (it has no quantizer for it)",
+                          kiln_type_name(ts[i].type));
     }
-    s = kiln_gguf_writer_new(&w);
+    if (!s) s = kiln_gguf_writer_new(&w);
     if (!s) s = kiln_gguf_writer_set_str(w, "general.architecture", "llama");
     if (!s) s = kiln_gguf_writer_set_str(w, "general.name", "kiln-synth");
     if (!s) s = kiln_gguf_writer_set_u32(w, "general.file_type", (uint32_t)p.ftype);

