@@ -39,6 +39,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* gpu-kernels' flags (--quick, --attention), checked in every build so a bad one is named even without CUDA. */
+static int parse_args(int argc, char **argv, bool *quick, bool *attention_only) {
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--") == 0) { /* ends the options; gpu-kernels takes no other argument */
+            if (i + 1 < argc) return kiln_cli_error("bench gpu-kernels: unexpected argument '%s'", argv[i + 1]);
+            break;
+        }
+        if (strcmp(argv[i], "--quick") == 0) *quick = true;
+        else if (strcmp(argv[i], "--attention") == 0) *attention_only = true;
+        else return kiln_cli_unknown("bench gpu-kernels", argv[i]);
+    }
+    return 0;
+}
+
 #ifdef KILN_CUDA /* the kernels exist only in a CUDA build */
 
 #define ROTATE_BYTES ((size_t)256 << 20)
@@ -380,15 +394,7 @@ static int bench_train_elementwise(double copy_gbs) {
 
 int kiln_bench_gpu_kernels(int argc, char **argv) {
     bool quick = false, attention_only = false;
-    for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--") == 0) { /* ends the options; gpu-kernels takes no other argument */
-            if (i + 1 < argc) return kiln_cli_error("bench gpu-kernels: unexpected argument '%s'", argv[i + 1]);
-            break;
-        }
-        if (strcmp(argv[i], "--quick") == 0) quick = true;
-        else if (strcmp(argv[i], "--attention") == 0) attention_only = true;
-        else return kiln_cli_unknown("bench gpu-kernels", argv[i]);
-    }
+    if (parse_args(argc, argv, &quick, &attention_only)) return 1;
     if (kiln_cuda_device_count() == 0) {
         fprintf(stderr, "kiln bench gpu-kernels: no CUDA device (or kiln built without CUDA)\n");
         return 1;
@@ -483,6 +489,8 @@ int kiln_bench_gpu_kernels(int argc, char **argv) {
 #else
 
 int kiln_bench_gpu_kernels(int argc, char **argv) {
+    bool quick = false, attention_only = false;
+    if (parse_args(argc, argv, &quick, &attention_only)) return 1;
     fprintf(stderr, "kiln: bench gpu-kernels: kiln was built without CUDA (nvcc was not on the PATH)\n");
     return 1;
 }

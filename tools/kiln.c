@@ -503,7 +503,8 @@ static int cmd_perplexity(int argc, char **argv) {
     bool gpu = false;
     kiln_cli_rope rope;
     kiln_cli_rope_init(&rope);
-    kiln_cli_opt opts[6 + KILN_CLI_N_ROPE] = {
+    enum { N_OWN = 15 };
+    kiln_cli_opt opts[N_OWN + KILN_CLI_N_ROPE] = {
         {"-m", KILN_CLI_STR, &model, 0, 0},
         {"--model", KILN_CLI_STR, &model, 0, 0},
         {"-f", KILN_CLI_STR, &file, 0, 0},
@@ -520,7 +521,7 @@ static int cmd_perplexity(int argc, char **argv) {
         {"--n-gpu-layers", KILN_CLI_INT, &run.n_gpu_layers, 0, INT32_MAX},
         {"--gpu", KILN_CLI_FLAG, &gpu, 0, 0},
     };
-    int n_pos, n_opts = 6 + kiln_cli_rope_opts(opts + 6, &rope);
+    int n_pos, n_opts = N_OWN + kiln_cli_rope_opts(opts + N_OWN, &rope);
     if (!kiln_cli_parse_args("perplexity", argc, argv, opts, n_opts, NULL, 0, &n_pos)) return 1;
     if (gpu) kiln_cli_gpu_flag("--gpu", &run);
     if (!model || !file) {
