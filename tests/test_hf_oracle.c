@@ -23,11 +23,14 @@
  * 2.8e-4 at worst (mistral; qwen2 1.0e-4, gemma3 1.5e-4). Q4_K_M: measured 0.267 at worst (mistral, whose
  * untied head is Q6_K and embedding Q4_K; llama3 0.13, qwen2 and gemma3 0.096), with every greedy token equal.
  * Ignoring Llama 3's RoPE factors gave 1.57 in F32, and a q/k permutation left out lands past 1. */
+/* On the GPU an F32 file runs its prefill matmuls on bf16 copies of the weights (tensor cores; 2^-9 relative
+ * rounding per weight), so its bound is the bf16 one: measured on an H200 2.6e-3 (qwen2) to 8.8e-3 (olmo2, whose
+ * post-norms and full-width QK-norm amplify it), every greedy token equal. Q4_K_M's rounding dwarfs bf16's. */
 static const struct {
     const char *name;
     kiln_ftype ftype;
-    double bound;
-} types[] = {{"f32", KILN_FTYPE_ALL_F32, 2e-3}, {"q4_k_m", KILN_FTYPE_MOSTLY_Q4_K_M, 0.35}};
+    double bound, gpu_bound;
+} types[] = {{"f32", KILN_FTYPE_ALL_F32, 2e-3, 1.5e-2}, {"q4_k_m", KILN_FTYPE_MOSTLY_Q4_K_M, 0.35, 0.35}};
 
 static const char *const archs[] = {"llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "smollm3", "olmo2"};
 
@@ -230,9 +233,10 @@ static void check_arch(const char *root, const char *name) {
             }
             int agree = 0;
             while (agree < N_GREEDY && greedy[agree] == o.greedy[agree]) agree++;
-            printf("  %s: max logit error %.2e of the logits' scale (bound %.0e), greedy %d/%d\n", dn, err, types[ti].bound, agree, N_GREEDY);
-            if (!(err <= types[ti].bound)) {
-                snprintf(msg, sizeof msg, "logit error %.3g over the bound %.3g", err, types[ti].bound);
+            const double bound = gpu ? types[ti].gpu_bound : types[ti].bound;
+            printf("  %s: max logit error %.2e of the logits' scale (bound %.0e), greedy %d/%d\n", dn, err, bound, agree, N_GREEDY);
+            if (!(err <= bound)) {
+                snprintf(msg, sizeof msg, "logit error %.3g over the bound %.3g", err, bound);
                 report("FAIL", dn, msg);
             } else if (types[ti].ftype == KILN_FTYPE_ALL_F32 && agree < N_GREEDY) {
                 snprintf(msg, sizeof msg, "greedy token %d is %d, transformers' %d", agree, greedy[agree], o.greedy[agree]);

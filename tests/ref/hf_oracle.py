@@ -8,8 +8,8 @@ model has RoPE scaling, so that the 80 positions of the test sequence go past it
 seed: the embedding and head with std 0.1 (logits of std ~1.5: a top-1 margin the comparison can see), the layers'
 matrices with std 0.5/sqrt(fan_in) (so a layer's update does not swamp the residual and the network stays tame
 enough for a 4-bit weight's error to stay small). Each folder gets
-  config.json, model.safetensors (float32), the tokenizer (a byte-level BPE made with `tokenizers`, or the
-  SentencePiece model ../shared/data/models/stories260K/tok512.model, else one trained with sentencepiece),
+  config.json, model.safetensors (float32), the tokenizer (a byte-level BPE made with `tokenizers`, or a BPE
+  SentencePiece model trained with sentencepiece as Llama's was: spm_model below),
   tokenizer_config.json, and
   oracle.json  {"tokens": the 80 input ids, "greedy": transformers' 8-token greedy continuation,
                 "n_vocab": V, "text": a sample text, "text_ids": the tokenizer's ids of it (no specials)}
@@ -165,15 +165,17 @@ def make_bpe(kind):
 
 
 def spm_model(work):
-    real = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "models", "stories260K", "tok512.model")
-    if os.path.isfile(real):
-        return real
+    """A BPE SentencePiece model trained as Llama's and Mistral's were: identity normalization (no NFKC, newlines
+    kept: they become byte tokens), a dummy prefix, whitespace kept, digits split, byte fallback. Trained here in
+    every run, so CI (without ../shared) and a developer's machine check the same tokenizer; tests/test_hf_convert.c
+    covers the real tok512.model."""
     import sentencepiece as spm
     path = os.path.join(work, "spm")
     with open(path + ".txt", "w") as f:
         f.write("\n".join(CORPUS))
     spm.SentencePieceTrainer.train(input=path + ".txt", model_prefix=path, vocab_size=V, byte_fallback=True,
-                                   model_type="bpe", minloglevel=2)
+                                   model_type="bpe", normalization_rule_name="identity", add_dummy_prefix=True,
+                                   remove_extra_whitespaces=False, split_digits=True, minloglevel=2)
     return path + ".model"
 
 
