@@ -563,6 +563,22 @@ kiln_status kiln_model_set_rope(kiln_model *m, const kiln_rope_overrides *ov);
  * (kiln_session_tokens), so a caller can keep the cache up to the first token that changes (kiln_session_keep). */
 typedef struct kiln_session kiln_session;
 
+/* The element type of the KV cache, llama.cpp's -ctk/-ctv: f16 (the default, zero), f32, bf16, q8_0, q4_0 (blocks of
+ * 32 along each cached row, as the GGUF block formats). The cache holds K and V rows of NKV*HS elements; the block
+ * types need NKV*HS to be a multiple of 32 (else the session is KILN_ERR_UNSUPPORTED, naming the width). */
+typedef enum kiln_kv_type {
+    KILN_KV_F16 = 0,
+    KILN_KV_F32 = 1,
+    KILN_KV_BF16 = 2,
+    KILN_KV_Q8_0 = 3,
+    KILN_KV_Q4_0 = 4,
+} kiln_kv_type;
+#define KILN_KV_TYPE_COUNT 5
+const char *kiln_kv_type_name(kiln_kv_type t); /* "f16", "f32", "bf16", "q8_0", "q4_0"; NULL if unknown */
+/* llama.cpp's names for -ctk/-ctv; anything else is KILN_ERR_INVALID listing them */
+kiln_status kiln_kv_type_from_name(const char *name, kiln_kv_type *out);
+size_t kiln_kv_row_bytes(kiln_kv_type t, int64_t n); /* bytes of one cached row of n elements */
+
 typedef struct kiln_session_params {
     int64_t n_ctx;   /* 0: the model's training context */
     int64_t n_batch; /* prefill chunk in tokens; 0: 512 */
@@ -573,6 +589,7 @@ typedef struct kiln_session_params {
     kiln_device device; /* KILN_DEVICE_CUDA: the whole model on device `index`, as n_gpu_layers >= the layer count
                          * (an index the machine lacks: KILN_ERR_INVALID naming it; sessions on several devices may
                          * run from one thread). KILN_DEVICE_CPU (zero): as n_gpu_layers says */
+    kiln_kv_type type_k, type_v; /* the cache's element types (-ctk, -ctv); zero: f16 */
     bool check_finite;  /* also check the embedding and every layer's output for a NaN or an infinity, and name the first
                          * that holds one (a debugging aid: one more pass over the activations per layer). The environment
                          * variable KILN_CHECK_FINITE=1 turns it on for every session */
@@ -600,6 +617,56 @@ const int32_t *kiln_session_tokens(const kiln_session *s);
 int64_t kiln_session_keep(kiln_session *s, int64_t n);
 /* Tokens run through the model since the session was made (every eval's, a re-evaluated one counted again). */
 int64_t kiln_session_n_evaluated(const kiln_session *s);
+
+/* ---------------------------------------------------------------- contexts: many sequences, one forward
+ * A context holds a model on a backend (its weights bound once) and n_seq sequences, each with its own KV cache of
+ * n_ctx positions and its own history. kiln_context_decode runs a batch, a list of (sequence, position, token)
+ * entries, through one forward: the matmuls read the weights once for all the batch's tokens and attention runs
+ * over each token's own sequence. A server's slots are a context's sequences; a session is a context of one
+ * sequence (kiln_session_context). Token ids, sequences and positions are validated as a session's are. */
+typedef struct kiln_context kiln_context;
+
+typedef struct kiln_context_params {
+    kiln_session_params s; /* n_ctx: each sequence's positions; n_batch: the most entries one decode takes, over all
+                            * sequences (0: 512); threads, device, cache types and checks as a session's */
+    int32_t n_seq;         /* sequences; 0: 1 */
+} kiln_context_params;
+
+typedef struct kiln_batch_entry {
+    int32_t seq;  /* 0 .. n_seq - 1 */
+    int32_t id;   /* a token id of the vocab */
+    int64_t pos;  /* the sequence's next position: its position plus the entries of the same sequence before this one */
+    bool logits;  /* this entry's logits (and argmax) are wanted */
+} kiln_batch_entry;
+
+kiln_status kiln_context_new(const kiln_model *m, const kiln_context_params *p, kiln_context **out);
+void kiln_context_free(kiln_context *c); /* accepts NULL */
+int32_t kiln_context_n_seq(const kiln_context *c);
+int64_t kiln_context_n_ctx(const kiln_context *c);   /* positions of each sequence */
+int64_t kiln_context_n_batch(const kiln_context *c); /* the most entries of one decode */
+bool kiln_context_on_gpu(const kiln_context *c);
+size_t kiln_context_device_bytes(const kiln_context *c); /* GPU memory held; 0 on the CPU */
+size_t kiln_context_kv_bytes(const kiln_context *c);     /* the KV caches of all sequences */
+/* Runs n entries (1 <= n <= n_batch; sequences in any order, each sequence's entries in position order) through one
+ * forward. logits, when not NULL, gets (rows, V): a row per entry with .logits set, in batch order; next, when not
+ * NULL, the argmax of each such row. Bad entries are KILN_ERR_RANGE / KILN_ERR_INVALID naming the entry, checked
+ * before anything runs; on any error no sequence moves. */
+kiln_status kiln_context_decode(kiln_context *c, const kiln_batch_entry *b, size_t n, float *logits, int32_t *next);
+int64_t kiln_context_seq_pos(const kiln_context *c, int32_t seq);
+const int32_t *kiln_context_seq_tokens(const kiln_context *c, int32_t seq); /* the ids at positions 0 .. pos - 1 */
+/* As kiln_session_keep, for one sequence. */
+int64_t kiln_context_seq_keep(kiln_context *c, int32_t seq, int64_t n);
+/* dst's first n positions (cache rows and ids) become src's first n, and dst's position n: a prompt cached in another
+ * sequence. n at most src's position; src == dst keeps n. */
+kiln_status kiln_context_seq_copy(kiln_context *c, int32_t src, int32_t dst, int64_t n);
+/* A sequence's state as a file: the model's fingerprint, the cache's shape and types, the ids and the cache rows of
+ * its positions. Written to a temporary file and renamed, so a failed save leaves no partial file. restore checks
+ * everything before it changes anything: a file of another model or shape is KILN_ERR_INVALID naming what differs,
+ * and the sequence is then as it was. A restored sequence continues bit for bit as the saved one would have. */
+kiln_status kiln_context_seq_save(const kiln_context *c, int32_t seq, const char *path);
+kiln_status kiln_context_seq_restore(kiln_context *c, int32_t seq, const char *path, int64_t *n_tokens);
+/* The context a session runs on (its sequence 0). */
+kiln_context *kiln_session_context(kiln_session *s);
 
 /* ---------------------------------------------------------------- sampling
  * The RNG is llama2.c's xorshift64* and top-p follows llama2.c's procedure (../shared/data/README.md), so a
