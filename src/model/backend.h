@@ -167,13 +167,31 @@ typedef struct kiln_llama_checks {
 } kiln_llama_checks;
 enum { KILN_LLAMA_STAGE_EMBED = 1, KILN_LLAMA_STAGE_LAYER = 2 };
 
-/* Enqueues T tokens ids (backend memory) at positions *pos0.. (backend memory) through the model, writing their
- * k and v into the cache. With logits (backend memory), the rows first..T-1 of the head's output land there
- * ((T - first, V)); with next (backend memory), the last row's argmax. act holds kiln_llama_act_floats(T). checks
- * may be NULL. */
-kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void *ctx, const kiln_weights *w,
-                               const kiln_llama_kv *kv, float *act, const int32_t *ids, const int32_t *pos0, int64_t T,
-                               int64_t first, float *logits, int32_t *next, const kiln_llama_checks *checks);
+/* A run of consecutive rows of a batch that belong to one sequence: its cache, and the position of its first row in
+ * backend memory (so a recorded step serves every position). Its rows are at positions *pos0 .. *pos0 + T - 1. */
+typedef struct kiln_llama_segment {
+    const kiln_llama_kv *kv; /* the sequence's cache; every segment of a batch has the same n_ctx (a context's) */
+    const int32_t *pos0;     /* (1) backend memory */
+    int64_t T;               /* rows */
+} kiln_llama_segment;
+
+/* A batch as the forward runs it: T rows of ids in segments, and the rows whose logits are wanted. */
+typedef struct kiln_llama_batch {
+    const int32_t *ids;            /* (T) backend memory, valid ids (the caller checks them) */
+    int64_t T;
+    const kiln_llama_segment *seg; /* (n_seg) host memory: rows 0..T-1 in order, each segment's rows consecutive */
+    int64_t n_seg;
+    const int64_t *out;            /* (n_out) host memory: ascending rows of 0..T-1 whose logits are wanted */
+    int64_t n_out;
+} kiln_llama_batch;
+
+/* Enqueues batch b through the model: the matmuls, norms and FFN over all T rows at once (each weight read once),
+ * qkv_post and attention per segment over its own cache, which gets the segment's k and v. With logits (backend
+ * memory), the head's rows of b->out land there ((n_out, V), in b->out's order); with next (backend memory, (n_out)),
+ * each of those rows' argmax. act holds kiln_llama_act_floats(T). checks may be NULL. A batch of one segment whose
+ * out rows are first..T-1 is the single-sequence forward, bit for bit. */
+kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void *ctx, const kiln_weights *w, float *act,
+                               const kiln_llama_batch *b, float *logits, int32_t *next, const kiln_llama_checks *checks);
 
 /* ---- sessions (src/infer/session.c), for the benchmarks */
 

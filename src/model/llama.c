@@ -1,8 +1,11 @@
 /* llama.c: the llama forward pass, written once against the backend seam (backend.h), so the CPU and the CUDA
- * backends run the same orchestration. A call advances a batch of T tokens at positions pos0..pos0+T-1: it writes
- * their keys and values into the session's f16 KV cache and, when asked, leaves the logits of the rows wanted
- * and the last row's argmax in backend memory. The call only enqueues, so the CUDA backend records a token's
- * step once (a CUDA graph) and replays it; ids and positions are read by the steps from backend memory.
+ * backends run the same orchestration. A call advances a batch of T tokens, runs of which (segments) belong to
+ * different sequences at their own positions (a context's, src/infer/context.c): the matmuls, norms and FFN run
+ * over all T rows at once, so the weights are read once per step, and qkv_post and attention run per segment over
+ * its sequence's f16 KV cache. When asked it leaves the logits of the rows wanted and their argmax in backend
+ * memory. The call only enqueues, so the CUDA backend records a token's step once (a CUDA graph) and replays it;
+ * ids and positions are read by the steps from backend memory. tests/test_context.c checks batches of several
+ * sequences against each sequence alone.
  * tests/test_generate.c checks it against llama2.c's outputs on stories260K and checks that chunked prefill, one
  * batch and token-by-token decode agree; tests/test_arch.c checks each architecture flag (model.h) against
  * tests/ref/arch_ref.py's float64 reference, and the sliding layers' ring cache; tests/test_cuda_engine.c checks
@@ -35,18 +38,33 @@ int64_t kiln_llama_max_width(const kiln_llama_config *c) {
     return w;
 }
 
-/* Ids are valid, *pos0 + T fits every full layer's rows and a sliding layer's ring holds window + T - 1 rows (the
- * session checks all three). Each architecture flag (model.h) adds its step where llama.cpp's graph for that
- * architecture has it; the residual adds are folded into the output and down projections, or into the next
- * residual_norm where a sandwich norm comes between. */
-kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void *ctx, const kiln_weights *w,
-                               const kiln_llama_kv *kv, float *act, const int32_t *ids, const int32_t *pos0, int64_t T,
-                               int64_t first, float *logits, int32_t *next, const kiln_llama_checks *checks) {
+/* qkv_post and attention of layer l for each segment of b on its rows of q, k, v (T, Q / KV) and att (T, Q), over
+ * its sequence's cache. */
+static kiln_status attend(const kiln_backend *be, void *ctx, const kiln_attn_args *layer, const kiln_llama_batch *b, int64_t l,
+                          float *q, float *k, float *v, float *att) {
+    const int64_t Q = layer->NH * layer->HS, KV = layer->NKV * layer->HS;
+    for (int64_t s = 0, r = 0; s < b->n_seg; r += b->seg[s++].T) {
+        const kiln_llama_segment *g = &b->seg[s];
+        kiln_attn_args a = *layer;
+        a.k_cache = g->kv->k[l], a.v_cache = g->kv->v[l], a.rows = g->kv->rows[l];
+        TRY(be->qkv_post(ctx, q + r * Q, k + r * KV, v + r * KV, &a, g->pos0, g->T));
+        TRY(be->attention(ctx, att + r * Q, q + r * Q, &a, g->pos0, g->T));
+    }
+    return KILN_OK;
+}
+
+/* Ids are valid, each segment's *pos0 + T fits every full layer's rows and a sliding layer's ring holds window + T - 1
+ * rows for the segment's T (the context checks all three). Each architecture flag (model.h) adds its step where
+ * llama.cpp's graph for that architecture has it; the residual adds are folded into the output and down
+ * projections, or into the next residual_norm where a sandwich norm comes between. */
+kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void *ctx, const kiln_weights *w, float *act,
+                               const kiln_llama_batch *b, float *logits, int32_t *next, const kiln_llama_checks *checks) {
     const kiln_llama_config *c = &m->cfg;
     int32_t *flag = checks ? checks->flag : NULL; /* backend memory */
     const bool each_layer = flag && checks->layers, check_logits = flag && (checks->logits || checks->layers);
     const int64_t C = c->n_embd, NH = c->n_head, NKV = c->n_head_kv, HS = c->head_dim, F = c->n_ff, V = c->n_vocab;
-    const int64_t Q = NH * HS, KV = NKV * HS;
+    const int64_t Q = NH * HS, KV = NKV * HS, T = b->T;
+    const int32_t *ids = b->ids; /* (T) backend memory */
     float *x = act;            /* (T, C) */
     float *xb = x + T * C;     /* (T, C) */
     float *q = xb + T * C;     /* (T, Q) */
@@ -64,7 +82,7 @@ kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void
     for (int64_t l = 0; l < c->n_layer; l++) {
         const kiln_llama_layer *L = &m->layers[l];
         const kiln_weight *lw = w->layers[l];
-        const kiln_rope rope = kiln_llama_layer_rope(m, l, kv->n_ctx);
+        const kiln_rope rope = kiln_llama_layer_rope(m, l, b->seg[0].kv->n_ctx);
         const kiln_attn_args a = {
             .NH = NH, .NKV = NKV, .HS = HS,
             .bq = c->qkv_bias ? &lw[KILN_LT_BQ] : NULL, .bk = c->qkv_bias ? &lw[KILN_LT_BK] : NULL,
@@ -73,7 +91,7 @@ kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void
             .qk_norm_full = c->qk_norm_full,
             .eps = c->rms_eps, .rope_dim = c->rope_dim, .rope_base = L->rope_base > 0 ? L->rope_base : c->rope_base,
             .rope_freq = rope.freq, .rope_mscale = rope.mscale,
-            .neox = c->rope_neox, .nope = L->nope, .k_cache = kv->k[l], .v_cache = kv->v[l], .rows = kv->rows[l],
+            .neox = c->rope_neox, .nope = L->nope,
             .window = L->window, .scale = c->attn_scale, .softcap = c->attn_softcap,
         };
         /* the blocks' pre-norms; NULL without them (olmo2): residual_norm then copies x into xb */
@@ -82,8 +100,7 @@ kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void
         /* attention block: xb is its normed input */
         TRY(be->qkv(ctx, q, k, v, xb, &lw[KILN_LT_WQ], &lw[KILN_LT_WK], &lw[KILN_LT_WV], T));
         if (c->output_gate) TRY(be->matmul(ctx, ag, xb, &lw[KILN_LT_ATTN_GATE], T, false));
-        TRY(be->qkv_post(ctx, q, k, v, &a, pos0, T));
-        TRY(be->attention(ctx, att, q, &a, pos0, T));
+        TRY(attend(be, ctx, &a, b, l, q, k, v, att));
         if (c->output_gate) TRY(be->sigmoid_mul(ctx, att, ag, T * Q));
         if (c->sandwich_norm) { /* x += rmsnorm(att Wo^T) * post; xb = rmsnorm(x) * ffn_norm */
             TRY(be->matmul(ctx, yb, att, &lw[KILN_LT_WO], T, false));
@@ -109,17 +126,19 @@ kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void
         /* x is the layer's output; a NaN in the next norm's weight shows in the next layer, whose weight it is */
         if (each_layer) TRY(be->nonfinite(ctx, flag, x, T * C, KILN_LLAMA_STAGE_LAYER + (int32_t)l));
     }
-    if (!logits) return KILN_OK;
+    if (!logits || b->n_out == 0) return KILN_OK;
     /* xb holds rmsnorm(x) * output_norm for every row; the head, V x C per row and the largest matmul of a small
-     * model, runs only for the rows wanted */
-    const int64_t n = T - first;
-    TRY(be->head(ctx, logits, xb + first * C, &w->output, n, c->logit_scale > 0 ? c->logit_scale : 1.0f, c->logit_softcap));
-    if (next) TRY(be->argmax(ctx, next, logits + (n - 1) * V, V));
-    /* argmax ignores NaNs and takes an infinity as any other maximum: the row it read is checked beside it, so a
-     * greedy decode on the device fails instead of printing garbage (one pass over V floats) */
-    if (check_logits) {
-        const int64_t rows = next && !each_layer ? 1 : n;
-        TRY(be->nonfinite(ctx, flag, logits + (n - rows) * V, rows * V, KILN_LLAMA_STAGE_LAYER + (int32_t)c->n_layer));
+     * model, runs only for the rows wanted, one call per run of consecutive rows (one for a session's rows
+     * first..T-1, one for a batch of decode tokens) */
+    const float scale = c->logit_scale > 0 ? c->logit_scale : 1.0f;
+    for (int64_t o = 0, n; o < b->n_out; o += n) {
+        for (n = 1; o + n < b->n_out && b->out[o + n] == b->out[o] + n;) n++;
+        TRY(be->head(ctx, logits + o * V, xb + b->out[o] * C, &w->output, n, scale, c->logit_softcap));
     }
+    if (next)
+        for (int64_t o = 0; o < b->n_out; o++) TRY(be->argmax(ctx, next + o, logits + o * V, V));
+    /* argmax ignores NaNs and takes an infinity as any other maximum: the rows it read are checked beside it, so a
+     * greedy decode on the device fails instead of printing garbage (one pass over V floats a row) */
+    if (check_logits) TRY(be->nonfinite(ctx, flag, logits, b->n_out * V, KILN_LLAMA_STAGE_LAYER + (int32_t)c->n_layer));
     return KILN_OK;
 }

@@ -1,0 +1,789 @@
+/* context.c: a model running over n_seq sequences on one backend (src/model/backend.h: the CPU, or the GPU with
+ * n_gpu_layers). The context owns the backend's context (the weights bound once, in the backend's own form), one KV
+ * cache per sequence (sized from n_ctx, one allocation for all), one batch's activations (proportional to n_batch),
+ * the ids, positions, logits and argmaxes of a step in backend memory, and each sequence's history (the ids at its
+ * positions). kiln_context_decode runs a batch of (sequence, position, token) entries through the one forward in
+ * src/model/llama.c: the entries are grouped into one segment per sequence (the matmuls run over all rows, attention
+ * over each segment's cache) and the logits come back in batch order. A session (session.c) is a context of one
+ * sequence; its single token's step is recorded once by the backend (a CUDA graph) and replayed.
+ *
+ * The logits a call returns are checked for a NaN or an infinity (on the host where they come back; on the device,
+ * beside the argmax, for a greedy step), so a model whose weights or metadata make one fails naming the position
+ * instead of generating garbage; check_finite (or KILN_CHECK_FINITE=1) also checks the embedding and each layer's
+ * output and names the first that is not finite. tests/test_runtime.c covers both.
+ *
+ * A sliding-window layer (#6) keeps a ring of window + n_batch - 1 positions instead of n_ctx: position p lives in
+ * row p % rows, the ring's origin is position 0 and the next position to write is the sequence's pos, so nothing
+ * else needs tracking; a batch of up to n_batch tokens overwrites only positions its first query no longer sees.
+ * tests/test_arch.c checks a prompt longer than the window against the reference; tests/test_context.c checks
+ * batches of several sequences against each alone, keep, copy, save and restore. */
+#include "infer/context.h"
+#include "cuda/cuda.h"
+#include "file.h"
+#include "status.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* One sequence: its position, history and cache (in the context's kv buffer). */
+typedef struct seq_state {
+    int64_t pos;       /* next position */
+    int32_t *hist;     /* (n_ctx) the ids at positions 0..pos-1 */
+    uint16_t **k, **v; /* (L) layer l's k and v rows, (rows[l], NKV*HS) f16 each */
+    kiln_llama_kv kv;  /* k, v, the context's rows and n_ctx, as the forward takes them */
+} seq_state;
+
+struct kiln_context {
+    const kiln_model *m;
+    const kiln_backend *be;
+    void *ctx;           /* the backend's context */
+    kiln_weights w;      /* bound by the backend, owned by ctx */
+    const char *who;     /* the messages' first word: "session" or "context" */
+    int32_t n_seq;
+    int64_t n_ctx;       /* positions of each sequence */
+    int64_t n_batch;     /* entries per forward call */
+    kiln_kv_type type_k, type_v;
+    uint64_t fingerprint; /* the model's (model_fingerprint), for the sequence files */
+    int64_t n_evaluated; /* tokens run through the forward since the context began */
+    bool check_layers;   /* check_finite: the embedding and every layer's output are checked too */
+    int64_t *rows;       /* (L) n_ctx for a full layer, min(n_ctx, window + n_batch - 1) for a sliding one */
+    size_t seq_kv_bytes; /* one sequence's cache: every layer's k then v */
+    seq_state *seq;      /* (n_seq) */
+    /* backend memory */
+    uint8_t *kv;         /* (n_seq, seq_kv_bytes) */
+    float *act;          /* kiln_llama_act_floats(n_batch) */
+    int32_t *d_io;       /* ids (n_batch) | argmaxes (n_batch) | the non-finite flag (1) | segment positions (n_batch) */
+    float *d_logits;     /* (n_batch, V) on a device; (V) where backend memory is host memory */
+    /* host memory the backend copies from and to: the same layout as d_io, then (V) logits */
+    int32_t *h_io;
+    float *h_logits;
+    /* host scratch of a step, (n_batch) each */
+    kiln_llama_segment *segs;
+    int32_t *seg_seq;    /* each segment's sequence */
+    int64_t *out;        /* the rows whose logits are wanted (the batch's) */
+    int64_t *perm;       /* decode: row r runs entry perm[r] */
+    int64_t *dest;       /* decode: out row o goes to row dest[o] of the caller's logits */
+    int64_t *inv;        /* decode: dest's inverse */
+    bool *done;          /* decode: the rows permute_rows has placed */
+    int64_t *cnt;        /* (n_seq) decode: each sequence's entries */
+    int64_t *start;      /* (n_seq) decode: each sequence's first row */
+    /* the step being enqueued (step_enqueue's arguments) */
+    kiln_llama_batch b;
+    float *fwd_logits;   /* where the forward writes the logits: d_logits, or a host buffer on host memory */
+    bool want_logits, want_next, staged;
+};
+
+/* ---------------------------------------------------------------- layout
+ * d_io and h_io: ids (n_batch) | argmaxes (n_batch, a step's n_out ending at the flag) | flag (1) | positions
+ * (n_batch, one per segment), so a step's inputs past the ids are one upload (the flag's zero and the positions)
+ * and its outputs one download (the argmaxes and the flag). */
+
+static int32_t *io_flag(const kiln_context *c, int32_t *io) { return io + 2 * c->n_batch; }
+static int32_t *io_pos(const kiln_context *c, int32_t *io) { return io + 2 * c->n_batch + 1; }
+
+/* KILN_CHECK_FINITE=1 turns check_finite on for every context (a debugging switch that needs no rebuild). */
+static bool check_finite_env(void) {
+    const char *e = getenv("KILN_CHECK_FINITE");
+    return e && strcmp(e, "1") == 0;
+}
+
+/* Cache rows of layer l: the context, or a sliding layer's ring of window + n_batch - 1 when that is smaller. */
+static int64_t cache_rows(const kiln_model *m, int64_t l, int64_t n_ctx, int64_t n_batch) {
+    const int64_t w = m->layers[l].window;
+    return w && w + n_batch - 1 < n_ctx ? w + n_batch - 1 : n_ctx;
+}
+
+/* Bytes of one cached row of n elements of type t: f16 is the only type the forward stores today; 0 for another. */
+static size_t kv_row_bytes(kiln_kv_type t, int64_t n) { return t == KILN_KV_F16 ? (size_t)n * 2 : 0; }
+
+/* The cache types' names, as kiln_kv_type_name gives them. */
+static const char *kv_name(uint32_t t) {
+    static const char *const names[KILN_KV_TYPE_COUNT] = {"f16", "f32", "bf16", "q8_0", "q4_0"};
+    return t < KILN_KV_TYPE_COUNT ? names[t] : "(unknown)";
+}
+
+/* FNV-1a, 64 bits. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const uint8_t *)p)[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* The model's fingerprint for sequence files: the file's header bytes (every metadata key and value, and every
+ * tensor's name, type, shape and offset) and the file's size. The header is where the first tensor's data says the
+ * data section starts (kiln_tensor_view: data = image + data offset + offset). */
+static uint64_t model_fingerprint(const kiln_model *m) {
+    uint64_t h = 0xcbf29ce484222325ull, size = kiln_gguf_file_size(m->gguf), off = kiln_gguf_data_offset(m->gguf);
+    h = fnv(h, &size, sizeof size);
+    if (kiln_gguf_n_tensors(m->gguf) > 0) {
+        const kiln_tensor_view *t = kiln_gguf_tensor_at(m->gguf, 0);
+        h = fnv(h, (const uint8_t *)t->data - t->offset - off, (size_t)off);
+    }
+    return h;
+}
+
+/* Carves sequence i's layers out of the kv buffer. */
+static void seq_bind(kiln_context *c, int32_t i) {
+    const int64_t L = c->m->cfg.n_layer;
+    const size_t row = kv_row_bytes(c->type_k, c->m->cfg.n_head_kv * c->m->cfg.head_dim);
+    uint8_t *next = c->kv + (size_t)i * c->seq_kv_bytes;
+    seq_state *s = &c->seq[i];
+    for (int64_t l = 0; l < L; l++) {
+        s->k[l] = (uint16_t *)next;
+        s->v[l] = (uint16_t *)(next + (size_t)c->rows[l] * row);
+        next += 2 * (size_t)c->rows[l] * row;
+    }
+    s->kv = (kiln_llama_kv){s->k, s->v, c->rows, c->n_ctx};
+}
+
+/* ---------------------------------------------------------------- make and free */
+
+void kiln_context_free(kiln_context *c) {
+    if (!c) return;
+    if (c->ctx) {
+        c->be->free(c->ctx, c->kv);
+        c->be->free(c->ctx, c->act);
+        c->be->free(c->ctx, c->d_logits);
+        c->be->free(c->ctx, c->d_io);
+        c->be->free_host(c->ctx, c->h_io);
+        c->be->close(c->ctx);
+    }
+    for (int32_t i = 0; c->seq && i < c->n_seq; i++) {
+        free(c->seq[i].hist);
+        free(c->seq[i].k);
+        free(c->seq[i].v);
+    }
+    free(c->seq);
+    free(c->rows);
+    free(c->segs);
+    free(c->seg_seq);
+    free(c->out);
+    free(c->perm);
+    free(c->dest);
+    free(c->inv);
+    free(c->done);
+    free(c->cnt);
+    free(c->start);
+    free(c);
+}
+
+/* The host-side allocations: each sequence's history and layer pointers, the step's scratch. */
+static bool alloc_host_side(kiln_context *c) {
+    const size_t L = (size_t)c->m->cfg.n_layer, B = (size_t)c->n_batch, S = (size_t)c->n_seq;
+    c->rows = malloc(sizeof *c->rows * L);
+    c->seq = calloc(S, sizeof *c->seq);
+    c->segs = malloc(sizeof *c->segs * B);
+    c->seg_seq = malloc(sizeof *c->seg_seq * B);
+    c->out = malloc(sizeof *c->out * B);
+    c->perm = malloc(sizeof *c->perm * B);
+    c->dest = malloc(sizeof *c->dest * B);
+    c->inv = malloc(sizeof *c->inv * B);
+    c->done = malloc(sizeof *c->done * B);
+    c->cnt = malloc(sizeof *c->cnt * S);
+    c->start = malloc(sizeof *c->start * S);
+    if (!c->rows || !c->seq || !c->segs || !c->seg_seq || !c->out || !c->perm || !c->dest || !c->inv || !c->done || !c->cnt || !c->start)
+        return false;
+    for (size_t i = 0; i < S; i++) {
+        c->seq[i].hist = malloc(sizeof *c->seq[i].hist * (size_t)c->n_ctx);
+        c->seq[i].k = malloc(sizeof *c->seq[i].k * L);
+        c->seq[i].v = malloc(sizeof *c->seq[i].v * L);
+        if (!c->seq[i].hist || !c->seq[i].k || !c->seq[i].v) return false;
+    }
+    return true;
+}
+
+kiln_status kiln_context_open(const kiln_model *m, const kiln_context_params *cp, const char *who, kiln_context **out) {
+    *out = NULL;
+    const kiln_llama_config *c = &m->cfg;
+    kiln_session_params d = {0};
+    const kiln_session_params *p = cp ? &cp->s : &d;
+    const int32_t n_seq = cp && cp->n_seq ? cp->n_seq : 1;
+    const int device = p->device.kind == KILN_DEVICE_CUDA ? p->device.index : 0;
+    if (p->device.kind == KILN_DEVICE_CUDA) d = *p, d.n_gpu_layers = INT32_MAX, p = &d; /* the whole model, as -ngl 99 */
+    if (device < 0) return kiln_fail(KILN_ERR_INVALID, "%s: CUDA device index %d is negative", who, device);
+    if (p->n_gpu_layers > 0 && p->n_gpu_layers < c->n_layer)
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: offloading %d of %lld layers is not supported: kiln runs the whole model on the GPU "
+                         "(n_gpu_layers >= %lld, -ngl 99) or none of it", who, p->n_gpu_layers, (long long)c->n_layer, (long long)c->n_layer);
+    if (p->n_ctx < 0 || p->n_batch < 0 || p->n_threads < 0)
+        return kiln_fail(KILN_ERR_INVALID, "%s: n_ctx %lld, n_batch %lld and n_threads %d must not be negative", who, (long long)p->n_ctx,
+                         (long long)p->n_batch, p->n_threads);
+    if (n_seq < 0) return kiln_fail(KILN_ERR_INVALID, "%s: n_seq %d must not be negative", who, n_seq);
+    if ((unsigned)p->type_k >= KILN_KV_TYPE_COUNT || (unsigned)p->type_v >= KILN_KV_TYPE_COUNT)
+        return kiln_fail(KILN_ERR_INVALID, "%s: KV cache types %d and %d: the known ones are 0..%d", who, (int)p->type_k, (int)p->type_v,
+                         KILN_KV_TYPE_COUNT - 1);
+    if (p->type_k != KILN_KV_F16 || p->type_v != KILN_KV_F16)
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: a KV cache of type %s is not supported yet (only f16)", who,
+                         kv_name(p->type_k != KILN_KV_F16 ? p->type_k : p->type_v));
+    int64_t n_ctx = p->n_ctx ? p->n_ctx : c->n_ctx_train;
+    if (n_ctx > INT32_MAX) return kiln_fail(KILN_ERR_RANGE, "%s: a context of %lld tokens is more than kiln's 2^31 - 1", who, (long long)n_ctx);
+    int64_t n_batch = p->n_batch ? p->n_batch : 512;
+    if (n_batch > n_ctx) n_batch = n_ctx; /* a chunk never holds more tokens than the context */
+    const kiln_backend *be = p->n_gpu_layers > 0 ? &kiln_cuda_backend : &kiln_cpu_backend;
+
+    /* caches: n_seq * 2 * sum of rows[l] rows of NKV*HS; activations: a batch's rows; both checked for overflow */
+    const int64_t KV = c->n_head_kv * c->head_dim;
+    uint64_t seq_bytes, kv_bytes, act_bytes, total_rows = 0;
+    for (int64_t l = 0; l < c->n_layer; l++) total_rows += (uint64_t)cache_rows(m, l, n_ctx, n_batch);
+    if (!kiln_mul_ok(total_rows, 2 * (uint64_t)kv_row_bytes(p->type_k, KV), &seq_bytes) ||
+        !kiln_mul_ok(seq_bytes, (uint64_t)n_seq, &kv_bytes) ||
+        !kiln_mul_ok(kiln_llama_act_floats(c, 1), (uint64_t)n_batch * sizeof(float), &act_bytes) || kv_bytes > SIZE_MAX)
+        return kiln_fail(KILN_ERR_NOMEM, "%s: KV caches of %d x %lld positions overflow the address space", who, n_seq, (long long)n_ctx);
+    const size_t V = (size_t)c->n_vocab, logit_bytes = (be->host_memory ? 1 : (size_t)n_batch) * V * sizeof(float);
+    const size_t io_bytes = (size_t)(3 * n_batch + 1) * sizeof(int32_t);
+
+    kiln_context *x = calloc(1, sizeof *x);
+    if (!x) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    x->m = m;
+    x->be = be;
+    x->who = who;
+    x->n_seq = n_seq;
+    x->n_ctx = n_ctx;
+    x->n_batch = n_batch;
+    x->type_k = p->type_k, x->type_v = p->type_v;
+    x->seq_kv_bytes = (size_t)seq_bytes;
+    x->check_layers = p->check_finite || check_finite_env();
+    x->fingerprint = model_fingerprint(m);
+    if (!alloc_host_side(x)) {
+        kiln_context_free(x);
+        return kiln_fail(KILN_ERR_NOMEM, "%s: out of memory", who);
+    }
+    for (int64_t l = 0; l < c->n_layer; l++) x->rows[l] = cache_rows(m, l, n_ctx, n_batch);
+    const kiln_backend_params bp = {.n_ctx = n_ctx, .n_batch = n_batch, .rows = x->rows, .kv_bytes = (size_t)kv_bytes,
+                                    .act_bytes = (size_t)act_bytes + logit_bytes + io_bytes, .n_threads = p->n_threads,
+                                    .device = device};
+    kiln_status st = be->open(m, &bp, &x->ctx);
+    if (!st) st = be->alloc(x->ctx, (size_t)kv_bytes, (void **)&x->kv);
+    if (!st) st = be->alloc(x->ctx, (size_t)act_bytes, (void **)&x->act);
+    if (!st) st = be->alloc(x->ctx, logit_bytes, (void **)&x->d_logits);
+    if (!st) st = be->alloc(x->ctx, io_bytes, (void **)&x->d_io);
+    if (!st) st = be->alloc_host(x->ctx, io_bytes + V * sizeof(float), (void **)&x->h_io);
+    if (!st) st = be->load_weights(x->ctx, m, &x->w);
+    if (st) {
+        kiln_context_free(x);
+        return st;
+    }
+    x->h_logits = (float *)(x->h_io + 3 * n_batch + 1);
+    for (int32_t i = 0; i < n_seq; i++) seq_bind(x, i);
+    *out = x;
+    return KILN_OK;
+}
+
+kiln_status kiln_context_new(const kiln_model *m, const kiln_context_params *p, kiln_context **out) {
+    return kiln_context_open(m, p, "context", out);
+}
+
+int32_t kiln_context_n_seq(const kiln_context *c) { return c->n_seq; }
+int64_t kiln_context_n_ctx(const kiln_context *c) { return c->n_ctx; }
+int64_t kiln_context_n_batch(const kiln_context *c) { return c->n_batch; }
+bool kiln_context_on_gpu(const kiln_context *c) { return c->be == &kiln_cuda_backend; }
+size_t kiln_context_device_bytes(const kiln_context *c) { return c->be->device_bytes(c->ctx); }
+size_t kiln_context_kv_bytes(const kiln_context *c) { return c->seq_kv_bytes * (size_t)c->n_seq; }
+int64_t kiln_context_n_evaluated(const kiln_context *c) { return c->n_evaluated; }
+static bool seq_ok(const kiln_context *c, int32_t seq) { return seq >= 0 && seq < c->n_seq; }
+int64_t kiln_context_seq_pos(const kiln_context *c, int32_t seq) { return seq_ok(c, seq) ? c->seq[seq].pos : -1; }
+const int32_t *kiln_context_seq_tokens(const kiln_context *c, int32_t seq) { return seq_ok(c, seq) ? c->seq[seq].hist : NULL; }
+
+/* "" for a context of one sequence, else "sequence N's " (a message's qualifier of a position). */
+static const char *seq_name(const kiln_context *c, int32_t seq, char *buf, size_t n) {
+    if (c->n_seq == 1) return "";
+    snprintf(buf, n, "sequence %d's ", seq);
+    return buf;
+}
+
+/* ---------------------------------------------------------------- keep */
+
+/* How much of sequence s's first n positions its cache still holds: the rows of positions n.. are only ever read
+ * after they are written again, except on a sliding layer's ring, where a query at n reads positions n - window + 1
+ * .. n - 1, which positions past n may have overwritten (row p % rows). Those are lost once pos > n + rows - window
+ * + 1; then nothing is kept. */
+static int64_t keepable(const kiln_context *c, const seq_state *s, int64_t n) {
+    if (n < 0) n = 0;
+    if (n >= s->pos) return s->pos;
+    for (int64_t l = 0; l < c->m->cfg.n_layer && n > 0; l++) {
+        const int64_t w = c->m->layers[l].window, rows = c->rows[l], oldest = n - w + 1 > 0 ? n - w + 1 : 0;
+        if (w && rows < c->n_ctx && oldest + rows < s->pos) n = 0;
+    }
+    return n;
+}
+
+int64_t kiln_context_seq_keep(kiln_context *c, int32_t seq, int64_t n) {
+    if (!seq_ok(c, seq)) return -1;
+    return c->seq[seq].pos = keepable(c, &c->seq[seq], n);
+}
+
+/* ---------------------------------------------------------------- one step */
+
+/* The step as enqueued work: the staged ids, the flag and the positions in, the forward, the argmaxes and the flag
+ * (and one row of logits, when it goes through the staging buffer) out. A single token's step of a context of one
+ * sequence enqueues the same work at every position, so the backend records it once. */
+static kiln_status step_enqueue(void *arg) {
+    kiln_context *c = arg;
+    const kiln_backend *be = c->be;
+    const int64_t V = c->m->cfg.n_vocab, T = c->b.T, n_out = c->b.n_out;
+    int32_t *d_flag = io_flag(c, c->d_io), *d_next = d_flag - n_out; /* the argmaxes end where the flag is */
+    TRY(be->upload(c->ctx, c->d_io, c->h_io, (size_t)T * sizeof(int32_t)));
+    TRY(be->upload(c->ctx, d_flag, io_flag(c, c->h_io), (size_t)(1 + c->b.n_seg) * sizeof(int32_t))); /* zero flag, positions */
+    /* logits that come back to the host are checked there; the argmaxes' rows on the backend, beside them */
+    const kiln_llama_checks checks = {.flag = d_flag, .logits = c->want_next, .layers = c->check_layers};
+    TRY(kiln_llama_forward(c->m, be, c->ctx, &c->w, c->act, &c->b, c->want_logits || c->want_next ? c->fwd_logits : NULL,
+                           c->want_next ? d_next : NULL, &checks));
+    if (c->want_next) TRY(be->download(c->ctx, io_flag(c, c->h_io) - n_out, d_next, (size_t)(n_out + 1) * sizeof(int32_t)));
+    else if (c->check_layers) TRY(be->download(c->ctx, io_flag(c, c->h_io), d_flag, sizeof(int32_t)));
+    if (c->want_logits && c->staged) TRY(be->download(c->ctx, c->h_logits, c->d_logits, (size_t)V * sizeof(float)));
+    return KILN_OK;
+}
+
+/* The stage the forward's checks flagged (backend.h's codes), as an error naming it and the positions. */
+static kiln_status stage_error(const kiln_context *c, int32_t code) {
+    const int64_t L = c->m->cfg.n_layer;
+    char stage[64], where[96], sq[32];
+    if (c->b.n_seg == 1) {
+        const int32_t s = c->seg_seq[0];
+        const int64_t p0 = c->seq[s].pos, p1 = p0 + c->b.T - 1;
+        if (c->b.T > 1 && c->check_layers) snprintf(where, sizeof where, "%spositions %lld..%lld", seq_name(c, s, sq, sizeof sq), (long long)p0, (long long)p1);
+        else snprintf(where, sizeof where, "%sposition %lld", seq_name(c, s, sq, sizeof sq), (long long)(c->check_layers ? p0 : p1));
+    } else {
+        snprintf(where, sizeof where, "a batch of %lld tokens over %lld sequences", (long long)c->b.T, (long long)c->b.n_seg);
+    }
+    if (!c->check_layers) /* only the rows the argmaxes read were checked */
+        return kiln_fail(KILN_ERR_RANGE, "%s: the logits at %s are not finite (NaN or infinity): the model's weights or metadata make one "
+                         "(KILN_CHECK_FINITE=1 names the first layer that does)", c->who, where);
+    if (code == KILN_LLAMA_STAGE_EMBED) snprintf(stage, sizeof stage, "the token embedding");
+    else if (code - KILN_LLAMA_STAGE_LAYER < L) snprintf(stage, sizeof stage, "layer %d's output", code - KILN_LLAMA_STAGE_LAYER);
+    else snprintf(stage, sizeof stage, "the logits (the output norm and head)");
+    return kiln_fail(KILN_ERR_RANGE, "%s: %s at %s is not finite (NaN or infinity), the first stage of the forward that is: its "
+                     "weights or the model's metadata make one", c->who, stage, where);
+}
+
+/* The sequence and position of row r of the step. */
+static void row_where(const kiln_context *c, int64_t r, int32_t *seq, int64_t *pos) {
+    int64_t s = 0;
+    for (; s + 1 < c->b.n_seg && r >= c->segs[s].T; s++) r -= c->segs[s].T;
+    *seq = c->seg_seq[s];
+    *pos = c->seq[*seq].pos + r;
+}
+
+/* The first of the logits rows (n_out, V), out row o in row dest[o] (NULL: o), that holds a NaN or an infinity, as
+ * an error naming its position and the token id. */
+static kiln_status check_logits(const kiln_context *c, const float *logits, const int64_t *dest) {
+    const int64_t V = c->m->cfg.n_vocab;
+    for (int64_t o = 0; o < c->b.n_out; o++) {
+        const float *row = logits + (dest ? dest[o] : o) * V;
+        for (int64_t i = 0; i < V; i++)
+            if (!isfinite(row[i])) {
+                int32_t s;
+                int64_t pos;
+                char sq[32];
+                row_where(c, c->b.out[o], &s, &pos);
+                return kiln_fail(KILN_ERR_RANGE, "%s: the logits at %sposition %lld are not finite (token %lld's is %s): the model's "
+                                 "weights or metadata make a NaN or an infinity (KILN_CHECK_FINITE=1 names the first layer that does)",
+                                 c->who, seq_name(c, s, sq, sizeof sq), (long long)pos, (long long)i, isnan(row[i]) ? "nan" : "inf");
+            }
+    }
+    return KILN_OK;
+}
+
+/* Moves the rows (n, w) of x from row o to row dest[o] in place (inv is dest's inverse; tmp holds a row): each
+ * cycle of the permutation is walked once. */
+static void permute_rows(void *x, size_t w, int64_t n, const int64_t *dest, const int64_t *inv, bool *done, void *tmp) {
+    uint8_t *b = x;
+    for (int64_t i = 0; i < n; i++) done[i] = false;
+    for (int64_t s = 0; s < n; s++) {
+        if (done[s] || dest[s] == s) continue;
+        /* the row that belongs at s is inv[s]; walk j <- inv[j] until the cycle returns to s */
+        memcpy(tmp, b + (size_t)s * w, w);
+        int64_t j = s;
+        while (inv[j] != s) {
+            memcpy(b + (size_t)j * w, b + (size_t)inv[j] * w, w);
+            done[j] = true;
+            j = inv[j];
+        }
+        memcpy(b + (size_t)j * w, tmp, w);
+        done[j] = true;
+    }
+}
+
+/* Runs the planned step (c->b: ids staged in h_io, segments, out rows; positions staged). logits (host), when not
+ * NULL, gets the out rows' logits and next the argmaxes, out row o at row dest[o] (dest NULL: o). Logits that are not
+ * finite are an error, and so is a stage the checks flag; no sequence moves here (the caller advances them). */
+static kiln_status run_step(kiln_context *c, float *logits, int32_t *next, const int64_t *dest) {
+    const kiln_backend *be = c->be;
+    const int64_t V = c->m->cfg.n_vocab, n_out = c->b.n_out, T = c->b.T;
+    const bool record = c->n_seq == 1 && T == 1;
+    io_flag(c, c->h_io)[0] = 0; /* the flag the checks set */
+    c->want_logits = logits && n_out;
+    c->want_next = next && n_out;
+    /* a recorded step's row of logits goes through the staging buffer; otherwise the rows are copied straight into
+     * the caller's buffer, or written there by a backend whose memory is host memory (then put in batch order) */
+    c->staged = record;
+    float *tmp = NULL;
+    c->fwd_logits = c->d_logits;
+    if (be->host_memory && !record) {
+        if (logits) c->fwd_logits = logits;
+        else if (n_out > 1 && !(c->fwd_logits = tmp = malloc(sizeof *tmp * (size_t)(n_out * V))))
+            return kiln_fail(KILN_ERR_NOMEM, "%s: out of memory for %lld rows of logits", c->who, (long long)n_out);
+    }
+    kiln_status st;
+    if (record) /* one recording for each pair of outputs wanted */
+        st = be->record(c->ctx, (c->want_logits ? 1 : 0) | (c->want_next ? 2 : 0), step_enqueue, c);
+    else
+        st = step_enqueue(c);
+    /* off the host, each run of out rows that land on consecutive caller rows is one download */
+    for (int64_t o = 0, n; !st && c->want_logits && !record && !be->host_memory && o < n_out; o += n) {
+        const int64_t d = dest ? dest[o] : o;
+        for (n = 1; o + n < n_out && (dest ? dest[o + n] : o + n) == d + n;) n++;
+        st = be->download(c->ctx, logits + d * V, c->d_logits + o * V, (size_t)(n * V) * sizeof(float));
+    }
+    if (!st) st = be->synchronize(c->ctx);
+    free(tmp);
+    if (st) return st;
+    c->n_evaluated += T;
+    const int32_t flag = io_flag(c, c->h_io)[0];
+    if (flag) return stage_error(c, flag);
+    const int32_t *h_next = io_flag(c, c->h_io) - n_out;
+    if (c->want_logits && record) memcpy(logits, c->h_logits, (size_t)V * sizeof(float));
+    if (dest && be->host_memory && c->want_logits) /* written in row order: into batch order */
+        permute_rows(logits, (size_t)V * sizeof(float), n_out, dest, c->inv, c->done, c->h_logits);
+    if (c->want_logits && (st = check_logits(c, logits, dest))) return st;
+    if (c->want_next)
+        for (int64_t o = 0; o < n_out; o++) next[dest ? dest[o] : o] = h_next[o];
+    return KILN_OK;
+}
+
+/* ---------------------------------------------------------------- a sequence's tokens (sessions) */
+
+/* T tokens of sequence seq at its position as one segment; out rows first..T-1 (none when first == T). */
+static kiln_status eval_chunk(kiln_context *c, int32_t seq, const int32_t *ids, int64_t T, int64_t first, float *logits,
+                              int32_t *next) {
+    memcpy(c->h_io, ids, (size_t)T * sizeof *ids);
+    io_pos(c, c->h_io)[0] = (int32_t)c->seq[seq].pos;
+    c->segs[0] = (kiln_llama_segment){&c->seq[seq].kv, io_pos(c, c->d_io), T};
+    c->seg_seq[0] = seq;
+    for (int64_t r = first; r < T; r++) c->out[r - first] = r;
+    c->b = (kiln_llama_batch){.ids = c->d_io, .T = T, .seg = c->segs, .n_seg = 1, .out = c->out, .n_out = T - first};
+    TRY(run_step(c, logits, next, NULL));
+    memcpy(c->seq[seq].hist + c->seq[seq].pos, ids, (size_t)T * sizeof *ids);
+    c->seq[seq].pos += T;
+    return KILN_OK;
+}
+
+kiln_status kiln_context_eval_seq(kiln_context *c, int32_t seq, const int32_t *ids, size_t n, float *logits, float *all_logits,
+                                  int32_t *next) {
+    const int64_t V = c->m->cfg.n_vocab;
+    if (!seq_ok(c, seq)) return kiln_fail(KILN_ERR_RANGE, "%s: sequence %d is outside 0..%d", c->who, seq, c->n_seq - 1);
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= V) return kiln_fail(KILN_ERR_RANGE, "token id %d is outside the vocab of %lld tokens", ids[i], (long long)V);
+    seq_state *s = &c->seq[seq];
+    if (n > (size_t)(c->n_ctx - s->pos))
+        return kiln_fail(KILN_ERR_RANGE, "position %lld exceeds the context of %lld tokens", (long long)(s->pos + (int64_t)n - 1),
+                         (long long)c->n_ctx);
+    for (size_t done = 0; done < n;) {
+        const int64_t T = (int64_t)(n - done) < c->n_batch ? (int64_t)(n - done) : c->n_batch;
+        const bool last = done + (size_t)T == n;
+        float *out = all_logits ? all_logits + done * (size_t)V : last ? logits : NULL;
+        const int64_t first = all_logits ? 0 : last && (logits || next) ? T - 1 : T;
+        TRY(eval_chunk(c, seq, ids + done, T, first, out, last ? next : NULL));
+        done += (size_t)T;
+    }
+    if (logits && all_logits) memcpy(logits, all_logits + (n - 1) * (size_t)V, (size_t)V * sizeof *logits);
+    return KILN_OK;
+}
+
+/* ---------------------------------------------------------------- a batch of entries */
+
+/* Every entry checked against the sequences' positions before anything runs; cnt gets each sequence's entries. */
+static kiln_status check_batch(kiln_context *c, const kiln_batch_entry *b, size_t n) {
+    const int64_t V = c->m->cfg.n_vocab;
+    if (n == 0) return kiln_fail(KILN_ERR_INVALID, "%s: an empty batch", c->who);
+    if (n > (size_t)c->n_batch)
+        return kiln_fail(KILN_ERR_RANGE, "%s: a batch of %zu entries is more than n_batch %lld", c->who, n, (long long)c->n_batch);
+    for (int32_t s = 0; s < c->n_seq; s++) c->cnt[s] = 0;
+    for (size_t i = 0; i < n; i++) {
+        const kiln_batch_entry *e = &b[i];
+        if (!seq_ok(c, e->seq))
+            return kiln_fail(KILN_ERR_RANGE, "%s: entry %zu: sequence %d is outside 0..%d", c->who, i, e->seq, c->n_seq - 1);
+        if (e->id < 0 || e->id >= V)
+            return kiln_fail(KILN_ERR_RANGE, "%s: entry %zu: token id %d is outside the vocab of %lld tokens", c->who, i, e->id, (long long)V);
+        const int64_t want = c->seq[e->seq].pos + c->cnt[e->seq];
+        if (e->pos != want)
+            return kiln_fail(KILN_ERR_INVALID, "%s: entry %zu: position %lld of sequence %d is not its next position %lld", c->who, i,
+                             (long long)e->pos, e->seq, (long long)want);
+        if (want >= c->n_ctx)
+            return kiln_fail(KILN_ERR_RANGE, "%s: entry %zu: position %lld exceeds sequence %d's context of %lld tokens", c->who, i,
+                             (long long)e->pos, e->seq, (long long)c->n_ctx);
+        c->cnt[e->seq]++;
+    }
+    return KILN_OK;
+}
+
+/* Groups the entries into one segment per sequence: the sequences of several entries first, then those of one, each
+ * in the order of its first entry, so a step's decode tokens are consecutive rows (one head call for all of them).
+ * perm[r] is the entry row r runs; out and dest the rows wanted and where their logits go (batch order). */
+static void plan_batch(kiln_context *c, const kiln_batch_entry *b, size_t n, bool want) {
+    int64_t n_seg = 0, row = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < n; i++) {
+            const int32_t s = b[i].seq;
+            if (c->cnt[s] <= 0 || (pass == 0) != (c->cnt[s] > 1)) continue; /* seen, or not this pass's kind */
+            c->start[s] = row;
+            io_pos(c, c->h_io)[n_seg] = (int32_t)c->seq[s].pos;
+            c->segs[n_seg] = (kiln_llama_segment){&c->seq[s].kv, io_pos(c, c->d_io) + n_seg, c->cnt[s]};
+            c->seg_seq[n_seg++] = s;
+            row += c->cnt[s];
+            c->cnt[s] = -c->cnt[s]; /* done */
+        }
+    int64_t wanted = 0;
+    for (size_t i = 0; i < n; i++) { /* each sequence's entries in batch order are its rows in order */
+        const int64_t r = c->start[b[i].seq]++;
+        c->perm[r] = (int64_t)i;
+        c->h_io[r] = b[i].id;
+    }
+    int64_t *rank = c->inv; /* scratch: each wanted entry's row of the caller's logits */
+    for (size_t i = 0; i < n; i++) rank[i] = want && b[i].logits ? wanted++ : -1;
+    int64_t n_out = 0;
+    for (int64_t r = 0; r < (int64_t)n; r++)
+        if (rank[c->perm[r]] >= 0) c->dest[n_out] = rank[c->perm[r]], c->out[n_out++] = r;
+    for (int64_t o = 0; o < n_out; o++) c->inv[c->dest[o]] = o;
+    c->b = (kiln_llama_batch){.ids = c->d_io, .T = (int64_t)n, .seg = c->segs, .n_seg = n_seg, .out = c->out, .n_out = n_out};
+}
+
+kiln_status kiln_context_decode(kiln_context *c, const kiln_batch_entry *b, size_t n, float *logits, int32_t *next) {
+    TRY(check_batch(c, b, n));
+    plan_batch(c, b, n, logits || next);
+    TRY(run_step(c, logits, next, c->dest));
+    for (size_t i = 0; i < n; i++) c->seq[b[i].seq].hist[b[i].pos] = b[i].id;
+    for (int64_t g = 0; g < c->b.n_seg; g++) c->seq[c->seg_seq[g]].pos += c->segs[g].T;
+    return KILN_OK;
+}
+
+/* ---------------------------------------------------------------- copy, save, restore */
+
+/* Rows of layer l that hold a sequence's first n positions, counted from row 0: all n, or the whole ring. */
+static int64_t held_rows(const kiln_context *c, int64_t l, int64_t n) { return n < c->rows[l] ? n : c->rows[l]; }
+
+/* Host buffer <-> sequence seq's cache rows 0..held_rows(n) of every layer, k then v per layer (download: to host). */
+static kiln_status move_rows(kiln_context *c, int32_t seq, int64_t n, uint8_t *host, bool download) {
+    const size_t row = kv_row_bytes(c->type_k, c->m->cfg.n_head_kv * c->m->cfg.head_dim);
+    for (int64_t l = 0; l < c->m->cfg.n_layer; l++) {
+        const size_t bytes = (size_t)held_rows(c, l, n) * row;
+        uint16_t *part[2] = {c->seq[seq].k[l], c->seq[seq].v[l]};
+        for (int i = 0; i < 2; i++, host += bytes)
+            TRY(download ? c->be->download(c->ctx, host, part[i], bytes) : c->be->upload(c->ctx, part[i], host, bytes));
+    }
+    return c->be->synchronize(c->ctx);
+}
+
+/* Bytes move_rows moves for n positions. */
+static size_t rows_bytes(const kiln_context *c, int64_t n) {
+    const size_t row = kv_row_bytes(c->type_k, c->m->cfg.n_head_kv * c->m->cfg.head_dim);
+    size_t total = 0;
+    for (int64_t l = 0; l < c->m->cfg.n_layer; l++) total += 2 * (size_t)held_rows(c, l, n) * row;
+    return total;
+}
+
+kiln_status kiln_context_seq_copy(kiln_context *c, int32_t src, int32_t dst, int64_t n) {
+    if (!seq_ok(c, src) || !seq_ok(c, dst))
+        return kiln_fail(KILN_ERR_RANGE, "%s: copy from sequence %d to %d: sequences are 0..%d", c->who, src, dst, c->n_seq - 1);
+    if (n < 0 || n > c->seq[src].pos)
+        return kiln_fail(KILN_ERR_RANGE, "%s: copy of %lld positions: sequence %d holds %lld", c->who, (long long)n, src,
+                         (long long)c->seq[src].pos);
+    if (keepable(c, &c->seq[src], n) != n)
+        return kiln_fail(KILN_ERR_RANGE, "%s: sequence %d's sliding-window rings no longer hold the positions before %lld (later "
+                         "ones overwrote them): nothing copied", c->who, src, (long long)n);
+    if (src == dst) {
+        c->seq[src].pos = n;
+        return KILN_OK;
+    }
+    uint8_t *buf = malloc(rows_bytes(c, n) + 1);
+    if (!buf) return kiln_fail(KILN_ERR_NOMEM, "%s: out of memory copying %lld positions", c->who, (long long)n);
+    kiln_status st = move_rows(c, src, n, buf, true);
+    if (!st) st = move_rows(c, dst, n, buf, false);
+    free(buf);
+    if (st) { /* dst's cache is partly overwritten: it holds nothing now */
+        c->seq[dst].pos = 0;
+        return st;
+    }
+    memcpy(c->seq[dst].hist, c->seq[src].hist, (size_t)n * sizeof *c->seq[dst].hist);
+    c->seq[dst].pos = n;
+    return KILN_OK;
+}
+
+/* A sequence file, in host byte order (the magic tells another order apart):
+ *   magic "KILNSEQ1" (8) | version u32 | n_layer u32 | fingerprint u64 | n_ctx i64 | type_k u32 | type_v u32 |
+ *   n_tokens i64 | per layer: width i64 (NKV*HS), rows i64 | ids (n_tokens) i32 |
+ *   per layer: k rows then v rows 0 .. min(n_tokens, rows) - 1, kv_row_bytes(type, width) each */
+#define SEQ_MAGIC "KILNSEQ1"
+#define SEQ_VERSION 1u
+typedef struct seq_header {
+    char magic[8];
+    uint32_t version, n_layer;
+    uint64_t fingerprint;
+    int64_t n_ctx;
+    uint32_t type_k, type_v;
+    int64_t n_tokens;
+} seq_header;
+
+static size_t file_bytes(const kiln_context *c, int64_t n) {
+    return sizeof(seq_header) + (size_t)c->m->cfg.n_layer * 2 * sizeof(int64_t) + (size_t)n * sizeof(int32_t) + rows_bytes(c, n);
+}
+
+/* The whole file image of sequence seq, (file_bytes) malloc'd into *out. */
+static kiln_status seq_image(const kiln_context *c, int32_t seq, uint8_t **out) {
+    const seq_state *s = &c->seq[seq];
+    const int64_t L = c->m->cfg.n_layer, KV = c->m->cfg.n_head_kv * c->m->cfg.head_dim;
+    uint8_t *img = malloc(file_bytes(c, s->pos));
+    if (!img) return kiln_fail(KILN_ERR_NOMEM, "%s: out of memory saving sequence %d", c->who, seq);
+    seq_header h = {.version = SEQ_VERSION, .n_layer = (uint32_t)L, .fingerprint = c->fingerprint, .n_ctx = c->n_ctx,
+                    .type_k = (uint32_t)c->type_k, .type_v = (uint32_t)c->type_v, .n_tokens = s->pos};
+    memcpy(h.magic, SEQ_MAGIC, 8);
+    uint8_t *p = img;
+    memcpy(p, &h, sizeof h), p += sizeof h;
+    for (int64_t l = 0; l < L; l++) {
+        const int64_t shape[2] = {KV, c->rows[l]};
+        memcpy(p, shape, sizeof shape), p += sizeof shape;
+    }
+    memcpy(p, s->hist, (size_t)s->pos * sizeof(int32_t)), p += (size_t)s->pos * sizeof(int32_t);
+    kiln_status st = move_rows((kiln_context *)c, seq, s->pos, p, true);
+    if (st) {
+        free(img);
+        return st;
+    }
+    *out = img;
+    return KILN_OK;
+}
+
+kiln_status kiln_context_seq_save(const kiln_context *c, int32_t seq, const char *path) {
+    if (!seq_ok(c, seq)) return kiln_fail(KILN_ERR_RANGE, "%s: save of sequence %d: sequences are 0..%d", c->who, seq, c->n_seq - 1);
+    uint8_t *img = NULL;
+    TRY(seq_image(c, seq, &img));
+    const size_t bytes = file_bytes(c, c->seq[seq].pos), plen = strlen(path);
+    char *tmp = malloc(plen + 5);
+    if (!tmp) {
+        free(img);
+        return kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    }
+    memcpy(tmp, path, plen), memcpy(tmp + plen, ".tmp", 5);
+    kiln_status st = KILN_OK;
+    const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) st = kiln_fail(KILN_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    for (size_t done = 0; !st && done < bytes;) {
+        const ssize_t w = write(fd, img + done, bytes - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) st = kiln_fail(KILN_ERR_IO, "%s: write failed: %s", tmp, w < 0 ? strerror(errno) : "no progress");
+        else done += (size_t)w;
+    }
+    if (!st && fsync(fd) != 0) st = kiln_fail(KILN_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
+    if (fd >= 0 && close(fd) != 0 && !st) st = kiln_fail(KILN_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
+    if (!st && rename(tmp, path) != 0) st = kiln_fail(KILN_ERR_IO, "%s: rename from %s failed: %s", path, tmp, strerror(errno));
+    if (st && fd >= 0) unlink(tmp);
+    free(tmp);
+    free(img);
+    return st;
+}
+
+/* The header of a sequence file checked against the context, field by field. */
+static kiln_status check_header(const kiln_context *c, const char *path, const seq_header *h, const int64_t *shape, uint64_t size) {
+    const int64_t L = c->m->cfg.n_layer, KV = c->m->cfg.n_head_kv * c->m->cfg.head_dim;
+    if (memcmp(h->magic, SEQ_MAGIC, 8) != 0) return kiln_fail(KILN_ERR_INVALID, "%s: not a kiln sequence file (bad magic)", path);
+    if (h->version != SEQ_VERSION)
+        return kiln_fail(KILN_ERR_INVALID, "%s: version %u, kiln reads version %u", path, h->version, SEQ_VERSION);
+    if (h->fingerprint != c->fingerprint)
+        return kiln_fail(KILN_ERR_INVALID, "%s: model fingerprint %016llx is not this model's %016llx (saved from another model file)", path,
+                         (unsigned long long)h->fingerprint, (unsigned long long)c->fingerprint);
+    if (h->n_layer != (uint32_t)L) return kiln_fail(KILN_ERR_INVALID, "%s: n_layer %u, the model has %lld", path, h->n_layer, (long long)L);
+    if (h->n_ctx != c->n_ctx)
+        return kiln_fail(KILN_ERR_INVALID, "%s: n_ctx %lld is not this context's %lld", path, (long long)h->n_ctx, (long long)c->n_ctx);
+    if (h->type_k != (uint32_t)c->type_k || h->type_v != (uint32_t)c->type_v) {
+        return kiln_fail(KILN_ERR_INVALID, "%s: cache types type_k %s, type_v %s are not this context's %s, %s", path, kv_name(h->type_k),
+                         kv_name(h->type_v), kv_name(c->type_k), kv_name(c->type_v));
+    }
+    if (h->n_tokens < 0 || h->n_tokens > c->n_ctx)
+        return kiln_fail(KILN_ERR_INVALID, "%s: n_tokens %lld is outside the context's 0..%lld", path, (long long)h->n_tokens, (long long)c->n_ctx);
+    for (int64_t l = 0; l < L; l++)
+        if (shape[2 * l] != KV || shape[2 * l + 1] != c->rows[l])
+            return kiln_fail(KILN_ERR_INVALID, "%s: layer %lld's cache is (%lld rows, %lld wide), this context's is (%lld, %lld)", path,
+                             (long long)l, (long long)shape[2 * l + 1], (long long)shape[2 * l], (long long)c->rows[l], (long long)KV);
+    if (size != file_bytes(c, h->n_tokens))
+        return kiln_fail(KILN_ERR_INVALID, "%s: %llu bytes, its header says %llu (truncated or extended)", path, (unsigned long long)size,
+                         (unsigned long long)file_bytes(c, h->n_tokens));
+    return KILN_OK;
+}
+
+/* Reads exactly n bytes at the stream's position. */
+static kiln_status read_all(FILE *f, const char *path, void *p, size_t n) {
+    if (fread(p, 1, n, f) != n) return kiln_fail(KILN_ERR_INVALID, "%s: truncated (read failed)", path);
+    return KILN_OK;
+}
+
+kiln_status kiln_context_seq_restore(kiln_context *c, int32_t seq, const char *path, int64_t *n_tokens) {
+    if (n_tokens) *n_tokens = 0;
+    if (!seq_ok(c, seq)) return kiln_fail(KILN_ERR_RANGE, "%s: restore of sequence %d: sequences are 0..%d", c->who, seq, c->n_seq - 1);
+    FILE *f;
+    TRY(kiln_fopen_regular(path, &f));
+    const int64_t L = c->m->cfg.n_layer, V = c->m->cfg.n_vocab;
+    struct stat sb;
+    seq_header h;
+    int64_t *shape = malloc(sizeof *shape * 2 * (size_t)L);
+    uint8_t *body = NULL;
+    kiln_status st = shape ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    if (!st && fstat(fileno(f), &sb) != 0) st = kiln_fail(KILN_ERR_IO, "%s: stat failed: %s", path, strerror(errno));
+    if (!st && (uint64_t)sb.st_size < sizeof h + 2 * sizeof(int64_t) * (uint64_t)L)
+        st = kiln_fail(KILN_ERR_INVALID, "%s: %llu bytes is shorter than a sequence file's header", path, (unsigned long long)sb.st_size);
+    if (!st) st = read_all(f, path, &h, sizeof h);
+    if (!st) st = read_all(f, path, shape, sizeof *shape * 2 * (size_t)L);
+    if (!st) st = check_header(c, path, &h, shape, (uint64_t)sb.st_size);
+    const size_t ids_bytes = st ? 0 : (size_t)h.n_tokens * sizeof(int32_t), body_bytes = st ? 0 : ids_bytes + rows_bytes(c, h.n_tokens);
+    if (!st && !(body = malloc(body_bytes + 1))) st = kiln_fail(KILN_ERR_NOMEM, "%s: out of memory for %zu bytes", path, body_bytes);
+    if (!st) st = read_all(f, path, body, body_bytes);
+    fclose(f);
+    const int32_t *ids = (const int32_t *)body;
+    for (int64_t i = 0; !st && i < h.n_tokens; i++)
+        if (ids[i] < 0 || ids[i] >= V)
+            st = kiln_fail(KILN_ERR_INVALID, "%s: token %lld's id %d is outside the vocab of %lld tokens", path, (long long)i, ids[i], (long long)V);
+    /* everything checked: now the sequence changes */
+    if (!st && (st = move_rows(c, seq, h.n_tokens, body + ids_bytes, false)))
+        c->seq[seq].pos = 0; /* the backend failed mid-upload: the cache holds nothing whole now */
+    if (st) {
+        free(shape);
+        free(body);
+        return st;
+    }
+    memcpy(c->seq[seq].hist, ids, ids_bytes);
+    c->seq[seq].pos = h.n_tokens;
+    if (n_tokens) *n_tokens = h.n_tokens;
+    free(shape);
+    free(body);
+    return KILN_OK;
+}
+
+/* ---------------------------------------------------------------- profile */
+
+/* One decode step of sequence 0 at the staged position, enqueued step by step (not replayed). */
+static kiln_status profile_step(void *arg) {
+    kiln_context *c = arg;
+    c->h_io[0] = 1 % (int32_t)c->m->cfg.n_vocab;
+    c->segs[0] = (kiln_llama_segment){&c->seq[0].kv, io_pos(c, c->d_io), 1};
+    c->seg_seq[0] = 0;
+    c->out[0] = 0;
+    c->b = (kiln_llama_batch){.ids = c->d_io, .T = 1, .seg = c->segs, .n_seg = 1, .out = c->out, .n_out = 1};
+    c->want_logits = false;
+    c->want_next = true;
+    c->staged = false;
+    c->fwd_logits = c->d_logits;
+    TRY(step_enqueue(c));
+    return c->be->synchronize(c->ctx);
+}
+
+kiln_status kiln_context_profile(kiln_context *c, int64_t pos0, int reps, kiln_op_time *ops, int *n_ops) {
+    if (!c->be->profile) return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: the %s backend has no per-step profile", c->who, c->be->name);
+    if (pos0 < 0 || pos0 >= c->n_ctx)
+        return kiln_fail(KILN_ERR_RANGE, "%s: profile position %lld is outside the context of %lld", c->who, (long long)pos0, (long long)c->n_ctx);
+    io_pos(c, c->h_io)[0] = (int32_t)pos0;
+    io_flag(c, c->h_io)[0] = 0;
+    return c->be->profile(c->ctx, pos0, reps, profile_step, c, ops, n_ops);
+}
