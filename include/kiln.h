@@ -647,17 +647,19 @@ int64_t kiln_context_n_batch(const kiln_context *c); /* the most entries of one 
 bool kiln_context_on_gpu(const kiln_context *c);
 size_t kiln_context_device_bytes(const kiln_context *c); /* GPU memory held; 0 on the CPU */
 size_t kiln_context_kv_bytes(const kiln_context *c);     /* the KV caches of all sequences */
-/* Runs n entries (1 <= n <= n_batch; sequences in any order, each sequence's entries in position order) through one
- * forward. logits, when not NULL, gets (rows, V): a row per entry with .logits set, in batch order; next, when not
+/* Runs n entries (1 <= n <= n_batch; sequences in any order and interleaved, each sequence's entries in position
+ * order) through one forward. logits, when not NULL, gets (rows, V): a row per entry with .logits set, in batch order; next, when not
  * NULL, the argmax of each such row. Bad entries are KILN_ERR_RANGE / KILN_ERR_INVALID naming the entry, checked
  * before anything runs; on any error no sequence moves. */
 kiln_status kiln_context_decode(kiln_context *c, const kiln_batch_entry *b, size_t n, float *logits, int32_t *next);
-int64_t kiln_context_seq_pos(const kiln_context *c, int32_t seq);
-const int32_t *kiln_context_seq_tokens(const kiln_context *c, int32_t seq); /* the ids at positions 0 .. pos - 1 */
-/* As kiln_session_keep, for one sequence. */
+int64_t kiln_context_seq_pos(const kiln_context *c, int32_t seq); /* -1 for a sequence outside 0 .. n_seq - 1 */
+/* the ids at positions 0 .. pos - 1 (valid until the next decode, restore or free); NULL for a bad sequence */
+const int32_t *kiln_context_seq_tokens(const kiln_context *c, int32_t seq);
+/* As kiln_session_keep, for one sequence; -1 for a bad sequence. */
 int64_t kiln_context_seq_keep(kiln_context *c, int32_t seq, int64_t n);
 /* dst's first n positions (cache rows and ids) become src's first n, and dst's position n: a prompt cached in another
- * sequence. n at most src's position; src == dst keeps n. */
+ * sequence. n at most src's position; src == dst keeps n. Where a sliding layer's ring no longer holds the positions
+ * the prefix needs (kiln_context_seq_keep would keep 0), nothing is copied: KILN_ERR_RANGE, dst as it was. */
 kiln_status kiln_context_seq_copy(kiln_context *c, int32_t src, int32_t dst, int64_t n);
 /* A sequence's state as a file: the model's fingerprint, the cache's shape and types, the ids and the cache rows of
  * its positions. Written to a temporary file and renamed, so a failed save leaves no partial file. restore checks

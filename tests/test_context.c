@@ -339,8 +339,10 @@ static void check_keep_copy(const char *path, const char *name, bool window) {
     CHECK(kiln_context_seq_copy(c, 0, 3, 1) == KILN_ERR_RANGE && kiln_context_seq_keep(c, 5, 1) == -1);
     if (window) {
         /* sequence 0 at 13: a prefix of 4 needs positions 1..3, long overwritten in the 6-row ring (4 + 6 < 13) */
+        CHECK(feed(c, 2, b + 20, 2, NULL) == KILN_OK);
         CHECK(kiln_context_seq_copy(c, 0, 2, 4) == KILN_ERR_RANGE && strstr(kiln_last_error(), "nothing copied"), "%s", kiln_last_error());
-        CHECK(kiln_context_seq_pos(c, 2) == 0);
+        CHECK(kiln_context_seq_pos(c, 2) == 2 && memcmp(kiln_context_seq_tokens(c, 2), b + 20, 2 * sizeof(int32_t)) == 0,
+              "a refused copy changed its destination");
         CHECK(kiln_context_seq_keep(c, 0, 4) == 0, "%s: keep(4) at 13 kept a ring's lost rows", name);
     } else {
         CHECK(kiln_context_seq_copy(c, 0, 2, 4) == KILN_OK && kiln_context_seq_keep(c, 0, 4) == 4);
