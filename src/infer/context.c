@@ -102,6 +102,12 @@ static int64_t cache_rows(const kiln_model *m, int64_t l, int64_t n_ctx, int64_t
 /* Bytes of one cached row of n elements of type t: f16 is the only type the forward stores today; 0 for another. */
 static size_t kv_row_bytes(kiln_kv_type t, int64_t n) { return t == KILN_KV_F16 ? (size_t)n * 2 : 0; }
 
+/* The bytes of a cached k row and v row of context c (types type_k, type_v; NKV*HS elements). */
+static void kv_rows(const kiln_context *c, size_t *k, size_t *v) {
+    const int64_t KV = c->m->cfg.n_head_kv * c->m->cfg.head_dim;
+    *k = kv_row_bytes(c->type_k, KV), *v = kv_row_bytes(c->type_v, KV);
+}
+
 /* The cache types' names, as kiln_kv_type_name gives them. */
 static const char *kv_name(uint32_t t) {
     static const char *const names[KILN_KV_TYPE_COUNT] = {"f16", "f32", "bf16", "q8_0", "q4_0"};
@@ -130,13 +136,14 @@ static uint64_t model_fingerprint(const kiln_model *m) {
 /* Carves sequence i's layers out of the kv buffer. */
 static void seq_bind(kiln_context *c, int32_t i) {
     const int64_t L = c->m->cfg.n_layer;
-    const size_t row = kv_row_bytes(c->type_k, c->m->cfg.n_head_kv * c->m->cfg.head_dim);
+    size_t rk, rv;
+    kv_rows(c, &rk, &rv);
     uint8_t *next = c->kv + (size_t)i * c->seq_kv_bytes;
     seq_state *s = &c->seq[i];
     for (int64_t l = 0; l < L; l++) {
         s->k[l] = (uint16_t *)next;
-        s->v[l] = (uint16_t *)(next + (size_t)c->rows[l] * row);
-        next += 2 * (size_t)c->rows[l] * row;
+        s->v[l] = (uint16_t *)(next + (size_t)c->rows[l] * rk);
+        next += (size_t)c->rows[l] * (rk + rv);
     }
     s->kv = (kiln_llama_kv){s->k, s->v, c->rows, c->n_ctx};
 }
@@ -229,7 +236,7 @@ kiln_status kiln_context_open(const kiln_model *m, const kiln_context_params *cp
     const int64_t KV = c->n_head_kv * c->head_dim;
     uint64_t seq_bytes, kv_bytes, act_bytes, total_rows = 0;
     for (int64_t l = 0; l < c->n_layer; l++) total_rows += (uint64_t)cache_rows(m, l, n_ctx, n_batch);
-    if (!kiln_mul_ok(total_rows, 2 * (uint64_t)kv_row_bytes(p->type_k, KV), &seq_bytes) ||
+    if (!kiln_mul_ok(total_rows, (uint64_t)(kv_row_bytes(p->type_k, KV) + kv_row_bytes(p->type_v, KV)), &seq_bytes) ||
         !kiln_mul_ok(seq_bytes, (uint64_t)n_seq, &kv_bytes) ||
         !kiln_mul_ok(kiln_llama_act_floats(c, 1), (uint64_t)n_batch * sizeof(float), &act_bytes) || kv_bytes > SIZE_MAX)
         return kiln_fail(KILN_ERR_NOMEM, "%s: KV caches of %d x %lld positions overflow the address space", who, n_seq, (long long)n_ctx);
@@ -476,6 +483,7 @@ kiln_status kiln_context_eval_seq(kiln_context *c, int32_t seq, const int32_t *i
                                   int32_t *next) {
     const int64_t V = c->m->cfg.n_vocab;
     if (!seq_ok(c, seq)) return kiln_fail(KILN_ERR_RANGE, "%s: sequence %d is outside 0..%d", c->who, seq, c->n_seq - 1);
+    if (n == 0) return KILN_OK; /* nothing to run (a session refuses an empty eval that wants outputs) */
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= V) return kiln_fail(KILN_ERR_RANGE, "token id %d is outside the vocab of %lld tokens", ids[i], (long long)V);
     seq_state *s = &c->seq[seq];
@@ -499,6 +507,7 @@ kiln_status kiln_context_eval_seq(kiln_context *c, int32_t seq, const int32_t *i
 /* Every entry checked against the sequences' positions before anything runs; cnt gets each sequence's entries. */
 static kiln_status check_batch(kiln_context *c, const kiln_batch_entry *b, size_t n) {
     const int64_t V = c->m->cfg.n_vocab;
+    if (n && !b) return kiln_fail(KILN_ERR_INVALID, "%s: a batch of %zu entries at NULL", c->who, n);
     if (n == 0) return kiln_fail(KILN_ERR_INVALID, "%s: an empty batch", c->who);
     if (n > (size_t)c->n_batch)
         return kiln_fail(KILN_ERR_RANGE, "%s: a batch of %zu entries is more than n_batch %lld", c->who, n, (long long)c->n_batch);
@@ -568,21 +577,24 @@ static int64_t held_rows(const kiln_context *c, int64_t l, int64_t n) { return n
 
 /* Host buffer <-> sequence seq's cache rows 0..held_rows(n) of every layer, k then v per layer (download: to host). */
 static kiln_status move_rows(kiln_context *c, int32_t seq, int64_t n, uint8_t *host, bool download) {
-    const size_t row = kv_row_bytes(c->type_k, c->m->cfg.n_head_kv * c->m->cfg.head_dim);
+    size_t row[2];
+    kv_rows(c, &row[0], &row[1]);
     for (int64_t l = 0; l < c->m->cfg.n_layer; l++) {
-        const size_t bytes = (size_t)held_rows(c, l, n) * row;
-        uint16_t *part[2] = {c->seq[seq].k[l], c->seq[seq].v[l]};
-        for (int i = 0; i < 2; i++, host += bytes)
+        void *part[2] = {c->seq[seq].k[l], c->seq[seq].v[l]};
+        for (int i = 0; i < 2; i++) {
+            const size_t bytes = (size_t)held_rows(c, l, n) * row[i];
             TRY(download ? c->be->download(c->ctx, host, part[i], bytes) : c->be->upload(c->ctx, part[i], host, bytes));
+            host += bytes;
+        }
     }
     return c->be->synchronize(c->ctx);
 }
 
 /* Bytes move_rows moves for n positions. */
 static size_t rows_bytes(const kiln_context *c, int64_t n) {
-    const size_t row = kv_row_bytes(c->type_k, c->m->cfg.n_head_kv * c->m->cfg.head_dim);
-    size_t total = 0;
-    for (int64_t l = 0; l < c->m->cfg.n_layer; l++) total += 2 * (size_t)held_rows(c, l, n) * row;
+    size_t rk, rv, total = 0;
+    kv_rows(c, &rk, &rv);
+    for (int64_t l = 0; l < c->m->cfg.n_layer; l++) total += (size_t)held_rows(c, l, n) * (rk + rv);
     return total;
 }
 
@@ -616,7 +628,7 @@ kiln_status kiln_context_seq_copy(kiln_context *c, int32_t src, int32_t dst, int
 /* A sequence file, in host byte order (the magic tells another order apart):
  *   magic "KILNSEQ1" (8) | version u32 | n_layer u32 | fingerprint u64 | n_ctx i64 | type_k u32 | type_v u32 |
  *   n_tokens i64 | per layer: width i64 (NKV*HS), rows i64 | ids (n_tokens) i32 |
- *   per layer: k rows then v rows 0 .. min(n_tokens, rows) - 1, kv_row_bytes(type, width) each */
+ *   per layer: k rows then v rows 0 .. min(n_tokens, rows) - 1, kv_row_bytes of its type and width each */
 #define SEQ_MAGIC "KILNSEQ1"
 #define SEQ_VERSION 1u
 typedef struct seq_header {
