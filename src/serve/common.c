@@ -14,6 +14,7 @@
 
 kiln_status srv_server_new(const kiln_model *m, kiln_context *c, const srv_opts *o, const srv_sched_params *sp, srv_server **out) {
     *out = NULL;
+    if (!kiln_model_tokenizer(m)) return kiln_fail(KILN_ERR_INVALID, "serve: the model has no tokenizer (tokenizer.ggml.* keys)");
     srv_server *s = calloc(1, sizeof *s);
     if (!s) return KILN_ERR_NOMEM;
     s->o = *o;
@@ -32,8 +33,14 @@ kiln_status srv_server_new(const kiln_model *m, kiln_context *c, const srv_opts 
         name = o->model_path ? strrchr(o->model_path, '/') : NULL;
         name = name ? name + 1 : o->model_path ? o->model_path : "kiln";
     }
-    snprintf(s->model_name, sizeof s->model_name, "%s", name);
-    if ((st = srv_sched_new(c, m, sp, &s->sched))) {
+    size_t n;
+    char *clean = srv_utf8_sanitize(name, strlen(name), &n); /* a file name may be any bytes; JSON needs UTF-8 */
+    snprintf(s->model_name, sizeof s->model_name, "%s", clean ? clean : "kiln");
+    free(clean);
+    srv_sched_params p = *sp;
+    if (kiln_chat_end_of_turn(&s->tmpl, s->tok, &p.eot) != KILN_OK) p.eot = -1;
+    if (p.eot == kiln_tokenizer_eos(s->tok)) p.eot = -1;
+    if ((st = srv_sched_new(c, m, &p, &s->sched))) {
         free(s);
         return st;
     }
