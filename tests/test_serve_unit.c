@@ -316,7 +316,9 @@ static void test_llama_routes(void) {
     srv_response r = req(srv2, "POST", "/tokenize", "{\"content\": \"ROMEO: hi\", \"with_pieces\": false}", NULL);
     json_t *j = parse(&r), *toks = json_object_get(j, "tokens");
     CHECK(r.status == 200 && json_array_size(toks) > 1);
-    char *body = json_dumps(json_pack("{s:O}", "tokens", toks), 0);
+    json_t *req_body = json_pack("{s:O}", "tokens", toks);
+    char *body = json_dumps(req_body, 0);
+    json_decref(req_body);
     json_decref(j), srv_response_free(&r);
     r = req(srv2, "POST", "/detokenize", body, NULL);
     free(body);
