@@ -190,7 +190,9 @@ test: $(TEST_NEEDS)
 PREFIX     ?= /usr/local
 LIBDIR     ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
-PC_DEPS    := libpcre2-8:-lpcre2-8 libutf8proc:-lutf8proc jansson:-ljansson libmicrohttpd:-lmicrohttpd
+# libmicrohttpd (kiln serve) goes into Libs.private as -lmicrohttpd, not Requires.private: its own .pc lists GnuTLS's
+# private libraries, which Debian ships without static archives or dev links (-lunistring), so a static link fails.
+PC_DEPS    := libpcre2-8:-lpcre2-8 libutf8proc:-lutf8proc jansson:-ljansson
 pc_found    = $(shell pkg-config --exists $(1) 2>/dev/null && echo yes)
 PC_REQUIRES = $(foreach d,$(PC_DEPS),$(if $(call pc_found,$(firstword $(subst :, ,$(d)))),$(firstword $(subst :, ,$(d)))))
 PC_LIBS     = $(foreach d,$(PC_DEPS),$(if $(call pc_found,$(firstword $(subst :, ,$(d)))),,$(lastword $(subst :, ,$(d))))) \
