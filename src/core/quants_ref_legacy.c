@@ -1,0 +1,335 @@
+/* quants_ref_legacy.c: the scalar reference (the oracle) for the 32-element block formats: the weight formats
+ * Q4_0, Q4_1, Q5_0, Q5_1 and the activation formats Q8_0, Q8_1 (Q8_0 is a weight format too).
+ *
+ * Dequantization repeats GGML's float32 arithmetic operation for operation, so it matches llama.cpp and the gguf
+ * Python package's numpy dequantize bit for bit (tests/test_fixtures.c); the quantizers are GGML's reference ones
+ * byte for byte, and the vec_dots have GGML's reference semantics. tests/test_quants.c checks round-trip error, edge
+ * inputs and every vec_dot against a double-precision dot; the SIMD levels are tested against this file.
+ *
+ * Scales are stored as f16, so inputs whose block scale exceeds 65504 (|x| beyond ~5e5 for Q4_0) overflow to
+ * inf, exactly as in GGML; callers that can meet such weights must check first. */
+#include "quants_ref.h"
+
+/* ---------------------------------------------------------------- the legacy quantizers' rounding */
+
+/* trunc(v) for the legacy quantizers' codes, capped at hi. Finite inputs put v in [0, hi + 1.5], where this is
+ * GGML's (int)v then min(., hi); an inf or NaN weight makes v NaN, and the plain cast (undefined behaviour) then
+ * gave a negative code that the nibble packing shifted left (undefined too). Here such a v gives code 0. */
+static inline int trunc_code(float v, int hi) {
+    if (!(v >= 0.0f)) return 0;
+    return v < (float)hi ? (int)v : hi;
+}
+
+/* roundf(v) as an int8 code in [-127, 127] (Q8_0, Q8_1): finite inputs give |v| <= 127 already; NaN is 0 and
+ * inf the nearest end, where the plain cast was undefined. */
+static inline int8_t round_code_q8(float v) {
+    if (v != v) return 0;
+    return (int8_t)roundf(v < -127.0f ? -127.0f : v > 127.0f ? 127.0f : v);
+}
+
+/* 1/d, or 0 where d is 0 or so small (below ~2.9e-39) that 1/d overflows. GGML writes `d ? 1/d : 0`; the
+ * overflow case makes x*id inf or NaN there and the int8 cast undefined. Here every such block stores a
+ * zero f16 scale anyway, so the codes do not matter and are made zero (or the zero level). */
+static inline float safe_inverse(float d) {
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    return isfinite(id) ? id : 0.0f;
+}
+
+/* ---------------------------------------------------------------- Q4_0: 18 bytes per 32, x = d * (q - 8) */
+
+void kiln_to_float_q4_0_ref(const void *vx, float *y, int64_t k) {
+    assert(k % QK4_0 == 0);
+    const block_q4_0 *x = vx;
+    for (int64_t i = 0; i < k / QK4_0; i++, y += QK4_0) {
+        const float d = kiln_fp16_to_f32(x[i].d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            y[j] = (float)((x[i].qs[j] & 0x0F) - 8) * d;
+            y[j + QK4_0 / 2] = (float)((x[i].qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+
+/* GGML's quantizer, byte for byte (gguf-py's numpy port is its fixture): the element of largest magnitude,
+ * with its sign, maps to level 0 (q - 8 = -8), so d = max / -8 and the other side reaches only +7. Codes are
+ * trunc(x/d + 8.5), i.e. rounding half up, capped at 15. */
+void kiln_quantize_q4_0_ref(const float *x, void *vy, int64_t k) {
+    assert(k % QK4_0 == 0);
+    block_q4_0 *y = vy;
+    for (int64_t i = 0; i < k / QK4_0; i++, x += QK4_0) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < QK4_0; j++)
+            if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
+        const float d = max / -8.0f;
+        const float id = safe_inverse(d);
+        y[i].d = kiln_f32_to_fp16(d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            /* x*id is in [-8, 8], so x*id + 8.5 is in [0.5, 16.5]: truncation is floor, never negative */
+            const unsigned q0 = (unsigned)trunc_code(x[j] * id + 8.5f, 15);
+            const unsigned q1 = (unsigned)trunc_code(x[j + QK4_0 / 2] * id + 8.5f, 15);
+            y[i].qs[j] = (uint8_t)(q0 | q1 << 4);
+        }
+    }
+}
+
+void kiln_vec_dot_q4_0_q8_0_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    assert(n % QK8_0 == 0);
+    const block_q4_0 *x = vx;
+    const block_q8_0 *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        int sumi = 0;
+        for (int j = 0; j < QK4_0 / 2; j++)
+            sumi += ((x[i].qs[j] & 0x0F) - 8) * y[i].qs[j] + ((x[i].qs[j] >> 4) - 8) * y[i].qs[j + QK4_0 / 2];
+        sum += (float)sumi * kiln_fp16_to_f32(x[i].d) * kiln_fp16_to_f32(y[i].d);
+    }
+    *s = sum;
+}
+
+/* ---------------------------------------------------------------- Q5_0: 22 bytes per 32, x = d * (q - 16) */
+
+/* Bit 4 of element i (0..31) is bit i of qh read as a little-endian uint32 (GGML's dequantize_row_q5_0; Q5_1's
+ * qh is the same). */
+static inline uint32_t load_qh(const uint8_t qh[4]) {
+    return (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+}
+
+void kiln_to_float_q5_0_ref(const void *vx, float *y, int64_t k) {
+    assert(k % QK5_0 == 0);
+    const block_q5_0 *x = vx;
+    for (int64_t i = 0; i < k / QK5_0; i++, y += QK5_0) {
+        const float d = kiln_fp16_to_f32(x[i].d);
+        const uint32_t qh = load_qh(x[i].qh);
+        for (int j = 0; j < QK5_0 / 2; j++) {
+            const int x0 = (int)((x[i].qs[j] & 0x0F) | ((qh >> j) & 1) << 4) - 16;
+            const int x1 = (int)((x[i].qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16;
+            y[j] = (float)x0 * d;
+            y[j + QK5_0 / 2] = (float)x1 * d;
+        }
+    }
+}
+
+/* GGML's quantize_row_q5_0_ref, byte for byte: as Q4_0 with 32 levels, the element of largest magnitude (with its
+ * sign) maps to level 0, so d = max / -16; codes are trunc(x/d + 16.5) capped at 31, their bit 4 packed into qh. */
+void kiln_quantize_q5_0_ref(const float *x, void *vy, int64_t k) {
+    assert(k % QK5_0 == 0);
+    block_q5_0 *y = vy;
+    for (int64_t i = 0; i < k / QK5_0; i++, x += QK5_0) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < QK5_0; j++)
+            if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
+        const float d = max / -16.0f;
+        const float id = safe_inverse(d);
+        y[i].d = kiln_f32_to_fp16(d);
+        uint32_t qh = 0;
+        for (int j = 0; j < QK5_0 / 2; j++) {
+            /* x*id is in [-16, 16], so x*id + 16.5 is in [0.5, 32.5]: truncation is floor, never negative */
+            const unsigned q0 = (unsigned)trunc_code(x[j] * id + 16.5f, 31);
+            const unsigned q1 = (unsigned)trunc_code(x[j + QK5_0 / 2] * id + 16.5f, 31);
+            y[i].qs[j] = (uint8_t)((q0 & 0x0F) | (q1 & 0x0F) << 4);
+            qh |= (q0 >> 4) << j | (q1 >> 4) << (j + QK5_0 / 2);
+        }
+        for (int b = 0; b < 4; b++) y[i].qh[b] = (uint8_t)(qh >> (8 * b));
+    }
+}
+
+void kiln_vec_dot_q5_0_q8_0_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    assert(n % QK8_0 == 0);
+    const block_q5_0 *x = vx;
+    const block_q8_0 *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        const uint32_t qh = load_qh(x[i].qh);
+        int sumi = 0;
+        for (int j = 0; j < QK5_0 / 2; j++) {
+            const int x0 = (int)((x[i].qs[j] & 0x0F) | ((qh >> j) & 1) << 4) - 16;
+            const int x1 = (int)((x[i].qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16;
+            sumi += x0 * y[i].qs[j] + x1 * y[i].qs[j + QK5_0 / 2];
+        }
+        sum += (float)sumi * kiln_fp16_to_f32(x[i].d) * kiln_fp16_to_f32(y[i].d);
+    }
+    *s = sum;
+}
+
+/* ---------------------------------------------------------------- Q4_1: 20 bytes per 32, x = d * q + m */
+
+void kiln_to_float_q4_1_ref(const void *vx, float *y, int64_t k) {
+    assert(k % QK4_1 == 0);
+    const block_q4_1 *x = vx;
+    for (int64_t i = 0; i < k / QK4_1; i++, y += QK4_1) {
+        const float d = kiln_fp16_to_f32(x[i].d), m = kiln_fp16_to_f32(x[i].m);
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            y[j] = (float)(x[i].qs[j] & 0x0F) * d + m;
+            y[j + QK4_1 / 2] = (float)(x[i].qs[j] >> 4) * d + m;
+        }
+    }
+}
+
+/* GGML's quantizer, byte for byte: the block's [min, max] split into 15 steps, codes trunc((x - min)/d + 0.5). */
+void kiln_quantize_q4_1_ref(const float *x, void *vy, int64_t k) {
+    assert(k % QK4_1 == 0);
+    block_q4_1 *y = vy;
+    for (int64_t i = 0; i < k / QK4_1; i++, x += QK4_1) {
+        float min = x[0], max = x[0];
+        for (int j = 1; j < QK4_1; j++) {
+            if (x[j] < min) min = x[j];
+            if (x[j] > max) max = x[j];
+        }
+        const float d = (max - min) / 15.0f;
+        const float id = safe_inverse(d);
+        y[i].d = kiln_f32_to_fp16(d);
+        y[i].m = kiln_f32_to_fp16(min);
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            /* (x - min)*id is in [0, 15]: truncation is floor */
+            const unsigned q0 = (unsigned)trunc_code((x[j] - min) * id + 0.5f, 15);
+            const unsigned q1 = (unsigned)trunc_code((x[j + QK4_1 / 2] - min) * id + 0.5f, 15);
+            y[i].qs[j] = (uint8_t)(q0 | q1 << 4);
+        }
+    }
+}
+
+/* The min term uses the activation block's s = d*sum(q), so it costs one multiply per block, not 32. */
+void kiln_vec_dot_q4_1_q8_1_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    assert(n % QK8_1 == 0);
+    const block_q4_1 *x = vx;
+    const block_q8_1 *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK8_1; i++) {
+        int sumi = 0;
+        for (int j = 0; j < QK4_1 / 2; j++)
+            sumi += (x[i].qs[j] & 0x0F) * y[i].qs[j] + (x[i].qs[j] >> 4) * y[i].qs[j + QK4_1 / 2];
+        sum += kiln_fp16_to_f32(x[i].d) * kiln_fp16_to_f32(y[i].d) * (float)sumi +
+               kiln_fp16_to_f32(x[i].m) * kiln_fp16_to_f32(y[i].s);
+    }
+    *s = sum;
+}
+
+/* ---------------------------------------------------------------- Q5_1: 24 bytes per 32, x = d * q + m
+ * q in 0..31: the low 4 bits packed as Q4_1, bit 4 of element i at bit i of qh (as Q5_0). */
+
+void kiln_to_float_q5_1_ref(const void *vx, float *y, int64_t k) {
+    assert(k % QK5_1 == 0);
+    const block_q5_1 *x = vx;
+    for (int64_t i = 0; i < k / QK5_1; i++, y += QK5_1) {
+        const float d = kiln_fp16_to_f32(x[i].d), m = kiln_fp16_to_f32(x[i].m);
+        const uint32_t qh = load_qh(x[i].qh);
+        for (int j = 0; j < QK5_1 / 2; j++) {
+            const int x0 = (x[i].qs[j] & 0x0F) | ((qh >> j) & 1) << 4;
+            const int x1 = (x[i].qs[j] >> 4) | ((qh >> (j + 12)) & 0x10);
+            y[j] = (float)x0 * d + m;
+            y[j + QK5_1 / 2] = (float)x1 * d + m;
+        }
+    }
+}
+
+/* GGML's quantize_row_q5_1_ref byte for byte (gguf-py's numpy port is its fixture): [min, max] in 31 steps,
+ * codes trunc((x - min)/d + 0.5) capped at 31. */
+void kiln_quantize_q5_1_ref(const float *x, void *vy, int64_t k) {
+    assert(k % QK5_1 == 0);
+    block_q5_1 *y = vy;
+    for (int64_t i = 0; i < k / QK5_1; i++, x += QK5_1) {
+        float min = x[0], max = x[0];
+        for (int j = 1; j < QK5_1; j++) {
+            if (x[j] < min) min = x[j];
+            if (x[j] > max) max = x[j];
+        }
+        const float d = (max - min) / 31.0f;
+        const float id = safe_inverse(d);
+        y[i].d = kiln_f32_to_fp16(d);
+        y[i].m = kiln_f32_to_fp16(min);
+        uint32_t qh = 0;
+        for (int j = 0; j < QK5_1 / 2; j++) {
+            const unsigned q0 = (unsigned)trunc_code((x[j] - min) * id + 0.5f, 31);
+            const unsigned q1 = (unsigned)trunc_code((x[j + QK5_1 / 2] - min) * id + 0.5f, 31);
+            y[i].qs[j] = (uint8_t)((q0 & 0x0F) | (q1 & 0x0F) << 4);
+            qh |= (q0 >> 4) << j | (q1 >> 4) << (j + QK5_1 / 2);
+        }
+        for (int b = 0; b < 4; b++) y[i].qh[b] = (uint8_t)(qh >> (8 * b));
+    }
+}
+
+void kiln_vec_dot_q5_1_q8_1_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    assert(n % QK8_1 == 0);
+    const block_q5_1 *x = vx;
+    const block_q8_1 *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK8_1; i++) {
+        const uint32_t qh = load_qh(x[i].qh);
+        int sumi = 0;
+        for (int j = 0; j < QK5_1 / 2; j++) {
+            const int x0 = (x[i].qs[j] & 0x0F) | ((qh >> j) & 1) << 4;
+            const int x1 = (x[i].qs[j] >> 4) | ((qh >> (j + 12)) & 0x10);
+            sumi += x0 * y[i].qs[j] + x1 * y[i].qs[j + QK5_1 / 2];
+        }
+        sum += kiln_fp16_to_f32(x[i].d) * kiln_fp16_to_f32(y[i].d) * (float)sumi +
+               kiln_fp16_to_f32(x[i].m) * kiln_fp16_to_f32(y[i].s);
+    }
+    *s = sum;
+}
+
+/* ---------------------------------------------------------------- Q8_0: 34 bytes per 32, x = d * q */
+
+void kiln_to_float_q8_0_ref(const void *vx, float *y, int64_t k) {
+    assert(k % QK8_0 == 0);
+    const block_q8_0 *x = vx;
+    for (int64_t i = 0; i < k / QK8_0; i++, y += QK8_0) {
+        const float d = kiln_fp16_to_f32(x[i].d);
+        for (int j = 0; j < QK8_0; j++) y[j] = (float)x[i].qs[j] * d;
+    }
+}
+
+/* GGML's quantize_row_q8_0_ref: d = amax/127, q = roundf(x/d) (ties away from zero); |q| <= 127. */
+void kiln_from_float_q8_0_ref(const float *x, void *vy, int64_t k) {
+    assert(k % QK8_0 == 0);
+    block_q8_0 *y = vy;
+    for (int64_t i = 0; i < k / QK8_0; i++, x += QK8_0) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f;
+        const float id = safe_inverse(d);
+        y[i].d = kiln_f32_to_fp16(d);
+        for (int j = 0; j < QK8_0; j++) y[i].qs[j] = round_code_q8(x[j] * id);
+    }
+}
+
+void kiln_vec_dot_q8_0_q8_0_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    assert(n % QK8_0 == 0);
+    const block_q8_0 *x = vx, *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        int sumi = 0;
+        for (int j = 0; j < QK8_0; j++) sumi += x[i].qs[j] * y[i].qs[j];
+        sum += (float)sumi * (kiln_fp16_to_f32(x[i].d) * kiln_fp16_to_f32(y[i].d));
+    }
+    *s = sum;
+}
+
+/* ---------------------------------------------------------------- Q8_1: 36 bytes per 32, x = d * q, s = d * sum(q) */
+
+void kiln_to_float_q8_1_ref(const void *vx, float *y, int64_t k) {
+    assert(k % QK8_1 == 0);
+    const block_q8_1 *x = vx;
+    for (int64_t i = 0; i < k / QK8_1; i++, y += QK8_1) {
+        const float d = kiln_fp16_to_f32(x[i].d);
+        for (int j = 0; j < QK8_1; j++) y[j] = (float)x[i].qs[j] * d;
+    }
+}
+
+/* Q8_0's codes plus s. As in GGML, s is sum(q) times the unrounded d, so s differs from the stored
+ * f16(d)*sum(q) by up to an f16 rounding: vec_dot's min term carries that, not the dequantized values. */
+void kiln_from_float_q8_1_ref(const float *x, void *vy, int64_t k) {
+    assert(k % QK8_1 == 0);
+    block_q8_1 *y = vy;
+    for (int64_t i = 0; i < k / QK8_1; i++, x += QK8_1) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_1; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f;
+        const float id = safe_inverse(d);
+        int sum = 0;
+        for (int j = 0; j < QK8_1; j++) {
+            y[i].qs[j] = round_code_q8(x[j] * id);
+            sum += y[i].qs[j];
+        }
+        y[i].d = kiln_f32_to_fp16(d);
+        y[i].s = kiln_f32_to_fp16((float)sum * d);
+    }
+}
