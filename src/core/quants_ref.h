@@ -36,4 +36,31 @@ static inline int round_clamp(float v, int lo, int hi) {
     return nearest_int(v);
 }
 
+/* ---------------------------------------------------------------- block statistics and packing */
+
+/* The element of largest magnitude, with its sign: the first of equals, 0 when all are 0, never a NaN (GGML's
+ * `if (fabsf(x) > amax) amax = fabsf(x), max = x` loop; amax is fabsf of the result). */
+static inline float signed_absmax(const float *x, int n) {
+    float amax = 0.0f, max = 0.0f;
+    for (int i = 0; i < n; i++)
+        if (fabsf(x[i]) > amax) amax = fabsf(x[i]), max = x[i];
+    return max;
+}
+
+/* The smallest and largest of x[0..n-1], n >= 1, from x[0] on: a NaN after x[0] replaces neither. */
+static inline void min_max(const float *x, int n, float *min, float *max) {
+    float lo = x[0], hi = x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] < lo) lo = x[i];
+        if (x[i] > hi) hi = x[i];
+    }
+    *min = lo, *max = hi;
+}
+
+/* 32 codes as Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL store their low 4 bits: element j in the low nibble of qs[j],
+ * element j + 16 in the high one. */
+static inline void pack_nibbles(const uint8_t q[32], uint8_t qs[16]) {
+    for (int j = 0; j < 16; j++) qs[j] = (uint8_t)((q[j] & 0x0F) | (q[j + 16] & 0x0F) << 4);
+}
+
 #endif

@@ -23,30 +23,30 @@ static int iq4_index(float v) {
     return v - val[hi - 1] < val[hi] - v ? hi - 1 : hi;
 }
 
+/* The least-squares sums of a 32-element block on the grid id (w = x^2, q = the level nearest id*x):
+ * <wqx> and <wqq>, accumulated in index order. */
+static void iq4_grid_sums(const float *x, float id, float *sumqx, float *sumq2) {
+    float sqx = 0, sq2 = 0;
+    for (int j = 0; j < 32; j++) {
+        const float q = (float)kiln_iq4nl_values[iq4_index(id * x[j])], w = x[j] * x[j];
+        sqx += w * q * x[j];
+        sq2 += w * q * q;
+    }
+    *sumqx = sqx, *sumq2 = sq2;
+}
+
 /* One 32-element block's scale, GGML's quantize_row_iq4_nl_impl without an importance matrix (w = x^2, ntry 7,
  * as llama-quantize runs it): the signed extreme at level -127, refit by least squares, then 15 grids putting it
  * at -127 + itry; the best by <wxq>^2/<wqq>. 0 for a block below 1e-15. */
 static float iq4_block_scale(const float *x) {
-    float amax = 0, max = 0;
-    for (int j = 0; j < 32; j++)
-        if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
-    if (amax < 1e-15f) return 0.0f;
+    const float max = signed_absmax(x, 32);
+    if (fabsf(max) < 1e-15f) return 0.0f;
     const float v0 = (float)kiln_iq4nl_values[0];
-    float id = 1.0f / (-max / v0), sumqx = 0, sumq2 = 0;
-    for (int j = 0; j < 32; j++) {
-        const float q = (float)kiln_iq4nl_values[iq4_index(id * x[j])], w = x[j] * x[j];
-        sumqx += w * q * x[j];
-        sumq2 += w * q * q;
-    }
+    float sumqx, sumq2;
+    iq4_grid_sums(x, 1.0f / (-max / v0), &sumqx, &sumq2);
     float d = sumq2 > 0 ? sumqx / sumq2 : 0.0f, best = d * sumqx;
     for (int itry = -7; itry <= 7; itry++) {
-        id = ((float)itry + v0) / max;
-        sumqx = sumq2 = 0;
-        for (int j = 0; j < 32; j++) {
-            const float q = (float)kiln_iq4nl_values[iq4_index(id * x[j])], w = x[j] * x[j];
-            sumqx += w * q * x[j];
-            sumq2 += w * q * q;
-        }
+        iq4_grid_sums(x, ((float)itry + v0) / max, &sumqx, &sumq2);
         if (sumq2 > 0 && sumqx * sumqx > best * sumq2) d = sumqx / sumq2, best = d * sumqx;
     }
     return d;
@@ -55,7 +55,25 @@ static float iq4_block_scale(const float *x) {
 /* 32 elements' indices against scale d (0: the level nearest 0), packed into 16 bytes. */
 static void iq4_pack(const float *x, float d, uint8_t *qs) {
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    for (int j = 0; j < 16; j++) qs[j] = (uint8_t)(iq4_index(id * x[j]) | iq4_index(id * x[j + 16]) << 4);
+    uint8_t q[32];
+    for (int j = 0; j < 32; j++) q[j] = (uint8_t)iq4_index(id * x[j]);
+    pack_nibbles(q, qs);
+}
+
+/* The 32 elements of one IQ4_NL payload (16 bytes) at scale d: y = d * level. */
+static void iq4_levels(const uint8_t *qs, float d, float *y) {
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)kiln_iq4nl_values[qs[j] & 0xF];
+        y[j + 16] = d * (float)kiln_iq4nl_values[qs[j] >> 4];
+    }
+}
+
+/* The integer dot of one IQ4_NL payload's levels with 32 int8 codes. */
+static inline int iq4_dot(const uint8_t *qs, const int8_t *q8) {
+    int sum = 0;
+    for (int j = 0; j < 16; j++)
+        sum += kiln_iq4nl_values[qs[j] & 0xF] * q8[j] + kiln_iq4nl_values[qs[j] >> 4] * q8[j + 16];
+    return sum;
 }
 
 /* ---------------------------------------------------------------- IQ4_NL: 18 bytes per 32, x = d * values[q] */
@@ -63,13 +81,7 @@ static void iq4_pack(const float *x, float d, uint8_t *qs) {
 void kiln_to_float_iq4_nl_ref(const void *vx, float *y, int64_t k) {
     assert(k % QK4_NL == 0);
     const block_iq4_nl *x = vx;
-    for (int64_t i = 0; i < k / QK4_NL; i++, y += QK4_NL) {
-        const float d = kiln_fp16_to_f32(x[i].d);
-        for (int j = 0; j < QK4_NL / 2; j++) {
-            y[j] = d * (float)kiln_iq4nl_values[x[i].qs[j] & 0xF];
-            y[j + QK4_NL / 2] = d * (float)kiln_iq4nl_values[x[i].qs[j] >> 4];
-        }
-    }
+    for (int64_t i = 0; i < k / QK4_NL; i++, y += QK4_NL) iq4_levels(x[i].qs, kiln_fp16_to_f32(x[i].d), y);
 }
 
 /* The float scale is stored as f16; the indices are chosen against the float one, as GGML does. */
@@ -89,10 +101,7 @@ void kiln_vec_dot_iq4_nl_q8_0_ref(int64_t n, float *s, const void *vx, const voi
     const block_q8_0 *y = vy;
     float sum = 0.0f;
     for (int64_t i = 0; i < n / QK8_0; i++) {
-        int sumi = 0;
-        for (int j = 0; j < QK4_NL / 2; j++)
-            sumi += kiln_iq4nl_values[x[i].qs[j] & 0xF] * y[i].qs[j] +
-                    kiln_iq4nl_values[x[i].qs[j] >> 4] * y[i].qs[j + QK4_NL / 2];
+        const int sumi = iq4_dot(x[i].qs, y[i].qs);
         sum += (float)sumi * (kiln_fp16_to_f32(x[i].d) * kiln_fp16_to_f32(y[i].d));
     }
     *s = sum;
@@ -111,14 +120,7 @@ void kiln_to_float_iq4_xs_ref(const void *vx, float *y, int64_t k) {
     const block_iq4_xs *x = vx;
     for (int64_t i = 0; i < k / QK_K; i++) {
         const float d = kiln_fp16_to_f32(x[i].d);
-        for (int s = 0; s < QK_K / 32; s++, y += 32) {
-            const float dl = d * (float)iq4_xs_scale(&x[i], s);
-            const uint8_t *qs = x[i].qs + 16 * s;
-            for (int j = 0; j < 16; j++) {
-                y[j] = dl * (float)kiln_iq4nl_values[qs[j] & 0xF];
-                y[j + 16] = dl * (float)kiln_iq4nl_values[qs[j] >> 4];
-            }
-        }
+        for (int s = 0; s < QK_K / 32; s++, y += 32) iq4_levels(x[i].qs + 16 * s, d * (float)iq4_xs_scale(&x[i], s), y);
     }
 }
 
@@ -129,12 +131,9 @@ void kiln_quantize_iq4_xs_ref(const float *x, void *vy, int64_t k) {
     assert(k % QK_K == 0);
     block_iq4_xs *y = vy;
     for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
-        float scales[QK_K / 32], max_scale = 0, amax_scale = 0;
-        for (int s = 0; s < QK_K / 32; s++) {
-            scales[s] = iq4_block_scale(x + 32 * s);
-            if (fabsf(scales[s]) > amax_scale) amax_scale = fabsf(scales[s]), max_scale = scales[s];
-        }
-        const float d = -max_scale / 32.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        float scales[QK_K / 32];
+        for (int s = 0; s < QK_K / 32; s++) scales[s] = iq4_block_scale(x + 32 * s);
+        const float d = -signed_absmax(scales, QK_K / 32) / 32.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         y[i].d = kiln_f32_to_fp16(d);
         y[i].scales_h = 0;
         memset(y[i].scales_l, 0, sizeof y[i].scales_l);
@@ -154,14 +153,8 @@ void kiln_vec_dot_iq4_xs_q8_K_ref(int64_t n, float *s, const void *vx, const voi
     float sum = 0.0f;
     for (int64_t i = 0; i < n / QK_K; i++) {
         int32_t sumi = 0; /* |sumi| <= 256*32*127*127 ~ 1.3e8 */
-        for (int sb = 0; sb < QK_K / 32; sb++) {
-            const uint8_t *qs = x[i].qs + 16 * sb;
-            const int8_t *q8 = y[i].qs + 32 * sb;
-            int32_t dot = 0;
-            for (int j = 0; j < 16; j++)
-                dot += kiln_iq4nl_values[qs[j] & 0xF] * q8[j] + kiln_iq4nl_values[qs[j] >> 4] * q8[j + 16];
-            sumi += iq4_xs_scale(&x[i], sb) * dot;
-        }
+        for (int sb = 0; sb < QK_K / 32; sb++)
+            sumi += iq4_xs_scale(&x[i], sb) * iq4_dot(x[i].qs + 16 * sb, y[i].qs + 32 * sb);
         sum += kiln_fp16_to_f32(x[i].d) * y[i].d * (float)sumi;
     }
     *s = sum;

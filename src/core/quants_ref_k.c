@@ -73,10 +73,8 @@ static float fit_qkx2(int n, int nmax, const float *x, const float *w, uint8_t *
  * extreme maps to -nmax, then up to 5 passes move single codes while that raises <wxl>^2/<wll> (w = x^2).
  * Returns the scale (signed), 0 for a sub-block below 1e-15; L gets q = l + nmax. */
 static float fit_q3(int n, int nmax, const float *x, int8_t *L) {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++)
-        if (fabsf(x[i]) > amax) amax = fabsf(x[i]), max = x[i];
-    if (amax < 1e-15f) {
+    const float max = signed_absmax(x, n);
+    if (fabsf(max) < 1e-15f) {
         memset(L, 0, (size_t)n);
         return 0.0f;
     }
@@ -235,11 +233,8 @@ void kiln_quantize_q3_K_ref(const float *x, void *vy, int64_t k) {
     int8_t L[QK_K];
     float scales[QK_K / 16];
     for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
-        float max_scale = 0, amax = 0;
-        for (int j = 0; j < QK_K / 16; j++) {
-            scales[j] = fit_q3(16, 4, x + 16 * j, L + 16 * j);
-            if (fabsf(scales[j]) > amax) amax = fabsf(scales[j]), max_scale = scales[j];
-        }
+        for (int j = 0; j < QK_K / 16; j++) scales[j] = fit_q3(16, 4, x + 16 * j, L + 16 * j);
+        const float max_scale = signed_absmax(scales, QK_K / 16);
         memset(y[i].scales, 0, sizeof y[i].scales);
         y[i].d = kiln_f32_to_fp16(0.0f);
         if (max_scale != 0.0f) {
@@ -337,11 +332,8 @@ static bool fit_given_levels(int n, const float *x, const float *w, const uint8_
 static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *q, float *min,
                            float rmin, float rdelta, int nstep) {
     assert(n <= 32);
-    float lo = x[0], hi = x[0];
-    for (int i = 1; i < n; i++) {
-        if (x[i] < lo) lo = x[i];
-        if (x[i] > hi) hi = x[i];
-    }
+    float lo, hi;
+    min_max(x, n, &lo, &hi);
     if (lo > 0) lo = 0; /* the min is stored non-negative, so the grid starts at or below 0 */
     if (hi == lo) {
         memset(q, 0, (size_t)n);
@@ -438,6 +430,13 @@ static void quantize_k_super_block(int nmax, float rmin, float rdelta, int nstep
 
 /* ---------------------------------------------------------------- Q4_K: 144 bytes per 256, x = d*sc*q - dmin*m */
 
+/* d * sc and dmin * m of sub-block j (0..7) of a Q4_K or Q5_K super-block, the factors its elements dequantize with. */
+static inline void k4_sub_block(const uint8_t *scales, int j, float d, float dmin, float *dl, float *ml) {
+    uint8_t sc, m;
+    kiln_get_scale_min_k4(j, scales, &sc, &m);
+    *dl = d * sc, *ml = dmin * m;
+}
+
 void kiln_to_float_q4_K_ref(const void *vx, float *y, int64_t k) {
     assert(k % QK_K == 0);
     const block_q4_K *x = vx;
@@ -445,11 +444,9 @@ void kiln_to_float_q4_K_ref(const void *vx, float *y, int64_t k) {
         const float d = kiln_fp16_to_f32(x[i].d), dmin = kiln_fp16_to_f32(x[i].dmin);
         const uint8_t *q = x[i].qs;
         for (int j = 0; j < QK_K / 64; j++, q += 32) { /* one 64-element chunk: two sub-blocks */
-            uint8_t sc, m;
-            kiln_get_scale_min_k4(2 * j, x[i].scales, &sc, &m);
-            const float d1 = d * sc, m1 = dmin * m;
-            kiln_get_scale_min_k4(2 * j + 1, x[i].scales, &sc, &m);
-            const float d2 = d * sc, m2 = dmin * m;
+            float d1, m1, d2, m2;
+            k4_sub_block(x[i].scales, 2 * j, d, dmin, &d1, &m1);
+            k4_sub_block(x[i].scales, 2 * j + 1, d, dmin, &d2, &m2);
             for (int l = 0; l < 32; l++) *y++ = d1 * (float)(q[l] & 0x0F) - m1;
             for (int l = 0; l < 32; l++) *y++ = d2 * (float)(q[l] >> 4) - m2;
         }
@@ -504,11 +501,9 @@ void kiln_to_float_q5_K_ref(const void *vx, float *y, int64_t k) {
         const float d = kiln_fp16_to_f32(x[i].d), dmin = kiln_fp16_to_f32(x[i].dmin);
         const uint8_t *ql = x[i].qs, *qh = x[i].qh;
         for (int j = 0; j < QK_K / 64; j++, ql += 32) {
-            uint8_t sc, m;
-            kiln_get_scale_min_k4(2 * j, x[i].scales, &sc, &m);
-            const float d1 = d * sc, m1 = dmin * m;
-            kiln_get_scale_min_k4(2 * j + 1, x[i].scales, &sc, &m);
-            const float d2 = d * sc, m2 = dmin * m;
+            float d1, m1, d2, m2;
+            k4_sub_block(x[i].scales, 2 * j, d, dmin, &d1, &m1);
+            k4_sub_block(x[i].scales, 2 * j + 1, d, dmin, &d2, &m2);
             for (int l = 0; l < 32; l++) *y++ = d1 * (float)((ql[l] & 0x0F) | ((qh[l] >> (2 * j)) & 1) << 4) - m1;
             for (int l = 0; l < 32; l++) *y++ = d2 * (float)((ql[l] >> 4) | ((qh[l] >> (2 * j + 1)) & 1) << 4) - m2;
         }
@@ -606,10 +601,8 @@ static bool q6_try(const float *x, float iscale, double *best_scale, double *bes
  * which leaves error <wxx> - <wxl>^2/<wll>, and the best is polished by reassign-and-refit. Returns the
  * scale (signed); 0 for a sub-block below 1e-15. */
 static float fit_scale_q6(const float *x) {
-    float amax = 0.0f, max = 0.0f;
-    for (int i = 0; i < 16; i++)
-        if (fabsf(x[i]) > amax) amax = fabsf(x[i]), max = x[i];
-    if (amax < 1e-15f) return 0.0f;
+    const float max = signed_absmax(x, 16);
+    if (fabsf(max) < 1e-15f) return 0.0f;
     double best_scale = 0.0, best_gain = 0.0; /* gain = <wxl>^2/<wll>: larger is smaller error */
     for (int is = -9; is <= 9; is++)
         q6_try(x, -(32.0f + 0.1f * (float)is) / max, &best_scale, &best_gain);
@@ -636,12 +629,9 @@ void kiln_quantize_q6_K_ref(const float *x, void *vy, int64_t k) {
     assert(k % QK_K == 0);
     block_q6_K *y = vy;
     for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
-        float scales[QK_K / 16], max_scale = 0.0f, amax_scale = 0.0f;
-        for (int j = 0; j < QK_K / 16; j++) {
-            scales[j] = fit_scale_q6(x + 16 * j);
-            if (fabsf(scales[j]) > amax_scale) amax_scale = fabsf(scales[j]), max_scale = scales[j];
-        }
-        const kiln_fp16 dh = kiln_f32_to_fp16(max_scale / -128.0f);
+        float scales[QK_K / 16];
+        for (int j = 0; j < QK_K / 16; j++) scales[j] = fit_scale_q6(x + 16 * j);
+        const kiln_fp16 dh = kiln_f32_to_fp16(signed_absmax(scales, QK_K / 16) / -128.0f);
         const float d = kiln_fp16_to_f32(dh);
         if (d == 0.0f) { /* all-zero or tiny block (scale below the smallest f16): all zeros */
             memset(&y[i], 0, sizeof y[i]);
@@ -715,10 +705,8 @@ void kiln_from_float_q8_K_ref(const float *x, void *vy, int64_t k) {
     assert(k % QK_K == 0);
     block_q8_K *y = vy;
     for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < QK_K; j++)
-            if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
-        const float iscale = amax != 0.0f ? -127.0f / max : 0.0f;
+        const float max = signed_absmax(x, QK_K);
+        const float iscale = max != 0.0f ? -127.0f / max : 0.0f;
         if (!isfinite(iscale) || iscale == 0.0f) {
             memset(&y[i], 0, sizeof y[i]);
             continue;

@@ -10,7 +10,7 @@
  * inf, exactly as in GGML; callers that can meet such weights must check first. */
 #include "quants_ref.h"
 
-/* ---------------------------------------------------------------- the legacy quantizers' rounding */
+/* ---------------------------------------------------------------- the legacy formats' shared steps */
 
 /* trunc(v) for the legacy quantizers' codes, capped at hi. Finite inputs put v in [0, hi + 1.5], where this is
  * GGML's (int)v then min(., hi); an inf or NaN weight makes v NaN, and the plain cast (undefined behaviour) then
@@ -35,6 +35,46 @@ static inline float safe_inverse(float d) {
     return isfinite(id) ? id : 0.0f;
 }
 
+/* Q4_0, Q4_1, Q5_0 and Q5_1's codes for one block: trunc((x[j] - off) * id + bias) capped at hi. Q4_0 and Q5_0 pass
+ * off = 0, where x - 0 is x exactly, so theirs are GGML's trunc(x * id + bias). */
+static void legacy_codes(const float *x, float off, float id, float bias, int hi, uint8_t q[32]) {
+    for (int j = 0; j < 32; j++) q[j] = (uint8_t)trunc_code((x[j] - off) * id + bias, hi);
+}
+
+/* Bit 4 of element i (0..31) is bit i of qh read as a little-endian uint32 (GGML's dequantize_row_q5_0; Q5_1's
+ * qh is the same). */
+static inline uint32_t load_qh(const uint8_t qh[4]) {
+    return (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+}
+
+/* 32 codes in 0..31 as Q5_0 and Q5_1 store them: the low 4 bits by pack_nibbles, bit 4 of element j at bit j of qh. */
+static void pack_q5(const uint8_t q[32], uint8_t qs[16], uint8_t qh[4]) {
+    pack_nibbles(q, qs);
+    uint32_t h = 0;
+    for (int j = 0; j < 32; j++) h |= (uint32_t)(q[j] >> 4) << j;
+    for (int b = 0; b < 4; b++) qh[b] = (uint8_t)(h >> (8 * b));
+}
+
+/* The 5-bit codes of elements j and j + 16 (j in 0..15) of a Q5_0 or Q5_1 block: the nibbles of qs[j] with bits
+ * j and j + 16 of qh. */
+static inline int q5_code_lo(const uint8_t *qs, uint32_t qh, int j) {
+    return (qs[j] & 0x0F) | (int)((qh >> j) & 1) << 4;
+}
+static inline int q5_code_hi(const uint8_t *qs, uint32_t qh, int j) {
+    return (qs[j] >> 4) | (int)((qh >> (j + 12)) & 0x10);
+}
+
+/* Q8_0's codes for one block, GGML's quantize_row_q8_0_ref: d = amax/127, q = roundf(x/d) (ties away from zero),
+ * |q| <= 127. Returns d. */
+static float q8_codes(const float *x, int8_t qs[32]) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+    const float d = amax / 127.0f;
+    const float id = safe_inverse(d);
+    for (int j = 0; j < 32; j++) qs[j] = round_code_q8(x[j] * id);
+    return d;
+}
+
 /* ---------------------------------------------------------------- Q4_0: 18 bytes per 32, x = d * (q - 8) */
 
 void kiln_to_float_q4_0_ref(const void *vx, float *y, int64_t k) {
@@ -55,19 +95,13 @@ void kiln_to_float_q4_0_ref(const void *vx, float *y, int64_t k) {
 void kiln_quantize_q4_0_ref(const float *x, void *vy, int64_t k) {
     assert(k % QK4_0 == 0);
     block_q4_0 *y = vy;
+    uint8_t q[QK4_0];
     for (int64_t i = 0; i < k / QK4_0; i++, x += QK4_0) {
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < QK4_0; j++)
-            if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
-        const float d = max / -8.0f;
-        const float id = safe_inverse(d);
+        const float d = signed_absmax(x, QK4_0) / -8.0f;
         y[i].d = kiln_f32_to_fp16(d);
-        for (int j = 0; j < QK4_0 / 2; j++) {
-            /* x*id is in [-8, 8], so x*id + 8.5 is in [0.5, 16.5]: truncation is floor, never negative */
-            const unsigned q0 = (unsigned)trunc_code(x[j] * id + 8.5f, 15);
-            const unsigned q1 = (unsigned)trunc_code(x[j + QK4_0 / 2] * id + 8.5f, 15);
-            y[i].qs[j] = (uint8_t)(q0 | q1 << 4);
-        }
+        /* x*id is in [-8, 8], so x*id + 8.5 is in [0.5, 16.5]: truncation is floor, never negative */
+        legacy_codes(x, 0.0f, safe_inverse(d), 8.5f, 15, q);
+        pack_nibbles(q, y[i].qs);
     }
 }
 
@@ -87,12 +121,6 @@ void kiln_vec_dot_q4_0_q8_0_ref(int64_t n, float *s, const void *vx, const void 
 
 /* ---------------------------------------------------------------- Q5_0: 22 bytes per 32, x = d * (q - 16) */
 
-/* Bit 4 of element i (0..31) is bit i of qh read as a little-endian uint32 (GGML's dequantize_row_q5_0; Q5_1's
- * qh is the same). */
-static inline uint32_t load_qh(const uint8_t qh[4]) {
-    return (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
-}
-
 void kiln_to_float_q5_0_ref(const void *vx, float *y, int64_t k) {
     assert(k % QK5_0 == 0);
     const block_q5_0 *x = vx;
@@ -100,10 +128,8 @@ void kiln_to_float_q5_0_ref(const void *vx, float *y, int64_t k) {
         const float d = kiln_fp16_to_f32(x[i].d);
         const uint32_t qh = load_qh(x[i].qh);
         for (int j = 0; j < QK5_0 / 2; j++) {
-            const int x0 = (int)((x[i].qs[j] & 0x0F) | ((qh >> j) & 1) << 4) - 16;
-            const int x1 = (int)((x[i].qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16;
-            y[j] = (float)x0 * d;
-            y[j + QK5_0 / 2] = (float)x1 * d;
+            y[j] = (float)(q5_code_lo(x[i].qs, qh, j) - 16) * d;
+            y[j + QK5_0 / 2] = (float)(q5_code_hi(x[i].qs, qh, j) - 16) * d;
         }
     }
 }
@@ -113,22 +139,13 @@ void kiln_to_float_q5_0_ref(const void *vx, float *y, int64_t k) {
 void kiln_quantize_q5_0_ref(const float *x, void *vy, int64_t k) {
     assert(k % QK5_0 == 0);
     block_q5_0 *y = vy;
+    uint8_t q[QK5_0];
     for (int64_t i = 0; i < k / QK5_0; i++, x += QK5_0) {
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < QK5_0; j++)
-            if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
-        const float d = max / -16.0f;
-        const float id = safe_inverse(d);
+        const float d = signed_absmax(x, QK5_0) / -16.0f;
         y[i].d = kiln_f32_to_fp16(d);
-        uint32_t qh = 0;
-        for (int j = 0; j < QK5_0 / 2; j++) {
-            /* x*id is in [-16, 16], so x*id + 16.5 is in [0.5, 32.5]: truncation is floor, never negative */
-            const unsigned q0 = (unsigned)trunc_code(x[j] * id + 16.5f, 31);
-            const unsigned q1 = (unsigned)trunc_code(x[j + QK5_0 / 2] * id + 16.5f, 31);
-            y[i].qs[j] = (uint8_t)((q0 & 0x0F) | (q1 & 0x0F) << 4);
-            qh |= (q0 >> 4) << j | (q1 >> 4) << (j + QK5_0 / 2);
-        }
-        for (int b = 0; b < 4; b++) y[i].qh[b] = (uint8_t)(qh >> (8 * b));
+        /* x*id is in [-16, 16], so x*id + 16.5 is in [0.5, 32.5]: truncation is floor, never negative */
+        legacy_codes(x, 0.0f, safe_inverse(d), 16.5f, 31, q);
+        pack_q5(q, y[i].qs, y[i].qh);
     }
 }
 
@@ -140,11 +157,9 @@ void kiln_vec_dot_q5_0_q8_0_ref(int64_t n, float *s, const void *vx, const void 
     for (int64_t i = 0; i < n / QK8_0; i++) {
         const uint32_t qh = load_qh(x[i].qh);
         int sumi = 0;
-        for (int j = 0; j < QK5_0 / 2; j++) {
-            const int x0 = (int)((x[i].qs[j] & 0x0F) | ((qh >> j) & 1) << 4) - 16;
-            const int x1 = (int)((x[i].qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16;
-            sumi += x0 * y[i].qs[j] + x1 * y[i].qs[j + QK5_0 / 2];
-        }
+        for (int j = 0; j < QK5_0 / 2; j++)
+            sumi += (q5_code_lo(x[i].qs, qh, j) - 16) * y[i].qs[j] +
+                    (q5_code_hi(x[i].qs, qh, j) - 16) * y[i].qs[j + QK5_0 / 2];
         sum += (float)sumi * kiln_fp16_to_f32(x[i].d) * kiln_fp16_to_f32(y[i].d);
     }
     *s = sum;
@@ -168,22 +183,16 @@ void kiln_to_float_q4_1_ref(const void *vx, float *y, int64_t k) {
 void kiln_quantize_q4_1_ref(const float *x, void *vy, int64_t k) {
     assert(k % QK4_1 == 0);
     block_q4_1 *y = vy;
+    uint8_t q[QK4_1];
     for (int64_t i = 0; i < k / QK4_1; i++, x += QK4_1) {
-        float min = x[0], max = x[0];
-        for (int j = 1; j < QK4_1; j++) {
-            if (x[j] < min) min = x[j];
-            if (x[j] > max) max = x[j];
-        }
+        float min, max;
+        min_max(x, QK4_1, &min, &max);
         const float d = (max - min) / 15.0f;
-        const float id = safe_inverse(d);
         y[i].d = kiln_f32_to_fp16(d);
         y[i].m = kiln_f32_to_fp16(min);
-        for (int j = 0; j < QK4_1 / 2; j++) {
-            /* (x - min)*id is in [0, 15]: truncation is floor */
-            const unsigned q0 = (unsigned)trunc_code((x[j] - min) * id + 0.5f, 15);
-            const unsigned q1 = (unsigned)trunc_code((x[j + QK4_1 / 2] - min) * id + 0.5f, 15);
-            y[i].qs[j] = (uint8_t)(q0 | q1 << 4);
-        }
+        /* (x - min)*id is in [0, 15]: truncation is floor */
+        legacy_codes(x, min, safe_inverse(d), 0.5f, 15, q);
+        pack_nibbles(q, y[i].qs);
     }
 }
 
@@ -213,10 +222,8 @@ void kiln_to_float_q5_1_ref(const void *vx, float *y, int64_t k) {
         const float d = kiln_fp16_to_f32(x[i].d), m = kiln_fp16_to_f32(x[i].m);
         const uint32_t qh = load_qh(x[i].qh);
         for (int j = 0; j < QK5_1 / 2; j++) {
-            const int x0 = (x[i].qs[j] & 0x0F) | ((qh >> j) & 1) << 4;
-            const int x1 = (x[i].qs[j] >> 4) | ((qh >> (j + 12)) & 0x10);
-            y[j] = (float)x0 * d + m;
-            y[j + QK5_1 / 2] = (float)x1 * d + m;
+            y[j] = (float)q5_code_lo(x[i].qs, qh, j) * d + m;
+            y[j + QK5_1 / 2] = (float)q5_code_hi(x[i].qs, qh, j) * d + m;
         }
     }
 }
@@ -226,24 +233,15 @@ void kiln_to_float_q5_1_ref(const void *vx, float *y, int64_t k) {
 void kiln_quantize_q5_1_ref(const float *x, void *vy, int64_t k) {
     assert(k % QK5_1 == 0);
     block_q5_1 *y = vy;
+    uint8_t q[QK5_1];
     for (int64_t i = 0; i < k / QK5_1; i++, x += QK5_1) {
-        float min = x[0], max = x[0];
-        for (int j = 1; j < QK5_1; j++) {
-            if (x[j] < min) min = x[j];
-            if (x[j] > max) max = x[j];
-        }
+        float min, max;
+        min_max(x, QK5_1, &min, &max);
         const float d = (max - min) / 31.0f;
-        const float id = safe_inverse(d);
         y[i].d = kiln_f32_to_fp16(d);
         y[i].m = kiln_f32_to_fp16(min);
-        uint32_t qh = 0;
-        for (int j = 0; j < QK5_1 / 2; j++) {
-            const unsigned q0 = (unsigned)trunc_code((x[j] - min) * id + 0.5f, 31);
-            const unsigned q1 = (unsigned)trunc_code((x[j + QK5_1 / 2] - min) * id + 0.5f, 31);
-            y[i].qs[j] = (uint8_t)((q0 & 0x0F) | (q1 & 0x0F) << 4);
-            qh |= (q0 >> 4) << j | (q1 >> 4) << (j + QK5_1 / 2);
-        }
-        for (int b = 0; b < 4; b++) y[i].qh[b] = (uint8_t)(qh >> (8 * b));
+        legacy_codes(x, min, safe_inverse(d), 0.5f, 31, q);
+        pack_q5(q, y[i].qs, y[i].qh);
     }
 }
 
@@ -255,11 +253,8 @@ void kiln_vec_dot_q5_1_q8_1_ref(int64_t n, float *s, const void *vx, const void 
     for (int64_t i = 0; i < n / QK8_1; i++) {
         const uint32_t qh = load_qh(x[i].qh);
         int sumi = 0;
-        for (int j = 0; j < QK5_1 / 2; j++) {
-            const int x0 = (x[i].qs[j] & 0x0F) | ((qh >> j) & 1) << 4;
-            const int x1 = (x[i].qs[j] >> 4) | ((qh >> (j + 12)) & 0x10);
-            sumi += x0 * y[i].qs[j] + x1 * y[i].qs[j + QK5_1 / 2];
-        }
+        for (int j = 0; j < QK5_1 / 2; j++)
+            sumi += q5_code_lo(x[i].qs, qh, j) * y[i].qs[j] + q5_code_hi(x[i].qs, qh, j) * y[i].qs[j + QK5_1 / 2];
         sum += kiln_fp16_to_f32(x[i].d) * kiln_fp16_to_f32(y[i].d) * (float)sumi +
                kiln_fp16_to_f32(x[i].m) * kiln_fp16_to_f32(y[i].s);
     }
@@ -277,18 +272,11 @@ void kiln_to_float_q8_0_ref(const void *vx, float *y, int64_t k) {
     }
 }
 
-/* GGML's quantize_row_q8_0_ref: d = amax/127, q = roundf(x/d) (ties away from zero); |q| <= 127. */
+/* q8_codes per block, d stored as f16. */
 void kiln_from_float_q8_0_ref(const float *x, void *vy, int64_t k) {
     assert(k % QK8_0 == 0);
     block_q8_0 *y = vy;
-    for (int64_t i = 0; i < k / QK8_0; i++, x += QK8_0) {
-        float amax = 0.0f;
-        for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(x[j]));
-        const float d = amax / 127.0f;
-        const float id = safe_inverse(d);
-        y[i].d = kiln_f32_to_fp16(d);
-        for (int j = 0; j < QK8_0; j++) y[i].qs[j] = round_code_q8(x[j] * id);
-    }
+    for (int64_t i = 0; i < k / QK8_0; i++, x += QK8_0) y[i].d = kiln_f32_to_fp16(q8_codes(x, y[i].qs));
 }
 
 void kiln_vec_dot_q8_0_q8_0_ref(int64_t n, float *s, const void *vx, const void *vy) {
@@ -320,15 +308,9 @@ void kiln_from_float_q8_1_ref(const float *x, void *vy, int64_t k) {
     assert(k % QK8_1 == 0);
     block_q8_1 *y = vy;
     for (int64_t i = 0; i < k / QK8_1; i++, x += QK8_1) {
-        float amax = 0.0f;
-        for (int j = 0; j < QK8_1; j++) amax = fmaxf(amax, fabsf(x[j]));
-        const float d = amax / 127.0f;
-        const float id = safe_inverse(d);
+        const float d = q8_codes(x, y[i].qs);
         int sum = 0;
-        for (int j = 0; j < QK8_1; j++) {
-            y[i].qs[j] = round_code_q8(x[j] * id);
-            sum += y[i].qs[j];
-        }
+        for (int j = 0; j < QK8_1; j++) sum += y[i].qs[j];
         y[i].d = kiln_f32_to_fp16(d);
         y[i].s = kiln_f32_to_fp16((float)sum * d);
     }
