@@ -64,6 +64,21 @@ static inline int q5_code_hi(const uint8_t *qs, uint32_t qh, int j) {
     return (qs[j] >> 4) | (int)((qh >> (j + 12)) & 0x10);
 }
 
+/* The integer dot of a Q4_0 or Q4_1 block's 32 codes, less off (8, 0), with 32 int8 codes. */
+static inline int nibble_dot(const uint8_t *qs, int off, const int8_t *q8) {
+    int sum = 0;
+    for (int j = 0; j < 16; j++) sum += ((qs[j] & 0x0F) - off) * q8[j] + ((qs[j] >> 4) - off) * q8[j + 16];
+    return sum;
+}
+
+/* The same for a Q5_0 or Q5_1 block's 5-bit codes, less off (16, 0). */
+static inline int q5_dot(const uint8_t *qs, uint32_t qh, int off, const int8_t *q8) {
+    int sum = 0;
+    for (int j = 0; j < 16; j++)
+        sum += (q5_code_lo(qs, qh, j) - off) * q8[j] + (q5_code_hi(qs, qh, j) - off) * q8[j + 16];
+    return sum;
+}
+
 /* Q8_0's codes for one block, GGML's quantize_row_q8_0_ref: d = amax/127, q = roundf(x/d) (ties away from zero),
  * |q| <= 127. Returns d. */
 static float q8_codes(const float *x, int8_t qs[32]) {
@@ -111,9 +126,7 @@ void kiln_vec_dot_q4_0_q8_0_ref(int64_t n, float *s, const void *vx, const void 
     const block_q8_0 *y = vy;
     float sum = 0.0f;
     for (int64_t i = 0; i < n / QK8_0; i++) {
-        int sumi = 0;
-        for (int j = 0; j < QK4_0 / 2; j++)
-            sumi += ((x[i].qs[j] & 0x0F) - 8) * y[i].qs[j] + ((x[i].qs[j] >> 4) - 8) * y[i].qs[j + QK4_0 / 2];
+        const int sumi = nibble_dot(x[i].qs, 8, y[i].qs);
         sum += (float)sumi * kiln_fp16_to_f32(x[i].d) * kiln_fp16_to_f32(y[i].d);
     }
     *s = sum;
@@ -155,11 +168,7 @@ void kiln_vec_dot_q5_0_q8_0_ref(int64_t n, float *s, const void *vx, const void 
     const block_q8_0 *y = vy;
     float sum = 0.0f;
     for (int64_t i = 0; i < n / QK8_0; i++) {
-        const uint32_t qh = load_qh(x[i].qh);
-        int sumi = 0;
-        for (int j = 0; j < QK5_0 / 2; j++)
-            sumi += (q5_code_lo(x[i].qs, qh, j) - 16) * y[i].qs[j] +
-                    (q5_code_hi(x[i].qs, qh, j) - 16) * y[i].qs[j + QK5_0 / 2];
+        const int sumi = q5_dot(x[i].qs, load_qh(x[i].qh), 16, y[i].qs);
         sum += (float)sumi * kiln_fp16_to_f32(x[i].d) * kiln_fp16_to_f32(y[i].d);
     }
     *s = sum;
@@ -203,9 +212,7 @@ void kiln_vec_dot_q4_1_q8_1_ref(int64_t n, float *s, const void *vx, const void 
     const block_q8_1 *y = vy;
     float sum = 0.0f;
     for (int64_t i = 0; i < n / QK8_1; i++) {
-        int sumi = 0;
-        for (int j = 0; j < QK4_1 / 2; j++)
-            sumi += (x[i].qs[j] & 0x0F) * y[i].qs[j] + (x[i].qs[j] >> 4) * y[i].qs[j + QK4_1 / 2];
+        const int sumi = nibble_dot(x[i].qs, 0, y[i].qs);
         sum += kiln_fp16_to_f32(x[i].d) * kiln_fp16_to_f32(y[i].d) * (float)sumi +
                kiln_fp16_to_f32(x[i].m) * kiln_fp16_to_f32(y[i].s);
     }
@@ -251,10 +258,7 @@ void kiln_vec_dot_q5_1_q8_1_ref(int64_t n, float *s, const void *vx, const void 
     const block_q8_1 *y = vy;
     float sum = 0.0f;
     for (int64_t i = 0; i < n / QK8_1; i++) {
-        const uint32_t qh = load_qh(x[i].qh);
-        int sumi = 0;
-        for (int j = 0; j < QK5_1 / 2; j++)
-            sumi += q5_code_lo(x[i].qs, qh, j) * y[i].qs[j] + q5_code_hi(x[i].qs, qh, j) * y[i].qs[j + QK5_1 / 2];
+        const int sumi = q5_dot(x[i].qs, load_qh(x[i].qh), 0, y[i].qs);
         sum += kiln_fp16_to_f32(x[i].d) * kiln_fp16_to_f32(y[i].d) * (float)sumi +
                kiln_fp16_to_f32(x[i].m) * kiln_fp16_to_f32(y[i].s);
     }

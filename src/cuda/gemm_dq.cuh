@@ -31,11 +31,6 @@ static __device__ __forceinline__ void k4_factors(const B *b, int sub, float *dl
     *dl = __fmul_rn(h2f(b->d), (float)sc), *ml = __fmul_rn(h2f(b->dmin), (float)m);
 }
 
-/* Q5_0 and Q5_1's qh as the little-endian uint32 whose bit j is bit 4 of element j. */
-static __device__ __forceinline__ uint32_t qh32(const uint8_t qh[4]) {
-    return (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
-}
-
 /* Each decoder fills v[0..7] with elements 8g .. 8g+7 in f32, exactly as the scalar reference (quants_ref_*.c) does. */
 struct dq_q4_0 { /* 32 per block: element j < 16 is the low nibble of qs[j], j >= 16 the high nibble of qs[j-16] */
     static __device__ __forceinline__ void run(const void *w, int64_t g, float v[8]) {
@@ -64,7 +59,7 @@ struct dq_q5_0 { /* Q4_0's nibbles plus bit j of qh (little-endian uint32) as bi
         const block_q5_0 *b = (const block_q5_0 *)w + g / 4;
         int j0 = (int)(g % 4) * 8, shift = j0 >= 16 ? 4 : 0;
         const uint8_t *qs = b->qs + (j0 & 15);
-        uint32_t qh = qh32(b->qh);
+        uint32_t qh = (uint32_t)b->qh[0] | (uint32_t)b->qh[1] << 8 | (uint32_t)b->qh[2] << 16 | (uint32_t)b->qh[3] << 24;
         float d = h2f(b->d);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
@@ -135,7 +130,7 @@ struct dq_q5_1 { /* Q5_0's 5-bit quants; x = q * d + m */
         const block_q5_1 *b = (const block_q5_1 *)w + g / 4;
         int j0 = (int)(g % 4) * 8, shift = j0 >= 16 ? 4 : 0;
         const uint8_t *qs = b->qs + (j0 & 15);
-        uint32_t qh = qh32(b->qh);
+        uint32_t qh = (uint32_t)b->qh[0] | (uint32_t)b->qh[1] << 8 | (uint32_t)b->qh[2] << 16 | (uint32_t)b->qh[3] << 24;
         float d = h2f(b->d), m = h2f(b->m);
 #pragma unroll
         for (int i = 0; i < 8; i++) {

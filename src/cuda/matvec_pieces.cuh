@@ -141,20 +141,6 @@ static __device__ __forceinline__ uint32_t spread4(uint32_t h) {
     return ((h & 1) << 4) | ((h & 2) << 11) | ((h & 4) << 18) | ((h & 8) << 25);
 }
 
-/* The integer dot of a Q5_0 or Q5_1 block's 5-bit quants (dot_nibbles' nibbles, bit j of qh as bit 4 of element
- * j) with its x block's codes. */
-static __device__ __forceinline__ int dot_q5(const uint32_t *v, uint32_t qh, const int *q) {
-    int s = 0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const uint32_t lo = (v[i] & 0x0F0F0F0F) | spread4(qh >> (4 * i));
-        const uint32_t hi = ((v[i] >> 4) & 0x0F0F0F0F) | spread4(qh >> (4 * i + 16));
-        s = __dp4a((int)lo, q[i], s);
-        s = __dp4a((int)hi, q[i + 4], s);
-    }
-    return s;
-}
-
 /* Q5_0, 22 bytes per 32: x = d * (q - 16); bit j of qh is bit 4 of element j. */
 struct piece_q5_0 : piece_x1 {
     uint32_t v[4], qh;
@@ -166,7 +152,14 @@ struct piece_q5_0 : piece_x1 {
         ld_words_a2<4>(b + 6, v);
     }
     __device__ __forceinline__ float dot(const X &x) const {
-        const int s = dot_q5(v, qh, x.q);
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t lo = (v[i] & 0x0F0F0F0F) | spread4(qh >> (4 * i));
+            const uint32_t hi = ((v[i] >> 4) & 0x0F0F0F0F) | spread4(qh >> (4 * i + 16));
+            s = __dp4a((int)lo, x.q[i], s);
+            s = __dp4a((int)hi, x.q[i + 4], s);
+        }
         return d * (x.ds.x * (float)s - 16.0f * x.ds.y);
     }
 };
@@ -244,7 +237,12 @@ struct piece_q5_K : piece_x2 {
         }
     }
     __device__ __forceinline__ float dot(const X &x) const {
-        const int s0 = dot_words8(v0, x.b[0].q), s1 = dot_words8(v1, x.b[1].q);
+        int s0 = 0, s1 = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            s0 = __dp4a((int)v0[i], x.b[0].q[i], s0);
+            s1 = __dp4a((int)v1[i], x.b[1].q[i], s1);
+        }
         return d * (sc[0] * x.b[0].ds.x * (float)s0 + sc[1] * x.b[1].ds.x * (float)s1) -
                dmin * (m[0] * x.b[0].ds.y + m[1] * x.b[1].ds.y);
     }
@@ -306,7 +304,12 @@ struct piece_q5_1 : piece_x1 {
         for (int i = 0; i < 4; i++) v[i] = ld_u32(b + 8 + 4 * i);
     }
     __device__ __forceinline__ float dot(const X &x) const {
-        const int s = dot_q5(v, qh, x.q);
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            s = __dp4a((int)((v[i] & 0x0F0F0F0F) | spread4(qh >> (4 * i))), x.q[i], s);
+            s = __dp4a((int)(((v[i] >> 4) & 0x0F0F0F0F) | spread4(qh >> (4 * i + 16))), x.q[i + 4], s);
+        }
         return d * x.ds.x * (float)s + m * x.ds.y;
     }
 };
@@ -350,7 +353,12 @@ struct piece_iq4_xs : piece_x2 {
         }
     }
     __device__ __forceinline__ float dot(const X &x) const {
-        const int s0 = dot_words8(v0, x.b[0].q), s1 = dot_words8(v1, x.b[1].q);
+        int s0 = 0, s1 = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            s0 = __dp4a((int)v0[i], x.b[0].q[i], s0);
+            s1 = __dp4a((int)v1[i], x.b[1].q[i], s1);
+        }
         return d0 * x.b[0].ds.x * (float)s0 + d1 * x.b[1].ds.x * (float)s1;
     }
 };
