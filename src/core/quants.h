@@ -1,7 +1,8 @@
 /* quants.h: the block formats GGUF stores, and one traits table that says how to use each.
  *
  * Layouts are GGML's byte for byte (static_assert'd below). Each computable type has a scalar reference
- * (quants_ref.c), which is the oracle; the CPU backend adds AVX2 and AVX-512 versions to the table (src/cpu/simd.h),
+ * (quants_ref.c: the float types; quants_ref_legacy.c, quants_ref_k.c, quants_ref_iq.c: the block formats by family),
+ * which is the oracle; the CPU backend adds AVX2 and AVX-512 versions to the table (src/cpu/simd.h),
  * chosen at run time and tested against it (tests/test_quants.c, tests/test_simd.c). */
 #ifndef KILN_QUANTS_H
 #define KILN_QUANTS_H
@@ -155,7 +156,7 @@ kiln_to_float_fn kiln_get_to_float(kiln_type t, kiln_simd level);
 kiln_from_float_fn kiln_get_from_float(kiln_type t, kiln_simd level);
 kiln_vec_dot_fn kiln_get_vec_dot(kiln_type t, kiln_simd level);
 
-/* ---- a level's function set: KILN_DECLARE_LEVEL(ref) is quants_ref.c's; src/cpu/simd.h declares the others ---- */
+/* ---- a level's function set: KILN_DECLARE_LEVEL(ref) is quants_ref*.c's; src/cpu/simd.h declares the others ---- */
 #define KILN_DECLARE_LEVEL(sfx) \
     void kiln_to_float_f32_##sfx(const void *x, float *y, int64_t k); \
     void kiln_to_float_f16_##sfx(const void *x, float *y, int64_t k); \

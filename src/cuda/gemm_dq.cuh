@@ -23,7 +23,15 @@ static __device__ __forceinline__ void scale_min_k4(int j, const uint8_t *q, int
     }
 }
 
-/* Each decoder fills v[0..7] with elements 8g .. 8g+7 in f32, exactly as quants_ref.c computes them. */
+/* d * sc and dmin * m of sub-block sub of a Q4_K or Q5_K super-block (their d, dmin and scales lie alike). */
+template <class B>
+static __device__ __forceinline__ void k4_factors(const B *b, int sub, float *dl, float *ml) {
+    int sc, m;
+    scale_min_k4(sub, b->scales, &sc, &m);
+    *dl = __fmul_rn(h2f(b->d), (float)sc), *ml = __fmul_rn(h2f(b->dmin), (float)m);
+}
+
+/* Each decoder fills v[0..7] with elements 8g .. 8g+7 in f32, exactly as the scalar reference (quants_ref_*.c) does. */
 struct dq_q4_0 { /* 32 per block: element j < 16 is the low nibble of qs[j], j >= 16 the high nibble of qs[j-16] */
     static __device__ __forceinline__ void run(const void *w, int64_t g, float v[8]) {
         const block_q4_0 *b = (const block_q4_0 *)w + g / 4;
@@ -77,9 +85,8 @@ struct dq_q4_K {
     static __device__ __forceinline__ void run(const void *w, int64_t g, float v[8]) {
         const block_q4_K *b = (const block_q4_K *)w + g / 32;
         int e0 = (int)(g % 32) * 8, sub = e0 / 32, shift = (sub & 1) * 4;
-        int sc, m;
-        scale_min_k4(sub, b->scales, &sc, &m);
-        float d1 = __fmul_rn(h2f(b->d), (float)sc), m1 = __fmul_rn(h2f(b->dmin), (float)m);
+        float d1, m1;
+        k4_factors(b, sub, &d1, &m1);
         const uint8_t *qs = b->qs + 32 * (e0 / 64) + e0 % 32;
 #pragma unroll
         for (int i = 0; i < 8; i++) v[i] = __fsub_rn(__fmul_rn(d1, (float)((qs[i] >> shift) & 0xF)), m1);
@@ -90,9 +97,8 @@ struct dq_q5_K {
     static __device__ __forceinline__ void run(const void *w, int64_t g, float v[8]) {
         const block_q5_K *b = (const block_q5_K *)w + g / 32;
         int e0 = (int)(g % 32) * 8, sub = e0 / 32, shift = (sub & 1) * 4;
-        int sc, m;
-        scale_min_k4(sub, b->scales, &sc, &m);
-        float d1 = __fmul_rn(h2f(b->d), (float)sc), m1 = __fmul_rn(h2f(b->dmin), (float)m);
+        float d1, m1;
+        k4_factors(b, sub, &d1, &m1);
         const uint8_t *qs = b->qs + 32 * (e0 / 64) + e0 % 32, *qh = b->qh + e0 % 32;
 #pragma unroll
         for (int i = 0; i < 8; i++) {

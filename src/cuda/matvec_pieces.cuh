@@ -69,10 +69,43 @@ struct xblock2 {
  * A piece type says how many weights one thread decodes (ELEMS), loads them for row `row` (load), loads the x that
  * matches for token t (load_x, shared by the NR rows), and returns their dot product (dot). */
 
-/* Q4_0, 18 bytes per 32: x = d * (q - 8). Piece = one block. sum((q - 8) * xq) * dx = dx * sum(q * xq) - 8 * s. */
-struct piece_q4_0 {
+/* The x side of the pieces that are one 32-block (x block p) or two (Q4_K, Q5_K, IQ4_XS: x blocks 2p, 2p+1). */
+struct piece_x1 {
     static const int ELEMS = 32;
     typedef xblock X;
+    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) { x.load(a, t, p); }
+};
+
+struct piece_x2 {
+    static const int ELEMS = 64;
+    typedef xblock2 X;
+    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) {
+        x.b[0].load(a, t, 2 * p), x.b[1].load(a, t, 2 * p + 1);
+    }
+};
+
+/* The integer dot of 8 words of int8 weights with an x block's codes. */
+static __device__ __forceinline__ int dot_words8(const uint32_t *v, const int *q) {
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) s = __dp4a((int)v[i], q[i], s);
+    return s;
+}
+
+/* The integer dot of a 32-block's 16 nibble bytes (Q4_0, Q4_1: word i holds elements 4i.. in its low nibbles and
+ * 16 + 4i.. in its high ones) with its x block's codes. */
+static __device__ __forceinline__ int dot_nibbles(const uint32_t *v, const int *q) {
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        s = __dp4a((int)(v[i] & 0x0F0F0F0F), q[i], s);            /* elements 4i..4i+3 */
+        s = __dp4a((int)((v[i] >> 4) & 0x0F0F0F0F), q[i + 4], s); /* elements 16+4i.. */
+    }
+    return s;
+}
+
+/* Q4_0, 18 bytes per 32: x = d * (q - 8). Piece = one block. sum((q - 8) * xq) * dx = dx * sum(q * xq) - 8 * s. */
+struct piece_q4_0 : piece_x1 {
     uint32_t v[4];
     float d;
     __device__ __forceinline__ void load(const uint8_t *row, int64_t p) {
@@ -80,22 +113,14 @@ struct piece_q4_0 {
         d = h2f(ld_u16(b));
         ld_words_a2<4>(b + 2, v);
     }
-    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) { x.load(a, t, p); }
     __device__ __forceinline__ float dot(const X &x) const {
-        int s = 0;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            s = __dp4a((int)(v[i] & 0x0F0F0F0F), x.q[i], s);            /* elements 4i..4i+3 */
-            s = __dp4a((int)((v[i] >> 4) & 0x0F0F0F0F), x.q[i + 4], s); /* elements 16+4i.. */
-        }
+        const int s = dot_nibbles(v, x.q);
         return d * (x.ds.x * (float)s - 8.0f * x.ds.y);
     }
 };
 
 /* Q4_1, 20 bytes per 32: x = d * q + m, so the dot is d * dx * sum(q * xq) + m * s. */
-struct piece_q4_1 {
-    static const int ELEMS = 32;
-    typedef xblock X;
+struct piece_q4_1 : piece_x1 {
     uint32_t v[4];
     float d, m;
     __device__ __forceinline__ void load(const uint8_t *row, int64_t p) {
@@ -105,14 +130,8 @@ struct piece_q4_1 {
 #pragma unroll
         for (int i = 0; i < 4; i++) v[i] = ld_u32(b + 4 + 4 * i);
     }
-    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) { x.load(a, t, p); }
     __device__ __forceinline__ float dot(const X &x) const {
-        int s = 0;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            s = __dp4a((int)(v[i] & 0x0F0F0F0F), x.q[i], s);
-            s = __dp4a((int)((v[i] >> 4) & 0x0F0F0F0F), x.q[i + 4], s);
-        }
+        const int s = dot_nibbles(v, x.q);
         return d * x.ds.x * (float)s + m * x.ds.y;
     }
 };
@@ -123,9 +142,7 @@ static __device__ __forceinline__ uint32_t spread4(uint32_t h) {
 }
 
 /* Q5_0, 22 bytes per 32: x = d * (q - 16); bit j of qh is bit 4 of element j. */
-struct piece_q5_0 {
-    static const int ELEMS = 32;
-    typedef xblock X;
+struct piece_q5_0 : piece_x1 {
     uint32_t v[4], qh;
     float d;
     __device__ __forceinline__ void load(const uint8_t *row, int64_t p) {
@@ -134,7 +151,6 @@ struct piece_q5_0 {
         ld_words_a2<1>(b + 2, &qh);
         ld_words_a2<4>(b + 6, v);
     }
-    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) { x.load(a, t, p); }
     __device__ __forceinline__ float dot(const X &x) const {
         int s = 0;
 #pragma unroll
@@ -149,9 +165,7 @@ struct piece_q5_0 {
 };
 
 /* Q8_0, 34 bytes per 32: x = d * q. */
-struct piece_q8_0 {
-    static const int ELEMS = 32;
-    typedef xblock X;
+struct piece_q8_0 : piece_x1 {
     uint32_t v[8];
     float d;
     __device__ __forceinline__ void load(const uint8_t *row, int64_t p) {
@@ -159,13 +173,7 @@ struct piece_q8_0 {
         d = h2f(ld_u16(b));
         ld_words_a2<8>(b + 2, v);
     }
-    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) { x.load(a, t, p); }
-    __device__ __forceinline__ float dot(const X &x) const {
-        int s = 0;
-#pragma unroll
-        for (int i = 0; i < 8; i++) s = __dp4a((int)v[i], x.q[i], s);
-        return d * x.ds.x * (float)s;
-    }
+    __device__ __forceinline__ float dot(const X &x) const { return d * x.ds.x * (float)dot_words8(v, x.q); }
 };
 
 /* Q4_K and Q5_K: 6-bit scales and mins of the two sub-blocks 2c, 2c+1 of a 64-chunk c, from scales[12] read as three
@@ -182,9 +190,7 @@ static __device__ __forceinline__ void k4_scales(const uint8_t *scales12, int c,
 /* Q4_K, 144 bytes per 256: piece = 64-chunk c of block p / 4. qs[32c + l] holds element l of sub-block 2c (low
  * nibble) and of sub-block 2c+1 (high); x = d * sc * q - dmin * m. The 32 quant bytes sit at 16 + 32c in a block of
  * 144 = 9 * 16 bytes, so they are two 16-byte loads. */
-struct piece_q4_K {
-    static const int ELEMS = 64;
-    typedef xblock2 X;
+struct piece_q4_K : piece_x2 {
     uint32_t v[8];
     float d, dmin, sc[2], m[2];
     __device__ __forceinline__ void load(const uint8_t *row, int64_t p) {
@@ -196,9 +202,6 @@ struct piece_q4_K {
         const uint4 *q = (const uint4 *)(b + 16 + 32 * c);
         const uint4 u = q[0], w = q[1];
         v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w, v[4] = w.x, v[5] = w.y, v[6] = w.z, v[7] = w.w;
-    }
-    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) { /* blocks 2p, 2p+1 */
-        x.b[0].load(a, t, 2 * p), x.b[1].load(a, t, 2 * p + 1);
     }
     __device__ __forceinline__ float dot(const X &x) const {
         int s0 = 0, s1 = 0;
@@ -214,9 +217,7 @@ struct piece_q4_K {
 
 /* Q5_K, 176 bytes per 256: Q4_K plus qh[32] at 16 (bit sb of qh[l] is bit 4 of element l of sub-block sb); qs at 48.
  * 176 = 11 * 16, so qh and qs are 16-byte loads. */
-struct piece_q5_K {
-    static const int ELEMS = 64;
-    typedef xblock2 X;
+struct piece_q5_K : piece_x2 {
     uint32_t v0[8], v1[8]; /* the 5-bit quants of sub-blocks 2c and 2c+1 */
     float d, dmin, sc[2], m[2];
     __device__ __forceinline__ void load(const uint8_t *row, int64_t p) {
@@ -234,9 +235,6 @@ struct piece_q5_K {
             v0[i] = (l[i] & 0x0F0F0F0F) | (((h[i] >> (2 * c)) & 0x01010101) << 4);
             v1[i] = ((l[i] >> 4) & 0x0F0F0F0F) | (((h[i] >> (2 * c + 1)) & 0x01010101) << 4);
         }
-    }
-    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) {
-        x.b[0].load(a, t, 2 * p), x.b[1].load(a, t, 2 * p + 1);
     }
     __device__ __forceinline__ float dot(const X &x) const {
         int s0 = 0, s1 = 0;
@@ -294,9 +292,7 @@ struct piece_q6_K {
 };
 
 /* Q5_1, 24 bytes per 32 (4-byte aligned): x = d * q + m, q 5-bit as Q5_0; the dot is d * dx * sum(q * xq) + m * s. */
-struct piece_q5_1 {
-    static const int ELEMS = 32;
-    typedef xblock X;
+struct piece_q5_1 : piece_x1 {
     uint32_t v[4], qh;
     float d, m;
     __device__ __forceinline__ void load(const uint8_t *row, int64_t p) {
@@ -307,7 +303,6 @@ struct piece_q5_1 {
 #pragma unroll
         for (int i = 0; i < 4; i++) v[i] = ld_u32(b + 8 + 4 * i);
     }
-    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) { x.load(a, t, p); }
     __device__ __forceinline__ float dot(const X &x) const {
         int s = 0;
 #pragma unroll
@@ -321,9 +316,7 @@ struct piece_q5_1 {
 
 /* IQ4_NL, 18 bytes per 32: x = d * level(q), packed as Q4_0; the levels are decoded to int8 in registers at load
  * (blocks.cuh's byte permutes), so the dot is Q8_0's. */
-struct piece_iq4_nl {
-    static const int ELEMS = 32;
-    typedef xblock X;
+struct piece_iq4_nl : piece_x1 {
     uint32_t v[8]; /* int8 levels of elements 4i.. (v[i]) and 16 + 4i.. (v[i + 4]) */
     float d;
     __device__ __forceinline__ void load(const uint8_t *row, int64_t p) {
@@ -334,20 +327,12 @@ struct piece_iq4_nl {
 #pragma unroll
         for (int i = 0; i < 4; i++) iq4nl_levels8(q[i], &v[i], &v[i + 4]);
     }
-    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) { x.load(a, t, p); }
-    __device__ __forceinline__ float dot(const X &x) const {
-        int s = 0;
-#pragma unroll
-        for (int i = 0; i < 8; i++) s = __dp4a((int)v[i], x.q[i], s);
-        return d * x.ds.x * (float)s;
-    }
+    __device__ __forceinline__ float dot(const X &x) const { return d * x.ds.x * (float)dot_words8(v, x.q); }
 };
 
 /* IQ4_XS, 136 bytes per 256 (8-byte aligned): piece = sub-blocks 2c, 2c+1 (c = p % 4) of block p / 4, whose 32 qs
  * bytes at 8 + 32c are two IQ4_NL payloads; x = d * (sc - 32) * level(q), so no min term. */
-struct piece_iq4_xs {
-    static const int ELEMS = 64;
-    typedef xblock2 X;
+struct piece_iq4_xs : piece_x2 {
     uint32_t v0[8], v1[8]; /* int8 levels of sub-blocks 2c and 2c+1, in Q8_0 order */
     float d0, d1;          /* d * (sc - 32) of each */
     __device__ __forceinline__ void load(const uint8_t *row, int64_t p) {
@@ -366,9 +351,6 @@ struct piece_iq4_xs {
             iq4nl_levels8(w[i], &v0[i], &v0[i + 4]);
             iq4nl_levels8(w[i + 4], &v1[i], &v1[i + 4]);
         }
-    }
-    static __device__ __forceinline__ void load_x(X &x, const mv_args &a, int t, int64_t p) { /* blocks 2p, 2p+1 */
-        x.b[0].load(a, t, 2 * p), x.b[1].load(a, t, 2 * p + 1);
     }
     __device__ __forceinline__ float dot(const X &x) const {
         int s0 = 0, s1 = 0;
