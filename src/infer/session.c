@@ -1,5 +1,5 @@
 /* session.c: a model running over a growing sequence, on a backend (src/model/backend.h: the CPU, or the GPU with
- * params.n_gpu_layers). The session owns the f16 KV cache (sized from n_ctx), one chunk's activations
+ * params.n_gpu_layers). The session owns the KV cache (sized from n_ctx; f16, or type_k/type_v), one chunk's activations
  * (proportional to n_batch), the token ids, positions, logits and argmax of a step in the backend's memory, and
  * the backend's context, which holds the weights in the backend's own form (the CPU's repacked layout, which
  * replaces the model's mmap pages it was copied from; the GPU's uploaded copy). Prefill runs in chunks of n_batch
@@ -39,14 +39,15 @@ struct kiln_session {
     int64_t n_evaluated; /* tokens run through the forward since the session began */
     bool check_layers; /* check_finite: the embedding and every layer's output are checked too */
     /* backend memory */
-    uint16_t *kv;      /* every layer's k then v, (rows[l], NKV*HS) f16 each, one after another */
+    char *kv;          /* every layer's k then v, (rows[l], NKV*HS) of type_k and type_v, one after another */
     float *act;        /* kiln_llama_act_floats(n_batch) */
     int32_t *d_ids;    /* (n_batch) ids, then the position (1), the non-finite flag (1) and the argmax (1) */
     float *d_logits;   /* (n_batch, V) on a device; (V) where backend memory is host memory */
     /* host memory the backend copies from and to */
     int32_t *h_ids;    /* (n_batch) ids, the position, the flag, the argmax, then h_logits (V) */
     float *h_logits;
-    uint16_t **k, **v; /* (L) layer l's k and v rows in kv */
+    void **k, **v;     /* (L) layer l's k and v rows in kv */
+    kiln_kv_type type_k, type_v;
     int64_t *rows;     /* (L) n_ctx for a full layer, min(n_ctx, window + n_batch - 1) for a sliding one */
     /* the step being enqueued (step_enqueue's arguments) */
     int64_t T, first;
@@ -64,6 +65,22 @@ static bool check_finite_env(void) {
 static int64_t cache_rows(const kiln_model *m, int64_t l, int64_t n_ctx, int64_t n_batch) {
     const int64_t w = m->layers[l].window;
     return w && w + n_batch - 1 < n_ctx ? w + n_batch - 1 : n_ctx;
+}
+
+/* Bytes of one cached k row and one v row (NKV*HS elements) in the types p asks for; the block types need the
+ * row to be whole blocks of 32. */
+static kiln_status kv_row_bytes(const kiln_model *m, const kiln_session_params *p, size_t *k_bytes, size_t *v_bytes) {
+    const int64_t KV = m->cfg.n_head_kv * m->cfg.head_dim;
+    const kiln_kv_type t[2] = {p->type_k, p->type_v};
+    size_t *out[2] = {k_bytes, v_bytes};
+    for (int i = 0; i < 2; i++) {
+        const char *name = kiln_kv_type_name(t[i]);
+        if (!name) return kiln_fail(KILN_ERR_INVALID, "session: KV cache type id %d is unknown", (int)t[i]);
+        if (!(*out[i] = kiln_kv_row_bytes(t[i], KV)))
+            return kiln_fail(KILN_ERR_UNSUPPORTED, "session: a %s KV cache needs rows of whole blocks of 32, and this model's "
+                             "rows are %lld wide (NKV*HS)", name, (long long)KV);
+    }
+    return KILN_OK;
 }
 
 kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, kiln_session **out) {
@@ -86,11 +103,12 @@ kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, 
     if (n_batch > n_ctx) n_batch = n_ctx; /* a chunk never holds more tokens than the context */
     const kiln_backend *be = p->n_gpu_layers > 0 ? &kiln_cuda_backend : &kiln_cpu_backend;
 
-    /* cache: 2 * sum of rows[l] * NKV*HS halves; activations: a chunk's rows; both checked for overflow */
-    uint64_t kv_elems, kv_bytes, act_bytes, total_rows = 0;
+    /* cache: sum of rows[l] * (a k row + a v row); activations: a chunk's rows; both checked for overflow */
+    size_t k_row = 0, v_row = 0;
+    TRY(kv_row_bytes(m, p, &k_row, &v_row));
+    uint64_t kv_bytes, act_bytes, total_rows = 0;
     for (int64_t l = 0; l < c->n_layer; l++) total_rows += (uint64_t)cache_rows(m, l, n_ctx, n_batch);
-    if (!kiln_mul_ok(total_rows, 2, &kv_elems) ||
-        !kiln_mul_ok(kv_elems, (uint64_t)(c->n_head_kv * c->head_dim), &kv_elems) || !kiln_mul_ok(kv_elems, 2, &kv_bytes) ||
+    if (!kiln_mul_ok(total_rows, (uint64_t)k_row + v_row, &kv_bytes) ||
         !kiln_mul_ok(kiln_llama_act_floats(c, 1), (uint64_t)n_batch * sizeof(float), &act_bytes) || kv_bytes > SIZE_MAX)
         return kiln_fail(KILN_ERR_NOMEM, "session: a KV cache of %lld positions overflows the address space", (long long)n_ctx);
     const size_t V = (size_t)c->n_vocab, logit_bytes = (be->host_memory ? 1 : (size_t)n_batch) * V * sizeof(float);
@@ -102,6 +120,7 @@ kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, 
     s->be = be;
     s->n_ctx = n_ctx;
     s->n_batch = n_batch;
+    s->type_k = p->type_k, s->type_v = p->type_v;
     s->check_layers = p->check_finite || check_finite_env();
     s->hist = malloc(sizeof *s->hist * (size_t)n_ctx);
     s->k = malloc(sizeof *s->k * (size_t)c->n_layer);
@@ -127,12 +146,11 @@ kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, 
         return st;
     }
     s->h_logits = (float *)(s->h_ids + n_batch + 3);
-    uint16_t *next = s->kv;
-    const size_t KV = (size_t)(c->n_head_kv * c->head_dim);
+    char *next = s->kv;
     for (int64_t l = 0; l < c->n_layer; l++) {
         s->k[l] = next;
-        s->v[l] = next + (size_t)s->rows[l] * KV;
-        next += 2 * (size_t)s->rows[l] * KV;
+        s->v[l] = next + (size_t)s->rows[l] * k_row;
+        next += (size_t)s->rows[l] * (k_row + v_row);
     }
     *out = s;
     return KILN_OK;
@@ -199,7 +217,7 @@ static kiln_status step_enqueue(void *arg) {
     int32_t *h_flag = s->h_ids + s->n_batch + 1;
     TRY(be->upload(s->ctx, s->d_ids, s->h_ids, (size_t)T * sizeof(int32_t)));
     TRY(be->upload(s->ctx, d_pos, s->h_ids + s->n_batch, 2 * sizeof(int32_t))); /* the position and a zero flag */
-    const kiln_llama_kv kv = {s->k, s->v, s->rows, s->n_ctx};
+    const kiln_llama_kv kv = {s->k, s->v, s->rows, s->n_ctx, s->type_k, s->type_v};
     /* logits that come back to the host are checked there; the argmax's row on the backend, beside it */
     const kiln_llama_checks checks = {.flag = d_flag, .logits = s->want_next, .layers = s->check_layers};
     TRY(kiln_llama_forward(s->m, be, s->ctx, &s->w, &kv, s->act, s->d_ids, d_pos, T, s->first,

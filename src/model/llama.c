@@ -73,7 +73,8 @@ kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void
             .qk_norm_full = c->qk_norm_full,
             .eps = c->rms_eps, .rope_dim = c->rope_dim, .rope_base = L->rope_base > 0 ? L->rope_base : c->rope_base,
             .rope_freq = rope.freq, .rope_mscale = rope.mscale,
-            .neox = c->rope_neox, .nope = L->nope, .k_cache = kv->k[l], .v_cache = kv->v[l], .rows = kv->rows[l],
+            .neox = c->rope_neox, .nope = L->nope, .k_cache = kv->k[l], .v_cache = kv->v[l], .type_k = kv->type_k,
+            .type_v = kv->type_v, .rows = kv->rows[l],
             .window = L->window, .scale = c->attn_scale, .softcap = c->attn_softcap,
         };
         /* the blocks' pre-norms; NULL without them (olmo2): residual_norm then copies x into xb */
