@@ -136,7 +136,7 @@ static kiln_status gpu_run(float *h_out, const dev_bufs *b, const attn_case *c, 
     kiln_status s = kiln_cuda_upload(b->out, h_out, out_bytes); /* poison */
     if (s == KILN_OK) s = kiln_cuda_upload(b->pos, &pos, sizeof pos);
     if (s != KILN_OK) return s;
-    s = kiln_cuda_attention(b->out, b->q, b->kc, b->vc, b->pos, c->T, c->NH, c->NKV, c->HS, c->window, c->rows, MAX_POS,
+    s = kiln_cuda_attention(b->out, b->q, b->kc, b->vc, KILN_KV_F16, KILN_KV_F16, b->pos, c->T, c->NH, c->NKV, c->HS, c->window, c->rows, MAX_POS,
                             scale, softcap, b->ws, NULL);
     if (s == KILN_OK) s = kiln_cuda_sync();
     if (s == KILN_OK) s = kiln_cuda_download(h_out, b->out, out_bytes);
@@ -464,7 +464,7 @@ static void test_attention_xp(void) {
         s = kiln_cuda_upload(xp, h_xp, xb);
         if (s == KILN_OK) s = kiln_cuda_upload(b.out, o_xp, ob);
         if (s == KILN_OK)
-            s = kiln_cuda_attention_xp(b.out, xp, b.q, b.kc, b.vc, b.pos, c.T, c.NH, c.NKV, c.HS, c.window, c.rows, MAX_POS,
+            s = kiln_cuda_attention_xp(b.out, xp, b.q, b.kc, b.vc, KILN_KV_F16, KILN_KV_F16, b.pos, c.T, c.NH, c.NKV, c.HS, c.window, c.rows, MAX_POS,
                                        scale, softcap, b.ws, NULL);
         if (s == KILN_OK) s = kiln_cuda_matvec_prepare(xp_ref, b.out, c.T, C, NULL);
         if (s == KILN_OK) s = kiln_cuda_sync();
@@ -498,29 +498,29 @@ static void test_attention_rejects(void) {
     CHECK(kiln_cuda_alloc((void **)&dummy, 1 << 16) == KILN_OK, "%s", kiln_last_error());
     const uint16_t *h = (const uint16_t *)dummy;
     const int32_t *pos = (const int32_t *)dummy;
-    kiln_status s12 = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 12, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
-    kiln_status s4 = kiln_cuda_attention(dummy, dummy, h, h, pos, 20, 4, 4, 4, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
-    kiln_status s264 = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 264, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
-    kiln_status s512 = kiln_cuda_attention(dummy, dummy, h, h, pos, 20, 4, 4, 512, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
-    kiln_status s0 = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 0, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status s12 = kiln_cuda_attention(dummy, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 4, 4, 12, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status s4 = kiln_cuda_attention(dummy, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 20, 4, 4, 4, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status s264 = kiln_cuda_attention(dummy, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 4, 4, 264, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status s512 = kiln_cuda_attention(dummy, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 20, 4, 4, 512, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status s0 = kiln_cuda_attention(dummy, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 4, 4, 0, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
     /* 512 cache rows: a context of 4096 without a window, and window 600 (+ 1 token) it cannot hold */
-    kiln_status s512rows = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 8, 0, 512, 4096, 1.0f, 0.0f, dummy, NULL);
-    kiln_status s512win = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 8, 600, 512, 4096, 1.0f, 0.0f, dummy, NULL);
-    kiln_status sgrp = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 6, 4, 64, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
-    kiln_status sring = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 64, 0, 32, 64, 1.0f, 0.0f, dummy, NULL);
-    kiln_status sws = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 64, 0, 64, 64, 1.0f, 0.0f, NULL, NULL);
-    kiln_status scap = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 64, 0, 64, 64, 1.0f, -1.0f, dummy, NULL);
+    kiln_status s512rows = kiln_cuda_attention(dummy, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 4, 4, 8, 0, 512, 4096, 1.0f, 0.0f, dummy, NULL);
+    kiln_status s512win = kiln_cuda_attention(dummy, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 4, 4, 8, 600, 512, 4096, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sgrp = kiln_cuda_attention(dummy, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 6, 4, 64, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sring = kiln_cuda_attention(dummy, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 4, 4, 64, 0, 32, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sws = kiln_cuda_attention(dummy, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 4, 4, 64, 0, 64, 64, 1.0f, 0.0f, NULL, NULL);
+    kiln_status scap = kiln_cuda_attention(dummy, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 4, 4, 64, 0, 64, 64, 1.0f, -1.0f, dummy, NULL);
     /* attention_xp: T 9 (prefill), HS 8, 72 and 80 (a block of 32 would cross heads): unsupported, xp untouched
      * (the second half of dummy, poisoned, must stay so) */
     unsigned char *h_poison = malloc(1 << 15), *h_after = malloc(1 << 15);
     memset(h_poison, 0xa5, 1 << 15);
     void *xp = (char *)dummy + (1 << 15);
     kiln_status sup = kiln_cuda_upload(xp, h_poison, 1 << 15);
-    kiln_status sx9 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, pos, 9, 4, 4, 64, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
-    kiln_status sx8 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, pos, 1, 4, 4, 8, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
-    kiln_status sx72 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, pos, 1, 4, 4, 72, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
-    kiln_status sx80 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, pos, 3, 4, 4, 80, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
-    kiln_status sxnull = kiln_cuda_attention_xp(dummy, NULL, dummy, h, h, pos, 1, 4, 4, 64, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sx9 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 9, 4, 4, 64, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sx8 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 4, 4, 8, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sx72 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 4, 4, 72, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sx80 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 3, 4, 4, 80, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sxnull = kiln_cuda_attention_xp(dummy, NULL, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 4, 4, 64, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
     if (sup == KILN_OK) sup = kiln_cuda_sync();
     if (sup == KILN_OK) sup = kiln_cuda_download(h_after, xp, 1 << 15);
     const int xp_kept = sup == KILN_OK && memcmp(h_poison, h_after, 1 << 15) == 0;
