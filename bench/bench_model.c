@@ -231,7 +231,8 @@ static int bench_model(const char *path, const int64_t *pps, int n_pp, int64_t n
     const bool has_ft = kiln_gguf_get_u32(m->gguf, "general.file_type", &ft) == KILN_OK;
     model_info mi = {.path = path, .m = m, .cost = &cost, .file_bytes = kiln_gguf_file_size(m->gguf),
                      .kv_bytes = (uint64_t)n_ctx * cost.kv_row_bytes, .kv_bytes_f16 = (uint64_t)n_ctx * cost.kv_row_f16,
-                     .type_k = kiln_kv_type_name(kv->type_k), .type_v = kiln_kv_type_name(kv->type_v), .ftype = has_ft ? kiln_ftype_name((kiln_ftype)ft) : "unknown",
+                     .type_k = kiln_kv_type_name(kv->type_k), .type_v = kiln_kv_type_name(kv->type_v),
+                     .ftype = has_ft ? kiln_ftype_name((kiln_ftype)ft) : "unknown",
                      .n_ctx = n_ctx, .load_s = load_s};
     if (n_ctx > c->n_ctx_train)
         fprintf(stderr, "kiln bench: note: %s: a context of %lld is beyond the %lld it was trained for (speed only)\n", path,
