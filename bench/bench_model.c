@@ -9,12 +9,15 @@
  *        4 * NH * HS * P(P+1)/2 per layer. The embedding lookup is not a matmul and is not counted.
  *   tgN  after an untimed prompt of TG_PROMPT tokens, N single-token decodes, each with its logits: N / seconds.
  *        GB/s counts the bytes a decode must read: every weight except token_embd, of which one row (all of
- *        it again when the head is tied), plus the f16 keys and values of every position attended to.
+ *        it again when the head is tied), plus the keys and values of every position attended to, in the cache's
+ *        types (-ctk/-ctv: f16 by default; f32, bf16, q8_0, q4_0).
  *        A model that fits the last-level cache is measured against that cache, not DRAM.
  * Each case runs once untimed (warm-up: page faults of the mmap, caches, thread start), then --reps times
  * (default 3); best and median are reported. Peak RSS is getrusage's ru_maxrss after the case (the mmap'd
  * weights that were touched count; the session's repacked copy replaces the pages it was made from).
  * session_s is kiln_session_new's time, most of it repacking the weights for the CPU kernels (src/cpu/ops_repack.c).
+ * kv_bytes is the cache of n_ctx positions in those types (sliding layers counted as full ones), kv_bytes_f16 the
+ * same in f16 and kv_saved_bytes the difference: what the types save against the default.
  * Output: one JSON object per case on stdout, then a table (--json-only leaves the table out). */
 #include "bench/bench.h"
 #include "tools/cli.h"
@@ -49,17 +52,20 @@ typedef struct {
     uint64_t head_bytes;    /* output_norm, and output when untied */
     uint64_t layer_params;  /* elements of the seven matmul weights of all layers */
     uint64_t head_params;   /* V * C */
-    uint64_t kv_row_bytes;  /* one position's keys and values of every layer, f16: L * 2 * NKV*HS * 2 */
+    uint64_t kv_row_bytes;  /* one position's keys and values of every layer in the cache types (-ctk/-ctv) */
+    uint64_t kv_row_f16;    /* the same in f16 (the default): L * 2 * NKV*HS * 2 */
 } model_cost;
 
 static uint64_t elems(const kiln_tensor_view *t) { return (uint64_t)(t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]); }
 
-static model_cost model_cost_of(const kiln_model *m) {
+static model_cost model_cost_of(const kiln_model *m, const kiln_session_params *sp) {
     const kiln_llama_config *c = &m->cfg;
+    const int64_t KV = c->n_head_kv * c->head_dim;
     model_cost k = {.embd_bytes = m->tok_embd->nbytes, .embd_row = m->tok_embd->nb[1],
                     .head_bytes = m->output_norm->nbytes + (c->tied ? 0 : m->output->nbytes),
                     .head_params = elems(m->output),
-                    .kv_row_bytes = (uint64_t)(c->n_layer * 2 * c->n_head_kv * c->head_dim * 2)};
+                    .kv_row_bytes = (uint64_t)c->n_layer * (kiln_kv_row_bytes(sp->type_k, KV) + kiln_kv_row_bytes(sp->type_v, KV)),
+                    .kv_row_f16 = (uint64_t)(c->n_layer * 2 * KV * 2)};
     for (int64_t l = 0; l < c->n_layer; l++) {
         const kiln_llama_layer *w = &m->layers[l];
         const kiln_tensor_view *mats[] = {w->wq, w->wk, w->wv, w->wo, w->w_gate, w->w_up, w->w_down};
@@ -98,14 +104,15 @@ typedef struct {
     double rate;                 /* pp: GFLOP/s, tg: GB/s (best) */
     double session_s;            /* kiln_session_new: cache and scratch, and the weights repacked for the CPU kernels */
     long long rss;
-    uint64_t file_bytes, kv_bytes;
+    uint64_t file_bytes, kv_bytes, kv_bytes_f16;
 } case_result;
 
 typedef struct {
     const char *path;
     const kiln_model *m;
     const model_cost *cost;
-    uint64_t file_bytes, kv_bytes;
+    uint64_t file_bytes, kv_bytes, kv_bytes_f16; /* the cache of n_ctx positions in the asked types, and in f16 */
+    const char *type_k, *type_v;
     const char *ftype;
     int64_t n_ctx;
     double load_s;
@@ -144,12 +151,14 @@ static void print_case_json(const model_info *mi, const case_result *r, const do
     kiln_bench_json_str(mi->path);
     printf(",\"ftype\":\"%s\",\"file_bytes\":%llu,\"n_params_layers\":%llu,\"n_params_head\":%llu,\"n_params_embd\":%llu,"
            "\"weight_bytes_layers\":%llu,\"weight_bytes_embd\":%llu,\"tied\":%s,\"test\":\"%s\",\"n_prompt\":%lld,"
-           "\"n_gen\":%lld,\"threads\":%d,\"n_batch\":512,\"n_ctx\":%lld,\"kv_bytes\":%llu,\"load_s\":%.4f,\"session_s\":%.4f,\"reps\":%d,"
-           "\"times_s\":[",
+           "\"n_gen\":%lld,\"threads\":%d,\"n_batch\":512,\"n_ctx\":%lld,\"type_k\":\"%s\",\"type_v\":\"%s\",\"kv_bytes\":%llu,"
+           "\"kv_bytes_f16\":%llu,\"kv_saved_bytes\":%lld,\"load_s\":%.4f,\"session_s\":%.4f,\"reps\":%d,\"times_s\":[",
            mi->ftype, (unsigned long long)mi->file_bytes, (unsigned long long)k->layer_params,
            (unsigned long long)k->head_params, (unsigned long long)elems(mi->m->tok_embd), (unsigned long long)k->layer_bytes,
            (unsigned long long)k->embd_bytes, mi->m->cfg.tied ? "true" : "false", r->test, (long long)r->n_prompt,
-           (long long)r->n_gen, r->threads, (long long)mi->n_ctx, (unsigned long long)mi->kv_bytes, mi->load_s, r->session_s, r->reps);
+           (long long)r->n_gen, r->threads, (long long)mi->n_ctx, mi->type_k, mi->type_v, (unsigned long long)mi->kv_bytes,
+           (unsigned long long)mi->kv_bytes_f16, (long long)mi->kv_bytes_f16 - (long long)mi->kv_bytes, mi->load_s, r->session_s,
+           r->reps);
     for (int i = 0; i < r->reps; i++) printf("%s%.6e", i ? "," : "", times[i]);
     printf("],\"best_s\":%.6e,\"median_s\":%.6e,\"best_tps\":%.3f,\"median_tps\":%.3f", r->best_s, r->median_s, r->best_tps,
            r->median_tps);
@@ -192,14 +201,14 @@ static int bench_case(const model_info *mi, kiln_session *s, double session_s, i
     }
     r->rate = work / r->best_s / 1e9;
     r->rss = peak_rss_bytes();
-    r->file_bytes = mi->file_bytes, r->kv_bytes = mi->kv_bytes;
+    r->file_bytes = mi->file_bytes, r->kv_bytes = mi->kv_bytes, r->kv_bytes_f16 = mi->kv_bytes_f16;
     print_case_json(mi, r, times, work / r->median_s / 1e9);
     return 0;
 }
 
 /* Every case of one model: pp for each prompt length, then tg, for each thread count. */
 static int bench_model(const char *path, const int64_t *pps, int n_pp, int64_t n_gen, const int *threads, int n_threads,
-                       int reps, case_result *res, int *n_res, kiln_cli_rope *rope) {
+                       int reps, case_result *res, int *n_res, kiln_cli_rope *rope, const kiln_session_params *kv) {
     kiln_model *m = NULL;
     const double t0 = kiln_bench_now();
     kiln_status st = kiln_model_load(path, &m);
@@ -213,7 +222,7 @@ static int bench_model(const char *path, const int64_t *pps, int n_pp, int64_t n
         return 1;
     }
     const double load_s = kiln_bench_now() - t0;
-    const model_cost cost = model_cost_of(m);
+    const model_cost cost = model_cost_of(m, kv);
     const kiln_llama_config *c = &m->cfg;
 
     int64_t n_ctx = n_gen ? TG_PROMPT + n_gen : 0;
@@ -221,7 +230,9 @@ static int bench_model(const char *path, const int64_t *pps, int n_pp, int64_t n
     uint32_t ft = 0;
     const bool has_ft = kiln_gguf_get_u32(m->gguf, "general.file_type", &ft) == KILN_OK;
     model_info mi = {.path = path, .m = m, .cost = &cost, .file_bytes = kiln_gguf_file_size(m->gguf),
-                     .kv_bytes = (uint64_t)n_ctx * cost.kv_row_bytes, .ftype = has_ft ? kiln_ftype_name((kiln_ftype)ft) : "unknown",
+                     .kv_bytes = (uint64_t)n_ctx * cost.kv_row_bytes, .kv_bytes_f16 = (uint64_t)n_ctx * cost.kv_row_f16,
+                     .type_k = kiln_kv_type_name(kv->type_k), .type_v = kiln_kv_type_name(kv->type_v),
+                     .ftype = has_ft ? kiln_ftype_name((kiln_ftype)ft) : "unknown",
                      .n_ctx = n_ctx, .load_s = load_s};
     if (n_ctx > c->n_ctx_train)
         fprintf(stderr, "kiln bench: note: %s: a context of %lld is beyond the %lld it was trained for (speed only)\n", path,
@@ -241,7 +252,8 @@ static int bench_model(const char *path, const int64_t *pps, int n_pp, int64_t n
         ids[i] = (int32_t)((x * 0x2545F4914F6CDD1Dull >> 32) % (uint64_t)c->n_vocab);
     }
     for (int ti = 0; ti < n_threads; ti++) {
-        const kiln_session_params sp = {.n_ctx = n_ctx, .n_batch = 512, .n_threads = threads[ti]};
+        const kiln_session_params sp = {.n_ctx = n_ctx, .n_batch = 512, .n_threads = threads[ti], .type_k = kv->type_k,
+                                        .type_v = kv->type_v};
         const double s0 = kiln_bench_now();
         if ((st = kiln_session_new(m, &sp, &s)) != KILN_OK) {
             const char *msg = kiln_last_error();
@@ -267,11 +279,13 @@ out:
 /* ---------------------------------------------------------------- CLI */
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: kiln bench -m MODEL.gguf [-m MODEL2.gguf ...] [-t THREADS] [-p 128,512] [-n 64] [-r REPS] [--json-only]\n"
+    fprintf(f, "usage: kiln bench -m MODEL.gguf [-m MODEL2.gguf ...] [-t THREADS] [-p 128,512] [-n 64] [-r REPS] [-ctk T]\n"
+               "                  [-ctv T] [--json-only]\n"
                "  (also `kiln bench model ...`) prompt processing and generation tok/s, as llama-bench measures them;\n"
                "  bench/bench_llama.py adds llama.cpp on the same model and thread count, and the ratio\n"
                "  -t THREADS  comma-separated thread counts (default: all cores)\n"
                "  -p LIST     prompt lengths for pp, comma-separated (default 128,512; 0: no pp)\n"
+               "  -ctk T, -ctv T  KV cache types (--cache-type-k/-v): f16 (default), f32, bf16, q8_0, q4_0\n"
                "  -n N        tokens decoded one at a time for tg, after a prompt of %d tokens (default 64; 0: no tg)\n"
                "  -r REPS     timed repetitions per case after one warm-up (default 3); best and median reported\n"
                "  llama-bench's --model, --threads, --n-prompt, --n-gen and --repetitions are the same flags\n",
@@ -301,8 +315,10 @@ int kiln_bench_model(int argc, char **argv) {
     bool json_only = false;
     kiln_cli_rope rope;
     kiln_cli_rope_init(&rope);
+    kiln_session_params kv = {0}; /* -ctk, -ctv */
     for (int i = 0; i < argc; i++) {
-        const int rr = kiln_cli_rope_opt(cmd, argv[i], i + 1 < argc ? argv[i + 1] : NULL, &rope);
+        int rr = kiln_cli_rope_opt(cmd, argv[i], i + 1 < argc ? argv[i + 1] : NULL, &rope);
+        if (rr == 0) rr = kiln_cli_kv_opt(cmd, argv[i], i + 1 < argc ? argv[i + 1] : NULL, &kv);
         if (rr < 0) return 1;
         if (rr > 0) {
             i++;
@@ -353,7 +369,7 @@ int kiln_bench_model(int argc, char **argv) {
         return 1;
     }
     for (int mi = 0; mi < n_models; mi++)
-        if (bench_model(models[mi], pps, n_pp_on, n_gen, threads, n_thr, (int)reps, res, &n_res, &rope) != 0) {
+        if (bench_model(models[mi], pps, n_pp_on, n_gen, threads, n_thr, (int)reps, res, &n_res, &rope, &kv) != 0) {
             free(res);
             return 1;
         }
@@ -362,15 +378,18 @@ int kiln_bench_model(int argc, char **argv) {
                "prompt of %d tokens;\nbest (median) of %d repetitions after a warm-up; GFLOP/s for pp (matmuls + attention), GB/s "
                "for tg (weights + KV read per token);\nthe llama.cpp peer and the ratio: bench/bench_llama.py\n\n",
                TG_PROMPT, (int)reps);
-        printf("%-36s %-7s %3s %10s %10s %15s %9s %9s %8s\n", "model", "test", "t", "tok/s", "med tok/s", "rate", "file MiB",
-               "RSS MiB", "KV MiB");
+        printf("%-36s %-7s %3s %10s %10s %15s %9s %9s %11s %8s %9s\n", "model", "test", "t", "tok/s", "med tok/s", "rate",
+               "file MiB", "RSS MiB", "KV k/v", "KV MiB", "vs f16");
         for (int i = 0; i < n_res; i++) {
             const case_result *r = &res[i];
             char rate[32];
             snprintf(rate, sizeof rate, "%.2f %s", r->rate, r->n_gen ? "GB/s" : "GFLOP/s");
-            printf("%-36s %-7s %3d %10.2f %10.2f %15s %9.1f %9.1f %8.2f\n", kiln_bench_base_name(r->model), r->test, r->threads,
-                   r->best_tps, r->median_tps, rate, (double)r->file_bytes / (1 << 20), (double)r->rss / (1 << 20),
-                   (double)r->kv_bytes / (1 << 20));
+            char types[24], saved[24];
+            snprintf(types, sizeof types, "%s/%s", kiln_kv_type_name(kv.type_k), kiln_kv_type_name(kv.type_v));
+            snprintf(saved, sizeof saved, "%+.1f%%", 100.0 * ((double)r->kv_bytes / (double)r->kv_bytes_f16 - 1));
+            printf("%-36s %-7s %3d %10.2f %10.2f %15s %9.1f %9.1f %11s %8.2f %9s\n", kiln_bench_base_name(r->model), r->test,
+                   r->threads, r->best_tps, r->median_tps, rate, (double)r->file_bytes / (1 << 20), (double)r->rss / (1 << 20), types,
+                   (double)r->kv_bytes / (1 << 20), saved);
         }
     }
     free(res);

@@ -349,7 +349,34 @@ test_progress_plain() {
     check "no progress lines: $(head -3 "$tmp/err")" [ "$(grep -c '^\[[0-9]*/[0-9]*\] ppl' "$tmp/err")" -gt 1 ]
 }
 
+# -ctk/-ctv (llama.cpp's KV-cache types): an unknown type is one line naming the flag and listing the five; each
+# type runs generate and bench on the bundled model, and bench reports the cache's bytes and what they save.
+test_cache_types() {
+    local cmd f
+    for cmd in generate chat perplexity bench; do
+        for f in -ctk --cache-type-k -ctv --cache-type-v; do
+            refuses "$f: unknown KV cache type 'q8' (f16, f32, bf16, q8_0, q4_0)" $cmd -m x.gguf "$f" q8
+        done
+        refuses "-ctk" $cmd -m x.gguf -ctk
+    done
+    refuses "-ctv: unknown KV cache type 'F16'" generate -ctv F16
+    local model=models/shakespeare.gguf t
+    [ -s "$model" ] || skip "$model not found"
+    for t in f16 f32 bf16 q8_0 q4_0; do
+        "$KILN" generate -m "$model" -p "ROMEO:" -n 8 --temp 0 -ctk "$t" -ctv "$t" -t 1 >"$tmp/out" 2>"$tmp/err"
+        check "generate -ctk $t failed: $(cat "$tmp/err")" [ $? -eq 0 ]
+        check "generate -ctk $t: no text" grep -q "^ROMEO:." "$tmp/out"
+    done
+    "$KILN" bench -m "$model" -p 16 -n 4 -r 1 -t 1 -ctk q8_0 -ctv q4_0 --json-only >"$tmp/out" 2>"$tmp/err"
+    check "bench -ctk q8_0 -ctv q4_0 failed: $(cat "$tmp/err")" [ $? -eq 0 ]
+    # 6 layers x 4 KV heads x 32 dims = 768 values a position per cache, 24 blocks of 32; a context of 16 positions:
+    # f16 2 x 16 x 768 x 2 bytes, q8_0 keys 34 and q4_0 values 18 bytes a block: 16 x 24 x (34 + 18)
+    check "bench: kv types not reported: $(head -c 600 "$tmp/out")" grep -q '"type_k":"q8_0","type_v":"q4_0"' "$tmp/out"
+    check "bench: kv_bytes not 16 x 24 x (34 + 18): $(head -c 600 "$tmp/out")" grep -q '"kv_bytes":19968,"kv_bytes_f16":49152,"kv_saved_bytes":29184' "$tmp/out"
+}
+
 run test_generate_flags
+run test_cache_types
 run test_perplexity_flags
 run test_synth_flags
 run test_quantize_flags

@@ -15,6 +15,9 @@
  * and an xp byte-identical to kiln_cuda_matvec_prepare(out); it returns KILN_ERR_UNSUPPORTED for T > 8 or HS not a
  * multiple of 32, leaving xp alone.
  *
+ * test_attention_cache_types does the same over f32, bf16, q8_0 and q4_0 caches (and mixed pairs), and checks the GPU's
+ * q8_0 / q4_0 store byte for byte against the CPU quantizers.
+ *
  * Bounds: both sides compute in fp32 from the same exact f16 k and v, differing only in summation order and expf,
  * so max |gpu - ref| <= 1e-4 * max |ref| and NMSE <= 1e-8 (typical errors are ~1e-7 relative). Outputs and the
  * workspace are poisoned with 0xFF (NaN) before every launch so an unwritten element fails. Skips without CUDA
@@ -136,7 +139,7 @@ static kiln_status gpu_run(float *h_out, const dev_bufs *b, const attn_case *c, 
     kiln_status s = kiln_cuda_upload(b->out, h_out, out_bytes); /* poison */
     if (s == KILN_OK) s = kiln_cuda_upload(b->pos, &pos, sizeof pos);
     if (s != KILN_OK) return s;
-    s = kiln_cuda_attention(b->out, b->q, b->kc, b->vc, b->pos, c->T, c->NH, c->NKV, c->HS, c->window, c->rows, MAX_POS,
+    s = kiln_cuda_attention(b->out, b->q, b->kc, b->vc, KILN_KV_F16, KILN_KV_F16, b->pos, c->T, c->NH, c->NKV, c->HS, c->window, c->rows, MAX_POS,
                             scale, softcap, b->ws, NULL);
     if (s == KILN_OK) s = kiln_cuda_sync();
     if (s == KILN_OK) s = kiln_cuda_download(h_out, b->out, out_bytes);
@@ -464,7 +467,7 @@ static void test_attention_xp(void) {
         s = kiln_cuda_upload(xp, h_xp, xb);
         if (s == KILN_OK) s = kiln_cuda_upload(b.out, o_xp, ob);
         if (s == KILN_OK)
-            s = kiln_cuda_attention_xp(b.out, xp, b.q, b.kc, b.vc, b.pos, c.T, c.NH, c.NKV, c.HS, c.window, c.rows, MAX_POS,
+            s = kiln_cuda_attention_xp(b.out, xp, b.q, b.kc, b.vc, KILN_KV_F16, KILN_KV_F16, b.pos, c.T, c.NH, c.NKV, c.HS, c.window, c.rows, MAX_POS,
                                        scale, softcap, b.ws, NULL);
         if (s == KILN_OK) s = kiln_cuda_matvec_prepare(xp_ref, b.out, c.T, C, NULL);
         if (s == KILN_OK) s = kiln_cuda_sync();
@@ -492,35 +495,161 @@ static void test_attention_xp(void) {
 }
 
 /* Head sizes without a kernel and impossible shapes fail with a status, launching nothing. */
+/* ---------------------------------------------------------------- KV cache types (-ctk/-ctv)
+ * Each type and two mixed pairs: a cache of random normal rows written by the CPU's quantizers (quants_ref.c), the
+ * decode and prefill kernels against the CPU oracle over the same bytes (attention_kv_forward), at HS 64 (a head is
+ * two blocks), 128, 8 (four heads share a block) and 72 (a run-time head size), with a window over a ring once. Both
+ * sides widen the same bytes to the same floats (code times scale), so the f16 bounds hold: 1e-4 of max |ref|.
+ * Then kiln_cuda_kv_quantize must write the CPU quantizer's bytes exactly for the same floats (ring rows included),
+ * and a row that is not whole blocks of 32 is KILN_ERR_UNSUPPORTED / KILN_ERR_INVALID. */
+static void fill_cache_row(kiln_kv_type t, const float *x, int64_t n, void *out) {
+    switch (t) {
+    case KILN_KV_F32: memcpy(out, x, (size_t)n * 4); break;
+    case KILN_KV_F16: kiln_type_traits_get(KILN_TYPE_F16)->from_float_ref(x, out, n); break;
+    case KILN_KV_BF16: kiln_type_traits_get(KILN_TYPE_BF16)->from_float_ref(x, out, n); break;
+    case KILN_KV_Q8_0: kiln_type_traits_get(KILN_TYPE_Q8_0)->from_float_ref(x, out, n); break;
+    case KILN_KV_Q4_0: kiln_type_traits_get(KILN_TYPE_Q4_0)->from_float_ref(x, out, n); break;
+    }
+}
+
+static void test_attention_cache_types(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    static const kiln_kv_type pairs[][2] = {{KILN_KV_F32, KILN_KV_F32},   {KILN_KV_BF16, KILN_KV_BF16}, {KILN_KV_Q8_0, KILN_KV_Q8_0},
+                                            {KILN_KV_Q4_0, KILN_KV_Q4_0}, {KILN_KV_Q8_0, KILN_KV_F16},  {KILN_KV_F32, KILN_KV_Q4_0}};
+    static const attn_case cases[] = {
+        {64, 8, 2, 1, 300, 0, MAX_POS}, {64, 8, 2, 37, 100, 0, MAX_POS}, {128, 8, 8, 1, 1000, 0, MAX_POS},
+        {128, 32, 8, 7, 0, 0, MAX_POS}, {8, 8, 4, 1, 200, 0, MAX_POS},  {8, 8, 4, 20, 50, 0, MAX_POS},
+        {72, 4, 4, 3, 90, 0, MAX_POS},  {64, 8, 2, 9, 400, 64, 72},
+    };
+    unsigned long long rng = 4242;
+    double worst = 0;
+    for (size_t pi = 0; pi < sizeof pairs / sizeof pairs[0]; pi++)
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            const attn_case c = cases[ci];
+            const kiln_kv_type tk = pairs[pi][0], tv = pairs[pi][1];
+            const int64_t KV = c.NKV * c.HS, QW = c.NH * c.HS;
+            if ((KV % 32) && (tk == KILN_KV_Q8_0 || tk == KILN_KV_Q4_0 || tv == KILN_KV_Q8_0 || tv == KILN_KV_Q4_0)) continue;
+            const size_t kr = kiln_kv_row_bytes(tk, KV), vr = kiln_kv_row_bytes(tv, KV);
+            uint8_t *hk = calloc(1, kr * (size_t)c.rows), *hv = calloc(1, vr * (size_t)c.rows);
+            float *x = malloc(sizeof(float) * (size_t)KV), *q = malloc(sizeof(float) * (size_t)(c.T * QW));
+            float *ref = malloc(sizeof(float) * (size_t)(c.T * QW)), *got = malloc(sizeof(float) * (size_t)(c.T * QW));
+            const int64_t n_fill = c.rows < c.pos0 + c.T ? c.rows : c.pos0 + c.T; /* the rows any query sees */
+            for (int64_t r = 0; r < n_fill; r++) {
+                for (int64_t i = 0; i < KV; i++) x[i] = test_rng_normal(&rng);
+                fill_cache_row(tk, x, KV, hk + (size_t)r * kr);
+                for (int64_t i = 0; i < KV; i++) x[i] = test_rng_normal(&rng);
+                fill_cache_row(tv, x, KV, hv + (size_t)r * vr);
+            }
+            for (int64_t i = 0; i < c.T * QW; i++) q[i] = test_rng_normal(&rng);
+            const size_t bytes = kiln_cpu_ops.scratch_size(c.T, QW, c.NH, MAX_POS, kiln_pool_size(pool));
+            kiln_ops_ctx ctx = {.pool = pool, .scratch = malloc(bytes), .scratch_bytes = bytes};
+            kiln_cpu_ops.attention_kv_forward(&ctx, ref, q, hk, hv, tk, tv, c.pos0, c.T, c.NH, c.NKV, c.HS, c.window, c.rows, 0.0f);
+            free(ctx.scratch);
+            void *dk = NULL, *dv = NULL, *ws = NULL;
+            float *dq = NULL, *dout = NULL;
+            int32_t *dpos = NULL, pos = (int32_t)c.pos0;
+            const size_t ws_bytes = kiln_cuda_attention_ws_bytes(c.T, c.NH, c.HS, MAX_POS);
+            kiln_status st = kiln_cuda_alloc(&dk, kr * (size_t)c.rows);
+            if (!st) st = kiln_cuda_alloc(&dv, vr * (size_t)c.rows);
+            if (!st) st = kiln_cuda_alloc((void **)&dq, sizeof(float) * (size_t)(c.T * QW));
+            if (!st) st = kiln_cuda_alloc((void **)&dout, sizeof(float) * (size_t)(c.T * QW));
+            if (!st) st = kiln_cuda_alloc((void **)&dpos, 4);
+            if (!st) st = kiln_cuda_alloc(&ws, ws_bytes);
+            uint8_t *zero = calloc(1, ws_bytes);
+            memset(got, 0xff, sizeof(float) * (size_t)(c.T * QW));
+            if (!st) st = kiln_cuda_upload(ws, zero, ws_bytes);
+            if (!st) st = kiln_cuda_upload(dk, hk, kr * (size_t)c.rows);
+            if (!st) st = kiln_cuda_upload(dv, hv, vr * (size_t)c.rows);
+            if (!st) st = kiln_cuda_upload(dq, q, sizeof(float) * (size_t)(c.T * QW));
+            if (!st) st = kiln_cuda_upload(dout, got, sizeof(float) * (size_t)(c.T * QW));
+            if (!st) st = kiln_cuda_upload(dpos, &pos, 4);
+            if (!st)
+                st = kiln_cuda_attention(dout, dq, dk, dv, tk, tv, dpos, c.T, c.NH, c.NKV, c.HS, c.window, c.rows, MAX_POS,
+                                         1.0f / sqrtf((float)c.HS), 0.0f, ws, NULL);
+            if (!st) st = kiln_cuda_sync();
+            if (!st) st = kiln_cuda_download(got, dout, sizeof(float) * (size_t)(c.T * QW));
+            kiln_cuda_free(dk), kiln_cuda_free(dv), kiln_cuda_free(dq), kiln_cuda_free(dout), kiln_cuda_free(dpos), kiln_cuda_free(ws);
+            free(zero);
+            const attn_err e = st ? (attn_err){INFINITY, INFINITY, 0} : compare(got, ref, c.T * QW, BOUND_MAX);
+            free(hk), free(hv), free(x), free(q), free(ref), free(got);
+            CHECK(st == KILN_OK, "%s/%s " CASE_FMT ": %s", kiln_kv_type_name(tk), kiln_kv_type_name(tv), CASE_ARGS(c), kiln_last_error());
+            worst = fmax(worst, e.rel_max);
+            CHECK(e.first_bad < 0 && e.nmse <= BOUND_NMSE, "%s/%s " CASE_FMT ": max %.2e of max |ref| (bound %.0e), nmse %.2e",
+                  kiln_kv_type_name(tk), kiln_kv_type_name(tv), CASE_ARGS(c), e.rel_max, BOUND_MAX, e.nmse);
+        }
+    printf("# attention over f32, bf16, q8_0, q4_0 and mixed caches: %.2e of max |ref| at worst (bound %.0e)\n", worst, BOUND_MAX);
+
+    /* the GPU's q8_0 / q4_0 store: T = 3 rows at positions 4, 5, 6 of a ring of 5 (rows 4, 0, 1) */
+    const int64_t KV = 128, T = 3, R = 5;
+    float *src = malloc(sizeof(float) * (size_t)(T * KV));
+    for (int64_t i = 0; i < T * KV; i++) src[i] = (i % 97 == 0) ? 0.0f : 2.5f * test_rng_normal(&rng);
+    for (int64_t i = 0; i < 32; i++) src[KV + i] = 0.0f; /* an all-zero block */
+    src[2 * KV + 40] = -7.0f, src[2 * KV + 41] = 7.0f;   /* a tie of magnitudes: the first wins (q4_0) */
+    static const kiln_kv_type blocks[] = {KILN_KV_Q8_0, KILN_KV_Q4_0};
+    for (int b = 0; b < 2; b++) {
+        const size_t rb = kiln_kv_row_bytes(blocks[b], KV);
+        uint8_t *want = malloc(rb * (size_t)R), *have = malloc(rb * (size_t)R);
+        memset(want, 0xA5, rb * (size_t)R);
+        for (int64_t t = 0; t < T; t++) fill_cache_row(blocks[b], src + t * KV, KV, want + (size_t)((4 + t) % R) * rb);
+        void *dc = NULL;
+        float *ds = NULL;
+        int32_t *dpos = NULL, pos = 4;
+        kiln_status st = kiln_cuda_alloc(&dc, rb * (size_t)R);
+        if (!st) st = kiln_cuda_alloc((void **)&ds, sizeof(float) * (size_t)(T * KV));
+        if (!st) st = kiln_cuda_alloc((void **)&dpos, 4);
+        memset(have, 0xA5, rb * (size_t)R);
+        if (!st) st = kiln_cuda_upload(dc, have, rb * (size_t)R);
+        if (!st) st = kiln_cuda_upload(ds, src, sizeof(float) * (size_t)(T * KV));
+        if (!st) st = kiln_cuda_upload(dpos, &pos, 4);
+        if (!st) st = kiln_cuda_kv_quantize(dc, ds, blocks[b], dpos, T, KV, R, NULL);
+        if (!st) st = kiln_cuda_sync();
+        if (!st) st = kiln_cuda_download(have, dc, rb * (size_t)R);
+        kiln_cuda_free(dc), kiln_cuda_free(ds), kiln_cuda_free(dpos);
+        size_t at = 0;
+        while (at < rb * (size_t)R && have[at] == want[at]) at++;
+        free(want), free(have);
+        CHECK(st == KILN_OK, "kv_quantize %s: %s", kiln_kv_type_name(blocks[b]), kiln_last_error());
+        CHECK(at == rb * (size_t)R, "kv_quantize %s: byte %zu (row %zu) differs from the CPU quantizer's", kiln_kv_type_name(blocks[b]),
+              at, at / rb);
+    }
+    free(src);
+    CHECK(kiln_cuda_kv_quantize(NULL, NULL, KILN_KV_Q8_0, NULL, 1, 48, 4, NULL) == KILN_ERR_INVALID, "a row of 48");
+    CHECK(kiln_cuda_kv_quantize(NULL, NULL, KILN_KV_F16, NULL, 1, 64, 4, NULL) == KILN_ERR_INVALID, "f16 is not a block type");
+    float dummy;
+    int32_t p0 = 0;
+    CHECK(kiln_cuda_attention(&dummy, &dummy, &dummy, &dummy, KILN_KV_Q4_0, KILN_KV_F16, &p0, 1, 4, 2, 8, 0, 64, 64, 1.0f, 0.0f,
+                              &dummy, NULL) == KILN_ERR_UNSUPPORTED, "q4_0 over rows of 16");
+}
+
 static void test_attention_rejects(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     float *dummy = NULL;
     CHECK(kiln_cuda_alloc((void **)&dummy, 1 << 16) == KILN_OK, "%s", kiln_last_error());
     const uint16_t *h = (const uint16_t *)dummy;
     const int32_t *pos = (const int32_t *)dummy;
-    kiln_status s12 = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 12, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
-    kiln_status s4 = kiln_cuda_attention(dummy, dummy, h, h, pos, 20, 4, 4, 4, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
-    kiln_status s264 = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 264, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
-    kiln_status s512 = kiln_cuda_attention(dummy, dummy, h, h, pos, 20, 4, 4, 512, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
-    kiln_status s0 = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 0, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status s12 = kiln_cuda_attention(dummy, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 4, 4, 12, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status s4 = kiln_cuda_attention(dummy, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 20, 4, 4, 4, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status s264 = kiln_cuda_attention(dummy, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 4, 4, 264, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status s512 = kiln_cuda_attention(dummy, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 20, 4, 4, 512, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status s0 = kiln_cuda_attention(dummy, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 4, 4, 0, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
     /* 512 cache rows: a context of 4096 without a window, and window 600 (+ 1 token) it cannot hold */
-    kiln_status s512rows = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 8, 0, 512, 4096, 1.0f, 0.0f, dummy, NULL);
-    kiln_status s512win = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 8, 600, 512, 4096, 1.0f, 0.0f, dummy, NULL);
-    kiln_status sgrp = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 6, 4, 64, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
-    kiln_status sring = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 64, 0, 32, 64, 1.0f, 0.0f, dummy, NULL);
-    kiln_status sws = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 64, 0, 64, 64, 1.0f, 0.0f, NULL, NULL);
-    kiln_status scap = kiln_cuda_attention(dummy, dummy, h, h, pos, 1, 4, 4, 64, 0, 64, 64, 1.0f, -1.0f, dummy, NULL);
+    kiln_status s512rows = kiln_cuda_attention(dummy, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 4, 4, 8, 0, 512, 4096, 1.0f, 0.0f, dummy, NULL);
+    kiln_status s512win = kiln_cuda_attention(dummy, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 4, 4, 8, 600, 512, 4096, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sgrp = kiln_cuda_attention(dummy, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 6, 4, 64, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sring = kiln_cuda_attention(dummy, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 4, 4, 64, 0, 32, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sws = kiln_cuda_attention(dummy, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 4, 4, 64, 0, 64, 64, 1.0f, 0.0f, NULL, NULL);
+    kiln_status scap = kiln_cuda_attention(dummy, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 4, 4, 64, 0, 64, 64, 1.0f, -1.0f, dummy, NULL);
     /* attention_xp: T 9 (prefill), HS 8, 72 and 80 (a block of 32 would cross heads): unsupported, xp untouched
      * (the second half of dummy, poisoned, must stay so) */
     unsigned char *h_poison = malloc(1 << 15), *h_after = malloc(1 << 15);
     memset(h_poison, 0xa5, 1 << 15);
     void *xp = (char *)dummy + (1 << 15);
     kiln_status sup = kiln_cuda_upload(xp, h_poison, 1 << 15);
-    kiln_status sx9 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, pos, 9, 4, 4, 64, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
-    kiln_status sx8 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, pos, 1, 4, 4, 8, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
-    kiln_status sx72 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, pos, 1, 4, 4, 72, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
-    kiln_status sx80 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, pos, 3, 4, 4, 80, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
-    kiln_status sxnull = kiln_cuda_attention_xp(dummy, NULL, dummy, h, h, pos, 1, 4, 4, 64, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sx9 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 9, 4, 4, 64, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sx8 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 4, 4, 8, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sx72 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 4, 4, 72, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sx80 = kiln_cuda_attention_xp(dummy, xp, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 3, 4, 4, 80, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
+    kiln_status sxnull = kiln_cuda_attention_xp(dummy, NULL, dummy, h, h, KILN_KV_F16, KILN_KV_F16, pos, 1, 4, 4, 64, 0, 64, 64, 1.0f, 0.0f, dummy, NULL);
     if (sup == KILN_OK) sup = kiln_cuda_sync();
     if (sup == KILN_OK) sup = kiln_cuda_download(h_after, xp, 1 << 15);
     const int xp_kept = sup == KILN_OK && memcmp(h_poison, h_after, 1 << 15) == 0;
@@ -558,6 +687,7 @@ int main(void) {
     RUN(test_attention_softcap);
     RUN(test_attention_replay);
     RUN(test_attention_xp);
+    RUN(test_attention_cache_types);
     RUN(test_attention_rejects);
     kiln_pool_free(pool);
     TEST_EXIT();

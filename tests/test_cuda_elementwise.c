@@ -396,7 +396,7 @@ static void test_qkv_post(void) {
               poison(dvc, cache_bytes) == KILN_OK, "%s", kiln_last_error());
         CHECK(kiln_cuda_qkv_post(dq, dk, dv, c->bias ? dbq : NULL, c->bias ? dbk : NULL, c->bias ? dbv : NULL,
                                  c->norm ? dqn : NULL, c->norm ? dkn : NULL, eps, dpos0, T, c->NH, c->NKV, c->HS, c->rope_dim,
-                                 c->base, freq, mscale, c->neox, c->nope, c->q_scale, dkc, dvc, c->rows, NULL) == KILN_OK,
+                                 c->base, freq, mscale, c->neox, c->nope, c->q_scale, dkc, dvc, KILN_KV_F16, KILN_KV_F16, c->rows, NULL) == KILN_OK,
               "%s", kiln_last_error());
         float *gq = host((size_t)(T * Q) * 4), *gk_in = host((size_t)(T * KV) * 4);
         CHECK(kiln_cuda_sync() == KILN_OK && kiln_cuda_download(gq, dq, (size_t)(T * Q) * 4) == KILN_OK &&

@@ -21,6 +21,7 @@
  *   - the F32 models (synthetic, the fixtures, stories260K) again with n_batch 8, so every chunk takes the matvec
  *     path with float activations on both sides: 3e-4 (summation order and expf alone; measured <= 9e-5). F16 and
  *     BF16 are not among them: the CPU rounds x to the weight's type for those dot products, 6e-4 and 4e-3.
+ * Each KV cache type (test_cache_types) the same way, both sessions with the same -ctk/-ctv.
  * Errors: partial offload is KILN_ERR_UNSUPPORTED, a cache beyond the GPU's memory is KILN_ERR_NOMEM before any
  * allocation, an out-of-range token id is KILN_ERR_RANGE and leaves the position as it was.
  * Compiled with KILN_CUDA only; skips without a GPU. */
@@ -73,6 +74,23 @@ static double logit_rms(const float *x, size_t n) {
     return sqrt(s / (double)n);
 }
 
+/* The KV cache types both sessions of compare_model use (test_cache_types sets them; f16 otherwise). */
+static kiln_kv_type cache_k = KILN_KV_F16, cache_v = KILN_KV_F16;
+
+/* The float path's bound with those caches: the two backends round the same k and v, which differ by summation order,
+ * to the cache's type, and a value near a rounding boundary may land on either side: one bf16 ulp (2^-8) or one q8_0
+ * step (amax/127) in an element moves the logits far less than the types' own error, one q4_0 step (amax/8) more. Set
+ * before measuring on a GPU; the f32 and f16 caches keep the float path's 3e-4. */
+static double cache_exact_bound(void) {
+    const kiln_kv_type t[2] = {cache_k, cache_v};
+    double b = 3e-4;
+    for (int i = 0; i < 2; i++) {
+        if ((t[i] == KILN_KV_BF16 || t[i] == KILN_KV_Q8_0) && b < 3e-3) b = 3e-3;
+        if (t[i] == KILN_KV_Q4_0) b = 2e-2;
+    }
+    return b;
+}
+
 /* The whole comparison for one model file; float_decode: weights whose decode uses float activations on both sides. */
 static void compare_model(const char *path, bool float_decode, int64_t n_batch) {
     kiln_model *m = NULL;
@@ -82,10 +100,10 @@ static void compare_model(const char *path, bool float_decode, int64_t n_batch) 
     }
     const int64_t V = kiln_model_n_vocab(m);
     kiln_session *cpu = NULL, *gpu = NULL;
-    kiln_session_params pc = {.n_ctx = N_CTX, .n_batch = n_batch, .n_threads = 2};
+    kiln_session_params pc = {.n_ctx = N_CTX, .n_batch = n_batch, .n_threads = 2, .type_k = cache_k, .type_v = cache_v};
     /* n_batch 8: every chunk on the matvec path, float activations on both sides for the float types */
     const bool exact = float_decode && n_batch <= 8;
-    const double bound_mv = exact ? 3e-4 : 3e-2, bound_gemm = exact ? 3e-4 : 8e-2;
+    const double bound_mv = exact ? cache_exact_bound() : 3e-2, bound_gemm = exact ? cache_exact_bound() : 8e-2;
     kiln_session_params pg = pc;
     pg.n_gpu_layers = 999;
     CHECK(kiln_session_new(m, &pc, &cpu) == KILN_OK, "%s", kiln_last_error());
@@ -108,6 +126,7 @@ static void compare_model(const char *path, bool float_decode, int64_t n_batch) 
         if (t < 32) worst_gemm = e > worst_gemm ? e : worst_gemm;
         else worst_mv = e > worst_mv ? e : worst_mv;
     }
+    if (cache_k != KILN_KV_F16 || cache_v != KILN_KV_F16) printf("    cache %s/%s", kiln_kv_type_name(cache_k), kiln_kv_type_name(cache_v));
     printf("    %-22s n_batch %2lld prefill rel-rms rows 0-31 %.2e, 32-36 %.2e (logit rms %.3f)", base_name(path), (long long)n_batch,
            worst_gemm, worst_mv, logit_rms(lc, (size_t)V));
     CHECK(worst_gemm < bound_gemm, "%s: prefill rows 0-31 logits rel-rms %.3e >= %.0e", path, worst_gemm, bound_gemm);
@@ -202,6 +221,37 @@ static void test_stories(void) {
     compare_model(out, true, 8);
 }
 
+/* Every KV cache type (-ctk/-ctv), alone and in mixed pairs, on the GPU against the CPU session with the same types:
+ * an F32 synthetic model (HS 64, so a q8_0/q4_0 head is two blocks) on the GEMM and the float matvec path, and
+ * stories260K (HS 8: four heads share a block) when the shared data is there. */
+static void test_cache_types(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    static const kiln_kv_type pairs[][2] = {{KILN_KV_F32, KILN_KV_F32},   {KILN_KV_BF16, KILN_KV_BF16}, {KILN_KV_Q8_0, KILN_KV_Q8_0},
+                                            {KILN_KV_Q4_0, KILN_KV_Q4_0}, {KILN_KV_Q8_0, KILN_KV_F16},  {KILN_KV_F32, KILN_KV_Q4_0}};
+    kiln_synth_params p = kiln_synth_default();
+    p.n_vocab = 1000, p.n_embd = 256, p.n_layer = 2, p.n_head = 4, p.n_head_kv = 2, p.n_ff = 512, p.n_ctx = N_CTX;
+    p.n_threads = 2;
+    char synth[512], stories[512] = "", bin[512], tok[512];
+    snprintf(synth, sizeof synth, "%s/synth-kv.gguf", tmp_dir);
+    CHECK(kiln_synth_llama(synth, &p) == KILN_OK, "%s", kiln_last_error());
+    snprintf(bin, sizeof bin, "%s/models/stories260K/stories260K.bin", test_data_dir());
+    snprintf(tok, sizeof tok, "%s/models/stories260K/tok512.bin", test_data_dir());
+    if (access(bin, R_OK) == 0 && access(tok, R_OK) == 0) {
+        snprintf(stories, sizeof stories, "%s/stories260K-kv.gguf", tmp_dir);
+        CHECK(kiln_convert_llama2c(bin, tok, stories) == KILN_OK, "%s", kiln_last_error());
+    }
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        cache_k = pairs[i][0], cache_v = pairs[i][1];
+        compare_model(synth, true, N_BATCH);
+        compare_model(synth, true, 8);
+        if (stories[0]) compare_model(stories, true, 8);
+        if (test_failed_) break;
+    }
+    cache_k = cache_v = KILN_KV_F16;
+    unlink(synth);
+    if (stories[0]) unlink(stories);
+}
+
 static void test_errors(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     kiln_synth_params p = kiln_synth_default();
@@ -260,6 +310,7 @@ int main(void) {
     RUN(test_synth_types);
     RUN(test_arch_fixtures);
     RUN(test_stories);
+    RUN(test_cache_types);
     RUN(test_errors);
     TEST_EXIT();
 }

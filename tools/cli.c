@@ -310,6 +310,9 @@ static bool set_opt(const char *cmd, const kiln_cli_opt *o, const char *name, co
         if (o->kind == KILN_CLI_FLOAT) *(float *)o->out = (float)v;
         else *(double *)o->out = v;
         return true;
+    case KILN_CLI_KV_TYPE:
+        if (kiln_kv_type_from_name(a, o->out) == KILN_OK) return true;
+        return !kiln_cli_error("%s: %s: unknown KV cache type '%s' (f16, f32, bf16, q8_0, q4_0)", cmd, name, a);
     }
     return false;
 }
@@ -385,6 +388,27 @@ int kiln_cli_sampling_opts(kiln_cli_opt *o, kiln_sampler_params *sp, kiln_sessio
     };
     memcpy(o, t, sizeof t);
     return KILN_CLI_N_SAMPLING;
+}
+
+/* ---------------------------------------------------------------- KV-cache types (llama.cpp's flags) */
+
+int kiln_cli_kv_opts(kiln_cli_opt *o, kiln_session_params *sess) {
+    const kiln_cli_opt t[KILN_CLI_N_KV] = {
+        {"-ctk", KILN_CLI_KV_TYPE, &sess->type_k, 0, 0},
+        {"--cache-type-k", KILN_CLI_KV_TYPE, &sess->type_k, 0, 0},
+        {"-ctv", KILN_CLI_KV_TYPE, &sess->type_v, 0, 0},
+        {"--cache-type-v", KILN_CLI_KV_TYPE, &sess->type_v, 0, 0},
+    };
+    memcpy(o, t, sizeof t);
+    return KILN_CLI_N_KV;
+}
+
+int kiln_cli_kv_opt(const char *cmd, const char *f, const char *a, kiln_session_params *sess) {
+    kiln_cli_opt t[KILN_CLI_N_KV];
+    const kiln_cli_opt *o = find_opt(t, kiln_cli_kv_opts(t, sess), f);
+    if (!o) return 0;
+    if (!a) return -kiln_cli_error("%s: %s needs a value", cmd, f);
+    return set_opt(cmd, o, f, a) ? 1 : -1;
 }
 
 /* ---------------------------------------------------------------- RoPE overrides (llama.cpp's flags) */

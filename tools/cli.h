@@ -38,7 +38,8 @@ void kiln_cli_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * it with kiln_cli_parse_int in [lo, hi], FLOAT and DOUBLE with kiln_cli_parse_num, U64 (uint64_t, lo and hi
  * unused) with kiln_cli_parse_u64. An error names the flag as it was typed. */
 typedef enum {
-    KILN_CLI_FLAG, KILN_CLI_STR, KILN_CLI_LIST, KILN_CLI_INT, KILN_CLI_I64, KILN_CLI_FLOAT, KILN_CLI_DOUBLE, KILN_CLI_U64
+    KILN_CLI_FLAG, KILN_CLI_STR, KILN_CLI_LIST, KILN_CLI_INT, KILN_CLI_I64, KILN_CLI_FLOAT, KILN_CLI_DOUBLE, KILN_CLI_U64,
+    KILN_CLI_KV_TYPE, /* a KV-cache type name (kiln_kv_type_from_name) into a kiln_kv_type */
 } kiln_cli_kind;
 typedef struct {
     const char *name;
@@ -112,6 +113,13 @@ void kiln_cli_rope_init(kiln_cli_rope *r);
 int kiln_cli_rope_opts(kiln_cli_opt *opts, kiln_cli_rope *r);
 int kiln_cli_rope_opt(const char *cmd, const char *f, const char *a, kiln_cli_rope *r);
 bool kiln_cli_rope_apply(const char *cmd, kiln_cli_rope *r, kiln_model *m);
+/* llama.cpp's KV-cache types, for generate, chat, perplexity, bench and serve: -ctk/--cache-type-k and
+ * -ctv/--cache-type-v (f16, f32, bf16, q8_0, q4_0) into sess->type_k and type_v. Fills opts[0..KILN_CLI_N_KV) and
+ * returns KILN_CLI_N_KV; kiln_cli_kv_opt takes them one at a time (bench's own loops: 1 when f was one and a parsed,
+ * 0 when f is another flag, -1 after printing the error). */
+#define KILN_CLI_N_KV 4
+int kiln_cli_kv_opts(kiln_cli_opt *opts, kiln_session_params *sess);
+int kiln_cli_kv_opt(const char *cmd, const char *f, const char *a, kiln_session_params *sess);
 /* A kiln_progress_fn (user unused) that reports on stderr in the stage's unit ("[ 100/ 440 merges]",
  * "[3/12] ppl 5.1234", "[1.0/4.0 MiB]"): on a terminal it rewrites one line per call (\r), ending it when done
  * reaches total; otherwise (a log, a pipe) it writes whole lines, at most one per percent of the total. */

@@ -219,7 +219,7 @@ int kiln_cmd_chat(int argc, char **argv) {
     kiln_cli_rope rope;
     kiln_cli_rope_init(&rope);
     enum { N_OWN = 14 };
-    kiln_cli_opt opts[N_OWN + KILN_CLI_N_SAMPLING + KILN_CLI_N_ROPE] = {
+    kiln_cli_opt opts[N_OWN + KILN_CLI_N_SAMPLING + KILN_CLI_N_ROPE + KILN_CLI_N_KV] = {
         {"-m", KILN_CLI_STR, &o.model_path, 0, 0},
         {"--model", KILN_CLI_STR, &o.model_path, 0, 0},
         {"-sys", KILN_CLI_STR, &o.system, 0, 0},
@@ -237,6 +237,7 @@ int kiln_cmd_chat(int argc, char **argv) {
     }; /* then the session and sampling options generate shares */
     int n_opts = N_OWN + kiln_cli_sampling_opts(opts + N_OWN, &o.sampler, &o.sess), n_pos;
     n_opts += kiln_cli_rope_opts(opts + n_opts, &rope);
+    n_opts += kiln_cli_kv_opts(opts + n_opts, &o.sess);
     if (!kiln_cli_parse_args("chat", argc, argv, opts, n_opts, NULL, 0, &n_pos)) return 1;
     if (gpu) kiln_cli_gpu_flag("--gpu", &o.sess);
     for (int i = 0; i < o.stops.n; i++)

@@ -452,7 +452,7 @@ static int cmd_generate(int argc, char **argv) {
     bool gpu = false;
     enum { N_OWN = 16 };
     kiln_cli_rope_init(&o.rope);
-    kiln_cli_opt opts[N_OWN + KILN_CLI_N_SAMPLING + KILN_CLI_N_ROPE] = {
+    kiln_cli_opt opts[N_OWN + KILN_CLI_N_SAMPLING + KILN_CLI_N_ROPE + KILN_CLI_N_KV] = {
         {"-m", KILN_CLI_STR, &model_path, 0, 0},
         {"--model", KILN_CLI_STR, &model_path, 0, 0},
         {"-p", KILN_CLI_STR, &prompt, 0, 0},
@@ -472,6 +472,7 @@ static int cmd_generate(int argc, char **argv) {
     }; /* then the session and sampling options chat shares */
     int n_opts = N_OWN + kiln_cli_sampling_opts(opts + N_OWN, &o.sampler, &o.sess), n_pos;
     n_opts += kiln_cli_rope_opts(opts + n_opts, &o.rope);
+    n_opts += kiln_cli_kv_opts(opts + n_opts, &o.sess);
     if (!kiln_cli_parse_args("generate", argc, argv, opts, n_opts, NULL, 0, &n_pos)) return 1;
     if (gpu) kiln_cli_gpu_flag("--gpu", &o.sess);
     if (chat_template) o.chat = true;
@@ -505,7 +506,7 @@ static int cmd_perplexity(int argc, char **argv) {
     kiln_cli_rope rope;
     kiln_cli_rope_init(&rope);
     enum { N_OWN = 15 };
-    kiln_cli_opt opts[N_OWN + KILN_CLI_N_ROPE] = {
+    kiln_cli_opt opts[N_OWN + KILN_CLI_N_ROPE + KILN_CLI_N_KV] = {
         {"-m", KILN_CLI_STR, &model, 0, 0},
         {"--model", KILN_CLI_STR, &model, 0, 0},
         {"-f", KILN_CLI_STR, &file, 0, 0},
@@ -523,6 +524,7 @@ static int cmd_perplexity(int argc, char **argv) {
         {"--gpu", KILN_CLI_FLAG, &gpu, 0, 0},
     };
     int n_pos, n_opts = N_OWN + kiln_cli_rope_opts(opts + N_OWN, &rope);
+    n_opts += kiln_cli_kv_opts(opts + n_opts, &run);
     if (!kiln_cli_parse_args("perplexity", argc, argv, opts, n_opts, NULL, 0, &n_pos)) return 1;
     if (gpu) kiln_cli_gpu_flag("--gpu", &run);
     if (!model || !file) {

@@ -151,6 +151,9 @@ const kiln_type_traits *kiln_type_traits_get(kiln_type t);
 void kiln_type_traits_set(kiln_type t, kiln_simd level, kiln_to_float_fn to_float, kiln_from_float_fn from_float,
                           kiln_vec_dot_fn vec_dot);
 
+/* The tensor type whose blocks a KV-cache type stores (types.c); KILN_TYPE_COUNT for an unknown one. */
+kiln_type kiln_kv_tensor_type(kiln_kv_type t);
+
 /* Best available implementation at or below level; NULL if the type has none. */
 kiln_to_float_fn kiln_get_to_float(kiln_type t, kiln_simd level);
 kiln_from_float_fn kiln_get_from_float(kiln_type t, kiln_simd level);

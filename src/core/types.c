@@ -84,3 +84,36 @@ kiln_status kiln_type_from_name(const char *name, kiln_type *out) {
     }
     return kiln_fail(KILN_ERR_NOT_FOUND, "unknown tensor type '%s'", name);
 }
+
+/* ---------------------------------------------------------------- KV-cache element types (-ctk/-ctv)
+ * Each kiln_kv_type is a tensor type's layout (llama.cpp's cache types are ggml types): f16 2 bytes, f32 4, bf16 2,
+ * q8_0 34 and q4_0 18 bytes per block of 32. tests/test_kv.c checks the names and sizes. */
+static const struct { const char *name; kiln_type type; } kv_types[KILN_KV_TYPE_COUNT] = {
+    [KILN_KV_F16] = {"f16", KILN_TYPE_F16},   [KILN_KV_F32] = {"f32", KILN_TYPE_F32},
+    [KILN_KV_BF16] = {"bf16", KILN_TYPE_BF16}, [KILN_KV_Q8_0] = {"q8_0", KILN_TYPE_Q8_0},
+    [KILN_KV_Q4_0] = {"q4_0", KILN_TYPE_Q4_0},
+};
+
+static bool kv_type_known(kiln_kv_type t) { return (unsigned)t < KILN_KV_TYPE_COUNT; }
+
+const char *kiln_kv_type_name(kiln_kv_type t) { return kv_type_known(t) ? kv_types[t].name : NULL; }
+
+kiln_status kiln_kv_type_from_name(const char *name, kiln_kv_type *out) {
+    for (int t = 0; name && t < KILN_KV_TYPE_COUNT; t++)
+        if (strcmp(name, kv_types[t].name) == 0) {
+            *out = (kiln_kv_type)t;
+            return KILN_OK;
+        }
+    return kiln_fail(KILN_ERR_INVALID, "unknown KV cache type '%s' (f16, f32, bf16, q8_0, q4_0)", name ? name : "(null)");
+}
+
+/* 0 for an unknown type or n not a whole number of its blocks (kiln_type_row_bytes then says which). */
+size_t kiln_kv_row_bytes(kiln_kv_type t, int64_t n) {
+    if (!kv_type_known(t)) {
+        kiln_fail(KILN_ERR_RANGE, "unknown KV cache type id %d", (int)t);
+        return 0;
+    }
+    return kiln_type_row_bytes(kv_types[t].type, n);
+}
+
+kiln_type kiln_kv_tensor_type(kiln_kv_type t) { return kv_type_known(t) ? kv_types[t].type : KILN_TYPE_COUNT; }

@@ -24,7 +24,7 @@ typedef struct cpu_ctx {
     int64_t n_batch;
     int32_t *pos;       /* (n_batch) the positions of a batch */
     float *sum;         /* (n_batch, max width): a matmul's result before it is added */
-    kiln_from_float_fn to_f16;
+    kiln_from_float_fn to_cache[KILN_KV_TYPE_COUNT]; /* each cache type's row writer, from float */
     kiln_weight (*layers)[KILN_LT_COUNT];
 } cpu_ctx;
 
@@ -47,8 +47,13 @@ static kiln_status cpu_open(const kiln_model *m, const kiln_backend_params *p, v
     if (!c) return kiln_fail(KILN_ERR_NOMEM, "session: out of memory");
     c->ops = &kiln_cpu_ops;
     c->n_batch = p->n_batch;
-    /* f32 -> f16 for the KV cache, the same bits as kiln_f32_to_fp16 at every SIMD level (F16C rounds to nearest even) */
-    c->to_f16 = kiln_get_from_float(KILN_TYPE_F16, kiln_simd_best());
+    /* float -> each KV cache type: f16 the same bits as kiln_f32_to_fp16 at every SIMD level (F16C rounds to nearest
+     * even); the others by the core's scalar references: f32 copied, bf16 rounded to nearest even (kiln_f32_to_bf16),
+     * q8_0 and q4_0 GGML's quantize_row_q8_0_ref / q4_0_ref byte for byte */
+    for (int t = 0; t < KILN_KV_TYPE_COUNT; t++) {
+        const kiln_type tt = kiln_kv_tensor_type((kiln_kv_type)t);
+        c->to_cache[t] = tt == KILN_TYPE_F16 ? kiln_get_from_float(tt, kiln_simd_best()) : kiln_type_traits_get(tt)->from_float_ref;
+    }
     kiln_status st = kiln_pool_create(p->n_threads, &c->pool);
     if (st) {
         cpu_close(c);
@@ -156,12 +161,14 @@ static kiln_status cpu_qkv(void *p, float *q, float *k, float *v, const float *x
     return KILN_OK;
 }
 
-/* Writes n rows of src (n, KV) for positions p.. into cache rows p % rows.. (f16): one conversion, or two where
- * the ring wraps. */
-static void store_rows(kiln_from_float_fn to_f16, uint16_t *cache, int64_t rows, const float *src, int64_t p, int64_t n, int64_t KV) {
+/* Writes n rows of src (n, KV) for positions p.. into cache rows p % rows.. of type t (row_bytes each): one
+ * conversion, or two where the ring wraps. */
+static void store_rows(const cpu_ctx *c, kiln_kv_type t, void *cache, int64_t rows, const float *src, int64_t p, int64_t n,
+                       int64_t KV) {
+    const size_t row_bytes = kiln_kv_row_bytes(t, KV);
     const int64_t r = p % rows, first = n < rows - r ? n : rows - r;
-    to_f16(src, cache + (size_t)r * (size_t)KV, first * KV);
-    if (first < n) to_f16(src + first * KV, cache, (n - first) * KV);
+    c->to_cache[t](src, (char *)cache + (size_t)r * row_bytes, first * KV);
+    if (first < n) c->to_cache[t](src + first * KV, cache, (n - first) * KV);
 }
 
 static kiln_status cpu_qkv_post(void *p, float *q, float *k, float *v, const kiln_attn_args *a, const int32_t *pos0, int64_t T) {
@@ -184,8 +191,8 @@ static kiln_status cpu_qkv_post(void *p, float *q, float *k, float *v, const kil
         c->ops->rope_forward(&c->k, q, c->pos, T, a->NH, a->HS, a->rope_dim, a->rope_base, a->rope_freq, a->rope_mscale, a->neox);
         c->ops->rope_forward(&c->k, k, c->pos, T, a->NKV, a->HS, a->rope_dim, a->rope_base, a->rope_freq, a->rope_mscale, a->neox);
     }
-    store_rows(c->to_f16, a->k_cache, a->rows, k, *pos0, T, KV);
-    store_rows(c->to_f16, a->v_cache, a->rows, v, *pos0, T, KV);
+    store_rows(c, a->type_k, a->k_cache, a->rows, k, *pos0, T, KV);
+    store_rows(c, a->type_v, a->v_cache, a->rows, v, *pos0, T, KV);
     return KILN_OK;
 }
 
@@ -194,7 +201,10 @@ static kiln_status cpu_attention(void *p, float *out, float *q, const kiln_attn_
     const int64_t pos = *pos0;
     /* the kernels scale by 1/sqrt(HS): another scale goes into q */
     if (a->scale > 0) c->ops->scale_softcap_forward(&c->k, q, T * a->NH * a->HS, a->scale * sqrtf((float)a->HS), 0.0f);
-    if (a->window || a->rows < pos + T || a->softcap > 0)
+    if (a->type_k != KILN_KV_F16 || a->type_v != KILN_KV_F16)
+        c->ops->attention_kv_forward(&c->k, out, q, a->k_cache, a->v_cache, a->type_k, a->type_v, pos, T, a->NH, a->NKV, a->HS,
+                                     a->window, a->rows, a->softcap);
+    else if (a->window || a->rows < pos + T || a->softcap > 0)
         c->ops->attention_window_forward(&c->k, out, q, a->k_cache, a->v_cache, pos, T, a->NH, a->NKV, a->HS, a->window, a->rows,
                                          a->softcap);
     else

@@ -23,6 +23,7 @@ const kiln_ops kiln_cpu_ops = {
     .attention_forward = kiln_cpu_attention_forward,
     .swiglu_forward = kiln_cpu_swiglu_forward,
     .attention_window_forward = kiln_cpu_attention_window_forward,
+    .attention_kv_forward = kiln_cpu_attention_kv_forward,
     .geglu_forward = kiln_cpu_geglu_forward,
     .add_bias_forward = kiln_cpu_add_bias_forward,
     .sigmoid_mul_forward = kiln_cpu_sigmoid_mul_forward,

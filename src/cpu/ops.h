@@ -57,6 +57,12 @@ typedef struct kiln_ops {
     void (*attention_window_forward)(kiln_ops_ctx *ctx, float *out, const float *q, const uint16_t *k_cache,
                                      const uint16_t *v_cache, int64_t pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                                      int64_t window, int64_t rows, float softcap);
+    /* As attention_window_forward over a cache of any kiln_kv_type: k_cache and v_cache (rows, NKV*HS) of type_k and
+     * type_v, kiln_kv_row_bytes(type, NKV*HS) bytes a row (the block types in blocks of 32 along the row). f16 and
+     * f16 is attention_window_forward itself; other types convert the rows each piece of keys needs to float. */
+    void (*attention_kv_forward)(kiln_ops_ctx *ctx, float *out, const float *q, const void *k_cache, const void *v_cache,
+                                 kiln_kv_type type_k, kiln_kv_type type_v, int64_t pos0, int64_t T, int64_t NH, int64_t NKV,
+                                 int64_t HS, int64_t window, int64_t rows, float softcap);
     /* ---- the architecture features' elementwise ops (#6), ops_arch.c */
     /* out (n) = gelu_tanh(gate) * up (gemma's GeGLU); out may equal gate. */
     void (*geglu_forward)(kiln_ops_ctx *ctx, float *out, const float *gate, const float *up, int64_t n);

@@ -1,4 +1,4 @@
-/* ops_attention.c: causal multi-head attention with grouped KV heads over the f16 KV cache; below it, training's
+/* ops_attention.c: causal multi-head attention with grouped KV heads over the KV cache; below it, training's
  * forward and backward over float q, k, v (their own comment, at "training").
  *
  * For query token t (position pos0 + t) and head h, reading KV head g = h / G (G = NH / NKV query heads per KV
@@ -22,7 +22,14 @@
  * a ring of at least W + T - 1 rows for a sliding layer, so a batch's keys never overwrite what its first query
  * still sees). The chunks then start at lo, and the one chunk that spans the ring's wrap (a position multiple of
  * rows) is cut in two there, so every piece reads contiguous rows. Pieces depend only on (p, W, rows): prefill
- * and decode still agree. W = 0 and rows past the context give exactly the chunks above. */
+ * and decode still agree. W = 0 and rows past the context give exactly the chunks above.
+ *
+ * Cache types (attention_kv_forward, -ctk/-ctv): an f16 cache is read by the f16 chunk kernels above. Any other
+ * pair of types goes through the float chunk kernels (the same arithmetic over float rows): before each piece, its
+ * nk rows of the group's HS elements are converted to float in thread scratch with the core's dequantizers (exact:
+ * f16 and bf16 widen, a q8_0 or q4_0 element is its code times its block's scale), an f32 cache is read in place.
+ * The pieces, their order and the merge are the same, so the results still do not depend on threads or path.
+ * tests/test_kv.c checks each type's SIMD kernel against the scalar one and against a double reference. */
 #include "ops_internal.h"
 
 #include <math.h>
@@ -34,17 +41,22 @@ static int64_t chunk_keys(int64_t n) { return 128 * ((n + 128 * 64 - 1) / (128 *
 /* Scratch areas start on 64-byte lines. */
 static size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
 
-/* The scalar chunk kernel, the oracle for the SIMD one (ops_internal.h states the contract). */
-void kiln_attn_chunk_scalar(float *a, float *m, float *l, float *s, const float *q, const uint16_t *k,
-                            const uint16_t *v, int64_t kv_stride, int64_t nk, int64_t HS, int64_t G, float scale, float cap) {
+/* Element i of rows that are f16 (f32 false) or float. */
+static inline float elem(const void *p, int64_t i, bool f32) {
+    return f32 ? ((const float *)p)[i] : kiln_fp16_to_f32(((const uint16_t *)p)[i]);
+}
+
+/* The scalar chunk kernel over f16 or float rows (ks, vs elements apart), the oracle for the SIMD ones
+ * (ops_internal.h states the contract); inlined into each with f32 a constant. */
+static inline void chunk_scalar(float *a, float *m, float *l, float *s, const float *q, const void *k, const void *v,
+                                int64_t ks, int64_t vs, int64_t nk, int64_t HS, int64_t G, float scale, float cap, bool f32) {
     for (int64_t h = 0; h < G; h++) {
         const float *qh = q + h * HS;
         float *sh = s + h * nk, *ah = a + h * HS;
         float max = -INFINITY;
         for (int64_t j = 0; j < nk; j++) {
-            const uint16_t *kj = k + j * kv_stride;
             float dot = 0.0f;
-            for (int64_t d = 0; d < HS; d++) dot += qh[d] * kiln_fp16_to_f32(kj[d]);
+            for (int64_t d = 0; d < HS; d++) dot += qh[d] * elem(k, j * ks + d, f32);
             sh[j] = dot * scale;
         }
         if (cap > 0) kiln_attn_softcap(sh, nk, cap);
@@ -52,13 +64,21 @@ void kiln_attn_chunk_scalar(float *a, float *m, float *l, float *s, const float 
         float sum = 0.0f;
         for (int64_t j = 0; j < nk; j++) sum += (sh[j] = expf(sh[j] - max));
         for (int64_t d = 0; d < HS; d++) ah[d] = 0.0f;
-        for (int64_t j = 0; j < nk; j++) {
-            const uint16_t *vj = v + j * kv_stride;
-            for (int64_t d = 0; d < HS; d++) ah[d] += sh[j] * kiln_fp16_to_f32(vj[d]);
-        }
+        for (int64_t j = 0; j < nk; j++)
+            for (int64_t d = 0; d < HS; d++) ah[d] += sh[j] * elem(v, j * vs + d, f32);
         m[h] = max;
         l[h] = sum;
     }
+}
+
+void kiln_attn_chunk_scalar(float *a, float *m, float *l, float *s, const float *q, const uint16_t *k,
+                            const uint16_t *v, int64_t kv_stride, int64_t nk, int64_t HS, int64_t G, float scale, float cap) {
+    chunk_scalar(a, m, l, s, q, k, v, kv_stride, kv_stride, nk, HS, G, scale, cap, false);
+}
+
+void kiln_attn_chunk_f32_scalar(float *a, float *m, float *l, float *s, const float *q, const float *k, const float *v,
+                                int64_t k_stride, int64_t v_stride, int64_t nk, int64_t HS, int64_t G, float scale, float cap) {
+    chunk_scalar(a, m, l, s, q, k, v, k_stride, v_stride, nk, HS, G, scale, cap, true);
 }
 
 /* State (M, L, A) += partial (pm, pl, pa): the larger max stays, the other side is scaled by exp(its max - it). */
@@ -75,10 +95,23 @@ static void merge(float *M, float *L, float *A, float pm, float pl, const float 
     }
 }
 
+/* How a piece's rows of one cache are read: f16 rows in place (the f16 pair), float rows in place (f32), or
+ * converted to float in thread scratch. */
+typedef struct {
+    kiln_kv_type type;
+    size_t row_bytes;               /* kiln_kv_row_bytes(type, NKV*HS) */
+    kiln_to_float_fn to_float;      /* the core's dequantizer of the type's blocks */
+    int64_t blck;                   /* elements per block: 1, or 32 */
+    size_t blck_bytes;
+} kv_reader;
+
 typedef struct {
     float *out;                     /* (T, NH*HS) */
     const float *q;                 /* (T, NH*HS) */
-    const uint16_t *k, *v;          /* (n_ctx, NKV*HS) f16 */
+    const void *k, *v;              /* (rows, NKV*HS) of rk.type, rv.type */
+    kv_reader rk, rv;
+    bool f16;                       /* both caches f16: the f16 chunk kernel, in place */
+    kiln_attn_chunk_f32_fn chunk_f32;
     int64_t pos0, T, NH, NKV, HS, G;
     int64_t window, rows;           /* 0 or the sliding window; cache rows (position j in row j % rows) */
     float scale, softcap;           /* softcap 0: none */
@@ -127,9 +160,10 @@ static void piece_of(const key_range *r, int64_t c, int64_t *start, int64_t *len
     *len = (e < r->n ? e : r->n) - s;
 }
 
-/* Thread scratch: s (G, KC) scores, a (G, HS) a partial, A (G, HS) the merged state, m, l, M, L (G each). */
+/* Thread scratch: s (G, KC) scores, a (G, HS) a partial, A (G, HS) the merged state, m, l, M, L (G each), and
+ * for caches other than f16, kf and vf (KC, HS) a piece's k and v rows as float. */
 typedef struct {
-    float *s, *a, *A, *m, *l, *M, *L;
+    float *s, *a, *A, *m, *l, *M, *L, *kf, *vf;
 } attn_thread;
 
 static attn_thread thread_areas(const attn_job *j, int ith) {
@@ -139,19 +173,67 @@ static attn_thread thread_areas(const attn_job *j, int ith) {
     w.s = p, p += round16(G * (size_t)chunk_keys(j->pos0 + j->T));
     w.a = p, p += round16(G * HS);
     w.A = p, p += round16(G * HS);
-    w.m = p, w.l = p + G, w.M = p + 2 * G, w.L = p + 3 * G;
+    w.m = p, w.l = p + G, w.M = p + 2 * G, w.L = p + 3 * G, p += round16(4 * G);
+    w.kf = p, p += round16((size_t)chunk_keys(j->pos0 + j->T) * HS);
+    w.vf = p;
     return w;
 }
 
-static size_t thread_floats(int64_t G, int64_t HS, int64_t n_max) {
-    return round16((size_t)G * (size_t)chunk_keys(n_max)) + 2 * round16((size_t)(G * HS)) + round16(4 * (size_t)G);
+/* convert: room for kf and vf too. */
+static size_t thread_floats(int64_t G, int64_t HS, int64_t n_max, bool convert) {
+    return round16((size_t)G * (size_t)chunk_keys(n_max)) + 2 * round16((size_t)(G * HS)) + round16(4 * (size_t)G) +
+           (convert ? 2 * round16((size_t)chunk_keys(n_max) * (size_t)HS) : 0);
+}
+
+/* Rows r0 .. r0 + nk - 1 of a cache, elements e0 .. e0 + HS - 1 of each, as float into out (nk, HS). A block type's
+ * head may start or end inside a block (HS < 32): whole blocks go straight into out, a cut one through tmp. */
+static void rows_to_float(const kv_reader *r, const void *cache, int64_t r0, int64_t nk, int64_t e0, int64_t HS,
+                          float *out) {
+    for (int64_t i = 0; i < nk; i++, out += HS) {
+        const char *row = (const char *)cache + (size_t)(r0 + i) * r->row_bytes;
+        for (int64_t e = e0; e < e0 + HS;) {
+            const int64_t b = e / r->blck, in = e - b * r->blck, n = r->blck - in < e0 + HS - e ? r->blck - in : e0 + HS - e;
+            if (in == 0 && n % r->blck == 0) { /* whole blocks: as many as fit */
+                const int64_t nb = (e0 + HS - e) / r->blck;
+                r->to_float(row + (size_t)b * r->blck_bytes, out + (e - e0), nb * r->blck);
+                e += nb * r->blck;
+            } else {
+                float tmp[QK8_0];
+                r->to_float(row + (size_t)b * r->blck_bytes, tmp, r->blck);
+                memcpy(out + (e - e0), tmp + in, sizeof(float) * (size_t)n);
+                e += n;
+            }
+        }
+    }
+}
+
+/* The chunk kernel over keys j0 .. j0 + nk - 1 (contiguous rows from j0 % rows) of KV group g, for the G heads of q. */
+static void run_chunk(const attn_job *j, const attn_thread *w, const float *q, int64_t j0, int64_t nk, int64_t g) {
+    const int64_t kv_stride = j->NKV * j->HS, HS = j->HS, r0 = j0 % j->rows;
+    if (j->f16) {
+        const size_t off = (size_t)(r0 * kv_stride + g * HS);
+        j->chunk(w->a, w->m, w->l, w->s, q, (const uint16_t *)j->k + off, (const uint16_t *)j->v + off, kv_stride, nk, HS,
+                 j->G, j->scale, j->softcap);
+        return;
+    }
+    const float *kr = w->kf, *vr = w->vf;
+    int64_t ks = HS, vs = HS;
+    if (j->rk.type == KILN_KV_F32)
+        kr = (const float *)j->k + r0 * kv_stride + g * HS, ks = kv_stride;
+    else
+        rows_to_float(&j->rk, j->k, r0, nk, g * HS, HS, w->kf);
+    if (j->rv.type == KILN_KV_F32)
+        vr = (const float *)j->v + r0 * kv_stride + g * HS, vs = kv_stride;
+    else
+        rows_to_float(&j->rv, j->v, r0, nk, g * HS, HS, w->vf);
+    j->chunk_f32(w->a, w->m, w->l, w->s, q, kr, vr, ks, vs, nk, HS, j->G, j->scale, j->softcap);
 }
 
 /* Prefill: unit (t, g), every chunk in order, merged on the fly. */
 static void attention_by_group(void *arg, int ith, int nth) {
     attn_job *j = arg;
     const attn_thread w = thread_areas(j, ith);
-    const int64_t n_units = j->T * j->NKV, kv_stride = j->NKV * j->HS, G = j->G, HS = j->HS;
+    const int64_t n_units = j->T * j->NKV, G = j->G, HS = j->HS;
     for (;;) {
         const int64_t u = atomic_fetch_add_explicit(&j->next_unit, 1, memory_order_relaxed);
         if (u >= n_units) break;
@@ -166,8 +248,7 @@ static void attention_by_group(void *arg, int ith, int nth) {
         for (int64_t c = 0; c < r.n_pieces; c++) {
             int64_t j0, nk;
             piece_of(&r, c, &j0, &nk);
-            const size_t off = (size_t)(j0 % j->rows * kv_stride + g * HS);
-            j->chunk(w.a, w.m, w.l, w.s, q, j->k + off, j->v + off, kv_stride, nk, HS, G, j->scale, j->softcap);
+            run_chunk(j, &w, q, j0, nk, g);
             for (int64_t h = 0; h < G; h++) merge(&w.M[h], &w.L[h], w.A + h * HS, w.m[h], w.l[h], w.a + h * HS, HS);
         }
         float *out = j->out + (t * j->NH + g * G) * HS;
@@ -180,7 +261,7 @@ static void attention_by_group(void *arg, int ith, int nth) {
 static void attention_by_chunk(void *arg, int ith, int nth) {
     attn_job *j = arg;
     const attn_thread w = thread_areas(j, ith);
-    const int64_t kv_stride = j->NKV * j->HS, G = j->G, HS = j->HS, NH = j->NH, P = HS + 2;
+    const int64_t G = j->G, HS = j->HS, NH = j->NH, P = HS + 2;
     for (;;) {
         int64_t u = atomic_fetch_add_explicit(&j->next_unit, 1, memory_order_relaxed), t = 0;
         for (; t < j->T; t++) { /* unit u -> (t, c): token t has n_pieces pieces */
@@ -194,9 +275,7 @@ static void attention_by_chunk(void *arg, int ith, int nth) {
         piece_of(&r, u, &j0, &nk);
         float *part = j->partials + ((size_t)t * (size_t)j->max_chunks + (size_t)u) * (size_t)(NH * P);
         for (int64_t g = 0; g < j->NKV; g++) {
-            const size_t off = (size_t)(j0 % j->rows * kv_stride + g * HS);
-            j->chunk(w.a, w.m, w.l, w.s, j->q + (t * NH + g * G) * HS, j->k + off, j->v + off, kv_stride, nk, HS, G, j->scale,
-                     j->softcap);
+            run_chunk(j, &w, j->q + (t * NH + g * G) * HS, j0, nk, g);
             for (int64_t h = 0; h < G; h++) {
                 float *ph = part + (g * G + h) * P;
                 for (int64_t d = 0; d < HS; d++) ph[d] = w.a[h * HS + d];
@@ -223,13 +302,16 @@ static void attention_by_chunk(void *arg, int ith, int nth) {
 /* Decode partials are sized for this many tokens; a larger batch has units enough for the prefill path. */
 #define ATTN_SPLIT_T 4
 
-/* Per thread: scores for all heads of one chunk plus two (heads, HS) areas; decode partials for up to
- * ATTN_SPLIT_T tokens. NH * HS <= max_width (the caller's widest activation includes the q row). */
+/* Per thread: scores for all heads of one chunk plus two (heads, HS) areas and a chunk's k and v rows as float
+ * (HS <= max_width / NH); decode partials for up to ATTN_SPLIT_T tokens. NH * HS <= max_width (the caller's widest
+ * activation includes the q row). */
 size_t kiln_cpu_attention_scratch_size(int64_t T, int64_t max_width, int64_t NH, int64_t n_ctx, int n_threads) {
     if (T <= 0 || max_width <= 0 || NH <= 0 || n_ctx <= 0 || n_threads <= 0) return 0;
     if (n_ctx > INT64_MAX / 2 || max_width > INT64_MAX / 4 || NH > INT64_MAX / (128 * 64)) return SIZE_MAX;
-    const size_t per_thread = kiln_ops_add(kiln_ops_mul(round16((size_t)NH), (size_t)chunk_keys(n_ctx)),
-                                           kiln_ops_add(2 * round16((size_t)max_width), round16(4 * (size_t)NH)));
+    const size_t rows_f32 = 2 * round16(kiln_ops_mul((size_t)chunk_keys(n_ctx), (size_t)(max_width / NH)));
+    const size_t per_thread = kiln_ops_add(kiln_ops_add(kiln_ops_mul(round16((size_t)NH), (size_t)chunk_keys(n_ctx)),
+                                                        kiln_ops_add(2 * round16((size_t)max_width), round16(4 * (size_t)NH))),
+                                           rows_f32);
     const int64_t chunks = (n_ctx + chunk_keys(n_ctx) - 1) / chunk_keys(n_ctx) + 1; /* + 1: a ring's wrap cut */
     const size_t partials = kiln_ops_mul((size_t)(T < ATTN_SPLIT_T ? T : ATTN_SPLIT_T) * (size_t)chunks,
                                          (size_t)max_width + 2 * (size_t)NH);
@@ -244,7 +326,23 @@ void kiln_cpu_attention_forward(kiln_ops_ctx *ctx, float *out, const float *q, c
 void kiln_cpu_attention_window_forward(kiln_ops_ctx *ctx, float *out, const float *q, const uint16_t *k_cache,
                                        const uint16_t *v_cache, int64_t pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                                        int64_t window, int64_t rows, float softcap) {
+    kiln_cpu_attention_kv_forward(ctx, out, q, k_cache, v_cache, KILN_KV_F16, KILN_KV_F16, pos0, T, NH, NKV, HS, window, rows,
+                                  softcap);
+}
+
+/* The reader of a cache of type t with rows of KV elements. */
+static kv_reader reader_of(kiln_kv_type t, int64_t KV) {
+    const kiln_type tt = kiln_kv_tensor_type(t);
+    const kiln_type_traits *tr = kiln_type_traits_get(tt);
+    return (kv_reader){.type = t, .row_bytes = kiln_kv_row_bytes(t, KV), .to_float = kiln_get_to_float(tt, kiln_cpu_ops_level()),
+                       .blck = tr->blck_size, .blck_bytes = tr->type_size};
+}
+
+void kiln_cpu_attention_kv_forward(kiln_ops_ctx *ctx, float *out, const float *q, const void *k_cache,
+                                   const void *v_cache, kiln_kv_type type_k, kiln_kv_type type_v, int64_t pos0, int64_t T,
+                                   int64_t NH, int64_t NKV, int64_t HS, int64_t window, int64_t rows, float softcap) {
     assert(softcap >= 0);
+    assert(kiln_kv_type_name(type_k) && kiln_kv_type_name(type_v) && "a KV cache type kiln knows");
     assert(pos0 >= 0 && T >= 0 && NKV > 0 && NH % NKV == 0 && HS > 0 && window >= 0 && rows > 0);
     assert((rows >= pos0 + T || (window > 0 && rows >= window + T - 1)) && "a ring must hold the window and the batch");
     if (T == 0) return;
@@ -254,11 +352,15 @@ void kiln_cpu_attention_window_forward(kiln_ops_ctx *ctx, float *out, const floa
     const int nth = parallel ? kiln_ops_n_threads(ctx) : 1;
     size_t bytes;
     float *scratch = kiln_ops_scratch(ctx, &bytes);
-    attn_job j = {.out = out, .q = q, .k = k_cache, .v = v_cache, .pos0 = pos0, .T = T, .NH = NH, .NKV = NKV, .HS = HS,
-                  .G = G, .window = window, .rows = rows, .scale = 1.0f / sqrtf((float)HS), .softcap = softcap, .chunk = kiln_attn_chunk_scalar, .thread_scratch = scratch,
-                  .per_thread = thread_floats(G, HS, n_max)};
+    const bool f16 = type_k == KILN_KV_F16 && type_v == KILN_KV_F16;
+    attn_job j = {.out = out, .q = q, .k = k_cache, .v = v_cache, .rk = reader_of(type_k, NKV * HS),
+                  .rv = reader_of(type_v, NKV * HS), .f16 = f16, .chunk_f32 = kiln_attn_chunk_f32_scalar, .pos0 = pos0,
+                  .T = T, .NH = NH, .NKV = NKV, .HS = HS, .G = G, .window = window, .rows = rows,
+                  .scale = 1.0f / sqrtf((float)HS), .softcap = softcap, .chunk = kiln_attn_chunk_scalar,
+                  .thread_scratch = scratch, .per_thread = thread_floats(G, HS, n_max, !f16)};
+    assert((f16 || (j.rk.row_bytes && j.rv.row_bytes)) && "the block types need rows of whole blocks");
 #if defined(__x86_64__)
-    if (kiln_cpu_ops_level() >= KILN_SIMD_AVX2 && HS % 8 == 0) j.chunk = kiln_attn_chunk_avx2;
+    if (kiln_cpu_ops_level() >= KILN_SIMD_AVX2 && HS % 8 == 0) j.chunk = kiln_attn_chunk_avx2, j.chunk_f32 = kiln_attn_chunk_f32_avx2;
 #endif
     const size_t threads_bytes = j.per_thread * (size_t)nth * sizeof(float);
     assert(scratch && threads_bytes <= bytes && "attention scratch too small: size it with scratch_size");

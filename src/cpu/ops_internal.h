@@ -86,6 +86,9 @@ void kiln_cpu_attention_forward(kiln_ops_ctx *ctx, float *out, const float *q, c
 void kiln_cpu_attention_window_forward(kiln_ops_ctx *ctx, float *out, const float *q, const uint16_t *k_cache,
                                        const uint16_t *v_cache, int64_t pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                                        int64_t window, int64_t rows, float softcap);
+void kiln_cpu_attention_kv_forward(kiln_ops_ctx *ctx, float *out, const float *q, const void *k_cache,
+                                   const void *v_cache, kiln_kv_type type_k, kiln_kv_type type_v, int64_t pos0, int64_t T,
+                                   int64_t NH, int64_t NKV, int64_t HS, int64_t window, int64_t rows, float softcap);
 size_t kiln_cpu_attention_scratch_size(int64_t T, int64_t max_width, int64_t NH, int64_t n_ctx, int n_threads);
 /* ops_arch.c: the elementwise ops of the architecture features (#6) */
 void kiln_cpu_geglu_forward(kiln_ops_ctx *ctx, float *out, const float *gate, const float *up, int64_t n);
@@ -106,6 +109,15 @@ void kiln_attn_chunk_scalar(float *a, float *m, float *l, float *s, const float 
                             int64_t kv_stride, int64_t nk, int64_t HS, int64_t G, float scale, float cap);
 void kiln_attn_chunk_avx2(float *a, float *m, float *l, float *s, const float *q, const uint16_t *k, const uint16_t *v,
                           int64_t kv_stride, int64_t nk, int64_t HS, int64_t G, float scale, float cap);
+/* The same over float rows, k_stride and v_stride floats apart: the caches other than f16, each piece's rows
+ * converted to float first (an f32 cache read in place). */
+typedef void (*kiln_attn_chunk_f32_fn)(float *a, float *m, float *l, float *s, const float *q, const float *k,
+                                       const float *v, int64_t k_stride, int64_t v_stride, int64_t nk, int64_t HS, int64_t G,
+                                       float scale, float cap);
+void kiln_attn_chunk_f32_scalar(float *a, float *m, float *l, float *s, const float *q, const float *k, const float *v,
+                                int64_t k_stride, int64_t v_stride, int64_t nk, int64_t HS, int64_t G, float scale, float cap);
+void kiln_attn_chunk_f32_avx2(float *a, float *m, float *l, float *s, const float *q, const float *k, const float *v,
+                              int64_t k_stride, int64_t v_stride, int64_t nk, int64_t HS, int64_t G, float scale, float cap);
 /* s (n) = cap tanh(s / cap): the attention scores' softcap (gemma2), shared by both chunk kernels (inline: the two
  * kernel files must not call each other). */
 static inline void kiln_attn_softcap(float *s, int64_t n, float cap) {

@@ -1,4 +1,4 @@
-/* attention.cu: causal GQA attention over the f16 KV cache (kernels.h's contract), in fp32 from exact f16 k, v.
+/* attention.cu: causal GQA attention over the KV cache (kernels.h's contract), in fp32 from exactly widened k, v.
  *
  * Decode (T <= ATTN_DECODE_MAX_T): flash-decoding in one kernel. The grid is fixed by max_pos alone (at most
  * ATTN_MAX_SPLITS splits per query), so a captured graph replays anywhere; each query's keys max(0, p - window + 1)
@@ -21,6 +21,12 @@
  * real models', the small ones kiln's test models': stories260K and the arch fixtures have HS 8); the rest (72, 88,
  * .., 248) share two kernels that take the head size at run time, laid out for 128 or 256.
  *
+ * Cache types (-ctk/-ctv): the kernels are templates on ANY. ANY false is the f16 pair, exactly the kernels as they
+ * were (rows loaded as raw 16-byte pieces and widened from f16). ANY true takes the two types as run-time arguments
+ * and converts each 8-element piece to float as it loads it (kv.cuh: f32, bf16, q8_0 and q4_0 blocks, f16 for a
+ * mixed pair), so 25 pairs cost one more set of kernels, compiled for the run-time head sizes only (laid out for
+ * 128 or 256); its prefill stages float tiles of ATTN_BK_ANY keys (32 KiB of shared memory at HS 256).
+ *
  * Positions come only from *d_pos0 (read on the device). A query at p >= max_pos (or p < 0) breaks the contract:
  * its output is NaN rather than a silently wrong number. Every kernel follows launch.h's PDL contract.
  * tests/test_cuda_attention.c checks both paths against the CPU oracle (kiln_cpu_ops.attention_window_forward) and
@@ -28,12 +34,14 @@
  * attention_xp's xp byte for byte against kiln_cuda_matvec_prepare. */
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
+#include "cuda/kv.cuh"
 #include "cuda/q8.cuh"
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <type_traits>
 
 #include "status.h"
 
@@ -44,6 +52,7 @@
 #define ATTN_MAX_SPLITS 32  /* splits per query at most: 4096 positions x 8 KV heads give 256 blocks of 128 keys,
                                and the merging block reads 32 partials per output */
 #define ATTN_BK 32          /* keys per prefill tile */
+#define ATTN_BK_ANY 16      /* keys per prefill tile of float rows (ANY): the same shared memory as f16 tiles of 32 */
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -85,6 +94,41 @@ static __device__ __forceinline__ void h8_to_f32(uint4 u, float *f) {
     }
 }
 
+/* 8 elements of a cache row: the f16 pair's raw 16 bytes (ANY false, widened when used, as the kernels always did)
+ * or any type's as float (ANY true, converted by kiln_kv_load8 as they load). */
+template <bool ANY> struct kv_piece;
+template <> struct kv_piece<false> {
+    uint4 u;
+    __device__ __forceinline__ void zero() { u = make_uint4(0, 0, 0, 0); }
+    __device__ __forceinline__ void load(int t, const void *cache, size_t e) { u = *(const uint4 *)((const __half *)cache + e); }
+    __device__ __forceinline__ void to_f32(float *f) const { h8_to_f32(u, f); }
+};
+template <> struct kv_piece<true> {
+    float x[8];
+    __device__ __forceinline__ void zero() {
+#pragma unroll
+        for (int i = 0; i < 8; i++) x[i] = 0.0f;
+    }
+    __device__ __forceinline__ void load(int t, const void *cache, size_t e) { kiln_kv_load8(t, cache, e, x); }
+    __device__ __forceinline__ void to_f32(float *f) const {
+#pragma unroll
+        for (int i = 0; i < 8; i++) f[i] = x[i];
+    }
+};
+
+/* 8 elements of a prefill tile in shared memory (f16 for the f16 pair, float for ANY) as float. */
+static __device__ __forceinline__ void tile8_to_f32(const __half *p, float *f) { h8_to_f32(*(const uint4 *)p, f); }
+static __device__ __forceinline__ void tile8_to_f32(const float *p, float *f) {
+    const float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+/* A loaded piece into a tile. */
+static __device__ __forceinline__ void tile8_store(__half *p, const kv_piece<false> &k) { *(uint4 *)p = k.u; }
+static __device__ __forceinline__ void tile8_store(float *p, const kv_piece<true> &k) {
+    *(float4 *)p = make_float4(k.x[0], k.x[1], k.x[2], k.x[3]);
+    *(float4 *)(p + 4) = make_float4(k.x[4], k.x[5], k.x[6], k.x[7]);
+}
+
 /* A score after the scale: cap tanh(s / cap) with the softcap (gemma2; inv = 1 / cap), else s as it is. CAP is a
  * template flag of both kernels so the plain path compiles exactly as without it. */
 template <bool CAP> static __device__ __forceinline__ float capped(float s, float cap, float inv) {
@@ -117,11 +161,11 @@ static __device__ __forceinline__ int first_key(int p, int window) { return wind
  * launch and every launch leaves them zero), part_o (T, NH, n_splits, HS) unnormalized outputs, part_ml (T, NH, n_splits, 2). */
 
 /* GBM: query heads per block at most (1, 4 or 8): the accumulators are GBM x 8 registers per lane. */
-template <int HSM, bool EXACT, int GBM, bool CAP>
+template <int HSM, bool EXACT, int GBM, bool CAP, bool ANY>
 __global__ void __launch_bounds__(ATTN_THREADS)
 attn_decode(float *out, int8_t *xq, float2 *xds, unsigned *counters, float *part_o, float *part_ml, const float *q,
-            const __half *k_cache, const __half *v_cache, const int32_t *d_pos0, int hs, int NH, int NKV, int window,
-            int rows, int max_pos, float scale, float cap) {
+            const void *k_cache, const void *v_cache, int kt, int vt, const int32_t *d_pos0, int hs, int NH, int NKV,
+            int window, int rows, int max_pos, float scale, float cap) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
     const int HS = EXACT ? HSM : hs; /* a constant when EXACT */
@@ -181,7 +225,7 @@ attn_decode(float *out, int8_t *xq, float2 *xds, unsigned *counters, float *part
     const int lane_g = tid % SG, w = tid / SG;
     const bool active = lane_g < NP;
     const size_t kv_stride = (size_t)NKV * HS; /* elements between cache rows */
-    const __half *kb = k_cache + (size_t)g * HS + lane_g * 8, *vb = v_cache + (size_t)g * HS + lane_g * 8;
+    const size_t e_lane = (size_t)g * HS + lane_g * 8; /* the lane's first element in a row */
     float m[GBM], l[GBM], acc[GBM][8];
 #pragma unroll
     for (int hh = 0; hh < GBM; hh++) {
@@ -192,20 +236,20 @@ attn_decode(float *out, int8_t *xq, float2 *xds, unsigned *counters, float *part
 
     /* The loop is uniform over the block (n and R are), so the full-warp shuffles are safe. */
     for (int base = 0; base < n; base += U * R) {
-        uint4 kr[U], vr[U];
+        kv_piece<ANY> kr[U], vr[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int jj = base + u * R + w;
-            kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+            kr[u].zero(), vr[u].zero();
             if (active && jj < n) {
                 const size_t off = (size_t)((j0 + jj) % rows) * kv_stride;
-                kr[u] = *(const uint4 *)(kb + off);
-                vr[u] = *(const uint4 *)(vb + off);
+                kr[u].load(kt, k_cache, e_lane + off);
+                vr[u].load(vt, v_cache, e_lane + off);
             }
         }
         float kf[U][8];
 #pragma unroll
-        for (int u = 0; u < U; u++) h8_to_f32(kr[u], kf[u]);
+        for (int u = 0; u < U; u++) kr[u].to_f32(kf[u]);
 #pragma unroll
         for (int hh = 0; hh < GBM; hh++) {
             if (hh >= gb) break; /* uniform */
@@ -234,7 +278,7 @@ attn_decode(float *out, int8_t *xq, float2 *xds, unsigned *counters, float *part
             for (int u = 0; u < U; u++) {
                 const float pj = expf(s[u] - mx); /* 0 past the split's end */
                 float vf[8];
-                h8_to_f32(vr[u], vf);
+                vr[u].to_f32(vf);
                 l[hh] += pj;
 #pragma unroll
                 for (int i = 0; i < 8; i++) acc[hh][i] = fmaf(pj, vf[i], acc[hh][i]);
@@ -347,17 +391,19 @@ attn_decode(float *out, int8_t *xq, float2 *xds, unsigned *counters, float *part
  * per lane when it divides the head size, else 8 (HS 8, 24, 40, 56 and the run-time head sizes). The block's
  * keys are the union of its rows' ranges, lo(first token) .. p(last token); each row masks the keys outside its
  * own range with -inf. Every row in that range is a real cache row: the ring holds window + T - 1 rows. */
-template <int HSM, bool EXACT, bool CAP>
+template <int HSM, bool EXACT, bool CAP, bool ANY>
 __global__ void __launch_bounds__(ATTN_THREADS)
-attn_prefill(float *out, const float *q, const __half *k_cache, const __half *v_cache, const int32_t *d_pos0, int hs,
-             int T, int NH, int NKV, int window, int rows, int max_pos, float scale, float cap) {
+attn_prefill(float *out, const float *q, const void *k_cache, const void *v_cache, int kt, int vt, const int32_t *d_pos0,
+             int hs, int T, int NH, int NKV, int window, int rows, int max_pos, float scale, float cap) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
     const int HS = EXACT ? HSM : hs; /* a constant when EXACT */
     const float inv_cap = CAP ? 1.0f / cap : 0.0f;
     constexpr int D = prefill_dims(HSM, EXACT), TPQ = prefill_lanes(HSM, EXACT), QPB = ATTN_THREADS / TPQ;
     const int NSUB = HS / D, NP = HS / 8; /* lanes with dims, 16-byte pieces of a row */
-    __shared__ __align__(16) __half sk[ATTN_BK * HSM], sv[ATTN_BK * HSM]; /* (BK, HS) each: 16 KiB each at HS 256 */
+    constexpr int BK = ANY ? ATTN_BK_ANY : ATTN_BK;
+    typedef typename std::conditional<ANY, float, __half>::type tile_t;
+    __shared__ __align__(16) tile_t sk[BK * HSM], sv[BK * HSM]; /* (BK, HS) each: 16 KiB each at HS 256 */
 
     const int G = NH / NKV, g = blockIdx.y, nrows = T * G;
     const int tid = threadIdx.x, r = tid / TPQ, sub = tid % TPQ;
@@ -380,33 +426,34 @@ attn_prefill(float *out, const float *q, const __half *k_cache, const __half *v_
     for (int i = 0; i < D; i++) qr[i] = sub_ok && row_ok ? qt[i] : 0.0f, acc[i] = 0.0f;
     float m = -INFINITY, l = 0.0f;
     const size_t kv_stride = (size_t)NKV * HS;
-    const __half *kg = k_cache + (size_t)g * HS, *vg = v_cache + (size_t)g * HS;
+    const size_t e_head = (size_t)g * HS; /* the group's first element in a row */
 
-    for (int tile = key_lo; tile <= key_hi; tile += ATTN_BK) {
-        const int nk = min(ATTN_BK, key_hi - tile + 1);
+    for (int tile = key_lo; tile <= key_hi; tile += BK) {
+        const int nk = min(BK, key_hi - tile + 1);
         __syncthreads(); /* the previous tile is consumed */
-        for (int i = tid; i < ATTN_BK * NP; i += ATTN_THREADS) {
+        for (int i = tid; i < BK * NP; i += ATTN_THREADS) {
             const int jj = i / NP, piece = i % NP;
-            uint4 kr = make_uint4(0, 0, 0, 0), vr = make_uint4(0, 0, 0, 0);
+            kv_piece<ANY> kr, vr;
+            kr.zero(), vr.zero();
             if (jj < nk) {
                 const size_t off = (size_t)((tile + jj) % rows) * kv_stride + piece * 8;
-                kr = *(const uint4 *)(kg + off);
-                vr = *(const uint4 *)(vg + off);
+                kr.load(kt, k_cache, e_head + off);
+                vr.load(vt, v_cache, e_head + off);
             }
-            *(uint4 *)(sk + jj * HS + piece * 8) = kr;
-            *(uint4 *)(sv + jj * HS + piece * 8) = vr;
+            tile8_store(sk + jj * HS + piece * 8, kr);
+            tile8_store(sv + jj * HS + piece * 8, vr);
         }
         __syncthreads();
 
-        float s[ATTN_BK];
+        float s[BK];
         float mt = -INFINITY;
 #pragma unroll
-        for (int jj = 0; jj < ATTN_BK; jj++) {
+        for (int jj = 0; jj < BK; jj++) {
             float dot = 0.0f;
             if (sub_ok) {
                 float kf[D];
 #pragma unroll
-                for (int c = 0; c < D / 8; c++) h8_to_f32(*(const uint4 *)(sk + jj * HS + sub * D + 8 * c), kf + 8 * c);
+                for (int c = 0; c < D / 8; c++) tile8_to_f32(sk + jj * HS + sub * D + 8 * c, kf + 8 * c);
 #pragma unroll
                 for (int i = 0; i < D; i++) dot = fmaf(qr[i], kf[i], dot);
             }
@@ -423,13 +470,13 @@ attn_prefill(float *out, const float *q, const __half *k_cache, const __half *v_
 #pragma unroll
         for (int i = 0; i < D; i++) acc[i] *= fac;
 #pragma unroll
-        for (int jj = 0; jj < ATTN_BK; jj++) {
+        for (int jj = 0; jj < BK; jj++) {
             const float pj = expf(s[jj] - m_new);
             l += pj;
             if (sub_ok) {
                 float vf[D];
 #pragma unroll
-                for (int c = 0; c < D / 8; c++) h8_to_f32(*(const uint4 *)(sv + jj * HS + sub * D + 8 * c), vf + 8 * c);
+                for (int c = 0; c < D / 8; c++) tile8_to_f32(sv + jj * HS + sub * D + 8 * c, vf + 8 * c);
 #pragma unroll
                 for (int i = 0; i < D; i++) acc[i] = fmaf(pj, vf[i], acc[i]);
             }
@@ -460,8 +507,8 @@ extern "C" size_t kiln_cuda_attention_ws_bytes(int64_t T, int64_t NH, int64_t HS
            (size_t)Td * (size_t)NH * (size_t)decode_splits(max_pos) * (size_t)(HS + 2) * sizeof(float);
 }
 
-template <int HSM, bool EXACT, bool CAP>
-static kiln_status attention_cap(float *out, void *xp, const float *q, const __half *k, const __half *v,
+template <int HSM, bool EXACT, bool CAP, bool ANY>
+static kiln_status attention_cap(float *out, void *xp, const float *q, const void *k, const void *v, int kt, int vt,
                                  const int32_t *d_pos0, int HS, int T, int NH, int NKV, int window, int rows, int max_pos,
                                  float scale, float cap, void *ws, cudaStream_t s) {
     const int G = NH / NKV;
@@ -480,37 +527,45 @@ static kiln_status attention_cap(float *out, void *xp, const float *q, const __h
          * (HS 8, R = 128, 8 heads), 4.6 KiB at HS 128 with one query head per KV head */
         const size_t R = ATTN_THREADS / decode_group(HSM);
         const size_t shm = sizeof(float) * (size_t)gbmax * ((size_t)HS + R * HS + 3 * R);
-        void (*kern)(float *, int8_t *, float2 *, unsigned *, float *, float *, const float *, const __half *,
-                     const __half *, const int32_t *, int, int, int, int, int, int, float, float) =
-            gbm == 1   ? attn_decode<HSM, EXACT, 1, CAP>
-            : gbm == 4 ? attn_decode<HSM, EXACT, 4, CAP>
-                       : attn_decode<HSM, EXACT, ATTN_GB, CAP>;
+        void (*kern)(float *, int8_t *, float2 *, unsigned *, float *, float *, const float *, const void *,
+                     const void *, int, int, const int32_t *, int, int, int, int, int, int, float, float) =
+            gbm == 1   ? attn_decode<HSM, EXACT, 1, CAP, ANY>
+            : gbm == 4 ? attn_decode<HSM, EXACT, 4, CAP, ANY>
+                       : attn_decode<HSM, EXACT, ATTN_GB, CAP, ANY>;
         return launch_error("decode", kiln_launch(kern, grid, dim3(ATTN_THREADS), shm, s, out, xq, xds, counters, part_o,
-                                                  part_ml, q, k, v, d_pos0, HS, NH, NKV, window, rows, max_pos, scale, cap));
+                                                  part_ml, q, k, v, kt, vt, d_pos0, HS, NH, NKV, window, rows, max_pos,
+                                                  scale, cap));
     }
     constexpr int QPB = ATTN_THREADS / prefill_lanes(HSM, EXACT);
     const int64_t blocks = ((int64_t)T * G + QPB - 1) / QPB;
-    return launch_error("prefill", kiln_launch(attn_prefill<HSM, EXACT, CAP>, dim3((unsigned)blocks, (unsigned)NKV),
-                                               dim3(ATTN_THREADS), 0, s, out, q, k, v, d_pos0, HS, T, NH, NKV, window,
-                                               rows, max_pos, scale, cap));
+    return launch_error("prefill", kiln_launch(attn_prefill<HSM, EXACT, CAP, ANY>, dim3((unsigned)blocks, (unsigned)NKV),
+                                               dim3(ATTN_THREADS), 0, s, out, q, k, v, kt, vt, d_pos0, HS, T, NH, NKV,
+                                               window, rows, max_pos, scale, cap));
 }
 
 /* One head size's kernels, with the score softcap compiled in only where there is one. */
-template <int HSM, bool EXACT>
-static kiln_status attention_hs(float *out, void *xp, const float *q, const __half *k, const __half *v,
+template <int HSM, bool EXACT, bool ANY>
+static kiln_status attention_hs(float *out, void *xp, const float *q, const void *k, const void *v, int kt, int vt,
                                 const int32_t *d_pos0, int HS, int T, int NH, int NKV, int window, int rows, int max_pos,
                                 float scale, float cap, void *ws, cudaStream_t s) {
-    return cap > 0 ? attention_cap<HSM, EXACT, true>(out, xp, q, k, v, d_pos0, HS, T, NH, NKV, window, rows, max_pos, scale, cap, ws, s)
-                   : attention_cap<HSM, EXACT, false>(out, xp, q, k, v, d_pos0, HS, T, NH, NKV, window, rows, max_pos, scale, 0.0f,
-                                                      ws, s);
+    return cap > 0 ? attention_cap<HSM, EXACT, true, ANY>(out, xp, q, k, v, kt, vt, d_pos0, HS, T, NH, NKV, window, rows,
+                                                          max_pos, scale, cap, ws, s)
+                   : attention_cap<HSM, EXACT, false, ANY>(out, xp, q, k, v, kt, vt, d_pos0, HS, T, NH, NKV, window, rows,
+                                                           max_pos, scale, 0.0f, ws, s);
 }
 
 /* Both launchers: xp NULL for kiln_cuda_attention. */
-static kiln_status attention(float *out, void *xp, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                             const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t window,
-                             int64_t rows, int64_t max_pos, float scale, float softcap, void *ws, void *stream) {
+static kiln_status attention(float *out, void *xp, const float *q, const void *k_cache, const void *v_cache,
+                             kiln_kv_type type_k, kiln_kv_type type_v, const int32_t *d_pos0, int64_t T, int64_t NH,
+                             int64_t NKV, int64_t HS, int64_t window, int64_t rows, int64_t max_pos, float scale,
+                             float softcap, void *ws, void *stream) {
     if (!out || !q || !k_cache || !v_cache || !d_pos0)
         return kiln_fail(KILN_ERR_INVALID, "cuda attention: a NULL pointer");
+    if (!kiln_kv_type_name(type_k) || !kiln_kv_type_name(type_v))
+        return kiln_fail(KILN_ERR_INVALID, "cuda attention: KV cache type ids %d, %d", (int)type_k, (int)type_v);
+    if ((kiln_kv_is_block(type_k) || kiln_kv_is_block(type_v)) && (NKV * HS) % 32)
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda attention: a %s cache needs rows of whole blocks of 32, not %lld",
+                         kiln_kv_type_name(kiln_kv_is_block(type_k) ? type_k : type_v), (long long)(NKV * HS));
     if (!(softcap >= 0) || !isfinite(softcap))
         return kiln_fail(KILN_ERR_INVALID, "cuda attention: softcap %g (0: none, or positive)", (double)softcap);
     if (T <= 0 || NH <= 0 || NKV <= 0 || NH % NKV || window < 0 || rows <= 0 || max_pos < T || max_pos > INT32_MAX ||
@@ -522,47 +577,53 @@ static kiln_status attention(float *out, void *xp, const float *q, const uint16_
                          (long long)rows, (long long)max_pos, (long long)window, (long long)T);
     if (T <= ATTN_DECODE_MAX_T && !ws)
         return kiln_fail(KILN_ERR_INVALID, "cuda attention: decode needs a workspace of kiln_cuda_attention_ws_bytes");
-    const __half *k = (const __half *)k_cache, *v = (const __half *)v_cache;
+    const void *k = k_cache, *v = v_cache;
+    const int kt = (int)type_k, vt = (int)type_v;
     const int Ti = (int)T, NHi = (int)NH, NKVi = (int)NKV, Wi = (int)window, Ri = (int)rows, Mi = (int)max_pos;
     cudaStream_t s = (cudaStream_t)stream;
     if (HS < 8 || HS > 256 || HS % 8) /* the kernels load rows in 16-byte pieces */
         return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda attention: head size %lld is not a multiple of 8 in 8 .. 256", (long long)HS);
     const int H = (int)HS;
-#define ATTN_ARGS out, xp, q, k, v, d_pos0, H, Ti, NHi, NKVi, Wi, Ri, Mi, scale, softcap, ws, s
+#define ATTN_ARGS out, xp, q, k, v, kt, vt, d_pos0, H, Ti, NHi, NKVi, Wi, Ri, Mi, scale, softcap, ws, s
+    if (type_k != KILN_KV_F16 || type_v != KILN_KV_F16) /* any other pair: the run-time-typed kernels */
+        return H <= 128 ? attention_hs<128, false, true>(ATTN_ARGS) : attention_hs<256, false, true>(ATTN_ARGS);
     switch (H) {
-    case 8: return attention_hs<8, true>(ATTN_ARGS);
-    case 16: return attention_hs<16, true>(ATTN_ARGS);
-    case 24: return attention_hs<24, true>(ATTN_ARGS);
-    case 32: return attention_hs<32, true>(ATTN_ARGS);
-    case 40: return attention_hs<40, true>(ATTN_ARGS);
-    case 48: return attention_hs<48, true>(ATTN_ARGS);
-    case 56: return attention_hs<56, true>(ATTN_ARGS);
-    case 64: return attention_hs<64, true>(ATTN_ARGS);
-    case 80: return attention_hs<80, true>(ATTN_ARGS);
-    case 96: return attention_hs<96, true>(ATTN_ARGS);
-    case 128: return attention_hs<128, true>(ATTN_ARGS);
-    case 256: return attention_hs<256, true>(ATTN_ARGS);
-    default: return H < 128 ? attention_hs<128, false>(ATTN_ARGS) : attention_hs<256, false>(ATTN_ARGS);
+    case 8: return attention_hs<8, true, false>(ATTN_ARGS);
+    case 16: return attention_hs<16, true, false>(ATTN_ARGS);
+    case 24: return attention_hs<24, true, false>(ATTN_ARGS);
+    case 32: return attention_hs<32, true, false>(ATTN_ARGS);
+    case 40: return attention_hs<40, true, false>(ATTN_ARGS);
+    case 48: return attention_hs<48, true, false>(ATTN_ARGS);
+    case 56: return attention_hs<56, true, false>(ATTN_ARGS);
+    case 64: return attention_hs<64, true, false>(ATTN_ARGS);
+    case 80: return attention_hs<80, true, false>(ATTN_ARGS);
+    case 96: return attention_hs<96, true, false>(ATTN_ARGS);
+    case 128: return attention_hs<128, true, false>(ATTN_ARGS);
+    case 256: return attention_hs<256, true, false>(ATTN_ARGS);
+    default: return H < 128 ? attention_hs<128, false, false>(ATTN_ARGS) : attention_hs<256, false, false>(ATTN_ARGS);
     }
 #undef ATTN_ARGS
 }
 
-extern "C" kiln_status kiln_cuda_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                                           const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
-                                           int64_t window, int64_t rows, int64_t max_pos, float scale, float softcap,
-                                           void *ws, void *stream) {
-    return attention(out, NULL, q, k_cache, v_cache, d_pos0, T, NH, NKV, HS, window, rows, max_pos, scale, softcap, ws, stream);
+extern "C" kiln_status kiln_cuda_attention(float *out, const float *q, const void *k_cache, const void *v_cache,
+                                           kiln_kv_type type_k, kiln_kv_type type_v, const int32_t *d_pos0, int64_t T,
+                                           int64_t NH, int64_t NKV, int64_t HS, int64_t window, int64_t rows,
+                                           int64_t max_pos, float scale, float softcap, void *ws, void *stream) {
+    return attention(out, NULL, q, k_cache, v_cache, type_k, type_v, d_pos0, T, NH, NKV, HS, window, rows, max_pos, scale,
+                     softcap, ws, stream);
 }
 
 /* The decode kernel's writer of each output block also writes its prepared form (a block of 32 within one head). */
-extern "C" kiln_status kiln_cuda_attention_xp(float *out, void *xp, const float *q, const uint16_t *k_cache,
-                                              const uint16_t *v_cache, const int32_t *d_pos0, int64_t T, int64_t NH,
-                                              int64_t NKV, int64_t HS, int64_t window, int64_t rows, int64_t max_pos,
-                                              float scale, float softcap, void *ws, void *stream) {
+extern "C" kiln_status kiln_cuda_attention_xp(float *out, void *xp, const float *q, const void *k_cache,
+                                              const void *v_cache, kiln_kv_type type_k, kiln_kv_type type_v,
+                                              const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                                              int64_t window, int64_t rows, int64_t max_pos, float scale, float softcap,
+                                              void *ws, void *stream) {
     if (T > KILN_CUDA_MATVEC_MAX_T || T > ATTN_DECODE_MAX_T || HS % 32)
         return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda attention_xp: T %lld, HS %lld: only T <= %d and HS a multiple of 32",
                          (long long)T, (long long)HS, ATTN_DECODE_MAX_T);
     if (!xp || (uintptr_t)xp % 16)
         return kiln_fail(KILN_ERR_INVALID, "cuda attention_xp: xp NULL or not 16-byte aligned");
-    return attention(out, xp, q, k_cache, v_cache, d_pos0, T, NH, NKV, HS, window, rows, max_pos, scale, softcap, ws, stream);
+    return attention(out, xp, q, k_cache, v_cache, type_k, type_v, d_pos0, T, NH, NKV, HS, window, rows, max_pos, scale,
+                     softcap, ws, stream);
 }

@@ -11,6 +11,7 @@
  * residual_norm_xp's prepared form byte for byte against kiln_cuda_matvec_prepare. */
 #include "cuda/blocks.cuh"
 #include "cuda/kernels.h"
+#include "cuda/kv.cuh"
 #include "cuda/launch.h"
 #include "quants.h"
 
@@ -399,14 +400,14 @@ extern "C" kiln_status kiln_cuda_residual_norm_xp(float *x, const float *y, cons
  * 32-bit division, the squares are summed only when a norm wants them, and each angle takes one sincosf (one
  * range reduction for both, CUDA's sinf/cosf accuracy) instead of cosf and sinf. */
 __global__ void qkv_post_kernel(float *q,                         /* (T, NH*HS) */
-                                const float *k, const float *v,   /* (T, NKV*HS) each */
+                                float *k, float *v,               /* (T, NKV*HS) each; written back for a block type */
                                 const float *bq,                  /* (NH*HS) or NULL */
                                 const float *bk, const float *bv, /* (NKV*HS) each, or NULL */
                                 const float *q_norm, const float *k_norm, /* (HS) each, or NULL */
                                 float eps, const int32_t *d_pos0 /* (1) */, int64_t NH, int64_t NKV, int64_t HS,
                                 int64_t rope_dim, float theta_scale, kiln_cuda_rope_freq rf, bool neox, bool rope,
-                                float q_scale, uint16_t *k_cache, uint16_t *v_cache, /* (rows, NKV*HS) f16 each */
-                                int64_t rows) {
+                                float q_scale, void *k_cache, void *v_cache, /* (rows, NKV*HS) of kt, vt */
+                                int kt, int vt, int64_t rows) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
     __shared__ float hx[QKV_MAX_HS]; /* (HS) the head being processed */
@@ -458,28 +459,101 @@ __global__ void qkv_post_kernel(float *q,                         /* (T, NH*HS) 
         for (int i = tid; i < hs; i += nt) qh[i] = scaled ? __fmul_rn(hx[i], q_scale) : hx[i];
         return;
     }
-    /* f16 round-to-nearest-even, kiln_f32_to_fp16's rounding; position p lives in ring row p % rows */
+    /* position p lives in ring row p % rows */
     const int64_t row = p % rows;
-    uint16_t *kc = k_cache + (row * NKV + kh) * HS, *vc = v_cache + (row * NKV + kh) * HS;      /* (HS) each */
-    const float *vh = v + ((int64_t)t * NKV + kh) * HS, *vb = bv ? bv + kh * HS : NULL;        /* (HS) each */
+    float *kh_src = k + ((int64_t)t * NKV + kh) * HS, *vh = v + ((int64_t)t * NKV + kh) * HS; /* (HS) each */
+    const float *vb = bv ? bv + kh * HS : NULL;                                                 /* (HS) */
+    if (kt == KILN_KV_F16 && vt == KILN_KV_F16) { /* f16 round-to-nearest-even, kiln_f32_to_fp16's rounding */
+        uint16_t *kc = (uint16_t *)k_cache + (row * NKV + kh) * HS, *vc = (uint16_t *)v_cache + (row * NKV + kh) * HS;
+        for (int i = tid; i < hs; i += nt) {
+            kc[i] = __half_as_ushort(__float2half_rn(hx[i]));
+            const float val = vb ? __fadd_rn(vh[i], vb[i]) : vh[i];
+            vc[i] = __half_as_ushort(__float2half_rn(val));
+        }
+        return;
+    }
+    /* other types: element by element, or the final values back over k and v for kiln_cuda_kv_quantize */
+    const size_t e0 = (size_t)(row * NKV + kh) * HS;
     for (int i = tid; i < hs; i += nt) {
-        kc[i] = __half_as_ushort(__float2half_rn(hx[i]));
         const float val = vb ? __fadd_rn(vh[i], vb[i]) : vh[i];
-        vc[i] = __half_as_ushort(__float2half_rn(val));
+        if (kiln_kv_is_block(kt)) kh_src[i] = hx[i];
+        else kiln_kv_store1(kt, k_cache, e0 + i, hx[i]);
+        if (kiln_kv_is_block(vt)) vh[i] = val;
+        else kiln_kv_store1(vt, v_cache, e0 + i, val);
     }
 }
 
-extern "C" kiln_status kiln_cuda_qkv_post(float *q, const float *k, const float *v, const float *bq, const float *bk,
+/* One warp per block of 32: row (p0 + t) % rows, block b of src's row t. Quantized as quants_ref.c does it, with
+ * every product and quotient rounded once (__fmul_rn, __fdiv_rn: no contraction into an fma), so the bytes are
+ * the CPU's: q8_0 d = amax / 127, q = roundf(x / d) clamped to +-127; q4_0 d = (the element of largest magnitude,
+ * the first such) / -8, q = min(15, trunc(x / d + 8.5)). d = 0 (or 1/d not finite) gives id 0. */
+__global__ void kv_quantize_kernel(uint8_t *cache, const float *src /* (T, KV) */, int type, const int32_t *d_pos0,
+                                   int64_t T, int64_t KV, int64_t rows) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
+    const int64_t nb = KV / 32, w = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (w >= T * nb) return; /* whole warps: the shuffles below see all their lanes */
+    const int64_t t = w / nb, b = w % nb, row = ((int64_t)*d_pos0 + t) % rows;
+    const float x = src[t * KV + b * 32 + lane];
+    const bool q8 = type == KILN_KV_Q8_0;
+    uint8_t *blk = cache + (size_t)(row * nb + b) * (q8 ? KILN_KV_Q8_0_BYTES : KILN_KV_Q4_0_BYTES);
+    float a = fabsf(x), d;
+    if (q8) {
+        for (int off = 16; off > 0; off /= 2) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, off));
+        d = __fdiv_rn(a, 127.0f);
+    } else {
+        int idx = lane; /* the first lane of the largest |x| */
+        for (int off = 16; off > 0; off /= 2) {
+            const float oa = __shfl_xor_sync(0xffffffffu, a, off);
+            const int oi = __shfl_xor_sync(0xffffffffu, idx, off);
+            if (oa > a || (oa == a && oi < idx)) a = oa, idx = oi;
+        }
+        const float mx = __shfl_sync(0xffffffffu, x, idx);
+        d = __fdiv_rn(a > 0.0f ? mx : 0.0f, -8.0f);
+    }
+    float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    if (!isfinite(id)) id = 0.0f;
+    if (lane == 0) *(__half *)blk = __float2half_rn(d);
+    if (q8) {
+        float v = __fmul_rn(x, id);
+        v = v != v ? 0.0f : fminf(fmaxf(v, -127.0f), 127.0f);
+        blk[2 + lane] = (uint8_t)(int8_t)roundf(v);
+    } else {
+        const float v = __fadd_rn(__fmul_rn(x, id), 8.5f);
+        const int c = !(v >= 0.0f) ? 0 : v < 15.0f ? (int)v : 15;
+        const int hi = __shfl_down_sync(0xffffffffu, c, 16);
+        if (lane < 16) blk[2 + lane] = (uint8_t)(c | hi << 4);
+    }
+}
+
+extern "C" kiln_status kiln_cuda_kv_quantize(void *cache, const float *src, kiln_kv_type type, const int32_t *d_pos0,
+                                             int64_t T, int64_t KV, int64_t rows, void *stream) {
+    if (!kiln_kv_is_block(type) || T < 0 || KV <= 0 || KV % 32 || rows <= 0)
+        return kiln_fail(KILN_ERR_INVALID, "cuda kv_quantize: type %d, T %lld, KV %lld (a multiple of 32), rows %lld", (int)type,
+                         (long long)T, (long long)KV, (long long)rows);
+    if (T == 0) return KILN_OK;
+    const int64_t warps = T * (KV / 32), blocks = (warps + 3) / 4;
+    if (blocks > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda kv_quantize: %lld blocks is too many", (long long)blocks);
+    return checked("kv_quantize", kiln_launch(kv_quantize_kernel, dim3((unsigned)blocks), dim3(128), 0, (cudaStream_t)stream,
+                                              (uint8_t *)cache, src, (int)type, d_pos0, T, KV, rows));
+}
+
+extern "C" kiln_status kiln_cuda_qkv_post(float *q, float *k, float *v, const float *bq, const float *bk,
                                           const float *bv, const float *q_norm, const float *k_norm, float eps,
                                           const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
                                           int64_t rope_dim, float base, const float *h_rope_freq, float rope_mscale,
-                                          bool neox, bool nope, float q_scale, uint16_t *k_cache, uint16_t *v_cache,
-                                          int64_t rows, void *stream) {
+                                          bool neox, bool nope, float q_scale, void *k_cache, void *v_cache,
+                                          kiln_kv_type type_k, kiln_kv_type type_v, int64_t rows, void *stream) {
     if (T < 0 || NH <= 0 || NKV <= 0 || HS <= 0 || HS > QKV_MAX_HS || rows <= 0 ||
         (!nope && (rope_dim <= 0 || rope_dim % 2 || rope_dim > HS)))
         return kiln_fail(KILN_ERR_INVALID, "cuda qkv_post: T %lld, NH %lld, NKV %lld, HS %lld (at most %d), rope_dim %lld, rows %lld",
                          (long long)T, (long long)NH, (long long)NKV, (long long)HS, QKV_MAX_HS, (long long)rope_dim,
                          (long long)rows);
+    if (!kiln_kv_type_name(type_k) || !kiln_kv_type_name(type_v) ||
+        ((kiln_kv_is_block(type_k) || kiln_kv_is_block(type_v)) && (NKV * HS) % 32))
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda qkv_post: KV cache types %d, %d over rows of %lld (the block types need a "
+                         "multiple of 32)", (int)type_k, (int)type_v, (long long)(NKV * HS));
     if (T == 0) return KILN_OK;
     const int64_t blocks = T * (NH + NKV);
     if (blocks > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda qkv_post: %lld heads is too many", (long long)blocks);
@@ -490,8 +564,11 @@ extern "C" kiln_status kiln_cuda_qkv_post(float *q, const float *k, const float 
     const int threads = (int)(HS / 2 <= 32 ? 32 : HS / 2 <= 64 ? 64 : 128);
     const cudaError_t e = kiln_launch(qkv_post_kernel, dim3((unsigned)blocks), dim3(threads), 0, (cudaStream_t)stream, q, k,
                                       v, bq, bk, bv, q_norm, k_norm, eps, d_pos0, NH, NKV, HS, rope_dim, theta_scale, rf, neox,
-                                      !nope, q_scale, k_cache, v_cache, rows);
-    return checked("qkv_post", e);
+                                      !nope, q_scale, k_cache, v_cache, (int)type_k, (int)type_v, rows);
+    TRY(checked("qkv_post", e));
+    if (kiln_kv_is_block(type_k)) TRY(kiln_cuda_kv_quantize(k_cache, k, type_k, d_pos0, T, NKV * HS, rows, stream));
+    if (kiln_kv_is_block(type_v)) TRY(kiln_cuda_kv_quantize(v_cache, v, type_v, d_pos0, T, NKV * HS, rows, stream));
+    return KILN_OK;
 }
 
 /* ---------------------------------------------------------------- GLU, sigmoid gate, scale/softcap

@@ -6,7 +6,7 @@
  *     input (residual_norm_xp), as the attention does for wo (attention_xp);
  *   - a single token's q, k and v come from one matvec over wq, wk, wv uploaded back to back when they share a type
  *     (q and k alone when v differs, as in Q4_K_M);
- *   - bias, QK-norm, RoPE and the f16 cache store are one kernel (qkv_post);
+ *   - bias, QK-norm, RoPE and the cache store are one kernel (qkv_post; q8_0 and q4_0 caches add kv_quantize);
  *   - gate and up are one pass over both weights with the GLU applied (matvec_glu) in decode;
  *   - nonfinite, the check of a stage's output for a NaN or an infinity (the greedy argmax's row always, every layer
  *     with check_finite), is a small grid-stride kernel here that sets a flag in device memory the session reads back.
@@ -72,6 +72,7 @@ typedef struct engine {
     const kiln_model *m;
     int device;     /* the CUDA device: made current by every entry the session calls between steps */
     int64_t n_ctx, n_batch;
+    size_t kv_pos_bytes; /* a position's k and v row in the cache types qkv_post last stored (the profile's bytes) */
     cudaStream_t stream;
     void *wbuf; /* every weight and norm vector, one allocation */
     dev_layer *layers; /* (L) */
@@ -500,10 +501,11 @@ static kiln_status cuda_qkv_post(void *p, float *q, float *k, float *v, const ki
         TRY(kiln_cuda_residual_norm(k, NULL, NULL, 0.0f, k, vec(a->k_norm), a->eps, T, a->NKV * a->HS, e->stream));
     }
     const float *qn = full ? NULL : vec(a->q_norm), *kn = full ? NULL : vec(a->k_norm);
+    e->kv_pos_bytes = kiln_kv_row_bytes(a->type_k, a->NKV * a->HS) + kiln_kv_row_bytes(a->type_v, a->NKV * a->HS);
     return mark(e, P_QKV_POST,
                 kiln_cuda_qkv_post(q, k, v, vec(a->bq), vec(a->bk), vec(a->bv), qn, kn, a->eps, pos0, T, a->NH, a->NKV,
                                    a->HS, a->rope_dim, a->rope_base, a->rope_freq, a->rope_mscale, a->neox, a->nope, 1.0f,
-                                   a->k_cache, a->v_cache, a->rows, e->stream));
+                                   a->k_cache, a->v_cache, a->type_k, a->type_v, a->rows, e->stream));
 }
 
 /* The attention writes its output's prepared form for wo too, where it can and nothing comes between. */
@@ -512,11 +514,11 @@ static kiln_status cuda_attention(void *p, float *out, float *q, const kiln_attn
     const float scale = a->scale > 0 ? a->scale : 1.0f / sqrtf((float)a->HS);
     e->xp_of = NULL;
     if (!e->m->cfg.output_gate && T <= KILN_CUDA_MATVEC_MAX_T && a->HS % 32 == 0) {
-        TRY(kiln_cuda_attention_xp(out, e->xp, q, a->k_cache, a->v_cache, pos0, T, a->NH, a->NKV, a->HS, a->window, a->rows, e->n_ctx,
+        TRY(kiln_cuda_attention_xp(out, e->xp, q, a->k_cache, a->v_cache, a->type_k, a->type_v, pos0, T, a->NH, a->NKV, a->HS, a->window, a->rows, e->n_ctx,
                                    scale, a->softcap, e->attn_ws, e->stream));
         prepared(e, out, T, a->NH * a->HS);
     } else {
-        TRY(kiln_cuda_attention(out, q, a->k_cache, a->v_cache, pos0, T, a->NH, a->NKV, a->HS, a->window, a->rows, e->n_ctx, scale,
+        TRY(kiln_cuda_attention(out, q, a->k_cache, a->v_cache, a->type_k, a->type_v, pos0, T, a->NH, a->NKV, a->HS, a->window, a->rows, e->n_ctx, scale,
                                 a->softcap, e->attn_ws, e->stream));
     }
     return mark(e, P_ATTN, KILN_OK);
@@ -615,7 +617,7 @@ static kiln_status cuda_profile(void *p, int64_t pos0, int reps, kiln_status (*s
     if (st) return st;
     /* bytes each step must read in one decode: its weights (and the KV positions attention sees) */
     double bytes[P_COUNT] = {0};
-    const double KVb = (double)(c->n_head_kv * c->head_dim) * 2;
+    const double KVb = (double)e->kv_pos_bytes; /* a position's k and v rows */
     for (int64_t l = 0; l < c->n_layer; l++) {
         const kiln_llama_layer *L = &e->m->layers[l];
         bytes[P_QKV] += (double)(L->wq->nbytes + L->wk->nbytes + L->wv->nbytes + (L->w_attn_gate ? L->w_attn_gate->nbytes : 0));
@@ -624,7 +626,7 @@ static kiln_status cuda_profile(void *p, int64_t pos0, int reps, kiln_status (*s
         bytes[P_DOWN] += (double)L->w_down->nbytes;
         int64_t seen = pos0 + 1;
         if (L->window && L->window < seen) seen = L->window;
-        bytes[P_ATTN] += 2 * KVb * (double)seen;
+        bytes[P_ATTN] += KVb * (double)seen;
     }
     bytes[P_HEAD] = (double)e->m->output->nbytes;
     int n = 0;

@@ -92,9 +92,10 @@ kiln_status kiln_cuda_gemm(float *y, const float *x, const kiln_cuda_wt *W, int6
 kiln_status kiln_cuda_dequantize_bf16(const kiln_cuda_wt *W, void *out, void *stream);
 
 /* ---------------------------------------------------------------- attention.cu
- * Causal GQA attention over the f16 KV cache. q (T, NH*HS) f32 holds the queries of positions p0..p0+T-1 with
+ * Causal GQA attention over the KV cache. q (T, NH*HS) f32 holds the queries of positions p0..p0+T-1 with
  * p0 = *d_pos0 (device memory, so a captured graph replays at any position). k_cache and v_cache are
- * (rows, NKV*HS) f16 and hold position j in row j % rows (a ring when rows < max_pos; rows = the context for a
+ * (rows, NKV*HS) of type_k and type_v (kv.cuh's layouts; the block types need NKV*HS % 32 == 0, else
+ * KILN_ERR_UNSUPPORTED) and hold position j in row j % rows (a ring when rows < max_pos; rows = the context for a
  * full layer). The query at p sees keys max(0, p - window + 1) .. p (window 0: all). Scores are scaled by
  * `scale` (1/sqrt(HS), or the model's), then capped to softcap tanh(s / softcap) when softcap > 0 (gemma2; 0: none).
  * out (T, NH*HS) f32. HS is any multiple of 8 up to 256 (compiled for each size
@@ -104,14 +105,14 @@ kiln_status kiln_cuda_dequantize_bf16(const kiln_cuda_wt *W, void *out, void *st
  * leaves them zero); T > 1 runs a flash-attention kernel that never forms the T x T scores. max_pos bounds p0 + T (the
  * context), for sizing the split grid without reading d_pos0 on the host. */
 size_t kiln_cuda_attention_ws_bytes(int64_t T, int64_t NH, int64_t HS, int64_t max_pos);
-kiln_status kiln_cuda_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                                const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t window,
+kiln_status kiln_cuda_attention(float *out, const float *q, const void *k_cache, const void *v_cache, kiln_kv_type type_k,
+                                kiln_kv_type type_v, const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t window,
                                 int64_t rows, int64_t max_pos, float scale, float softcap, void *ws, void *stream);
 /* As kiln_cuda_attention, and also out's prepared form for the wo matvec (kiln_cuda_matvec_prepare's layout for
  * T rows of NH*HS) into xp when T <= KILN_CUDA_MATVEC_MAX_T and HS % 32 == 0; otherwise xp is left alone and
  * the call returns KILN_ERR_UNSUPPORTED before launching anything (the engine then prepares separately). */
-kiln_status kiln_cuda_attention_xp(float *out, void *xp, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                                   const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t window,
+kiln_status kiln_cuda_attention_xp(float *out, void *xp, const float *q, const void *k_cache, const void *v_cache,
+                                   kiln_kv_type type_k, kiln_kv_type type_v, const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t window,
                                    int64_t rows, int64_t max_pos, float scale, float softcap, void *ws, void *stream);
 
 /* ---------------------------------------------------------------- elementwise.cu: everything else, fused */
@@ -133,13 +134,19 @@ kiln_status kiln_cuda_residual_norm_xp(float *x, const float *y, const float *po
 /* After the q, k, v projections, per token and head: add the biases (bq/bk/bv, or NULL), RMSNorm each head of q
  * and k (q_norm/k_norm (HS), or NULL; eps), rotate the first rope_dim of each head at position *d_pos0 + t with
  * base (interleaved pairs, or NeoX halves when neox; not at all when nope) by llama.cpp's float recurrence
- * (src/cpu/ops_rope.c), multiply q by q_scale, and store k and v as f16 into cache rows (p % rows). q (T, NH*HS)
- * is updated in place; k, v (T, NKV*HS) are read. */
-kiln_status kiln_cuda_qkv_post(float *q, const float *k, const float *v, const float *bq, const float *bk, const float *bv,
+ * (src/cpu/ops_rope.c), multiply q by q_scale, and store k and v as type_k and type_v into cache rows (p % rows):
+ * f16, f32, bf16 rounded to nearest even by the same kernel; q8_0 and q4_0 by a second one (kiln_cuda_kv_quantize)
+ * from the final k (and v + bias) that the first writes back over k and v. q (T, NH*HS) is updated in place; k, v
+ * (T, NKV*HS) are read, and overwritten so for a block type. */
+kiln_status kiln_cuda_qkv_post(float *q, float *k, float *v, const float *bq, const float *bk, const float *bv,
                                const float *q_norm, const float *k_norm, float eps, const int32_t *d_pos0, int64_t T,
                                int64_t NH, int64_t NKV, int64_t HS, int64_t rope_dim, float base, const float *h_rope_freq,
-                               float rope_mscale, bool neox, bool nope, float q_scale, uint16_t *k_cache, uint16_t *v_cache,
-                               int64_t rows, void *stream);
+                               float rope_mscale, bool neox, bool nope, float q_scale, void *k_cache, void *v_cache,
+                               kiln_kv_type type_k, kiln_kv_type type_v, int64_t rows, void *stream);
+/* cache rows (p0 + t) % rows (p0 = *d_pos0) = src (T, KV) quantized as type (q8_0 or q4_0, KV % 32 == 0) by GGML's
+ * reference quantizers (quantize_row_q8_0_ref / q4_0_ref), the CPU's bytes for the same floats. */
+kiln_status kiln_cuda_kv_quantize(void *cache, const float *src, kiln_kv_type type, const int32_t *d_pos0, int64_t T,
+                                  int64_t KV, int64_t rows, void *stream);
 /* out (n) = act(gate) * up, act silu or tanh-GELU (geglu); out may equal gate. */
 kiln_status kiln_cuda_glu(float *out, const float *gate, const float *up, int64_t n, bool geglu, void *stream);
 /* x (n) *= sigmoid(g (n)): the attention output gate. */

@@ -35,7 +35,7 @@
 typedef struct seq_state {
     int64_t pos;       /* next position */
     int32_t *hist;     /* (n_ctx) the ids at positions 0..pos-1 */
-    uint16_t **k, **v; /* (L) layer l's k and v rows, (rows[l], NKV*HS) f16 each */
+    void **k, **v;     /* (L) layer l's k and v rows, (rows[l], NKV*HS) of type_k and type_v */
     kiln_llama_kv kv;  /* k, v, the context's rows and n_ctx, as the forward takes them */
 } seq_state;
 
@@ -99,8 +99,8 @@ static int64_t cache_rows(const kiln_model *m, int64_t l, int64_t n_ctx, int64_t
     return w && w + n_batch - 1 < n_ctx ? w + n_batch - 1 : n_ctx;
 }
 
-/* Bytes of one cached row of n elements of type t: f16 is the only type the forward stores today; 0 for another. */
-static size_t kv_row_bytes(kiln_kv_type t, int64_t n) { return t == KILN_KV_F16 ? (size_t)n * 2 : 0; }
+/* Bytes of one cached row of n elements of type t (0 where a block type does not fit n). */
+static size_t kv_row_bytes(kiln_kv_type t, int64_t n) { return kiln_kv_row_bytes(t, n); }
 
 /* The bytes of a cached k row and v row of context c (types type_k, type_v; NKV*HS elements). */
 static void kv_rows(const kiln_context *c, size_t *k, size_t *v) {
@@ -108,10 +108,10 @@ static void kv_rows(const kiln_context *c, size_t *k, size_t *v) {
     *k = kv_row_bytes(c->type_k, KV), *v = kv_row_bytes(c->type_v, KV);
 }
 
-/* The cache types' names, as kiln_kv_type_name gives them. */
+/* A cache type's name, "(unknown)" for an id kiln does not know (a file's field). */
 static const char *kv_name(uint32_t t) {
-    static const char *const names[KILN_KV_TYPE_COUNT] = {"f16", "f32", "bf16", "q8_0", "q4_0"};
-    return t < KILN_KV_TYPE_COUNT ? names[t] : "(unknown)";
+    const char *n = t < KILN_KV_TYPE_COUNT ? kiln_kv_type_name((kiln_kv_type)t) : NULL;
+    return n ? n : "(unknown)";
 }
 
 /* FNV-1a, 64 bits. */
@@ -141,11 +141,11 @@ static void seq_bind(kiln_context *c, int32_t i) {
     uint8_t *next = c->kv + (size_t)i * c->seq_kv_bytes;
     seq_state *s = &c->seq[i];
     for (int64_t l = 0; l < L; l++) {
-        s->k[l] = (uint16_t *)next;
-        s->v[l] = (uint16_t *)(next + (size_t)c->rows[l] * rk);
+        s->k[l] = next;
+        s->v[l] = next + (size_t)c->rows[l] * rk;
         next += (size_t)c->rows[l] * (rk + rv);
     }
-    s->kv = (kiln_llama_kv){s->k, s->v, c->rows, c->n_ctx};
+    s->kv = (kiln_llama_kv){s->k, s->v, c->rows, c->n_ctx, c->type_k, c->type_v};
 }
 
 /* ---------------------------------------------------------------- make and free */
@@ -223,9 +223,13 @@ kiln_status kiln_context_open(const kiln_model *m, const kiln_context_params *cp
     if ((unsigned)p->type_k >= KILN_KV_TYPE_COUNT || (unsigned)p->type_v >= KILN_KV_TYPE_COUNT)
         return kiln_fail(KILN_ERR_INVALID, "%s: KV cache types %d and %d: the known ones are 0..%d", who, (int)p->type_k, (int)p->type_v,
                          KILN_KV_TYPE_COUNT - 1);
-    if (p->type_k != KILN_KV_F16 || p->type_v != KILN_KV_F16)
-        return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: a KV cache of type %s is not supported yet (only f16)", who,
-                         kv_name(p->type_k != KILN_KV_F16 ? p->type_k : p->type_v));
+    const int64_t KV = c->n_head_kv * c->head_dim;
+    for (int i = 0; i < 2; i++) { /* the block types need rows of whole blocks of 32 */
+        const kiln_kv_type t = i ? p->type_v : p->type_k;
+        if (!kv_row_bytes(t, KV))
+            return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: a %s KV cache needs rows of whole blocks of 32, and this model's rows are "
+                             "%lld wide (NKV*HS)", who, kv_name(t), (long long)KV);
+    }
     int64_t n_ctx = p->n_ctx ? p->n_ctx : c->n_ctx_train;
     if (n_ctx > INT32_MAX) return kiln_fail(KILN_ERR_RANGE, "%s: a context of %lld tokens is more than kiln's 2^31 - 1", who, (long long)n_ctx);
     int64_t n_batch = p->n_batch ? p->n_batch : 512;
@@ -233,7 +237,6 @@ kiln_status kiln_context_open(const kiln_model *m, const kiln_context_params *cp
     const kiln_backend *be = p->n_gpu_layers > 0 ? &kiln_cuda_backend : &kiln_cpu_backend;
 
     /* caches: n_seq * 2 * sum of rows[l] rows of NKV*HS; activations: a batch's rows; both checked for overflow */
-    const int64_t KV = c->n_head_kv * c->head_dim;
     uint64_t seq_bytes, kv_bytes, act_bytes, total_rows = 0;
     for (int64_t l = 0; l < c->n_layer; l++) total_rows += (uint64_t)cache_rows(m, l, n_ctx, n_batch);
     if (!kiln_mul_ok(total_rows, (uint64_t)(kv_row_bytes(p->type_k, KV) + kv_row_bytes(p->type_v, KV)), &seq_bytes) ||

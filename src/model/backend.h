@@ -69,7 +69,9 @@ typedef struct kiln_attn_args {
                                           * model.h), NULL: unscaled; the CUDA backend passes it by value */
     float rope_mscale;                   /* cos and sin are multiplied by it; 1 unscaled */
     bool neox, nope;
-    uint16_t *k_cache, *v_cache;         /* (rows, NKV*HS) f16: position p in row p % rows */
+    void *k_cache, *v_cache;             /* (rows, NKV*HS) of type_k, type_v: position p in row p % rows (the block
+                                          * types in blocks of 32 along the row, kiln_kv_row_bytes(type, NKV*HS) a row) */
+    kiln_kv_type type_k, type_v;
     int64_t rows;
     int64_t window;                      /* 0: full attention */
     float scale;                         /* the score scale; 0: 1/sqrt(HS) */
@@ -128,7 +130,7 @@ typedef struct kiln_backend {
     kiln_status (*qkv)(void *ctx, float *q, float *k, float *v, const float *x, const kiln_weight *wq, const kiln_weight *wk,
                        const kiln_weight *wv, int64_t T);
     /* In order: the biases, the QK-norm of each head (or of the whole q and k: qk_norm_full), RoPE at positions *pos0 + t (not when nope), and k, v stored as
-     * f16 into cache rows (p % rows). q is updated in place. */
+     * type_k, type_v into cache rows (p % rows). q is updated in place. */
     kiln_status (*qkv_post)(void *ctx, float *q, float *k, float *v, const kiln_attn_args *a, const int32_t *pos0, int64_t T);
     /* out (T, NH*HS): the query at position p = *pos0 + t sees the cached keys max(0, p - window + 1) .. p, with
      * the scores' scale and softcap. */

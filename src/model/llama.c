@@ -2,7 +2,7 @@
  * backends run the same orchestration. A call advances a batch of T tokens, runs of which (segments) belong to
  * different sequences at their own positions (a context's, src/infer/context.c): the matmuls, norms and FFN run
  * over all T rows at once, so the weights are read once per step, and qkv_post and attention run per segment over
- * its sequence's f16 KV cache. When asked it leaves the logits of the rows wanted and their argmax in backend
+ * its sequence's KV cache. When asked it leaves the logits of the rows wanted and their argmax in backend
  * memory. The call only enqueues, so the CUDA backend records a token's step once (a CUDA graph) and replays it;
  * ids and positions are read by the steps from backend memory. tests/test_context.c checks batches of several
  * sequences against each sequence alone.
@@ -47,6 +47,7 @@ static kiln_status attend(const kiln_backend *be, void *ctx, const kiln_attn_arg
         const kiln_llama_segment *g = &b->seg[s];
         kiln_attn_args a = *layer;
         a.k_cache = g->kv->k[l], a.v_cache = g->kv->v[l], a.rows = g->kv->rows[l];
+        a.type_k = g->kv->type_k, a.type_v = g->kv->type_v;
         TRY(be->qkv_post(ctx, q + r * Q, k + r * KV, v + r * KV, &a, g->pos0, g->T));
         TRY(be->attention(ctx, att + r * Q, q + r * Q, &a, g->pos0, g->T));
     }

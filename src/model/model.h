@@ -187,13 +187,14 @@ struct kiln_model {
 /* ---- the forward (llama.c), written once against the backend seam (backend.h) ---- */
 
 /* The KV cache as the forward sees it: layer l keeps the key and value of position p in row p % rows[l] of
- * k[l] and v[l] ((rows[l], NKV*HS) f16 each). rows[l] is the context for a full layer and a ring of at least
- * window + T - 1 rows for a sliding one (T the largest batch), so a batch never overwrites keys its first query
+ * k[l] and v[l] ((rows[l], NKV*HS) of type_k and type_v, kiln_kv_row_bytes(type, NKV*HS) bytes a row). rows[l] is
+ * the context for a full layer and a ring of at least window + T - 1 rows for a sliding one (T the largest batch), so a batch never overwrites keys its first query
  * still sees. */
 typedef struct kiln_llama_kv {
-    uint16_t **k, **v;   /* (L) */
+    void **k, **v;       /* (L) */
     const int64_t *rows; /* (L) */
     int64_t n_ctx;       /* the session's context: picks LongRoPE's long or short factors */
+    kiln_kv_type type_k, type_v;
 } kiln_llama_kv;
 
 /* ---- RoPE scaling (rope.c) */
