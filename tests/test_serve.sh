@@ -28,6 +28,12 @@ if ! "$KILN" serve --version >/dev/null 2>&1; then
     echo "skip test_serve: $KILN has no serve command"; exit 0
 fi
 
+# health_status PORT: the status code of GET /health on 127.0.0.1:PORT (bash's /dev/tcp: no curl needed), or nothing.
+health_status() {
+    timeout 5 bash -c 'exec 3<>/dev/tcp/127.0.0.1/$1 && printf "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n" >&3 &&
+        read -r _ code _ <&3 && echo "$code"' _ "$1" 2>/dev/null
+}
+
 # start_server NAME ARGS...: starts `kiln serve ARGS --port 0` and waits (30 s at most) for its port and /health;
 # sets SRV_PID and SRV_URL. On failure prints "FAIL serve_NAME_start" with the log's tail and returns 1.
 start_server() {
@@ -44,7 +50,7 @@ start_server() {
     done
     SRV_URL=http://127.0.0.1:$port
     for i in $(seq 1 100); do
-        [ -n "$port" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "$SRV_URL/health")" = 200 ] && return 0
+        [ -n "$port" ] && [ "$(health_status "$port")" = 200 ] && return 0
         kill -0 "$SRV_PID" 2>/dev/null || break
         sleep 0.1
     done
@@ -97,7 +103,7 @@ D_ARGS=(-m "$DEFAULT" -np 4 -c 1024 -t 1 --metrics --api-key "$KEY" --slot-save-
 D_CHECK=(--model "$DEFAULT" --api-key "$KEY" --slots 4 --slot-ctx 256 --metrics --state "$tmp/state.json" --save-dir "$tmp/slots")
 
 if start_server default "${D_ARGS[@]}"; then
-    checks default "${D_CHECK[@]}" -- models chat chat_stream completions usage_counts errors routes auth greedy_generate \
+    checks default "${D_CHECK[@]}" -- models chat chat_stream completions usage_counts schemas errors routes auth greedy_generate \
         greedy_chat completion completion_probs completion_stream tokenize_roundtrip apply_template props slots metrics \
         ollama concurrency persist_save
     check_log default

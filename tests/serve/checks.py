@@ -206,6 +206,52 @@ def c_greedy_chat():
     check(got == want, lambda: f"server '{h.one_line(got)}' != kiln generate --chat '{h.one_line(want)}'")
 
 
+USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+         "properties": {k: {"type": "integer", "minimum": 0} for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
+FINISH = {"enum": ["stop", "length"]}
+SCHEMAS = {  # the fields of OpenAI's API reference that clients read, as JSON Schemas
+    "chat": {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"], "properties": {
+        "id": {"type": "string", "minLength": 1}, "object": {"const": "chat.completion"}, "created": {"type": "integer"},
+        "model": {"type": "string"}, "usage": USAGE,
+        "choices": {"type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "object", "required": ["index", "message", "finish_reason"],
+                    "properties": {"index": {"const": 0}, "finish_reason": FINISH, "message": {"type": "object", "required": ["role", "content"],
+                                   "properties": {"role": {"const": "assistant"}, "content": {"type": "string"}}}}}}}},
+    "completion": {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"], "properties": {
+        "object": {"const": "text_completion"}, "usage": USAGE,
+        "choices": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["index", "text", "finish_reason"],
+                    "properties": {"text": {"type": "string"}, "finish_reason": FINISH}}}}},
+    "models": {"type": "object", "required": ["object", "data"], "properties": {"object": {"const": "list"},
+               "data": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["id", "object"],
+                        "properties": {"id": {"type": "string"}, "object": {"const": "model"}}}}}},
+    "error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "object", "required": ["message", "type"],
+              "properties": {"message": {"type": "string", "minLength": 1}, "type": {"type": "string"}}}}},
+}
+
+
+def c_schemas():
+    """The raw answers of the OpenAI routes (a success, a stream chunk, an error) against OpenAI's shapes."""
+    try:
+        import jsonschema
+    except ImportError:
+        raise Skip("python's jsonschema package is absent (pip install jsonschema)")
+    m = model_id()
+
+    def valid(name, doc):
+        try:
+            jsonschema.validate(doc, SCHEMAS[name])
+        except jsonschema.ValidationError as e:
+            raise Fail(f"{name}: {e.message} at {list(e.absolute_path)}: {h.one_line(json.dumps(doc)[:300])}")
+    valid("models", SRV.json("GET", "/v1/models"))
+    valid("chat", SRV.json("POST", "/v1/chat/completions", {"model": m, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}))
+    valid("completion", SRV.json("POST", "/v1/completions", {"model": m, "prompt": "hi", "max_tokens": 3}))
+    valid("error", SRV.json("POST", "/v1/completions", {"model": m, "prompt": "hi", "max_tokens": "x"}, want=400))
+    st, ev, done = SRV.stream("/v1/chat/completions", {"model": m, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                                                       "stream": True})
+    check(st == 200 and done, f"stream: status {st}, [DONE] {done}")
+    for e in ev:
+        check(e.get("object") == "chat.completion.chunk" and isinstance(e.get("choices"), list), f"chunk {h.one_line(json.dumps(e))}")
+
+
 # ---------------------------------------------------------------- llama-server's routes
 
 def completion(prompt, n, **kw):
@@ -539,7 +585,7 @@ def c_sigterm():
 
 
 CHECKS = [("models", c_models), ("chat", c_chat), ("chat_stream", c_chat_stream), ("completions", c_completions),
-          ("usage_counts", c_usage_counts), ("errors", c_errors), ("routes", c_routes), ("auth", c_auth),
+          ("usage_counts", c_usage_counts), ("schemas", c_schemas), ("errors", c_errors), ("routes", c_routes), ("auth", c_auth),
           ("greedy_generate", c_greedy_generate), ("greedy_chat", c_greedy_chat), ("completion", c_completion),
           ("completion_probs", c_completion_probs), ("completion_stream", c_completion_stream),
           ("tokenize_roundtrip", c_tokenize_roundtrip), ("apply_template", c_apply_template), ("props", c_props),
