@@ -60,10 +60,11 @@ start_server() {
     return 1
 }
 
-# stop_server NAME: SIGTERM, then the exit status must be 0 within 30 s ("ok/FAIL serve_NAME_exit").
+# stop_server NAME [signalled]: SIGTERM (unless the checks sent it: a second one may mean "now"), then the exit
+# status must be 0 within 30 s ("ok/FAIL serve_NAME_exit").
 stop_server() {
     local name=$1 i rc
-    kill -TERM "$SRV_PID" 2>/dev/null
+    [ "${2:-}" = signalled ] || kill -TERM "$SRV_PID" 2>/dev/null
     for i in $(seq 1 300); do kill -0 "$SRV_PID" 2>/dev/null || break; sleep 0.1; done
     if kill -0 "$SRV_PID" 2>/dev/null; then
         echo "FAIL serve_${name}_exit: still running 30 s after SIGTERM"; test_n_failed_=$((test_n_failed_ + 1))
@@ -113,7 +114,7 @@ fi
 if [ -s "$SMOLLM" ]; then
     S_ARGS=(-m "$SMOLLM" -np 2 -c 1024 -t 2 --slot-save-path "$tmp/slots")
     if start_server smollm "${S_ARGS[@]}"; then
-        # SmolLM2's file in a folder of its own: the restart's restore finds it as the default model's foreign file
+        # SmolLM2's slot file lands in the same folder: the restart's restore finds it as the default model's foreign file
         checks smollm --model "$SMOLLM" --slots 2 --slot-ctx 512 -- models chat chat_stream completions usage_counts errors \
             greedy_generate greedy_chat completion completion_probs tokenize_roundtrip ollama persist_foreign
         stop_server smollm
@@ -125,12 +126,12 @@ fi
 if start_server restart "${D_ARGS[@]}"; then
     checks restart "${D_CHECK[@]}" -- persist_restore slots
     checks restart "${D_CHECK[@]}" --pid "$SRV_PID" -- sigterm
-    stop_server restart
+    stop_server restart signalled
 fi
 
-# The load: one slot and the smallest queue the server takes, more clients than both.
+# The load: one slot (so a queue of 4 x slots, kiln serve's default), 16 clients: more than both.
 if [ -s "$SMOLLM" ]; then L_ARGS=(-m "$SMOLLM" -t 2); L_N=24; else L_ARGS=(-m "$DEFAULT" -t 1); L_N=400; fi
-if start_server load "${L_ARGS[@]}" -np 1 -c 512 ${KILN_SERVE_QUEUE_FLAG:+$KILN_SERVE_QUEUE_FLAG 2}; then
+if start_server load "${L_ARGS[@]}" -np 1 -c 512; then
     checks load --slots 1 --load-clients 16 --load-n "$L_N" -- load
     stop_server load
 fi

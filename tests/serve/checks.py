@@ -139,7 +139,7 @@ def c_errors():
     expect_400("/completion", {"prompt": "x", "n_predict": "many"}, "n_predict")
     expect_400("/completion", {"prompt": [1, -4]}, "prompt")
     # a prompt longer than one slot's context
-    long_prompt = " ".join(["the"] * (A.slot_ctx + 16))
+    long_prompt = " ".join(["the"] * (2 * A.slot_ctx))  # about one token a word: twice the slot's context
     expect_400(cmpl, {"model": m, "prompt": long_prompt, "max_tokens": 4}, "prompt")
     expect_400(chat, {"model": m, "messages": [{"role": "user", "content": long_prompt}], "max_tokens": 4}, "messages")
     st, _, data = SRV.request("POST", chat, b"{not json")
@@ -379,12 +379,12 @@ def c_ollama():
     tags = SRV.json("GET", "/api/tags")
     check(isinstance(tags.get("models"), list) and tags["models"], f"/api/tags: {tags!r}")
     opts = {"temperature": 0, "num_predict": 8}
-    ev = ndjson("/api/generate", {"model": m, "prompt": prompts()[0], "options": opts})
+    ev = ndjson("/api/generate", {"model": m, "prompt": prompts()[0], "raw": True, "options": opts})  # raw: no template
     text = "".join(e.get("response", "") for e in ev)
     check(ev[-1].get("eval_count", 0) > 0 and ev[-1].get("prompt_eval_count", 0) > 0, f"counts: {h.one_line(json.dumps(ev[-1]))}")
     want = completion(prompts()[0], 8)["content"]
     check(text == want, lambda: f"/api/generate '{h.one_line(text)}' != /completion '{h.one_line(want)}'")
-    one = SRV.json("POST", "/api/generate", {"model": m, "prompt": prompts()[0], "options": opts, "stream": False})
+    one = SRV.json("POST", "/api/generate", {"model": m, "prompt": prompts()[0], "raw": True, "options": opts, "stream": False})
     check(one.get("done") is True and one.get("response") == text, f"stream false: {h.one_line(json.dumps(one))}")
     ev = ndjson("/api/chat", {"model": m, "messages": [{"role": "user", "content": prompts()[1]}], "options": opts})
     check(all(e.get("message", {}).get("role") == "assistant" for e in ev[:-1]), "a chat record without an assistant message")
@@ -563,7 +563,8 @@ def c_sigterm():
     if not A.pid:
         raise Skip("no --pid")
     c = SRV.conn(60)
-    c.request("POST", "/completion", body=json.dumps({"prompt": prompts()[0], "n_predict": 48, "temperature": 0, "stream": True,
+    c.request("POST", "/completion", body=json.dumps({"prompt": prompts()[0], "n_predict": min(200, A.slot_ctx - 32),
+                                                      "temperature": 0, "stream": True,
                                                       "ignore_eos": True}).encode(), headers=SRV.headers())
     r = c.getresponse()
     check(r.status == 200, f"status {r.status}")
