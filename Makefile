@@ -19,7 +19,7 @@ endif
 OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wno-unused-parameter -Iinclude -Isrc -Isrc/core $(SANFLAGS)
-LDLIBS  += -lpcre2-8 -lutf8proc -ljansson -lpthread -lm
+LDLIBS  += -lpcre2-8 -lutf8proc -ljansson -lmicrohttpd -lpthread -lm
 
 ARCH := $(shell uname -m)
 ifeq ($(ARCH),x86_64)
@@ -93,7 +93,7 @@ BENCH_SRC    := $(wildcard bench/*.c)
 TOOL_SRC     := $(wildcard tools/*.c)
 TOOL_OBJ     := $(TOOL_SRC:%.c=$(BUILD)/%.o) $(BENCH_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all tests test clean fuzz fuzz-tokenize fuzz-shards fuzz-ckpt demo preflight install uninstall
+.PHONY: all tests test clean fuzz fuzz-tokenize fuzz-shards fuzz-ckpt fuzz-serve demo preflight install uninstall
 all: $(BUILD)/libkiln.a $(BUILD)/kiln
 
 # ---------------------------------------------------------------- preflight
@@ -105,7 +105,7 @@ all: $(BUILD)/libkiln.a $(BUILD)/kiln
 # (The probe defines PCRE2_CODE_UNIT_WIDTH because pcre2.h refuses to be included without it, as bpe.c does.)
 PREFLIGHT      := $(BUILD)/preflight-cuda$(CUDA).ok
 PREFLIGHT_LIBS := pcre2.h:-lpcre2-8:libpcre2-dev utf8proc.h:-lutf8proc:libutf8proc-dev jansson.h:-ljansson:libjansson-dev \
-                  curl/curl.h:-lcurl:libcurl4-openssl-dev
+                  microhttpd.h:-lmicrohttpd:libmicrohttpd-dev curl/curl.h:-lcurl:libcurl4-openssl-dev
 CUDA_TOOLKIT   := the CUDA toolkit (NVIDIA's cuda-toolkit package, or Debian's nvidia-cuda-toolkit) in $(CUDA_HOME)
 preflight: $(PREFLIGHT)
 $(PREFLIGHT): Makefile
@@ -192,7 +192,7 @@ test: $(TEST_NEEDS)
 PREFIX     ?= /usr/local
 LIBDIR     ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
-PC_DEPS    := libpcre2-8:-lpcre2-8 libutf8proc:-lutf8proc jansson:-ljansson
+PC_DEPS    := libpcre2-8:-lpcre2-8 libutf8proc:-lutf8proc jansson:-ljansson libmicrohttpd:-lmicrohttpd
 pc_found    = $(shell pkg-config --exists $(1) 2>/dev/null && echo yes)
 PC_REQUIRES = $(foreach d,$(PC_DEPS),$(if $(call pc_found,$(firstword $(subst :, ,$(d)))),$(firstword $(subst :, ,$(d)))))
 PC_LIBS     = $(foreach d,$(PC_DEPS),$(if $(call pc_found,$(firstword $(subst :, ,$(d)))),,$(lastword $(subst :, ,$(d))))) \

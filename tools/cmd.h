@@ -14,5 +14,6 @@ int kiln_cmd_chat(int argc, char **argv);   /* tools/cmd_chat.c:  kiln chat -m M
 int kiln_cmd_inspect(int argc, char **argv);  /* tools/cmd_quantize.c: kiln inspect FILE.gguf [--all] */
 int kiln_cmd_quantize(int argc, char **argv); /* tools/cmd_quantize.c: kiln quantize IN OUT --type T [--dry-run] */
 int kiln_cmd_convert(int argc, char **argv); /* tools/cmd_convert.c: kiln convert llama2c|hf ... */
+int kiln_cmd_serve(int argc, char **argv);   /* tools/cmd_serve.c: kiln serve -m MODEL [--port N] [-np SLOTS] ... */
 
 #endif

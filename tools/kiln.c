@@ -13,6 +13,7 @@
  *   kiln generate [-m MODEL.gguf] [-p PROMPT | -f FILE] [-n N] [sampling options] [-r STOP]... [--ignore-eos] [-t THREADS]
  *                 [-c CTX] [-b BATCH] [--chat] [--chat-template NAME] [--check-finite]
  *   kiln chat -m MODEL.gguf [-sys TEXT] [--chat-template NAME] [sampling options]                       (tools/cmd_chat.c)
+ *   kiln serve -m MODEL.gguf [--host H] [--port N] [-np SLOTS] [-c CTX] [--api-key KEY] ...             (tools/cmd_serve.c)
  *   kiln --version
  *
  * Every command reads its arguments through one option table (kiln_cli_parse_args, tools/cli.c), with llama.cpp's
@@ -574,6 +575,9 @@ static void usage(FILE *f) {
                "           [--check-finite]   name the first layer whose output is NaN or infinite (KILN_CHECK_FINITE=1)\n"
                "  chat -m MODEL.gguf [-sys TEXT] [--chat-template llama2|llama3|chatml|gemma] [-n MAXTOK] [sampling opts]\n"
                "                                         a conversation over stdin lines, replies streamed to stdout\n"
+               "  serve -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [-np SLOTS] [-c CTX] [-b N] [-t N] [--gpu | -ngl N]\n"
+               "        [--api-key KEY | --api-key-file F] [--slot-save-path DIR] [--metrics] [--timeout S] [--alias NAME]\n"
+               "                                         an HTTP server: llama-server's, OpenAI's and Ollama's routes\n"
                "  --gpu (or -ngl N, N at least the layer count, as llama.cpp's -ngl 99) runs the whole model on the GPU\n"
                "  llama.cpp's long forms work too: --model --prompt --file --n-predict --ctx-size --threads --batch-size\n"
                "  --seed --temperature --reverse-prompt --n-gpu-layers --system-prompt; kiln --version prints the version\n"
@@ -603,6 +607,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "plot") == 0) return kiln_cmd_plot(argc - 2, argv + 2);
     if (strcmp(cmd, "train") == 0) return kiln_cmd_train(argc - 2, argv + 2);
     if (strcmp(cmd, "chat") == 0) return kiln_cmd_chat(argc - 2, argv + 2);
+    if (strcmp(cmd, "serve") == 0) return kiln_cmd_serve(argc - 2, argv + 2);
     if (strcmp(cmd, "bench") == 0) {
         if (argc >= 3 && strcmp(argv[2], "quant") == 0) return kiln_bench_quant(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "tokenize") == 0) return kiln_bench_tokenize(argc - 3, argv + 3);

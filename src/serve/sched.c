@@ -1,0 +1,702 @@
+/* sched.c: the slots, the bounded queue, continuous batching, prompt caching, stop strings, sampling and slot files
+ * (sched.h says how they fit). One thread runs sched_main and owns the context; the HTTP threads only submit jobs,
+ * cancel them and read snapshots, under the scheduler's lock. */
+#include "serve/sched.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+double srv_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---------------------------------------------------------------- text helpers */
+
+/* The length of the UTF-8 sequence that lead byte c opens; 0 for a continuation or an invalid byte. */
+static int utf8_len(unsigned char c) {
+    if (c < 0x80) return 1;
+    if (c >= 0xc2 && c <= 0xdf) return 2;
+    if (c >= 0xe0 && c <= 0xef) return 3;
+    if (c >= 0xf0 && c <= 0xf4) return 4;
+    return 0;
+}
+
+size_t srv_utf8_incomplete_tail(const char *s, size_t n) {
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        unsigned char c = (unsigned char)s[n - back];
+        if ((c & 0xc0) == 0x80) continue; /* a continuation byte: look further back for its lead */
+        int len = utf8_len(c);
+        return len > (int)back ? back : 0;
+    }
+    return 0;
+}
+
+size_t srv_stop_holdback(const char *s, size_t n, char *const *stops, int n_stops) {
+    size_t best = 0;
+    for (int i = 0; i < n_stops; i++) {
+        size_t L = strlen(stops[i]);
+        for (size_t k = L > 0 ? L - 1 : 0; k > best; k--) /* a suffix of k bytes that begins stop i */
+            if (k <= n && memcmp(s + n - k, stops[i], k) == 0) {
+                best = k;
+                break;
+            }
+    }
+    return best;
+}
+
+/* Whether s[0..n) opens with a valid UTF-8 sequence; its length in *len (1 for an invalid byte). */
+static bool utf8_valid_at(const unsigned char *s, size_t n, size_t *len) {
+    int L = utf8_len(s[0]);
+    *len = 1;
+    if (L == 0 || (size_t)L > n) return false;
+    for (int i = 1; i < L; i++)
+        if ((s[i] & 0xc0) != 0x80) return false;
+    if (L == 3 && ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] >= 0xa0))) return false; /* overlong, surrogate */
+    if (L == 4 && ((s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] >= 0x90))) return false; /* overlong, > U+10FFFF */
+    *len = (size_t)L;
+    return true;
+}
+
+char *srv_utf8_sanitize(const char *s, size_t n, size_t *out_n) {
+    if (n > (SIZE_MAX - 1) / 3) return NULL;
+    char *o = malloc(3 * n + 1), *p = o; /* each invalid byte becomes 3 bytes at most */
+    if (!o) return NULL;
+    for (size_t i = 0; i < n;) {
+        size_t len;
+        if (utf8_valid_at((const unsigned char *)s + i, n - i, &len)) {
+            memcpy(p, s + i, len), p += len;
+        } else {
+            memcpy(p, "\xef\xbf\xbd", 3), p += 3;
+        }
+        i += len;
+    }
+    *p = 0;
+    *out_n = (size_t)(p - o);
+    return o;
+}
+
+/* ---------------------------------------------------------------- jobs */
+
+srv_job *srv_job_new(void) {
+    srv_job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->refs = 1;
+    j->slot = -1;
+    j->g.sp = kiln_sampler_default();
+    j->g.n_predict = -1;
+    j->g.cache_prompt = true;
+    j->g.id_slot = -1;
+    return j;
+}
+
+void srv_job_release(srv_job *j) {
+    if (!j) return;
+    pthread_mutex_lock(&j->mu);
+    int left = --j->refs;
+    pthread_mutex_unlock(&j->mu);
+    if (left > 0) return;
+    if (j->ud_free) j->ud_free(j->ud);
+    for (int i = 0; i < j->g.n_stops; i++) free(j->g.stops[i]);
+    free(j->prompt), free(j->text), free(j->toks), free(j->gen);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+void srv_job_cancel(srv_job *j) {
+    pthread_mutex_lock(&j->mu);
+    j->cancel = true;
+    pthread_mutex_unlock(&j->mu);
+}
+
+static bool job_cancelled(srv_job *j) {
+    pthread_mutex_lock(&j->mu);
+    bool c = j->cancel;
+    pthread_mutex_unlock(&j->mu);
+    return c;
+}
+
+bool srv_job_wait(srv_job *j, bool (*alive)(void *), void *ud) {
+    pthread_mutex_lock(&j->mu);
+    while (!j->done) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+        if (!j->done && alive && !alive(ud)) {
+            j->cancel = true;
+            pthread_mutex_unlock(&j->mu);
+            return false;
+        }
+    }
+    pthread_mutex_unlock(&j->mu);
+    return true;
+}
+
+/* ---------------------------------------------------------------- the scheduler */
+
+typedef enum { SLOT_IDLE, SLOT_PREFILL, SLOT_DECODE } slot_state;
+
+typedef struct slot {
+    int id;
+    slot_state st;
+    srv_job *job;
+    kiln_sampler *smp;
+    size_t n_done;     /* prompt tokens in the cache */
+    int32_t last;      /* SLOT_DECODE: the sampled token the next batch feeds */
+    int64_t n_decoded;
+    char *text;        /* (n_text) generated so far; text[0..sent) handed to the job */
+    size_t n_text, cap_text, sent;
+    int64_t n_prompt;  /* the last job's, for /slots */
+    int64_t n_past;    /* the sequence's position, kept by the scheduler thread for readers under the lock */
+} slot;
+
+/* A slot file or erase, waiting for the scheduler thread. */
+typedef struct ctrl {
+    struct ctrl *next;
+    int slot;
+    srv_slot_action a;
+    const char *path;
+    int status;
+    int64_t n_tokens;
+    char *msg;
+    size_t cap;
+    bool done;
+} ctrl;
+
+struct srv_sched {
+    kiln_context *c;
+    const kiln_model *m;
+    const kiln_tokenizer *tok;
+    int32_t eos, eot;
+    int64_t V, n_ctx, n_batch;
+    int32_t n_slots;
+    slot *slots;         /* (n_slots) */
+    srv_job **queue;     /* (queue_max) FIFO */
+    int q_n, queue_max;
+    ctrl *ctrls;
+    pthread_mutex_t mu;
+    pthread_cond_t cv, ctrl_cv;
+    pthread_t th;
+    bool stop;
+    srv_metrics met;
+    kiln_batch_entry *batch; /* (n_batch) */
+    int *row_slot;           /* (n_slots) the slot of each logits row */
+    float *logits;           /* (n_slots, V) */
+    float *probs;            /* (V) scratch for log-probabilities */
+    char *piece;
+    size_t piece_cap;
+};
+
+int32_t srv_sched_n_slots(const srv_sched *s) { return s->n_slots; }
+int64_t srv_sched_n_ctx_slot(const srv_sched *s) { return s->n_ctx; }
+
+static int64_t lcp(const int32_t *a, int64_t na, const int32_t *b, int64_t nb) {
+    int64_t k = 0;
+    while (k < na && k < nb && a[k] == b[k]) k++;
+    return k;
+}
+
+/* Ends slot's job with reason: the held-back text goes out (sanitized) unless a stop string cut it. */
+static void finish(srv_sched *s, slot *sl, srv_finish why, int http_status, const char *err) {
+    srv_job *j = sl->job;
+    size_t n_out = 0, n_all = 0;
+    char *out = NULL;
+    if (sl->sent < sl->n_text) out = srv_utf8_sanitize(sl->text + sl->sent, sl->n_text - sl->sent, &n_out);
+    char *all = srv_utf8_sanitize(sl->text ? sl->text : "", sl->n_text, &n_all);
+    pthread_mutex_lock(&j->mu);
+    j->finish = why;
+    free(j->text);
+    j->text = all ? all : calloc(1, 1);
+    j->n_text = all ? n_all : 0;
+    j->t_end = srv_now();
+    if (!j->t_first) j->t_first = j->t_end;
+    if (http_status) {
+        j->http_status = http_status;
+        snprintf(j->err, sizeof j->err, "%s", err ? err : "");
+    }
+    pthread_mutex_unlock(&j->mu);
+    if (j->emit) j->emit(j, out ? out : "", out ? n_out : 0, NULL, 0, true);
+    free(out);
+    s->met.requests_done++;
+    if (j->t_start) {
+        s->met.predicted_tokens += sl->n_decoded;
+        s->met.predicted_s += j->t_end - j->t_first;
+    }
+    pthread_mutex_lock(&j->mu);
+    j->done = true;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    srv_job_release(j);
+    kiln_sampler_free(sl->smp);
+    sl->smp = NULL, sl->job = NULL, sl->st = SLOT_IDLE;
+    sl->n_text = sl->sent = 0;
+}
+
+/* A job that never reached a slot (cancelled or timed out in the queue, or the scheduler stopping). */
+static void finish_queued(srv_job *j, srv_finish why, int http_status, const char *err) {
+    pthread_mutex_lock(&j->mu);
+    j->finish = why;
+    j->t_end = srv_now();
+    j->text = calloc(1, 1);
+    if (http_status) j->http_status = http_status, snprintf(j->err, sizeof j->err, "%s", err);
+    pthread_mutex_unlock(&j->mu);
+    if (j->emit) j->emit(j, "", 0, NULL, 0, true);
+    pthread_mutex_lock(&j->mu);
+    j->done = true;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    srv_job_release(j);
+}
+
+/* Puts job j on slot sl: the prompt's longest cached prefix is kept (or copied from the slot that holds more of it),
+ * at least its last token re-evaluated. */
+static kiln_status start(srv_sched *s, slot *sl, srv_job *j) {
+    kiln_status st = kiln_sampler_new(&j->g.sp, s->V, &sl->smp);
+    if (st) return st;
+    int64_t np = (int64_t)j->n_prompt, keep = 0;
+    if (j->g.cache_prompt) {
+        int64_t mine = lcp(kiln_context_seq_tokens(s->c, sl->id), kiln_context_seq_pos(s->c, sl->id), j->prompt, np);
+        int src = -1;
+        int64_t best = mine;
+        for (int i = 0; i < s->n_slots; i++) {
+            if (i == sl->id) continue;
+            int64_t k = lcp(kiln_context_seq_tokens(s->c, i), kiln_context_seq_pos(s->c, i), j->prompt, np);
+            if (k > best) best = k, src = i;
+        }
+        if (best > np - 1) best = np - 1;
+        if (src >= 0 && best > mine) {
+            if ((st = kiln_context_seq_copy(s->c, src, sl->id, best))) best = 0;
+        }
+        keep = best;
+    }
+    sl->n_done = (size_t)kiln_context_seq_keep(s->c, sl->id, keep);
+    sl->n_past = (int64_t)sl->n_done;
+    sl->st = SLOT_PREFILL;
+    sl->job = j;
+    sl->n_decoded = 0;
+    sl->n_text = sl->sent = 0;
+    sl->n_prompt = np;
+    pthread_mutex_lock(&j->mu);
+    j->slot = sl->id;
+    j->t_start = srv_now();
+    j->n_cached = (int64_t)sl->n_done;
+    j->n_evaluated = np - (int64_t)sl->n_done;
+    pthread_mutex_unlock(&j->mu);
+    return KILN_OK;
+}
+
+/* Queued jobs to idle slots, in order; a job that names a busy slot waits for it without holding up the others. */
+static void assign(srv_sched *s) {
+    for (int qi = 0; qi < s->q_n;) {
+        srv_job *j = s->queue[qi];
+        slot *dst = NULL;
+        if (j->g.id_slot >= 0) {
+            if (s->slots[j->g.id_slot].st == SLOT_IDLE) dst = &s->slots[j->g.id_slot];
+        } else {
+            int64_t best = -1;
+            for (int i = 0; i < s->n_slots; i++) {
+                if (s->slots[i].st != SLOT_IDLE) continue;
+                int32_t q = s->slots[i].id;
+                int64_t pos = kiln_context_seq_pos(s->c, q);
+                int64_t k = j->g.cache_prompt ? lcp(kiln_context_seq_tokens(s->c, q), pos, j->prompt, (int64_t)j->n_prompt) : 0;
+                /* the longest match; among equals the slot with the least cached (keeps the others' caches) */
+                int64_t score = k * (s->n_ctx + 1) + (s->n_ctx - pos);
+                if (score > best) best = score, dst = &s->slots[i];
+            }
+        }
+        if (!dst) {
+            qi++;
+            continue;
+        }
+        memmove(s->queue + qi, s->queue + qi + 1, (size_t)(s->q_n - qi - 1) * sizeof *s->queue);
+        s->q_n--;
+        kiln_status st = start(s, dst, j);
+        if (st) {
+            dst->job = j;
+            finish(s, dst, SRV_FIN_ERROR, 500, kiln_last_error());
+        }
+    }
+}
+
+/* Slot files and erases, each once its slot is idle. */
+static void run_ctrls(srv_sched *s) {
+    for (ctrl **pp = &s->ctrls; *pp;) {
+        ctrl *r = *pp;
+        slot *sl = &s->slots[r->slot];
+        if (sl->st != SLOT_IDLE) {
+            r->status = 400;
+            snprintf(r->msg, r->cap, "slot %d is busy: try again when its request is done", r->slot);
+        } else {
+            kiln_status st = KILN_OK;
+            if (r->a == SRV_SLOT_SAVE) st = kiln_context_seq_save(s->c, r->slot, r->path), r->n_tokens = kiln_context_seq_pos(s->c, r->slot);
+            else if (r->a == SRV_SLOT_RESTORE) st = kiln_context_seq_restore(s->c, r->slot, r->path, &r->n_tokens);
+            else r->n_tokens = kiln_context_seq_pos(s->c, r->slot), kiln_context_seq_keep(s->c, r->slot, 0);
+            r->status = st == KILN_OK ? 200 : st == KILN_ERR_NOMEM ? 500 : st == KILN_ERR_UNSUPPORTED ? 501 :
+                        (st == KILN_ERR_IO && r->a == SRV_SLOT_SAVE) ? 500 : 400;
+            if (st) snprintf(r->msg, r->cap, "%s", kiln_last_error()[0] ? kiln_last_error() : kiln_status_name(st));
+        }
+        sl->n_past = kiln_context_seq_pos(s->c, r->slot);
+        r->done = true;
+        *pp = r->next;
+    }
+    pthread_cond_broadcast(&s->ctrl_cv);
+}
+
+int srv_sched_slot_action(srv_sched *s, int slot_id, srv_slot_action a, const char *path, int64_t *n_tokens, char *msg, size_t cap) {
+    ctrl r = {.slot = slot_id, .a = a, .path = path, .msg = msg, .cap = cap};
+    msg[0] = 0;
+    pthread_mutex_lock(&s->mu);
+    if (s->stop) {
+        pthread_mutex_unlock(&s->mu);
+        snprintf(msg, cap, "the server is shutting down");
+        return 503;
+    }
+    r.next = s->ctrls, s->ctrls = &r;
+    pthread_cond_broadcast(&s->cv);
+    while (!r.done) pthread_cond_wait(&s->ctrl_cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    *n_tokens = r.n_tokens;
+    return r.status;
+}
+
+/* The bytes of token id into s->piece; *n its length. */
+static kiln_status piece(srv_sched *s, int32_t id, size_t *n) {
+    kiln_status st = kiln_tokenizer_piece(s->tok, id, false, s->piece, s->piece_cap, n);
+    if (st || *n <= s->piece_cap) return st;
+    char *p = realloc(s->piece, *n);
+    if (!p) return KILN_ERR_NOMEM;
+    s->piece = p, s->piece_cap = *n;
+    return kiln_tokenizer_piece(s->tok, id, false, s->piece, s->piece_cap, n);
+}
+
+/* log-softmax of row into s->probs; ti gets token id's log-probability and the top n. */
+static void logprobs(srv_sched *s, const float *row, int32_t id, int n_top, srv_tokinfo *ti) {
+    float mx = -INFINITY;
+    for (int64_t v = 0; v < s->V; v++) mx = row[v] > mx ? row[v] : mx;
+    double sum = 0;
+    for (int64_t v = 0; v < s->V; v++) sum += exp((double)(row[v] - mx));
+    float lse = mx + (float)log(sum);
+    ti->id = id;
+    ti->logprob = row[id] - lse;
+    ti->n_top = 0;
+    for (int k = 0; k < n_top && k < s->V; k++) { /* selection: n_top is at most SRV_MAX_PROBS */
+        int32_t best = -1;
+        for (int64_t v = 0; v < s->V; v++) {
+            bool taken = false;
+            for (int t = 0; t < k && !taken; t++) taken = ti->top[t].id == v;
+            if (!taken && (best < 0 || row[v] > row[best])) best = (int32_t)v;
+        }
+        ti->top[k] = (srv_prob){best, row[best] - lse};
+        ti->n_top = k + 1;
+    }
+}
+
+static bool grow(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return true;
+    size_t c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, c * elem);
+    if (!q) return false;
+    *p = q, *cap = c;
+    return true;
+}
+
+/* The token slot sl sampled from row: the ends, the text, the stop strings, the job's new text. */
+static void on_token(srv_sched *s, slot *sl, float *row) {
+    srv_job *j = sl->job;
+    if (j->g.n_predict >= 0 && sl->n_decoded >= j->g.n_predict) { /* n_predict 0: the prompt only */
+        finish(s, sl, SRV_FIN_LENGTH, 0, NULL);
+        return;
+    }
+    if (j->g.ignore_eos) {
+        if (s->eos >= 0) row[s->eos] = -INFINITY;
+        if (s->eot >= 0) row[s->eot] = -INFINITY;
+    }
+    srv_tokinfo ti = {0};
+    bool want = j->want_toks || j->g.n_probs > 0;
+    if (want) memcpy(s->probs, row, (size_t)s->V * sizeof *row);
+    int64_t pos = kiln_context_seq_pos(s->c, sl->id);
+    int32_t t = kiln_sampler_sample(sl->smp, row, kiln_context_seq_tokens(s->c, sl->id), (size_t)pos);
+    if (want) logprobs(s, s->probs, t, j->g.n_probs, &ti);
+    if (!grow((void **)&j->gen, &j->cap_gen, j->n_gen + 1, sizeof *j->gen)) {
+        finish(s, sl, SRV_FIN_ERROR, 500, "out of memory");
+        return;
+    }
+    j->gen[j->n_gen++] = t;
+    sl->n_decoded++;
+    if (t == s->eos || t == s->eot) {
+        finish(s, sl, SRV_FIN_EOS, 0, NULL);
+        return;
+    }
+    size_t n;
+    kiln_status st = piece(s, t, &n);
+    if (st || !grow((void **)&sl->text, &sl->cap_text, sl->n_text + n + 1, 1) ||
+        (want && !grow((void **)&j->toks, &j->cap_toks, j->n_toks + 1, sizeof *j->toks))) {
+        finish(s, sl, SRV_FIN_ERROR, 500, st ? kiln_last_error() : "out of memory");
+        return;
+    }
+    if (want) j->toks[j->n_toks++] = ti;
+    size_t scan = sl->sent; /* a stop string may begin in the held-back bytes, never before them */
+    memcpy(sl->text + sl->n_text, s->piece, n);
+    sl->n_text += n;
+    sl->text[sl->n_text] = 0;
+    srv_finish why = SRV_RUNNING;
+    size_t full = sl->n_text;
+    for (int i = 0; i < j->g.n_stops; i++) {
+        char *hit = memmem(sl->text + scan, full - scan, j->g.stops[i], strlen(j->g.stops[i]));
+        if (hit && (size_t)(hit - sl->text) < (why == SRV_RUNNING ? full + 1 : sl->n_text)) {
+            why = SRV_FIN_STOP;
+            sl->n_text = (size_t)(hit - sl->text); /* the text ends before the earliest stop string */
+            snprintf(j->stop_word, sizeof j->stop_word, "%s", j->g.stops[i]);
+        }
+    }
+    size_t hold = why == SRV_FIN_STOP ? 0 : srv_stop_holdback(sl->text, sl->n_text, j->g.stops, j->g.n_stops);
+    size_t u = srv_utf8_incomplete_tail(sl->text, sl->n_text - hold);
+    size_t end = sl->n_text - hold - u;
+    if (end < sl->sent) end = sl->sent;
+    if (j->emit && (end > sl->sent || want)) {
+        size_t n_out = 0;
+        char *out = srv_utf8_sanitize(sl->text + sl->sent, end - sl->sent, &n_out);
+        j->emit(j, out ? out : "", out ? n_out : 0, want ? &ti : NULL, want ? 1 : 0, false);
+        free(out);
+    }
+    sl->sent = end;
+    if (why == SRV_FIN_STOP) {
+        finish(s, sl, SRV_FIN_STOP, 0, NULL);
+        return;
+    }
+    if (j->g.n_predict >= 0 && sl->n_decoded >= j->g.n_predict) {
+        finish(s, sl, SRV_FIN_LENGTH, 0, NULL);
+        return;
+    }
+    if (pos >= s->n_ctx) { /* no position left to feed t */
+        finish(s, sl, SRV_FIN_CONTEXT, 0, NULL);
+        return;
+    }
+    sl->last = t;
+    sl->st = SLOT_DECODE;
+}
+
+static bool has_work(srv_sched *s) {
+    if (s->ctrls || s->q_n) return true;
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slots[i].st != SLOT_IDLE) return true;
+    return false;
+}
+
+/* Cancelled and timed-out jobs leave their slots and the queue. */
+static void reap(srv_sched *s) {
+    double now = srv_now();
+    for (int i = 0; i < s->n_slots; i++) {
+        slot *sl = &s->slots[i];
+        if (sl->st == SLOT_IDLE) continue;
+        if (job_cancelled(sl->job)) finish(s, sl, SRV_FIN_CANCEL, 0, NULL);
+        else if (sl->job->g.timeout_s > 0 && now - sl->job->t_submit > sl->job->g.timeout_s) finish(s, sl, SRV_FIN_TIMEOUT, 0, NULL);
+    }
+    for (int qi = 0; qi < s->q_n;) {
+        srv_job *j = s->queue[qi];
+        bool cancel = job_cancelled(j), late = j->g.timeout_s > 0 && now - j->t_submit > j->g.timeout_s;
+        if (!cancel && !late) {
+            qi++;
+            continue;
+        }
+        memmove(s->queue + qi, s->queue + qi + 1, (size_t)(s->q_n - qi - 1) * sizeof *s->queue);
+        s->q_n--;
+        finish_queued(j, cancel ? SRV_FIN_CANCEL : SRV_FIN_TIMEOUT, cancel ? 0 : 503, "the request timed out waiting for a slot");
+    }
+}
+
+/* One iteration's batch: each decoding slot's token, then prefill chunks up to n_batch. *n_rows gets the rows. */
+static size_t build_batch(srv_sched *s, int *n_rows, size_t *chunk) {
+    size_t n = 0;
+    int r = 0;
+    for (int i = 0; i < s->n_slots && (int64_t)n < s->n_batch; i++) {
+        slot *sl = &s->slots[i];
+        chunk[i] = 0;
+        if (sl->st != SLOT_DECODE) continue;
+        s->batch[n++] = (kiln_batch_entry){.seq = sl->id, .id = sl->last, .pos = kiln_context_seq_pos(s->c, sl->id), .logits = true};
+        s->row_slot[r++] = i;
+    }
+    for (int i = 0; i < s->n_slots && (int64_t)n < s->n_batch; i++) {
+        slot *sl = &s->slots[i];
+        if (sl->st != SLOT_PREFILL) continue;
+        size_t left = sl->job->n_prompt - sl->n_done, room = (size_t)s->n_batch - n, k = left < room ? left : room;
+        int64_t pos = kiln_context_seq_pos(s->c, sl->id);
+        for (size_t t = 0; t < k; t++)
+            s->batch[n++] = (kiln_batch_entry){.seq = sl->id, .id = sl->job->prompt[sl->n_done + t], .pos = pos + (int64_t)t,
+                                               .logits = sl->n_done + t + 1 == sl->job->n_prompt};
+        chunk[i] = k;
+        if (sl->n_done + k == sl->job->n_prompt) s->row_slot[r++] = i;
+    }
+    *n_rows = r;
+    return n;
+}
+
+static void *sched_main(void *arg) {
+    srv_sched *s = arg;
+    size_t *chunk = calloc((size_t)s->n_slots, sizeof *chunk);
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop) {
+        if (!has_work(s)) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 100 * 1000 * 1000;
+            if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+            pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+            continue;
+        }
+        run_ctrls(s);
+        reap(s);
+        assign(s);
+        int busy = 0;
+        for (int i = 0; i < s->n_slots; i++) busy += s->slots[i].st != SLOT_IDLE;
+        if (busy > s->met.n_busy_max) s->met.n_busy_max = busy;
+        int n_rows;
+        size_t n = build_batch(s, &n_rows, chunk);
+        if (!n) continue;
+        pthread_mutex_unlock(&s->mu);
+        double t0 = srv_now();
+        kiln_status st = kiln_context_decode(s->c, s->batch, n, s->logits, NULL);
+        double dt = srv_now() - t0;
+        pthread_mutex_lock(&s->mu);
+        s->met.decodes++;
+        if (st) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "decode failed: %s", kiln_last_error());
+            for (int i = 0; i < s->n_slots; i++)
+                if (s->slots[i].st != SLOT_IDLE && (chunk[i] || s->slots[i].st == SLOT_DECODE)) finish(s, &s->slots[i], SRV_FIN_ERROR, 500, msg);
+            continue;
+        }
+        for (int i = 0; i < s->n_slots; i++) s->slots[i].n_past = kiln_context_seq_pos(s->c, i);
+        for (int i = 0; i < s->n_slots; i++) {
+            slot *sl = &s->slots[i];
+            if (sl->st != SLOT_PREFILL || !chunk[i]) continue;
+            sl->n_done += chunk[i];
+            s->met.prompt_tokens += (int64_t)chunk[i];
+            s->met.prompt_s += dt * (double)chunk[i] / (double)n;
+            if (sl->n_done == sl->job->n_prompt) {
+                pthread_mutex_lock(&sl->job->mu);
+                sl->job->t_first = srv_now();
+                pthread_mutex_unlock(&sl->job->mu);
+            }
+        }
+        for (int r = 0; r < n_rows; r++) on_token(s, &s->slots[s->row_slot[r]], s->logits + (size_t)r * (size_t)s->V);
+    }
+    /* stopping: every job ends */
+    run_ctrls(s);
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slots[i].st != SLOT_IDLE) finish(s, &s->slots[i], SRV_FIN_CANCEL, 503, "the server is shutting down");
+    while (s->q_n) finish_queued(s->queue[--s->q_n], SRV_FIN_CANCEL, 503, "the server is shutting down");
+    pthread_mutex_unlock(&s->mu);
+    free(chunk);
+    return NULL;
+}
+
+kiln_status srv_sched_new(kiln_context *c, const kiln_model *m, const srv_sched_params *p, srv_sched **out) {
+    *out = NULL;
+    const kiln_tokenizer *tok = kiln_model_tokenizer(m);
+    if (!tok) return kiln_fail(KILN_ERR_INVALID, "serve: the model has no tokenizer (tokenizer.ggml.* keys)");
+    srv_sched *s = calloc(1, sizeof *s);
+    if (!s) return KILN_ERR_NOMEM;
+    s->c = c, s->m = m, s->tok = tok;
+    s->V = kiln_model_n_vocab(m);
+    s->n_slots = kiln_context_n_seq(c);
+    s->n_ctx = kiln_context_n_ctx(c);
+    s->n_batch = kiln_context_n_batch(c);
+    s->queue_max = p->queue_max > 0 ? p->queue_max : 4 * s->n_slots;
+    s->eos = kiln_tokenizer_eos(tok);
+    s->eot = -1;
+    kiln_chat_template t;
+    if (kiln_chat_template_detect(m, &t) == KILN_OK && kiln_chat_end_of_turn(&t, tok, &s->eot) != KILN_OK) s->eot = -1;
+    s->slots = calloc((size_t)s->n_slots, sizeof *s->slots);
+    s->queue = calloc((size_t)s->queue_max, sizeof *s->queue);
+    s->batch = calloc((size_t)s->n_batch, sizeof *s->batch);
+    s->row_slot = calloc((size_t)s->n_slots, sizeof *s->row_slot);
+    s->logits = malloc((size_t)s->n_slots * (size_t)s->V * sizeof *s->logits);
+    s->probs = malloc((size_t)s->V * sizeof *s->probs);
+    if (!s->slots || !s->queue || !s->batch || !s->row_slot || !s->logits || !s->probs) {
+        free(s->slots), free(s->queue), free(s->batch), free(s->row_slot), free(s->logits), free(s->probs), free(s);
+        return KILN_ERR_NOMEM;
+    }
+    for (int i = 0; i < s->n_slots; i++) s->slots[i].id = i;
+    s->met.kv_total = (int64_t)s->n_slots * s->n_ctx;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    pthread_cond_init(&s->ctrl_cv, NULL);
+    if (pthread_create(&s->th, NULL, sched_main, s)) {
+        srv_sched_free(s);
+        return kiln_fail(KILN_ERR_NOMEM, "serve: cannot start the scheduler thread");
+    }
+    *out = s;
+    return KILN_OK;
+}
+
+void srv_sched_free(srv_sched *s) {
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->stop = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (s->th) pthread_join(s->th, NULL);
+    for (int i = 0; i < s->n_slots; i++) free(s->slots[i].text);
+    free(s->slots), free(s->queue), free(s->batch), free(s->row_slot), free(s->logits), free(s->probs), free(s->piece);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->ctrl_cv);
+    free(s);
+}
+
+bool srv_sched_submit(srv_sched *s, srv_job *j) {
+    pthread_mutex_lock(&s->mu);
+    if (s->stop || s->q_n >= s->queue_max) {
+        pthread_mutex_unlock(&s->mu);
+        return false;
+    }
+    pthread_mutex_lock(&j->mu);
+    j->refs++;
+    j->t_submit = srv_now();
+    pthread_mutex_unlock(&j->mu);
+    s->queue[s->q_n++] = j;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return true;
+}
+
+void srv_sched_slots(srv_sched *s, srv_slot_info *out) {
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->n_slots; i++) {
+        const slot *sl = &s->slots[i];
+        out[i] = (srv_slot_info){.id = i, .busy = sl->st != SLOT_IDLE, .n_past = sl->n_past, .n_prompt = sl->n_prompt,
+                                 .n_decoded = sl->n_decoded};
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+void srv_sched_metrics(srv_sched *s, srv_metrics *out) {
+    pthread_mutex_lock(&s->mu);
+    *out = s->met;
+    out->processing = 0, out->deferred = s->q_n, out->kv_used = 0;
+    for (int i = 0; i < s->n_slots; i++) {
+        out->processing += s->slots[i].st != SLOT_IDLE;
+        out->kv_used += s->slots[i].n_past;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+int srv_sched_pending(srv_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    int n = s->q_n;
+    for (int i = 0; i < s->n_slots; i++) n += s->slots[i].st != SLOT_IDLE;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}

@@ -1,0 +1,147 @@
+/* cmd_serve.c: `kiln serve -m MODEL.gguf [options]`, an HTTP server speaking llama-server's, OpenAI's and Ollama's
+ * APIs (src/serve/), with llama-server's flag names: -c is the total context and each of the -np slots gets c / np
+ * positions, as llama-server without --kv-unified. It binds loopback unless --host says otherwise, prints
+ * "kiln serve: listening on http://HOST:PORT" on stderr once it accepts (--port 0: a free port, the one printed), and
+ * on SIGTERM or SIGINT stops accepting, lets the requests in flight finish and exits 0. */
+#include "kiln.h"
+#include "serve/serve.h"
+#include "tools/cmd.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static const char usage_line[] =
+    "kiln: usage: kiln serve -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [-np SLOTS (1)] [-c CTX (the model's, at most 16384)]\n"
+    "                  [-b BATCH (512)] [-t THREADS] [--gpu | -ngl N] [--api-key KEY | --api-key-file F] [--slot-save-path DIR]\n"
+    "                  [--metrics] [--timeout S] [--chat-template NAME] [--alias NAME] [--queue N (4 x SLOTS)]\n";
+
+#define DEFAULT_MAX_CTX 16384
+
+/* The key of --api-key-file: its first line, without the newline. */
+static char *read_key(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        kiln_cli_error("serve: --api-key-file %s: cannot open it", path);
+        return NULL;
+    }
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    buf[strcspn(buf, "\r\n")] = 0;
+    if (!buf[0]) {
+        kiln_cli_error("serve: --api-key-file %s: the first line is empty", path);
+        return NULL;
+    }
+    return strdup(buf);
+}
+
+int kiln_cmd_serve(int argc, char **argv) {
+    const char *model_path = NULL, *host = "127.0.0.1", *key_file = NULL;
+    srv_opts o = {0};
+    int port = 8080, n_slots = 1, queue = 0;
+    int64_t n_ctx = 0;
+    bool gpu = false;
+    kiln_session_params sp = {.n_batch = 512};
+    const kiln_cli_opt opts[] = {
+        {"-m", KILN_CLI_STR, &model_path, 0, 0},
+        {"--model", KILN_CLI_STR, &model_path, 0, 0},
+        {"--host", KILN_CLI_STR, &host, 0, 0},
+        {"--port", KILN_CLI_INT, &port, 0, 65535},
+        {"-np", KILN_CLI_INT, &n_slots, 1, 256},
+        {"--parallel", KILN_CLI_INT, &n_slots, 1, 256},
+        {"-c", KILN_CLI_I64, &n_ctx, 0, 1 << 24},
+        {"--ctx-size", KILN_CLI_I64, &n_ctx, 0, 1 << 24},
+        {"-b", KILN_CLI_I64, &sp.n_batch, 1, 1 << 16},
+        {"--batch-size", KILN_CLI_I64, &sp.n_batch, 1, 1 << 16},
+        {"-t", KILN_CLI_INT, &sp.n_threads, 0, 1024},
+        {"--threads", KILN_CLI_INT, &sp.n_threads, 0, 1024},
+        {"--gpu", KILN_CLI_FLAG, &gpu, 0, 0},
+        {"-ngl", KILN_CLI_INT, &sp.n_gpu_layers, 0, INT32_MAX},
+        {"--gpu-layers", KILN_CLI_INT, &sp.n_gpu_layers, 0, INT32_MAX},
+        {"--n-gpu-layers", KILN_CLI_INT, &sp.n_gpu_layers, 0, INT32_MAX},
+        {"--api-key", KILN_CLI_STR, &o.api_key, 0, 0},
+        {"--api-key-file", KILN_CLI_STR, &key_file, 0, 0},
+        {"--slot-save-path", KILN_CLI_STR, &o.slot_save_path, 0, 0},
+        {"--metrics", KILN_CLI_FLAG, &o.metrics, 0, 0},
+        {"--timeout", KILN_CLI_DOUBLE, &o.timeout_s, 0, 1e7},
+        {"-to", KILN_CLI_DOUBLE, &o.timeout_s, 0, 1e7},
+        {"--chat-template", KILN_CLI_STR, &o.chat_template, 0, 0},
+        {"--alias", KILN_CLI_STR, &o.alias, 0, 0},
+        {"-a", KILN_CLI_STR, &o.alias, 0, 0},
+        {"--queue", KILN_CLI_INT, &queue, 0, 1 << 20},
+    };
+    int n_pos = 0;
+    if (!kiln_cli_parse_args("serve", argc, argv, opts, (int)(sizeof opts / sizeof *opts), NULL, 0, &n_pos)) {
+        fputs(usage_line, stderr);
+        return 1;
+    }
+    if (!model_path) {
+        fputs(usage_line, stderr);
+        return kiln_cli_error("serve: -m MODEL.gguf is required");
+    }
+    if (o.api_key && key_file) return kiln_cli_error("serve: give --api-key or --api-key-file, not both");
+    if (o.api_key && !o.api_key[0]) return kiln_cli_error("serve: --api-key is empty");
+    char *key = NULL;
+    if (key_file && !(o.api_key = key = read_key(key_file))) return 1;
+    struct stat sb;
+    if (o.slot_save_path && (stat(o.slot_save_path, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
+        free(key);
+        return kiln_cli_error("serve: --slot-save-path %s is not a folder", o.slot_save_path);
+    }
+    if (gpu) sp.n_gpu_layers = INT32_MAX;
+
+    kiln_model *m;
+    kiln_status s = kiln_model_load(model_path, &m);
+    if (s) {
+        free(key);
+        return kiln_cli_die(s);
+    }
+    if (!n_ctx) n_ctx = kiln_model_n_ctx_train(m) < DEFAULT_MAX_CTX ? kiln_model_n_ctx_train(m) : DEFAULT_MAX_CTX;
+    if (n_ctx / n_slots < 8) {
+        kiln_model_free(m), free(key);
+        return kiln_cli_error("serve: -c %lld over %d slots leaves %lld positions a slot: give at least 8 each", (long long)n_ctx, n_slots,
+                              (long long)(n_ctx / n_slots));
+    }
+    sp.n_ctx = n_ctx / n_slots;
+    kiln_context_params cp = {.s = sp, .n_seq = n_slots};
+    kiln_context *c = NULL;
+    srv_server *srv = NULL;
+    srv_http *http = NULL;
+    int bound = 0;
+    o.model_path = model_path;
+    srv_sched_params schp = {.queue_max = queue};
+    /* SIGINT and SIGTERM go to this thread alone (sigwait below): every thread made from here on blocks them */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    s = kiln_context_new(m, &cp, &c);
+    if (!s) s = srv_server_new(m, c, &o, &schp, &srv);
+    else c = NULL;
+    if (s && c && !srv) kiln_context_free(c);
+    if (!s) s = srv_http_start(srv, host, port, &bound, &http);
+    if (s) {
+        srv_server_free(srv);
+        kiln_model_free(m), free(key);
+        return kiln_cli_die(s);
+    }
+    fprintf(stderr, "kiln serve: %d slot%s of %lld positions, batch %lld, %s, chat template %s\n", n_slots, n_slots == 1 ? "" : "s",
+            (long long)sp.n_ctx, (long long)kiln_context_n_batch(c), kiln_context_on_gpu(c) ? "GPU" : "CPU",
+            kiln_chat_family_name(srv->tmpl.family));
+    fprintf(stderr, "kiln serve: listening on http://%s%s%s:%d\n", strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", bound);
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "kiln serve: %s: draining the requests in flight\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    srv_http_stop(http, o.timeout_s > 0 ? o.timeout_s : 600);
+    srv_server_free(srv);
+    kiln_model_free(m);
+    free(key);
+    fprintf(stderr, "kiln serve: stopped\n");
+    return 0;
+}
