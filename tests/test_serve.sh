@@ -101,7 +101,8 @@ check_log() {
 }
 
 D_ARGS=(-m "$DEFAULT" -np 4 -c 1024 -t 1 --metrics --api-key "$KEY" --slot-save-path "$tmp/slots")
-D_CHECK=(--model "$DEFAULT" --api-key "$KEY" --slots 4 --slot-ctx 256 --metrics --state "$tmp/state.json" --save-dir "$tmp/slots")
+# the bundled model has no chat template (the server falls back to chatml, as llama-server does)
+D_CHECK=(--model "$DEFAULT" --no-template --api-key "$KEY" --slots 4 --slot-ctx 256 --metrics --state "$tmp/state.json" --save-dir "$tmp/slots")
 
 if start_server default "${D_ARGS[@]}"; then
     checks default "${D_CHECK[@]}" -- models chat chat_stream completions usage_counts schemas errors routes auth greedy_generate \
@@ -129,9 +130,9 @@ if start_server restart "${D_ARGS[@]}"; then
     stop_server restart signalled
 fi
 
-# The load: one slot (so a queue of 4 x slots, kiln serve's default), 16 clients: more than both.
+# The load: one slot and a queue of 2 (--queue), 16 clients: more than both.
 if [ -s "$SMOLLM" ]; then L_ARGS=(-m "$SMOLLM" -t 2); L_N=24; else L_ARGS=(-m "$DEFAULT" -t 1); L_N=400; fi
-if start_server load "${L_ARGS[@]}" -np 1 -c 512; then
+if start_server load "${L_ARGS[@]}" -np 1 -c 512 --queue 2; then
     checks load --slots 1 --load-clients 16 --load-n "$L_N" -- load
     stop_server load
 fi
