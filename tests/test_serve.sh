@@ -136,4 +136,31 @@ if start_server load "${L_ARGS[@]}" -np 1 -c 512 --queue 2; then
     checks load --slots 1 --load-clients 16 --load-n "$L_N" -- load
     stop_server load
 fi
+# kiln bench serve against a kiln serve it starts: one JSON object per case with every stream's tokens and no error,
+# percentiles in order, then the table; bad flags are refused naming the flag.
+test_serve_bench() {
+    "$KILN" bench serve -m "$DEFAULT" -np 2 -t 1 -c 1,2 -n 8 >"$tmp/bench.out" 2>"$tmp/bench.err"
+    check "kiln bench serve: status $?: $(head -c 400 "$tmp/bench.err")" [ $? -eq 0 ]
+    check "kiln bench serve: $(head -c 600 "$tmp/bench.out")" python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+assert [r["clients"] for r in rows] == [1, 2], rows
+for r in rows:
+    assert r["engine"] == "kiln" and r["errors"] == 0 and r["tokens"] == 8 * r["clients"], r
+    assert r["tok_s"] > 0 and 0 < r["ttft_p50_ms"] <= r["ttft_p99_ms"] and 0 <= r["itl_p50_ms"] <= r["itl_p99_ms"], r
+    assert r["itl_p99_ms"] > 0, r  # events that come in one read share a time: gaps of 0 are real, not all of them
+assert any(l.split()[:1] == ["2"] for l in open(sys.argv[1]) if not l.startswith("{")), "no table row for 2 clients"
+' "$tmp/bench.out"
+    local a
+    for a in "-c 0" "-c 1,x" "-n 0" "-np 0" "-r 1.5"; do
+        # shellcheck disable=SC2086
+        "$KILN" bench serve -m "$DEFAULT" $a >"$tmp/out" 2>"$tmp/err"
+        check "bench serve $a: status $?, not 1" [ $? -eq 1 ]
+        check "bench serve $a: the error does not name ${a%% *}: $(cat "$tmp/err")" grep -qF -- "${a%% *}" "$tmp/err"
+        check "bench serve $a: stdout $(head -c 200 "$tmp/out")" [ ! -s "$tmp/out" ]
+    done
+    "$KILN" bench serve >"$tmp/out" 2>"$tmp/err"
+    check "bench serve without --url or -m: status $?" [ $? -eq 1 ]
+}
+run test_serve_bench
 test_exit
