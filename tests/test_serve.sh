@@ -9,6 +9,7 @@
 #            model, and a slot saved from another model (the foreign file the default model must refuse)
 #   restart  the default server again: the restores, then SIGTERM in the middle of a stream
 #   load     1 slot (SmolLM2 where it is, else the bundled model with longer requests): 503s with Retry-After
+#   bench    `kiln bench serve -m` on the bundled model (the server it starts itself): its JSON, table and flag errors
 # Needs python3 with the openai package (pip install openai); skips without it, or without `kiln serve`.
 cd "$(dirname "$0")/.." || exit 1
 . tests/test.sh
