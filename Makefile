@@ -1,7 +1,7 @@
 # kiln build. `make` builds build/libkiln.a and build/kiln; `make test` builds and runs every test;
 # `make test SAN=1` does the same under AddressSanitizer + UndefinedBehaviorSanitizer (in build-san/);
-# `make fuzz FUZZ_SECONDS=60` runs the GGUF reader fuzzer (fuzz-tokenize, fuzz-shards and fuzz-ckpt: the tokenizers',
-# the shard loader's and the checkpoint loader's); `make install PREFIX=/usr/local` (and DESTDIR) installs libkiln.a,
+# `make fuzz FUZZ_SECONDS=60` runs the GGUF reader fuzzer (fuzz-tokenize, fuzz-shards, fuzz-ckpt and fuzz-serve: the
+# tokenizers', the shard loader's, the checkpoint loader's and kiln serve's request handling); `make install PREFIX=/usr/local` (and DESTDIR) installs libkiln.a,
 # libkiln.so, kiln.h and kiln.pc. The CUDA backend is compiled in when nvcc is on the PATH (CUDA_ARCH SASS plus its
 # PTX, sm_90 by default); CUDA=0 leaves it out. Before the first compile the preflight checks that the compiler and
 # every header and library are there, and names the package of one that is not.
@@ -192,7 +192,9 @@ test: $(TEST_NEEDS)
 PREFIX     ?= /usr/local
 LIBDIR     ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
-PC_DEPS    := libpcre2-8:-lpcre2-8 libutf8proc:-lutf8proc jansson:-ljansson libmicrohttpd:-lmicrohttpd
+# libmicrohttpd (kiln serve) goes into Libs.private as -lmicrohttpd, not Requires.private: its own .pc lists GnuTLS's
+# private libraries, which Debian ships without static archives or dev links (-lunistring), so a static link fails.
+PC_DEPS    := libpcre2-8:-lpcre2-8 libutf8proc:-lutf8proc jansson:-ljansson
 pc_found    = $(shell pkg-config --exists $(1) 2>/dev/null && echo yes)
 PC_REQUIRES = $(foreach d,$(PC_DEPS),$(if $(call pc_found,$(firstword $(subst :, ,$(d)))),$(firstword $(subst :, ,$(d)))))
 PC_LIBS     = $(foreach d,$(PC_DEPS),$(if $(call pc_found,$(firstword $(subst :, ,$(d)))),,$(lastword $(subst :, ,$(d))))) \
@@ -267,8 +269,8 @@ fuzz-tokenize:
 # no sanitizers, which take clang many minutes on them. The harness seeds build-fuzz/corpus-ckpt with tiny real
 # checkpoints.
 FUZZ_CKPT_SRC := $(C_SRC)
-fuzz-ckpt:
-	@mkdir -p build-fuzz/ckpt build-fuzz/corpus-ckpt tests/fuzz/crashes
+define fuzz_lib_objs
+	@mkdir -p build-fuzz/ckpt tests/fuzz/crashes
 	@for f in $(FUZZ_CKPT_SRC); do \
 	  fl="-fsanitize=fuzzer-no-link,address,undefined"; \
 	  case $$f in *_avx2.c) fl="$(AVX2_FLAGS)";; *_avx512.c) fl="$(AVX512_FLAGS)";; esac; \
@@ -276,10 +278,24 @@ fuzz-ckpt:
 	  if [ ! -e $$o ] || [ $$f -nt $$o ]; then echo "  fuzz cc $$f"; \
 	    $(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 $$fl -Iinclude -Isrc -Isrc/core -c $$f -o $$o || exit 1; fi; \
 	done
+endef
+fuzz-ckpt:
+	$(fuzz_lib_objs)
+	@mkdir -p build-fuzz/corpus-ckpt
 	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -Isrc/core \
-	  tests/fuzz/fuzz_checkpoint.c build-fuzz/ckpt/*.o -o build-fuzz/fuzz_checkpoint -lpcre2-8 -lutf8proc -ljansson -lm -lpthread
+	  tests/fuzz/fuzz_checkpoint.c build-fuzz/ckpt/*.o -o build-fuzz/fuzz_checkpoint -lpcre2-8 -lutf8proc -ljansson -lmicrohttpd -lm -lpthread
 	KILN_FUZZ_SEED_DIR=build-fuzz/corpus-ckpt build-fuzz/fuzz_checkpoint -max_total_time=$(FUZZ_SECONDS) -max_len=65536 \
 	  -artifact_prefix=tests/fuzz/crashes/ build-fuzz/corpus-ckpt
+
+# kiln serve's request handling (srv_handle: routes, auth, limits, JSON bodies), on the library's objects of fuzz-ckpt
+# and the bundled model; seeds in tests/fuzz/corpus-serve (fuzz_serve.c gives the input's layout).
+fuzz-serve:
+	$(fuzz_lib_objs)
+	@mkdir -p build-fuzz/corpus-serve
+	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -Isrc/core \
+	  tests/fuzz/fuzz_serve.c build-fuzz/ckpt/*.o -o build-fuzz/fuzz_serve -lpcre2-8 -lutf8proc -ljansson -lmicrohttpd -lm -lpthread
+	build-fuzz/fuzz_serve -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -artifact_prefix=tests/fuzz/crashes/ \
+	  build-fuzz/corpus-serve tests/fuzz/corpus-serve
 
 # The shard manifest and loader (src/train/data.c): inputs become manifests and shards in a temporary folder.
 fuzz-shards:

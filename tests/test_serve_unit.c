@@ -8,8 +8,11 @@
 #include "serve/serve.h"
 #include "test.h"
 
+#include <arpa/inet.h>
 #include <jansson.h>
+#include <netinet/in.h>
 #include <pthread.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #define MODEL "models/shakespeare.gguf"
@@ -313,7 +316,9 @@ static void test_llama_routes(void) {
     srv_response r = req(srv2, "POST", "/tokenize", "{\"content\": \"ROMEO: hi\", \"with_pieces\": false}", NULL);
     json_t *j = parse(&r), *toks = json_object_get(j, "tokens");
     CHECK(r.status == 200 && json_array_size(toks) > 1);
-    char *body = json_dumps(json_pack("{s:O}", "tokens", toks), 0);
+    json_t *req_body = json_pack("{s:O}", "tokens", toks);
+    char *body = json_dumps(req_body, 0);
+    json_decref(req_body);
     json_decref(j), srv_response_free(&r);
     r = req(srv2, "POST", "/detokenize", body, NULL);
     free(body);
@@ -470,6 +475,63 @@ static void test_two_slots_threads(void) {
     json_decref(j), srv_response_free(&r);
 }
 
+/* ---------------------------------------------------------------- the MHD front, over a real socket */
+
+static int dial(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a)) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Sends req and reads until the server closes or cap bytes; returns the bytes read. */
+static size_t exchange(int port, const char *rq, char *out, size_t cap) {
+    int fd = dial(port);
+    if (fd < 0) return 0;
+    size_t n = 0;
+    if (write(fd, rq, strlen(rq)) == (ssize_t)strlen(rq))
+        for (ssize_t k; n + 1 < cap && (k = read(fd, out + n, cap - 1 - n)) > 0;) n += (size_t)k;
+    out[n] = 0;
+    close(fd);
+    return n;
+}
+
+static void test_http_front(void) {
+    srv_opts o = {.max_body = 1024};
+    srv_server *s = server_with(1, 128, &o, 0);
+    srv_http *h = NULL;
+    int port = 0;
+    CHECK(s && srv_http_start(s, "127.0.0.1", 0, &port, &h) == KILN_OK && port > 0);
+    char buf[8192];
+    exchange(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", buf, sizeof buf);
+    CHECK(strncmp(buf, "HTTP/1.1 200", 12) == 0 && strstr(buf, "{\"status\":\"ok\"}"), "%s", buf);
+    exchange(port, "POST /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 999999\r\n\r\n{}", buf, sizeof buf);
+    CHECK(strncmp(buf, "HTTP/1.1 413", 12) == 0, "%s", buf);
+    exchange(port, "POST /completion HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 44\r\n\r\n"
+                   "{\"prompt\": \"ROMEO:\", \"n_predict\": 3, \"x\": 1}", buf, sizeof buf);
+    CHECK(strncmp(buf, "HTTP/1.1 200", 12) == 0 && strstr(buf, "\"tokens_predicted\":3"), "%s", buf);
+    /* a stream whose client hangs up after its first bytes: the slot is free again long before 120 tokens */
+    const char *body = "{\"prompt\": \"ROMEO:\", \"n_predict\": 120, \"ignore_eos\": true, \"stream\": true}";
+    char rq[512];
+    snprintf(rq, sizeof rq, "POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
+    int fd = dial(port);
+    CHECK(fd >= 0 && write(fd, rq, strlen(rq)) == (ssize_t)strlen(rq));
+    ssize_t k = read(fd, buf, 512);
+    CHECK(k > 12 && strncmp(buf, "HTTP/1.1 200", 12) == 0);
+    close(fd);
+    bool freed = false;
+    for (int i = 0; i < 1500 && !(freed = srv_sched_pending(s->sched) == 0); i++) usleep(2000);
+    srv_metrics m;
+    srv_sched_metrics(s->sched, &m);
+    CHECK(freed && m.predicted_tokens < 120 + 3, "slot freed %d after %lld tokens", freed, (long long)m.predicted_tokens);
+    srv_http_stop(h, 5);
+    srv_server_free(s);
+}
+
 int main(void) {
     RUN(test_utf8_tail);
     RUN(test_stop_holdback);
@@ -495,6 +557,7 @@ int main(void) {
     RUN(test_slot_files);
     RUN(test_queue_full_and_cancel);
     RUN(test_two_slots_threads);
+    RUN(test_http_front);
     srv_server_free(srv2);
     kiln_model_free(model);
     char cmd[128];

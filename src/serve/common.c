@@ -14,6 +14,7 @@
 
 kiln_status srv_server_new(const kiln_model *m, kiln_context *c, const srv_opts *o, const srv_sched_params *sp, srv_server **out) {
     *out = NULL;
+    if (!kiln_model_tokenizer(m)) return kiln_fail(KILN_ERR_INVALID, "serve: the model has no tokenizer (tokenizer.ggml.* keys)");
     srv_server *s = calloc(1, sizeof *s);
     if (!s) return KILN_ERR_NOMEM;
     s->o = *o;
@@ -32,8 +33,14 @@ kiln_status srv_server_new(const kiln_model *m, kiln_context *c, const srv_opts 
         name = o->model_path ? strrchr(o->model_path, '/') : NULL;
         name = name ? name + 1 : o->model_path ? o->model_path : "kiln";
     }
-    snprintf(s->model_name, sizeof s->model_name, "%s", name);
-    if ((st = srv_sched_new(c, m, sp, &s->sched))) {
+    size_t n;
+    char *clean = srv_utf8_sanitize(name, strlen(name), &n); /* a file name may be any bytes; JSON needs UTF-8 */
+    snprintf(s->model_name, sizeof s->model_name, "%s", clean ? clean : "kiln");
+    free(clean);
+    srv_sched_params p = *sp;
+    if (kiln_chat_end_of_turn(&s->tmpl, s->tok, &p.eot) != KILN_OK) p.eot = -1;
+    if (p.eot == kiln_tokenizer_eos(s->tok)) p.eot = -1;
+    if ((st = srv_sched_new(c, m, &p, &s->sched))) {
         free(s);
         return st;
     }
@@ -361,9 +368,9 @@ static void stream_emit(srv_job *j, const char *text, size_t n, const srv_tokinf
         srv_error(&e, j->http_status, NULL, "%s", j->err);
         json_array_append_new(frames, json_loads(e.body, 0, NULL));
         free(e.body);
-    } else if (st->fmt == SRV_FMT_LLAMA) srv_frames_llama(st, frames, j, text, n, toks, n_toks, done);
-    else if (st->fmt == SRV_FMT_OLLAMA_GEN || st->fmt == SRV_FMT_OLLAMA_CHAT) srv_frames_ollama(st, frames, j, text, n, toks, n_toks, done);
-    else srv_frames_oai(st, frames, j, text, n, toks, n_toks, done);
+    } else {
+        st->frames(st, frames, j, text, n, toks, n_toks, done);
+    }
     bool ndjson = st->fmt == SRV_FMT_OLLAMA_GEN || st->fmt == SRV_FMT_OLLAMA_CHAT;
     pthread_mutex_lock(&j->mu);
     size_t i;
@@ -419,7 +426,8 @@ void srv_stream_free(srv_stream *st) {
     srv_job_release(st->job); /* the stream itself goes with the job */
 }
 
-bool srv_run_job(srv_server *s, const srv_request *rq, srv_job *j, bool stream, srv_fmt fmt, json_t *extra, srv_response *rs) {
+bool srv_run_job(srv_server *s, const srv_request *rq, srv_job *j, bool stream, srv_fmt fmt, srv_frames_fn frames, json_t *extra,
+                 srv_response *rs) {
     int64_t n_ctx = srv_sched_n_ctx_slot(s->sched);
     if ((int64_t)j->n_prompt >= n_ctx) {
         srv_error(rs, 400, fmt == SRV_FMT_OAI_CHAT || fmt == SRV_FMT_OLLAMA_CHAT ? "messages" : "prompt",
@@ -435,7 +443,7 @@ bool srv_run_job(srv_server *s, const srv_request *rq, srv_job *j, bool stream, 
             srv_error(rs, 500, NULL, "out of memory");
             return false;
         }
-        st->job = j, st->srv = s, st->fmt = fmt, st->created = (int64_t)time(NULL), st->first = true;
+        st->job = j, st->srv = s, st->fmt = fmt, st->frames = frames, st->created = (int64_t)time(NULL), st->first = true;
         st->include_usage = json_is_true(json_object_get(extra, "include_usage"));
         st->logprobs = json_is_true(json_object_get(extra, "logprobs"));
         const char *id = json_string_value(json_object_get(extra, "id"));

@@ -66,7 +66,7 @@ void srv_route_completion(srv_server *s, const srv_request *rq, srv_response *rs
     }
     if (!srv_parse_prompt(s, json_object_get(body, "prompt"), "prompt", &t, rs)) goto out;
     j->prompt = t.ids, j->n_prompt = t.n, t.ids = NULL;
-    if (!srv_run_job(s, rq, j, stream, SRV_FMT_LLAMA, NULL, rs)) goto out;
+    if (!srv_run_job(s, rq, j, stream, SRV_FMT_LLAMA, srv_frames_llama, NULL, rs)) goto out;
     if (stream) {
         j = NULL;
         goto out;

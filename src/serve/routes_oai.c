@@ -105,7 +105,7 @@ static void oai_route(srv_server *s, const srv_request *rq, srv_response *rs, bo
     if (chat ? !srv_parse_messages(s, json_object_get(body, "messages"), &t, rs)
              : !srv_parse_prompt(s, json_object_get(body, "prompt"), "prompt", &t, rs)) goto out;
     j->prompt = t.ids, j->n_prompt = t.n, t.ids = NULL;
-    if (!srv_run_job(s, rq, j, stream, chat ? SRV_FMT_OAI_CHAT : SRV_FMT_OAI_TEXT, extra, rs)) goto out;
+    if (!srv_run_job(s, rq, j, stream, chat ? SRV_FMT_OAI_CHAT : SRV_FMT_OAI_TEXT, srv_frames_oai, extra, rs)) goto out;
     if (stream) {
         j = NULL;
         goto out;

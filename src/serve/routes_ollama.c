@@ -82,7 +82,7 @@ static void ollama_route(srv_server *s, const srv_request *rq, srv_response *rs,
         if (!srv_parse_prompt(s, p, "prompt", &t, rs)) goto out;
     }
     j->prompt = t.ids, j->n_prompt = t.n, t.ids = NULL;
-    if (!srv_run_job(s, rq, j, stream, chat ? SRV_FMT_OLLAMA_CHAT : SRV_FMT_OLLAMA_GEN, NULL, rs)) goto out;
+    if (!srv_run_job(s, rq, j, stream, chat ? SRV_FMT_OLLAMA_CHAT : SRV_FMT_OLLAMA_GEN, srv_frames_ollama, NULL, rs)) goto out;
     if (stream) {
         j = NULL;
         goto out;

@@ -615,9 +615,7 @@ kiln_status srv_sched_new(kiln_context *c, const kiln_model *m, const srv_sched_
     s->n_batch = kiln_context_n_batch(c);
     s->queue_max = p->queue_max > 0 ? p->queue_max : 4 * s->n_slots;
     s->eos = kiln_tokenizer_eos(tok);
-    s->eot = -1;
-    kiln_chat_template t;
-    if (kiln_chat_template_detect(m, &t) == KILN_OK && kiln_chat_end_of_turn(&t, tok, &s->eot) != KILN_OK) s->eot = -1;
+    s->eot = p->eot;
     s->slots = calloc((size_t)s->n_slots, sizeof *s->slots);
     s->queue = calloc((size_t)s->queue_max, sizeof *s->queue);
     s->batch = calloc((size_t)s->n_batch, sizeof *s->batch);

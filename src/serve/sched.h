@@ -91,10 +91,9 @@ void srv_job_cancel(srv_job *j);
 bool srv_job_wait(srv_job *j, bool (*alive)(void *), void *ud);
 
 typedef struct srv_sched_params {
-    int32_t n_slots;
-    int64_t n_ctx_slot;  /* positions per slot */
-    int64_t n_batch;
     int queue_max;       /* jobs that may wait for a slot (0: 4 x n_slots) */
+    int32_t eot;         /* the chat template's end-of-turn token, which ends a reply as EOS does; -1: none
+                          * (srv_server_new sets it from its template) */
 } srv_sched_params;
 
 /* A slot as /slots and /metrics show it. */

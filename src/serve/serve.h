@@ -98,7 +98,10 @@ bool srv_parse_messages(srv_server *s, json_t *msgs, kiln_tokens *out, srv_respo
 /* Queues j (its prompt set) and, for stream, answers with the stream, which then owns the caller's reference to j;
  * otherwise waits and leaves j done (true). False when the response is already an error (a prompt too long, the
  * queue full, the client gone): the caller still holds j. extra: the stream's id, include_usage, logprobs. */
-bool srv_run_job(srv_server *s, const srv_request *rq, srv_job *j, bool stream, srv_fmt fmt, json_t *extra, srv_response *rs);
+typedef void (*srv_frames_fn)(srv_stream *st, json_t *frames, const srv_job *j, const char *text, size_t n, const srv_tokinfo *toks,
+                              size_t n_toks, bool done);
+bool srv_run_job(srv_server *s, const srv_request *rq, srv_job *j, bool stream, srv_fmt fmt, srv_frames_fn frames, json_t *extra,
+                 srv_response *rs);
 /* "chatcmpl-..." etc.: a fresh id with the prefix. */
 void srv_new_id(srv_server *s, const char *prefix, char *buf, size_t cap);
 const char *srv_finish_oai(srv_finish f);  /* "stop", "length" */
@@ -126,6 +129,7 @@ struct srv_stream {
     srv_job *job;
     srv_server *srv;
     srv_fmt fmt;
+    srv_frames_fn frames; /* the route's (a pointer, so that common.c calls no route) */
     char id[64];
     int64_t created;
     bool include_usage, logprobs, first;
