@@ -105,7 +105,7 @@ all: $(BUILD)/libkiln.a $(BUILD)/kiln
 # (The probe defines PCRE2_CODE_UNIT_WIDTH because pcre2.h refuses to be included without it, as bpe.c does.)
 PREFLIGHT      := $(BUILD)/preflight-cuda$(CUDA).ok
 PREFLIGHT_LIBS := pcre2.h:-lpcre2-8:libpcre2-dev utf8proc.h:-lutf8proc:libutf8proc-dev jansson.h:-ljansson:libjansson-dev \
-                  microhttpd.h:-lmicrohttpd:libmicrohttpd-dev
+                  microhttpd.h:-lmicrohttpd:libmicrohttpd-dev curl/curl.h:-lcurl:libcurl4-openssl-dev
 CUDA_TOOLKIT   := the CUDA toolkit (NVIDIA's cuda-toolkit package, or Debian's nvidia-cuda-toolkit) in $(CUDA_HOME)
 preflight: $(PREFLIGHT)
 $(PREFLIGHT): Makefile
@@ -161,8 +161,10 @@ $(BUILD)/libkiln.so: $(BUILD)/libkiln.so.$(VERSION)
 	ln -sf libkiln.so.$(VERSION) $(BUILD)/$(SONAME)
 	ln -sf $(SONAME) $@
 
+# The CLI alone links libcurl: `kiln bench serve`'s HTTP client (bench/bench_serve.c); libkiln does not need it.
+TOOL_LDLIBS := -lcurl
 $(BUILD)/kiln: $(TOOL_OBJ) $(BUILD)/libkiln.a
-	$(CC) $(CFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libkiln.a $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libkiln.a $(LDLIBS) $(TOOL_LDLIBS)
 
 # Each test is one C file linked with the library; -MMD makes it depend on every header it includes. A test of
 # code in tools/ links that tool's object (listed as an extra prerequisite below).

@@ -12,6 +12,7 @@ int kiln_bench_model(int argc, char **argv);
 int kiln_bench_gpu(int argc, char **argv); /* bench_gpu.c: kiln bench --gpu -m MODEL ... */
 int kiln_bench_gpu_kernels(int argc, char **argv); /* bench_gpu_kernels.c: kiln bench gpu-kernels */
 int kiln_bench_train(int argc, char **argv); /* bench_train.c: kiln bench train */
+int kiln_bench_serve(int argc, char **argv); /* bench_serve.c: kiln bench serve, an HTTP server under streaming load */
 
 /* bench_util.c: what every driver shares */
 double kiln_bench_now(void);                    /* seconds, CLOCK_MONOTONIC */

@@ -566,6 +566,8 @@ static void usage(FILE *f) {
                "  bench quant [--quick]                  dequantize and vec_dot throughput per type, scalar vs SIMD\n"
                "  bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   prompt and generation tok/s, as llama-bench\n"
                "  bench --gpu -m MODEL.gguf [-p 512] [-n 128] [-r R]   the same on the GPU, with GB/s, VRAM and a per-op decode profile\n"
+               "  bench serve (--url URL | -m MODEL [-np N] [-t T]) [-c 1,4,16] [-n 64] [--peer-bin llama-server]\n"
+               "                                         streaming clients: tok/s, time to first token, inter-token p50/p99\n"
                "  convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf   a llama2.c checkpoint to GGUF\n"
                "  convert hf DIR -o OUT.gguf [--type T]  a Hugging Face checkpoint folder to GGUF\n"
                "  generate [-m MODEL.gguf] [-p PROMPT | -f FILE] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
@@ -612,6 +614,7 @@ int main(int argc, char **argv) {
         if (argc >= 3 && strcmp(argv[2], "quant") == 0) return kiln_bench_quant(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "tokenize") == 0) return kiln_bench_tokenize(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "train") == 0) return kiln_bench_train(argc - 3, argv + 3);
+        if (argc >= 3 && strcmp(argv[2], "serve") == 0) return kiln_bench_serve(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "model") == 0) return kiln_bench_model(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "gpu-kernels") == 0) return kiln_bench_gpu_kernels(argc - 3, argv + 3);
         for (int i = 2; i < argc; i++) /* --version anywhere: kiln's; --gpu: the GPU benchmark (bench/bench_gpu.c) */
@@ -619,7 +622,7 @@ int main(int argc, char **argv) {
         for (int i = 2; i < argc; i++)
             if (strcmp(argv[i], "--gpu") == 0) return kiln_bench_gpu(argc - 2, argv + 2);
         if (argc >= 3 && argv[2][0] == '-') return kiln_bench_model(argc - 2, argv + 2); /* -m MODEL, in any order */
-        return kiln_cli_error("bench: unknown benchmark '%s' (available: quant, tokenize, train, model or -m MODEL)", argc >= 3 ? argv[2] : "");
+        return kiln_cli_error("bench: unknown benchmark '%s' (available: quant, tokenize, train, serve, model or -m MODEL)", argc >= 3 ? argv[2] : "");
     }
     return kiln_cli_error("unknown command '%s' (kiln --help lists them)", cmd);
 }

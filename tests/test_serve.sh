@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# test_serve.sh: `kiln serve` end to end, on loopback. Each server is started with --port 0 (its port read from the
+# "listening on" line of its stderr), waited for on /health, checked by tests/serve/checks.py (the openai package,
+# llama-server's and Ollama's routes, greedy output against `kiln generate`, concurrency with cancelled streams, slot
+# persistence across a restart, a load past the queue, SIGTERM during a stream) and stopped with SIGTERM, which must
+# end it with status 0. The checks print their own ok/FAIL/skip lines. Servers, in order:
+#   default  the bundled model, 4 slots, --metrics, --api-key, --slot-save-path: the API, routes, concurrency, a save
+#   smollm   SmolLM2 (~/.cache/kiln; skipped without it), 2 slots: the openai client and greedy output on a real
+#            model, and a slot saved from another model (the foreign file the default model must refuse)
+#   restart  the default server again: the restores, then SIGTERM in the middle of a stream
+#   load     1 slot (SmolLM2 where it is, else the bundled model with longer requests): 503s with Retry-After
+#   bench    `kiln bench serve -m` on the bundled model (the server it starts itself): its JSON, table and flag errors
+# Needs python3 with the openai package (pip install openai); skips without it, or without `kiln serve`.
+cd "$(dirname "$0")/.." || exit 1
+. tests/test.sh
+KILN=${KILN_BIN:-build/kiln}
+DEFAULT=models/shakespeare.gguf
+SMOLLM=${KILN_SMOLLM:-$HOME/.cache/kiln/smollm2-135m-instruct-q4_1.gguf}
+KEY=kiln-test-key-0123456789
+tmp=$(mktemp -d) || exit 1
+SRV_PID=
+trap '[ -n "$SRV_PID" ] && kill -9 "$SRV_PID" 2>/dev/null; rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/slots"
+
+if ! python3 -c 'import openai' 2>/dev/null; then
+    echo "skip test_serve: python3's openai package is absent (pip install openai)"; exit 0
+fi
+if ! "$KILN" serve --version >/dev/null 2>&1; then
+    echo "skip test_serve: $KILN has no serve command"; exit 0
+fi
+
+# health_status PORT: the status code of GET /health on 127.0.0.1:PORT (bash's /dev/tcp: no curl needed), or nothing.
+health_status() {
+    timeout 5 bash -c 'exec 3<>/dev/tcp/127.0.0.1/$1 && printf "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n" >&3 &&
+        read -r _ code _ <&3 && echo "$code"' _ "$1" 2>/dev/null
+}
+
+# start_server NAME ARGS...: starts `kiln serve ARGS --port 0` and waits (30 s at most) for its port and /health;
+# sets SRV_PID and SRV_URL. On failure prints "FAIL serve_NAME_start" with the log's tail and returns 1.
+start_server() {
+    local name=$1; shift
+    SRV_LOG=$tmp/$name.log
+    "$KILN" serve "$@" --port 0 2>"$SRV_LOG" >"$tmp/$name.out" &
+    SRV_PID=$!
+    local port= i
+    for i in $(seq 1 300); do
+        port=$(sed -n 's|.*listening on http://127\.0\.0\.1:\([0-9][0-9]*\).*|\1|p' "$SRV_LOG" | head -n1)
+        [ -n "$port" ] && break
+        kill -0 "$SRV_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    SRV_URL=http://127.0.0.1:$port
+    for i in $(seq 1 100); do
+        [ -n "$port" ] && [ "$(health_status "$port")" = 200 ] && return 0
+        kill -0 "$SRV_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "FAIL serve_${name}_start: kiln serve $* did not come up: $(tail -n 3 "$SRV_LOG" | tr '\n' ' ' | head -c 600)"
+    test_n_failed_=$((test_n_failed_ + 1))
+    kill -9 "$SRV_PID" 2>/dev/null; wait "$SRV_PID" 2>/dev/null; SRV_PID=
+    return 1
+}
+
+# stop_server NAME [signalled]: SIGTERM (unless the checks sent it: a second one may mean "now"), then the exit
+# status must be 0 within 30 s ("ok/FAIL serve_NAME_exit").
+stop_server() {
+    local name=$1 i rc
+    [ "${2:-}" = signalled ] || kill -TERM "$SRV_PID" 2>/dev/null
+    for i in $(seq 1 300); do kill -0 "$SRV_PID" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$SRV_PID" 2>/dev/null; then
+        echo "FAIL serve_${name}_exit: still running 30 s after SIGTERM"; test_n_failed_=$((test_n_failed_ + 1))
+        kill -9 "$SRV_PID"; wait "$SRV_PID" 2>/dev/null
+    else
+        wait "$SRV_PID"; rc=$?
+        if [ "$rc" -eq 0 ]; then echo "ok serve_${name}_exit"
+        else echo "FAIL serve_${name}_exit: status $rc after SIGTERM: $(tail -n 2 "$SRV_LOG" | tr '\n' ' ' | head -c 400)"
+             test_n_failed_=$((test_n_failed_ + 1)); fi
+    fi
+    SRV_PID=
+}
+
+# checks NAME ARGS... -- CHECK...: checks.py against the running server; its FAIL lines count, and so does a
+# crash that printed none.
+checks() {
+    local name=$1; shift
+    local out rc
+    out=$(python3 tests/serve/checks.py --url "$SRV_URL" --kiln "$KILN" --prefix "serve_$name" "$@" 2>&1); rc=$?
+    printf '%s\n' "$out" | grep -E '^(ok|FAIL|skip) '
+    local n; n=$(printf '%s\n' "$out" | grep -c '^FAIL ')
+    if [ "$rc" -ne 0 ] && [ "$n" -eq 0 ]; then
+        echo "FAIL serve_${name}_checks: checks.py exited with status $rc: $(printf '%s\n' "$out" | tail -n 3 | tr '\n' ' ' | head -c 600)"
+        n=1
+    fi
+    test_n_failed_=$((test_n_failed_ + n))
+}
+
+# The server's own log must hold no raw control byte but newlines (what came from the network is escaped).
+check_log() {
+    local name=$1
+    if [ "$(tr -d '\n' <"$SRV_LOG" | tr -cd '\000-\037\177' | wc -c)" -eq 0 ]; then echo "ok serve_${name}_log_escaped"
+    else echo "FAIL serve_${name}_log_escaped: a raw control byte in kiln serve's stderr"; test_n_failed_=$((test_n_failed_ + 1)); fi
+}
+
+D_ARGS=(-m "$DEFAULT" -np 4 -c 1024 -t 1 --metrics --api-key "$KEY" --slot-save-path "$tmp/slots")
+# the bundled model has no chat template (the server falls back to chatml, as llama-server does)
+D_CHECK=(--model "$DEFAULT" --no-template --api-key "$KEY" --slots 4 --slot-ctx 256 --metrics --state "$tmp/state.json" --save-dir "$tmp/slots")
+
+if start_server default "${D_ARGS[@]}"; then
+    checks default "${D_CHECK[@]}" -- models chat chat_stream completions usage_counts schemas errors routes auth greedy_generate \
+        greedy_chat completion completion_probs completion_stream tokenize_roundtrip apply_template props slots metrics \
+        ollama concurrency persist_save
+    check_log default
+    stop_server default
+fi
+
+if [ -s "$SMOLLM" ]; then
+    S_ARGS=(-m "$SMOLLM" -np 2 -c 1024 -t 2 --slot-save-path "$tmp/slots")
+    if start_server smollm "${S_ARGS[@]}"; then
+        # SmolLM2's slot file lands in the same folder: the restart's restore finds it as the default model's foreign file
+        checks smollm --model "$SMOLLM" --slots 2 --slot-ctx 512 -- models chat chat_stream completions usage_counts errors \
+            greedy_generate greedy_chat completion completion_probs tokenize_roundtrip ollama persist_foreign
+        stop_server smollm
+    fi
+else
+    echo "skip serve_smollm: $SMOLLM not found (tests/ref/fetch_models.sh fetches it)"
+fi
+
+if start_server restart "${D_ARGS[@]}"; then
+    checks restart "${D_CHECK[@]}" -- persist_restore slots
+    checks restart "${D_CHECK[@]}" --pid "$SRV_PID" -- sigterm
+    stop_server restart signalled
+fi
+
+# The load: one slot and a queue of 2 (--queue), 16 clients: more than both.
+if [ -s "$SMOLLM" ]; then L_ARGS=(-m "$SMOLLM" -t 2); L_N=24; else L_ARGS=(-m "$DEFAULT" -t 1); L_N=400; fi
+if start_server load "${L_ARGS[@]}" -np 1 -c 512 --queue 2; then
+    checks load --slots 1 --load-clients 16 --load-n "$L_N" -- load
+    stop_server load
+fi
+# kiln bench serve against a kiln serve it starts: one JSON object per case with every stream's tokens and no error,
+# percentiles in order, then the table; bad flags are refused naming the flag.
+test_serve_bench() {
+    "$KILN" bench serve -m "$DEFAULT" -np 2 -t 1 -c 1,2 -n 8 >"$tmp/bench.out" 2>"$tmp/bench.err"
+    check "kiln bench serve: status $?: $(head -c 400 "$tmp/bench.err")" [ $? -eq 0 ]
+    check "kiln bench serve: $(head -c 600 "$tmp/bench.out")" python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+assert [r["clients"] for r in rows] == [1, 2], rows
+for r in rows:
+    assert r["engine"] == "kiln" and r["errors"] == 0 and r["tokens"] == 8 * r["clients"], r
+    assert r["tok_s"] > 0 and 0 < r["ttft_p50_ms"] <= r["ttft_p99_ms"] and 0 <= r["itl_p50_ms"] <= r["itl_p99_ms"], r
+    assert r["itl_p99_ms"] > 0, r  # events that come in one read share a time: gaps of 0 are real, not all of them
+assert any(l.split()[:1] == ["2"] for l in open(sys.argv[1]) if not l.startswith("{")), "no table row for 2 clients"
+' "$tmp/bench.out"
+    local a
+    for a in "-c 0" "-c 1,x" "-n 0" "-np 0" "-r 1.5"; do
+        # shellcheck disable=SC2086
+        "$KILN" bench serve -m "$DEFAULT" $a >"$tmp/out" 2>"$tmp/err"
+        check "bench serve $a: status $?, not 1" [ $? -eq 1 ]
+        check "bench serve $a: the error does not name ${a%% *}: $(cat "$tmp/err")" grep -qF -- "${a%% *}" "$tmp/err"
+        check "bench serve $a: stdout $(head -c 200 "$tmp/out")" [ ! -s "$tmp/out" ]
+    done
+    "$KILN" bench serve >"$tmp/out" 2>"$tmp/err"
+    check "bench serve without --url or -m: status $?" [ $? -eq 1 ]
+}
+run test_serve_bench
+test_exit
