@@ -25,14 +25,20 @@ if [ -z "$lcpp" ]; then
     exit 0
 fi
 
-# Bounds on err, kiln against llama.cpp. F32: both engines compute in float32 with an f16 cache, so only the order
-# of the sums differs: measured 1.1e-4 at worst (the oracle's archs). Q4_K_M and the real quantized files: both round
-# each quantized matmul's input to 8-bit blocks (Q8_K / Q8_1), but not to the same bits (kiln's AVX2 kernels and
-# ggml's differ in rounding details), and that noise grows through the layers: measured 2.2e-2 at worst on the
-# shrunk archs and 5.3e-2 on the real models (gemma3 270m, 18 layers). A wrong RoPE layout, a missing norm or a
-# scale left out lands at 0.3 and more (tests/test_hf_oracle.c).
+# Bounds on err, kiln against llama.cpp (each 1.7x to 3x the worst measured; tests/ref/llamacpp_peer.txt has every
+# figure). F32: both engines compute in float32 with f16 K and V; llama.cpp also rounds Q and each softmax row to f16
+# for its attention matmuls (ggml's f16 x f32 mul_mat converts the f32 side to f16), which kiln does not. Measured
+# 7.0e-4 at worst on the shrunk archs (olmo2: kiln 4.5e-4 from transformers, llama.cpp 7.2e-4) and 1.15e-3 on Gemma 3
+# 270M widened to F32 (against the float64 forward of tests/ref/gemma3_golden.txt kiln's top-5 logits are off by
+# 0.011 at most, llama.cpp's by 0.028). Quantized: both engines round each quantized matmul's input to 8-bit blocks
+# (Q8_K / Q8_1 / Q8_0), not to the same bits, and the difference grows through the layers: measured 3.1e-2 at worst
+# on the shrunk archs (olmo2) and 9.9e-2 on Gemma 3 270M Q4_K_M, where each engine alone is up to 3 logits (of ~25)
+# from the float64 forward on the golden prompts: the F32-widened files are the sharp check of the real models.
+# Bugs land far out: ignoring Llama 3's RoPE factors gave 1.57 in F32 and a q/k permutation left out lands past 1
+# (tests/test_hf_oracle.c); the RoPE variants below move the logits by 2.9e-2 to 1.1e-1.
 bound_f32=2e-3
 bound_quant=0.1
+bound_real=0.25
 
 libdir=
 for d in "$lcpp/bin" "$lcpp/src" "$lcpp/lib" "$lcpp"; do
@@ -70,10 +76,13 @@ field() { printf '%s\n' "$1" | sed -n "s/^$2: *//p"; }
 # json_ids FILE KEY: a list of ints from the one-line oracle.json
 json_ids() { sed -n "s/.*\"$2\": \[\([^]]*\)\].*/\1/p" "$1" | tr -d ','; }
 
-# peer NAME MODEL BOUND QUANT ORACLE_DIR (IDS | -p TEXT): one case; ORACLE_DIR "-" for none
+# peer NAME MODEL BOUND QUANT ORACLE_DIR (IDS | -p TEXT): one case; ORACLE_DIR "-" for none (its logits.bin:
+# transformers'). With HF_BOUND set, kiln's error against transformers is held to it too; with UNSCALED set (a
+# logits.bin of the model without its RoPE scaling), kiln's logits must differ from it by more than 10 x BOUND, so
+# that the case really exercises the scaling. KBATCH: kiln's prefill chunk (default: the whole input in one).
 peer() {
     local name=$1 model=$2 bound=$3 quant=$4 odir=$5; shift 5
-    local ll lk
+    local ll lk kb=(); [ -n "${KBATCH:-}" ] && kb=(-b "$KBATCH")
     if ! ll=$("$harness" "$model" "$work/$name.llama.bin" "$@" 2>"$work/$name.llama.err"); then
         if grep -q "unknown model architecture" "$work/$name.llama.err"; then
             echo "skip llamacpp_peer_$name: llama.cpp does not know the architecture: $(grep -m1 'unknown model architecture' "$work/$name.llama.err")"
@@ -82,7 +91,7 @@ peer() {
     fi
     local ids; ids=$(field "$ll" tokens)
     # shellcheck disable=SC2086 # the ids are words
-    if ! lk=$("$harness" --kiln "$model" "$work/$name.kiln.bin" $ids 2>"$work/$name.kiln.err"); then
+    if ! lk=$("$harness" --kiln "${kb[@]}" "$model" "$work/$name.kiln.bin" $ids 2>"$work/$name.kiln.err"); then
         echo "FAIL llamacpp_peer_$name: kiln: $(tail -c 600 "$work/$name.kiln.err" | tr '\n' ' ')"
         return
     fi
@@ -91,8 +100,9 @@ peer() {
     V=$(( $(stat -c %s "$work/$name.llama.bin") / 4 / T ))
     cmp=$("$harness" --compare "$work/$name.kiln.bin" "$work/$name.llama.bin" "$V") || { echo "FAIL llamacpp_peer_$name: compare"; return; }
     read -r _ err _ agree _ abs <<<"$cmp"
-    local vs_hf="-" ll_hf="-"
-    if [ "$odir" != - ]; then
+    local vs_hf="-" ll_hf="-" vs_plain=
+    [ -n "${UNSCALED:-}" ] && vs_plain=$("$harness" --compare "$work/$name.kiln.bin" "$UNSCALED" "$V" | cut -d' ' -f2)
+    if [ "$odir" != - ] && [ -f "$odir/logits.bin" ]; then
         vs_hf=$("$harness" --compare "$work/$name.kiln.bin" "$odir/logits.bin" "$V" | cut -d' ' -f2)
         ll_hf=$("$harness" --compare "$work/$name.llama.bin" "$odir/logits.bin" "$V" | cut -d' ' -f2)
     fi
@@ -102,11 +112,15 @@ peer() {
     local k=0
     while [ $k -lt ${#gl[@]} ] && [ "${gl[$k]}" = "${gk[$k]:-}" ]; do k=$((k + 1)); done
     local greedy="$k/${#gl[@]}"
-    printf '  %-22s err %s (bound %s)  argmax %s  greedy %s  | vs transformers: kiln %s, llama.cpp %s\n' \
-        "$name" "$err" "$bound" "$agree" "$greedy" "$vs_hf" "$ll_hf"
-    printf '%-22s %-10s %-10s %-7s %-5s %-10s %s\n' "$name" "$err" "$vs_hf" "$agree" "$greedy" "$ll_hf" "$T" >>"$table"
+    printf '  %-22s err %s (bound %s)  argmax %s  greedy %s  | vs transformers: kiln %s, llama.cpp %s%s\n' \
+        "$name" "$err" "$bound" "$agree" "$greedy" "$vs_hf" "$ll_hf" "${vs_plain:+  | kiln vs unscaled $vs_plain}"
+    printf '%-36s %-10s %-10s %-10s %-7s %s\n' "$name" "$err" "$vs_hf" "$ll_hf" "$agree" "$greedy" >>"$table"
     if ! awk -v e="$err" -v b="$bound" 'BEGIN { exit !(e + 0 <= b + 0 && e == e + 0) }'; then
         echo "FAIL llamacpp_peer_$name: logit error $err against llama.cpp's over the bound $bound"
+    elif [ -n "${HF_BOUND:-}" ] && ! awk -v e="$vs_hf" -v b="$HF_BOUND" 'BEGIN { exit !(e + 0 <= b + 0 && e == e + 0) }'; then
+        echo "FAIL llamacpp_peer_$name: logit error $vs_hf against transformers' over the bound $HF_BOUND"
+    elif [ -n "$vs_plain" ] && ! awk -v e="$vs_plain" -v b="$bound" 'BEGIN { exit !(e + 0 > 10 * b) }'; then
+        echo "FAIL llamacpp_peer_$name: kiln's logits are within $vs_plain of the unscaled model's: the scaling is not applied"
     elif [ "${agree%/*}" != "$T" ] && [ "$quant" = 0 ]; then
         echo "FAIL llamacpp_peer_$name: the argmax differs from llama.cpp's at $((T - ${agree%/*})) of $T positions"
     elif [ $k -lt ${#gl[@]} ] && { [ "$quant" = 0 ] || ! awk -v m="${mg[$k]}" -v a="$abs" 'BEGIN { exit !(m + 0 <= a + 0) }'; }; then
@@ -139,6 +153,9 @@ else
         fi
         # shellcheck disable=SC2046
         peer "${a}_f32" "$f32" $bound_f32 0 "$hf/$a" $(json_ids "$hf/$a/oracle.json" tokens)
+        # the same, kiln's prefill in chunks of 7 (gemma2/3: chunks that straddle the window of 16)
+        # shellcheck disable=SC2046
+        KBATCH=7 peer "${a}_f32_chunked" "$f32" $bound_f32 0 "$hf/$a" $(json_ids "$hf/$a/oracle.json" tokens)
         if ! "$kiln" quantize "$f32" "$q4" --type q4_k_m >"$work/$a.quantize" 2>&1; then
             echo "FAIL llamacpp_peer_${a}_q4_k_m: kiln quantize: $(tail -c 400 "$work/$a.quantize" | tr '\n' ' ')"
             continue
@@ -148,12 +165,69 @@ else
     done
 fi
 
-# ---- the real models, as downloaded
-prompt="The capital of France is Paris. It is known for"
+# ---- RoPE scalings that no oracle architecture has: an oracle folder with its config's rope parameters changed
+# (factor 4 from an original context of 32, so that 48 of the 80 positions lie past it; gemma3: the full-attention
+# layers' only, factor 8, as Gemma 3 4B's), converted to F32; transformers' logits of the changed model are computed
+# here, and kiln must match both engines. NAME BASE JSON (merged into rope_parameters, or its full_attention part).
+variant() {
+    local name=$1 base=$2 upd=$3 d=$work/$1
+    rm -rf "$d" && mkdir -p "$d" || return
+    # the weights and the tokenizer only: the base's logits.bin must stay its own
+    for f in "$hf/$base"/{model.safetensors,generation_config.json,tokenizer.json,tokenizer.model,tokenizer_config.json}; do
+        [ -f "$f" ] && ln -s "$f" "$d/$(basename "$f")"
+    done
+    if ! python3 - "$hf/$base/config.json" "$d/config.json" "$upd" <<'PY' >"$d.log" 2>&1; then
+import json, sys
+c = json.load(open(sys.argv[1]))
+r = c.get("rope_parameters") or c.setdefault("rope_scaling", {})
+(r["full_attention"] if "full_attention" in r else r).update(json.loads(sys.argv[3]))
+c["max_position_embeddings"] = 128
+json.dump(c, open(sys.argv[2], "w"))
+PY
+        echo "FAIL llamacpp_peer_$name: the config could not be made: $(tail -c 300 "$d.log")"; return
+    fi
+    if ! python3 - "$d" "$hf/$base/oracle.json" <<'PY' >>"$d.log" 2>&1; then
+import json, sys
+import numpy as np, torch, transformers
+ids = json.load(open(sys.argv[2]))["tokens"]
+m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()
+with torch.no_grad():
+    np.ascontiguousarray(m(torch.tensor([ids])).logits[0].numpy(), dtype="<f4").tofile(sys.argv[1] + "/logits.bin")
+PY
+        echo "FAIL llamacpp_peer_$name: transformers could not run it: $(tail -c 300 "$d.log" | tr '\n' ' ')"; return
+    fi
+    if ! "$kiln" convert hf "$d" -o "$d.gguf" --type f32 >"$d.convert" 2>&1; then
+        echo "FAIL llamacpp_peer_$name: kiln convert hf: $(tail -c 400 "$d.convert" | tr '\n' ' ')"; return
+    fi
+    # shellcheck disable=SC2046
+    HF_BOUND=$bound_f32 UNSCALED=$hf/$base/logits.bin peer "$name" "$d.gguf" $bound_f32 0 "$d" $(json_ids "$hf/$base/oracle.json" tokens)
+}
+if [ $have_py = 1 ]; then
+    variant qwen2_yarn qwen2 '{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}'
+    variant mistral_yarn mistral '{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}'
+    variant qwen2_linear qwen2 '{"rope_type": "linear", "factor": 4.0}'
+    variant mistral_linear mistral '{"rope_type": "linear", "factor": 4.0}'
+    variant gemma3_linear gemma3 '{"rope_type": "linear", "factor": 8.0}'
+else echo "skip llamacpp_peer_rope_variants: python3 lacks torch and transformers"; fi
+
+# ---- the real models, as downloaded, and widened to F32 by `kiln quantize --type f32` (no 8-bit rounding of the
+# matmul inputs in either engine: what is left is the forward itself); the widened files (0.5 to 2 GB) are made in
+# a temporary folder each run and removed
+prompt="The capital of France is Paris. It is known for the Eiffel Tower, which was built for the World's Fair of 1889,
+and for the Louvre, the most visited museum in the world. def add(a, b):
+    return a + b  # 12345 + 678 = 13023"
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT
 for m in smollm2-135m-instruct-q4_1 qwen2.5-coder-0.5b-instruct-q4_k_m gemma3-270m-q4_k_m; do
     if [ ! -f "$cache/$m.gguf" ]; then
         echo "skip llamacpp_peer_$m: $cache/$m.gguf is missing (bash tests/ref/fetch_models.sh)"
         continue
     fi
-    peer "$m" "$cache/$m.gguf" $bound_quant 1 - -p "$prompt"
+    peer "$m" "$cache/$m.gguf" $bound_real 1 - -p "$prompt"
+    if ! "$kiln" quantize "$cache/$m.gguf" "$tmp/$m-f32.gguf" --type f32 >"$work/$m.quantize" 2>&1; then
+        echo "FAIL llamacpp_peer_${m}_f32: kiln quantize: $(tail -c 400 "$work/$m.quantize" | tr '\n' ' ')"
+        continue
+    fi
+    peer "${m}_f32" "$tmp/$m-f32.gguf" $bound_f32 0 - -p "$prompt"
+    rm -f "$tmp/$m-f32.gguf"
 done

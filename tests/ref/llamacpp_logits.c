@@ -1,7 +1,8 @@
 /* llamacpp_logits.c: the logits of every position of a token list, from llama.cpp's runtime or from kiln's, for
  * tests/test_llamacpp_peer.sh, which compiles it against a llama.cpp build (libllama, llama.h) and libkiln; `make`
  * never builds it. One engine runs per process, on the CPU, on the same GGUF and the same ids:
- *   llamacpp_logits [--kiln] [-g N] [-t THREADS] MODEL.gguf OUT.bin (-p TEXT | ID...)
+ *   llamacpp_logits [--kiln [-b N]] [-g N] [-t THREADS] MODEL.gguf OUT.bin (-p TEXT | ID...)
+ *     (-b: kiln's prefill chunk, so that a prefill in several chunks is compared too)
  *     writes OUT.bin: T x V float32 (little-endian, row per input position), and prints
  *       tokens: the T input ids (with -p, the engine's tokenization of TEXT, BOS as the vocab says)
  *       greedy: N argmax steps after the input (each fed back, one token a step; N default 8)
@@ -27,7 +28,7 @@
 typedef struct run_opts {
     const char *model, *out, *prompt;
     int32_t ids[MAX_TOKENS];
-    int n_ids, n_greedy, n_threads;
+    int n_ids, n_greedy, n_threads, n_batch; /* n_batch: kiln's prefill chunk (0: its default) */
 } run_opts;
 
 typedef struct run_result {
@@ -148,7 +149,7 @@ static int run_kiln(const run_opts *o, run_result *r) {
         memcpy(r->ids, o->ids, (size_t)o->n_ids * sizeof *r->ids);
         r->n_ids = o->n_ids;
     }
-    kiln_session_params sp = {.n_ctx = r->n_ids + o->n_greedy, .n_threads = o->n_threads};
+    kiln_session_params sp = {.n_ctx = r->n_ids + o->n_greedy, .n_batch = o->n_batch, .n_threads = o->n_threads};
     kiln_session *s = NULL;
     if (!rc && kiln_session_new(m, &sp, &s)) rc = kiln_die();
     if (!rc && !(r->logits = malloc((size_t)r->n_ids * (size_t)r->V * sizeof(float)))) rc = die("out of memory%s", "");
@@ -208,16 +209,18 @@ int main(int argc, char **argv) {
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (strcmp(argv[i], "--kiln") == 0) kiln = true;
-        else if ((strcmp(argv[i], "-g") == 0 || strcmp(argv[i], "-t") == 0) && i + 1 < argc) {
+        else if ((strcmp(argv[i], "-g") == 0 || strcmp(argv[i], "-t") == 0 || strcmp(argv[i], "-b") == 0) && i + 1 < argc) {
             char *end;
             long v = strtol(argv[i + 1], &end, 10);
-            if (*end || v < (argv[i][1] == 'g' ? 0 : 1) || v > 64) return die("%s needs an integer in range", argv[i]);
-            *(argv[i][1] == 'g' ? &o.n_greedy : &o.n_threads) = (int)v;
+            int *dst = argv[i][1] == 'g' ? &o.n_greedy : argv[i][1] == 't' ? &o.n_threads : &o.n_batch;
+            if (*end || v < (argv[i][1] == 'g' ? 0 : 1) || v > (argv[i][1] == 'b' ? MAX_TOKENS : 64))
+                return die("%s needs an integer in range", argv[i]);
+            *dst = (int)v;
             i++;
         } else return die("unknown option '%s'", argv[i]);
     }
     if (argc - i < 3)
-        return die("usage: llamacpp_logits [--kiln] [-g N] [-t T] MODEL.gguf OUT.bin (-p TEXT | ID...)%s\n"
+        return die("usage: llamacpp_logits [--kiln [-b N]] [-g N] [-t T] MODEL.gguf OUT.bin (-p TEXT | ID...)%s\n"
                    "       llamacpp_logits --compare A.bin B.bin V", "");
     o.model = argv[i], o.out = argv[i + 1];
     if (strcmp(argv[i + 2], "-p") == 0) {
