@@ -142,7 +142,8 @@ static int run_kiln(const run_opts *o, run_result *r) {
         const kiln_tokenizer *tok = kiln_model_tokenizer(m);
         if (!tok) rc = die("%s has no tokenizer", o->model);
         else if (kiln_tokenizer_encode(tok, o->prompt, strlen(o->prompt), true, false, &t)) rc = kiln_die();
-        else if (t.n == 0 || t.n > MAX_TOKENS) rc = die("kiln's tokenization of the prompt is empty or too long: %s", o->prompt);
+        else if (t.n == 0 || t.n > MAX_TOKENS)
+            rc = die("kiln's tokenization of the prompt is empty or too long: %s", o->prompt);
         else memcpy(r->ids, t.ids, t.n * sizeof *r->ids), r->n_ids = (int)t.n;
         kiln_tokens_free(&t);
     } else {
@@ -185,7 +186,8 @@ static int compare(const char *pa, const char *pb, const char *vs) {
     float *a = read_floats(pa, &na), *b = read_floats(pb, &nb);
     int rc = 0;
     if (!a || !b) rc = die("--compare: cannot read %s", !a ? pa : pb);
-    else if (na != nb || na % (size_t)V) rc = die("--compare: %s and the other file differ in size or are not rows of V", pa);
+    else if (na != nb || na % (size_t)V)
+        rc = die("--compare: %s and the other file differ in size or are not rows of V", pa);
     if (!rc) {
         double max_ref = 0, max_err = 0;
         for (size_t i = 0; i < na; i++) {
@@ -209,7 +211,7 @@ int main(int argc, char **argv) {
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (strcmp(argv[i], "--kiln") == 0) kiln = true;
-        else if ((strcmp(argv[i], "-g") == 0 || strcmp(argv[i], "-t") == 0 || strcmp(argv[i], "-b") == 0) && i + 1 < argc) {
+        else if (strlen(argv[i]) == 2 && strchr("gtb", argv[i][1]) && i + 1 < argc) {
             char *end;
             long v = strtol(argv[i + 1], &end, 10);
             int *dst = argv[i][1] == 'g' ? &o.n_greedy : argv[i][1] == 't' ? &o.n_threads : &o.n_batch;
