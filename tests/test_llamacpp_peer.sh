@@ -248,6 +248,7 @@ for m in smollm2-135m-instruct-q4_1 qwen2.5-coder-0.5b-instruct-q4_k_m gemma3-27
         continue
     fi
     peer "$m" "$cache/$m.gguf" $bound_real 1 - -p "$prompt"
+    [[ ${m}_f32 =~ ${KILN_PEER_CASES:-.} ]] || continue
     if ! "$kiln" quantize "$cache/$m.gguf" "$tmp/$m-f32.gguf" --type f32 >"$work/$m.quantize" 2>&1; then
         echo "FAIL llamacpp_peer_${m}_f32: kiln quantize: $(tail_of "$work/$m.quantize")"
         continue
