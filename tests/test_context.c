@@ -11,7 +11,7 @@
  *                logits a fresh context gives
  *   keep, copy   keeping a prefix, or copying one into another sequence, then continuing equals a fresh evaluation;
  *                on the ring of a sliding layer, keep and copy give up (0, or an error) once the rows are overwritten
- *   save         save -> a new context -> restore -> continue is bit for bit what never saving gives; a truncated file,
+ *   save         save -> a new context -> restore -> continue is bit for bit what never saving gives; a truncated or damaged file,
  *                another model's, another n_ctx's or another cache type's is refused naming the field and the sequence
  *                is unchanged; a failed save leaves no file. */
 #include "kiln.h"
@@ -433,6 +433,7 @@ static void check_save(const char *path, const char *name) {
         {"a cache type", "cache types type_k f32", 0, 32, 1},
         {"a version", "version 7", 0, 8, 7},
         {"a magic", "bad magic", 0, 0, 0x4b4c4e58u},
+        {"a damaged row", "checksum", 0, 0, 0x5a5a5a5au}, /* patch_at set below: inside the last cache row */
     };
     { /* the fixed header is 48 bytes, then 16 a layer (n_layer at offset 12) */
         struct stat sb;
@@ -441,6 +442,7 @@ static void check_save(const char *path, const char *name) {
         CHECK(fh && stat(file, &sb) == 0 && fseek(fh, 12, SEEK_SET) == 0 && fread(&n_layer, 4, 1, fh) == 1);
         fclose(fh);
         bad[1].cut = (long)sb.st_size - 48 - 16 * (long)n_layer;
+        bad[5].patch_at = (long)sb.st_size - 8 - 16; /* before the 8-byte checksum */
     }
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         const char *f = tmp_path("bad.bin");

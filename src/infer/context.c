@@ -631,9 +631,10 @@ kiln_status kiln_context_seq_copy(kiln_context *c, int32_t src, int32_t dst, int
 /* A sequence file, in host byte order (the magic tells another order apart):
  *   magic "KILNSEQ1" (8) | version u32 | n_layer u32 | fingerprint u64 | n_ctx i64 | type_k u32 | type_v u32 |
  *   n_tokens i64 | per layer: width i64 (NKV*HS), rows i64 | ids (n_tokens) i32 |
- *   per layer: k rows then v rows 0 .. min(n_tokens, rows) - 1, kv_row_bytes of its type and width each */
+ *   per layer: k rows then v rows 0 .. min(n_tokens, rows) - 1, kv_row_bytes of its type and width each |
+ *   checksum u64 (body_sum of the ids and the rows), so a file damaged inside its rows is refused too */
 #define SEQ_MAGIC "KILNSEQ1"
-#define SEQ_VERSION 1u
+#define SEQ_VERSION 2u
 typedef struct seq_header {
     char magic[8];
     uint32_t version, n_layer;
@@ -644,7 +645,17 @@ typedef struct seq_header {
 } seq_header;
 
 static size_t file_bytes(const kiln_context *c, int64_t n) {
-    return sizeof(seq_header) + (size_t)c->m->cfg.n_layer * 2 * sizeof(int64_t) + (size_t)n * sizeof(int32_t) + rows_bytes(c, n);
+    return sizeof(seq_header) + (size_t)c->m->cfg.n_layer * 2 * sizeof(int64_t) + (size_t)n * sizeof(int32_t) + rows_bytes(c, n) +
+           sizeof(uint64_t);
+}
+
+/* The checksum of a file's body: FNV-1a over its 8-byte words (then the tail bytes), fast enough for a cache of
+ * gigabytes. */
+static uint64_t body_sum(const uint8_t *p, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull, w;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) memcpy(&w, p + i, 8), h = (h ^ w) * 0x100000001b3ull;
+    return fnv(h, p + i, n - i);
 }
 
 /* The whole file image of sequence seq, (file_bytes) malloc'd into *out. */
@@ -662,12 +673,16 @@ static kiln_status seq_image(const kiln_context *c, int32_t seq, uint8_t **out) 
         const int64_t shape[2] = {KV, c->rows[l]};
         memcpy(p, shape, sizeof shape), p += sizeof shape;
     }
+    uint8_t *body = p;
     memcpy(p, s->hist, (size_t)s->pos * sizeof(int32_t)), p += (size_t)s->pos * sizeof(int32_t);
     kiln_status st = move_rows((kiln_context *)c, seq, s->pos, p, true);
     if (st) {
         free(img);
         return st;
     }
+    p += rows_bytes(c, s->pos);
+    const uint64_t sum = body_sum(body, (size_t)(p - body));
+    memcpy(p, &sum, sizeof sum);
     *out = img;
     return KILN_OK;
 }
@@ -753,9 +768,14 @@ kiln_status kiln_context_seq_restore(kiln_context *c, int32_t seq, const char *p
     if (!st) st = read_all(f, path, shape, sizeof *shape * 2 * (size_t)L);
     if (!st) st = check_header(c, path, &h, shape, (uint64_t)sb.st_size);
     const size_t ids_bytes = st ? 0 : (size_t)h.n_tokens * sizeof(int32_t), body_bytes = st ? 0 : ids_bytes + rows_bytes(c, h.n_tokens);
-    if (!st && !(body = malloc(body_bytes + 1))) st = kiln_fail(KILN_ERR_NOMEM, "%s: out of memory for %zu bytes", path, body_bytes);
-    if (!st) st = read_all(f, path, body, body_bytes);
+    if (!st && !(body = malloc(body_bytes + sizeof(uint64_t)))) st = kiln_fail(KILN_ERR_NOMEM, "%s: out of memory for %zu bytes", path, body_bytes);
+    if (!st) st = read_all(f, path, body, body_bytes + sizeof(uint64_t));
     fclose(f);
+    uint64_t sum = 0;
+    if (!st) memcpy(&sum, body + body_bytes, sizeof sum);
+    if (!st && sum != body_sum(body, body_bytes))
+        st = kiln_fail(KILN_ERR_INVALID, "%s: checksum %016llx does not match its contents' %016llx (the file is damaged)", path,
+                       (unsigned long long)sum, (unsigned long long)body_sum(body, body_bytes));
     const int32_t *ids = (const int32_t *)body;
     for (int64_t i = 0; !st && i < h.n_tokens; i++)
         if (ids[i] < 0 || ids[i] >= V)
