@@ -132,7 +132,8 @@ kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, 
     }
     for (int64_t l = 0; l < c->n_layer; l++) s->rows[l] = cache_rows(m, l, n_ctx, n_batch);
     const kiln_backend_params bp = {.n_ctx = n_ctx, .n_batch = n_batch, .rows = s->rows, .kv_bytes = (size_t)kv_bytes,
-                                    .act_bytes = (size_t)act_bytes + logit_bytes + io_bytes, .n_threads = p->n_threads,
+                                    .act_bytes = (size_t)act_bytes + logit_bytes + io_bytes, .type_k = p->type_k,
+                                    .type_v = p->type_v, .n_threads = p->n_threads,
                                     .device = device};
     kiln_status st = be->open(m, &bp, &s->ctx);
     if (!st) st = be->alloc(s->ctx, (size_t)kv_bytes, (void **)&s->kv);
