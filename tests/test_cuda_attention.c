@@ -541,7 +541,8 @@ static void test_attention_cache_types(void) {
                 fill_cache_row(tv, x, KV, hv + (size_t)r * vr);
             }
             for (int64_t i = 0; i < c.T * QW; i++) q[i] = test_rng_normal(&rng);
-            const size_t bytes = kiln_cpu_ops.scratch_size(c.T, QW, c.NH, MAX_POS, kiln_pool_size(pool));
+            const size_t bytes = kiln_cpu_ops.scratch_size(c.T, QW, c.NH, MAX_POS, kiln_pool_size(pool)) +
+                                 kiln_cpu_ops.kv_scratch_size(QW, c.NH, MAX_POS, kiln_pool_size(pool));
             kiln_ops_ctx ctx = {.pool = pool, .scratch = malloc(bytes), .scratch_bytes = bytes};
             kiln_cpu_ops.attention_kv_forward(&ctx, ref, q, hk, hv, tk, tv, c.pos0, c.T, c.NH, c.NKV, c.HS, c.window, c.rows, 0.0f);
             free(ctx.scratch);

@@ -175,7 +175,8 @@ static void test_kv_attention(void) {
             row_float(k.tv, vc, r, KV, vf + r * KV);
         }
         for (int64_t i = 0; i < k.T * QW; i++) q[i] = test_rng_normal(&rng);
-        const size_t bytes = kiln_cpu_ops.scratch_size(k.T, QW, k.NH, k.rows > n_ctx ? k.rows : n_ctx, 2);
+        const int64_t nc = k.rows > n_ctx ? k.rows : n_ctx;
+        const size_t bytes = kiln_cpu_ops.scratch_size(k.T, QW, k.NH, nc, 2) + kiln_cpu_ops.kv_scratch_size(QW, k.NH, nc, 2);
         kiln_ops_ctx ctx = {.pool = pool, .scratch = malloc(bytes), .scratch_bytes = bytes};
         for (size_t lv = 0; lv < sizeof levels / sizeof levels[0]; lv++) {
             kiln_cpu_ops_force_level(levels[lv]);

@@ -62,6 +62,8 @@ static kiln_status cpu_open(const kiln_model *m, const kiln_backend_params *p, v
     const int64_t W = kiln_llama_max_width(cfg);
     c->k.pool = c->pool;
     c->k.scratch_bytes = c->ops->scratch_size(p->n_batch, W, cfg->n_head, p->n_ctx, kiln_pool_size(c->pool));
+    if (p->type_k != KILN_KV_F16 || p->type_v != KILN_KV_F16) /* attention converts their rows to float */
+        c->k.scratch_bytes += c->ops->kv_scratch_size(W, cfg->n_head, p->n_ctx, kiln_pool_size(c->pool));
     c->k.scratch = c->k.scratch_bytes ? malloc(c->k.scratch_bytes) : NULL;
     c->pos = malloc(sizeof *c->pos * (size_t)p->n_batch);
     c->sum = malloc(sizeof *c->sum * (size_t)(p->n_batch * W));

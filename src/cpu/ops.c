@@ -29,6 +29,7 @@ const kiln_ops kiln_cpu_ops = {
     .sigmoid_mul_forward = kiln_cpu_sigmoid_mul_forward,
     .scale_softcap_forward = kiln_cpu_scale_softcap_forward,
     .scratch_size = kiln_cpu_scratch_size,
+    .kv_scratch_size = kiln_cpu_attention_kv_scratch_size,
     /* training (#5) */
     .embed_backward = kiln_cpu_embed_backward,
     .rmsnorm_forward_train = kiln_cpu_rmsnorm_forward_train,

@@ -72,6 +72,9 @@ typedef struct kiln_ops {
     void (*sigmoid_mul_forward)(kiln_ops_ctx *ctx, float *x, const float *g, int64_t n);
     /* x (n) = cap * tanh(scale * x / cap), or scale * x when cap is 0 (embedding scale, logit scale and softcap). */
     void (*scale_softcap_forward)(kiln_ops_ctx *ctx, float *x, int64_t n, float scale, float cap);
+    /* Bytes attention_kv_forward needs beyond scratch_size's for caches other than f16 (the CPU backend adds them
+     * when the session's types ask for it). */
+    size_t (*kv_scratch_size)(int64_t max_width, int64_t NH, int64_t n_ctx, int n_threads);
     /* Scratch bytes the ops need for a batch of T tokens of a model of these widths and context n_ctx. */
     size_t (*scratch_size)(int64_t T, int64_t max_width, int64_t NH, int64_t n_ctx, int n_threads);
 

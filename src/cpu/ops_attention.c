@@ -302,20 +302,25 @@ static void attention_by_chunk(void *arg, int ith, int nth) {
 /* Decode partials are sized for this many tokens; a larger batch has units enough for the prefill path. */
 #define ATTN_SPLIT_T 4
 
-/* Per thread: scores for all heads of one chunk plus two (heads, HS) areas and a chunk's k and v rows as float
- * (HS <= max_width / NH); decode partials for up to ATTN_SPLIT_T tokens. NH * HS <= max_width (the caller's widest
- * activation includes the q row). */
+/* Per thread: scores for all heads of one chunk plus two (heads, HS) areas; decode partials for up to
+ * ATTN_SPLIT_T tokens. NH * HS <= max_width (the caller's widest activation includes the q row). */
 size_t kiln_cpu_attention_scratch_size(int64_t T, int64_t max_width, int64_t NH, int64_t n_ctx, int n_threads) {
     if (T <= 0 || max_width <= 0 || NH <= 0 || n_ctx <= 0 || n_threads <= 0) return 0;
     if (n_ctx > INT64_MAX / 2 || max_width > INT64_MAX / 4 || NH > INT64_MAX / (128 * 64)) return SIZE_MAX;
-    const size_t rows_f32 = 2 * round16(kiln_ops_mul((size_t)chunk_keys(n_ctx), (size_t)(max_width / NH)));
-    const size_t per_thread = kiln_ops_add(kiln_ops_add(kiln_ops_mul(round16((size_t)NH), (size_t)chunk_keys(n_ctx)),
-                                                        kiln_ops_add(2 * round16((size_t)max_width), round16(4 * (size_t)NH))),
-                                           rows_f32);
+    const size_t per_thread = kiln_ops_add(kiln_ops_mul(round16((size_t)NH), (size_t)chunk_keys(n_ctx)),
+                                           kiln_ops_add(2 * round16((size_t)max_width), round16(4 * (size_t)NH)));
     const int64_t chunks = (n_ctx + chunk_keys(n_ctx) - 1) / chunk_keys(n_ctx) + 1; /* + 1: a ring's wrap cut */
     const size_t partials = kiln_ops_mul((size_t)(T < ATTN_SPLIT_T ? T : ATTN_SPLIT_T) * (size_t)chunks,
                                          (size_t)max_width + 2 * (size_t)NH);
     return kiln_ops_mul(kiln_ops_add(kiln_ops_mul(per_thread, (size_t)n_threads), partials), sizeof(float));
+}
+
+/* What caches other than f16 add per thread: a chunk's k and v rows as float (HS <= max_width / NH). */
+size_t kiln_cpu_attention_kv_scratch_size(int64_t max_width, int64_t NH, int64_t n_ctx, int n_threads) {
+    if (max_width <= 0 || NH <= 0 || n_ctx <= 0 || n_threads <= 0) return 0;
+    if (n_ctx > INT64_MAX / 2 || max_width > INT64_MAX / 4) return SIZE_MAX;
+    const size_t rows_f32 = 2 * round16(kiln_ops_mul((size_t)chunk_keys(n_ctx), (size_t)(max_width / NH)));
+    return kiln_ops_mul(kiln_ops_mul(rows_f32, (size_t)n_threads), sizeof(float));
 }
 
 void kiln_cpu_attention_forward(kiln_ops_ctx *ctx, float *out, const float *q, const uint16_t *k_cache,

@@ -90,6 +90,7 @@ void kiln_cpu_attention_kv_forward(kiln_ops_ctx *ctx, float *out, const float *q
                                    const void *v_cache, kiln_kv_type type_k, kiln_kv_type type_v, int64_t pos0, int64_t T,
                                    int64_t NH, int64_t NKV, int64_t HS, int64_t window, int64_t rows, float softcap);
 size_t kiln_cpu_attention_scratch_size(int64_t T, int64_t max_width, int64_t NH, int64_t n_ctx, int n_threads);
+size_t kiln_cpu_attention_kv_scratch_size(int64_t max_width, int64_t NH, int64_t n_ctx, int n_threads);
 /* ops_arch.c: the elementwise ops of the architecture features (#6) */
 void kiln_cpu_geglu_forward(kiln_ops_ctx *ctx, float *out, const float *gate, const float *up, int64_t n);
 void kiln_cpu_add_bias_forward(kiln_ops_ctx *ctx, float *x, const float *b, int64_t T, int64_t n);

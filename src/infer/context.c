@@ -264,8 +264,8 @@ kiln_status kiln_context_open(const kiln_model *m, const kiln_context_params *cp
     }
     for (int64_t l = 0; l < c->n_layer; l++) x->rows[l] = cache_rows(m, l, n_ctx, n_batch);
     const kiln_backend_params bp = {.n_ctx = n_ctx, .n_batch = n_batch, .rows = x->rows, .kv_bytes = (size_t)kv_bytes,
-                                    .act_bytes = (size_t)act_bytes + logit_bytes + io_bytes, .n_threads = p->n_threads,
-                                    .device = device};
+                                    .act_bytes = (size_t)act_bytes + logit_bytes + io_bytes, .type_k = p->type_k,
+                                    .type_v = p->type_v, .n_threads = p->n_threads, .device = device};
     kiln_status st = be->open(m, &bp, &x->ctx);
     if (!st) st = be->alloc(x->ctx, (size_t)kv_bytes, (void **)&x->kv);
     if (!st) st = be->alloc(x->ctx, (size_t)act_bytes, (void **)&x->act);

@@ -51,6 +51,7 @@ typedef struct kiln_backend_params {
     int64_t n_ctx, n_batch;
     const int64_t *rows;     /* (L) */
     size_t kv_bytes, act_bytes; /* the buffers the caller will alloc: counted in the memory check */
+    kiln_kv_type type_k, type_v; /* the cache's element types */
     int n_threads;           /* CPU: 0 for all cores */
     int device;              /* CUDA: the device index */
 } kiln_backend_params;
