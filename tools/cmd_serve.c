@@ -16,7 +16,8 @@
 static const char usage_line[] =
     "kiln: usage: kiln serve -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [-np SLOTS (1)] [-c CTX (the model's, at most 16384)]\n"
     "                  [-b BATCH (512)] [-t THREADS] [--gpu | -ngl N] [--api-key KEY | --api-key-file F] [--slot-save-path DIR]\n"
-    "                  [--metrics] [--timeout S] [--chat-template NAME] [--alias NAME] [--queue N (4 x SLOTS)]\n";
+    "                  [--metrics] [--timeout S] [--chat-template NAME] [--alias NAME] [--queue N (4 x SLOTS)]\n"
+    "                  [-ctk TYPE] [-ctv TYPE] (f16, f32, bf16, q8_0, q4_0)\n";
 
 #define DEFAULT_MAX_CTX 16384
 
@@ -46,7 +47,7 @@ int kiln_cmd_serve(int argc, char **argv) {
     int64_t n_ctx = 0;
     bool gpu = false;
     kiln_session_params sp = {.n_batch = 512};
-    const kiln_cli_opt opts[] = {
+    kiln_cli_opt opts[32 + KILN_CLI_N_KV] = {
         {"-m", KILN_CLI_STR, &model_path, 0, 0},
         {"--model", KILN_CLI_STR, &model_path, 0, 0},
         {"--host", KILN_CLI_STR, &host, 0, 0},
@@ -73,9 +74,11 @@ int kiln_cmd_serve(int argc, char **argv) {
         {"--alias", KILN_CLI_STR, &o.alias, 0, 0},
         {"-a", KILN_CLI_STR, &o.alias, 0, 0},
         {"--queue", KILN_CLI_INT, &queue, 0, 1 << 20},
-    };
-    int n_pos = 0;
-    if (!kiln_cli_parse_args("serve", argc, argv, opts, (int)(sizeof opts / sizeof *opts), NULL, 0, &n_pos)) {
+    }; /* then -ctk/-ctv */
+    int n_opts = 0, n_pos = 0;
+    while (opts[n_opts].name) n_opts++;
+    n_opts += kiln_cli_kv_opts(opts + n_opts, &sp);
+    if (!kiln_cli_parse_args("serve", argc, argv, opts, n_opts, NULL, 0, &n_pos)) {
         fputs(usage_line, stderr);
         return 1;
     }
