@@ -103,7 +103,11 @@ static void compare_model(const char *path, bool float_decode, int64_t n_batch) 
     kiln_session_params pc = {.n_ctx = N_CTX, .n_batch = n_batch, .n_threads = 2, .type_k = cache_k, .type_v = cache_v};
     /* n_batch 8: every chunk on the matvec path, float activations on both sides for the float types */
     const bool exact = float_decode && n_batch <= 8;
-    const double bound_mv = exact ? cache_exact_bound() : 3e-2, bound_gemm = exact ? cache_exact_bound() : 8e-2;
+    /* the bf16 prefill's k and v differ from the CPU's by bf16 rounding, and a q4_0 cache (a step of amax/8) turns some
+     * of those into whole steps: measured on an H200, 5.4e-2 (rows 0-31) and 3.9e-2 (32-36) on synth-kv, against
+     * 1.1e-2 and 9.3e-3 with q8_0 */
+    const bool q4 = cache_k == KILN_KV_Q4_0 || cache_v == KILN_KV_Q4_0;
+    const double bound_mv = exact ? cache_exact_bound() : q4 ? 8e-2 : 3e-2, bound_gemm = exact ? cache_exact_bound() : q4 ? 1.6e-1 : 8e-2;
     kiln_session_params pg = pc;
     pg.n_gpu_layers = 999;
     CHECK(kiln_session_new(m, &pc, &cpu) == KILN_OK, "%s", kiln_last_error());
