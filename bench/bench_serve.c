@@ -211,8 +211,10 @@ static bool push_time(stream *st, double t) {
 
 /* One "data: {...}" line: a content event is a token's arrival; the stop event carries tokens_predicted. */
 static void on_event(stream *st, const char *json, double now) {
-    json_t *o = json_loads(json, 0, NULL);
+    json_error_t e;
+    json_t *o = json_loads(json, JSON_ALLOW_NUL, &e); /* a token may be the byte 0: "\u0000" */
     if (!o) {
+        if (!st->failed) fprintf(stderr, "bench serve: client %d: an event that is not JSON (%s)\n", st->client, e.text);
         st->failed = true;
         return;
     }
@@ -222,7 +224,10 @@ static void on_event(stream *st, const char *json, double now) {
         st->stopped = true;
         st->tokens = json_integer_value(json_object_get(o, "tokens_predicted"));
     }
-    if (json_object_get(o, "error")) st->failed = true;
+    if (json_object_get(o, "error")) {
+        if (!st->failed) fprintf(stderr, "bench serve: client %d: the server answered an error\n", st->client);
+        st->failed = true;
+    }
     json_decref(o);
 }
 
@@ -321,7 +326,12 @@ static int run_case(const char *url, const char *api_key, int clients, int64_t r
             curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&st);
             curl_easy_getinfo(msg->easy_handle, CURLINFO_RESPONSE_CODE, &code);
             curl_multi_remove_handle(m, msg->easy_handle);
-            if (msg->data.result != CURLE_OK || code != 200 || st->failed || !st->stopped) r->errors++;
+            if (msg->data.result != CURLE_OK || code != 200 || st->failed || !st->stopped) {
+                if (!st->failed)
+                    fprintf(stderr, "bench serve: client %d: %s, HTTP %ld%s\n", st->client, curl_easy_strerror(msg->data.result), code,
+                            st->stopped ? "" : ", the stream ended without its stop event");
+                r->errors++;
+            }
             else {
                 r->tokens += st->tokens;
                 if (st->n_t > 0) ttft[n_ttft++] = st->t[0] - st->t0;
