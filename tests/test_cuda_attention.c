@@ -114,8 +114,8 @@ static void cpu_oracle(float *out, const float *q, const uint16_t *kc, const uin
     free(ctx.scratch);
 }
 
-/* The decode counters at the start of ws (attention.cu: ATTN_DECODE_MAX_T * NH uint32, padded to 256 bytes). */
-static size_t counter_bytes(int64_t NH) { return ((size_t)8 * (size_t)NH * 4 + 255) / 256 * 256; }
+/* The decode counters at the start of ws (attention.cu: ATTN_ROWS_MAX * NH uint32, padded to 256 bytes). */
+static size_t counter_bytes(int64_t NH) { return ((size_t)1024 * (size_t)NH * 4 + 255) / 256 * 256; }
 
 /* After a decode launch: the index of the first counter not back at zero, -1 if none, -2 if the download failed. */
 static int64_t counters_dirty(const void *ws, int64_t NH) {

@@ -9,6 +9,12 @@
  *                    that share a launch differ), then 6 greedy steps of all 4 in one batch give each sequence's
  *                    greedy tokens alone (the graph-replayed single-token step), except where the alone run's own
  *                    top-2 margin is under 1e-3
+ *   decode rows      20 sequences stepping one token each, as a server's slots do (one launch of qkv_post and of
+ *                    attention per layer over all their caches, and one recorded step per batch size): steps of
+ *                    all 20 (the GEMM path), then two different sets of 12, two of 6 and two single sequences (each
+ *                    size's recording replayed over other sequences at other positions), every row against a CPU
+ *                    context fed the same batches within the bounds above, the device's argmax equal to the row's,
+ *                    with the f16 cache and with q8_0 (the window fixture's rows of 8 take only f16)
  * Compiled with KILN_CUDA only; skips without a GPU. */
 #include "test.h"
 #include "cuda/cuda.h"
@@ -239,6 +245,71 @@ static void check_against_alone(const char *path) {
     kiln_model_free(m);
 }
 
+/* NR sequences decoding a token each per step on the GPU and the CPU, in the step sets described at the top. */
+#define NR 20
+static void check_decode_rows(const char *path, kiln_kv_type tk, kiln_kv_type tv) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    kiln_model *m = NULL;
+    CHECK(kiln_model_load(path, &m) == KILN_OK, "%s", kiln_last_error());
+    const int64_t V = kiln_model_n_vocab(m);
+    kiln_context_params cp = {.s = {.n_ctx = N_CTX, .n_batch = 32, .n_threads = 2, .type_k = tk, .type_v = tv}, .n_seq = NR};
+    kiln_context *c = NULL, *g = NULL;
+    CHECK(kiln_context_new(m, &cp, &c) == KILN_OK, "%s", kiln_last_error());
+    cp.s.device = (kiln_device){.kind = KILN_DEVICE_CUDA, .index = 0};
+    CHECK(kiln_context_new(m, &cp, &g) == KILN_OK, "%s", kiln_last_error());
+    float *lc = malloc(sizeof *lc * (size_t)(NR * V)), *lg = malloc(sizeof *lg * (size_t)(NR * V));
+    CHECK(lc && lg);
+    unsigned long long r = 0x70c5ull;
+    kiln_batch_entry e[NR + 12];
+    for (int s = 0; s < NR; s++) { /* prompts of 1..11 tokens, one batch each */
+        const int len = 1 + (s * 7) % 11;
+        for (int i = 0; i < len; i++)
+            e[i] = (kiln_batch_entry){.seq = s, .id = (int32_t)(test_rng_next(&r) % (unsigned long long)V), .pos = i};
+        CHECK(kiln_context_decode(c, e, (size_t)len, NULL, NULL) == KILN_OK, "cpu: %s", kiln_last_error());
+        CHECK(kiln_context_decode(g, e, (size_t)len, NULL, NULL) == KILN_OK, "gpu: %s", kiln_last_error());
+    }
+    static const int first[] = {0, 0, 0, 8, 0, 1, 19, 2, 0}, count[] = {NR, NR, 12, 12, 6, 6, 1, 1, NR}, stride[] = {1, 1, 1, 1, 3, 3, 1, 1, 1};
+    double worst_gemm = 0, worst_mv = 0;
+    int bad_next = 0;
+    for (int k = 0; k < (int)(sizeof count / sizeof *count); k++) {
+        const int n = count[k];
+        for (int i = 0; i < n; i++) {
+            const int s = first[k] + i * stride[k];
+            e[i] = (kiln_batch_entry){.seq = s, .id = (int32_t)(test_rng_next(&r) % (unsigned long long)V),
+                                      .pos = kiln_context_seq_pos(g, s), .logits = true};
+        }
+        for (int i = n - 1; i > 0; i--) { /* scrambled */
+            const int j = (int)(test_rng_next(&r) % (unsigned long long)(i + 1));
+            const kiln_batch_entry t = e[i];
+            e[i] = e[j], e[j] = t;
+        }
+        int32_t next[NR];
+        const bool greedy = k % 2; /* the argmaxes too, on the device: the other recording of each size */
+        CHECK(kiln_context_decode(c, e, (size_t)n, lc, NULL) == KILN_OK, "cpu: %s", kiln_last_error());
+        CHECK(kiln_context_decode(g, e, (size_t)n, lg, greedy ? next : NULL) == KILN_OK, "gpu: %s", kiln_last_error());
+        for (int i = 0; i < n; i++) {
+            const double d = rel_rms(lg + (size_t)i * V, lc + (size_t)i * V, (size_t)V);
+            double *w = n > 8 ? &worst_gemm : &worst_mv;
+            if (!(d <= *w)) *w = d;
+            double margin;
+            if (greedy && next[i] != argmax_margin(lg + (size_t)i * V, V, &margin)) bad_next++;
+        }
+    }
+    printf("# %s (%s/%s cache): %d sequences a token each: relative RMS %.3g on GEMM steps, %.3g on matvec steps\n", path,
+           kiln_kv_type_name(tk), kiln_kv_type_name(tv), NR, worst_gemm, worst_mv);
+    CHECK(worst_gemm <= 8e-2 && worst_mv <= 3e-2, "%s: %.3g %.3g", path, worst_gemm, worst_mv);
+    CHECK(bad_next == 0, "%s: %d device argmaxes differ from their rows'", path, bad_next);
+    kiln_context_free(c);
+    kiln_context_free(g);
+    free(lc);
+    free(lg);
+    kiln_model_free(m);
+}
+
+static void test_gpu_decode_rows_default(void) { check_decode_rows(MODEL, KILN_KV_F16, KILN_KV_F16); }
+static void test_gpu_decode_rows_q8(void) { check_decode_rows(MODEL, KILN_KV_Q8_0, KILN_KV_Q8_0); }
+static void test_gpu_decode_rows_window(void) { check_decode_rows(WINDOW_MODEL, KILN_KV_F16, KILN_KV_F16); }
+
 static void test_gpu_against_cpu_default(void) { check_against_cpu(MODEL); }
 static void test_gpu_against_cpu_window(void) { check_against_cpu(WINDOW_MODEL); }
 static void test_gpu_against_alone_default(void) { check_against_alone(MODEL); }
@@ -249,6 +320,9 @@ int main(void) {
     RUN(test_gpu_against_cpu_window);
     RUN(test_gpu_against_alone_default);
     RUN(test_gpu_against_alone_window);
+    RUN(test_gpu_decode_rows_default);
+    RUN(test_gpu_decode_rows_q8);
+    RUN(test_gpu_decode_rows_window);
     TEST_EXIT();
 }
 

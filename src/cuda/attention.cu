@@ -47,6 +47,7 @@
 
 #define ATTN_THREADS 128
 #define ATTN_DECODE_MAX_T 8 /* up to this many tokens take the split-K path, one grid slice per token */
+#define ATTN_ROWS_MAX 1024  /* decode rows of many sequences per launch at most (kiln_cuda_attention_rows) */
 #define ATTN_GB 8           /* query heads of one KV head served per decode block (more: several blocks) */
 #define ATTN_KEYS_MIN 64    /* keys per decode split at least: 2 batches of K+V loads at HS 128 */
 #define ATTN_MAX_SPLITS 32  /* splits per query at most: 4096 positions x 8 KV heads give 256 blocks of 128 keys,
@@ -62,9 +63,16 @@ static int64_t decode_splits(int64_t max_pos) {
     return n < ATTN_MAX_SPLITS ? n : ATTN_MAX_SPLITS;
 }
 
-/* Bytes of the decode counters at the start of ws: one per (token, block of query heads) <= ATTN_DECODE_MAX_T * NH,
+/* Bytes of the decode counters at the start of ws: one per (row, block of query heads) <= ATTN_ROWS_MAX * NH,
  * padded to 256 so the partials after them stay aligned. */
-static size_t decode_counter_bytes(int64_t NH) { return ((size_t)ATTN_DECODE_MAX_T * (size_t)NH * 4 + 255) / 256 * 256; }
+static size_t decode_counter_bytes(int64_t NH) { return ((size_t)ATTN_ROWS_MAX * (size_t)NH * 4 + 255) / 256 * 256; }
+
+/* Where a launch's queries sit: one sequence's T tokens at *pos + t (seq NULL), or T rows of many sequences, row t
+ * at pos[t] over the caches at k_cache and v_cache + seq[t] * stride bytes (kiln_cuda_attention_rows). */
+struct attn_where {
+    const int32_t *pos, *seq;
+    size_t stride;
+};
 
 /* The smallest power of two >= n. */
 static __host__ __device__ constexpr int pow2_at_least(int n) {
@@ -164,7 +172,7 @@ static __device__ __forceinline__ int first_key(int p, int window) { return wind
 template <int HSM, bool EXACT, int GBM, bool CAP, bool ANY>
 __global__ void __launch_bounds__(ATTN_THREADS)
 attn_decode(float *out, int8_t *xq, float2 *xds, unsigned *counters, float *part_o, float *part_ml, const float *q,
-            const void *k_cache, const void *v_cache, int kt, int vt, const int32_t *d_pos0, int hs, int NH, int NKV,
+            const void *k_cache, const void *v_cache, int kt, int vt, const attn_where at, int hs, int NH, int NKV,
             int window, int rows, int max_pos, float scale, float cap) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
@@ -189,7 +197,11 @@ attn_decode(float *out, int8_t *xq, float2 *xds, unsigned *counters, float *part
         const int i = tid + k * ATTN_THREADS;
         if (i < gb * HS / 4) qv[k] = q4[i];
     }
-    const int p = d_pos0[0] + t;
+    const int p = at.seq ? at.pos[t] : at.pos[0] + t;
+    if (at.seq) { /* row t's own sequence's cache */
+        const size_t off = (size_t)at.seq[t] * at.stride;
+        k_cache = (const char *)k_cache + off, v_cache = (const char *)v_cache + off;
+    }
     float *o_blk = out + row0 * HS; /* (gb, HS): the block's heads are contiguous in out's row t */
     if (p < 0 || p >= max_pos) {    /* outside the contract: NaN, from split 0 alone */
         if (split == 0)
@@ -497,22 +509,23 @@ static kiln_status launch_error(const char *what, cudaError_t e) {
     return e == cudaSuccess ? KILN_OK : kiln_fail(KILN_ERR_IO, "cuda attention: %s launch failed: %s", what, cudaGetErrorString(e));
 }
 
-/* Workspace for the decode path, enough for any launch of at most T tokens (a larger T runs the prefill kernel,
- * which needs none, but a later decode step of the same engine does): the counters, then the partials. It must be
+/* Workspace for the decode path, enough for any launch of at most T decode rows (one sequence's T <= 8 tokens, or
+ * T rows of sequences: kiln_cuda_attention_rows; a larger single-sequence T runs the prefill kernel, which needs
+ * none): the counters, then the partials. It must be
  * zero-filled once before the first launch (cudaMemset); every decode launch leaves the counters at zero again. */
 extern "C" size_t kiln_cuda_attention_ws_bytes(int64_t T, int64_t NH, int64_t HS, int64_t max_pos) {
     if (T <= 0 || NH <= 0 || HS <= 0 || max_pos <= 0 || max_pos > INT32_MAX || NH > INT32_MAX || HS > 256) return 0;
-    const int64_t Td = T < ATTN_DECODE_MAX_T ? T : ATTN_DECODE_MAX_T;
+    const int64_t Td = T < ATTN_ROWS_MAX ? T : ATTN_ROWS_MAX;
     return decode_counter_bytes(NH) +
            (size_t)Td * (size_t)NH * (size_t)decode_splits(max_pos) * (size_t)(HS + 2) * sizeof(float);
 }
 
 template <int HSM, bool EXACT, bool CAP, bool ANY>
 static kiln_status attention_cap(float *out, void *xp, const float *q, const void *k, const void *v, int kt, int vt,
-                                 const int32_t *d_pos0, int HS, int T, int NH, int NKV, int window, int rows, int max_pos,
+                                 const attn_where at, int HS, int T, int NH, int NKV, int window, int rows, int max_pos,
                                  float scale, float cap, void *ws, cudaStream_t s) {
     const int G = NH / NKV;
-    if (T <= ATTN_DECODE_MAX_T) {
+    if (T <= ATTN_DECODE_MAX_T || at.seq) {
         const int n_splits = (int)decode_splits(max_pos);
         unsigned *counters = (unsigned *)ws;
         float *part_o = (float *)((char *)ws + decode_counter_bytes(NH));
@@ -528,38 +541,38 @@ static kiln_status attention_cap(float *out, void *xp, const float *q, const voi
         const size_t R = ATTN_THREADS / decode_group(HSM);
         const size_t shm = sizeof(float) * (size_t)gbmax * ((size_t)HS + R * HS + 3 * R);
         void (*kern)(float *, int8_t *, float2 *, unsigned *, float *, float *, const float *, const void *,
-                     const void *, int, int, const int32_t *, int, int, int, int, int, int, float, float) =
+                     const void *, int, int, const attn_where, int, int, int, int, int, int, float, float) =
             gbm == 1   ? attn_decode<HSM, EXACT, 1, CAP, ANY>
             : gbm == 4 ? attn_decode<HSM, EXACT, 4, CAP, ANY>
                        : attn_decode<HSM, EXACT, ATTN_GB, CAP, ANY>;
         return launch_error("decode", kiln_launch(kern, grid, dim3(ATTN_THREADS), shm, s, out, xq, xds, counters, part_o,
-                                                  part_ml, q, k, v, kt, vt, d_pos0, HS, NH, NKV, window, rows, max_pos,
+                                                  part_ml, q, k, v, kt, vt, at, HS, NH, NKV, window, rows, max_pos,
                                                   scale, cap));
     }
     constexpr int QPB = ATTN_THREADS / prefill_lanes(HSM, EXACT);
     const int64_t blocks = ((int64_t)T * G + QPB - 1) / QPB;
     return launch_error("prefill", kiln_launch(attn_prefill<HSM, EXACT, CAP, ANY>, dim3((unsigned)blocks, (unsigned)NKV),
-                                               dim3(ATTN_THREADS), 0, s, out, q, k, v, kt, vt, d_pos0, HS, T, NH, NKV,
+                                               dim3(ATTN_THREADS), 0, s, out, q, k, v, kt, vt, at.pos, HS, T, NH, NKV,
                                                window, rows, max_pos, scale, cap));
 }
 
 /* One head size's kernels, with the score softcap compiled in only where there is one. */
 template <int HSM, bool EXACT, bool ANY>
 static kiln_status attention_hs(float *out, void *xp, const float *q, const void *k, const void *v, int kt, int vt,
-                                const int32_t *d_pos0, int HS, int T, int NH, int NKV, int window, int rows, int max_pos,
+                                const attn_where at, int HS, int T, int NH, int NKV, int window, int rows, int max_pos,
                                 float scale, float cap, void *ws, cudaStream_t s) {
-    return cap > 0 ? attention_cap<HSM, EXACT, true, ANY>(out, xp, q, k, v, kt, vt, d_pos0, HS, T, NH, NKV, window, rows,
+    return cap > 0 ? attention_cap<HSM, EXACT, true, ANY>(out, xp, q, k, v, kt, vt, at, HS, T, NH, NKV, window, rows,
                                                           max_pos, scale, cap, ws, s)
-                   : attention_cap<HSM, EXACT, false, ANY>(out, xp, q, k, v, kt, vt, d_pos0, HS, T, NH, NKV, window, rows,
+                   : attention_cap<HSM, EXACT, false, ANY>(out, xp, q, k, v, kt, vt, at, HS, T, NH, NKV, window, rows,
                                                            max_pos, scale, 0.0f, ws, s);
 }
 
 /* Both launchers: xp NULL for kiln_cuda_attention. */
 static kiln_status attention(float *out, void *xp, const float *q, const void *k_cache, const void *v_cache,
-                             kiln_kv_type type_k, kiln_kv_type type_v, const int32_t *d_pos0, int64_t T, int64_t NH,
+                             kiln_kv_type type_k, kiln_kv_type type_v, const attn_where at, int64_t T, int64_t NH,
                              int64_t NKV, int64_t HS, int64_t window, int64_t rows, int64_t max_pos, float scale,
                              float softcap, void *ws, void *stream) {
-    if (!out || !q || !k_cache || !v_cache || !d_pos0)
+    if (!out || !q || !k_cache || !v_cache || !at.pos)
         return kiln_fail(KILN_ERR_INVALID, "cuda attention: a NULL pointer");
     if (!kiln_kv_type_name(type_k) || !kiln_kv_type_name(type_v))
         return kiln_fail(KILN_ERR_INVALID, "cuda attention: KV cache type ids %d, %d", (int)type_k, (int)type_v);
@@ -568,14 +581,15 @@ static kiln_status attention(float *out, void *xp, const float *q, const void *k
                          kiln_kv_type_name(kiln_kv_is_block(type_k) ? type_k : type_v), (long long)(NKV * HS));
     if (!(softcap >= 0) || !isfinite(softcap))
         return kiln_fail(KILN_ERR_INVALID, "cuda attention: softcap %g (0: none, or positive)", (double)softcap);
-    if (T <= 0 || NH <= 0 || NKV <= 0 || NH % NKV || window < 0 || rows <= 0 || max_pos < T || max_pos > INT32_MAX ||
+    const int64_t Ts = at.seq ? 1 : T; /* tokens of one sequence */
+    if (T <= 0 || NH <= 0 || NKV <= 0 || NH % NKV || window < 0 || rows <= 0 || max_pos < Ts || max_pos > INT32_MAX ||
         rows > INT32_MAX || window > INT32_MAX || T * NH > INT32_MAX)
         return kiln_fail(KILN_ERR_INVALID, "cuda attention: bad shape T %lld NH %lld NKV %lld window %lld rows %lld max_pos %lld",
                          (long long)T, (long long)NH, (long long)NKV, (long long)window, (long long)rows, (long long)max_pos);
-    if (rows < max_pos && (window == 0 || rows < window + T - 1))
+    if (rows < max_pos && (window == 0 || rows < window + Ts - 1))
         return kiln_fail(KILN_ERR_INVALID, "cuda attention: %lld cache rows hold neither the context (%lld) nor window %lld + %lld tokens",
-                         (long long)rows, (long long)max_pos, (long long)window, (long long)T);
-    if (T <= ATTN_DECODE_MAX_T && !ws)
+                         (long long)rows, (long long)max_pos, (long long)window, (long long)Ts);
+    if ((T <= ATTN_DECODE_MAX_T || at.seq) && !ws)
         return kiln_fail(KILN_ERR_INVALID, "cuda attention: decode needs a workspace of kiln_cuda_attention_ws_bytes");
     const void *k = k_cache, *v = v_cache;
     const int kt = (int)type_k, vt = (int)type_v;
@@ -584,7 +598,7 @@ static kiln_status attention(float *out, void *xp, const float *q, const void *k
     if (HS < 8 || HS > 256 || HS % 8) /* the kernels load rows in 16-byte pieces */
         return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda attention: head size %lld is not a multiple of 8 in 8 .. 256", (long long)HS);
     const int H = (int)HS;
-#define ATTN_ARGS out, xp, q, k, v, kt, vt, d_pos0, H, Ti, NHi, NKVi, Wi, Ri, Mi, scale, softcap, ws, s
+#define ATTN_ARGS out, xp, q, k, v, kt, vt, at, H, Ti, NHi, NKVi, Wi, Ri, Mi, scale, softcap, ws, s
     if (type_k != KILN_KV_F16 || type_v != KILN_KV_F16) /* any other pair: the run-time-typed kernels */
         return H <= 128 ? attention_hs<128, false, true>(ATTN_ARGS) : attention_hs<256, false, true>(ATTN_ARGS);
     switch (H) {
@@ -609,7 +623,7 @@ extern "C" kiln_status kiln_cuda_attention(float *out, const float *q, const voi
                                            kiln_kv_type type_k, kiln_kv_type type_v, const int32_t *d_pos0, int64_t T,
                                            int64_t NH, int64_t NKV, int64_t HS, int64_t window, int64_t rows,
                                            int64_t max_pos, float scale, float softcap, void *ws, void *stream) {
-    return attention(out, NULL, q, k_cache, v_cache, type_k, type_v, d_pos0, T, NH, NKV, HS, window, rows, max_pos, scale,
+    return attention(out, NULL, q, k_cache, v_cache, type_k, type_v, attn_where{d_pos0, NULL, 0}, T, NH, NKV, HS, window, rows, max_pos, scale,
                      softcap, ws, stream);
 }
 
@@ -624,6 +638,24 @@ extern "C" kiln_status kiln_cuda_attention_xp(float *out, void *xp, const float 
                          (long long)T, (long long)HS, ATTN_DECODE_MAX_T);
     if (!xp || (uintptr_t)xp % 16)
         return kiln_fail(KILN_ERR_INVALID, "cuda attention_xp: xp NULL or not 16-byte aligned");
-    return attention(out, xp, q, k_cache, v_cache, type_k, type_v, d_pos0, T, NH, NKV, HS, window, rows, max_pos, scale,
+    return attention(out, xp, q, k_cache, v_cache, type_k, type_v, attn_where{d_pos0, NULL, 0}, T, NH, NKV, HS, window, rows, max_pos, scale,
                      softcap, ws, stream);
+}
+
+/* The decode rows of T sequences in one launch: row t at position d_pos[t] over the caches at k_cache and v_cache
+ * + d_seq[t] * seq_stride bytes, with out's prepared form into xp when xp is set. */
+extern "C" kiln_status kiln_cuda_attention_rows(float *out, void *xp, const float *q, const void *k_cache, const void *v_cache,
+                                                kiln_kv_type type_k, kiln_kv_type type_v, const int32_t *d_pos,
+                                                const int32_t *d_seq, size_t seq_stride, int64_t T, int64_t NH, int64_t NKV,
+                                                int64_t HS, int64_t window, int64_t rows, int64_t max_pos, float scale,
+                                                float softcap, void *ws, void *stream) {
+    if (!d_seq) return kiln_fail(KILN_ERR_INVALID, "cuda attention_rows: no sequence indices");
+    if (T > ATTN_ROWS_MAX)
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda attention_rows: %lld rows is more than %d", (long long)T, ATTN_ROWS_MAX);
+    if (xp && (T > KILN_CUDA_MATVEC_MAX_T || HS % 32))
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda attention_rows: xp with T %lld, HS %lld: only T <= %d and HS a multiple of 32",
+                         (long long)T, (long long)HS, KILN_CUDA_MATVEC_MAX_T);
+    if (xp && (uintptr_t)xp % 16) return kiln_fail(KILN_ERR_INVALID, "cuda attention_rows: xp not 16-byte aligned");
+    return attention(out, xp, q, k_cache, v_cache, type_k, type_v, attn_where{d_pos, d_seq, seq_stride}, T, NH, NKV, HS, window,
+                     rows, max_pos, scale, softcap, ws, stream);
 }

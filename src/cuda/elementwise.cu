@@ -404,7 +404,8 @@ __global__ void qkv_post_kernel(float *q,                         /* (T, NH*HS) 
                                 const float *bq,                  /* (NH*HS) or NULL */
                                 const float *bk, const float *bv, /* (NKV*HS) each, or NULL */
                                 const float *q_norm, const float *k_norm, /* (HS) each, or NULL */
-                                float eps, const int32_t *d_pos0 /* (1) */, int64_t NH, int64_t NKV, int64_t HS,
+                                float eps, const int32_t *d_pos0 /* (1), or (T) with d_seq */,
+                                const int32_t *d_seq /* (T) or NULL */, size_t seq_stride, int64_t NH, int64_t NKV, int64_t HS,
                                 int64_t rope_dim, float theta_scale, kiln_cuda_rope_freq rf, bool neox, bool rope,
                                 float q_scale, void *k_cache, void *v_cache, /* (rows, NKV*HS) of kt, vt */
                                 int kt, int vt, int64_t rows) {
@@ -416,7 +417,11 @@ __global__ void qkv_post_kernel(float *q,                         /* (T, NH*HS) 
     const int hs = (int)HS, tid = threadIdx.x, nt = blockDim.x;
     const bool is_q = h < NH;
     const int64_t kh = (int64_t)h - NH; /* the key/value head when !is_q */
-    const int64_t p = (int64_t)*d_pos0 + t;
+    const int64_t p = d_seq ? (int64_t)d_pos0[t] : (int64_t)*d_pos0 + t;
+    if (d_seq) { /* row t's own sequence's cache */
+        k_cache = (char *)k_cache + (size_t)d_seq[t] * seq_stride;
+        v_cache = (char *)v_cache + (size_t)d_seq[t] * seq_stride;
+    }
     float *qh = q + ((int64_t)t * NH + h) * HS;                           /* (HS) when is_q */
     const float *src = is_q ? qh : k + ((int64_t)t * NKV + kh) * HS;     /* (HS) */
     const float *b = is_q ? (bq ? bq + h * HS : NULL) : (bk ? bk + kh * HS : NULL);
@@ -488,13 +493,14 @@ __global__ void qkv_post_kernel(float *q,                         /* (T, NH*HS) 
  * the CPU's: q8_0 d = amax / 127, q = roundf(x / d) clamped to +-127; q4_0 d = (the element of largest magnitude,
  * the first such) / -8, q = min(15, trunc(x / d + 8.5)). d = 0 (or 1/d not finite) gives id 0. */
 __global__ void kv_quantize_kernel(uint8_t *cache, const float *src /* (T, KV) */, int type, const int32_t *d_pos0,
-                                   int64_t T, int64_t KV, int64_t rows) {
+                                   const int32_t *d_seq, size_t seq_stride, int64_t T, int64_t KV, int64_t rows) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
     const int64_t nb = KV / 32, w = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (w >= T * nb) return; /* whole warps: the shuffles below see all their lanes */
-    const int64_t t = w / nb, b = w % nb, row = ((int64_t)*d_pos0 + t) % rows;
+    const int64_t t = w / nb, b = w % nb, row = (d_seq ? (int64_t)d_pos0[t] : (int64_t)*d_pos0 + t) % rows;
+    if (d_seq) cache += (size_t)d_seq[t] * seq_stride;
     const float x = src[t * KV + b * 32 + lane];
     const bool q8 = type == KILN_KV_Q8_0;
     uint8_t *blk = cache + (size_t)(row * nb + b) * (q8 ? KILN_KV_Q8_0_BYTES : KILN_KV_Q4_0_BYTES);
@@ -527,8 +533,8 @@ __global__ void kv_quantize_kernel(uint8_t *cache, const float *src /* (T, KV) *
     }
 }
 
-extern "C" kiln_status kiln_cuda_kv_quantize(void *cache, const float *src, kiln_kv_type type, const int32_t *d_pos0,
-                                             int64_t T, int64_t KV, int64_t rows, void *stream) {
+static kiln_status kv_quantize(void *cache, const float *src, kiln_kv_type type, const int32_t *d_pos0, const int32_t *d_seq,
+                               size_t seq_stride, int64_t T, int64_t KV, int64_t rows, void *stream) {
     if (!kiln_kv_is_block(type) || T < 0 || KV <= 0 || KV % 32 || rows <= 0)
         return kiln_fail(KILN_ERR_INVALID, "cuda kv_quantize: type %d, T %lld, KV %lld (a multiple of 32), rows %lld", (int)type,
                          (long long)T, (long long)KV, (long long)rows);
@@ -536,15 +542,19 @@ extern "C" kiln_status kiln_cuda_kv_quantize(void *cache, const float *src, kiln
     const int64_t warps = T * (KV / 32), blocks = (warps + 3) / 4;
     if (blocks > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda kv_quantize: %lld blocks is too many", (long long)blocks);
     return checked("kv_quantize", kiln_launch(kv_quantize_kernel, dim3((unsigned)blocks), dim3(128), 0, (cudaStream_t)stream,
-                                              (uint8_t *)cache, src, (int)type, d_pos0, T, KV, rows));
+                                              (uint8_t *)cache, src, (int)type, d_pos0, d_seq, seq_stride, T, KV, rows));
 }
 
-extern "C" kiln_status kiln_cuda_qkv_post(float *q, float *k, float *v, const float *bq, const float *bk,
-                                          const float *bv, const float *q_norm, const float *k_norm, float eps,
-                                          const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
-                                          int64_t rope_dim, float base, const float *h_rope_freq, float rope_mscale,
-                                          bool neox, bool nope, float q_scale, void *k_cache, void *v_cache,
-                                          kiln_kv_type type_k, kiln_kv_type type_v, int64_t rows, void *stream) {
+extern "C" kiln_status kiln_cuda_kv_quantize(void *cache, const float *src, kiln_kv_type type, const int32_t *d_pos0,
+                                             int64_t T, int64_t KV, int64_t rows, void *stream) {
+    return kv_quantize(cache, src, type, d_pos0, NULL, 0, T, KV, rows, stream);
+}
+
+static kiln_status qkv_post(float *q, float *k, float *v, const float *bq, const float *bk, const float *bv,
+                            const float *q_norm, const float *k_norm, float eps, const int32_t *d_pos0, const int32_t *d_seq,
+                            size_t seq_stride, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t rope_dim, float base,
+                            const float *h_rope_freq, float rope_mscale, bool neox, bool nope, float q_scale, void *k_cache,
+                            void *v_cache, kiln_kv_type type_k, kiln_kv_type type_v, int64_t rows, void *stream) {
     if (T < 0 || NH <= 0 || NKV <= 0 || HS <= 0 || HS > QKV_MAX_HS || rows <= 0 ||
         (!nope && (rope_dim <= 0 || rope_dim % 2 || rope_dim > HS)))
         return kiln_fail(KILN_ERR_INVALID, "cuda qkv_post: T %lld, NH %lld, NKV %lld, HS %lld (at most %d), rope_dim %lld, rows %lld",
@@ -563,12 +573,34 @@ extern "C" kiln_status kiln_cuda_qkv_post(float *q, float *k, float *v, const fl
     /* A thread per rotated pair: HS/2 threads, at least a warp, at most 128 (HS 256). */
     const int threads = (int)(HS / 2 <= 32 ? 32 : HS / 2 <= 64 ? 64 : 128);
     const cudaError_t e = kiln_launch(qkv_post_kernel, dim3((unsigned)blocks), dim3(threads), 0, (cudaStream_t)stream, q, k,
-                                      v, bq, bk, bv, q_norm, k_norm, eps, d_pos0, NH, NKV, HS, rope_dim, theta_scale, rf, neox,
+                                      v, bq, bk, bv, q_norm, k_norm, eps, d_pos0, d_seq, seq_stride, NH, NKV, HS, rope_dim, theta_scale, rf, neox,
                                       !nope, q_scale, k_cache, v_cache, (int)type_k, (int)type_v, rows);
     TRY(checked("qkv_post", e));
-    if (kiln_kv_is_block(type_k)) TRY(kiln_cuda_kv_quantize(k_cache, k, type_k, d_pos0, T, NKV * HS, rows, stream));
-    if (kiln_kv_is_block(type_v)) TRY(kiln_cuda_kv_quantize(v_cache, v, type_v, d_pos0, T, NKV * HS, rows, stream));
+    if (kiln_kv_is_block(type_k)) TRY(kv_quantize(k_cache, k, type_k, d_pos0, d_seq, seq_stride, T, NKV * HS, rows, stream));
+    if (kiln_kv_is_block(type_v)) TRY(kv_quantize(v_cache, v, type_v, d_pos0, d_seq, seq_stride, T, NKV * HS, rows, stream));
     return KILN_OK;
+}
+
+extern "C" kiln_status kiln_cuda_qkv_post(float *q, float *k, float *v, const float *bq, const float *bk,
+                                          const float *bv, const float *q_norm, const float *k_norm, float eps,
+                                          const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                                          int64_t rope_dim, float base, const float *h_rope_freq, float rope_mscale,
+                                          bool neox, bool nope, float q_scale, void *k_cache, void *v_cache,
+                                          kiln_kv_type type_k, kiln_kv_type type_v, int64_t rows, void *stream) {
+    return qkv_post(q, k, v, bq, bk, bv, q_norm, k_norm, eps, d_pos0, NULL, 0, T, NH, NKV, HS, rope_dim, base, h_rope_freq,
+                    rope_mscale, neox, nope, q_scale, k_cache, v_cache, type_k, type_v, rows, stream);
+}
+
+extern "C" kiln_status kiln_cuda_qkv_post_rows(float *q, float *k, float *v, const float *bq, const float *bk,
+                                               const float *bv, const float *q_norm, const float *k_norm, float eps,
+                                               const int32_t *d_pos, const int32_t *d_seq, size_t seq_stride, int64_t T,
+                                               int64_t NH, int64_t NKV, int64_t HS, int64_t rope_dim, float base,
+                                               const float *h_rope_freq, float rope_mscale, bool neox, bool nope,
+                                               float q_scale, void *k_cache, void *v_cache, kiln_kv_type type_k,
+                                               kiln_kv_type type_v, int64_t rows, void *stream) {
+    if (!d_pos || !d_seq) return kiln_fail(KILN_ERR_INVALID, "cuda qkv_post_rows: no positions or sequence indices");
+    return qkv_post(q, k, v, bq, bk, bv, q_norm, k_norm, eps, d_pos, d_seq, seq_stride, T, NH, NKV, HS, rope_dim, base,
+                    h_rope_freq, rope_mscale, neox, nope, q_scale, k_cache, v_cache, type_k, type_v, rows, stream);
 }
 
 /* ---------------------------------------------------------------- GLU, sigmoid gate, scale/softcap

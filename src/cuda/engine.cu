@@ -88,7 +88,9 @@ typedef struct engine {
     /* which activation xp holds the prepared form of (NULL: none), for T rows of cols */
     const float *xp_of;
     int64_t xp_T, xp_cols;
-    cudaGraphExec_t graph[4]; /* record's slots */
+    int64_t decode_rows;      /* the most rows of many sequences one attention launch takes (its workspace's) */
+    cudaGraphExec_t *graph;   /* (n_graph) record's slots: 4 for each decode batch size, 0..decode_rows */
+    int n_graph;
     prof_marks *prof;         /* non-NULL while profiling */
 } engine;
 
@@ -205,8 +207,9 @@ static void cuda_close(void *p) {
     engine *e = (engine *)p;
     if (!e) return;
     use_device(e);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < e->n_graph; i++)
         if (e->graph[i]) cudaGraphExecDestroy(e->graph[i]);
+    free(e->graph);
     kiln_cuda_gemm_ws_free(&e->gws);
     cudaFree(e->wbuf);
     cudaFree(e->bfbuf);
@@ -252,7 +255,11 @@ static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, 
     if (m->output->type != KILN_TYPE_BF16) bf_bytes += align256((size_t)(m->output->ne[0] * m->output->ne[1]) * 2);
     const size_t wbytes = weight_bytes(m);
     const size_t xp_bytes = align256(kiln_cuda_matvec_prep_bytes(KILN_CUDA_MATVEC_MAX_T, W));
-    const size_t attn_ws = align256(kiln_cuda_attention_ws_bytes(n_batch, NH, HS, n_ctx));
+    /* decode rows per attention launch: a sequence's 8 tokens, or one token of each sequence (more run in pieces) */
+    int64_t decode_rows = p->n_seq > 8 ? p->n_seq : 8;
+    if (decode_rows > n_batch) decode_rows = n_batch;
+    if (decode_rows > 256) decode_rows = 256;
+    const size_t attn_ws = align256(kiln_cuda_attention_ws_bytes(decode_rows, NH, HS, n_ctx));
     const size_t gws_bytes = kiln_cuda_gemm_ws_bytes(max_w, (size_t)(n_batch * W));
     const size_t kv_bytes = align256(p->kv_bytes), act_bytes = align256(p->act_bytes) + xp_bytes + attn_ws;
     const size_t need = wbytes + kv_bytes + act_bytes + gws_bytes;
@@ -273,11 +280,14 @@ static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, 
     e->device = p->device;
     e->n_ctx = n_ctx;
     e->n_batch = n_batch;
+    e->decode_rows = decode_rows;
+    e->n_graph = 4 * (int)(decode_rows + 1);
     e->dev_bytes = wbytes + xp_bytes + attn_ws + gws_bytes + (keep_bf ? bf_bytes : 0);
     kiln_status st = KILN_OK;
     e->layers = (dev_layer *)calloc((size_t)c->n_layer, sizeof *e->layers);
     e->bound = (kiln_weight(*)[KILN_LT_COUNT])calloc((size_t)c->n_layer, sizeof *e->bound);
-    if (!e->layers || !e->bound) {
+    e->graph = (cudaGraphExec_t *)calloc((size_t)e->n_graph, sizeof *e->graph);
+    if (!e->layers || !e->bound || !e->graph) {
         cuda_close(e);
         return kiln_fail(KILN_ERR_NOMEM, "gpu: out of memory");
     }
@@ -414,7 +424,8 @@ static kiln_status capture(engine *e, kiln_status (*enqueue)(void *arg), void *a
 static kiln_status cuda_record(void *p, int slot, kiln_status (*enqueue)(void *arg), void *arg) {
     engine *e = (engine *)p;
     TRY(use_device(e));
-    if (slot < 0 || slot >= 4) return kiln_fail(KILN_ERR_INVALID, "gpu: record slot %d is not 0..3", slot);
+    if (slot < 0) return kiln_fail(KILN_ERR_INVALID, "gpu: record slot %d is negative", slot);
+    if (slot >= e->n_graph) return enqueue(arg); /* a batch past the table's sizes runs as it comes */
     if (!e->graph[slot]) TRY(capture(e, enqueue, arg, &e->graph[slot]));
     CK(cudaGraphLaunch(e->graph[slot], e->stream), "cudaGraphLaunch");
     return KILN_OK;
@@ -502,6 +513,12 @@ static kiln_status cuda_qkv_post(void *p, float *q, float *k, float *v, const ki
     }
     const float *qn = full ? NULL : vec(a->q_norm), *kn = full ? NULL : vec(a->k_norm);
     e->kv_pos_bytes = kiln_kv_row_bytes(a->type_k, a->NKV * a->HS) + kiln_kv_row_bytes(a->type_v, a->NKV * a->HS);
+    if (a->seq) /* one token of each of T sequences */
+        return mark(e, P_QKV_POST,
+                    kiln_cuda_qkv_post_rows(q, k, v, vec(a->bq), vec(a->bk), vec(a->bv), qn, kn, a->eps, pos0, a->seq, a->seq_stride,
+                                            T, a->NH, a->NKV, a->HS, a->rope_dim, a->rope_base, a->rope_freq, a->rope_mscale,
+                                            a->neox, a->nope, 1.0f, a->k_cache, a->v_cache, a->type_k, a->type_v, a->rows,
+                                            e->stream));
     return mark(e, P_QKV_POST,
                 kiln_cuda_qkv_post(q, k, v, vec(a->bq), vec(a->bk), vec(a->bv), qn, kn, a->eps, pos0, T, a->NH, a->NKV,
                                    a->HS, a->rope_dim, a->rope_base, a->rope_freq, a->rope_mscale, a->neox, a->nope, 1.0f,
@@ -513,7 +530,17 @@ static kiln_status cuda_attention(void *p, float *out, float *q, const kiln_attn
     engine *e = (engine *)p;
     const float scale = a->scale > 0 ? a->scale : 1.0f / sqrtf((float)a->HS);
     e->xp_of = NULL;
-    if (!e->m->cfg.output_gate && T <= KILN_CUDA_MATVEC_MAX_T && a->HS % 32 == 0) {
+    const bool xp = !e->m->cfg.output_gate && T <= KILN_CUDA_MATVEC_MAX_T && a->HS % 32 == 0;
+    if (a->seq) { /* one token of each of T sequences, decode_rows of them per launch */
+        const int64_t Q = a->NH * a->HS;
+        for (int64_t r = 0, n; r < T; r += n) {
+            n = T - r < e->decode_rows ? T - r : e->decode_rows;
+            TRY(kiln_cuda_attention_rows(out + r * Q, xp ? e->xp : NULL, q + r * Q, a->k_cache, a->v_cache, a->type_k, a->type_v,
+                                         pos0 + r, a->seq + r, a->seq_stride, n, a->NH, a->NKV, a->HS, a->window, a->rows,
+                                         e->n_ctx, scale, a->softcap, e->attn_ws, e->stream));
+        }
+        if (xp) prepared(e, out, T, Q);
+    } else if (xp) {
         TRY(kiln_cuda_attention_xp(out, e->xp, q, a->k_cache, a->v_cache, a->type_k, a->type_v, pos0, T, a->NH, a->NKV, a->HS, a->window, a->rows, e->n_ctx,
                                    scale, a->softcap, e->attn_ws, e->stream));
         prepared(e, out, T, a->NH * a->HS);
@@ -644,6 +671,7 @@ static kiln_status cuda_profile(void *p, int64_t pos0, int reps, kiln_status (*s
 extern "C" const kiln_backend kiln_cuda_backend = {
     /* .name = */ "cuda",
     /* .host_memory = */ false,
+    /* .seq_rows = */ true,
     /* .open = */ cuda_open,
     /* .close = */ cuda_close,
     /* .load_weights = */ cuda_load_weights,

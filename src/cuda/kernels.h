@@ -114,6 +114,15 @@ kiln_status kiln_cuda_attention(float *out, const float *q, const void *k_cache,
 kiln_status kiln_cuda_attention_xp(float *out, void *xp, const float *q, const void *k_cache, const void *v_cache,
                                    kiln_kv_type type_k, kiln_kv_type type_v, const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t window,
                                    int64_t rows, int64_t max_pos, float scale, float softcap, void *ws, void *stream);
+/* The decode rows of T sequences (T <= 1024) in one launch: row t of q is one token of the sequence whose caches lie
+ * at k_cache and v_cache + d_seq[t] * seq_stride bytes, at position d_pos[t] (both (T) device memory); the rest as
+ * kiln_cuda_attention's decode path (ws from kiln_cuda_attention_ws_bytes(>= T)), with out's prepared form into xp
+ * when xp is not NULL (then T <= KILN_CUDA_MATVEC_MAX_T and HS % 32 == 0, else KILN_ERR_UNSUPPORTED). The batched
+ * decode step of a context of many sequences: one launch per layer, not one per sequence. */
+kiln_status kiln_cuda_attention_rows(float *out, void *xp, const float *q, const void *k_cache, const void *v_cache,
+                                     kiln_kv_type type_k, kiln_kv_type type_v, const int32_t *d_pos, const int32_t *d_seq,
+                                     size_t seq_stride, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t window,
+                                     int64_t rows, int64_t max_pos, float scale, float softcap, void *ws, void *stream);
 
 /* ---------------------------------------------------------------- elementwise.cu: everything else, fused */
 /* out (T, C) = scale * dequantized rows d_ids[t] of table (V rows of C): the embedding gather, one row per token
@@ -143,6 +152,14 @@ kiln_status kiln_cuda_qkv_post(float *q, float *k, float *v, const float *bq, co
                                int64_t NH, int64_t NKV, int64_t HS, int64_t rope_dim, float base, const float *h_rope_freq,
                                float rope_mscale, bool neox, bool nope, float q_scale, void *k_cache, void *v_cache,
                                kiln_kv_type type_k, kiln_kv_type type_v, int64_t rows, void *stream);
+/* As kiln_cuda_qkv_post over T rows of T sequences: row t is at position d_pos[t] and stores into the caches at
+ * k_cache and v_cache + d_seq[t] * seq_stride bytes (d_pos, d_seq (T) device memory). */
+kiln_status kiln_cuda_qkv_post_rows(float *q, float *k, float *v, const float *bq, const float *bk, const float *bv,
+                                    const float *q_norm, const float *k_norm, float eps, const int32_t *d_pos,
+                                    const int32_t *d_seq, size_t seq_stride, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                                    int64_t rope_dim, float base, const float *h_rope_freq, float rope_mscale, bool neox,
+                                    bool nope, float q_scale, void *k_cache, void *v_cache, kiln_kv_type type_k,
+                                    kiln_kv_type type_v, int64_t rows, void *stream);
 /* cache rows (p0 + t) % rows (p0 = *d_pos0) = src (T, KV) quantized as type (q8_0 or q4_0, KV % 32 == 0) by GGML's
  * reference quantizers (quantize_row_q8_0_ref / q4_0_ref), the CPU's bytes for the same floats. */
 kiln_status kiln_cuda_kv_quantize(void *cache, const float *src, kiln_kv_type type, const int32_t *d_pos0, int64_t T,

@@ -58,7 +58,8 @@ struct kiln_context {
     /* backend memory */
     uint8_t *kv;         /* (n_seq, seq_kv_bytes) */
     float *act;          /* kiln_llama_act_floats(n_batch) */
-    int32_t *d_io;       /* ids (n_batch) | argmaxes (n_batch) | the non-finite flag (1) | segment positions (n_batch) */
+    int32_t *d_io;       /* ids (n_batch) | argmaxes (n_batch) | the non-finite flag (1) | segment positions (n_batch) |
+                          * segment sequences (n_batch) */
     float *d_logits;     /* (n_batch, V) on a device; (V) where backend memory is host memory */
     /* host memory the backend copies from and to: the same layout as d_io, then (V) logits */
     int32_t *h_io;
@@ -81,11 +82,13 @@ struct kiln_context {
 
 /* ---------------------------------------------------------------- layout
  * d_io and h_io: ids (n_batch) | argmaxes (n_batch, a step's n_out ending at the flag) | flag (1) | positions
- * (n_batch, one per segment), so a step's inputs past the ids are one upload (the flag's zero and the positions)
- * and its outputs one download (the argmaxes and the flag). */
+ * (n_batch, one per segment) | sequences (n_batch, one per segment), so a step's outputs are one download (the
+ * argmaxes and the flag). */
 
 static int32_t *io_flag(const kiln_context *c, int32_t *io) { return io + 2 * c->n_batch; }
 static int32_t *io_pos(const kiln_context *c, int32_t *io) { return io + 2 * c->n_batch + 1; }
+static int32_t *io_seq(const kiln_context *c, int32_t *io) { return io + 3 * c->n_batch + 1; }
+enum { IO_INTS_PER_ROW = 4 }; /* ids, argmaxes, positions, sequences: (IO_INTS_PER_ROW n_batch + 1) int32 */
 
 /* KILN_CHECK_FINITE=1 turns check_finite on for every context (a debugging switch that needs no rebuild). */
 static bool check_finite_env(void) {
@@ -244,7 +247,7 @@ kiln_status kiln_context_open(const kiln_model *m, const kiln_context_params *cp
         !kiln_mul_ok(kiln_llama_act_floats(c, 1), (uint64_t)n_batch * sizeof(float), &act_bytes) || kv_bytes > SIZE_MAX)
         return kiln_fail(KILN_ERR_NOMEM, "%s: KV caches of %d x %lld positions overflow the address space", who, n_seq, (long long)n_ctx);
     const size_t V = (size_t)c->n_vocab, logit_bytes = (be->host_memory ? 1 : (size_t)n_batch) * V * sizeof(float);
-    const size_t io_bytes = (size_t)(3 * n_batch + 1) * sizeof(int32_t);
+    const size_t io_bytes = (size_t)(IO_INTS_PER_ROW * n_batch + 1) * sizeof(int32_t);
 
     kiln_context *x = calloc(1, sizeof *x);
     if (!x) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
@@ -265,7 +268,7 @@ kiln_status kiln_context_open(const kiln_model *m, const kiln_context_params *cp
     for (int64_t l = 0; l < c->n_layer; l++) x->rows[l] = cache_rows(m, l, n_ctx, n_batch);
     const kiln_backend_params bp = {.n_ctx = n_ctx, .n_batch = n_batch, .rows = x->rows, .kv_bytes = (size_t)kv_bytes,
                                     .act_bytes = (size_t)act_bytes + logit_bytes + io_bytes, .type_k = p->type_k,
-                                    .type_v = p->type_v, .n_threads = p->n_threads, .device = device};
+                                    .type_v = p->type_v, .n_seq = n_seq, .n_threads = p->n_threads, .device = device};
     kiln_status st = be->open(m, &bp, &x->ctx);
     if (!st) st = be->alloc(x->ctx, (size_t)kv_bytes, (void **)&x->kv);
     if (!st) st = be->alloc(x->ctx, (size_t)act_bytes, (void **)&x->act);
@@ -277,7 +280,7 @@ kiln_status kiln_context_open(const kiln_model *m, const kiln_context_params *cp
         kiln_context_free(x);
         return st;
     }
-    x->h_logits = (float *)(x->h_io + 3 * n_batch + 1);
+    x->h_logits = (float *)(x->h_io + IO_INTS_PER_ROW * n_batch + 1);
     for (int32_t i = 0; i < n_seq; i++) seq_bind(x, i);
     *out = x;
     return KILN_OK;
@@ -338,6 +341,7 @@ static kiln_status step_enqueue(void *arg) {
     int32_t *d_flag = io_flag(c, c->d_io), *d_next = d_flag - n_out; /* the argmaxes end where the flag is */
     TRY(be->upload(c->ctx, c->d_io, c->h_io, (size_t)T * sizeof(int32_t)));
     TRY(be->upload(c->ctx, d_flag, io_flag(c, c->h_io), (size_t)(1 + c->b.n_seg) * sizeof(int32_t))); /* zero flag, positions */
+    TRY(be->upload(c->ctx, io_seq(c, c->d_io), io_seq(c, c->h_io), (size_t)c->b.n_seg * sizeof(int32_t)));
     /* logits that come back to the host are checked there; the argmaxes' rows on the backend, beside them */
     const kiln_llama_checks checks = {.flag = d_flag, .logits = c->want_next, .layers = c->check_layers};
     TRY(kiln_llama_forward(c->m, be, c->ctx, &c->w, c->act, &c->b, c->want_logits || c->want_next ? c->fwd_logits : NULL,
@@ -424,27 +428,33 @@ static void permute_rows(void *x, size_t w, int64_t n, const int64_t *dest, cons
 static kiln_status run_step(kiln_context *c, float *logits, int32_t *next, const int64_t *dest) {
     const kiln_backend *be = c->be;
     const int64_t V = c->m->cfg.n_vocab, n_out = c->b.n_out, T = c->b.T;
-    const bool record = c->n_seq == 1 && T == 1;
     io_flag(c, c->h_io)[0] = 0; /* the flag the checks set */
     c->want_logits = logits && n_out;
     c->want_next = next && n_out;
-    /* a recorded step's row of logits goes through the staging buffer; otherwise the rows are copied straight into
-     * the caller's buffer, or written there by a backend whose memory is host memory (then put in batch order) */
-    c->staged = record;
+    const int flags = (c->want_logits ? 1 : 0) | (c->want_next ? 2 : 0);
+    /* Recorded steps, one recording each: a session's token (slots 0..3, by the outputs wanted), and on a backend
+     * with seq_rows one token of each of T sequences, every row's outputs or none (slots 4 T ..): such a step
+     * enqueues the same work whichever sequences and positions it holds. A session's row of logits goes through the
+     * staging buffer; otherwise the rows are copied straight into the caller's buffer after the step, or written there
+     * by a backend whose memory is host memory (then put in batch order). */
+    const bool single = c->n_seq == 1 && T == 1;
+    const bool rows = c->n_seq > 1 && be->seq_rows && c->b.n_seg == T && T <= c->n_seq && (n_out == 0 || n_out == T);
+    const bool record = single || rows;
+    c->staged = single;
     float *tmp = NULL;
     c->fwd_logits = c->d_logits;
-    if (be->host_memory && !record) {
+    if (be->host_memory && !c->staged) {
         if (logits) c->fwd_logits = logits;
         else if (n_out > 1 && !(c->fwd_logits = tmp = malloc(sizeof *tmp * (size_t)(n_out * V))))
             return kiln_fail(KILN_ERR_NOMEM, "%s: out of memory for %lld rows of logits", c->who, (long long)n_out);
     }
     kiln_status st;
-    if (record) /* one recording for each pair of outputs wanted */
-        st = be->record(c->ctx, (c->want_logits ? 1 : 0) | (c->want_next ? 2 : 0), step_enqueue, c);
+    if (record)
+        st = be->record(c->ctx, (single ? 0 : 4 * (int)T) + flags, step_enqueue, c);
     else
         st = step_enqueue(c);
     /* off the host, each run of out rows that land on consecutive caller rows is one download */
-    for (int64_t o = 0, n; !st && c->want_logits && !record && !be->host_memory && o < n_out; o += n) {
+    for (int64_t o = 0, n; !st && c->want_logits && !c->staged && !be->host_memory && o < n_out; o += n) {
         const int64_t d = dest ? dest[o] : o;
         for (n = 1; o + n < n_out && (dest ? dest[o + n] : o + n) == d + n;) n++;
         st = be->download(c->ctx, logits + d * V, c->d_logits + o * V, (size_t)(n * V) * sizeof(float));
@@ -456,7 +466,7 @@ static kiln_status run_step(kiln_context *c, float *logits, int32_t *next, const
     const int32_t flag = io_flag(c, c->h_io)[0];
     if (flag) return stage_error(c, flag);
     const int32_t *h_next = io_flag(c, c->h_io) - n_out;
-    if (c->want_logits && record) memcpy(logits, c->h_logits, (size_t)V * sizeof(float));
+    if (c->want_logits && c->staged) memcpy(logits, c->h_logits, (size_t)V * sizeof(float));
     if (dest && be->host_memory && c->want_logits) /* written in row order: into batch order */
         permute_rows(logits, (size_t)V * sizeof(float), n_out, dest, c->inv, c->done, c->h_logits);
     if (c->want_logits && (st = check_logits(c, logits, dest))) return st;
@@ -472,10 +482,12 @@ static kiln_status eval_chunk(kiln_context *c, int32_t seq, const int32_t *ids, 
                               int32_t *next) {
     memcpy(c->h_io, ids, (size_t)T * sizeof *ids);
     io_pos(c, c->h_io)[0] = (int32_t)c->seq[seq].pos;
+    io_seq(c, c->h_io)[0] = seq;
     c->segs[0] = (kiln_llama_segment){&c->seq[seq].kv, io_pos(c, c->d_io), T};
     c->seg_seq[0] = seq;
     for (int64_t r = first; r < T; r++) c->out[r - first] = r;
-    c->b = (kiln_llama_batch){.ids = c->d_io, .T = T, .seg = c->segs, .n_seg = 1, .out = c->out, .n_out = T - first};
+    c->b = (kiln_llama_batch){.ids = c->d_io, .T = T, .seg = c->segs, .n_seg = 1, .seq = io_seq(c, c->d_io), .kv0 = &c->seq[0].kv,
+                              .kv_stride = c->seq_kv_bytes, .out = c->out, .n_out = T - first};
     TRY(run_step(c, logits, next, NULL));
     memcpy(c->seq[seq].hist + c->seq[seq].pos, ids, (size_t)T * sizeof *ids);
     c->seq[seq].pos += T;
@@ -544,6 +556,7 @@ static void plan_batch(kiln_context *c, const kiln_batch_entry *b, size_t n, boo
             if (c->cnt[s] <= 0 || (pass == 0) != (c->cnt[s] > 1)) continue; /* seen, or not this pass's kind */
             c->start[s] = row;
             io_pos(c, c->h_io)[n_seg] = (int32_t)c->seq[s].pos;
+            io_seq(c, c->h_io)[n_seg] = s;
             c->segs[n_seg] = (kiln_llama_segment){&c->seq[s].kv, io_pos(c, c->d_io) + n_seg, c->cnt[s]};
             c->seg_seq[n_seg++] = s;
             row += c->cnt[s];
@@ -561,7 +574,8 @@ static void plan_batch(kiln_context *c, const kiln_batch_entry *b, size_t n, boo
     for (int64_t r = 0; r < (int64_t)n; r++)
         if (rank[c->perm[r]] >= 0) c->dest[n_out] = rank[c->perm[r]], c->out[n_out++] = r;
     for (int64_t o = 0; o < n_out; o++) c->inv[c->dest[o]] = o;
-    c->b = (kiln_llama_batch){.ids = c->d_io, .T = (int64_t)n, .seg = c->segs, .n_seg = n_seg, .out = c->out, .n_out = n_out};
+    c->b = (kiln_llama_batch){.ids = c->d_io, .T = (int64_t)n, .seg = c->segs, .n_seg = n_seg, .seq = io_seq(c, c->d_io),
+                              .kv0 = &c->seq[0].kv, .kv_stride = c->seq_kv_bytes, .out = c->out, .n_out = n_out};
 }
 
 kiln_status kiln_context_decode(kiln_context *c, const kiln_batch_entry *b, size_t n, float *logits, int32_t *next) {

@@ -52,6 +52,7 @@ typedef struct kiln_backend_params {
     const int64_t *rows;     /* (L) */
     size_t kv_bytes, act_bytes; /* the buffers the caller will alloc: counted in the memory check */
     kiln_kv_type type_k, type_v; /* the cache's element types */
+    int64_t n_seq;           /* sequences: the most single-row segments a batch holds (seq_rows) */
     int n_threads;           /* CPU: 0 for all cores */
     int device;              /* CUDA: the device index */
 } kiln_backend_params;
@@ -78,6 +79,11 @@ typedef struct kiln_attn_args {
     float scale;                         /* the score scale; 0: 1/sqrt(HS) */
     float softcap;                       /* scores s = softcap tanh(s / softcap) after the scale, before the mask and
                                           * softmax (gemma2); 0: none */
+    /* Rows of several sequences (only for a backend with seq_rows): when seq is set (backend memory, (T)), row t
+     * is one token of sequence seq[t] at position pos0[t] (pos0 then holds T positions), its cache rows at k_cache
+     * and v_cache + seq[t] * seq_stride bytes. NULL: the T rows are one sequence's, at *pos0 + t. */
+    const int32_t *seq;
+    size_t seq_stride;
 } kiln_attn_args;
 
 /* One step's share of a token's decode (profile). */
@@ -91,6 +97,8 @@ typedef struct kiln_op_time {
 typedef struct kiln_backend {
     const char *name;  /* "cpu", "cuda" */
     bool host_memory;  /* backend memory is host memory: a step may write straight into the caller's buffers */
+    bool seq_rows;     /* qkv_post and attention take kiln_attn_args.seq: the decode rows of many sequences in one
+                        * launch each (the forward otherwise runs them a segment at a time) */
 
     /* ---- the context */
     kiln_status (*open)(const kiln_model *m, const kiln_backend_params *p, void **ctx);
@@ -111,7 +119,9 @@ typedef struct kiln_backend {
     kiln_status (*synchronize)(void *ctx);
     /* Runs enqueue(arg). The first call of a slot records what it enqueues (a CUDA graph), later calls of the slot
      * replay the recording without calling enqueue; the CPU has no recording and calls it every time. enqueue must
-     * enqueue the same work every time: the same buffers, T and flags. Slots 0..3. */
+     * enqueue the same work every time: the same buffers, T and flags. Slots from 0; a backend that keeps fewer
+     * runs enqueue unrecorded for the slots past its table (the CUDA engine keeps 4 per decode size up to its
+     * decode rows). */
     kiln_status (*record)(void *ctx, int slot, kiln_status (*enqueue)(void *arg), void *arg);
     /* Times the steps of a decode at position pos0: runs step(arg) (one token's step, enqueued and synchronized, not
      * replayed) reps times with a mark after every step, and sums each kind of step (events between launches, so the
@@ -184,6 +194,12 @@ typedef struct kiln_llama_batch {
     int64_t T;
     const kiln_llama_segment *seg; /* (n_seg) host memory: rows 0..T-1 in order, each segment's rows consecutive */
     int64_t n_seg;
+    /* Where the caches lie, for a backend with seq_rows (NULL: unknown, each segment runs alone): segment s's cache
+     * is kv0's plus seq[s] * kv_stride bytes (seq: (n_seg) backend memory), and seg[s].pos0 is seg[0].pos0 + s. The
+     * single-row segments that end the batch (a step's decode tokens) then run qkv_post and attention once. */
+    const int32_t *seq;
+    const kiln_llama_kv *kv0;
+    size_t kv_stride;
     const int64_t *out;            /* (n_out) host memory: ascending rows of 0..T-1 whose logits are wanted */
     int64_t n_out;
 } kiln_llama_batch;

@@ -39,11 +39,16 @@ int64_t kiln_llama_max_width(const kiln_llama_config *c) {
 }
 
 /* qkv_post and attention of layer l for each segment of b on its rows of q, k, v (T, Q / KV) and att (T, Q), over
- * its sequence's cache. */
+ * its sequence's cache. On a backend with seq_rows, the single-row segments that end the batch (its decode tokens)
+ * run as one call of each over all their sequences' caches (a launch per layer, not per sequence). */
 static kiln_status attend(const kiln_backend *be, void *ctx, const kiln_attn_args *layer, const kiln_llama_batch *b, int64_t l,
                           float *q, float *k, float *v, float *att) {
     const int64_t Q = layer->NH * layer->HS, KV = layer->NKV * layer->HS;
-    for (int64_t s = 0, r = 0; s < b->n_seg; r += b->seg[s++].T) {
+    int64_t s1 = b->n_seg; /* segments s1.. are the rows run together */
+    if (be->seq_rows && b->seq)
+        while (s1 > 0 && b->seg[s1 - 1].T == 1) s1--;
+    int64_t r = 0;
+    for (int64_t s = 0; s < s1; r += b->seg[s++].T) {
         const kiln_llama_segment *g = &b->seg[s];
         kiln_attn_args a = *layer;
         a.k_cache = g->kv->k[l], a.v_cache = g->kv->v[l], a.rows = g->kv->rows[l];
@@ -51,7 +56,14 @@ static kiln_status attend(const kiln_backend *be, void *ctx, const kiln_attn_arg
         TRY(be->qkv_post(ctx, q + r * Q, k + r * KV, v + r * KV, &a, g->pos0, g->T));
         TRY(be->attention(ctx, att + r * Q, q + r * Q, &a, g->pos0, g->T));
     }
-    return KILN_OK;
+    if (s1 == b->n_seg) return KILN_OK;
+    kiln_attn_args a = *layer;
+    a.k_cache = b->kv0->k[l], a.v_cache = b->kv0->v[l], a.rows = b->kv0->rows[l];
+    a.type_k = b->kv0->type_k, a.type_v = b->kv0->type_v;
+    a.seq = b->seq + s1, a.seq_stride = b->kv_stride;
+    const int64_t n = b->n_seg - s1;
+    TRY(be->qkv_post(ctx, q + r * Q, k + r * KV, v + r * KV, &a, b->seg[s1].pos0, n));
+    return be->attention(ctx, att + r * Q, q + r * Q, &a, b->seg[s1].pos0, n);
 }
 
 /* Ids are valid, each segment's *pos0 + T fits every full layer's rows and a sliding layer's ring holds window + T - 1
