@@ -154,7 +154,7 @@ static bool compare(const float *y, const double *want, int64_t n, int64_t rows,
 
 /* One (type, O, I, T): add = false on a poisoned y, then add = true on random y0. misalign shifts the weight
  * (one element) and y (one float) off their allocations' alignment. */
-static bool gemm_case(kiln_type t, int64_t rows, int64_t cols, int64_t T, bool misalign, kiln_cuda_gemm_ws *ws,
+static bool gemm_case(kiln_type t, int64_t rows, int64_t cols, int64_t T, bool misalign, bool small, kiln_cuda_gemm_ws *ws,
                       unsigned long long *seed, char *msg, size_t n_msg) {
     int64_t nw = rows * cols, nx = T * cols, ny = T * rows;
     size_t wbytes = kiln_type_row_bytes(t, cols) * (size_t)rows;
@@ -164,8 +164,8 @@ static bool gemm_case(kiln_type t, int64_t rows, int64_t cols, int64_t T, bool m
     void *wbase = NULL, *xbase = NULL, *ybase = NULL;
     bool ok = false;
     char what[160];
-    snprintf(what, sizeof what, "%s y (T %lld, O %lld) = x (T, I %lld) W^T%s", kiln_type_name(t), (long long)T, (long long)rows,
-             (long long)cols, misalign ? " (misaligned W and y)" : "");
+    snprintf(what, sizeof what, "%s%s y (T %lld, O %lld) = x (T, I %lld) W^T%s", small ? "gemm_small: " : "", kiln_type_name(t),
+             (long long)T, (long long)rows, (long long)cols, misalign ? " (misaligned W and y)" : "");
     snprintf(msg, n_msg, "%s: setup failed: %s", what, kiln_last_error());
     if (!hw || !wf || !x || !y || !y0 || !ref || !want) goto done;
     test_ggml_to_float(t, hw, wf, nw);
@@ -189,7 +189,7 @@ static bool gemm_case(kiln_type t, int64_t rows, int64_t cols, int64_t T, bool m
             want[i] = (double)y0[i] + ref[i];
         }
         if (add && kiln_cuda_upload(dy, y0, (size_t)ny * 4) != KILN_OK) goto done;
-        kiln_status st = kiln_cuda_gemm(dy, dx, &W, T, add, ws, NULL);
+        kiln_status st = small ? kiln_cuda_gemm_small(dy, dx, &W, T, add, ws, NULL) : kiln_cuda_gemm(dy, dx, &W, T, add, ws, NULL);
         if (st == KILN_OK) st = kiln_cuda_sync();
         if (st == KILN_OK) st = kiln_cuda_download(y, dy, (size_t)ny * 4);
         char what_add[200];
@@ -215,7 +215,7 @@ static void test_gemm_matches_reference(void) {
     kiln_cuda_gemm_ws ws;
     CHECK(kiln_cuda_gemm_ws_new(&ws, max_w, max_x) == KILN_OK, "%s", kiln_last_error());
     /* the engine sizes its VRAM check with ws_bytes: it must be what ws_new took */
-    size_t took = ws.w_bytes + ws.x_bytes + ws.lt_ws_bytes, said = kiln_cuda_gemm_ws_bytes(max_w, max_x);
+    size_t took = ws.w_bytes + ws.x_bytes + ws.lt_ws_bytes + ws.part_bytes, said = kiln_cuda_gemm_ws_bytes(max_w, max_x);
     bool bytes_ok = took == said && ws.w_bytes >= 2 * max_w && ws.x_bytes >= 2 * max_x;
     unsigned long long seed = 23;
     char msg[640] = "";
@@ -223,13 +223,50 @@ static void test_gemm_matches_reference(void) {
     for (size_t ti = 0; ti < N_TYPES && ok && bytes_ok; ti++) {
         kiln_type t = gemm_types[ti];
         for (size_t si = 0; si < sizeof gemm_shapes / sizeof gemm_shapes[0] && ok; si++)
-            ok = gemm_case(t, gemm_shapes[si][0], gemm_shapes[si][1], gemm_shapes[si][2], false, &ws, &seed, msg, sizeof msg);
-        if (ok && is_float_type(t)) ok = gemm_case(t, 37, 13, 11, true, &ws, &seed, msg, sizeof msg);
+            ok = gemm_case(t, gemm_shapes[si][0], gemm_shapes[si][1], gemm_shapes[si][2], false, false, &ws, &seed, msg, sizeof msg);
+        if (ok && is_float_type(t)) ok = gemm_case(t, 37, 13, 11, true, false, &ws, &seed, msg, sizeof msg);
     }
     kiln_cuda_gemm_ws_free(&ws);
     kiln_cuda_gemm_ws_free(&ws); /* a zeroed ws is accepted */
     CHECK(bytes_ok, "ws_new took %zu bytes, ws_bytes says %zu", took, said);
     CHECK(ok, "%s", msg);
+}
+
+/* kiln_cuda_gemm_small (a few rows on the tensor cores from the blocks) on every block type: against the double
+ * reference within the bound above (it rounds to bf16 as gemm does), on shapes (O, I, T) that take one split and
+ * several (O 96: 2 CTAs; I 2816: 11 steps over 4 splits, the last shorter), a row count not a multiple of 64 (200), both
+ * tile widths (T 9, 16: 16 tokens; 17, 32: 32), with add; then what it refuses. */
+static const int64_t small_shapes[][3] = {{96, 2816, 9}, {200, 256, 16}, {1000, 2304, 17}, {64, 512, 32}, {4096, 1024, 24}};
+
+static void test_gemm_small_matches_reference(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    const size_t max_w = 4096 * 2816, max_x = 32 * 2816;
+    kiln_cuda_gemm_ws ws;
+    CHECK(kiln_cuda_gemm_ws_new(&ws, max_w, max_x) == KILN_OK, "%s", kiln_last_error());
+    unsigned long long seed = 29;
+    char msg[640] = "";
+    bool ok = true;
+    int n = 0;
+    for (size_t ti = 0; ti < N_TYPES && ok; ti++) {
+        kiln_type t = gemm_types[ti];
+        if (is_float_type(t)) continue;
+        for (size_t si = 0; si < sizeof small_shapes / sizeof small_shapes[0] && ok; si++, n++) {
+            const kiln_cuda_wt W = {t, small_shapes[si][0], small_shapes[si][1], kiln_type_row_bytes(t, small_shapes[si][1]), NULL};
+            ok = kiln_cuda_gemm_small_takes(&W, small_shapes[si][2]);
+            if (!ok) snprintf(msg, sizeof msg, "%s %lld x %lld at T %lld: not taken", kiln_type_name(t), (long long)W.rows,
+                              (long long)W.cols, (long long)small_shapes[si][2]);
+            else ok = gemm_case(t, small_shapes[si][0], small_shapes[si][1], small_shapes[si][2], false, true, &ws, &seed, msg, sizeof msg);
+        }
+    }
+    CHECK(ok, "%s", msg);
+    CHECK(n == 12 * 5, "%d cases", n);
+    /* refused: a float weight, columns not a multiple of 256, T outside 1..32 */
+    const kiln_cuda_wt f16 = {KILN_TYPE_F16, 64, 256, 512, NULL}, q4k = {KILN_TYPE_Q4_K, 64, 256, kiln_type_row_bytes(KILN_TYPE_Q4_K, 256), NULL},
+                       q8 = {KILN_TYPE_Q8_0, 64, 96, kiln_type_row_bytes(KILN_TYPE_Q8_0, 96), NULL};
+    CHECK(!kiln_cuda_gemm_small_takes(&f16, 16) && !kiln_cuda_gemm_small_takes(&q8, 16) && !kiln_cuda_gemm_small_takes(&q4k, 33) &&
+          !kiln_cuda_gemm_small_takes(&q4k, 0) && kiln_cuda_gemm_small_takes(&q4k, 1));
+    CHECK(kiln_cuda_gemm_small(NULL, NULL, &q8, 16, false, &ws, NULL) == KILN_ERR_UNSUPPORTED);
+    kiln_cuda_gemm_ws_free(&ws);
 }
 
 /* Arguments gemm must refuse, before touching the device. */
@@ -266,6 +303,7 @@ static void test_gemm_rejects(void) {
 
 static void test_dequantize_bf16_bit_exact(void) { SKIP("kiln built without CUDA"); }
 static void test_gemm_matches_reference(void) { SKIP("kiln built without CUDA"); }
+static void test_gemm_small_matches_reference(void) { SKIP("kiln built without CUDA"); }
 static void test_gemm_rejects(void) { SKIP("kiln built without CUDA"); }
 
 #endif
@@ -273,6 +311,7 @@ static void test_gemm_rejects(void) { SKIP("kiln built without CUDA"); }
 int main(void) {
     RUN(test_dequantize_bf16_bit_exact);
     RUN(test_gemm_matches_reference);
+    RUN(test_gemm_small_matches_reference);
     RUN(test_gemm_rejects);
     TEST_EXIT();
 }

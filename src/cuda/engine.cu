@@ -89,6 +89,7 @@ typedef struct engine {
     const float *xp_of;
     int64_t xp_T, xp_cols;
     int64_t decode_rows;      /* the most rows of many sequences one attention launch takes (its workspace's) */
+    bool gemm_small;          /* 9..32 rows take kiln_cuda_gemm_small (KILN_GEMM_SMALL=0: cuBLASLt, to compare) */
     cudaGraphExec_t *graph;   /* (n_graph) record's slots: 4 for each decode batch size, 0..decode_rows */
     int n_graph;
     prof_marks *prof;         /* non-NULL while profiling */
@@ -281,6 +282,7 @@ static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, 
     e->n_ctx = n_ctx;
     e->n_batch = n_batch;
     e->decode_rows = decode_rows;
+    e->gemm_small = !(getenv("KILN_GEMM_SMALL") && strcmp(getenv("KILN_GEMM_SMALL"), "0") == 0);
     e->n_graph = 4 * (int)(decode_rows + 1);
     e->dev_bytes = wbytes + xp_bytes + attn_ws + gws_bytes + (keep_bf ? bf_bytes : 0);
     kiln_status st = KILN_OK;
@@ -450,12 +452,14 @@ static kiln_status prepare(engine *e, const float *x, int64_t T, int64_t cols) {
 
 static void prepared(engine *e, const float *x, int64_t T, int64_t cols) { e->xp_of = x, e->xp_T = T, e->xp_cols = cols; }
 
-/* y (T, W.rows) (+)= x W^T: matvec on the prepared xp for a decode-sized T, else tensor cores (on the bf16 copy
- * when there is one). */
+/* y (T, W.rows) (+)= x W^T: matvec on the prepared xp for a decode-sized T, the blocks on the tensor cores for a
+ * few more rows (a step of many sequences' tokens), else cuBLASLt (on the bf16 copy when there is one). */
 static kiln_status mm(engine *e, float *y, const float *x, const dev_wt *W, const kiln_cuda_wt *q, int64_t T, bool add) {
     if (T <= KILN_CUDA_MATVEC_MAX_T) {
         TRY(prepare(e, x, T, q->cols));
         TRY(kiln_cuda_matvec(y, x, e->xp, q, T, add, e->stream));
+    } else if (e->gemm_small && kiln_cuda_gemm_small_takes(q, T)) {
+        TRY(kiln_cuda_gemm_small(y, x, q, T, add, &e->gws, e->stream));
     } else {
         TRY(kiln_cuda_gemm(y, x, W->bf.data && q == &W->q ? &W->bf : q, T, add, &e->gws, e->stream));
     }

@@ -22,6 +22,8 @@
 
 /* cuBLASLt's workspace: 32 MiB is what NVIDIA recommends for Hopper (split-K and stream-K reductions). */
 #define GEMM_LT_WS_BYTES ((size_t)32 << 20)
+/* gemm_small.cu's split partials: 4 splits of 32 rows of 16384 floats (a split is only taken below 2 CTAs per SM). */
+#define GEMM_PART_BYTES ((size_t)8 << 20)
 /* Cached matmul plans. A prefill touches about 7 weight shapes (q, k, v, o, gate, up, down, the head) at one T,
  * plus the last, shorter chunk; 32 holds them all, replaced round-robin beyond that. */
 #define GEMM_PLANS 32
@@ -293,8 +295,9 @@ static kiln_status plan_get(gemm_blas *bl, size_t ws_bytes, int64_t rows, int64_
 }
 
 extern "C" size_t kiln_cuda_gemm_ws_bytes(size_t max_w_elems, size_t max_x_elems) {
-    if (max_w_elems > (SIZE_MAX - GEMM_LT_WS_BYTES) / 4 || max_x_elems > (SIZE_MAX - GEMM_LT_WS_BYTES) / 4) return SIZE_MAX;
-    return max_w_elems * 2 + max_x_elems * 2 + GEMM_LT_WS_BYTES;
+    const size_t fixed = GEMM_LT_WS_BYTES + GEMM_PART_BYTES;
+    if (max_w_elems > (SIZE_MAX - fixed) / 4 || max_x_elems > (SIZE_MAX - fixed) / 4) return SIZE_MAX;
+    return max_w_elems * 2 + max_x_elems * 2 + fixed;
 }
 
 extern "C" void kiln_cuda_gemm_ws_free(kiln_cuda_gemm_ws *ws) {
@@ -309,10 +312,12 @@ extern "C" void kiln_cuda_gemm_ws_free(kiln_cuda_gemm_ws *ws) {
     if (ws->w) cudaFree(ws->w);
     if (ws->x) cudaFree(ws->x);
     if (ws->lt_ws) cudaFree(ws->lt_ws);
+    if (ws->part) cudaFree(ws->part);
     memset(ws, 0, sizeof *ws);
 }
 
-/* Device memory: exactly kiln_cuda_gemm_ws_bytes (w 2 * max_w_elems, x 2 * max_x_elems, 32 MiB for cuBLASLt); the
+/* Device memory: exactly kiln_cuda_gemm_ws_bytes (w 2 * max_w_elems, x 2 * max_x_elems, 32 MiB for cuBLASLt, 8 MiB
+ * for gemm_small's partials); the
  * cuBLASLt handle itself takes only host memory. max_w_elems may be 0 when every weight is BF16 (used in place). */
 extern "C" kiln_status kiln_cuda_gemm_ws_new(kiln_cuda_gemm_ws *ws, size_t max_w_elems, size_t max_x_elems) {
     memset(ws, 0, sizeof *ws);
@@ -330,6 +335,7 @@ extern "C" kiln_status kiln_cuda_gemm_ws_new(kiln_cuda_gemm_ws *ws, size_t max_w
         {&ws->w, max_w_elems * 2, "bf16 weight"},
         {&ws->x, max_x_elems * 2, "bf16 input"},
         {&ws->lt_ws, GEMM_LT_WS_BYTES, "cuBLASLt workspace"},
+        {&ws->part, GEMM_PART_BYTES, "split partials"},
     };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         if (bufs[i].bytes == 0) continue;
@@ -341,8 +347,13 @@ extern "C" kiln_status kiln_cuda_gemm_ws_new(kiln_cuda_gemm_ws *ws, size_t max_w
                              bufs[i].what, cudaGetErrorString(e));
         }
     }
-    ws->w_bytes = max_w_elems * 2, ws->x_bytes = max_x_elems * 2, ws->lt_ws_bytes = GEMM_LT_WS_BYTES;
-    return KILN_OK;
+    ws->w_bytes = max_w_elems * 2, ws->x_bytes = max_x_elems * 2, ws->lt_ws_bytes = GEMM_LT_WS_BYTES, ws->part_bytes = GEMM_PART_BYTES;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&ws->n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        ws->n_sm = 132;
+    kiln_status st = kiln_cuda_gemm_small_setup();
+    if (st != KILN_OK) kiln_cuda_gemm_ws_free(ws);
+    return st;
 }
 
 /* Three launches on `stream`: the weight to bf16 (skipped for BF16), x to bf16, the cuBLASLt matmul. */

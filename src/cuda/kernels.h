@@ -77,7 +77,9 @@ typedef struct kiln_cuda_gemm_ws {
     void *w;        /* bf16, the largest weight's rows * cols */
     void *x;        /* bf16, max_T * the widest input */
     void *lt_ws;    /* cuBLASLt workspace */
-    size_t w_bytes, x_bytes, lt_ws_bytes;
+    void *part;     /* f32, kiln_cuda_gemm_small's split partials */
+    size_t w_bytes, x_bytes, lt_ws_bytes, part_bytes;
+    int n_sm;       /* the device's SMs (gemm_small's split) */
 } kiln_cuda_gemm_ws;
 
 /* Allocates the workspace for weights of at most max_w_elems elements and inputs of at most max_x_elems. */
@@ -88,6 +90,16 @@ size_t kiln_cuda_gemm_ws_bytes(size_t max_w_elems, size_t max_x_elems);
 /* y (T, W.rows) = x (T, W.cols) W^T, or += when add. Any T >= 1; any type matvec takes. */
 kiln_status kiln_cuda_gemm(float *y, const float *x, const kiln_cuda_wt *W, int64_t T, bool add, kiln_cuda_gemm_ws *ws,
                            void *stream);
+/* gemm_small.cu: y (T, W.rows) = x W^T (+= when add) for a few rows, on the tensor cores from W's blocks (each
+ * weight byte read once; the bf16 GEMM's result up to the order of its f32 sums). kiln_cuda_gemm_small_takes says
+ * whether it applies: a block type (not F32/F16/BF16), cols a multiple of 256, 1 <= T <= KILN_CUDA_GEMM_SMALL_MAX_T;
+ * otherwise KILN_ERR_UNSUPPORTED. ws from kiln_cuda_gemm_ws_new (its x, its partials), which also runs
+ * kiln_cuda_gemm_small_setup (the kernels' shared memory limits, once per device, outside any graph capture). */
+#define KILN_CUDA_GEMM_SMALL_MAX_T 32
+bool kiln_cuda_gemm_small_takes(const kiln_cuda_wt *W, int64_t T);
+kiln_status kiln_cuda_gemm_small(float *y, const float *x, const kiln_cuda_wt *W, int64_t T, bool add, kiln_cuda_gemm_ws *ws,
+                                 void *stream);
+kiln_status kiln_cuda_gemm_small_setup(void);
 /* The weight alone to bf16 (rows * cols elements): the dequantization gemm uses, for tests. */
 kiln_status kiln_cuda_dequantize_bf16(const kiln_cuda_wt *W, void *out, void *stream);
 
