@@ -89,7 +89,8 @@ typedef struct engine {
     const float *xp_of;
     int64_t xp_T, xp_cols;
     int64_t decode_rows;      /* the most rows of many sequences one attention launch takes (its workspace's) */
-    bool gemm_small;          /* 9..32 rows take kiln_cuda_gemm_small (KILN_GEMM_SMALL=0: cuBLASLt, to compare) */
+    bool gemm_small;          /* 9..32 rows take kiln_cuda_gemm_small: only with KILN_GEMM_SMALL=1, as on the H200 it is
+                               * still 2.5x slower than cuBLASLt on the bf16 copies (docs/cuda.md) */
     cudaGraphExec_t *graph;   /* (n_graph) record's slots: 4 for each decode batch size, 0..decode_rows */
     int n_graph;
     prof_marks *prof;         /* non-NULL while profiling */
@@ -282,7 +283,7 @@ static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, 
     e->n_ctx = n_ctx;
     e->n_batch = n_batch;
     e->decode_rows = decode_rows;
-    e->gemm_small = !(getenv("KILN_GEMM_SMALL") && strcmp(getenv("KILN_GEMM_SMALL"), "0") == 0);
+    e->gemm_small = getenv("KILN_GEMM_SMALL") && strcmp(getenv("KILN_GEMM_SMALL"), "1") == 0;
     e->n_graph = 4 * (int)(decode_rows + 1);
     e->dev_bytes = wbytes + xp_bytes + attn_ws + gws_bytes + (keep_bf ? bf_bytes : 0);
     kiln_status st = KILN_OK;
