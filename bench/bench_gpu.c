@@ -205,19 +205,20 @@ typedef struct {
     uint64_t head_bytes;    /* output_norm, and output when untied */
     uint64_t layer_params;  /* elements of the matmul weights of all layers (7, or 8 with the output gate) */
     uint64_t head_params;   /* V * C */
-    uint64_t kv_pos_bytes;  /* one position's key and value in one layer, f16: 2 * NKV*HS * 2 */
+    uint64_t kv_pos_bytes;  /* one position's key and value in one layer, in the cache types (-ctk/-ctv) */
     bool tied;              /* the head is token_embd */
 } model_cost;
 
 static uint64_t elems(const kiln_tensor_view *t) { return (uint64_t)(t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]); }
 static uint64_t nbytes(const kiln_tensor_view *t) { return t ? t->nbytes : 0; } /* optional tensors are NULL */
 
-static model_cost model_cost_of(const kiln_model *m) {
+static model_cost model_cost_of(const kiln_model *m, const kiln_session_params *kv) {
     const kiln_llama_config *c = &m->cfg;
     const bool tied = m->output == m->tok_embd;
+    const int64_t KV = c->n_head_kv * c->head_dim;
     model_cost k = {.embd_bytes = m->tok_embd->nbytes, .embd_row = m->tok_embd->nb[1],
                     .head_bytes = m->output_norm->nbytes + (tied ? 0 : m->output->nbytes), .head_params = elems(m->output),
-                    .kv_pos_bytes = (uint64_t)(2 * c->n_head_kv * c->head_dim * 2), .tied = tied};
+                    .kv_pos_bytes = (uint64_t)(kiln_kv_row_bytes(kv->type_k, KV) + kiln_kv_row_bytes(kv->type_v, KV)), .tied = tied};
     for (int64_t l = 0; l < c->n_layer; l++) {
         const kiln_llama_layer *w = &m->layers[l];
         const kiln_tensor_view *mats[] = {w->wq, w->wk, w->wv, w->wo, w->w_gate, w->w_up, w->w_down, w->w_attn_gate};
@@ -317,6 +318,7 @@ typedef struct {
     gpu_case cases[MAX_ITEMS + 1];  /* the pp lengths, then tg */
     double vram_gib;
     const peer_ref *peer;
+    const char *type_k, *type_v; /* the KV cache's types (-ctk, -ctv) */
     int64_t profile_pos;
     int n_ops;                      /* -1: the profile failed */
     kiln_op_time ops[KILN_PROFILE_OPS];
@@ -412,12 +414,13 @@ static void print_model_json(const model_result *res, const kiln_model *m, const
     kiln_bench_json_str(d->name);
     printf(",\"ftype\":\"%s\",\"q4_k_m\":%s,\"file_bytes\":%llu,\"n_layer\":%lld,\"n_embd\":%lld,\"n_ff\":%lld,\"n_head\":%lld,"
            "\"n_head_kv\":%lld,\"head_dim\":%lld,\"n_vocab\":%lld,\"tied\":%s,\"n_params_layers\":%llu,\"n_params_head\":%llu,"
-           "\"weight_bytes_layers\":%llu,\"weight_bytes_embd\":%llu,\"n_batch\":512,\"n_ctx\":%lld,\"load_s\":%.4f,"
+           "\"weight_bytes_layers\":%llu,\"weight_bytes_embd\":%llu,\"n_batch\":512,\"n_ctx\":%lld,\"type_k\":\"%s\","
+           "\"type_v\":\"%s\",\"load_s\":%.4f,"
            "\"session_s\":%.4f,\"vram_gib\":%.4f,\"copy_gbs\":%.3f,\"gemm_tflops\":%.3f,\"cases\":[",
            ftype, q4km ? "true" : "false", (unsigned long long)file_bytes, (long long)c->n_layer, (long long)c->n_embd,
            (long long)c->n_ff, (long long)c->n_head, (long long)c->n_head_kv, (long long)c->head_dim, (long long)c->n_vocab,
            k->tied ? "true" : "false", (unsigned long long)k->layer_params, (unsigned long long)k->head_params,
-           (unsigned long long)k->layer_bytes, (unsigned long long)k->embd_bytes, (long long)n_ctx, load_s, session_s,
+           (unsigned long long)k->layer_bytes, (unsigned long long)k->embd_bytes, (long long)n_ctx, res->type_k, res->type_v, load_s, session_s,
            res->vram_gib, d->copy_gbs, d->gemm_tflops);
     for (int i = 0; i < res->n_cases; i++) {
         if (i) putchar(',');
@@ -474,7 +477,7 @@ static void print_model_json(const model_result *res, const kiln_model *m, const
 /* Every case of one model: pp for each prompt length, then tg, then the profile. Returns 0, 1 on an error (nothing
  * printed for the model), or 3 when everything but the profile ran (the object is printed with "profile": null). */
 static int bench_model(const char *path, const int64_t *pps, int n_pp, int64_t n_gen, int reps, const device_roofs *d,
-                       model_result *res, kiln_cli_rope *rope) {
+                       model_result *res, kiln_cli_rope *rope, const kiln_session_params *kv) {
     kiln_model *m = NULL;
     kiln_clear_error();
     const double t0 = kiln_bench_now();
@@ -490,10 +493,12 @@ static int bench_model(const char *path, const int64_t *pps, int n_pp, int64_t n
     }
     const double load_s = kiln_bench_now() - t0;
     const kiln_llama_config *c = &m->cfg;
-    const model_cost cost = model_cost_of(m);
+    const model_cost cost = model_cost_of(m, kv);
     const bool q4km = is_q4_k_m(m);
+    const bool f16_cache = kv->type_k == KILN_KV_F16 && kv->type_v == KILN_KV_F16; /* the peer's figures are of an f16 cache */
     memset(res, 0, sizeof *res); /* (not a compound literal: the struct holds every case's times) */
-    res->path = path, res->peer = peer_of(m, q4km), res->n_ops = -1;
+    res->path = path, res->peer = f16_cache ? peer_of(m, q4km) : NULL, res->n_ops = -1;
+    res->type_k = kiln_kv_type_name(kv->type_k), res->type_v = kiln_kv_type_name(kv->type_v);
 
     /* the profile's step writes the cache row of its position, TG_PROMPT + n_gen / 2 < TG_PROMPT + n_gen + 1 */
     int64_t n_ctx = TG_PROMPT + n_gen + 1, n_ids = TG_PROMPT;
@@ -521,7 +526,8 @@ static int bench_model(const char *path, const int64_t *pps, int n_pp, int64_t n
     for (int64_t i = 0; i < n_ids; i++) ids[i] = (int32_t)((xorshift(&x) >> 32) % (uint64_t)c->n_vocab);
 
     /* every layer offloaded (-ngl L): the whole model on the GPU, as kiln offloads all or none */
-    const kiln_session_params sp = {.n_ctx = n_ctx, .n_batch = 512, .n_gpu_layers = (int)c->n_layer};
+    const kiln_session_params sp = {.n_ctx = n_ctx, .n_batch = 512, .n_gpu_layers = (int)c->n_layer, .type_k = kv->type_k,
+                                    .type_v = kv->type_v};
     kiln_clear_error();
     const double s0 = kiln_bench_now();
     if ((st = kiln_session_new(m, &sp, &s)) != KILN_OK) {
@@ -628,12 +634,14 @@ static void print_table(const device_roofs *d, const model_result *res, int n_re
 /* ---------------------------------------------------------------- CLI */
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: kiln bench --gpu -m MODEL.gguf [-m MODEL2.gguf ...] [-p 512] [-n 128] [-r REPS] [--json-only]\n"
+    fprintf(f, "usage: kiln bench --gpu -m MODEL.gguf [-m MODEL2.gguf ...] [-p 512] [-n 128] [-r REPS] [-ctk T] [-ctv T] [--json-only]\n"
                "  prompt processing and generation tok/s of a whole model on CUDA device 0, against the measured copy\n"
                "  bandwidth and bf16 GEMM rate, and llama.cpp's figures from issue #7 where the model matches\n"
                "  -p LIST     prompt lengths for pp, comma-separated (default 512; 0: no pp)\n"
                "  -n N        tokens decoded one at a time for tg, after a prompt of %d tokens (default 128; 0: no tg)\n"
-               "  -r REPS     timed repetitions per case after one warm-up (default 3); best and median reported\n",
+               "  -r REPS     timed repetitions per case after one warm-up (default 3); best and median reported\n"
+               "  -ctk T, -ctv T  KV cache types (--cache-type-k/-v): f16 (default), f32, bf16, q8_0, q4_0; the peer's figures\n"
+               "              are of an f16 cache, so another type shows none\n",
             TG_PROMPT);
 }
 
@@ -650,9 +658,11 @@ int kiln_bench_gpu(int argc, char **argv) {
     bool json_only = false;
     kiln_cli_rope rope;
     kiln_cli_rope_init(&rope);
+    kiln_session_params kv = {0}; /* -ctk, -ctv */
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v;
-        const int rr = kiln_cli_rope_opt(cmd, a, i + 1 < argc ? argv[i + 1] : NULL, &rope);
+        int rr = kiln_cli_rope_opt(cmd, a, i + 1 < argc ? argv[i + 1] : NULL, &rope);
+        if (rr == 0) rr = kiln_cli_kv_opt(cmd, a, i + 1 < argc ? argv[i + 1] : NULL, &kv);
         if (rr < 0) return 1;
         if (rr > 0) {
             i++;
@@ -708,7 +718,7 @@ int kiln_bench_gpu(int argc, char **argv) {
     }
     int n_res = 0, rc = 0;
     for (int mi = 0; mi < n_models; mi++) {
-        const int r = bench_model(models[mi], pps, n_pp_on, n_gen, (int)reps, &d, &res[n_res], &rope);
+        const int r = bench_model(models[mi], pps, n_pp_on, n_gen, (int)reps, &d, &res[n_res], &rope, &kv);
         if (r == 1) {
             free(res);
             return 1;

@@ -359,6 +359,9 @@ test_cache_types() {
         done
         refuses "-ctk" $cmd -m x.gguf -ctk
     done
+    for f in -ctk --cache-type-k -ctv --cache-type-v; do # bench --gpu refuses before it looks for a device
+        refuses "$f: unknown KV cache type 'q8' (f16, f32, bf16, q8_0, q4_0)" bench --gpu -m x.gguf "$f" q8
+    done
     refuses "-ctv: unknown KV cache type 'F16'" generate -ctv F16
     local model=models/shakespeare.gguf t
     [ -s "$model" ] || skip "$model not found"
