@@ -189,6 +189,12 @@ static void test_routes_errors(void) {
         {"/api/generate", "{\"prompt\": \"x\", \"raw\": true, \"system\": \"Be brief.\"}", "system"}, /* raw has no template for it */
         {"/api/generate", "{\"prompt\": \"x\", \"template\": \"{{ .Prompt }}\"}", "template"}, /* no Go templates */
         {"/api/generate", "{\"prompt\": \"x\", \"template\": 3}", "template"},
+        {"/api/generate", "{\"prompt\": \"x\", \"format\": \"json\"}", "format"},
+        {"/api/generate", "{\"prompt\": \"x\", \"images\": [\"aGk=\"]}", "images"},
+        {"/api/generate", "{\"prompt\": \"x\", \"suffix\": \"end\"}", "suffix"},
+        {"/api/generate", "{\"prompt\": \"x\", \"context\": [1, 2]}", "context"},
+        {"/api/chat", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"format\": {\"type\": \"object\"}}", "format"},
+        {"/api/chat", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\"}]}", "tools"},
         {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}", "tools"},
         {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": \"f\"}", "tools"},
         {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": \"required\"}", "tool_choice"},
@@ -436,7 +442,8 @@ static void test_ollama_routes(void) {
     CHECK(strcmp(json_string_value(json_object_get(j, "done_reason")) ? json_string_value(json_object_get(j, "done_reason")) : "", "load") == 0 &&
           strcmp(json_string_value(json_object_get(j, "response")) ? json_string_value(json_object_get(j, "response")) : "x", "") == 0, "%s", r.body);
     json_decref(j), srv_response_free(&r);
-    r = req(srv2, "POST", "/api/chat", "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"stream\": false, \"options\": {\"num_predict\": 4}}", NULL);
+    r = req(srv2, "POST", "/api/chat", "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"stream\": false, \"format\": \"\", \"tools\": [],"
+                                       " \"options\": {\"num_predict\": 4}}", NULL); /* the empty unsupported fields pass */
     j = parse(&r);
     CHECK(r.status == 200 && json_is_true(json_object_get(j, "done")) && json_is_string(json_object_get(json_object_get(j, "message"), "content")));
     json_decref(j), srv_response_free(&r);

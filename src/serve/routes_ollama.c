@@ -2,7 +2,7 @@
  * GET /api/tags, with its field names: options{} for sampling, response / message.content, and the last record's
  * done, done_reason and counts (nanosecond durations). /api/generate formats its prompt as Ollama does: a user
  * message in the model's chat template, after the system message `system` when given; `raw: true` takes the
- * prompt's text as it is (with the model's BOS). */
+ * prompt's text as it is (with the model's BOS). Fields kiln does not implement (format, tools, images, ...) get a 400. */
 #include "serve/serve.h"
 
 #include <stdio.h>
@@ -63,24 +63,45 @@ static bool string_field(json_t *body, const char *name, const char **out, srv_r
     return true;
 }
 
+/* Ollama's fields kiln serve does not implement: a value other than null, "", [] or {} gets a 400 naming the field,
+ * never an answer that silently ignored it. */
+static const struct {
+    const char *name;
+    bool generate, chat; /* the routes that take it */
+    const char *why;
+} UNSUPPORTED[] = {
+    {"template", true, false, "a Go template overriding the model's; kiln serve formats prompts with the model's chat template only"},
+    {"format", true, true, "structured output (JSON or a schema) needs a grammar engine kiln does not have"},
+    {"tools", false, true, "function calling is not supported by kiln serve"},
+    {"images", true, false, "kiln serve's models take text only"},
+    {"suffix", true, false, "fill-in-the-middle is not supported by kiln serve"},
+    {"context", true, false, "the deprecated context of a previous answer is not supported: send the conversation to /api/chat"},
+};
+
+static bool supported(json_t *body, bool chat, srv_response *rs) {
+    for (size_t i = 0; i < sizeof UNSUPPORTED / sizeof *UNSUPPORTED; i++) {
+        json_t *v = json_object_get(body, UNSUPPORTED[i].name);
+        if (!(chat ? UNSUPPORTED[i].chat : UNSUPPORTED[i].generate) || !v || json_is_null(v)) continue;
+        if ((json_is_string(v) && !json_string_length(v)) || (json_is_array(v) && !json_array_size(v)) || (json_is_object(v) && !json_object_size(v))) continue;
+        srv_error(rs, 400, UNSUPPORTED[i].name, "%s is not supported: %s", UNSUPPORTED[i].name, UNSUPPORTED[i].why);
+        return false;
+    }
+    return true;
+}
+
 /* /api/generate's prompt p (a string, or NULL when absent) into token ids: in the chat template as a user message,
  * after the system message `system` when one is given, unless raw is true (then the text as it is, as /completion
- * takes it). An empty prompt leaves t empty (no tokens): the caller's "load" answer. `template` (a Go template
- * overriding the model's) is refused: kiln has no Go template engine; `system` with raw too, since raw applies no
- * formatting to place it in. */
+ * takes it). An empty prompt leaves t empty (no tokens): the caller's "load" answer. `system` with raw is refused,
+ * since raw applies no formatting to place it in. */
 static bool generate_prompt(srv_server *s, json_t *body, json_t *p, kiln_tokens *t, srv_response *rs) {
     json_t *v = json_object_get(body, "raw");
-    const char *sys, *tmpl;
+    const char *sys;
     if (v && !json_is_null(v) && !json_is_boolean(v)) {
         srv_error(rs, 400, "raw", "raw must be a boolean");
         return false;
     }
     bool raw = json_is_true(v);
-    if (!string_field(body, "system", &sys, rs) || !string_field(body, "template", &tmpl, rs)) return false;
-    if (tmpl && *tmpl) {
-        srv_error(rs, 400, "template", "template is not supported: kiln serve formats prompts with the model's chat template only");
-        return false;
-    }
+    if (!string_field(body, "system", &sys, rs)) return false;
     if (raw && sys && *sys) {
         srv_error(rs, 400, "system", "system cannot be used with raw: true, which applies no template to put it in");
         return false;
@@ -109,6 +130,7 @@ static void ollama_route(srv_server *s, const srv_request *rq, srv_response *rs,
         if (!j) srv_error(rs, 500, NULL, "out of memory");
         goto out;
     }
+    if (!supported(body, chat, rs)) goto out;
     if ((v = json_object_get(body, "options")) && !json_is_null(v)) {
         if (!json_is_object(v)) {
             srv_error(rs, 400, "options", "options must be an object");

@@ -151,6 +151,8 @@ def c_errors():
     expect_400(gen, {"model": m, "prompt": "x", "raw": 1}, "raw")
     expect_400(gen, {"model": m, "prompt": "x", "raw": True, "system": "Be brief."}, "system")
     expect_400(gen, {"model": m, "prompt": "x", "template": "{{ .System }} {{ .Prompt }}"}, "template")
+    expect_400(gen, {"model": m, "prompt": "x", "format": "json"}, "format")
+    expect_400("/api/chat", {"model": m, "messages": user, "tools": [tool]}, "tools")
     # a prompt longer than one slot's context
     long_prompt = " ".join(["the"] * (2 * A.slot_ctx))  # about one token a word: twice the slot's context
     expect_400(cmpl, {"model": m, "prompt": long_prompt, "max_tokens": 4}, "prompt")
