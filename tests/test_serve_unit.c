@@ -106,13 +106,16 @@ static char *drain(srv_stream *st) {
     return out;
 }
 
-/* Greedy text of prompt from a plain session: the reference the server's greedy output must equal. */
-static char *greedy_reference(const char *prompt, int n_predict) {
+/* Greedy text of the prompt t (token ids; freed) from a plain session: the reference the server's greedy output
+ * must equal. */
+static char *greedy_reference_ids(kiln_tokens t, int n_predict) {
     const kiln_tokenizer *tok = kiln_model_tokenizer(model);
-    kiln_tokens t = {0};
     kiln_session_params sp = {.n_ctx = 128, .n_threads = 1};
     kiln_session *sess;
-    if (kiln_tokenizer_encode(tok, prompt, strlen(prompt), true, true, &t) || kiln_session_new(model, &sp, &sess)) return NULL;
+    if (!t.n || kiln_session_new(model, &sp, &sess)) {
+        kiln_tokens_free(&t);
+        return NULL;
+    }
     int32_t next;
     kiln_tokens gen = {0};
     kiln_status st = kiln_session_eval_argmax(sess, t.ids, t.n, &next);
@@ -129,6 +132,21 @@ static char *greedy_reference(const char *prompt, int n_predict) {
     kiln_tokens_free(&t);
     kiln_tokens_free(&gen);
     return st ? NULL : text;
+}
+
+/* The same for a prompt's text, as /completion tokenizes it (BOS added, special tokens parsed). */
+static char *greedy_reference(const char *prompt, int n_predict) {
+    kiln_tokens t = {0};
+    if (kiln_tokenizer_encode(kiln_model_tokenizer(model), prompt, strlen(prompt), true, true, &t)) return NULL;
+    return greedy_reference_ids(t, n_predict);
+}
+
+/* The same for messages in the server's template (chatml: the bundled model has none of its own). */
+static char *greedy_reference_chat(const kiln_chat_msg *msgs, size_t n, int n_predict) {
+    kiln_chat_template tmpl;
+    kiln_tokens t = {0};
+    if (kiln_chat_template_from_name("chatml", model, &tmpl) || kiln_chat_tokenize(&tmpl, kiln_model_tokenizer(model), msgs, n, true, &t)) return NULL;
+    return greedy_reference_ids(t, n_predict);
 }
 
 static srv_server *srv2; /* 2 slots of 128 positions, no key, metrics on, slot files in /tmp */
@@ -165,6 +183,24 @@ static void test_routes_errors(void) {
         {"/tokenize", "{\"content\": 3}", "content"},
         {"/detokenize", "{\"tokens\": \"abc\"}", "tokens"},
         {"/api/generate", "{\"prompt\": \"x\", \"options\": {\"top_k\": 1.5}}", "top_k"},
+        {"/api/generate", "{\"prompt\": 5}", "prompt"},
+        {"/api/generate", "{\"prompt\": \"x\", \"system\": 5}", "system"},
+        {"/api/generate", "{\"prompt\": \"x\", \"raw\": \"yes\"}", "raw"},
+        {"/api/generate", "{\"prompt\": \"x\", \"raw\": true, \"system\": \"Be brief.\"}", "system"}, /* raw has no template for it */
+        {"/api/generate", "{\"prompt\": \"x\", \"template\": \"{{ .Prompt }}\"}", "template"}, /* no Go templates */
+        {"/api/generate", "{\"prompt\": \"x\", \"template\": 3}", "template"},
+        {"/api/generate", "{\"prompt\": \"x\", \"format\": \"json\"}", "format"},
+        {"/api/generate", "{\"prompt\": \"x\", \"images\": [\"aGk=\"]}", "images"},
+        {"/api/generate", "{\"prompt\": \"x\", \"suffix\": \"end\"}", "suffix"},
+        {"/api/generate", "{\"prompt\": \"x\", \"context\": [1, 2]}", "context"},
+        {"/api/chat", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"format\": {\"type\": \"object\"}}", "format"},
+        {"/api/chat", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\"}]}", "tools"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}", "tools"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": \"f\"}", "tools"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": \"required\"}", "tool_choice"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"f\"}}}", "tool_choice"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"functions\": [{\"name\": \"f\"}]}", "functions"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"function_call\": {\"name\": \"f\"}}", "function_call"},
         {"/slots/0?action=save", "{\"filename\": \"../escape.bin\"}", "filename"},
         {"/slots/0?action=save", "{\"filename\": \"a/b\"}", "filename"},
         {"/slots/0?action=fly", "{}", "action"},
@@ -309,6 +345,14 @@ static void test_oai_chat_and_stream(void) {
     free(all);
     CHECK(strcmp(acc, ref) == 0, "streamed '%s' vs '%s'", acc, ref);
     CHECK(finish_seen && usage_seen);
+    /* no tools offered and no call forced: accepted, the same answer */
+    r = req(srv2, "POST", "/v1/chat/completions",
+            "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \"Hello\"}],"
+            " \"max_tokens\": 12, \"temperature\": 0, \"tools\": [], \"tool_choice\": \"auto\", \"functions\": null, \"function_call\": \"none\"}", NULL);
+    j = parse(&r);
+    content = json_string_value(json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"), "content"));
+    CHECK(r.status == 200 && content && strcmp(content, ref) == 0, "%d %s", r.status, r.body ? r.body : "");
+    json_decref(j), srv_response_free(&r);
     free(ref);
 }
 
@@ -354,7 +398,7 @@ static void test_llama_routes(void) {
 }
 
 static void test_ollama_routes(void) {
-    srv_response r = req(srv2, "POST", "/api/generate", "{\"model\": \"m\", \"prompt\": \"ROMEO:\", \"options\": {\"num_predict\": 6, \"temperature\": 0}}", NULL);
+    srv_response r = req(srv2, "POST", "/api/generate", "{\"model\": \"m\", \"prompt\": \"ROMEO:\", \"raw\": true, \"options\": {\"num_predict\": 6, \"temperature\": 0}}", NULL);
     CHECK(r.status == 200 && r.stream && strcmp(r.content_type, "application/x-ndjson") == 0);
     char *all = drain(r.stream), acc[512] = "";
     srv_response_free(&r);
@@ -371,8 +415,36 @@ static void test_ollama_routes(void) {
     char *ref = greedy_reference("ROMEO:", 6);
     CHECK(ref && strcmp(acc, ref) == 0, "'%s' vs '%s'", acc, ref ? ref : "");
     free(ref);
-    r = req(srv2, "POST", "/api/chat", "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"stream\": false, \"options\": {\"num_predict\": 4}}", NULL);
+    /* not raw: the prompt is a user message in the template, after the system message when one is given */
+    const struct {
+        const char *body;
+        kiln_chat_msg msgs[2];
+        size_t n;
+    } tmpl[] = {
+        {"{\"prompt\": \"ROMEO:\", \"stream\": false, \"options\": {\"num_predict\": 6, \"temperature\": 0}}", {{"user", "ROMEO:"}}, 1},
+        {"{\"prompt\": \"Hello\", \"system\": \"Be brief.\", \"raw\": false, \"stream\": false, \"options\": {\"num_predict\": 6, \"temperature\": 0}}",
+         {{"system", "Be brief."}, {"user", "Hello"}}, 2},
+    };
+    for (size_t i = 0; i < sizeof tmpl / sizeof *tmpl; i++) {
+        r = req(srv2, "POST", "/api/generate", tmpl[i].body, NULL);
+        json_t *j = parse(&r);
+        const char *got = json_string_value(json_object_get(j, "response"));
+        ref = greedy_reference_chat(tmpl[i].msgs, tmpl[i].n, 6);
+        CHECK(r.status == 200 && json_is_true(json_object_get(j, "done")) && json_integer_value(json_object_get(j, "eval_count")) == 6, "%s", r.body);
+        CHECK(got && ref && strcmp(got, ref) == 0, "%s: '%s' vs '%s'", tmpl[i].body, got ? got : "", ref ? ref : "");
+        free(ref);
+        json_decref(j), srv_response_free(&r);
+    }
+    /* an empty prompt: Ollama's "load" answer, one object, nothing generated */
+    r = req(srv2, "POST", "/api/generate", "{\"model\": \"m\"}", NULL);
     json_t *j = parse(&r);
+    CHECK(r.status == 200 && !r.stream && json_is_true(json_object_get(j, "done")), "%d %s", r.status, r.body ? r.body : "");
+    CHECK(strcmp(json_string_value(json_object_get(j, "done_reason")) ? json_string_value(json_object_get(j, "done_reason")) : "", "load") == 0 &&
+          strcmp(json_string_value(json_object_get(j, "response")) ? json_string_value(json_object_get(j, "response")) : "x", "") == 0, "%s", r.body);
+    json_decref(j), srv_response_free(&r);
+    r = req(srv2, "POST", "/api/chat", "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"stream\": false, \"format\": \"\", \"tools\": [],"
+                                       " \"options\": {\"num_predict\": 4}}", NULL); /* the empty unsupported fields pass */
+    j = parse(&r);
     CHECK(r.status == 200 && json_is_true(json_object_get(j, "done")) && json_is_string(json_object_get(json_object_get(j, "message"), "content")));
     json_decref(j), srv_response_free(&r);
 }

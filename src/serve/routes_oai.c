@@ -6,8 +6,30 @@
 #include <string.h>
 #include <time.h>
 
+/* Function calling needs a tool-call parser kiln does not have: a chat request that offers tools (tools, or the
+ * legacy functions) or forces a call (tool_choice, function_call) gets a 400, never an answer that silently ignored
+ * them. null, an empty list and the choices "none" and "auto" (with nothing to call, both mean no call) pass. */
+static const struct {
+    const char *name;
+    bool choice; /* a choice ("none", "auto" or a function to call) rather than a list of tools */
+} TOOL_FIELDS[] = {{"tools", false}, {"functions", false}, {"tool_choice", true}, {"function_call", true}};
+
+static bool no_tools(json_t *body, srv_response *rs) {
+    for (size_t i = 0; i < sizeof TOOL_FIELDS / sizeof *TOOL_FIELDS; i++) {
+        const char *f = TOOL_FIELDS[i].name, *c;
+        json_t *v = json_object_get(body, f);
+        if (!v || json_is_null(v)) continue;
+        if (TOOL_FIELDS[i].choice ? (c = json_string_value(v)) && (!strcmp(c, "none") || !strcmp(c, "auto"))
+                                  : json_is_array(v) && json_array_size(v) == 0) continue;
+        if (!TOOL_FIELDS[i].choice && !json_is_array(v)) srv_error(rs, 400, f, "%s must be an array", f);
+        else srv_error(rs, 400, f, "%s: function calling is not supported by kiln serve", f);
+        return false;
+    }
+    return true;
+}
+
 /* The fields both routes share beyond the generation's: n (1 only), stream, stream_options, logprobs,
- * response_format. *stream and extra get what srv_run_job needs. */
+ * response_format, and the chat route's tool fields (none). *stream and extra get what srv_run_job needs. */
 static bool oai_fields(srv_server *s, json_t *body, srv_job *j, bool chat, bool *stream, json_t *extra, srv_response *rs) {
     json_t *v;
     if (!srv_parse_gen(s, body, j, rs)) return false;
@@ -44,6 +66,7 @@ static bool oai_fields(srv_server *s, json_t *body, srv_job *j, bool chat, bool 
         return false;
     }
     if (j->want_toks) json_object_set_new(extra, "logprobs", json_true());
+    if (chat && !no_tools(body, rs)) return false;
     if ((v = json_object_get(body, "response_format")) && !json_is_null(v)) {
         const char *t = json_string_value(json_object_get(v, "type"));
         if (!t || strcmp(t, "text")) {

@@ -1,6 +1,8 @@
 /* routes_ollama.c: Ollama's POST /api/generate, POST /api/chat (NDJSON streaming by default, as Ollama) and
  * GET /api/tags, with its field names: options{} for sampling, response / message.content, and the last record's
- * done, done_reason and counts (nanosecond durations). */
+ * done, done_reason and counts (nanosecond durations). /api/generate formats its prompt as Ollama does: a user
+ * message in the model's chat template, after the system message `system` when given; `raw: true` takes the
+ * prompt's text as it is (with the model's BOS). Fields kiln does not implement (format, tools, images, ...) get a 400. */
 #include "serve/serve.h"
 
 #include <stdio.h>
@@ -48,6 +50,77 @@ void srv_frames_ollama(srv_stream *st, json_t *frames, const srv_job *j, const c
     json_array_append_new(frames, o);
 }
 
+/* A string field of /api/generate: *out is NULL when absent or null, else the string (without NUL bytes). */
+static bool string_field(json_t *body, const char *name, const char **out, srv_response *rs) {
+    json_t *v = json_object_get(body, name);
+    *out = NULL;
+    if (!v || json_is_null(v)) return true;
+    if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v)) {
+        srv_error(rs, 400, name, "%s must be a string without NUL bytes", name);
+        return false;
+    }
+    *out = json_string_value(v);
+    return true;
+}
+
+/* Ollama's fields kiln serve does not implement: a value other than null, "", [] or {} gets a 400 naming the field,
+ * never an answer that silently ignored it. */
+static const struct {
+    const char *name;
+    bool generate, chat; /* the routes that take it */
+    const char *why;
+} UNSUPPORTED[] = {
+    {"template", true, false, "a Go template overriding the model's; kiln serve formats prompts with the model's chat template only"},
+    {"format", true, true, "structured output (JSON or a schema) needs a grammar engine kiln does not have"},
+    {"tools", false, true, "function calling is not supported by kiln serve"},
+    {"images", true, false, "kiln serve's models take text only"},
+    {"suffix", true, false, "fill-in-the-middle is not supported by kiln serve"},
+    {"context", true, false, "the deprecated context of a previous answer is not supported: send the conversation to /api/chat"},
+};
+
+static bool supported(json_t *body, bool chat, srv_response *rs) {
+    for (size_t i = 0; i < sizeof UNSUPPORTED / sizeof *UNSUPPORTED; i++) {
+        json_t *v = json_object_get(body, UNSUPPORTED[i].name);
+        if (!(chat ? UNSUPPORTED[i].chat : UNSUPPORTED[i].generate) || !v || json_is_null(v)) continue;
+        if ((json_is_string(v) && !json_string_length(v)) || (json_is_array(v) && !json_array_size(v)) || (json_is_object(v) && !json_object_size(v))) continue;
+        srv_error(rs, 400, UNSUPPORTED[i].name, "%s is not supported: %s", UNSUPPORTED[i].name, UNSUPPORTED[i].why);
+        return false;
+    }
+    return true;
+}
+
+/* /api/generate's prompt p (a string, or NULL when absent) into token ids: in the chat template as a user message,
+ * after the system message `system` when one is given, unless raw is true (then the text as it is, as /completion
+ * takes it). An empty prompt leaves t empty (no tokens): the caller's "load" answer. `system` with raw is refused,
+ * since raw applies no formatting to place it in. */
+static bool generate_prompt(srv_server *s, json_t *body, json_t *p, kiln_tokens *t, srv_response *rs) {
+    json_t *v = json_object_get(body, "raw");
+    const char *sys;
+    if (v && !json_is_null(v) && !json_is_boolean(v)) {
+        srv_error(rs, 400, "raw", "raw must be a boolean");
+        return false;
+    }
+    bool raw = json_is_true(v);
+    if (!string_field(body, "system", &sys, rs)) return false;
+    if (raw && sys && *sys) {
+        srv_error(rs, 400, "system", "system cannot be used with raw: true, which applies no template to put it in");
+        return false;
+    }
+    if (!json_string_length(p)) return true;
+    if (raw) return srv_parse_prompt(s, p, "prompt", t, rs);
+    if (strlen(json_string_value(p)) != json_string_length(p)) {
+        srv_error(rs, 400, "prompt", "prompt holds a NUL byte");
+        return false;
+    }
+    kiln_chat_msg m[2] = {{"system", sys}, {"user", json_string_value(p)}};
+    bool with_sys = sys && *sys; /* "" is no system message, as Ollama's */
+    if (kiln_chat_tokenize(&s->tmpl, s->tok, m + !with_sys, 1 + with_sys, true, t)) {
+        srv_error(rs, 400, "prompt", "prompt: %s", kiln_last_error());
+        return false;
+    }
+    return true;
+}
+
 static void ollama_route(srv_server *s, const srv_request *rq, srv_response *rs, bool chat) {
     json_t *body = srv_body_object(rq, rs), *v;
     srv_job *j = srv_job_new();
@@ -57,6 +130,7 @@ static void ollama_route(srv_server *s, const srv_request *rq, srv_response *rs,
         if (!j) srv_error(rs, 500, NULL, "out of memory");
         goto out;
     }
+    if (!supported(body, chat, rs)) goto out;
     if ((v = json_object_get(body, "options")) && !json_is_null(v)) {
         if (!json_is_object(v)) {
             srv_error(rs, 400, "options", "options must be an object");
@@ -75,11 +149,17 @@ static void ollama_route(srv_server *s, const srv_request *rq, srv_response *rs,
         if (!srv_parse_messages(s, json_object_get(body, "messages"), &t, rs)) goto out;
     } else {
         json_t *p = json_object_get(body, "prompt");
-        if (!json_is_string(p)) {
+        if (p && !json_is_null(p) && !json_is_string(p)) {
             srv_error(rs, 400, "prompt", "prompt must be a string");
             goto out;
         }
-        if (!srv_parse_prompt(s, p, "prompt", &t, rs)) goto out;
+        if (!generate_prompt(s, body, p, &t, rs)) goto out;
+        if (t.n == 0) { /* Ollama's answer to an empty prompt: the model is loaded, nothing generated (one object) */
+            json_t *o = record(s, false, "", 0, true);
+            json_object_set_new(o, "done_reason", json_string("load"));
+            srv_json(rs, 200, o);
+            goto out;
+        }
     }
     j->prompt = t.ids, j->n_prompt = t.n, t.ids = NULL;
     if (!srv_run_job(s, rq, j, stream, chat ? SRV_FMT_OLLAMA_CHAT : SRV_FMT_OLLAMA_GEN, srv_frames_ollama, NULL, rs)) goto out;

@@ -138,6 +138,21 @@ def c_errors():
     expect_400(cmpl, {"model": m, "prompt": "x", "top_k": -5}, "top_k")
     expect_400("/completion", {"prompt": "x", "n_predict": "many"}, "n_predict")
     expect_400("/completion", {"prompt": [1, -4]}, "prompt")
+    # function calling is refused, never silently ignored
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}
+    expect_400(chat, {"model": m, "messages": user, "tools": [tool]}, "tools")
+    expect_400(chat, {"model": m, "messages": user, "tool_choice": "required"}, "tool_choice")
+    expect_400(chat, {"model": m, "messages": user, "functions": [tool["function"]]}, "functions")
+    r = SRV.json("POST", chat, {"model": m, "messages": user, "max_tokens": 2, "tools": [], "tool_choice": "none"})
+    check(r.get("choices"), f"tools [] with tool_choice none: {h.one_line(json.dumps(r))}")
+    # Ollama's generate: a field of the wrong type, system with raw, a Go template override
+    gen = "/api/generate"
+    expect_400(gen, {"model": m, "prompt": "x", "system": ["a"]}, "system")
+    expect_400(gen, {"model": m, "prompt": "x", "raw": 1}, "raw")
+    expect_400(gen, {"model": m, "prompt": "x", "raw": True, "system": "Be brief."}, "system")
+    expect_400(gen, {"model": m, "prompt": "x", "template": "{{ .System }} {{ .Prompt }}"}, "template")
+    expect_400(gen, {"model": m, "prompt": "x", "format": "json"}, "format")
+    expect_400("/api/chat", {"model": m, "messages": user, "tools": [tool]}, "tools")
     # a prompt longer than one slot's context
     long_prompt = " ".join(["the"] * (2 * A.slot_ctx))  # about one token a word: twice the slot's context
     expect_400(cmpl, {"model": m, "prompt": long_prompt, "max_tokens": 4}, "prompt")
@@ -150,6 +165,11 @@ def c_errors():
         raise Fail("temperature -1 was accepted by the server")
     except openai.BadRequestError as e:
         check(e.status_code == 400, f"status {e.status_code}")
+    try:
+        openai_client().chat.completions.create(model=m, messages=user, tools=[tool])
+        raise Fail("tools were accepted by the server")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and "tools" in str(e), f"tools: {e}")
     # the server still answers
     r = openai_client().completions.create(model=m, prompt=prompts()[0], max_tokens=2, temperature=0)
     check(r.usage.completion_tokens > 0, "no tokens after the errors")
@@ -390,6 +410,19 @@ def c_ollama():
     check(text == want, lambda: f"/api/generate '{h.one_line(text)}' != /completion '{h.one_line(want)}'")
     one = SRV.json("POST", "/api/generate", {"model": m, "prompt": prompts()[0], "raw": True, "options": opts, "stream": False})
     check(one.get("done") is True and one.get("response") == text, f"stream false: {h.one_line(json.dumps(one))}")
+    # not raw (Ollama's default): the prompt is a user message in the chat template, after `system` when given, so
+    # the greedy text is /v1/chat/completions' for the same messages
+    for system in (None, "Answer in one short sentence."):
+        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompts()[0]}]
+        want = openai_client().chat.completions.create(model=m, messages=msgs, max_tokens=8, temperature=0).choices[0].message.content
+        body = {"model": m, "prompt": prompts()[0], "options": opts, **({"system": system} if system else {})}
+        text = "".join(e.get("response", "") for e in ndjson("/api/generate", body))
+        check(text == want, lambda: f"/api/generate system={system!r}: '{h.one_line(text)}' != /v1/chat/completions '{h.one_line(want)}'")
+        one = SRV.json("POST", "/api/generate", {**body, "stream": False})
+        check(one.get("response") == want, lambda: f"/api/generate stream false, system={system!r}: {h.one_line(json.dumps(one))}")
+    # an empty prompt: Ollama's "load" answer, nothing generated
+    load = SRV.json("POST", "/api/generate", {"model": m})
+    check(load.get("done") is True and load.get("done_reason") == "load" and load.get("response") == "", f"empty prompt: {load!r}")
     ev = ndjson("/api/chat", {"model": m, "messages": [{"role": "user", "content": prompts()[1]}], "options": opts})
     check(all(e.get("message", {}).get("role") == "assistant" for e in ev[:-1]), "a chat record without an assistant message")
     text = "".join(e.get("message", {}).get("content", "") for e in ev)
