@@ -818,8 +818,10 @@ static kiln_status profile_step(void *arg) {
     c->h_io[0] = 1 % (int32_t)c->m->cfg.n_vocab;
     c->segs[0] = (kiln_llama_segment){&c->seq[0].kv, io_pos(c, c->d_io), 1};
     c->seg_seq[0] = 0;
+    io_seq(c, c->h_io)[0] = 0;
     c->out[0] = 0;
-    c->b = (kiln_llama_batch){.ids = c->d_io, .T = 1, .seg = c->segs, .n_seg = 1, .out = c->out, .n_out = 1};
+    c->b = (kiln_llama_batch){.ids = c->d_io, .T = 1, .seg = c->segs, .n_seg = 1, .seq = io_seq(c, c->d_io), .kv0 = &c->seq[0].kv,
+                              .kv_stride = c->seq_kv_bytes, .out = c->out, .n_out = 1}; /* as a decode step runs it */
     c->want_logits = false;
     c->want_next = true;
     c->staged = false;
