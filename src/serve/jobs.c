@@ -71,7 +71,10 @@ json_t *wb_job_json(const wb_job *j, bool events) {
                           "queue", j->queue, "params", j->params, "progress", j->progress ? json_incref(j->progress) : json_null(),
                           "outputs", j->outputs, "n_events", (json_int_t)j->n_seq);
     if (!o) return NULL;
-    json_object_set_new(o, "error", j->error[0] ? json_string(j->error) : json_null());
+    size_t n;
+    char *clean = j->error[0] ? srv_utf8_sanitize(j->error, strlen(j->error), &n) : NULL; /* may quote a path's bytes, or be cut */
+    json_object_set_new(o, "error", clean ? json_stringn(clean, n) : json_null());
+    free(clean);
     set_real(o, "created", j->created);
     if (j->started) set_real(o, "started", j->started);
     if (j->ended) set_real(o, "ended", j->ended);
