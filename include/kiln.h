@@ -866,6 +866,10 @@ typedef struct kiln_train_opts {
     bool out_best;           /* export at each evaluation that improves the validation loss, not at the end */
     const char *log_path;    /* JSONL log (NULL: none) */
     const char *name;        /* general.name of the outputs */
+    const int *cancel;       /* kiln_train_run: when *cancel becomes nonzero (another thread sets it, e.g. with
+                              * __atomic_store_n), the run stops after the current step: the checkpoint and the export
+                              * are written as at the end, and the run returns KILN_OK. One process only (a data
+                              * parallel run decides by rank 0's clock alone). NULL: never */
 } kiln_train_opts;
 
 /* Defaults: B 8, T 256, accumulation 1, 1000 steps, lr 1e-3 cosine to 1e-4 with 100 warmup steps over 1000, AdamW

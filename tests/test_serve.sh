@@ -149,7 +149,9 @@ assert [r["clients"] for r in rows] == [1, 2], rows
 for r in rows:
     assert r["engine"] == "kiln" and r["errors"] == 0 and r["tokens"] == 8 * r["clients"], r
     assert r["tok_s"] > 0 and 0 < r["ttft_p50_ms"] <= r["ttft_p99_ms"] and 0 <= r["itl_p50_ms"] <= r["itl_p99_ms"], r
-    assert r["itl_p99_ms"] > 0, r  # events that come in one read share a time: gaps of 0 are real, not all of them
+# events that come in one read share a time: gaps of 0 are real, and on a loaded machine the 8 tokens of one client may all
+# come in one read (seen with the binary of main too), so only some row must show a gap
+assert any(r["itl_p99_ms"] > 0 for r in rows), rows
 assert any(l.split()[:1] == ["2"] for l in open(sys.argv[1]) if not l.startswith("{")), "no table row for 2 clients"
 ' "$tmp/bench.out"
     local a

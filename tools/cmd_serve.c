@@ -2,8 +2,11 @@
  * APIs (src/serve/), with llama-server's flag names: -c is the total context and each of the -np slots gets c / np
  * positions, as llama-server without --kv-unified. It binds loopback unless --host says otherwise, prints
  * "kiln serve: listening on http://HOST:PORT" on stderr once it accepts (--port 0: a free port, the one printed), and
- * on SIGTERM or SIGINT stops accepting, lets the requests in flight finish and exits 0. */
+ * on SIGTERM or SIGINT stops accepting, lets the requests in flight finish and exits 0. --workbench adds the
+ * workbench's job API under /wb/ (src/serve/routes_wb.c, jobs.c) over --data-dir (./kiln-workbench); -m is then
+ * optional, and without it the model routes answer 503. */
 #include "kiln.h"
+#include "serve/jobs.h"
 #include "serve/serve.h"
 #include "tools/cmd.h"
 
@@ -17,7 +20,8 @@ static const char usage_line[] =
     "kiln: usage: kiln serve -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [-np SLOTS (1)] [-c CTX (the model's, at most 16384)]\n"
     "                  [-b BATCH (512)] [-t THREADS] [--gpu | -ngl N] [--api-key KEY | --api-key-file F] [--slot-save-path DIR]\n"
     "                  [--metrics] [--timeout S] [--chat-template NAME] [--alias NAME] [--queue N (4 x SLOTS)]\n"
-    "                  [-ctk TYPE] [-ctv TYPE] (f16, f32, bf16, q8_0, q4_0)\n";
+    "                  [-ctk TYPE] [-ctv TYPE] (f16, f32, bf16, q8_0, q4_0)\n"
+    "       kiln serve --workbench [--data-dir DIR (./kiln-workbench)] [--examples-dir DIR (../shared/data/corpora)] [-m MODEL.gguf] ...\n";
 
 #define DEFAULT_MAX_CTX 16384
 
@@ -40,8 +44,49 @@ static char *read_key(const char *path) {
     return strdup(buf);
 }
 
+static void block_signals(sigset_t *sigs) {
+    /* SIGINT and SIGTERM go to this thread alone (sigwait): every thread made from here on blocks them */
+    sigemptyset(sigs);
+    sigaddset(sigs, SIGINT);
+    sigaddset(sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+/* kiln serve --workbench without -m: the workbench's routes, the model routes 503. Takes key. */
+static int serve_workbench_only(const srv_opts *o, const char *host, int port, const char *data_dir, const char *examples_dir, char *key) {
+    sigset_t sigs;
+    block_signals(&sigs);
+    wb *w = NULL;
+    srv_server *srv = NULL;
+    srv_http *http = NULL;
+    int bound = 0;
+    kiln_status s = wb_new(data_dir, examples_dir, &w);
+    if (!s) s = srv_server_new(NULL, NULL, o, &(srv_sched_params){0}, &srv);
+    if (srv) srv->wb = w;
+    if (!s) s = srv_http_start(srv, host, port, &bound, &http);
+    if (s) {
+        srv_server_free(srv), wb_free(w, 0), free(key);
+        return kiln_cli_die(s);
+    }
+    fprintf(stderr, "kiln serve: workbench over %s (%zu jobs), no model\n", data_dir, w->n_jobs);
+    fprintf(stderr, "kiln serve: listening on http://%s%s%s:%d\n", strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", bound);
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "kiln serve: %s: draining the requests in flight\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    wb_close(w);
+    srv_http_stop(http, o->timeout_s > 0 ? o->timeout_s : 600);
+    srv_server_free(srv);
+    wb_free(w, 30);
+    free(key);
+    fprintf(stderr, "kiln serve: stopped\n");
+    return 0;
+}
+
 int kiln_cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *host = "127.0.0.1", *key_file = NULL;
+    const char *data_dir = "kiln-workbench", *examples_dir = "../shared/data/corpora";
+    bool workbench = false;
     srv_opts o = {0};
     int port = 8080, n_slots = 1, queue = 0;
     int64_t n_ctx = 0;
@@ -74,6 +119,9 @@ int kiln_cmd_serve(int argc, char **argv) {
         {"--alias", KILN_CLI_STR, &o.alias, 0, 0},
         {"-a", KILN_CLI_STR, &o.alias, 0, 0},
         {"--queue", KILN_CLI_INT, &queue, 0, 1 << 20},
+        {"--workbench", KILN_CLI_FLAG, &workbench, 0, 0},
+        {"--data-dir", KILN_CLI_STR, &data_dir, 0, 0},
+        {"--examples-dir", KILN_CLI_STR, &examples_dir, 0, 0},
     }; /* then -ctk/-ctv */
     int n_opts = 0, n_pos = 0;
     while (opts[n_opts].name) n_opts++;
@@ -82,10 +130,11 @@ int kiln_cmd_serve(int argc, char **argv) {
         fputs(usage_line, stderr);
         return 1;
     }
-    if (!model_path) {
+    if (!model_path && !workbench) {
         fputs(usage_line, stderr);
-        return kiln_cli_error("serve: -m MODEL.gguf is required");
+        return kiln_cli_error("serve: -m MODEL.gguf is required (or --workbench)");
     }
+    if (!data_dir[0]) return kiln_cli_error("serve: --data-dir is empty");
     if (o.api_key && key_file) return kiln_cli_error("serve: give --api-key or --api-key-file, not both");
     if (o.api_key && !o.api_key[0]) return kiln_cli_error("serve: --api-key is empty");
     char *key = NULL;
@@ -97,10 +146,16 @@ int kiln_cmd_serve(int argc, char **argv) {
     }
     if (gpu) sp.n_gpu_layers = INT32_MAX;
 
+    if (!model_path) return serve_workbench_only(&o, host, port, data_dir, examples_dir, key);
     kiln_model *m;
     kiln_status s = kiln_model_load(model_path, &m);
     if (s) {
         free(key);
+        return kiln_cli_die(s);
+    }
+    wb *w = NULL;
+    if (workbench && (s = wb_new(data_dir, examples_dir, &w))) {
+        kiln_model_free(m), free(key);
         return kiln_cli_die(s);
     }
     if (!n_ctx) n_ctx = kiln_model_n_ctx_train(m) < DEFAULT_MAX_CTX ? kiln_model_n_ctx_train(m) : DEFAULT_MAX_CTX;
@@ -117,23 +172,21 @@ int kiln_cmd_serve(int argc, char **argv) {
     int bound = 0;
     o.model_path = model_path;
     srv_sched_params schp = {.queue_max = queue};
-    /* SIGINT and SIGTERM go to this thread alone (sigwait below): every thread made from here on blocks them */
     sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    block_signals(&sigs);
     s = kiln_context_new(m, &cp, &c);
     if (!s) s = srv_server_new(m, c, &o, &schp, &srv);
     else c = NULL;
     if (s && c && !srv) kiln_context_free(c);
+    if (srv) srv->wb = w;
     if (!s) s = srv_http_start(srv, host, port, &bound, &http);
     if (s) {
         srv_server_free(srv);
+        wb_free(w, 0);
         kiln_model_free(m), free(key);
         return kiln_cli_die(s);
     }
+    if (w) fprintf(stderr, "kiln serve: workbench over %s (%zu jobs)\n", data_dir, w->n_jobs);
     fprintf(stderr, "kiln serve: %d slot%s of %lld positions, batch %lld, %s, chat template %s\n", n_slots, n_slots == 1 ? "" : "s",
             (long long)sp.n_ctx, (long long)kiln_context_n_batch(c), kiln_context_on_gpu(c) ? "GPU" : "CPU",
             kiln_chat_family_name(srv->tmpl.family));
@@ -141,8 +194,10 @@ int kiln_cmd_serve(int argc, char **argv) {
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "kiln serve: %s: draining the requests in flight\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    if (w) wb_close(w); /* event streams end, trains stop after their step */
     srv_http_stop(http, o.timeout_s > 0 ? o.timeout_s : 600);
     srv_server_free(srv);
+    wb_free(w, 30);
     kiln_model_free(m);
     free(key);
     fprintf(stderr, "kiln serve: stopped\n");

@@ -14,6 +14,17 @@
 
 kiln_status srv_server_new(const kiln_model *m, kiln_context *c, const srv_opts *o, const srv_sched_params *sp, srv_server **out) {
     *out = NULL;
+    if (!m) { /* the workbench without a model: no scheduler, no template */
+        srv_server *s = calloc(1, sizeof *s);
+        if (!s) return KILN_ERR_NOMEM;
+        s->o = *o;
+        if (!s->o.max_body) s->o.max_body = 8u << 20;
+        s->created = (int64_t)time(NULL);
+        pthread_mutex_init(&s->mu, NULL);
+        snprintf(s->model_name, sizeof s->model_name, "none");
+        *out = s;
+        return KILN_OK;
+    }
     if (!kiln_model_tokenizer(m)) return kiln_fail(KILN_ERR_INVALID, "serve: the model has no tokenizer (tokenizer.ggml.* keys)");
     srv_server *s = calloc(1, sizeof *s);
     if (!s) return KILN_ERR_NOMEM;
@@ -65,6 +76,7 @@ void srv_new_id(srv_server *s, const char *prefix, char *buf, size_t cap) {
 
 void srv_response_free(srv_response *rs) {
     free(rs->body);
+    if (rs->read_free) rs->read_free(rs->read_ud);
     srv_stream_free(rs->stream);
     memset(rs, 0, sizeof *rs);
 }

@@ -22,26 +22,34 @@ static const struct {
     route_fn fn;
     bool open;   /* no API key needed (llama-server's public endpoints) */
     bool prefix; /* path + "{id}" */
+    bool model;  /* needs the model: 503 on a server without one (the workbench's) */
 } ROUTES[] = {
-    {"GET", "/health", srv_route_health, true, false},
-    {"GET", "/v1/health", srv_route_health, true, false},
-    {"POST", "/v1/chat/completions", srv_route_oai_chat, false, false},
-    {"POST", "/chat/completions", srv_route_oai_chat, false, false},
-    {"POST", "/v1/completions", srv_route_oai_completions, false, false},
-    {"POST", "/completions", srv_route_oai_completions, false, false},
-    {"GET", "/v1/models", srv_route_oai_models, false, false},
-    {"GET", "/models", srv_route_oai_models, false, false},
-    {"POST", "/completion", srv_route_completion, false, false},
-    {"POST", "/tokenize", srv_route_tokenize, false, false},
-    {"POST", "/detokenize", srv_route_detokenize, false, false},
-    {"POST", "/apply-template", srv_route_apply_template, false, false},
-    {"GET", "/props", srv_route_props, false, false},
-    {"GET", "/slots", srv_route_slots, false, false},
-    {"POST", "/slots/", srv_route_slot_action, false, true},
-    {"GET", "/metrics", srv_route_metrics, false, false},
-    {"POST", "/api/generate", srv_route_ollama_generate, false, false},
-    {"POST", "/api/chat", srv_route_ollama_chat, false, false},
-    {"GET", "/api/tags", srv_route_ollama_tags, false, false},
+    {"GET", "/health", srv_route_health, true, false, false},
+    {"GET", "/v1/health", srv_route_health, true, false, false},
+    {"POST", "/v1/chat/completions", srv_route_oai_chat, false, false, true},
+    {"POST", "/chat/completions", srv_route_oai_chat, false, false, true},
+    {"POST", "/v1/completions", srv_route_oai_completions, false, false, true},
+    {"POST", "/completions", srv_route_oai_completions, false, false, true},
+    {"GET", "/v1/models", srv_route_oai_models, false, false, true},
+    {"GET", "/models", srv_route_oai_models, false, false, true},
+    {"POST", "/completion", srv_route_completion, false, false, true},
+    {"POST", "/tokenize", srv_route_tokenize, false, false, true},
+    {"POST", "/detokenize", srv_route_detokenize, false, false, true},
+    {"POST", "/apply-template", srv_route_apply_template, false, false, true},
+    {"GET", "/props", srv_route_props, false, false, true},
+    {"GET", "/slots", srv_route_slots, false, false, true},
+    {"POST", "/slots/", srv_route_slot_action, false, true, true},
+    {"GET", "/metrics", srv_route_metrics, false, false, true},
+    {"POST", "/api/generate", srv_route_ollama_generate, false, false, true},
+    {"POST", "/api/chat", srv_route_ollama_chat, false, false, true},
+    {"GET", "/api/tags", srv_route_ollama_tags, false, false, true},
+    {"POST", "/wb/corpora", srv_route_wb_corpora_post, false, false, false},
+    {"GET", "/wb/corpora", srv_route_wb_corpora_get, false, false, false},
+    {"POST", "/wb/jobs", srv_route_wb_jobs_post, false, false, false},
+    {"GET", "/wb/jobs", srv_route_wb_jobs_get, false, false, false},
+    {"GET", "/wb/jobs/", srv_route_wb_job_get, false, true, false},
+    {"POST", "/wb/jobs/", srv_route_wb_job_post, false, true, false},
+    {"GET", "/wb/runs", srv_route_wb_runs_get, false, false, false},
 };
 
 static const char *header(const srv_request *rq, const char *name) {
@@ -81,6 +89,10 @@ void srv_handle(srv_server *s, const srv_request *rq, srv_response *rs) {
         }
         if (rq->n_body > s->o.max_body) {
             srv_error(rs, 413, NULL, "the body has %zu bytes, more than the limit of %zu", rq->n_body, s->o.max_body);
+            return;
+        }
+        if (ROUTES[i].model && !s->m) {
+            srv_error(rs, 503, NULL, "no model loaded: the workbench's jobs still work (start kiln serve with -m MODEL.gguf for %s)", ROUTES[i].path);
             return;
         }
         ROUTES[i].fn(s, rq, rs);
@@ -143,19 +155,23 @@ static enum MHD_Result collect(void *cls, enum MHD_ValueKind kind, const char *k
 
 /* A streamed body's reader: the stream and the connection it goes to (valid while MHD calls the reader). */
 typedef struct {
-    srv_stream *st;
+    srv_stream *st; /* a job's stream, or NULL for a route's own reader: */
+    long (*read)(void *ud, char *buf, size_t cap, bool (*alive)(void *), void *alive_ud);
+    void (*read_free)(void *ud);
+    void *read_ud;
     struct MHD_Connection *conn;
 } reader;
 
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     reader *r = cls;
-    long k = srv_stream_read(r->st, buf, max, conn_alive, r->conn);
+    long k = r->st ? srv_stream_read(r->st, buf, max, conn_alive, r->conn) : r->read(r->read_ud, buf, max, conn_alive, r->conn);
     return k > 0 ? (ssize_t)k : k == 0 ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
 }
 
 static void stream_free(void *cls) { /* the response is done, sent or not: a job still running is cancelled */
     reader *r = cls;
     srv_stream_free(r->st);
+    if (r->read_free) r->read_free(r->read_ud);
     free(r);
 }
 
@@ -164,7 +180,12 @@ static enum MHD_Result send_response(conn_ctx *c, srv_response *rs, const char *
     if (rs->stream) {
         reader *rd = malloc(sizeof *rd);
         r = rd ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_reader, rd, stream_free) : NULL;
-        if (r) *rd = (reader){rs->stream, c->conn}, rs->stream = NULL; /* now MHD's, freed through stream_free */
+        if (r) *rd = (reader){.st = rs->stream, .conn = c->conn}, rs->stream = NULL; /* now MHD's, freed through stream_free */
+        else free(rd);
+    } else if (rs->read) {
+        reader *rd = malloc(sizeof *rd);
+        r = rd ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_reader, rd, stream_free) : NULL;
+        if (r) *rd = (reader){.read = rs->read, .read_free = rs->read_free, .read_ud = rs->read_ud, .conn = c->conn}, rs->read_free = NULL;
         else free(rd);
     } else {
         r = MHD_create_response_from_buffer(rs->n_body, rs->body, MHD_RESPMEM_MUST_COPY);

@@ -49,10 +49,17 @@ typedef struct srv_response {
     size_t n_body;
     int retry_after;          /* seconds; 0: no Retry-After */
     srv_stream *stream;       /* not NULL: the body comes from srv_stream_read */
+    /* not NULL: the body comes from read(read_ud, ...) as srv_stream_read's (> 0 bytes, 0 at the end, -1 when the
+     * client is gone), and read_free(read_ud) once it is done (the workbench's event streams) */
+    long (*read)(void *ud, char *buf, size_t cap, bool (*alive)(void *), void *alive_ud);
+    void (*read_free)(void *ud);
+    void *read_ud;
 } srv_response;
 
+struct wb;
 typedef struct srv_server {
     srv_opts o;
+    struct wb *wb;            /* the workbench's jobs (kiln serve --workbench; serve/jobs.h), or NULL; not owned */
     const kiln_model *m;
     const kiln_tokenizer *tok;
     kiln_context *c;
@@ -64,7 +71,8 @@ typedef struct srv_server {
     pthread_mutex_t mu;       /* seq */
 } srv_server;
 
-/* Takes c (freed by srv_server_free); m must outlive the server. */
+/* Takes c (freed by srv_server_free); m must outlive the server. m and c NULL: a server without a model (the
+ * workbench's), whose model routes answer 503. */
 kiln_status srv_server_new(const kiln_model *m, kiln_context *c, const srv_opts *o, const srv_sched_params *sp, srv_server **out);
 void srv_server_free(srv_server *s);
 void srv_handle(srv_server *s, const srv_request *rq, srv_response *rs);
@@ -122,6 +130,14 @@ void srv_route_metrics(srv_server *s, const srv_request *rq, srv_response *rs);
 void srv_route_ollama_generate(srv_server *s, const srv_request *rq, srv_response *rs);
 void srv_route_ollama_chat(srv_server *s, const srv_request *rq, srv_response *rs);
 void srv_route_ollama_tags(srv_server *s, const srv_request *rq, srv_response *rs);
+/* The workbench's routes (routes_wb.c): 404 unless s->wb is set. */
+void srv_route_wb_corpora_post(srv_server *s, const srv_request *rq, srv_response *rs);
+void srv_route_wb_corpora_get(srv_server *s, const srv_request *rq, srv_response *rs);
+void srv_route_wb_jobs_post(srv_server *s, const srv_request *rq, srv_response *rs);
+void srv_route_wb_jobs_get(srv_server *s, const srv_request *rq, srv_response *rs);
+void srv_route_wb_job_get(srv_server *s, const srv_request *rq, srv_response *rs);  /* /wb/jobs/ID, /wb/jobs/ID/events */
+void srv_route_wb_job_post(srv_server *s, const srv_request *rq, srv_response *rs); /* /wb/jobs/ID/stop */
+void srv_route_wb_runs_get(srv_server *s, const srv_request *rq, srv_response *rs);
 
 /* A streamed response: the job, and the bytes its emits formatted (SSE for OpenAI and llama-server, NDJSON for
  * Ollama) waiting for the connection, under the job's lock. */

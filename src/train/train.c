@@ -560,7 +560,8 @@ kiln_status kiln_train_run(const kiln_train_opts *o, kiln_progress_fn progress, 
                                  .val_loss = NAN, .val_ppl = NAN, .n_skipped = tr->st.n_skipped, .n_params = tr->impl->m->n_params,
                                  .state_bytes = state_bytes(tr), .act_bytes = tr->impl->ops->act_bytes(tr->impl)};
         p.eta_s = elapsed / (double)(tr->st.step - first_step) * (double)(o->steps - tr->st.step);
-        bool out_of_time = (o->time_budget_s > 0 && elapsed >= o->time_budget_s) || (o->stop_after > 0 && tr->st.step >= o->stop_after);
+        bool out_of_time = (o->time_budget_s > 0 && elapsed >= o->time_budget_s) || (o->stop_after > 0 && tr->st.step >= o->stop_after) ||
+                           (o->cancel && __atomic_load_n(o->cancel, __ATOMIC_RELAXED)); /* a stop asked by another thread */
         if (o->time_budget_s > 0 && (s = tr->impl->ops->agree(tr->impl, &out_of_time))) break; /* rank 0's clock decides */
         bool last = tr->st.step == o->steps || out_of_time;
         out_failed = log_line(&r, "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6g, \"tok_s\": %.1f, \"elapsed_s\": %.3f%s}\n",
