@@ -68,10 +68,12 @@ endif
 
 C_SRC   := $(wildcard src/*/*.c)
 CU_SRC  := $(if $(filter 1,$(CUDA)),$(filter-out $(if $(filter 11,$(CUDA)$(NCCL)),,src/cuda/dist.cu),$(wildcard src/cuda/*.cu)),)
-OBJ     := $(C_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+# The workbench's page (web/*), compiled in as $(BUILD)/wb_static.c (tools/bin2c.c; served by src/serve/routes_static.c).
+WEB_FILES := $(sort $(wildcard web/*))
+OBJ     := $(C_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o) $(BUILD)/wb_static.o
 # The shared library's objects: the same sources compiled position-independent into $(BUILD)/pic/, so that the
 # static library and the programs linked with it keep the faster non-PIC code.
-PIC_OBJ := $(C_SRC:%.c=$(BUILD)/pic/%.o) $(CU_SRC:%.cu=$(BUILD)/pic/%.cu.o)
+PIC_OBJ := $(C_SRC:%.c=$(BUILD)/pic/%.o) $(CU_SRC:%.cu=$(BUILD)/pic/%.cu.o) $(BUILD)/pic/wb_static.o
 ifeq ($(CUDA),1)
 CFLAGS += -DKILN_CUDA=1
 LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++
@@ -90,7 +92,7 @@ TESTS        := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 # Shell-driven tests (the build itself: preflight, install); tests/run.sh counts their lines as the programs'.
 SCRIPT_TESTS := $(wildcard tests/test_*.sh)
 BENCH_SRC    := $(wildcard bench/*.c)
-TOOL_SRC     := $(wildcard tools/*.c)
+TOOL_SRC     := $(filter-out tools/bin2c.c,$(wildcard tools/*.c))
 TOOL_OBJ     := $(TOOL_SRC:%.c=$(BUILD)/%.o) $(BENCH_SRC:%.c=$(BUILD)/%.o)
 
 .PHONY: all tests test clean fuzz fuzz-tokenize fuzz-shards fuzz-ckpt fuzz-serve demo preflight install uninstall
@@ -148,6 +150,19 @@ $(BUILD)/pic/%.o: %.c | $(PREFLIGHT)
 $(BUILD)/pic/%.cu.o: %.cu | $(PREFLIGHT)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC -MMD -MP -c $< -o $@
+
+# bin2c runs on the build machine: compiled with the host compiler, without the sanitizers, never linked into kiln.
+HOST_CC ?= cc
+$(BUILD)/bin2c: tools/bin2c.c | $(PREFLIGHT)
+	@mkdir -p $(dir $@)
+	$(HOST_CC) -std=c11 -O1 -Wall -Wextra -o $@ $<
+$(BUILD)/wb_static.c: $(WEB_FILES) $(BUILD)/bin2c
+	$(BUILD)/bin2c $@ $(WEB_FILES)
+$(BUILD)/wb_static.o: $(BUILD)/wb_static.c | $(PREFLIGHT)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/pic/wb_static.o: $(BUILD)/wb_static.c | $(PREFLIGHT)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -MMD -MP -c $< -o $@
 
 $(BUILD)/libkiln.a: $(OBJ)
 	@rm -f $@
@@ -278,6 +293,8 @@ define fuzz_lib_objs
 	  if [ ! -e $$o ] || [ $$f -nt $$o ]; then echo "  fuzz cc $$f"; \
 	    $(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 $$fl -Iinclude -Isrc -Isrc/core -c $$f -o $$o || exit 1; fi; \
 	done
+	@$(HOST_CC) -std=c11 -O1 -o build-fuzz/bin2c tools/bin2c.c && build-fuzz/bin2c build-fuzz/wb_static.c $(WEB_FILES)
+	@$(FUZZ_CC) -std=c11 -g -O1 -fsanitize=fuzzer-no-link,address,undefined -Isrc -c build-fuzz/wb_static.c -o build-fuzz/ckpt/wb_static.o
 endef
 fuzz-ckpt:
 	$(fuzz_lib_objs)

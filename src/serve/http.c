@@ -50,6 +50,9 @@ static const struct {
     {"GET", "/wb/jobs/", srv_route_wb_job_get, false, true, false},
     {"POST", "/wb/jobs/", srv_route_wb_job_post, false, true, false},
     {"GET", "/wb/runs", srv_route_wb_runs_get, false, false, false},
+    {"GET", "/", srv_route_wb_static, true, false, false},
+    {"GET", "/index.html", srv_route_wb_static, true, false, false},
+    {"GET", "/wb/ui/", srv_route_wb_static, true, true, false},
 };
 
 static const char *header(const srv_request *rq, const char *name) {
@@ -195,7 +198,8 @@ static enum MHD_Result send_response(conn_ctx *c, srv_response *rs, const char *
         return MHD_NO;
     }
     MHD_add_response_header(r, "Content-Type", rs->content_type ? rs->content_type : "application/json");
-    if (rs->status == 200 && strstr(rs->content_type ? rs->content_type : "", "event-stream")) MHD_add_response_header(r, "Cache-Control", "no-cache");
+    if (rs->no_cache || (rs->status == 200 && strstr(rs->content_type ? rs->content_type : "", "event-stream")))
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
     if (rs->retry_after) {
         char b[16];
         snprintf(b, sizeof b, "%d", rs->retry_after);

@@ -48,6 +48,7 @@ typedef struct srv_response {
     char *body;               /* (n_body) malloc'd */
     size_t n_body;
     int retry_after;          /* seconds; 0: no Retry-After */
+    bool no_cache;            /* Cache-Control: no-cache (the workbench's page) */
     srv_stream *stream;       /* not NULL: the body comes from srv_stream_read */
     /* not NULL: the body comes from read(read_ud, ...) as srv_stream_read's (> 0 bytes, 0 at the end, -1 when the
      * client is gone), and read_free(read_ud) once it is done (the workbench's event streams) */
@@ -138,6 +139,8 @@ void srv_route_wb_jobs_get(srv_server *s, const srv_request *rq, srv_response *r
 void srv_route_wb_job_get(srv_server *s, const srv_request *rq, srv_response *rs);  /* /wb/jobs/ID, /wb/jobs/ID/events */
 void srv_route_wb_job_post(srv_server *s, const srv_request *rq, srv_response *rs); /* /wb/jobs/ID/stop */
 void srv_route_wb_runs_get(srv_server *s, const srv_request *rq, srv_response *rs);
+/* The workbench's page (routes_static.c): GET /, /index.html, /wb/ui/FILE. */
+void srv_route_wb_static(srv_server *s, const srv_request *rq, srv_response *rs);
 
 /* A streamed response: the job, and the bytes its emits formatted (SSE for OpenAI and llama-server, NDJSON for
  * Ollama) waiting for the connection, under the job's lock. */
