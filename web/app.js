@@ -330,11 +330,14 @@ function renderJobs() {
   $("jobs-list").replaceChildren(...rows);
 }
 
+/* POST /wb/jobs/ID/ACTION: the job as the server answered, unless its events already told its end (they may come
+ * before this answer does). */
 async function jobAction(id, action) {
   const j = await api("POST", `/wb/jobs/${encodeURIComponent(id)}/${action}`);
-  if (j && j.id) ui.jobs.set(j.id, j);
+  const seen = ui.jobs.get(id);
+  if (j && j.id && !(seen && TERMINAL.has(seen.state))) ui.jobs.set(j.id, j);
   renderJobs();
-  return j;
+  return ui.jobs.get(id) || j;
 }
 
 function showError(e) {
@@ -453,7 +456,8 @@ $("tok-train").addEventListener("click", async () => {
       special: $("tok-special").value.split(/[\s,]+/).filter(Boolean),
       heldout_fraction: numField("tok-heldout"),
     };
-    if (body.heldout_fraction === undefined) delete body.heldout_fraction;
+    // the server's default (0.05) is left to the server, so that the field is sent only when it says something
+    if (body.heldout_fraction === undefined || body.heldout_fraction === 0.05) delete body.heldout_fraction;
     const j = await api("POST", "/wb/jobs", body);
     ui.jobs.set(j.id, j);
     renderJobs();
@@ -529,8 +533,9 @@ $("data-make").addEventListener("click", async () => {
 $("run-preset").addEventListener("change", () => { $("run-dims").hidden = $("run-preset").value !== "custom"; });
 
 function trainBody() {
-  const b = { kind: "train", name: $("run-name").value.trim(), data: $("run-data").value,
-    lr_schedule: $("run-schedule").value, device: $("run-device").value };
+  // a field left blank is the server's default, so it is not sent
+  const b = { kind: "train", name: $("run-name").value.trim(), data: $("run-data").value, device: $("run-device").value };
+  if ($("run-schedule").value) b.lr_schedule = $("run-schedule").value;
   if (!b.data) throw new Error("Make shards first (the Data card).");
   if ($("run-preset").value === "custom") {
     b.dims = { n_embd: numField("dim-embd"), n_layer: numField("dim-layer"), n_head: numField("dim-head"),
@@ -564,7 +569,8 @@ for (const a of ["pause", "resume", "stop"]) {
     try {
       const j = await jobAction(ui.trainJob.id, a);
       if (j && j.id) ui.trainJob = j;
-      msg("train-msg", a === "stop" ? "stopping after this step (its checkpoint is written)…" : a === "pause" ? "pausing…" : "resuming…");
+      if (TERMINAL.has(j.state)) showTrainState(j);
+      else msg("train-msg", a === "stop" ? "stopping after this step (its checkpoint is written)…" : a === "pause" ? "pausing…" : "resuming…");
       trainButtons();
     } catch (e) { msg("train-msg", e.message, "error"); }
   });
@@ -585,7 +591,11 @@ function followTrain(job) {
   trainButtons();
   showTrainState(job);
   watchJob(job, {
-    reset() { ui.chart = { train: [], val: [], steps: (job.params && job.params.steps) || 0 }; drawChart(); },
+    reset() {
+      ui.chart = { train: [], val: [], steps: (job.params && job.params.steps) || 0 };
+      $("train-progress").classList.remove("complete", "failed");
+      drawChart();
+    },
     progress(d) {
       if (d.stage === "train" || d.stage === "eval") trainPoint(d);
       else $("live-job").textContent = `${job.params.name || ""} · ${d.stage} ${fmt.int(d.done)} / ${fmt.int(d.total)}`;
@@ -593,6 +603,8 @@ function followTrain(job) {
     state(s) { ui.trainJob.state = s; trainButtons(); showTrainState(ui.trainJob); },
     end(j) {
       ui.trainJob = j;
+      $("train-progress").classList.toggle("complete", j.state === "done");
+      $("train-progress").classList.toggle("failed", j.state === "failed");
       trainButtons();
       showTrainState(j);
       drawChart();
@@ -897,7 +909,7 @@ async function loadInfo() {
   if (i.presets && i.presets.length) {
     setOptions($("run-preset"), i.presets.map((p) => [p.name, p.name + (p.dims ? ` (C ${p.dims.n_embd}, L ${p.dims.n_layer})` : "")]).concat([["custom", "custom"]]));
   }
-  if (i.lr_schedules) setOptions($("run-schedule"), i.lr_schedules.map((s) => [s, s]));
+  if (i.lr_schedules) setOptions($("run-schedule"), [["", "default"]].concat(i.lr_schedules.map((s) => [s, s])));
   if (i.export_types) setOptions($("export-type"), i.export_types.map((s) => [s, s]));
   if (i.auth && !localStorage.getItem(KEY_STORE)) askKey("This server needs its API key.");
 }
