@@ -50,6 +50,13 @@ static const struct {
     {"GET", "/wb/jobs/", srv_route_wb_job_get, false, true, false},
     {"POST", "/wb/jobs/", srv_route_wb_job_post, false, true, false},
     {"GET", "/wb/runs", srv_route_wb_runs_get, false, false, false},
+    {"GET", "/wb/info", srv_route_wb_info, false, false, false},
+    {"GET", "/wb/tokenizers", srv_route_wb_tokenizers, false, false, false},
+    {"GET", "/wb/tokenizer", srv_route_wb_tokenizer, false, false, false},
+    {"POST", "/wb/tokenize", srv_route_wb_tokenize, false, false, false},
+    {"POST", "/wb/compare", srv_route_wb_compare, false, false, false},
+    {"GET", "/wb/models", srv_route_wb_models, false, false, false},
+    {"POST", "/wb/generate", srv_route_wb_generate, false, false, false},
 };
 
 static const char *header(const srv_request *rq, const char *name) {
