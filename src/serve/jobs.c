@@ -71,6 +71,7 @@ json_t *wb_job_json(const wb_job *j, bool events) {
                           "queue", j->queue, "params", j->params, "progress", j->progress ? json_incref(j->progress) : json_null(),
                           "outputs", j->outputs, "n_events", (json_int_t)j->n_seq);
     if (!o) return NULL;
+    if (j->state == WB_RUNNING && __atomic_load_n(&j->pause, __ATOMIC_RELAXED)) json_object_set_new(o, "pausing", json_true());
     size_t n;
     char *clean = j->error[0] ? srv_utf8_sanitize(j->error, strlen(j->error), &n) : NULL; /* may quote a path's bytes, or be cut */
     json_object_set_new(o, "error", clean ? json_stringn(clean, n) : json_null());
@@ -544,12 +545,13 @@ static kiln_status run_export(wb *w, wb_job *j, prog_ctx *pc) {
     kiln_status s = kiln_ftype_from_name(pstr(p, "type"), &ft);
     if (s) return s;
     kiln_train_opts o = kiln_train_defaults();
-    o.resume = ck, o.B = 1, o.T = 2, o.steps = (int64_t)1e12; /* any step the run reached */
+    o.resume = ck, o.steps = (int64_t)1e12; /* any step the run reached */
     pthread_mutex_lock(&w->mu);
-    for (size_t i = w->n_jobs; i-- > 0;) { /* the optimizer's layout in the checkpoint: the run's last train job's */
+    for (size_t i = w->n_jobs; i-- > 0;) { /* what the checkpoint must be resumed with: the run's last train job's */
         json_t *q = w->jobs[i]->params;
         if (w->jobs[i]->kind != WB_TRAIN || !pstr(q, "name") || strcmp(pstr(q, "name"), pstr(p, "run"))) continue;
         o.adam.eight_bit = json_is_true(json_object_get(q, "eight_bit")), o.mixed = json_is_true(json_object_get(q, "mixed"));
+        o.B = pint(q, "batch"), o.T = pint(q, "context");
         break;
     }
     pthread_mutex_unlock(&w->mu);
