@@ -51,7 +51,7 @@ kiln_status kiln_fail(kiln_status s, const char *fmt, ...);
  * the calling thread. */
 struct kiln_train_progress;
 typedef struct kiln_progress {
-    const char *stage;     /* "quantize", "tokenizer", "data", "train", "eval", "perplexity" (static strings) */
+    const char *stage;     /* "quantize", "tokenizer", "data", "train", "eval", "paused", "resumed", "perplexity" (static) */
     int64_t done, total;   /* total 0 when unknown */
     const char *item;      /* what comes next, as the input names it (quantize: the tensor; unescaped); or NULL */
     double metric;         /* loss for train/eval, perplexity for perplexity; NaN when the stage has none */
@@ -870,6 +870,9 @@ typedef struct kiln_train_opts {
                               * __atomic_store_n), the run stops after the current step: the checkpoint and the export
                               * are written as at the end, and the run returns KILN_OK. One process only (a data
                               * parallel run decides by rank 0's clock alone). NULL: never */
+    const int *pause;        /* kiln_train_run: while *pause is nonzero (set by another thread) the run waits before its
+                              * next step, after a progress report of stage "paused"; "resumed" when it goes on. The
+                              * time paused counts neither toward time_budget_s nor the ETA. One process only. NULL: never */
 } kiln_train_opts;
 
 /* Defaults: B 8, T 256, accumulation 1, 1000 steps, lr 1e-3 cosine to 1e-4 with 100 warmup steps over 1000, AdamW

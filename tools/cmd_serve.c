@@ -139,6 +139,12 @@ int kiln_cmd_serve(int argc, char **argv) {
     if (o.api_key && !o.api_key[0]) return kiln_cli_error("serve: --api-key is empty");
     char *key = NULL;
     if (key_file && !(o.api_key = key = read_key(key_file))) return 1;
+    /* the workbench runs jobs that write files and burn hours of compute: beyond loopback, only for a key holder */
+    bool loopback = strcmp(host, "127.0.0.1") == 0 || strcmp(host, "localhost") == 0 || strcmp(host, "::1") == 0 || strncmp(host, "127.", 4) == 0;
+    if (workbench && !loopback && !o.api_key) {
+        free(key);
+        return kiln_cli_error("serve: --workbench on %s (beyond loopback) needs --api-key or --api-key-file", host);
+    }
     struct stat sb;
     if (o.slot_save_path && (stat(o.slot_save_path, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
         free(key);

@@ -288,6 +288,10 @@ bool srv_parse_prompt(srv_server *s, json_t *v, const char *field, kiln_tokens *
 }
 
 bool srv_parse_messages(srv_server *s, json_t *msgs, kiln_tokens *out, srv_response *rs) {
+    return srv_parse_messages_with(&s->tmpl, s->tok, msgs, out, rs);
+}
+
+bool srv_parse_messages_with(const kiln_chat_template *tmpl, const kiln_tokenizer *tok, json_t *msgs, kiln_tokens *out, srv_response *rs) {
     if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
         srv_error(rs, 400, "messages", "messages must be a non-empty array");
         return false;
@@ -340,7 +344,7 @@ bool srv_parse_messages(srv_server *s, json_t *msgs, kiln_tokens *out, srv_respo
         }
     }
     if (ok) {
-        kiln_status st = kiln_chat_tokenize(&s->tmpl, s->tok, m, n, true, out);
+        kiln_status st = kiln_chat_tokenize(tmpl, tok, m, n, true, out);
         if (st) srv_error(rs, 400, "messages", "messages: %s", kiln_last_error()), ok = false;
     }
     for (size_t i = 0; owned && i < n; i++) free(owned[i]);

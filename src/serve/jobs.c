@@ -1,5 +1,5 @@
 /* jobs.c: the workbench's job manager (jobs.h says how it fits): the job files, the queues and their workers, the
- * three kinds' runs through kiln.h, progress into events, stop, and the event stream. */
+ * four kinds' runs through kiln.h, progress into events, stop and pause, and the event stream. */
 #include "serve/jobs.h"
 #include "serve/sched.h" /* srv_now */
 
@@ -13,9 +13,9 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *const KIND_NAMES[WB_N_KINDS] = {"tokenizer", "data", "train"};
-static const char *const STATE_NAMES[] = {"queued", "running", "done", "failed", "stopped"};
-static const char *const SUBDIRS[] = {"corpora", "tokenizers", "data", "runs", "jobs"};
+static const char *const KIND_NAMES[WB_N_KINDS] = {"tokenizer", "data", "train", "export"};
+static const char *const STATE_NAMES[] = {"queued", "running", "paused", "done", "failed", "stopped"};
+static const char *const SUBDIRS[] = {"corpora", "tokenizers", "data", "runs", "jobs", "models"};
 
 const char *wb_kind_name(wb_kind k) { return k < WB_N_KINDS ? KIND_NAMES[k] : "?"; }
 const char *wb_state_name(wb_state s) { return s <= WB_STOPPED ? STATE_NAMES[s] : "?"; }
@@ -71,6 +71,7 @@ json_t *wb_job_json(const wb_job *j, bool events) {
                           "queue", j->queue, "params", j->params, "progress", j->progress ? json_incref(j->progress) : json_null(),
                           "outputs", j->outputs, "n_events", (json_int_t)j->n_seq);
     if (!o) return NULL;
+    if (j->state == WB_RUNNING && __atomic_load_n(&j->pause, __ATOMIC_RELAXED)) json_object_set_new(o, "pausing", json_true());
     size_t n;
     char *clean = j->error[0] ? srv_utf8_sanitize(j->error, strlen(j->error), &n) : NULL; /* may quote a path's bytes, or be cut */
     json_object_set_new(o, "error", clean ? json_stringn(clean, n) : json_null());
@@ -188,7 +189,7 @@ static kiln_status load_jobs(wb *w) {
             return kiln_fail(KILN_ERR_NOMEM, "workbench: out of memory loading the jobs");
         }
         if (j->num >= w->next_num) w->next_num = j->num + 1;
-        if (j->state == WB_QUEUED || j->state == WB_RUNNING) { /* the last server died or stopped with it */
+        if (j->state < WB_DONE) { /* the last server died or stopped with it */
             j->state = WB_FAILED;
             snprintf(j->error, sizeof j->error, "the server stopped while it ran");
             j->ended = unix_now();
@@ -249,7 +250,24 @@ static void add_event(wb *w, wb_job *j, json_t *ev) {
 typedef struct {
     wb *w;
     wb_job *j;
+    char ckpt[4200]; /* train: the run's ckpt.gguf, linked as ckpt-STEP.gguf at each checkpoint */
 } prog_ctx;
+
+/* A train job's checkpoint of step: ckpt.gguf (just renamed into place by kiln_trainer_save) gets a second name,
+ * ckpt-STEP.gguf, which the next save leaves alone; listed in outputs.checkpoints. The caller holds w->mu. */
+static void keep_checkpoint(prog_ctx *c, int64_t step) {
+    char file[64], path[4300];
+    snprintf(file, sizeof file, "ckpt-%lld.gguf", (long long)step);
+    snprintf(path, sizeof path, "%.*s/%s", (int)(strrchr(c->ckpt, '/') - c->ckpt), c->ckpt, file);
+    unlink(path); /* a resumed run that reached this step again: the newer one */
+    if (link(c->ckpt, path) != 0) {
+        fprintf(stderr, "kiln serve: workbench: cannot link %s: %s\n", path, strerror(errno));
+        return;
+    }
+    json_t *list = json_object_get(c->j->outputs, "checkpoints");
+    if (!list) json_object_set_new(c->j->outputs, "checkpoints", list = json_array());
+    json_array_append_new(list, json_pack("{s:I,s:s,s:n}", "step", (json_int_t)step, "file", file, "val_loss"));
+}
 
 static void on_progress(void *ud, const kiln_progress *p) {
     prog_ctx *c = ud;
@@ -268,12 +286,28 @@ static void on_progress(void *ud, const kiln_progress *p) {
         json_object_set_new(ev, "n_params", json_integer(t->n_params));
         json_object_set_new(ev, "state_bytes", json_integer((json_int_t)t->state_bytes));
         json_object_set_new(ev, "act_bytes", json_integer((json_int_t)t->act_bytes));
+        /* what the run holds on its device: the training state and the activations (GPU memory on cuda:N) */
+        json_object_set_new(ev, "memory_bytes", json_integer((json_int_t)(t->state_bytes + t->act_bytes)));
+        json_object_set_new(ev, "device", json_string(c->j->queue));
     }
+    bool train = p->stage && strcmp(p->stage, "train") == 0, eval = p->stage && strcmp(p->stage, "eval") == 0;
     pthread_mutex_lock(&c->w->mu);
-    if (t && t->checkpoint) json_object_set_new(c->j->outputs, "checkpoint_step", json_integer(t->step));
-    if (t && isfinite(t->val_loss)) json_object_set_new(c->j->outputs, "val_loss", json_real(t->val_loss)),
+    if (t && train && t->checkpoint) {
+        json_object_set_new(c->j->outputs, "checkpoint_step", json_integer(t->step));
+        if (c->ckpt[0]) keep_checkpoint(c, t->step);
+    }
+    if (t && eval && isfinite(t->val_loss)) {
+        json_object_set_new(c->j->outputs, "val_loss", json_real(t->val_loss));
         json_object_set_new(c->j->outputs, "val_step", json_integer(t->step));
+        json_t *list = json_object_get(c->j->outputs, "checkpoints"), *last = json_array_get(list, json_array_size(list) - 1);
+        if (last && json_integer_value(json_object_get(last, "step")) == t->step) json_object_set_new(last, "val_loss", json_real(t->val_loss));
+    }
+    wb_state was = c->j->state;
+    if (p->stage && strcmp(p->stage, "paused") == 0) c->j->state = WB_PAUSED;
+    if (p->stage && strcmp(p->stage, "resumed") == 0) c->j->state = WB_RUNNING;
+    json_object_set_new(ev, "state", json_string(wb_state_name(c->j->state)));
     add_event(c->w, c->j, ev);
+    if (c->j->state != was) job_write(c->w, c->j);
     pthread_mutex_unlock(&c->w->mu);
 }
 
@@ -297,6 +331,77 @@ static kiln_status corpus_paths(wb *w, json_t *names, char (*paths)[4096], const
 static int64_t pint(json_t *p, const char *k) { return json_integer_value(json_object_get(p, k)); }
 static const char *pstr(json_t *p, const char *k) { return json_string_value(json_object_get(p, k)); }
 
+#define HELDOUT_MAX (1 << 20) /* bytes of a tokenizer's held-out text at most */
+
+/* Copies n bytes of in (from its position) to out; false on a read or write error. */
+static bool copy_bytes(FILE *in, FILE *out, int64_t n) {
+    char buf[65536];
+    while (n > 0) {
+        size_t k = fread(buf, 1, n < (int64_t)sizeof buf ? (size_t)n : sizeof buf, in);
+        if (k == 0 || fwrite(buf, 1, k, out) != k) return false;
+        n -= (int64_t)k;
+    }
+    return true;
+}
+
+/* A tokenizer job's held-out text: the tail of its last corpus, heldout_fraction of all the corpora's bytes (at most
+ * 1 MiB and half that file), cut at a line start when one is near, else at a character start, written to held. The
+ * rest of that file goes to train_tmp, which takes its place in path for the training. *n_held 0: nothing held out
+ * (fraction 0), path unchanged. */
+static kiln_status hold_out(const char **ptrs, int n, double fraction, char *train_tmp, const char *held, int64_t *n_held) {
+    *n_held = 0;
+    int64_t total = 0, size = 0;
+    for (int i = 0; i < n; i++) {
+        struct stat sb;
+        if (stat(ptrs[i], &sb) != 0) return kiln_fail(KILN_ERR_IO, "cannot read %s: %s", ptrs[i], strerror(errno));
+        total += sb.st_size, size = sb.st_size;
+    }
+    int64_t want = (int64_t)(fraction * (double)total);
+    if (want > HELDOUT_MAX) want = HELDOUT_MAX;
+    if (want > size / 2) want = size / 2;
+    if (fraction <= 0 || want < 1) return KILN_OK;
+    FILE *in = fopen(ptrs[n - 1], "rb");
+    if (!in) return kiln_fail(KILN_ERR_IO, "cannot read %s: %s", ptrs[n - 1], strerror(errno));
+    /* the cut: the first line start in the 4 KiB after size - want, else the first character start */
+    int64_t cut = size - want;
+    unsigned char look[4096];
+    fseek(in, (long)cut, SEEK_SET);
+    size_t got = fread(look, 1, sizeof look, in), k = 0;
+    while (k < got && look[k] != '\n') k++;
+    if (k < got && cut + (int64_t)k + 1 < size) cut += (int64_t)k + 1;
+    else for (k = 0; k < got && (look[k] & 0xC0) == 0x80; k++) cut++;
+    FILE *t = fopen(train_tmp, "wb"), *h = fopen(held, "wb");
+    bool ok = t && h && fseek(in, 0, SEEK_SET) == 0 && copy_bytes(in, t, cut) && copy_bytes(in, h, size - cut);
+    int e = errno;
+    if (t) ok = fclose(t) == 0 && ok;
+    if (h) ok = fclose(h) == 0 && ok;
+    fclose(in);
+    if (!ok) {
+        unlink(train_tmp), unlink(held);
+        return kiln_fail(KILN_ERR_IO, "cannot write the held-out split of %s: %s", ptrs[n - 1], strerror(e ? e : EIO));
+    }
+    ptrs[n - 1] = train_tmp, *n_held = size - cut;
+    return KILN_OK;
+}
+
+/* Bytes per token of the file at path through tok into o (bytes, tokens, bytes_per_token); false when it cannot. */
+static bool measure(const kiln_tokenizer *tok, const char *path, json_t *o) {
+    FILE *f = fopen(path, "rb");
+    char *text = f ? malloc(HELDOUT_MAX + 1) : NULL;
+    size_t n = text ? fread(text, 1, HELDOUT_MAX, f) : 0;
+    if (f) fclose(f);
+    kiln_tokens ids = {0};
+    bool ok = text && n > 0 && kiln_tokenizer_encode(tok, text, n, false, false, &ids) == KILN_OK && ids.n > 0;
+    if (ok) {
+        json_object_set_new(o, "bytes", json_integer((json_int_t)n));
+        json_object_set_new(o, "tokens", json_integer((json_int_t)ids.n));
+        json_object_set_new(o, "bytes_per_token", json_real((double)n / (double)ids.n));
+    }
+    kiln_tokens_free(&ids);
+    free(text);
+    return ok;
+}
+
 static kiln_status run_tokenizer(wb *w, wb_job *j, prog_ctx *pc) {
     char (*paths)[4096] = malloc(64 * sizeof *paths); /* (64) the corpora's files */
     const char *ptrs[64];
@@ -306,21 +411,35 @@ static kiln_status run_tokenizer(wb *w, wb_job *j, prog_ctx *pc) {
         free(paths);
         return s;
     }
-    const char *specials[64];
+    const char *specials[64], *name = pstr(j->params, "name");
     json_t *sp = json_object_get(j->params, "special");
     size_t ns = json_array_size(sp);
     for (size_t i = 0; i < ns && i < 64; i++) specials[i] = json_string_value(json_array_get(sp, i));
     kiln_bpe_train_params p = {.vocab_size = (int32_t)pint(j->params, "vocab_size"), .specials = sp ? specials : NULL,
                                .n_specials = (int)ns, .min_frequency = pint(j->params, "min_frequency"),
                                .n_threads = (int)pint(j->params, "threads"), .progress = on_progress, .progress_ud = pc};
-    char out[4096], name[WB_NAME_MAX + 8];
-    snprintf(name, sizeof name, "%s.gguf", pstr(j->params, "name"));
-    wb_path(w, out, sizeof out, "tokenizers", name);
-    s = kiln_bpe_train(ptrs, n, &p, out);
+    char out[4096], held[4096], tmp[4096], file[WB_NAME_MAX + 16];
+    snprintf(file, sizeof file, "%s.gguf", name);
+    wb_path(w, out, sizeof out, "tokenizers", file);
+    snprintf(file, sizeof file, "%s.heldout.txt", name);
+    wb_path(w, held, sizeof held, "tokenizers", file);
+    snprintf(file, sizeof file, ".%s.train.tmp", name); /* hidden: no name starts with '.' */
+    wb_path(w, tmp, sizeof tmp, "tokenizers", file);
+    int64_t n_held;
+    s = hold_out(ptrs, n, json_number_value(json_object_get(j->params, "heldout_fraction")), tmp, held, &n_held);
+    if (!s) s = kiln_bpe_train(ptrs, n, &p, out);
+    if (n_held) unlink(tmp);
+    if (s && n_held) unlink(held);
     free(paths);
     if (s) return s;
+    json_t *m = json_object();
+    kiln_tokenizer *tok = NULL;
+    if (n_held && kiln_tokenizer_load_file(out, &tok) == KILN_OK && !measure(tok, held, m)) json_object_clear(m);
+    kiln_tokenizer_free(tok);
     pthread_mutex_lock(&w->mu);
     json_object_set_new(j->outputs, "tokenizer", json_string(out));
+    if (json_object_size(m)) json_object_set_new(j->outputs, "heldout", m), json_object_set_new(m, "file", json_string(held));
+    else json_decref(m);
     pthread_mutex_unlock(&w->mu);
     return KILN_OK;
 }
@@ -372,15 +491,23 @@ static kiln_status run_train(wb *w, wb_job *j, prog_ctx *pc) {
     snprintf(exp, sizeof exp, "%s/model.gguf", rdir);
     if (mkdir(rdir, 0755) && errno != EEXIST) return kiln_fail(KILN_ERR_IO, "cannot make %s: %s", rdir, strerror(errno));
     bool resume = json_is_string(json_object_get(p, "resume")); /* the run's own name: continue its checkpoint */
-    if (resume && !regular_file(ckpt)) return kiln_fail(KILN_ERR_NOT_FOUND, "run '%s' has no checkpoint to resume (%s)", name, ckpt);
+    char from[4300]; /* the checkpoint resumed: ckpt.gguf, or ckpt-STEP.gguf of from_step */
+    if (json_object_get(p, "from_step")) snprintf(from, sizeof from, "%s/ckpt-%lld.gguf", rdir, (long long)pint(p, "from_step"));
+    else snprintf(from, sizeof from, "%s", ckpt);
+    if (resume && !regular_file(from)) return kiln_fail(KILN_ERR_NOT_FOUND, "run '%s' has no checkpoint %s to resume", name, from);
+    snprintf(pc->ckpt, sizeof pc->ckpt, "%s", ckpt);
     kiln_train_opts o = kiln_train_defaults();
     o.dims = (kiln_model_dims){.n_embd = pint(d, "n_embd"), .n_layer = pint(d, "n_layer"), .n_head = pint(d, "n_head"),
                                .n_head_kv = pint(d, "n_head_kv"), .n_ff = pint(d, "n_ff")};
-    o.tokenizer = tp, o.data_dir = data, o.resume = resume ? ckpt : NULL;
+    o.tokenizer = tp, o.data_dir = data, o.resume = resume ? from : NULL;
     o.B = pint(p, "batch"), o.T = pint(p, "context"), o.steps = pint(p, "steps");
     o.time_budget_s = json_number_value(json_object_get(p, "time_budget_s"));
-    o.lr.lr = (float)json_number_value(json_object_get(p, "lr")), o.lr.min_lr = o.lr.lr / 10;
-    o.lr.total = o.steps, o.lr.warmup = o.steps / 10; /* as kiln train's defaults */
+    o.lr.lr = (float)json_number_value(json_object_get(p, "lr"));
+    o.lr.min_lr = json_object_get(p, "min_lr") ? (float)json_number_value(json_object_get(p, "min_lr")) : o.lr.lr / 10;
+    o.lr.total = o.steps; /* the warmup default is kiln train's: a tenth of the steps */
+    o.lr.warmup = json_object_get(p, "warmup") ? pint(p, "warmup") : o.steps / 10;
+    const char *sched = pstr(p, "lr_schedule");
+    o.lr.decay = !sched || strcmp(sched, "cosine") == 0 ? KILN_LR_COSINE : strcmp(sched, "linear") == 0 ? KILN_LR_LINEAR : KILN_LR_CONSTANT;
     o.adam.eight_bit = json_is_true(json_object_get(p, "eight_bit"));
     o.mixed = json_is_true(json_object_get(p, "mixed"));
     o.seed = (uint64_t)pint(p, "seed");
@@ -390,7 +517,7 @@ static kiln_status run_train(wb *w, wb_job *j, prog_ctx *pc) {
     o.eval_interval = pint(p, "eval_interval"), o.eval_batches = pint(p, "eval_batches");
     o.ckpt_interval = pint(p, "ckpt_interval");
     o.ckpt_path = ckpt, o.log_path = log, o.out_path = exp, o.name = name;
-    o.cancel = &j->cancel;
+    o.cancel = &j->cancel, o.pause = &j->pause;
     pthread_mutex_lock(&w->mu);
     json_object_set_new(j->outputs, "run", json_string(rdir));
     json_object_set_new(j->outputs, "log", json_string(log));
@@ -403,7 +530,52 @@ static kiln_status run_train(wb *w, wb_job *j, prog_ctx *pc) {
     return s;
 }
 
-static kiln_status (*const RUNS[WB_N_KINDS])(wb *, wb_job *, prog_ctx *) = {run_tokenizer, run_data, run_train};
+/* A checkpoint of a run to DIR/models/NAME.gguf: its weights exported (F32), then quantized to type unless f32. */
+static kiln_status run_export(wb *w, wb_job *j, prog_ctx *pc) {
+    json_t *p = j->params;
+    char rdir[4096], ck[4300], out[4096], tmp[4200], file[WB_NAME_MAX + 8];
+    wb_path(w, rdir, sizeof rdir, "runs", pstr(p, "run"));
+    snprintf(ck, sizeof ck, "%s/ckpt-%lld.gguf", rdir, (long long)pint(p, "step"));
+    if (!regular_file(ck)) return kiln_fail(KILN_ERR_NOT_FOUND, "run '%s' has no checkpoint of step %lld", pstr(p, "run"), (long long)pint(p, "step"));
+    snprintf(file, sizeof file, "%s.gguf", pstr(p, "name"));
+    wb_path(w, out, sizeof out, "models", file);
+    snprintf(file, sizeof file, ".%s.f32.tmp", pstr(p, "name")); /* hidden until whole */
+    wb_path(w, tmp, sizeof tmp, "models", file);
+    kiln_ftype ft;
+    kiln_status s = kiln_ftype_from_name(pstr(p, "type"), &ft);
+    if (s) return s;
+    kiln_train_opts o = kiln_train_defaults();
+    o.resume = ck, o.steps = (int64_t)1e12; /* any step the run reached */
+    pthread_mutex_lock(&w->mu);
+    for (size_t i = w->n_jobs; i-- > 0;) { /* what the checkpoint must be resumed with: the run's last train job's */
+        json_t *q = w->jobs[i]->params;
+        if (w->jobs[i]->kind != WB_TRAIN || !pstr(q, "name") || strcmp(pstr(q, "name"), pstr(p, "run"))) continue;
+        o.adam.eight_bit = json_is_true(json_object_get(q, "eight_bit")), o.mixed = json_is_true(json_object_get(q, "mixed"));
+        o.B = pint(q, "batch"), o.T = pint(q, "context");
+        break;
+    }
+    pthread_mutex_unlock(&w->mu);
+    kiln_trainer *t;
+    if ((s = kiln_trainer_new(&o, &t))) return s;
+    on_progress(pc, &(kiln_progress){.stage = "export", .done = 0, .total = 2, .metric = NAN});
+    s = kiln_trainer_export(t, ft == KILN_FTYPE_ALL_F32 ? out : tmp);
+    kiln_trainer_free(t);
+    if (!s && ft != KILN_FTYPE_ALL_F32) {
+        on_progress(pc, &(kiln_progress){.stage = "export", .done = 1, .total = 2, .metric = NAN});
+        kiln_quantize_params q = {.ftype = ft, .progress = on_progress, .progress_ud = pc};
+        s = kiln_quantize_file(tmp, out, &q);
+    }
+    unlink(tmp);
+    if (s) return s;
+    struct stat sb;
+    pthread_mutex_lock(&w->mu);
+    json_object_set_new(j->outputs, "model", json_string(out));
+    if (stat(out, &sb) == 0) json_object_set_new(j->outputs, "bytes", json_integer((json_int_t)sb.st_size));
+    pthread_mutex_unlock(&w->mu);
+    return KILN_OK;
+}
+
+static kiln_status (*const RUNS[WB_N_KINDS])(wb *, wb_job *, prog_ctx *) = {run_tokenizer, run_data, run_train, run_export};
 
 /* ---------------------------------------------------------------- queues */
 
@@ -426,7 +598,7 @@ static void *worker(void *arg) {
         job_write(w, j);
         pthread_cond_broadcast(&w->cv);
         pthread_mutex_unlock(&w->mu);
-        prog_ctx pc = {w, j};
+        prog_ctx pc = {w, j, ""};
         kiln_status s = RUNS[j->kind](w, j, &pc);
         pthread_mutex_lock(&w->mu);
         if (s) j->state = WB_FAILED, snprintf(j->error, sizeof j->error, "%s", kiln_last_error());
@@ -495,14 +667,35 @@ int wb_stop(wb *w, const char *id, char *msg, size_t cap) {
         j->state = WB_STOPPED, j->ended = unix_now();
         job_write(w, j);
         pthread_cond_broadcast(&w->cv);
-    } else if (j->state != WB_RUNNING) {
+    } else if (j->state >= WB_DONE) {
         status = 409;
-        snprintf(msg, cap, "job %s is %s already: only a queued or running job can be stopped", id, wb_state_name(j->state));
+        snprintf(msg, cap, "job %s is %s already: only a queued, running or paused job can be stopped", id, wb_state_name(j->state));
     } else if (j->kind != WB_TRAIN) {
         status = 409;
         snprintf(msg, cap, "job %s is a running %s job, which cannot be stopped mid-way: it ends on its own", id, wb_kind_name(j->kind));
     } else {
         __atomic_store_n(&j->cancel, 1, __ATOMIC_RELAXED); /* kiln_train_run stops after the current step */
+    }
+    pthread_mutex_unlock(&w->mu);
+    return status;
+}
+
+int wb_pause(wb *w, const char *id, bool pause, char *msg, size_t cap) {
+    int status = 200;
+    pthread_mutex_lock(&w->mu);
+    wb_job *j = wb_find(w, id);
+    if (!j) {
+        status = 404;
+        snprintf(msg, cap, "no job %s", id);
+    } else if (j->kind != WB_TRAIN || (j->state != WB_RUNNING && j->state != WB_PAUSED)) {
+        status = 409;
+        snprintf(msg, cap, "job %s is a %s %s job: only a running train job can be %s", id, wb_state_name(j->state), wb_kind_name(j->kind),
+                 pause ? "paused" : "resumed");
+    } else if (__atomic_load_n(&j->pause, __ATOMIC_RELAXED) == (int)pause) {
+        status = 409;
+        snprintf(msg, cap, "job %s is %s already", id, pause ? "pausing or paused" : "running");
+    } else {
+        __atomic_store_n(&j->pause, (int)pause, __ATOMIC_RELAXED); /* kiln_train_run waits before its next step */
     }
     pthread_mutex_unlock(&w->mu);
     return status;
@@ -544,6 +737,7 @@ void wb_free(wb *w, double wait_s) {
     for (int i = 0; i < w->n_queues; i++)
         if (w->queues[i].started) pthread_join(w->queues[i].th, NULL);
     for (size_t i = 0; i < w->n_jobs; i++) job_free(w->jobs[i]);
+    if (w->toks_free) w->toks_free(w->toks);
     free(w->jobs), free(w->dir), free(w->examples);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);

@@ -1,5 +1,6 @@
 /* jobs.h: the workbench's job manager (kiln serve --workbench). A job is a tokenizer training (kiln_bpe_train), a
- * shard writing (kiln_data_write) or a training run (kiln_train_run), with its parameters (JSON, checked by the route
+ * shard writing (kiln_data_write), a training run (kiln_train_run) or an export of a checkpoint (kiln_trainer_export,
+ * then kiln_quantize_file), with its parameters (JSON, checked by the route
  * before it is queued), state, progress, a bounded history of progress events, a one-line error and its outputs.
  * Each queue ("cpu", "cuda:N") has one worker thread that runs its jobs one at a time in the order they came; the
  * others wait queued. A job's JSON is written atomically (temp file, rename) to DIR/jobs/<id>.json at each state
@@ -17,8 +18,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { WB_TOKENIZER, WB_DATA, WB_TRAIN, WB_N_KINDS } wb_kind;
-typedef enum { WB_QUEUED, WB_RUNNING, WB_DONE, WB_FAILED, WB_STOPPED } wb_state;
+typedef enum { WB_TOKENIZER, WB_DATA, WB_TRAIN, WB_EXPORT, WB_N_KINDS } wb_kind;
+/* from WB_DONE on a state is final */
+typedef enum { WB_QUEUED, WB_RUNNING, WB_PAUSED, WB_DONE, WB_FAILED, WB_STOPPED } wb_state;
 
 #define WB_MAX_EVENTS 10000 /* a job's stored events; when full, every other one is dropped (the seq numbers stay) */
 #define WB_MAX_QUEUES 9     /* cpu and cuda:0 .. cuda:7 */
@@ -38,6 +40,7 @@ typedef struct wb_job {
     double created, started, ended; /* unix seconds; 0: not yet */
     json_t *outputs;  /* object: paths and what they hold (checkpoint_step, val_loss, ...) */
     int cancel;       /* train: set with __atomic_store_n by a stop, read by kiln_train_run */
+    int pause;        /* train: set and cleared by wb_pause, read by kiln_train_run (the state follows its reports) */
     double written;   /* srv_now() of the last write of its file */
     double t0;        /* srv_now() at its start: events' "t" */
 } wb_job;
@@ -60,6 +63,8 @@ typedef struct wb {
     wb_queue queues[WB_MAX_QUEUES];
     int n_queues;
     int64_t next_num;
+    struct wb_tok_cache *toks; /* the tokenizers the routes load (routes_wb.c), freed by wb_free */
+    void (*toks_free)(struct wb_tok_cache *);
     bool closing;         /* wb_close: no new jobs, workers finish the one they run */
 } wb;
 
@@ -85,6 +90,10 @@ json_t *wb_job_json(const wb_job *j, bool events);
 /* Stops job id: a queued one at once, a running train after its current step. The HTTP status (200, 404, 409) and,
  * when not 200, why in msg. */
 int wb_stop(wb *w, const char *id, char *msg, size_t cap);
+
+/* Pauses (pause true) or resumes a running train job: it waits before its next step. The HTTP status (200, 404,
+ * 409) and, when not 200, why in msg. */
+int wb_pause(wb *w, const char *id, bool pause, char *msg, size_t cap);
 
 /* Whether s is a workbench name: 1..WB_NAME_MAX bytes of [A-Za-z0-9._-], not starting with '.', no "..". */
 bool wb_name_ok(const char *s);

@@ -17,10 +17,7 @@ static const srv_static_file *find(const char *name) {
 }
 
 void srv_route_wb_static(srv_server *s, const srv_request *rq, srv_response *rs) {
-    if (!s->wb) {
-        srv_error(rs, 404, NULL, "no route %s: the workbench's page needs kiln serve --workbench", rq->path);
-        return;
-    }
+    if (!srv_wb_on(s, rs)) return;
     const char *name = strncmp(rq->path, UI_PREFIX, strlen(UI_PREFIX)) == 0 ? rq->path + strlen(UI_PREFIX) : "index.html";
     const srv_static_file *f = find(name);
     if (!f) {

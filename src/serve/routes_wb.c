@@ -1,10 +1,11 @@
-/* routes_wb.c: the workbench's API (kiln serve --workbench), under /wb/ to stay clear of Ollama's /api/ routes:
+/* routes_wb.c: the workbench's job API (kiln serve --workbench, docs/workbench.md), under /wb/ to stay clear of
+ * Ollama's /api/ routes (wb_tok.c has the vocabulary routes, wb_gen.c the models and generation):
  *   POST /wb/corpora?name=NAME   the body is the corpus text: saved as DIR/corpora/NAME (201)
  *   GET  /wb/corpora             the saved corpora and the examples (--examples-dir), with their sizes
- *   POST /wb/jobs                {"kind": "tokenizer"|"data"|"train", ...}: checked, then queued (202)
+ *   POST /wb/jobs                {"kind": "tokenizer"|"data"|"train"|"export", ...}: checked, then queued (202)
  *   GET  /wb/jobs, /wb/jobs/ID (?events=1 with its events), /wb/jobs/ID/events (SSE)
- *   POST /wb/jobs/ID/stop
- *   GET  /wb/runs                each run with its checkpoint's step, last validation loss and export
+ *   POST /wb/jobs/ID/stop, /wb/jobs/ID/pause, /wb/jobs/ID/resume
+ *   GET  /wb/runs                each run with its checkpoints (step, validation loss), last validation loss, export
  * Every field is checked against its kind's table before the job is queued (a 400 naming the field), so a job
  * fails only for what only running it can tell (a corpus that is not UTF-8, a full disk, a NaN stop), with the
  * library's one-line error. */
@@ -19,7 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static bool wb_on(srv_server *s, srv_response *rs) {
+bool srv_wb_on(srv_server *s, srv_response *rs) {
     if (s->wb) return true;
     srv_error(rs, 404, NULL, "the workbench is off: start kiln serve with --workbench");
     return false;
@@ -41,7 +42,7 @@ static bool exists(const char *p) {
 /* ---------------------------------------------------------------- corpora */
 
 void srv_route_wb_corpora_post(srv_server *s, const srv_request *rq, srv_response *rs) {
-    if (!wb_on(s, rs)) return;
+    if (!srv_wb_on(s, rs)) return;
     const char *name = arg(rq, "name");
     if (!wb_name_ok(name)) {
         srv_error(rs, 400, "name", "the query's name must be %s", NAME_RULE);
@@ -116,7 +117,7 @@ static void list_files(const char *dir, const char *prefix, bool example, json_t
 }
 
 void srv_route_wb_corpora_get(srv_server *s, const srv_request *rq, srv_response *rs) {
-    if (!wb_on(s, rs)) return;
+    if (!srv_wb_on(s, rs)) return;
     json_t *list = json_array();
     char p[4096];
     wb_path(s->wb, p, sizeof p, "corpora", NULL);
@@ -157,6 +158,7 @@ static const wb_field TOKENIZER_FIELDS[] = {
     {"special", F_STRINGS, false, 0, 0, NO_DFLT},
     {"min_frequency", F_INT, false, 1, 1e12, 2},
     {"threads", F_INT, false, 0, 1024, 0},
+    {"heldout_fraction", F_NUM, false, 0, 0.5, 0.05},
 };
 static const wb_field DATA_FIELDS[] = {
     {"name", F_NAME, true, 0, 0, NO_DFLT},
@@ -167,12 +169,16 @@ static const wb_field DATA_FIELDS[] = {
 static const wb_field TRAIN_FIELDS[] = {
     {"name", F_NAME, false, 0, 0, NO_DFLT}, /* required unless resume names the run */
     {"resume", F_NAME, false, 0, 0, NO_DFLT},
+    {"from_step", F_INT, false, 1, 1e12, NO_DFLT}, /* with resume: its checkpoint of this step (default the latest) */
     {"data", F_NAME, true, 0, 0, NO_DFLT},
     {"tokenizer", F_NAME, false, 0, 0, NO_DFLT}, /* default: the one data was made with */
     {"preset", F_STRING, false, 0, 0, NO_DFLT},
     {"dims", F_OBJECT, false, 0, 0, NO_DFLT},
     {"steps", F_INT, false, 1, 1e9, 200},
     {"lr", F_NUM, false, 1e-8, 10, 1e-3},
+    {"min_lr", F_NUM, false, 0, 10, NO_DFLT},      /* default lr / 10 */
+    {"warmup", F_INT, false, 0, 1e12, NO_DFLT},    /* default steps / 10 */
+    {"lr_schedule", F_STRING, false, 0, 0, NO_DFLT}, /* cosine (default), linear, constant */
     {"batch", F_INT, false, 1, 4096, 8},
     {"context", F_INT, false, 2, 65536, 256},
     {"device", F_STRING, false, 0, 0, NO_DFLT},
@@ -185,6 +191,12 @@ static const wb_field TRAIN_FIELDS[] = {
     {"ckpt_interval", F_INT, false, 0, 1e9, 0},
     {"seed", F_INT, false, 0, 9007199254740991.0, 1337},
 };
+static const wb_field EXPORT_FIELDS[] = {
+    {"run", F_NAME, true, 0, 0, NO_DFLT},
+    {"step", F_INT, false, 1, 1e12, NO_DFLT},     /* default: the run's latest checkpoint */
+    {"type", F_STRING, false, 0, 0, NO_DFLT},     /* an ftype name (kiln quantize's); default f32 */
+    {"name", F_NAME, false, 0, 0, NO_DFLT},       /* default RUN-STEP-TYPE */
+};
 static const struct {
     const char *kind;
     const wb_field *fields;
@@ -193,6 +205,7 @@ static const struct {
     {"tokenizer", TOKENIZER_FIELDS, sizeof TOKENIZER_FIELDS / sizeof *TOKENIZER_FIELDS},
     {"data", DATA_FIELDS, sizeof DATA_FIELDS / sizeof *DATA_FIELDS},
     {"train", TRAIN_FIELDS, sizeof TRAIN_FIELDS / sizeof *TRAIN_FIELDS},
+    {"export", EXPORT_FIELDS, sizeof EXPORT_FIELDS / sizeof *EXPORT_FIELDS},
 };
 
 /* The model presets: tiny (seconds a step on a laptop's CPU), small (kiln train's default) and 124m (kiln synth's
@@ -207,6 +220,16 @@ static const struct {
 };
 static const char *const DIM_NAMES[] = {"n_embd", "n_layer", "n_head", "n_head_kv", "n_ff"};
 static const double DIM_MAX[] = {1 << 16, 1024, 4096, 4096, 1 << 20};
+
+static json_t *preset_dims(size_t i) {
+    return json_pack("{s:I,s:I,s:I,s:I,s:I}", "n_embd", (json_int_t)PRESETS[i].n_embd, "n_layer", (json_int_t)PRESETS[i].n_layer, "n_head",
+                     (json_int_t)PRESETS[i].n_head, "n_head_kv", (json_int_t)PRESETS[i].n_head_kv, "n_ff", (json_int_t)PRESETS[i].n_ff);
+}
+
+void srv_wb_presets(json_t *list) {
+    for (size_t i = 0; i < sizeof PRESETS / sizeof *PRESETS; i++)
+        json_array_append_new(list, json_pack("{s:s,s:o}", "name", PRESETS[i].name, "dims", preset_dims(i)));
+}
 
 /* One field of body checked by f into out; false with a 400 naming it. */
 static bool check_field(srv_server *s, json_t *body, const wb_field *f, json_t *out, srv_response *rs) {
@@ -336,9 +359,7 @@ static bool train_dims(json_t *p, srv_response *rs) {
             return false;
         }
         json_object_set_new(p, "preset", json_string(PRESETS[i].name));
-        json_object_set_new(p, "dims", json_pack("{s:I,s:I,s:I,s:I,s:I}", "n_embd", (json_int_t)PRESETS[i].n_embd, "n_layer",
-                                                 (json_int_t)PRESETS[i].n_layer, "n_head", (json_int_t)PRESETS[i].n_head, "n_head_kv",
-                                                 (json_int_t)PRESETS[i].n_head_kv, "n_ff", (json_int_t)PRESETS[i].n_ff));
+        json_object_set_new(p, "dims", preset_dims(i));
         return true;
     }
     const char *key;
@@ -371,6 +392,77 @@ static bool train_dims(json_t *p, srv_response *rs) {
     return true;
 }
 
+/* The largest STEP of the run folder's ckpt-STEP.gguf files; 0 when it has none. */
+static int64_t latest_step(const char *dir) {
+    DIR *d = opendir(dir);
+    int64_t best = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        long long n;
+        char tail[8];
+        if (sscanf(e->d_name, "ckpt-%lld.%7s", &n, tail) == 2 && strcmp(tail, "gguf") == 0 && n > best) best = n;
+    }
+    if (d) closedir(d);
+    return best;
+}
+
+/* An export's run, step (default the latest checkpoint), type (default f32) and name (default RUN-STEP-TYPE); its
+ * output file into path. False with a 400. */
+static bool export_checks(wb *w, json_t *p, char *path, size_t cap, srv_response *rs) {
+    const char *run = json_string_value(json_object_get(p, "run")), *type = json_string_value(json_object_get(p, "type"));
+    char dir[4096], ck[4200];
+    kiln_ftype ft;
+    if (type && kiln_ftype_from_name(type, &ft)) {
+        srv_error(rs, 400, "type", "type must be one of %s", kiln_ftype_names());
+        return false;
+    }
+    if (!type) json_object_set_new(p, "type", json_string(type = "f32"));
+    wb_path(w, dir, sizeof dir, "runs", run);
+    if (!json_object_get(p, "step")) json_object_set_new(p, "step", json_integer(latest_step(dir)));
+    int64_t step = json_integer_value(json_object_get(p, "step"));
+    snprintf(ck, sizeof ck, "%s/ckpt-%lld.gguf", dir, (long long)step);
+    if (!exists(ck)) {
+        srv_error(rs, 400, step ? "step" : "run", step ? "run %s has no checkpoint of step %lld (GET /wb/runs lists them)" : "run %s has no checkpoint",
+                  run, (long long)step);
+        return false;
+    }
+    if (!json_object_get(p, "name")) {
+        char name[WB_NAME_MAX + 64];
+        snprintf(name, sizeof name, "%s-%lld-%s", run, (long long)step, type);
+        for (char *c = name; *c; c++) *c = (char)(*c >= 'A' && *c <= 'Z' ? *c + 32 : *c);
+        if (!wb_name_ok(name)) {
+            srv_error(rs, 400, "name", "name is required: %s is not a name (%s)", name, NAME_RULE);
+            return false;
+        }
+        json_object_set_new(p, "name", json_string(name));
+    }
+    char file[WB_NAME_MAX + 8];
+    snprintf(file, sizeof file, "%s.gguf", json_string_value(json_object_get(p, "name")));
+    wb_path(w, path, cap, "models", file);
+    return true;
+}
+
+/* A train job's schedule: lr_schedule one of three, min_lr at most lr (but for constant), warmup at most steps. */
+static bool schedule_checks(json_t *p, srv_response *rs) {
+    const char *sched = json_string_value(json_object_get(p, "lr_schedule"));
+    if (sched && strcmp(sched, "cosine") && strcmp(sched, "linear") && strcmp(sched, "constant")) {
+        srv_error(rs, 400, "lr_schedule", "lr_schedule must be cosine, linear or constant");
+        return false;
+    }
+    json_t *min = json_object_get(p, "min_lr"), *warm = json_object_get(p, "warmup");
+    double lr = json_number_value(json_object_get(p, "lr"));
+    if (min && (!sched || strcmp(sched, "constant")) && json_number_value(min) > lr) {
+        srv_error(rs, 400, "min_lr", "min_lr %g is above lr %g: the decay goes down to it", json_number_value(min), lr);
+        return false;
+    }
+    if (warm && json_integer_value(warm) > json_integer_value(json_object_get(p, "steps"))) {
+        srv_error(rs, 400, "warmup", "warmup %lld is more than the %lld steps", (long long)json_integer_value(warm),
+                  (long long)json_integer_value(json_object_get(p, "steps")));
+        return false;
+    }
+    return true;
+}
+
 /* The checks that need the data folder, and the queue; w->mu held. False with the error. */
 static bool check_kind(srv_server *s, wb_kind kind, json_t *p, char *queue, size_t qcap, srv_response *rs) {
     wb *w = s->wb;
@@ -394,6 +486,9 @@ static bool check_kind(srv_server *s, wb_kind kind, json_t *p, char *queue, size
             return false;
         }
         wb_path(w, path, sizeof path, "data", name);
+    } else if (kind == WB_EXPORT) {
+        if (!export_checks(w, p, path, sizeof path, rs)) return false;
+        name = json_string_value(json_object_get(p, "name"));
     } else {
         const char *resume = json_string_value(json_object_get(p, "resume")), *data = json_string_value(json_object_get(p, "data"));
         if (resume && name && strcmp(resume, name)) {
@@ -422,7 +517,7 @@ static bool check_kind(srv_server *s, wb_kind kind, json_t *p, char *queue, size
             srv_error(rs, 400, "tokenizer", "no tokenizer %s", tok);
             return false;
         }
-        if (!train_dims(p, rs)) return false;
+        if (!train_dims(p, rs) || !schedule_checks(p, rs)) return false;
         const char *dev = json_string_value(json_object_get(p, "device"));
         if (dev && strcmp(dev, "cpu")) {
             char *end;
@@ -446,8 +541,15 @@ static bool check_kind(srv_server *s, wb_kind kind, json_t *p, char *queue, size
         wb_path(w, path, sizeof path, "runs", name);
         char ck[4200];
         snprintf(ck, sizeof ck, "%s/ckpt.gguf", path);
+        json_t *from = json_object_get(p, "from_step");
+        if (from && !resume) {
+            srv_error(rs, 400, "from_step", "from_step picks a checkpoint of the run resumed: give resume too");
+            return false;
+        }
+        if (from) snprintf(ck, sizeof ck, "%s/ckpt-%lld.gguf", path, (long long)json_integer_value(from));
         if (resume && !exists(ck)) {
-            srv_error(rs, 400, "resume", "run %s has no checkpoint to resume", resume);
+            srv_error(rs, 400, from ? "from_step" : "resume", "run %s has no checkpoint%s to resume", resume,
+                      from ? " of that step (GET /wb/runs lists them)" : "");
             return false;
         }
         if (!resume && exists(path)) {
@@ -468,7 +570,7 @@ static bool check_kind(srv_server *s, wb_kind kind, json_t *p, char *queue, size
 }
 
 void srv_route_wb_jobs_post(srv_server *s, const srv_request *rq, srv_response *rs) {
-    if (!wb_on(s, rs)) return;
+    if (!srv_wb_on(s, rs)) return;
     json_t *body = srv_body_object(rq, rs);
     if (!body) return;
     const char *kind = json_string_value(json_object_get(body, "kind"));
@@ -476,7 +578,7 @@ void srv_route_wb_jobs_post(srv_server *s, const srv_request *rq, srv_response *
     while (k < WB_N_KINDS && !(kind && strcmp(kind, KINDS[k].kind) == 0)) k++;
     json_t *p = json_object();
     if (k == WB_N_KINDS) {
-        srv_error(rs, 400, "kind", "kind must be tokenizer, data or train");
+        srv_error(rs, 400, "kind", "kind must be tokenizer, data, train or export");
         goto out;
     }
     const char *key;
@@ -513,7 +615,7 @@ out:
 }
 
 void srv_route_wb_jobs_get(srv_server *s, const srv_request *rq, srv_response *rs) {
-    if (!wb_on(s, rs)) return;
+    if (!srv_wb_on(s, rs)) return;
     json_t *a = json_array();
     pthread_mutex_lock(&s->wb->mu);
     for (size_t i = 0; i < s->wb->n_jobs; i++) json_array_append_new(a, wb_job_json(s->wb->jobs[i], false));
@@ -534,7 +636,7 @@ static bool job_id(const srv_request *rq, char *id, size_t cap, const char **tai
 }
 
 void srv_route_wb_job_get(srv_server *s, const srv_request *rq, srv_response *rs) {
-    if (!wb_on(s, rs)) return;
+    if (!srv_wb_on(s, rs)) return;
     char id[16];
     const char *tail;
     if (!job_id(rq, id, sizeof id, &tail) || (*tail && strcmp(tail, "/events"))) {
@@ -558,14 +660,14 @@ void srv_route_wb_job_get(srv_server *s, const srv_request *rq, srv_response *rs
 }
 
 void srv_route_wb_job_post(srv_server *s, const srv_request *rq, srv_response *rs) {
-    if (!wb_on(s, rs)) return;
+    if (!srv_wb_on(s, rs)) return;
     char id[16], msg[256];
     const char *tail;
-    if (!job_id(rq, id, sizeof id, &tail) || strcmp(tail, "/stop")) {
-        srv_error(rs, 404, NULL, "no route %s (POST /wb/jobs/ID/stop)", rq->path);
+    if (!job_id(rq, id, sizeof id, &tail) || (strcmp(tail, "/stop") && strcmp(tail, "/pause") && strcmp(tail, "/resume"))) {
+        srv_error(rs, 404, NULL, "no route %s (POST /wb/jobs/ID/stop, /pause or /resume)", rq->path);
         return;
     }
-    int status = wb_stop(s->wb, id, msg, sizeof msg);
+    int status = strcmp(tail, "/stop") == 0 ? wb_stop(s->wb, id, msg, sizeof msg) : wb_pause(s->wb, id, strcmp(tail, "/pause") == 0, msg, sizeof msg);
     if (status != 200) {
         srv_error(rs, status, NULL, "%s", msg);
         return;
@@ -577,8 +679,35 @@ void srv_route_wb_job_post(srv_server *s, const srv_request *rq, srv_response *r
     srv_json(rs, 200, o);
 }
 
+/* The checkpoints of run name that are still there (DIR/runs/NAME/ckpt-STEP.gguf), step ascending, each with the
+ * validation loss of its step (null when none was measured) from the train jobs' outputs; w->mu held. */
+static json_t *checkpoints_of(wb *w, const char *dir, const char *name) {
+    json_t *out = json_array();
+    for (size_t k = 0; k < w->n_jobs; k++) {
+        wb_job *j = w->jobs[k];
+        const char *jn = json_string_value(json_object_get(j->params, "name"));
+        if (j->kind != WB_TRAIN || !jn || strcmp(jn, name)) continue;
+        size_t i;
+        json_t *c;
+        json_array_foreach(json_object_get(j->outputs, "checkpoints"), i, c) {
+            char p[8400];
+            snprintf(p, sizeof p, "%s/%s/%s", dir, name, json_string_value(json_object_get(c, "file")));
+            if (!exists(p)) continue;
+            size_t at = 0; /* a later job's checkpoint of the same step (a resume from before it) replaces it */
+            while (at < json_array_size(out) && json_integer_value(json_object_get(json_array_get(out, at), "step")) < json_integer_value(json_object_get(c, "step"))) at++;
+            json_t *o = json_deep_copy(c);
+            json_object_set_new(o, "path", json_string(p));
+            if (at < json_array_size(out) && json_integer_value(json_object_get(json_array_get(out, at), "step")) == json_integer_value(json_object_get(c, "step")))
+                json_array_set_new(out, at, o);
+            else
+                json_array_insert_new(out, at, o);
+        }
+    }
+    return out;
+}
+
 void srv_route_wb_runs_get(srv_server *s, const srv_request *rq, srv_response *rs) {
-    if (!wb_on(s, rs)) return;
+    if (!srv_wb_on(s, rs)) return;
     char dir[4096];
     wb_path(s->wb, dir, sizeof dir, "runs", NULL);
     json_t *a = json_array();
@@ -610,6 +739,7 @@ void srv_route_wb_runs_get(srv_server *s, const srv_request *rq, srv_response *r
         if (with_ckpt && exists(ck)) json_object_set(r, "checkpoint_step", json_object_get(with_ckpt->outputs, "checkpoint_step"));
         if (with_val) json_object_set(r, "val_loss", json_object_get(with_val->outputs, "val_loss")),
             json_object_set(r, "val_step", json_object_get(with_val->outputs, "val_step"));
+        json_object_set_new(r, "checkpoints", checkpoints_of(s->wb, dir, names[i]));
         json_array_append_new(a, r);
         free(names[i]);
     }

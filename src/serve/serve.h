@@ -139,6 +139,26 @@ void srv_route_wb_jobs_get(srv_server *s, const srv_request *rq, srv_response *r
 void srv_route_wb_job_get(srv_server *s, const srv_request *rq, srv_response *rs);  /* /wb/jobs/ID, /wb/jobs/ID/events */
 void srv_route_wb_job_post(srv_server *s, const srv_request *rq, srv_response *rs); /* /wb/jobs/ID/stop */
 void srv_route_wb_runs_get(srv_server *s, const srv_request *rq, srv_response *rs);
+void srv_route_wb_info(srv_server *s, const srv_request *rq, srv_response *rs);       /* wb_tok.c */
+void srv_route_wb_tokenizers(srv_server *s, const srv_request *rq, srv_response *rs);
+void srv_route_wb_tokenizer(srv_server *s, const srv_request *rq, srv_response *rs);
+void srv_route_wb_tokenize(srv_server *s, const srv_request *rq, srv_response *rs);
+void srv_route_wb_compare(srv_server *s, const srv_request *rq, srv_response *rs);
+void srv_route_wb_models(srv_server *s, const srv_request *rq, srv_response *rs);     /* wb_gen.c */
+void srv_route_wb_generate(srv_server *s, const srv_request *rq, srv_response *rs);
+/* The workbench's shared pieces: whether it is on (else a 404 in rs); the model presets as [{name, dims}] into
+ * list; a body's fields checked against a NULL-ended list (a 400 naming the first other one); the vocab folder
+ * beside the examples; a tokenizer by name (wb_tok.c's names) held until wb_tok_put. */
+bool srv_wb_on(srv_server *s, srv_response *rs);
+void srv_wb_presets(json_t *list);
+bool wb_known_fields(json_t *body, const char *const *known, srv_response *rs);
+struct wb;
+bool wb_vocab_dir(const struct wb *w, char *buf, size_t cap);
+bool wb_tok_get(srv_server *s, const char *name, const kiln_tokenizer **out, void **entry, srv_response *rs);
+void wb_tok_put(srv_server *s, void *entry);
+/* The messages array through template tmpl and tokenizer tok into ids (srv_parse_messages with the served model's);
+ * false with a 400. */
+bool srv_parse_messages_with(const kiln_chat_template *tmpl, const kiln_tokenizer *tok, json_t *msgs, kiln_tokens *out, srv_response *rs);
 /* The workbench's page (routes_static.c): GET /, /index.html, /wb/ui/FILE. */
 void srv_route_wb_static(srv_server *s, const srv_request *rq, srv_response *rs);
 

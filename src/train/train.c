@@ -528,6 +528,17 @@ static kiln_status export_after_failure(kiln_trainer *tr, const kiln_train_opts 
     return kiln_fail(failed, "%s; the final export failed too: %s", first, kiln_last_error());
 }
 
+/* While *o->pause is set and no stop is asked: a "paused" report, then polls every 20 ms; "resumed" when it goes on.
+ * The seconds it waited. */
+static double wait_paused(const kiln_train_opts *o, kiln_progress_fn progress, void *user, int64_t step) {
+    double t = now_s();
+    if (progress) progress(user, &(kiln_progress){.stage = "paused", .done = step, .total = o->steps, .metric = NAN});
+    while (__atomic_load_n(o->pause, __ATOMIC_RELAXED) && !(o->cancel && __atomic_load_n(o->cancel, __ATOMIC_RELAXED)))
+        nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+    if (progress) progress(user, &(kiln_progress){.stage = "resumed", .done = step, .total = o->steps, .metric = NAN});
+    return now_s() - t;
+}
+
 kiln_status kiln_train_run(const kiln_train_opts *o, kiln_progress_fn progress, void *user) {
     run r = {.o = o};
     kiln_status s = setup(&r);
@@ -542,6 +553,7 @@ kiln_status kiln_train_run(const kiln_train_opts *o, kiln_progress_fn progress, 
     bool exported = false;
     kiln_status out_failed = KILN_OK; /* a checkpoint or the log could not be written: stop, still export */
     while (!s && !out_failed && tr->st.step < o->steps) {
+        if (o->pause && world == 1 && __atomic_load_n(o->pause, __ATOMIC_RELAXED)) t0 += wait_paused(o, progress, user, tr->st.step);
         double ts = now_s();
         /* load every micro-batch first: the gradient is of the mean over all their counted targets */
         for (int64_t a = 0; a < o->grad_accum && !s; a++)
