@@ -358,6 +358,7 @@ async function loadCorpora() {
       el("span", { class: "muted small", text: fmt.bytes(c.bytes) }));
   });
   $("corpus-list").replaceChildren(...(list.length ? list : [el("p", { class: "muted", text: "No corpus yet: upload one below." })]));
+  if (!r.corpora.some((c) => !c.example)) $("corpus-upload-box").open = true;
   corporaSummary();
 }
 
@@ -382,6 +383,8 @@ $("corpus-upload").addEventListener("click", async () => {
     const body = file ? await file.arrayBuffer() : pasted;
     const r = await api("POST", `/wb/corpora?name=${encodeURIComponent(name)}`, undefined, body);
     msg("corpus-msg", `saved ${r.name}: ${fmt.bytes(r.bytes)}`, "ok");
+    $("corpus-upload-box").open = false;
+    $("corpus-file").value = "", $("corpus-paste").value = "";
     await loadCorpora();
     const box = document.querySelector(`#corpus-list input[data-corpus="${CSS.escape(r.name)}"]`);
     if (box) box.checked = true, corporaSummary();
@@ -427,10 +430,10 @@ async function showTokenizer() {
   try {
     const t = await api("GET", `/wb/tokenizer?name=${encodeURIComponent(name)}&merges=40`);
     const h = t.heldout;
-    $("tok-summary").textContent = `${fmt.int(t.n_vocab)} tokens` + (t.special && t.special.length ? `, special: ${t.special.join(" ")}` : "") +
+    $("tok-summary").textContent = `${fmt.int(t.n_vocab)} tokens` + (t.special && t.special.length ? `, special: ${t.special.map((x) => (typeof x === "string" ? x : x.text)).join(" ")}` : "") +
       (h ? ` · held out ${fmt.bytes(h.bytes)}: ${fmt.num(h.bytes_per_token, 2)} bytes/token` : "");
     $("tok-merges").replaceChildren(...t.merges.map((m) => el("li", { "data-rank": m.rank },
-      el("span", { class: "piece h0", text: visible(m.left) }), el("span", { class: "plus", text: "+" }),
+      el("span", { class: "rank", text: String(m.rank + 1) }), el("span", { class: "piece h0", text: visible(m.left) }), el("span", { class: "plus", text: "+" }),
       el("span", { class: "piece h1", text: visible(m.right) }), el("span", { class: "plus", text: "→" }),
       el("span", { class: "piece h2", text: visible(m.left + m.right) }))));
     if (h) compare();
@@ -456,8 +459,7 @@ $("tok-train").addEventListener("click", async () => {
       special: $("tok-special").value.split(/[\s,]+/).filter(Boolean),
       heldout_fraction: numField("tok-heldout"),
     };
-    // the server's default (0.05) is left to the server, so that the field is sent only when it says something
-    if (body.heldout_fraction === undefined || body.heldout_fraction === 0.05) delete body.heldout_fraction;
+    if (body.heldout_fraction === undefined) delete body.heldout_fraction;
     const j = await api("POST", "/wb/jobs", body);
     ui.jobs.set(j.id, j);
     renderJobs();
@@ -495,10 +497,15 @@ async function tokenizeNow() {
   try {
     const r = await api("POST", "/wb/tokenize", { tokenizer: name, text });
     if (seq !== tokSeq) return; // a newer text is on its way
-    $("tok-pieces").replaceChildren(...r.tokens.map((t, i) => el("span", {
-      class: "piece h" + (i % 6) + (t.special ? " special" : ""), "data-id": t.id, title: `id ${t.id}`, text: visible(t.piece),
-    })));
-    $("tok-stats").textContent = `${fmt.int(r.n_tokens)} tokens · ${fmt.int(r.n_bytes)} bytes · ${fmt.num(r.bytes_per_token, 2)} bytes/token`;
+    const out = [];
+    r.tokens.forEach((t, i) => {
+      out.push(el("span", { class: "piece h" + (i % 6) + (t.special ? " special" : ""), "data-id": t.id, title: `id ${t.id}`, text: visible(t.piece) }));
+      if (t.piece.endsWith("\n")) out.push(el("br")); // the line breaks where the text does
+    });
+    $("tok-pieces").replaceChildren(...out);
+    const bpt = r.bytes_per_token != null ? r.bytes_per_token : r.n_tokens ? r.n_bytes / r.n_tokens : null;
+    $("tok-stats").textContent = `${fmt.int(r.n_tokens)} tokens · ${fmt.int(r.n_bytes)} bytes · ${fmt.num(bpt, 2)} bytes/token` +
+      (r.truncated ? " (the first tokens shown)" : "");
     msg("tok-msg", "");
   } catch (e) { if (seq === tokSeq) msg("tok-msg", e.message, "error"); }
 }
@@ -530,7 +537,15 @@ $("data-make").addEventListener("click", async () => {
 
 /* ---------------------------------------------------------------- train */
 
-$("run-preset").addEventListener("change", () => { $("run-dims").hidden = $("run-preset").value !== "custom"; });
+/* The chosen preset's dimensions under the form; custom shows its own fields. */
+function presetHint() {
+  const name = $("run-preset").value;
+  $("run-dims").hidden = name !== "custom";
+  const p = ui.info && (ui.info.presets || []).find((x) => x.name === name);
+  const d = p && p.dims;
+  $("run-preset-info").textContent = d ? `${name}: width C ${d.n_embd}, ${d.n_layer} layers, ${d.n_head} heads (${d.n_head_kv} KV), FFN ${d.n_ff}` : "";
+}
+$("run-preset").addEventListener("change", presetHint);
 
 function trainBody() {
   // a field left blank is the server's default, so it is not sent
@@ -739,6 +754,7 @@ async function loadRuns() {
     });
   }
   $("runs-list").replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { colSpan: 4, class: "muted", text: "No run yet." }))]));
+  if ($("runs-msg").classList.contains("error")) msg("runs-msg", "");
 }
 
 async function resumeRun(run, step) {
@@ -782,6 +798,7 @@ $("jobs-refresh").addEventListener("click", () => loadJobs().catch(showError));
 async function loadModels() {
   const r = await api("GET", "/wb/models");
   ui.models = r.models;
+  if ($("gen-msg").classList.contains("error")) msg("gen-msg", "");
   setOptions($("gen-model"), r.models.map((m) => [m.id, m.label || m.id]));
   modelChanged();
 }
@@ -850,8 +867,10 @@ $("gen-run").addEventListener("click", async () => {
         out.append(el("span", { class: "prompt", text: d.tokens.map((t) => t.piece).join("") }));
       } else if (ev === "token") {
         const i = ui.gen.tokens.push(d) - 1;
-        reply += d.piece;
-        out.append(el("span", { class: "tok", tabIndex: 0, "data-i": i, "data-id": d.id, text: d.piece }));
+        // text: the bytes that end in whole characters so far (a character split across tokens comes with its last)
+        const shown = d.text != null ? d.text : d.piece;
+        reply += shown;
+        out.append(el("span", { class: "tok", tabIndex: 0, "data-i": i, "data-id": d.id, text: shown }));
         $("gen-stats").textContent = `${ui.gen.tokens.length} tokens`;
       } else if (ev === "end") {
         ended = true;
@@ -879,9 +898,10 @@ function showTip(target) {
   const t = ui.gen.tokens[+target.dataset.i];
   if (!t) return;
   const tip = $("tooltip");
+  const top1 = Math.max(1e-12, ...(t.top || []).map((x) => x.p)); // the bars scaled to the likeliest
   const rows = (t.top || []).map((x) => el("div", { class: "tiprow" + (x.id === t.id ? " chosen" : "") },
     el("span", { class: "piece h0", text: visible(x.piece) }),
-    el("span", { class: "track" }, el("span", { class: "fill", style: `width:${(100 * x.p).toFixed(1)}%` })),
+    el("span", { class: "track" }, el("span", { class: "fill", style: `width:${(100 * x.p / top1).toFixed(1)}%` })),
     el("span", { class: "value", text: (100 * x.p).toFixed(1) + "%" })));
   tip.replaceChildren(el("div", { class: "tiphead", text: `token ${t.id} · p ${(100 * t.p).toFixed(1)}%` }), ...rows);
   tip.hidden = false;
@@ -901,14 +921,15 @@ async function loadInfo() {
   const i = await api("GET", "/wb/info");
   ui.info = i;
   $("server-info").textContent = `kiln ${i.version}` + (i.model ? ` · ${i.model}` : "");
-  const devs = (i.devices || [{ name: "cpu" }]).map((d) => [d.name, d.name + (d.threads ? ` (${d.threads} threads)` : d.memory_bytes ? ` (${fmt.bytes(d.memory_bytes)})` : "")]);
+  const devs = (i.devices || [{ name: "cpu" }]).map((d) => [d.name, d.name + (d.memory_bytes ? ` (${fmt.bytes(d.memory_bytes)})` : "")]);
   setOptions($("run-device"), devs);
   setOptions($("gen-device"), devs);
   const cpu = (i.devices || []).find((d) => d.name === "cpu");
-  if (cpu && cpu.threads) $("run-threads").max = cpu.threads;
+  if (cpu && cpu.threads) $("run-threads").max = cpu.threads, $("run-threads").title = `${cpu.threads} cores here`;
   if (i.presets && i.presets.length) {
-    setOptions($("run-preset"), i.presets.map((p) => [p.name, p.name + (p.dims ? ` (C ${p.dims.n_embd}, L ${p.dims.n_layer})` : "")]).concat([["custom", "custom"]]));
+    setOptions($("run-preset"), i.presets.map((p) => [p.name, p.name]).concat([["custom", "custom"]]));
   }
+  presetHint();
   if (i.lr_schedules) setOptions($("run-schedule"), [["", "default"]].concat(i.lr_schedules.map((s) => [s, s])));
   if (i.export_types) setOptions($("export-type"), i.export_types.map((s) => [s, s]));
   if (i.auth && !localStorage.getItem(KEY_STORE)) askKey("This server needs its API key.");
@@ -921,8 +942,8 @@ async function loadAll() {
     loadInfo().catch((e) => { $("server-info").textContent = "kiln"; if (e.status !== 404) throw e; }),
     loadCorpora(),
     loadJobs().then(loadTokenizers).then(showTokenizer),
-    loadRuns().catch((e) => msg("runs-msg", e.message, "error")),
-    loadModels().catch((e) => msg("gen-msg", e.message, "error")),
+    loadRuns().catch((e) => { if (e.status !== 401) msg("runs-msg", e.message, "error"); }),
+    loadModels().catch((e) => { if (e.status !== 401) msg("gen-msg", e.message, "error"); }),
   ];
   const res = await Promise.allSettled(parts);
   const bad = res.filter((r) => r.status === "rejected").map((r) => r.reason);

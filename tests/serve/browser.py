@@ -165,6 +165,8 @@ def c_corpus():
     path = os.path.join(A.tmp, "english.txt")
     with open(path, "wb") as f:
         f.write(data)
+    if not by_id("corpus-name").is_displayed():
+        q("#corpus-upload-box summary").click()
     type_into("corpus-name", "english")
     by_id("corpus-file").send_keys(path)
     by_id("corpus-upload").click()
