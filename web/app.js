@@ -214,7 +214,15 @@ function watchJob(job, handlers) {
       try {
         await sse("GET", `/wb/jobs/${encodeURIComponent(id)}/events`, undefined, (ev, d) => {
           tries = 0;
-          if (ev === "progress") handlers.progress && handlers.progress(d);
+          if (ev === "progress") {
+            const j = ui.jobs.get(id);
+            if (j && d.state && d.state !== j.state) { // a pause or resume: the state rides on the event
+              j.state = d.state;
+              handlers.state && handlers.state(d.state);
+              renderJobs();
+            }
+            handlers.progress && handlers.progress(d);
+          }
           else if (ev === "state") {
             const j = ui.jobs.get(id);
             if (j) j.state = d.state;
@@ -613,7 +621,7 @@ function followTrain(job) {
     },
     progress(d) {
       if (d.stage === "train" || d.stage === "eval") trainPoint(d);
-      else $("live-job").textContent = `${job.params.name || ""} · ${d.stage} ${fmt.int(d.done)} / ${fmt.int(d.total)}`;
+      else if (d.stage !== "paused" && d.stage !== "resumed") $("live-job").textContent = `${job.params.name || ""} · ${d.stage} ${fmt.int(d.done)} / ${fmt.int(d.total)}`;
     },
     state(s) { ui.trainJob.state = s; trainButtons(); showTrainState(ui.trainJob); },
     end(j) {

@@ -12,7 +12,9 @@ what the page did):
   shards      shards made from the Train tab
   train       50 steps of the tiny preset on the CPU: the chart's plotted points grow while it runs, end at 50 train
               points and 2 validation points, tokens/s and the step shown; the checkpoint listed with Resume/Export
-  reload      a second run, the page reloaded: the Live card follows it again (its points still growing), then Stop
+  export      run1's checkpoint exported as q8_0 by its Export button, the GGUF listed among the models
+  reload      a second run, the page reloaded: the Live card follows it again (its points still growing), Pause holds
+              the chart, Resume moves it again, Stop ends the job as stopped
   generate    the first run chosen in the Generate tab: tokens stream in as spans, hovering one shows its top-5
 A screenshot of each tab (1280x900) goes to --shots. Each check prints ok/FAIL/skip; after a failure the checks that
 need its result fail naming it."""
@@ -295,11 +297,32 @@ def c_reload():
     wait_for("the Live card following run2 after the reload", lambda: "run2" in text("live-job"), 15)
     p0 = wait_for("run2's points drawn again", lambda: points(), 20)
     wait_for(f"run2's points growing after the reload (from {p0})", lambda: points() > p0, 30)
+    wait_for("the Pause button enabled", lambda: by_id("train-pause").is_enabled(), 10)
+    by_id("train-pause").click()
+    wait_for(f"run2 paused (the page says {text('train-msg')!r})", lambda: text("train-msg") == "paused" and by_id("train-resume").is_enabled(), 30)
+    p1 = points()
+    time.sleep(1.0)
+    check(points() == p1, f"the chart grew from {p1} to {points()} points while paused")
+    by_id("train-resume").click()
+    wait_for(f"run2's points growing after Resume (from {p1})", lambda: points() > p1, 30)
     wait_for("the Stop button enabled", lambda: by_id("train-stop").is_enabled(), 10)
     by_id("train-stop").click()
     wait_for(f"run2 stopped (the page says {text('train-msg')!r})", lambda: text("train-msg").startswith("stopped"), 60)
     jobs = [j for j in SRV.json("GET", "/wb/jobs")["jobs"] if j["kind"] == "train" and j["params"].get("name") == "run2"]
     check(jobs and jobs[-1]["state"] == "stopped", f"run2 on the server: {jobs[-1]['state'] if jobs else 'missing'}")
+
+
+def c_export():
+    needs("train")
+    tab("train")
+    types = [o.get_attribute("value") for o in Select(by_id("export-type")).options]
+    check("q8_0" in types and "f32" in types, f"the export types offered: {types}")
+    choose("export-type", "q8_0")
+    q('#runs-list tr[data-run="run1"][data-step="50"] [data-action="export"]').click()
+    m = msg_done("runs-msg", "the export", 60)
+    check("exported" in m, f"runs-msg {m!r}")
+    models = SRV.json("GET", "/wb/models")["models"]
+    check(any(x["kind"] == "gguf" and "q8_0" in x["id"] for x in models), f"no q8_0 GGUF among the models: {[x['id'] for x in models]}")
 
 
 def c_generate():
@@ -333,7 +356,8 @@ def c_generate():
 
 CHECKS = [("page", c_page), ("key", c_key), ("corpus", c_corpus), ("tokenizer", c_tokenizer), ("vocabulary", c_vocabulary),
           ("tokenize", c_tokenize),
-          ("failure", c_failure), ("shards", c_shards), ("train", c_train), ("generate", c_generate), ("reload", c_reload)]
+          ("failure", c_failure), ("shards", c_shards), ("train", c_train), ("export", c_export),
+          ("generate", c_generate), ("reload", c_reload)]
 
 
 def main():
