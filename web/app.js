@@ -315,8 +315,8 @@ async function loadJobs() {
   const live = r.jobs.filter((j) => !TERMINAL.has(j.state));
   const last = (kind) => live.filter((j) => j.kind === kind).pop();
   const t = last("tokenizer"), d = last("data"), tr = last("train");
-  if (t) simpleJob(t, "tok-progress", "tok-status", afterTokenizer);
-  if (d) simpleJob(d, "data-progress", "data-status", () => loadJobs().catch(showError));
+  if (t && !ui.watching.has(t.id)) simpleJob(t, "tok-progress", "tok-status", afterTokenizer);
+  if (d && !ui.watching.has(d.id)) simpleJob(d, "data-progress", "data-status", () => loadJobs().catch(showError));
   const lastTrain = tr || r.jobs.filter((j) => j.kind === "train").pop();
   if (lastTrain && (!ui.trainJob || ui.trainJob.id !== lastTrain.id)) followTrain(lastTrain);
   else if (ui.trainJob) ui.trainJob = ui.jobs.get(ui.trainJob.id) || ui.trainJob, trainButtons();
@@ -413,7 +413,7 @@ async function loadTokenizers() {
   ui.tokenizers = r.tokenizers;
   const opts = r.tokenizers.map((t) => [t.name, t.name + (t.n_vocab ? ` (${fmt.int(t.n_vocab)})` : "")]);
   setOptions($("tok-select"), opts);
-  setOptions($("cmp-select"), opts.filter(([v]) => v !== $("tok-select").value));
+  compareOptions($("tok-select").value);
   const own = opts.filter(([v]) => !v.startsWith("gguf:"));
   setOptions($("data-tokenizer"), own);
 }
@@ -427,9 +427,17 @@ async function afterTokenizer(job) {
   await showTokenizer();
 }
 
+/* The vocabularies to compare with: a model's GGUF tokenizer first (the likeliest comparison), then the rest. */
+function compareOptions(name) {
+  const others = ui.tokenizers.filter((t) => t.name !== name).map((t) => t.name);
+  const rank = (n) => (/llama|gpt-?2|qwen|smol|mistral|phi|gemma/i.test(n) ? 0 : n.startsWith("gguf:") ? 2 : 1);
+  others.sort((a, b) => rank(a) - rank(b) || a.localeCompare(b));
+  setOptions($("cmp-select"), others.map((n) => [n, n]));
+}
+
 async function showTokenizer() {
   const name = $("tok-select").value;
-  setOptions($("cmp-select"), ui.tokenizers.filter((t) => t.name !== name).map((t) => [t.name, t.name]));
+  compareOptions(name);
   $("tok-merges").replaceChildren();
   $("tok-summary").textContent = "";
   $("cmp-results").replaceChildren();
@@ -502,6 +510,10 @@ async function tokenizeNow() {
   const name = $("tok-select").value, text = $("tok-input").value;
   const seq = ++tokSeq;
   if (!name) return;
+  if (!text) {
+    $("tok-pieces").replaceChildren(), $("tok-stats").textContent = "", msg("tok-msg", "");
+    return;
+  }
   try {
     const r = await api("POST", "/wb/tokenize", { tokenizer: name, text });
     if (seq !== tokSeq) return; // a newer text is on its way
