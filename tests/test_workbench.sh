@@ -63,6 +63,11 @@ checks() {
     test_n_failed_=$((test_n_failed_ + n))
 }
 
+# beyond loopback the workbench needs a key: refused at the start, with the flag named
+out=$("$KILN" serve --workbench --host 0.0.0.0 --port 0 --data-dir "$tmp/refused" 2>&1); rc=$?
+if [ "$rc" -ne 0 ] && printf '%s' "$out" | grep -q 'needs --api-key' && [ ! -e "$tmp/refused" ]; then echo "ok workbench_beyond_loopback_needs_key"
+else echo "FAIL workbench_beyond_loopback_needs_key: status $rc: $(printf '%s' "$out" | head -c 300)"; test_n_failed_=$((test_n_failed_ + 1)); fi
+
 if start first; then
     checks before
     stop first
