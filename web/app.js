@@ -6,14 +6,15 @@
  * The ids the test reads (keep them stable):
  *   tabs          tab-tokenizer tab-train tab-generate; panels panel-tokenizer panel-train panel-generate
  *   key           key-box key-input key-save key-msg key-open; banner banner-text
- *   corpus        corpus-list (inputs with data-corpus=NAME) corpus-name corpus-file corpus-paste corpus-upload corpus-msg
+ *   corpus        corpus-list (inputs with data-corpus=NAME) corpus-upload-box (a <details>) corpus-name corpus-file
+ *                 corpus-paste corpus-upload corpus-msg
  *   tokenizer     tok-name tok-vocab tok-special tok-heldout tok-train tok-progress tok-status
  *                 tok-select tok-summary cmp-select cmp-run cmp-results (rows with data-tokenizer, data-bpt) cmp-msg
  *                 tok-merges tok-input tok-pieces (span.piece with data-id) tok-stats tok-msg
  *   train         data-name data-tokenizer data-val data-make data-progress data-status
  *                 run-name run-data run-preset run-device run-threads run-steps run-time run-lr run-schedule run-warmup
- *                 run-batch run-context run-eval run-8bit run-mixed dim-embd dim-layer dim-head dim-kv dim-ff
- *                 train-start train-pause train-resume train-stop train-msg train-progress
+ *                 run-batch run-context run-eval run-8bit run-mixed run-preset-info dim-embd dim-layer dim-head dim-kv dim-ff
+ *                 train-start train-pause train-resume train-stop train-msg train-progress live-job
  *                 loss-chart (data-points: train points drawn, data-val-points) stat-step stat-loss stat-val stat-toks
  *                 stat-eta stat-mem runs-list (rows data-run, data-step; buttons data-action=resume|export) runs-msg
  *                 export-type jobs-list
@@ -777,11 +778,20 @@ async function loadRuns() {
   if ($("runs-msg").classList.contains("error")) msg("runs-msg", "");
 }
 
+/* Trains run on from its checkpoint at step: the run's own settings (its first job's), with the form's steps, time
+ * budget and device. */
 async function resumeRun(run, step) {
   try {
-    const b = trainBody();
-    delete b.name, delete b.preset, delete b.dims, delete b.data;
-    b.resume = run, b.from_step = step;
+    const first = [...ui.jobs.values()].find((j) => j.kind === "train" && j.params && j.params.name === run);
+    const b = first ? Object.assign({}, first.params) : trainBody();
+    delete b.name, delete b.resume, delete b.from_step, delete b.time_budget_s;
+    if (b.preset) delete b.dims; // the job's params carry both: the preset's dims filled in
+    const form = trainBody();
+    b.kind = "train", b.resume = run, b.from_step = step, b.device = form.device;
+    if (form.steps !== undefined) b.steps = form.steps;
+    if (form.time_budget_s !== undefined) b.time_budget_s = form.time_budget_s;
+    if (b.device === "cpu") b.threads = form.threads; else delete b.threads;
+    if (!(b.steps > step) && b.time_budget_s === undefined) throw new Error(`Set Steps above ${step} (the checkpoint's step) to train on.`);
     msg("runs-msg", "");
     await startTrain(b);
     msg("train-msg", `resuming ${run} from step ${step}`);

@@ -15,6 +15,7 @@ what the page did):
   export      run1's checkpoint exported as q8_0 by its Export button, the GGUF listed among the models
   reload      a second run, the page reloaded: the Live card follows it again (its points still growing), Pause holds
               the chart, Resume moves it again, Stop ends the job as stopped
+  resume      run1 trained on from its step-50 checkpoint by its Resume button to 60 steps, the new checkpoint listed
   generate    the first run chosen in the Generate tab: tokens stream in as spans, hovering one shows its top-5
 A screenshot of each tab (1280x900) goes to --shots. Each check prints ok/FAIL/skip; after a failure the checks that
 need its result fail naming it."""
@@ -354,10 +355,22 @@ def c_generate():
     shot("generate")
 
 
+def c_resume():
+    needs("train")
+    tab("train")
+    type_into("run-steps", 60)
+    q('#runs-list tr[data-run="run1"][data-step="50"] [data-action="resume"]').click()
+    wait_for("the resumed run followed", lambda: "run1" in text("live-job") and points() > 0 or text("runs-msg"), 30)
+    check("run1" in text("live-job"), f"the resumed run is not followed: runs-msg {text('runs-msg')!r}, live-job {text('live-job')!r}")
+    m = msg_done("train-msg", "the resumed run", 90)
+    check("60" in m, f"train-msg {m!r}")
+    wait_for("run1's step-60 checkpoint listed", lambda: qs('#runs-list tr[data-run="run1"][data-step="60"]'), 15)
+
+
 CHECKS = [("page", c_page), ("key", c_key), ("corpus", c_corpus), ("tokenizer", c_tokenizer), ("vocabulary", c_vocabulary),
           ("tokenize", c_tokenize),
           ("failure", c_failure), ("shards", c_shards), ("train", c_train), ("export", c_export),
-          ("generate", c_generate), ("reload", c_reload)]
+          ("generate", c_generate), ("reload", c_reload), ("resume", c_resume)]
 
 
 def main():
