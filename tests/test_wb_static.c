@@ -47,7 +47,9 @@ static const srv_static_file *entry(const char *name) {
 static void test_wb_static_table(void) {
     static const struct {
         const char *name, *type;
-    } want[] = {{"index.html", "text/html; charset=utf-8"}, {"app.js", "text/javascript; charset=utf-8"}, {"style.css", "text/css; charset=utf-8"}};
+    } want[] = {{"index.html", "text/html; charset=utf-8"},
+                {"app.js", "text/javascript; charset=utf-8"},
+                {"style.css", "text/css; charset=utf-8"}};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
         const srv_static_file *f = entry(want[i].name);
         CHECK(f, "%s is not compiled in", want[i].name);
@@ -74,7 +76,9 @@ static void expect(const char *method, const char *path, int want, const char *n
     }
     srv_response_free(&rs);
     CHECK(st == want, "%s %s: status %d, not %d", method, path, st, want);
-    if (name) CHECK(same && typed && no_cache, "%s %s: body same %d, type right %d, no-cache %d", method, path, same, typed, no_cache);
+    if (name)
+        CHECK(same && typed && no_cache, "%s %s: body same %d, type right %d, no-cache %d", method, path, same, typed,
+              no_cache);
     else CHECK(json, "%s %s: the %d is not a JSON error", method, path, st);
 }
 

@@ -18,7 +18,8 @@ static const srv_static_file *find(const char *name) {
 
 void srv_route_wb_static(srv_server *s, const srv_request *rq, srv_response *rs) {
     if (!srv_wb_on(s, rs)) return;
-    const char *name = strncmp(rq->path, UI_PREFIX, strlen(UI_PREFIX)) == 0 ? rq->path + strlen(UI_PREFIX) : "index.html";
+    size_t n = strlen(UI_PREFIX);
+    const char *name = strncmp(rq->path, UI_PREFIX, n) == 0 ? rq->path + n : "index.html"; /* else / or /index.html */
     const srv_static_file *f = find(name);
     if (!f) {
         srv_error(rs, 404, NULL, "no file %s in the workbench's page", rq->path);
