@@ -3,7 +3,8 @@
 # `kiln serve --workbench --api-key KEY` on loopback over a fresh data folder: the key typed into the page, a corpus
 # uploaded, a tokenizer trained and measured, the live tokenize box, shards, 50 steps of the tiny preset with the
 # chart growing, a reload that follows a running job again and stops it, and text generated from the run with its
-# top-5 tooltip. A screenshot of each tab (1280x900) goes to $KILN_SCREENSHOTS (default: the temp folder, removed).
+# top-5 tooltip (and, with SmolLM2-135M-Instruct in ~/.cache/kiln, a chat turn). A screenshot of each tab (1280x900)
+# goes to $KILN_SCREENSHOTS (default: the temp folder, removed).
 # Skips with one line where chromium, chromedriver or selenium is missing.
 cd "$(dirname "$0")/.." || exit 1
 . tests/test.sh
@@ -21,6 +22,13 @@ fi
 [ -x "$CHROMIUM" ] || { echo "skip test_browser: no chromium at $CHROMIUM (apt install chromium)"; exit 0; }
 [ -x "$CHROMEDRIVER" ] || { echo "skip test_browser: no chromedriver at $CHROMEDRIVER (apt install chromium-driver)"; exit 0; }
 python3 -c 'import selenium' 2>/dev/null || { echo "skip test_browser: the python package selenium is missing (pip install selenium)"; exit 0; }
+
+# The chat check's model: SmolLM2-135M-Instruct (tests/ref/fetch_models.sh) linked into the data folder's models/.
+CHAT_MODEL=$HOME/.cache/kiln/smollm2-135m-instruct-q4_1.gguf
+CHAT_ARG=
+if [ -f "$CHAT_MODEL" ]; then
+    mkdir -p "$tmp/wb/models" && ln -s "$CHAT_MODEL" "$tmp/wb/models/smollm2-chat.gguf" && CHAT_ARG=--chat-model=smollm2-chat.gguf
+fi
 
 # start: kiln serve --workbench --port 0 over $tmp/wb; waits (30 s at most) for its "listening on" line.
 start() {
@@ -60,7 +68,7 @@ stop() {
 checks() {
     local out rc n
     out=$(python3 tests/serve/browser.py --url "$SRV_URL" --api-key "$KEY" --tmp "$tmp" --shots "${KILN_SCREENSHOTS:-$tmp/shots}" \
-          --chromium "$CHROMIUM" --chromedriver "$CHROMEDRIVER" "$@" 2>&1); rc=$?
+          --chromium "$CHROMIUM" --chromedriver "$CHROMEDRIVER" $CHAT_ARG "$@" 2>&1); rc=$?
     printf '%s\n' "$out" | grep -E '^(ok|FAIL|skip|note) '
     n=$(printf '%s\n' "$out" | grep -c '^FAIL ')
     if [ "$rc" -ne 0 ] && [ "$n" -eq 0 ]; then

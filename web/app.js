@@ -859,6 +859,7 @@ $("gen-refresh").addEventListener("click", () => loadModels().catch((e) => msg("
 $("gen-clear").addEventListener("click", () => {
   ui.gen.messages = [], ui.gen.tokens = [];
   $("gen-output").replaceChildren();
+  hideTip();
   $("gen-stats").textContent = "";
   msg("gen-msg", "");
   renderMessages();
@@ -884,6 +885,7 @@ $("gen-run").addEventListener("click", async () => {
   } else body.prompt = text;
   const out = $("gen-output");
   out.replaceChildren();
+  hideTip();
   ui.gen.tokens = [];
   msg("gen-msg", "");
   $("gen-stats").textContent = "generating…";

@@ -17,6 +17,8 @@ what the page did):
               the chart, Resume moves it again, Stop ends the job as stopped
   resume      run1 trained on from its step-50 checkpoint by its Resume button to 60 steps, the new checkpoint listed
   generate    the first run chosen in the Generate tab: tokens stream in as spans, hovering one shows its top-5
+  chat        (with SmolLM2-135M-Instruct in DATA/models) chat mode: a question and its streamed answer in the
+              message list, the answer the tokens' text, the top-5 tooltip
 A screenshot of each tab (1280x900) goes to --shots. Each check prints ok/FAIL/skip; after a failure the checks that
 need its result fail naming it."""
 import argparse
@@ -367,10 +369,44 @@ def c_resume():
     wait_for("run1's step-60 checkpoint listed", lambda: qs('#runs-list tr[data-run="run1"][data-step="60"]'), 15)
 
 
+def c_chat():
+    if not A.chat_model:
+        raise Skip("no chat model (SmolLM2-135M-Instruct in ~/.cache/kiln: tests/ref/fetch_models.sh)")
+    needs("key")
+    tab("generate")
+    by_id("gen-refresh").click()
+    mid = "gguf:" + A.chat_model
+    wait_for(f"{mid} among the models", lambda: mid in [o.get_attribute("value") for o in Select(by_id("gen-model")).options], 15)
+    choose("gen-model", mid)
+    wait_for("chat mode offered for a model with a chat template", lambda: by_id("gen-chat").is_enabled(), 5)
+    if not by_id("gen-chat").is_selected():
+        by_id("gen-chat").click()
+    hidden = D.execute_script("return document.getElementById('gen-messages').hidden")
+    check(not hidden and text("gen-run") == "Send", f"the page is not in chat mode (messages hidden {hidden}, button {text('gen-run')!r})")
+    by_id("gen-clear").click()
+    type_into("gen-prompt", "What is the capital of France?")
+    type_into("gen-n", 40)
+    type_into("gen-seed", 1)
+    by_id("gen-run").click()
+    wait_for(f"the reply's end (gen-msg {text('gen-msg')!r})", lambda: "tok/s" in text("gen-stats") or by_id("gen-msg").text, 120)
+    check(not text("gen-msg"), f"the page says {one_line(text('gen-msg'))}")
+    msgs = qs("#gen-messages .message")
+    roles = [m.get_attribute("class").split()[-1] for m in msgs]
+    check(roles == ["user", "assistant"], f"the message list's roles: {roles}")
+    reply = D.execute_script("return [...document.querySelectorAll('#gen-output span.tok')].map(s => s.textContent).join('')")
+    said = D.execute_script("return document.querySelector('#gen-messages .message.assistant span:last-child').textContent")
+    check(reply.strip() and said == reply, f"the assistant's message {said!r} is not the streamed tokens {reply!r}")
+    toks = qs("#gen-output span.tok")
+    ActionChains(D).move_to_element(toks[min(3, len(toks) - 1)]).perform()
+    tip = wait_for("the top-5 tooltip on hover", lambda: by_id("tooltip").is_displayed() and by_id("tooltip"), 5)
+    check(len(tip.find_elements(By.CSS_SELECTOR, ".tiprow")) == 5, "not 5 rows in the tooltip")
+    shot("chat")
+
+
 CHECKS = [("page", c_page), ("key", c_key), ("corpus", c_corpus), ("tokenizer", c_tokenizer), ("vocabulary", c_vocabulary),
           ("tokenize", c_tokenize),
           ("failure", c_failure), ("shards", c_shards), ("train", c_train), ("export", c_export),
-          ("generate", c_generate), ("reload", c_reload), ("resume", c_resume)]
+          ("generate", c_generate), ("chat", c_chat), ("reload", c_reload), ("resume", c_resume)]
 
 
 def main():
@@ -381,6 +417,7 @@ def main():
     ap.add_argument("--shots", required=True)
     ap.add_argument("--tmp", required=True)
     ap.add_argument("--examples", default=os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "corpora"))
+    ap.add_argument("--chat-model", default="", help="a GGUF with a chat template in DATA/models (its file name)")
     ap.add_argument("--chromium", default="/usr/bin/chromium")
     ap.add_argument("--chromedriver", default="/usr/bin/chromedriver")
     ap.add_argument("only", nargs="*")
