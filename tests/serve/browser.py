@@ -19,7 +19,7 @@ what the page did):
   generate    the first run chosen in the Generate tab: tokens stream in as spans, hovering one shows its top-5
   chat        (with SmolLM2-135M-Instruct in DATA/models) chat mode: a question and its streamed answer in the
               message list, the answer the tokens' text, the top-5 tooltip
-A screenshot of each tab (1280x900) goes to --shots. Each check prints ok/FAIL/skip; after a failure the checks that
+A screenshot of each tab (1280x900) goes to --shots (the Generate tab's of the chat where it runs). Each check prints ok/FAIL/skip; after a failure the checks that
 need its result fail naming it."""
 import argparse
 import json
@@ -387,6 +387,7 @@ def c_chat():
     type_into("gen-prompt", "What is the capital of France?")
     type_into("gen-n", 40)
     type_into("gen-seed", 1)
+    type_into("gen-temp", 0.3)
     by_id("gen-run").click()
     wait_for(f"the reply's end (gen-msg {text('gen-msg')!r})", lambda: "tok/s" in text("gen-stats") or by_id("gen-msg").text, 120)
     check(not text("gen-msg"), f"the page says {one_line(text('gen-msg'))}")
@@ -397,10 +398,11 @@ def c_chat():
     said = D.execute_script("return document.querySelector('#gen-messages .message.assistant span:last-child').textContent")
     check(reply.strip() and said == reply, f"the assistant's message {said!r} is not the streamed tokens {reply!r}")
     toks = qs("#gen-output span.tok")
-    ActionChains(D).move_to_element(toks[min(3, len(toks) - 1)]).perform()
+    pick = next((t for t in toks if "Paris" in t.text), toks[min(3, len(toks) - 1)])  # the answer's word, where it is
+    ActionChains(D).move_to_element(pick).perform()
     tip = wait_for("the top-5 tooltip on hover", lambda: by_id("tooltip").is_displayed() and by_id("tooltip"), 5)
     check(len(tip.find_elements(By.CSS_SELECTOR, ".tiprow")) == 5, "not 5 rows in the tooltip")
-    shot("chat")
+    shot("generate")  # a real model's answer shows the tab better than 50 steps' text: it replaces that screenshot
 
 
 CHECKS = [("page", c_page), ("key", c_key), ("corpus", c_corpus), ("tokenizer", c_tokenizer), ("vocabulary", c_vocabulary),
