@@ -738,7 +738,7 @@ void wb_free(wb *w, double wait_s) {
         if (w->queues[i].started) pthread_join(w->queues[i].th, NULL);
     for (size_t i = 0; i < w->n_jobs; i++) job_free(w->jobs[i]);
     if (w->toks_free) w->toks_free(w->toks);
-    free(w->jobs), free(w->dir), free(w->examples);
+    free(w->jobs), free(w->dir), free(w->examples), free(w->bundled);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     free(w);

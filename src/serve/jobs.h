@@ -56,6 +56,7 @@ typedef struct wb_queue {
 
 typedef struct wb {
     char *dir, *examples; /* the data folder; the example corpora's folder (may not exist) */
+    char *bundled;        /* the bundled model (kiln_cli_default_model), offered as model and tokenizer; or NULL */
     pthread_mutex_t mu;
     pthread_cond_t cv;    /* a job queued, a state changed, an event */
     wb_job **jobs;        /* (n_jobs) in the order they came; never removed before wb_free */

@@ -1,6 +1,6 @@
 /* wb_gen.c: the workbench's Generate tab (docs/workbench.md):
  *   GET  /wb/models     every checkpoint (run:NAME@STEP), each run's export (run:NAME), the GGUFs in DIR/models
- *                       (gguf:FILE) and the -m model (served)
+ *                       (gguf:FILE), the bundled model (bundled) and the -m model (served)
  *   POST /wb/generate   a prompt (or chat messages) through one of them, streamed as SSE: the prompt's tokens, then
  *                       each token with its piece and the model's top-n probabilities at that step, then the end
  * A request has its own session (CPU threads or a GPU) on a model kept loaded for the next (at most WB_MODELS, by
@@ -45,7 +45,9 @@ static bool model_path(srv_server *s, const char *id, char *buf, size_t cap, srv
         srv_error(rs, 404, "model", "no model is served (kiln serve -m MODEL.gguf)");
         return false;
     }
-    if (id && strncmp(id, "gguf:", 5) == 0 && wb_name_ok(id + 5)) {
+    if (id && strcmp(id, "bundled") == 0) {
+        if (s->wb->bundled && (size_t)snprintf(buf, cap, "%s", s->wb->bundled) < cap && stat(buf, &sb) == 0) return true;
+    } else if (id && strncmp(id, "gguf:", 5) == 0 && wb_name_ok(id + 5)) {
         if (wb_path(s->wb, buf, cap, "models", id + 5) && stat(buf, &sb) == 0 && S_ISREG(sb.st_mode)) return true;
     } else if (id && strncmp(id, "run:", 4) == 0) {
         const char *at = strchr(id + 4, '@');
@@ -61,7 +63,7 @@ static bool model_path(srv_server *s, const char *id, char *buf, size_t cap, srv
             }
         }
     } else {
-        srv_error(rs, 400, "model", "model must be run:NAME@STEP, run:NAME, gguf:FILE or served (GET /wb/models)");
+        srv_error(rs, 400, "model", "model must be run:NAME@STEP, run:NAME, gguf:FILE, bundled or served (GET /wb/models)");
         return false;
     }
     srv_error(rs, 404, "model", "no model %s (GET /wb/models lists them)", id);
@@ -203,6 +205,9 @@ void srv_route_wb_models(srv_server *s, const srv_request *rq, srv_response *rs)
             json_array_append_new(list, json_pack("{s:s,s:s,s:s,s:b}", "id", id, "kind", "gguf", "label", files[i], "chat", has_chat(p)));
         free(files[i]);
     }
+    if (s->wb->bundled)
+        json_array_append_new(list, json_pack("{s:s,s:s,s:s,s:b}", "id", "bundled", "kind", "gguf", "label", "shakespeare.gguf (bundled)", "chat",
+                                              has_chat(s->wb->bundled)));
     if (s->m) {
         kiln_chat_template ct;
         json_array_append_new(list, json_pack("{s:s,s:s,s:s,s:b}", "id", "served", "kind", "served", "label", s->model_name, "chat",
