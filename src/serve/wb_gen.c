@@ -235,8 +235,7 @@ typedef struct gen {
     size_t n_pend;
     double t0;
     int phase;          /* 0 the prompt, 1 tokens, 2 the end sent */
-    char *buf;          /* (n) pending bytes from off */
-    size_t n, off, cap;
+    srv_sse_buf q;      /* the events formatted, not yet read */
 } gen;
 
 static void gen_free(void *ud) {
@@ -245,29 +244,16 @@ static void gen_free(void *ud) {
     kiln_session_free(g->ss);
     kiln_sampler_free(g->smp);
     kiln_tokens_free(&g->ids);
-    free(g->logits), free(g->work), free(g->buf);
+    free(g->logits), free(g->work), free(g->q.p);
     model_put(g->held);
     free(g);
 }
 
+/* Appends an event (data taken) to the stream's queue. */
 static bool emit(gen *g, const char *event, json_t *data) {
-    char *d = data ? json_dumps(data, JSON_COMPACT) : NULL;
+    bool ok = srv_sse_append(&g->q, event, data);
     json_decref(data);
-    if (!d) return false;
-    size_t need = g->n + strlen(event) + strlen(d) + 32;
-    if (need > g->cap) {
-        size_t cap = g->cap ? g->cap : 4096;
-        while (cap < need) cap *= 2;
-        char *p = realloc(g->buf, cap);
-        if (!p) {
-            free(d);
-            return false;
-        }
-        g->buf = p, g->cap = cap;
-    }
-    g->n += (size_t)sprintf(g->buf + g->n, "event: %s\ndata: %s\n\n", event, d);
-    free(d);
-    return true;
+    return ok;
 }
 
 /* The text of token id (its bytes, invalid UTF-8 as U+FFFD). */
@@ -372,15 +358,12 @@ static void step(gen *g) {
 
 static long gen_read(void *ud, char *buf, size_t cap, bool (*alive)(void *), void *aud) {
     gen *g = ud;
-    while (g->off == g->n) {
-        g->off = g->n = 0;
+    size_t k;
+    while (!(k = srv_sse_take(&g->q, buf, cap))) {
         if (g->phase == 2) return 0;
         if (alive && !alive(aud)) return -1; /* the client is gone: no more tokens for it */
         step(g);
     }
-    size_t k = g->n - g->off < cap ? g->n - g->off : cap;
-    memcpy(buf, g->buf + g->off, k);
-    g->off += k;
     return (long)k;
 }
 
