@@ -459,3 +459,21 @@ bool kiln_cli_rope_apply(const char *cmd, kiln_cli_rope *r, kiln_model *m) {
     if (s) kiln_cli_die(s);
     return !s;
 }
+
+/* The bundled default model (models/, trained by kiln on tinyshakespeare: README.md says how): looked up
+ * beside the binary (build/kiln -> models/) so it works from any folder, then in the current folder. */
+const char *kiln_cli_default_model(char *buf, size_t n) {
+    char exe[4096];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            int w = snprintf(buf, n, "%s/../models/shakespeare.gguf", exe);
+            if (w > 0 && (size_t)w < n && access(buf, R_OK) == 0) return buf;
+        }
+    }
+    snprintf(buf, n, "models/shakespeare.gguf");
+    return access(buf, R_OK) == 0 ? buf : NULL;
+}

@@ -26,6 +26,9 @@ void kiln_cli_put_padded(FILE *f, const char *s, int width);
 /* Prints "kiln: MESSAGE" to stderr with the message's control bytes and malformed UTF-8 escaped (as kiln_fail does
  * for the library's) and returns 1: for a CLI message that names a file or an argument. */
 int kiln_cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The bundled default model's path (models/shakespeare.gguf beside the binary, else in the current folder) into buf,
+ * or NULL when neither is there. */
+const char *kiln_cli_default_model(char *buf, size_t n);
 /* The same for a line that reports what was done ("kiln: wrote OUT.gguf"). */
 void kiln_cli_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

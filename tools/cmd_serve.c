@@ -54,6 +54,13 @@ static void block_signals(sigset_t *sigs) {
 }
 
 /* kiln serve --workbench without -m: the workbench's routes, the model routes 503. Takes key. */
+/* The bundled model (models/shakespeare.gguf), offered by the workbench as a model to generate from and a
+ * vocabulary to compare with, when it is there. */
+static void offer_bundled(wb *w) {
+    char buf[4096];
+    if (w && kiln_cli_default_model(buf, sizeof buf)) w->bundled = strdup(buf);
+}
+
 static int serve_workbench_only(const srv_opts *o, const char *host, int port, const char *data_dir, const char *examples_dir, char *key) {
     sigset_t sigs;
     block_signals(&sigs);
@@ -62,6 +69,7 @@ static int serve_workbench_only(const srv_opts *o, const char *host, int port, c
     srv_http *http = NULL;
     int bound = 0;
     kiln_status s = wb_new(data_dir, examples_dir, &w);
+    offer_bundled(w);
     if (!s) s = srv_server_new(NULL, NULL, o, &(srv_sched_params){0}, &srv);
     if (srv) srv->wb = w;
     if (!s) s = srv_http_start(srv, host, port, &bound, &http);
@@ -164,6 +172,7 @@ int kiln_cmd_serve(int argc, char **argv) {
         kiln_model_free(m), free(key);
         return kiln_cli_die(s);
     }
+    offer_bundled(w);
     if (!n_ctx) n_ctx = kiln_model_n_ctx_train(m) < DEFAULT_MAX_CTX ? kiln_model_n_ctx_train(m) : DEFAULT_MAX_CTX;
     if (n_ctx / n_slots < 8) {
         kiln_model_free(m), free(key);

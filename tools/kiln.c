@@ -393,29 +393,12 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     return s ? 1 : 0;
 }
 
-/* The bundled default model (models/, trained by kiln on tinyshakespeare: README.md says how): looked up
- * beside the binary (build/kiln -> models/) so it works from any folder, then in the current folder. */
-#define DEFAULT_MODEL "shakespeare.gguf"
-static const char *default_model(char *buf, size_t n) {
-    char exe[4096];
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (len > 0) {
-        exe[len] = 0;
-        char *slash = strrchr(exe, '/');
-        if (slash) {
-            *slash = 0;
-            int w = snprintf(buf, n, "%s/../models/" DEFAULT_MODEL, exe);
-            if (w > 0 && (size_t)w < n && access(buf, R_OK) == 0) return buf;
-        }
-    }
-    snprintf(buf, n, "models/" DEFAULT_MODEL);
-    return access(buf, R_OK) == 0 ? buf : NULL;
-}
+#define DEFAULT_MODEL "shakespeare.gguf" /* models/: kiln_cli_default_model finds it */
 
 /* generate's work after its options: the model (the bundled default without -m), the chat template, the run. */
 static int generate_with(const char *model_path, const char *prompt, const char *chat_template, generate_opts *o) {
     char default_path[4096];
-    if (!model_path && !(model_path = default_model(default_path, sizeof default_path))) {
+    if (!model_path && !(model_path = kiln_cli_default_model(default_path, sizeof default_path))) {
         fprintf(stderr, "kiln: generate: no -m MODEL.gguf and the bundled default (models/" DEFAULT_MODEL ") was not found next to "
                         "the kiln binary or in the current folder\n");
         return 1;

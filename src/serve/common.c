@@ -352,6 +352,38 @@ bool srv_parse_messages_with(const kiln_chat_template *tmpl, const kiln_tokenize
     return ok;
 }
 
+/* ---------------------------------------------------------------- server-sent events */
+
+bool srv_sse_append(srv_sse_buf *b, const char *event, json_t *data) {
+    char *d = data ? json_dumps(data, JSON_COMPACT) : NULL;
+    if (!d) return false;
+    size_t need = b->n + strlen(event) + strlen(d) + 32;
+    if (need > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < need) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            free(d);
+            return false;
+        }
+        b->p = p, b->cap = cap;
+    }
+    b->n += (size_t)sprintf(b->p + b->n, "event: %s\ndata: %s\n\n", event, d);
+    free(d);
+    return true;
+}
+
+size_t srv_sse_take(srv_sse_buf *b, char *buf, size_t cap) {
+    if (b->off == b->n) {
+        b->off = b->n = 0;
+        return 0;
+    }
+    size_t k = b->n - b->off < cap ? b->n - b->off : cap;
+    memcpy(buf, b->p + b->off, k);
+    b->off += k;
+    return k;
+}
+
 /* ---------------------------------------------------------------- jobs and streams */
 
 static void stream_free_cb(void *ud) {

@@ -2,6 +2,7 @@
  * four kinds' runs through kiln.h, progress into events, stop and pause, and the event stream. */
 #include "serve/jobs.h"
 #include "serve/sched.h" /* srv_now */
+#include "serve/serve.h" /* srv_sse_* */
 
 #include <dirent.h>
 #include <errno.h>
@@ -656,47 +657,44 @@ wb_job *wb_find(wb *w, const char *id) {
     return NULL;
 }
 
-int wb_stop(wb *w, const char *id, char *msg, size_t cap) {
-    int status = 200;
-    pthread_mutex_lock(&w->mu);
-    wb_job *j = wb_find(w, id);
-    if (!j) {
-        status = 404;
-        snprintf(msg, cap, "no job %s", id);
-    } else if (j->state == WB_QUEUED) {
+/* A stop of j (held under w->mu): a queued one at once, a running or paused train after its step. */
+static int stop_job(wb *w, wb_job *j, char *msg, size_t cap) {
+    if (j->state == WB_QUEUED) {
         j->state = WB_STOPPED, j->ended = unix_now();
         job_write(w, j);
         pthread_cond_broadcast(&w->cv);
     } else if (j->state >= WB_DONE) {
-        status = 409;
-        snprintf(msg, cap, "job %s is %s already: only a queued, running or paused job can be stopped", id, wb_state_name(j->state));
+        snprintf(msg, cap, "job %s is %s already: only a queued, running or paused job can be stopped", j->id, wb_state_name(j->state));
+        return 409;
     } else if (j->kind != WB_TRAIN) {
-        status = 409;
-        snprintf(msg, cap, "job %s is a running %s job, which cannot be stopped mid-way: it ends on its own", id, wb_kind_name(j->kind));
+        snprintf(msg, cap, "job %s is a running %s job, which cannot be stopped mid-way: it ends on its own", j->id, wb_kind_name(j->kind));
+        return 409;
     } else {
         __atomic_store_n(&j->cancel, 1, __ATOMIC_RELAXED); /* kiln_train_run stops after the current step */
     }
-    pthread_mutex_unlock(&w->mu);
-    return status;
+    return 200;
 }
 
-int wb_pause(wb *w, const char *id, bool pause, char *msg, size_t cap) {
-    int status = 200;
+/* A pause (pause true) or resume of j, a running train job; w->mu held. */
+static int pause_job(wb_job *j, bool pause, char *msg, size_t cap) {
+    if (j->kind != WB_TRAIN || (j->state != WB_RUNNING && j->state != WB_PAUSED)) {
+        snprintf(msg, cap, "job %s is a %s %s job: only a running train job can be %s", j->id, wb_state_name(j->state), wb_kind_name(j->kind),
+                 pause ? "paused" : "resumed");
+        return 409;
+    }
+    if (__atomic_load_n(&j->pause, __ATOMIC_RELAXED) == (int)pause) {
+        snprintf(msg, cap, "job %s is %s already", j->id, pause ? "pausing or paused" : "running");
+        return 409;
+    }
+    __atomic_store_n(&j->pause, (int)pause, __ATOMIC_RELAXED); /* kiln_train_run waits before its next step */
+    return 200;
+}
+
+int wb_act(wb *w, const char *id, wb_action a, char *msg, size_t cap) {
     pthread_mutex_lock(&w->mu);
     wb_job *j = wb_find(w, id);
-    if (!j) {
-        status = 404;
-        snprintf(msg, cap, "no job %s", id);
-    } else if (j->kind != WB_TRAIN || (j->state != WB_RUNNING && j->state != WB_PAUSED)) {
-        status = 409;
-        snprintf(msg, cap, "job %s is a %s %s job: only a running train job can be %s", id, wb_state_name(j->state), wb_kind_name(j->kind),
-                 pause ? "paused" : "resumed");
-    } else if (__atomic_load_n(&j->pause, __ATOMIC_RELAXED) == (int)pause) {
-        status = 409;
-        snprintf(msg, cap, "job %s is %s already", id, pause ? "pausing or paused" : "running");
-    } else {
-        __atomic_store_n(&j->pause, (int)pause, __ATOMIC_RELAXED); /* kiln_train_run waits before its next step */
-    }
+    int status = !j ? 404 : a == WB_STOP ? stop_job(w, j, msg, cap) : pause_job(j, a == WB_PAUSE, msg, cap);
+    if (!j) snprintf(msg, cap, "no job %s", id);
     pthread_mutex_unlock(&w->mu);
     return status;
 }
@@ -738,7 +736,7 @@ void wb_free(wb *w, double wait_s) {
         if (w->queues[i].started) pthread_join(w->queues[i].th, NULL);
     for (size_t i = 0; i < w->n_jobs; i++) job_free(w->jobs[i]);
     if (w->toks_free) w->toks_free(w->toks);
-    free(w->jobs), free(w->dir), free(w->examples);
+    free(w->jobs), free(w->dir), free(w->examples), free(w->bundled);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     free(w);
@@ -751,33 +749,13 @@ struct wb_sse {
     wb_job *j;
     int64_t next; /* the seq of the next event to send */
     bool ended;
-    char *buf;    /* (n) pending bytes from off */
-    size_t n, off, cap;
+    srv_sse_buf q; /* the events formatted, not yet read */
 };
 
 wb_sse *wb_sse_new(wb *w, wb_job *j) {
     wb_sse *s = calloc(1, sizeof *s);
     if (s) s->w = w, s->j = j;
     return s;
-}
-
-static bool sse_append(wb_sse *s, const char *event, json_t *data) {
-    char *d = json_dumps(data, JSON_COMPACT);
-    if (!d) return false;
-    size_t need = s->n + strlen(event) + strlen(d) + 32;
-    if (need > s->cap) {
-        size_t cap = s->cap ? s->cap : 4096;
-        while (cap < need) cap *= 2;
-        char *p = realloc(s->buf, cap);
-        if (!p) {
-            free(d);
-            return false;
-        }
-        s->buf = p, s->cap = cap;
-    }
-    s->n += (size_t)sprintf(s->buf + s->n, "event: %s\ndata: %s\n\n", event, d);
-    free(d);
-    return true;
 }
 
 /* The events not sent yet, then the end once the job is over; the caller holds w->mu. */
@@ -787,12 +765,12 @@ static void sse_fill(wb_sse *s) {
     while (i > 0 && json_integer_value(json_object_get(json_array_get(ev, i - 1), "seq")) >= s->next) i--;
     for (; i < n; i++) {
         json_t *e = json_array_get(ev, i);
-        if (!sse_append(s, "progress", e)) return;
+        if (!srv_sse_append(&s->q, "progress", e)) return;
         s->next = json_integer_value(json_object_get(e, "seq")) + 1;
     }
     if (s->j->state >= WB_DONE && s->next >= s->j->n_seq) {
         json_t *o = wb_job_json(s->j, false);
-        if (o && sse_append(s, "end", o)) s->ended = true;
+        if (o && srv_sse_append(&s->q, "end", o)) s->ended = true;
         json_decref(o);
     }
 }
@@ -801,14 +779,9 @@ long wb_sse_read(void *ud, char *buf, size_t cap, bool (*alive)(void *), void *a
     wb_sse *s = ud;
     pthread_mutex_lock(&s->w->mu);
     for (;;) {
-        if (s->off == s->n) {
-            s->off = s->n = 0;
-            if (!s->ended) sse_fill(s);
-        }
-        if (s->off < s->n) {
-            size_t k = s->n - s->off < cap ? s->n - s->off : cap;
-            memcpy(buf, s->buf + s->off, k);
-            s->off += k;
+        size_t k = srv_sse_take(&s->q, buf, cap);
+        if (!k && !s->ended) sse_fill(s), k = srv_sse_take(&s->q, buf, cap);
+        if (k) {
             pthread_mutex_unlock(&s->w->mu);
             return (long)k;
         }
@@ -831,6 +804,6 @@ long wb_sse_read(void *ud, char *buf, size_t cap, bool (*alive)(void *), void *a
 void wb_sse_free(void *ud) {
     wb_sse *s = ud;
     if (!s) return;
-    free(s->buf);
+    free(s->q.p);
     free(s);
 }

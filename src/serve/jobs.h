@@ -40,7 +40,7 @@ typedef struct wb_job {
     double created, started, ended; /* unix seconds; 0: not yet */
     json_t *outputs;  /* object: paths and what they hold (checkpoint_step, val_loss, ...) */
     int cancel;       /* train: set with __atomic_store_n by a stop, read by kiln_train_run */
-    int pause;        /* train: set and cleared by wb_pause, read by kiln_train_run (the state follows its reports) */
+    int pause;        /* train: set and cleared by wb_act, read by kiln_train_run (the state follows its reports) */
     double written;   /* srv_now() of the last write of its file */
     double t0;        /* srv_now() at its start: events' "t" */
 } wb_job;
@@ -56,6 +56,7 @@ typedef struct wb_queue {
 
 typedef struct wb {
     char *dir, *examples; /* the data folder; the example corpora's folder (may not exist) */
+    char *bundled;        /* the bundled model (kiln_cli_default_model), offered as model and tokenizer; or NULL */
     pthread_mutex_t mu;
     pthread_cond_t cv;    /* a job queued, a state changed, an event */
     wb_job **jobs;        /* (n_jobs) in the order they came; never removed before wb_free */
@@ -87,13 +88,11 @@ bool wb_submit(wb *w, wb_kind kind, const char *queue, json_t *params, wb_job **
 wb_job *wb_find(wb *w, const char *id);
 /* The job as JSON (with its events when events is true); the caller holds w->mu. */
 json_t *wb_job_json(const wb_job *j, bool events);
-/* Stops job id: a queued one at once, a running train after its current step. The HTTP status (200, 404, 409) and,
- * when not 200, why in msg. */
-int wb_stop(wb *w, const char *id, char *msg, size_t cap);
-
-/* Pauses (pause true) or resumes a running train job: it waits before its next step. The HTTP status (200, 404,
- * 409) and, when not 200, why in msg. */
-int wb_pause(wb *w, const char *id, bool pause, char *msg, size_t cap);
+/* What POST /wb/jobs/ID/ACTION does to job id: stop (a queued one at once, a running or paused train after its
+ * current step), pause (a running train waits before its next step) or resume it. The HTTP status (200, 404, 409)
+ * and, when not 200, why in msg. */
+typedef enum { WB_STOP, WB_PAUSE, WB_RESUME } wb_action;
+int wb_act(wb *w, const char *id, wb_action a, char *msg, size_t cap);
 
 /* Whether s is a workbench name: 1..WB_NAME_MAX bytes of [A-Za-z0-9._-], not starting with '.', no "..". */
 bool wb_name_ok(const char *s);

@@ -667,7 +667,7 @@ void srv_route_wb_job_post(srv_server *s, const srv_request *rq, srv_response *r
         srv_error(rs, 404, NULL, "no route %s (POST /wb/jobs/ID/stop, /pause or /resume)", rq->path);
         return;
     }
-    int status = strcmp(tail, "/stop") == 0 ? wb_stop(s->wb, id, msg, sizeof msg) : wb_pause(s->wb, id, strcmp(tail, "/pause") == 0, msg, sizeof msg);
+    int status = wb_act(s->wb, id, strcmp(tail, "/stop") == 0 ? WB_STOP : strcmp(tail, "/pause") == 0 ? WB_PAUSE : WB_RESUME, msg, sizeof msg);
     if (status != 200) {
         srv_error(rs, status, NULL, "%s", msg);
         return;

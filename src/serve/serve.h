@@ -146,6 +146,16 @@ void srv_route_wb_tokenize(srv_server *s, const srv_request *rq, srv_response *r
 void srv_route_wb_compare(srv_server *s, const srv_request *rq, srv_response *rs);
 void srv_route_wb_models(srv_server *s, const srv_request *rq, srv_response *rs);     /* wb_gen.c */
 void srv_route_wb_generate(srv_server *s, const srv_request *rq, srv_response *rs);
+/* A queue of server-sent events: each appended at n as "event: E\ndata: JSON\n\n", read from off (the workbench's
+ * job events and generation). srv_sse_append: false when out of memory (data is not taken); srv_sse_take: up to cap
+ * pending bytes into buf, 0 when none are left (the queue then starts over empty). */
+typedef struct srv_sse_buf {
+    char *p;
+    size_t n, off, cap;
+} srv_sse_buf;
+bool srv_sse_append(srv_sse_buf *b, const char *event, json_t *data);
+size_t srv_sse_take(srv_sse_buf *b, char *buf, size_t cap);
+
 /* The workbench's shared pieces: whether it is on (else a 404 in rs); the model presets as [{name, dims}] into
  * list; a body's fields checked against a NULL-ended list (a 400 naming the first other one); the vocab folder
  * beside the examples; a tokenizer by name (wb_tok.c's names) held until wb_tok_put. */

@@ -1,6 +1,6 @@
 /* wb_gen.c: the workbench's Generate tab (docs/workbench.md):
  *   GET  /wb/models     every checkpoint (run:NAME@STEP), each run's export (run:NAME), the GGUFs in DIR/models
- *                       (gguf:FILE) and the -m model (served)
+ *                       (gguf:FILE), the bundled model (bundled) and the -m model (served)
  *   POST /wb/generate   a prompt (or chat messages) through one of them, streamed as SSE: the prompt's tokens, then
  *                       each token with its piece and the model's top-n probabilities at that step, then the end
  * A request has its own session (CPU threads or a GPU) on a model kept loaded for the next (at most WB_MODELS, by
@@ -45,7 +45,9 @@ static bool model_path(srv_server *s, const char *id, char *buf, size_t cap, srv
         srv_error(rs, 404, "model", "no model is served (kiln serve -m MODEL.gguf)");
         return false;
     }
-    if (id && strncmp(id, "gguf:", 5) == 0 && wb_name_ok(id + 5)) {
+    if (id && strcmp(id, "bundled") == 0) {
+        if (s->wb->bundled && (size_t)snprintf(buf, cap, "%s", s->wb->bundled) < cap && stat(buf, &sb) == 0) return true;
+    } else if (id && strncmp(id, "gguf:", 5) == 0 && wb_name_ok(id + 5)) {
         if (wb_path(s->wb, buf, cap, "models", id + 5) && stat(buf, &sb) == 0 && S_ISREG(sb.st_mode)) return true;
     } else if (id && strncmp(id, "run:", 4) == 0) {
         const char *at = strchr(id + 4, '@');
@@ -61,7 +63,7 @@ static bool model_path(srv_server *s, const char *id, char *buf, size_t cap, srv
             }
         }
     } else {
-        srv_error(rs, 400, "model", "model must be run:NAME@STEP, run:NAME, gguf:FILE or served (GET /wb/models)");
+        srv_error(rs, 400, "model", "model must be run:NAME@STEP, run:NAME, gguf:FILE, bundled or served (GET /wb/models)");
         return false;
     }
     srv_error(rs, 404, "model", "no model %s (GET /wb/models lists them)", id);
@@ -203,6 +205,9 @@ void srv_route_wb_models(srv_server *s, const srv_request *rq, srv_response *rs)
             json_array_append_new(list, json_pack("{s:s,s:s,s:s,s:b}", "id", id, "kind", "gguf", "label", files[i], "chat", has_chat(p)));
         free(files[i]);
     }
+    if (s->wb->bundled)
+        json_array_append_new(list, json_pack("{s:s,s:s,s:s,s:b}", "id", "bundled", "kind", "gguf", "label", "shakespeare.gguf (bundled)", "chat",
+                                              has_chat(s->wb->bundled)));
     if (s->m) {
         kiln_chat_template ct;
         json_array_append_new(list, json_pack("{s:s,s:s,s:s,s:b}", "id", "served", "kind", "served", "label", s->model_name, "chat",
@@ -230,8 +235,7 @@ typedef struct gen {
     size_t n_pend;
     double t0;
     int phase;          /* 0 the prompt, 1 tokens, 2 the end sent */
-    char *buf;          /* (n) pending bytes from off */
-    size_t n, off, cap;
+    srv_sse_buf q;      /* the events formatted, not yet read */
 } gen;
 
 static void gen_free(void *ud) {
@@ -240,29 +244,16 @@ static void gen_free(void *ud) {
     kiln_session_free(g->ss);
     kiln_sampler_free(g->smp);
     kiln_tokens_free(&g->ids);
-    free(g->logits), free(g->work), free(g->buf);
+    free(g->logits), free(g->work), free(g->q.p);
     model_put(g->held);
     free(g);
 }
 
+/* Appends an event (data taken) to the stream's queue. */
 static bool emit(gen *g, const char *event, json_t *data) {
-    char *d = data ? json_dumps(data, JSON_COMPACT) : NULL;
+    bool ok = srv_sse_append(&g->q, event, data);
     json_decref(data);
-    if (!d) return false;
-    size_t need = g->n + strlen(event) + strlen(d) + 32;
-    if (need > g->cap) {
-        size_t cap = g->cap ? g->cap : 4096;
-        while (cap < need) cap *= 2;
-        char *p = realloc(g->buf, cap);
-        if (!p) {
-            free(d);
-            return false;
-        }
-        g->buf = p, g->cap = cap;
-    }
-    g->n += (size_t)sprintf(g->buf + g->n, "event: %s\ndata: %s\n\n", event, d);
-    free(d);
-    return true;
+    return ok;
 }
 
 /* The text of token id (its bytes, invalid UTF-8 as U+FFFD). */
@@ -367,15 +358,12 @@ static void step(gen *g) {
 
 static long gen_read(void *ud, char *buf, size_t cap, bool (*alive)(void *), void *aud) {
     gen *g = ud;
-    while (g->off == g->n) {
-        g->off = g->n = 0;
+    size_t k;
+    while (!(k = srv_sse_take(&g->q, buf, cap))) {
         if (g->phase == 2) return 0;
         if (alive && !alive(aud)) return -1; /* the client is gone: no more tokens for it */
         step(g);
     }
-    size_t k = g->n - g->off < cap ? g->n - g->off : cap;
-    memcpy(buf, g->buf + g->off, k);
-    g->off += k;
     return (long)k;
 }
 

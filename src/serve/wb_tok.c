@@ -5,7 +5,7 @@
  *   POST /wb/tokenize              text to its tokens, each with its piece
  *   POST /wb/compare               the same text through several tokenizers: bytes per token
  * A tokenizer name is NAME (DIR/tokenizers/NAME.gguf), gguf:FILE (DIR/models/FILE, else the vocab/ folder beside
- * the examples) or "served" (the -m model's). Loaded tokenizers are kept (at most WB_TOK_CACHE, by path, size and
+ * the examples), "bundled" (models/shakespeare.gguf's) or "served" (the -m model's). Loaded tokenizers are kept (at most WB_TOK_CACHE, by path, size and
  * modification time), counted while a request uses one. */
 #include "serve/jobs.h"
 #include "serve/serve.h"
@@ -67,6 +67,11 @@ static bool tok_path(srv_server *s, const char *name, char *buf, size_t cap, srv
     if (name && strcmp(name, "served") == 0) {
         if (s->tok) return true;
         srv_error(rs, 404, "tokenizer", "no model is served (kiln serve -m MODEL.gguf)");
+        return false;
+    }
+    if (name && strcmp(name, "bundled") == 0) {
+        if (s->wb->bundled && (size_t)snprintf(buf, cap, "%s", s->wb->bundled) < cap && is_file(buf, &sb)) return true;
+        srv_error(rs, 404, "tokenizer", "the bundled model (models/shakespeare.gguf) is not beside this kiln");
         return false;
     }
     if (name && strncmp(name, "gguf:", 5) == 0 && wb_name_ok(name + 5)) {
@@ -200,6 +205,7 @@ void srv_route_wb_tokenizers(srv_server *s, const srv_request *rq, srv_response 
     wb_path(s->wb, dir, sizeof dir, "models", NULL);
     each_file(dir, ".gguf", add_gguf, list, "models");
     if (wb_vocab_dir(s->wb, dir, sizeof dir)) each_file(dir, ".gguf", add_gguf, list, "vocab");
+    if (s->wb->bundled) json_array_append_new(list, json_pack("{s:s,s:s}", "name", "bundled", "source", "bundled"));
     if (s->tok) json_array_append_new(list, json_pack("{s:s,s:s,s:I}", "name", "served", "source", "served", "n_vocab", (json_int_t)kiln_tokenizer_n_vocab(s->tok)));
     srv_json(rs, 200, json_pack("{s:o}", "tokenizers", list));
 }
@@ -307,7 +313,7 @@ void srv_route_wb_tokenizer(srv_server *s, const srv_request *rq, srv_response *
     }
     json_t *o = json_pack("{s:s,s:I,s:s,s:o,s:o,s:I}", "name", name, "n_vocab", (json_int_t)kiln_tokenizer_n_vocab(t), "model", model, "special", special,
                           "merges", merges, "n_merges", (json_int_t)(mv && mv->type == KILN_GGUF_ARRAY ? mv->arr.n : 0));
-    json_t *h = strchr(name, ':') || strcmp(name, "served") == 0 ? NULL : heldout_of(s->wb, name);
+    json_t *h = wb_name_ok(name) ? heldout_of(s->wb, name) : NULL;
     json_object_set_new(o, "heldout", h ? h : json_null());
     kiln_gguf_close(g);
     wb_tok_put(s, e);

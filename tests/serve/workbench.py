@@ -144,7 +144,9 @@ def c_vocab():
     k = SRV.json("POST", "/wb/tokenize", {"tokenizer": "tok", "text": text})
     check("".join(x["piece"] for x in k["tokens"]) == text and k["n_tokens"] == len(k["tokens"]) < len(text), f"tokenize {k}")
     check(k["n_bytes"] == len(text) and abs(k["bytes_per_token"] - len(text) / k["n_tokens"]) < 1e-9, "tokenize's counts")
-    names = ["tok"] + [x["name"] for x in SRV.json("GET", "/wb/tokenizers")["tokenizers"] if x["name"].endswith("llama-spm.gguf")]
+    listed = [x["name"] for x in SRV.json("GET", "/wb/tokenizers")["tokenizers"]]
+    check("tok" in listed and "bundled" in listed, f"/wb/tokenizers {listed}")
+    names = ["tok", "bundled"] + [n for n in listed if n.endswith("llama-spm.gguf")]
     c = SRV.json("POST", "/wb/compare", {"tokenizers": names, "heldout": "tok"})
     check(c["bytes"] == h["bytes"] and [r["tokenizer"] for r in c["results"]] == names and c["results"][0]["tokens"] == h["tokens"], f"compare {c}")
     c = SRV.json("POST", "/wb/compare", {"tokenizers": ["tok"], "text": text})
@@ -313,6 +315,13 @@ def c_generate_routes():
         greedy = sse("/wb/generate", {"model": model, "prompt": "ROMEO:", "n_predict": 6, "temperature": 0, "top_n": 1})
         g = [d for e, d in greedy if e == "token"]
         check(all(t["id"] == t["top"][0]["id"] for t in g), "temperature 0 did not take the top token")
+    # the bundled model greedily: the same text as kiln generate's (its own session and sampler loop)
+    check("bundled" in ids, f"the bundled model is not offered: {sorted(ids)}")
+    evs = sse("/wb/generate", {"model": "bundled", "prompt": "ROMEO:", "n_predict": 24, "temperature": 0})
+    text = "".join(d["text"] for e, d in evs if e == "token")
+    p = subprocess.run([A.kiln, "generate", "-p", "ROMEO:", "-n", "24", "--temp", "0", "-t", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+    check(p.returncode == 0 and p.stdout.decode(errors="replace") == "ROMEO:" + text,
+          lambda: f"bundled: the workbench wrote {one_line(text)}, kiln generate {one_line(p.stdout.decode(errors='replace'))}")
     bad = [({"model": "run:nope@5", "prompt": "x"}, 404, "model"), ({"model": "weird", "prompt": "x"}, 400, "model"),
            ({"model": "run:run1@50"}, 400, "messages"), ({"model": "run:run1@50", "prompt": "x", "messages": []}, 400, "prompt"),
            ({"model": "run:run1@50", "messages": [{"role": "user", "content": "hi"}]}, 400, "messages"),
