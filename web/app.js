@@ -309,6 +309,9 @@ function outputsLine(j) {
 
 async function loadJobs() {
   const r = await api("GET", "/wb/jobs");
+  // a followed job keeps the state its events told (this list may be older than its last event)
+  const told = new Map([...ui.watching.keys()].filter((id) => ui.jobs.has(id)).map((id) => [id, ui.jobs.get(id).state]));
+  for (const j of r.jobs) if (told.has(j.id)) j.state = told.get(j.id);
   ui.jobs = new Map(r.jobs.map((j) => [j.id, j]));
   renderJobs();
   fillDataSelect();
@@ -339,12 +342,11 @@ function renderJobs() {
   $("jobs-list").replaceChildren(...rows);
 }
 
-/* POST /wb/jobs/ID/ACTION: the job as the server answered, unless its events already told its end (they may come
- * before this answer does). */
+/* POST /wb/jobs/ID/ACTION; the job as the page knows it. A followed job's state comes from its events alone: they
+ * may tell the pause or the end before this answer comes, and the answer would then set the state back. */
 async function jobAction(id, action) {
   const j = await api("POST", `/wb/jobs/${encodeURIComponent(id)}/${action}`);
-  const seen = ui.jobs.get(id);
-  if (j && j.id && !(seen && TERMINAL.has(seen.state))) ui.jobs.set(j.id, j);
+  if (j && j.id && !ui.watching.has(id)) ui.jobs.set(j.id, j);
   renderJobs();
   return ui.jobs.get(id) || j;
 }
@@ -605,7 +607,9 @@ for (const a of ["pause", "resume", "stop"]) {
     try {
       const j = await jobAction(ui.trainJob.id, a);
       if (j && j.id) ui.trainJob = j;
-      if (TERMINAL.has(j.state)) showTrainState(j);
+      // the events may have told the outcome already; else say what is coming
+      const there = TERMINAL.has(j.state) || (a === "pause" && j.state === "paused") || (a === "resume" && j.state === "running");
+      if (there) showTrainState(j);
       else msg("train-msg", a === "stop" ? "stopping after this step (its checkpoint is written)…" : a === "pause" ? "pausing…" : "resuming…");
       trainButtons();
     } catch (e) { msg("train-msg", e.message, "error"); }
