@@ -118,7 +118,7 @@ async function failure(r, path) {
   try { text = await r.text(); } catch (_) { /* the status alone */ }
   let m = text;
   try { m = JSON.parse(text).error.message; } catch (_) { /* not the JSON error */ }
-  if (r.status === 401) askKey("The server needs its API key.");
+  if (r.status === 401) askKey(localStorage.getItem(KEY_STORE) ? "The server refused this key: enter it again." : "The server needs its API key.");
   return new ApiError(r.status, `${path}: ${r.status} ${m || r.statusText}`.slice(0, 500));
 }
 

@@ -2,7 +2,8 @@
 driven in headless Chromium with Selenium, through the page only (clicks and typing; the API is called only to check
 what the page did):
   page        GET / gives the page with its content type, no-cache, and its three tabs
-  key         the server wants its key: the page shows the key box, the key typed is kept in localStorage
+  key         the server wants its key: the page shows the key box, refuses a wrong key in words, keeps the right one
+              in localStorage
   corpus      a ~200 KB corpus uploaded from a file input, listed with its size and checked
   tokenizer   a 512-token BPE trained as a job (the bar full, "done")
   vocabulary  its bytes/token on its held-out text beside another vocabulary, its top merges
@@ -155,6 +156,9 @@ def c_key():
     needs("page")
     box = wait_for("the key box shown for a server with --api-key", lambda: by_id("key-box").is_displayed() and by_id("key-box"), 10)
     check(box.is_displayed(), "no key box")
+    type_into("key-input", "not-the-key")
+    by_id("key-save").click()
+    wait_for(f"a wrong key refused in the page (key-msg {text('key-msg')!r})", lambda: by_id("key-box").is_displayed() and "refused" in text("key-msg"), 10)
     type_into("key-input", A.api_key)
     by_id("key-save").click()
     wait_for("the key box hidden after the key", lambda: not by_id("key-box").is_displayed(), 5)
