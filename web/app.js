@@ -13,7 +13,7 @@
  *                 tok-merges tok-input tok-pieces (span.piece with data-id) tok-stats tok-msg
  *   train         data-name data-tokenizer data-val data-make data-progress data-status
  *                 run-name run-data run-preset run-device run-threads run-steps run-time run-lr run-schedule run-warmup
- *                 run-batch run-context run-eval run-8bit run-mixed run-preset-info dim-embd dim-layer dim-head dim-kv dim-ff
+ *                 run-batch run-context run-eval run-ckpt run-8bit run-mixed run-preset-info dim-embd dim-layer dim-head dim-kv dim-ff
  *                 train-start train-pause train-resume train-stop train-msg train-progress live-job
  *                 loss-chart (data-points: train points drawn, data-val-points) stat-step stat-loss stat-val stat-toks
  *                 stat-eta stat-mem runs-list (rows data-run, data-step; buttons data-action=resume|export) runs-msg
@@ -580,7 +580,7 @@ function trainBody() {
       n_head_kv: numField("dim-kv"), n_ff: numField("dim-ff") };
   } else b.preset = $("run-preset").value;
   const opt = { steps: "run-steps", time_budget_s: "run-time", lr: "run-lr", warmup: "run-warmup", batch: "run-batch",
-    context: "run-context", eval_interval: "run-eval" };
+    context: "run-context", eval_interval: "run-eval", ckpt_interval: "run-ckpt" };
   for (const [k, id] of Object.entries(opt)) { const v = numField(id); if (v !== undefined && !(k === "time_budget_s" && v === 0)) b[k] = v; }
   if (b.device === "cpu") b.threads = numField("run-threads");
   if ($("run-8bit").checked) b.eight_bit = true;

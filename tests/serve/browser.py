@@ -290,6 +290,10 @@ def c_train():
     row = wait_for("run1's checkpoint in the list", lambda: qs('#runs-list tr[data-run="run1"][data-step="50"]'), 15)[0]
     check(row.find_elements(By.CSS_SELECTOR, '[data-action="resume"]') and row.find_elements(By.CSS_SELECTOR, '[data-action="export"]'),
           "no Resume/Export buttons on the checkpoint")
+    # a checkpoint every 25 steps (the form's default): step 25 listed too, with the validation loss of its eval
+    mid = wait_for("run1's step-25 checkpoint in the list", lambda: qs('#runs-list tr[data-run="run1"][data-step="25"]'), 15)[0]
+    cells = [c.text for c in mid.find_elements(By.CSS_SELECTOR, "td")]
+    check(len(cells) >= 3 and cells[1].strip() == "25" and cells[2].strip() not in ("", "–"), f"the step-25 row {cells}")
     shot("train")
 
 
