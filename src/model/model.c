@@ -322,7 +322,7 @@ static void row_views(const kiln_tensor_view *t, const int64_t *rows, int n_part
 static kiln_status bind_fused(kiln_model *m, int64_t l) {
     const kiln_llama_config *c = &m->cfg;
     kiln_llama_layer *L = &m->layers[l];
-    kiln_tensor_view *v = m->views + l * 5;
+    kiln_tensor_view *v = m->views ? m->views + l * 5 : NULL; /* NULL without fused tensors: no offset on NULL */
     const kiln_tensor_view *t;
     char name[96];
     if (c->fused_qkv) {
