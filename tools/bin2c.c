@@ -99,6 +99,7 @@ int main(int argc, char **argv) {
         fprintf(out, "};\nconst size_t srv_wb_static_n = %zu;\n", n_files);
     }
     free(lens);
+    if (ferror(out)) ok = 0; /* a write that failed part-way: fclose reports only the last flush */
     if (fclose(out) != 0) ok = 0;
     if (!ok || rename(tmp, argv[1]) != 0) {
         if (ok) fprintf(stderr, "bin2c: cannot rename %s to %s\n", tmp, argv[1]);

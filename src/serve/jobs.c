@@ -57,6 +57,7 @@ bool wb_corpus_path(const wb *w, const char *name, char *buf, size_t cap) {
     if (k > WB_NAME_MAX) return false;
     memcpy(set, name, k), set[k] = 0;
     if (!wb_name_ok(set) || !wb_name_ok(slash + 1)) return false;
+    if (!w->examples[0]) return false; /* no examples folder: SET/FILE names nothing (never a path from the root) */
     int n = snprintf(buf, cap, "%s/%s/%s", w->examples, set, slash + 1);
     return n > 0 && (size_t)n < cap && regular_file(buf);
 }
@@ -371,6 +372,10 @@ static kiln_status hold_out(const char **ptrs, int n, double fraction, char *tra
     while (k < got && look[k] != '\n') k++;
     if (k < got && cut + (int64_t)k + 1 < size) cut += (int64_t)k + 1;
     else for (k = 0; k < got && (look[k] & 0xC0) == 0x80; k++) cut++;
+    if (cut >= size) { /* the whole tail is one broken character: nothing held out */
+        fclose(in);
+        return KILN_OK;
+    }
     FILE *t = fopen(train_tmp, "wb"), *h = fopen(held, "wb");
     bool ok = t && h && fseek(in, 0, SEEK_SET) == 0 && copy_bytes(in, t, cut) && copy_bytes(in, h, size - cut);
     int e = errno;
@@ -534,7 +539,7 @@ static kiln_status run_train(wb *w, wb_job *j, prog_ctx *pc) {
 /* A checkpoint of a run to DIR/models/NAME.gguf: its weights exported (F32), then quantized to type unless f32. */
 static kiln_status run_export(wb *w, wb_job *j, prog_ctx *pc) {
     json_t *p = j->params;
-    char rdir[4096], ck[4300], out[4096], tmp[4200], file[WB_NAME_MAX + 8];
+    char rdir[4096], ck[4300], out[4096], tmp[4200], file[WB_NAME_MAX + 16];
     wb_path(w, rdir, sizeof rdir, "runs", pstr(p, "run"));
     snprintf(ck, sizeof ck, "%s/ckpt-%lld.gguf", rdir, (long long)pint(p, "step"));
     if (!regular_file(ck)) return kiln_fail(KILN_ERR_NOT_FOUND, "run '%s' has no checkpoint of step %lld", pstr(p, "run"), (long long)pint(p, "step"));

@@ -328,7 +328,7 @@ static wb_job *same_output(wb *w, wb_kind kind, const char *name) {
     for (size_t i = 0; i < w->n_jobs; i++) {
         wb_job *j = w->jobs[i];
         const char *n = json_string_value(json_object_get(j->params, "name"));
-        if (j->kind == kind && n && strcmp(n, name) == 0 && (j->state == WB_QUEUED || j->state == WB_RUNNING)) return j;
+        if (j->kind == kind && n && strcmp(n, name) == 0 && j->state < WB_DONE) return j;
     }
     return NULL;
 }

@@ -287,7 +287,7 @@ static bool next_token(gen *g, int32_t *id) {
     for (int64_t i = 0; i < g->V; i++) sum += exp((double)(g->logits[i] - mx));
     int32_t top[TOP_MAX];
     int nt = 0;
-    for (int64_t i = 0; i < g->V; i++) { /* insertion into the top_n, largest first */
+    for (int64_t i = 0; g->top_n > 0 && i < g->V; i++) { /* insertion into the top_n, largest first */
         if (nt == g->top_n && !(g->logits[i] > g->logits[top[nt - 1]])) continue;
         int k = nt < g->top_n ? nt++ : nt - 1;
         while (k > 0 && g->logits[top[k - 1]] < g->logits[i]) top[k] = top[k - 1], k--;
@@ -389,7 +389,8 @@ void srv_route_wb_generate(srv_server *s, const srv_request *rq, srv_response *r
     char path[4096];
     double n_predict, temp, top_k, top_p, min_p, seed, top_n;
     json_t *prompt = json_object_get(body, "prompt"), *msgs = json_object_get(body, "messages");
-    const char *dev = json_string_value(json_object_get(body, "device"));
+    json_t *devj = json_object_get(body, "device");
+    const char *dev = json_string_value(devj);
     if (!g) {
         srv_error(rs, 500, NULL, "out of memory");
         goto fail;
@@ -404,9 +405,9 @@ void srv_route_wb_generate(srv_server *s, const srv_request *rq, srv_response *r
         goto fail;
     }
     kiln_session_params sp = {0};
-    if (dev && strcmp(dev, "cpu")) {
+    if ((devj && !dev) || (dev && strcmp(dev, "cpu"))) {
         char *e;
-        long idx = strncmp(dev, "cuda:", 5) == 0 && dev[5] >= '0' && dev[5] <= '9' ? strtol(dev + 5, &e, 10) : -1;
+        long idx = dev && strncmp(dev, "cuda:", 5) == 0 && dev[5] >= '0' && dev[5] <= '9' ? strtol(dev + 5, &e, 10) : -1;
         if (idx < 0 || *e || idx >= kiln_cuda_device_count()) {
             srv_error(rs, 400, "device", "device must be cpu or cuda:N of the %d GPU%s this server sees", kiln_cuda_device_count(),
                       kiln_cuda_device_count() == 1 ? "" : "s");

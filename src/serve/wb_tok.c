@@ -101,7 +101,7 @@ bool wb_tok_get(srv_server *s, const char *name, const kiln_tokenizer **out, voi
     struct wb_tok_cache *c = cache_of(s->wb);
     struct stat sb;
     if (!c || !is_file(path, &sb)) {
-        srv_error(rs, 500, NULL, c ? "tokenizer %s is gone" : "out of memory", name);
+        srv_error(rs, c ? 404 : 500, c ? "tokenizer" : NULL, c ? "tokenizer %s is gone" : "out of memory", name);
         return false;
     }
     int64_t mt = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
@@ -386,10 +386,10 @@ void srv_route_wb_tokenize(srv_server *s, const srv_request *rq, srv_response *r
 static char *read_head(const char *path, size_t cap, size_t *n) {
     FILE *f = fopen(path, "rb");
     char *b = f ? malloc(cap + 1) : NULL;
-    *n = b ? fread(b, 1, cap, f) : 0;
+    *n = b ? fread(b, 1, cap + 1, f) : 0; /* one byte more: whether the cut falls inside a character */
     if (f) fclose(f);
-    if (*n == cap)
-        while (*n > 0 && ((unsigned char)b[*n] & 0xC0) == 0x80) --*n; /* b[cap] unread: look at the cut's own byte */
+    if (*n > cap)
+        for (*n = cap; *n > 0 && ((unsigned char)b[*n] & 0xC0) == 0x80;) --*n;
     return b;
 }
 
@@ -433,7 +433,7 @@ void srv_route_wb_compare(srv_server *s, const srv_request *rq, srv_response *rs
         }
     }
     if (!text || n == 0) {
-        srv_error(rs, text ? 400 : 500, text ? "text" : NULL, text ? "the text is empty" : "cannot read the text");
+        srv_error(rs, text ? 400 : 404, text ? "text" : NULL, text ? "the text is empty" : "the text's file cannot be read (gone?)");
         goto out;
     }
     json_t *results = json_array();

@@ -151,6 +151,15 @@ def c_vocab():
     check(c["bytes"] == h["bytes"] and [r["tokenizer"] for r in c["results"]] == names and c["results"][0]["tokens"] == h["tokens"], f"compare {c}")
     c = SRV.json("POST", "/wb/compare", {"tokenizers": ["tok"], "text": text})
     check(c["results"][0]["tokens"] == k["n_tokens"], f"compare of a text {c}")
+    # a corpus past the 4 MiB compared: cut back to a character start ("é" is 2 bytes; the 4 MiB mark falls inside one)
+    big = ("a" + "ééé " * 600_000).encode()
+    cut = 4 << 20
+    while big[cut] & 0xC0 == 0x80:
+        cut -= 1
+    st, _, body = SRV.request("POST", "/wb/corpora?name=big", big, headers={"Content-Type": "text/plain"})
+    check(st == 201, f"the big corpus: {st} {one_line(body.decode())}")
+    c = SRV.json("POST", "/wb/compare", {"tokenizers": ["tok"], "corpus": "big"})
+    check(c["bytes"] == cut == (4 << 20) - 1, f"compare of a corpus past 4 MiB: {c['bytes']} bytes, not {cut}")
     bad = [("POST", "/wb/tokenize", {"tokenizer": "nope", "text": "x"}, 404, "tokenizer"),
            ("POST", "/wb/tokenize", {"tokenizer": "../x", "text": "x"}, 400, "tokenizer"),
            ("POST", "/wb/tokenize", {"tokenizer": "tok", "text": 3}, 400, "text"),
@@ -214,7 +223,7 @@ def c_train():
 
 def c_stop():
     j = submit({"kind": "train", "name": "run2", "data": "shards", "preset": "tiny", "steps": 1_000_000, "batch": 4, "context": 64,
-                "threads": 2})
+                "threads": 2, "ckpt_interval": 2})
     STATE["stopped"] = j["id"]
     early = events(j["id"], limit=3)  # a client that goes away: dropped, the job goes on
     check(len(early) == 3, f"{len(early)} events before the disconnect")
@@ -229,6 +238,8 @@ def c_stop():
     time.sleep(1.0)
     p = SRV.json("GET", f"/wb/jobs/{j['id']}")
     check(p["state"] == "paused" and p["progress"]["done"] == at and p["progress"]["stage"] == "paused", f"paused, yet {p['state']} {p['progress']}")
+    st, _, body = SRV.request("POST", "/wb/jobs", {"kind": "train", "resume": "run2", "data": "shards", "steps": 2_000_000})
+    check(st == 409 and j["id"].encode() in body, f"a second training of the paused run2: {st} {one_line(body.decode())}")
     SRV.json("POST", f"/wb/jobs/{j['id']}/resume")
     wait(j["id"], until=lambda x: x["state"] == "running" and (x["progress"] or {}).get("step", 0) > at + 2)
     SRV.json("POST", f"/wb/jobs/{j['id']}/stop")
@@ -312,6 +323,8 @@ def c_generate_routes():
             ps = [x["p"] for x in t["top"]]
             check(len(ps) == 5 and ps == sorted(ps, reverse=True) and 0 < sum(ps) <= 1 + 1e-6, f"top-5 {t['top']}")
             check(t["p"] <= ps[0] + 1e-9 and (t["id"] not in [x["id"] for x in t["top"]] or t["p"] in ps), f"the token's p {t}")
+        none = [d for e, d in sse("/wb/generate", {"model": model, "prompt": "ROMEO:", "n_predict": 3, "top_n": 0}) if e == "token"]
+        check(len(none) == 3 and all(t["top"] == [] and 0 < t["p"] <= 1 for t in none), f"top_n 0: {none}")
         greedy = sse("/wb/generate", {"model": model, "prompt": "ROMEO:", "n_predict": 6, "temperature": 0, "top_n": 1})
         g = [d for e, d in greedy if e == "token"]
         check(all(t["id"] == t["top"][0]["id"] for t in g), "temperature 0 did not take the top token")
@@ -328,6 +341,7 @@ def c_generate_routes():
            ({"model": "run:run1@50", "prompt": "x", "n_predict": 0}, 400, "n_predict"),
            ({"model": "run:run1@50", "prompt": "x", "top_n": 11}, 400, "top_n"),
            ({"model": "run:run1@50", "prompt": "x", "device": "cuda:9"}, 400, "device"),
+           ({"model": "run:run1@50", "prompt": "x", "device": 5}, 400, "device"),
            ({"model": "run:run1@50", "prompt": "x", "temp": 1}, 400, "temp")]
     for body, want, param in bad:
         st, _, b = SRV.request("POST", "/wb/generate", body)
