@@ -5,7 +5,7 @@ what the page did):
   key         the server wants its key: the page shows the key box, refuses a wrong key in words, keeps the right one
               in localStorage
   corpus      a ~200 KB corpus uploaded from a file input, listed with its size and checked
-  tokenizer   a 512-token BPE trained as a job (the bar full, "done")
+  tokenizer   a BPE of up to 512 tokens trained as a job (the bar full, "done")
   vocabulary  its bytes/token on its held-out text beside another vocabulary, its top merges
   tokenize    text typed into the live box comes back as colored pieces (alternating colors, a title with the id)
               that spell the text and carry the ids the API gives
@@ -200,7 +200,12 @@ def c_tokenizer():
 def c_vocabulary():
     needs("tokenizer")
     summary = wait_for("the held-out bytes/token", lambda: "bytes/token" in text("tok-summary") and text("tok-summary"), 20)
-    check("512" in summary, f"the summary {summary!r} does not give 512 tokens")
+    # 512 tokens on the shared corpus; fewer on the seeded one (16 words, where ../shared is missing, as in CI), which
+    # runs out of pairs: the page must give the size the server has, and its held-out bytes/token
+    t = SRV.json("GET", "/wb/tokenizer?name=tok&merges=0")
+    check(t["n_vocab"] == 256 + 3 + t["n_merges"] <= 512, f"the tokenizer has {t['n_vocab']} tokens and {t['n_merges']} merges")
+    check(str(t["n_vocab"]) in summary and f"{t['heldout']['bytes_per_token']:.2f}" in summary,
+          f"the summary {summary!r} does not give {t['n_vocab']} tokens and {t['heldout']['bytes_per_token']:.2f} bytes/token")
     rows = wait_for("the compare bars", lambda: qs("#cmp-results .barrow"), 20)
     bpt = {r.get_attribute("data-tokenizer"): float(r.get_attribute("data-bpt")) for r in rows}
     check(bpt.get("tok", 0) > 1.0, f"bytes/token of tok: {bpt}")
