@@ -1,6 +1,9 @@
 /* bench_gpu_kernels.c: `kiln bench gpu-kernels [--quick] [--attention]`: the decode matmuls of src/cuda/matvec.cu alone, on the
  * shapes a 7B and a 1.1B LLaMA decode runs (q/k/v/o, merged qkv, GLU gate+up, down, the head) in the types those
- * models ship in, for T = 1, 2, 4, 8 tokens (--quick: T = 1, fewer repetitions).
+ * models ship in, for T = 1, 2, 4, 8 tokens (--quick: T = 1, fewer repetitions); then for T = 16 and 32 (a server's
+ * step of that many sequences) src/cuda/gemm_small.cu on the blocks beside cuBLASLt on bf16 weights of the same
+ * shape (the engine's two paths for such a step; a GLU case is two matmuls), for the types gemm_small takes. GB/s
+ * counts the bytes each reads: the blocks, or 2 per weight.
  *
  * Each case uploads one random weight (random bytes with finite f16 scales, as tests/test_cuda_matvec.c makes
  * them; random floats for F16) into enough copies to total >= ROTATE_BYTES (256 MiB, four times the H200's 60 MB
@@ -140,25 +143,47 @@ typedef struct {
     double us, host_us;
 } timing;
 
-/* One case at one T: the median of REPS rounds of n launches rotating over the copies. */
-static kiln_status time_case(const mv_case *c, int64_t T, kiln_cuda_wt *wg, kiln_cuda_wt *wu, int n_copies, float *y,
-                             const float *x, const void *xp, int reps, timing *out) {
+/* ---------------------------------------------------------------- the timed launches */
+
+enum { K_MATVEC, K_SMALL, K_BLAS };
+
+/* One launch on copy k: the matvec (the GLU's one pass over both weights), or for a few rows gemm_small on the
+ * blocks or cuBLASLt on the bf16 copies (a GLU case two matmuls, as the engine runs it). */
+typedef struct {
+    const mv_case *c;
+    int64_t T;
+    kiln_cuda_wt *wg, *wu, *bg, *bu; /* the block copies; the bf16 copies (cuBLASLt's operand in the engine) */
+    float *y;
+    const float *x;
+    const void *xp;
+    kiln_cuda_gemm_ws *ws;
+    int kind;
+} few_args;
+
+static kiln_status few_launch(const few_args *a, int k) {
+    if (a->kind == K_MATVEC)
+        return a->c->glu ? kiln_cuda_matvec_glu(a->y, a->x, a->xp, &a->wg[k], &a->wu[k], a->T, false, NULL)
+                         : kiln_cuda_matvec(a->y, a->x, a->xp, &a->wg[k], a->T, false, NULL);
+    const bool blas = a->kind == K_BLAS;
+    const kiln_cuda_wt *g = blas ? &a->bg[k] : &a->wg[k], *u = blas ? &a->bu[k] : &a->wu[k];
+    kiln_status st = blas ? kiln_cuda_gemm(a->y, a->x, g, a->T, false, a->ws, NULL)
+                          : kiln_cuda_gemm_small(a->y, a->xp, g, a->T, false, a->ws, NULL);
+    if (!st && a->c->glu)
+        st = blas ? kiln_cuda_gemm(a->y, a->x, u, a->T, false, a->ws, NULL) : kiln_cuda_gemm_small(a->y, a->xp, u, a->T, false, a->ws, NULL);
+    return st;
+}
+
+/* One case at one T: the median of reps rounds of LAUNCHES launches rotating over the n copies. */
+static kiln_status time_few(const few_args *a, int n_copies, int reps, timing *out) {
     double t_all[REPS], t_host[REPS];
     kiln_status st;
-    for (int i = 0; i < 10; i++) { /* warm-up: first-launch costs, clocks */
-        st = c->glu ? kiln_cuda_matvec_glu(y, x, xp, &wg[i % n_copies], &wu[i % n_copies], T, false, NULL)
-                    : kiln_cuda_matvec(y, x, xp, &wg[i % n_copies], T, false, NULL);
-        if (st) return st;
-    }
+    for (int i = 0; i < 10; i++) /* warm-up: first-launch costs, clocks */
+        if ((st = few_launch(a, i % n_copies))) return st;
     if ((st = kiln_cuda_sync())) return st;
     for (int r = 0; r < reps; r++) {
         const double t0 = kiln_bench_now();
-        for (int i = 0; i < LAUNCHES; i++) {
-            const int k = i % n_copies;
-            st = c->glu ? kiln_cuda_matvec_glu(y, x, xp, &wg[k], &wu[k], T, false, NULL)
-                        : kiln_cuda_matvec(y, x, xp, &wg[k], T, false, NULL);
-            if (st) return st;
-        }
+        for (int i = 0; i < LAUNCHES; i++)
+            if ((st = few_launch(a, i % n_copies))) return st;
         const double t1 = kiln_bench_now();
         if ((st = kiln_cuda_sync())) return st;
         const double t2 = kiln_bench_now();
@@ -174,6 +199,7 @@ typedef struct {
     int64_t T;
     timing tm;
     double gbs;
+    const char *kernel; /* "matvec", "gemm_small", "cublaslt bf16" */
 } result;
 
 /* ---------------------------------------------------------------- training attention */
@@ -412,10 +438,15 @@ int kiln_bench_gpu_kernels(int argc, char **argv) {
     printf(",\"copy_gbs\":%.1f}\n", copy_gbs);
     if (attention_only) return bench_attention();
 
-    static const int64_t Ts_all[] = {1, 2, 4, 8};
-    const int n_T = quick ? 1 : 4, reps = quick ? 3 : REPS;
+    static const int64_t Ts_all[] = {1, 2, 4, 8}, Ts_few[] = {16, 32};
+    const int n_T = quick ? 1 : 4, n_few = quick ? 0 : 2, reps = quick ? 3 : REPS;
     const int n_cases = (int)(sizeof cases / sizeof cases[0]);
-    result *res = calloc((size_t)n_cases * 4, sizeof *res);
+    result *res = calloc((size_t)n_cases * 8, sizeof *res);
+    kiln_cuda_gemm_ws ws = {0};
+    if (n_few && (st = kiln_cuda_gemm_ws_new(&ws, 0, 32 * 11008))) {
+        fprintf(stderr, "kiln bench gpu-kernels: %s\n", kiln_last_error());
+        return 1;
+    }
     int n_res = 0;
     uint64_t rng = 0x9E3779B97F4A7C15ull;
     int rc = 0;
@@ -428,17 +459,17 @@ int kiln_bench_gpu_kernels(int argc, char **argv) {
         if (n_copies > MAX_COPIES) n_copies = MAX_COPIES;
         kiln_cuda_wt wg[MAX_COPIES], wu[MAX_COPIES];
         void *dw[2 * MAX_COPIES] = {0};
-        float *hx = malloc((size_t)(8 * c->cols) * sizeof *hx);
+        float *hx = malloc((size_t)(32 * c->cols) * sizeof *hx);
         uint8_t *hw = make_weight(c->type, c->rows, c->cols, &rng);
         void *dx = NULL, *dy = NULL, *dxp = NULL;
         st = hw && hx ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "host buffers for %s", c->what);
         for (int k = 0; k < nw * n_copies && !st; k++)
             if (!(st = kiln_cuda_alloc(&dw[k], bytes))) st = kiln_cuda_upload(dw[k], hw, bytes);
-        for (int64_t i = 0; hx && i < 8 * c->cols; i++) hx[i] = rng_f32(&rng);
-        if (!st) st = kiln_cuda_alloc(&dx, (size_t)(8 * c->cols) * sizeof(float));
-        if (!st) st = kiln_cuda_upload(dx, hx, (size_t)(8 * c->cols) * sizeof(float));
-        if (!st) st = kiln_cuda_alloc(&dy, (size_t)(8 * c->rows) * sizeof(float));
-        if (!st) st = kiln_cuda_alloc(&dxp, kiln_cuda_matvec_prep_bytes(8, c->cols));
+        for (int64_t i = 0; hx && i < 32 * c->cols; i++) hx[i] = rng_f32(&rng);
+        if (!st) st = kiln_cuda_alloc(&dx, (size_t)(32 * c->cols) * sizeof(float));
+        if (!st) st = kiln_cuda_upload(dx, hx, (size_t)(32 * c->cols) * sizeof(float));
+        if (!st) st = kiln_cuda_alloc(&dy, (size_t)(32 * c->rows) * sizeof(float));
+        if (!st) st = kiln_cuda_alloc(&dxp, kiln_cuda_matvec_prep_bytes(32, c->cols));
         for (int k = 0; k < n_copies; k++) {
             wg[k] = (kiln_cuda_wt){c->type, c->rows, c->cols, row_bytes, dw[k]};
             wu[k] = (kiln_cuda_wt){c->type, c->rows, c->cols, row_bytes, dw[c->glu ? n_copies + k : k]};
@@ -448,9 +479,11 @@ int kiln_bench_gpu_kernels(int argc, char **argv) {
             if ((st = kiln_cuda_matvec_prepare(dxp, dx, T, c->cols, NULL))) break;
             {
                 result *r = &res[n_res];
-                *r = (result){c, T, {0, 0}, 0};
-                if ((st = time_case(c, T, wg, wu, n_copies, dy, dx, dxp, reps, &r->tm))) break;
+                *r = (result){c, T, {0, 0}, 0, "matvec"};
+                const few_args fa = {c, T, wg, wu, NULL, NULL, dy, dx, dxp, NULL, K_MATVEC};
+                if ((st = time_few(&fa, n_copies, reps, &r->tm))) break;
                 r->gbs = (double)(nw * bytes) / (r->tm.us * 1e-6) / 1e9;
+                r->kernel = "matvec";
                 n_res++;
                 printf("{\"bench\":\"gpu_kernel\",\"model\":\"%s\",\"op\":\"%s\",\"type\":\"%s\",\"rows\":%lld,\"cols\":%lld,"
                        "\"glu\":%s,\"T\":%lld,\"weight_mb\":%.2f,\"us\":%.2f,\"host_us\":%.2f,\"gbs\":%.1f,"
@@ -461,6 +494,39 @@ int kiln_bench_gpu_kernels(int argc, char **argv) {
                 fflush(stdout);
             }
         }
+        /* 16 and 32 rows: gemm_small on the blocks, then cuBLASLt on bf16 copies (left unwritten: its time does not
+         * depend on the values) of as many bytes in all */
+        const kiln_cuda_wt probe = {c->type, c->rows, c->cols, row_bytes, NULL};
+        const int n_bf = (int)((ROTATE_BYTES + nw * 2 * (size_t)(c->rows * c->cols) - 1) / (nw * 2 * (size_t)(c->rows * c->cols))) + 1;
+        void *dbf[2 * MAX_COPIES] = {0};
+        kiln_cuda_wt bg[MAX_COPIES], bu[MAX_COPIES];
+        const bool few = n_few && !st && kiln_cuda_gemm_small_takes(&probe, 16) && n_bf <= MAX_COPIES;
+        for (int k = 0; few && k < nw * n_bf && !st; k++)
+            st = kiln_cuda_alloc(&dbf[k], 2 * (size_t)(c->rows * c->cols));
+        for (int k = 0; few && k < n_bf; k++) {
+            bg[k] = (kiln_cuda_wt){KILN_TYPE_BF16, c->rows, c->cols, 2 * (size_t)c->cols, dbf[k]};
+            bu[k] = (kiln_cuda_wt){KILN_TYPE_BF16, c->rows, c->cols, 2 * (size_t)c->cols, dbf[c->glu ? n_bf + k : k]};
+        }
+        for (int ti = 0; few && ti < n_few && !st; ti++) {
+            const int64_t T = Ts_few[ti];
+            if ((st = kiln_cuda_matvec_prepare(dxp, dx, T, c->cols, NULL))) break;
+            for (int blas = 0; blas <= 1 && !st; blas++) {
+                const few_args fa = {c, T, wg, wu, bg, bu, dy, dx, dxp, &ws, blas ? K_BLAS : K_SMALL};
+                result *r = &res[n_res];
+                *r = (result){c, T, {0, 0}, 0, blas ? "cublaslt bf16" : "gemm_small"};
+                if ((st = time_few(&fa, blas ? n_bf : n_copies, reps, &r->tm))) break;
+                const double wbytes = blas ? (double)(nw * 2 * c->rows * c->cols) : (double)(nw * bytes);
+                r->gbs = wbytes / (r->tm.us * 1e-6) / 1e9;
+                n_res++;
+                printf("{\"bench\":\"gpu_kernel\",\"model\":\"%s\",\"op\":\"%s\",\"type\":\"%s\",\"kernel\":\"%s\",\"rows\":%lld,"
+                       "\"cols\":%lld,\"glu\":%s,\"T\":%lld,\"weight_mb\":%.2f,\"us\":%.2f,\"host_us\":%.2f,\"gbs\":%.1f,"
+                       "\"roof_frac\":%.3f}\n",
+                       c->model, c->what, kiln_type_name(c->type), r->kernel, (long long)c->rows, (long long)c->cols,
+                       c->glu ? "true" : "false", (long long)T, wbytes / 1e6, r->tm.us, r->tm.host_us, r->gbs, r->gbs / copy_gbs);
+                fflush(stdout);
+            }
+        }
+        for (int k = 0; k < 2 * MAX_COPIES; k++) kiln_cuda_free(dbf[k]);
         if (st) {
             fprintf(stderr, "kiln bench gpu-kernels: %s %s %s %lld x %lld: %s\n", c->model, c->what,
                     kiln_type_name(c->type), (long long)c->rows, (long long)c->cols, kiln_last_error());
@@ -472,15 +538,16 @@ int kiln_bench_gpu_kernels(int argc, char **argv) {
     }
 
     printf("\n%s, copy %.0f GB/s (read + write)\n", dev, copy_gbs);
-    printf("%-5s %-8s %-5s %6s %6s %2s %9s %9s %8s %6s\n", "model", "op", "type", "rows", "cols", "T", "us",
+    printf("%-5s %-8s %-5s %-13s %6s %6s %2s %9s %9s %8s %6s\n", "model", "op", "type", "kernel", "rows", "cols", "T", "us",
            "host_us", "GB/s", "roof");
     for (int i = 0; i < n_res; i++) {
         const result *r = &res[i];
-        printf("%-5s %-8s %-5s %6lld %6lld %2lld %9.2f %9.2f %8.0f %5.0f%%\n", r->c->model, r->c->what,
-               kiln_type_name(r->c->type), (long long)r->c->rows, (long long)r->c->cols, (long long)r->T,
+        printf("%-5s %-8s %-5s %-13s %6lld %6lld %2lld %9.2f %9.2f %8.0f %5.0f%%\n", r->c->model, r->c->what,
+               kiln_type_name(r->c->type), r->kernel, (long long)r->c->rows, (long long)r->c->cols, (long long)r->T,
                r->tm.us, r->tm.host_us, r->gbs, 100 * r->gbs / copy_gbs);
     }
     free(res);
+    kiln_cuda_gemm_ws_free(&ws);
     printf("\n");
     rc |= bench_train_elementwise(copy_gbs);
     return bench_attention() || rc;

@@ -11,6 +11,9 @@
  *   tok_s    generated tokens of every stream (the final event's tokens_predicted) / the case's wall time
  *   ttft     time to first token: request sent -> first event with content, p50 and p99 over the streams (ms)
  *   itl      inter-token latency: the gaps between successive content events of a stream, p50 and p99 over all (ms)
+ *   steps    from kiln's /metrics before and after the case (with -m; it starts kiln serve with --metrics): the
+ *            batched decodes, their mean rows, the mean ms of one in the engine and of sampling and handing out
+ *            its tokens, and how many carried prompt tokens
  * Percentiles are nearest-rank. With -m it starts `kiln serve` itself (this binary; --port 0, its port read from the
  * "listening on" line of its stderr); with --peer-bin it also starts llama-server on the same model, slots (-np),
  * threads (-t) and context, on a free loopback port, and runs the same cases against it in this command. Output: one
@@ -73,6 +76,9 @@ typedef struct {
     double tok_s, ttft50, ttft99, itl50, itl99, seconds;
     int64_t tokens;
     int errors;
+    /* from kiln's /metrics around the case (-m only; NAN otherwise): batched decodes, their rows, the mean ms of a
+     * decode in the engine and of handing out its tokens, the decodes that carried prompt tokens */
+    double steps, rows, step_ms, emit_ms, mixed;
 } result;
 
 /* ---------------------------------------------------------------- servers */
@@ -177,7 +183,7 @@ static bool start_kiln(server *s, const launch *l) {
     self[n] = 0;
     snprintf(np, sizeof np, "%lld", (long long)l->np), snprintf(t, sizeof t, "%lld", (long long)l->threads);
     snprintf(c, sizeof c, "%lld", (long long)l->ctx);
-    char *argv[] = {self, "serve", "-m", (char *)l->model, "-np", np, "-t", t, "-c", c, "--port", "0",
+    char *argv[] = {self, "serve", "-m", (char *)l->model, "-np", np, "-t", t, "-c", c, "--port", "0", "--metrics",
                     l->gpu ? "--gpu" : NULL, NULL};
     snprintf(s->url, sizeof s->url, "http://127.0.0.1");
     return spawn(s, argv) && wait_up(s, true);
@@ -294,6 +300,45 @@ static double percentile(double *v, size_t n, double q) {
     return v[(k ? k : 1) - 1];
 }
 
+/* kiln's step counters from GET url/metrics into v: n_decode_total, kiln:step_rows_total,
+ * kiln:step_decode_seconds_total, kiln:step_emit_seconds_total, kiln:steps_mixed_total. False without them. */
+typedef struct {
+    char *b;
+    size_t n;
+} body_buf;
+
+static size_t keep(char *p, size_t sz, size_t n, void *u) {
+    body_buf *bb = u;
+    if (bb->n + sz * n >= 65536) return 0;
+    char *nb = realloc(bb->b, bb->n + sz * n + 1);
+    if (!nb) return 0;
+    memcpy(nb + bb->n, p, sz * n);
+    bb->b = nb, bb->n += sz * n, bb->b[bb->n] = 0;
+    return sz * n;
+}
+
+static bool scrape(const char *url, double v[5]) {
+    static const char *const names[5] = {"llamacpp:n_decode_total ", "kiln:step_rows_total ", "kiln:step_decode_seconds_total ",
+                                         "kiln:step_emit_seconds_total ", "kiln:steps_mixed_total "};
+    char u[160];
+    snprintf(u, sizeof u, "%s/metrics", url);
+    body_buf bb = {0};
+    CURL *e = curl_easy_init();
+    long code = 0;
+    bool ok = e && curl_easy_setopt(e, CURLOPT_URL, u) == CURLE_OK && curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, keep) == CURLE_OK &&
+              curl_easy_setopt(e, CURLOPT_WRITEDATA, &bb) == CURLE_OK && curl_easy_setopt(e, CURLOPT_TIMEOUT, 10L) == CURLE_OK &&
+              curl_easy_perform(e) == CURLE_OK && curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &code) == CURLE_OK && code == 200 && bb.b;
+    for (int i = 0; ok && i < 5; i++) {
+        const char *p = strstr(bb.b, names[i]);
+        while (p && p != bb.b && p[-1] != '\n') p = strstr(p + 1, names[i]); /* the sample line, not a # HELP */
+        ok = p != NULL;
+        if (ok) v[i] = strtod(p + strlen(names[i]), NULL);
+    }
+    if (e) curl_easy_cleanup(e);
+    free(bb.b);
+    return ok;
+}
+
 /* One case: clients streams of reps requests each against url. */
 static int run_case(const char *url, const char *api_key, int clients, int64_t reps, int64_t n_predict, result *r) {
     CURLM *m = curl_multi_init();
@@ -359,17 +404,21 @@ static int run_case(const char *url, const char *api_key, int clients, int64_t r
 }
 
 static void print_json(const result *r, const char *model, int64_t np, int64_t n_predict, int64_t reps) {
-    char b[6][32];
+    char b[11][32];
     printf("{\"bench\": \"serve\", \"engine\": ");
     kiln_bench_json_str(r->engine);
     printf(", \"model\": ");
     kiln_bench_json_str(model);
     printf(", \"slots\": %lld, \"clients\": %d, \"n_predict\": %lld, \"requests\": %lld, \"tokens\": %lld, \"errors\": %d, "
-           "\"seconds\": %s, \"tok_s\": %s, \"ttft_p50_ms\": %s, \"ttft_p99_ms\": %s, \"itl_p50_ms\": %s, \"itl_p99_ms\": %s}\n",
+           "\"seconds\": %s, \"tok_s\": %s, \"ttft_p50_ms\": %s, \"ttft_p99_ms\": %s, \"itl_p50_ms\": %s, \"itl_p99_ms\": %s, "
+           "\"steps\": %s, \"rows_per_step\": %s, \"step_decode_ms\": %s, \"step_emit_ms\": %s, \"steps_mixed\": %s}\n",
            (long long)np, r->clients, (long long)n_predict, (long long)(r->clients * reps), (long long)r->tokens, r->errors,
            kiln_bench_json_num(b[0], 32, r->seconds, 3), kiln_bench_json_num(b[1], 32, r->tok_s, 1),
            kiln_bench_json_num(b[2], 32, r->ttft50, 1), kiln_bench_json_num(b[3], 32, r->ttft99, 1),
-           kiln_bench_json_num(b[4], 32, r->itl50, 2), kiln_bench_json_num(b[5], 32, r->itl99, 2));
+           kiln_bench_json_num(b[4], 32, r->itl50, 2), kiln_bench_json_num(b[5], 32, r->itl99, 2),
+           kiln_bench_json_num(b[6], 32, r->steps, 0), kiln_bench_json_num(b[7], 32, r->rows, 2),
+           kiln_bench_json_num(b[8], 32, r->step_ms, 3), kiln_bench_json_num(b[9], 32, r->emit_ms, 3),
+           kiln_bench_json_num(b[10], 32, r->mixed, 0));
     fflush(stdout);
 }
 
@@ -380,8 +429,16 @@ static int run_engine(const char *engine, const char *url, const char *api_key, 
     int rc = run_case(url, api_key, 1, 1, 4, &warm);
     if (!rc && warm.errors) rc = kiln_cli_error("bench serve: %s at %s: the warm-up request failed", engine, url);
     for (int i = 0; !rc && i < n_cases; i++) {
+        double m0[5], m1[5];
+        const bool own = strcmp(engine, "kiln") == 0 && scrape(url, m0);
         rc = run_case(url, api_key, (int)cs[i], reps, n_predict, &res[i]);
         res[i].engine = engine;
+        res[i].steps = res[i].rows = res[i].step_ms = res[i].emit_ms = res[i].mixed = NAN;
+        if (!rc && own && scrape(url, m1) && m1[0] > m0[0]) {
+            const double n = m1[0] - m0[0];
+            res[i].steps = n, res[i].rows = (m1[1] - m0[1]) / n, res[i].step_ms = 1e3 * (m1[2] - m0[2]) / n;
+            res[i].emit_ms = 1e3 * (m1[3] - m0[3]) / n, res[i].mixed = m1[4] - m0[4];
+        }
         if (!rc) print_json(&res[i], model, np, n_predict, reps);
     }
     return rc;
@@ -404,6 +461,13 @@ static void print_table(const result *k, const result *p, int n_cases) {
         printf("%8d %10.1f %10s %6s %18s %18s %16s %16s %3d/%-3d\n", k[i].clients, k[i].tok_s, ptok, pr, kt, pt, ki, pi,
                k[i].errors, p ? p[i].errors : 0);
     }
+    bool any = false;
+    for (int i = 0; i < n_cases; i++) any = any || !isnan(k[i].steps);
+    if (!any) return;
+    printf("\nkiln's steps (its /metrics around each case): decodes, mean rows, mean ms in the engine and handing out tokens\n");
+    printf("%8s %8s %10s %14s %12s %12s\n", "clients", "steps", "rows/step", "engine ms", "emit ms", "with prompts");
+    for (int i = 0; i < n_cases; i++)
+        printf("%8d %8.0f %10.2f %14.3f %12.3f %12.0f\n", k[i].clients, k[i].steps, k[i].rows, k[i].step_ms, k[i].emit_ms, k[i].mixed);
 }
 
 int kiln_bench_serve(int argc, char **argv) {

@@ -1,13 +1,14 @@
 /* cuda_host.cpp: the CUDA decoders of every block format, compiled for the host (tests/test_cuda_host.sh), so a
  * machine without a GPU checks them: matvec_pieces.cuh (the decode matvec's pieces), gemm_dq.cuh (the prefill's
- * bf16 dequantization) and blocks.cuh (the element decoders of dequant.cu and the embed). The CUDA intrinsics they
+ * bf16 dequantization), gemm_small_dq.cuh (the few-row int8 matmul's fragments) and blocks.cuh (the element decoders of dequant.cu and the embed). The CUDA intrinsics they
  * use get the stand-ins below, written from the CUDA documentation (__byte_perm takes bits 2:0 of each selector
  * nibble and ignores the selector's upper 16 bits; __dp4a sums four signed byte products; __funnelshift_r shifts
  * the 64-bit hi:lo by sh & 31). For each type, on random blocks (cuda_host_ref.c):
  *   - the pieces' dot products, accumulated piece by piece as a kernel thread does, against a double-precision dot
  *     of the reference dequantization with x as matvec_prepare rounds it: NMSE < 1e-10 (measured 1e-14: only the
  *     fp32 summation differs), over 33 rows of 2304 (odd rows start 2 mod 4 for the 110- and 210-byte blocks);
- *   - every Dq::run and every element decoder against the reference, bit for bit.
+ *   - every Dq::run and every element decoder against the reference, bit for bit;
+ *   - gemm_small_dq.cuh's fragment decoders, every weight of every lane against the reference (check_gq).
  * Prints "ok NAME" / "FAIL NAME: why" lines for tests/run.sh. */
 #include <math.h>
 #include <stdint.h>
@@ -68,6 +69,9 @@ namespace mv {
 namespace dq {
 #include "cuda/gemm_dq.cuh"
 }
+namespace gq {
+#include "cuda/gemm_small_dq.cuh"
+}
 
 static int failures;
 
@@ -119,6 +123,47 @@ static void check_pieces(const char *name, kiln_type t, unsigned long long *rng)
     else printf("FAIL host_matvec_piece_%s: NMSE %.3g against the double reference (bound 1e-10)\n", name, nmse), failures++;
 }
 
+/* ---------------------------------------------------------------- gemm_small's fragment decoders */
+
+/* Every weight of 9 rows of 2304 (odd rows start 2 mod 4 for the 18-, 22-, 34- and 210-byte blocks), as each lane c
+ * of a row's quad decodes it for each 32 j of each 256: s * q + m (s0 for the first 16 of a SPLIT type's 32, s1
+ * for the second) against the reference dequantization, within 1e-6 of the largest |weight| (the reference
+ * multiplies in another order: d * sc * q - dmin * m against (d * sc) * q + (-dmin * m)). */
+template <class D>
+static void check_gq(const char *name, kiln_type t, unsigned long long *rng) {
+    const int64_t rows = 9, cols = 2304;
+    const size_t rb = kiln_type_row_bytes(t, cols);
+    std::vector<uint8_t> w(rb * rows + 16);
+    host_ref_blocks(t, w.data(), rows * cols, rng);
+    std::vector<float> ref(rows * cols);
+    host_ref_to_float(t, w.data(), ref.data(), rows * cols);
+    float amax = 0.0f;
+    for (float v : ref) amax = fmaxf(amax, fabsf(v));
+    for (int64_t o = 0; o < rows; o++)
+        for (int64_t sb = 0; sb < cols / 256; sb++)
+            for (int c = 0; c < 4; c++) {
+                D d;
+                d.load(w.data() + o * rb + sb * D::BLOCK_BYTES, c);
+                for (int j = 0; j < 8; j++) {
+                    uint32_t lo, hi;
+                    float s0, s1, m;
+                    d.chunk(j, c, lo, hi, s0, s1, m);
+                    for (int i = 0; i < 8; i++) {
+                        const int k = 32 * j + (i < 4 ? 4 * c + i : 16 + 4 * c + i - 4);
+                        const int q = (int8_t)((i < 4 ? lo : hi) >> (8 * (i % 4)));
+                        const float got = (D::SPLIT && i >= 4 ? s1 : s0) * (float)q + m, want = ref[o * cols + 256 * sb + k];
+                        if (!(fabsf(got - want) <= 1e-6f * amax)) {
+                            printf("FAIL host_gemm_small_%s: row %lld, weight %lld (lane %d, 32 %d): decoded %.9g, reference %.9g\n", name,
+                                   (long long)o, (long long)(256 * sb + k), c, j, got, want);
+                            failures++;
+                            return;
+                        }
+                    }
+                }
+            }
+    printf("ok host_gemm_small_%s\n", name);
+}
+
 /* ---------------------------------------------------------------- bf16 prefill decoders, element decoders */
 
 template <class D>
@@ -164,6 +209,13 @@ int main(void) {
     check_pieces<mv::piece_q5_K>("q5_K", KILN_TYPE_Q5_K, &rng);
     check_pieces<mv::piece_q6_K>("q6_K", KILN_TYPE_Q6_K, &rng);
     check_pieces<mv::piece_iq4_xs>("iq4_xs", KILN_TYPE_IQ4_XS, &rng);
+    check_gq<gq::gq_q4_0>("q4_0", KILN_TYPE_Q4_0, &rng);
+    check_gq<gq::gq_q4_1>("q4_1", KILN_TYPE_Q4_1, &rng);
+    check_gq<gq::gq_q5_0>("q5_0", KILN_TYPE_Q5_0, &rng);
+    check_gq<gq::gq_q8_0>("q8_0", KILN_TYPE_Q8_0, &rng);
+    check_gq<gq::gq_q4_K>("q4_K", KILN_TYPE_Q4_K, &rng);
+    check_gq<gq::gq_q5_K>("q5_K", KILN_TYPE_Q5_K, &rng);
+    check_gq<gq::gq_q6_K>("q6_K", KILN_TYPE_Q6_K, &rng);
     check_dq<dq::dq_q4_0>("q4_0", KILN_TYPE_Q4_0, NULL, &rng);
     check_dq<dq::dq_q4_1>("q4_1", KILN_TYPE_Q4_1, NULL, &rng);
     check_dq<dq::dq_q5_0>("q5_0", KILN_TYPE_Q5_0, NULL, &rng);

@@ -6,7 +6,7 @@
  *                               Q3_K, IQ4_NL, IQ4_XS as test_blocks_ggml.h's GGML dequantizer)
  *   residual_norm               max-abs <= 1e-5 * scale, NMSE <= 1e-11 (only the double sum's order differs)
  *   residual_norm_xp            x and out bit-exact with residual_norm's; xp byte-exact with matvec_prepare(out);
- *                               refused arguments (T > 8, C % 32, NULL or unaligned xp, no out) leave x and xp as
+ *                               refused arguments (T > 32, C % 32, NULL or unaligned xp, no out) leave x and xp as
  *                               they were
  *   qkv_post q (f32)            max-abs <= 1e-4 * max(scale, 1), NMSE <= 1e-10 (cosf/sinf at angles up to 1e5 rad
  *                               differ by ulps between CUDA and the host libm); v cache bit-exact; k cache within
@@ -177,7 +177,7 @@ static void test_residual_norm_xp(void) {
     release_all();
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     static const int64_t Cs[] = {64, 2048, 4096, 5120};
-    static const int64_t Ts[] = {1, 3, 8};
+    static const int64_t Ts[] = {1, 3, 8, 17, 32};
     static const int modes[] = {0, 1, 2, 4}; /* test_residual_norm's modes that have an out */
     static const char *mode_name[] = {"add+norm", "post-norm add+norm", "norm only", "add only", "post-norm, y == out"};
     unsigned long long rng = 606;
@@ -260,7 +260,7 @@ static void test_residual_norm_xp(void) {
 static void test_residual_norm_xp_errors(void) {
     release_all();
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
-    enum { T = 9, C = 96 };
+    enum { T = 33, C = 96 };
     unsigned long long rng = 707;
     float *x = host(T * C * 4), *got = host(T * C * 4);
     fill(x, T * C, 2.0f, &rng);
@@ -279,7 +279,7 @@ static void test_residual_norm_xp_errors(void) {
         const float *w;
         int64_t T, C;
     } bad[] = {
-        {"T 9 > KILN_CUDA_MATVEC_MAX_T", dout, dxp, dw, 9, 64},
+        {"T 33 > KILN_CUDA_GEMM_SMALL_MAX_T", dout, dxp, dw, 33, 64},
         {"C 48 not a multiple of 32", dout, dxp, dw, 1, 48},
         {"C 100 not a multiple of 32", dout, dxp, dw, 2, 100},
         {"out NULL", NULL, dxp, dw, 1, 64},

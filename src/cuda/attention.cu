@@ -652,9 +652,9 @@ extern "C" kiln_status kiln_cuda_attention_rows(float *out, void *xp, const floa
     if (!d_seq) return kiln_fail(KILN_ERR_INVALID, "cuda attention_rows: no sequence indices");
     if (T > ATTN_ROWS_MAX)
         return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda attention_rows: %lld rows is more than %d", (long long)T, ATTN_ROWS_MAX);
-    if (xp && (T > KILN_CUDA_MATVEC_MAX_T || HS % 32))
+    if (xp && (T > KILN_CUDA_GEMM_SMALL_MAX_T || HS % 32))
         return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda attention_rows: xp with T %lld, HS %lld: only T <= %d and HS a multiple of 32",
-                         (long long)T, (long long)HS, KILN_CUDA_MATVEC_MAX_T);
+                         (long long)T, (long long)HS, KILN_CUDA_GEMM_SMALL_MAX_T);
     if (xp && (uintptr_t)xp % 16) return kiln_fail(KILN_ERR_INVALID, "cuda attention_rows: xp not 16-byte aligned");
     return attention(out, xp, q, k_cache, v_cache, type_k, type_v, attn_where{d_pos, d_seq, seq_stride}, T, NH, NKV, HS, window,
                      rows, max_pos, scale, softcap, ws, stream);

@@ -350,9 +350,9 @@ static kiln_status residual_norm(const char *what, float *x, const float *y, con
     if (T < 0 || C <= 0 || (out && !w) || !x)
         return kiln_fail(KILN_ERR_INVALID, "cuda %s: T %lld, C %lld, out %s%s", what, (long long)T, (long long)C,
                          out ? "given" : "absent", out && !w ? " without w" : "");
-    if (xp && (!out || T > KILN_CUDA_MATVEC_MAX_T || C % 32 || !aligned16(xp)))
+    if (xp && (!out || T > KILN_CUDA_GEMM_SMALL_MAX_T || C % 32 || !aligned16(xp)))
         return kiln_fail(KILN_ERR_INVALID, "cuda %s: T %lld (at most %d), C %lld (a multiple of 32), out %s, xp %s", what,
-                         (long long)T, KILN_CUDA_MATVEC_MAX_T, (long long)C, out ? "given" : "NULL",
+                         (long long)T, KILN_CUDA_GEMM_SMALL_MAX_T, (long long)C, out ? "given" : "NULL",
                          aligned16(xp) ? "16-byte aligned" : "not 16-byte aligned");
     if (T == 0 || (!y && !out)) return KILN_OK;
     if (T > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda %s: %lld rows is too many", what, (long long)T);

@@ -89,8 +89,8 @@ typedef struct engine {
     const float *xp_of;
     int64_t xp_T, xp_cols;
     int64_t decode_rows;      /* the most rows of many sequences one attention launch takes (its workspace's) */
-    bool gemm_small;          /* 9..32 rows take kiln_cuda_gemm_small: only with KILN_GEMM_SMALL=1, as on the H200 it is
-                               * still 2.5x slower than cuBLASLt on the bf16 copies (docs/cuda.md) */
+    bool gemm_small;          /* 9..32 rows take kiln_cuda_gemm_small where it takes the type: only with KILN_GEMM_SMALL=1,
+                               * as on the H200 it is still no faster than cuBLASLt on the bf16 copies (gemm_small.cu) */
     cudaGraphExec_t *graph;   /* (n_graph) record's slots: 4 for each decode batch size, 0..decode_rows */
     int n_graph;
     prof_marks *prof;         /* non-NULL while profiling */
@@ -256,7 +256,9 @@ static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, 
                          kiln_type_name(m->output->type));
     if (m->output->type != KILN_TYPE_BF16) bf_bytes += align256((size_t)(m->output->ne[0] * m->output->ne[1]) * 2);
     const size_t wbytes = weight_bytes(m);
-    const size_t xp_bytes = align256(kiln_cuda_matvec_prep_bytes(KILN_CUDA_MATVEC_MAX_T, W));
+    /* prepared rows: the matvecs' and gemm_small's */
+    const size_t xp_bytes = align256(kiln_cuda_matvec_prep_bytes(
+        KILN_CUDA_GEMM_SMALL_MAX_T > KILN_CUDA_MATVEC_MAX_T ? KILN_CUDA_GEMM_SMALL_MAX_T : KILN_CUDA_MATVEC_MAX_T, W));
     /* decode rows per attention launch: a sequence's 8 tokens, or one token of each sequence (more run in pieces) */
     int64_t decode_rows = p->n_seq > 8 ? p->n_seq : 8;
     if (decode_rows > n_batch) decode_rows = n_batch;
@@ -460,7 +462,8 @@ static kiln_status mm(engine *e, float *y, const float *x, const dev_wt *W, cons
         TRY(prepare(e, x, T, q->cols));
         TRY(kiln_cuda_matvec(y, x, e->xp, q, T, add, e->stream));
     } else if (e->gemm_small && kiln_cuda_gemm_small_takes(q, T)) {
-        TRY(kiln_cuda_gemm_small(y, x, q, T, add, &e->gws, e->stream));
+        TRY(prepare(e, x, T, q->cols));
+        TRY(kiln_cuda_gemm_small(y, e->xp, q, T, add, &e->gws, e->stream));
     } else {
         TRY(kiln_cuda_gemm(y, x, W->bf.data && q == &W->q ? &W->bf : q, T, add, &e->gws, e->stream));
     }
@@ -482,7 +485,7 @@ static kiln_status cuda_residual_norm(void *p, float *x, float *y, const kiln_we
     if (!w) { /* no pre-norm (olmo2): the residual add alone, then xb = x; the matvec prepares xb itself */
         TRY(kiln_cuda_residual_norm(x, y, pw, post_eps, NULL, NULL, eps, T, C, e->stream));
         CK(cudaMemcpyAsync(xb, x, sizeof(float) * (size_t)(T * C), cudaMemcpyDeviceToDevice, e->stream), "cudaMemcpyAsync (xb = x)");
-    } else if (T <= KILN_CUDA_MATVEC_MAX_T && C % 32 == 0) {
+    } else if ((T <= KILN_CUDA_MATVEC_MAX_T || (e->gemm_small && T <= KILN_CUDA_GEMM_SMALL_MAX_T)) && C % 32 == 0) {
         TRY(kiln_cuda_residual_norm_xp(x, y, pw, post_eps, xb, e->xp, nw, eps, T, C, e->stream));
         prepared(e, xb, T, C);
     } else {
@@ -535,7 +538,10 @@ static kiln_status cuda_attention(void *p, float *out, float *q, const kiln_attn
     engine *e = (engine *)p;
     const float scale = a->scale > 0 ? a->scale : 1.0f / sqrtf((float)a->HS);
     e->xp_of = NULL;
-    const bool xp = !e->m->cfg.output_gate && T <= KILN_CUDA_MATVEC_MAX_T && a->HS % 32 == 0;
+    /* the rows of many sequences write it for gemm_small's T too, when one launch takes them all */
+    const int64_t xp_rows = e->gemm_small ? KILN_CUDA_GEMM_SMALL_MAX_T : KILN_CUDA_MATVEC_MAX_T;
+    const bool xp = !e->m->cfg.output_gate && a->HS % 32 == 0 &&
+                    (a->seq ? T <= xp_rows && T <= e->decode_rows : T <= KILN_CUDA_MATVEC_MAX_T);
     if (a->seq) { /* one token of each of T sequences, decode_rows of them per launch */
         const int64_t Q = a->NH * a->HS;
         for (int64_t r = 0, n; r < T; r += n) {

@@ -1,121 +1,182 @@
 /* gemm_small.cu: the matmul of a few rows, y (T, O) (+)= x (T, I) W^T for 8 < T <= 32 (a server's decode step of
- * that many sequences), on the tensor cores straight from the GGUF blocks. Such a step is bound by reading the
- * weight: cuBLASLt on the bf16 copies (gemm.cu) reads 2 bytes a weight, this kernel the blocks' ~0.56 (Q4_K), and
- * the matvecs (matvec.cu) re-read their int8 activations for every row and run out of issue slots past 8 tokens.
+ * that many sequences), on the int8 tensor cores straight from the GGUF blocks, as llama.cpp's MMQ does. Such a
+ * step is bound by reading the weight: cuBLASLt on the bf16 copies (gemm.cu) reads 2 bytes a weight, this kernel
+ * the blocks' ~0.56 (Q4_K) once for all T tokens, and the matvecs (matvec.cu) run out of issue slots past 8 tokens.
  *
- * A CTA of 4 warps owns GS_BO = 64 output rows and a run of the columns in steps of GS_BK = 256 (a K-quant
- * super-block, 8 legacy blocks). Each step it dequantizes its 64 x 256 weights with gemm_dq.cuh's decoders (the
- * CPU oracle's floats, rounded to nearest even to bf16: exactly the values of the bf16 copies) into shared memory,
- * copies the NT x 256 bf16 inputs beside them (x is rounded to bf16 once per call, as gemm.cu does), and each warp
- * multiplies its 16 rows by the NT tokens with mma.sync m16n8k16 (bf16 in, f32 accumulators). Rows are padded to
- * 264 elements in shared memory so a fragment's 32 lanes hit 32 banks. So the result is the bf16 GEMM's up to the
- * order of the f32 sums.
+ * The input is matvec.cu's prepared form (kiln_cuda_matvec_prepare: int8 codes in blocks of 32 with {d, d * sum}),
+ * so the result is the matvec's: the same int8 products, summed in another order. Each weight block type has a
+ * decoder that turns a row's 256 weights (a K-quant super-block, or 8 legacy blocks of 32) into int8 words in the
+ * mma fragment layout, with a float scale per 32 (or per 16, SPLIT) and, for the types with a min, a float offset
+ * that multiplies the block's d * sum(q) of x:
+ *   sum_k w_k x_k = s * dx * sum_k q_k xq_k + m * (dx * sum_k xq_k)      (w_k = s * q_k + m)
  *
- * Few output rows (wq of 4096: 64 CTAs on 132 SMs) split the columns over up to GS_MAX_SPLIT CTAs, each writing
- * its partial sums to ws->part; a second kernel adds the partials in split order (and y, with add), so the result
- * does not depend on scheduling. tests/test_cuda_gemm.c checks every block type against the double reference.
+ * Work split: a CTA of 8 warps owns 16 MT output rows (MT = 2, or 1 with KILN_GEMM_SMALL_MT=1); its warps take the
+ * super-blocks of its column range in turn (warp w: w, w + 8, ...), each multiplying its MT 16-row tiles by the NT
+ * tokens with
+ * mma.sync m16n8k32 (s8 in, s32 out; the SPLIT types two m16n8k16, one per scale) and folding every 32 columns into
+ * f32 accumulators with the scales above. The warps' sums meet in shared memory, summed in warp order. Lane (g, c)
+ * of a warp holds, for rows g and g + 8 of a tile, the weights 4c..4c+3 and 16+4c..16+4c+3 of each 32, and of
+ * token g of each 8 the same x codes (PTX's fragment layout for .s8); every load is the lane's own 4 bytes from
+ * global memory (the quad of a row reads 16 contiguous bytes), cached in L1.
  *
- * Not yet the engine's default (KILN_GEMM_SMALL=1 turns it on): on the H200, 7B Q4_K_M at 16 streams, kiln serve
- * makes 840 tok/s with it against 2085 with cuBLASLt on the bf16 copies (ITL p50 18.1 against 7.0 ms). The
- * dequantization is the limit: each thread decodes its 16 groups of 8 one after another, every one a chain of
- * dependent byte loads of the block's header and quants, with no loads in flight across steps. What it needs, as
- * llama.cpp's MMQ does: the block bytes staged into shared memory with cp.async a step ahead (double buffering),
- * decoded from there, and the int8 mma on the quants with the scales applied to the f32 sums. */
-#include "cuda/gemm_dq.cuh"
+ * Few output rows (a 2048-wide model's wq: 64 CTAs on 132 SMs) split the columns over up to GS_MAX_SPLIT CTAs,
+ * each writing its partial sums to ws->part; a second kernel adds the partials in split order (and y, with add), so
+ * the result does not depend on scheduling. tests/test_cuda_gemm.c checks every type it takes against the double
+ * reference, and tests/cuda_host.cpp every weight its decoders make (gemm_small_dq.cuh). Types without a decoder
+ * (Q5_1, Q2_K, Q3_K, the IQ types) take cuBLASLt (kiln_cuda_gemm_small_takes says which).
+ *
+ * Not yet the engine's default (KILN_GEMM_SMALL=1 turns it on). Measured on the H200 (bench gpu-kernels, 7B shapes,
+ * T 16): it reads its 0.56 bytes a weight at 15-29% of the copy bandwidth, where cuBLASLt reads the bf16 copies'
+ * 2 bytes at 70-89%, so the two take about as long (Q4_K 4096 x 4096: 15 against 21 us; gate+up 63 against 58;
+ * the Q6_K head 90 against 70), and kiln serve at 16 streams makes 1995 tok/s with it against 2077 without. It is
+ * bound by latency, not by bytes or issue: a CTA's 8 warps are all an SM holds at 143 to 255 registers a thread,
+ * and each warp waits on its own super-block's loads before it multiplies. What it needs: the next super-block's
+ * loads in flight while the current one multiplies (cp.async into shared memory, as llama.cpp's MMQ stages its
+ * tiles), and fewer registers per thread, so that more warps hide the latency. */
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
-#include "cuda/train_kernels.h" /* kiln_cuda_to_bf16 */
+#include "cuda/gemm_small_dq.cuh"
 #include "quants.h"
 
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "status.h"
 
-#define GS_BO 64            /* output rows per CTA: 4 warps of 16 */
-#define GS_BK 256           /* columns per step */
-#define GS_LD (GS_BK + 8)   /* a shared row in bf16: 528 bytes, so lane (g, c) of a fragment load hits bank 4g + c */
-#define GS_THREADS 128
+#define GS_WARPS 8
+#define GS_THREADS (32 * GS_WARPS)
+#define GS_SB 256 /* columns per decoder step */
 #define GS_MAX_SPLIT 4
 
-static __device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
-    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) | (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16;
+/* ---------------------------------------------------------------- the kernel */
+
+static __device__ __forceinline__ void mma_k32(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                               uint32_t b1) {
+    c[0] = c[1] = c[2] = c[3] = 0;
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* Grid (ceil(O / GS_BO), n_split). Split s takes the column steps [s * steps, (s + 1) * steps) of I / GS_BK. With one
- * split the CTA writes y (adding when add), else its partials part (n_split, T, O). */
-template <class Dq, int NT>
-__global__ void __launch_bounds__(GS_THREADS)
-gemm_small_kernel(float *y, float *part, const uint16_t *xb /* (T, I) bf16 */, const void *w, int64_t O, int64_t I, int T,
+static __device__ __forceinline__ void mma_k16(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+    c[0] = c[1] = c[2] = c[3] = 0;
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+}
+
+/* Grid (ceil(O / GS_ROWS), n_split). Split s takes the super-blocks [s * steps, (s + 1) * steps) of I / 256. With
+ * one split the CTA writes y (adding when add), else its partials part (n_split, T, O). */
+template <class D, int NT, int MT>
+__global__ void __launch_bounds__(GS_THREADS, MT == 1 ? 2 : 1)
+gemm_small_kernel(float *y, const int8_t *xq, const float2 *xds, const uint8_t *w, size_t row_bytes, int64_t O, int64_t I, int T,
                   int64_t steps, bool add) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
-    extern __shared__ __align__(16) uint16_t sm[];
-    uint16_t *sw = sm;                 /* (GS_BO, GS_LD) the weight step */
-    uint16_t *sx = sm + GS_BO * GS_LD; /* (NT, GS_LD) the input step */
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
-    const int64_t o0 = (int64_t)blockIdx.x * GS_BO, n_steps = I / GS_BK;
-    const int64_t k_lo = (int64_t)blockIdx.y * steps, k_hi = min(n_steps, k_lo + steps);
-    float acc[NT / 8][4];
-#pragma unroll
-    for (int n = 0; n < NT / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    constexpr int GS_ROWS = 16 * MT;
+    __shared__ float red[GS_WARPS][GS_ROWS][NT + 1];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+    const int64_t o0 = (int64_t)blockIdx.x * GS_ROWS, n_sb = I / GS_SB, nbx = I / 32;
+    const int64_t s_lo = (int64_t)blockIdx.y * steps, s_hi = min(n_sb, s_lo + steps);
 
-    for (int64_t ks = k_lo; ks < k_hi; ks++) {
-        const int64_t k0 = ks * GS_BK;
-        /* 64 rows of 32 groups of 8: a warp decodes one row's 256 (a K-quant super-block) per pass */
-#pragma unroll 4
-        for (int i = tid; i < GS_BO * (GS_BK / 8); i += GS_THREADS) {
-            const int r = i / (GS_BK / 8), j = i % (GS_BK / 8);
-            const int64_t o = o0 + r < O ? o0 + r : O - 1; /* past the last row: a real row, never stored */
-            float v[8];
-            Dq::run(w, (o * I + k0) / 8 + j, v);
-            *(uint4 *)(sw + r * GS_LD + j * 8) =
-                make_uint4(bf16x2(v[0], v[1]), bf16x2(v[2], v[3]), bf16x2(v[4], v[5]), bf16x2(v[6], v[7]));
-        }
-        for (int i = tid; i < NT * (GS_BK / 8); i += GS_THREADS) {
-            const int t = i / (GS_BK / 8), j = i % (GS_BK / 8);
-            const uint4 u = t < T ? *(const uint4 *)(xb + (int64_t)t * I + k0 + j * 8) : make_uint4(0, 0, 0, 0);
-            *(uint4 *)(sx + t * GS_LD + j * 8) = u;
-        }
-        __syncthreads();
-        /* A: the warp's 16 weight rows (row-major); B: NT / 8 tiles of 8 tokens, each token's columns contiguous
-         * (the "col" operand); lane (g, c) holds elements (g | g + 8, 2c, 2c + 1 | + 8) as PTX's m16n8k16 lays them */
-        const uint16_t *aw = sw + warp * 16 * GS_LD;
-#pragma unroll 4
-        for (int kk = 0; kk < GS_BK; kk += 16) {
-            const uint32_t a0 = *(const uint32_t *)(aw + g * GS_LD + kk + 2 * c);
-            const uint32_t a1 = *(const uint32_t *)(aw + (g + 8) * GS_LD + kk + 2 * c);
-            const uint32_t a2 = *(const uint32_t *)(aw + g * GS_LD + kk + 8 + 2 * c);
-            const uint32_t a3 = *(const uint32_t *)(aw + (g + 8) * GS_LD + kk + 8 + 2 * c);
+    const uint8_t *wr[MT][2]; /* [tile][row g, g + 8] */
 #pragma unroll
-            for (int n = 0; n < NT / 8; n++) {
-                const uint16_t *bx = sx + (n * 8 + g) * GS_LD + kk + 2 * c;
-                const uint32_t b0 = *(const uint32_t *)bx, b1 = *(const uint32_t *)(bx + 8);
-                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                             "{%8, %9}, {%0, %1, %2, %3};\n"
-                             : "+f"(acc[n][0]), "+f"(acc[n][1]), "+f"(acc[n][2]), "+f"(acc[n][3])
-                             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-            }
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int64_t o = o0 + 16 * mt + g + 8 * r;
+            if (o >= O) o = O - 1; /* past the last row: a real row, never stored */
+            wr[mt][r] = w + o * row_bytes;
         }
-        __syncthreads(); /* the next step overwrites sw and sx */
+    /* token g of each tile of 8 (the B operand), tokens 2c, 2c + 1 (the accumulators): clamped to T - 1, never stored */
+    const int8_t *xb[NT / 8];
+    const float2 *xs[NT / 8][2];
+#pragma unroll
+    for (int nt = 0; nt < NT / 8; nt++) {
+        xb[nt] = xq + (int64_t)min(8 * nt + g, T - 1) * I + 4 * c;
+        xs[nt][0] = xds + (int64_t)min(8 * nt + 2 * c, T - 1) * nbx;
+        xs[nt][1] = xds + (int64_t)min(8 * nt + 2 * c + 1, T - 1) * nbx;
     }
-    /* C: lane (g, c) holds rows g and g + 8 of the warp's 16, tokens 2c and 2c + 1 of each tile */
-    const bool direct = gridDim.y == 1;
+
+    float acc[MT][NT / 8][4];
 #pragma unroll
-    for (int n = 0; n < NT / 8; n++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int64_t o = o0 + warp * 16 + g + (e >= 2 ? 8 : 0);
-            const int t = n * 8 + 2 * c + (e & 1);
-            if (o >= O || t >= T) continue;
-            if (direct) {
-                float *p = y + (int64_t)t * O + o;
-                *p = add ? *p + acc[n][e] : acc[n][e];
-            } else {
-                part[((int64_t)blockIdx.y * T + t) * O + o] = acc[n][e];
+        for (int nt = 0; nt < NT / 8; nt++) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+
+    for (int64_t sb = s_lo + warp; sb < s_hi; sb += GS_WARPS) {
+        D dq[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) dq[mt][r].load(wr[mt][r] + sb * D::BLOCK_BYTES, c);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int64_t kb = sb * 8 + j;
+            uint32_t alo[MT][2], ahi[MT][2];
+            float s0[MT][2], s1[MT][2], mo[MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) dq[mt][r].chunk(j, c, alo[mt][r], ahi[mt][r], s0[mt][r], s1[mt][r], mo[mt][r]);
+#pragma unroll
+            for (int nt = 0; nt < NT / 8; nt++) {
+                const uint32_t b0 = *(const uint32_t *)(xb[nt] + 32 * kb), b1 = *(const uint32_t *)(xb[nt] + 32 * kb + 16);
+                const float2 x0 = xs[nt][0][kb], x1 = xs[nt][1][kb];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    float *a = acc[mt][nt];
+                    if (D::SPLIT) {
+                        int cl[4], ch[4];
+                        mma_k16(cl, alo[mt][0], alo[mt][1], b0);
+                        mma_k16(ch, ahi[mt][0], ahi[mt][1], b1);
+                        a[0] += x0.x * (s0[mt][0] * (float)cl[0] + s1[mt][0] * (float)ch[0]);
+                        a[1] += x1.x * (s0[mt][0] * (float)cl[1] + s1[mt][0] * (float)ch[1]);
+                        a[2] += x0.x * (s0[mt][1] * (float)cl[2] + s1[mt][1] * (float)ch[2]);
+                        a[3] += x1.x * (s0[mt][1] * (float)cl[3] + s1[mt][1] * (float)ch[3]);
+                    } else {
+                        int ci[4];
+                        mma_k32(ci, alo[mt][0], alo[mt][1], ahi[mt][0], ahi[mt][1], b0, b1);
+                        a[0] += s0[mt][0] * (x0.x * (float)ci[0]);
+                        a[1] += s0[mt][0] * (x1.x * (float)ci[1]);
+                        a[2] += s0[mt][1] * (x0.x * (float)ci[2]);
+                        a[3] += s0[mt][1] * (x1.x * (float)ci[3]);
+                        if (D::OFFSET) {
+                            a[0] += mo[mt][0] * x0.y, a[1] += mo[mt][0] * x1.y;
+                            a[2] += mo[mt][1] * x0.y, a[3] += mo[mt][1] * x1.y;
+                        }
+                    }
+                }
             }
         }
+    }
+
+    /* lane (g, c) holds rows g, g + 8 of each tile, tokens 2c, 2c + 1 of each 8 */
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) red[warp][16 * mt + g + (e >= 2 ? 8 : 0)][8 * nt + 2 * c + (e & 1)] = acc[mt][nt][e];
+    __syncthreads();
+    const bool direct = gridDim.y == 1;
+    for (int i = threadIdx.x; i < GS_ROWS * NT; i += GS_THREADS) {
+        const int t = i / GS_ROWS, r = i % GS_ROWS;
+        const int64_t o = o0 + r;
+        if (t >= T || o >= O) continue;
+        float v = 0.0f;
+#pragma unroll
+        for (int k = 0; k < GS_WARPS; k++) v += red[k][r][t];
+        if (direct) {
+            float *p = y + (int64_t)t * O + o;
+            *p = add ? *p + v : v;
+        } else {
+            y[((int64_t)blockIdx.y * T + t) * O + o] = v;
+        }
+    }
 }
 
 /* y (n = T * O) = (add ? y : 0) + the n_split partials, in split order. */
@@ -129,93 +190,91 @@ __global__ void gemm_small_sum(float *y, const float *part, int64_t n, int n_spl
     }
 }
 
-template <int NT> static size_t smem_bytes(void) { return (size_t)(GS_BO + NT) * GS_LD * 2; }
+/* ---------------------------------------------------------------- launchers */
 
-/* The decoders gemm.cu's dequantization uses, by type; calls f.template operator()<Dq>() for W's type. */
 template <class F> static kiln_status by_type(kiln_type t, F f) {
     switch (t) {
-    case KILN_TYPE_Q4_0: return f.template run<dq_q4_0>();
-    case KILN_TYPE_Q4_1: return f.template run<dq_q4_1>();
-    case KILN_TYPE_Q5_0: return f.template run<dq_q5_0>();
-    case KILN_TYPE_Q5_1: return f.template run<dq_q5_1>();
-    case KILN_TYPE_Q8_0: return f.template run<dq_q8_0>();
-    case KILN_TYPE_Q2_K: return f.template run<dq_q2_K>();
-    case KILN_TYPE_Q3_K: return f.template run<dq_q3_K>();
-    case KILN_TYPE_Q4_K: return f.template run<dq_q4_K>();
-    case KILN_TYPE_Q5_K: return f.template run<dq_q5_K>();
-    case KILN_TYPE_Q6_K: return f.template run<dq_q6_K>();
-    case KILN_TYPE_IQ4_NL: return f.template run<dq_iq4_nl>();
-    case KILN_TYPE_IQ4_XS: return f.template run<dq_iq4_xs>();
+    case KILN_TYPE_Q4_0: return f.template run<gq_q4_0>();
+    case KILN_TYPE_Q4_1: return f.template run<gq_q4_1>();
+    case KILN_TYPE_Q5_0: return f.template run<gq_q5_0>();
+    case KILN_TYPE_Q8_0: return f.template run<gq_q8_0>();
+    case KILN_TYPE_Q4_K: return f.template run<gq_q4_K>();
+    case KILN_TYPE_Q5_K: return f.template run<gq_q5_K>();
+    case KILN_TYPE_Q6_K: return f.template run<gq_q6_K>();
     default: return KILN_ERR_UNSUPPORTED;
     }
 }
 
-static kiln_type const small_types[] = {KILN_TYPE_Q4_0, KILN_TYPE_Q4_1, KILN_TYPE_Q5_0, KILN_TYPE_Q5_1, KILN_TYPE_Q8_0, KILN_TYPE_Q2_K,
-                                        KILN_TYPE_Q3_K, KILN_TYPE_Q4_K, KILN_TYPE_Q5_K, KILN_TYPE_Q6_K, KILN_TYPE_IQ4_NL, KILN_TYPE_IQ4_XS};
-
-/* Raises each instance's dynamic shared memory limit past the default 48 KiB (NT 32 takes 49.5 KiB). */
-struct setup_fn {
-    template <class Dq> kiln_status run() const {
-        if (cudaFuncSetAttribute(gemm_small_kernel<Dq, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes<16>()) !=
-                cudaSuccess ||
-            cudaFuncSetAttribute(gemm_small_kernel<Dq, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes<32>()) !=
-                cudaSuccess)
-            return kiln_fail(KILN_ERR_IO, "cuda gemm_small: setting the shared memory limit failed: %s", cudaGetErrorString(cudaGetLastError()));
-        return KILN_OK;
-    }
-};
-
-extern "C" kiln_status kiln_cuda_gemm_small_setup(void) {
-    for (size_t i = 0; i < sizeof small_types / sizeof *small_types; i++) TRY(by_type(small_types[i], setup_fn{}));
-    return KILN_OK;
+static bool small_type(kiln_type t) {
+    return t == KILN_TYPE_Q4_0 || t == KILN_TYPE_Q4_1 || t == KILN_TYPE_Q5_0 || t == KILN_TYPE_Q8_0 || t == KILN_TYPE_Q4_K ||
+           t == KILN_TYPE_Q5_K || t == KILN_TYPE_Q6_K;
 }
 
 extern "C" bool kiln_cuda_gemm_small_takes(const kiln_cuda_wt *W, int64_t T) {
-    bool block = false;
-    for (size_t i = 0; i < sizeof small_types / sizeof *small_types; i++) block = block || W->type == small_types[i];
-    return block && T > 0 && T <= KILN_CUDA_GEMM_SMALL_MAX_T && W->cols % GS_BK == 0 && W->rows > 0 &&
+    return small_type(W->type) && T > 0 && T <= KILN_CUDA_GEMM_SMALL_MAX_T && W->cols % GS_SB == 0 && W->rows > 0 &&
            W->row_bytes == kiln_type_row_bytes(W->type, W->cols);
 }
 
 struct launch_fn {
-    float *y, *part;
-    const uint16_t *xb;
+    float *out;
+    int mt;
+    const int8_t *xq;
+    const float2 *xds;
     const kiln_cuda_wt *W;
     int T, n_split;
     int64_t steps;
     bool add;
     cudaStream_t s;
-    template <class Dq> kiln_status run() const {
-        const dim3 grid((unsigned)((W->rows + GS_BO - 1) / GS_BO), (unsigned)n_split);
-        float *out = n_split > 1 ? part : y;
-        cudaError_t e = T <= 16 ? kiln_launch(gemm_small_kernel<Dq, 16>, grid, dim3(GS_THREADS), smem_bytes<16>(), s, out, part, xb,
-                                              W->data, W->rows, W->cols, T, steps, add)
-                                : kiln_launch(gemm_small_kernel<Dq, 32>, grid, dim3(GS_THREADS), smem_bytes<32>(), s, out, part, xb,
-                                              W->data, W->rows, W->cols, T, steps, add);
+    template <class D> kiln_status run() const {
+        const int rows = 16 * mt;
+        const dim3 grid((unsigned)((W->rows + rows - 1) / rows), (unsigned)n_split);
+        const uint8_t *w = (const uint8_t *)W->data;
+        void (*k)(float *, const int8_t *, const float2 *, const uint8_t *, size_t, int64_t, int64_t, int, int64_t, bool) =
+            T <= 16 ? (mt == 1 ? gemm_small_kernel<D, 16, 1> : gemm_small_kernel<D, 16, 2>)
+                    : (mt == 1 ? gemm_small_kernel<D, 32, 1> : gemm_small_kernel<D, 32, 2>);
+        cudaError_t e = kiln_launch(k, grid, dim3(GS_THREADS), 0, s, out, xq, xds, w, W->row_bytes, W->rows, W->cols, T, steps, add);
         return kiln_launch_status("gemm_small", e);
     }
 };
 
-extern "C" kiln_status kiln_cuda_gemm_small(float *y, const float *x, const kiln_cuda_wt *W, int64_t T, bool add,
+/* Row tiles of 16 per warp (KILN_GEMM_SMALL_MT, 1 or 2, for measuring; default 2): 32 rows sharing each load of x,
+ * or 16 rows per CTA with twice the CTAs, held to 128 registers for two CTAs per SM (which spills: on the H200,
+ * bench gpu-kernels, 7B Q4_K gate+up at T 16 takes 80 us against 63 with 2). */
+static int m_tiles(void) {
+    const char *v = getenv("KILN_GEMM_SMALL_MT");
+    return v && strcmp(v, "1") == 0 ? 1 : 2;
+}
+
+/* The most splits of the columns (KILN_GEMM_SMALL_SPLIT, 1..4, for measuring; default 4). */
+static int max_split(void) {
+    const char *v = getenv("KILN_GEMM_SMALL_SPLIT");
+    const int n = v ? atoi(v) : GS_MAX_SPLIT;
+    return n >= 1 && n <= GS_MAX_SPLIT ? n : GS_MAX_SPLIT;
+}
+
+extern "C" kiln_status kiln_cuda_gemm_small(float *y, const void *xp, const kiln_cuda_wt *W, int64_t T, bool add,
                                             kiln_cuda_gemm_ws *ws, void *stream) {
     if (!kiln_cuda_gemm_small_takes(W, T))
-        return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda gemm_small: %s weight of %lld x %lld at T %lld (block types, columns a multiple "
-                         "of %d, 1..%d rows)", kiln_type_name(W->type) ? kiln_type_name(W->type) : "?", (long long)W->rows,
-                         (long long)W->cols, (long long)T, GS_BK, KILN_CUDA_GEMM_SMALL_MAX_T);
-    if ((uint64_t)T * (uint64_t)W->cols > ws->x_bytes / 2)
-        return kiln_fail(KILN_ERR_INVALID, "cuda gemm_small: input of %lld x %lld exceeds the workspace's %zu elements", (long long)T,
-                         (long long)W->cols, ws->x_bytes / 2);
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda gemm_small: %s weight of %lld x %lld at T %lld (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, "
+                         "Q5_K or Q6_K, columns a multiple of %d, 1..%d rows)", kiln_type_name(W->type) ? kiln_type_name(W->type) : "?",
+                         (long long)W->rows, (long long)W->cols, (long long)T, GS_SB, KILN_CUDA_GEMM_SMALL_MAX_T);
+    if (!xp || ((uintptr_t)xp & 15) || !W->data || ((uintptr_t)W->data & 15) || (W->row_bytes & 1))
+        return kiln_fail(KILN_ERR_INVALID, "cuda gemm_small: NULL or unaligned input or weight");
     cudaStream_t s = (cudaStream_t)stream;
-    TRY(kiln_cuda_to_bf16((kiln_bf16_t *)ws->x, x, T * W->cols, s));
-    /* splits: enough CTAs for two per SM, at most GS_MAX_SPLIT, each with a step, their partials within ws->part */
-    const int64_t ctas = (W->rows + GS_BO - 1) / GS_BO, n_steps = W->cols / GS_BK;
-    int64_t n_split = (2 * (int64_t)ws->n_sm + ctas - 1) / ctas;
-    if (n_split > GS_MAX_SPLIT) n_split = GS_MAX_SPLIT;
-    if (n_split > n_steps) n_split = n_steps;
+    const int8_t *xq = (const int8_t *)xp;
+    const float2 *xds = (const float2 *)(xq + T * W->cols);
+    /* splits: when the rows make fewer CTAs than SMs, enough for two per SM, at most max_split(), each with a
+     * super-block per warp, their partials within ws->part */
+    const int mt = m_tiles();
+    const int64_t ctas = (W->rows + 16 * mt - 1) / (16 * mt), n_sb = W->cols / GS_SB;
+    int64_t n_split = ctas < ws->n_sm ? (2 * (int64_t)ws->n_sm + ctas - 1) / ctas : 1;
+    if (n_split > max_split()) n_split = max_split();
+    if (n_split > n_sb / GS_WARPS) n_split = n_sb / GS_WARPS;
+    if (n_split < 1) n_split = 1;
     while (n_split > 1 && (uint64_t)n_split * (uint64_t)T * (uint64_t)W->rows * 4 > ws->part_bytes) n_split--;
-    const int64_t steps = (n_steps + n_split - 1) / n_split;
-    n_split = (n_steps + steps - 1) / steps; /* no split without a step */
-    const launch_fn f = {y, (float *)ws->part, (const uint16_t *)ws->x, W, (int)T, (int)n_split, steps, add, s};
+    const int64_t steps = (n_sb + n_split - 1) / n_split;
+    n_split = (n_sb + steps - 1) / steps; /* no split without a step */
+    const launch_fn f = {n_split > 1 ? (float *)ws->part : y, mt, xq, xds, W, (int)T, (int)n_split, steps, add, s};
     TRY(by_type(W->type, f));
     if (n_split == 1) return KILN_OK;
     const int64_t n = T * W->rows, blocks = (n + 255) / 256 < 4 * ws->n_sm ? (n + 255) / 256 : 4 * ws->n_sm;

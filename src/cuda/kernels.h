@@ -90,16 +90,15 @@ size_t kiln_cuda_gemm_ws_bytes(size_t max_w_elems, size_t max_x_elems);
 /* y (T, W.rows) = x (T, W.cols) W^T, or += when add. Any T >= 1; any type matvec takes. */
 kiln_status kiln_cuda_gemm(float *y, const float *x, const kiln_cuda_wt *W, int64_t T, bool add, kiln_cuda_gemm_ws *ws,
                            void *stream);
-/* gemm_small.cu: y (T, W.rows) = x W^T (+= when add) for a few rows, on the tensor cores from W's blocks (each
- * weight byte read once; the bf16 GEMM's result up to the order of its f32 sums). kiln_cuda_gemm_small_takes says
- * whether it applies: a block type (not F32/F16/BF16), cols a multiple of 256, 1 <= T <= KILN_CUDA_GEMM_SMALL_MAX_T;
- * otherwise KILN_ERR_UNSUPPORTED. ws from kiln_cuda_gemm_ws_new (its x, its partials), which also runs
- * kiln_cuda_gemm_small_setup (the kernels' shared memory limits, once per device, outside any graph capture). */
+/* gemm_small.cu: y (T, W.rows) = x W^T (+= when add) for a few rows, on the int8 tensor cores from W's blocks (each
+ * weight byte read once for all T). xp is x (T, W.cols) in kiln_cuda_matvec_prepare's form, as for the matvecs, and
+ * the result is theirs up to the order of the f32 sums. kiln_cuda_gemm_small_takes says whether it applies: Q4_0,
+ * Q4_1, Q5_0, Q8_0, Q4_K, Q5_K or Q6_K, cols a multiple of 256, 1 <= T <= KILN_CUDA_GEMM_SMALL_MAX_T; otherwise
+ * KILN_ERR_UNSUPPORTED. ws from kiln_cuda_gemm_ws_new (its split partials). */
 #define KILN_CUDA_GEMM_SMALL_MAX_T 32
 bool kiln_cuda_gemm_small_takes(const kiln_cuda_wt *W, int64_t T);
-kiln_status kiln_cuda_gemm_small(float *y, const float *x, const kiln_cuda_wt *W, int64_t T, bool add, kiln_cuda_gemm_ws *ws,
+kiln_status kiln_cuda_gemm_small(float *y, const void *xp, const kiln_cuda_wt *W, int64_t T, bool add, kiln_cuda_gemm_ws *ws,
                                  void *stream);
-kiln_status kiln_cuda_gemm_small_setup(void);
 /* The weight alone to bf16 (rows * cols elements): the dequantization gemm uses, for tests. */
 kiln_status kiln_cuda_dequantize_bf16(const kiln_cuda_wt *W, void *out, void *stream);
 

@@ -1,5 +1,6 @@
 /* metrics.c: GET /metrics in Prometheus's text format (only with --metrics), llama-server's llamacpp:* names:
- * token totals, prompt and generation seconds, requests processing and deferred, slot use and KV usage. */
+ * token totals, prompt and generation seconds, requests processing and deferred, slot use and KV usage; then kiln:*
+ * counters of the scheduler's steps (rows, seconds in the engine, seconds handing out tokens, steps with prompts). */
 #include "serve/serve.h"
 
 #include <stdio.h>
@@ -32,11 +33,24 @@ void srv_route_metrics(srv_server *s, const srv_request *rq, srv_response *rs) {
         {"slots_total", "gauge", "Slots of the server.", (double)srv_sched_n_slots(s->sched)},
         {"slots_busy_max", "gauge", "The most slots busy at once.", (double)m.n_busy_max},
     };
+    /* kiln's own: where a batched step's time goes */
+    const struct {
+        const char *name, *type, *help;
+        double v;
+    } own[] = {
+        {"step_rows_total", "counter", "Rows (tokens) of all batched decodes.", (double)m.step_rows},
+        {"step_decode_seconds_total", "counter", "Seconds in the engine's batched decodes.", m.step_decode_s},
+        {"step_emit_seconds_total", "counter", "Seconds sampling and handing out the tokens of the batched decodes.", m.step_emit_s},
+        {"steps_mixed_total", "counter", "Batched decodes that carried prompt tokens.", (double)m.steps_mixed},
+    };
     size_t cap = 4096, n = 0;
     char *b = malloc(cap);
     for (size_t i = 0; b && i < sizeof rows / sizeof *rows; i++)
         n += (size_t)snprintf(b + n, cap - n, "# HELP llamacpp:%s %s\n# TYPE llamacpp:%s %s\nllamacpp:%s %.17g\n", rows[i].name, rows[i].help,
                               rows[i].name, rows[i].type, rows[i].name, rows[i].v);
+    for (size_t i = 0; b && n < cap && i < sizeof own / sizeof *own; i++)
+        n += (size_t)snprintf(b + n, cap - n, "# HELP kiln:%s %s\n# TYPE kiln:%s %s\nkiln:%s %.17g\n", own[i].name, own[i].help,
+                              own[i].name, own[i].type, own[i].name, own[i].v);
     if (!b || n >= cap) {
         free(b);
         srv_error(rs, 500, NULL, "out of memory");

@@ -570,6 +570,7 @@ static void *sched_main(void *arg) {
         double dt = srv_now() - t0;
         pthread_mutex_lock(&s->mu);
         s->met.decodes++;
+        s->met.step_rows += (int64_t)n, s->met.step_decode_s += dt;
         if (st) {
             char msg[256];
             snprintf(msg, sizeof msg, "decode failed: %s", kiln_last_error());
@@ -590,7 +591,12 @@ static void *sched_main(void *arg) {
                 pthread_mutex_unlock(&sl->job->mu);
             }
         }
+        bool mixed = false;
+        for (int i = 0; i < s->n_slots; i++) mixed = mixed || chunk[i];
+        s->met.steps_mixed += mixed;
+        const double t1 = srv_now();
         for (int r = 0; r < n_rows; r++) on_token(s, &s->slots[s->row_slot[r]], s->logits + (size_t)r * (size_t)s->V);
+        s->met.step_emit_s += srv_now() - t1;
     }
     /* stopping: every job ends */
     run_ctrls(s);

@@ -111,6 +111,10 @@ typedef struct srv_metrics {
     int processing, deferred;
     int64_t kv_used, kv_total;  /* positions cached over all slots; slots x n_ctx_slot */
     int64_t n_busy_max;         /* the most slots busy at once */
+    /* the scheduler's steps: rows decoded, seconds in the engine's decode, seconds handing out the sampled tokens,
+     * and the steps that carried prompt tokens */
+    int64_t step_rows, steps_mixed;
+    double step_decode_s, step_emit_s;
 } srv_metrics;
 
 typedef struct srv_sched srv_sched;

@@ -386,6 +386,13 @@ def c_metrics():
         check(find(after, c) > find(before, c), f"{c} did not grow: {find(before, c)} -> {find(after, c)}")
     check(find(after, "tokens_predicted_total") - find(before, "tokens_predicted_total") >= 1, "predicted count")
     find(after, "requests_processing")
+    # kiln's step counters: the request took steps (its prompt's, then a token each) of at least a row each
+    steps = find(after, "n_decode_total") - find(before, "n_decode_total")
+    rows = find(after, "kiln:step_rows_total") - find(before, "kiln:step_rows_total")
+    check(steps >= 1 and rows >= steps, f"kiln:step_rows_total grew by {rows} over {steps} decodes")
+    for c in ("kiln:step_decode_seconds_total", "kiln:step_emit_seconds_total"):
+        check(find(after, c) > find(before, c), f"{c} did not grow: {find(before, c)} -> {find(after, c)}")
+    check(find(after, "kiln:steps_mixed_total") - find(before, "kiln:steps_mixed_total") >= 1, "kiln:steps_mixed_total: the prompt's step")
 
 
 # ---------------------------------------------------------------- Ollama's routes
