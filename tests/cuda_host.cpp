@@ -39,6 +39,7 @@ static inline float2 make_float2(float a, float b) { return float2{a, b}; }
 static inline uint16_t __ushort_as_half(uint16_t h) { return h; }
 static inline float __half2float(uint16_t h) { return kiln_fp16_to_f32(h); }
 static inline float __uint_as_float(uint32_t u) { return kiln_bits_f32(u); }
+static inline float __int_as_float(int32_t u) { return kiln_bits_f32((uint32_t)u); }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }

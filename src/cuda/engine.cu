@@ -89,12 +89,18 @@ typedef struct engine {
     const float *xp_of;
     int64_t xp_T, xp_cols;
     int64_t decode_rows;      /* the most rows of many sequences one attention launch takes (its workspace's) */
-    bool gemm_small;          /* 9..32 rows take kiln_cuda_gemm_small where it takes the type: only with KILN_GEMM_SMALL=1,
-                               * as on the H200 it is still no faster than cuBLASLt on the bf16 copies (gemm_small.cu) */
+    int64_t gemm_small_max;   /* 9..32 rows take kiln_cuda_gemm_small where it takes the type and the weight has at most
+                               * this many elements (GEMM_SMALL_MAX_ELEMS; KILN_GEMM_SMALL=0: none, =all: any) */
     cudaGraphExec_t *graph;   /* (n_graph) record's slots: 4 for each decode batch size, 0..decode_rows */
     int n_graph;
     prof_marks *prof;         /* non-NULL while profiling */
 } engine;
+
+/* The largest weight (rows x cols) a step of 9..32 rows multiplies with gemm_small rather than cuBLASLt on its bf16
+ * copy. Measured on the H200 (bench gpu-kernels, T 16): gemm_small is ahead on 4096 x 4096 and every 1.1B shape
+ * (Q4_K 4096^2 12 us against 21; 1.1B gate+up 26 against 34), behind from 7B's 11008 x 4096 on (gate+up 63 against
+ * 58, down 33 against 30, the head 90 against 70). */
+#define GEMM_SMALL_MAX_ELEMS ((int64_t)1 << 24)
 
 /* ---------------------------------------------------------------- sizing and upload */
 
@@ -285,7 +291,8 @@ static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, 
     e->n_ctx = n_ctx;
     e->n_batch = n_batch;
     e->decode_rows = decode_rows;
-    e->gemm_small = getenv("KILN_GEMM_SMALL") && strcmp(getenv("KILN_GEMM_SMALL"), "1") == 0;
+    const char *gs = getenv("KILN_GEMM_SMALL");
+    e->gemm_small_max = gs && strcmp(gs, "0") == 0 ? 0 : gs && strcmp(gs, "all") == 0 ? INT64_MAX : GEMM_SMALL_MAX_ELEMS;
     e->n_graph = 4 * (int)(decode_rows + 1);
     e->dev_bytes = wbytes + xp_bytes + attn_ws + gws_bytes + (keep_bf ? bf_bytes : 0);
     kiln_status st = KILN_OK;
@@ -461,7 +468,7 @@ static kiln_status mm(engine *e, float *y, const float *x, const dev_wt *W, cons
     if (T <= KILN_CUDA_MATVEC_MAX_T) {
         TRY(prepare(e, x, T, q->cols));
         TRY(kiln_cuda_matvec(y, x, e->xp, q, T, add, e->stream));
-    } else if (e->gemm_small && kiln_cuda_gemm_small_takes(q, T)) {
+    } else if (q->rows * q->cols <= e->gemm_small_max && kiln_cuda_gemm_small_takes(q, T)) {
         TRY(prepare(e, x, T, q->cols));
         TRY(kiln_cuda_gemm_small(y, e->xp, q, T, add, &e->gws, e->stream));
     } else {
@@ -485,7 +492,7 @@ static kiln_status cuda_residual_norm(void *p, float *x, float *y, const kiln_we
     if (!w) { /* no pre-norm (olmo2): the residual add alone, then xb = x; the matvec prepares xb itself */
         TRY(kiln_cuda_residual_norm(x, y, pw, post_eps, NULL, NULL, eps, T, C, e->stream));
         CK(cudaMemcpyAsync(xb, x, sizeof(float) * (size_t)(T * C), cudaMemcpyDeviceToDevice, e->stream), "cudaMemcpyAsync (xb = x)");
-    } else if ((T <= KILN_CUDA_MATVEC_MAX_T || (e->gemm_small && T <= KILN_CUDA_GEMM_SMALL_MAX_T)) && C % 32 == 0) {
+    } else if ((T <= KILN_CUDA_MATVEC_MAX_T || (e->gemm_small_max && T <= KILN_CUDA_GEMM_SMALL_MAX_T)) && C % 32 == 0) {
         TRY(kiln_cuda_residual_norm_xp(x, y, pw, post_eps, xb, e->xp, nw, eps, T, C, e->stream));
         prepared(e, xb, T, C);
     } else {
@@ -539,7 +546,7 @@ static kiln_status cuda_attention(void *p, float *out, float *q, const kiln_attn
     const float scale = a->scale > 0 ? a->scale : 1.0f / sqrtf((float)a->HS);
     e->xp_of = NULL;
     /* the rows of many sequences write it for gemm_small's T too, when one launch takes them all */
-    const int64_t xp_rows = e->gemm_small ? KILN_CUDA_GEMM_SMALL_MAX_T : KILN_CUDA_MATVEC_MAX_T;
+    const int64_t xp_rows = e->gemm_small_max ? KILN_CUDA_GEMM_SMALL_MAX_T : KILN_CUDA_MATVEC_MAX_T;
     const bool xp = !e->m->cfg.output_gate && a->HS % 32 == 0 &&
                     (a->seq ? T <= xp_rows && T <= e->decode_rows : T <= KILN_CUDA_MATVEC_MAX_T);
     if (a->seq) { /* one token of each of T sequences, decode_rows of them per launch */

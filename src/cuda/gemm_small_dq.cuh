@@ -19,6 +19,13 @@ static __device__ __forceinline__ uint16_t gq_u16(const uint8_t *p) { return *(c
 static __device__ __forceinline__ uint32_t gq_u32(const uint8_t *p) { return *(const uint32_t *)p; }
 static __device__ __forceinline__ uint32_t gq_a2(const uint8_t *p) { return (uint32_t)gq_u16(p) | (uint32_t)gq_u16(p + 2) << 16; }
 
+/* Exact small integers to float without I2F (a quarter-rate instruction on sm_90): the float whose bits are
+ * 0x4B400000 + v is 1.5 * 2^23 + v for |v| < 2^22, so one subtraction leaves v. gemm_small.cu starts its int32
+ * accumulators at GQ_BIAS, so the mma adds the bias for free. */
+#define GQ_BIAS 0x4B400000
+static __device__ __forceinline__ float gq_biased(int b) { return __int_as_float(b) - 12582912.0f; }
+static __device__ __forceinline__ float gq_i2f(int v) { return gq_biased(GQ_BIAS + v); }
+
 /* ---------------------------------------------------------------- decoders
  * load(b, c): lane c (0..3) of a row's quad reads what it needs of the row's 256 weights at b.
  * chunk(j, c, lo, hi, s0, s1, m): the int8 words of weights 4c..4c+3 (lo) and 16+4c..16+4c+3 (hi) of the 32 at 32 j,
@@ -97,10 +104,10 @@ struct gq_q8_0 {
 static __device__ __forceinline__ void k4_sm(uint32_t a, uint32_t b, uint32_t cc, int j, float &sc, float &mn) {
     const unsigned sh = 8u * (unsigned)(j & 3);
     if (j < 4) {
-        sc = (float)((a >> sh) & 63), mn = (float)((b >> sh) & 63);
+        sc = gq_i2f((int)((a >> sh) & 63)), mn = gq_i2f((int)((b >> sh) & 63));
     } else {
-        sc = (float)(((cc >> sh) & 0x0F) | (((a >> sh) >> 6) & 3) << 4);
-        mn = (float)(((cc >> sh) >> 4 & 0x0F) | (((b >> sh) >> 6) & 3) << 4);
+        sc = gq_i2f((int)(((cc >> sh) & 0x0F) | (((a >> sh) >> 6) & 3) << 4));
+        mn = gq_i2f((int)(((cc >> sh) >> 4 & 0x0F) | (((b >> sh) >> 6) & 3) << 4));
     }
 }
 
@@ -174,7 +181,7 @@ struct gq_q6_K {
         hi = __vsub4(((ql[hf][2 * (g & 1) + 1] >> nib) & 0x0F0F0F0F) | (((qh[hf][1] >> hb) & 0x03030303) << 4), 0x20202020);
         const uint32_t w = sc[j / 2]; /* scales[2j], scales[2j + 1] are bytes 2 (j & 1), + 1 of word j / 2 */
         const unsigned sh = 16u * (unsigned)(j & 1);
-        s0 = d * (float)(int8_t)(w >> sh), s1 = d * (float)(int8_t)(w >> (sh + 8)), m = 0.0f;
+        s0 = d * gq_i2f((int8_t)(w >> sh)), s1 = d * gq_i2f((int8_t)(w >> (sh + 8))), m = 0.0f;
     }
 };
 
