@@ -97,9 +97,11 @@ typedef struct engine {
 } engine;
 
 /* The largest weight (rows x cols) a step of 9..32 rows multiplies with gemm_small rather than cuBLASLt on its bf16
- * copy. Measured on the H200 (bench gpu-kernels, T 16): gemm_small is ahead on 4096 x 4096 and every 1.1B shape
- * (Q4_K 4096^2 12 us against 21; 1.1B gate+up 26 against 34), behind from 7B's 11008 x 4096 on (gate+up 63 against
- * 58, down 33 against 30, the head 90 against 70). */
+ * copy. Measured on the H200 (bench gpu-kernels, T 16): gemm_small is ahead on 4096 x 4096 and the 1.1B shapes
+ * (Q4_K 4096^2 11.7 us against 17.5; 1.1B q 6.4 against 10.6), even or behind on 7B's 11008 x 4096 and the head
+ * (gate+up 60.8 against 60.1, Q6_K down 33.2 against 30.1, the head 103 against 70). kiln serve, 7B Q4_K_M, 16
+ * streams: 2222 tok/s and 6.35 ms a step in the engine with this rule, 2095 and 6.89 ms without gemm_small, 2020
+ * and 7.06 ms with it for every weight. */
 #define GEMM_SMALL_MAX_ELEMS ((int64_t)1 << 24)
 
 /* ---------------------------------------------------------------- sizing and upload */

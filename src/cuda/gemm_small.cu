@@ -25,14 +25,15 @@
  * reference, and tests/cuda_host.cpp every weight its decoders make (gemm_small_dq.cuh). Types without a decoder
  * (Q5_1, Q2_K, Q3_K, the IQ types) take cuBLASLt (kiln_cuda_gemm_small_takes says which).
  *
- * Not yet the engine's default (KILN_GEMM_SMALL=1 turns it on). Measured on the H200 (bench gpu-kernels, 7B shapes,
- * T 16): it reads its 0.56 bytes a weight at 15-29% of the copy bandwidth, where cuBLASLt reads the bf16 copies'
- * 2 bytes at 70-89%, so the two take about as long (Q4_K 4096 x 4096: 15 against 21 us; gate+up 63 against 58;
- * the Q6_K head 90 against 70), and kiln serve at 16 streams makes 1995 tok/s with it against 2077 without. It is
- * bound by latency, not by bytes or issue: a CTA's 8 warps are all an SM holds at 143 to 255 registers a thread,
- * and each warp waits on its own super-block's loads before it multiplies. What it needs: the next super-block's
- * loads in flight while the current one multiplies (cp.async into shared memory, as llama.cpp's MMQ stages its
- * tiles), and fewer registers per thread, so that more warps hide the latency. */
+ * The engine takes it for weights of at most 2^24 elements (engine.cu's GEMM_SMALL_MAX_ELEMS), where it is ahead of
+ * cuBLASLt on the bf16 copies. Measured on the H200 (bench gpu-kernels, 7B shapes, T 16): it reads its 0.56 bytes
+ * a weight at 19-27% of the copy bandwidth, cuBLASLt the bf16 copies' 2 bytes at 46-89%, so: Q4_K 4096 x 4096 11.7
+ * us against 17.5, Q6_K 4096 x 4096 14.3 against 16.0, Q4_K down 23.3 against 30.4, but gate+up 60.8 against 60.1
+ * and the Q6_K head 103 against 70. It is bound by latency, not by bytes or issue: a CTA's 8 warps are all an SM
+ * holds at 143 to 255 registers a thread, and each warp waits on its own super-block's loads before it multiplies.
+ * What it needs: the next super-block's loads in flight while the current one multiplies (cp.async into shared
+ * memory, as llama.cpp's MMQ stages its tiles), and fewer registers per thread, so that more warps hide the
+ * latency; T 17..32 (NT 32) also spills. */
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
 #include "cuda/gemm_small_dq.cuh"
