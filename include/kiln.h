@@ -697,6 +697,32 @@ void kiln_sampler_free(kiln_sampler *s);
 /* Picks a token from logits (modified in place); history is the sequence so far, for the repetition penalty. */
 int32_t kiln_sampler_sample(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history);
 
+/* ---------------------------------------------------------------- grammars (src/infer/grammar.c)
+ * llama.cpp's GBNF: rules `name ::= alternatives`, literals "..." (escapes \n \r \t \\ \" \xHH \uHHHH \UHHHHHHHH),
+ * classes [a-z] and [^...], "." for any character, groups ( ), repetitions * + ? {m} {m,} {m,n} {,n}, # comments;
+ * a rule's alternatives end at a newline outside parentheses. A malformed grammar is KILN_ERR_FORMAT with the line
+ * and column (or the rule) in the message: undefined or twice-defined rules, a missing root, left recursion. */
+typedef struct kiln_grammar kiln_grammar;
+/* root: the start rule, "root" when NULL. */
+kiln_status kiln_grammar_parse(const char *text, size_t len, const char *root, kiln_grammar **out);
+void kiln_grammar_free(kiln_grammar *g); /* accepts NULL */
+int32_t kiln_grammar_n_rules(const kiln_grammar *g); /* with the rules groups and repetitions made */
+/* Whether text[0..n) is a whole sentence of the grammar (*full) and whether it begins one (*prefix). */
+kiln_status kiln_grammar_match_text(const kiln_grammar *g, const char *text, size_t n, bool *full, bool *prefix);
+
+/* A grammar's state over generated tokens. mask sets the logits of the tokens the grammar does not allow next to
+ * -INFINITY: a token is allowed when its bytes continue a sentence of the grammar (a code point split across
+ * tokens is carried to the next), EOS only when the text so far is a whole sentence, control tokens never. When
+ * no token is allowed it is KILN_ERR_INVALID. accept moves the state over the token picked (KILN_ERR_INVALID if
+ * the grammar does not allow it). g and tok must outlive the matcher. */
+typedef struct kiln_grammar_matcher kiln_grammar_matcher;
+kiln_status kiln_grammar_matcher_new(const kiln_grammar *g, const kiln_tokenizer *tok, kiln_grammar_matcher **out);
+void kiln_grammar_matcher_free(kiln_grammar_matcher *m); /* accepts NULL */
+kiln_status kiln_grammar_matcher_reset(kiln_grammar_matcher *m); /* back to the grammar's start */
+kiln_status kiln_grammar_matcher_mask(kiln_grammar_matcher *m, float *logits);
+kiln_status kiln_grammar_matcher_accept(kiln_grammar_matcher *m, int32_t token);
+bool kiln_grammar_matcher_done(const kiln_grammar_matcher *m); /* the text so far is a whole sentence */
+
 /* ---------------------------------------------------------------- chat
  * Chat templates for four families, recognized by distinctive substrings of tokenizer.chat_template (kiln has no
  * Jinja engine): llama2 ([INST] ... [/INST] with <<SYS>>), llama3 (<|start_header_id|> ... <|eot_id|>), chatml

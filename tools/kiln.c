@@ -8,9 +8,11 @@
  *   kiln data CORPUS... -t TOKENIZER.gguf -o DIR [--val-fraction F] [--shard-tokens N]   (tools/cmd_data.c)
  *   kiln plot LOG.jsonl -o loss.svg [--title T]                                          (tools/cmd_plot.c)
  *   kiln bench quant [--quick]            dequantize / vec_dot throughput per type and SIMD level
+ *   kiln bench grammar [--vocab F]...     the allowed-token mask's time per token under fixed grammars
  *   kiln bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   pp and tg tok/s, as llama-bench
  *   kiln convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf | hf DIR -o OUT.gguf [--type T]     (tools/cmd_convert.c)
- *   kiln generate [-m MODEL.gguf] [-p PROMPT | -f FILE] [-n N] [sampling options] [-r STOP]... [--ignore-eos] [-t THREADS]
+ *   kiln generate [-m MODEL.gguf] [-p PROMPT | -f FILE] [-n N] [sampling options] [-r STOP]... [--ignore-eos]
+ *                 [--grammar GBNF | --grammar-file F] [-t THREADS]
  *                 [-c CTX] [-b BATCH] [--chat] [--chat-template NAME] [--check-finite]
  *   kiln chat -m MODEL.gguf [-sys TEXT] [--chat-template NAME] [sampling options]                       (tools/cmd_chat.c)
  *   kiln serve -m MODEL.gguf [--host H] [--port N] [-np SLOTS] [-c CTX] [--api-key KEY] ...             (tools/cmd_serve.c)
@@ -286,6 +288,7 @@ typedef struct {
     kiln_cli_list stops;  /* -r: stop when the generated text holds one of these, which is not printed */
     bool ignore_eos;      /* EOS, BOS and the end of turn are never sampled (their logits -inf), as llama.cpp's */
     kiln_cli_rope rope;   /* --rope-* / --yarn-*, applied to the model once loaded */
+    const kiln_grammar *grammar; /* --grammar / --grammar-file: every new token is one the grammar allows */
 } generate_opts;
 
 /* Prompt -> prefill -> sample/print/decode until n_new tokens, EOS, a stop string or a full context. Prints the
@@ -327,6 +330,7 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     kiln_cli_stream text = {.stops = &o->stops};
     kiln_session *sess = NULL;
     kiln_sampler *smp = NULL;
+    kiln_grammar_matcher *gm = NULL;
     const char *err = NULL; /* a failure of this function's own, printed as is */
     if (!seq || !logits) err = "out of memory";
     else if (enc.n) memcpy(seq, enc.ids, enc.n * sizeof *seq);
@@ -342,6 +346,7 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     if (err) s = KILN_ERR_INVALID;
     if (!s) s = kiln_session_new(m, &sp, &sess);
     if (!s) s = kiln_sampler_new(&o->sampler, V, &smp);
+    if (!s && o->grammar) s = kiln_grammar_matcher_new(o->grammar, tok, &gm);
     if (!s && prompt && !o->chat) {
         fputs(prompt, stdout);
         fflush(stdout);
@@ -352,7 +357,7 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     /* greedy on the GPU: the argmax is taken there and 4 bytes come back instead of the logits */
     const kiln_sampler_params *sm = &o->sampler;
     const bool argmax = sess && kiln_session_on_gpu(sess) && sm->temp == 0 && sm->repeat_penalty == 1 && sm->presence_penalty == 0 &&
-                        sm->frequency_penalty == 0 && !o->ignore_eos;
+                        sm->frequency_penalty == 0 && !o->ignore_eos && !gm;
     const int32_t banned[3] = {eos, bos, o->chat ? o->eot : -1}; /* with --ignore-eos */
     int32_t next = 0;
     if (!s) s = argmax ? kiln_session_eval_argmax(sess, seq, n_prompt, &next) : kiln_session_eval(sess, seq, n_prompt, logits, NULL);
@@ -360,9 +365,11 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     for (int64_t i = 0; !s && i < o->n_new; i++) {
         for (int b = 0; o->ignore_eos && b < 3; b++)
             if (banned[b] >= 0 && banned[b] < V) logits[banned[b]] = -INFINITY;
+        if (gm && (s = kiln_grammar_matcher_mask(gm, logits))) break; /* before the sampler: its filters see only these */
         if (!argmax) next = kiln_sampler_sample(smp, logits, seq, n);
         /* EOS ends the text; so does BOS, which llama2.c's stories use to separate documents */
         if (next == eos || next == bos || (o->chat && next == o->eot)) break;
+        if (gm && (s = kiln_grammar_matcher_accept(gm, next))) break;
         const char *p;
         size_t np;
         if ((s = piece_text(tok, seq[n - 1], next, &piece, &piece_cap, &p, &np))) break;
@@ -386,6 +393,9 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     free(text.p);
     free(logits);
     free(seq);
+    if (!s && gm && !kiln_grammar_matcher_done(gm))
+        fprintf(stderr, "kiln: the text stopped before the grammar's end (-n, a stop string or the context)\n");
+    kiln_grammar_matcher_free(gm);
     kiln_sampler_free(smp);
     kiln_session_free(sess);
     if (err) fprintf(stderr, "kiln: %s\n", err);
@@ -430,10 +440,10 @@ static int generate_with(const char *model_path, const char *prompt, const char 
 }
 
 static int cmd_generate(int argc, char **argv) {
-    const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL, *chat_template = NULL;
+    const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL, *chat_template = NULL, *grammar = NULL, *grammar_file = NULL;
     generate_opts o = {.n_new = 256, .sampler = kiln_sampler_default()};
     bool gpu = false;
-    enum { N_OWN = 16 };
+    enum { N_OWN = 18 };
     kiln_cli_rope_init(&o.rope);
     kiln_cli_opt opts[N_OWN + KILN_CLI_N_SAMPLING + KILN_CLI_N_ROPE + KILN_CLI_N_KV] = {
         {"-m", KILN_CLI_STR, &model_path, 0, 0},
@@ -452,6 +462,8 @@ static int cmd_generate(int argc, char **argv) {
         {"--chat-template", KILN_CLI_STR, &chat_template, 0, 0},
         {"--gpu", KILN_CLI_FLAG, &gpu, 0, 0}, /* all layers on the GPU, as -ngl 99 */
         {"--check-finite", KILN_CLI_FLAG, &o.sess.check_finite, 0, 0}, /* name the first layer whose output is NaN/Inf */
+        {"--grammar", KILN_CLI_STR, &grammar, 0, 0},
+        {"--grammar-file", KILN_CLI_STR, &grammar_file, 0, 0},
     }; /* then the session and sampling options chat shares */
     int n_opts = N_OWN + kiln_cli_sampling_opts(opts + N_OWN, &o.sampler, &o.sess), n_pos;
     n_opts += kiln_cli_rope_opts(opts + n_opts, &o.rope);
@@ -474,7 +486,32 @@ static int cmd_generate(int argc, char **argv) {
         if (len && file_text[len - 1] == '\n') file_text[len - 1] = 0; /* as llama.cpp's -f */
         prompt = file_text;
     }
+    if (grammar && grammar_file) {
+        free(file_text);
+        return kiln_cli_error("generate: give the grammar as --grammar or as --grammar-file, not both");
+    }
+    if ((grammar || grammar_file) && o.ignore_eos) {
+        free(file_text);
+        return kiln_cli_error("generate: --ignore-eos with a grammar: the grammar's end is where EOS comes");
+    }
+    char *gtext = NULL;
+    size_t glen = grammar ? strlen(grammar) : 0;
+    if (grammar_file && !(gtext = read_whole("generate", grammar_file, &glen))) {
+        free(file_text);
+        return 1;
+    }
+    kiln_grammar *g = NULL;
+    if (grammar || grammar_file) {
+        kiln_status gs = kiln_grammar_parse(grammar ? grammar : gtext, glen, NULL, &g);
+        free(gtext);
+        if (gs) {
+            free(file_text);
+            return grammar_file ? kiln_cli_error("generate: %s: %s", grammar_file, kiln_last_error()) : kiln_cli_die(gs);
+        }
+        o.grammar = g;
+    }
     int rc = generate_with(model_path, prompt, chat_template, &o);
+    kiln_grammar_free(g);
     free(file_text);
     return rc;
 }
@@ -547,6 +584,7 @@ static void usage(FILE *f) {
                "  plot LOG.jsonl -o loss.svg [--title T]  train and val loss curves of a training log as an SVG\n"
                "  synth [--shape S] [--type T] [--vocab V.gguf] -o OUT.gguf  a llama model with random weights\n"
                "  bench quant [--quick]                  dequantize and vec_dot throughput per type, scalar vs SIMD\n"
+               "  bench grammar [--vocab F.gguf]... [--walks N]   the allowed-token mask's time per token under fixed grammars\n"
                "  bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   prompt and generation tok/s, as llama-bench\n"
                "  bench --gpu -m MODEL.gguf [-p 512] [-n 128] [-r R]   the same on the GPU, with GB/s, VRAM and a per-op decode profile\n"
                "  bench serve (--url URL | -m MODEL [-np N] [-t T]) [-c 1,4,16] [-n 64] [--peer-bin llama-server]\n"
@@ -555,7 +593,8 @@ static void usage(FILE *f) {
                "  convert hf DIR -o OUT.gguf [--type T]  a Hugging Face checkpoint folder to GGUF\n"
                "  generate [-m MODEL.gguf] [-p PROMPT | -f FILE] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
                "           [--repeat-penalty R] [--repeat-last-n N] [--presence-penalty P] [--frequency-penalty F]\n"
-               "           [-s SEED] [-r STOP]... [--ignore-eos] [-t THREADS] [-c CTX] [-b BATCH] [--gpu | -ngl N]\n"
+               "           [-s SEED] [-r STOP]... [--ignore-eos] [--grammar GBNF | --grammar-file F] [-t THREADS] [-c CTX]\n"
+               "           [-b BATCH] [--gpu | -ngl N]\n"
                "           [--chat] [--chat-template NAME]   -p as one user turn of the model's chat template\n"
                "           [--check-finite]   name the first layer whose output is NaN or infinite (KILN_CHECK_FINITE=1)\n"
                "  chat -m MODEL.gguf [-sys TEXT] [--chat-template llama2|llama3|chatml|gemma] [-n MAXTOK] [sampling opts]\n"
@@ -596,6 +635,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "bench") == 0) {
         if (argc >= 3 && strcmp(argv[2], "quant") == 0) return kiln_bench_quant(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "tokenize") == 0) return kiln_bench_tokenize(argc - 3, argv + 3);
+        if (argc >= 3 && strcmp(argv[2], "grammar") == 0) return kiln_bench_grammar(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "train") == 0) return kiln_bench_train(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "serve") == 0) return kiln_bench_serve(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "model") == 0) return kiln_bench_model(argc - 3, argv + 3);

@@ -1,0 +1,275 @@
+/* test_grammar.c: GBNF grammars (src/infer/grammar.c).
+ *   parse errors    each malformed grammar is KILN_ERR_FORMAT with the line and column or the rule in its message
+ *   sentences       kiln_grammar_match_text on grammars of every construct: literals and escapes, classes and
+ *                   negation, ".", groups, * + ? {m} {m,} {m,n} {,n}, comments, multi-line rules, UTF-8
+ *   the mask        on the bundled model's vocab (and every vocab of ../shared/data/vocab when present), at each
+ *                   step of a walk under a JSON grammar: a token is allowed exactly when the text so far plus its
+ *                   bytes begins a sentence (kiln_grammar_match_text, which walks no trie: an oracle apart from the
+ *                   mask's trie walk), EOS exactly when the text is a whole sentence, control tokens never
+ *   sampling        50 seeds of random logits, greedy under the mask: every text parses as JSON (jansson) with the
+ *                   grammar's shape, and is a whole sentence; accept refuses a token the mask does not allow */
+#include "kiln.h"
+#include "test.h"
+
+#include <dirent.h>
+#include <jansson.h>
+#include <stdint.h>
+
+static kiln_grammar *parse(const char *text) {
+    kiln_grammar *g = NULL;
+    return kiln_grammar_parse(text, strlen(text), NULL, &g) == KILN_OK ? g : NULL;
+}
+
+static void test_parse_errors(void) {
+    static const struct {
+        const char *text, *want;
+    } bad[] = {
+        {"root ::= foo", "rule 'foo' is used but not defined"},
+        {"start ::= \"a\"", "no rule named 'root'"},
+        {"root ::= \"a\"\nroot ::= \"b\"", "line 2, column 1: rule 'root' is defined twice"},
+        {"root ::= \"abc", "line 1, column 10: a literal without its closing \""},
+        {"root ::= [a-z", "line 1, column 10: a character class without its closing ]"},
+        {"root ::= [z-a]", "a character range whose end is before its start"},
+        {"root ::= (\"a\" | \"b\"", "a ( without its closing )"},
+        {"root ::= \"\\q\"", "line 1, column 11: an unknown escape"},
+        {"root ::= \"\\x4\"", "2, 4 or 8 hex digits"},
+        {"root ::= \"a\"{3,2}", "n < m"},
+        {"root ::= \"a\"{}", "needs a count"},
+        {"root ::= \"a\" )", "line 1, column 14: expected the end of the rule"},
+        {"root := \"a\"", "expected ::="},
+        {"root ::= \"a\"\n\n  ::= \"b\"", "line 3, column 3: expected a rule name"},
+        {"root ::= x \"a\"\nx ::= root | \"b\"", "left recursion"},
+        {"root ::= y* root\ny ::= \"a\"?", "left recursion"},
+        {"root ::= \"\xff\"", "invalid UTF-8"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        kiln_grammar *g = NULL;
+        kiln_status s = kiln_grammar_parse(bad[i].text, strlen(bad[i].text), NULL, &g);
+        CHECK(s == KILN_ERR_FORMAT && !g, "case %zu: status %d", i, (int)s);
+        CHECK(strstr(kiln_last_error(), bad[i].want), "case %zu: '%s' lacks '%s'", i, kiln_last_error(), bad[i].want);
+    }
+    /* a root that recurses after a character is fine */
+    kiln_grammar *ok = parse("root ::= \"(\" root \")\" | \"x\"");
+    CHECK(ok, "%s", kiln_last_error());
+    kiln_grammar_free(ok);
+    kiln_grammar *g = NULL;
+    CHECK(kiln_grammar_parse("top ::= \"a\"", 11, "top", &g) == KILN_OK && g, "a named root: %s", kiln_last_error());
+    kiln_grammar_free(g);
+}
+
+/* full / prefix of each string under one grammar: "F" a sentence, "P" a proper prefix only, "-" neither. */
+typedef struct {
+    const char *text, *want;
+} sent;
+
+static void check_sentences(const char *grammar, const sent *cases, size_t n) {
+    kiln_grammar *g = parse(grammar);
+    CHECK(g, "%s: %s", grammar, kiln_last_error());
+    for (size_t i = 0; i < n; i++) {
+        bool full, prefix;
+        CHECK(kiln_grammar_match_text(g, cases[i].text, strlen(cases[i].text), &full, &prefix) == KILN_OK);
+        const char *got = full ? "F" : prefix ? "P" : "-";
+        if (strcmp(got, cases[i].want) != 0) {
+            kiln_grammar_free(g);
+            CHECK(0, "grammar %s: '%s' is %s, want %s", grammar, cases[i].text, got, cases[i].want);
+        }
+    }
+    kiln_grammar_free(g);
+}
+
+static void test_sentences(void) {
+    static const sent rep[] = {{"", "P"}, {"a", "P"}, {"aa", "F"}, {"aab", "F"}, {"aaa", "F"}, {"aaab", "F"},
+                               {"aaaa", "-"}, {"ab", "-"}, {"aabb", "-"}, {"b", "-"}};
+    check_sentences("root ::= \"a\"{2,3} \"b\"?", rep, sizeof rep / sizeof *rep);
+    static const sent star[] = {{"", "F"}, {"xyxy", "F"}, {"xyx", "P"}, {"yx", "-"}, {"xyxyz", "F"}, {"xyzz", "-"}};
+    check_sentences("root ::= (\"x\" \"y\")* \"z\"?", star, sizeof star / sizeof *star);
+    static const sent plus[] = {{"", "P"}, {"ab", "F"}, {"abab", "F"}, {"a", "P"}, {"aba", "P"}, {"abc", "-"}};
+    check_sentences("root ::= \"ab\"+", plus, sizeof plus / sizeof *plus);
+    static const sent exact[] = {{"1234", "F"}, {"123", "P"}, {"12345", "-"}, {"12a4", "-"}};
+    check_sentences("root ::= [0-9]{4}", exact, sizeof exact / sizeof *exact);
+    static const sent atmost[] = {{"", "F"}, {"q", "F"}, {"qq", "F"}, {"qqq", "-"}};
+    check_sentences("root ::= \"q\"{,2}", atmost, sizeof atmost / sizeof *atmost);
+    static const sent atleast[] = {{"q", "P"}, {"qq", "F"}, {"qqqqqqq", "F"}, {"qqqqqqqr", "-"}};
+    check_sentences("root ::= \"q\"{2,}", atleast, sizeof atleast / sizeof *atleast);
+    /* classes: negation, escapes, ranges, ".", a multi-line rule with comments, UTF-8 both in the grammar and the text */
+    static const sent cls[] = {{"\"abc\"", "F"}, {"\"a\\\"b\"", "F"}, {"\"a\"b\"", "-"}, {"\"\xc3\xbc\xe2\x82\xac\"", "F"},
+                               {"\"\xc3", "P"}, {"\"a\nb\"", "-"}, {"\"", "P"}, {"\"\\n\"", "F"}, {"\"\\z\"", "-"}};
+    check_sentences("# a string\nroot ::= \"\\\"\" (\n  [^\"\\\\\\x00-\\x1f] | # any but a quote, a backslash, a control\n"
+                    "  \"\\\\\" [\"\\\\nt]\n)* \"\\\"\"",
+                    cls, sizeof cls / sizeof *cls);
+    static const sent any[] = {{"<\xe6\x97\xa5>", "F"}, {"<\n>", "F"}, {"<>", "P"}, {"<", "P"}, {"<ab>", "-"}, {"<\xc0\xaf>", "-"}, {"<\xed\xa0\x80>", "-"}};
+    check_sentences("root ::= \"<\" . \">\"", any, sizeof any / sizeof *any);
+    static const sent uni[] = {{"\xc3\xbc", "F"}, {"\xe2\x82\xac", "F"}, {"u", "-"}, {"\xc3\xbd", "-"}};
+    check_sentences("root ::= \"\\u00fc\" | \"\xe2\x82\xac\"", uni, sizeof uni / sizeof *uni);
+    /* recursion after a character, alternatives spanning lines inside a group */
+    static const sent nest[] = {{"x", "F"}, {"((x))", "F"}, {"((x)", "P"}, {"(()", "-"}, {"[x]", "F"}, {"([x])", "F"}};
+    check_sentences("root ::= \"(\" root \")\" | br | \"x\"\nbr ::= (\n  \"[\" root \"]\"\n)", nest, sizeof nest / sizeof *nest);
+}
+
+/* ---------------------------------------------------------------- the mask against the oracle */
+
+/* A JSON object of at most 3 members (string keys of up to 6 characters; values a number, a short string, a bool,
+ * null or an array of up to 3 numbers), written from the JSON grammar of RFC 8259, bounded so every walk ends. */
+static const char *json_grammar =
+    "root   ::= \"{\" ws ( member ( \",\" ws member ){0,2} )? \"}\"\n"
+    "member ::= key ws \":\" ws value ws\n"
+    "key    ::= \"\\\"\" [a-z_]{1,6} \"\\\"\"\n"
+    "value  ::= number | str | \"true\" | \"false\" | \"null\" | arr\n"
+    "arr    ::= \"[\" ws ( number ws ( \",\" ws number ws ){0,2} )? \"]\"\n"
+    "str    ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1f] | \"\\\\\" [\"\\\\/nt] ){0,8} \"\\\"\"\n"
+    "number ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,3} ) ( \".\" [0-9]{1,3} )?\n"
+    "ws     ::= \" \"?\n";
+
+static uint64_t rng_next(uint64_t *s) {
+    *s ^= *s >> 12, *s ^= *s << 25, *s ^= *s >> 27;
+    return *s * 2685821657736338717ull;
+}
+
+/* One greedy walk of random logits under the grammar; with oracle, each step's mask is checked token by token.
+ * Returns the text (malloc'd) or NULL with the failure in msg. */
+static char *walk(const kiln_grammar *g, const kiln_tokenizer *tok, uint64_t seed, bool oracle, char *msg, size_t n_msg) {
+    const int32_t V = kiln_tokenizer_n_vocab(tok), eos = kiln_tokenizer_eos(tok);
+    kiln_grammar_matcher *m = NULL;
+    float *lg = malloc((size_t)V * sizeof *lg);
+    char *text = calloc(1, 4096), *buf = malloc(4096 + 256);
+    size_t n = 0;
+    bool ok = lg && text && buf && kiln_grammar_matcher_new(g, tok, &m) == KILN_OK;
+    if (!ok) snprintf(msg, n_msg, "setup: %s", kiln_last_error());
+    for (int step = 0; ok && step < 200; step++) {
+        for (int32_t i = 0; i < V; i++) lg[i] = (float)(rng_next(&seed) >> 40) / 16777216.0f;
+        if (kiln_grammar_matcher_mask(m, lg) != KILN_OK) {
+            snprintf(msg, n_msg, "step %d: mask: %s", step, kiln_last_error());
+            ok = false;
+            break;
+        }
+        for (int32_t i = 0; oracle && ok && i < V; i++) {
+            bool want;
+            if (i == eos) {
+                bool full, prefix;
+                kiln_grammar_match_text(g, text, n, &full, &prefix);
+                want = full;
+            } else if (kiln_tokenizer_token_type(tok, i) == KILN_TOKEN_CONTROL) {
+                want = false;
+            } else {
+                size_t np = 0;
+                memcpy(buf, text, n);
+                if (kiln_tokenizer_piece(tok, i, false, buf + n, 256, &np) != KILN_OK || np > 256) np = 0;
+                bool full, prefix = false;
+                if (np) kiln_grammar_match_text(g, buf, n + np, &full, &prefix);
+                want = prefix;
+            }
+            const bool got = lg[i] != -INFINITY;
+            if (got != want) {
+                snprintf(msg, n_msg, "step %d, text '%.*s': token %d is %s by the mask, %s by the oracle", step, (int)n, text, (int)i,
+                         got ? "allowed" : "refused", want ? "allowed" : "refused");
+                ok = false;
+            }
+        }
+        int32_t best = -1;
+        for (int32_t i = 0; i < V; i++)
+            if (lg[i] != -INFINITY && (best < 0 || lg[i] > lg[best])) best = i;
+        if (!ok) break;
+        if (best == eos) break;
+        /* a token the mask refused is refused by accept too, and leaves the state as it was */
+        for (int32_t i = 0; i < V; i++)
+            if (lg[i] == -INFINITY && i != eos && kiln_tokenizer_token_type(tok, i) != KILN_TOKEN_CONTROL) {
+                if (kiln_grammar_matcher_accept(m, i) == KILN_OK) {
+                    snprintf(msg, n_msg, "step %d: accept took token %d, which the mask refused", step, (int)i);
+                    ok = false;
+                }
+                break;
+            }
+        if (ok && kiln_grammar_matcher_accept(m, best) != KILN_OK) {
+            snprintf(msg, n_msg, "step %d: accept of the masked best %d: %s", step, (int)best, kiln_last_error());
+            ok = false;
+        }
+        size_t np = 0;
+        if (ok && (kiln_tokenizer_piece(tok, best, false, text + n, 4095 - n, &np) != KILN_OK || n + np >= 4095)) {
+            snprintf(msg, n_msg, "step %d: the text outgrew its buffer", step);
+            ok = false;
+        }
+        n += np, text[n] = 0;
+    }
+    if (ok && !kiln_grammar_matcher_done(m)) snprintf(msg, n_msg, "the walk ended without the grammar's end: '%s'", text), ok = false;
+    kiln_grammar_matcher_free(m);
+    free(lg), free(buf);
+    if (!ok) free(text);
+    return ok ? text : NULL;
+}
+
+/* A JSON text of the grammar's shape: an object of at most 3 members whose values are scalars or arrays of numbers. */
+static bool json_shape_ok(const char *text, char *msg, size_t n_msg) {
+    json_error_t je;
+    json_t *o = json_loads(text, JSON_DECODE_ANY, &je);
+    bool ok = o && json_is_object(o) && json_object_size(o) <= 3;
+    const char *k;
+    json_t *v;
+    if (ok)
+        json_object_foreach(o, k, v) {
+            ok = ok && strlen(k) >= 1 && strlen(k) <= 6 && !json_is_object(v);
+            if (json_is_array(v)) ok = ok && json_array_size(v) <= 3;
+        }
+    if (!ok) snprintf(msg, n_msg, "'%s' is not an object of the grammar's shape (%s)", text, o ? "shape" : je.text);
+    json_decref(o);
+    return ok;
+}
+
+static void check_vocab(const kiln_tokenizer *tok, const char *name, int oracle_walks, int sample_walks) {
+    kiln_grammar *g = parse(json_grammar);
+    CHECK(g, "%s", kiln_last_error());
+    char msg[600] = "";
+    bool ok = true;
+    for (int s = 0; ok && s < oracle_walks + sample_walks; s++) {
+        char *text = walk(g, tok, 0x9E3779B97F4A7C15ull + (uint64_t)s * 7919, s < oracle_walks, msg, sizeof msg);
+        ok = text && json_shape_ok(text, msg, sizeof msg);
+        if (ok) {
+            bool full, prefix;
+            ok = kiln_grammar_match_text(g, text, strlen(text), &full, &prefix) == KILN_OK && full;
+            if (!ok) snprintf(msg, sizeof msg, "'%s' is not a whole sentence of the grammar", text);
+        }
+        free(text);
+    }
+    kiln_grammar_free(g);
+    CHECK(ok, "%s: %s", name, msg);
+}
+
+static void test_mask_bundled_vocab(void) {
+    kiln_tokenizer *tok = NULL;
+    if (kiln_tokenizer_load_file("models/shakespeare.gguf", &tok) != KILN_OK) SKIP("models/shakespeare.gguf: %s", kiln_last_error());
+    check_vocab(tok, "models/shakespeare.gguf", 4, 50);
+    kiln_tokenizer_free(tok);
+}
+
+/* Every vocab of the shared data that has an EOS: byte-level BPE (GPT-2 and its kin, where tokens split code points),
+ * SPM with byte fallback, WordPiece. */
+static void test_mask_shared_vocabs(void) {
+    const char *dir = "../shared/data/vocab";
+    DIR *d = opendir(dir);
+    if (!d) SKIP("%s is absent (the shared data)", dir);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const size_t len = strlen(e->d_name);
+        if (len < 6 || strcmp(e->d_name + len - 5, ".gguf") != 0) continue;
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        kiln_tokenizer *tok = NULL;
+        if (kiln_tokenizer_load_file(path, &tok) != KILN_OK) continue;
+        if (kiln_tokenizer_eos(tok) >= 0) {
+            check_vocab(tok, e->d_name, 1, 3);
+            n++;
+        }
+        kiln_tokenizer_free(tok);
+        if (test_failed_) break;
+    }
+    closedir(d);
+    if (!test_failed_) CHECK(n >= 3, "only %d vocabs with an EOS in %s", n, dir);
+}
+
+int main(void) {
+    RUN(test_parse_errors);
+    RUN(test_sentences);
+    RUN(test_mask_bundled_vocab);
+    RUN(test_mask_shared_vocabs);
+    TEST_EXIT();
+}
