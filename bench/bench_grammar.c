@@ -1,8 +1,10 @@
 /* bench_grammar.c: `kiln bench grammar [--vocab F.gguf]... [--walks N]`: the time of one allowed-token mask
  * (kiln_grammar_matcher_mask) under fixed grammars, on each vocab (the bundled model's without --vocab).
  *
- * Each case runs N walks (default 20): random logits (xorshift64*, seeded per walk), the mask, the greedy pick, accept,
- * until EOS or 200 tokens; every mask call is timed alone on the monotonic clock. The grammars:
+ * Each case runs N walks (default 20) on one matcher (reset between walks, so its memory of states carries over as a
+ * server's would not: cached reports the share of masks taken from it): random logits (xorshift64*, seeded per walk),
+ * the mask, the greedy pick, accept, until EOS or 200 tokens; every mask call is timed alone on the monotonic clock.
+ * The grammars:
  *   json    an object of up to 3 members with scalar or array values (tests/test_grammar.c's), few tokens allowed
  *           at most steps
  *   text    a line of free text up to 120 characters, then a newline: nearly every token allowed at every step,
@@ -53,7 +55,7 @@ typedef struct {
     const char *vocab, *grammar;
     int32_t n_vocab;
     int64_t masks;
-    double mean_us, p50_us, p99_us, max_us, tokens_per_walk;
+    double mean_us, p50_us, p99_us, max_us, tokens_per_walk, hit_rate;
 } result;
 
 /* walks walks of one grammar over one vocab into r. */
@@ -87,6 +89,9 @@ static kiln_status run_case(const kiln_grammar *g, const kiln_tokenizer *tok, in
         r->masks = n, r->mean_us = sum / (double)n, r->p50_us = t[(n - 1) / 2];
         r->p99_us = t[(int64_t)ceil(0.99 * (double)n) - 1], r->max_us = t[n - 1];
         r->n_vocab = V, r->tokens_per_walk = (double)tokens / walks;
+        int64_t hits, misses;
+        kiln_grammar_matcher_cache_stats(m, &hits, &misses);
+        r->hit_rate = hits + misses ? (double)hits / (double)(hits + misses) : 0;
     }
     kiln_grammar_matcher_free(m);
     free(lg), free(t);
@@ -135,18 +140,20 @@ int kiln_bench_grammar(int argc, char **argv) {
             printf("{\"bench\": \"grammar\", \"vocab\": ");
             kiln_bench_json_str(r->vocab);
             printf(", \"n_vocab\": %d, \"grammar\": \"%s\", \"masks\": %lld, \"mean_us\": %.2f, \"p50_us\": %.2f, \"p99_us\": %.2f, "
-                   "\"max_us\": %.2f, \"tokens_per_walk\": %.1f}\n",
-                   (int)r->n_vocab, r->grammar, (long long)r->masks, r->mean_us, r->p50_us, r->p99_us, r->max_us, r->tokens_per_walk);
+                   "\"max_us\": %.2f, \"tokens_per_walk\": %.1f, \"cache_hit_rate\": %.3f}\n",
+                   (int)r->n_vocab, r->grammar, (long long)r->masks, r->mean_us, r->p50_us, r->p99_us, r->max_us, r->tokens_per_walk,
+                   r->hit_rate);
             fflush(stdout);
         }
         kiln_tokenizer_free(tok);
     }
     if (!rc) {
-        printf("\n%-28s %8s %-6s %7s %10s %10s %10s %10s\n", "vocab", "n_vocab", "gram", "masks", "mean us", "p50 us", "p99 us", "max us");
+        printf("\n%-28s %8s %-6s %7s %10s %10s %10s %10s %6s\n", "vocab", "n_vocab", "gram", "masks", "mean us", "p50 us", "p99 us", "max us",
+               "cached");
         for (int i = 0; i < n_res; i++) {
             kiln_cli_put_padded(stdout, res[i].vocab, 28);
-            printf(" %8d %-6s %7lld %10.1f %10.1f %10.1f %10.1f\n", (int)res[i].n_vocab, res[i].grammar, (long long)res[i].masks,
-                   res[i].mean_us, res[i].p50_us, res[i].p99_us, res[i].max_us);
+            printf(" %8d %-6s %7lld %10.1f %10.1f %10.1f %10.1f %5.0f%%\n", (int)res[i].n_vocab, res[i].grammar, (long long)res[i].masks,
+                   res[i].mean_us, res[i].p50_us, res[i].p99_us, res[i].max_us, 100 * res[i].hit_rate);
         }
     }
     free(res);

@@ -717,11 +717,19 @@ kiln_status kiln_grammar_match_text(const kiln_grammar *g, const char *text, siz
  * the grammar does not allow it). g and tok must outlive the matcher. */
 typedef struct kiln_grammar_matcher kiln_grammar_matcher;
 kiln_status kiln_grammar_matcher_new(const kiln_grammar *g, const kiln_tokenizer *tok, kiln_grammar_matcher **out);
+/* The vocab's side (each token's bytes in a trie), built once and shared by the matchers of many requests (a server's);
+ * it must outlive them. kiln_grammar_matcher_new builds one of its own. */
+typedef struct kiln_grammar_vocab kiln_grammar_vocab;
+kiln_status kiln_grammar_vocab_new(const kiln_tokenizer *tok, kiln_grammar_vocab **out);
+void kiln_grammar_vocab_free(kiln_grammar_vocab *v); /* accepts NULL */
+kiln_status kiln_grammar_matcher_new_vocab(const kiln_grammar *g, const kiln_grammar_vocab *v, kiln_grammar_matcher **out);
 void kiln_grammar_matcher_free(kiln_grammar_matcher *m); /* accepts NULL */
 kiln_status kiln_grammar_matcher_reset(kiln_grammar_matcher *m); /* back to the grammar's start */
 kiln_status kiln_grammar_matcher_mask(kiln_grammar_matcher *m, float *logits);
 kiln_status kiln_grammar_matcher_accept(kiln_grammar_matcher *m, int32_t token);
 bool kiln_grammar_matcher_done(const kiln_grammar_matcher *m); /* the text so far is a whole sentence */
+/* Masks made by a walk of the trie (misses) and taken from the matcher's memory of earlier states (hits). */
+void kiln_grammar_matcher_cache_stats(const kiln_grammar_matcher *m, int64_t *hits, int64_t *misses);
 
 /* ---------------------------------------------------------------- chat
  * Chat templates for four families, recognized by distinctive substrings of tokenizer.chat_template (kiln has no

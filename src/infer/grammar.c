@@ -18,7 +18,8 @@
  * still incomplete at a node is kept when some stack's set holds a code point with that prefix. A token ends at a
  * node; it is allowed when the state there is not empty. Tokens that split a code point carry its bytes into the
  * next one. EOS is allowed exactly when the state holds the empty stack (and no code point is half done); control
- * tokens never are. */
+ * tokens never are. The allowed set of a state is remembered (MASK_CACHE states, round-robin, keyed by the stacks
+ * byte for byte), so a state met again (the inside of a string, a repeated element) costs a copy of bits. */
 #include "kiln.h"
 #include "status.h"
 
@@ -657,21 +658,40 @@ typedef struct {
     int32_t child;
 } tedge;
 
-struct kiln_grammar_matcher {
-    const kiln_grammar *g;
+struct kiln_grammar_vocab {
     int32_t V, eos;
     tnode *node;
     tedge *edge;
     int32_t *toks;
-    int32_t n_node;
+    int32_t n_node, max_len;
     uint8_t **bytes; /* (V) each token's bytes (NULL for control tokens and empty pieces) */
     int32_t *len;
+};
+
+/* A mask remembered for the state it was made in (the stacks byte for byte and the code point in progress). */
+typedef struct {
+    uint64_t hash;
+    gset key;
+    u8state u8;
+    uint8_t *bits; /* (V / 8 rounded up) allowed tokens, EOS not included */
+    bool used;
+} mcache;
+
+#define MASK_CACHE 32
+
+struct kiln_grammar_matcher {
+    const kiln_grammar *g;
+    const kiln_grammar_vocab *v;
+    kiln_grammar_vocab *own; /* made by kiln_grammar_matcher_new from a tokenizer */
     gset cur;
     u8state u8;      /* a code point the accepted tokens left incomplete */
-    gset *lvl;       /* (max token length + 1) the walk's sets, one per depth */
+    gset *lvl;       /* (max token length + 2) the walk's sets, one per depth */
     int32_t n_lvl;
     int32_t *scratch;
-    bool *allowed;
+    bool *allowed;   /* (V) */
+    mcache cache[MASK_CACHE];
+    int32_t next_slot;
+    int64_t hits, misses;
 };
 
 typedef struct {
@@ -686,16 +706,23 @@ static int cmp_tok(const void *x, const void *y) {
     return c ? c : (a->n > b->n) - (a->n < b->n);
 }
 
+void kiln_grammar_vocab_free(kiln_grammar_vocab *v) {
+    if (!v) return;
+    for (int32_t i = 0; v->bytes && i < v->V; i++) free(v->bytes[i]);
+    free(v->bytes), free(v->len), free(v->node), free(v->edge), free(v->toks), free(v);
+}
+
 void kiln_grammar_matcher_free(kiln_grammar_matcher *m) {
     if (!m) return;
-    for (int32_t i = 0; m->bytes && i < m->V; i++) free(m->bytes[i]);
     for (int32_t i = 0; m->lvl && i < m->n_lvl; i++) set_free(&m->lvl[i]);
+    for (int i = 0; i < MASK_CACHE; i++) set_free(&m->cache[i].key), free(m->cache[i].bits);
     set_free(&m->cur);
-    free(m->bytes), free(m->len), free(m->node), free(m->edge), free(m->toks), free(m->lvl), free(m->scratch), free(m->allowed), free(m);
+    kiln_grammar_vocab_free(m->own);
+    free(m->lvl), free(m->scratch), free(m->allowed), free(m);
 }
 
 /* The trie of the tokens' bytes: sorted, each token shares the nodes of its common prefix with the one before. */
-static kiln_status build_trie(kiln_grammar_matcher *m) {
+static kiln_status build_trie(kiln_grammar_vocab *m) {
     tok_ref *t = malloc((size_t)m->V * sizeof *t);
     int32_t n = 0, max_len = 0;
     size_t total = 1;
@@ -757,36 +784,49 @@ static kiln_status build_trie(kiln_grammar_matcher *m) {
         m->edge[pn->first_edge + pn->n_edge++] = (tedge){pbyte[c], c};
     }
     (void)n_edge;
-    m->n_node = n_node;
+    m->n_node = n_node, m->max_len = max_len;
     free(t), free(path), free(parent), free(pbyte);
-    m->n_lvl = max_len + 2;
-    m->lvl = calloc((size_t)m->n_lvl, sizeof *m->lvl);
-    return m->lvl ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");
+    return KILN_OK;
 }
 
-kiln_status kiln_grammar_matcher_new(const kiln_grammar *g, const kiln_tokenizer *tok, kiln_grammar_matcher **out) {
+kiln_status kiln_grammar_vocab_new(const kiln_tokenizer *tok, kiln_grammar_vocab **out) {
     *out = NULL;
-    kiln_grammar_matcher *m = calloc(1, sizeof *m);
+    kiln_grammar_vocab *m = calloc(1, sizeof *m);
     if (!m) return kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");
-    m->g = g;
     m->V = kiln_tokenizer_n_vocab(tok);
     m->eos = kiln_tokenizer_eos(tok);
     m->bytes = calloc((size_t)m->V, sizeof *m->bytes);
     m->len = calloc((size_t)m->V, sizeof *m->len);
-    m->scratch = malloc((MAX_DEPTH + 2) * sizeof *m->scratch);
-    m->allowed = malloc((size_t)m->V);
-    kiln_status st = m->bytes && m->len && m->scratch && m->allowed ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");
+    kiln_status st = m->bytes && m->len ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");
     char buf[256];
     for (int32_t i = 0; !st && i < m->V; i++) {
         const kiln_token_type tt = kiln_tokenizer_token_type(tok, i);
         if (tt == KILN_TOKEN_CONTROL) continue;
         size_t n = 0;
         if ((st = kiln_tokenizer_piece(tok, i, false, buf, sizeof buf, &n))) break;
-        if (n == 0 || n > sizeof buf) continue; /* empty, or longer than any token a grammar walk needs */
+        if (n == 0 || n > sizeof buf) continue; /* empty, or longer than 256 bytes: never allowed */
         if (!(m->bytes[i] = malloc(n))) st = kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");
         else memcpy(m->bytes[i], buf, n), m->len[i] = (int32_t)n;
     }
     if (!st) st = build_trie(m);
+    if (st) {
+        kiln_grammar_vocab_free(m);
+        return st;
+    }
+    *out = m;
+    return KILN_OK;
+}
+
+kiln_status kiln_grammar_matcher_new_vocab(const kiln_grammar *g, const kiln_grammar_vocab *v, kiln_grammar_matcher **out) {
+    *out = NULL;
+    kiln_grammar_matcher *m = calloc(1, sizeof *m);
+    if (!m) return kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");
+    m->g = g, m->v = v;
+    m->n_lvl = v->max_len + 2;
+    m->lvl = calloc((size_t)m->n_lvl, sizeof *m->lvl);
+    m->scratch = malloc((MAX_DEPTH + 2) * sizeof *m->scratch);
+    m->allowed = malloc((size_t)v->V);
+    kiln_status st = m->lvl && m->scratch && m->allowed ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");
     if (!st) st = kiln_grammar_matcher_reset(m);
     if (st) {
         kiln_grammar_matcher_free(m);
@@ -794,6 +834,16 @@ kiln_status kiln_grammar_matcher_new(const kiln_grammar *g, const kiln_tokenizer
     }
     *out = m;
     return KILN_OK;
+}
+
+kiln_status kiln_grammar_matcher_new(const kiln_grammar *g, const kiln_tokenizer *tok, kiln_grammar_matcher **out) {
+    *out = NULL;
+    kiln_grammar_vocab *v;
+    TRY(kiln_grammar_vocab_new(tok, &v));
+    kiln_status st = kiln_grammar_matcher_new_vocab(g, v, out);
+    if (st) kiln_grammar_vocab_free(v);
+    else (*out)->own = v;
+    return st;
 }
 
 kiln_status kiln_grammar_matcher_reset(kiln_grammar_matcher *m) {
@@ -814,11 +864,11 @@ bool kiln_grammar_matcher_done(const kiln_grammar_matcher *m) { return m->cur.ac
 static bool walk(kiln_grammar_matcher *m, int32_t v, const gset *s, u8state st, int32_t d) {
     /* the walk only reaches a node whose state is alive (or whose incomplete code point some stack can take):
      * every token ending here is allowed */
-    const tnode *nd = &m->node[v];
+    const tnode *nd = &m->v->node[v];
     if (v != 0)
-        for (int32_t k = 0; k < nd->n_tok; k++) m->allowed[m->toks[nd->first_tok + k]] = true;
+        for (int32_t k = 0; k < nd->n_tok; k++) m->allowed[m->v->toks[nd->first_tok + k]] = true;
     for (int32_t e = 0; e < nd->n_edge; e++) {
-        const tedge ed = m->edge[nd->first_edge + e];
+        const tedge ed = m->v->edge[nd->first_edge + e];
         u8state ns = st;
         const int r = u8_feed(&ns, ed.byte);
         if (r < 0) continue;
@@ -835,12 +885,60 @@ static bool walk(kiln_grammar_matcher *m, int32_t v, const gset *s, u8state st, 
     return true;
 }
 
-kiln_status kiln_grammar_matcher_mask(kiln_grammar_matcher *m, float *logits) {
-    memset(m->allowed, 0, (size_t)m->V);
+static uint64_t state_hash(const gset *s, const u8state *u) {
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)s->accept ^ (uint64_t)u->cp << 8 ^ (uint64_t)(uint8_t)u->left << 40;
+    for (int32_t i = 0; i < s->n_pos; i++) h = (h ^ (uint32_t)s->pos[i]) * 1099511628211ull;
+    for (int32_t i = 0; i <= s->n && s->n; i++) h = (h ^ (uint32_t)s->off[i]) * 1099511628211ull;
+    return h;
+}
+
+static bool state_equal(const gset *a, const u8state *ua, const gset *b, const u8state *ub) {
+    return a->n == b->n && a->n_pos == b->n_pos && a->accept == b->accept && ua->cp == ub->cp && ua->left == ub->left &&
+           ua->total == ub->total && (a->n == 0 || (memcmp(a->pos, b->pos, (size_t)a->n_pos * sizeof *a->pos) == 0 &&
+                                                   memcmp(a->off, b->off, (size_t)(a->n + 1) * sizeof *a->off) == 0));
+}
+
+/* The allowed tokens of the current state into m->allowed: from the cache when this state was masked before. */
+static kiln_status allowed_now(kiln_grammar_matcher *m) {
+    const int32_t V = m->v->V;
+    const uint64_t h = state_hash(&m->cur, &m->u8);
+    for (int i = 0; i < MASK_CACHE; i++) {
+        const mcache *c = &m->cache[i];
+        if (!c->used || c->hash != h || !state_equal(&c->key, &c->u8, &m->cur, &m->u8)) continue;
+        for (int32_t t = 0; t < V; t++) m->allowed[t] = c->bits[t >> 3] >> (t & 7) & 1;
+        m->hits++;
+        return KILN_OK;
+    }
+    m->misses++;
+    memset(m->allowed, 0, (size_t)V);
     if (!walk(m, 0, &m->cur, m->u8, 0)) return kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory or nesting past %d", MAX_DEPTH);
-    if (m->eos >= 0 && m->eos < m->V) m->allowed[m->eos] = kiln_grammar_matcher_done(m);
+    /* remembered round-robin: a copy of the state and the bits */
+    mcache *c = &m->cache[m->next_slot];
+    m->next_slot = (m->next_slot + 1) % MASK_CACHE;
+    if (!c->bits && !(c->bits = malloc((size_t)(V + 7) / 8))) return KILN_OK; /* no room to remember: still correct */
+    gset *k = &c->key;
+    c->used = false;
+    if (!grow((void **)&k->pos, &k->cap_pos, m->cur.n_pos + 1, sizeof *k->pos) ||
+        !grow((void **)&k->off, &k->cap_off, m->cur.n + 2, sizeof *k->off))
+        return KILN_OK;
+    if (m->cur.n) {
+        memcpy(k->pos, m->cur.pos, (size_t)m->cur.n_pos * sizeof *k->pos);
+        memcpy(k->off, m->cur.off, (size_t)(m->cur.n + 1) * sizeof *k->off);
+    }
+    k->n = m->cur.n, k->n_pos = m->cur.n_pos, k->accept = m->cur.accept;
+    memset(c->bits, 0, (size_t)(V + 7) / 8);
+    for (int32_t t = 0; t < V; t++)
+        if (m->allowed[t]) c->bits[t >> 3] |= (uint8_t)(1u << (t & 7));
+    c->hash = h, c->u8 = m->u8, c->used = true;
+    return KILN_OK;
+}
+
+kiln_status kiln_grammar_matcher_mask(kiln_grammar_matcher *m, float *logits) {
+    TRY(allowed_now(m));
+    const int32_t V = m->v->V, eos = m->v->eos;
+    if (eos >= 0 && eos < V) m->allowed[eos] = kiln_grammar_matcher_done(m);
     int32_t n = 0;
-    for (int32_t i = 0; i < m->V; i++) {
+    for (int32_t i = 0; i < V; i++) {
         if (!m->allowed[i]) logits[i] = -INFINITY;
         n += m->allowed[i];
     }
@@ -848,13 +946,17 @@ kiln_status kiln_grammar_matcher_mask(kiln_grammar_matcher *m, float *logits) {
     return KILN_OK;
 }
 
+void kiln_grammar_matcher_cache_stats(const kiln_grammar_matcher *m, int64_t *hits, int64_t *misses) {
+    *hits = m->hits, *misses = m->misses;
+}
+
 kiln_status kiln_grammar_matcher_accept(kiln_grammar_matcher *m, int32_t token) {
-    if (token < 0 || token >= m->V) return kiln_fail(KILN_ERR_RANGE, "grammar: token %d is outside the vocab of %d", (int)token, (int)m->V);
-    if (token == m->eos) {
+    if (token < 0 || token >= m->v->V) return kiln_fail(KILN_ERR_RANGE, "grammar: token %d is outside the vocab of %d", (int)token, (int)m->v->V);
+    if (token == m->v->eos) {
         if (!kiln_grammar_matcher_done(m)) return kiln_fail(KILN_ERR_INVALID, "grammar: the end of the text (EOS) where the grammar cannot end");
         return KILN_OK;
     }
-    if (!m->bytes[token]) return kiln_fail(KILN_ERR_INVALID, "grammar: token %d has no text the grammar can match", (int)token);
+    if (!m->v->bytes[token]) return kiln_fail(KILN_ERR_INVALID, "grammar: token %d has no text the grammar can match", (int)token);
     gset *a = &m->lvl[0], *b = &m->lvl[1];
     /* a copy of the current state into a (its stacks are expanded already), then byte by byte */
     if (!grow((void **)&a->pos, &a->cap_pos, m->cur.n_pos + 1, sizeof *a->pos) ||
@@ -867,8 +969,8 @@ kiln_status kiln_grammar_matcher_accept(kiln_grammar_matcher *m, int32_t token) 
     a->n = m->cur.n, a->n_pos = m->cur.n_pos, a->accept = m->cur.accept;
     if (a->n == 0) a->off[0] = 0;
     u8state st = m->u8;
-    for (int32_t k = 0; k < m->len[token]; k++) {
-        const int r = u8_feed(&st, m->bytes[token][k]);
+    for (int32_t k = 0; k < m->v->len[token]; k++) {
+        const int r = u8_feed(&st, m->v->bytes[token][k]);
         if (r < 0) return kiln_fail(KILN_ERR_INVALID, "grammar: token %d is not valid UTF-8 here", (int)token);
         if (r == 0) continue;
         if (!advance(m->g, a, st.cp, b, m->scratch)) return kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");

@@ -234,6 +234,22 @@ bool srv_parse_gen(srv_server *s, json_t *body, srv_job *j, srv_response *rs) {
         if (json_integer_value(v) >= 0) j->g.sp.seed = (uint64_t)json_integer_value(v), j->g.seed_set = true;
     }
     if ((v = json_object_get(body, "stop")) && !json_is_null(v) && !parse_stop(v, j, rs)) return false;
+    if ((v = json_object_get(body, "grammar")) && !json_is_null(v) && !(json_is_string(v) && json_string_length(v) == 0)) {
+        if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v)) {
+            srv_error(rs, 400, "grammar", "grammar must be a string of GBNF without NUL");
+            return false;
+        }
+        kiln_grammar_free(j->g.grammar);
+        j->g.grammar = NULL;
+        if (kiln_grammar_parse(json_string_value(v), json_string_length(v), NULL, &j->g.grammar)) {
+            srv_error(rs, 400, "grammar", "%s", kiln_last_error());
+            return false;
+        }
+        if (j->g.ignore_eos) {
+            srv_error(rs, 400, "grammar", "grammar with ignore_eos: the grammar's end is where the text ends");
+            return false;
+        }
+    }
     if (j->g.id_slot >= srv_sched_n_slots(s->sched)) {
         srv_error(rs, 400, "id_slot", "id_slot %d is not a slot: the server has %d", j->g.id_slot, (int)srv_sched_n_slots(s->sched));
         return false;

@@ -105,6 +105,7 @@ void srv_job_release(srv_job *j) {
     if (left > 0) return;
     if (j->ud_free) j->ud_free(j->ud);
     for (int i = 0; i < j->g.n_stops; i++) free(j->g.stops[i]);
+    kiln_grammar_free(j->g.grammar);
     free(j->prompt), free(j->text), free(j->toks), free(j->gen);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
@@ -151,6 +152,7 @@ typedef struct slot {
     slot_state st;
     srv_job *job;
     kiln_sampler *smp;
+    kiln_grammar_matcher *gm; /* the job's grammar over the tokens sampled so far (NULL without one) */
     size_t n_done;     /* prompt tokens in the cache */
     int32_t last;      /* SLOT_DECODE: the sampled token the next batch feeds */
     int64_t n_decoded;
@@ -177,6 +179,7 @@ struct srv_sched {
     kiln_context *c;
     const kiln_model *m;
     const kiln_tokenizer *tok;
+    kiln_grammar_vocab *gvocab; /* the vocab's trie for grammars, made on the first job that has one */
     int32_t eos, eot;
     int64_t V, n_ctx, n_batch;
     int32_t n_slots;
@@ -238,7 +241,8 @@ static void finish(srv_sched *s, slot *sl, srv_finish why, int http_status, cons
     pthread_mutex_unlock(&j->mu);
     srv_job_release(j);
     kiln_sampler_free(sl->smp);
-    sl->smp = NULL, sl->job = NULL, sl->st = SLOT_IDLE;
+    kiln_grammar_matcher_free(sl->gm);
+    sl->smp = NULL, sl->gm = NULL, sl->job = NULL, sl->st = SLOT_IDLE;
     sl->n_text = sl->sent = 0;
 }
 
@@ -262,7 +266,13 @@ static void finish_queued(srv_job *j, srv_finish why, int http_status, const cha
  * at least its last token re-evaluated. */
 static kiln_status start(srv_sched *s, slot *sl, srv_job *j) {
     kiln_status st = kiln_sampler_new(&j->g.sp, s->V, &sl->smp);
-    if (st) return st;
+    if (!st && j->g.grammar && !s->gvocab) st = kiln_grammar_vocab_new(s->tok, &s->gvocab);
+    if (!st && j->g.grammar) st = kiln_grammar_matcher_new_vocab(j->g.grammar, s->gvocab, &sl->gm);
+    if (st) {
+        kiln_sampler_free(sl->smp);
+        sl->smp = NULL;
+        return st;
+    }
     int64_t np = (int64_t)j->n_prompt, keep = 0;
     if (j->g.cache_prompt) {
         int64_t mine = lcp(kiln_context_seq_tokens(s->c, sl->id), kiln_context_seq_pos(s->c, sl->id), j->prompt, np);
@@ -422,6 +432,14 @@ static void on_token(srv_sched *s, slot *sl, float *row) {
         if (s->eos >= 0) row[s->eos] = -INFINITY;
         if (s->eot >= 0) row[s->eot] = -INFINITY;
     }
+    if (sl->gm) { /* the grammar's tokens only; its end also takes the end of turn */
+        const float eot = s->eot >= 0 ? row[s->eot] : 0.0f;
+        if (kiln_grammar_matcher_mask(sl->gm, row)) {
+            finish(s, sl, SRV_FIN_ERROR, 500, kiln_last_error());
+            return;
+        }
+        if (s->eot >= 0 && kiln_grammar_matcher_done(sl->gm)) row[s->eot] = eot;
+    }
     srv_tokinfo ti = {0};
     bool want = j->want_toks || j->g.n_probs > 0;
     if (want) memcpy(s->probs, row, (size_t)s->V * sizeof *row);
@@ -436,6 +454,10 @@ static void on_token(srv_sched *s, slot *sl, float *row) {
     sl->n_decoded++;
     if (t == s->eos || t == s->eot) {
         finish(s, sl, SRV_FIN_EOS, 0, NULL);
+        return;
+    }
+    if (sl->gm && kiln_grammar_matcher_accept(sl->gm, t)) {
+        finish(s, sl, SRV_FIN_ERROR, 500, kiln_last_error());
         return;
     }
     size_t n;
@@ -654,6 +676,7 @@ void srv_sched_free(srv_sched *s) {
     if (s->th) pthread_join(s->th, NULL);
     for (int i = 0; i < s->n_slots; i++) free(s->slots[i].text);
     free(s->slots), free(s->queue), free(s->batch), free(s->row_slot), free(s->logits), free(s->probs), free(s->piece);
+    kiln_grammar_vocab_free(s->gvocab);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->ctrl_cv);

@@ -30,6 +30,7 @@ typedef struct srv_gen {
     bool ignore_eos;
     double timeout_s;      /* 0: none */
     bool seed_set;         /* sp.seed came from the request; else a fresh one */
+    kiln_grammar *grammar; /* "grammar" (GBNF): every token the slot samples is one it allows; owned by the job */
 } srv_gen;
 
 typedef enum srv_finish { SRV_RUNNING = 0, SRV_FIN_EOS, SRV_FIN_STOP, SRV_FIN_LENGTH, SRV_FIN_CONTEXT, SRV_FIN_TIMEOUT, SRV_FIN_CANCEL, SRV_FIN_ERROR } srv_finish;

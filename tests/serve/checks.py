@@ -395,6 +395,31 @@ def c_metrics():
     check(find(after, "kiln:steps_mixed_total") - find(before, "kiln:steps_mixed_total") >= 1, "kiln:steps_mixed_total: the prompt's step")
 
 
+# ---------------------------------------------------------------- grammars
+
+def c_grammar():
+    """llama-server's "grammar" (GBNF) on /completion, streamed and not, and on /v1/completions: every text is a
+    whole sentence of the grammar and ends there (stop_type eos), over several seeds at temperature 1."""
+    g = 'root ::= (" " [a-z]+){2,5} "."'
+    sentence = re.compile(r"^( [a-z]+){2,5}\.$")
+    for seed in range(6):
+        r = completion(prompts()[seed % len(prompts())], 48, grammar=g, temperature=1.0, seed=seed, cache_prompt=False)
+        check(sentence.match(r["content"]), f"seed {seed}: {r['content']!r} is not a sentence of {g}")
+        check(r.get("stop_type") == "eos", f"seed {seed}: stop_type {r.get('stop_type')} (the grammar's end is EOS)")
+    st, ev, _ = SRV.stream("/completion", {"prompt": prompts()[0], "n_predict": 48, "grammar": g, "stream": True})
+    check(st == 200, f"stream: status {st}")
+    text = "".join(e.get("content", "") for e in ev if isinstance(e, dict))
+    check(sentence.match(text), f"stream: {text!r} is not a sentence of {g}")
+    r = SRV.json("POST", "/v1/completions", {"model": model_id(), "prompt": "x", "max_tokens": 16,
+                                               "grammar": 'root ::= "yes" | "no"'})
+    check(r["choices"][0]["text"] in ("yes", "no") and r["choices"][0]["finish_reason"] == "stop",
+          f"/v1/completions with a grammar: {h.one_line(json.dumps(r)[:300])}")
+    expect_400("/completion", {"prompt": "x", "grammar": "root ::= foo"}, "grammar")
+    expect_400("/completion", {"prompt": "x", "grammar": 'root ::= "a'}, "grammar")
+    expect_400("/completion", {"prompt": "x", "grammar": 7}, "grammar")
+    expect_400("/completion", {"prompt": "x", "grammar": 'root ::= "a"', "ignore_eos": True}, "grammar")
+
+
 # ---------------------------------------------------------------- Ollama's routes
 
 def ndjson(path, body):
@@ -641,7 +666,7 @@ CHECKS = [("models", c_models), ("chat", c_chat), ("chat_stream", c_chat_stream)
           ("greedy_generate", c_greedy_generate), ("greedy_chat", c_greedy_chat), ("completion", c_completion),
           ("completion_probs", c_completion_probs), ("completion_stream", c_completion_stream),
           ("tokenize_roundtrip", c_tokenize_roundtrip), ("apply_template", c_apply_template), ("props", c_props),
-          ("slots", c_slots), ("metrics", c_metrics), ("ollama", c_ollama), ("concurrency", c_concurrency),
+          ("slots", c_slots), ("metrics", c_metrics), ("grammar", c_grammar), ("ollama", c_ollama), ("concurrency", c_concurrency),
           ("persist_save", c_persist_save), ("persist_foreign", c_persist_foreign), ("persist_restore", c_persist_restore),
           ("load", c_load), ("sigterm", c_sigterm)]
 
