@@ -731,6 +731,17 @@ bool kiln_grammar_matcher_done(const kiln_grammar_matcher *m); /* the text so fa
 /* Masks made by a walk of the trie (misses) and taken from the matcher's memory of earlier states (hits). */
 void kiln_grammar_matcher_cache_stats(const kiln_grammar_matcher *m, int64_t *hits, int64_t *misses);
 
+/* ---------------------------------------------------------------- speculative decoding (src/infer/speculative.c)
+ * Prompt lookup: the tokens that followed the latest earlier occurrence of seq's last g tokens (g from ngram_max
+ * down to ngram_min, the longest that occurs), at most max_draft, into draft; returns how many (0: none). */
+size_t kiln_spec_lookup(const int32_t *seq, size_t n, int ngram_min, int ngram_max, size_t max_draft, int32_t *draft);
+/* Greedy verification: evaluates t0 (the token the session feeds next) and draft[0..k) in one forward, takes the
+ * drafts while each equals the model's argmax after the one before, and puts them in out with the model's own next
+ * argmax after them (out holds k + 1; *n_out = taken + 1). The session keeps t0 and the taken drafts; out's last
+ * token is not evaluated yet, as a sampled token in plain decoding. */
+kiln_status kiln_spec_verify_greedy(kiln_session *s, int64_t n_vocab, int32_t t0, const int32_t *draft, size_t k, int32_t *out,
+                                    size_t *n_out);
+
 /* ---------------------------------------------------------------- chat
  * Chat templates for four families, recognized by distinctive substrings of tokenizer.chat_template (kiln has no
  * Jinja engine): llama2 ([INST] ... [/INST] with <<SYS>>), llama3 (<|start_header_id|> ... <|eot_id|>), chatml

@@ -289,7 +289,92 @@ typedef struct {
     bool ignore_eos;      /* EOS, BOS and the end of turn are never sampled (their logits -inf), as llama.cpp's */
     kiln_cli_rope rope;   /* --rope-* / --yarn-*, applied to the model once loaded */
     const kiln_grammar *grammar; /* --grammar / --grammar-file: every new token is one the grammar allows */
+    /* speculative decoding (greedy): drafts from prompt lookup (--lookup) or a draft model (-md), verified in one
+     * batched forward of the target each */
+    bool lookup;
+    const char *draft_path;
+    int64_t draft_max, draft_min, lookup_ngram;
 } generate_opts;
+
+/* The argmax of V logits. */
+static int32_t argmax_row(const float *row, int32_t V) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < V; i++)
+        if (row[i] > row[best]) best = i;
+    return best;
+}
+
+/* generate's loop with speculative decoding (greedy; the prompt evaluated, its last logits in logits): each round
+ * drafts up to draft_max tokens after the sequence, the target verifies them with the token it feeds next in one
+ * forward (kiln_spec_verify_greedy), and the tokens it takes are printed one by one as plain decoding would. */
+static kiln_status generate_spec(const kiln_model *m, const kiln_tokenizer *tok, kiln_session *sess, const generate_opts *o, int32_t *seq,
+                                 size_t n_prompt, int64_t n_ctx, const float *logits, kiln_cli_stream *text, char **piece,
+                                 size_t *piece_cap, size_t *n_io, bool *full, bool *stopped) {
+    const int32_t V = (int32_t)kiln_model_n_vocab(m), eos = kiln_tokenizer_eos(tok), bos = kiln_tokenizer_bos(tok);
+    kiln_model *dm = NULL;
+    kiln_session *ds = NULL;
+    kiln_status s = KILN_OK;
+    if (o->draft_path) {
+        kiln_session_params dp = o->sess;
+        dp.n_ctx = n_ctx;
+        s = kiln_model_load(o->draft_path, &dm);
+        if (!s && kiln_model_n_vocab(dm) != V)
+            s = kiln_fail(KILN_ERR_INVALID, "%s: the draft model's vocab has %lld tokens, the model's %lld: they must share a tokenizer",
+                          o->draft_path, (long long)kiln_model_n_vocab(dm), (long long)V);
+        if (!s) s = kiln_session_new(dm, &dp, &ds);
+    }
+    const size_t dmax = (size_t)o->draft_max;
+    int32_t *queue = malloc((dmax + 1) * sizeof *queue), *draft = malloc((dmax + 1) * sizeof *draft);
+    if (!s && (!queue || !draft)) s = kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    size_t n = n_prompt, q_n = 0, q_i = 0;
+    int64_t dpos = 0, drafted = 0, accepted = 0, rounds = 0;
+    if (!s) queue[q_n++] = argmax_row(logits, V);
+    for (int64_t i = 0; !s && i < o->n_new; i++) {
+        const int32_t tok_id = queue[q_i++];
+        if (tok_id == eos || tok_id == bos || (o->chat && tok_id == o->eot)) break;
+        const char *p;
+        size_t np;
+        if ((s = piece_text(tok, seq[n - 1], tok_id, piece, piece_cap, &p, &np))) break;
+        seq[n++] = tok_id;
+        if ((*stopped = kiln_cli_stream_add(text, p, np, &s)) || s) break;
+        if (i + 1 == o->n_new) break;
+        if (q_i < q_n) continue; /* the next token was verified with this one: it is in the cache already */
+        if ((*full = kiln_session_pos(sess) == n_ctx)) break;
+        /* a round: the drafts, at most what the context and -n leave room for */
+        size_t room = (size_t)(n_ctx - kiln_session_pos(sess) - 1), left = (size_t)(o->n_new - i - 2), k = dmax;
+        if (k > room) k = room;
+        if (k > left) k = left;
+        if (k && ds) {
+            int32_t d;
+            if (!(s = kiln_session_eval_argmax(ds, seq + dpos, n - (size_t)dpos, &d))) {
+                dpos = (int64_t)n;
+                draft[0] = d;
+                for (size_t j = 1; !s && j < k; j++, dpos++) s = kiln_session_eval_argmax(ds, &draft[j - 1], 1, &draft[j]);
+            }
+        } else if (k) {
+            k = kiln_spec_lookup(seq, n, 1, (int)o->lookup_ngram, k, draft);
+        }
+        if (s) break;
+        if (k < (size_t)o->draft_min) k = 0;
+        size_t got = 0;
+        if ((s = kiln_spec_verify_greedy(sess, V, tok_id, draft, k, queue, &got))) break;
+        rounds++, drafted += (int64_t)k, accepted += (int64_t)got - 1;
+        if (ds) { /* the draft's cache: the sequence so far and the drafts that were taken */
+            const int64_t keep = (int64_t)n + (int64_t)(got - 1 < k ? got - 1 : k - 1);
+            if (k && kiln_session_keep(ds, keep) != keep) s = kiln_fail(KILN_ERR_UNSUPPORTED, "the draft model's cache cannot be cut back");
+            if (k) dpos = keep;
+        }
+        q_n = got, q_i = 0;
+    }
+    *n_io = n;
+    if (!s)
+        fprintf(stderr, "\nkiln: speculative (%s): %lld rounds, %lld drafted, %lld accepted (%.1f%%)", ds ? "draft model" : "prompt lookup",
+                (long long)rounds, (long long)drafted, (long long)accepted, drafted ? 100.0 * (double)accepted / (double)drafted : 0.0);
+    free(queue), free(draft);
+    kiln_session_free(ds);
+    kiln_model_free(dm);
+    return s;
+}
 
 /* Prompt -> prefill -> sample/print/decode until n_new tokens, EOS, a stop string or a full context. Prints the
  * prompt as given, then each new piece as it comes (held back while it could begin a stop string); timings go to
@@ -357,11 +442,15 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     /* greedy on the GPU: the argmax is taken there and 4 bytes come back instead of the logits */
     const kiln_sampler_params *sm = &o->sampler;
     const bool argmax = sess && kiln_session_on_gpu(sess) && sm->temp == 0 && sm->repeat_penalty == 1 && sm->presence_penalty == 0 &&
-                        sm->frequency_penalty == 0 && !o->ignore_eos && !gm;
+                        sm->frequency_penalty == 0 && !o->ignore_eos && !gm && !o->lookup && !o->draft_path;
     const int32_t banned[3] = {eos, bos, o->chat ? o->eot : -1}; /* with --ignore-eos */
     int32_t next = 0;
     if (!s) s = argmax ? kiln_session_eval_argmax(sess, seq, n_prompt, &next) : kiln_session_eval(sess, seq, n_prompt, logits, NULL);
     double t1 = now_s();
+    if (!s && (o->lookup || o->draft_path)) {
+        s = generate_spec(m, tok, sess, o, seq, n_prompt, n_ctx, logits, &text, &piece, &piece_cap, &n, &full, &stopped);
+        goto done;
+    }
     for (int64_t i = 0; !s && i < o->n_new; i++) {
         for (int b = 0; o->ignore_eos && b < 3; b++)
             if (banned[b] >= 0 && banned[b] < V) logits[banned[b]] = -INFINITY;
@@ -379,6 +468,7 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
         if ((full = kiln_session_pos(sess) == n_ctx)) break;
         s = argmax ? kiln_session_eval_argmax(sess, &next, 1, &next) : kiln_session_eval(sess, &next, 1, logits, NULL);
     }
+done:;
     double t2 = now_s();
     if (!s && !stopped) kiln_cli_stream_flush(&text);
     if (!s) {
@@ -441,9 +531,9 @@ static int generate_with(const char *model_path, const char *prompt, const char 
 
 static int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL, *chat_template = NULL, *grammar = NULL, *grammar_file = NULL;
-    generate_opts o = {.n_new = 256, .sampler = kiln_sampler_default()};
+    generate_opts o = {.n_new = 256, .sampler = kiln_sampler_default(), .draft_max = 16, .draft_min = 0, .lookup_ngram = 3};
     bool gpu = false;
-    enum { N_OWN = 18 };
+    enum { N_OWN = 24 };
     kiln_cli_rope_init(&o.rope);
     kiln_cli_opt opts[N_OWN + KILN_CLI_N_SAMPLING + KILN_CLI_N_ROPE + KILN_CLI_N_KV] = {
         {"-m", KILN_CLI_STR, &model_path, 0, 0},
@@ -464,6 +554,12 @@ static int cmd_generate(int argc, char **argv) {
         {"--check-finite", KILN_CLI_FLAG, &o.sess.check_finite, 0, 0}, /* name the first layer whose output is NaN/Inf */
         {"--grammar", KILN_CLI_STR, &grammar, 0, 0},
         {"--grammar-file", KILN_CLI_STR, &grammar_file, 0, 0},
+        {"--lookup", KILN_CLI_FLAG, &o.lookup, 0, 0},
+        {"-md", KILN_CLI_STR, &o.draft_path, 0, 0},
+        {"--model-draft", KILN_CLI_STR, &o.draft_path, 0, 0},
+        {"--draft-max", KILN_CLI_I64, &o.draft_max, 1, 256},
+        {"--draft-min", KILN_CLI_I64, &o.draft_min, 0, 256},
+        {"--lookup-ngram", KILN_CLI_I64, &o.lookup_ngram, 1, 16},
     }; /* then the session and sampling options chat shares */
     int n_opts = N_OWN + kiln_cli_sampling_opts(opts + N_OWN, &o.sampler, &o.sess), n_pos;
     n_opts += kiln_cli_rope_opts(opts + n_opts, &o.rope);
@@ -493,6 +589,19 @@ static int cmd_generate(int argc, char **argv) {
     if ((grammar || grammar_file) && o.ignore_eos) {
         free(file_text);
         return kiln_cli_error("generate: --ignore-eos with a grammar: the grammar's end is where EOS comes");
+    }
+    if (o.lookup || o.draft_path) {
+        const kiln_sampler_params *sm = &o.sampler;
+        const char *why = o.lookup && o.draft_path ? "give --lookup or -md, not both"
+                          : sm->temp != 0 || sm->repeat_penalty != 1 || sm->presence_penalty != 0 || sm->frequency_penalty != 0
+                              ? "speculative decoding here is greedy: --temp 0 and no penalties"
+                          : grammar || grammar_file ? "speculative decoding with a grammar is not supported yet"
+                          : o.ignore_eos ? "speculative decoding with --ignore-eos is not supported yet"
+                          : o.draft_min > o.draft_max ? "--draft-min is more than --draft-max" : NULL;
+        if (why) {
+            free(file_text);
+            return kiln_cli_error("generate: %s", why);
+        }
     }
     char *gtext = NULL;
     size_t glen = grammar ? strlen(grammar) : 0;
