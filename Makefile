@@ -1,7 +1,7 @@
 # kiln build. `make` builds build/libkiln.a and build/kiln; `make test` builds and runs every test;
 # `make test SAN=1` does the same under AddressSanitizer + UndefinedBehaviorSanitizer (in build-san/);
-# `make fuzz FUZZ_SECONDS=60` runs the GGUF reader fuzzer (fuzz-tokenize, fuzz-shards, fuzz-ckpt and fuzz-serve: the
-# tokenizers', the shard loader's, the checkpoint loader's and kiln serve's request handling); `make install PREFIX=/usr/local` (and DESTDIR) installs libkiln.a,
+# `make fuzz FUZZ_SECONDS=60` runs the GGUF reader fuzzer (fuzz-tokenize, fuzz-shards, fuzz-ckpt, fuzz-serve and fuzz-grammar: the
+# tokenizers', the shard loader's, the checkpoint loader's, kiln serve's request handling and the GBNF parser); `make install PREFIX=/usr/local` (and DESTDIR) installs libkiln.a,
 # libkiln.so, kiln.h and kiln.pc. The CUDA backend is compiled in when nvcc is on the PATH (CUDA_ARCH SASS plus its
 # PTX, sm_90 by default); CUDA=0 leaves it out. Before the first compile the preflight checks that the compiler and
 # every header and library are there, and names the package of one that is not.
@@ -95,7 +95,7 @@ BENCH_SRC    := $(wildcard bench/*.c)
 TOOL_SRC     := $(filter-out tools/bin2c.c,$(wildcard tools/*.c))
 TOOL_OBJ     := $(TOOL_SRC:%.c=$(BUILD)/%.o) $(BENCH_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all tests test clean fuzz fuzz-tokenize fuzz-shards fuzz-ckpt fuzz-serve demo preflight install uninstall
+.PHONY: all tests test clean fuzz fuzz-tokenize fuzz-shards fuzz-ckpt fuzz-serve fuzz-grammar demo preflight install uninstall
 all: $(BUILD)/libkiln.a $(BUILD)/kiln
 
 # ---------------------------------------------------------------- preflight
@@ -322,6 +322,16 @@ fuzz-shards:
 	  $(filter-out src/tok/bpe_train.c src/tok/import_hf.c,$(wildcard src/tok/*.c)) -o build-fuzz/fuzz_shards -lpcre2-8 -lutf8proc -lm -lpthread
 	build-fuzz/fuzz_shards -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -artifact_prefix=tests/fuzz/crashes/ \
 	  build-fuzz/corpus-shards tests/fuzz/corpus-shards
+
+# The GBNF parser and the matcher's code-point walk (src/infer/grammar.c); the tokenizer sources only resolve the
+# matcher's symbols (the harness makes no matcher).
+fuzz-grammar:
+	@mkdir -p build-fuzz/corpus-grammar tests/fuzz/crashes
+	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -Isrc/core \
+	  tests/fuzz/fuzz_grammar.c src/infer/grammar.c src/core/status.c src/core/types.c src/core/file.c src/core/gguf.c \
+	  $(filter-out src/tok/bpe_train.c src/tok/import_hf.c,$(wildcard src/tok/*.c)) -o build-fuzz/fuzz_grammar -lpcre2-8 -lutf8proc -lm -lpthread
+	build-fuzz/fuzz_grammar -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -artifact_prefix=tests/fuzz/crashes/ \
+	  build-fuzz/corpus-grammar tests/fuzz/corpus-grammar
 
 clean:
 	rm -rf build build-san build-fuzz

@@ -71,8 +71,13 @@ typedef struct {
     kiln_grammar *g;
     prule *r;
     int32_t n_r, cap_r;
+    int depth;       /* parentheses open */
+    int64_t n_total; /* elements made so far */
     char err[200];
 } parser;
+
+#define MAX_NESTING 256
+#define MAX_ELEMENTS ((int64_t)1 << 22)
 
 static bool grow(void **p, int32_t *cap, int32_t need, size_t size) {
     if (need <= *cap) return true;
@@ -96,6 +101,7 @@ static bool fail(parser *p, const char *at, const char *msg) {
 }
 
 static bool run_push(parser *p, run *r, gelem e) {
+    if (++p->n_total > MAX_ELEMENTS) return fail(p, p->s, "the grammar is too large (more than 4M elements once repetitions are expanded)");
     if (!grow((void **)&r->el, &r->cap, r->n + 1, sizeof *r->el)) return fail(p, p->s, "out of memory");
     r->el[r->n++] = e;
     return true;
@@ -304,9 +310,11 @@ static bool parse_sequence(parser *p, int32_t rule, run *r, bool nested) {
             e = (gelem){GE_RULE, 0, ref, 0};
         } else if (c == '(') {
             p->s++;
+            if (++p->depth > MAX_NESTING) return fail(p, at, "parentheses nested more than 256 deep");
             const int32_t R = gen_rule(p, rule);
             if (R < 0) return fail(p, at, "out of memory");
             if (!parse_alternatives(p, R, true)) return false;
+            p->depth--;
             skip_space(p, true);
             if (p->s >= p->end || *p->s != ')') return fail(p, at, "a ( without its closing )");
             p->s++;
