@@ -48,6 +48,20 @@ static void test_parse_errors(void) {
         CHECK(s == KILN_ERR_FORMAT && !g, "case %zu: status %d", i, (int)s);
         CHECK(strstr(kiln_last_error(), bad[i].want), "case %zu: '%s' lacks '%s'", i, kiln_last_error(), bad[i].want);
     }
+    /* nesting past 256 parentheses is refused (the parser recurses on them), 256 deep is fine */
+    char deep[2 * 300 + 32];
+    for (int depth = 256; depth <= 257; depth++) {
+        int n = snprintf(deep, sizeof deep, "root ::= ");
+        for (int i = 0; i < depth; i++) deep[n++] = '(';
+        n += snprintf(deep + n, sizeof deep - (size_t)n, "\"a\"");
+        for (int i = 0; i < depth; i++) deep[n++] = ')';
+        deep[n] = 0;
+        kiln_grammar *d = NULL;
+        kiln_status s = kiln_grammar_parse(deep, (size_t)n, NULL, &d);
+        CHECK(depth == 256 ? s == KILN_OK : s == KILN_ERR_FORMAT && strstr(kiln_last_error(), "nested more than 256"), "depth %d: %s",
+              depth, kiln_last_error());
+        kiln_grammar_free(d);
+    }
     /* a root that recurses after a character is fine */
     kiln_grammar *ok = parse("root ::= \"(\" root \")\" | \"x\"");
     CHECK(ok, "%s", kiln_last_error());
