@@ -146,7 +146,7 @@ static run *add_alt(parser *p, int32_t rule) {
 static int32_t add_ranges(parser *p, const uint32_t *lohi, int32_t n) {
     kiln_grammar *g = p->g;
     if (!grow((void **)&g->rng, &g->cap_rng, g->n_rng + 2 * n, sizeof *g->rng)) return -1;
-    memcpy(g->rng + g->n_rng, lohi, (size_t)n * 2 * sizeof *lohi);
+    if (n) memcpy(g->rng + g->n_rng, lohi, (size_t)n * 2 * sizeof *lohi); /* [] has no ranges */
     const int32_t a = g->n_rng / 2;
     g->n_rng += 2 * n;
     return a;
@@ -484,7 +484,7 @@ static bool flatten(parser *p) {
                 !grow((void **)&g->el, &g->cap_el, g->n_el + x->n + 1, sizeof *g->el))
                 return fail(p, p->s, "out of memory");
             g->alt[g->n_alt++] = g->n_el;
-            memcpy(g->el + g->n_el, x->el, (size_t)x->n * sizeof *x->el);
+            if (x->n) memcpy(g->el + g->n_el, x->el, (size_t)x->n * sizeof *x->el); /* an empty alternative has no run */
             g->n_el += x->n;
             g->el[g->n_el++] = (gelem){GE_END, 0, 0, 0};
         }

@@ -53,7 +53,7 @@ kiln_status kiln_spec_verify_greedy(kiln_session *s, int64_t n_vocab, int32_t t0
         return kiln_fail(KILN_ERR_NOMEM, "speculative: out of memory for %zu rows of logits", k + 1);
     }
     ids[0] = t0;
-    memcpy(ids + 1, draft, k * sizeof *ids);
+    if (k) memcpy(ids + 1, draft, k * sizeof *ids);
     kiln_status st = kiln_session_eval(s, ids, k + 1, NULL, rows);
     size_t j = 0;
     if (!st) {
