@@ -696,6 +696,10 @@ kiln_status kiln_sampler_new(const kiln_sampler_params *p, int64_t n_vocab, kiln
 void kiln_sampler_free(kiln_sampler *s);
 /* Picks a token from logits (modified in place); history is the sequence so far, for the repetition penalty. */
 int32_t kiln_sampler_sample(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history);
+/* The distribution kiln_sampler_sample draws from, written over logits (V probabilities; temp 0: the argmax's
+ * one-hot); and one coin of the sampler's RNG in [0, 1), for a caller that draws with it (speculative.c). */
+void kiln_sampler_probs(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history);
+float kiln_sampler_coin(kiln_sampler *s);
 
 /* ---------------------------------------------------------------- grammars (src/infer/grammar.c)
  * llama.cpp's GBNF: rules `name ::= alternatives`, literals "..." (escapes \n \r \t \\ \" \xHH \uHHHH \UHHHHHHHH),
@@ -741,6 +745,11 @@ size_t kiln_spec_lookup(const int32_t *seq, size_t n, int ngram_min, int ngram_m
  * token is not evaluated yet, as a sampled token in plain decoding. */
 kiln_status kiln_spec_verify_greedy(kiln_session *s, int64_t n_vocab, int32_t t0, const int32_t *draft, size_t k, int32_t *out,
                                     size_t *n_out);
+/* The same for sampling with smp (no penalties: the history is not passed), drafts that are certain under their
+ * drafter (prompt lookup): draft i is taken with the target's probability of it, the first refused one replaced by a
+ * draw from the target's distribution without it; every emitted token is distributed as sampling without drafts. */
+kiln_status kiln_spec_verify_sample(kiln_session *s, kiln_sampler *smp, int64_t n_vocab, int32_t t0, const int32_t *draft, size_t k,
+                                    int32_t *out, size_t *n_out);
 
 /* ---------------------------------------------------------------- chat
  * Chat templates for four families, recognized by distinctive substrings of tokenizer.chat_template (kiln has no

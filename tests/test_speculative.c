@@ -5,7 +5,12 @@
  *              token a step): drafts equal to the greedy continuation are all taken and the bonus token is the next
  *              greedy one; a draft wrong at position 2 takes 2, then the greedy token; a wrong first draft takes
  *              none; after each, the session's position and its next argmax are plain decoding's, so a run
- *              continues exactly as one without drafts */
+ *              continues exactly as one without drafts
+ *   sampling   kiln_spec_verify_sample's first token over 3000 draws (each from the same cache, a fresh seed), with
+ *              a likely draft and an unlikely one: its frequencies against the target's distribution
+ *              (kiln_sampler_probs at temperature 1) by a chi-square test over the 8 likeliest tokens and the rest,
+ *              below the 0.001 critical value (26.1 at 8 degrees of freedom); and kiln_sampler_probs against
+ *              kiln_sampler_sample's own frequencies the same way */
 #include "kiln.h"
 #include "test.h"
 
@@ -83,8 +88,103 @@ static void test_verify_matches_greedy(void) {
     kiln_model_free(m);
 }
 
+/* Chi-square of counts against probabilities p over the 8 likeliest tokens of p and the rest (df 8). */
+static double chi_square(const float *p, int64_t V, const int *count, int n) {
+    int32_t top[8];
+    for (int t = 0; t < 8; t++) {
+        top[t] = -1;
+        for (int32_t i = 0; i < V; i++) {
+            bool taken = false;
+            for (int u = 0; u < t; u++) taken = taken || top[u] == i;
+            if (!taken && (top[t] < 0 || p[i] > p[top[t]])) top[t] = i;
+        }
+    }
+    double chi = 0, rest_p = 1, rest_c = n;
+    for (int t = 0; t < 8; t++) {
+        const double e = (double)n * p[top[t]];
+        chi += (count[top[t]] - e) * (count[top[t]] - e) / e;
+        rest_p -= p[top[t]], rest_c -= count[top[t]];
+    }
+    const double e = (double)n * rest_p;
+    if (e > 1e-9) chi += (rest_c - e) * (rest_c - e) / e;
+    return chi;
+}
+
+static void test_verify_sample_keeps_distribution(void) {
+    kiln_model *m = NULL;
+    if (kiln_model_load("models/shakespeare.gguf", &m) != KILN_OK) SKIP("models/shakespeare.gguf: %s", kiln_last_error());
+    const int64_t V = kiln_model_n_vocab(m);
+    kiln_tokens p = {0};
+    CHECK(kiln_tokenizer_encode(kiln_model_tokenizer(m), "ROMEO: I", 8, true, false, &p) == KILN_OK && p.n >= 2);
+    const kiln_session_params sp = {.n_ctx = 64, .n_threads = 1};
+    kiln_session *s = NULL;
+    CHECK(kiln_session_new(m, &sp, &s) == KILN_OK, "%s", kiln_last_error());
+    float *probs = malloc((size_t)V * sizeof *probs), *row = malloc((size_t)V * sizeof *row);
+    int *count = calloc((size_t)V, sizeof *count);
+    CHECK(probs && row && count);
+    /* the target's distribution of the token after the prompt, at temperature 1 with no filter */
+    kiln_sampler_params q = kiln_sampler_default();
+    q.temp = 1.0f, q.top_k = 0, q.top_p = 1.0f, q.min_p = 0.0f;
+    kiln_sampler *smp = NULL;
+    CHECK(kiln_sampler_new(&q, V, &smp) == KILN_OK);
+    CHECK(kiln_session_eval(s, p.ids, p.n, probs, NULL) == KILN_OK);
+    kiln_sampler_probs(smp, probs, NULL, 0);
+    int32_t best = 0, mid = -1;
+    for (int32_t i = 1; i < V; i++)
+        if (probs[i] > probs[best]) best = i;
+    for (int32_t i = 0; i < V; i++) /* an unlikely but possible draft */
+        if (probs[i] > 0.005f && probs[i] < 0.05f && (mid < 0 || probs[i] > probs[mid])) mid = i;
+    CHECK(mid >= 0, "no token between 0.5%% and 5%% after the prompt");
+    const int N = 3000;
+    const int32_t drafts[2] = {best, mid};
+    for (int d = 0; d < 2; d++) {
+        memset(count, 0, (size_t)V * sizeof *count);
+        for (int t = 0; t < N; t++) {
+            CHECK(kiln_session_keep(s, (int64_t)p.n - 1) == (int64_t)p.n - 1);
+            kiln_sampler *r = NULL;
+            q.seed = 1000003ull * (uint64_t)(t + 1) + (uint64_t)d;
+            CHECK(kiln_sampler_new(&q, V, &r) == KILN_OK);
+            int32_t out[2];
+            size_t n_out = 0;
+            kiln_status st = kiln_spec_verify_sample(s, r, V, p.ids[p.n - 1], &drafts[d], 1, out, &n_out);
+            kiln_sampler_free(r);
+            CHECK(st == KILN_OK && n_out >= 1 && n_out <= 2, "%s", kiln_last_error());
+            CHECK(out[0] >= 0 && out[0] < V && probs[out[0]] > 0, "token %d of probability 0", (int)out[0]);
+            CHECK(n_out == 1 || out[0] == drafts[d], "two tokens, the first not the draft");
+            count[out[0]]++;
+        }
+        const double chi = chi_square(probs, V, count, N);
+        CHECK(chi < 26.1, "draft %d (p %.4f): chi-square %.1f over 8 df (0.001: 26.1); the draft came %d times, expected %.0f", (int)drafts[d],
+              (double)probs[drafts[d]], chi, count[drafts[d]], N * (double)probs[drafts[d]]);
+    }
+    /* kiln_sampler_probs is the distribution kiln_sampler_sample draws from, also with the filters on */
+    kiln_sampler_params f = kiln_sampler_default(); /* temp 0.8, top_k 40, top_p 0.95, min_p 0.05 */
+    kiln_sampler *fs = NULL;
+    CHECK(kiln_sampler_new(&f, V, &fs) == KILN_OK);
+    CHECK(kiln_session_keep(s, (int64_t)p.n - 1) == (int64_t)p.n - 1 && kiln_session_eval(s, &p.ids[p.n - 1], 1, row, NULL) == KILN_OK);
+    memcpy(probs, row, (size_t)V * sizeof *row);
+    kiln_sampler_probs(fs, probs, NULL, 0);
+    memset(count, 0, (size_t)V * sizeof *count);
+    float *work = malloc((size_t)V * sizeof *work);
+    CHECK(work);
+    for (int t = 0; t < N; t++) {
+        memcpy(work, row, (size_t)V * sizeof *row);
+        count[kiln_sampler_sample(fs, work, NULL, 0)]++;
+    }
+    const double chi = chi_square(probs, V, count, N);
+    free(work);
+    kiln_sampler_free(fs);
+    CHECK(chi < 26.1, "kiln_sampler_probs against kiln_sampler_sample: chi-square %.1f", chi);
+    kiln_sampler_free(smp);
+    free(probs), free(row), free(count);
+    kiln_session_free(s);
+    kiln_tokens_free(&p);
+    kiln_model_free(m);
+}
+
 int main(void) {
     RUN(test_lookup);
     RUN(test_verify_matches_greedy);
+    RUN(test_verify_sample_keeps_distribution);
     TEST_EXIT();
 }

@@ -44,7 +44,8 @@ test_spec_refusals() {
         check "generate $args: stderr is not one line naming '$want': $(cat "$tmp/err")" grep -qF -- "$want" "$tmp/err"
         check "generate $args: stderr has $(wc -l <"$tmp/err") lines" [ "$(wc -l <"$tmp/err")" -eq 1 ]
     done <<EOF2
-greedy: --temp 0|--lookup --temp 0.8
+penalties|--lookup --temp 0 --repeat-penalty 1.1
+draft model is not supported|-md models/shakespeare.gguf --temp 0.8
 not both|--temp 0 --lookup -md $MODEL
 grammar|--temp 0 --lookup --grammar root::="a"
 --draft-min is more than --draft-max|--temp 0 --lookup --draft-min 9 --draft-max 4

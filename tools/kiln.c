@@ -304,12 +304,14 @@ static int32_t argmax_row(const float *row, int32_t V) {
     return best;
 }
 
-/* generate's loop with speculative decoding (greedy; the prompt evaluated, its last logits in logits): each round
- * drafts up to draft_max tokens after the sequence, the target verifies them with the token it feeds next in one
- * forward (kiln_spec_verify_greedy), and the tokens it takes are printed one by one as plain decoding would. */
-static kiln_status generate_spec(const kiln_model *m, const kiln_tokenizer *tok, kiln_session *sess, const generate_opts *o, int32_t *seq,
-                                 size_t n_prompt, int64_t n_ctx, const float *logits, kiln_cli_stream *text, char **piece,
+/* generate's loop with speculative decoding (the prompt evaluated, its last logits in logits): each round drafts up
+ * to draft_max tokens after the sequence, the target verifies them with the token it feeds next in one forward
+ * (kiln_spec_verify_greedy, or kiln_spec_verify_sample at a temperature: prompt lookup only), and the tokens it
+ * takes are printed one by one as plain decoding would. */
+static kiln_status generate_spec(const kiln_model *m, const kiln_tokenizer *tok, kiln_session *sess, kiln_sampler *smp, const generate_opts *o,
+                                 int32_t *seq, size_t n_prompt, int64_t n_ctx, float *logits, kiln_cli_stream *text, char **piece,
                                  size_t *piece_cap, size_t *n_io, bool *full, bool *stopped) {
+    const bool sampling = o->sampler.temp != 0; /* prompt lookup only (generate refuses a draft model with it) */
     const int32_t V = (int32_t)kiln_model_n_vocab(m), eos = kiln_tokenizer_eos(tok), bos = kiln_tokenizer_bos(tok);
     kiln_model *dm = NULL;
     kiln_session *ds = NULL;
@@ -328,7 +330,7 @@ static kiln_status generate_spec(const kiln_model *m, const kiln_tokenizer *tok,
     if (!s && (!queue || !draft)) s = kiln_fail(KILN_ERR_NOMEM, "out of memory");
     size_t n = n_prompt, q_n = 0, q_i = 0;
     int64_t dpos = 0, drafted = 0, accepted = 0, rounds = 0;
-    if (!s) queue[q_n++] = argmax_row(logits, V);
+    if (!s) queue[q_n++] = sampling ? kiln_sampler_sample(smp, logits, seq, n) : argmax_row(logits, V);
     for (int64_t i = 0; !s && i < o->n_new; i++) {
         const int32_t tok_id = queue[q_i++];
         if (tok_id == eos || tok_id == bos || (o->chat && tok_id == o->eot)) break;
@@ -357,7 +359,9 @@ static kiln_status generate_spec(const kiln_model *m, const kiln_tokenizer *tok,
         if (s) break;
         if (k < (size_t)o->draft_min) k = 0;
         size_t got = 0;
-        if ((s = kiln_spec_verify_greedy(sess, V, tok_id, draft, k, queue, &got))) break;
+        if ((s = sampling ? kiln_spec_verify_sample(sess, smp, V, tok_id, draft, k, queue, &got)
+                          : kiln_spec_verify_greedy(sess, V, tok_id, draft, k, queue, &got)))
+            break;
         rounds++, drafted += (int64_t)k, accepted += (int64_t)got - 1;
         if (ds) { /* the draft's cache: the sequence so far and the drafts that were taken */
             const int64_t keep = (int64_t)n + (int64_t)(got - 1 < k ? got - 1 : k - 1);
@@ -448,7 +452,7 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     if (!s) s = argmax ? kiln_session_eval_argmax(sess, seq, n_prompt, &next) : kiln_session_eval(sess, seq, n_prompt, logits, NULL);
     double t1 = now_s();
     if (!s && (o->lookup || o->draft_path)) {
-        s = generate_spec(m, tok, sess, o, seq, n_prompt, n_ctx, logits, &text, &piece, &piece_cap, &n, &full, &stopped);
+        s = generate_spec(m, tok, sess, smp, o, seq, n_prompt, n_ctx, logits, &text, &piece, &piece_cap, &n, &full, &stopped);
         goto done;
     }
     for (int64_t i = 0; !s && i < o->n_new; i++) {
@@ -593,8 +597,9 @@ static int cmd_generate(int argc, char **argv) {
     if (o.lookup || o.draft_path) {
         const kiln_sampler_params *sm = &o.sampler;
         const char *why = o.lookup && o.draft_path ? "give --lookup or -md, not both"
-                          : sm->temp != 0 || sm->repeat_penalty != 1 || sm->presence_penalty != 0 || sm->frequency_penalty != 0
-                              ? "speculative decoding here is greedy: --temp 0 and no penalties"
+                          : sm->repeat_penalty != 1 || sm->presence_penalty != 0 || sm->frequency_penalty != 0
+                              ? "speculative decoding with penalties is not supported yet"
+                          : sm->temp != 0 && o.draft_path ? "sampling with a draft model is not supported yet: --temp 0 (or --lookup)"
                           : grammar || grammar_file ? "speculative decoding with a grammar is not supported yet"
                           : o.ignore_eos ? "speculative decoding with --ignore-eos is not supported yet"
                           : o.draft_min > o.draft_max ? "--draft-min is more than --draft-max" : NULL;

@@ -212,6 +212,50 @@ static int32_t sample_topp(kiln_sampler *s, const float *probs, int64_t n, float
     return c[last_idx].index; /* rounding */
 }
 
+/* The distribution kiln_sampler_sample draws from, into logits (V probabilities summing to 1): the same pipeline,
+ * with the top-p nucleus (llama2.c's cut) renormalized in place of the draw. temp 0 is the argmax's one-hot. */
+void kiln_sampler_probs(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history) {
+    const kiln_sampler_params *p = &s->p;
+    const int64_t V = s->n_vocab;
+    const bool penalize = p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+    if (penalize && p->repeat_last_n != 0 && n_history > 0) apply_penalties(s, logits, history, n_history);
+    if (p->temp == 0.0f || p->top_p <= 0.0f) { /* greedy, or a nucleus of the top token alone: the argmax's one-hot */
+        const int32_t top = argmax(logits, V);
+        for (int64_t i = 0; i < V; i++) logits[i] = i == top ? 1.0f : 0.0f;
+        return;
+    }
+    for (int64_t i = 0; i < V; i++) logits[i] /= p->temp;
+    if (p->top_k > 0 && p->top_k < V) top_k_filter(s, logits, p->top_k);
+    softmax(logits, V);
+    if (p->min_p > 0.0f) min_p_filter(logits, V, p->min_p);
+    if (p->top_p >= 1.0f || V == 1) return;
+    /* the nucleus: sample_topp's candidates and cut, then the kept mass renormalized, the rest 0 */
+    struct prob_index *c = s->cand;
+    int64_t n0 = 0;
+    const float cutoff = (1.0f - p->top_p) / (float)(V - 1);
+    for (int64_t i = 0; i < V; i++)
+        if (logits[i] >= cutoff) c[n0++] = (struct prob_index){logits[i], (int32_t)i};
+    if (n0 == 0) {
+        const int32_t top = argmax(logits, V);
+        for (int64_t i = 0; i < V; i++) logits[i] = i == top ? 1.0f : 0.0f;
+        return;
+    }
+    qsort(c, (size_t)n0, sizeof *c, cmp_prob_desc);
+    float cum = 0.0f;
+    int64_t last = n0 - 1;
+    for (int64_t i = 0; i < n0; i++) {
+        cum += c[i].prob;
+        if (cum > p->top_p) {
+            last = i;
+            break;
+        }
+    }
+    for (int64_t i = 0; i < V; i++) logits[i] = 0.0f;
+    for (int64_t i = 0; i <= last; i++) logits[c[i].index] = c[i].prob / cum;
+}
+
+float kiln_sampler_coin(kiln_sampler *s) { return random_f32(&s->rng); }
+
 int32_t kiln_sampler_sample(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history) {
     const kiln_sampler_params *p = &s->p;
     const int64_t V = s->n_vocab;

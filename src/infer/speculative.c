@@ -9,7 +9,13 @@
  *              with them. The session is then cut back to what was taken, so its cache holds exactly t0 and the
  *              accepted drafts, as a run without drafts would have.
  * The tokens are the ones plain greedy decoding gives, as long as the batched forward's argmaxes equal the
- * single-token forward's (tests/test_speculative.c checks that they do on the bundled model). */
+ * single-token forward's (tests/test_speculative.c checks that they do on the bundled model).
+ *
+ * Sampling (kiln_spec_verify_sample, for drafts that are certain under their drafter, as prompt lookup's): the
+ * standard rule with a one-hot draft distribution. Draft d after the target's distribution p (the sampler's whole
+ * pipeline, kiln_sampler_probs) is taken with probability p(d); at the first refused one the token is drawn from p
+ * without d, renormalized; after the last taken draft one more is drawn from p. Each emitted token is then
+ * distributed as p, exactly as sampling without drafts (tested by frequencies). */
 #include "kiln.h"
 #include "status.h"
 
@@ -62,6 +68,65 @@ kiln_status kiln_spec_verify_greedy(kiln_session *s, int64_t n_vocab, int32_t t0
         out[j] = argmax(rows + j * (size_t)n_vocab, n_vocab);
         *n_out = j + 1;
         /* keep t0 and the j accepted drafts; the next token (out[j]) is fed by the caller, as in plain decoding */
+        if (kiln_session_keep(s, pos + 1 + (int64_t)j) != pos + 1 + (int64_t)j)
+            st = kiln_fail(KILN_ERR_UNSUPPORTED, "speculative: the model's sliding-window cache cannot be cut back to position %lld",
+                           (long long)(pos + 1 + (int64_t)j));
+    }
+    free(ids), free(rows);
+    return st;
+}
+
+/* The first index whose running sum of p exceeds coin * (the sum of p). */
+static int32_t draw(const float *p, int64_t V, float coin) {
+    double total = 0;
+    for (int64_t i = 0; i < V; i++) total += p[i];
+    const double r = coin * total;
+    double cdf = 0;
+    int32_t last = 0;
+    for (int64_t i = 0; i < V; i++) {
+        if (p[i] <= 0) continue;
+        cdf += p[i], last = (int32_t)i;
+        if (r < cdf) return (int32_t)i;
+    }
+    return last; /* rounding */
+}
+
+kiln_status kiln_spec_verify_sample(kiln_session *s, kiln_sampler *smp, int64_t n_vocab, int32_t t0, const int32_t *draft, size_t k,
+                                    int32_t *out, size_t *n_out) {
+    *n_out = 0;
+    const int64_t pos = kiln_session_pos(s);
+    if (k + 1 > (size_t)(kiln_session_n_ctx(s) - pos))
+        return kiln_fail(KILN_ERR_RANGE, "speculative: %zu drafted tokens do not fit the context's %lld free positions", k,
+                         (long long)(kiln_session_n_ctx(s) - pos - 1));
+    int32_t *ids = malloc((k + 1) * sizeof *ids);
+    float *rows = malloc((k + 1) * (size_t)n_vocab * sizeof *rows);
+    if (!ids || !rows) {
+        free(ids), free(rows);
+        return kiln_fail(KILN_ERR_NOMEM, "speculative: out of memory for %zu rows of logits", k + 1);
+    }
+    ids[0] = t0;
+    if (k) memcpy(ids + 1, draft, k * sizeof *ids);
+    kiln_status st = kiln_session_eval(s, ids, k + 1, NULL, rows);
+    size_t j = 0;
+    if (!st) {
+        for (;; j++) {
+            float *p = rows + j * (size_t)n_vocab;
+            kiln_sampler_probs(smp, p, NULL, 0); /* the target's distribution after ids[0..j] */
+            if (j == k) {
+                out[j] = draw(p, n_vocab, kiln_sampler_coin(smp));
+                break;
+            }
+            /* a draft of probability 1 under its drafter: taken with the target's probability of it; otherwise the
+             * token is drawn from the target's distribution without it, renormalized */
+            if (kiln_sampler_coin(smp) < p[draft[j]]) {
+                out[j] = draft[j];
+                continue;
+            }
+            p[draft[j]] = 0.0f;
+            out[j] = draw(p, n_vocab, kiln_sampler_coin(smp));
+            break;
+        }
+        *n_out = j + 1;
         if (kiln_session_keep(s, pos + 1 + (int64_t)j) != pos + 1 + (int64_t)j)
             st = kiln_fail(KILN_ERR_UNSUPPORTED, "speculative: the model's sliding-window cache cannot be cut back to position %lld",
                            (long long)(pos + 1 + (int64_t)j));
