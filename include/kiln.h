@@ -723,6 +723,16 @@ kiln_status kiln_grammar_matcher_mask(kiln_grammar_matcher *m, float *logits);
 kiln_status kiln_grammar_matcher_accept(kiln_grammar_matcher *m, int32_t token);
 bool kiln_grammar_matcher_done(const kiln_grammar_matcher *m); /* the text so far is a whole sentence */
 
+/* ---------------------------------------------------------------- JSON Schema (src/infer/json_schema.c)
+ * A JSON Schema as GBNF whose root rule matches the JSON texts valid under it, for the subset docs/grammars.md lists
+ * (type, properties, required, additionalProperties, items, prefixItems, minItems, maxItems, minLength, maxLength,
+ * pattern, format date/time/uuid, enum, const, anyOf, oneOf, allOf of objects, $ref within the document). Objects
+ * keep the schema's property order; whitespace and numbers' digits are bounded so sampling ends. *gbnf is malloc'd
+ * and NUL-terminated, *n its length. Malformed JSON or a bad value is KILN_ERR_FORMAT, a keyword that changes
+ * validity and is not handled (not, if, patternProperties, minimum, ...) KILN_ERR_UNSUPPORTED; both name the JSON
+ * pointer. */
+kiln_status kiln_json_schema_to_gbnf(const char *schema, size_t len, char **gbnf, size_t *n);
+
 /* ---------------------------------------------------------------- chat
  * Chat templates for four families, recognized by distinctive substrings of tokenizer.chat_template (kiln has no
  * Jinja engine): llama2 ([INST] ... [/INST] with <<SYS>>), llama3 (<|start_header_id|> ... <|eot_id|>), chatml
