@@ -5,8 +5,8 @@
  * rules of their own get them in a second string (rules), named by kind and a counter. A $ref target's rule is named
  * before its body is written, so recursive schemas refer to it. The shared JSON rules (strings, numbers, any value)
  * come last. Whitespace is optional only where JSON allows it between tokens, and bounded (one space, or a newline
- * and up to 4 spaces) so that sampling ends. Numbers are bounded too (16 integer digits, 16 of fraction, 3 of
- * exponent), as llama.cpp's converter does. An object's properties come in the schema's order, the required ones
+ * and up to 4 spaces) so that sampling ends. Numbers are bounded too (16 integer digits, 16 of fraction, 2 of
+ * exponent, so no number overflows a double), as llama.cpp's converter bounds them. An object's properties come in the schema's order, the required ones
  * always, the optional ones maybe; without additionalProperties an object with properties has no others.
  *
  * Keywords that change validity and that this does not handle are KILN_ERR_UNSUPPORTED naming the keyword and its
@@ -161,7 +161,7 @@ static const char *base_rules =
     "[dD] [89abAB] jhex{2} \"\\\\u\" [dD] [c-fC-F] jhex{2} ) )\n"
     "jstring ::= \"\\\"\" jchar* \"\\\"\"\n"
     "jint ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} )\n"
-    "jnumber ::= jint ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?\n"
+    "jnumber ::= jint ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )?\n"
     "jbool ::= \"true\" | \"false\"\n"
     "jnull ::= \"null\"\n"
     "jvalue ::= jobject | jarray | jstring | jnumber | jbool | jnull\n"
