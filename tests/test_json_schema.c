@@ -90,6 +90,8 @@ static void test_patterns(void) {
     /* negated classes and . leave out what they should, escaped or not */
     TEXTS("{\"pattern\":\"^[^a\\\"]\\\\W.$\"}", {"\"b!x\"", "F"}, {"\"\\\\ \\t\"", "F"}, {"\"a!x\"", "-"}, {"\"\\\"!x\"", "-"},
           {"\"bax\"", "-"}, {"\"b!\\n\"", "-"});
+    TEXTS("{\"pattern\":\"^(a|b)$\"}", {"\"a\"", "F"}, {"\"b\"", "F"}, {"\"ab\"", "-"});
+    TEXTS("{\"pattern\":\"a|b\"}", {"\"xbx\"", "F"}, {"\"xax\"", "F"}, {"\"xx\"", "-"});
     TEXTS("{\"pattern\":\"^(?:x{2}|y{1,})z?$\"}", {"\"xx\"", "F"}, {"\"yyyz\"", "F"}, {"\"x\"", "-"}, {"\"xxx\"", "-"});
     TEXTS("{\"pattern\":\"^\\\\.\\\\u00e9[-+]$\"}", {"\".\xc3\xa9-\"", "F"}, {"\".\xc3\xa9+\"", "F"}, {"\"x\xc3\xa9-\"", "-"});
 }
@@ -183,6 +185,10 @@ static void test_errors(void) {
         {"{\"pattern\":\"[z-a]\"}", KILN_ERR_FORMAT, "a class range whose end is before its start"},
         {"{\"allOf\":[{\"type\":\"string\"}],\"type\":\"string\"}", KILN_ERR_UNSUPPORTED, "only allOf of objects"},
         {"{\"items\":[{}]}", KILN_ERR_UNSUPPORTED, "/items: an array of schemas"},
+        {"{\"pattern\":\"^a|b$\"}", KILN_ERR_UNSUPPORTED, "an anchor with a | outside groups"},
+        {"{\"allOf\":[{\"anyOf\":[{}]}]}", KILN_ERR_UNSUPPORTED, "json schema /allOf/0: 'anyOf' in a member of allOf"},
+        {"{\"allOf\":[{\"type\":\"string\"}]}", KILN_ERR_UNSUPPORTED, "/allOf/0/type: a member of allOf that is not an object"},
+        {"{\"maxLength\":10001}", KILN_ERR_UNSUPPORTED, "/maxLength: 10001 is above the 10000 supported"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char *gbnf = (char *)1;

@@ -146,7 +146,7 @@ static kiln_status get_count(json_t *s, const char *key, const char *ptr, int64_
         *v = (int64_t)json_real_value(j);
     else if (json_is_integer(j) && json_integer_value(j) >= 0) *v = json_integer_value(j);
     else return kiln_fail(KILN_ERR_FORMAT, "json schema %s/%s: not a non-negative integer", ptr, key);
-    if (*v > 100000) return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s/%s: %lld is above the 100000 supported", ptr, key, (long long)*v);
+    if (*v > 10000) return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s/%s: %lld is above the 10000 supported", ptr, key, (long long)*v);
     return KILN_OK;
 }
 
@@ -258,6 +258,8 @@ typedef struct {
     const char *s, *end, *start;
     const char *ptr;
     conv *c;
+    int depth;    /* groups open */
+    bool top_alt; /* a | outside every group */
 } rx;
 
 static kiln_status rx_fail(rx *r, kiln_status st, const char *what) {
@@ -380,7 +382,9 @@ static kiln_status rx_atom(rx *r, sb *out) {
             else return rx_fail(r, KILN_ERR_UNSUPPORTED, "a group of (? other than (?:");
         }
         sb_str(out, "( ");
+        r->depth++;
         kiln_status s = rx_alt(r, out);
+        r->depth--;
         if (s) return s;
         if (r->s >= r->end || *r->s != ')') return rx_fail(r, KILN_ERR_FORMAT, "a ( without its closing )");
         r->s++;
@@ -469,6 +473,7 @@ static kiln_status rx_alt(rx *r, sb *out) {
     sb_str(out, "( ");
     kiln_status s = rx_seq(r, out);
     while (!s && r->s < r->end && *r->s == '|') {
+        r->top_alt |= r->depth == 0;
         r->s++;
         sb_str(out, " | ");
         s = rx_seq(r, out);
@@ -479,7 +484,7 @@ static kiln_status rx_alt(rx *r, sb *out) {
 
 /* A pattern (ECMA-262 regex, unanchored unless ^ and $ anchor it) as a JSON string. */
 static kiln_status gen_pattern(conv *c, const char *pat, size_t n, const char *ptr, sb *out) {
-    rx r = {pat, pat + n, pat, ptr, c};
+    rx r = {pat, pat + n, pat, ptr, c, 0, false};
     sb body = {0};
     bool start = n && *pat == '^';
     if (start) r.s++;
@@ -488,6 +493,10 @@ static kiln_status gen_pattern(conv *c, const char *pat, size_t n, const char *p
     bool end = false;
     if (!s && r.s < r.end && *r.s == '$' && r.s + 1 == r.end) end = true, r.s++;
     if (!s && r.s < r.end) s = rx_fail(&r, *r.s == ')' ? KILN_ERR_FORMAT : KILN_ERR_UNSUPPORTED, *r.s == ')' ? "a ) without its (" : "an anchor inside the pattern");
+    if (!s && (start || end) && r.top_alt) {
+        r.s = pat;
+        s = rx_fail(&r, KILN_ERR_UNSUPPORTED, "an anchor with a | outside groups (write ^(a|b)$)");
+    }
     if (!s && !end) sb_str(&body, " jchar*");
     if (!s) {
         char name[32];
@@ -630,6 +639,13 @@ static kiln_status collect_props(conv *c, json_t *s, const char *ptr, props *pr,
     }
     kiln_status st = check_keywords(s, ptr);
     if (st) return st;
+    static const char *const not_object[] = {"anyOf", "oneOf", "enum", "const", "items", "prefixItems", "pattern", "minLength", "maxLength"};
+    for (size_t i = 0; depth > 0 && i < sizeof not_object / sizeof *not_object; i++)
+        if (json_object_get(s, not_object[i]))
+            return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s: '%s' in a member of allOf (only objects' keywords are merged)", at(ptr), not_object[i]);
+    json_t *ty = json_object_get(s, "type");
+    if (depth > 0 && ty && !(json_is_string(ty) && strcmp(json_string_value(ty), "object") == 0))
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s/type: a member of allOf that is not an object", ptr);
     json_t *p = json_object_get(s, "properties"), *req = json_object_get(s, "required"), *all = json_object_get(s, "allOf");
     if (p && !json_is_object(p)) return kiln_fail(KILN_ERR_FORMAT, "json schema %s/properties: not an object", ptr);
     if (req && !json_is_array(req)) return kiln_fail(KILN_ERR_FORMAT, "json schema %s/required: not an array", ptr);
