@@ -47,6 +47,15 @@ static void check_texts(const char *schema, const sent *cases, size_t n) {
 
 static void test_scalars(void) {
     TEXTS("{\"type\":\"integer\"}", {"0", "F"}, {"-12", "F"}, {"012", "-"}, {"1.5", "-"}, {"-", "P"}, {"\"1\"", "-"}, {"1e3", "-"});
+    TEXTS("{\"type\":\"integer\",\"minimum\":-15,\"maximum\":230}", {"-15", "F"}, {"-16", "-"}, {"-9", "F"}, {"0", "F"}, {"-0", "-"},
+          {"7", "F"}, {"99", "F"}, {"100", "F"}, {"199", "F"}, {"229", "F"}, {"230", "F"}, {"231", "-"}, {"240", "-"}, {"300", "-"},
+          {"1000", "-"}, {"-20", "-"}, {"-100", "-"}, {"23", "F"});
+    TEXTS("{\"type\":\"integer\",\"exclusiveMinimum\":99}", {"99", "P"}, {"100", "F"}, {"5", "P"}, {"50", "P"}, {"0", "-"}, {"1234567", "F"}, {"-1", "-"},
+          {"123", "F"}, {"10", "P"});
+    TEXTS("{\"type\":\"integer\",\"maximum\":-3.5}", {"-4", "F"}, {"-3", "P"}, {"-30", "F"}, {"-1000", "F"}, {"0", "-"}, {"1", "-"});
+    TEXTS("{\"type\":\"integer\",\"minimum\":1024,\"exclusiveMaximum\":1100}", {"1024", "F"}, {"1099", "F"}, {"1100", "-"},
+          {"1023", "-"}, {"1050", "F"}, {"1030", "F"}, {"1020", "-"}, {"999", "-"});
+    TEXTS("{\"type\":\"integer\",\"minimum\":5,\"maximum\":5}", {"5", "F"}, {"4", "-"}, {"6", "-"}, {"55", "-"});
     TEXTS("{\"type\":\"number\"}", {"0", "F"}, {"-1.25", "F"}, {"1e-7", "F"}, {"2.5E+10", "F"}, {"1.", "P"}, {".5", "-"},
           {"01", "-"}, {"NaN", "-"}, {"-0.0", "F"});
     TEXTS("{\"type\":\"boolean\"}", {"true", "F"}, {"false", "F"}, {"tru", "P"}, {"True", "-"}, {"null", "-"});
@@ -55,6 +64,33 @@ static void test_scalars(void) {
     TEXTS("{\"const\":{\"a\":[1,\"x\"]}}", {"{\"a\":[1,\"x\"]}", "F"}, {"{\"a\":[1]}", "-"}, {"{\"a\"", "P"});
     TEXTS("{\"enum\":[\"red\",42,null,true,[1]]}", {"\"red\"", "F"}, {"42", "F"}, {"null", "F"}, {"true", "F"}, {"[1]", "F"},
           {"\"blue\"", "-"}, {"43", "-"}, {"false", "-"});
+}
+
+/* Integer bounds against arithmetic: every integer of -1200 .. 1200 is matched exactly when it is within them. */
+static void test_int_ranges(void) {
+    static const struct {
+        int lo, hi; /* INT32_MIN / INT32_MAX: no bound */
+    } r[] = {{0, 9}, {1, 10}, {-1, 1}, {-7, -7}, {-999, -100}, {7, 1000}, {19, 81}, {100, 109}, {-1000, 999}, {101, 990},
+             {0, INT32_MAX}, {3, INT32_MAX}, {-55, INT32_MAX}, {INT32_MIN, 12}, {INT32_MIN, -120}, {1001, 1002}};
+    for (size_t i = 0; i < sizeof r / sizeof *r; i++) {
+        char schema[160], num[16];
+        int n = snprintf(schema, sizeof schema, "{\"type\":\"integer\"");
+        if (r[i].lo != INT32_MIN) n += snprintf(schema + n, sizeof schema - n, ",\"minimum\":%d", r[i].lo);
+        if (r[i].hi != INT32_MAX) n += snprintf(schema + n, sizeof schema - n, ",\"maximum\":%d", r[i].hi);
+        snprintf(schema + n, sizeof schema - n, "}");
+        kiln_grammar *g = convert(schema);
+        CHECK(g, "%s: %s", schema, kiln_last_error());
+        for (int v = -1200; v <= 1200; v++) {
+            bool full, prefix;
+            snprintf(num, sizeof num, "%d", v);
+            kiln_grammar_match_text(g, num, strlen(num), &full, &prefix);
+            if (full != (v >= r[i].lo && v <= r[i].hi)) {
+                kiln_grammar_free(g);
+                CHECK(0, "%s: %d is %s", schema, v, full ? "matched" : "not matched");
+            }
+        }
+        kiln_grammar_free(g);
+    }
 }
 
 static void test_strings(void) {
@@ -158,6 +194,10 @@ static void test_errors(void) {
         {"{\"properties\":{\"a\":{\"if\":{}}}}", KILN_ERR_UNSUPPORTED, "json schema /properties/a: the keyword 'if'"},
         {"{\"patternProperties\":{}}", KILN_ERR_UNSUPPORTED, "'patternProperties'"},
         {"{\"items\":{\"minimum\":3}}", KILN_ERR_UNSUPPORTED, "json schema /items: the keyword 'minimum'"},
+        {"{\"type\":\"number\",\"maximum\":3}", KILN_ERR_UNSUPPORTED, "json schema /: the keyword 'maximum'"},
+        {"{\"type\":\"integer\",\"minimum\":3,\"exclusiveMaximum\":3}", KILN_ERR_FORMAT, "no integer is within minimum 3 and maximum 2"},
+        {"{\"type\":\"integer\",\"minimum\":1e20}", KILN_ERR_UNSUPPORTED, "/minimum: beyond +-1e15"},
+        {"{\"type\":\"integer\",\"minimum\":1,\"exclusiveMinimum\":true}", KILN_ERR_UNSUPPORTED, "/exclusiveMinimum: not a number"},
         {"{\"type\":\"array\",\"uniqueItems\":true}", KILN_ERR_UNSUPPORTED, "'uniqueItems'"},
         {"{\"anyOf\":[{},{\"multipleOf\":2}]}", KILN_ERR_UNSUPPORTED, "json schema /anyOf/1: the keyword 'multipleOf'"},
         {"{\"properties\":{\"a/b~\":{\"not\":{}}}}", KILN_ERR_UNSUPPORTED, "/properties/a~1b~0:"},
@@ -254,7 +294,7 @@ static bool str_len_ok(const json_t *v, size_t lo, size_t hi) {
 }
 
 static bool check_person(const json_t *o) {
-    /* {name: string 1..8 (required), age: integer (required), tags: array of "a"/"b"/3/null up to 3, kind: "x\"y"} */
+    /* {name: string 1..8 (required), age: integer 0..120 (required), tags: array of "a"/"b"/3/null up to 3, kind: "x\"y"} */
     if (!json_is_object(o)) return false;
     const char *k;
     json_t *v;
@@ -262,7 +302,7 @@ static bool check_person(const json_t *o) {
         if (strcmp(k, "name") == 0) {
             if (!str_len_ok(v, 1, 8)) return false;
         } else if (strcmp(k, "age") == 0) {
-            if (!json_is_integer(v)) return false;
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 120) return false;
         } else if (strcmp(k, "tags") == 0) {
             if (!json_is_array(v) || json_array_size(v) > 3) return false;
             size_t i;
@@ -322,8 +362,8 @@ static const struct {
     const char *schema;
     bool (*check)(const json_t *);
 } walked[] = {
-    {"{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":8},\"age\":{\"type\":\"integer\"},"
-     "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",3,null]},\"maxItems\":3},\"kind\":{\"const\":\"x\\\"y\"}},"
+    {"{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":8},\"age\":{\"type\":\"integer\",\"minimum\":0,"
+     "\"maximum\":120},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",3,null]},\"maxItems\":3},\"kind\":{\"const\":\"x\\\"y\"}},"
      "\"required\":[\"name\",\"age\"]}",
      check_person},
     {"{\"type\":\"array\",\"minItems\":1,\"maxItems\":3,\"items\":{\"anyOf\":[{\"type\":\"null\"},"
@@ -374,6 +414,7 @@ static void test_sampling(void) {
 
 int main(void) {
     RUN(test_scalars);
+    RUN(test_int_ranges);
     RUN(test_strings);
     RUN(test_patterns);
     RUN(test_arrays);

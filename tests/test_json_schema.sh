@@ -11,7 +11,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 # The schemas, one a line: strings and numbers bounded (maxLength, enums, patterns) so 400 tokens always suffice.
 cat >"$tmp/schemas" <<'S'
-{"type":"object","properties":{"name":{"type":"string","minLength":1,"maxLength":10},"age":{"type":"integer"}},"required":["name","age"]}
+{"type":"object","properties":{"name":{"type":"string","minLength":1,"maxLength":10},"age":{"type":"integer","minimum":-5,"exclusiveMaximum":150}},"required":["name","age"]}
 {"type":"array","items":{"type":"number"},"minItems":1,"maxItems":4}
 {"enum":["red","green",3,null,{"a":[1,2]}]}
 {"type":"object","properties":{"ok":{"type":"boolean"},"note":{"type":["string","null"],"maxLength":6}},"additionalProperties":false}

@@ -7,7 +7,8 @@
  * come last. Whitespace is optional only where JSON allows it between tokens, and bounded (one space, or a newline
  * and up to 4 spaces) so that sampling ends. Numbers are bounded too (16 integer digits, 16 of fraction, 2 of
  * exponent, so no number overflows a double), as llama.cpp's converter bounds them. An object's properties come in the schema's order, the required ones
- * always, the optional ones maybe; without additionalProperties an object with properties has no others.
+ * always, the optional ones maybe; without additionalProperties an object with properties has no others. An
+ * integer's bounds become the digit strings of the range, split by length and by leading digit.
  *
  * Keywords that change validity and that this does not handle are KILN_ERR_UNSUPPORTED naming the keyword and its
  * JSON pointer; bad values (a minItems above maxItems, a $ref that does not resolve) KILN_ERR_FORMAT naming the
@@ -16,6 +17,7 @@
 #include "status.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -126,9 +128,15 @@ static const char *const unsupported_kw[] = {
     "$dynamicRef", "$recursiveRef", "contentSchema",
 };
 
+static bool is_bound_kw(const char *k) {
+    return !strcmp(k, "minimum") || !strcmp(k, "maximum") || !strcmp(k, "exclusiveMinimum") || !strcmp(k, "exclusiveMaximum");
+}
+
 static kiln_status check_keywords(json_t *s, const char *ptr) {
+    json_t *ty = json_object_get(s, "type");
+    const bool integer = json_is_string(ty) && strcmp(json_string_value(ty), "integer") == 0; /* gen_int takes bounds */
     for (size_t i = 0; i < sizeof unsupported_kw / sizeof *unsupported_kw; i++)
-        if (json_object_get(s, unsupported_kw[i]))
+        if (json_object_get(s, unsupported_kw[i]) && !(integer && is_bound_kw(unsupported_kw[i])))
             return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s: the keyword '%s' is not supported", at(ptr), unsupported_kw[i]);
     json_t *u = json_object_get(s, "uniqueItems");
     if (u && !json_is_false(u))
@@ -846,6 +854,102 @@ static kiln_status gen_alts(conv *c, json_t *a, const char *ptr, const char *key
     return st;
 }
 
+/* ---------------------------------------------------------------- integer bounds */
+
+/* The decimal strings of one length n from lo to hi (both n digits, lo <= hi), as GBNF: the first digits they share,
+ * then lo's digit with what may follow it, the digits between with anything, hi's digit with what may follow it. */
+static void same_len(sb *b, const char *lo, const char *hi, int n) {
+    if (n == 0) {
+        sb_str(b, "\"\"");
+        return;
+    }
+    if (lo[0] == hi[0]) {
+        sb_fmt(b, "\"%c\" ", lo[0]);
+        same_len(b, lo + 1, hi + 1, n - 1);
+        return;
+    }
+    bool lo_zeros = true, hi_nines = true;
+    for (int i = 1; i < n; i++) lo_zeros &= lo[i] == '0', hi_nines &= hi[i] == '9';
+    if (lo_zeros && hi_nines) {
+        sb_fmt(b, "[%c-%c] [0-9]{%d}", lo[0], hi[0], n - 1);
+        return;
+    }
+    char nines[24], zeros[24];
+    memset(nines, '9', (size_t)n), memset(zeros, '0', (size_t)n);
+    sb_fmt(b, "( \"%c\" ( ", lo[0]);
+    same_len(b, lo + 1, nines, n - 1);
+    sb_str(b, " )");
+    if (hi[0] - lo[0] > 1) sb_fmt(b, " | [%c-%c] [0-9]{%d}", lo[0] + 1, hi[0] - 1, n - 1);
+    sb_fmt(b, " | \"%c\" ( ", hi[0]);
+    same_len(b, zeros, hi + 1, n - 1);
+    sb_str(b, " ) )");
+}
+
+/* The integers lo .. hi (0 <= lo <= hi; hi < 0 for no bound) written without leading zeros, as alternatives. */
+static void nonneg_range(sb *b, int64_t lo, int64_t hi) {
+    int n_lo = snprintf(NULL, 0, "%lld", (long long)lo), n_hi = hi < 0 ? n_lo : snprintf(NULL, 0, "%lld", (long long)hi);
+    sb_str(b, "( ");
+    for (int n = n_lo; n <= n_hi; n++) {
+        int64_t p = 1;
+        for (int i = 1; i < n; i++) p *= 10;
+        const int64_t a = n == 1 ? 0 : p, z = p * 10 - 1; /* the n-digit numbers */
+        const int64_t from = lo > a ? lo : a, to = hi >= 0 && hi < z ? hi : z; /* hi < 0: n is n_lo, to z */
+        if (n > n_lo) sb_str(b, " | ");
+        char sa[24], sz[24];
+        snprintf(sa, sizeof sa, "%lld", (long long)from), snprintf(sz, sizeof sz, "%lld", (long long)to);
+        same_len(b, sa, sz, n);
+    }
+    if (hi < 0 && n_lo < 16) sb_fmt(b, " | [1-9] [0-9]{%d,15}", n_lo); /* no bound: the longer ones, to jint's 16 digits */
+    sb_str(b, " )");
+}
+
+/* A bound of an integer: minimum / maximum as they are, exclusiveMinimum / exclusiveMaximum one past; reals rounded
+ * inward. *have false when absent. */
+static kiln_status int_bound(json_t *s, const char *key, const char *ptr, bool low, bool exclusive, int64_t *v, bool *have) {
+    json_t *j = json_object_get(s, key);
+    *have = j != NULL;
+    if (!j) return KILN_OK;
+    if (!json_is_number(j)) return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s/%s: not a number (draft 4's boolean form is not supported)", ptr, key);
+    double x = json_number_value(j);
+    if (!(x >= -1e15 && x <= 1e15)) return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s/%s: beyond +-1e15", ptr, key);
+    double r = low ? ceil(x) : floor(x);
+    if (exclusive && r == x) r += low ? 1 : -1;
+    *v = (int64_t)r;
+    return KILN_OK;
+}
+
+/* An integer between its bounds: the negatives as "-" and their magnitudes, then the non-negatives. */
+static kiln_status gen_int(json_t *s, const char *ptr, sb *out) {
+    int64_t lo = 0, hi = 0, v = 0;
+    bool has_lo = false, has_hi = false, h;
+    static const struct {
+        const char *key;
+        bool low, exclusive;
+    } kws[] = {{"minimum", true, false}, {"exclusiveMinimum", true, true}, {"maximum", false, false}, {"exclusiveMaximum", false, true}};
+    for (size_t i = 0; i < sizeof kws / sizeof *kws; i++) {
+        kiln_status st = int_bound(s, kws[i].key, ptr, kws[i].low, kws[i].exclusive, &v, &h);
+        if (st) return st;
+        if (h && kws[i].low) lo = has_lo && lo > v ? lo : v, has_lo = true;
+        if (h && !kws[i].low) hi = has_hi && hi < v ? hi : v, has_hi = true;
+    }
+    if (!has_lo && !has_hi) return sb_str(out, "jint"), KILN_OK;
+    if (has_lo && has_hi && lo > hi)
+        return kiln_fail(KILN_ERR_FORMAT, "json schema %s: no integer is within minimum %lld and maximum %lld", at(ptr), (long long)lo, (long long)hi);
+    sb_str(out, "( ");
+    bool any = false;
+    if (!has_lo || lo < 0) { /* negatives from -1 (or hi) down to lo */
+        sb_str(out, "\"-\" ");
+        nonneg_range(out, has_hi && hi < -1 ? -hi : 1, has_lo ? -lo : -1);
+        any = true;
+    }
+    if (!has_hi || hi >= 0) {
+        if (any) sb_str(out, " | ");
+        nonneg_range(out, has_lo && lo > 0 ? lo : 0, has_hi ? hi : -1);
+    }
+    sb_str(out, " )");
+    return KILN_OK;
+}
+
 static const char *const type_names[] = {"object", "array", "string", "number", "integer", "boolean", "null"};
 
 static kiln_status gen_type(conv *c, json_t *s, const char *type, const char *ptr, sb *out) {
@@ -853,7 +957,7 @@ static kiln_status gen_type(conv *c, json_t *s, const char *type, const char *pt
     if (strcmp(type, "array") == 0) return gen_array(c, s, ptr, out);
     if (strcmp(type, "string") == 0) return gen_string(c, s, ptr, out);
     if (strcmp(type, "number") == 0) return sb_str(out, "jnumber"), KILN_OK;
-    if (strcmp(type, "integer") == 0) return sb_str(out, "jint"), KILN_OK;
+    if (strcmp(type, "integer") == 0) return gen_int(s, ptr, out);
     if (strcmp(type, "boolean") == 0) return sb_str(out, "jbool"), KILN_OK;
     if (strcmp(type, "null") == 0) return sb_str(out, "jnull"), KILN_OK;
     return kiln_fail(KILN_ERR_FORMAT, "json schema %s/type: '%s' is not a JSON Schema type", ptr, type);
