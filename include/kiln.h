@@ -726,11 +726,11 @@ bool kiln_grammar_matcher_done(const kiln_grammar_matcher *m); /* the text so fa
 /* ---------------------------------------------------------------- JSON Schema (src/infer/json_schema.c)
  * A JSON Schema as GBNF whose root rule matches the JSON texts valid under it, for the subset docs/grammars.md lists
  * (type, properties, required, additionalProperties, items, prefixItems, minItems, maxItems, minLength, maxLength,
- * pattern, format date/time/uuid, integer minimum/maximum, enum, const, anyOf, oneOf, allOf of objects, $ref within the document). Objects
- * keep the schema's property order; whitespace and numbers' digits are bounded so sampling ends. *gbnf is malloc'd
- * and NUL-terminated, *n its length. Malformed JSON or a bad value is KILN_ERR_FORMAT, a keyword that changes
- * validity and is not handled (not, if, patternProperties, multipleOf, ...) KILN_ERR_UNSUPPORTED; both name the JSON
- * pointer. */
+ * pattern, format date/time/uuid, integer minimum/maximum, enum, const, anyOf, oneOf, allOf of objects, $ref within
+ * the document). Objects keep the schema's property order; whitespace and numbers' digits are bounded so sampling
+ * ends. *gbnf is malloc'd and NUL-terminated, *n its length. Malformed JSON or a bad value is KILN_ERR_FORMAT, a
+ * keyword that changes validity and is not handled (not, if, patternProperties, multipleOf, ...) KILN_ERR_UNSUPPORTED;
+ * both name the JSON pointer. */
 kiln_status kiln_json_schema_to_gbnf(const char *schema, size_t len, char **gbnf, size_t *n);
 
 /* ---------------------------------------------------------------- chat

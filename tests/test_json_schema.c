@@ -39,10 +39,10 @@ static void check_texts(const char *schema, const sent *cases, size_t n) {
     }
     kiln_grammar_free(g);
 }
-#define TEXTS(schema, ...)                                                                                            \
-    do {                                                                                                              \
-        static const sent c_[] = {__VA_ARGS__};                                                                       \
-        check_texts(schema, c_, sizeof c_ / sizeof *c_);                                                              \
+#define TEXTS(schema, ...)                                                                                                                 \
+    do {                                                                                                                                   \
+        static const sent c_[] = {__VA_ARGS__};                                                                                            \
+        check_texts(schema, c_, sizeof c_ / sizeof *c_);                                                                                   \
     } while (0)
 
 static void test_scalars(void) {
@@ -50,14 +50,14 @@ static void test_scalars(void) {
     TEXTS("{\"type\":\"integer\",\"minimum\":-15,\"maximum\":230}", {"-15", "F"}, {"-16", "-"}, {"-9", "F"}, {"0", "F"}, {"-0", "-"},
           {"7", "F"}, {"99", "F"}, {"100", "F"}, {"199", "F"}, {"229", "F"}, {"230", "F"}, {"231", "-"}, {"240", "-"}, {"300", "-"},
           {"1000", "-"}, {"-20", "-"}, {"-100", "-"}, {"23", "F"});
-    TEXTS("{\"type\":\"integer\",\"exclusiveMinimum\":99}", {"99", "P"}, {"100", "F"}, {"5", "P"}, {"50", "P"}, {"0", "-"}, {"1234567", "F"}, {"-1", "-"},
-          {"123", "F"}, {"10", "P"});
+    TEXTS("{\"type\":\"integer\",\"exclusiveMinimum\":99}", {"99", "P"}, {"100", "F"}, {"5", "P"}, {"50", "P"}, {"0", "-"},
+          {"1234567", "F"}, {"-1", "-"}, {"123", "F"}, {"10", "P"});
     TEXTS("{\"type\":\"integer\",\"maximum\":-3.5}", {"-4", "F"}, {"-3", "P"}, {"-30", "F"}, {"-1000", "F"}, {"0", "-"}, {"1", "-"});
-    TEXTS("{\"type\":\"integer\",\"minimum\":1024,\"exclusiveMaximum\":1100}", {"1024", "F"}, {"1099", "F"}, {"1100", "-"},
-          {"1023", "-"}, {"1050", "F"}, {"1030", "F"}, {"1020", "-"}, {"999", "-"});
+    TEXTS("{\"type\":\"integer\",\"minimum\":1024,\"exclusiveMaximum\":1100}", {"1024", "F"}, {"1099", "F"}, {"1100", "-"}, {"1023", "-"},
+          {"1050", "F"}, {"1030", "F"}, {"1020", "-"}, {"999", "-"});
     TEXTS("{\"type\":\"integer\",\"minimum\":5,\"maximum\":5}", {"5", "F"}, {"4", "-"}, {"6", "-"}, {"55", "-"});
-    TEXTS("{\"type\":\"number\"}", {"0", "F"}, {"-1.25", "F"}, {"1e-7", "F"}, {"2.5E+10", "F"}, {"1.", "P"}, {".5", "-"},
-          {"01", "-"}, {"NaN", "-"}, {"-0.0", "F"});
+    TEXTS("{\"type\":\"number\"}", {"0", "F"}, {"-1.25", "F"}, {"1e-7", "F"}, {"2.5E+10", "F"}, {"1.", "P"}, {".5", "-"}, {"01", "-"},
+          {"NaN", "-"}, {"-0.0", "F"});
     TEXTS("{\"type\":\"boolean\"}", {"true", "F"}, {"false", "F"}, {"tru", "P"}, {"True", "-"}, {"null", "-"});
     TEXTS("{\"type\":\"null\"}", {"null", "F"}, {"nul", "P"}, {"0", "-"});
     TEXTS("{\"type\":[\"integer\",\"null\"]}", {"7", "F"}, {"null", "F"}, {"true", "-"}, {"7.5", "-"});
@@ -70,8 +70,8 @@ static void test_scalars(void) {
 static void test_int_ranges(void) {
     static const struct {
         int lo, hi; /* INT32_MIN / INT32_MAX: no bound */
-    } r[] = {{0, 9}, {1, 10}, {-1, 1}, {-7, -7}, {-999, -100}, {7, 1000}, {19, 81}, {100, 109}, {-1000, 999}, {101, 990},
-             {0, INT32_MAX}, {3, INT32_MAX}, {-55, INT32_MAX}, {INT32_MIN, 12}, {INT32_MIN, -120}, {1001, 1002}};
+    } r[] = {{0, 9},       {1, 10},    {-1, 1},        {-7, -7},       {-999, -100},     {7, 1000},       {19, 81},          {100, 109},
+             {-1000, 999}, {101, 990}, {0, INT32_MAX}, {3, INT32_MAX}, {-55, INT32_MAX}, {INT32_MIN, 12}, {INT32_MIN, -120}, {1001, 1002}};
     for (size_t i = 0; i < sizeof r / sizeof *r; i++) {
         char schema[160], num[16];
         int n = snprintf(schema, sizeof schema, "{\"type\":\"integer\"");
@@ -98,8 +98,8 @@ static void test_strings(void) {
     TEXTS("{\"type\":\"string\"}", {"\"\"", "F"}, {"\"abc\"", "F"}, {"\"a\\\"b\\\\c\\/d\\b\\f\\n\\r\\t\"", "F"},
           {"\"\\u00e9\\uABCD\"", "F"}, {"\"\\ud83d\\ude00\"", "F"}, {"\"\\ud83d\"", "-"}, {"\"\\ude00\"", "-"}, {"\"a\nb\"", "-"},
           {"\"\x01\"", "-"}, {"\"\\x41\"", "-"}, {"\"\\u12\"", "-"}, {"\"\xc3\xa9\xe2\x82\xac\"", "F"}, {"\"abc", "P"}, {"abc", "-"});
-    TEXTS("{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}", {"\"ab\"", "F"}, {"\"abc\"", "F"}, {"\"a\"", "-"},
-          {"\"abcd\"", "-"}, {"\"\\n\\t\"", "F"}, {"\"\xc3\xa9\xc3\xa9\xc3\xa9\"", "F"}, {"\"\\ud83d\\ude00x\"", "F"});
+    TEXTS("{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}", {"\"ab\"", "F"}, {"\"abc\"", "F"}, {"\"a\"", "-"}, {"\"abcd\"", "-"},
+          {"\"\\n\\t\"", "F"}, {"\"\xc3\xa9\xc3\xa9\xc3\xa9\"", "F"}, {"\"\\ud83d\\ude00x\"", "F"});
     TEXTS("{\"maxLength\":0}", {"\"\"", "F"}, {"\"a\"", "-"});
     TEXTS("{\"type\":\"string\",\"enum\":[\"a\\\"b\",\"c\\\\d\"]}", {"\"a\\\"b\"", "F"}, {"\"c\\\\d\"", "F"}, {"\"a\"", "-"});
     TEXTS("{\"type\":\"string\",\"format\":\"date\"}", {"\"2024-02-29\"", "F"}, {"\"2024-13-01\"", "-"}, {"\"2024-1-01\"", "-"},
@@ -154,8 +154,8 @@ static void test_objects(void) {
     /* no required: every subset, in order */
     TEXTS("{\"properties\":{\"x\":{\"const\":1},\"y\":{\"const\":2}}}", {"{}", "F"}, {"{\"x\":1}", "F"}, {"{\"y\":2}", "F"},
           {"{\"x\":1,\"y\":2}", "F"}, {"{\"y\":2,\"x\":1}", "-"});
-    TEXTS("{\"properties\":{\"x\":{\"const\":1}},\"required\":[\"x\"],\"additionalProperties\":{\"type\":\"integer\"}}",
-          {"{\"x\":1}", "F"}, {"{\"x\":1,\"q\":5,\"r\":6}", "F"}, {"{\"x\":1,\"q\":\"s\"}", "-"});
+    TEXTS("{\"properties\":{\"x\":{\"const\":1}},\"required\":[\"x\"],\"additionalProperties\":{\"type\":\"integer\"}}", {"{\"x\":1}", "F"},
+          {"{\"x\":1,\"q\":5,\"r\":6}", "F"}, {"{\"x\":1,\"q\":\"s\"}", "-"});
     TEXTS("{\"type\":\"object\"}", {"{}", "F"}, {"{\"k\":[1,{\"z\":null}],\"j\":\"v\"}", "F"}, {"{\"k\"}", "-"}, {"{1:2}", "-"});
     TEXTS("{\"type\":\"object\",\"additionalProperties\":false}", {"{}", "F"}, {"{\"a\":1}", "-"});
     TEXTS("{\"properties\":{\"k\\\"/\\u00e9\":{\"type\":\"null\"}},\"required\":[\"k\\\"/\\u00e9\"]}", {"{\"k\\\"/\xc3\xa9\":null}", "F"},
@@ -173,7 +173,8 @@ static void test_combinators(void) {
     TEXTS("{}", {"1", "F"}, {"\"s\"", "F"}, {"{\"a\":[true,null,-1.5e3]}", "F"}, {"tru", "P"}, {"{\"a\" 1}", "-"}, {"[1,]", "-"});
     TEXTS("true", {"null", "F"}, {"[]", "F"});
     /* $ref to $defs and definitions, and a recursive one */
-    TEXTS("{\"$defs\":{\"n\":{\"type\":\"integer\"}},\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/n\"}}", {"[1,2]", "F"}, {"[\"1\"]", "-"});
+    TEXTS("{\"$defs\":{\"n\":{\"type\":\"integer\"}},\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/n\"}}", {"[1,2]", "F"},
+          {"[\"1\"]", "-"});
     TEXTS("{\"definitions\":{\"t\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},"
           "\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/definitions/t\"}}},\"required\":[\"v\"]}},\"$ref\":\"#/definitions/t\"}",
           {"{\"v\":1}", "F"}, {"{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[{\"v\":3}]},{\"v\":4}]}", "F"}, {"{\"v\":1,\"kids\":[{}]}", "-"});
@@ -206,7 +207,8 @@ static void test_errors(void) {
         {"{\"minItems\":-1}", KILN_ERR_FORMAT, "/minItems: not a non-negative integer"},
         {"{\"maxLength\":\"3\"}", KILN_ERR_FORMAT, "/maxLength: not a non-negative integer"},
         {"{\"$ref\":\"#/$defs/missing\"}", KILN_ERR_FORMAT, "json schema /$ref: '#/$defs/missing' does not resolve"},
-        {"{\"items\":{\"$ref\":\"#/definitions/x\"},\"definitions\":{}}", KILN_ERR_FORMAT, "/items/$ref: '#/definitions/x' does not resolve"},
+        {"{\"items\":{\"$ref\":\"#/definitions/x\"},\"definitions\":{}}", KILN_ERR_FORMAT,
+         "/items/$ref: '#/definitions/x' does not resolve"},
         {"{\"$ref\":\"other.json#/a\"}", KILN_ERR_UNSUPPORTED, "/$ref: 'other.json#/a' is not within the document"},
         {"{\"type\":\"float\"}", KILN_ERR_FORMAT, "/type: 'float' is not a JSON Schema type"},
         {"{\"type\":[\"string\",7]}", KILN_ERR_FORMAT, "/type/1: not a type name"},
@@ -271,8 +273,8 @@ static char *walk(const kiln_grammar *g, const kiln_tokenizer *tok, uint64_t see
             break;
         }
         size_t np = 0;
-        if (kiln_grammar_matcher_accept(m, best) != KILN_OK ||
-            kiln_tokenizer_piece(tok, best, false, text + n, 8191 - n, &np) != KILN_OK || n + np >= 8191) {
+        if (kiln_grammar_matcher_accept(m, best) != KILN_OK || kiln_tokenizer_piece(tok, best, false, text + n, 8191 - n, &np) != KILN_OK ||
+            n + np >= 8191) {
             snprintf(msg, n_msg, "step %d: accept or the text's buffer: %s", step, kiln_last_error());
             ok = false;
         }
@@ -312,7 +314,8 @@ static bool check_person(const json_t *o) {
                                                                      strcmp(json_string_value(t), "b") == 0)))) return false;
         } else if (strcmp(k, "kind") == 0) {
             if (!json_is_string(v) || strcmp(json_string_value(v), "x\"y") != 0) return false;
-        } else return false;
+        } else
+            return false;
     }
     return json_object_get(o, "name") && json_object_get(o, "age");
 }
@@ -362,8 +365,10 @@ static const struct {
     const char *schema;
     bool (*check)(const json_t *);
 } walked[] = {
-    {"{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":8},\"age\":{\"type\":\"integer\",\"minimum\":0,"
-     "\"maximum\":120},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",3,null]},\"maxItems\":3},\"kind\":{\"const\":\"x\\\"y\"}},"
+    {"{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":8},\"age\":{\"type\":\"integer\","
+     "\"minimum\":0,"
+     "\"maximum\":120},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",3,null]},\"maxItems\":3},\"kind\":{\"const\":"
+     "\"x\\\"y\"}},"
      "\"required\":[\"name\",\"age\"]}",
      check_person},
     {"{\"type\":\"array\",\"minItems\":1,\"maxItems\":3,\"items\":{\"anyOf\":[{\"type\":\"null\"},"

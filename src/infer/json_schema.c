@@ -6,9 +6,9 @@
  * before its body is written, so recursive schemas refer to it. The shared JSON rules (strings, numbers, any value)
  * come last. Whitespace is optional only where JSON allows it between tokens, and bounded (one space, or a newline
  * and up to 4 spaces) so that sampling ends. Numbers are bounded too (16 integer digits, 16 of fraction, 2 of
- * exponent, so no number overflows a double), as llama.cpp's converter bounds them. An object's properties come in the schema's order, the required ones
- * always, the optional ones maybe; without additionalProperties an object with properties has no others. An
- * integer's bounds become the digit strings of the range, split by length and by leading digit.
+ * exponent, so no number overflows a double), as llama.cpp's converter bounds them. An object's properties come in the schema's order, the
+ * required ones always, the optional ones maybe; without additionalProperties an object with properties has no others. An integer's bounds
+ * become the digit strings of the range, split by length and by leading digit.
  *
  * Keywords that change validity and that this does not handle are KILN_ERR_UNSUPPORTED naming the keyword and its
  * JSON pointer; bad values (a minItems above maxItems, a $ref that does not resolve) KILN_ERR_FORMAT naming the
@@ -104,9 +104,12 @@ static void put_literal(sb *b, const char *s, size_t n) {
     sb_str(b, "\"");
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)s[i];
-        if (ch == '"' || ch == '\\') sb_fmt(b, "\\%c", ch);
-        else if (ch < 0x20) sb_fmt(b, "\\x%02x", ch);
-        else sb_put(b, (const char *)&ch, 1);
+        if (ch == '"' || ch == '\\')
+            sb_fmt(b, "\\%c", ch);
+        else if (ch < 0x20)
+            sb_fmt(b, "\\x%02x", ch);
+        else
+            sb_put(b, (const char *)&ch, 1);
     }
     sb_str(b, "\"");
 }
@@ -122,10 +125,30 @@ static kiln_status put_value_literal(sb *b, const json_t *v) {
 
 /* The keywords that change validity and are not handled here. */
 static const char *const unsupported_kw[] = {
-    "not", "if", "then", "else", "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas",
-    "dependencies", "contains", "minContains", "maxContains", "unevaluatedProperties", "unevaluatedItems",
-    "minProperties", "maxProperties", "multipleOf", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "$dynamicRef", "$recursiveRef", "contentSchema",
+    "not",
+    "if",
+    "then",
+    "else",
+    "patternProperties",
+    "propertyNames",
+    "dependentRequired",
+    "dependentSchemas",
+    "dependencies",
+    "contains",
+    "minContains",
+    "maxContains",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "minProperties",
+    "maxProperties",
+    "multipleOf",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "$dynamicRef",
+    "$recursiveRef",
+    "contentSchema",
 };
 
 static bool is_bound_kw(const char *k) {
@@ -152,8 +175,10 @@ static kiln_status get_count(json_t *s, const char *key, const char *ptr, int64_
     if (json_is_real(j) && json_real_value(j) == (double)(int64_t)json_real_value(j) && json_real_value(j) >= 0 &&
         json_real_value(j) < 1e15)
         *v = (int64_t)json_real_value(j);
-    else if (json_is_integer(j) && json_integer_value(j) >= 0) *v = json_integer_value(j);
-    else return kiln_fail(KILN_ERR_FORMAT, "json schema %s/%s: not a non-negative integer", ptr, key);
+    else if (json_is_integer(j) && json_integer_value(j) >= 0)
+        *v = json_integer_value(j);
+    else
+        return kiln_fail(KILN_ERR_FORMAT, "json schema %s/%s: not a non-negative integer", ptr, key);
     if (*v > 10000) return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s/%s: %lld is above the 10000 supported", ptr, key, (long long)*v);
     return KILN_OK;
 }
@@ -205,10 +230,14 @@ static bool cset_has(const cset *k, uint32_t c) {
 }
 
 static void put_cp(sb *b, uint32_t c) { /* a code point inside a GBNF class */
-    if (c < 0x80 && c > 0x20 && !strchr("\\]-^[\"", (int)c)) sb_fmt(b, "%c", (int)c);
-    else if (c <= 0xff) sb_fmt(b, "\\x%02x", c);
-    else if (c <= 0xffff) sb_fmt(b, "\\u%04x", c);
-    else sb_fmt(b, "\\U%08x", c);
+    if (c < 0x80 && c > 0x20 && !strchr("\\]-^[\"", (int)c))
+        sb_fmt(b, "%c", (int)c);
+    else if (c <= 0xff)
+        sb_fmt(b, "\\x%02x", c);
+    else if (c <= 0xffff)
+        sb_fmt(b, "\\u%04x", c);
+    else
+        sb_fmt(b, "\\U%08x", c);
 }
 
 /* A set as JSON string content: the raw characters of the set less quotes, backslashes and controls, and the
@@ -220,8 +249,10 @@ static void put_cset(sb *b, const cset *k) {
     for (uint32_t c = 0; c < 0x20; c++)
         if (cset_has(k, c)) {
             if (n_alt++) sb_str(&alt, " | ");
-            if (esc[c]) sb_fmt(&alt, "\"%s\"", esc[c]);
-            else sb_fmt(&alt, "\"\\\\u00\" [%c] [%c%c]", c < 16 ? '0' : '1', "0123456789abcdef"[c & 15], "0123456789ABCDEF"[c & 15]);
+            if (esc[c])
+                sb_fmt(&alt, "\"%s\"", esc[c]);
+            else
+                sb_fmt(&alt, "\"\\\\u00\" [%c] [%c%c]", c < 16 ? '0' : '1', "0123456789abcdef"[c & 15], "0123456789ABCDEF"[c & 15]);
         }
     if (cset_has(k, '"')) sb_fmt(&alt, "%s\"\\\\\\\"\"", n_alt++ ? " | " : "");
     if (cset_has(k, '\\')) sb_fmt(&alt, "%s\"\\\\\\\\\"", n_alt++ ? " | " : "");
@@ -289,10 +320,14 @@ static uint32_t rx_cp(rx *r) {
 static bool class_escape(char e, cset *k, bool *neg) {
     *neg = e == 'D' || e == 'W' || e == 'S';
     switch (e | 0x20) {
-    case 'd': return cset_add(k, '0', '9');
-    case 'w': return cset_add(k, '0', '9') && cset_add(k, 'A', 'Z') && cset_add(k, 'a', 'z') && cset_add(k, '_', '_');
-    case 's': return cset_add(k, ' ', ' ') && cset_add(k, '\t', '\r');
-    default: return false;
+    case 'd':
+        return cset_add(k, '0', '9');
+    case 'w':
+        return cset_add(k, '0', '9') && cset_add(k, 'A', 'Z') && cset_add(k, 'a', 'z') && cset_add(k, '_', '_');
+    case 's':
+        return cset_add(k, ' ', ' ') && cset_add(k, '\t', '\r');
+    default:
+        return false;
     }
 }
 
@@ -300,12 +335,18 @@ static bool class_escape(char e, cset *k, bool *neg) {
 static int64_t char_escape(rx *r) {
     char e = *r->s++;
     switch (e) {
-    case 'n': return '\n';
-    case 't': return '\t';
-    case 'r': return '\r';
-    case 'f': return '\f';
-    case 'v': return '\v';
-    case '0': return 0;
+    case 'n':
+        return '\n';
+    case 't':
+        return '\t';
+    case 'r':
+        return '\r';
+    case 'f':
+        return '\f';
+    case 'v':
+        return '\v';
+    case '0':
+        return 0;
     case 'u': {
         if (r->end - r->s < 4) return -1;
         char h[5] = {0};
@@ -332,7 +373,8 @@ static void put_char(sb *b, uint32_t c) {
     }
     char u[5];
     int n = c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
-    if (n == 1) u[0] = (char)c;
+    if (n == 1)
+        u[0] = (char)c;
     else {
         for (int i = n - 1; i > 0; i--) u[i] = (char)(0x80 | (c & 0x3f)), c >>= 6;
         u[0] = (char)((0xf00 >> n) | c);
@@ -363,14 +405,16 @@ static kiln_status rx_class(rx *r, sb *out) {
                 continue;
             }
             if ((lo = char_escape(r)) < 0) return rx_fail(r, KILN_ERR_UNSUPPORTED, "an escape");
-        } else lo = rx_cp(r);
+        } else
+            lo = rx_cp(r);
         int64_t hi = lo;
         if (r->s + 1 < r->end && *r->s == '-' && r->s[1] != ']') {
             r->s++;
             if (*r->s == '\\') {
                 r->s++;
                 if (r->s >= r->end || (hi = char_escape(r)) < 0) return rx_fail(r, KILN_ERR_UNSUPPORTED, "an escape");
-            } else hi = rx_cp(r);
+            } else
+                hi = rx_cp(r);
             if (hi < lo) return rx_fail(r, KILN_ERR_FORMAT, "a class range whose end is before its start");
         }
         if (!cset_add(&k, (uint32_t)lo, (uint32_t)hi)) return rx_fail(r, KILN_ERR_UNSUPPORTED, "a class of more than 64 ranges");
@@ -386,8 +430,10 @@ static kiln_status rx_atom(rx *r, sb *out) {
     if (ch == '(') {
         r->s++;
         if (r->s < r->end && *r->s == '?') {
-            if (r->s + 1 < r->end && r->s[1] == ':') r->s += 2;
-            else return rx_fail(r, KILN_ERR_UNSUPPORTED, "a group of (? other than (?:");
+            if (r->s + 1 < r->end && r->s[1] == ':')
+                r->s += 2;
+            else
+                return rx_fail(r, KILN_ERR_UNSUPPORTED, "a group of (? other than (?:");
         }
         sb_str(out, "( ");
         r->depth++;
@@ -452,10 +498,13 @@ static kiln_status rx_quant(rx *r, sb *out) {
         }
         if (*e != '}' || (n >= 0 && n < m)) return rx_fail(r, KILN_ERR_FORMAT, "a bad {m,n}");
         if (m > 10000 || n > 10000) return rx_fail(r, KILN_ERR_UNSUPPORTED, "a count above 10000");
-        if (n < 0) sb_fmt(out, "{%ld,}", m);
-        else sb_fmt(out, "{%ld,%ld}", m, n);
+        if (n < 0)
+            sb_fmt(out, "{%ld,}", m);
+        else
+            sb_fmt(out, "{%ld,%ld}", m, n);
         r->s = e + 1;
-    } else return KILN_OK;
+    } else
+        return KILN_OK;
     if (r->s < r->end && (*r->s == '?' || *r->s == '+')) r->s++; /* lazy or possessive: the same language */
     if (r->s < r->end && strchr("*+?{", *r->s)) return rx_fail(r, KILN_ERR_FORMAT, "a repetition of a repetition");
     return KILN_OK;
@@ -500,7 +549,9 @@ static kiln_status gen_pattern(conv *c, const char *pat, size_t n, const char *p
     kiln_status s = rx_alt(&r, &body);
     bool end = false;
     if (!s && r.s < r.end && *r.s == '$' && r.s + 1 == r.end) end = true, r.s++;
-    if (!s && r.s < r.end) s = rx_fail(&r, *r.s == ')' ? KILN_ERR_FORMAT : KILN_ERR_UNSUPPORTED, *r.s == ')' ? "a ) without its (" : "an anchor inside the pattern");
+    if (!s && r.s < r.end)
+        s = rx_fail(&r, *r.s == ')' ? KILN_ERR_FORMAT : KILN_ERR_UNSUPPORTED,
+                    *r.s == ')' ? "a ) without its (" : "an anchor inside the pattern");
     if (!s && (start || end) && r.top_alt) {
         r.s = pat;
         s = rx_fail(&r, KILN_ERR_UNSUPPORTED, "an anchor with a | outside groups (write ^(a|b)$)");
@@ -522,22 +573,31 @@ static kiln_status gen_string(conv *c, json_t *s, const char *ptr, sb *out) {
     kiln_status st = get_count(s, "minLength", ptr, &lo);
     if (!st) st = get_count(s, "maxLength", ptr, &hi);
     if (st) return st;
-    if (lo >= 0 && hi >= 0 && lo > hi) return kiln_fail(KILN_ERR_FORMAT, "json schema %s: minLength %lld is above maxLength %lld", at(ptr), (long long)lo, (long long)hi);
+    if (lo >= 0 && hi >= 0 && lo > hi)
+        return kiln_fail(KILN_ERR_FORMAT, "json schema %s: minLength %lld is above maxLength %lld", at(ptr), (long long)lo, (long long)hi);
     if (pat) {
         if (!json_is_string(pat)) return kiln_fail(KILN_ERR_FORMAT, "json schema %s/pattern: not a string", ptr);
-        if (lo >= 0 || hi >= 0) return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s: pattern together with minLength or maxLength is not supported", at(ptr));
+        if (lo >= 0 || hi >= 0)
+            return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s: pattern together with minLength or maxLength is not supported",
+                             at(ptr));
         return gen_pattern(c, json_string_value(pat), json_string_length(pat), ptr, out);
     }
     if (fmt && json_is_string(fmt))
         for (size_t i = 0; i < sizeof formats / sizeof *formats; i++)
             if (strcmp(json_string_value(fmt), formats[i].name) == 0) {
-                if (lo >= 0 || hi >= 0) return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s: format '%s' together with minLength or maxLength is not supported", at(ptr), formats[i].name);
+                if (lo >= 0 || hi >= 0)
+                    return kiln_fail(KILN_ERR_UNSUPPORTED,
+                                     "json schema %s: format '%s' together with minLength or maxLength is not supported", at(ptr),
+                                     formats[i].name);
                 sb_fmt(out, "\"\\\"\" %s \"\\\"\"", formats[i].gbnf);
                 return KILN_OK;
             }
-    if (lo < 0 && hi < 0) sb_str(out, "jstring");
-    else if (hi < 0) sb_fmt(out, "\"\\\"\" jchar{%lld,} \"\\\"\"", (long long)lo);
-    else sb_fmt(out, "\"\\\"\" jchar{%lld,%lld} \"\\\"\"", (long long)(lo < 0 ? 0 : lo), (long long)hi);
+    if (lo < 0 && hi < 0)
+        sb_str(out, "jstring");
+    else if (hi < 0)
+        sb_fmt(out, "\"\\\"\" jchar{%lld,} \"\\\"\"", (long long)lo);
+    else
+        sb_fmt(out, "\"\\\"\" jchar{%lld,%lld} \"\\\"\"", (long long)(lo < 0 ? 0 : lo), (long long)hi);
     return KILN_OK;
 }
 
@@ -567,17 +627,21 @@ static kiln_status gen_array(conv *c, json_t *s, const char *ptr, sb *out) {
     if (!st) st = get_count(s, "maxItems", ptr, &hi);
     if (st) return st;
     if (lo < 0) lo = 0;
-    if (hi >= 0 && lo > hi) return kiln_fail(KILN_ERR_FORMAT, "json schema %s: minItems %lld is above maxItems %lld", at(ptr), (long long)lo, (long long)hi);
+    if (hi >= 0 && lo > hi)
+        return kiln_fail(KILN_ERR_FORMAT, "json schema %s: minItems %lld is above maxItems %lld", at(ptr), (long long)lo, (long long)hi);
     json_t *prefix = json_object_get(s, "prefixItems"), *items = json_object_get(s, "items");
     if (prefix && !json_is_array(prefix)) return kiln_fail(KILN_ERR_FORMAT, "json schema %s/prefixItems: not an array", ptr);
-    if (items && json_is_array(items)) return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s/items: an array of schemas (use prefixItems)", ptr);
+    if (items && json_is_array(items))
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s/items: an array of schemas (use prefixItems)", ptr);
     const int64_t P = prefix ? (int64_t)json_array_size(prefix) : 0;
     sb item = {0};
     bool none = false;
     st = gen_sub(c, items, ptr, "items", &item, &none);
     int64_t top = hi; /* the most items, -1 no bound */
     if (none && (top < 0 || top > P)) top = P;
-    if (!st && top >= 0 && lo > top) st = kiln_fail(KILN_ERR_FORMAT, "json schema %s: minItems %lld is above the %lld items allowed", at(ptr), (long long)lo, (long long)top);
+    if (!st && top >= 0 && lo > top)
+        st = kiln_fail(KILN_ERR_FORMAT, "json schema %s: minItems %lld is above the %lld items allowed", at(ptr), (long long)lo,
+                       (long long)top);
     /* item i's expression into b */
     sb *its = calloc((size_t)P + 1, sizeof *its);
     char *pp = ptr_join(ptr, "prefixItems");
@@ -593,11 +657,13 @@ static kiln_status gen_array(conv *c, json_t *s, const char *ptr, sb *out) {
     sb body = {0};
     for (int64_t i = 1; !st && i <= last; i++) {
         body.n = 0;
-        if (top >= 0 && i >= top) sb_str(&body, "\"\"");
+        if (top >= 0 && i >= top)
+            sb_str(&body, "\"\"");
         else if (i < P) {
             sb_fmt(&body, "\",\" ws ( %s ) ws %s-t%lld", its[i].s, name, (long long)(i + 1));
             if (i >= lo) sb_str(&body, " | \"\"");
-        } else if (none) sb_str(&body, "\"\"");
+        } else if (none)
+            sb_str(&body, "\"\"");
         else {
             sb_fmt(&body, "( \",\" ws ( %s ) ws ){%lld,", item.s, (long long)(lo > i ? lo - i : 0));
             if (top >= 0) sb_fmt(&body, "%lld", (long long)(top - i));
@@ -610,7 +676,8 @@ static kiln_status gen_array(conv *c, json_t *s, const char *ptr, sb *out) {
     if (!st) {
         body.n = 0;
         sb_str(&body, "\"[\" ws ");
-        if (top == 0 || (none && P == 0)) sb_str(&body, "\"]\"");
+        if (top == 0 || (none && P == 0))
+            sb_str(&body, "\"]\"");
         else {
             sb_fmt(&body, "( ( %s ) ws %s-t1", P ? its[0].s : item.s, name);
             if (lo == 0) sb_str(&body, " | \"\"");
@@ -647,10 +714,12 @@ static kiln_status collect_props(conv *c, json_t *s, const char *ptr, props *pr,
     }
     kiln_status st = check_keywords(s, ptr);
     if (st) return st;
-    static const char *const not_object[] = {"anyOf", "oneOf", "enum", "const", "items", "prefixItems", "pattern", "minLength", "maxLength"};
+    static const char *const not_object[] = {"anyOf",       "oneOf",   "enum",      "const",    "items",
+                                             "prefixItems", "pattern", "minLength", "maxLength"};
     for (size_t i = 0; depth > 0 && i < sizeof not_object / sizeof *not_object; i++)
         if (json_object_get(s, not_object[i]))
-            return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s: '%s' in a member of allOf (only objects' keywords are merged)", at(ptr), not_object[i]);
+            return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s: '%s' in a member of allOf (only objects' keywords are merged)", at(ptr),
+                             not_object[i]);
     json_t *ty = json_object_get(s, "type");
     if (depth > 0 && ty && !(json_is_string(ty) && strcmp(json_string_value(ty), "object") == 0))
         return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s/type: a member of allOf that is not an object", ptr);
@@ -671,13 +740,15 @@ static kiln_status collect_props(conv *c, json_t *s, const char *ptr, props *pr,
         pr->key[pr->n] = k, pr->schema[pr->n] = v, pr->required[pr->n] = false, pr->n++;
     }
     size_t i;
-    json_array_foreach(req, i, v) if (!json_is_string(v)) return kiln_fail(KILN_ERR_FORMAT, "json schema %s/required/%zu: not a string", ptr, i);
+    json_array_foreach(req, i, v) if (!json_is_string(v)) return kiln_fail(KILN_ERR_FORMAT, "json schema %s/required/%zu: not a string",
+                                                                           ptr, i);
     if (all) {
         if (!json_is_array(all)) return kiln_fail(KILN_ERR_FORMAT, "json schema %s/allOf: not an array", ptr);
         char *ap = ptr_join(ptr, "allOf");
         json_array_foreach(all, i, v) {
             char *p2 = ap ? ptr_idx(ap, i) : NULL;
-            st = p2 ? json_is_object(v) ? collect_props(c, v, p2, pr, depth + 1) : kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s: allOf of a boolean schema", p2)
+            st = p2 ? json_is_object(v) ? collect_props(c, v, p2, pr, depth + 1)
+                                        : kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s: allOf of a boolean schema", p2)
                     : kiln_fail(KILN_ERR_NOMEM, "json schema: out of memory");
             free(p2);
             if (st) break;
@@ -688,12 +759,15 @@ static kiln_status collect_props(conv *c, json_t *s, const char *ptr, props *pr,
     json_array_foreach(req, i, v) {
         int j = 0;
         while (j < pr->n && strcmp(pr->key[j], json_string_value(v)) != 0) j++;
-        if (j == pr->n) return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s/required/%zu: '%s' is not among the properties", ptr, i, json_string_value(v));
+        if (j == pr->n)
+            return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s/required/%zu: '%s' is not among the properties", ptr, i,
+                             json_string_value(v));
         pr->required[j] = true;
     }
     json_t *add = json_object_get(s, "additionalProperties");
     if (add) {
-        if (pr->additional && !json_equal(pr->additional, add)) return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s: differing additionalProperties across allOf", ptr);
+        if (pr->additional && !json_equal(pr->additional, add))
+            return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s: differing additionalProperties across allOf", ptr);
         pr->additional = add, pr->additional_ptr = ptr;
     }
     return KILN_OK;
@@ -713,7 +787,8 @@ static kiln_status gen_object(conv *c, json_t *s, const char *ptr, sb *out) {
     bool more = pr->additional ? !json_is_false(pr->additional) : pr->n == 0;
     if (!st && more) {
         sb_str(&extra, "jstring ws \":\" ws ( ");
-        if (!pr->additional || json_is_true(pr->additional)) sb_str(&extra, "jvalue");
+        if (!pr->additional || json_is_true(pr->additional))
+            sb_str(&extra, "jvalue");
         else {
             char *p = ptr_join(pr->additional_ptr, "additionalProperties");
             st = p ? gen(c, pr->additional, p, &extra) : kiln_fail(KILN_ERR_NOMEM, "json schema: out of memory");
@@ -728,14 +803,19 @@ static kiln_status gen_object(conv *c, json_t *s, const char *ptr, sb *out) {
             json_t *ks = json_string(pr->key[i]);
             char *enc = ks ? json_dumps(ks, JSON_ENCODE_ANY) : NULL; /* the key as JSON writes it, quotes and escapes */
             json_decref(ks);
-            if (!enc) st = kiln_fail(KILN_ERR_NOMEM, "json schema: out of memory");
-            else put_literal(&kv, enc, strlen(enc));
+            if (!enc)
+                st = kiln_fail(KILN_ERR_NOMEM, "json schema: out of memory");
+            else
+                put_literal(&kv, enc, strlen(enc));
             free(enc);
             sb_str(&kv, " ws \":\" ws ( ");
             if (!st) {
-                if (json_is_true(pr->schema[i])) sb_str(&kv, "jvalue");
-                else if (json_is_false(pr->schema[i])) st = kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s: a false schema", pr->ptr[i]);
-                else st = gen(c, pr->schema[i], pr->ptr[i], &kv);
+                if (json_is_true(pr->schema[i]))
+                    sb_str(&kv, "jvalue");
+                else if (json_is_false(pr->schema[i]))
+                    st = kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s: a false schema", pr->ptr[i]);
+                else
+                    st = gen(c, pr->schema[i], pr->ptr[i], &kv);
             }
             sb_str(&kv, " ) ws");
         }
@@ -744,12 +824,16 @@ static kiln_status gen_object(conv *c, json_t *s, const char *ptr, sb *out) {
         snprintf(an, sizeof an, "%s-a%d", name, i), snprintf(bn, sizeof bn, "%s-b%d", name, i);
         body.n = 0;
         if (i == pr->n) { /* A_n: (extra ("," ws extra)*)?  B_n: ("," ws extra)* */
-            if (more) sb_fmt(&body, "( %s ( \",\" ws %s )* )?", extra.s, extra.s);
-            else sb_str(&body, "\"\"");
+            if (more)
+                sb_fmt(&body, "( %s ( \",\" ws %s )* )?", extra.s, extra.s);
+            else
+                sb_str(&body, "\"\"");
             add_rule(c, an, &body);
             body.n = 0;
-            if (more) sb_fmt(&body, "( \",\" ws %s )*", extra.s);
-            else sb_str(&body, "\"\"");
+            if (more)
+                sb_fmt(&body, "( \",\" ws %s )*", extra.s);
+            else
+                sb_str(&body, "\"\"");
             add_rule(c, bn, &body);
             continue;
         }
@@ -783,15 +867,18 @@ static kiln_status resolve(conv *c, json_t *ref, const char *ptr, const char *r,
         char key[256];
         size_t k = 0;
         for (size_t i = 0; i < n && k < sizeof key - 1; i++) {
-            if (p[i] == '~' && i + 1 < n && (p[i + 1] == '0' || p[i + 1] == '1')) key[k++] = p[++i] == '0' ? '~' : '/';
-            else key[k++] = p[i];
+            if (p[i] == '~' && i + 1 < n && (p[i + 1] == '0' || p[i + 1] == '1'))
+                key[k++] = p[++i] == '0' ? '~' : '/';
+            else
+                key[k++] = p[i];
         }
         key[k] = 0;
         if (json_is_array(t)) {
             char *end;
             unsigned long idx = strtoul(key, &end, 10);
             t = *key && !*end ? json_array_get(t, idx) : NULL;
-        } else t = json_object_get(t, key);
+        } else
+            t = json_object_get(t, key);
         p += n;
     }
     if (!t) return kiln_fail(KILN_ERR_FORMAT, "json schema %s/$ref: '%s' does not resolve", ptr, r);
@@ -833,7 +920,8 @@ static kiln_status gen_ref(conv *c, json_t *ref, const char *ptr, sb *out) {
 
 /* anyOf / oneOf: alternatives (oneOf's "exactly one" is not checked: a text valid under two passes). */
 static kiln_status gen_alts(conv *c, json_t *a, const char *ptr, const char *key, sb *out) {
-    if (!json_is_array(a) || json_array_size(a) == 0) return kiln_fail(KILN_ERR_FORMAT, "json schema %s/%s: not a non-empty array", ptr, key);
+    if (!json_is_array(a) || json_array_size(a) == 0)
+        return kiln_fail(KILN_ERR_FORMAT, "json schema %s/%s: not a non-empty array", ptr, key);
     char *kp = ptr_join(ptr, key);
     if (!kp) return kiln_fail(KILN_ERR_NOMEM, "json schema: out of memory");
     kiln_status st = KILN_OK;
@@ -892,7 +980,7 @@ static void nonneg_range(sb *b, int64_t lo, int64_t hi) {
     for (int n = n_lo; n <= n_hi; n++) {
         int64_t p = 1;
         for (int i = 1; i < n; i++) p *= 10;
-        const int64_t a = n == 1 ? 0 : p, z = p * 10 - 1; /* the n-digit numbers */
+        const int64_t a = n == 1 ? 0 : p, z = p * 10 - 1;                      /* the n-digit numbers */
         const int64_t from = lo > a ? lo : a, to = hi >= 0 && hi < z ? hi : z; /* hi < 0: n is n_lo, to z */
         if (n > n_lo) sb_str(b, " | ");
         char sa[24], sz[24];
@@ -909,7 +997,8 @@ static kiln_status int_bound(json_t *s, const char *key, const char *ptr, bool l
     json_t *j = json_object_get(s, key);
     *have = j != NULL;
     if (!j) return KILN_OK;
-    if (!json_is_number(j)) return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s/%s: not a number (draft 4's boolean form is not supported)", ptr, key);
+    if (!json_is_number(j))
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s/%s: not a number (draft 4's boolean form is not supported)", ptr, key);
     double x = json_number_value(j);
     if (!(x >= -1e15 && x <= 1e15)) return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s/%s: beyond +-1e15", ptr, key);
     double r = low ? ceil(x) : floor(x);
@@ -934,7 +1023,8 @@ static kiln_status gen_int(json_t *s, const char *ptr, sb *out) {
     }
     if (!has_lo && !has_hi) return sb_str(out, "jint"), KILN_OK;
     if (has_lo && has_hi && lo > hi)
-        return kiln_fail(KILN_ERR_FORMAT, "json schema %s: no integer is within minimum %lld and maximum %lld", at(ptr), (long long)lo, (long long)hi);
+        return kiln_fail(KILN_ERR_FORMAT, "json schema %s: no integer is within minimum %lld and maximum %lld", at(ptr), (long long)lo,
+                         (long long)hi);
     sb_str(out, "( ");
     bool any = false;
     if (!has_lo || lo < 0) { /* negatives from -1 (or hi) down to lo */
@@ -967,9 +1057,11 @@ static kiln_status gen_type(conv *c, json_t *s, const char *type, const char *pt
 static const char *implied_type(json_t *s) {
     static const struct {
         const char *kw, *type;
-    } kws[] = {{"properties", "object"}, {"additionalProperties", "object"}, {"required", "object"}, {"items", "array"},
-               {"prefixItems", "array"}, {"minItems", "array"}, {"maxItems", "array"}, {"minLength", "string"},
-               {"maxLength", "string"}, {"pattern", "string"}};
+    } kws[] = {{"properties", "object"}, {"additionalProperties", "object"},
+               {"required", "object"},   {"items", "array"},
+               {"prefixItems", "array"}, {"minItems", "array"},
+               {"maxItems", "array"},    {"minLength", "string"},
+               {"maxLength", "string"},  {"pattern", "string"}};
     for (size_t i = 0; i < sizeof kws / sizeof *kws; i++)
         if (json_object_get(s, kws[i].kw)) return kws[i].type;
     return NULL;
@@ -987,7 +1079,8 @@ static kiln_status gen_schema(conv *c, json_t *s, const char *ptr, sb *out) {
     if (ref) return gen_ref(c, ref, ptr, out);
     if (cnst) return put_value_literal(out, cnst);
     if (en) {
-        if (!json_is_array(en) || json_array_size(en) == 0) return kiln_fail(KILN_ERR_FORMAT, "json schema %s/enum: not a non-empty array", ptr);
+        if (!json_is_array(en) || json_array_size(en) == 0)
+            return kiln_fail(KILN_ERR_FORMAT, "json schema %s/enum: not a non-empty array", ptr);
         size_t i;
         json_t *v;
         sb_str(out, "( ");
@@ -1000,7 +1093,9 @@ static kiln_status gen_schema(conv *c, json_t *s, const char *ptr, sb *out) {
     }
     if (any && one) return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s: anyOf together with oneOf", at(ptr));
     if (any || one) {
-        if (type || all) return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s: %s together with %s", at(ptr), any ? "anyOf" : "oneOf", type ? "type" : "allOf");
+        if (type || all)
+            return kiln_fail(KILN_ERR_UNSUPPORTED, "json schema %s: %s together with %s", at(ptr), any ? "anyOf" : "oneOf",
+                             type ? "type" : "allOf");
         return gen_alts(c, any ? any : one, ptr, any ? "anyOf" : "oneOf", out);
     }
     if (all) {
@@ -1015,15 +1110,18 @@ static kiln_status gen_schema(conv *c, json_t *s, const char *ptr, sb *out) {
         return KILN_OK;
     }
     if (json_is_string(type)) return gen_type(c, s, json_string_value(type), ptr, out);
-    if (!json_is_array(type) || json_array_size(type) == 0) return kiln_fail(KILN_ERR_FORMAT, "json schema %s/type: not a type name or an array of them", ptr);
+    if (!json_is_array(type) || json_array_size(type) == 0)
+        return kiln_fail(KILN_ERR_FORMAT, "json schema %s/type: not a type name or an array of them", ptr);
     size_t i;
     json_t *v;
     sb_str(out, "( ");
     json_array_foreach(type, i, v) {
         if (!json_is_string(v)) return kiln_fail(KILN_ERR_FORMAT, "json schema %s/type/%zu: not a type name", ptr, i);
         bool known = false;
-        for (size_t k = 0; k < sizeof type_names / sizeof *type_names; k++) known = known || strcmp(json_string_value(v), type_names[k]) == 0;
-        if (!known) return kiln_fail(KILN_ERR_FORMAT, "json schema %s/type/%zu: '%s' is not a JSON Schema type", ptr, i, json_string_value(v));
+        for (size_t k = 0; k < sizeof type_names / sizeof *type_names; k++)
+            known = known || strcmp(json_string_value(v), type_names[k]) == 0;
+        if (!known)
+            return kiln_fail(KILN_ERR_FORMAT, "json schema %s/type/%zu: '%s' is not a JSON Schema type", ptr, i, json_string_value(v));
         if (i) sb_str(out, " | ");
         if ((st = gen_type(c, s, json_string_value(v), ptr, out))) return st;
     }
