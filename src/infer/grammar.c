@@ -475,7 +475,7 @@ static bool flatten(parser *p) {
                 !grow((void **)&g->el, &g->cap_el, g->n_el + x->n + 1, sizeof *g->el))
                 return fail(p, p->s, "out of memory");
             g->alt[g->n_alt++] = g->n_el;
-            memcpy(g->el + g->n_el, x->el, (size_t)x->n * sizeof *x->el);
+            if (x->n) memcpy(g->el + g->n_el, x->el, (size_t)x->n * sizeof *x->el); /* an empty alternative ("") has no run */
             g->n_el += x->n;
             g->el[g->n_el++] = (gelem){GE_END, 0, 0, 0};
         }
