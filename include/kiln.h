@@ -751,6 +751,16 @@ kiln_status kiln_spec_verify_greedy(kiln_session *s, int64_t n_vocab, int32_t t0
 kiln_status kiln_spec_verify_sample(kiln_session *s, kiln_sampler *smp, int64_t n_vocab, int32_t t0, const int32_t *draft, size_t k,
                                     int32_t *out, size_t *n_out);
 
+/* ---------------------------------------------------------------- JSON Schema (src/infer/json_schema.c)
+ * A JSON Schema as GBNF whose root rule matches the JSON texts valid under it, for the subset docs/grammars.md lists
+ * (type, properties, required, additionalProperties, items, prefixItems, minItems, maxItems, minLength, maxLength,
+ * pattern, format date/time/uuid, integer minimum/maximum, enum, const, anyOf, oneOf, allOf of objects, $ref within
+ * the document). Objects keep the schema's property order; whitespace and numbers' digits are bounded so sampling
+ * ends. *gbnf is malloc'd and NUL-terminated, *n its length. Malformed JSON or a bad value is KILN_ERR_FORMAT, a
+ * keyword that changes validity and is not handled (not, if, patternProperties, multipleOf, ...) KILN_ERR_UNSUPPORTED;
+ * both name the JSON pointer. */
+kiln_status kiln_json_schema_to_gbnf(const char *schema, size_t len, char **gbnf, size_t *n);
+
 /* ---------------------------------------------------------------- chat
  * Chat templates for four families, recognized by distinctive substrings of tokenizer.chat_template (kiln has no
  * Jinja engine): llama2 ([INST] ... [/INST] with <<SYS>>), llama3 (<|start_header_id|> ... <|eot_id|>), chatml

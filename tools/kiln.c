@@ -12,7 +12,7 @@
  *   kiln bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   pp and tg tok/s, as llama-bench
  *   kiln convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf | hf DIR -o OUT.gguf [--type T]     (tools/cmd_convert.c)
  *   kiln generate [-m MODEL.gguf] [-p PROMPT | -f FILE] [-n N] [sampling options] [-r STOP]... [--ignore-eos]
- *                 [--grammar GBNF | --grammar-file F] [-t THREADS]
+ *                 [--grammar GBNF | --grammar-file F | --json-schema SCHEMA | --json-schema-file F] [-t THREADS]
  *                 [-c CTX] [-b BATCH] [--chat] [--chat-template NAME] [--check-finite]
  *   kiln chat -m MODEL.gguf [-sys TEXT] [--chat-template NAME] [sampling options]                       (tools/cmd_chat.c)
  *   kiln serve -m MODEL.gguf [--host H] [--port N] [-np SLOTS] [-c CTX] [--api-key KEY] ...             (tools/cmd_serve.c)
@@ -535,9 +535,10 @@ static int generate_with(const char *model_path, const char *prompt, const char 
 
 static int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL, *chat_template = NULL, *grammar = NULL, *grammar_file = NULL;
+    const char *schema = NULL, *schema_file = NULL;
     generate_opts o = {.n_new = 256, .sampler = kiln_sampler_default(), .draft_max = 16, .draft_min = 0, .lookup_ngram = 3};
     bool gpu = false;
-    enum { N_OWN = 24 };
+    enum { N_OWN = 26 };
     kiln_cli_rope_init(&o.rope);
     kiln_cli_opt opts[N_OWN + KILN_CLI_N_SAMPLING + KILN_CLI_N_ROPE + KILN_CLI_N_KV] = {
         {"-m", KILN_CLI_STR, &model_path, 0, 0},
@@ -564,6 +565,8 @@ static int cmd_generate(int argc, char **argv) {
         {"--draft-max", KILN_CLI_I64, &o.draft_max, 1, 256},
         {"--draft-min", KILN_CLI_I64, &o.draft_min, 0, 256},
         {"--lookup-ngram", KILN_CLI_I64, &o.lookup_ngram, 1, 16},
+        {"--json-schema", KILN_CLI_STR, &schema, 0, 0}, /* a JSON Schema, made a grammar (kiln_json_schema_to_gbnf) */
+        {"--json-schema-file", KILN_CLI_STR, &schema_file, 0, 0},
     }; /* then the session and sampling options chat shares */
     int n_opts = N_OWN + kiln_cli_sampling_opts(opts + N_OWN, &o.sampler, &o.sess), n_pos;
     n_opts += kiln_cli_rope_opts(opts + n_opts, &o.rope);
@@ -590,7 +593,16 @@ static int cmd_generate(int argc, char **argv) {
         free(file_text);
         return kiln_cli_error("generate: give the grammar as --grammar or as --grammar-file, not both");
     }
-    if ((grammar || grammar_file) && o.ignore_eos) {
+    if (schema && schema_file) {
+        free(file_text);
+        return kiln_cli_error("generate: give the schema as --json-schema or as --json-schema-file, not both");
+    }
+    if ((schema || schema_file) && (grammar || grammar_file)) {
+        free(file_text);
+        return kiln_cli_error("generate: %s with %s: give a grammar or a JSON schema, not both", schema ? "--json-schema" : "--json-schema-file",
+                              grammar ? "--grammar" : "--grammar-file");
+    }
+    if ((grammar || grammar_file || schema || schema_file) && o.ignore_eos) {
         free(file_text);
         return kiln_cli_error("generate: --ignore-eos with a grammar: the grammar's end is where EOS comes");
     }
@@ -600,7 +612,7 @@ static int cmd_generate(int argc, char **argv) {
                           : sm->repeat_penalty != 1 || sm->presence_penalty != 0 || sm->frequency_penalty != 0
                               ? "speculative decoding with penalties is not supported yet"
                           : sm->temp != 0 && o.draft_path ? "sampling with a draft model is not supported yet: --temp 0 (or --lookup)"
-                          : grammar || grammar_file ? "speculative decoding with a grammar is not supported yet"
+                          : grammar || grammar_file || schema || schema_file ? "speculative decoding with a grammar is not supported yet"
                           : o.ignore_eos ? "speculative decoding with --ignore-eos is not supported yet"
                           : o.draft_min > o.draft_max ? "--draft-min is more than --draft-max" : NULL;
         if (why) {
@@ -613,6 +625,21 @@ static int cmd_generate(int argc, char **argv) {
     if (grammar_file && !(gtext = read_whole("generate", grammar_file, &glen))) {
         free(file_text);
         return 1;
+    }
+    if (schema || schema_file) { /* the schema becomes the grammar's text, then goes as --grammar does */
+        char *stext = NULL;
+        size_t slen = schema ? strlen(schema) : 0;
+        if (schema_file && !(stext = read_whole("generate", schema_file, &slen))) {
+            free(file_text);
+            return 1;
+        }
+        kiln_status ss = kiln_json_schema_to_gbnf(schema ? schema : stext, slen, &gtext, &glen);
+        free(stext);
+        if (ss) {
+            free(file_text);
+            return schema_file ? kiln_cli_error("generate: %s: %s", schema_file, kiln_last_error()) : kiln_cli_die(ss);
+        }
+        grammar = gtext;
     }
     kiln_grammar *g = NULL;
     if (grammar || grammar_file) {
@@ -707,7 +734,8 @@ static void usage(FILE *f) {
                "  convert hf DIR -o OUT.gguf [--type T]  a Hugging Face checkpoint folder to GGUF\n"
                "  generate [-m MODEL.gguf] [-p PROMPT | -f FILE] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
                "           [--repeat-penalty R] [--repeat-last-n N] [--presence-penalty P] [--frequency-penalty F]\n"
-               "           [-s SEED] [-r STOP]... [--ignore-eos] [--grammar GBNF | --grammar-file F] [-t THREADS] [-c CTX]\n"
+               "           [-s SEED] [-r STOP]... [--ignore-eos] [--grammar GBNF | --grammar-file F]\n"
+               "           [--json-schema SCHEMA | --json-schema-file F] [-t THREADS] [-c CTX]\n"
                "           [-b BATCH] [--gpu | -ngl N]\n"
                "           [--chat] [--chat-template NAME]   -p as one user turn of the model's chat template\n"
                "           [--check-finite]   name the first layer whose output is NaN or infinite (KILN_CHECK_FINITE=1)\n"
