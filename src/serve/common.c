@@ -193,6 +193,36 @@ static bool parse_stop(json_t *v, srv_job *j, srv_response *rs) {
     return true;
 }
 
+bool srv_set_schema(json_t *schema, const char *field, srv_job *j, srv_response *rs) {
+    if (j->g.grammar) {
+        srv_error(rs, 400, field, "%s with a grammar: give one of them", field);
+        return false;
+    }
+    if (!json_is_object(schema) && !json_is_boolean(schema)) {
+        srv_error(rs, 400, field, "%s must be a JSON Schema (an object)", field);
+        return false;
+    }
+    char *text = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY), *gbnf = NULL;
+    size_t n = 0;
+    if (!text) {
+        srv_error(rs, 500, NULL, "out of memory");
+        return false;
+    }
+    kiln_status st = kiln_json_schema_to_gbnf(text, strlen(text), &gbnf, &n);
+    free(text);
+    if (!st) st = kiln_grammar_parse(gbnf, n, NULL, &j->g.grammar);
+    free(gbnf);
+    if (st) {
+        srv_error(rs, 400, field, "%s: %s", field, kiln_last_error());
+        return false;
+    }
+    if (j->g.ignore_eos) {
+        srv_error(rs, 400, field, "%s with ignore_eos: the schema's end is where the text ends", field);
+        return false;
+    }
+    return true;
+}
+
 bool srv_parse_gen(srv_server *s, json_t *body, srv_job *j, srv_response *rs) {
     for (size_t i = 0; i < sizeof GEN_FIELDS / sizeof *GEN_FIELDS; i++) {
         json_t *v = json_object_get(body, GEN_FIELDS[i].name);
@@ -250,6 +280,7 @@ bool srv_parse_gen(srv_server *s, json_t *body, srv_job *j, srv_response *rs) {
             return false;
         }
     }
+    if ((v = json_object_get(body, "json_schema")) && !json_is_null(v) && !srv_set_schema(v, "json_schema", j, rs)) return false;
     if (j->g.id_slot >= srv_sched_n_slots(s->sched)) {
         srv_error(rs, 400, "id_slot", "id_slot %d is not a slot: the server has %d", j->g.id_slot, (int)srv_sched_n_slots(s->sched));
         return false;

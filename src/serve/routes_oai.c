@@ -68,10 +68,24 @@ static bool oai_fields(srv_server *s, json_t *body, srv_job *j, bool chat, bool 
     if (j->want_toks) json_object_set_new(extra, "logprobs", json_true());
     if (chat && !no_tools(body, rs)) return false;
     if ((v = json_object_get(body, "response_format")) && !json_is_null(v)) {
+        /* OpenAI's structured output: json_object (any JSON object) or json_schema ({name, schema, strict}) */
         const char *t = json_string_value(json_object_get(v, "type"));
-        if (!t || strcmp(t, "text")) {
-            srv_error(rs, 400, "response_format", "response_format other than {\"type\": \"text\"} is not supported yet (no grammar engine)");
+        if (!json_is_object(v) || !t || (strcmp(t, "text") && strcmp(t, "json_object") && strcmp(t, "json_schema"))) {
+            srv_error(rs, 400, "response_format", "response_format must be {\"type\": \"text\" | \"json_object\" | \"json_schema\"}");
             return false;
+        }
+        if (strcmp(t, "json_object") == 0) {
+            json_t *any = json_pack("{s:s}", "type", "object");
+            const bool ok = any && srv_set_schema(any, "response_format", j, rs);
+            json_decref(any);
+            if (!ok) return false;
+        } else if (strcmp(t, "json_schema") == 0) {
+            json_t *js = json_object_get(v, "json_schema"), *schema = json_is_object(js) ? json_object_get(js, "schema") : NULL;
+            if (!schema) {
+                srv_error(rs, 400, "response_format", "response_format json_schema needs json_schema.schema");
+                return false;
+            }
+            if (!srv_set_schema(schema, "response_format", j, rs)) return false;
         }
     }
     return true;

@@ -2,7 +2,8 @@
  * GET /api/tags, with its field names: options{} for sampling, response / message.content, and the last record's
  * done, done_reason and counts (nanosecond durations). /api/generate formats its prompt as Ollama does: a user
  * message in the model's chat template, after the system message `system` when given; `raw: true` takes the
- * prompt's text as it is (with the model's BOS). Fields kiln does not implement (format, tools, images, ...) get a 400. */
+ * prompt's text as it is (with the model's BOS). "format" ("json" or a JSON Schema) constrains the answer as
+ * response_format does. Fields kiln does not implement (tools, images, ...) get a 400. */
 #include "serve/serve.h"
 
 #include <stdio.h>
@@ -71,7 +72,6 @@ static const struct {
     const char *why;
 } UNSUPPORTED[] = {
     {"template", true, false, "a Go template overriding the model's; kiln serve formats prompts with the model's chat template only"},
-    {"format", true, true, "structured output (JSON or a schema) needs a grammar engine kiln does not have"},
     {"tools", false, true, "function calling is not supported by kiln serve"},
     {"images", true, false, "kiln serve's models take text only"},
     {"suffix", true, false, "fill-in-the-middle is not supported by kiln serve"},
@@ -137,6 +137,17 @@ static void ollama_route(srv_server *s, const srv_request *rq, srv_response *rs,
             goto out;
         }
         if (!srv_parse_gen(s, v, j, rs)) goto out;
+    }
+    /* structured output: "json" (any JSON object) or a JSON Schema */
+    if ((v = json_object_get(body, "format")) && !json_is_null(v) && !(json_is_string(v) && !json_string_length(v))) {
+        json_t *any = json_is_string(v) && strcmp(json_string_value(v), "json") == 0 ? json_pack("{s:s}", "type", "object") : NULL;
+        if (json_is_string(v) && !any) {
+            srv_error(rs, 400, "format", "format must be \"json\" or a JSON Schema");
+            goto out;
+        }
+        const bool ok = srv_set_schema(any ? any : v, "format", j, rs);
+        json_decref(any);
+        if (!ok) goto out;
     }
     if ((v = json_object_get(body, "stream")) && !json_is_null(v)) {
         if (!json_is_boolean(v)) {

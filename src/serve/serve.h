@@ -99,6 +99,9 @@ typedef enum { SRV_FMT_OAI_CHAT, SRV_FMT_OAI_TEXT, SRV_FMT_LLAMA, SRV_FMT_OLLAMA
 /* Reads the generation fields of body (llama-server's and OpenAI's names) into j->g; false with a 400 naming the
  * field. */
 bool srv_parse_gen(srv_server *s, json_t *body, srv_job *j, srv_response *rs);
+/* j's grammar from a JSON Schema (kiln_json_schema_to_gbnf): a 400 naming field for a bad schema, or when the job has
+ * a grammar already or ignore_eos. */
+bool srv_set_schema(json_t *schema, const char *field, srv_job *j, srv_response *rs);
 /* The prompt of a field: a string (tokenized, BOS as the vocab says, special tokens parsed as llama-server does) or
  * an array of token ids; false with a 400 naming field. */
 bool srv_parse_prompt(srv_server *s, json_t *v, const char *field, kiln_tokens *out, srv_response *rs);

@@ -151,7 +151,8 @@ def c_errors():
     expect_400(gen, {"model": m, "prompt": "x", "raw": 1}, "raw")
     expect_400(gen, {"model": m, "prompt": "x", "raw": True, "system": "Be brief."}, "system")
     expect_400(gen, {"model": m, "prompt": "x", "template": "{{ .System }} {{ .Prompt }}"}, "template")
-    expect_400(gen, {"model": m, "prompt": "x", "format": "json"}, "format")
+    expect_400(gen, {"model": m, "prompt": "x", "format": "yaml"}, "format")
+    expect_400(gen, {"model": m, "prompt": "x", "format": {"not": {}}}, "format")
     expect_400("/api/chat", {"model": m, "messages": user, "tools": [tool]}, "tools")
     # a prompt longer than one slot's context
     long_prompt = " ".join(["the"] * (2 * A.slot_ctx))  # about one token a word: twice the slot's context
@@ -420,6 +421,43 @@ def c_grammar():
     expect_400("/completion", {"prompt": "x", "grammar": 'root ::= "a"', "ignore_eos": True}, "grammar")
 
 
+def c_schema():
+    """JSON Schema on every route that takes one: llama-server's json_schema, OpenAI's response_format (json_schema
+    and json_object) and Ollama's format; each finished answer parses and validates (the jsonschema package)."""
+    try:
+        import jsonschema
+    except ImportError:
+        raise Skip("the python jsonschema package is missing")
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 0,
+              "maximum": 150}, "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3}},
+              "required": ["name", "age"], "additionalProperties": False}
+    m, user = model_id(), [{"role": "user", "content": "Describe a person."}]
+    for seed in range(4):
+        r = completion(prompts()[seed % len(prompts())], 120, json_schema=schema, temperature=1.0, seed=seed, cache_prompt=False)
+        check(r.get("stop_type") == "eos", f"seed {seed}: json_schema: stop_type {r.get('stop_type')}: {r['content']!r}")
+        jsonschema.validate(json.loads(r["content"]), schema)
+        rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}}
+        c = SRV.json("POST", "/v1/chat/completions", {"model": m, "messages": user, "max_tokens": 120, "seed": seed,
+                                                       "temperature": 1.0, "response_format": rf})["choices"][0]
+        check(c["finish_reason"] == "stop", f"seed {seed}: response_format: finish_reason {c['finish_reason']}")
+        jsonschema.validate(json.loads(c["message"]["content"]), schema)
+        o = SRV.json("POST", "/api/generate", {"model": m, "prompt": "A person:", "stream": False, "format": schema,
+                                                "options": {"num_predict": 120, "seed": seed, "temperature": 1.0}})
+        check(o.get("done_reason") == "stop", f"seed {seed}: ollama format: done_reason {o.get('done_reason')}")
+        jsonschema.validate(json.loads(o["response"]), schema)
+    # json_object: any object; the text begins one, and parses as one when it ends within max_tokens
+    c = SRV.json("POST", "/v1/chat/completions", {"model": m, "messages": user, "max_tokens": 200,
+                                                   "response_format": {"type": "json_object"}})["choices"][0]
+    check(c["message"]["content"].lstrip().startswith("{"), f"json_object: {c['message']['content'][:80]!r}")
+    if c["finish_reason"] == "stop":
+        check(isinstance(json.loads(c["message"]["content"]), dict), "json_object: not an object")
+    expect_400("/completion", {"prompt": "x", "json_schema": {"not": {}}}, "json_schema")
+    expect_400("/completion", {"prompt": "x", "json_schema": "object"}, "json_schema")
+    expect_400("/completion", {"prompt": "x", "json_schema": {"type": "object"}, "grammar": 'root ::= "a"'}, "json_schema")
+    expect_400("/v1/chat/completions", {"model": m, "messages": user, "response_format": {"type": "xml"}}, "response_format")
+    expect_400("/v1/chat/completions", {"model": m, "messages": user, "response_format": {"type": "json_schema"}}, "response_format")
+
+
 # ---------------------------------------------------------------- Ollama's routes
 
 def ndjson(path, body):
@@ -666,7 +704,7 @@ CHECKS = [("models", c_models), ("chat", c_chat), ("chat_stream", c_chat_stream)
           ("greedy_generate", c_greedy_generate), ("greedy_chat", c_greedy_chat), ("completion", c_completion),
           ("completion_probs", c_completion_probs), ("completion_stream", c_completion_stream),
           ("tokenize_roundtrip", c_tokenize_roundtrip), ("apply_template", c_apply_template), ("props", c_props),
-          ("slots", c_slots), ("metrics", c_metrics), ("grammar", c_grammar), ("ollama", c_ollama), ("concurrency", c_concurrency),
+          ("slots", c_slots), ("metrics", c_metrics), ("grammar", c_grammar), ("schema", c_schema), ("ollama", c_ollama), ("concurrency", c_concurrency),
           ("persist_save", c_persist_save), ("persist_foreign", c_persist_foreign), ("persist_restore", c_persist_restore),
           ("load", c_load), ("sigterm", c_sigterm)]
 
