@@ -189,11 +189,14 @@ static void test_routes_errors(void) {
         {"/api/generate", "{\"prompt\": \"x\", \"raw\": true, \"system\": \"Be brief.\"}", "system"}, /* raw has no template for it */
         {"/api/generate", "{\"prompt\": \"x\", \"template\": \"{{ .Prompt }}\"}", "template"}, /* no Go templates */
         {"/api/generate", "{\"prompt\": \"x\", \"template\": 3}", "template"},
-        {"/api/generate", "{\"prompt\": \"x\", \"format\": \"json\"}", "format"},
+        {"/api/generate", "{\"prompt\": \"x\", \"format\": \"yaml\"}", "format"}, /* "json" or a schema */
         {"/api/generate", "{\"prompt\": \"x\", \"images\": [\"aGk=\"]}", "images"},
         {"/api/generate", "{\"prompt\": \"x\", \"suffix\": \"end\"}", "suffix"},
         {"/api/generate", "{\"prompt\": \"x\", \"context\": [1, 2]}", "context"},
-        {"/api/chat", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"format\": {\"type\": \"object\"}}", "format"},
+        {"/api/chat", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"format\": {\"type\": \"tuple\"}}", "format"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": \"xml\"}}", "response_format"},
+        {"/completion", "{\"prompt\": \"x\", \"json_schema\": {\"not\": {}}}", "json_schema"},
+        {"/completion", "{\"prompt\": \"x\", \"grammar\": \"root ::= nothing\"}", "grammar"},
         {"/api/chat", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\"}]}", "tools"},
         {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}", "tools"},
         {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": \"f\"}", "tools"},
