@@ -37,6 +37,17 @@ static void test_lookup(void) {
     CHECK(kiln_spec_lookup(c, 7, 3, 3, 8, d) == 0);
 }
 
+/* kiln_spec_accept_greedy on hand-made rows of 4 logits: the drafts are taken while each is its row's argmax */
+static void test_accept_greedy_rows(void) {
+    const float rows[4][4] = {{0, 5, 1, 0}, {2, 0, 0, 3}, {9, 0, 0, 0}, {0, 0, 7, 1}}; /* argmaxes 1 3 0 2 */
+    const int32_t all[3] = {1, 3, 0}, second_wrong[3] = {1, 2, 0}, first_wrong[3] = {0, 3, 0};
+    int32_t out[4];
+    CHECK(kiln_spec_accept_greedy(&rows[0][0], 4, all, 3, out) == 4 && out[0] == 1 && out[2] == 0 && out[3] == 2, "all taken");
+    CHECK(kiln_spec_accept_greedy(&rows[0][0], 4, second_wrong, 3, out) == 2 && out[0] == 1 && out[1] == 3, "one taken");
+    CHECK(kiln_spec_accept_greedy(&rows[0][0], 4, first_wrong, 3, out) == 1 && out[0] == 1, "none taken");
+    CHECK(kiln_spec_accept_greedy(&rows[0][0], 4, NULL, 0, out) == 1 && out[0] == 1, "no drafts");
+}
+
 #define N_REF 12
 
 static void test_verify_matches_greedy(void) {
@@ -146,7 +157,7 @@ static void test_verify_sample_keeps_distribution(void) {
             CHECK(kiln_sampler_new(&q, V, &r) == KILN_OK);
             int32_t out[2];
             size_t n_out = 0;
-            kiln_status st = kiln_spec_verify_sample(s, r, V, p.ids[p.n - 1], &drafts[d], 1, out, &n_out);
+            kiln_status st = kiln_spec_verify_sample(s, r, V, p.ids[p.n - 1], NULL, &drafts[d], 1, out, &n_out);
             kiln_sampler_free(r);
             CHECK(st == KILN_OK && n_out >= 1 && n_out <= 2, "%s", kiln_last_error());
             CHECK(out[0] >= 0 && out[0] < V && probs[out[0]] > 0, "token %d of probability 0", (int)out[0]);
@@ -184,6 +195,7 @@ static void test_verify_sample_keeps_distribution(void) {
 
 int main(void) {
     RUN(test_lookup);
+    RUN(test_accept_greedy_rows);
     RUN(test_verify_matches_greedy);
     RUN(test_verify_sample_keeps_distribution);
     TEST_EXIT();

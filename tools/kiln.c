@@ -359,7 +359,7 @@ static kiln_status generate_spec(const kiln_model *m, const kiln_tokenizer *tok,
         if (s) break;
         if (k < (size_t)o->draft_min) k = 0;
         size_t got = 0;
-        if ((s = sampling ? kiln_spec_verify_sample(sess, smp, V, tok_id, draft, k, queue, &got)
+        if ((s = sampling ? kiln_spec_verify_sample(sess, smp, V, tok_id, NULL, draft, k, queue, &got)
                           : kiln_spec_verify_greedy(sess, V, tok_id, draft, k, queue, &got)))
             break;
         rounds++, drafted += (int64_t)k, accepted += (int64_t)got - 1;
