@@ -9,6 +9,7 @@
  *   kiln plot LOG.jsonl -o loss.svg [--title T]                                          (tools/cmd_plot.c)
  *   kiln bench quant [--quick]            dequantize / vec_dot throughput per type and SIMD level
  *   kiln bench grammar [--vocab F]...     the allowed-token mask's time per token under fixed grammars
+ *   kiln bench spec -m TARGET [-md DRAFT] [--draft-max 2,4,8] [--simulate-accept A]   speculative decoding's speedup
  *   kiln bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   pp and tg tok/s, as llama-bench
  *   kiln convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf | hf DIR -o OUT.gguf [--type T]     (tools/cmd_convert.c)
  *   kiln generate [-m MODEL.gguf] [-p PROMPT | -f FILE] [-n N] [sampling options] [-r STOP]... [--ignore-eos]
@@ -724,6 +725,8 @@ static void usage(FILE *f) {
                "  synth [--shape S] [--type T] [--vocab V.gguf] -o OUT.gguf  a llama model with random weights\n"
                "  bench quant [--quick]                  dequantize and vec_dot throughput per type, scalar vs SIMD\n"
                "  bench grammar [--vocab F.gguf]... [--walks N]   the allowed-token mask's time per token under fixed grammars\n"
+               "  bench spec -m TARGET [-md DRAFT] [--gpu] [-p P | -f F] [-n N] [--draft-max 2,4,8] [--temp T]\n"
+               "             [--simulate-accept A] [--reps R]   speculative decoding: acceptance, tokens/forward, speedup\n"
                "  bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   prompt and generation tok/s, as llama-bench\n"
                "  bench --gpu -m MODEL.gguf [-p 512] [-n 128] [-r R]   the same on the GPU, with GB/s, VRAM and a per-op decode profile\n"
                "  bench serve (--url URL | -m MODEL [-np N] [-t T]) [-c 1,4,16] [-n 64] [--peer-bin llama-server]\n"
@@ -776,6 +779,7 @@ int main(int argc, char **argv) {
         if (argc >= 3 && strcmp(argv[2], "quant") == 0) return kiln_bench_quant(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "tokenize") == 0) return kiln_bench_tokenize(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "grammar") == 0) return kiln_bench_grammar(argc - 3, argv + 3);
+        if (argc >= 3 && strcmp(argv[2], "spec") == 0) return kiln_bench_spec(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "train") == 0) return kiln_bench_train(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "serve") == 0) return kiln_bench_serve(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "model") == 0) return kiln_bench_model(argc - 3, argv + 3);
