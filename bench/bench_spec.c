@@ -2,7 +2,9 @@
  * [--temp T] [--simulate-accept A] [--reps R] [-t THREADS] [--seed S] [--lookup-ngram N]`: the speed of speculative
  * decoding against plain decoding, in one run.
  *
- * Cases, each decoding N tokens (default 128) after the prompt (prefilled untimed; EOS does not stop a case):
+ * Cases, each decoding N tokens (default 128) after the prompt (prefilled untimed; EOS does not stop a case). The
+ * prompt: -p's text, -f's first tokens (as many as the context leaves), "Once upon a time", or for a model without a
+ * tokenizer (kiln synth) 32 seeded random ids.
  *   plain    one target forward a token (greedy: kiln_session_eval_argmax, so on the GPU only the argmax comes back;
  *            with --temp: the logits and kiln_sampler_sample)
  *   lookup   prompt lookup drafts (kiln_spec_lookup), at each --draft-max
@@ -14,7 +16,9 @@
  * and the caches cut back to the tokens taken. So a synthetic 7B target with a 1.1B draft can be timed at a real
  * pair's acceptance rate. Those rows say "simulated".
  * Per case: tok_s, the tokens the timed loop made (N - 1: the first comes from the prefill) over its seconds (the
- * median of --reps runs, default 1, after one untimed plain run); acceptance, drafts taken over drafted;
+ * median of --reps runs, default 1, after one untimed plain run); acceptance, drafts taken over drafted; alpha,
+ * drafts taken over drafts judged (taken plus one per round that refused one: the drafts after a refused one are
+ * never judged), the chance that a draft is taken when the one before was, the rate --simulate-accept takes;
  * tokens_per_forward, the tokens made over the target's forwards (plain: 1); speedup, tok_s over plain's of the
  * same run. Sessions go through the session API only (--gpu: every layer on CUDA device 0, both models), so the
  * GPU runs exactly the CPU's loop.
@@ -36,6 +40,7 @@
 #define MAX_DRAFT_MAX 16 /* entries of --draft-max's list */
 #define MAX_REPS 100
 #define AGREE_CHUNK 256 /* tokens a teacher-forced forward of the agreement check takes */
+#define RANDOM_PROMPT 32 /* the prompt's ids for a model without a tokenizer */
 
 typedef struct {
     kiln_session *ts, *ds;     /* the target's session, the draft's (NULL without -md) */
@@ -54,7 +59,7 @@ typedef struct {
     const char *kind;  /* "plain", "lookup", "draft" */
     int64_t draft_max; /* 0 for plain */
     bool simulated;
-    int64_t tokens, forwards, drafted, accepted;
+    int64_t tokens, forwards, drafted, accepted, refused; /* refused: rounds that refused a draft */
     double seconds;
 } spec_case;
 
@@ -112,7 +117,7 @@ static kiln_status run_case(bench_state *b, spec_case *c) {
     int64_t gen = 1, dpos = 0;
     uint64_t rng = b->seed ^ 0x9E3779B97F4A7C15ull;
     const bool use_draft = strcmp(c->kind, "draft") == 0;
-    c->forwards = c->drafted = c->accepted = 0;
+    c->forwards = c->drafted = c->accepted = c->refused = 0;
     const double t0 = kiln_bench_now();
     while (!st && gen < b->n_new) {
         int32_t t = b->seq[n - 1];
@@ -147,7 +152,7 @@ static kiln_status run_case(bench_state *b, spec_case *c) {
         }
         memcpy(b->seq + n, b->out, got * sizeof *b->out);
         n += got, gen += (int64_t)got;
-        c->forwards++, c->drafted += (int64_t)k, c->accepted += (int64_t)got - 1;
+        c->forwards++, c->drafted += (int64_t)k, c->accepted += (int64_t)got - 1, c->refused += got - 1 < k;
     }
     c->seconds = kiln_bench_now() - t0;
     c->tokens = gen - 1;
@@ -186,7 +191,7 @@ static kiln_status collect_ids(void *ud, const int32_t *ids, size_t n) {
 }
 
 static void print_case(const bench_state *b, const char *target, const char *draft, bool gpu, const spec_case *c, double plain_tps) {
-    char a[32], tpf[32], tps[32], sp[32], sim[32];
+    char a[32], al[32], tpf[32], tps[32], sp[32], sim[32];
     const double tok_s = c->seconds > 0 ? (double)c->tokens / c->seconds : 0;
     printf("{\"bench\": \"spec\", \"target\": ");
     kiln_bench_json_str(kiln_bench_base_name(target));
@@ -194,12 +199,14 @@ static void print_case(const bench_state *b, const char *target, const char *dra
     if (draft && strcmp(c->kind, "draft") == 0) kiln_bench_json_str(kiln_bench_base_name(draft));
     else printf("null");
     printf(", \"gpu\": %s, \"temp\": %g, \"case\": \"%s\", \"draft_max\": %lld, \"simulated_accept\": %s, \"tokens\": %lld, "
-           "\"target_forwards\": %lld, \"drafted\": %lld, \"accepted\": %lld, \"acceptance\": %s, \"tokens_per_forward\": %s, "
+           "\"target_forwards\": %lld, \"drafted\": %lld, \"accepted\": %lld, \"acceptance\": %s, \"alpha\": %s, "
+           "\"tokens_per_forward\": %s, "
            "\"tok_s\": %s, \"speedup\": %s}\n",
            gpu ? "true" : "false", (double)b->sp.temp, c->kind, (long long)c->draft_max,
            c->simulated ? kiln_bench_json_num(sim, sizeof sim, b->accept_sim, 3) : "null", (long long)c->tokens, (long long)c->forwards,
            (long long)c->drafted, (long long)c->accepted,
            kiln_bench_json_num(a, sizeof a, c->drafted ? (double)c->accepted / (double)c->drafted : (double)NAN, 4),
+           kiln_bench_json_num(al, sizeof al, c->accepted + c->refused ? (double)c->accepted / (double)(c->accepted + c->refused) : (double)NAN, 4),
            kiln_bench_json_num(tpf, sizeof tpf, c->forwards ? (double)c->tokens / (double)c->forwards : (double)NAN, 3),
            kiln_bench_json_num(tps, sizeof tps, tok_s, 1), kiln_bench_json_num(sp, sizeof sp, plain_tps > 0 ? tok_s / plain_tps : (double)NAN, 3));
     fflush(stdout);
@@ -251,12 +258,17 @@ int kiln_bench_spec(int argc, char **argv) {
     int n_cases = 0, rc = 1;
     kiln_status st = cases ? kiln_model_load(target, &tm) : kiln_fail(KILN_ERR_NOMEM, "out of memory");
     const kiln_tokenizer *tok = st ? NULL : kiln_model_tokenizer(tm);
-    if (!st && !tok) st = kiln_fail(KILN_ERR_INVALID, "%s: the model has no tokenizer", target);
+    if (!st && !tok && (prompt || file)) st = kiln_fail(KILN_ERR_INVALID, "%s: the model has no tokenizer for -p or -f", target);
     if (!st && draft && !(st = kiln_model_load(draft, &dm)) && kiln_model_n_vocab(dm) != kiln_model_n_vocab(tm))
         st = kiln_fail(KILN_ERR_INVALID, "%s: the draft's vocab has %lld tokens, the target's %lld", draft, (long long)kiln_model_n_vocab(dm),
                        (long long)kiln_model_n_vocab(tm));
     if (!st && file) st = kiln_tokenizer_encode_file(tok, file, true, false, collect_ids, &ids);
-    else if (!st) {
+    else if (!st && !tok) { /* a synthetic model (kiln synth without --vocab): seeded random ids */
+        uint64_t x = sp.seed | 1;
+        int32_t r[RANDOM_PROMPT];
+        for (int i = 0; i < RANDOM_PROMPT; i++) r[i] = (int32_t)(coin_next(&x) % (uint64_t)kiln_model_n_vocab(tm));
+        st = collect_ids(&ids, r, RANDOM_PROMPT);
+    } else if (!st) {
         const char *text = prompt ? prompt : "Once upon a time";
         st = kiln_tokenizer_encode(tok, text, strlen(text), true, false, &ids);
     }
@@ -314,19 +326,21 @@ int kiln_bench_spec(int argc, char **argv) {
     }
     printf("\n%s%s, temp %g, %lld tokens, prompt %zu tokens\n", kiln_bench_base_name(target), gpu ? " (GPU)" : "", (double)sp.temp,
            (long long)n_new, n_prompt);
-    printf("| case | draft-max | acceptance | tokens/forward | tok/s | speedup |\n| --- | ---: | ---: | ---: | ---: | ---: |\n");
+    printf("| case | draft-max | acceptance | alpha | tokens/forward | tok/s | speedup |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (int ci = 0; ci < n_cases; ci++) {
         const spec_case *c = &cases[ci];
         const double tps = (double)c->tokens / c->seconds;
-        char label[96], acc[32];
+        char label[96], acc[32], alpha[32];
         if (c->simulated) snprintf(label, sizeof label, "draft %s (simulated accept %.2f)", kiln_bench_base_name(draft), accept_sim);
         else if (strcmp(c->kind, "draft") == 0) snprintf(label, sizeof label, "draft %s", kiln_bench_base_name(draft));
         else snprintf(label, sizeof label, "%s", c->kind);
         if (c->drafted) snprintf(acc, sizeof acc, "%.1f%%", 100.0 * (double)c->accepted / (double)c->drafted);
         else snprintf(acc, sizeof acc, "-");
+        if (c->accepted + c->refused) snprintf(alpha, sizeof alpha, "%.3f", (double)c->accepted / (double)(c->accepted + c->refused));
+        else snprintf(alpha, sizeof alpha, "-");
         char dm_s[24];
         snprintf(dm_s, sizeof dm_s, c->draft_max ? "%lld" : "-", (long long)c->draft_max);
-        printf("| %s | %s | %s | %.2f | %.1f | %.2fx |\n", label, dm_s, acc,
+        printf("| %s | %s | %s | %s | %.2f | %.1f | %.2fx |\n", label, dm_s, acc, alpha,
                (double)c->tokens / (double)c->forwards, tps, tps / plain_tps);
     }
     if (total) printf("top-1 agreement of the draft with the target, teacher-forced on the file: %.1f%% of %lld positions\n", 100.0 * (double)same / (double)total,
