@@ -697,9 +697,12 @@ void kiln_sampler_free(kiln_sampler *s);
 /* Picks a token from logits (modified in place); history is the sequence so far, for the repetition penalty. */
 int32_t kiln_sampler_sample(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history);
 /* The distribution kiln_sampler_sample draws from, written over logits (V probabilities; temp 0: the argmax's
- * one-hot); and one coin of the sampler's RNG in [0, 1), for a caller that draws with it (speculative.c). */
+ * one-hot); one coin of the sampler's RNG in [0, 1), for a caller that draws with it (speculative.c); and a token
+ * drawn with one coin from V non-negative weights (renormalized; a token of weight 0 is never drawn), as a drafter
+ * samples from its kiln_sampler_probs. */
 void kiln_sampler_probs(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history);
 float kiln_sampler_coin(kiln_sampler *s);
+int32_t kiln_sampler_draw(kiln_sampler *s, const float *probs);
 
 /* ---------------------------------------------------------------- grammars (src/infer/grammar.c)
  * llama.cpp's GBNF: rules `name ::= alternatives`, literals "..." (escapes \n \r \t \\ \" \xHH \uHHHH \UHHHHHHHH),
@@ -739,17 +742,32 @@ void kiln_grammar_matcher_cache_stats(const kiln_grammar_matcher *m, int64_t *hi
  * Prompt lookup: the tokens that followed the latest earlier occurrence of seq's last g tokens (g from ngram_max
  * down to ngram_min, the longest that occurs), at most max_draft, into draft; returns how many (0: none). */
 size_t kiln_spec_lookup(const int32_t *seq, size_t n, int ngram_min, int ngram_max, size_t max_draft, int32_t *draft);
-/* Greedy verification: evaluates t0 (the token the session feeds next) and draft[0..k) in one forward, takes the
- * drafts while each equals the model's argmax after the one before, and puts them in out with the model's own next
- * argmax after them (out holds k + 1; *n_out = taken + 1). The session keeps t0 and the taken drafts; out's last
- * token is not evaluated yet, as a sampled token in plain decoding. */
+/* A draft model's k tokens into draft: feeds ids[0..n) (what the draft session ds has not seen yet; n >= 1), then
+ * drafts one token at a time, each fed back but the last, so ds ends k - 1 + n positions on. smp NULL: greedy (ds's
+ * argmax; q unused); else each is drawn from kiln_sampler_probs of ds's logits under smp's settings, whose k rows
+ * (k x n_vocab) go into q for kiln_spec_accept_sample. After the target's verdict the caller cuts ds back to the
+ * tokens taken (kiln_session_keep). */
+kiln_status kiln_spec_draft(kiln_session *ds, kiln_sampler *smp, int64_t n_vocab, const int32_t *ids, size_t n, size_t k,
+                            int32_t *draft, float *q);
+/* Row-level acceptance, for a caller that runs the target's forward itself (a server's batch). rows: k + 1 rows of
+ * n_vocab logits, row i the target's after t0 and draft[0..i). Returns taken + 1, the tokens in out (taken drafts,
+ * then the target's own next token; out holds k + 1). Greedy: the drafts are taken while each is the row's argmax. */
+size_t kiln_spec_accept_greedy(const float *rows, int64_t n_vocab, const int32_t *draft, size_t k, int32_t *out);
+/* The same for sampling with smp's pipeline (no penalties: the history is not passed; rows are overwritten with the
+ * target's probabilities). q: NULL for drafts certain under their drafter (prompt lookup), else k rows of the
+ * drafter's probabilities (as kiln_sampler_probs gives them) that draft[i] was sampled from. Draft i is taken with
+ * probability min(1, p/q), the first refused one replaced by a draw from max(0, p - q) renormalized, one more drawn
+ * from p after the last taken: every emitted token is distributed as sampling without drafts. */
+size_t kiln_spec_accept_sample(kiln_sampler *smp, float *rows, int64_t n_vocab, const float *q, const int32_t *draft,
+                               size_t k, int32_t *out);
+/* Session-level verification: evaluates t0 (the token the session feeds next) and draft[0..k) in one forward,
+ * accepts as kiln_spec_accept_greedy / kiln_spec_accept_sample do (*n_out = taken + 1), and cuts the session back
+ * so it keeps t0 and the taken drafts; out's last token is not evaluated yet, as a sampled token in plain decoding.
+ * More drafts than the context's free positions: KILN_ERR_RANGE, nothing evaluated. */
 kiln_status kiln_spec_verify_greedy(kiln_session *s, int64_t n_vocab, int32_t t0, const int32_t *draft, size_t k, int32_t *out,
                                     size_t *n_out);
-/* The same for sampling with smp (no penalties: the history is not passed), drafts that are certain under their
- * drafter (prompt lookup): draft i is taken with the target's probability of it, the first refused one replaced by a
- * draw from the target's distribution without it; every emitted token is distributed as sampling without drafts. */
-kiln_status kiln_spec_verify_sample(kiln_session *s, kiln_sampler *smp, int64_t n_vocab, int32_t t0, const int32_t *draft, size_t k,
-                                    int32_t *out, size_t *n_out);
+kiln_status kiln_spec_verify_sample(kiln_session *s, kiln_sampler *smp, int64_t n_vocab, int32_t t0, const float *q,
+                                    const int32_t *draft, size_t k, int32_t *out, size_t *n_out);
 
 /* ---------------------------------------------------------------- JSON Schema (src/infer/json_schema.c)
  * A JSON Schema as GBNF whose root rule matches the JSON texts valid under it, for the subset docs/grammars.md lists

@@ -256,6 +256,20 @@ void kiln_sampler_probs(kiln_sampler *s, float *logits, const int32_t *history, 
 
 float kiln_sampler_coin(kiln_sampler *s) { return random_f32(&s->rng); }
 
+int32_t kiln_sampler_draw(kiln_sampler *s, const float *probs) {
+    double total = 0;
+    for (int64_t i = 0; i < s->n_vocab; i++) total += probs[i];
+    const double r = random_f32(&s->rng) * total;
+    double cdf = 0;
+    int32_t last = 0;
+    for (int64_t i = 0; i < s->n_vocab; i++) {
+        if (probs[i] <= 0) continue;
+        cdf += probs[i], last = (int32_t)i;
+        if (r < cdf) return (int32_t)i;
+    }
+    return last; /* rounding */
+}
+
 int32_t kiln_sampler_sample(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history) {
     const kiln_sampler_params *p = &s->p;
     const int64_t V = s->n_vocab;

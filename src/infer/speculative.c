@@ -1,21 +1,25 @@
-/* speculative.c: greedy speculative decoding's two halves, which the CLI's generate loop (and a server's) combine.
+/* speculative.c: speculative decoding's halves, which the CLI's generate loop and the server combine.
  *
  *   drafting   prompt lookup: the latest earlier occurrence of the sequence's last g tokens (g from ngram_max down to
  *              ngram_min, the longest that occurs) proposes the tokens that followed it, as llama.cpp's lookup does;
- *              or a draft model's own greedy tokens (the caller runs the draft session with kiln_session_eval_argmax)
- *   verifying  kiln_spec_verify_greedy: the target evaluates the token it would feed next (t0) and the k drafted ones
- *              in one batched forward; the drafted tokens are taken while each equals the target's argmax after
- *              the one before, and the target's own argmax at the first that differs (or after the last) comes
- *              with them. The session is then cut back to what was taken, so its cache holds exactly t0 and the
- *              accepted drafts, as a run without drafts would have.
- * The tokens are the ones plain greedy decoding gives, as long as the batched forward's argmaxes equal the
- * single-token forward's (tests/test_speculative.c checks that they do on the bundled model).
+ *              or a draft model's own tokens (kiln_spec_draft: its argmax, or a draw from its distribution q
+ *              under the target's sampler settings)
+ *   accepting  kiln_spec_accept_greedy / kiln_spec_accept_sample: given the target's k + 1 rows of logits (row i
+ *              after t0 and draft[0..i)), which drafts are taken and the target's own token after them
+ *   verifying  kiln_spec_verify_greedy / kiln_spec_verify_sample: a session evaluates the token it would feed next
+ *              (t0) and the k drafts in one batched forward, accepts, and is cut back to what was taken, so its
+ *              cache holds exactly t0 and the accepted drafts, as a run without drafts would have
  *
- * Sampling (kiln_spec_verify_sample, for drafts that are certain under their drafter, as prompt lookup's): the
- * standard rule with a one-hot draft distribution. Draft d after the target's distribution p (the sampler's whole
- * pipeline, kiln_sampler_probs) is taken with probability p(d); at the first refused one the token is drawn from p
- * without d, renormalized; after the last taken draft one more is drawn from p. Each emitted token is then
- * distributed as p, exactly as sampling without drafts (tested by frequencies). */
+ * Greedy: the drafts are taken while each equals the target's argmax after the one before, then the target's argmax
+ * at the first that differs (or after the last). The tokens are plain greedy decoding's, as long as the batched
+ * forward's argmaxes equal the single-token forward's (tests/test_speculative.c checks that they do).
+ *
+ * Sampling: the standard rule (Leviathan et al. 2023, Chen et al. 2023). Draft d, sampled from the drafter's q, after
+ * the target's distribution p (the sampler's whole pipeline, kiln_sampler_probs) is taken with probability
+ * min(1, p(d) / q(d)); at the first refused one the token is drawn from max(0, p - q) renormalized; after the last
+ * taken draft one more is drawn from p. A draft certain under its drafter (prompt lookup, q NULL) is q = one-hot:
+ * taken with probability p(d), else drawn from p without d. Each emitted token is then distributed as p, exactly as
+ * sampling without drafts (tested by frequencies on the first and second token). */
 #include "kiln.h"
 #include "status.h"
 
@@ -45,92 +49,114 @@ static int32_t argmax(const float *row, int64_t V) {
     return best;
 }
 
+size_t kiln_spec_accept_greedy(const float *rows, int64_t n_vocab, const int32_t *draft, size_t k, int32_t *out) {
+    size_t j = 0;
+    /* row j is the target's prediction after t0 and draft[0..j): it must be draft[j] for draft[j] to be taken */
+    while (j < k && argmax(rows + j * (size_t)n_vocab, n_vocab) == draft[j]) out[j] = draft[j], j++;
+    out[j] = argmax(rows + j * (size_t)n_vocab, n_vocab);
+    return j + 1;
+}
+
+size_t kiln_spec_accept_sample(kiln_sampler *smp, float *rows, int64_t n_vocab, const float *q, const int32_t *draft, size_t k,
+                               int32_t *out) {
+    for (size_t j = 0;; j++) {
+        float *p = rows + j * (size_t)n_vocab;
+        kiln_sampler_probs(smp, p, NULL, 0); /* the target's distribution after t0 and draft[0..j) */
+        if (j == k) {
+            out[j] = kiln_sampler_draw(smp, p);
+            return j + 1;
+        }
+        const int32_t d = draft[j];
+        const float *qj = q ? q + j * (size_t)n_vocab : NULL;
+        const float qd = qj ? qj[d] : 1.0f;
+        /* taken with probability min(1, p(d) / q(d)), written without the division (q(d) 0: taken where p(d) > 0) */
+        if (kiln_sampler_coin(smp) * qd < p[d]) {
+            out[j] = d;
+            continue;
+        }
+        /* refused: a draw from the residual max(0, p - q), which kiln_sampler_draw renormalizes; it has mass, since
+         * p(d) < q(d) and both summing to 1 mean p exceeds q somewhere */
+        double mass = 0;
+        for (int64_t i = 0; i < n_vocab; i++) {
+            p[i] = qj ? (p[i] > qj[i] ? p[i] - qj[i] : 0.0f) : (i == d ? 0.0f : p[i]);
+            mass += p[i];
+        }
+        out[j] = mass > 0 ? kiln_sampler_draw(smp, p) : d; /* no mass left only by float rounding, p = q */
+        return j + 1;
+    }
+}
+
+kiln_status kiln_spec_draft(kiln_session *ds, kiln_sampler *smp, int64_t n_vocab, const int32_t *ids, size_t n, size_t k,
+                            int32_t *draft, float *q) {
+    if (!k) return KILN_OK;
+    if (!smp) { /* greedy: on the GPU only the argmax comes back */
+        kiln_status st = kiln_session_eval_argmax(ds, ids, n, &draft[0]);
+        for (size_t j = 1; !st && j < k; j++) st = kiln_session_eval_argmax(ds, &draft[j - 1], 1, &draft[j]);
+        return st;
+    }
+    for (size_t j = 0; j < k; j++) {
+        float *qj = q + j * (size_t)n_vocab;
+        kiln_status st = j ? kiln_session_eval(ds, &draft[j - 1], 1, qj, NULL) : kiln_session_eval(ds, ids, n, qj, NULL);
+        if (st) return st;
+        kiln_sampler_probs(smp, qj, NULL, 0); /* the drafter's q, under the target's sampler settings */
+        draft[j] = kiln_sampler_draw(smp, qj);
+    }
+    return KILN_OK;
+}
+
+/* The prologue both verifiers share: t0 and draft[0..k) through the session in one forward, their k + 1 rows of
+ * logits into *rows (malloc'd; the caller frees it). */
+static kiln_status verify_eval(kiln_session *s, int64_t n_vocab, int32_t t0, const int32_t *draft, size_t k, float **rows) {
+    *rows = NULL;
+    const int64_t pos = kiln_session_pos(s);
+    if (k + 1 > (size_t)(kiln_session_n_ctx(s) - pos))
+        return kiln_fail(KILN_ERR_RANGE, "speculative: %zu drafted tokens do not fit the context's %lld free positions", k,
+                         (long long)(kiln_session_n_ctx(s) - pos - 1));
+    int32_t *ids = malloc((k + 1) * sizeof *ids);
+    float *r = malloc((k + 1) * (size_t)n_vocab * sizeof *r);
+    if (!ids || !r) {
+        free(ids), free(r);
+        return kiln_fail(KILN_ERR_NOMEM, "speculative: out of memory for %zu rows of logits", k + 1);
+    }
+    ids[0] = t0;
+    if (k) memcpy(ids + 1, draft, k * sizeof *ids);
+    kiln_status st = kiln_session_eval(s, ids, k + 1, NULL, r);
+    free(ids);
+    if (st) free(r);
+    else *rows = r;
+    return st;
+}
+
+/* The epilogue: keep t0 and the taken drafts (n_out - 1 of them) at pos; the next token (out's last) is fed by the
+ * caller, as in plain decoding. */
+static kiln_status verify_keep(kiln_session *s, int64_t pos, size_t n_out) {
+    const int64_t keep = pos + (int64_t)n_out;
+    if (kiln_session_keep(s, keep) != keep)
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "speculative: the model's sliding-window cache cannot be cut back to position %lld",
+                         (long long)keep);
+    return KILN_OK;
+}
+
 kiln_status kiln_spec_verify_greedy(kiln_session *s, int64_t n_vocab, int32_t t0, const int32_t *draft, size_t k, int32_t *out,
                                     size_t *n_out) {
     *n_out = 0;
     const int64_t pos = kiln_session_pos(s);
-    if (k + 1 > (size_t)(kiln_session_n_ctx(s) - pos))
-        return kiln_fail(KILN_ERR_RANGE, "speculative: %zu drafted tokens do not fit the context's %lld free positions", k,
-                         (long long)(kiln_session_n_ctx(s) - pos - 1));
-    int32_t *ids = malloc((k + 1) * sizeof *ids);
-    float *rows = malloc((k + 1) * (size_t)n_vocab * sizeof *rows);
-    if (!ids || !rows) {
-        free(ids), free(rows);
-        return kiln_fail(KILN_ERR_NOMEM, "speculative: out of memory for %zu rows of logits", k + 1);
-    }
-    ids[0] = t0;
-    if (k) memcpy(ids + 1, draft, k * sizeof *ids);
-    kiln_status st = kiln_session_eval(s, ids, k + 1, NULL, rows);
-    size_t j = 0;
-    if (!st) {
-        /* row i is the target's prediction after ids[0..i]: it must be draft[i] for draft[i] to be taken */
-        while (j < k && argmax(rows + j * (size_t)n_vocab, n_vocab) == draft[j]) out[j] = draft[j], j++;
-        out[j] = argmax(rows + j * (size_t)n_vocab, n_vocab);
-        *n_out = j + 1;
-        /* keep t0 and the j accepted drafts; the next token (out[j]) is fed by the caller, as in plain decoding */
-        if (kiln_session_keep(s, pos + 1 + (int64_t)j) != pos + 1 + (int64_t)j)
-            st = kiln_fail(KILN_ERR_UNSUPPORTED, "speculative: the model's sliding-window cache cannot be cut back to position %lld",
-                           (long long)(pos + 1 + (int64_t)j));
-    }
-    free(ids), free(rows);
-    return st;
+    float *rows;
+    kiln_status st = verify_eval(s, n_vocab, t0, draft, k, &rows);
+    if (st) return st;
+    *n_out = kiln_spec_accept_greedy(rows, n_vocab, draft, k, out);
+    free(rows);
+    return verify_keep(s, pos, *n_out);
 }
 
-/* The first index whose running sum of p exceeds coin * (the sum of p). */
-static int32_t draw(const float *p, int64_t V, float coin) {
-    double total = 0;
-    for (int64_t i = 0; i < V; i++) total += p[i];
-    const double r = coin * total;
-    double cdf = 0;
-    int32_t last = 0;
-    for (int64_t i = 0; i < V; i++) {
-        if (p[i] <= 0) continue;
-        cdf += p[i], last = (int32_t)i;
-        if (r < cdf) return (int32_t)i;
-    }
-    return last; /* rounding */
-}
-
-kiln_status kiln_spec_verify_sample(kiln_session *s, kiln_sampler *smp, int64_t n_vocab, int32_t t0, const int32_t *draft, size_t k,
-                                    int32_t *out, size_t *n_out) {
+kiln_status kiln_spec_verify_sample(kiln_session *s, kiln_sampler *smp, int64_t n_vocab, int32_t t0, const float *q, const int32_t *draft,
+                                    size_t k, int32_t *out, size_t *n_out) {
     *n_out = 0;
     const int64_t pos = kiln_session_pos(s);
-    if (k + 1 > (size_t)(kiln_session_n_ctx(s) - pos))
-        return kiln_fail(KILN_ERR_RANGE, "speculative: %zu drafted tokens do not fit the context's %lld free positions", k,
-                         (long long)(kiln_session_n_ctx(s) - pos - 1));
-    int32_t *ids = malloc((k + 1) * sizeof *ids);
-    float *rows = malloc((k + 1) * (size_t)n_vocab * sizeof *rows);
-    if (!ids || !rows) {
-        free(ids), free(rows);
-        return kiln_fail(KILN_ERR_NOMEM, "speculative: out of memory for %zu rows of logits", k + 1);
-    }
-    ids[0] = t0;
-    if (k) memcpy(ids + 1, draft, k * sizeof *ids);
-    kiln_status st = kiln_session_eval(s, ids, k + 1, NULL, rows);
-    size_t j = 0;
-    if (!st) {
-        for (;; j++) {
-            float *p = rows + j * (size_t)n_vocab;
-            kiln_sampler_probs(smp, p, NULL, 0); /* the target's distribution after ids[0..j] */
-            if (j == k) {
-                out[j] = draw(p, n_vocab, kiln_sampler_coin(smp));
-                break;
-            }
-            /* a draft of probability 1 under its drafter: taken with the target's probability of it; otherwise the
-             * token is drawn from the target's distribution without it, renormalized */
-            if (kiln_sampler_coin(smp) < p[draft[j]]) {
-                out[j] = draft[j];
-                continue;
-            }
-            p[draft[j]] = 0.0f;
-            out[j] = draw(p, n_vocab, kiln_sampler_coin(smp));
-            break;
-        }
-        *n_out = j + 1;
-        if (kiln_session_keep(s, pos + 1 + (int64_t)j) != pos + 1 + (int64_t)j)
-            st = kiln_fail(KILN_ERR_UNSUPPORTED, "speculative: the model's sliding-window cache cannot be cut back to position %lld",
-                           (long long)(pos + 1 + (int64_t)j));
-    }
-    free(ids), free(rows);
-    return st;
+    float *rows;
+    kiln_status st = verify_eval(s, n_vocab, t0, draft, k, &rows);
+    if (st) return st;
+    *n_out = kiln_spec_accept_sample(smp, rows, n_vocab, q, draft, k, out);
+    free(rows);
+    return verify_keep(s, pos, *n_out);
 }
