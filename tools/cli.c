@@ -528,7 +528,7 @@ bool kiln_cli_grammar_load(const char *cmd, const kiln_cli_grammar *g, kiln_gram
     for (int i = 0; i < 4; i++) {
         if (!given[i]) continue;
         if (first >= 0) {
-            kiln_cli_error("%s: %s with %s: give one grammar or JSON schema", cmd, names[first], names[i]);
+            kiln_cli_error("%s: %s with %s: give one grammar or JSON schema, not both", cmd, names[first], names[i]);
             return false;
         }
         first = i;
