@@ -3,7 +3,8 @@
  * decoding against plain decoding, in one run.
  *
  * Cases, each decoding N tokens (default 128) after the prompt (prefilled untimed; EOS does not stop a case). The
- * prompt: -p's text, -f's first tokens (as many as the context leaves), "Once upon a time", or for a model without a
+ * prompt: -p's text, -f's first tokens (--prompt-tokens, default 256, or what the context leaves), "Once upon a
+ * time", or for a model without a
  * tokenizer (kiln synth) 32 seeded random ids.
  *   plain    one target forward a token (greedy: kiln_session_eval_argmax, so on the GPU only the argmax comes back;
  *            with --temp: the logits and kiln_sampler_sample)
@@ -214,7 +215,7 @@ static void print_case(const bench_state *b, const char *target, const char *dra
 
 int kiln_bench_spec(int argc, char **argv) {
     const char *cmd = "bench spec", *target = NULL, *draft = NULL, *prompt = NULL, *file = NULL, *dmax_arg = "2,4,8";
-    int64_t n_new = 128, reps = 1, ngram = 3;
+    int64_t n_new = 128, reps = 1, ngram = 3, prompt_max = 256;
     double accept_sim = -1;
     bool gpu = false;
     kiln_session_params sess = {0};
@@ -235,6 +236,7 @@ int kiln_bench_spec(int argc, char **argv) {
         {"--simulate-accept", KILN_CLI_DOUBLE, &accept_sim, 0, 1},
         {"--reps", KILN_CLI_I64, &reps, 1, MAX_REPS},
         {"--lookup-ngram", KILN_CLI_I64, &ngram, 1, 16},
+        {"--prompt-tokens", KILN_CLI_I64, &prompt_max, 1, INT32_MAX},
         {"-t", KILN_CLI_INT, &sess.n_threads, 0, 4096},
         {"--gpu", KILN_CLI_FLAG, &gpu, 0, 0},
     };
@@ -276,7 +278,7 @@ int kiln_bench_spec(int argc, char **argv) {
     /* the prompt: the file's first tokens up to half the context, or -p's */
     int64_t n_ctx_train = tm ? kiln_model_n_ctx_train(tm) : 0;
     if (dm && kiln_model_n_ctx_train(dm) < n_ctx_train) n_ctx_train = kiln_model_n_ctx_train(dm);
-    size_t n_prompt = ids.n;
+    size_t n_prompt = ids.n < (size_t)prompt_max ? ids.n : (size_t)prompt_max;
     if (!st && (int64_t)n_prompt + n_new + dmax + 1 > n_ctx_train) {
         if (n_new + dmax + 2 > n_ctx_train)
             st = kiln_fail(KILN_ERR_RANGE, "%s: -n %lld and --draft-max %lld do not fit the context of %lld", cmd, (long long)n_new, (long long)dmax,
