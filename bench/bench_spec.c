@@ -3,7 +3,8 @@
  * decoding against plain decoding, in one run.
  *
  * Cases, each decoding N tokens (default 128) after the prompt (prefilled untimed; EOS does not stop a case). The
- * prompt: -p's text, -f's first tokens (as many as the context leaves), "Once upon a time", or for a model without a
+ * prompt: -p's text, -f's first tokens (--prompt-tokens, default 256, or what the context leaves), "Once upon a
+ * time", or for a model without a
  * tokenizer (kiln synth) 32 seeded random ids.
  *   plain    one target forward a token (greedy: kiln_session_eval_argmax, so on the GPU only the argmax comes back;
  *            with --temp: the logits and kiln_sampler_sample)
@@ -147,7 +148,8 @@ static kiln_status run_case(bench_state *b, spec_case *c) {
         if (st) break;
         if (use_draft && k) { /* the draft's cache: the sequence so far and the drafts taken */
             const int64_t keep = (int64_t)n + (int64_t)(got - 1 < k ? got - 1 : k - 1);
-            if (kiln_session_keep(b->ds, keep) != keep) st = kiln_fail(KILN_ERR_UNSUPPORTED, "bench spec: the draft's cache cannot be cut back");
+            if (kiln_session_keep(b->ds, keep) != keep)
+                st = kiln_fail(KILN_ERR_UNSUPPORTED, "bench spec: the draft's cache cannot be cut back");
             dpos = keep;
         }
         memcpy(b->seq + n, b->out, got * sizeof *b->out);
@@ -193,6 +195,7 @@ static kiln_status collect_ids(void *ud, const int32_t *ids, size_t n) {
 static void print_case(const bench_state *b, const char *target, const char *draft, bool gpu, const spec_case *c, double plain_tps) {
     char a[32], al[32], tpf[32], tps[32], sp[32], sim[32];
     const double tok_s = c->seconds > 0 ? (double)c->tokens / c->seconds : 0;
+    const int64_t judged = c->accepted + c->refused;
     printf("{\"bench\": \"spec\", \"target\": ");
     kiln_bench_json_str(kiln_bench_base_name(target));
     printf(", \"draft\": ");
@@ -206,15 +209,16 @@ static void print_case(const bench_state *b, const char *target, const char *dra
            c->simulated ? kiln_bench_json_num(sim, sizeof sim, b->accept_sim, 3) : "null", (long long)c->tokens, (long long)c->forwards,
            (long long)c->drafted, (long long)c->accepted,
            kiln_bench_json_num(a, sizeof a, c->drafted ? (double)c->accepted / (double)c->drafted : (double)NAN, 4),
-           kiln_bench_json_num(al, sizeof al, c->accepted + c->refused ? (double)c->accepted / (double)(c->accepted + c->refused) : (double)NAN, 4),
+           kiln_bench_json_num(al, sizeof al, judged ? (double)c->accepted / (double)judged : (double)NAN, 4),
            kiln_bench_json_num(tpf, sizeof tpf, c->forwards ? (double)c->tokens / (double)c->forwards : (double)NAN, 3),
-           kiln_bench_json_num(tps, sizeof tps, tok_s, 1), kiln_bench_json_num(sp, sizeof sp, plain_tps > 0 ? tok_s / plain_tps : (double)NAN, 3));
+           kiln_bench_json_num(tps, sizeof tps, tok_s, 1),
+           kiln_bench_json_num(sp, sizeof sp, plain_tps > 0 ? tok_s / plain_tps : (double)NAN, 3));
     fflush(stdout);
 }
 
 int kiln_bench_spec(int argc, char **argv) {
     const char *cmd = "bench spec", *target = NULL, *draft = NULL, *prompt = NULL, *file = NULL, *dmax_arg = "2,4,8";
-    int64_t n_new = 128, reps = 1, ngram = 3;
+    int64_t n_new = 128, reps = 1, ngram = 3, prompt_max = 256;
     double accept_sim = -1;
     bool gpu = false;
     kiln_session_params sess = {0};
@@ -235,6 +239,7 @@ int kiln_bench_spec(int argc, char **argv) {
         {"--simulate-accept", KILN_CLI_DOUBLE, &accept_sim, 0, 1},
         {"--reps", KILN_CLI_I64, &reps, 1, MAX_REPS},
         {"--lookup-ngram", KILN_CLI_I64, &ngram, 1, 16},
+        {"--prompt-tokens", KILN_CLI_I64, &prompt_max, 1, INT32_MAX},
         {"-t", KILN_CLI_INT, &sess.n_threads, 0, 4096},
         {"--gpu", KILN_CLI_FLAG, &gpu, 0, 0},
     };
@@ -276,7 +281,7 @@ int kiln_bench_spec(int argc, char **argv) {
     /* the prompt: the file's first tokens up to half the context, or -p's */
     int64_t n_ctx_train = tm ? kiln_model_n_ctx_train(tm) : 0;
     if (dm && kiln_model_n_ctx_train(dm) < n_ctx_train) n_ctx_train = kiln_model_n_ctx_train(dm);
-    size_t n_prompt = ids.n;
+    size_t n_prompt = ids.n < (size_t)prompt_max ? ids.n : (size_t)prompt_max;
     if (!st && (int64_t)n_prompt + n_new + dmax + 1 > n_ctx_train) {
         if (n_new + dmax + 2 > n_ctx_train)
             st = kiln_fail(KILN_ERR_RANGE, "%s: -n %lld and --draft-max %lld do not fit the context of %lld", cmd, (long long)n_new, (long long)dmax,
@@ -302,7 +307,8 @@ int kiln_bench_spec(int argc, char **argv) {
     }
     cases[n_cases++] = (spec_case){.kind = "plain"};
     for (int i = 0; i < n_dmax; i++) cases[n_cases++] = (spec_case){.kind = "lookup", .draft_max = dmaxes[i]};
-    for (int i = 0; dm && i < n_dmax; i++) cases[n_cases++] = (spec_case){.kind = "draft", .draft_max = dmaxes[i], .simulated = accept_sim >= 0};
+    for (int i = 0; dm && i < n_dmax; i++)
+        cases[n_cases++] = (spec_case){.kind = "draft", .draft_max = dmaxes[i], .simulated = accept_sim >= 0};
     spec_case warm = cases[0];
     if ((st = run_case(&b, &warm))) goto done;
     double plain_tps = 0;
@@ -326,7 +332,8 @@ int kiln_bench_spec(int argc, char **argv) {
     }
     printf("\n%s%s, temp %g, %lld tokens, prompt %zu tokens\n", kiln_bench_base_name(target), gpu ? " (GPU)" : "", (double)sp.temp,
            (long long)n_new, n_prompt);
-    printf("| case | draft-max | acceptance | alpha | tokens/forward | tok/s | speedup |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    printf("| case | draft-max | acceptance | alpha | tokens/forward | tok/s | speedup |\n");
+    printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (int ci = 0; ci < n_cases; ci++) {
         const spec_case *c = &cases[ci];
         const double tps = (double)c->tokens / c->seconds;
@@ -343,8 +350,9 @@ int kiln_bench_spec(int argc, char **argv) {
         printf("| %s | %s | %s | %s | %.2f | %.1f | %.2fx |\n", label, dm_s, acc, alpha,
                (double)c->tokens / (double)c->forwards, tps, tps / plain_tps);
     }
-    if (total) printf("top-1 agreement of the draft with the target, teacher-forced on the file: %.1f%% of %lld positions\n", 100.0 * (double)same / (double)total,
-                      (long long)total);
+    if (total)
+        printf("top-1 agreement of the draft with the target, teacher-forced on the file: %.1f%% of %lld positions\n",
+               100.0 * (double)same / (double)total, (long long)total);
     rc = 0;
 done:
     if (st) rc = kiln_cli_die(st);

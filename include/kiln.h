@@ -698,8 +698,8 @@ void kiln_sampler_free(kiln_sampler *s);
 int32_t kiln_sampler_sample(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history);
 /* The distribution kiln_sampler_sample draws from, written over logits (V probabilities; temp 0: the argmax's
  * one-hot); one coin of the sampler's RNG in [0, 1), for a caller that draws with it (speculative.c); and a token
- * drawn with one coin from V non-negative weights (renormalized; a token of weight 0 is never drawn), as a drafter
- * samples from its kiln_sampler_probs. */
+ * drawn with one coin from V non-negative weights (renormalized; a token of weight 0 is never drawn unless all are,
+ * then token 0), as a drafter samples from its kiln_sampler_probs. */
 void kiln_sampler_probs(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history);
 float kiln_sampler_coin(kiln_sampler *s);
 int32_t kiln_sampler_draw(kiln_sampler *s, const float *probs);

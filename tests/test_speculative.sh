@@ -48,6 +48,25 @@ test_spec_sample_draft_model() {
     check "random sampled draft: no 80 tokens: $(cat "$tmp/err")" grep -q "generated 80 tokens" "$tmp/err"
 }
 
+# kiln bench spec (bench/bench_spec.c): the model as its own draft takes every draft; a random draft under
+# --simulate-accept 1 takes every draft and under 0 none (one token a forward); plain is one token a forward.
+test_bench_spec() {
+    [ -f "$MODEL" ] || skip "$MODEL is missing"
+    "$KILN" synth --vocab "$MODEL" --dim 64 --layers 2 --heads 2 --kv-heads 2 --ff 128 --ctx 512 --type f32 --seed 5 \
+        -o "$tmp/rand.gguf" 2>/dev/null || check "kiln synth of a random draft failed" false
+    "$KILN" bench spec -m "$MODEL" -md "$MODEL" -n 48 --draft-max 4 -t 1 >"$tmp/b" 2>"$tmp/err" || check "bench spec failed: $(cat "$tmp/err")" false
+    check "plain is not one token a forward: $(cat "$tmp/b")" grep -q '"case": "plain".*"tokens_per_forward": 1.000' "$tmp/b"
+    check "the model as its own draft: not every draft taken: $(cat "$tmp/b")" grep -q '"case": "draft".*"acceptance": 1.0000' "$tmp/b"
+    check "no table" grep -q '^| plain | - |' "$tmp/b"
+    "$KILN" bench spec -m "$MODEL" -md "$tmp/rand.gguf" -n 48 --draft-max 4 -t 1 --simulate-accept 1 >"$tmp/b" 2>"$tmp/err" ||
+        check "bench spec --simulate-accept 1 failed: $(cat "$tmp/err")" false
+    check "--simulate-accept 1: not every draft taken: $(cat "$tmp/b")" grep -q '"case": "draft".*"simulated_accept": 1.000.*"acceptance": 1.0000' "$tmp/b"
+    check "--simulate-accept 1: the row is not labeled" grep -q '(simulated accept 1.00)' "$tmp/b"
+    "$KILN" bench spec -m "$MODEL" -md "$tmp/rand.gguf" -n 48 --draft-max 4 -t 1 --simulate-accept 0 >"$tmp/b" 2>"$tmp/err" ||
+        check "bench spec --simulate-accept 0 failed: $(cat "$tmp/err")" false
+    check "--simulate-accept 0: a draft taken: $(cat "$tmp/b")" grep -q '"case": "draft".*"accepted": 0,.*"tokens_per_forward": 1.000' "$tmp/b"
+}
+
 test_spec_refusals() {
     [ -f "$MODEL" ] || skip "$MODEL is missing"
     "$KILN" synth --vocab-size 100 --dim 32 --layers 1 --heads 2 --kv-heads 2 --ff 64 --ctx 64 --type f32 -o "$tmp/other.gguf" 2>/dev/null
@@ -71,5 +90,6 @@ EOF2
 
 run test_spec_equals_greedy
 run test_spec_sample_draft_model
+run test_bench_spec
 run test_spec_refusals
 test_exit
