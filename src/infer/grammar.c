@@ -135,6 +135,8 @@ static bool partial_range(const u8state *st, uint32_t *lo, uint32_t *hi) {
     *lo = st->cp << (6 * st->left), *hi = *lo | ((1u << (6 * st->left)) - 1);
     if (*lo < min_cp[st->total]) *lo = min_cp[st->total];
     if (*hi > 0x10FFFF) *hi = 0x10FFFF;
+    if (*lo >= 0xD800 && *lo <= 0xDFFF) *lo = 0xE000; /* surrogates never complete (a prefix such as ED A0 is dead) */
+    if (*hi >= 0xD800 && *hi <= 0xDFFF) *hi = 0xD7FF;
     return *lo <= *hi;
 }
 
@@ -200,7 +202,18 @@ typedef struct {
     bool used;
 } xcache;
 
+/* A stack's top frame (see frame_split) and what it takes alone: the tokens it takes whatever lies below it, and the
+ * trie nodes where it can end with bytes still below (there the stack below takes over). */
+typedef struct {
+    uint64_t hash;
+    int32_t *key, n_key, cap_key; /* the frame's positions */
+    uint64_t *bits;               /* (W) */
+    int32_t *exit, n_exit, cap_exit; /* (node, depth) pairs */
+    bool used;
+} fcache;
+
 #define XCACHE 64
+#define FCACHE 64
 #define STACK_CACHE_BYTES ((size_t)8 << 20) /* the stack masks' memory: 420 masks at 152K tokens */
 #define CLASS_TABLE_BYTES ((size_t)64 << 20)
 
@@ -225,6 +238,10 @@ struct kiln_grammar_matcher {
     int32_t n_ct;
     xcache xc[XCACHE];
     int32_t next_xc;
+    fcache fc[FCACHE];
+    int32_t next_fc;
+    fcache *fx;         /* the frame a walk records its ends in (NULL: a plain walk) */
+    int32_t *el_rule;   /* (n_el) the rule an element is in */
     gset one, ctx, fa, fb; /* a single stack; a context; feed's two sets */
     int64_t hits, misses;
 };
@@ -253,9 +270,11 @@ void kiln_grammar_matcher_free(kiln_grammar_matcher *m) {
     for (int32_t i = 0; m->sc && i < m->n_sc; i++) free(m->sc[i].key), free(m->sc[i].bits);
     for (int32_t i = 0; i < m->n_ct; i++) free(m->ct[i].cum), free(m->ct[i].d);
     for (int i = 0; i < XCACHE; i++) free(m->xc[i].key), free(m->xc[i].d);
+    for (int i = 0; i < FCACHE; i++) free(m->fc[i].key), free(m->fc[i].bits), free(m->fc[i].exit);
     set_free(&m->cur), set_free(&m->one), set_free(&m->ctx), set_free(&m->fa), set_free(&m->fb);
     kiln_grammar_vocab_free(m->own);
     free(m->lvl), free(m->scratch), free(m->stk), free(m->bits), free(m->sc), free(m->chain_m), free(m->chain_cls), free(m->ct);
+    free(m->el_rule);
     free(m);
 }
 
@@ -430,8 +449,12 @@ static kiln_status chain_setup(kiln_grammar_matcher *m) {
     int32_t *rlen = malloc(nr * sizeof *rlen), *rq = malloc(nr * sizeof *rq), *path = malloc(nr * sizeof *path);
     m->chain_m = calloc(ne, sizeof *m->chain_m);
     m->chain_cls = calloc(ne, sizeof *m->chain_cls);
-    kiln_status st = rlen && rq && path && m->chain_m && m->chain_cls ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");
+    m->el_rule = calloc(ne, sizeof *m->el_rule);
+    kiln_status st = rlen && rq && path && m->chain_m && m->chain_cls && m->el_rule ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");
     if (!st) chain_lengths(g, rlen, rq, path);
+    for (int32_t r = 0; !st && r < g->n_rule; r++) /* a rule's elements are contiguous, in rule order */
+        for (int32_t e = g->alt[g->rule_alt[r]], end = r + 1 < g->n_rule ? g->alt[g->rule_alt[r + 1]] : g->n_el; e < end; e++)
+            m->el_rule[e] = r;
     int32_t cap_ct = 0;
     for (int32_t p = 0; !st && p + 1 < g->n_el; p++) {
         if (g->el[p].type != GE_CHAR || g->el[p + 1].type != GE_RULE) continue;
@@ -527,6 +550,11 @@ static bool walk(kiln_grammar_matcher *m, int32_t v, const gset *s, u8state st, 
         gset *nx = &m->lvl[d + 1];
         if (!advance(m->g, s, ns.cp, nx, m->scratch)) return false;
         if (nx->n == 0 && !nx->accept) continue;
+        if (m->fx && nx->accept && m->v->node[ed.child].n_edge) { /* a frame's end with bytes below */
+            fcache *f = m->fx;
+            if (!grow((void **)&f->exit, &f->cap_exit, 2 * f->n_exit + 2, sizeof *f->exit)) return false;
+            f->exit[2 * f->n_exit] = ed.child, f->exit[2 * f->n_exit + 1] = d + 1, f->n_exit++;
+        }
         if (!walk(m, ed.child, nx, ns, d + 1)) return false;
     }
     return true;
@@ -709,6 +737,62 @@ static int chain_mask(kiln_grammar_matcher *m, const int32_t *st, int32_t n, uin
     return 1;
 }
 
+/* Where the stack st[0..n) splits into its context st[0..k) and its top frame st[k..n): the top, the entries of
+ * generated rules (groups, repetitions) under it and the first entry of a rule written in the grammar, so that the
+ * frame of a string's character is the rest of the string. 0 when the frame is the whole stack. */
+static int32_t frame_split(const kiln_grammar_matcher *m, const int32_t *st, int32_t n) {
+    int32_t k = n - 2;
+    while (k >= 0 && m->g->generated[m->el_rule[st[k]]]) k--;
+    return k < 0 ? 0 : k;
+}
+
+/* Sets s to the one stack st[0..n); false on out of memory. */
+static bool set_one(gset *s, const int32_t *st, int32_t n) {
+    if (!grow((void **)&s->pos, &s->cap_pos, n, sizeof *s->pos) || !grow((void **)&s->off, &s->cap_off, 2, sizeof *s->off)) return false;
+    memcpy(s->pos, st, (size_t)n * sizeof *st);
+    s->off[0] = 0, s->off[1] = n, s->n = 1, s->n_pos = n, s->accept = false;
+    return true;
+}
+
+/* The frame st[0..n) walked alone (an empty stack meaning the frame ended), remembered by its positions. */
+static const fcache *frame_get(kiln_grammar_matcher *m, const int32_t *st, int32_t n) {
+    const uint64_t h = stack_hash(st, n);
+    for (int i = 0; i < FCACHE; i++) {
+        const fcache *f = &m->fc[i];
+        if (f->hash == h && f->used && f->n_key == n && memcmp(f->key, st, (size_t)n * sizeof *st) == 0) return f;
+    }
+    fcache *f = &m->fc[m->next_fc];
+    m->next_fc = (m->next_fc + 1) % FCACHE;
+    f->used = false, f->n_exit = 0;
+    if (!f->bits && !(f->bits = malloc((size_t)m->W * sizeof *f->bits))) return NULL;
+    if (!grow((void **)&f->key, &f->cap_key, n, sizeof *f->key) || !set_one(&m->one, st, n)) return NULL;
+    memset(f->bits, 0, (size_t)m->W * sizeof *f->bits);
+    m->dst = f->bits, m->fx = f;
+    const bool ok = walk(m, 0, &m->one, (u8state){0}, 0);
+    m->fx = NULL;
+    if (!ok) return NULL;
+    memcpy(f->key, st, (size_t)n * sizeof *st);
+    f->n_key = n, f->hash = h, f->used = true;
+    return f;
+}
+
+/* A stack's mask from its top frame's: the frame's tokens, and below each trie node where the frame can end, the
+ * walk with the context st[0..k) (expanded). false on out of memory. */
+static bool frame_mask(kiln_grammar_matcher *m, const int32_t *st, int32_t n, int32_t k, uint64_t *bits) {
+    const fcache *f = frame_get(m, st + k, n - k);
+    if (!f) return false;
+    memcpy(bits, f->bits, (size_t)m->W * sizeof *bits);
+    if (!f->n_exit) return true;
+    memcpy(m->stk, st, (size_t)k * sizeof *st);
+    set_clear(&m->ctx);
+    if (!expand(m->g, &m->ctx, m->stk, k, 0)) return false;
+    if (m->ctx.n == 0) return true; /* the grammar's end: nothing more */
+    m->dst = bits;
+    for (int32_t i = 0; i < f->n_exit; i++)
+        if (!walk(m, f->exit[2 * i], &m->ctx, (u8state){0}, f->exit[2 * i + 1])) return false;
+    return true;
+}
+
 /* The allowed tokens of one stack (its top a character set), remembered by its positions; NULL on out of memory. */
 static const uint64_t *stack_mask(kiln_grammar_matcher *m, const int32_t *st, int32_t n) {
     const uint64_t h = stack_hash(st, n);
@@ -727,15 +811,13 @@ static const uint64_t *stack_mask(kiln_grammar_matcher *m, const int32_t *st, in
     if (!grow((void **)&c->key, &c->cap_key, n, sizeof *c->key)) return NULL;
     const int r = chain_mask(m, st, n, c->bits);
     if (r < 0) return NULL;
-    if (r == 0) {
-        gset *one = &m->one;
-        if (!grow((void **)&one->pos, &one->cap_pos, n, sizeof *one->pos) || !grow((void **)&one->off, &one->cap_off, 2, sizeof *one->off))
-            return NULL;
-        memcpy(one->pos, st, (size_t)n * sizeof *st);
-        one->off[0] = 0, one->off[1] = n, one->n = 1, one->n_pos = n, one->accept = false;
+    const int32_t k = r == 0 ? frame_split(m, st, n) : 0;
+    if (r == 0 && k > 0 && !frame_mask(m, st, n, k, c->bits)) return NULL;
+    if (r == 0 && k == 0) {
+        if (!set_one(&m->one, st, n)) return NULL;
         memset(c->bits, 0, (size_t)m->W * sizeof *c->bits);
         m->dst = c->bits;
-        if (!walk(m, 0, one, (u8state){0}, 0)) return NULL;
+        if (!walk(m, 0, &m->one, (u8state){0}, 0)) return NULL;
     }
     memcpy(c->key, st, (size_t)n * sizeof *st);
     c->n_key = n, c->hash = h, c->used = true;

@@ -27,6 +27,7 @@ struct kiln_grammar {
     int32_t *rule_alt; /* (n_rule + 1) once compiled */
     int32_t n_rule, root;
     char **name;       /* (n_rule) a rule's name; generated rules are named after the one they came from */
+    uint8_t *generated; /* (n_rule) made for a group or a repetition, not written in the grammar */
     int32_t cap_name;
 };
 

@@ -27,6 +27,7 @@ typedef struct {
     run *alts;
     int32_t n, cap;
     bool defined;
+    bool generated; /* a group's or a repetition's */
     int line; /* where it was first referenced or defined */
 } prule;
 
@@ -85,7 +86,7 @@ static int32_t gen_rule(parser *p, int32_t parent) {
     char nm[96];
     snprintf(nm, sizeof nm, "%.60s-%d", p->g->name[parent], (int)p->n_r);
     const int32_t r = new_rule(p, nm, strlen(nm));
-    if (r >= 0) p->r[r].defined = true;
+    if (r >= 0) p->r[r].defined = p->r[r].generated = true;
     return r;
 }
 
@@ -428,9 +429,11 @@ static bool check_left_recursion(parser *p) {
 static bool flatten(parser *p) {
     kiln_grammar *g = p->g;
     g->rule_alt = malloc((size_t)(p->n_r + 1) * sizeof *g->rule_alt);
-    if (!g->rule_alt) return fail(p, p->s, "out of memory");
+    g->generated = malloc((size_t)(p->n_r ? p->n_r : 1));
+    if (!g->rule_alt || !g->generated) return fail(p, p->s, "out of memory");
     for (int32_t r = 0; r < p->n_r; r++) {
         g->rule_alt[r] = g->n_alt;
+        g->generated[r] = p->r[r].generated;
         for (int32_t a = 0; a < p->r[r].n; a++) {
             const run *x = &p->r[r].alts[a];
             if (!grow((void **)&g->alt, &g->cap_alt, g->n_alt + 1, sizeof *g->alt) ||
@@ -450,7 +453,7 @@ static bool flatten(parser *p) {
 void kiln_grammar_free(kiln_grammar *g) {
     if (!g) return;
     for (int32_t i = 0; g->name && i < g->n_rule; i++) free(g->name[i]);
-    free(g->name), free(g->el), free(g->rng), free(g->alt), free(g->rule_alt), free(g);
+    free(g->name), free(g->generated), free(g->el), free(g->rng), free(g->alt), free(g->rule_alt), free(g);
 }
 
 kiln_status kiln_grammar_parse(const char *text, size_t len, const char *root, kiln_grammar **out) {
