@@ -173,10 +173,8 @@ struct kiln_grammar_vocab {
 
 /* One stack's allowed tokens, remembered by its positions (the mask of a state is the union of its stacks'). */
 typedef struct {
-    uint64_t hash;
-    int32_t *key, n_key, cap_key; /* the stack's positions */
+    int32_t *key, n_key, cap_key; /* the stack's positions (its hash in sc_hash) */
     uint64_t *bits;               /* (W) */
-    bool used;
 } scache;
 
 /* The tokens of a character class e, for the stacks whose top is a repetition e{1,m} (chain masks, below). */
@@ -209,11 +207,12 @@ typedef struct {
     int32_t *key, n_key, cap_key; /* the frame's positions */
     uint64_t *bits;               /* (W) */
     int32_t *exit, n_exit, cap_exit; /* (node, depth) pairs */
+    int32_t *xtok, n_xtok, cap_xtok; /* (token, byte) pairs: tokens the frame can leave at that byte (frame_fixed) */
     bool used;
 } fcache;
 
 #define XCACHE 64
-#define FCACHE 64
+#define FCACHE 128
 #define STACK_CACHE_BYTES ((size_t)8 << 20) /* the stack masks' memory: 420 masks at 152K tokens */
 #define CLASS_TABLE_BYTES ((size_t)64 << 20)
 
@@ -230,19 +229,20 @@ struct kiln_grammar_matcher {
     uint64_t *bits;  /* (W) the mask being made */
     uint64_t *dst;   /* where walk marks tokens */
     scache *sc;      /* (n_sc) round-robin */
+    uint64_t *sc_hash; /* (n_sc) each slot's stack hash, 0 when unused: scanned at each stack's lookup */
     int32_t n_sc, next_sc;
     int32_t *chain_m;   /* (n_el) for a character set followed by a repetition of it: how many copies at most
                          * (INT32_MAX: unbounded); 0 elsewhere */
     int32_t *chain_cls; /* (n_el) its class's index in ct */
     ctable *ct;
-    int32_t n_ct;
+    int32_t n_ct, cap_ct;
     xcache xc[XCACHE];
     int32_t next_xc;
     fcache fc[FCACHE];
     int32_t next_fc;
     fcache *fx;         /* the frame a walk records its ends in (NULL: a plain walk) */
     int32_t *el_rule;   /* (n_el) the rule an element is in */
-    gset one, ctx, fa, fb; /* a single stack; a context; feed's two sets */
+    gset one, ctx, fa, fb, s1; /* a single stack; a context; feed's two sets; a frame after one code point */
     int64_t hits, misses;
 };
 
@@ -270,10 +270,10 @@ void kiln_grammar_matcher_free(kiln_grammar_matcher *m) {
     for (int32_t i = 0; m->sc && i < m->n_sc; i++) free(m->sc[i].key), free(m->sc[i].bits);
     for (int32_t i = 0; i < m->n_ct; i++) free(m->ct[i].cum), free(m->ct[i].d);
     for (int i = 0; i < XCACHE; i++) free(m->xc[i].key), free(m->xc[i].d);
-    for (int i = 0; i < FCACHE; i++) free(m->fc[i].key), free(m->fc[i].bits), free(m->fc[i].exit);
-    set_free(&m->cur), set_free(&m->one), set_free(&m->ctx), set_free(&m->fa), set_free(&m->fb);
+    for (int i = 0; i < FCACHE; i++) free(m->fc[i].key), free(m->fc[i].bits), free(m->fc[i].exit), free(m->fc[i].xtok);
+    set_free(&m->cur), set_free(&m->one), set_free(&m->ctx), set_free(&m->fa), set_free(&m->fb), set_free(&m->s1);
     kiln_grammar_vocab_free(m->own);
-    free(m->lvl), free(m->scratch), free(m->stk), free(m->bits), free(m->sc), free(m->chain_m), free(m->chain_cls), free(m->ct);
+    free(m->lvl), free(m->scratch), free(m->stk), free(m->bits), free(m->sc), free(m->sc_hash), free(m->chain_m), free(m->chain_cls), free(m->ct);
     free(m->el_rule);
     free(m);
 }
@@ -455,7 +455,6 @@ static kiln_status chain_setup(kiln_grammar_matcher *m) {
     for (int32_t r = 0; !st && r < g->n_rule; r++) /* a rule's elements are contiguous, in rule order */
         for (int32_t e = g->alt[g->rule_alt[r]], end = r + 1 < g->n_rule ? g->alt[g->rule_alt[r + 1]] : g->n_el; e < end; e++)
             m->el_rule[e] = r;
-    int32_t cap_ct = 0;
     for (int32_t p = 0; !st && p + 1 < g->n_el; p++) {
         if (g->el[p].type != GE_CHAR || g->el[p + 1].type != GE_RULE) continue;
         const int32_t R = g->el[p + 1].a;
@@ -464,7 +463,7 @@ static kiln_status chain_setup(kiln_grammar_matcher *m) {
         int32_t c = 0;
         while (c < m->n_ct && !same_class(g, &g->el[m->ct[c].pos], &g->el[p])) c++;
         if (c == m->n_ct) {
-            if (!grow((void **)&m->ct, &cap_ct, m->n_ct + 1, sizeof *m->ct)) {
+            if (!grow((void **)&m->ct, &m->cap_ct, m->n_ct + 1, sizeof *m->ct)) {
                 st = kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");
                 break;
             }
@@ -491,7 +490,8 @@ kiln_status kiln_grammar_matcher_new_vocab(const kiln_grammar *g, const kiln_gra
     m->stk = malloc((MAX_DEPTH + 2) * sizeof *m->stk);
     m->bits = calloc(1, wb);
     m->sc = calloc((size_t)m->n_sc, sizeof *m->sc);
-    kiln_status st = m->lvl && m->scratch && m->stk && m->bits && m->sc ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");
+    m->sc_hash = calloc((size_t)m->n_sc, sizeof *m->sc_hash);
+    kiln_status st = m->lvl && m->scratch && m->stk && m->bits && m->sc && m->sc_hash ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");
     if (!st) st = chain_setup(m);
     if (!st) st = kiln_grammar_matcher_reset(m);
     if (st) {
@@ -560,10 +560,18 @@ static bool walk(kiln_grammar_matcher *m, int32_t v, const gset *s, u8state st, 
     return true;
 }
 
+/* Never 0, which marks an unused stack cache slot. */
 static uint64_t stack_hash(const int32_t *st, int32_t n) {
     uint64_t h = 1469598103934665603ull ^ (uint64_t)n;
     for (int32_t i = 0; i < n; i++) h = (h ^ (uint32_t)st[i]) * 1099511628211ull;
-    return h;
+    return h | 1;
+}
+
+static int popcount64(uint64_t x) { /* SWAR: the build targets plain x86-64, without POPCNT */
+    x = x - (x >> 1 & 0x5555555555555555ull);
+    x = (x & 0x3333333333333333ull) + (x >> 2 & 0x3333333333333333ull);
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0Full;
+    return (int)(x * 0x0101010101010101ull >> 56);
 }
 
 /* Whether the state from takes the bytes b[0..n) (beginning a code point): 1 yes, 0 no, -1 out of memory. */
@@ -628,44 +636,62 @@ static int cmp_dtok(const void *x, const void *y) {
     return a->L != b->L ? (a->L > b->L) - (a->L < b->L) : (a->tok > b->tok) - (a->tok < b->tok);
 }
 
-/* A class's table: each token's code points decoded once, the ones all in e by count (cum), those leaving e (d). */
+/* Building a class's table: the trie walked depth first, each node's bytes decoded once. */
+typedef struct {
+    kiln_grammar_matcher *m;
+    ctable *c;
+    const gelem *e;
+    int32_t *ncp_in; /* (V) code points of a token all of whose code points are in e, else 0 */
+    int32_t K;
+} cbuild;
+
+/* Every token below node v (v's own included) leaves e after L code points, at byte off. */
+static void class_leave(cbuild *b, int32_t v, int32_t L, int32_t off) {
+    const tnode *nd = &b->m->v->node[v];
+    for (int32_t k = 0; k < nd->n_tok; k++) b->c->d[b->c->n_d++] = (dtok){L, off, b->m->v->toks[nd->first_tok + k]};
+    for (int32_t e = 0; e < nd->n_edge; e++) class_leave(b, b->m->v->edge[nd->first_edge + e].child, L, off);
+}
+
+/* Node v at depth d, reached by ncp complete code points all in e and the code point u in progress (its first byte
+ * at d - 1 - (u.total - u.left)). A subtree leaving e before any code point in e is never allowed here: pruned. */
+static void class_node(cbuild *b, int32_t v, u8state u, int32_t ncp, int32_t d) {
+    const kiln_grammar_vocab *voc = b->m->v;
+    const tnode *nd = &voc->node[v];
+    uint32_t lo, hi;
+    const bool part_in = u.left && partial_range(&u, &lo, &hi) && range_meets(b->m->g, b->e, lo, hi);
+    for (int32_t k = 0; v && k < nd->n_tok; k++) {
+        const int32_t t = voc->toks[nd->first_tok + k], n = ncp + (u.left ? 1 : 0);
+        if (!u.left || part_in) {
+            b->ncp_in[t] = n;
+            if (n > b->K) b->K = n;
+        }
+        if (u.left && ncp >= 1) b->c->d[b->c->n_d++] = (dtok){ncp, d - 1 - (u.total - u.left), t}; /* may leave at the partial */
+    }
+    if (u.left && !part_in && ncp == 0) return;
+    for (int32_t e = 0; e < nd->n_edge; e++) {
+        const tedge ed = voc->edge[nd->first_edge + e];
+        u8state ns = u;
+        const int r = u8_feed(&ns, ed.byte);
+        if (r < 0) continue; /* invalid UTF-8 at the start of a code point: never allowed */
+        if (r == 0) class_node(b, ed.child, ns, ncp, d + 1);
+        else if (char_in(b->m->g, b->e, ns.cp)) class_node(b, ed.child, ns, ncp + 1, d + 1);
+        else if (ncp >= 1) class_leave(b, ed.child, ncp, d + 1 - (ns.total + 1));
+    }
+}
+
+/* A class's table: the tokens all in e by their count of code points (cum), those leaving e after L >= 1 (d). */
 static kiln_status class_build(kiln_grammar_matcher *m, ctable *c) {
     const kiln_grammar_vocab *v = m->v;
-    const gelem *e = &m->g->el[c->pos];
-    int32_t *ncp_in = malloc((size_t)(v->V ? v->V : 1) * sizeof *ncp_in); /* code points of a token all in e, else 0 */
+    cbuild b = {m, c, &m->g->el[c->pos], calloc((size_t)(v->V ? v->V : 1), sizeof *b.ncp_in), 0};
     c->d = malloc((size_t)(v->V ? v->V : 1) * sizeof *c->d);
-    if (!ncp_in || !c->d) {
-        free(ncp_in);
+    if (!b.ncp_in || !c->d) {
+        free(b.ncp_in);
         return kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");
     }
-    int32_t K = 0;
     c->n_d = 0;
-    for (int32_t t = 0; t < v->V; t++) {
-        ncp_in[t] = 0;
-        if (!v->bytes[t]) continue;
-        u8state u = {0};
-        int32_t L = 0, ncp = 0, off = 0;
-        bool run = true, bad = false;
-        for (int32_t k = 0; k < v->len[t] && !bad; k++) {
-            const int r = u8_feed(&u, v->bytes[t][k]);
-            if (r < 0) bad = true;
-            if (r != 1) continue;
-            ncp++;
-            if (run && char_in(m->g, e, u.cp)) L++, off = k + 1;
-            else run = false;
-        }
-        if (bad) continue; /* never allowed at the start of a code point */
-        uint32_t lo, hi;
-        if (u.left) {
-            ncp++;
-            if (run && !(partial_range(&u, &lo, &hi) && range_meets(m->g, e, lo, hi))) run = false;
-        }
-        if (run) {
-            ncp_in[t] = ncp;
-            if (ncp > K) K = ncp;
-        }
-        if (L >= 1 && L < ncp) c->d[c->n_d++] = (dtok){L, off, t};
-    }
+    class_node(&b, 0, (u8state){0}, 0, 0);
+    int32_t *ncp_in = b.ncp_in;
+    const int32_t K = b.K;
     const size_t wb = (size_t)m->W * sizeof *c->cum;
     if ((size_t)(K + 1) * wb > CLASS_TABLE_BYTES) {
         free(ncp_in), free(c->d), c->d = NULL, c->n_d = 0;
@@ -754,6 +780,74 @@ static bool set_one(gset *s, const int32_t *st, int32_t n) {
     return true;
 }
 
+/* The class table of the character set at p, made on first use; NULL on out of memory. */
+static ctable *class_of(kiln_grammar_matcher *m, int32_t p) {
+    int32_t c = 0;
+    while (c < m->n_ct && !same_class(m->g, &m->g->el[m->ct[c].pos], &m->g->el[p])) c++;
+    if (c == m->n_ct) {
+        if (!grow((void **)&m->ct, &m->cap_ct, m->n_ct + 1, sizeof *m->ct)) return NULL;
+        m->ct[m->n_ct++] = (ctable){.pos = p};
+    }
+    if (m->ct[c].state == 0 && class_build(m, &m->ct[c])) return NULL;
+    return &m->ct[c];
+}
+
+/* feed for a frame from the state from: also records in f each byte where the frame can end with bytes still to
+ * come (tok's bytes from base on). 1 when the frame itself takes all of b, 0 when not, -1 out of memory. */
+static int feed_frame(kiln_grammar_matcher *m, const gset *from, int32_t tok, int32_t base, fcache *f) {
+    const uint8_t *b = m->v->bytes[tok] + base;
+    const int32_t n = m->v->len[tok] - base;
+    const gset *in = from;
+    gset *buf[2] = {&m->fa, &m->fb};
+    u8state u = {0};
+    for (int32_t k = 0, w = 0; k < n; k++) {
+        const int r = u8_feed(&u, b[k]);
+        if (r < 0) return 0;
+        if (r == 0) continue;
+        gset *out = buf[w];
+        if (!advance(m->g, in, u.cp, out, m->scratch)) return -1;
+        if (out->accept && k + 1 < n) {
+            if (!grow((void **)&f->xtok, &f->cap_xtok, 2 * f->n_xtok + 2, sizeof *f->xtok)) return -1;
+            f->xtok[2 * f->n_xtok] = tok, f->xtok[2 * f->n_xtok + 1] = base + k + 1, f->n_xtok++;
+        }
+        if (out->n == 0) return out->accept && k + 1 == n;
+        in = out, w ^= 1;
+    }
+    return u.left == 0 || partial_ok(m->g, in, &u);
+}
+
+/* A frame st[0..n) whose top e comes back after one code point of e: the frame after any such code point (s1) holds
+ * the frame again, and each of its other stacks takes no code point of e (jchar* in a string, [a-z]* before a
+ * space). Then a token whose code points are all in e stays in the frame, and one that leaves e after L code points
+ * is in s1 there: the frame's tokens are a row of e's table and those of e's leaving tokens whose rest s1 takes, with
+ * no trie walk. Returns 1 with f made, 0 when the frame is not of this kind, -1 out of memory. */
+static int frame_fixed(kiln_grammar_matcher *m, const int32_t *st, int32_t n, fcache *f) {
+    const kiln_grammar *g = m->g;
+    const gelem *e = &g->el[st[n - 1]];
+    uint32_t iv[2 * 257];
+    if (class_ranges(g, e, iv) == 0 || !set_one(&m->one, st, n)) return set_one(&m->one, st, n) ? 0 : -1;
+    if (!advance(g, &m->one, iv[0], &m->s1, m->scratch)) return -1; /* a stack's next state is the same for every cp it takes */
+    if (m->s1.accept) return 0;
+    bool self = false;
+    for (int32_t i = 0; i < m->s1.n; i++) {
+        const int32_t *s = m->s1.pos + m->s1.off[i], k = m->s1.off[i + 1] - m->s1.off[i];
+        if (k == n && memcmp(s, st, (size_t)n * sizeof *st) == 0) self = true;
+        else if (classes_meet(g, &g->el[s[k - 1]], e)) return 0;
+    }
+    if (!self) return 0;
+    const ctable *c = class_of(m, st[n - 1]);
+    if (!c) return -1;
+    if (c->state < 0) return 0;
+    memcpy(f->bits, c->cum + (size_t)c->K * (size_t)m->W, (size_t)m->W * sizeof *f->bits);
+    f->n_exit = f->n_xtok = 0;
+    for (int32_t i = 0; i < c->n_d; i++) {
+        const int r = feed_frame(m, &m->s1, c->d[i].tok, c->d[i].off, f);
+        if (r < 0) return -1;
+        if (r) f->bits[c->d[i].tok >> 6] |= 1ull << (c->d[i].tok & 63);
+    }
+    return 1;
+}
+
 /* The frame st[0..n) walked alone (an empty stack meaning the frame ended), remembered by its positions. */
 static const fcache *frame_get(kiln_grammar_matcher *m, const int32_t *st, int32_t n) {
     const uint64_t h = stack_hash(st, n);
@@ -765,12 +859,19 @@ static const fcache *frame_get(kiln_grammar_matcher *m, const int32_t *st, int32
     m->next_fc = (m->next_fc + 1) % FCACHE;
     f->used = false, f->n_exit = 0;
     if (!f->bits && !(f->bits = malloc((size_t)m->W * sizeof *f->bits))) return NULL;
-    if (!grow((void **)&f->key, &f->cap_key, n, sizeof *f->key) || !set_one(&m->one, st, n)) return NULL;
-    memset(f->bits, 0, (size_t)m->W * sizeof *f->bits);
-    m->dst = f->bits, m->fx = f;
-    const bool ok = walk(m, 0, &m->one, (u8state){0}, 0);
-    m->fx = NULL;
-    if (!ok) return NULL;
+    if (!grow((void **)&f->key, &f->cap_key, n, sizeof *f->key)) return NULL;
+    f->n_xtok = 0;
+    const int r = frame_fixed(m, st, n, f);
+    if (r < 0) return NULL;
+    if (r == 0) {
+        if (!set_one(&m->one, st, n)) return NULL;
+        memset(f->bits, 0, (size_t)m->W * sizeof *f->bits);
+        f->n_exit = f->n_xtok = 0;
+        m->dst = f->bits, m->fx = f;
+        const bool ok = walk(m, 0, &m->one, (u8state){0}, 0);
+        m->fx = NULL;
+        if (!ok) return NULL;
+    }
     memcpy(f->key, st, (size_t)n * sizeof *st);
     f->n_key = n, f->hash = h, f->used = true;
     return f;
@@ -782,7 +883,7 @@ static bool frame_mask(kiln_grammar_matcher *m, const int32_t *st, int32_t n, in
     const fcache *f = frame_get(m, st + k, n - k);
     if (!f) return false;
     memcpy(bits, f->bits, (size_t)m->W * sizeof *bits);
-    if (!f->n_exit) return true;
+    if (!f->n_exit && !f->n_xtok) return true;
     memcpy(m->stk, st, (size_t)k * sizeof *st);
     set_clear(&m->ctx);
     if (!expand(m->g, &m->ctx, m->stk, k, 0)) return false;
@@ -790,6 +891,12 @@ static bool frame_mask(kiln_grammar_matcher *m, const int32_t *st, int32_t n, in
     m->dst = bits;
     for (int32_t i = 0; i < f->n_exit; i++)
         if (!walk(m, f->exit[2 * i], &m->ctx, (u8state){0}, f->exit[2 * i + 1])) return false;
+    for (int32_t i = 0; i < f->n_xtok; i++) {
+        const int32_t t = f->xtok[2 * i], off = f->xtok[2 * i + 1];
+        const int r = feed(m, &m->ctx, m->v->bytes[t] + off, m->v->len[t] - off);
+        if (r < 0) return false;
+        if (r) bits[t >> 6] |= 1ull << (t & 63);
+    }
     return true;
 }
 
@@ -797,16 +904,18 @@ static bool frame_mask(kiln_grammar_matcher *m, const int32_t *st, int32_t n, in
 static const uint64_t *stack_mask(kiln_grammar_matcher *m, const int32_t *st, int32_t n) {
     const uint64_t h = stack_hash(st, n);
     for (int32_t i = 0; i < m->n_sc; i++) {
+        if (m->sc_hash[i] != h) continue;
         const scache *c = &m->sc[i];
-        if (c->hash == h && c->used && c->n_key == n && memcmp(c->key, st, (size_t)n * sizeof *st) == 0) {
+        if (c->n_key == n && memcmp(c->key, st, (size_t)n * sizeof *st) == 0) {
             m->hits++;
             return c->bits;
         }
     }
     m->misses++;
-    scache *c = &m->sc[m->next_sc];
+    const int32_t slot = m->next_sc;
+    scache *c = &m->sc[slot];
     m->next_sc = (m->next_sc + 1) % m->n_sc;
-    c->used = false;
+    m->sc_hash[slot] = 0;
     if (!c->bits && !(c->bits = malloc((size_t)m->W * sizeof *c->bits))) return NULL;
     if (!grow((void **)&c->key, &c->cap_key, n, sizeof *c->key)) return NULL;
     const int r = chain_mask(m, st, n, c->bits);
@@ -820,7 +929,7 @@ static const uint64_t *stack_mask(kiln_grammar_matcher *m, const int32_t *st, in
         if (!walk(m, 0, &m->one, (u8state){0}, 0)) return NULL;
     }
     memcpy(c->key, st, (size_t)n * sizeof *st);
-    c->n_key = n, c->hash = h, c->used = true;
+    c->n_key = n, m->sc_hash[slot] = h;
     return c->bits;
 }
 
@@ -843,6 +952,14 @@ static kiln_status allowed_now(kiln_grammar_matcher *m) {
     return KILN_OK;
 }
 
+/* -INFINITY into l[0..n), n <= 64; a whole word is a loop of known length, which the compiler vectorizes */
+static void fill_refused(float *l, int32_t n) {
+    if (n == 64)
+        for (int32_t j = 0; j < 64; j++) l[j] = -INFINITY;
+    else
+        for (int32_t j = 0; j < n; j++) l[j] = -INFINITY;
+}
+
 kiln_status kiln_grammar_matcher_mask(kiln_grammar_matcher *m, float *logits) {
     TRY(allowed_now(m));
     const int32_t V = m->v->V, eos = m->v->eos;
@@ -850,21 +967,30 @@ kiln_status kiln_grammar_matcher_mask(kiln_grammar_matcher *m, float *logits) {
         if (kiln_grammar_matcher_done(m)) m->bits[eos >> 6] |= 1ull << (eos & 63);
         else m->bits[eos >> 6] &= ~(1ull << (eos & 63));
     }
-    int64_t n = 0;
+    uint64_t any = 0;
     for (int32_t w = 0; w < m->W; w++) {
-        const uint64_t b = m->bits[w];
         const int32_t base = w * 64, lim = V - base < 64 ? V - base : 64;
-        n += __builtin_popcountll(b);
-        if (b == ~0ull) continue;
+        const uint64_t full = lim == 64 ? ~0ull : (1ull << lim) - 1, b = m->bits[w] & full;
+        any |= b;
+        if (b == full) continue;
         float *l = logits + base;
         if (b == 0) {
-            for (int32_t j = 0; j < lim; j++) l[j] = -INFINITY;
+            fill_refused(l, lim);
             continue;
         }
-        for (int32_t j = 0; j < lim; j++)
-            if (!(b >> j & 1)) l[j] = -INFINITY;
+        /* a mixed word: the refused ones one by one, or when fewer are allowed, all refused and the allowed put back */
+        uint64_t z = ~b & full, t = b;
+        if (popcount64(b) * 2 >= lim) {
+            for (; z; z &= z - 1) l[__builtin_ctzll(z)] = -INFINITY;
+            continue;
+        }
+        float keep[64];
+        int k = 0;
+        for (; t; t &= t - 1) keep[k++] = l[__builtin_ctzll(t)];
+        fill_refused(l, lim);
+        for (t = b, k = 0; t; t &= t - 1) l[__builtin_ctzll(t)] = keep[k++];
     }
-    if (n == 0) return kiln_fail(KILN_ERR_INVALID, "grammar: no token of the vocab can continue the text here");
+    if (!any) return kiln_fail(KILN_ERR_INVALID, "grammar: no token of the vocab can continue the text here");
     return KILN_OK;
 }
 
