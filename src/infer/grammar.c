@@ -177,25 +177,32 @@ typedef struct {
     uint64_t *bits;               /* (W) */
 } scache;
 
-/* The tokens of a character class e, for the stacks whose top is a repetition e{1,m} (chain masks, below). */
+/* A class e's table, for the stacks whose top is e in a repetition of e (chain_mask, frame_fixed). A leaving edge
+ * is where a run of L >= 1 code points of e can end: an edge from the node after them by a byte that begins a code
+ * point not (or not surely) in e. */
 typedef struct {
-    int32_t L, off, tok; /* L >= 1 code points in e, then something else from byte off on */
-} dtok;
+    int32_t L, d, edge; /* the run's length, the node's depth, the edge (an index of the vocab's edges) */
+} ledge;
+
+typedef struct {
+    int32_t L, tok;
+} ltok;
 
 typedef struct {
     int32_t pos;   /* an element whose class this is */
-    int8_t state;  /* 0 not built, 1 built, -1 too large (chain masks unused for it) */
+    int8_t state;  /* 0 not built, 1 built, -1 too large (the tables unused for it) */
     int32_t K;     /* cum holds k = 0 .. K; no token of e's has more than K code points */
     uint64_t *cum; /* ((K + 1) * W) row k: the tokens all of whose code points (at most k) are in e */
-    dtok *d;       /* (n_d) the tokens that leave e after L code points, by L ascending */
-    int32_t n_d;
+    ledge *le;     /* (n_le) by L ascending */
+    int32_t n_le, cap_le;
 } ctable;
 
-/* The dtoks of a class that one context (the stack below the repetition, expanded) takes after the run. */
+/* The tokens that one context (the stack below a repetition, expanded) takes after a class's runs, with the run's
+ * length, by L ascending. */
 typedef struct {
     uint64_t hash;
     int32_t *key, n_key, cap_key; /* the context's positions, then the class */
-    dtok *d;
+    ltok *d;
     int32_t n, cap;
     bool used;
 } xcache;
@@ -207,7 +214,6 @@ typedef struct {
     int32_t *key, n_key, cap_key; /* the frame's positions */
     uint64_t *bits;               /* (W) */
     int32_t *exit, n_exit, cap_exit; /* (node, depth) pairs */
-    int32_t *xtok, n_xtok, cap_xtok; /* (token, byte) pairs: tokens the frame can leave at that byte (frame_fixed) */
     bool used;
 } fcache;
 
@@ -241,8 +247,10 @@ struct kiln_grammar_matcher {
     fcache fc[FCACHE];
     int32_t next_fc;
     fcache *fx;         /* the frame a walk records its ends in (NULL: a plain walk) */
+    xcache *xl;         /* the list a walk appends its tokens to, with run length xl_L (NULL: into dst) */
+    int32_t xl_L;
     int32_t *el_rule;   /* (n_el) the rule an element is in */
-    gset one, ctx, fa, fb, s1; /* a single stack; a context; feed's two sets; a frame after one code point */
+    gset one, ctx, s1; /* a single stack; a context; a frame after one code point, less itself */
     int64_t hits, misses;
 };
 
@@ -268,10 +276,10 @@ void kiln_grammar_matcher_free(kiln_grammar_matcher *m) {
     if (!m) return;
     for (int32_t i = 0; m->lvl && i < m->n_lvl; i++) set_free(&m->lvl[i]);
     for (int32_t i = 0; m->sc && i < m->n_sc; i++) free(m->sc[i].key), free(m->sc[i].bits);
-    for (int32_t i = 0; i < m->n_ct; i++) free(m->ct[i].cum), free(m->ct[i].d);
+    for (int32_t i = 0; i < m->n_ct; i++) free(m->ct[i].cum), free(m->ct[i].le);
     for (int i = 0; i < XCACHE; i++) free(m->xc[i].key), free(m->xc[i].d);
-    for (int i = 0; i < FCACHE; i++) free(m->fc[i].key), free(m->fc[i].bits), free(m->fc[i].exit), free(m->fc[i].xtok);
-    set_free(&m->cur), set_free(&m->one), set_free(&m->ctx), set_free(&m->fa), set_free(&m->fb), set_free(&m->s1);
+    for (int i = 0; i < FCACHE; i++) free(m->fc[i].key), free(m->fc[i].bits), free(m->fc[i].exit);
+    set_free(&m->cur), set_free(&m->one), set_free(&m->ctx), set_free(&m->s1);
     kiln_grammar_vocab_free(m->own);
     free(m->lvl), free(m->scratch), free(m->stk), free(m->bits), free(m->sc), free(m->sc_hash), free(m->chain_m), free(m->chain_cls), free(m->ct);
     free(m->el_rule);
@@ -526,8 +534,26 @@ kiln_status kiln_grammar_matcher_reset(kiln_grammar_matcher *m) {
 
 bool kiln_grammar_matcher_done(const kiln_grammar_matcher *m) { return m->cur.accept && m->u8.left == 0; }
 
+static bool walk(kiln_grammar_matcher *m, int32_t v, const gset *s, u8state st, int32_t d);
+
+/* The walk's step along the edge ed from a node at depth d with the state s and the code point st in progress. */
+static bool walk_edge(kiln_grammar_matcher *m, tedge ed, const gset *s, u8state st, int32_t d) {
+    const int r = u8_feed(&st, ed.byte);
+    if (r < 0) return true;
+    if (r == 0) return !partial_ok(m->g, s, &st) || walk(m, ed.child, s, st, d + 1);
+    gset *nx = &m->lvl[d + 1];
+    if (!advance(m->g, s, st.cp, nx, m->scratch)) return false;
+    if (nx->n == 0 && !nx->accept) return true;
+    if (m->fx && nx->accept && m->v->node[ed.child].n_edge) { /* a frame's end with bytes below */
+        fcache *f = m->fx;
+        if (!grow((void **)&f->exit, &f->cap_exit, 2 * f->n_exit + 2, sizeof *f->exit)) return false;
+        f->exit[2 * f->n_exit] = ed.child, f->exit[2 * f->n_exit + 1] = d + 1, f->n_exit++;
+    }
+    return walk(m, ed.child, nx, st, d + 1);
+}
+
 /* The walk below node v with the state s (at depth d) and the code point st in progress: marks allowed tokens in
- * m->dst. */
+ * m->dst (or appends them to m->xl). */
 static bool walk(kiln_grammar_matcher *m, int32_t v, const gset *s, u8state st, int32_t d) {
     /* the walk only reaches a node whose state is alive (or whose incomplete code point some stack can take):
      * every token ending here is allowed */
@@ -535,28 +561,16 @@ static bool walk(kiln_grammar_matcher *m, int32_t v, const gset *s, u8state st, 
     if (v != 0)
         for (int32_t k = 0; k < nd->n_tok; k++) {
             const int32_t t = m->v->toks[nd->first_tok + k];
-            m->dst[t >> 6] |= 1ull << (t & 63);
+            if (!m->xl) {
+                m->dst[t >> 6] |= 1ull << (t & 63);
+            } else {
+                xcache *x = m->xl;
+                if (!grow((void **)&x->d, &x->cap, x->n + 1, sizeof *x->d)) return false;
+                x->d[x->n++] = (ltok){m->xl_L, t};
+            }
         }
-    for (int32_t e = 0; e < nd->n_edge; e++) {
-        const tedge ed = m->v->edge[nd->first_edge + e];
-        u8state ns = st;
-        const int r = u8_feed(&ns, ed.byte);
-        if (r < 0) continue;
-        if (r == 0) {
-            if (!partial_ok(m->g, s, &ns)) continue;
-            if (!walk(m, ed.child, s, ns, d + 1)) return false;
-            continue;
-        }
-        gset *nx = &m->lvl[d + 1];
-        if (!advance(m->g, s, ns.cp, nx, m->scratch)) return false;
-        if (nx->n == 0 && !nx->accept) continue;
-        if (m->fx && nx->accept && m->v->node[ed.child].n_edge) { /* a frame's end with bytes below */
-            fcache *f = m->fx;
-            if (!grow((void **)&f->exit, &f->cap_exit, 2 * f->n_exit + 2, sizeof *f->exit)) return false;
-            f->exit[2 * f->n_exit] = ed.child, f->exit[2 * f->n_exit + 1] = d + 1, f->n_exit++;
-        }
-        if (!walk(m, ed.child, nx, ns, d + 1)) return false;
-    }
+    for (int32_t e = 0; e < nd->n_edge; e++)
+        if (!walk_edge(m, m->v->edge[nd->first_edge + e], s, st, d)) return false;
     return true;
 }
 
@@ -572,23 +586,6 @@ static int popcount64(uint64_t x) { /* SWAR: the build targets plain x86-64, wit
     x = (x & 0x3333333333333333ull) + (x >> 2 & 0x3333333333333333ull);
     x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0Full;
     return (int)(x * 0x0101010101010101ull >> 56);
-}
-
-/* Whether the state from takes the bytes b[0..n) (beginning a code point): 1 yes, 0 no, -1 out of memory. */
-static int feed(kiln_grammar_matcher *m, const gset *from, const uint8_t *b, int32_t n) {
-    const gset *in = from;
-    gset *buf[2] = {&m->fa, &m->fb};
-    u8state u = {0};
-    for (int32_t k = 0, w = 0; k < n; k++) {
-        const int r = u8_feed(&u, b[k]);
-        if (r < 0) return 0;
-        if (r == 0) continue;
-        gset *out = buf[w];
-        if (!advance(m->g, in, u.cp, out, m->scratch)) return -1;
-        if (out->n == 0 && !out->accept) return 0;
-        in = out, w ^= 1;
-    }
-    return u.left == 0 || partial_ok(m->g, in, &u);
 }
 
 /* e's code points as sorted disjoint ranges (lo, hi) into iv (room for 257); returns how many. */
@@ -631,9 +628,9 @@ static bool classes_meet(const kiln_grammar *g, const gelem *a, const gelem *b) 
     return false;
 }
 
-static int cmp_dtok(const void *x, const void *y) {
-    const dtok *a = x, *b = y;
-    return a->L != b->L ? (a->L > b->L) - (a->L < b->L) : (a->tok > b->tok) - (a->tok < b->tok);
+static int cmp_ledge(const void *x, const void *y) {
+    const ledge *a = x, *b = y;
+    return a->L != b->L ? (a->L > b->L) - (a->L < b->L) : (a->edge > b->edge) - (a->edge < b->edge);
 }
 
 /* Building a class's table: the trie walked depth first, each node's bytes decoded once. */
@@ -643,58 +640,68 @@ typedef struct {
     const gelem *e;
     int32_t *ncp_in; /* (V) code points of a token all of whose code points are in e, else 0 */
     int32_t K;
+    bool oom;
 } cbuild;
 
-/* Every token below node v (v's own included) leaves e after L code points, at byte off. */
-static void class_leave(cbuild *b, int32_t v, int32_t L, int32_t off) {
-    const tnode *nd = &b->m->v->node[v];
-    for (int32_t k = 0; k < nd->n_tok; k++) b->c->d[b->c->n_d++] = (dtok){L, off, b->m->v->toks[nd->first_tok + k]};
-    for (int32_t e = 0; e < nd->n_edge; e++) class_leave(b, b->m->v->edge[nd->first_edge + e].child, L, off);
-}
-
-/* Node v at depth d, reached by ncp complete code points all in e and the code point u in progress (its first byte
- * at d - 1 - (u.total - u.left)). A subtree leaving e before any code point in e is never allowed here: pruned. */
+/* Node v at depth d, reached by ncp complete code points all in e and the code point u in progress. Only runs of e
+ * are followed: what leaves e is a leaving edge at the last code point boundary, walked later with a state. */
 static void class_node(cbuild *b, int32_t v, u8state u, int32_t ncp, int32_t d) {
     const kiln_grammar_vocab *voc = b->m->v;
     const tnode *nd = &voc->node[v];
     uint32_t lo, hi;
     const bool part_in = u.left && partial_range(&u, &lo, &hi) && range_meets(b->m->g, b->e, lo, hi);
+    if (u.left && !part_in) return;
     for (int32_t k = 0; v && k < nd->n_tok; k++) {
         const int32_t t = voc->toks[nd->first_tok + k], n = ncp + (u.left ? 1 : 0);
-        if (!u.left || part_in) {
-            b->ncp_in[t] = n;
-            if (n > b->K) b->K = n;
-        }
-        if (u.left && ncp >= 1) b->c->d[b->c->n_d++] = (dtok){ncp, d - 1 - (u.total - u.left), t}; /* may leave at the partial */
+        b->ncp_in[t] = n;
+        if (n > b->K) b->K = n;
     }
-    if (u.left && !part_in && ncp == 0) return;
-    for (int32_t e = 0; e < nd->n_edge; e++) {
+    for (int32_t e = 0; e < nd->n_edge && !b->oom; e++) {
         const tedge ed = voc->edge[nd->first_edge + e];
         u8state ns = u;
         const int r = u8_feed(&ns, ed.byte);
-        if (r < 0) continue; /* invalid UTF-8 at the start of a code point: never allowed */
-        if (r == 0) class_node(b, ed.child, ns, ncp, d + 1);
-        else if (char_in(b->m->g, b->e, ns.cp)) class_node(b, ed.child, ns, ncp + 1, d + 1);
-        else if (ncp >= 1) class_leave(b, ed.child, ncp, d + 1 - (ns.total + 1));
+        if (r < 0) continue; /* invalid UTF-8: never allowed */
+        bool leaves = false;
+        if (r == 1) {
+            if (char_in(b->m->g, b->e, ns.cp)) class_node(b, ed.child, ns, ncp + 1, d + 1);
+            else leaves = u.left == 0; /* a code point begun earlier and ending outside e: its lead edge leaves */
+        } else if (u.left == 0) { /* the lead byte of a longer code point: it leaves unless all it can become is in e */
+            uint32_t plo, phi;
+            bool all_in = false;
+            if (partial_range(&ns, &plo, &phi)) {
+                uint32_t iv[2 * 257];
+                const int32_t n = class_ranges(b->m->g, b->e, iv);
+                for (int32_t i = 0; i < n && !all_in; i++) all_in = iv[2 * i] <= plo && iv[2 * i + 1] >= phi;
+            }
+            leaves = !all_in;
+            class_node(b, ed.child, ns, ncp, d + 1);
+        } else {
+            class_node(b, ed.child, ns, ncp, d + 1);
+        }
+        if (leaves && ncp >= 1) {
+            ctable *c = b->c;
+            if (!grow((void **)&c->le, &c->cap_le, c->n_le + 1, sizeof *c->le)) b->oom = true;
+            else c->le[c->n_le++] = (ledge){ncp, d, nd->first_edge + e};
+        }
     }
 }
 
-/* A class's table: the tokens all in e by their count of code points (cum), those leaving e after L >= 1 (d). */
+/* A class's table: the tokens all in e by their count of code points (cum), and the leaving edges. */
 static kiln_status class_build(kiln_grammar_matcher *m, ctable *c) {
     const kiln_grammar_vocab *v = m->v;
-    cbuild b = {m, c, &m->g->el[c->pos], calloc((size_t)(v->V ? v->V : 1), sizeof *b.ncp_in), 0};
-    c->d = malloc((size_t)(v->V ? v->V : 1) * sizeof *c->d);
-    if (!b.ncp_in || !c->d) {
-        free(b.ncp_in);
-        return kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");
-    }
-    c->n_d = 0;
+    cbuild b = {m, c, &m->g->el[c->pos], calloc((size_t)(v->V ? v->V : 1), sizeof *b.ncp_in), 0, false};
+    if (!b.ncp_in) return kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");
+    c->n_le = 0;
     class_node(&b, 0, (u8state){0}, 0, 0);
     int32_t *ncp_in = b.ncp_in;
     const int32_t K = b.K;
+    if (b.oom) {
+        free(ncp_in);
+        return kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");
+    }
     const size_t wb = (size_t)m->W * sizeof *c->cum;
     if ((size_t)(K + 1) * wb > CLASS_TABLE_BYTES) {
-        free(ncp_in), free(c->d), c->d = NULL, c->n_d = 0;
+        free(ncp_in);
         c->state = -1;
         return KILN_OK;
     }
@@ -707,7 +714,7 @@ static kiln_status class_build(kiln_grammar_matcher *m, ctable *c) {
         if (ncp_in[t]) c->cum[(size_t)ncp_in[t] * (size_t)m->W + (size_t)(t >> 6)] |= 1ull << (t & 63);
     for (int32_t k = 1; k <= K; k++)
         for (int32_t w = 0; w < m->W; w++) c->cum[(size_t)k * (size_t)m->W + (size_t)w] |= c->cum[(size_t)(k - 1) * (size_t)m->W + (size_t)w];
-    qsort(c->d, (size_t)c->n_d, sizeof *c->d, cmp_dtok);
+    qsort(c->le, (size_t)c->n_le, sizeof *c->le, cmp_ledge);
     free(ncp_in);
     c->K = K, c->state = 1;
     return KILN_OK;
@@ -747,14 +754,16 @@ static int chain_mask(kiln_grammar_matcher *m, const int32_t *st, int32_t n, uin
         if (!expand(g, &m->ctx, m->stk, k, 0)) return -1;
         for (int32_t i = 0; i < m->ctx.n; i++)
             if (classes_meet(g, &g->el[m->ctx.pos[m->ctx.off[i + 1] - 1]], &g->el[p])) return 0;
-        for (int32_t i = 0; i < c->n_d; i++) {
-            const dtok d = c->d[i];
-            const int r = feed(m, &m->ctx, m->v->bytes[d.tok] + d.off, m->v->len[d.tok] - d.off);
-            if (r < 0) return -1;
-            if (!r) continue;
-            if (!grow((void **)&x->d, &x->cap, x->n + 1, sizeof *x->d)) return -1;
-            x->d[x->n++] = d;
+        m->xl = x;
+        for (int32_t i = 0; i < c->n_le; i++) {
+            const ledge le = c->le[i];
+            m->xl_L = le.L;
+            if (!walk_edge(m, m->v->edge[le.edge], &m->ctx, (u8state){0}, le.d)) {
+                m->xl = NULL;
+                return -1;
+            }
         }
+        m->xl = NULL;
         x->used = true;
     }
     const int32_t row = cm < c->K ? cm : c->K;
@@ -792,30 +801,6 @@ static ctable *class_of(kiln_grammar_matcher *m, int32_t p) {
     return &m->ct[c];
 }
 
-/* feed for a frame from the state from: also records in f each byte where the frame can end with bytes still to
- * come (tok's bytes from base on). 1 when the frame itself takes all of b, 0 when not, -1 out of memory. */
-static int feed_frame(kiln_grammar_matcher *m, const gset *from, int32_t tok, int32_t base, fcache *f) {
-    const uint8_t *b = m->v->bytes[tok] + base;
-    const int32_t n = m->v->len[tok] - base;
-    const gset *in = from;
-    gset *buf[2] = {&m->fa, &m->fb};
-    u8state u = {0};
-    for (int32_t k = 0, w = 0; k < n; k++) {
-        const int r = u8_feed(&u, b[k]);
-        if (r < 0) return 0;
-        if (r == 0) continue;
-        gset *out = buf[w];
-        if (!advance(m->g, in, u.cp, out, m->scratch)) return -1;
-        if (out->accept && k + 1 < n) {
-            if (!grow((void **)&f->xtok, &f->cap_xtok, 2 * f->n_xtok + 2, sizeof *f->xtok)) return -1;
-            f->xtok[2 * f->n_xtok] = tok, f->xtok[2 * f->n_xtok + 1] = base + k + 1, f->n_xtok++;
-        }
-        if (out->n == 0) return out->accept && k + 1 == n;
-        in = out, w ^= 1;
-    }
-    return u.left == 0 || partial_ok(m->g, in, &u);
-}
-
 /* A frame st[0..n) whose top e comes back after one code point of e: the frame after any such code point (s1) holds
  * the frame again, and each of its other stacks takes no code point of e (jchar* in a string, [a-z]* before a
  * space). Then a token whose code points are all in e stays in the frame, and one that leaves e after L code points
@@ -828,23 +813,35 @@ static int frame_fixed(kiln_grammar_matcher *m, const int32_t *st, int32_t n, fc
     if (class_ranges(g, e, iv) == 0 || !set_one(&m->one, st, n)) return set_one(&m->one, st, n) ? 0 : -1;
     if (!advance(g, &m->one, iv[0], &m->s1, m->scratch)) return -1; /* a stack's next state is the same for every cp it takes */
     if (m->s1.accept) return 0;
+    /* s1 less the frame itself, in place: the stacks a run's end hands over to */
     bool self = false;
-    for (int32_t i = 0; i < m->s1.n; i++) {
-        const int32_t *s = m->s1.pos + m->s1.off[i], k = m->s1.off[i + 1] - m->s1.off[i];
-        if (k == n && memcmp(s, st, (size_t)n * sizeof *st) == 0) self = true;
-        else if (classes_meet(g, &g->el[s[k - 1]], e)) return 0;
+    gset *s1 = &m->s1;
+    int32_t kept = 0, kept_pos = 0;
+    for (int32_t i = 0; i < s1->n; i++) {
+        const int32_t o = s1->off[i], k = s1->off[i + 1] - o;
+        if (k == n && memcmp(s1->pos + o, st, (size_t)n * sizeof *st) == 0) {
+            self = true;
+            continue;
+        }
+        if (classes_meet(g, &g->el[s1->pos[o + k - 1]], e)) return 0;
+        memmove(s1->pos + kept_pos, s1->pos + o, (size_t)k * sizeof *s1->pos);
+        s1->off[kept] = kept_pos, kept_pos += k, s1->off[++kept] = kept_pos;
     }
+    s1->n = kept, s1->n_pos = kept_pos;
     if (!self) return 0;
     const ctable *c = class_of(m, st[n - 1]);
     if (!c) return -1;
     if (c->state < 0) return 0;
     memcpy(f->bits, c->cum + (size_t)c->K * (size_t)m->W, (size_t)m->W * sizeof *f->bits);
-    f->n_exit = f->n_xtok = 0;
-    for (int32_t i = 0; i < c->n_d; i++) {
-        const int r = feed_frame(m, &m->s1, c->d[i].tok, c->d[i].off, f);
-        if (r < 0) return -1;
-        if (r) f->bits[c->d[i].tok >> 6] |= 1ull << (c->d[i].tok & 63);
-    }
+    f->n_exit = 0;
+    if (!s1->n) return 1;
+    m->dst = f->bits, m->fx = f;
+    for (int32_t i = 0; i < c->n_le; i++)
+        if (!walk_edge(m, m->v->edge[c->le[i].edge], s1, (u8state){0}, c->le[i].d)) {
+            m->fx = NULL;
+            return -1;
+        }
+    m->fx = NULL;
     return 1;
 }
 
@@ -860,13 +857,12 @@ static const fcache *frame_get(kiln_grammar_matcher *m, const int32_t *st, int32
     f->used = false, f->n_exit = 0;
     if (!f->bits && !(f->bits = malloc((size_t)m->W * sizeof *f->bits))) return NULL;
     if (!grow((void **)&f->key, &f->cap_key, n, sizeof *f->key)) return NULL;
-    f->n_xtok = 0;
     const int r = frame_fixed(m, st, n, f);
     if (r < 0) return NULL;
     if (r == 0) {
         if (!set_one(&m->one, st, n)) return NULL;
         memset(f->bits, 0, (size_t)m->W * sizeof *f->bits);
-        f->n_exit = f->n_xtok = 0;
+        f->n_exit = 0;
         m->dst = f->bits, m->fx = f;
         const bool ok = walk(m, 0, &m->one, (u8state){0}, 0);
         m->fx = NULL;
@@ -883,7 +879,7 @@ static bool frame_mask(kiln_grammar_matcher *m, const int32_t *st, int32_t n, in
     const fcache *f = frame_get(m, st + k, n - k);
     if (!f) return false;
     memcpy(bits, f->bits, (size_t)m->W * sizeof *bits);
-    if (!f->n_exit && !f->n_xtok) return true;
+    if (!f->n_exit) return true;
     memcpy(m->stk, st, (size_t)k * sizeof *st);
     set_clear(&m->ctx);
     if (!expand(m->g, &m->ctx, m->stk, k, 0)) return false;
@@ -891,12 +887,6 @@ static bool frame_mask(kiln_grammar_matcher *m, const int32_t *st, int32_t n, in
     m->dst = bits;
     for (int32_t i = 0; i < f->n_exit; i++)
         if (!walk(m, f->exit[2 * i], &m->ctx, (u8state){0}, f->exit[2 * i + 1])) return false;
-    for (int32_t i = 0; i < f->n_xtok; i++) {
-        const int32_t t = f->xtok[2 * i], off = f->xtok[2 * i + 1];
-        const int r = feed(m, &m->ctx, m->v->bytes[t] + off, m->v->len[t] - off);
-        if (r < 0) return false;
-        if (r) bits[t >> 6] |= 1ull << (t & 63);
-    }
     return true;
 }
 
