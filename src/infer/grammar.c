@@ -6,13 +6,28 @@
  * stack whose top is a rule reference replaces it by one stack per alternative; a continuation that is an END is
  * not pushed, so right recursion (the repetitions' rules) keeps stacks flat.
  *
- * The allowed-token mask walks a trie of the vocabulary's token bytes (built once per matcher) depth first with
- * the state: each completed code point advances the state, an empty state prunes the subtree, and a code point
- * still incomplete at a node is kept when some stack's set holds a code point with that prefix. A token ends at a
- * node; it is allowed when the state there is not empty. Tokens that split a code point carry its bytes into the
- * next one. EOS is allowed exactly when the state holds the empty stack (and no code point is half done); control
- * tokens never are. The allowed set of a state is remembered (MASK_CACHE states, round-robin, keyed by the stacks
- * byte for byte), so a state met again (the inside of a string, a repeated element) costs a copy of bits. */
+ * The allowed-token mask. A token is allowed in a state when some stack of it takes the token's bytes (advance
+ * acts on each stack alone), so the mask is the union of the masks of the state's stacks, each remembered by the
+ * stack's positions (sc: 8 MB of masks, round-robin). A stack's mask, when not remembered, is made in one of three
+ * ways, all from a trie of the vocabulary's token bytes (built once per vocab) walked depth first with a state:
+ * each completed code point advances it, an empty state prunes the subtree, and a code point still incomplete at a
+ * node is kept when some stack's set holds a code point with that prefix.
+ *   - chain_mask: the top is a character set e followed by a repetition of it (e{1,m}, x{m,n} and x* of a class).
+ *     When no code point the stack below can take first is in e, a token can leave the run only after its last
+ *     code point in e: the mask is row m of e's table (the tokens all in e with at most m code points, cumulative
+ *     bitsets by count) plus what the stack below takes from e's leaving edges (where a run of e ends in the trie),
+ *     remembered per context with each run's length, so each count costs a bitset copy.
+ *   - frame_mask: the stack is split into its top frame (the top and the generated rules' entries under it, down
+ *     to the first entry of a rule written in the grammar: a string's character and the rest of the string) and
+ *     the context below. The frame alone is masked once and shared by every context: its tokens, and the trie nodes
+ *     where it can end with bytes below, from which the context is walked. A frame whose top class comes back after
+ *     one code point (jchar* in a string: frame_fixed) takes a row of the class's table and the leaving edges walked
+ *     with its other stacks, without walking the whole trie.
+ *   - otherwise the trie walked with the one stack.
+ * A code point left incomplete by the accepted tokens (byte-level BPE) is carried into the next token; while one is
+ * pending the mask is the trie walked with the whole state. EOS is allowed exactly when the state holds the empty
+ * stack (and no code point is half done); control tokens never are. tests/test_grammar.c checks every mask token by
+ * token against kiln_grammar_match_text, which walks no trie. */
 #include "grammar_impl.h"
 #include "status.h"
 
@@ -204,7 +219,7 @@ typedef struct {
     int32_t *key, n_key, cap_key; /* the context's positions, then the class */
     ltok *d;
     int32_t n, cap;
-    bool used;
+    bool used, meets; /* meets: the context can take a code point of the class first (chain_mask does not apply) */
 } xcache;
 
 /* A stack's top frame (see frame_split) and what it takes alone: the tokens it takes whatever lies below it, and the
@@ -714,7 +729,7 @@ static kiln_status class_build(kiln_grammar_matcher *m, ctable *c) {
         if (ncp_in[t]) c->cum[(size_t)ncp_in[t] * (size_t)m->W + (size_t)(t >> 6)] |= 1ull << (t & 63);
     for (int32_t k = 1; k <= K; k++)
         for (int32_t w = 0; w < m->W; w++) c->cum[(size_t)k * (size_t)m->W + (size_t)w] |= c->cum[(size_t)(k - 1) * (size_t)m->W + (size_t)w];
-    qsort(c->le, (size_t)c->n_le, sizeof *c->le, cmp_ledge);
+    if (c->n_le) qsort(c->le, (size_t)c->n_le, sizeof *c->le, cmp_ledge); /* none: le is NULL */
     free(ncp_in);
     c->K = K, c->state = 1;
     return KILN_OK;
@@ -743,6 +758,7 @@ static int chain_mask(kiln_grammar_matcher *m, const int32_t *st, int32_t n, uin
         xcache *y = &m->xc[i];
         if (y->used && y->hash == h && y->n_key == k + 1 && y->key[k] == cls && memcmp(y->key, m->stk, (size_t)k * sizeof *y->key) == 0) x = y;
     }
+    if (x && x->meets) return 0;
     if (!x) {
         x = &m->xc[m->next_xc];
         m->next_xc = (m->next_xc + 1) % XCACHE;
@@ -752,8 +768,11 @@ static int chain_mask(kiln_grammar_matcher *m, const int32_t *st, int32_t n, uin
         x->key[k] = cls, x->n_key = k + 1, x->hash = h, x->n = 0;
         set_clear(&m->ctx);
         if (!expand(g, &m->ctx, m->stk, k, 0)) return -1;
-        for (int32_t i = 0; i < m->ctx.n; i++)
-            if (classes_meet(g, &g->el[m->ctx.pos[m->ctx.off[i + 1] - 1]], &g->el[p])) return 0;
+        x->meets = false;
+        for (int32_t i = 0; i < m->ctx.n && !x->meets; i++) x->meets = classes_meet(g, &g->el[m->ctx.pos[m->ctx.off[i + 1] - 1]], &g->el[p]);
+        x->used = true;
+        if (x->meets) return 0;
+        x->used = false;
         m->xl = x;
         for (int32_t i = 0; i < c->n_le; i++) {
             const ledge le = c->le[i];
@@ -810,7 +829,8 @@ static int frame_fixed(kiln_grammar_matcher *m, const int32_t *st, int32_t n, fc
     const kiln_grammar *g = m->g;
     const gelem *e = &g->el[st[n - 1]];
     uint32_t iv[2 * 257];
-    if (class_ranges(g, e, iv) == 0 || !set_one(&m->one, st, n)) return set_one(&m->one, st, n) ? 0 : -1;
+    if (!set_one(&m->one, st, n)) return -1;
+    if (class_ranges(g, e, iv) == 0) return 0;
     if (!advance(g, &m->one, iv[0], &m->s1, m->scratch)) return -1; /* a stack's next state is the same for every cp it takes */
     if (m->s1.accept) return 0;
     /* s1 less the frame itself, in place: the stacks a run's end hands over to */
@@ -910,14 +930,7 @@ static const uint64_t *stack_mask(kiln_grammar_matcher *m, const int32_t *st, in
     if (!grow((void **)&c->key, &c->cap_key, n, sizeof *c->key)) return NULL;
     const int r = chain_mask(m, st, n, c->bits);
     if (r < 0) return NULL;
-    const int32_t k = r == 0 ? frame_split(m, st, n) : 0;
-    if (r == 0 && k > 0 && !frame_mask(m, st, n, k, c->bits)) return NULL;
-    if (r == 0 && k == 0) {
-        if (!set_one(&m->one, st, n)) return NULL;
-        memset(c->bits, 0, (size_t)m->W * sizeof *c->bits);
-        m->dst = c->bits;
-        if (!walk(m, 0, &m->one, (u8state){0}, 0)) return NULL;
-    }
+    if (r == 0 && !frame_mask(m, st, n, frame_split(m, st, n), c->bits)) return NULL;
     memcpy(c->key, st, (size_t)n * sizeof *st);
     c->n_key = n, m->sc_hash[slot] = h;
     return c->bits;
