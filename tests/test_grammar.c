@@ -2,12 +2,17 @@
  *   parse errors    each malformed grammar is KILN_ERR_FORMAT with the line and column or the rule in its message
  *   sentences       kiln_grammar_match_text on grammars of every construct: literals and escapes, classes and
  *                   negation, ".", groups, * + ? {m} {m,} {m,n} {,n}, comments, multi-line rules, UTF-8
- *   the mask        on the bundled model's vocab (and every vocab of ../shared/data/vocab when present), at each
- *                   step of a walk under a JSON grammar: a token is allowed exactly when the text so far plus its
- *                   bytes begins a sentence (kiln_grammar_match_text, which walks no trie: an oracle apart from the
- *                   mask's trie walk), EOS exactly when the text is a whole sentence, control tokens never
- *   sampling        50 seeds of random logits, greedy under the mask: every text parses as JSON (jansson) with the
- *                   grammar's shape, and is a whole sentence; accept refuses a token the mask does not allow */
+ *   the mask        under the bench's grammars (a JSON grammar, free text, arithmetic, three JSON schemas through
+ *                   kiln_json_schema_to_gbnf), several walks on one matcher (reset between, so remembered stacks,
+ *                   frames and class tables are reused), on the bundled model's vocab, every vocab of
+ *                   ../shared/data/vocab and Qwen2.5's (~/.cache/kiln): at each oracle step a token is allowed
+ *                   exactly when the text so far plus its bytes begins a sentence (kiln_grammar_match_text, which
+ *                   walks no trie: an oracle apart from the mask), EOS exactly when the text is a whole sentence,
+ *                   control tokens never. The oracle matches the whole text per token, so it checks every step of
+ *                   4 walks of 120 on the bundled vocab and the first steps of 2 walks on the large ones
+ *   sampling        every walk greedy on random logits under the mask: accept takes the masked best and refuses a
+ *                   masked-out token; a walk ended by EOS is a whole sentence (JSON for the JSON grammars, of the
+ *                   json grammar's shape for it), one cut at its step limit a prefix of one */
 #include "kiln.h"
 #include "test.h"
 
