@@ -265,7 +265,9 @@ struct kiln_grammar_matcher {
     xcache *xl;         /* the list a walk appends its tokens to, with run length xl_L (NULL: into dst) */
     int32_t xl_L;
     int32_t *el_rule;   /* (n_el) the rule an element is in */
-    gset one, ctx, s1; /* a single stack; a context; a frame after one code point, less itself */
+    gset one, ctx, s1; /* a single stack; a context; frame_fixed's second one-stack set */
+    gset *runs;        /* (n_runs) frame_fixed: the stacks a run of L code points of a class hands over to */
+    int32_t n_runs, cap_runs;
     int64_t hits, misses;
 };
 
@@ -295,6 +297,8 @@ void kiln_grammar_matcher_free(kiln_grammar_matcher *m) {
     for (int i = 0; i < XCACHE; i++) free(m->xc[i].key), free(m->xc[i].d);
     for (int i = 0; i < FCACHE; i++) free(m->fc[i].key), free(m->fc[i].bits), free(m->fc[i].exit);
     set_free(&m->cur), set_free(&m->one), set_free(&m->ctx), set_free(&m->s1);
+    for (int32_t i = 0; i < m->n_runs; i++) set_free(&m->runs[i]);
+    free(m->runs);
     kiln_grammar_vocab_free(m->own);
     free(m->lvl), free(m->scratch), free(m->stk), free(m->bits), free(m->sc), free(m->sc_hash), free(m->chain_m), free(m->chain_cls), free(m->ct);
     free(m->el_rule);
@@ -820,47 +824,75 @@ static ctable *class_of(kiln_grammar_matcher *m, int32_t p) {
     return &m->ct[c];
 }
 
-/* A frame st[0..n) whose top e comes back after one code point of e: the frame after any such code point (s1) holds
- * the frame again, and each of its other stacks takes no code point of e (jchar* in a string, [a-z]* before a
- * space). Then a token whose code points are all in e stays in the frame, and one that leaves e after L code points
- * is in s1 there: the frame's tokens are a row of e's table and those of e's leaving tokens whose rest s1 takes, with
- * no trie walk. Returns 1 with f made, 0 when the frame is not of this kind, -1 out of memory. */
+/* Run L's set (L >= 1) of frame_fixed, grown on demand; NULL on out of memory. */
+static gset *run_set(kiln_grammar_matcher *m, int32_t L) {
+    if (L > m->n_runs) {
+        if (!grow((void **)&m->runs, &m->cap_runs, L, sizeof *m->runs)) return NULL;
+        memset(m->runs + m->n_runs, 0, (size_t)(L - m->n_runs) * sizeof *m->runs);
+        m->n_runs = L;
+    }
+    return &m->runs[L - 1];
+}
+
+/* A frame st[0..n) topped by a class e whose runs of e stay on one stack: after each code point of e its state holds
+ * at most one stack that can take e again (the run's next, topped by e itself) and other stacks that take no code
+ * point of e. So jchar* in a string (the next is the frame again: runs are unbounded) and jchar{0,n} (the next
+ * counts down; the longest run is n). Then a token all in e with at most that many code points stays in the frame,
+ * and one leaving e after L code points is in run L's other stacks there: the frame's tokens are a row of e's table
+ * and e's leaving edges walked with those stacks, with no walk of the whole trie. Returns 1 with f made, 0 when the
+ * frame is not of this kind, -1 out of memory. */
 static int frame_fixed(kiln_grammar_matcher *m, const int32_t *st, int32_t n, fcache *f) {
     const kiln_grammar *g = m->g;
     const gelem *e = &g->el[st[n - 1]];
     uint32_t iv[2 * 257];
-    if (!set_one(&m->one, st, n)) return -1;
     if (class_ranges(g, e, iv) == 0) return 0;
-    if (!advance(g, &m->one, iv[0], &m->s1, m->scratch)) return -1; /* a stack's next state is the same for every cp it takes */
-    if (m->s1.accept) return 0;
-    /* s1 less the frame itself, in place: the stacks a run's end hands over to */
-    bool self = false;
-    gset *s1 = &m->s1;
-    int32_t kept = 0, kept_pos = 0;
-    for (int32_t i = 0; i < s1->n; i++) {
-        const int32_t o = s1->off[i], k = s1->off[i + 1] - o;
-        if (k == n && memcmp(s1->pos + o, st, (size_t)n * sizeof *st) == 0) {
-            self = true;
-            continue;
+    gset *cur = &m->one, *nxt = &m->s1; /* the run's stack so far, as a set of one */
+    if (!set_one(cur, st, n)) return -1;
+    int32_t run = 0, fixed = 0; /* the longest run; the run from which on the sets repeat (0: none) */
+    for (int32_t L = 1; L <= m->v->max_len && !run; L++) {
+        gset *s = run_set(m, L);
+        if (!s || !advance(g, cur, iv[0], s, m->scratch)) return -1; /* a stack's next state is one for every cp it takes */
+        if (s->accept) return 0;
+        int32_t self = -1;
+        for (int32_t i = 0; i < s->n; i++)
+            if (classes_meet(g, &g->el[s->pos[s->off[i + 1] - 1]], e)) {
+                if (self >= 0 || !same_class(g, &g->el[s->pos[s->off[i + 1] - 1]], e)) return 0;
+                self = i;
+            }
+        if (self < 0) {
+            /* not a run (a plain walk is as cheap), or a run of L dead where one of L - 1 with a partial code point
+             * is not: no row of the table */
+            if (L == 1 || s->n == 0) return 0;
+            run = L;
+            break;
         }
-        if (classes_meet(g, &g->el[s1->pos[o + k - 1]], e)) return 0;
-        memmove(s1->pos + kept_pos, s1->pos + o, (size_t)k * sizeof *s1->pos);
-        s1->off[kept] = kept_pos, kept_pos += k, s1->off[++kept] = kept_pos;
+        const int32_t o = s->off[self], k = s->off[self + 1] - o;
+        const bool same = k == cur->n_pos && memcmp(s->pos + o, cur->pos, (size_t)k * sizeof *s->pos) == 0;
+        if (!set_one(nxt, s->pos + o, k)) return -1;
+        memmove(s->pos + o, s->pos + o + k, (size_t)(s->n_pos - o - k) * sizeof *s->pos); /* s less the run's stack */
+        for (int32_t i = self + 1; i < s->n; i++) s->off[i] = s->off[i + 1] - k;
+        s->n--, s->n_pos -= k;
+        gset *t = cur;
+        cur = nxt, nxt = t;
+        if (same) run = fixed = L;
     }
-    s1->n = kept, s1->n_pos = kept_pos;
-    if (!self) return 0;
+    if (!run) run = fixed = m->v->max_len; /* no token has a longer run */
     const ctable *c = class_of(m, st[n - 1]);
     if (!c) return -1;
     if (c->state < 0) return 0;
-    memcpy(f->bits, c->cum + (size_t)c->K * (size_t)m->W, (size_t)m->W * sizeof *f->bits);
+    const int32_t row = fixed || run > c->K ? c->K : run;
+    memcpy(f->bits, c->cum + (size_t)row * (size_t)m->W, (size_t)m->W * sizeof *f->bits);
     f->n_exit = 0;
-    if (!s1->n) return 1;
     m->dst = f->bits, m->fx = f;
-    for (int32_t i = 0; i < c->n_le; i++)
-        if (!walk_edge(m, m->v->edge[c->le[i].edge], s1, (u8state){0}, c->le[i].d)) {
+    for (int32_t i = 0; i < c->n_le; i++) {
+        const ledge le = c->le[i];
+        if (!fixed && le.L > run) break; /* by L ascending */
+        const gset *s = &m->runs[(fixed && le.L > fixed ? fixed : le.L) - 1];
+        if (s->n && !walk_edge(m, m->v->edge[le.edge], s, (u8state){0}, le.d)) {
             m->fx = NULL;
             return -1;
         }
+    }
     m->fx = NULL;
     return 1;
 }
