@@ -20,9 +20,9 @@
  *   - frame_mask: the stack is split into its top frame (the top and the generated rules' entries under it, down
  *     to the first entry of a rule written in the grammar: a string's character and the rest of the string) and
  *     the context below. The frame alone is masked once and shared by every context: its tokens, and the trie nodes
- *     where it can end with bytes below, from which the context is walked. A frame whose top class comes back after
- *     one code point (jchar* in a string: frame_fixed) takes a row of the class's table and the leaving edges walked
- *     with its other stacks, without walking the whole trie.
+ *     where it can end with bytes below, from which the context is walked. A frame whose runs of its top class stay
+ *     on one stack (jchar* in a string, jchar{0,n}: frame_fixed) takes a row of the class's table and the leaving
+ *     edges walked with the stacks each run hands over to, without walking the whole trie.
  *   - otherwise the trie walked with the one stack.
  * A code point left incomplete by the accepted tokens (byte-level BPE) is carried into the next token; while one is
  * pending the mask is the trie walked with the whole state. EOS is allowed exactly when the state holds the empty
