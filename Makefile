@@ -323,12 +323,12 @@ fuzz-shards:
 	build-fuzz/fuzz_shards -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -artifact_prefix=tests/fuzz/crashes/ \
 	  build-fuzz/corpus-shards tests/fuzz/corpus-shards
 
-# The GBNF parser and the matcher's code-point walk (src/infer/grammar.c); the tokenizer sources only resolve the
+# The GBNF parser and the matcher's code-point walk (src/infer/grammar_parse.c, grammar.c); the tokenizer sources only resolve the
 # matcher's symbols (the harness makes no matcher).
 fuzz-grammar:
 	@mkdir -p build-fuzz/corpus-grammar tests/fuzz/crashes
 	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -Isrc/core \
-	  tests/fuzz/fuzz_grammar.c src/infer/grammar.c src/core/status.c src/core/types.c src/core/file.c src/core/gguf.c \
+	  tests/fuzz/fuzz_grammar.c src/infer/grammar.c src/infer/grammar_parse.c src/core/status.c src/core/types.c src/core/file.c src/core/gguf.c \
 	  $(filter-out src/tok/bpe_train.c src/tok/import_hf.c,$(wildcard src/tok/*.c)) -o build-fuzz/fuzz_grammar -lpcre2-8 -lutf8proc -lm -lpthread
 	build-fuzz/fuzz_grammar -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -artifact_prefix=tests/fuzz/crashes/ \
 	  build-fuzz/corpus-grammar tests/fuzz/corpus-grammar

@@ -704,7 +704,7 @@ void kiln_sampler_probs(kiln_sampler *s, float *logits, const int32_t *history, 
 float kiln_sampler_coin(kiln_sampler *s);
 int32_t kiln_sampler_draw(kiln_sampler *s, const float *probs);
 
-/* ---------------------------------------------------------------- grammars (src/infer/grammar.c)
+/* ---------------------------------------------------------------- grammars (src/infer/grammar_parse.c, grammar.c)
  * llama.cpp's GBNF: rules `name ::= alternatives`, literals "..." (escapes \n \r \t \\ \" \xHH \uHHHH \UHHHHHHHH),
  * classes [a-z] and [^...], "." for any character, groups ( ), repetitions * + ? {m} {m,} {m,n} {,n}, # comments;
  * a rule's alternatives end at a newline outside parentheses. A malformed grammar is KILN_ERR_FORMAT with the line
@@ -735,7 +735,8 @@ kiln_status kiln_grammar_matcher_reset(kiln_grammar_matcher *m); /* back to the 
 kiln_status kiln_grammar_matcher_mask(kiln_grammar_matcher *m, float *logits);
 kiln_status kiln_grammar_matcher_accept(kiln_grammar_matcher *m, int32_t token);
 bool kiln_grammar_matcher_done(const kiln_grammar_matcher *m); /* the text so far is a whole sentence */
-/* Masks made by a walk of the trie (misses) and taken from the matcher's memory of earlier states (hits). */
+/* A mask is the union of its state's stacks' masks: those made (misses; one per mask while a code point is half
+ * done) and those taken from the matcher's memory of earlier stacks (hits). */
 void kiln_grammar_matcher_cache_stats(const kiln_grammar_matcher *m, int64_t *hits, int64_t *misses);
 
 /* ---------------------------------------------------------------- speculative decoding (src/infer/speculative.c)

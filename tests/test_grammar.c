@@ -2,12 +2,17 @@
  *   parse errors    each malformed grammar is KILN_ERR_FORMAT with the line and column or the rule in its message
  *   sentences       kiln_grammar_match_text on grammars of every construct: literals and escapes, classes and
  *                   negation, ".", groups, * + ? {m} {m,} {m,n} {,n}, comments, multi-line rules, UTF-8
- *   the mask        on the bundled model's vocab (and every vocab of ../shared/data/vocab when present), at each
- *                   step of a walk under a JSON grammar: a token is allowed exactly when the text so far plus its
- *                   bytes begins a sentence (kiln_grammar_match_text, which walks no trie: an oracle apart from the
- *                   mask's trie walk), EOS exactly when the text is a whole sentence, control tokens never
- *   sampling        50 seeds of random logits, greedy under the mask: every text parses as JSON (jansson) with the
- *                   grammar's shape, and is a whole sentence; accept refuses a token the mask does not allow */
+ *   the mask        under the bench's grammars (a JSON grammar, free text, arithmetic, three JSON schemas through
+ *                   kiln_json_schema_to_gbnf), several walks on one matcher (reset between, so remembered stacks,
+ *                   frames and class tables are reused), on the bundled model's vocab, every vocab of
+ *                   ../shared/data/vocab and Qwen2.5's (~/.cache/kiln): at each oracle step a token is allowed
+ *                   exactly when the text so far plus its bytes begins a sentence (kiln_grammar_match_text, which
+ *                   walks no trie: an oracle apart from the mask), EOS exactly when the text is a whole sentence,
+ *                   control tokens never. The oracle matches the whole text per token, so it checks every step of
+ *                   4 walks of 120 on the bundled vocab and the first steps of 2 walks on the large ones
+ *   sampling        every walk greedy on random logits under the mask: accept takes the masked best and refuses a
+ *                   masked-out token; a walk ended by EOS is a whole sentence (JSON for the JSON grammars, of the
+ *                   json grammar's shape for it), one cut at its step limit a prefix of one */
 #include "kiln.h"
 #include "test.h"
 
@@ -134,29 +139,80 @@ static const char *json_grammar =
     "number ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,3} ) ( \".\" [0-9]{1,3} )?\n"
     "ws     ::= \" \"?\n";
 
+/* Three JSON Schemas as kiln_json_schema_to_gbnf makes them (bench/bench_grammar.c's): strings unbounded, integers
+ * with bounds, enums, arrays, nested objects, a uuid, a date and a pattern. */
+static const char *person_schema =
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":150},"
+    "\"email\":{\"type\":\"string\"},\"role\":{\"enum\":[\"admin\",\"user\",\"guest\"]},"
+    "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"maxItems\":5}},\"required\":[\"name\",\"age\",\"role\"]}";
+static const char *order_schema =
+    "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\",\"format\":\"uuid\"},"
+    "\"customer\":{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+    "\"address\":{\"type\":\"object\",\"properties\":{\"street\":{\"type\":\"string\"},\"city\":{\"type\":\"string\"},"
+    "\"zip\":{\"type\":\"string\",\"pattern\":\"^[0-9]{5}$\"}},\"required\":[\"street\",\"city\"]}},\"required\":[\"name\"]},"
+    "\"items\":{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"sku\":{\"type\":\"string\"},"
+    "\"qty\":{\"type\":\"integer\",\"minimum\":1},\"price\":{\"type\":\"number\"}},\"required\":[\"sku\",\"qty\"]},"
+    "\"minItems\":1,\"maxItems\":10},\"paid\":{\"type\":\"boolean\"}},\"required\":[\"id\",\"customer\",\"items\"]}";
+static const char *event_schema =
+    "{\"type\":\"object\",\"properties\":{\"title\":{\"type\":\"string\"},\"date\":{\"type\":\"string\",\"format\":\"date\"},"
+    "\"priority\":{\"type\":\"string\",\"enum\":[\"low\",\"medium\",\"high\"]},"
+    "\"attendees\":{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+    "\"rsvp\":{\"type\":\"boolean\"}},\"required\":[\"name\"]}},\"notes\":{\"type\":[\"string\",\"null\"]}},"
+    "\"required\":[\"title\",\"date\"]}";
+
+/* The grammars the mask is checked under: repetitions of one class (text, expr), strings with escapes ({0,8} and
+ * unbounded), nested rules. json marks those whose sentences are JSON texts. */
+static const struct {
+    const char *name, *text;
+    bool schema, json;
+} cases[] = {
+    {"json", NULL, false, true}, /* json_grammar */
+    {"text", "root ::= [^\\n]{1,120} \"\\n\"\n", false, false},
+    {"expr", "root ::= expr \"\\n\"\nexpr ::= term ( ws [-+*/] ws term ){0,6}\n"
+             "term ::= [0-9]{1,4} | [a-z]{1,5} | \"(\" ws expr ws \")\"\nws ::= \" \"?\n", false, false},
+    {"person", NULL, true, true},
+    {"order", NULL, true, true},
+    {"event", NULL, true, true},
+};
+
+static kiln_grammar *case_grammar(size_t i) {
+    const char *text = i == 0 ? json_grammar : cases[i].text;
+    if (!cases[i].schema) return parse(text);
+    const char *schema = i == 3 ? person_schema : i == 4 ? order_schema : event_schema;
+    char *gbnf = NULL;
+    size_t n = 0;
+    if (kiln_json_schema_to_gbnf(schema, strlen(schema), &gbnf, &n) != KILN_OK) return NULL;
+    kiln_grammar *g = NULL;
+    kiln_grammar_parse(gbnf, n, NULL, &g);
+    free(gbnf);
+    return g;
+}
+
 static uint64_t rng_next(uint64_t *s) {
     *s ^= *s >> 12, *s ^= *s << 25, *s ^= *s >> 27;
     return *s * 2685821657736338717ull;
 }
 
-/* One greedy walk of random logits under the grammar; with oracle, each step's mask is checked token by token.
- * Returns the text (malloc'd) or NULL with the failure in msg. */
-static char *walk(const kiln_grammar *g, const kiln_tokenizer *tok, uint64_t seed, bool oracle, char *msg, size_t n_msg) {
+/* One greedy walk of random logits under the grammar with the matcher m (reset first), at most max_steps tokens;
+ * the mask of each of the first oracle_steps steps is checked token by token. Returns the text (malloc'd; *ended
+ * when the walk ended with EOS) or NULL with the failure in msg. */
+static char *walk(const kiln_grammar *g, const kiln_tokenizer *tok, kiln_grammar_matcher *m, uint64_t seed, int oracle_steps, int max_steps,
+                  bool *ended, size_t *len, char *msg, size_t n_msg) {
     const int32_t V = kiln_tokenizer_n_vocab(tok), eos = kiln_tokenizer_eos(tok);
-    kiln_grammar_matcher *m = NULL;
     float *lg = malloc((size_t)V * sizeof *lg);
-    char *text = calloc(1, 4096), *buf = malloc(4096 + 256);
+    char *text = calloc(1, 8192), *buf = malloc(8192 + 256);
     size_t n = 0;
-    bool ok = lg && text && buf && kiln_grammar_matcher_new(g, tok, &m) == KILN_OK;
+    *ended = false;
+    bool ok = lg && text && buf && kiln_grammar_matcher_reset(m) == KILN_OK;
     if (!ok) snprintf(msg, n_msg, "setup: %s", kiln_last_error());
-    for (int step = 0; ok && step < 200; step++) {
+    for (int step = 0; ok && step < max_steps; step++) {
         for (int32_t i = 0; i < V; i++) lg[i] = (float)(rng_next(&seed) >> 40) / 16777216.0f;
         if (kiln_grammar_matcher_mask(m, lg) != KILN_OK) {
-            snprintf(msg, n_msg, "step %d: mask: %s", step, kiln_last_error());
+            snprintf(msg, n_msg, "step %d, text '%.*s': mask: %s", step, (int)n, text, kiln_last_error());
             ok = false;
             break;
         }
-        for (int32_t i = 0; oracle && ok && i < V; i++) {
+        for (int32_t i = 0; step < oracle_steps && ok && i < V; i++) {
             bool want;
             if (i == eos) {
                 bool full, prefix;
@@ -183,7 +239,10 @@ static char *walk(const kiln_grammar *g, const kiln_tokenizer *tok, uint64_t see
         for (int32_t i = 0; i < V; i++)
             if (lg[i] != -INFINITY && (best < 0 || lg[i] > lg[best])) best = i;
         if (!ok) break;
-        if (best == eos) break;
+        if (best == eos) {
+            *ended = true;
+            break;
+        }
         /* a token the mask refused is refused by accept too, and leaves the state as it was */
         for (int32_t i = 0; i < V; i++)
             if (lg[i] == -INFINITY && i != eos && kiln_tokenizer_token_type(tok, i) != KILN_TOKEN_CONTROL) {
@@ -198,16 +257,16 @@ static char *walk(const kiln_grammar *g, const kiln_tokenizer *tok, uint64_t see
             ok = false;
         }
         size_t np = 0;
-        if (ok && (kiln_tokenizer_piece(tok, best, false, text + n, 4095 - n, &np) != KILN_OK || n + np >= 4095)) {
+        if (ok && (kiln_tokenizer_piece(tok, best, false, text + n, 8191 - n, &np) != KILN_OK || n + np >= 8191)) {
             snprintf(msg, n_msg, "step %d: the text outgrew its buffer", step);
             ok = false;
         }
         n += np, text[n] = 0;
     }
-    if (ok && !kiln_grammar_matcher_done(m)) snprintf(msg, n_msg, "the walk ended without the grammar's end: '%s'", text), ok = false;
-    kiln_grammar_matcher_free(m);
+    if (ok && *ended && !kiln_grammar_matcher_done(m)) snprintf(msg, n_msg, "EOS where the grammar cannot end: '%s'", text), ok = false;
     free(lg), free(buf);
     if (!ok) free(text);
+    *len = n;
     return ok ? text : NULL;
 }
 
@@ -228,34 +287,56 @@ static bool json_shape_ok(const char *text, char *msg, size_t n_msg) {
     return ok;
 }
 
-static void check_vocab(const kiln_tokenizer *tok, const char *name, int oracle_walks, int sample_walks) {
-    kiln_grammar *g = parse(json_grammar);
-    CHECK(g, "%s", kiln_last_error());
-    char msg[600] = "";
+/* walks walks of grammar case ci on one matcher (reset between them, so its memory of stacks and frames carries
+ * over): the first oracle_walks checked by the oracle for their first oracle_steps steps. A walk that ends is a whole
+ * sentence (JSON for the JSON cases, of the json grammar's shape for it); one cut at max_steps begins one. */
+static void check_case(const kiln_tokenizer *tok, const char *name, size_t ci, int walks, int oracle_walks, int oracle_steps, int max_steps) {
+    kiln_grammar *g = case_grammar(ci);
+    CHECK(g, "%s: %s", cases[ci].name, kiln_last_error());
+    kiln_grammar_matcher *m = NULL;
+    CHECK(kiln_grammar_matcher_new(g, tok, &m) == KILN_OK, "%s", kiln_last_error());
+    char msg[700] = "";
     bool ok = true;
-    for (int s = 0; ok && s < oracle_walks + sample_walks; s++) {
-        char *text = walk(g, tok, 0x9E3779B97F4A7C15ull + (uint64_t)s * 7919, s < oracle_walks, msg, sizeof msg);
-        ok = text && json_shape_ok(text, msg, sizeof msg);
+    for (int s = 0; ok && s < walks; s++) {
+        bool ended;
+        size_t len = 0; /* the text may hold a NUL (a byte token) */
+        char *text = walk(g, tok, m, 0x9E3779B97F4A7C15ull + (uint64_t)s * 7919, s < oracle_walks ? oracle_steps : 0, max_steps, &ended, &len,
+                          msg, sizeof msg);
+        ok = text != NULL;
         if (ok) {
             bool full, prefix;
-            ok = kiln_grammar_match_text(g, text, strlen(text), &full, &prefix) == KILN_OK && full;
-            if (!ok) snprintf(msg, sizeof msg, "'%s' is not a whole sentence of the grammar", text);
+            ok = kiln_grammar_match_text(g, text, len, &full, &prefix) == KILN_OK && (ended ? full : prefix);
+            if (!ok) snprintf(msg, sizeof msg, "'%s' is not a %s of the grammar", text, ended ? "whole sentence" : "prefix");
+        }
+        if (ok && ended && ci == 0) ok = json_shape_ok(text, msg, sizeof msg);
+        if (ok && ended && cases[ci].json) {
+            json_error_t je;
+            json_t *o = json_loadb(text, len, JSON_DECODE_ANY, &je);
+            ok = o != NULL;
+            if (!ok) snprintf(msg, sizeof msg, "'%s' is not JSON: %s", text, je.text);
+            json_decref(o);
         }
         free(text);
     }
+    kiln_grammar_matcher_free(m);
     kiln_grammar_free(g);
-    CHECK(ok, "%s: %s", name, msg);
+    CHECK(ok, "%s, %s: %s", name, cases[ci].name, msg);
+}
+
+static void check_vocab(const kiln_tokenizer *tok, const char *name, int walks, int oracle_walks, int oracle_steps, int max_steps) {
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases && !test_failed_; ci++) check_case(tok, name, ci, walks, oracle_walks, oracle_steps, max_steps);
 }
 
 static void test_mask_bundled_vocab(void) {
     kiln_tokenizer *tok = NULL;
     if (kiln_tokenizer_load_file("models/shakespeare.gguf", &tok) != KILN_OK) SKIP("models/shakespeare.gguf: %s", kiln_last_error());
-    check_vocab(tok, "models/shakespeare.gguf", 4, 50);
+    check_vocab(tok, "models/shakespeare.gguf", 30, 4, 120, 200);
     kiln_tokenizer_free(tok);
 }
 
 /* Every vocab of the shared data that has an EOS: byte-level BPE (GPT-2 and its kin, where tokens split code points),
- * SPM with byte fallback, WordPiece. */
+ * SPM with byte fallback, WordPiece. The oracle costs a match of the whole text per token, so it checks the first
+ * steps of two walks; the rest run for the caches' sake. */
 static void test_mask_shared_vocabs(void) {
     const char *dir = "../shared/data/vocab";
     DIR *d = opendir(dir);
@@ -270,7 +351,7 @@ static void test_mask_shared_vocabs(void) {
         kiln_tokenizer *tok = NULL;
         if (kiln_tokenizer_load_file(path, &tok) != KILN_OK) continue;
         if (kiln_tokenizer_eos(tok) >= 0) {
-            check_vocab(tok, e->d_name, 1, 3);
+            check_vocab(tok, e->d_name, 6, 2, 10, 150);
             n++;
         }
         kiln_tokenizer_free(tok);
@@ -280,10 +361,21 @@ static void test_mask_shared_vocabs(void) {
     if (!test_failed_) CHECK(n >= 3, "only %d vocabs with an EOS in %s", n, dir);
 }
 
+/* Qwen2.5's byte-level BPE of 151,936 tokens, the bench's vocab (from tests/ref/fetch_models.sh). */
+static void test_mask_qwen_vocab(void) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/.cache/kiln/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", getenv("HOME") ? getenv("HOME") : ".");
+    kiln_tokenizer *tok = NULL;
+    if (kiln_tokenizer_load_file(path, &tok) != KILN_OK) SKIP("%s: absent (tests/ref/fetch_models.sh fetches it)", path);
+    check_vocab(tok, "qwen2.5", 8, 2, 6, 200);
+    kiln_tokenizer_free(tok);
+}
+
 int main(void) {
     RUN(test_parse_errors);
     RUN(test_sentences);
     RUN(test_mask_bundled_vocab);
     RUN(test_mask_shared_vocabs);
+    RUN(test_mask_qwen_vocab);
     TEST_EXIT();
 }
