@@ -98,7 +98,8 @@ static int serve_workbench_only(const srv_opts *o, const char *host, int port, c
  * (--no-warmup skips it). */
 static kiln_status warmup(kiln_context *c, const kiln_model *m, int n_slots) {
     const int64_t V = kiln_model_n_vocab(m);
-    const int32_t bos = kiln_tokenizer_bos(kiln_model_tokenizer(m));
+    const kiln_tokenizer *tok = kiln_model_tokenizer(m); /* without one srv_server_new refuses the model next */
+    const int32_t bos = tok ? kiln_tokenizer_bos(tok) : -1;
     kiln_batch_entry *b = calloc((size_t)n_slots, sizeof *b);
     float *logits = malloc((size_t)n_slots * (size_t)V * sizeof *logits);
     kiln_status s = b && logits ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "serve: out of memory for the warm-up");
