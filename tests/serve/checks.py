@@ -554,8 +554,8 @@ REPETITIVE = {
     "default": ["KING HENRY:\nO God, O God, O God, O God! O God, O God, O God, O God!",
                 "ROMEO:\nI will go, I will go, I will go, I will go, I will go, I will go",
                 "First Citizen:\nSpeak, speak.\n\nAll:\nSpeak, speak.\n\nFirst Citizen:\nSpeak, speak.\n\nAll:\n"],
-    "smollm": ["Repeat after me: the cat sat on the mat. The cat sat on the mat. The cat sat on the mat.",
-               "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"],
+    "smollm": ["Repeat this list exactly.\nList: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, mango\n"
+               "Repeated list: apple, banana,", "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"],
 }
 
 
@@ -634,7 +634,8 @@ def c_spec_probs():
     p = repetitive()[0]
     on, off = spec_pair(p, 24, n_probs=3)
     a, b = on["completion_probabilities"], off["completion_probabilities"]
-    check(len(a) == len(b) == on["tokens_predicted"], f"{len(a)} and {len(b)} entries for {on['tokens_predicted']} tokens")
+    n = on["tokens_predicted"] - (on["stop_type"] == "eos")  # an ending EOS has no entry, with or without drafts
+    check(len(a) == len(b) == n, f"{len(a)} and {len(b)} entries for {on['tokens_predicted']} tokens ({on['stop_type']})")
     for i, (x, y) in enumerate(zip(a, b)):
         check(x["id"] == y["id"], f"token {i}: {x['id']} vs {y['id']}")
         check(abs(x["logprob"] - y["logprob"]) < 1e-3, f"token {i}: logprob {x['logprob']} vs {y['logprob']}")
