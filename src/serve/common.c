@@ -587,10 +587,11 @@ json_t *srv_timings(const srv_job *j) {
     double pms = j->t_start && j->t_first ? 1e3 * (j->t_first - j->t_start) : 0;
     double gms = j->t_first && j->t_end ? 1e3 * (j->t_end - j->t_first) : 0;
     double pn = (double)j->n_evaluated, gn = (double)j->n_gen;
-    json_t *t = json_pack("{s:I,s:I,s:f,s:f,s:f,s:I,s:f,s:f,s:f}", "cache_n", (json_int_t)j->n_cached, "prompt_n", (json_int_t)j->n_evaluated,
-                     "prompt_ms", pms, "prompt_per_token_ms", pn > 0 ? pms / pn : 0.0, "prompt_per_second", pms > 0 ? 1e3 * pn / pms : 0.0,
-                     "predicted_n", (json_int_t)j->n_gen, "predicted_ms", gms, "predicted_per_token_ms", gn > 0 ? gms / gn : 0.0,
-                     "predicted_per_second", gms > 0 ? 1e3 * gn / gms : 0.0);
+    json_t *t = json_pack("{s:I,s:I,s:f,s:f,s:f,s:I,s:f,s:f,s:f}", "cache_n", (json_int_t)j->n_cached, "prompt_n",
+                          (json_int_t)j->n_evaluated, "prompt_ms", pms, "prompt_per_token_ms", pn > 0 ? pms / pn : 0.0,
+                          "prompt_per_second", pms > 0 ? 1e3 * pn / pms : 0.0, "predicted_n", (json_int_t)j->n_gen, "predicted_ms",
+                          gms, "predicted_per_token_ms", gn > 0 ? gms / gn : 0.0, "predicted_per_second",
+                          gms > 0 ? 1e3 * gn / gms : 0.0);
     if (t && j->spec) { /* llama-server's, for a job that speculated */
         json_object_set_new(t, "draft_n", json_integer(j->draft_n));
         json_object_set_new(t, "draft_n_accepted", json_integer(j->draft_accepted));

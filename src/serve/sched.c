@@ -1,6 +1,6 @@
 /* sched.c: the slots, the bounded queue, continuous batching, prompt caching, stop strings, sampling, speculative
- * decoding and slot files (sched.h says how they fit). One thread runs sched_main and owns the context; the HTTP threads only submit jobs,
- * cancel them and read snapshots, under the scheduler's lock. */
+ * decoding and slot files (sched.h says how they fit). One thread runs sched_main and owns the contexts (the model's,
+ * and a draft model's); the HTTP threads only submit jobs, cancel them and read snapshots, under the scheduler's lock. */
 #include "serve/sched.h"
 
 #include <errno.h>
@@ -560,9 +560,9 @@ static void on_token(srv_sched *s, slot *sl, float *row) {
 
 /* A speculating slot's step: its 1 + k rows (row i after last and draft[0..i)) decide the drafts taken and the
  * target's own token after them (kiln_spec_accept_greedy at temperature 0, else kiln_spec_accept_sample: prompt
- * lookup's drafts are certain, a draft model's were drawn from spec_q's rows); the sequence is cut back to last and the taken drafts, and the tokens go out one
- * by one as sampled ones do, the rest dropped once one ends the job. Greedy log-probabilities come from each token's
- * own row, which greedy acceptance leaves as it was. */
+ * lookup's drafts are certain, a draft model's were drawn from spec_q's rows). The sequence is cut back to last and
+ * the taken drafts, and the tokens go out one by one as sampled ones do, the rest dropped once one ends the job.
+ * Greedy log-probabilities come from each token's own row, which greedy acceptance leaves as it was. */
 static void spec_step(srv_sched *s, slot *sl, float *rows) {
     srv_job *j = sl->job;
     const size_t k = (size_t)sl->n_draft, V = (size_t)s->V;
@@ -649,8 +649,8 @@ static void draft_token(srv_sched *s, slot *sl, int r, int t) {
     sl->draft[t] = kiln_sampler_draw(sl->smp, q);
 }
 
-/* Runs the draft context over batch entries [0, n) and hands each slot with a row its next draft (t: each slot's
- * draft count so far, a slot's row r in dnext/dlogits as sl->drow). False on an error of the draft's. */
+/* Runs the draft context over dbatch[0, n): its argmaxes into dnext, and its logits into dlogits when a slot samples.
+ * False on an error of the draft's. */
 static bool draft_decode(srv_sched *s, size_t n, bool any_sampling) {
     if (!n) return true;
     if (kiln_context_decode(s->spec.draft, s->dbatch, n, any_sampling ? s->dlogits : NULL, s->dnext)) return false;
@@ -688,7 +688,8 @@ static void model_drafts(srv_sched *s) {
             const int32_t *tok = kiln_context_seq_tokens(s->c, sl->id);
             int64_t p = kiln_context_seq_pos(dc, sl->id);
             for (; p <= sl->pos0 && (int64_t)n < nb; p++)
-                s->dbatch[n++] = (kiln_batch_entry){.seq = sl->id, .id = p == sl->pos0 ? sl->last : tok[p], .pos = p, .logits = p == sl->pos0};
+                s->dbatch[n++] = (kiln_batch_entry){.seq = sl->id, .id = p == sl->pos0 ? sl->last : tok[p], .pos = p,
+                                                    .logits = p == sl->pos0};
             if (p == sl->pos0 + 1 && kiln_context_seq_pos(dc, sl->id) <= sl->pos0) sl->drow = r++;
             behind = behind || p <= sl->pos0;
         }

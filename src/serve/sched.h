@@ -2,7 +2,9 @@
  * jobs: a prompt (token ids) and the generation's parameters. Each iteration builds one batch (every decoding slot's
  * next token, then prefill chunks of slots still reading their prompt, up to n_batch entries), runs one
  * kiln_context_decode, and per slot samples, checks the ends (EOS, end of turn, n_predict, the context, stop strings,
- * the deadline) and hands the job its new text: whole UTF-8 sequences only, a possible stop string held back. Jobs
+ * the deadline) and hands the job its new text: whole UTF-8 sequences only, a possible stop string held back. With
+ * speculative decoding a slot also feeds drafts (prompt lookup's or a draft model's) and keeps those its rows agree
+ * with, each handed out as a sampled token is (docs/speculative.md). Jobs
  * with no free slot wait in a bounded queue. Slot files and erasing run on the scheduler thread too. Calls only
  * include/kiln.h. */
 #ifndef KILN_SERVE_SCHED_H
