@@ -9,6 +9,7 @@
 int kiln_bench_quant(int argc, char **argv);
 int kiln_bench_tokenize(int argc, char **argv);
 int kiln_bench_grammar(int argc, char **argv);
+int kiln_bench_spec(int argc, char **argv); /* bench_spec.c: kiln bench spec, speculative decoding against plain */
 int kiln_bench_model(int argc, char **argv);
 int kiln_bench_gpu(int argc, char **argv); /* bench_gpu.c: kiln bench --gpu -m MODEL ... */
 int kiln_bench_gpu_kernels(int argc, char **argv); /* bench_gpu_kernels.c: kiln bench gpu-kernels */

@@ -742,6 +742,13 @@ void kiln_grammar_matcher_cache_stats(const kiln_grammar_matcher *m, int64_t *hi
  * Prompt lookup: the tokens that followed the latest earlier occurrence of seq's last g tokens (g from ngram_max
  * down to ngram_min, the longest that occurs), at most max_draft, into draft; returns how many (0: none). */
 size_t kiln_spec_lookup(const int32_t *seq, size_t n, int ngram_min, int ngram_max, size_t max_draft, int32_t *draft);
+/* A draft model's k tokens into draft: feeds ids[0..n) (what the draft session ds has not seen yet; n >= 1), then
+ * drafts one token at a time, each fed back but the last, so ds ends k - 1 + n positions on. smp NULL: greedy (ds's
+ * argmax; q unused); else each is drawn from kiln_sampler_probs of ds's logits under smp's settings, whose k rows
+ * (k x n_vocab) go into q for kiln_spec_accept_sample. After the target's verdict the caller cuts ds back to the
+ * tokens taken (kiln_session_keep). */
+kiln_status kiln_spec_draft(kiln_session *ds, kiln_sampler *smp, int64_t n_vocab, const int32_t *ids, size_t n, size_t k,
+                            int32_t *draft, float *q);
 /* Row-level acceptance, for a caller that runs the target's forward itself (a server's batch). rows: k + 1 rows of
  * n_vocab logits, row i the target's after t0 and draft[0..i). Returns taken + 1, the tokens in out (taken drafts,
  * then the target's own next token; out holds k + 1). Greedy: the drafts are taken while each is the row's argmax. */

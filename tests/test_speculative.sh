@@ -2,8 +2,9 @@
 # test_speculative.sh: kiln generate's speculative decoding (tools/kiln.c generate_spec) on the bundled model. Greedy
 # output with --lookup, with the model as its own draft (-md, every draft taken) and with a random draft of the same
 # vocab (kiln synth: almost every draft refused) must equal plain greedy output byte for byte, for several prompts
-# and draft sizes; the stats line must report the rounds and acceptances; and what is refused (sampling, both
-# drafters, a grammar, a draft of another vocab) exits 1 with one line naming why.
+# and draft sizes; the stats line must report the rounds and acceptances. Sampling with a draft model: a seeded run
+# repeats itself, the model as its own draft (q = p) takes every draft, a random draft runs to -n. What is refused
+# (penalties, both drafters, a grammar, a draft of another vocab) exits 1 with one line naming why.
 cd "$(dirname "$0")/.." || exit 1
 . tests/test.sh
 KILN=${KILN_BIN:-build/kiln}
@@ -32,6 +33,21 @@ test_spec_equals_greedy() {
     check "the model as its own draft: not every draft taken: $(grep speculative "$tmp/err")" grep -q "accepted (100.0%)" "$tmp/err"
 }
 
+test_spec_sample_draft_model() {
+    [ -f "$MODEL" ] || skip "$MODEL is missing"
+    "$KILN" synth --vocab "$MODEL" --dim 64 --layers 2 --heads 2 --kv-heads 2 --ff 128 --ctx 512 --type f32 --seed 5 \
+        -o "$tmp/rand.gguf" 2>/dev/null || check "kiln synth of a random draft failed" false
+    local a b
+    a=$("$KILN" generate -m "$MODEL" -p "ROMEO:" -n 80 --temp 0.8 --seed 3 -t 1 -md "$MODEL" 2>"$tmp/err") ||
+        check "sampling with -md failed: $(cat "$tmp/err")" false
+    check "the model as its own sampled draft: not every draft taken: $(grep speculative "$tmp/err")" grep -q "accepted (100.0%)" "$tmp/err"
+    b=$("$KILN" generate -m "$MODEL" -p "ROMEO:" -n 80 --temp 0.8 --seed 3 -t 1 -md "$MODEL" 2>/dev/null)
+    check "a seeded sampled run with -md differs from itself" [ "$a" == "$b" ]
+    "$KILN" generate -m "$MODEL" -p "ROMEO:" -n 80 --temp 0.8 --seed 3 -t 1 -md "$tmp/rand.gguf" --draft-max 4 >/dev/null 2>"$tmp/err" ||
+        check "sampling with a random -md failed: $(cat "$tmp/err")" false
+    check "random sampled draft: no 80 tokens: $(cat "$tmp/err")" grep -q "generated 80 tokens" "$tmp/err"
+}
+
 test_spec_refusals() {
     [ -f "$MODEL" ] || skip "$MODEL is missing"
     "$KILN" synth --vocab-size 100 --dim 32 --layers 1 --heads 2 --kv-heads 2 --ff 64 --ctx 64 --type f32 -o "$tmp/other.gguf" 2>/dev/null
@@ -45,7 +61,6 @@ test_spec_refusals() {
         check "generate $args: stderr has $(wc -l <"$tmp/err") lines" [ "$(wc -l <"$tmp/err")" -eq 1 ]
     done <<EOF2
 penalties|--lookup --temp 0 --repeat-penalty 1.1
-draft model is not supported|-md models/shakespeare.gguf --temp 0.8
 not both|--temp 0 --lookup -md $MODEL
 grammar|--temp 0 --lookup --grammar root::="a"
 --draft-min is more than --draft-max|--temp 0 --lookup --draft-min 9 --draft-max 4
@@ -55,5 +70,6 @@ EOF2
 }
 
 run test_spec_equals_greedy
+run test_spec_sample_draft_model
 run test_spec_refusals
 test_exit

@@ -9,6 +9,7 @@
  *   kiln plot LOG.jsonl -o loss.svg [--title T]                                          (tools/cmd_plot.c)
  *   kiln bench quant [--quick]            dequantize / vec_dot throughput per type and SIMD level
  *   kiln bench grammar [--vocab F]...     the allowed-token mask's time per token under fixed grammars
+ *   kiln bench spec -m TARGET [-md DRAFT] [--draft-max 2,4,8] [--simulate-accept A]   speculative decoding's speedup
  *   kiln bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   pp and tg tok/s, as llama-bench
  *   kiln convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf | hf DIR -o OUT.gguf [--type T]     (tools/cmd_convert.c)
  *   kiln generate [-m MODEL.gguf] [-p PROMPT | -f FILE] [-n N] [sampling options] [-r STOP]... [--ignore-eos]
@@ -289,8 +290,8 @@ typedef struct {
     bool ignore_eos;      /* EOS, BOS and the end of turn are never sampled (their logits -inf), as llama.cpp's */
     kiln_cli_rope rope;   /* --rope-* / --yarn-*, applied to the model once loaded */
     const kiln_grammar *grammar; /* --grammar / --grammar-file: every new token is one the grammar allows */
-    /* speculative decoding (greedy): drafts from prompt lookup (--lookup) or a draft model (-md), verified in one
-     * batched forward of the target each */
+    /* speculative decoding: drafts from prompt lookup (--lookup) or a draft model (-md), verified in one batched
+     * forward of the target each */
     bool lookup;
     const char *draft_path;
     int64_t draft_max, draft_min, lookup_ngram;
@@ -305,13 +306,14 @@ static int32_t argmax_row(const float *row, int32_t V) {
 }
 
 /* generate's loop with speculative decoding (the prompt evaluated, its last logits in logits): each round drafts up
- * to draft_max tokens after the sequence, the target verifies them with the token it feeds next in one forward
- * (kiln_spec_verify_greedy, or kiln_spec_verify_sample at a temperature: prompt lookup only), and the tokens it
- * takes are printed one by one as plain decoding would. */
+ * to draft_max tokens after the sequence (prompt lookup, or the draft model: greedy, or sampled from its own
+ * distribution at a temperature), the target verifies them with the token it feeds next in one forward
+ * (kiln_spec_verify_greedy, or kiln_spec_verify_sample with the drafter's distributions), and the tokens it takes
+ * are printed one by one as plain decoding would. */
 static kiln_status generate_spec(const kiln_model *m, const kiln_tokenizer *tok, kiln_session *sess, kiln_sampler *smp, const generate_opts *o,
                                  int32_t *seq, size_t n_prompt, int64_t n_ctx, float *logits, kiln_cli_stream *text, char **piece,
                                  size_t *piece_cap, size_t *n_io, bool *full, bool *stopped) {
-    const bool sampling = o->sampler.temp != 0; /* prompt lookup only (generate refuses a draft model with it) */
+    const bool sampling = o->sampler.temp != 0;
     const int32_t V = (int32_t)kiln_model_n_vocab(m), eos = kiln_tokenizer_eos(tok), bos = kiln_tokenizer_bos(tok);
     kiln_model *dm = NULL;
     kiln_session *ds = NULL;
@@ -327,7 +329,8 @@ static kiln_status generate_spec(const kiln_model *m, const kiln_tokenizer *tok,
     }
     const size_t dmax = (size_t)o->draft_max;
     int32_t *queue = malloc((dmax + 1) * sizeof *queue), *draft = malloc((dmax + 1) * sizeof *draft);
-    if (!s && (!queue || !draft)) s = kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    float *q = sampling && ds ? malloc(dmax * (size_t)V * sizeof *q) : NULL; /* (k, V): the drafter's distributions */
+    if (!s && (!queue || !draft || (sampling && ds && !q))) s = kiln_fail(KILN_ERR_NOMEM, "out of memory");
     size_t n = n_prompt, q_n = 0, q_i = 0;
     int64_t dpos = 0, drafted = 0, accepted = 0, rounds = 0;
     if (!s) queue[q_n++] = sampling ? kiln_sampler_sample(smp, logits, seq, n) : argmax_row(logits, V);
@@ -346,20 +349,17 @@ static kiln_status generate_spec(const kiln_model *m, const kiln_tokenizer *tok,
         size_t room = (size_t)(n_ctx - kiln_session_pos(sess) - 1), left = (size_t)(o->n_new - i - 2), k = dmax;
         if (k > room) k = room;
         if (k > left) k = left;
+        if (k < (size_t)o->draft_min) k = 0; /* before the draft model runs: its cache must hold only what is kept */
         if (k && ds) {
-            int32_t d;
-            if (!(s = kiln_session_eval_argmax(ds, seq + dpos, n - (size_t)dpos, &d))) {
-                dpos = (int64_t)n;
-                draft[0] = d;
-                for (size_t j = 1; !s && j < k; j++, dpos++) s = kiln_session_eval_argmax(ds, &draft[j - 1], 1, &draft[j]);
-            }
+            if (!(s = kiln_spec_draft(ds, sampling ? smp : NULL, V, seq + dpos, n - (size_t)dpos, k, draft, q)))
+                dpos = (int64_t)(n + k - 1);
         } else if (k) {
             k = kiln_spec_lookup(seq, n, 1, (int)o->lookup_ngram, k, draft);
+            if (k < (size_t)o->draft_min) k = 0;
         }
         if (s) break;
-        if (k < (size_t)o->draft_min) k = 0;
         size_t got = 0;
-        if ((s = sampling ? kiln_spec_verify_sample(sess, smp, V, tok_id, NULL, draft, k, queue, &got)
+        if ((s = sampling ? kiln_spec_verify_sample(sess, smp, V, tok_id, q, draft, k, queue, &got)
                           : kiln_spec_verify_greedy(sess, V, tok_id, draft, k, queue, &got)))
             break;
         rounds++, drafted += (int64_t)k, accepted += (int64_t)got - 1;
@@ -374,7 +374,7 @@ static kiln_status generate_spec(const kiln_model *m, const kiln_tokenizer *tok,
     if (!s)
         fprintf(stderr, "\nkiln: speculative (%s): %lld rounds, %lld drafted, %lld accepted (%.1f%%)", ds ? "draft model" : "prompt lookup",
                 (long long)rounds, (long long)drafted, (long long)accepted, drafted ? 100.0 * (double)accepted / (double)drafted : 0.0);
-    free(queue), free(draft);
+    free(queue), free(draft), free(q);
     kiln_session_free(ds);
     kiln_model_free(dm);
     return s;
@@ -611,7 +611,6 @@ static int cmd_generate(int argc, char **argv) {
         const char *why = o.lookup && o.draft_path ? "give --lookup or -md, not both"
                           : sm->repeat_penalty != 1 || sm->presence_penalty != 0 || sm->frequency_penalty != 0
                               ? "speculative decoding with penalties is not supported yet"
-                          : sm->temp != 0 && o.draft_path ? "sampling with a draft model is not supported yet: --temp 0 (or --lookup)"
                           : grammar || grammar_file || schema || schema_file ? "speculative decoding with a grammar is not supported yet"
                           : o.ignore_eos ? "speculative decoding with --ignore-eos is not supported yet"
                           : o.draft_min > o.draft_max ? "--draft-min is more than --draft-max" : NULL;
@@ -726,6 +725,8 @@ static void usage(FILE *f) {
                "  synth [--shape S] [--type T] [--vocab V.gguf] -o OUT.gguf  a llama model with random weights\n"
                "  bench quant [--quick]                  dequantize and vec_dot throughput per type, scalar vs SIMD\n"
                "  bench grammar [--vocab F.gguf]... [--walks N]   the allowed-token mask's time per token under fixed grammars\n"
+               "  bench spec -m TARGET [-md DRAFT] [--gpu] [-p P | -f F] [-n N] [--draft-max 2,4,8] [--temp T]\n"
+               "             [--simulate-accept A] [--reps R]   speculative decoding: acceptance, tokens/forward, speedup\n"
                "  bench -m MODEL.gguf [-t T] [-p 128,512] [-n 64] [-r R]   prompt and generation tok/s, as llama-bench\n"
                "  bench --gpu -m MODEL.gguf [-p 512] [-n 128] [-r R]   the same on the GPU, with GB/s, VRAM and a per-op decode profile\n"
                "  bench serve (--url URL | -m MODEL [-np N] [-t T]) [-c 1,4,16] [-n 64] [--peer-bin llama-server]\n"
@@ -778,6 +779,7 @@ int main(int argc, char **argv) {
         if (argc >= 3 && strcmp(argv[2], "quant") == 0) return kiln_bench_quant(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "tokenize") == 0) return kiln_bench_tokenize(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "grammar") == 0) return kiln_bench_grammar(argc - 3, argv + 3);
+        if (argc >= 3 && strcmp(argv[2], "spec") == 0) return kiln_bench_spec(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "train") == 0) return kiln_bench_train(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "serve") == 0) return kiln_bench_serve(argc - 3, argv + 3);
         if (argc >= 3 && strcmp(argv[2], "model") == 0) return kiln_bench_model(argc - 3, argv + 3);

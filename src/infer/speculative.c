@@ -2,8 +2,8 @@
  *
  *   drafting   prompt lookup: the latest earlier occurrence of the sequence's last g tokens (g from ngram_max down to
  *              ngram_min, the longest that occurs) proposes the tokens that followed it, as llama.cpp's lookup does;
- *              or a draft model's own tokens (the caller runs the draft session: its argmax, or a draw from its
- *              distribution q under the same sampler settings)
+ *              or a draft model's own tokens (kiln_spec_draft: its argmax, or a draw from its distribution q
+ *              under the target's sampler settings)
  *   accepting  kiln_spec_accept_greedy / kiln_spec_accept_sample: given the target's k + 1 rows of logits (row i
  *              after t0 and draft[0..i)), which drafts are taken and the target's own token after them
  *   verifying  kiln_spec_verify_greedy / kiln_spec_verify_sample: a session evaluates the token it would feed next
@@ -84,6 +84,24 @@ size_t kiln_spec_accept_sample(kiln_sampler *smp, float *rows, int64_t n_vocab, 
         out[j] = mass > 0 ? kiln_sampler_draw(smp, p) : d; /* no mass left only by float rounding, p = q */
         return j + 1;
     }
+}
+
+kiln_status kiln_spec_draft(kiln_session *ds, kiln_sampler *smp, int64_t n_vocab, const int32_t *ids, size_t n, size_t k,
+                            int32_t *draft, float *q) {
+    if (!k) return KILN_OK;
+    if (!smp) { /* greedy: on the GPU only the argmax comes back */
+        kiln_status st = kiln_session_eval_argmax(ds, ids, n, &draft[0]);
+        for (size_t j = 1; !st && j < k; j++) st = kiln_session_eval_argmax(ds, &draft[j - 1], 1, &draft[j]);
+        return st;
+    }
+    for (size_t j = 0; j < k; j++) {
+        float *qj = q + j * (size_t)n_vocab;
+        kiln_status st = j ? kiln_session_eval(ds, &draft[j - 1], 1, qj, NULL) : kiln_session_eval(ds, ids, n, qj, NULL);
+        if (st) return st;
+        kiln_sampler_probs(smp, qj, NULL, 0); /* the drafter's q, under the target's sampler settings */
+        draft[j] = kiln_sampler_draw(smp, qj);
+    }
+    return KILN_OK;
 }
 
 /* The prologue both verifiers share: t0 and draft[0..k) through the session in one forward, their k + 1 rows of
