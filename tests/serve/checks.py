@@ -1,12 +1,14 @@
 """checks.py: the end-to-end checks of `kiln serve`, run by tests/test_serve.sh against a server it started.
 
     python3 tests/serve/checks.py --url http://127.0.0.1:PORT --kiln build/kiln [--model M.gguf] [--api-key K]
-        [--prefix NAME] [--slots N] [--slot-ctx N] [--state FILE] [--pid PID] [--spec lookup|draft_model] CHECK...
+        [--prefix NAME] [--slots N] [--slot-ctx N] [--state FILE] [--pid PID] [--spec lookup|draft_model [--self-draft]]
+        CHECK...
 
 Each CHECK (see CHECKS) prints "ok|FAIL|skip PREFIX_CHECK". --model is the file the server runs (none: the bundled
 default), for the `kiln generate` comparisons; --slot-ctx the context of one slot (-c / -np), for the over-long
 prompt; --state a JSON file that the persistence phases (run against successive servers) share; --pid the server's
-process, for the SIGTERM check; --spec the server's drafter, for the spec_* checks."""
+process, for the SIGTERM check; --spec the server's drafter, for the spec_* checks (--self-draft: the model is its own
+draft, so every draft must be taken)."""
 import argparse
 import json
 import os
@@ -591,7 +593,7 @@ def c_spec_greedy():
         check("draft_n" in t and "draft_n_accepted" in t, f"timings without draft_n: {sorted(t)}")
         check(0 <= t["draft_n_accepted"] <= t["draft_n"], f"timings {t}")
         check("draft_n" not in off["timings"], f"speculative.n_max 0 still reports drafts: {off['timings']}")
-        if A.spec == "draft_model":
+        if A.self_draft:
             check(t["draft_n_accepted"] == t["draft_n"] and (t["draft_n"] > 0 or on["tokens_predicted"] < 2),
                   f"'{h.one_line(p)}': the model as its own draft: {t['draft_n_accepted']} of {t['draft_n']} drafts taken")
         if p in repetitive():
@@ -673,7 +675,7 @@ def c_spec_sample():
     check(isinstance(a["content"], str) and a["tokens_predicted"] > 0, f"sampling: {h.one_line(json.dumps(a)[:300])}")
     check(a["content"] == b["content"], lambda: f"seed 11 twice: '{h.one_line(a['content'])}' != '{h.one_line(b['content'])}'")
     check(a["timings"]["draft_n"] > 0, f"sampling did not speculate: {a['timings']}")
-    if A.spec == "draft_model":  # p = q: every draft is taken
+    if A.self_draft:  # p = q: every draft is taken
         check(a["timings"]["draft_n_accepted"] == a["timings"]["draft_n"], f"the model as its own draft, sampling: {a['timings']}")
     r = SRV.json("POST", "/v1/completions", {"model": model_id(), "prompt": p, "max_tokens": 16, "temperature": 0,
                                                "speculative.n_max": 4, "speculative.n_min": 1})
@@ -869,6 +871,7 @@ def main():
     ap.add_argument("--load-clients", type=int, default=24)
     ap.add_argument("--load-n", type=int, default=24)
     ap.add_argument("--spec", default="none", help="the server's drafter: none, lookup, draft_model")
+    ap.add_argument("--self-draft", action="store_true", help="the draft model is the model: every draft is taken")
     ap.add_argument("checks", nargs="*")
     A = ap.parse_args()
     SRV = h.Server(A.url, A.api_key or None)
