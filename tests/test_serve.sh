@@ -10,7 +10,8 @@
 #   restart  the default server again: the restores, then SIGTERM in the middle of a stream
 #   lookup   the bundled model with --lookup, 4 slots: speculative greedy text against plain decoding's and generate's
 #   selfdraft  the bundled model with itself as -md: the same, every draft taken
-#   draft    the bundled model with its trained draft (models/shakespeare-draft.gguf): the same, some drafts refused
+#   draft    the bundled model with its trained draft (models/shakespeare-draft.gguf), 6 slots: the same, some
+#            drafts refused, and more slots than a step's rows for drafts
 #   smollm_lookup  SmolLM2 with --lookup, 2 slots (skipped without it): the same on a real model
 #   load     1 slot (SmolLM2 where it is, else the bundled model with longer requests): 503s with Retry-After
 #   bench    `kiln bench serve -m` on the bundled model (the server it starts itself): its JSON, table and flag errors
@@ -148,9 +149,9 @@ if start_server selfdraft -m "$DEFAULT" -md "$DEFAULT" -np 4 -c 1024 -t 1 --metr
     stop_server selfdraft
 fi
 # the bundled model's trained draft (models/shakespeare-draft.gguf): some drafts refused, so the draft's cache is cut
-# back and caught up again
-if [ -s models/shakespeare-draft.gguf ] && start_server draft -m "$DEFAULT" -md models/shakespeare-draft.gguf -np 4 -c 1024 -t 1 --metrics; then
-    checks draft --model "$DEFAULT" --slots 4 --slot-ctx 256 --metrics --spec draft_model -- "${SPEC_CHECKS[@]}" concurrency
+# back and caught up again; 6 slots, more than a step has rows for drafts (4 x --draft-max)
+if [ -s models/shakespeare-draft.gguf ] && start_server draft -m "$DEFAULT" -md models/shakespeare-draft.gguf -np 6 -c 1536 -t 1 --metrics; then
+    checks draft --model "$DEFAULT" --slots 6 --slot-ctx 256 --metrics --spec draft_model -- "${SPEC_CHECKS[@]}" concurrency
     stop_server draft
 fi
 if [ -s "$SMOLLM" ] && start_server smollm_lookup -m "$SMOLLM" -np 2 -c 1024 -t 2 --metrics --lookup; then

@@ -206,6 +206,7 @@ struct srv_sched {
     srv_spec_params spec;    /* speculation's settings, defaults filled in; spec.draft owned */
     bool spec_on;            /* lookup or a draft model */
     int64_t spec_rows;       /* logits rows for drafts in one step, over all slots: draft_max x SPEC_SLOTS at most */
+    int spec_turn;           /* the slot the drafts' rows go to first this step */
     int32_t *spec_seq;       /* (n_ctx + 1) a slot's tokens and its next one, for prompt lookup */
     int32_t *spec_out;       /* (draft_max + 1) the tokens a verification gives */
     kiln_batch_entry *dbatch; /* (the draft's n_batch) the draft model's batch */
@@ -218,7 +219,7 @@ struct srv_sched {
 };
 
 /* Slots whose drafts one step verifies at most, which bounds the logits rows: at 152K vocab a row is 600 KB, so 16
- * drafts for 4 slots hold 39 MB. Further slots decode plainly in that step. */
+ * drafts for 4 slots hold 39 MB. Further slots decode plainly in that step; the first slot served turns each step. */
 #define SPEC_SLOTS 4
 
 int32_t srv_sched_n_slots(const srv_sched *s) { return s->n_slots; }
@@ -726,8 +727,9 @@ static size_t build_batch(srv_sched *s, int *n_groups, size_t *chunk) {
     for (int i = 0; i < s->n_slots; i++) n_dec += s->slots[i].st == SLOT_DECODE;
     int64_t room = s->n_batch - n_dec < s->spec_rows ? s->n_batch - n_dec : s->spec_rows; /* entries for drafts */
     bool reserved = false;
-    for (int i = 0; i < s->n_slots; i++) {
-        slot *sl = &s->slots[i];
+    s->spec_turn = s->n_slots ? (s->spec_turn + 1) % s->n_slots : 0;
+    for (int i0 = 0; i0 < s->n_slots; i0++) { /* from the slot whose turn it is: past the rows, each waits for its turn */
+        slot *sl = &s->slots[(s->spec_turn + i0) % s->n_slots];
         sl->n_draft = 0;
         if (sl->st != SLOT_DECODE) continue;
         sl->pos0 = kiln_context_seq_pos(s->c, sl->id);

@@ -646,8 +646,9 @@ def c_spec_probs():
 
 
 def c_spec_concurrent():
-    """4 speculating streams at once each equal their single result."""
-    ps = (repetitive() + prompts())[:4]
+    """4 speculating streams at once (or one a slot, past the 4 slots' rows a step has for drafts) each equal their
+    single result."""
+    ps = (repetitive() + prompts())[:max(4, A.slots)]
     single = [stream_text(p, 40)[0] for p in ps]
     got, errs = [None] * len(ps), []
 
