@@ -213,6 +213,8 @@ struct srv_sched {
     int32_t *dnext;          /* (n_slots) its argmaxes: a row a slot at most, each decode */
     float *dlogits;          /* (n_slots, V) its logits */
     float *spec_q;           /* (spec_rows, V) the draft's probabilities that each draft was drawn from, at a temperature */
+    float *spec_rows_copy;   /* (draft_max + 1, V) a sampling slot's rows before acceptance, for log-probabilities; made
+                              * on the first such job */
     float *probs;            /* (V) scratch for log-probabilities */
     char *piece;
     size_t piece_cap;
@@ -286,14 +288,12 @@ static void finish_queued(srv_job *j, srv_finish why, int http_status, const cha
 }
 
 /* Whether job j may speculate: the server drafts and the request leaves it on, and acceptance gives the tokens the
- * slot's own sampling would: no penalties (the acceptance rule sees no history), no grammar (drafts are not checked
- * against it), and at a temperature no log-probabilities (acceptance turns the rows into the sampler's
- * probabilities, so a row's logits are gone when its token is known). */
+ * slot's own sampling would: no penalties (the acceptance rule sees no history) and no grammar (drafts are not
+ * checked against it). */
 static bool spec_eligible(const srv_sched *s, const srv_job *j) {
     const kiln_sampler_params *p = &j->g.sp;
     const bool penalties = p->repeat_last_n != 0 && (p->repeat_penalty != 1 || p->presence_penalty != 0 || p->frequency_penalty != 0);
-    const bool probs = j->want_toks || j->g.n_probs > 0;
-    return s->spec_on && j->g.spec_n_max != 0 && !penalties && !j->g.grammar && !(p->temp != 0 && probs);
+    return s->spec_on && j->g.spec_n_max != 0 && !penalties && !j->g.grammar;
 }
 
 /* Puts job j on slot sl: the prompt's longest cached prefix is kept (or copied from the slot that holds more of it),
@@ -563,13 +563,23 @@ static void on_token(srv_sched *s, slot *sl, float *row) {
  * target's own token after them (kiln_spec_accept_greedy at temperature 0, else kiln_spec_accept_sample: prompt
  * lookup's drafts are certain, a draft model's were drawn from spec_q's rows). The sequence is cut back to last and
  * the taken drafts, and the tokens go out one by one as sampled ones do, the rest dropped once one ends the job.
- * Greedy log-probabilities come from each token's own row, which greedy acceptance leaves as it was. */
+ * Log-probabilities come from each token's own row: greedy acceptance leaves the rows as they were, sampling turns
+ * them into probabilities, so they are copied first (spec_rows_copy). */
 static void spec_step(srv_sched *s, slot *sl, float *rows) {
     srv_job *j = sl->job;
     const size_t k = (size_t)sl->n_draft, V = (size_t)s->V;
     if (j->g.ignore_eos)
         for (size_t i = 0; i <= k; i++) mask_ends(s, rows + i * V);
     const bool greedy = j->g.sp.temp == 0, want = j->want_toks || j->g.n_probs > 0;
+    const float *lp_rows = rows; /* the rows the log-probabilities come from */
+    if (want && !greedy) {
+        if (!s->spec_rows_copy && !(s->spec_rows_copy = malloc(((size_t)s->spec.draft_max + 1) * V * sizeof *s->spec_rows_copy))) {
+            finish(s, sl, SRV_FIN_ERROR, 500, "out of memory");
+            return;
+        }
+        memcpy(s->spec_rows_copy, rows, (k + 1) * V * sizeof *rows);
+        lp_rows = s->spec_rows_copy;
+    }
     const size_t n = greedy ? kiln_spec_accept_greedy(rows, s->V, sl->draft, k, s->spec_out)
                             : kiln_spec_accept_sample(sl->smp, rows, s->V, s->spec.draft ? s->spec_q + (size_t)sl->qrow * V : NULL,
                                                       sl->draft, k, s->spec_out);
@@ -583,7 +593,7 @@ static void spec_step(srv_sched *s, slot *sl, float *rows) {
     s->met.draft_tokens += (int64_t)k, s->met.draft_accepted += (int64_t)n - 1;
     for (size_t i = 0; i < n; i++) {
         srv_tokinfo ti = {0};
-        if (want) logprobs(s, rows + i * V, s->spec_out[i], j->g.n_probs, &ti);
+        if (want) logprobs(s, lp_rows + i * V, s->spec_out[i], j->g.n_probs, &ti);
         if (!emit_token(s, sl, s->spec_out[i], want ? &ti : NULL, sl->pos0 + 1 + (int64_t)i)) return;
     }
 }
@@ -913,7 +923,7 @@ void srv_sched_free(srv_sched *s) {
     if (s->th) pthread_join(s->th, NULL);
     for (int i = 0; i < s->n_slots; i++) free(s->slots[i].text), free(s->slots[i].draft);
     free(s->slots), free(s->queue), free(s->batch), free(s->row_slot), free(s->logits), free(s->probs), free(s->piece);
-    free(s->spec_seq), free(s->spec_out), free(s->dbatch), free(s->dnext), free(s->dlogits), free(s->spec_q);
+    free(s->spec_seq), free(s->spec_out), free(s->dbatch), free(s->dnext), free(s->dlogits), free(s->spec_q), free(s->spec_rows_copy);
     kiln_context_free(s->spec.draft);
     kiln_grammar_vocab_free(s->gvocab);
     pthread_mutex_destroy(&s->mu);

@@ -632,7 +632,8 @@ def c_spec_ends():
 
 
 def c_spec_probs():
-    """Greedy log-probabilities with speculation come from each token's own row: the plain run's, to float rounding."""
+    """Log-probabilities with speculation come from each token's own row: greedy, the plain run's to float rounding;
+    sampling, those of a plain forward over the same tokens."""
     p = repetitive()[0]
     on, off = spec_pair(p, 24, n_probs=3)
     a, b = on["completion_probabilities"], off["completion_probabilities"]
@@ -643,6 +644,18 @@ def c_spec_probs():
         check(abs(x["logprob"] - y["logprob"]) < 1e-3, f"token {i}: logprob {x['logprob']} vs {y['logprob']}")
         check([t["id"] for t in x["top_logprobs"]] == [t["id"] for t in y["top_logprobs"]], f"token {i}: top ids differ")
     check(on["timings"]["draft_n"] > 0, f"n_probs turned speculation off: {on['timings']}")
+    # sampling: each token's log-probabilities are those of a plain forward over the prompt and the tokens before it
+    # (top_k 3, so the sampled token is among the 5 listed)
+    ids = SRV.json("POST", "/tokenize", {"content": p, "add_special": True})["tokens"]
+    r = completion(p, 12, temperature=1.0, top_k=3, seed=3, n_probs=5, cache_prompt=False)
+    check(r["timings"]["draft_n"] > 0, f"sampling with n_probs did not speculate: {r['timings']}")
+    toks = r["tokens"]
+    for i, x in enumerate(r["completion_probabilities"]):
+        ref = completion(ids + toks[:i], 1, n_probs=5, **{"speculative.n_max": 0})["completion_probabilities"][0]["top_logprobs"]
+        check([t["id"] for t in x["top_logprobs"]] == [t["id"] for t in ref], f"sampled token {i}: top ids {x['top_logprobs']} vs {ref}")
+        want = {t["id"]: t["logprob"] for t in ref}
+        check(x["id"] == toks[i] and abs(x["logprob"] - want.get(x["id"], 1e9)) < 1e-3,
+              f"sampled token {i} ({x['id']}): logprob {x['logprob']}, a plain forward gives {want.get(x['id'])}")
 
 
 def c_spec_concurrent():
