@@ -25,11 +25,11 @@ static json_t *settings(srv_server *s, const srv_job *j) {
     const int n_max = j && j->g.spec_n_max >= 0 && j->g.spec_n_max < sp->draft_max ? j->g.spec_n_max : sp->draft_max;
     const int n_min = j && j->g.spec_n_min >= 0 ? j->g.spec_n_min : sp->draft_min;
     json_t *o = json_pack("{s:I,s:I,s:f,s:i,s:f,s:f,s:f,s:i,s:f,s:f,s:I,s:o,s:i,s:b}", "n_ctx", (json_int_t)srv_sched_n_ctx_slot(s->sched),
-                     "n_predict", (json_int_t)(j ? j->g.n_predict : -1), "temperature", (double)p->temp, "top_k", (int)p->top_k, "top_p",
-                     (double)p->top_p, "min_p", (double)p->min_p, "repeat_penalty", (double)p->repeat_penalty, "repeat_last_n",
-                     (int)p->repeat_last_n, "presence_penalty", (double)p->presence_penalty, "frequency_penalty", (double)p->frequency_penalty,
-                     "seed", (json_int_t)(p->seed & 0x7fffffffffffffffull), "stop", stops, "n_probs", j ? j->g.n_probs : 0, "ignore_eos",
-                     j ? j->g.ignore_eos : 0);
+                          "n_predict", (json_int_t)(j ? j->g.n_predict : -1), "temperature", (double)p->temp, "top_k", (int)p->top_k, "top_p",
+                          (double)p->top_p, "min_p", (double)p->min_p, "repeat_penalty", (double)p->repeat_penalty, "repeat_last_n",
+                          (int)p->repeat_last_n, "presence_penalty", (double)p->presence_penalty, "frequency_penalty", (double)p->frequency_penalty,
+                          "seed", (json_int_t)(p->seed & 0x7fffffffffffffffull), "stop", stops, "n_probs", j ? j->g.n_probs : 0, "ignore_eos",
+                          j ? j->g.ignore_eos : 0);
     if (o) { /* llama-server's names; n_max 0 where the server does not speculate */
         json_object_set_new(o, "speculative.n_max", json_integer(sp->lookup || sp->draft ? n_max : 0));
         json_object_set_new(o, "speculative.n_min", json_integer(n_min));
