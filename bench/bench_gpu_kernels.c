@@ -1,9 +1,9 @@
-/* bench_gpu_kernels.c: `kiln bench gpu-kernels [--quick] [--attention]`: the decode matmuls of src/cuda/matvec.cu alone, on the
+/* bench_gpu_kernels.c: `kiln bench gpu-kernels [--quick] [--attention] [--few]`: the decode matmuls of src/cuda/matvec.cu alone, on the
  * shapes a 7B and a 1.1B LLaMA decode runs (q/k/v/o, merged qkv, GLU gate+up, down, the head) in the types those
  * models ship in, for T = 1, 2, 4, 8 tokens (--quick: T = 1, fewer repetitions); then for T = 16 and 32 (a server's
  * step of that many sequences) src/cuda/gemm_small.cu on the blocks beside cuBLASLt on bf16 weights of the same
- * shape (the engine's two paths for such a step; a GLU case is two matmuls), for the types gemm_small takes. GB/s
- * counts the bytes each reads: the blocks, or 2 per weight.
+ * shape (the engine's two paths for such a step; a GLU case is two matmuls), for the types gemm_small takes
+ * (--few: only these). GB/s counts the bytes each reads: the blocks, or 2 per weight.
  *
  * Each case uploads one random weight (random bytes with finite f16 scales, as tests/test_cuda_matvec.c makes
  * them; random floats for F16) into enough copies to total >= ROTATE_BYTES (256 MiB, four times the H200's 60 MB
@@ -42,8 +42,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* gpu-kernels' flags (--quick, --attention), checked in every build so a bad one is named even without CUDA. */
-static int parse_args(int argc, char **argv, bool *quick, bool *attention_only) {
+/* gpu-kernels' flags (--quick, --attention, --few), checked in every build so a bad one is named even without CUDA. */
+static int parse_args(int argc, char **argv, bool *quick, bool *attention_only, bool *few_only) {
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0) { /* ends the options; gpu-kernels takes no other argument */
             if (i + 1 < argc) return kiln_cli_error("bench gpu-kernels: unexpected argument '%s'", argv[i + 1]);
@@ -51,6 +51,7 @@ static int parse_args(int argc, char **argv, bool *quick, bool *attention_only) 
         }
         if (strcmp(argv[i], "--quick") == 0) *quick = true;
         else if (strcmp(argv[i], "--attention") == 0) *attention_only = true;
+        else if (strcmp(argv[i], "--few") == 0) *few_only = true;
         else return kiln_cli_unknown("bench gpu-kernels", argv[i]);
     }
     return 0;
@@ -419,8 +420,8 @@ static int bench_train_elementwise(double copy_gbs) {
 }
 
 int kiln_bench_gpu_kernels(int argc, char **argv) {
-    bool quick = false, attention_only = false;
-    if (parse_args(argc, argv, &quick, &attention_only)) return 1;
+    bool quick = false, attention_only = false, few_only = false;
+    if (parse_args(argc, argv, &quick, &attention_only, &few_only)) return 1;
     if (kiln_cuda_device_count() == 0) {
         fprintf(stderr, "kiln bench gpu-kernels: no CUDA device (or kiln built without CUDA)\n");
         return 1;
@@ -439,7 +440,7 @@ int kiln_bench_gpu_kernels(int argc, char **argv) {
     if (attention_only) return bench_attention();
 
     static const int64_t Ts_all[] = {1, 2, 4, 8}, Ts_few[] = {16, 32};
-    const int n_T = quick ? 1 : 4, n_few = quick ? 0 : 2, reps = quick ? 3 : REPS;
+    const int n_T = few_only ? 0 : quick ? 1 : 4, n_few = quick ? 0 : 2, reps = quick ? 3 : REPS;
     const int n_cases = (int)(sizeof cases / sizeof cases[0]);
     result *res = calloc((size_t)n_cases * 8, sizeof *res);
     kiln_cuda_gemm_ws ws = {0};
@@ -549,6 +550,7 @@ int kiln_bench_gpu_kernels(int argc, char **argv) {
     free(res);
     kiln_cuda_gemm_ws_free(&ws);
     printf("\n");
+    if (few_only) return rc;
     rc |= bench_train_elementwise(copy_gbs);
     return bench_attention() || rc;
 }
@@ -556,8 +558,8 @@ int kiln_bench_gpu_kernels(int argc, char **argv) {
 #else
 
 int kiln_bench_gpu_kernels(int argc, char **argv) {
-    bool quick = false, attention_only = false;
-    if (parse_args(argc, argv, &quick, &attention_only)) return 1;
+    bool quick = false, attention_only = false, few_only = false;
+    if (parse_args(argc, argv, &quick, &attention_only, &few_only)) return 1;
     fprintf(stderr, "kiln: bench gpu-kernels: kiln was built without CUDA (nvcc was not on the PATH)\n");
     return 1;
 }

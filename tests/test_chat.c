@@ -12,6 +12,7 @@
 #include "kiln.h"
 #include "test.h"
 
+#include <jansson.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -534,6 +535,64 @@ static void test_cli_chat_two_turns_keep_cache(void) {
           n2_kept, n2_new, want2, want1, err);
 }
 
+/* --json-schema: every reply of a two-turn chat, sampled at temperature 1 under several seeds, is a JSON object with
+ * exactly an integer "answer" (jansson parses the replies one after another: each ends with chat's newline). */
+static void test_cli_chat_json_schema(void) {
+    NEED_CLI();
+    static const char schema[] = "{\"type\":\"object\",\"properties\":{\"answer\":{\"type\":\"integer\"}},\"required\":[\"answer\"],"
+                                 "\"additionalProperties\":false}";
+    for (int seed = 1; seed <= 4; seed++) {
+        char args[900];
+        snprintf(args, sizeof args, "chat -m '%s' --temp 1 -s %d -n 60 -t 2 --json-schema '%s'", model_path, seed, schema);
+        run_result r;
+        bool ok = run_kiln("What is 2+2?\\nAnd 3+5?\\n", args, &r);
+        CHECK(ok && r.rc == 0, "seed %d: exit %d: %s", seed, r.rc, r.err ? r.err : "");
+        size_t at = 0;
+        int n_valid = 0;
+        for (int turn = 0; turn < 2; turn++) {
+            json_error_t je;
+            json_t *v = json_loadb(r.out + at, r.n_out - at, JSON_DISABLE_EOF_CHECK, &je);
+            json_t *ans = v ? json_object_get(v, "answer") : NULL;
+            if (v && json_is_object(v) && json_object_size(v) == 1 && json_is_integer(ans)) n_valid++;
+            if (v) at += (size_t)je.position;
+            json_decref(v);
+            while (at < r.n_out && (r.out[at] == '\n' || r.out[at] == ' ')) at++;
+        }
+        bool all_read = at == r.n_out;
+        char out[300];
+        snprintf(out, sizeof out, "%s", r.out);
+        run_free(&r);
+        CHECK(n_valid == 2 && all_read, "seed %d: %d of 2 replies are {\"answer\": integer}; stdout: %s", seed, n_valid, out);
+    }
+}
+
+/* --grammar: each reply is exactly "yes." or "no."; a malformed grammar is refused with its position. */
+static void test_cli_chat_grammar(void) {
+    NEED_CLI();
+    for (int seed = 1; seed <= 3; seed++) {
+        char args[900];
+        snprintf(args, sizeof args, "chat -m '%s' --temp 1 -s %d -n 20 -t 2 --grammar 'root ::= (\"yes\" | \"no\") \".\"'", model_path, seed);
+        run_result r;
+        bool ok = run_kiln("Are you a bot?\\nIs the sky green?\\n", args, &r);
+        bool shape = ok && (strcmp(r.out, "yes.\nyes.\n") == 0 || strcmp(r.out, "yes.\nno.\n") == 0 || strcmp(r.out, "no.\nyes.\n") == 0 ||
+                            strcmp(r.out, "no.\nno.\n") == 0);
+        int rc = ok ? r.rc : -1;
+        char out[200];
+        snprintf(out, sizeof out, "%s", ok ? r.out : "");
+        run_free(&r);
+        CHECK(rc == 0 && shape, "seed %d: exit %d, stdout '%s'", seed, rc, out);
+    }
+    char args[900];
+    snprintf(args, sizeof args, "chat -m '%s' --grammar 'root ::= \"a'", model_path);
+    run_result r;
+    bool ok = run_kiln("hi\\n", args, &r);
+    bool said = ok && r.rc == 1 && strstr(r.err, "chat: --grammar: ") && strstr(r.err, "line 1, column") && r.n_out == 0;
+    char err[300];
+    snprintf(err, sizeof err, "%s", ok ? r.err : "");
+    run_free(&r);
+    CHECK(said, "a malformed grammar: %s", err);
+}
+
 /* -c 24: the one turn does not fit; it is refused with the sizes, and the chat ends with status 1. -c 40: the
  * prompt (37 tokens) fits, the reply stops at the end of the context, and the chat ends normally. */
 static void test_cli_context_overflow(void) {
@@ -780,6 +839,8 @@ int main(void) {
     RUN(test_cli_chat_paris);
     RUN(test_cli_chat_two_turns_keep_cache);
     RUN(test_cli_context_overflow);
+    RUN(test_cli_chat_json_schema);
+    RUN(test_cli_chat_grammar);
     RUN(test_cli_generate_chat);
     RUN(test_cli_chat_200_turns_linear);
     RUN(test_cli_chat_context_full_drops_turns);

@@ -477,3 +477,81 @@ const char *kiln_cli_default_model(char *buf, size_t n) {
     snprintf(buf, n, "models/shakespeare.gguf");
     return access(buf, R_OK) == 0 ? buf : NULL;
 }
+
+/* ---------------------------------------------------------------- files and grammars */
+
+char *kiln_cli_read_file(const char *cmd, const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        kiln_cli_error("%s: %s: cannot open: %s", cmd, path, strerror(errno));
+        return NULL;
+    }
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 65536 + 1 > cap) {
+            char *p = realloc(buf, cap = (n + 65536 + 1) * 2);
+            if (!p) break;
+            buf = p;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0) break;
+    }
+    bool bad = ferror(f) || !buf || n + 1 > cap;
+    fclose(f);
+    if (bad) {
+        free(buf);
+        kiln_cli_error("%s: %s: read failed", cmd, path);
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+int kiln_cli_grammar_opts(kiln_cli_opt *opts, kiln_cli_grammar *g) {
+    opts[0] = (kiln_cli_opt){"--grammar", KILN_CLI_STR, &g->grammar, 0, 0};
+    opts[1] = (kiln_cli_opt){"--grammar-file", KILN_CLI_STR, &g->grammar_file, 0, 0};
+    opts[2] = (kiln_cli_opt){"--json-schema", KILN_CLI_STR, &g->schema, 0, 0};
+    opts[3] = (kiln_cli_opt){"--json-schema-file", KILN_CLI_STR, &g->schema_file, 0, 0};
+    return KILN_CLI_N_GRAMMAR;
+}
+
+bool kiln_cli_grammar_given(const kiln_cli_grammar *g) { return g->grammar || g->grammar_file || g->schema || g->schema_file; }
+
+bool kiln_cli_grammar_load(const char *cmd, const kiln_cli_grammar *g, kiln_grammar **out) {
+    *out = NULL;
+    const char *given[4] = {g->grammar, g->grammar_file, g->schema, g->schema_file};
+    static const char *names[4] = {"--grammar", "--grammar-file", "--json-schema", "--json-schema-file"};
+    int first = -1;
+    for (int i = 0; i < 4; i++) {
+        if (!given[i]) continue;
+        if (first >= 0) {
+            kiln_cli_error("%s: %s with %s: give one grammar or JSON schema, not both", cmd, names[first], names[i]);
+            return false;
+        }
+        first = i;
+    }
+    if (first < 0) return true;
+    const char *file = first == 1 || first == 3 ? given[first] : NULL;
+    char *text = NULL;
+    size_t len = file ? 0 : strlen(given[first]);
+    if (file && !(text = kiln_cli_read_file(cmd, file, &len))) return false;
+    const char *src = file ? text : given[first];
+    kiln_status s = KILN_OK;
+    char *gbnf = NULL;
+    if (first >= 2) { /* the schema becomes the grammar's text */
+        s = kiln_json_schema_to_gbnf(src, len, &gbnf, &len);
+        src = gbnf;
+    }
+    if (!s) s = kiln_grammar_parse(src, len, NULL, out);
+    free(text), free(gbnf);
+    if (s) {
+        if (file) kiln_cli_error("%s: %s: %s", cmd, file, kiln_last_error());
+        else kiln_cli_error("%s: %s: %s", cmd, names[first], kiln_last_error());
+        *out = NULL;
+        return false;
+    }
+    return true;
+}

@@ -123,6 +123,20 @@ bool kiln_cli_rope_apply(const char *cmd, kiln_cli_rope *r, kiln_model *m);
 #define KILN_CLI_N_KV 4
 int kiln_cli_kv_opts(kiln_cli_opt *opts, kiln_session_params *sess);
 int kiln_cli_kv_opt(const char *cmd, const char *f, const char *a, kiln_session_params *sess);
+/* The bytes of file path, NUL-terminated, in a malloc'd buffer (*len: without the NUL); NULL after printing why. */
+char *kiln_cli_read_file(const char *cmd, const char *path, size_t *len);
+/* The constrained-output flags of generate and chat: --grammar GBNF, --grammar-file F, --json-schema SCHEMA and
+ * --json-schema-file F, at most one of them. Fills opts[0..KILN_CLI_N_GRAMMAR) and returns KILN_CLI_N_GRAMMAR.
+ * kiln_cli_grammar_load parses the one given into *out (NULL when none; kiln_grammar_free after), a schema through
+ * kiln_json_schema_to_gbnf; false after printing why: two of them, a file that cannot be read, a malformed grammar
+ * or schema (with its position, and the file's name). */
+#define KILN_CLI_N_GRAMMAR 4
+typedef struct kiln_cli_grammar {
+    const char *grammar, *grammar_file, *schema, *schema_file;
+} kiln_cli_grammar;
+int kiln_cli_grammar_opts(kiln_cli_opt *opts, kiln_cli_grammar *g);
+bool kiln_cli_grammar_given(const kiln_cli_grammar *g);
+bool kiln_cli_grammar_load(const char *cmd, const kiln_cli_grammar *g, kiln_grammar **out);
 /* A kiln_progress_fn (user unused) that reports on stderr in the stage's unit ("[ 100/ 440 merges]",
  * "[3/12] ppl 5.1234", "[1.0/4.0 MiB]"): on a terminal it rewrites one line per call (\r), ending it when done
  * reaches total; otherwise (a log, a pipe) it writes whole lines, at most one per percent of the total. */

@@ -1,5 +1,7 @@
-/* cmd_chat.c: `kiln chat -m MODEL [--system TEXT] [--chat-template NAME] [sampling options]`, a conversation over
- * stdin: each line is a user turn, the reply streams to stdout and ends at the family's end-of-turn token (or EOS).
+/* cmd_chat.c: `kiln chat -m MODEL [--system TEXT] [--chat-template NAME] [sampling options] [--grammar ... |
+ * --json-schema ...]`, a conversation over stdin: each line is a user turn, the reply streams to stdout and ends at
+ * the family's end-of-turn token (or EOS). With a grammar every reply is one of its sentences (the matcher restarts
+ * each turn; the end of turn is allowed exactly where the grammar can end).
  * Each turn hands the whole conversation to kiln_chat_eval (src/infer/chat.c), which tokenizes it with only the
  * template's markers as special tokens (a typed "</s>" is text), keeps the KV cache up to the first token that
  * differs from what the session holds and evaluates the rest, so a turn costs its own tokens. When the context
@@ -23,7 +25,8 @@ static const char usage_line[] =
     "kiln: usage: kiln chat -m MODEL.gguf [-sys TEXT] [--chat-template llama2|llama3|chatml|gemma] [-n MAXTOK (1024)]\n"
     "                 [--temp T] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R] [--repeat-last-n N]\n"
     "                 [--presence-penalty P] [--frequency-penalty F] [--seed S] [-t THREADS] [-c CTX (the model's, at\n"
-    "                 most 4096)] [-b BATCH] [-r STOP]... [--ignore-eos] [--gpu | -ngl N] [--check-finite] [--]\n"
+    "                 most 4096)] [-b BATCH] [-r STOP]... [--ignore-eos] [--gpu | -ngl N] [--check-finite]\n"
+    "                 [--grammar GBNF | --grammar-file F | --json-schema SCHEMA | --json-schema-file F] [--]\n"
     "                 (llama.cpp's long forms too: --model --system-prompt --n-predict --ctx-size --threads ...)\n";
 
 #define DEFAULT_MAX_CTX 4096 /* the default context: enough for a conversation, a 128k-context model's KV cache is not */
@@ -51,6 +54,8 @@ typedef struct {
     kiln_sampler_params sampler;
     kiln_cli_list stops; /* -r: a reply ends before the first of these it holds, which is neither printed nor kept */
     bool ignore_eos;     /* EOS and the end of turn are never sampled: each reply runs to -n or the context's end */
+    const kiln_grammar *grammar; /* every reply is a sentence of it: its tokens are ones it allows, and the end of
+                                  * turn (or EOS) comes exactly where it can end */
 } chat_opts;
 
 /* The conversation so far; contents are owned. */
@@ -89,19 +94,26 @@ static void conv_drop(conversation *c, size_t first, size_t n) {
 /* Samples, prints and evaluates the reply until the end of the turn, a stop string, -n tokens or the end of the
  * context; the stop token itself is not evaluated (the next turn's text begins with it). reply gets the text, up to
  * reply->printed; *n_gen the tokens generated and *full whether the context ended the reply. */
-static kiln_status reply_loop(kiln_session *sess, kiln_sampler *smp, const kiln_tokenizer *tok, int32_t eot, const chat_opts *o,
-                              int64_t V, float *logits, kiln_cli_stream *reply, char **buf, size_t *buf_cap, int64_t *n_gen, bool *full) {
+static kiln_status reply_loop(kiln_session *sess, kiln_sampler *smp, kiln_grammar_matcher *gm, const kiln_tokenizer *tok, int32_t eot,
+                              const chat_opts *o, int64_t V, float *logits, kiln_cli_stream *reply, char **buf, size_t *buf_cap,
+                              int64_t *n_gen, bool *full) {
     const int32_t eos = kiln_tokenizer_eos(tok);
     const int64_t n_ctx = kiln_session_n_ctx(sess);
-    kiln_status s = KILN_OK;
+    kiln_status s = gm ? kiln_grammar_matcher_reset(gm) : KILN_OK;
     *n_gen = 0, *full = false;
-    for (; *n_gen < o->n_max; ++*n_gen) {
+    for (; !s && *n_gen < o->n_max; ++*n_gen) {
         if (o->ignore_eos) {
             if (eot >= 0 && eot < V) logits[eot] = -INFINITY;
             if (eos >= 0 && eos < V) logits[eos] = -INFINITY;
         }
+        if (gm) { /* the grammar's tokens only; where it can end, the end of turn as well as EOS */
+            const float l_eot = eot >= 0 && eot < V ? logits[eot] : 0.0f;
+            if ((s = kiln_grammar_matcher_mask(gm, logits))) return s;
+            if (eot >= 0 && eot < V && kiln_grammar_matcher_done(gm)) logits[eot] = l_eot;
+        }
         int32_t next = kiln_sampler_sample(smp, logits, kiln_session_tokens(sess), (size_t)kiln_session_pos(sess));
         if (next == eot || next == eos) break;
+        if (gm && (s = kiln_grammar_matcher_accept(gm, next))) return s;
         size_t n;
         if ((s = piece(tok, next, false, buf, buf_cap, &n))) return s;
         if (kiln_cli_stream_add(reply, *buf, n, &s)) {
@@ -140,11 +152,14 @@ static int chat(const kiln_model *m, const chat_opts *o) {
 
     kiln_session *sess = NULL;
     kiln_sampler *smp = NULL;
+    kiln_grammar_matcher *gm = NULL;
     kiln_session_params sp = o->sess;
     sp.n_ctx = n_ctx;
     s = kiln_session_new(m, &sp, &sess);
     if (!s) s = kiln_sampler_new(&o->sampler, V, &smp);
+    if (!s && o->grammar) s = kiln_grammar_matcher_new(o->grammar, tok, &gm);
     if (s) {
+        kiln_sampler_free(smp);
         kiln_session_free(sess);
         return kiln_cli_die(s);
     }
@@ -191,7 +206,7 @@ static int chat(const kiln_model *m, const chat_opts *o) {
         reply.n = reply.printed = 0;
         int64_t n_gen;
         bool full;
-        s = reply_loop(sess, smp, tok, eot, o, V, logits, &reply, &buf, &buf_cap, &n_gen, &full);
+        s = reply_loop(sess, smp, gm, tok, eot, o, V, logits, &reply, &buf, &buf_cap, &n_gen, &full);
         double t2 = now_s();
         fputc('\n', stdout);
         fflush(stdout);
@@ -207,6 +222,7 @@ static int chat(const kiln_model *m, const chat_opts *o) {
     free(reply.p);
     conv_free(&conv);
     free(logits);
+    kiln_grammar_matcher_free(gm);
     kiln_sampler_free(smp);
     kiln_session_free(sess);
     if (s) return kiln_cli_die(s);
@@ -219,7 +235,8 @@ int kiln_cmd_chat(int argc, char **argv) {
     kiln_cli_rope rope;
     kiln_cli_rope_init(&rope);
     enum { N_OWN = 14 };
-    kiln_cli_opt opts[N_OWN + KILN_CLI_N_SAMPLING + KILN_CLI_N_ROPE + KILN_CLI_N_KV] = {
+    kiln_cli_grammar gram = {0};
+    kiln_cli_opt opts[N_OWN + KILN_CLI_N_SAMPLING + KILN_CLI_N_ROPE + KILN_CLI_N_KV + KILN_CLI_N_GRAMMAR] = {
         {"-m", KILN_CLI_STR, &o.model_path, 0, 0},
         {"--model", KILN_CLI_STR, &o.model_path, 0, 0},
         {"-sys", KILN_CLI_STR, &o.system, 0, 0},
@@ -238,6 +255,7 @@ int kiln_cmd_chat(int argc, char **argv) {
     int n_opts = N_OWN + kiln_cli_sampling_opts(opts + N_OWN, &o.sampler, &o.sess), n_pos;
     n_opts += kiln_cli_rope_opts(opts + n_opts, &rope);
     n_opts += kiln_cli_kv_opts(opts + n_opts, &o.sess);
+    n_opts += kiln_cli_grammar_opts(opts + n_opts, &gram);
     if (!kiln_cli_parse_args("chat", argc, argv, opts, n_opts, NULL, 0, &n_pos)) return 1;
     if (gpu) kiln_cli_gpu_flag("--gpu", &o.sess);
     for (int i = 0; i < o.stops.n; i++)
@@ -246,10 +264,19 @@ int kiln_cmd_chat(int argc, char **argv) {
         fputs(usage_line, stderr);
         return 1;
     }
+    if (kiln_cli_grammar_given(&gram) && o.ignore_eos)
+        return kiln_cli_error("chat: --ignore-eos with a grammar: the grammar's end is where the turn ends");
+    kiln_grammar *g = NULL;
+    if (!kiln_cli_grammar_load("chat", &gram, &g)) return 1;
+    o.grammar = g;
     kiln_model *m;
     kiln_status s = kiln_model_load(o.model_path, &m);
-    if (s) return kiln_cli_die(s);
+    if (s) {
+        kiln_grammar_free(g);
+        return kiln_cli_die(s);
+    }
     int rc = kiln_cli_rope_apply("chat", &rope, m) ? chat(m, &o) : 1;
     kiln_model_free(m);
+    kiln_grammar_free(g);
     return rc;
 }

@@ -21,7 +21,7 @@
 static const char usage_line[] =
     "kiln: usage: kiln serve -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [-np SLOTS (1)] [-c CTX (the model's, at most 16384)]\n"
     "                  [-b BATCH (512)] [-t THREADS] [--gpu | -ngl N] [--api-key KEY | --api-key-file F] [--slot-save-path DIR]\n"
-    "                  [--metrics] [--timeout S] [--chat-template NAME] [--alias NAME] [--queue N (4 x SLOTS)]\n"
+    "                  [--metrics] [--timeout S] [--chat-template NAME] [--alias NAME] [--queue N (4 x SLOTS)] [--no-warmup]\n"
     "                  [-ctk TYPE] [-ctv TYPE] (f16, f32, bf16, q8_0, q4_0)\n"
     "                  [--lookup [--lookup-ngram N (3)] | -md DRAFT.gguf [-ngld N]] [--draft-max N (16)] [--draft-min N (0)]\n"
     "       kiln serve --workbench [--data-dir DIR (./kiln-workbench)] [--examples-dir DIR (../shared/data/corpora)] [-m MODEL.gguf] ...\n";
@@ -94,6 +94,26 @@ static int serve_workbench_only(const srv_opts *o, const char *host, int port, c
     return 0;
 }
 
+/* On the GPU each decode step of one token in each of T slots is recorded as a CUDA graph the first time a step of
+ * that T runs, which costs a capture and an instantiation (several ms on a 7B) inside some request's inter-token
+ * latency. This runs each such step once at startup instead, T = 1 .. the slots (a token at position 0 of sequences
+ * 0 .. T - 1, with the logits the scheduler asks for), then empties the sequences. llama-server warms up too
+ * (--no-warmup skips it). */
+static kiln_status warmup(kiln_context *c, const kiln_model *m, int n_slots) {
+    const int64_t V = kiln_model_n_vocab(m);
+    const int32_t bos = kiln_tokenizer_bos(kiln_model_tokenizer(m));
+    kiln_batch_entry *b = calloc((size_t)n_slots, sizeof *b);
+    float *logits = malloc((size_t)n_slots * (size_t)V * sizeof *logits);
+    kiln_status s = b && logits ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "serve: out of memory for the warm-up");
+    for (int T = 1; !s && T <= n_slots && T <= kiln_context_n_batch(c); T++) {
+        for (int i = 0; i < T; i++) b[i] = (kiln_batch_entry){.seq = i, .id = bos >= 0 ? bos : 0, .pos = 0, .logits = true};
+        s = kiln_context_decode(c, b, (size_t)T, logits, NULL);
+        for (int i = 0; i < T; i++) kiln_context_seq_keep(c, i, 0);
+    }
+    free(b), free(logits);
+    return s;
+}
+
 /* -md: the draft model (*dm) and its context (*out): a sequence per slot of the target's positions and batch, on the
  * GPU when the target is (ngld layers there, -1: all). Its vocab must be the target's: drafts are the target's ids. */
 static kiln_status draft_context(const char *path, const kiln_model *m, const kiln_context *c, const kiln_context_params *cp, int ngld,
@@ -116,7 +136,7 @@ int kiln_cmd_serve(int argc, char **argv) {
     srv_opts o = {0};
     int port = 8080, n_slots = 1, queue = 0;
     int64_t n_ctx = 0;
-    bool gpu = false;
+    bool gpu = false, no_warmup = false;
     kiln_session_params sp = {.n_batch = 512};
     srv_spec_params spec = {.lookup_ngram = 3, .draft_max = 16};
     int ngld = -1;
@@ -148,6 +168,7 @@ int kiln_cmd_serve(int argc, char **argv) {
         {"-a", KILN_CLI_STR, &o.alias, 0, 0},
         {"--queue", KILN_CLI_INT, &queue, 0, 1 << 20},
         {"--workbench", KILN_CLI_FLAG, &workbench, 0, 0},
+        {"--no-warmup", KILN_CLI_FLAG, &no_warmup, 0, 0},
         {"--data-dir", KILN_CLI_STR, &data_dir, 0, 0},
         {"--examples-dir", KILN_CLI_STR, &examples_dir, 0, 0},
         {"--lookup", KILN_CLI_FLAG, &spec.lookup, 0, 0},
@@ -228,10 +249,11 @@ int kiln_cmd_serve(int argc, char **argv) {
     block_signals(&sigs);
     kiln_model *dm = NULL;
     s = kiln_context_new(m, &cp, &c);
+    if (!s && !no_warmup && kiln_context_on_gpu(c)) s = warmup(c, m, n_slots);
     if (!s && o.draft_path) s = draft_context(o.draft_path, m, c, &cp, ngld, &dm, &spec.draft);
     schp.spec = spec;
+    if (s && c) kiln_context_free(c), c = NULL;
     if (!s) s = srv_server_new(m, c, &o, &schp, &srv);
-    else kiln_context_free(c), c = NULL;
     if (s && c && !srv) kiln_context_free(c), kiln_context_free(spec.draft);
     if (srv) srv->wb = w;
     if (!s) s = srv_http_start(srv, host, port, &bound, &http);

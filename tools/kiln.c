@@ -87,38 +87,6 @@ static int cmd_synth(int argc, char **argv) {
 
 /* ---------------------------------------------------------------- tokenize */
 
-/* The bytes of file path, NUL-terminated, in a malloc'd buffer (*len: without the NUL); NULL after printing why. */
-static char *read_whole(const char *cmd, const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        kiln_cli_error("%s: %s: cannot open: %s", cmd, path, strerror(errno));
-        return NULL;
-    }
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 65536 + 1 > cap) {
-            char *p = realloc(buf, cap = (n + 65536 + 1) * 2);
-            if (!p) break;
-            buf = p;
-        }
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0) break;
-    }
-    bool bad = ferror(f) || !buf || n + 1 > cap;
-    fclose(f);
-    if (bad) {
-        free(buf);
-        kiln_cli_error("%s: %s: read failed", cmd, path);
-        return NULL;
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
-}
-
-
 typedef struct {
     const kiln_tokenizer *tok;
     bool ids_only;
@@ -534,8 +502,8 @@ static int generate_with(const char *model_path, const char *prompt, const char 
 }
 
 static int cmd_generate(int argc, char **argv) {
-    const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL, *chat_template = NULL, *grammar = NULL, *grammar_file = NULL;
-    const char *schema = NULL, *schema_file = NULL;
+    const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL, *chat_template = NULL;
+    kiln_cli_grammar gram = {0};
     generate_opts o = {.n_new = 256, .sampler = kiln_sampler_default(), .draft_max = 16, .draft_min = 0, .lookup_ngram = 3};
     bool gpu = false;
     enum { N_OWN = 26 };
@@ -557,16 +525,16 @@ static int cmd_generate(int argc, char **argv) {
         {"--chat-template", KILN_CLI_STR, &chat_template, 0, 0},
         {"--gpu", KILN_CLI_FLAG, &gpu, 0, 0}, /* all layers on the GPU, as -ngl 99 */
         {"--check-finite", KILN_CLI_FLAG, &o.sess.check_finite, 0, 0}, /* name the first layer whose output is NaN/Inf */
-        {"--grammar", KILN_CLI_STR, &grammar, 0, 0},
-        {"--grammar-file", KILN_CLI_STR, &grammar_file, 0, 0},
+        {"--grammar", KILN_CLI_STR, &gram.grammar, 0, 0},
+        {"--grammar-file", KILN_CLI_STR, &gram.grammar_file, 0, 0},
         {"--lookup", KILN_CLI_FLAG, &o.lookup, 0, 0},
         {"-md", KILN_CLI_STR, &o.draft_path, 0, 0},
         {"--model-draft", KILN_CLI_STR, &o.draft_path, 0, 0},
         {"--draft-max", KILN_CLI_I64, &o.draft_max, 1, 256},
         {"--draft-min", KILN_CLI_I64, &o.draft_min, 0, 256},
         {"--lookup-ngram", KILN_CLI_I64, &o.lookup_ngram, 1, 16},
-        {"--json-schema", KILN_CLI_STR, &schema, 0, 0}, /* a JSON Schema, made a grammar (kiln_json_schema_to_gbnf) */
-        {"--json-schema-file", KILN_CLI_STR, &schema_file, 0, 0},
+        {"--json-schema", KILN_CLI_STR, &gram.schema, 0, 0}, /* a JSON Schema, made a grammar (kiln_json_schema_to_gbnf) */
+        {"--json-schema-file", KILN_CLI_STR, &gram.schema_file, 0, 0},
     }; /* then the session and sampling options chat shares */
     int n_opts = N_OWN + kiln_cli_sampling_opts(opts + N_OWN, &o.sampler, &o.sess), n_pos;
     n_opts += kiln_cli_rope_opts(opts + n_opts, &o.rope);
@@ -580,7 +548,7 @@ static int cmd_generate(int argc, char **argv) {
     char *file_text = NULL;
     if (prompt_file) {
         size_t len;
-        if (!(file_text = read_whole("generate", prompt_file, &len))) return 1;
+        if (!(file_text = kiln_cli_read_file("generate", prompt_file, &len))) return 1;
         if (strlen(file_text) != len) {
             kiln_cli_error("generate: %s: a NUL byte at offset %zu; a prompt is text", prompt_file, strlen(file_text));
             free(file_text);
@@ -589,20 +557,7 @@ static int cmd_generate(int argc, char **argv) {
         if (len && file_text[len - 1] == '\n') file_text[len - 1] = 0; /* as llama.cpp's -f */
         prompt = file_text;
     }
-    if (grammar && grammar_file) {
-        free(file_text);
-        return kiln_cli_error("generate: give the grammar as --grammar or as --grammar-file, not both");
-    }
-    if (schema && schema_file) {
-        free(file_text);
-        return kiln_cli_error("generate: give the schema as --json-schema or as --json-schema-file, not both");
-    }
-    if ((schema || schema_file) && (grammar || grammar_file)) {
-        free(file_text);
-        return kiln_cli_error("generate: %s with %s: give a grammar or a JSON schema, not both", schema ? "--json-schema" : "--json-schema-file",
-                              grammar ? "--grammar" : "--grammar-file");
-    }
-    if ((grammar || grammar_file || schema || schema_file) && o.ignore_eos) {
+    if (kiln_cli_grammar_given(&gram) && o.ignore_eos) {
         free(file_text);
         return kiln_cli_error("generate: --ignore-eos with a grammar: the grammar's end is where EOS comes");
     }
@@ -611,7 +566,7 @@ static int cmd_generate(int argc, char **argv) {
         const char *why = o.lookup && o.draft_path ? "give --lookup or -md, not both"
                           : sm->repeat_penalty != 1 || sm->presence_penalty != 0 || sm->frequency_penalty != 0
                               ? "speculative decoding with penalties is not supported yet"
-                          : grammar || grammar_file || schema || schema_file ? "speculative decoding with a grammar is not supported yet"
+                          : kiln_cli_grammar_given(&gram) ? "speculative decoding with a grammar is not supported yet"
                           : o.ignore_eos ? "speculative decoding with --ignore-eos is not supported yet"
                           : o.draft_min > o.draft_max ? "--draft-min is more than --draft-max" : NULL;
         if (why) {
@@ -619,37 +574,12 @@ static int cmd_generate(int argc, char **argv) {
             return kiln_cli_error("generate: %s", why);
         }
     }
-    char *gtext = NULL;
-    size_t glen = grammar ? strlen(grammar) : 0;
-    if (grammar_file && !(gtext = read_whole("generate", grammar_file, &glen))) {
+    kiln_grammar *g = NULL;
+    if (!kiln_cli_grammar_load("generate", &gram, &g)) {
         free(file_text);
         return 1;
     }
-    if (schema || schema_file) { /* the schema becomes the grammar's text, then goes as --grammar does */
-        char *stext = NULL;
-        size_t slen = schema ? strlen(schema) : 0;
-        if (schema_file && !(stext = read_whole("generate", schema_file, &slen))) {
-            free(file_text);
-            return 1;
-        }
-        kiln_status ss = kiln_json_schema_to_gbnf(schema ? schema : stext, slen, &gtext, &glen);
-        free(stext);
-        if (ss) {
-            free(file_text);
-            return schema_file ? kiln_cli_error("generate: %s: %s", schema_file, kiln_last_error()) : kiln_cli_die(ss);
-        }
-        grammar = gtext;
-    }
-    kiln_grammar *g = NULL;
-    if (grammar || grammar_file) {
-        kiln_status gs = kiln_grammar_parse(grammar ? grammar : gtext, glen, NULL, &g);
-        free(gtext);
-        if (gs) {
-            free(file_text);
-            return grammar_file ? kiln_cli_error("generate: %s: %s", grammar_file, kiln_last_error()) : kiln_cli_die(gs);
-        }
-        o.grammar = g;
-    }
+    o.grammar = g;
     int rc = generate_with(model_path, prompt, chat_template, &o);
     kiln_grammar_free(g);
     free(file_text);
@@ -692,7 +622,7 @@ static int cmd_perplexity(int argc, char **argv) {
         return 1;
     }
     size_t len;
-    char *text = read_whole("perplexity", file, &len);
+    char *text = kiln_cli_read_file("perplexity", file, &len);
     if (!text) return 1;
     kiln_model *m;
     kiln_status s = kiln_model_load(model, &m);

@@ -180,6 +180,175 @@ gemm_small_kernel(float *y, const int8_t *xq, const float2 *xds, const uint8_t *
     }
 }
 
+/* ---------------------------------------------------------------- the pipelined kernel
+ * gemm_small_kernel's work split and arithmetic, with the weights staged: each warp owns a ring of S stages in
+ * shared memory, a stage the 16 MT rows' bytes of one super-block, and keeps the next S - 1 super-blocks' copies
+ * in flight (cp.async, 16 bytes a copy) while it multiplies the current one from shared memory. A row's bytes are
+ * copied from the 16-byte boundary at or before them (Q6_K's 210-byte super-blocks are only 2-byte aligned), so a
+ * row's slot is the block rounded up to 16, plus 16 where the block is not a multiple of 16. */
+static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(gmem));
+}
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> static __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+template <class D> struct gs_stage {
+    static const int PAD = D::BLOCK_BYTES % 16 == 0 ? D::BLOCK_BYTES : (D::BLOCK_BYTES + 15) / 16 * 16 + 16;
+};
+
+/* The stages' bytes a CTA needs: its 8 warps' S stages of 16 MT rows, or the reduction's, whichever is more. */
+template <class D, int NT, int MT, int S> static size_t gs_pipe_smem() {
+    const size_t ring = (size_t)GS_WARPS * S * 16 * MT * gs_stage<D>::PAD, red = sizeof(float) * GS_WARPS * 16 * MT * (NT + 1);
+    return ring > red ? ring : red;
+}
+
+/* Copies super-block sb of the warp's 16 MT rows (row pointers base[r]) into stage st: lane l takes copies l, l + 32, ... */
+template <class D, int MT>
+static __device__ __forceinline__ void gs_fill(uint8_t *st, const uint8_t *w, int64_t o0, int64_t O, size_t row_bytes, int64_t sb,
+                                               int lane) {
+    constexpr int PAD = gs_stage<D>::PAD, NCH = PAD / 16, ROWS = 16 * MT;
+    for (int i = lane; i < ROWS * NCH; i += 32) {
+        const int r = i / NCH, ch = i % NCH;
+        const int64_t o = o0 + r < O ? o0 + r : O - 1;
+        const uintptr_t src = (uintptr_t)(w + o * row_bytes + sb * D::BLOCK_BYTES), lo = src & ~(uintptr_t)15;
+        const uintptr_t hi = (src + D::BLOCK_BYTES + 15) & ~(uintptr_t)15;
+        if (lo + 16 * (uintptr_t)ch < hi) cp_async16(st + r * PAD + 16 * ch, (const void *)(lo + 16 * (uintptr_t)ch));
+    }
+}
+
+template <class D, int NT, int MT, int S>
+__global__ void __launch_bounds__(GS_THREADS, 1)
+gemm_small_pipe_kernel(float *y, const int8_t *xq, const float2 *xds, const uint8_t *w, size_t row_bytes, int64_t O, int64_t I, int T,
+                       int64_t steps, bool add) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
+    constexpr int GS_ROWS = 16 * MT, PAD = gs_stage<D>::PAD;
+    extern __shared__ __align__(16) uint8_t gs_smem[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+    const int64_t o0 = (int64_t)blockIdx.x * GS_ROWS, n_sb = I / GS_SB, nbx = I / 32;
+    const int64_t s_lo = (int64_t)blockIdx.y * steps, s_hi = min(n_sb, s_lo + steps);
+    uint8_t *ring = gs_smem + (size_t)warp * S * GS_ROWS * PAD;
+
+    /* this lane's rows within a stage, and where their bytes start past the 16-byte boundary (per super-block when
+     * the block is not a multiple of 16) */
+    const uint8_t *wr[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int64_t o = o0 + 16 * mt + g + 8 * r;
+            if (o >= O) o = O - 1;
+            wr[mt][r] = w + o * row_bytes;
+        }
+    const int8_t *xb[NT / 8];
+    const float2 *xs[NT / 8][2];
+#pragma unroll
+    for (int nt = 0; nt < NT / 8; nt++) {
+        xb[nt] = xq + (int64_t)min(8 * nt + g, T - 1) * I + 4 * c;
+        xs[nt][0] = xds + (int64_t)min(8 * nt + 2 * c, T - 1) * nbx;
+        xs[nt][1] = xds + (int64_t)min(8 * nt + 2 * c + 1, T - 1) * nbx;
+    }
+    float acc[MT][NT / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT / 8; nt++) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+
+    /* the warp's super-blocks: s_lo + warp + 8 i; the first S - 1 in flight before the loop (a group each, empty
+     * past the end, so that wait_group counts stay exact) */
+#pragma unroll
+    for (int i = 0; i < S - 1; i++) {
+        const int64_t sb = s_lo + warp + (int64_t)GS_WARPS * i;
+        if (sb < s_hi) gs_fill<D, MT>(ring + (size_t)i * GS_ROWS * PAD, w, o0, O, row_bytes, sb, lane);
+        cp_async_commit();
+    }
+    int64_t it = 0;
+    for (int64_t sb = s_lo + warp; sb < s_hi; sb += GS_WARPS, it++) {
+        {
+            const int64_t nsb = sb + (int64_t)GS_WARPS * (S - 1);
+            if (nsb < s_hi) gs_fill<D, MT>(ring + (size_t)((it + S - 1) % S) * GS_ROWS * PAD, w, o0, O, row_bytes, nsb, lane);
+            cp_async_commit();
+        }
+        cp_async_wait<S - 1>(); /* this lane's copies of stage it are done; the warp's after the sync */
+        __syncwarp();
+        const uint8_t *st = ring + (size_t)(it % S) * GS_ROWS * PAD;
+        D dq[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const uintptr_t src = (uintptr_t)(wr[mt][r] + sb * D::BLOCK_BYTES);
+                dq[mt][r].load(st + (16 * mt + g + 8 * r) * PAD + (src & 15), c);
+            }
+        __syncwarp(); /* every lane has its words before the stage is refilled */
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int64_t kb = sb * 8 + j;
+            uint32_t alo[MT][2], ahi[MT][2];
+            float s0[MT][2], s1[MT][2], mo[MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) dq[mt][r].chunk(j, c, alo[mt][r], ahi[mt][r], s0[mt][r], s1[mt][r], mo[mt][r]);
+#pragma unroll
+            for (int nt = 0; nt < NT / 8; nt++) {
+                const uint32_t b0 = *(const uint32_t *)(xb[nt] + 32 * kb), b1 = *(const uint32_t *)(xb[nt] + 32 * kb + 16);
+                const float2 x0 = xs[nt][0][kb], x1 = xs[nt][1][kb];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    float *a = acc[mt][nt];
+                    if (D::SPLIT) {
+                        int cl[4], ch[4];
+                        mma_k16(cl, alo[mt][0], alo[mt][1], b0);
+                        mma_k16(ch, ahi[mt][0], ahi[mt][1], b1);
+                        a[0] += x0.x * (s0[mt][0] * gq_biased(cl[0]) + s1[mt][0] * gq_biased(ch[0]));
+                        a[1] += x1.x * (s0[mt][0] * gq_biased(cl[1]) + s1[mt][0] * gq_biased(ch[1]));
+                        a[2] += x0.x * (s0[mt][1] * gq_biased(cl[2]) + s1[mt][1] * gq_biased(ch[2]));
+                        a[3] += x1.x * (s0[mt][1] * gq_biased(cl[3]) + s1[mt][1] * gq_biased(ch[3]));
+                    } else {
+                        int ci[4];
+                        mma_k32(ci, alo[mt][0], alo[mt][1], ahi[mt][0], ahi[mt][1], b0, b1);
+                        a[0] += s0[mt][0] * (x0.x * gq_biased(ci[0]));
+                        a[1] += s0[mt][0] * (x1.x * gq_biased(ci[1]));
+                        a[2] += s0[mt][1] * (x0.x * gq_biased(ci[2]));
+                        a[3] += s0[mt][1] * (x1.x * gq_biased(ci[3]));
+                        if (D::OFFSET) {
+                            a[0] += mo[mt][0] * x0.y, a[1] += mo[mt][0] * x1.y;
+                            a[2] += mo[mt][1] * x0.y, a[3] += mo[mt][1] * x1.y;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads(); /* the ring becomes the reduction's */
+    float(*red)[GS_ROWS][NT + 1] = (float(*)[GS_ROWS][NT + 1])gs_smem;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) red[warp][16 * mt + g + (e >= 2 ? 8 : 0)][8 * nt + 2 * c + (e & 1)] = acc[mt][nt][e];
+    __syncthreads();
+    const bool direct = gridDim.y == 1;
+    for (int i = threadIdx.x; i < GS_ROWS * NT; i += GS_THREADS) {
+        const int t = i / GS_ROWS, r = i % GS_ROWS;
+        const int64_t o = o0 + r;
+        if (t >= T || o >= O) continue;
+        float v = 0.0f;
+#pragma unroll
+        for (int k = 0; k < GS_WARPS; k++) v += red[k][r][t];
+        if (direct) {
+            float *p = y + (int64_t)t * O + o;
+            *p = add ? *p + v : v;
+        } else {
+            y[((int64_t)blockIdx.y * T + t) * O + o] = v;
+        }
+    }
+}
+
 /* y (n = T * O) = (add ? y : 0) + the n_split partials, in split order. */
 __global__ void gemm_small_sum(float *y, const float *part, int64_t n, int n_split, bool add) {
     kiln_pdl_wait();
@@ -224,11 +393,30 @@ struct launch_fn {
     const kiln_cuda_wt *W;
     int T, n_split;
     int64_t steps;
-    bool add;
+    bool add, pipe;
     cudaStream_t s;
+    /* the pipelined kernel with S stages, as many as ~200 KB of shared memory holds (2..4) */
+    template <class D, int NT> kiln_status run_pipe(const dim3 &grid) const {
+        constexpr int PAD = gs_stage<D>::PAD, S4 = 200 * 1024 / (GS_WARPS * 32 * PAD), S = S4 > 4 ? 4 : S4 < 2 ? 2 : S4;
+        void (*k)(float *, const int8_t *, const float2 *, const uint8_t *, size_t, int64_t, int64_t, int, int64_t, bool) =
+            gemm_small_pipe_kernel<D, NT, 2, S>;
+        const size_t smem = gs_pipe_smem<D, NT, 2, S>();
+        static bool attr[64]; /* once per instantiation and device */
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) dev = 0;
+        if (!attr[dev]) {
+            cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+            if (e != cudaSuccess) return kiln_launch_status("gemm_small (shared memory)", e);
+            attr[dev] = true;
+        }
+        cudaError_t e = kiln_launch(k, grid, dim3(GS_THREADS), smem, s, out, xq, xds, (const uint8_t *)W->data, W->row_bytes, W->rows,
+                                    W->cols, T, steps, add);
+        return kiln_launch_status("gemm_small", e);
+    }
     template <class D> kiln_status run() const {
         const int rows = 16 * mt;
         const dim3 grid((unsigned)((W->rows + rows - 1) / rows), (unsigned)n_split);
+        if (pipe && mt == 2) return T <= 16 ? run_pipe<D, 16>(grid) : run_pipe<D, 32>(grid);
         const uint8_t *w = (const uint8_t *)W->data;
         void (*k)(float *, const int8_t *, const float2 *, const uint8_t *, size_t, int64_t, int64_t, int, int64_t, bool) =
             T <= 16 ? (mt == 1 ? gemm_small_kernel<D, 16, 1> : gemm_small_kernel<D, 16, 2>)
@@ -244,6 +432,13 @@ struct launch_fn {
 static int m_tiles(void) {
     const char *v = getenv("KILN_GEMM_SMALL_MT");
     return v && strcmp(v, "1") == 0 ? 1 : 2;
+}
+
+/* The pipelined kernel (KILN_GEMM_SMALL_PIPE=1, being measured), or the one that loads each super-block before it
+ * multiplies it (the default). */
+static bool pipelined(void) {
+    const char *v = getenv("KILN_GEMM_SMALL_PIPE");
+    return v && strcmp(v, "1") == 0;
 }
 
 /* The most splits of the columns (KILN_GEMM_SMALL_SPLIT, 1..4, for measuring; default 4). */
@@ -276,7 +471,7 @@ extern "C" kiln_status kiln_cuda_gemm_small(float *y, const void *xp, const kiln
     while (n_split > 1 && (uint64_t)n_split * (uint64_t)T * (uint64_t)W->rows * 4 > ws->part_bytes) n_split--;
     const int64_t steps = (n_sb + n_split - 1) / n_split;
     n_split = (n_sb + steps - 1) / steps; /* no split without a step */
-    const launch_fn f = {n_split > 1 ? (float *)ws->part : y, mt, xq, xds, W, (int)T, (int)n_split, steps, add, s};
+    const launch_fn f = {n_split > 1 ? (float *)ws->part : y, mt, xq, xds, W, (int)T, (int)n_split, steps, add, pipelined(), s};
     TRY(by_type(W->type, f));
     if (n_split == 1) return KILN_OK;
     const int64_t n = T * W->rows, blocks = (n + 255) / 256 < 4 * ws->n_sm ? (n + 255) / 256 : 4 * ws->n_sm;
