@@ -8,6 +8,11 @@
 #   smollm   SmolLM2 (~/.cache/kiln; skipped without it), 2 slots: the openai client and greedy output on a real
 #            model, and a slot saved from another model (the foreign file the default model must refuse)
 #   restart  the default server again: the restores, then SIGTERM in the middle of a stream
+#   lookup   the bundled model with --lookup, 4 slots: speculative greedy text against plain decoding's and generate's
+#   selfdraft  the bundled model with itself as -md: the same, every draft taken
+#   draft    the bundled model with its trained draft (models/shakespeare-draft.gguf), 6 slots: the same, some
+#            drafts refused, and more slots than a step's rows for drafts
+#   smollm_lookup  SmolLM2 with --lookup, 2 slots (skipped without it): the same on a real model
 #   load     1 slot (SmolLM2 where it is, else the bundled model with longer requests): 503s with Retry-After
 #   bench    `kiln bench serve -m` on the bundled model (the server it starts itself): its JSON, table and flag errors
 # Needs python3 with the openai package (pip install openai); skips without it, or without `kiln serve`.
@@ -130,6 +135,48 @@ if start_server restart "${D_ARGS[@]}"; then
     checks restart "${D_CHECK[@]}" --pid "$SRV_PID" -- sigterm
     stop_server restart signalled
 fi
+
+# Speculative decoding on the bundled model: prompt lookup, then the model as its own draft (every draft taken). The
+# greedy text equals plain decoding's and kiln generate's, with 4 slots speculating at once.
+SPEC_CHECKS=(spec_props spec_greedy spec_ends spec_probs spec_concurrent spec_sample)
+if start_server lookup -m "$DEFAULT" -np 4 -c 1024 -t 1 --metrics --lookup; then
+    checks lookup --model "$DEFAULT" --slots 4 --slot-ctx 256 --metrics --spec lookup -- "${SPEC_CHECKS[@]}" greedy_generate completion
+    stop_server lookup
+fi
+if start_server selfdraft -m "$DEFAULT" -md "$DEFAULT" -np 4 -c 1024 -t 1 --metrics --draft-max 8; then
+    checks selfdraft --model "$DEFAULT" --slots 4 --slot-ctx 256 --metrics --spec draft_model --self-draft -- "${SPEC_CHECKS[@]}" \
+        greedy_generate completion
+    stop_server selfdraft
+fi
+# the bundled model's trained draft (models/shakespeare-draft.gguf): some drafts refused, so the draft's cache is cut
+# back and caught up again; 6 slots, more than a step has rows for drafts (4 x --draft-max)
+if [ -s models/shakespeare-draft.gguf ] && start_server draft -m "$DEFAULT" -md models/shakespeare-draft.gguf -np 6 -c 1536 -t 1 --metrics; then
+    checks draft --model "$DEFAULT" --slots 6 --slot-ctx 256 --metrics --spec draft_model -- "${SPEC_CHECKS[@]}" concurrency
+    stop_server draft
+fi
+if [ -s "$SMOLLM" ] && start_server smollm_lookup -m "$SMOLLM" -np 2 -c 1024 -t 2 --metrics --lookup; then
+    checks smollm_lookup --model "$SMOLLM" --slots 2 --slot-ctx 512 --metrics --spec lookup -- "${SPEC_CHECKS[@]}"
+    stop_server smollm_lookup
+fi
+# A draft of another vocab, and contradicting flags, are refused with one line naming the problem.
+test_serve_spec_flags() {
+    local a want
+    # each case: the flags, then a word the first line of the error must hold
+    for a in "--lookup -md $DEFAULT|not both" "--lookup --draft-min 5 --draft-max 4|--draft-min" "--lookup-ngram 0|--lookup-ngram" \
+             "--draft-max 0|--draft-max"; do
+        want=${a#*|}; a=${a%|*}
+        # shellcheck disable=SC2086
+        "$KILN" serve -m "$DEFAULT" $a --port 0 >"$tmp/out" 2>"$tmp/err"
+        check "serve $a: status $?, not 1" [ $? -eq 1 ]
+        check "serve $a: the first line does not say '$want': $(head -n 1 "$tmp/err")" grep -qF -- "$want" <(head -n 1 "$tmp/err")
+    done
+    if [ -s "$SMOLLM" ]; then
+        "$KILN" serve -m "$DEFAULT" -md "$SMOLLM" --port 0 >"$tmp/out" 2>"$tmp/err"
+        check "serve -md of another vocab: status $?, not 1" [ $? -eq 1 ]
+        check "serve -md of another vocab: $(cat "$tmp/err")" grep -q "vocab" "$tmp/err"
+    fi
+}
+run test_serve_spec_flags
 
 # The load: one slot and a queue of 2 (--queue), 16 clients: more than both.
 if [ -s "$SMOLLM" ]; then L_ARGS=(-m "$SMOLLM" -t 2); L_N=24; else L_ARGS=(-m "$DEFAULT" -t 1); L_N=400; fi

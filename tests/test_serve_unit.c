@@ -50,11 +50,13 @@ static void test_utf8_sanitize(void) {
 
 /* ---------------------------------------------------------------- a server without a socket */
 
-static srv_server *server_with(int n_slots, int64_t n_ctx_slot, const srv_opts *o, int queue) {
+/* spec: speculative decoding's settings, NULL for none. */
+static srv_server *server_spec(int n_slots, int64_t n_ctx_slot, const srv_opts *o, int queue, const srv_spec_params *spec) {
     kiln_context_params cp = {.s = {.n_ctx = n_ctx_slot, .n_batch = 64, .n_threads = 1}, .n_seq = n_slots};
     kiln_context *c = NULL;
     srv_server *s = NULL;
     srv_sched_params sp = {.queue_max = queue};
+    if (spec) sp.spec = *spec;
     srv_opts oo = *o;
     oo.model_path = MODEL;
     if (kiln_context_new(model, &cp, &c)) return NULL;
@@ -63,6 +65,10 @@ static srv_server *server_with(int n_slots, int64_t n_ctx_slot, const srv_opts *
         return NULL;
     }
     return s;
+}
+
+static srv_server *server_with(int n_slots, int64_t n_ctx_slot, const srv_opts *o, int queue) {
+    return server_spec(n_slots, n_ctx_slot, o, queue, NULL);
 }
 
 static srv_response req(srv_server *s, const char *method, const char *path, const char *body, const char *auth) {
@@ -208,6 +214,12 @@ static void test_routes_errors(void) {
         {"/slots/0?action=save", "{\"filename\": \"a/b\"}", "filename"},
         {"/slots/0?action=fly", "{}", "action"},
         {"/slots/9?action=erase", "{}", "id_slot"},
+        {"/completion", "{\"prompt\": \"x\", \"speculative.n_max\": -1}", "speculative.n_max"},
+        {"/completion", "{\"prompt\": \"x\", \"speculative.n_max\": \"4\"}", "speculative.n_max"},
+        {"/completion", "{\"prompt\": \"x\", \"speculative.n_min\": 1.5}", "speculative.n_min"},
+        {"/completion", "{\"prompt\": \"x\", \"speculative.n_max\": 2, \"speculative.n_min\": 3}", "speculative.n_min"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"speculative.n_max\": 5000}", "speculative.n_max"},
+        {"/api/generate", "{\"prompt\": \"x\", \"options\": {\"speculative.n_min\": -2}}", "speculative.n_min"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         r = req(srv2, "POST", bad[i].path, bad[i].body, NULL);
@@ -294,6 +306,43 @@ static void test_completion_greedy_and_stop(void) {
     }
     free(all);
     CHECK(last_stop && strlen(acc) == cut && strncmp(acc, ref, cut) == 0, "streamed '%s'", acc);
+    free(ref);
+}
+
+/* Prompt lookup in the scheduler: the greedy text of a repetitive prompt is a plain session's, with drafts taken, on
+ * 2 slots at once; speculative.n_max 0 turns it off (no draft_n in timings); the request's settings show in
+ * generation_settings. */
+static void test_spec_lookup(void) {
+    const char *prompt = "KING HENRY:\nO God, O God, O God, O God! O God, O God, O God, O God!";
+    char *ref = greedy_reference(prompt, 40);
+    CHECK(ref && strlen(ref) > 8);
+    srv_opts o = {.metrics = true};
+    srv_server *s = server_spec(2, 128, &o, 0, &(srv_spec_params){.lookup = true, .draft_max = 8});
+    CHECK(s, "%s", kiln_last_error());
+    if (!s || !ref) return free(ref);
+    char body[256];
+    snprintf(body, sizeof body, "{\"prompt\": \"KING HENRY:\\nO God, O God, O God, O God! O God, O God, O God, O God!\", \"n_predict\": 40, "
+                                "\"temperature\": 0, \"speculative.n_min\": 1}");
+    srv_response r = req(s, "POST", "/completion", body, NULL);
+    json_t *j = parse(&r), *t = json_object_get(j, "timings");
+    const char *content = json_string_value(json_object_get(j, "content"));
+    CHECK(r.status == 200 && content && strcmp(content, ref) == 0, "speculative '%s' vs session '%s'", content ? content : "", ref);
+    json_int_t n = json_integer_value(json_object_get(t, "draft_n")), a = json_integer_value(json_object_get(t, "draft_n_accepted"));
+    CHECK(n > 0 && a > 0 && a <= n, "draft_n %lld, accepted %lld", (long long)n, (long long)a);
+    json_t *gs = json_object_get(j, "generation_settings");
+    CHECK(json_integer_value(json_object_get(gs, "speculative.n_max")) == 8 && json_integer_value(json_object_get(gs, "speculative.n_min")) == 1);
+    srv_metrics m;
+    srv_sched_metrics(s->sched, &m);
+    CHECK(m.draft_tokens == n && m.draft_accepted == a, "metrics %lld %lld", (long long)m.draft_tokens, (long long)m.draft_accepted);
+    json_decref(j), srv_response_free(&r);
+    snprintf(body, sizeof body, "{\"prompt\": \"KING HENRY:\\nO God, O God, O God, O God! O God, O God, O God, O God!\", \"n_predict\": 40, "
+                                "\"temperature\": 0, \"speculative.n_max\": 0}");
+    r = req(s, "POST", "/completion", body, NULL);
+    j = parse(&r), t = json_object_get(j, "timings");
+    content = json_string_value(json_object_get(j, "content"));
+    CHECK(r.status == 200 && content && strcmp(content, ref) == 0 && !json_object_get(t, "draft_n"));
+    json_decref(j), srv_response_free(&r);
+    srv_server_free(s);
     free(ref);
 }
 
@@ -622,6 +671,7 @@ int main(void) {
     RUN(test_routes_errors);
     RUN(test_auth_and_limits);
     RUN(test_completion_greedy_and_stop);
+    RUN(test_spec_lookup);
     RUN(test_oai_chat_and_stream);
     RUN(test_llama_routes);
     RUN(test_ollama_routes);

@@ -4,7 +4,9 @@
  * "kiln serve: listening on http://HOST:PORT" on stderr once it accepts (--port 0: a free port, the one printed), and
  * on SIGTERM or SIGINT stops accepting, lets the requests in flight finish and exits 0. --workbench adds the
  * workbench's job API under /wb/ (src/serve/routes_wb.c, jobs.c) over --data-dir (./kiln-workbench); -m is then
- * optional, and without it the model routes answer 503. */
+ * optional, and without it the model routes answer 503. --lookup or -md DRAFT.gguf decode speculatively
+ * (docs/speculative.md): the draft model gets a context of its own with a sequence per slot, on the GPU when the
+ * target is (-ngld its layers there). */
 #include "kiln.h"
 #include "serve/jobs.h"
 #include "serve/serve.h"
@@ -21,6 +23,7 @@ static const char usage_line[] =
     "                  [-b BATCH (512)] [-t THREADS] [--gpu | -ngl N] [--api-key KEY | --api-key-file F] [--slot-save-path DIR]\n"
     "                  [--metrics] [--timeout S] [--chat-template NAME] [--alias NAME] [--queue N (4 x SLOTS)] [--no-warmup]\n"
     "                  [-ctk TYPE] [-ctv TYPE] (f16, f32, bf16, q8_0, q4_0)\n"
+    "                  [--lookup [--lookup-ngram N (3)] | -md DRAFT.gguf [-ngld N]] [--draft-max N (16)] [--draft-min N (0)]\n"
     "       kiln serve --workbench [--data-dir DIR (./kiln-workbench)] [--examples-dir DIR (../shared/data/corpora)] [-m MODEL.gguf] ...\n";
 
 #define DEFAULT_MAX_CTX 16384
@@ -112,6 +115,21 @@ static kiln_status warmup(kiln_context *c, const kiln_model *m, int n_slots) {
     return s;
 }
 
+/* -md: the draft model (*dm) and its context (*out): a sequence per slot of the target's positions and batch, on the
+ * GPU when the target is (ngld layers there, -1: all). Its vocab must be the target's: drafts are the target's ids. */
+static kiln_status draft_context(const char *path, const kiln_model *m, const kiln_context *c, const kiln_context_params *cp, int ngld,
+                                 kiln_model **dm, kiln_context **out) {
+    kiln_status s = kiln_model_load(path, dm);
+    if (s) return s;
+    if (kiln_model_n_vocab(*dm) != kiln_model_n_vocab(m))
+        return kiln_fail(KILN_ERR_INVALID, "serve: -md %s: the draft model's vocab has %lld tokens, the model's %lld: they must share a tokenizer",
+                         path, (long long)kiln_model_n_vocab(*dm), (long long)kiln_model_n_vocab(m));
+    kiln_context_params dp = *cp;
+    dp.s.n_gpu_layers = kiln_context_on_gpu(c) ? (ngld >= 0 ? ngld : INT32_MAX) : 0;
+    dp.s.device = kiln_context_on_gpu(c) ? cp->s.device : (kiln_device){0};
+    return kiln_context_new(*dm, &dp, out);
+}
+
 int kiln_cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *host = "127.0.0.1", *key_file = NULL;
     const char *data_dir = "kiln-workbench", *examples_dir = "../shared/data/corpora";
@@ -121,7 +139,9 @@ int kiln_cmd_serve(int argc, char **argv) {
     int64_t n_ctx = 0;
     bool gpu = false, no_warmup = false;
     kiln_session_params sp = {.n_batch = 512};
-    kiln_cli_opt opts[32 + KILN_CLI_N_KV] = {
+    srv_spec_params spec = {.lookup_ngram = 3, .draft_max = 16};
+    int ngld = -1;
+    kiln_cli_opt opts[48 + KILN_CLI_N_KV] = {
         {"-m", KILN_CLI_STR, &model_path, 0, 0},
         {"--model", KILN_CLI_STR, &model_path, 0, 0},
         {"--host", KILN_CLI_STR, &host, 0, 0},
@@ -152,6 +172,16 @@ int kiln_cmd_serve(int argc, char **argv) {
         {"--no-warmup", KILN_CLI_FLAG, &no_warmup, 0, 0},
         {"--data-dir", KILN_CLI_STR, &data_dir, 0, 0},
         {"--examples-dir", KILN_CLI_STR, &examples_dir, 0, 0},
+        {"--lookup", KILN_CLI_FLAG, &spec.lookup, 0, 0},
+        {"--lookup-ngram", KILN_CLI_INT, &spec.lookup_ngram, 1, 16},
+        {"-md", KILN_CLI_STR, &o.draft_path, 0, 0},
+        {"--model-draft", KILN_CLI_STR, &o.draft_path, 0, 0},
+        {"-ngld", KILN_CLI_INT, &ngld, 0, INT32_MAX},
+        {"--gpu-layers-draft", KILN_CLI_INT, &ngld, 0, INT32_MAX},
+        {"--n-gpu-layers-draft", KILN_CLI_INT, &ngld, 0, INT32_MAX},
+        {"--draft-max", KILN_CLI_INT, &spec.draft_max, 1, 256},
+        {"--draft", KILN_CLI_INT, &spec.draft_max, 1, 256},
+        {"--draft-min", KILN_CLI_INT, &spec.draft_min, 0, 256},
     }; /* then -ctk/-ctv */
     int n_opts = 0, n_pos = 0;
     while (opts[n_opts].name) n_opts++;
@@ -181,6 +211,13 @@ int kiln_cmd_serve(int argc, char **argv) {
         return kiln_cli_error("serve: --slot-save-path %s is not a folder", o.slot_save_path);
     }
     if (gpu) sp.n_gpu_layers = INT32_MAX;
+    const char *spec_why = spec.lookup && o.draft_path ? "give --lookup or -md, not both"
+                           : spec.draft_min > spec.draft_max ? "--draft-min is more than --draft-max"
+                           : workbench && !model_path && (spec.lookup || o.draft_path) ? "--lookup and -md need -m" : NULL;
+    if (spec_why) {
+        free(key);
+        return kiln_cli_error("serve: %s", spec_why);
+    }
 
     if (!model_path) return serve_workbench_only(&o, host, port, data_dir, examples_dir, key);
     kiln_model *m;
@@ -211,23 +248,29 @@ int kiln_cmd_serve(int argc, char **argv) {
     srv_sched_params schp = {.queue_max = queue};
     sigset_t sigs;
     block_signals(&sigs);
+    kiln_model *dm = NULL;
     s = kiln_context_new(m, &cp, &c);
     if (!s && !no_warmup && kiln_context_on_gpu(c)) s = warmup(c, m, n_slots);
+    if (!s && o.draft_path) s = draft_context(o.draft_path, m, c, &cp, ngld, &dm, &spec.draft);
+    schp.spec = spec;
     if (s && c) kiln_context_free(c), c = NULL;
     if (!s) s = srv_server_new(m, c, &o, &schp, &srv);
-    if (s && c && !srv) kiln_context_free(c);
+    if (s && c && !srv) kiln_context_free(c), kiln_context_free(spec.draft);
     if (srv) srv->wb = w;
     if (!s) s = srv_http_start(srv, host, port, &bound, &http);
     if (s) {
         srv_server_free(srv);
         wb_free(w, 0);
-        kiln_model_free(m), free(key);
+        kiln_model_free(dm), kiln_model_free(m), free(key);
         return kiln_cli_die(s);
     }
     if (w) fprintf(stderr, "kiln serve: workbench over %s (%zu jobs)\n", data_dir, w->n_jobs);
     fprintf(stderr, "kiln serve: %d slot%s of %lld positions, batch %lld, %s, chat template %s\n", n_slots, n_slots == 1 ? "" : "s",
             (long long)sp.n_ctx, (long long)kiln_context_n_batch(c), kiln_context_on_gpu(c) ? "GPU" : "CPU",
             kiln_chat_family_name(srv->tmpl.family));
+    if (spec.lookup || spec.draft)
+        fprintf(stderr, "kiln serve: speculative decoding with %s, %d to %d drafts a step\n", spec.draft ? o.draft_path : "prompt lookup",
+                spec.draft_min, spec.draft_max);
     fprintf(stderr, "kiln serve: listening on http://%s%s%s:%d\n", strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", bound);
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -236,6 +279,7 @@ int kiln_cmd_serve(int argc, char **argv) {
     srv_http_stop(http, o.timeout_s > 0 ? o.timeout_s : 600);
     srv_server_free(srv);
     wb_free(w, 30);
+    kiln_model_free(dm);
     kiln_model_free(m);
     free(key);
     fprintf(stderr, "kiln serve: stopped\n");

@@ -164,6 +164,8 @@ static const struct {
     {"cache_prompt", F_BOOL, offsetof(srv_gen, cache_prompt), 0, 0},
     {"id_slot", F_INT, offsetof(srv_gen, id_slot), -1, 1e6},
     {"ignore_eos", F_BOOL, offsetof(srv_gen, ignore_eos), 0, 0},
+    {"speculative.n_max", F_INT, offsetof(srv_gen, spec_n_max), 0, 1024}, /* more than --draft-max: --draft-max */
+    {"speculative.n_min", F_INT, offsetof(srv_gen, spec_n_min), 0, 1024},
 };
 
 static bool parse_stop(json_t *v, srv_job *j, srv_response *rs) {
@@ -281,6 +283,10 @@ bool srv_parse_gen(srv_server *s, json_t *body, srv_job *j, srv_response *rs) {
         }
     }
     if ((v = json_object_get(body, "json_schema")) && !json_is_null(v) && !srv_set_schema(v, "json_schema", j, rs)) return false;
+    if (j->g.spec_n_max >= 0 && j->g.spec_n_min > j->g.spec_n_max) {
+        srv_error(rs, 400, "speculative.n_min", "speculative.n_min %d is more than speculative.n_max %d", j->g.spec_n_min, j->g.spec_n_max);
+        return false;
+    }
     if (j->g.id_slot >= srv_sched_n_slots(s->sched)) {
         srv_error(rs, 400, "id_slot", "id_slot %d is not a slot: the server has %d", j->g.id_slot, (int)srv_sched_n_slots(s->sched));
         return false;
@@ -581,10 +587,16 @@ json_t *srv_timings(const srv_job *j) {
     double pms = j->t_start && j->t_first ? 1e3 * (j->t_first - j->t_start) : 0;
     double gms = j->t_first && j->t_end ? 1e3 * (j->t_end - j->t_first) : 0;
     double pn = (double)j->n_evaluated, gn = (double)j->n_gen;
-    return json_pack("{s:I,s:I,s:f,s:f,s:f,s:I,s:f,s:f,s:f}", "cache_n", (json_int_t)j->n_cached, "prompt_n", (json_int_t)j->n_evaluated,
-                     "prompt_ms", pms, "prompt_per_token_ms", pn > 0 ? pms / pn : 0.0, "prompt_per_second", pms > 0 ? 1e3 * pn / pms : 0.0,
-                     "predicted_n", (json_int_t)j->n_gen, "predicted_ms", gms, "predicted_per_token_ms", gn > 0 ? gms / gn : 0.0,
-                     "predicted_per_second", gms > 0 ? 1e3 * gn / gms : 0.0);
+    json_t *t = json_pack("{s:I,s:I,s:f,s:f,s:f,s:I,s:f,s:f,s:f}", "cache_n", (json_int_t)j->n_cached, "prompt_n",
+                          (json_int_t)j->n_evaluated, "prompt_ms", pms, "prompt_per_token_ms", pn > 0 ? pms / pn : 0.0,
+                          "prompt_per_second", pms > 0 ? 1e3 * pn / pms : 0.0, "predicted_n", (json_int_t)j->n_gen, "predicted_ms",
+                          gms, "predicted_per_token_ms", gn > 0 ? gms / gn : 0.0, "predicted_per_second",
+                          gms > 0 ? 1e3 * gn / gms : 0.0);
+    if (t && j->spec) { /* llama-server's, for a job that speculated */
+        json_object_set_new(t, "draft_n", json_integer(j->draft_n));
+        json_object_set_new(t, "draft_n_accepted", json_integer(j->draft_accepted));
+    }
+    return t;
 }
 
 /* A token's text (control tokens too), sanitized, and its raw bytes. */

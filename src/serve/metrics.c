@@ -1,6 +1,7 @@
 /* metrics.c: GET /metrics in Prometheus's text format (only with --metrics), llama-server's llamacpp:* names:
  * token totals, prompt and generation seconds, requests processing and deferred, slot use and KV usage; then kiln:*
- * counters of the scheduler's steps (rows, seconds in the engine, seconds handing out tokens, steps with prompts). */
+ * counters of the scheduler's steps (rows, seconds in the engine, seconds handing out tokens, steps with prompts) and
+ * of speculative decoding (drafts verified and taken). */
 #include "serve/serve.h"
 
 #include <stdio.h>
@@ -42,8 +43,10 @@ void srv_route_metrics(srv_server *s, const srv_request *rq, srv_response *rs) {
         {"step_decode_seconds_total", "counter", "Seconds in the engine's batched decodes.", m.step_decode_s},
         {"step_emit_seconds_total", "counter", "Seconds sampling and handing out the tokens of the batched decodes.", m.step_emit_s},
         {"steps_mixed_total", "counter", "Batched decodes that carried prompt tokens.", (double)m.steps_mixed},
+        {"draft_tokens_total", "counter", "Speculative drafts verified.", (double)m.draft_tokens},
+        {"draft_accepted_total", "counter", "Speculative drafts the model took.", (double)m.draft_accepted},
     };
-    size_t cap = 4096, n = 0;
+    size_t cap = 8192, n = 0;
     char *b = malloc(cap);
     for (size_t i = 0; b && i < sizeof rows / sizeof *rows; i++)
         n += (size_t)snprintf(b + n, cap - n, "# HELP llamacpp:%s %s\n# TYPE llamacpp:%s %s\nllamacpp:%s %.17g\n", rows[i].name, rows[i].help,

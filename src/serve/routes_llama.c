@@ -21,12 +21,20 @@ static json_t *settings(srv_server *s, const srv_job *j) {
     const kiln_sampler_params *p = j ? &j->g.sp : NULL;
     kiln_sampler_params d = kiln_sampler_default();
     if (!p) p = &d;
-    return json_pack("{s:I,s:I,s:f,s:i,s:f,s:f,s:f,s:i,s:f,s:f,s:I,s:o,s:i,s:b}", "n_ctx", (json_int_t)srv_sched_n_ctx_slot(s->sched),
-                     "n_predict", (json_int_t)(j ? j->g.n_predict : -1), "temperature", (double)p->temp, "top_k", (int)p->top_k, "top_p",
-                     (double)p->top_p, "min_p", (double)p->min_p, "repeat_penalty", (double)p->repeat_penalty, "repeat_last_n",
-                     (int)p->repeat_last_n, "presence_penalty", (double)p->presence_penalty, "frequency_penalty", (double)p->frequency_penalty,
-                     "seed", (json_int_t)(p->seed & 0x7fffffffffffffffull), "stop", stops, "n_probs", j ? j->g.n_probs : 0, "ignore_eos",
-                     j ? j->g.ignore_eos : 0);
+    const srv_spec_params *sp = srv_sched_spec(s->sched);
+    const int n_max = j && j->g.spec_n_max >= 0 && j->g.spec_n_max < sp->draft_max ? j->g.spec_n_max : sp->draft_max;
+    const int n_min = j && j->g.spec_n_min >= 0 ? j->g.spec_n_min : sp->draft_min;
+    json_t *o = json_pack("{s:I,s:I,s:f,s:i,s:f,s:f,s:f,s:i,s:f,s:f,s:I,s:o,s:i,s:b}", "n_ctx", (json_int_t)srv_sched_n_ctx_slot(s->sched),
+                          "n_predict", (json_int_t)(j ? j->g.n_predict : -1), "temperature", (double)p->temp, "top_k", (int)p->top_k, "top_p",
+                          (double)p->top_p, "min_p", (double)p->min_p, "repeat_penalty", (double)p->repeat_penalty, "repeat_last_n",
+                          (int)p->repeat_last_n, "presence_penalty", (double)p->presence_penalty, "frequency_penalty", (double)p->frequency_penalty,
+                          "seed", (json_int_t)(p->seed & 0x7fffffffffffffffull), "stop", stops, "n_probs", j ? j->g.n_probs : 0, "ignore_eos",
+                          j ? j->g.ignore_eos : 0);
+    if (o) { /* llama-server's names; n_max 0 where the server does not speculate */
+        json_object_set_new(o, "speculative.n_max", json_integer(sp->lookup || sp->draft ? n_max : 0));
+        json_object_set_new(o, "speculative.n_min", json_integer(n_min));
+    }
+    return o;
 }
 
 /* The fields of the final object (streamed or not). */
@@ -182,10 +190,24 @@ void srv_route_apply_template(srv_server *s, const srv_request *rq, srv_response
 
 void srv_route_health(srv_server *s, const srv_request *rq, srv_response *rs) { srv_json(rs, 200, json_pack("{s:s}", "status", "ok")); }
 
+/* The server's speculative decoding: the drafter (none, lookup or draft_model), its settings. */
+static json_t *spec_props(srv_server *s) {
+    const srv_spec_params *sp = srv_sched_spec(s->sched);
+    const char *name = s->o.draft_path ? strrchr(s->o.draft_path, '/') : NULL;
+    name = name ? name + 1 : s->o.draft_path;
+    size_t n = 0;
+    char *clean = name ? srv_utf8_sanitize(name, strlen(name), &n) : NULL;
+    json_t *o = json_pack("{s:s,s:i,s:i,s:i,s:o}", "drafter", sp->draft ? "draft_model" : sp->lookup ? "lookup" : "none", "n_max",
+                          sp->draft_max, "n_min", sp->draft_min, "lookup_ngram", sp->lookup_ngram, "draft_model",
+                          clean ? json_stringn(clean, n) : json_null());
+    free(clean);
+    return o;
+}
+
 void srv_route_props(srv_server *s, const srv_request *rq, srv_response *rs) {
-    srv_json(rs, 200, json_pack("{s:o,s:i,s:s,s:s,s:s,s:{s:b,s:b}}", "default_generation_settings", settings(s, NULL), "total_slots",
+    srv_json(rs, 200, json_pack("{s:o,s:i,s:s,s:s,s:s,s:{s:b,s:b},s:o}", "default_generation_settings", settings(s, NULL), "total_slots",
                                 (int)srv_sched_n_slots(s->sched), "model_path", s->model_name, "model_alias", s->model_name, "chat_template",
-                                kiln_chat_family_name(s->tmpl.family), "modalities", "vision", 0, "audio", 0));
+                                kiln_chat_family_name(s->tmpl.family), "modalities", "vision", 0, "audio", 0, "speculative", spec_props(s)));
 }
 
 void srv_route_slots(srv_server *s, const srv_request *rq, srv_response *rs) {

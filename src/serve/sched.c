@@ -1,6 +1,6 @@
-/* sched.c: the slots, the bounded queue, continuous batching, prompt caching, stop strings, sampling and slot files
- * (sched.h says how they fit). One thread runs sched_main and owns the context; the HTTP threads only submit jobs,
- * cancel them and read snapshots, under the scheduler's lock. */
+/* sched.c: the slots, the bounded queue, continuous batching, prompt caching, stop strings, sampling, speculative
+ * decoding and slot files (sched.h says how they fit). One thread runs sched_main and owns the contexts (the model's,
+ * and a draft model's); the HTTP threads only submit jobs, cancel them and read snapshots, under the scheduler's lock. */
 #include "serve/sched.h"
 
 #include <errno.h>
@@ -94,6 +94,7 @@ srv_job *srv_job_new(void) {
     j->g.n_predict = -1;
     j->g.cache_prompt = true;
     j->g.id_slot = -1;
+    j->g.spec_n_max = j->g.spec_n_min = -1;
     return j;
 }
 
@@ -160,6 +161,13 @@ typedef struct slot {
     size_t n_text, cap_text, sent;
     int64_t n_prompt;  /* the last job's, for /slots */
     int64_t n_past;    /* the sequence's position, kept by the scheduler thread for readers under the lock */
+    bool spec;         /* the job may speculate (spec_eligible) */
+    int32_t *draft;    /* (draft_max) this step's drafts, fed after last */
+    int n_draft;       /* how many are in this step's batch */
+    int64_t pos0;      /* last's position in this step's batch */
+    int64_t row;       /* this step's first logits row (last's); the drafts' follow */
+    int64_t qrow;      /* a draft model's drafts: their first row of spec_q */
+    int drow;          /* the draft model's logits row of the slot in its latest decode; -1: none */
 } slot;
 
 /* A slot file or erase, waiting for the scheduler thread. */
@@ -193,14 +201,31 @@ struct srv_sched {
     bool stop;
     srv_metrics met;
     kiln_batch_entry *batch; /* (n_batch) */
-    int *row_slot;           /* (n_slots) the slot of each logits row */
-    float *logits;           /* (n_slots, V) */
+    int *row_slot;           /* (n_slots) the slots with logits rows this step, in the rows' order */
+    float *logits;           /* (n_slots + spec_rows, V) */
+    srv_spec_params spec;    /* speculation's settings, defaults filled in; spec.draft owned */
+    bool spec_on;            /* lookup or a draft model */
+    int64_t spec_rows;       /* logits rows for drafts in one step, over all slots: draft_max x SPEC_SLOTS at most */
+    int spec_turn;           /* the slot the drafts' rows go to first this step */
+    int32_t *spec_seq;       /* (n_ctx + 1) a slot's tokens and its next one, for prompt lookup */
+    int32_t *spec_out;       /* (draft_max + 1) the tokens a verification gives */
+    kiln_batch_entry *dbatch; /* (the draft's n_batch) the draft model's batch */
+    int32_t *dnext;          /* (n_slots) its argmaxes: a row a slot at most, each decode */
+    float *dlogits;          /* (n_slots, V) its logits */
+    float *spec_q;           /* (spec_rows, V) the draft's probabilities that each draft was drawn from, at a temperature */
+    float *spec_rows_copy;   /* (draft_max + 1, V) a sampling slot's rows before acceptance, for log-probabilities; made
+                              * on the first such job */
     float *probs;            /* (V) scratch for log-probabilities */
     char *piece;
     size_t piece_cap;
 };
 
+/* Slots whose drafts one step verifies at most, which bounds the logits rows: at 152K vocab a row is 600 KB, so 16
+ * drafts for 4 slots hold 39 MB. Further slots decode plainly in that step; the first slot served turns each step. */
+#define SPEC_SLOTS 4
+
 int32_t srv_sched_n_slots(const srv_sched *s) { return s->n_slots; }
+const srv_spec_params *srv_sched_spec(const srv_sched *s) { return &s->spec; }
 int64_t srv_sched_n_ctx_slot(const srv_sched *s) { return s->n_ctx; }
 
 static int64_t lcp(const int32_t *a, int64_t na, const int32_t *b, int64_t nb) {
@@ -262,6 +287,15 @@ static void finish_queued(srv_job *j, srv_finish why, int http_status, const cha
     srv_job_release(j);
 }
 
+/* Whether job j may speculate: the server drafts and the request leaves it on, and acceptance gives the tokens the
+ * slot's own sampling would: no penalties (the acceptance rule sees no history) and no grammar (drafts are not
+ * checked against it). */
+static bool spec_eligible(const srv_sched *s, const srv_job *j) {
+    const kiln_sampler_params *p = &j->g.sp;
+    const bool penalties = p->repeat_last_n != 0 && (p->repeat_penalty != 1 || p->presence_penalty != 0 || p->frequency_penalty != 0);
+    return s->spec_on && j->g.spec_n_max != 0 && !penalties && !j->g.grammar;
+}
+
 /* Puts job j on slot sl: the prompt's longest cached prefix is kept (or copied from the slot that holds more of it),
  * at least its last token re-evaluated. */
 static kiln_status start(srv_sched *s, slot *sl, srv_job *j) {
@@ -296,7 +330,9 @@ static kiln_status start(srv_sched *s, slot *sl, srv_job *j) {
     sl->n_decoded = 0;
     sl->n_text = sl->sent = 0;
     sl->n_prompt = np;
+    sl->spec = spec_eligible(s, j);
     pthread_mutex_lock(&j->mu);
+    j->spec = sl->spec;
     j->slot = sl->id;
     j->t_start = srv_now();
     j->n_cached = (int64_t)sl->n_done;
@@ -421,53 +457,35 @@ static bool grow(void **p, size_t *cap, size_t need, size_t elem) {
     return true;
 }
 
-/* The token slot sl sampled from row: the ends, the text, the stop strings, the job's new text. */
-static void on_token(srv_sched *s, slot *sl, float *row) {
+/* Hands out token t that slot sl chose, ti its log-probabilities (NULL when not asked), pos the position it would be
+ * fed at: the ends (EOS and end of turn, stop strings, n_predict, the context's end), the grammar, the text, the job's
+ * new text. True while the job goes on (sl->last = t, fed next unless a verification already took it); false once it
+ * ended. */
+static bool emit_token(srv_sched *s, slot *sl, int32_t t, const srv_tokinfo *ti, int64_t pos) {
     srv_job *j = sl->job;
-    if (j->g.n_predict >= 0 && sl->n_decoded >= j->g.n_predict) { /* n_predict 0: the prompt only */
-        finish(s, sl, SRV_FIN_LENGTH, 0, NULL);
-        return;
-    }
-    if (j->g.ignore_eos) {
-        if (s->eos >= 0) row[s->eos] = -INFINITY;
-        if (s->eot >= 0) row[s->eot] = -INFINITY;
-    }
-    if (sl->gm) { /* the grammar's tokens only; its end also takes the end of turn */
-        const float eot = s->eot >= 0 ? row[s->eot] : 0.0f;
-        if (kiln_grammar_matcher_mask(sl->gm, row)) {
-            finish(s, sl, SRV_FIN_ERROR, 500, kiln_last_error());
-            return;
-        }
-        if (s->eot >= 0 && kiln_grammar_matcher_done(sl->gm)) row[s->eot] = eot;
-    }
-    srv_tokinfo ti = {0};
-    bool want = j->want_toks || j->g.n_probs > 0;
-    if (want) memcpy(s->probs, row, (size_t)s->V * sizeof *row);
-    int64_t pos = kiln_context_seq_pos(s->c, sl->id);
-    int32_t t = kiln_sampler_sample(sl->smp, row, kiln_context_seq_tokens(s->c, sl->id), (size_t)pos);
-    if (want) logprobs(s, s->probs, t, j->g.n_probs, &ti);
+    const bool want = ti != NULL;
     if (!grow((void **)&j->gen, &j->cap_gen, j->n_gen + 1, sizeof *j->gen)) {
         finish(s, sl, SRV_FIN_ERROR, 500, "out of memory");
-        return;
+        return false;
     }
     j->gen[j->n_gen++] = t;
     sl->n_decoded++;
     if (t == s->eos || t == s->eot) {
         finish(s, sl, SRV_FIN_EOS, 0, NULL);
-        return;
+        return false;
     }
     if (sl->gm && kiln_grammar_matcher_accept(sl->gm, t)) {
         finish(s, sl, SRV_FIN_ERROR, 500, kiln_last_error());
-        return;
+        return false;
     }
     size_t n;
     kiln_status st = piece(s, t, &n);
     if (st || !grow((void **)&sl->text, &sl->cap_text, sl->n_text + n + 1, 1) ||
         (want && !grow((void **)&j->toks, &j->cap_toks, j->n_toks + 1, sizeof *j->toks))) {
         finish(s, sl, SRV_FIN_ERROR, 500, st ? kiln_last_error() : "out of memory");
-        return;
+        return false;
     }
-    if (want) j->toks[j->n_toks++] = ti;
+    if (want) j->toks[j->n_toks++] = *ti;
     size_t scan = sl->sent; /* a stop string may begin in the held-back bytes, never before them */
     memcpy(sl->text + sl->n_text, s->piece, n);
     sl->n_text += n;
@@ -489,24 +507,95 @@ static void on_token(srv_sched *s, slot *sl, float *row) {
     if (j->emit && (end > sl->sent || want)) {
         size_t n_out = 0;
         char *out = srv_utf8_sanitize(sl->text + sl->sent, end - sl->sent, &n_out);
-        j->emit(j, out ? out : "", out ? n_out : 0, want ? &ti : NULL, want ? 1 : 0, false);
+        j->emit(j, out ? out : "", out ? n_out : 0, ti, want ? 1 : 0, false);
         free(out);
     }
     sl->sent = end;
     if (why == SRV_FIN_STOP) {
         finish(s, sl, SRV_FIN_STOP, 0, NULL);
-        return;
+        return false;
     }
     if (j->g.n_predict >= 0 && sl->n_decoded >= j->g.n_predict) {
         finish(s, sl, SRV_FIN_LENGTH, 0, NULL);
-        return;
+        return false;
     }
     if (pos >= s->n_ctx) { /* no position left to feed t */
         finish(s, sl, SRV_FIN_CONTEXT, 0, NULL);
-        return;
+        return false;
     }
     sl->last = t;
     sl->st = SLOT_DECODE;
+    return true;
+}
+
+/* EOS and the end of turn never chosen (ignore_eos). */
+static void mask_ends(const srv_sched *s, float *row) {
+    if (s->eos >= 0) row[s->eos] = -INFINITY;
+    if (s->eot >= 0) row[s->eot] = -INFINITY;
+}
+
+/* The token slot sl samples from row (the grammar's mask, the penalties over the sequence), handed out. */
+static void on_token(srv_sched *s, slot *sl, float *row) {
+    srv_job *j = sl->job;
+    if (j->g.n_predict >= 0 && sl->n_decoded >= j->g.n_predict) { /* n_predict 0: the prompt only */
+        finish(s, sl, SRV_FIN_LENGTH, 0, NULL);
+        return;
+    }
+    if (j->g.ignore_eos) mask_ends(s, row);
+    if (sl->gm) { /* the grammar's tokens only; its end also takes the end of turn */
+        const float eot = s->eot >= 0 ? row[s->eot] : 0.0f;
+        if (kiln_grammar_matcher_mask(sl->gm, row)) {
+            finish(s, sl, SRV_FIN_ERROR, 500, kiln_last_error());
+            return;
+        }
+        if (s->eot >= 0 && kiln_grammar_matcher_done(sl->gm)) row[s->eot] = eot;
+    }
+    srv_tokinfo ti = {0};
+    bool want = j->want_toks || j->g.n_probs > 0;
+    if (want) memcpy(s->probs, row, (size_t)s->V * sizeof *row);
+    int64_t pos = kiln_context_seq_pos(s->c, sl->id);
+    int32_t t = kiln_sampler_sample(sl->smp, row, kiln_context_seq_tokens(s->c, sl->id), (size_t)pos);
+    if (want) logprobs(s, s->probs, t, j->g.n_probs, &ti);
+    emit_token(s, sl, t, want ? &ti : NULL, pos);
+}
+
+/* A speculating slot's step: its 1 + k rows (row i after last and draft[0..i)) decide the drafts taken and the
+ * target's own token after them (kiln_spec_accept_greedy at temperature 0, else kiln_spec_accept_sample: prompt
+ * lookup's drafts are certain, a draft model's were drawn from spec_q's rows). The sequence is cut back to last and
+ * the taken drafts, and the tokens go out one by one as sampled ones do, the rest dropped once one ends the job.
+ * Log-probabilities come from each token's own row: greedy acceptance leaves the rows as they were, sampling turns
+ * them into probabilities, so they are copied first (spec_rows_copy). */
+static void spec_step(srv_sched *s, slot *sl, float *rows) {
+    srv_job *j = sl->job;
+    const size_t k = (size_t)sl->n_draft, V = (size_t)s->V;
+    if (j->g.ignore_eos)
+        for (size_t i = 0; i <= k; i++) mask_ends(s, rows + i * V);
+    const bool greedy = j->g.sp.temp == 0, want = j->want_toks || j->g.n_probs > 0;
+    const float *lp_rows = rows; /* the rows the log-probabilities come from */
+    if (want && !greedy) {
+        if (!s->spec_rows_copy && !(s->spec_rows_copy = malloc(((size_t)s->spec.draft_max + 1) * V * sizeof *s->spec_rows_copy))) {
+            finish(s, sl, SRV_FIN_ERROR, 500, "out of memory");
+            return;
+        }
+        memcpy(s->spec_rows_copy, rows, (k + 1) * V * sizeof *rows);
+        lp_rows = s->spec_rows_copy;
+    }
+    const size_t n = greedy ? kiln_spec_accept_greedy(rows, s->V, sl->draft, k, s->spec_out)
+                            : kiln_spec_accept_sample(sl->smp, rows, s->V, s->spec.draft ? s->spec_q + (size_t)sl->qrow * V : NULL,
+                                                      sl->draft, k, s->spec_out);
+    const int64_t keep = sl->pos0 + (int64_t)n; /* last and the n - 1 drafts taken */
+    if (kiln_context_seq_keep(s->c, sl->id, keep) != keep) {
+        finish(s, sl, SRV_FIN_ERROR, 500, "speculative decoding: the model's sliding-window cache cannot be cut back");
+        return;
+    }
+    sl->n_past = keep;
+    j->draft_n += (int64_t)k, j->draft_accepted += (int64_t)n - 1;
+    s->met.draft_tokens += (int64_t)k, s->met.draft_accepted += (int64_t)n - 1;
+    for (size_t i = 0; i < n; i++) {
+        srv_tokinfo ti = {0};
+        if (want) logprobs(s, lp_rows + i * V, s->spec_out[i], j->g.n_probs, &ti);
+        if (!emit_token(s, sl, s->spec_out[i], want ? &ti : NULL, sl->pos0 + 1 + (int64_t)i)) return;
+    }
 }
 
 static bool has_work(srv_sched *s) {
@@ -538,29 +627,159 @@ static void reap(srv_sched *s) {
     }
 }
 
-/* One iteration's batch: each decoding slot's token, then prefill chunks up to n_batch. *n_rows gets the rows. */
-static size_t build_batch(srv_sched *s, int *n_rows, size_t *chunk) {
+/* How many drafts slot sl (decoding, its job eligible) feeds this step, at most room: what the request and the server
+ * allow, and what the context and n_predict leave room for after last (a token past n_predict is never emitted);
+ * prompt lookup's tokens into sl->draft, or that many reserved for the draft model (model_drafts). Fewer than the
+ * minimum: none. */
+static int spec_drafts(srv_sched *s, slot *sl, int64_t room) {
+    const srv_gen *g = &sl->job->g;
+    const int64_t pos = kiln_context_seq_pos(s->c, sl->id);
+    int64_t k = g->spec_n_max >= 0 && g->spec_n_max < s->spec.draft_max ? g->spec_n_max : s->spec.draft_max;
+    const int64_t n_min = g->spec_n_min >= 0 ? g->spec_n_min : s->spec.draft_min;
+    if (k > room) k = room;
+    if (k > s->n_ctx - 1 - pos) k = s->n_ctx - 1 - pos; /* the drafts' positions pos + 1 .. pos + k */
+    if (g->n_predict >= 0 && k > g->n_predict - sl->n_decoded - 1) k = g->n_predict - sl->n_decoded - 1;
+    if (k <= 0 || k < n_min) return 0;
+    if (s->spec.draft) return (int)k;
+    memcpy(s->spec_seq, kiln_context_seq_tokens(s->c, sl->id), (size_t)pos * sizeof *s->spec_seq);
+    s->spec_seq[pos] = sl->last;
+    k = (int64_t)kiln_spec_lookup(s->spec_seq, (size_t)pos + 1, 1, s->spec.lookup_ngram, (size_t)k, sl->draft);
+    return k < n_min ? 0 : (int)k;
+}
+
+/* The draft model's token after slot sl's row r of its latest decode into sl->draft[t]: its argmax at temperature 0,
+ * else a draw from its distribution under the slot's sampler settings, kept in spec_q for acceptance. */
+static void draft_token(srv_sched *s, slot *sl, int r, int t) {
+    if (sl->job->g.sp.temp == 0) {
+        sl->draft[t] = s->dnext[r];
+        return;
+    }
+    float *q = s->spec_q + (size_t)(sl->qrow + t) * (size_t)s->V;
+    memcpy(q, s->dlogits + (size_t)r * (size_t)s->V, (size_t)s->V * sizeof *q);
+    kiln_sampler_probs(sl->smp, q, NULL, 0);
+    sl->draft[t] = kiln_sampler_draw(sl->smp, q);
+}
+
+/* Runs the draft context over dbatch[0, n): its argmaxes into dnext, and its logits into dlogits when a slot samples.
+ * False on an error of the draft's. */
+static bool draft_decode(srv_sched *s, size_t n, bool any_sampling) {
+    if (!n) return true;
+    if (kiln_context_decode(s->spec.draft, s->dbatch, n, any_sampling ? s->dlogits : NULL, s->dnext)) return false;
+    return true;
+}
+
+/* The draft model's drafts for the slots that reserved some (sl->n_draft), run without the scheduler's lock (only this
+ * thread touches the slots' drafts and the contexts). Each slot's draft sequence is caught up to its target's tokens
+ * and last: the longest common prefix kept (kiln_context_seq_keep), the rest evaluated, batched over the slots in
+ * chunks of the draft's n_batch. Then one token a slot a decode, batched over the slots, until each has its drafts. A
+ * decode the draft fails marks every reserving slot -1 (its job ends with the error). */
+static void model_drafts(srv_sched *s) {
+    kiln_context *dc = s->spec.draft;
+    const int64_t nb = kiln_context_n_batch(dc);
+    bool sampling = false;
+    int most = 0;
+    for (int i = 0; i < s->n_slots; i++) {
+        slot *sl = &s->slots[i];
+        sl->drow = -1;
+        if (sl->n_draft <= 0) continue;
+        sampling = sampling || sl->job->g.sp.temp != 0;
+        most = sl->n_draft > most ? sl->n_draft : most;
+        /* last (at pos0) is evaluated whatever the draft holds: its logits give the first draft */
+        const int64_t l = lcp(kiln_context_seq_tokens(dc, sl->id), kiln_context_seq_pos(dc, sl->id), kiln_context_seq_tokens(s->c, sl->id),
+                              sl->pos0);
+        kiln_context_seq_keep(dc, sl->id, l);
+    }
+    for (bool behind = true; behind;) { /* the catch-up, a chunk of n_batch entries a decode */
+        size_t n = 0;
+        int r = 0;
+        behind = false;
+        for (int i = 0; i < s->n_slots; i++) {
+            slot *sl = &s->slots[i];
+            if (sl->n_draft <= 0) continue;
+            const int32_t *tok = kiln_context_seq_tokens(s->c, sl->id);
+            int64_t p = kiln_context_seq_pos(dc, sl->id);
+            for (; p <= sl->pos0 && (int64_t)n < nb; p++)
+                s->dbatch[n++] = (kiln_batch_entry){.seq = sl->id, .id = p == sl->pos0 ? sl->last : tok[p], .pos = p,
+                                                    .logits = p == sl->pos0};
+            if (p == sl->pos0 + 1 && kiln_context_seq_pos(dc, sl->id) <= sl->pos0) sl->drow = r++;
+            behind = behind || p <= sl->pos0;
+        }
+        if (!draft_decode(s, n, sampling)) goto fail;
+        for (int i = 0; i < s->n_slots; i++)
+            if (s->slots[i].n_draft > 0 && s->slots[i].drow >= 0) draft_token(s, &s->slots[i], s->slots[i].drow, 0), s->slots[i].drow = -1;
+    }
+    for (int t = 1; t < most; t++) { /* draft t after draft t - 1, a token a slot */
+        size_t n = 0;
+        for (int i = 0; i < s->n_slots; i++) {
+            slot *sl = &s->slots[i];
+            if (sl->n_draft <= t) continue;
+            sl->drow = (int)n;
+            s->dbatch[n++] = (kiln_batch_entry){.seq = sl->id, .id = sl->draft[t - 1], .pos = sl->pos0 + t, .logits = true};
+        }
+        if (!draft_decode(s, n, sampling)) goto fail;
+        for (int i = 0; i < s->n_slots; i++)
+            if (s->slots[i].n_draft > t) draft_token(s, &s->slots[i], s->slots[i].drow, t);
+    }
+    return;
+fail:
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slots[i].n_draft > 0) s->slots[i].n_draft = -1;
+}
+
+/* One iteration's batch: each decoding slot's token (and the drafts of a speculating one, while the rows for drafts
+ * and the batch last: every decoding slot's token comes first), then prefill chunks up to n_batch. *n_groups gets the
+ * slots with logits rows (s->row_slot). Called with the lock held; the draft model runs without it. */
+static size_t build_batch(srv_sched *s, int *n_groups, size_t *chunk) {
     size_t n = 0;
-    int r = 0;
+    int g = 0;
+    int64_t rows = 0, n_dec = 0;
+    memset(chunk, 0, (size_t)s->n_slots * sizeof *chunk);
+    for (int i = 0; i < s->n_slots; i++) n_dec += s->slots[i].st == SLOT_DECODE;
+    int64_t room = s->n_batch - n_dec < s->spec_rows ? s->n_batch - n_dec : s->spec_rows; /* entries for drafts */
+    bool reserved = false;
+    s->spec_turn = s->n_slots ? (s->spec_turn + 1) % s->n_slots : 0;
+    for (int i0 = 0; i0 < s->n_slots; i0++) { /* from the slot whose turn it is: past the rows, each waits for its turn */
+        slot *sl = &s->slots[(s->spec_turn + i0) % s->n_slots];
+        sl->n_draft = 0;
+        if (sl->st != SLOT_DECODE) continue;
+        sl->pos0 = kiln_context_seq_pos(s->c, sl->id);
+        sl->qrow = s->spec_rows - room;
+        if (sl->spec && room > 0) sl->n_draft = spec_drafts(s, sl, room);
+        room -= sl->n_draft;
+        reserved = reserved || sl->n_draft;
+    }
+    if (reserved && s->spec.draft) {
+        pthread_mutex_unlock(&s->mu);
+        model_drafts(s);
+        pthread_mutex_lock(&s->mu);
+        char msg[300];
+        snprintf(msg, sizeof msg, "the draft model's decode failed: %s", kiln_last_error());
+        for (int i = 0; i < s->n_slots; i++)
+            if (s->slots[i].n_draft < 0) s->slots[i].n_draft = 0, finish(s, &s->slots[i], SRV_FIN_ERROR, 500, msg);
+    }
     for (int i = 0; i < s->n_slots && (int64_t)n < s->n_batch; i++) {
         slot *sl = &s->slots[i];
-        chunk[i] = 0;
         if (sl->st != SLOT_DECODE) continue;
-        s->batch[n++] = (kiln_batch_entry){.seq = sl->id, .id = sl->last, .pos = kiln_context_seq_pos(s->c, sl->id), .logits = true};
-        s->row_slot[r++] = i;
+        s->batch[n++] = (kiln_batch_entry){.seq = sl->id, .id = sl->last, .pos = sl->pos0, .logits = true};
+        sl->row = rows++;
+        for (int t = 0; t < sl->n_draft; t++)
+            s->batch[n++] = (kiln_batch_entry){.seq = sl->id, .id = sl->draft[t], .pos = sl->pos0 + 1 + t, .logits = true};
+        rows += sl->n_draft;
+        s->row_slot[g++] = i;
     }
     for (int i = 0; i < s->n_slots && (int64_t)n < s->n_batch; i++) {
         slot *sl = &s->slots[i];
         if (sl->st != SLOT_PREFILL) continue;
-        size_t left = sl->job->n_prompt - sl->n_done, room = (size_t)s->n_batch - n, k = left < room ? left : room;
+        size_t left = sl->job->n_prompt - sl->n_done, room_b = (size_t)s->n_batch - n, k = left < room_b ? left : room_b;
         int64_t pos = kiln_context_seq_pos(s->c, sl->id);
         for (size_t t = 0; t < k; t++)
             s->batch[n++] = (kiln_batch_entry){.seq = sl->id, .id = sl->job->prompt[sl->n_done + t], .pos = pos + (int64_t)t,
                                                .logits = sl->n_done + t + 1 == sl->job->n_prompt};
         chunk[i] = k;
-        if (sl->n_done + k == sl->job->n_prompt) s->row_slot[r++] = i;
+        sl->n_draft = 0;
+        if (sl->n_done + k == sl->job->n_prompt) sl->row = rows++, s->row_slot[g++] = i;
     }
-    *n_rows = r;
+    *n_groups = g;
     return n;
 }
 
@@ -583,8 +802,8 @@ static void *sched_main(void *arg) {
         int busy = 0;
         for (int i = 0; i < s->n_slots; i++) busy += s->slots[i].st != SLOT_IDLE;
         if (busy > s->met.n_busy_max) s->met.n_busy_max = busy;
-        int n_rows;
-        size_t n = build_batch(s, &n_rows, chunk);
+        int n_groups;
+        size_t n = build_batch(s, &n_groups, chunk);
         if (!n) continue;
         pthread_mutex_unlock(&s->mu);
         double t0 = srv_now();
@@ -617,7 +836,12 @@ static void *sched_main(void *arg) {
         for (int i = 0; i < s->n_slots; i++) mixed = mixed || chunk[i];
         s->met.steps_mixed += mixed;
         const double t1 = srv_now();
-        for (int r = 0; r < n_rows; r++) on_token(s, &s->slots[s->row_slot[r]], s->logits + (size_t)r * (size_t)s->V);
+        for (int g = 0; g < n_groups; g++) {
+            slot *sl = &s->slots[s->row_slot[g]];
+            float *row = s->logits + (size_t)sl->row * (size_t)s->V;
+            if (sl->n_draft) spec_step(s, sl, row);
+            else on_token(s, sl, row);
+        }
         s->met.step_emit_s += srv_now() - t1;
     }
     /* stopping: every job ends */
@@ -644,14 +868,36 @@ kiln_status srv_sched_new(kiln_context *c, const kiln_model *m, const srv_sched_
     s->queue_max = p->queue_max > 0 ? p->queue_max : 4 * s->n_slots;
     s->eos = kiln_tokenizer_eos(tok);
     s->eot = p->eot;
+    s->spec = p->spec;
+    s->spec_on = p->spec.lookup || p->spec.draft;
+    if (s->spec.draft_max <= 0) s->spec.draft_max = 16;
+    if (s->spec.lookup_ngram <= 0) s->spec.lookup_ngram = 3;
+    if (s->spec_on) s->spec_rows = (int64_t)s->spec.draft_max * (s->n_slots < SPEC_SLOTS ? s->n_slots : SPEC_SLOTS);
     s->slots = calloc((size_t)s->n_slots, sizeof *s->slots);
     s->queue = calloc((size_t)s->queue_max, sizeof *s->queue);
     s->batch = calloc((size_t)s->n_batch, sizeof *s->batch);
     s->row_slot = calloc((size_t)s->n_slots, sizeof *s->row_slot);
-    s->logits = malloc((size_t)s->n_slots * (size_t)s->V * sizeof *s->logits);
+    s->logits = malloc(((size_t)s->n_slots + (size_t)s->spec_rows) * (size_t)s->V * sizeof *s->logits);
     s->probs = malloc((size_t)s->V * sizeof *s->probs);
-    if (!s->slots || !s->queue || !s->batch || !s->row_slot || !s->logits || !s->probs) {
-        free(s->slots), free(s->queue), free(s->batch), free(s->row_slot), free(s->logits), free(s->probs), free(s);
+    bool spec_ok = !s->spec_on;
+    if (s->spec_on) {
+        s->spec_seq = malloc(((size_t)s->n_ctx + 1) * sizeof *s->spec_seq);
+        s->spec_out = malloc(((size_t)s->spec.draft_max + 1) * sizeof *s->spec_out);
+        spec_ok = s->spec_seq && s->spec_out;
+        if (s->spec.draft) {
+            s->dbatch = malloc((size_t)kiln_context_n_batch(s->spec.draft) * sizeof *s->dbatch);
+            s->dnext = malloc((size_t)s->n_slots * sizeof *s->dnext);
+            s->dlogits = malloc((size_t)s->n_slots * (size_t)s->V * sizeof *s->dlogits);
+            s->spec_q = malloc((size_t)s->spec_rows * (size_t)s->V * sizeof *s->spec_q);
+            spec_ok = spec_ok && s->dbatch && s->dnext && s->dlogits && s->spec_q;
+        }
+        for (int i = 0; spec_ok && s->slots && i < s->n_slots; i++)
+            spec_ok = (s->slots[i].draft = malloc((size_t)s->spec.draft_max * sizeof *s->slots[i].draft)) != NULL;
+    }
+    if (!s->slots || !s->queue || !s->batch || !s->row_slot || !s->logits || !s->probs || !spec_ok) {
+        for (int i = 0; s->slots && i < s->n_slots; i++) free(s->slots[i].draft);
+        free(s->slots), free(s->queue), free(s->batch), free(s->row_slot), free(s->logits), free(s->probs), free(s->spec_seq), free(s->spec_out);
+        free(s->dbatch), free(s->dnext), free(s->dlogits), free(s->spec_q), free(s);
         return KILN_ERR_NOMEM;
     }
     for (int i = 0; i < s->n_slots; i++) s->slots[i].id = i;
@@ -660,6 +906,7 @@ kiln_status srv_sched_new(kiln_context *c, const kiln_model *m, const srv_sched_
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->ctrl_cv, NULL);
     if (pthread_create(&s->th, NULL, sched_main, s)) {
+        s->spec.draft = NULL; /* the caller's still */
         srv_sched_free(s);
         return kiln_fail(KILN_ERR_NOMEM, "serve: cannot start the scheduler thread");
     }
@@ -674,8 +921,10 @@ void srv_sched_free(srv_sched *s) {
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     if (s->th) pthread_join(s->th, NULL);
-    for (int i = 0; i < s->n_slots; i++) free(s->slots[i].text);
+    for (int i = 0; i < s->n_slots; i++) free(s->slots[i].text), free(s->slots[i].draft);
     free(s->slots), free(s->queue), free(s->batch), free(s->row_slot), free(s->logits), free(s->probs), free(s->piece);
+    free(s->spec_seq), free(s->spec_out), free(s->dbatch), free(s->dnext), free(s->dlogits), free(s->spec_q), free(s->spec_rows_copy);
+    kiln_context_free(s->spec.draft);
     kiln_grammar_vocab_free(s->gvocab);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);

@@ -2,7 +2,9 @@
  * jobs: a prompt (token ids) and the generation's parameters. Each iteration builds one batch (every decoding slot's
  * next token, then prefill chunks of slots still reading their prompt, up to n_batch entries), runs one
  * kiln_context_decode, and per slot samples, checks the ends (EOS, end of turn, n_predict, the context, stop strings,
- * the deadline) and hands the job its new text: whole UTF-8 sequences only, a possible stop string held back. Jobs
+ * the deadline) and hands the job its new text: whole UTF-8 sequences only, a possible stop string held back. With
+ * speculative decoding a slot also feeds drafts (prompt lookup's or a draft model's) and keeps those its rows agree
+ * with, each handed out as a sampled token is (docs/speculative.md). Jobs
  * with no free slot wait in a bounded queue. Slot files and erasing run on the scheduler thread too. Calls only
  * include/kiln.h. */
 #ifndef KILN_SERVE_SCHED_H
@@ -31,6 +33,8 @@ typedef struct srv_gen {
     double timeout_s;      /* 0: none */
     bool seed_set;         /* sp.seed came from the request; else a fresh one */
     kiln_grammar *grammar; /* "grammar" (GBNF): every token the slot samples is one it allows; owned by the job */
+    int spec_n_max;        /* "speculative.n_max": the most drafts a step, 0 none; -1: the server's --draft-max */
+    int spec_n_min;        /* "speculative.n_min": fewer drafts are not verified; -1: the server's --draft-min */
 } srv_gen;
 
 typedef enum srv_finish { SRV_RUNNING = 0, SRV_FIN_EOS, SRV_FIN_STOP, SRV_FIN_LENGTH, SRV_FIN_CONTEXT, SRV_FIN_TIMEOUT, SRV_FIN_CANCEL, SRV_FIN_ERROR } srv_finish;
@@ -80,6 +84,8 @@ typedef struct srv_job {
     int slot;
     int64_t n_cached;    /* prompt tokens reused from a cache */
     int64_t n_evaluated; /* prompt tokens evaluated */
+    bool spec;           /* the job speculated (sched.c's spec_eligible) */
+    int64_t draft_n, draft_accepted; /* drafted tokens verified, and those taken */
     double t_submit, t_start, t_first, t_end; /* seconds: queued, slot taken, prompt read, done */
     int http_status;     /* an error that ended it (400, 500, 503); 0 if none */
     char err[256];
@@ -91,8 +97,18 @@ void srv_job_cancel(srv_job *j);
 /* Waits until done (true) or until alive(ud) says the client is gone (cancels, returns false); polls every 100 ms. */
 bool srv_job_wait(srv_job *j, bool (*alive)(void *), void *ud);
 
+/* Speculative decoding (docs/speculative.md): each step a decoding slot whose job allows it feeds its next token and
+ * up to draft_max drafts, all with logits, and keeps those the target agrees with. */
+typedef struct srv_spec_params {
+    bool lookup;             /* prompt lookup drafts (--lookup) */
+    int lookup_ngram;        /* the longest n-gram looked up (--lookup-ngram; 0: 3) */
+    kiln_context *draft;     /* a draft model's context (-md), n_seq = the slots, or NULL; the scheduler's once made */
+    int draft_max, draft_min; /* --draft-max (0: 16), --draft-min */
+} srv_spec_params;
+
 typedef struct srv_sched_params {
     int queue_max;       /* jobs that may wait for a slot (0: 4 x n_slots) */
+    srv_spec_params spec; /* none when neither lookup nor draft */
     int32_t eot;         /* the chat template's end-of-turn token, which ends a reply as EOS does; -1: none
                           * (srv_server_new sets it from its template) */
 } srv_sched_params;
@@ -116,6 +132,7 @@ typedef struct srv_metrics {
      * and the steps that carried prompt tokens */
     int64_t step_rows, steps_mixed;
     double step_decode_s, step_emit_s;
+    int64_t draft_tokens, draft_accepted; /* drafts verified and taken, over all jobs */
 } srv_metrics;
 
 typedef struct srv_sched srv_sched;
@@ -128,6 +145,7 @@ void srv_sched_free(srv_sched *s);
 bool srv_sched_submit(srv_sched *s, srv_job *j);
 int32_t srv_sched_n_slots(const srv_sched *s);
 int64_t srv_sched_n_ctx_slot(const srv_sched *s);
+const srv_spec_params *srv_sched_spec(const srv_sched *s); /* the settings in force (defaults filled in) */
 void srv_sched_slots(srv_sched *s, srv_slot_info *out); /* n_slots entries */
 void srv_sched_metrics(srv_sched *s, srv_metrics *out);
 /* Jobs queued or running. */

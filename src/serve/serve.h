@@ -14,6 +14,7 @@
 
 typedef struct srv_opts {
     const char *model_path;  /* for /props and /v1/models */
+    const char *draft_path;  /* the draft model (-md), for /props; NULL: none */
     const char *alias;       /* the model's name in responses (NULL: the file's base name) */
     const char *api_key;     /* NULL: no auth */
     const char *slot_save_path; /* NULL: slot files refused */

@@ -1,12 +1,14 @@
 """checks.py: the end-to-end checks of `kiln serve`, run by tests/test_serve.sh against a server it started.
 
     python3 tests/serve/checks.py --url http://127.0.0.1:PORT --kiln build/kiln [--model M.gguf] [--api-key K]
-        [--prefix NAME] [--slots N] [--slot-ctx N] [--state FILE] [--pid PID] CHECK...
+        [--prefix NAME] [--slots N] [--slot-ctx N] [--state FILE] [--pid PID] [--spec lookup|draft_model [--self-draft]]
+        CHECK...
 
 Each CHECK (see CHECKS) prints "ok|FAIL|skip PREFIX_CHECK". --model is the file the server runs (none: the bundled
 default), for the `kiln generate` comparisons; --slot-ctx the context of one slot (-c / -np), for the over-long
 prompt; --state a JSON file that the persistence phases (run against successive servers) share; --pid the server's
-process, for the SIGTERM check."""
+process, for the SIGTERM check; --spec the server's drafter, for the spec_* checks (--self-draft: the model is its own
+draft, so every draft must be taken)."""
 import argparse
 import json
 import os
@@ -547,6 +549,160 @@ def c_concurrency():
     check(stream_text(ps[0], n)[0] == single[0], "a request after the concurrent run differs")
 
 
+# ---------------------------------------------------------------- speculative decoding (a server with --lookup or -md)
+
+# Prompts whose greedy continuation repeats itself or the prompt, for prompt lookup to draft from.
+REPETITIVE = {
+    "default": ["KING HENRY:\nO God, O God, O God, O God! O God, O God, O God, O God!",
+                "ROMEO:\nI will go, I will go, I will go, I will go, I will go, I will go",
+                "First Citizen:\nSpeak, speak.\n\nAll:\nSpeak, speak.\n\nFirst Citizen:\nSpeak, speak.\n\nAll:\n"],
+    "smollm": ["Repeat this list exactly.\nList: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, mango\n"
+               "Repeated list: apple, banana,", "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"],
+}
+
+
+def repetitive():
+    return REPETITIVE["smollm" if A.model and "smollm" in os.path.basename(A.model).lower() else "default"]
+
+
+def spec_pair(prompt, n, **kw):
+    """/completion at temperature 0 with the server's speculation and with it off (speculative.n_max 0)."""
+    on = completion(prompt, n, cache_prompt=False, **kw)
+    off = completion(prompt, n, cache_prompt=False, **{"speculative.n_max": 0, **kw})
+    return on, off
+
+
+def c_spec_props():
+    r = SRV.json("GET", "/props")
+    sp = r.get("speculative")
+    check(isinstance(sp, dict) and sp.get("drafter") == A.spec, f"/props speculative {sp!r}, the server drafts with {A.spec}")
+    check(sp.get("n_max", 0) >= 1 and 0 <= sp.get("n_min", -1) <= sp["n_max"], f"/props speculative {sp!r}")
+    dg = r["default_generation_settings"]
+    check(dg.get("speculative.n_max") == sp["n_max"], f"default_generation_settings speculative.n_max {dg.get('speculative.n_max')}")
+
+
+def c_spec_greedy():
+    """Greedy text with speculation equals it without (speculative.n_max 0) and `kiln generate --temp 0`'s, on
+    plain and repetitive prompts; the repetitive ones have drafts taken (all of them when the draft is the model)."""
+    accepted = 0
+    for p in prompts()[:3] + repetitive():
+        on, off = spec_pair(p, 48)
+        check(on["content"] == off["content"], lambda: f"'{h.one_line(p)}': speculative '{h.one_line(on['content'])}' != plain '{h.one_line(off['content'])}'")
+        check(on["tokens"] == off["tokens"], f"'{h.one_line(p)}': the token ids differ")
+        t = on["timings"]
+        check("draft_n" in t and "draft_n_accepted" in t, f"timings without draft_n: {sorted(t)}")
+        check(0 <= t["draft_n_accepted"] <= t["draft_n"], f"timings {t}")
+        check("draft_n" not in off["timings"], f"speculative.n_max 0 still reports drafts: {off['timings']}")
+        if A.self_draft:
+            check(t["draft_n_accepted"] == t["draft_n"] and (t["draft_n"] > 0 or on["tokens_predicted"] < 2),
+                  f"'{h.one_line(p)}': the model as its own draft: {t['draft_n_accepted']} of {t['draft_n']} drafts taken")
+        if p in repetitive():
+            accepted += t["draft_n_accepted"]
+    check(accepted > 0, "no draft taken on the repetitive prompts")
+    for p in (prompts()[0], repetitive()[0]):
+        want = h.kiln_generate(A.kiln, A.model, p, 40)
+        got = completion(p, 40)["content"]
+        check(got == want, lambda: f"'{h.one_line(p)}': speculative '{h.one_line(got)}' != kiln generate '{h.one_line(want)}'")
+
+
+def c_spec_ends():
+    """n_predict and a stop string that land inside a verified run of drafts end the text where plain decoding
+    does: the tokens after them are dropped. With the model as its own draft every token after the first is in such a
+    run; with prompt lookup the prompt's continuation repeats ("and, and, and") where drafts are taken."""
+    p = repetitive()[0]
+    ref = completion(p, 64, cache_prompt=False, **{"speculative.n_max": 0})
+    for n in (1, 2, 3, 5, 8, 13, 21, 34):
+        on, off = spec_pair(p, n)
+        check(on["tokens"] == off["tokens"] == ref["tokens"][:n] and on["content"] == off["content"],
+              lambda: f"n_predict {n}: speculative {on['tokens']} '{h.one_line(on['content'])}' != plain {off['tokens']}")
+        check(on["tokens_predicted"] == n or on["stop_type"] == "eos", f"n_predict {n}: {on['tokens_predicted']} tokens")
+    text = ref["content"]
+    words = [m.start() for m in re.finditer(r"\S+", text)]
+    check(len(words) >= 6, f"the reference text is too short: '{h.one_line(text)}'")
+    for w in (words[3], words[len(words) // 2], words[-2]):
+        stop = text[w:w + 6].strip() or text[w]
+        cut = text[:text.index(stop)]
+        on, off = spec_pair(p, 64, stop=[stop])
+        check(on["content"] == off["content"] == cut, lambda: f"stop '{stop}': speculative '{h.one_line(on['content'])}', plain '{h.one_line(off['content'])}', want '{h.one_line(cut)}'")
+        check(on["stop_type"] == "word" and on["stopping_word"] == stop, f"stop '{stop}': stop_type {on['stop_type']} '{on['stopping_word']}'")
+        check(on["tokens"] == off["tokens"], f"stop '{stop}': the tokens differ: {on['tokens']} vs {off['tokens']}")
+    # streamed: the same text, in pieces
+    st, ev, _ = SRV.stream("/completion", {"prompt": p, "n_predict": 40, "temperature": 0, "stream": True})
+    check(st == 200 and "".join(e.get("content", "") for e in ev) == completion(p, 40)["content"], "the speculative stream differs")
+
+
+def c_spec_probs():
+    """Log-probabilities with speculation come from each token's own row: greedy, the plain run's to float rounding;
+    sampling, those of a plain forward over the same tokens."""
+    p = repetitive()[0]
+    on, off = spec_pair(p, 24, n_probs=3)
+    a, b = on["completion_probabilities"], off["completion_probabilities"]
+    n = on["tokens_predicted"] - (on["stop_type"] == "eos")  # an ending EOS has no entry, with or without drafts
+    check(len(a) == len(b) == n, f"{len(a)} and {len(b)} entries for {on['tokens_predicted']} tokens ({on['stop_type']})")
+    for i, (x, y) in enumerate(zip(a, b)):
+        check(x["id"] == y["id"], f"token {i}: {x['id']} vs {y['id']}")
+        check(abs(x["logprob"] - y["logprob"]) < 1e-3, f"token {i}: logprob {x['logprob']} vs {y['logprob']}")
+        check([t["id"] for t in x["top_logprobs"]] == [t["id"] for t in y["top_logprobs"]], f"token {i}: top ids differ")
+    check(on["timings"]["draft_n"] > 0, f"n_probs turned speculation off: {on['timings']}")
+    # sampling: each token's log-probabilities are those of a plain forward over the prompt and the tokens before it
+    # (top_k 3, so the sampled token is among the 5 listed)
+    ids = SRV.json("POST", "/tokenize", {"content": p, "add_special": True})["tokens"]
+    r = completion(p, 12, temperature=1.0, top_k=3, seed=3, n_probs=5, cache_prompt=False)
+    check(r["timings"]["draft_n"] > 0, f"sampling with n_probs did not speculate: {r['timings']}")
+    toks = r["tokens"]
+    for i, x in enumerate(r["completion_probabilities"]):
+        ref = completion(ids + toks[:i], 1, n_probs=5, **{"speculative.n_max": 0})["completion_probabilities"][0]["top_logprobs"]
+        check([t["id"] for t in x["top_logprobs"]] == [t["id"] for t in ref], f"sampled token {i}: top ids {x['top_logprobs']} vs {ref}")
+        want = {t["id"]: t["logprob"] for t in ref}
+        check(x["id"] == toks[i] and abs(x["logprob"] - want.get(x["id"], 1e9)) < 1e-3,
+              f"sampled token {i} ({x['id']}): logprob {x['logprob']}, a plain forward gives {want.get(x['id'])}")
+
+
+def c_spec_concurrent():
+    """4 speculating streams at once (or one a slot, past the 4 slots' rows a step has for drafts) each equal their
+    single result."""
+    ps = (repetitive() + prompts())[:max(4, A.slots)]
+    single = [stream_text(p, 40)[0] for p in ps]
+    got, errs = [None] * len(ps), []
+
+    def client(i):
+        try:
+            got[i] = stream_text(ps[i], 40)
+        except Exception as e:
+            errs.append(f"client {i}: {type(e).__name__}: {e}")
+    ts = [threading.Thread(target=client, args=(i,)) for i in range(len(ps))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    check(not any(t.is_alive() for t in ts) and not errs, lambda: "; ".join(errs) or "a client hung")
+    for i in range(len(ps)):
+        check(got[i][1] and got[i][0] == single[i], lambda: f"client {i}: concurrent '{h.one_line(got[i][0])}' != single '{h.one_line(single[i])}'")
+
+
+def c_spec_sample():
+    """Sampling with a seed speculates, gives text, and the same seed gives the same text; the OpenAI route takes
+    the fields too."""
+    p = repetitive()[0]
+    a = completion(p, 32, temperature=0.8, seed=11, cache_prompt=False)
+    b = completion(p, 32, temperature=0.8, seed=11, cache_prompt=False)
+    check(isinstance(a["content"], str) and a["tokens_predicted"] > 0, f"sampling: {h.one_line(json.dumps(a)[:300])}")
+    check(a["content"] == b["content"], lambda: f"seed 11 twice: '{h.one_line(a['content'])}' != '{h.one_line(b['content'])}'")
+    check(a["timings"]["draft_n"] > 0, f"sampling did not speculate: {a['timings']}")
+    if A.self_draft:  # p = q: every draft is taken
+        check(a["timings"]["draft_n_accepted"] == a["timings"]["draft_n"], f"the model as its own draft, sampling: {a['timings']}")
+    r = SRV.json("POST", "/v1/completions", {"model": model_id(), "prompt": p, "max_tokens": 16, "temperature": 0,
+                                               "speculative.n_max": 4, "speculative.n_min": 1})
+    want = completion(p, 16, **{"speculative.n_max": 0})["content"]
+    check(r["choices"][0]["text"] == want, lambda: f"/v1/completions '{h.one_line(r['choices'][0]['text'])}' != '{h.one_line(want)}'")
+    for bad in ({"speculative.n_max": -1}, {"speculative.n_max": "4"}, {"speculative.n_min": 1.5}, {"speculative.n_max": 2, "speculative.n_min": 3}):
+        field = [k for k in bad][-1]
+        expect_400("/completion", {"prompt": "x", **bad}, field)
+    if A.metrics:
+        m = parse_prometheus(SRV.request("GET", "/metrics")[2].decode())
+        check(m.get("kiln:draft_tokens_total", 0) >= m.get("kiln:draft_accepted_total", -1) > 0, f"draft metrics {m.get('kiln:draft_tokens_total')} {m.get('kiln:draft_accepted_total')}")
+
+
 # ---------------------------------------------------------------- persistence (phases against successive servers)
 
 def state_load():
@@ -705,6 +861,8 @@ CHECKS = [("models", c_models), ("chat", c_chat), ("chat_stream", c_chat_stream)
           ("completion_probs", c_completion_probs), ("completion_stream", c_completion_stream),
           ("tokenize_roundtrip", c_tokenize_roundtrip), ("apply_template", c_apply_template), ("props", c_props),
           ("slots", c_slots), ("metrics", c_metrics), ("grammar", c_grammar), ("schema", c_schema), ("ollama", c_ollama), ("concurrency", c_concurrency),
+          ("spec_props", c_spec_props), ("spec_greedy", c_spec_greedy), ("spec_ends", c_spec_ends), ("spec_probs", c_spec_probs),
+          ("spec_concurrent", c_spec_concurrent), ("spec_sample", c_spec_sample),
           ("persist_save", c_persist_save), ("persist_foreign", c_persist_foreign), ("persist_restore", c_persist_restore),
           ("load", c_load), ("sigterm", c_sigterm)]
 
@@ -726,6 +884,8 @@ def main():
     ap.add_argument("--pid", type=int, default=0)
     ap.add_argument("--load-clients", type=int, default=24)
     ap.add_argument("--load-n", type=int, default=24)
+    ap.add_argument("--spec", default="none", help="the server's drafter: none, lookup, draft_model")
+    ap.add_argument("--self-draft", action="store_true", help="the draft model is the model: every draft is taken")
     ap.add_argument("checks", nargs="*")
     A = ap.parse_args()
     SRV = h.Server(A.url, A.api_key or None)
