@@ -434,11 +434,18 @@ static int m_tiles(void) {
     return v && strcmp(v, "1") == 0 ? 1 : 2;
 }
 
-/* The pipelined kernel (KILN_GEMM_SMALL_PIPE=1, being measured), or the one that loads each super-block before it
- * multiplies it (the default). */
-static bool pipelined(void) {
+/* The pipelined kernel, or the one that loads each super-block before it multiplies it. Measured on the H200 (bench
+ * gpu-kernels --few, 7B shapes, T 16): pipelined Q6_K 12.7 us against 14.4 (4096 x 4096), 29.0 against 33.1 (down),
+ * 85.8 against 103.2 (the head), Q8_0 13.7 against 18.8; Q4_K even or behind (down 25.6 against 23.4). So the
+ * default pipelines Q6_K and Q8_0, the types whose rows are widest; KILN_GEMM_SMALL_PIPE=1 / =0 forces either for
+ * every type (test_cuda_gemm passes both ways). The staging did not make Q4_K bandwidth-bound: at 19-23% of the copy
+ * bandwidth, with all of its loads in flight, it is held up by something else (the per-chunk loads of x from L2,
+ * the decode's issue), not by the weights' latency alone. */
+static bool pipelined(kiln_type t) {
     const char *v = getenv("KILN_GEMM_SMALL_PIPE");
-    return v && strcmp(v, "1") == 0;
+    if (v && strcmp(v, "1") == 0) return true;
+    if (v && strcmp(v, "0") == 0) return false;
+    return t == KILN_TYPE_Q6_K || t == KILN_TYPE_Q8_0;
 }
 
 /* The most splits of the columns (KILN_GEMM_SMALL_SPLIT, 1..4, for measuring; default 4). */
@@ -471,7 +478,7 @@ extern "C" kiln_status kiln_cuda_gemm_small(float *y, const void *xp, const kiln
     while (n_split > 1 && (uint64_t)n_split * (uint64_t)T * (uint64_t)W->rows * 4 > ws->part_bytes) n_split--;
     const int64_t steps = (n_sb + n_split - 1) / n_split;
     n_split = (n_sb + steps - 1) / steps; /* no split without a step */
-    const launch_fn f = {n_split > 1 ? (float *)ws->part : y, mt, xq, xds, W, (int)T, (int)n_split, steps, add, pipelined(), s};
+    const launch_fn f = {n_split > 1 ? (float *)ws->part : y, mt, xq, xds, W, (int)T, (int)n_split, steps, add, pipelined(W->type), s};
     TRY(by_type(W->type, f));
     if (n_split == 1) return KILN_OK;
     const int64_t n = T * W->rows, blocks = (n + 255) / 256 < 4 * ws->n_sm ? (n + 255) / 256 : 4 * ws->n_sm;
