@@ -120,6 +120,11 @@ static void test_sentences(void) {
     check_sentences("root ::= \"<\" . \">\"", any, sizeof any / sizeof *any);
     static const sent uni[] = {{"\xc3\xbc", "F"}, {"\xe2\x82\xac", "F"}, {"u", "-"}, {"\xc3\xbd", "-"}};
     check_sentences("root ::= \"\\u00fc\" | \"\xe2\x82\xac\"", uni, sizeof uni / sizeof *uni);
+    /* an empty first alternative with a rule after its rule (llama.cpp's ws ::= | " " | ...): expanding the empty
+     * one must leave the stack under it for the next alternative */
+    static const sent empty_alt[] = {{"{t}", "F"}, {"{ t}", "F"}, {"{\n t}", "F"}, {"{  t}", "-"}, {"{ }", "-"}};
+    check_sentences("root ::= \"{\" ws val \"}\"\nval ::= \"t\"\nws ::= | \" \" | \"\\n\" [ ]?", empty_alt,
+                    sizeof empty_alt / sizeof *empty_alt);
     /* recursion after a character, alternatives spanning lines inside a group */
     static const sent nest[] = {{"x", "F"}, {"((x))", "F"}, {"((x)", "P"}, {"(()", "-"}, {"[x]", "F"}, {"([x])", "F"}};
     check_sentences("root ::= \"(\" root \")\" | br | \"x\"\nbr ::= (\n  \"[\" root \"]\"\n)", nest, sizeof nest / sizeof *nest);
@@ -371,9 +376,108 @@ static void test_mask_qwen_vocab(void) {
     kiln_tokenizer_free(tok);
 }
 
+/* ---------------------------------------------------------------- llama.cpp's grammar files */
+
+/* The GBNF files llama.cpp ships (tests/ref/fetch_grammars.sh puts them in KILN_CACHE/llama.cpp-grammars): each
+ * parses, and takes or refuses each string as llama.cpp's grammar engine does by the file's rules (the expectations
+ * are worked out from the grammars' text: their repetitions, mandatory whitespace and classes); then walks under the
+ * mask on the bundled vocab, the oracle at every step of the first walk, a walk that ended being a whole sentence
+ * (JSON for the json files, by jansson). */
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = malloc(1 << 16);
+    size_t n = buf ? fread(buf, 1, (1 << 16) - 1, f) : 0;
+    fclose(f);
+    if (buf) buf[n] = 0;
+    return buf;
+}
+
+static void test_llamacpp_grammar_files(void) {
+    static const sent arithmetic[] = {{"1+2=3\n", "F"}, {"x*(y+1)=z\n", "F"}, {"a = 4\n1/2=0\n", "F"}, {"1+2=3", "P"},
+                                      {"=3\n", "-"}, {"1+=3\n", "-"}, {"", "P"}};
+    static const sent c[] = {{"", "F"}, {"int main(){return 0;}", "F"}, {"int f(int x){x = x+1;return x;}", "F"},
+                             {"float g(){while(a<b){a = a*2;}}", "F"}, {"char h(){// hi\n}", "F"}, {"int main() {}", "-"},
+                             {"intmain(){}", "-"}, {"int main(){", "P"}, {"int main(){return;}", "-"}};
+    static const sent chess[] = {{"1. e4 e5\n2. Nf3 Nc6\n", "F"}, {"1. O-O-O Kxh8#\n2. exd8=Q+ O-O\n", "F"}, {"1. e4 e5\n", "P"},
+                                 {"1. e9 e5\n", "-"}, {"2. e4 e5\n", "-"}, {"1. e4  e5\n", "-"}};
+    static const sent english[] = {{"Hello, world!\nOk", "F"}, {"a\tb", "F"}, {"", "P"}, {"two  spaces", "-"},
+                                   {"h\xc3\xa9llo", "-"}, {"end ", "P"}};
+    static const sent japanese[] = {{"\xe3\x81\x93\xe3\x82\x93\xe3\x81\xab\xe3\x81\xa1\xe3\x81\xaf \xe4\xb8\x96\xe7\x95\x8c", "F"},
+                                    {"\xe3\x82\xab\xe3\x82\xbf\xe3\x80\x81", "F"}, {"abc", "-"}, {"\xe3\x81", "P"}, {"", "P"}};
+    static const sent list[] = {{"- one\n- two\n", "F"}, {"- \xc3\xa9t\xc3\xa9\n", "F"}, {"- \n", "-"}, {"one\n", "-"}, {"- a", "P"},
+                                {"- a\r\n", "-"}};
+    static const sent json[] = {{"{\"a\": [1, 2.5e3, \"x\\u00e9\"], \"b\": null}", "F"}, {"{}", "F"}, {"{\"a\":true}\n  ", "F"},
+                                {"[1]", "-"}, {"{\"a\" 1}", "-"}, {"{\"a\": 01}", "-"}, {"{\"a\": \"\\q\"}", "-"}, {"{\"a\": ", "P"}};
+    static const sent json_arr[] = {{"[\n1,\n2]", "F"}, {"[\n]", "F"}, {"[\n{\"k\": \"v\"}]", "F"}, {"[1]", "-"}, {"[\n1, 2]", "-"},
+                                    {"[\n1]\n", "-"}};
+    static const struct {
+        const char *name;
+        const sent *cases;
+        size_t n;
+        bool json;
+    } files[] = {{"arithmetic", arithmetic, sizeof arithmetic / sizeof *arithmetic, false}, {"c", c, sizeof c / sizeof *c, false},
+                 {"chess", chess, sizeof chess / sizeof *chess, false}, {"english", english, sizeof english / sizeof *english, false},
+                 {"japanese", japanese, sizeof japanese / sizeof *japanese, false}, {"list", list, sizeof list / sizeof *list, false},
+                 {"json", json, sizeof json / sizeof *json, true}, {"json_arr", json_arr, sizeof json_arr / sizeof *json_arr, true}};
+    const char *cache = getenv("KILN_CACHE"), *home = getenv("HOME");
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/llama.cpp-grammars", cache ? cache : "");
+    if (!cache) snprintf(dir, sizeof dir, "%s/.cache/kiln/llama.cpp-grammars", home ? home : "");
+    char path[700];
+    snprintf(path, sizeof path, "%s/json.gbnf", dir);
+    char *probe = read_text(path);
+    if (!probe) SKIP("%s is absent (run `bash tests/ref/fetch_grammars.sh`)", dir);
+    free(probe);
+    kiln_tokenizer *tok = NULL;
+    CHECK(kiln_tokenizer_load_file("models/shakespeare.gguf", &tok) == KILN_OK, "%s", kiln_last_error());
+    for (size_t f = 0; f < sizeof files / sizeof *files && !test_failed_; f++) {
+        snprintf(path, sizeof path, "%s/%s.gbnf", dir, files[f].name);
+        char *text = read_text(path);
+        if (!text) kiln_tokenizer_free(tok);
+        CHECK(text, "%s: cannot read it", path);
+        check_sentences(text, files[f].cases, files[f].n);
+        if (test_failed_) { /* its message names the string */
+            free(text);
+            kiln_tokenizer_free(tok);
+            return;
+        }
+        kiln_grammar *g = parse(text);
+        kiln_grammar_matcher *m = NULL;
+        bool ok = g && kiln_grammar_matcher_new(g, tok, &m) == KILN_OK;
+        char msg[700] = "";
+        if (!ok) snprintf(msg, sizeof msg, "%s", kiln_last_error());
+        for (int w = 0; ok && w < 6; w++) {
+            bool ended, full, prefix;
+            size_t len = 0;
+            char *out = walk(g, tok, m, 0xC0FFEEull + (uint64_t)w * 104729, w == 0 ? 60 : 0, 150, &ended, &len, msg, sizeof msg);
+            ok = out != NULL;
+            if (ok) {
+                ok = kiln_grammar_match_text(g, out, len, &full, &prefix) == KILN_OK && (ended ? full : prefix);
+                if (!ok) snprintf(msg, sizeof msg, "'%s' is not a %s of the grammar", out, ended ? "whole sentence" : "prefix");
+            }
+            if (ok && ended && files[f].json) {
+                json_error_t je;
+                json_t *o = json_loadb(out, len, JSON_DECODE_ANY, &je);
+                ok = o != NULL;
+                if (!ok) snprintf(msg, sizeof msg, "'%s' is not JSON: %s", out, je.text);
+                json_decref(o);
+            }
+            free(out);
+        }
+        kiln_grammar_matcher_free(m);
+        kiln_grammar_free(g);
+        free(text);
+        if (!ok) kiln_tokenizer_free(tok);
+        CHECK(ok, "%s.gbnf: %s", files[f].name, msg);
+    }
+    kiln_tokenizer_free(tok);
+}
+
 int main(void) {
     RUN(test_parse_errors);
     RUN(test_sentences);
+    RUN(test_llamacpp_grammar_files);
     RUN(test_mask_bundled_vocab);
     RUN(test_mask_shared_vocabs);
     RUN(test_mask_qwen_vocab);

@@ -58,14 +58,33 @@ static bool set_has(const gset *s, const int32_t *st, int32_t n) {
     return false;
 }
 
-/* Adds the stack st[0..n) (top last), expanded until its top is a character set; false on out of memory or depth. */
+static bool expand_rule(const kiln_grammar *g, gset *out, int32_t *st, int32_t n, int depth);
+
+/* Adds the stack st[0..n) (top last), expanded until its top is a character set; false on out of memory or depth.
+ * st is scratch from n up to MAX_DEPTH; positions below n are the caller's stack and are as they were on return. */
 static bool expand(const kiln_grammar *g, gset *out, int32_t *st, int32_t n, int depth) {
     if (depth > MAX_DEPTH || n > MAX_DEPTH) return false;
+    const int32_t n0 = n;
     while (n > 0 && g->el[st[n - 1]].type == GE_END) n--; /* an alternative done: its rule's continuation */
     if (n == 0) {
         out->accept = true;
         return true;
     }
+    if (n == n0 || g->el[st[n - 1]].type != GE_RULE) return expand_rule(g, out, st, n, depth);
+    /* Ends were popped, so the rule at the top is the caller's stack (an empty alternative, say, with a rule after
+     * it): expanding it overwrites st[n - 1 ..], which the caller's next alternatives still stand on. */
+    int32_t keep_local[16], *keep = keep_local;
+    const int32_t n_keep = n0 - n + 1;
+    if (n_keep > 16 && !(keep = malloc((size_t)n_keep * sizeof *keep))) return false;
+    memcpy(keep, st + n - 1, (size_t)n_keep * sizeof *keep);
+    const bool ok = expand_rule(g, out, st, n, depth);
+    memcpy(st + n - 1, keep, (size_t)n_keep * sizeof *keep);
+    if (keep != keep_local) free(keep);
+    return ok;
+}
+
+/* expand's work on a stack whose top is not an end: a character set is added, a rule expanded. */
+static bool expand_rule(const kiln_grammar *g, gset *out, int32_t *st, int32_t n, int depth) {
     const gelem e = g->el[st[n - 1]];
     if (e.type == GE_CHAR) {
         if (set_has(out, st, n)) return true;
