@@ -295,35 +295,44 @@ static bool json_shape_ok(const char *text, char *msg, size_t n_msg) {
 /* walks walks of grammar case ci on one matcher (reset between them, so its memory of stacks and frames carries
  * over): the first oracle_walks checked by the oracle for their first oracle_steps steps. A walk that ends is a whole
  * sentence (JSON for the JSON cases, of the json grammar's shape for it); one cut at max_steps begins one. */
-static void check_case(const kiln_tokenizer *tok, const char *name, size_t ci, int walks, int oracle_walks, int oracle_steps, int max_steps) {
-    kiln_grammar *g = case_grammar(ci);
-    CHECK(g, "%s: %s", cases[ci].name, kiln_last_error());
+/* walks walks under g's mask on tok (seeds seed0 + s * stride), the oracle at the first oracle_steps steps of the first
+ * oracle_walks; each walk must end a whole sentence (EOS) or a prefix of one (its step limit), and an ended one be
+ * JSON when json is set, of the JSON grammar's shape when shape is. False with msg set on the first that fails. */
+static bool walks_ok(const kiln_grammar *g, const kiln_tokenizer *tok, int walks, int oracle_walks, int oracle_steps, int max_steps,
+                     uint64_t seed0, uint64_t stride, bool json, bool shape, char *msg, size_t n_msg) {
     kiln_grammar_matcher *m = NULL;
-    CHECK(kiln_grammar_matcher_new(g, tok, &m) == KILN_OK, "%s", kiln_last_error());
-    char msg[700] = "";
-    bool ok = true;
+    bool ok = kiln_grammar_matcher_new(g, tok, &m) == KILN_OK;
+    if (!ok) snprintf(msg, n_msg, "%s", kiln_last_error());
     for (int s = 0; ok && s < walks; s++) {
         bool ended;
         size_t len = 0; /* the text may hold a NUL (a byte token) */
-        char *text = walk(g, tok, m, 0x9E3779B97F4A7C15ull + (uint64_t)s * 7919, s < oracle_walks ? oracle_steps : 0, max_steps, &ended, &len,
-                          msg, sizeof msg);
+        char *text = walk(g, tok, m, seed0 + (uint64_t)s * stride, s < oracle_walks ? oracle_steps : 0, max_steps, &ended, &len, msg, n_msg);
         ok = text != NULL;
         if (ok) {
             bool full, prefix;
             ok = kiln_grammar_match_text(g, text, len, &full, &prefix) == KILN_OK && (ended ? full : prefix);
-            if (!ok) snprintf(msg, sizeof msg, "'%s' is not a %s of the grammar", text, ended ? "whole sentence" : "prefix");
+            if (!ok) snprintf(msg, n_msg, "'%s' is not a %s of the grammar", text, ended ? "whole sentence" : "prefix");
         }
-        if (ok && ended && ci == 0) ok = json_shape_ok(text, msg, sizeof msg);
-        if (ok && ended && cases[ci].json) {
+        if (ok && ended && shape) ok = json_shape_ok(text, msg, n_msg);
+        if (ok && ended && json) {
             json_error_t je;
             json_t *o = json_loadb(text, len, JSON_DECODE_ANY, &je);
             ok = o != NULL;
-            if (!ok) snprintf(msg, sizeof msg, "'%s' is not JSON: %s", text, je.text);
+            if (!ok) snprintf(msg, n_msg, "'%s' is not JSON: %s", text, je.text);
             json_decref(o);
         }
         free(text);
     }
     kiln_grammar_matcher_free(m);
+    return ok;
+}
+
+static void check_case(const kiln_tokenizer *tok, const char *name, size_t ci, int walks, int oracle_walks, int oracle_steps, int max_steps) {
+    kiln_grammar *g = case_grammar(ci);
+    CHECK(g, "%s: %s", cases[ci].name, kiln_last_error());
+    char msg[700] = "";
+    const bool ok = walks_ok(g, tok, walks, oracle_walks, oracle_steps, max_steps, 0x9E3779B97F4A7C15ull, 7919, cases[ci].json, ci == 0, msg,
+                             sizeof msg);
     kiln_grammar_free(g);
     CHECK(ok, "%s, %s: %s", name, cases[ci].name, msg);
 }
@@ -443,29 +452,9 @@ static void test_llamacpp_grammar_files(void) {
             return;
         }
         kiln_grammar *g = parse(text);
-        kiln_grammar_matcher *m = NULL;
-        bool ok = g && kiln_grammar_matcher_new(g, tok, &m) == KILN_OK;
         char msg[700] = "";
-        if (!ok) snprintf(msg, sizeof msg, "%s", kiln_last_error());
-        for (int w = 0; ok && w < 6; w++) {
-            bool ended, full, prefix;
-            size_t len = 0;
-            char *out = walk(g, tok, m, 0xC0FFEEull + (uint64_t)w * 104729, w == 0 ? 60 : 0, 150, &ended, &len, msg, sizeof msg);
-            ok = out != NULL;
-            if (ok) {
-                ok = kiln_grammar_match_text(g, out, len, &full, &prefix) == KILN_OK && (ended ? full : prefix);
-                if (!ok) snprintf(msg, sizeof msg, "'%s' is not a %s of the grammar", out, ended ? "whole sentence" : "prefix");
-            }
-            if (ok && ended && files[f].json) {
-                json_error_t je;
-                json_t *o = json_loadb(out, len, JSON_DECODE_ANY, &je);
-                ok = o != NULL;
-                if (!ok) snprintf(msg, sizeof msg, "'%s' is not JSON: %s", out, je.text);
-                json_decref(o);
-            }
-            free(out);
-        }
-        kiln_grammar_matcher_free(m);
+        if (!g) snprintf(msg, sizeof msg, "%s", kiln_last_error());
+        const bool ok = g && walks_ok(g, tok, 6, 1, 60, 150, 0xC0FFEEull, 104729, files[f].json, false, msg, sizeof msg);
         kiln_grammar_free(g);
         free(text);
         if (!ok) kiln_tokenizer_free(tok);

@@ -69,6 +69,85 @@ static __device__ __forceinline__ void mma_k16(int (&c)[4], uint32_t a0, uint32_
                  : "r"(a0), "r"(a1), "r"(b0));
 }
 
+/* ---------------------------------------------------------------- the kernels' shared pieces */
+
+/* Super-block sb of the warp's MT tiles (decoded in dq) times the NT tokens, into acc: per 32 columns the int8
+ * products on the tensor cores, folded into f32 with the block scales (and offsets). */
+template <class D, int NT, int MT>
+static __device__ __forceinline__ void gs_multiply(float (&acc)[MT][NT / 8][4], const D (&dq)[MT][2], const int8_t *const (&xb)[NT / 8],
+                                                   const float2 *const (&xs)[NT / 8][2], int64_t sb, int c) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int64_t kb = sb * 8 + j;
+        uint32_t alo[MT][2], ahi[MT][2];
+        float s0[MT][2], s1[MT][2], mo[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) dq[mt][r].chunk(j, c, alo[mt][r], ahi[mt][r], s0[mt][r], s1[mt][r], mo[mt][r]);
+#pragma unroll
+        for (int nt = 0; nt < NT / 8; nt++) {
+            const uint32_t b0 = *(const uint32_t *)(xb[nt] + 32 * kb), b1 = *(const uint32_t *)(xb[nt] + 32 * kb + 16);
+            const float2 x0 = xs[nt][0][kb], x1 = xs[nt][1][kb];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                float *a = acc[mt][nt];
+                if (D::SPLIT) {
+                    int cl[4], ch[4];
+                    mma_k16(cl, alo[mt][0], alo[mt][1], b0);
+                    mma_k16(ch, ahi[mt][0], ahi[mt][1], b1);
+                    a[0] += x0.x * (s0[mt][0] * gq_biased(cl[0]) + s1[mt][0] * gq_biased(ch[0]));
+                    a[1] += x1.x * (s0[mt][0] * gq_biased(cl[1]) + s1[mt][0] * gq_biased(ch[1]));
+                    a[2] += x0.x * (s0[mt][1] * gq_biased(cl[2]) + s1[mt][1] * gq_biased(ch[2]));
+                    a[3] += x1.x * (s0[mt][1] * gq_biased(cl[3]) + s1[mt][1] * gq_biased(ch[3]));
+                } else {
+                    int ci[4];
+                    mma_k32(ci, alo[mt][0], alo[mt][1], ahi[mt][0], ahi[mt][1], b0, b1);
+                    a[0] += s0[mt][0] * (x0.x * gq_biased(ci[0]));
+                    a[1] += s0[mt][0] * (x1.x * gq_biased(ci[1]));
+                    a[2] += s0[mt][1] * (x0.x * gq_biased(ci[2]));
+                    a[3] += s0[mt][1] * (x1.x * gq_biased(ci[3]));
+                    if (D::OFFSET) {
+                        a[0] += mo[mt][0] * x0.y, a[1] += mo[mt][0] * x1.y;
+                        a[2] += mo[mt][1] * x0.y, a[3] += mo[mt][1] * x1.y;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* The warps' sums (acc) meet in red, summed in warp order, and go to y (one split: adding when add) or to the split's
+ * partials. Every thread of the CTA calls it. */
+template <int NT, int MT>
+static __device__ __forceinline__ void gs_reduce(float (*red)[16 * MT][NT + 1], const float (&acc)[MT][NT / 8][4], float *y, int64_t o0,
+                                                 int64_t O, int T, bool add, int warp, int g, int c) {
+    constexpr int GS_ROWS = 16 * MT;
+    /* lane (g, c) holds rows g, g + 8 of each tile, tokens 2c, 2c + 1 of each 8 */
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) red[warp][16 * mt + g + (e >= 2 ? 8 : 0)][8 * nt + 2 * c + (e & 1)] = acc[mt][nt][e];
+    __syncthreads();
+    const bool direct = gridDim.y == 1;
+    for (int i = threadIdx.x; i < GS_ROWS * NT; i += GS_THREADS) {
+        const int t = i / GS_ROWS, r = i % GS_ROWS;
+        const int64_t o = o0 + r;
+        if (t >= T || o >= O) continue;
+        float v = 0.0f;
+#pragma unroll
+        for (int k = 0; k < GS_WARPS; k++) v += red[k][r][t];
+        if (direct) {
+            float *p = y + (int64_t)t * O + o;
+            *p = add ? *p + v : v;
+        } else {
+            y[((int64_t)blockIdx.y * T + t) * O + o] = v;
+        }
+    }
+}
+
 /* Grid (ceil(O / GS_ROWS), n_split). Split s takes the super-blocks [s * steps, (s + 1) * steps) of I / 256. With
  * one split the CTA writes y (adding when add), else its partials part (n_split, T, O). */
 template <class D, int NT, int MT>
@@ -114,70 +193,10 @@ gemm_small_kernel(float *y, const int8_t *xq, const float2 *xds, const uint8_t *
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int r = 0; r < 2; r++) dq[mt][r].load(wr[mt][r] + sb * D::BLOCK_BYTES, c);
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int64_t kb = sb * 8 + j;
-            uint32_t alo[MT][2], ahi[MT][2];
-            float s0[MT][2], s1[MT][2], mo[MT][2];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int r = 0; r < 2; r++) dq[mt][r].chunk(j, c, alo[mt][r], ahi[mt][r], s0[mt][r], s1[mt][r], mo[mt][r]);
-#pragma unroll
-            for (int nt = 0; nt < NT / 8; nt++) {
-                const uint32_t b0 = *(const uint32_t *)(xb[nt] + 32 * kb), b1 = *(const uint32_t *)(xb[nt] + 32 * kb + 16);
-                const float2 x0 = xs[nt][0][kb], x1 = xs[nt][1][kb];
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    float *a = acc[mt][nt];
-                    if (D::SPLIT) {
-                        int cl[4], ch[4];
-                        mma_k16(cl, alo[mt][0], alo[mt][1], b0);
-                        mma_k16(ch, ahi[mt][0], ahi[mt][1], b1);
-                        a[0] += x0.x * (s0[mt][0] * gq_biased(cl[0]) + s1[mt][0] * gq_biased(ch[0]));
-                        a[1] += x1.x * (s0[mt][0] * gq_biased(cl[1]) + s1[mt][0] * gq_biased(ch[1]));
-                        a[2] += x0.x * (s0[mt][1] * gq_biased(cl[2]) + s1[mt][1] * gq_biased(ch[2]));
-                        a[3] += x1.x * (s0[mt][1] * gq_biased(cl[3]) + s1[mt][1] * gq_biased(ch[3]));
-                    } else {
-                        int ci[4];
-                        mma_k32(ci, alo[mt][0], alo[mt][1], ahi[mt][0], ahi[mt][1], b0, b1);
-                        a[0] += s0[mt][0] * (x0.x * gq_biased(ci[0]));
-                        a[1] += s0[mt][0] * (x1.x * gq_biased(ci[1]));
-                        a[2] += s0[mt][1] * (x0.x * gq_biased(ci[2]));
-                        a[3] += s0[mt][1] * (x1.x * gq_biased(ci[3]));
-                        if (D::OFFSET) {
-                            a[0] += mo[mt][0] * x0.y, a[1] += mo[mt][0] * x1.y;
-                            a[2] += mo[mt][1] * x0.y, a[3] += mo[mt][1] * x1.y;
-                        }
-                    }
-                }
-            }
-        }
+        gs_multiply<D, NT, MT>(acc, dq, xb, xs, sb, c);
     }
 
-    /* lane (g, c) holds rows g, g + 8 of each tile, tokens 2c, 2c + 1 of each 8 */
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT / 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) red[warp][16 * mt + g + (e >= 2 ? 8 : 0)][8 * nt + 2 * c + (e & 1)] = acc[mt][nt][e];
-    __syncthreads();
-    const bool direct = gridDim.y == 1;
-    for (int i = threadIdx.x; i < GS_ROWS * NT; i += GS_THREADS) {
-        const int t = i / GS_ROWS, r = i % GS_ROWS;
-        const int64_t o = o0 + r;
-        if (t >= T || o >= O) continue;
-        float v = 0.0f;
-#pragma unroll
-        for (int k = 0; k < GS_WARPS; k++) v += red[k][r][t];
-        if (direct) {
-            float *p = y + (int64_t)t * O + o;
-            *p = add ? *p + v : v;
-        } else {
-            y[((int64_t)blockIdx.y * T + t) * O + o] = v;
-        }
-    }
+    gs_reduce<NT, MT>(red, acc, y, o0, O, T, add, warp, g, c);
 }
 
 /* ---------------------------------------------------------------- the pipelined kernel
@@ -282,71 +301,11 @@ gemm_small_pipe_kernel(float *y, const int8_t *xq, const float2 *xds, const uint
                 dq[mt][r].load(st + (16 * mt + g + 8 * r) * PAD + (src & 15), c);
             }
         __syncwarp(); /* every lane has its words before the stage is refilled */
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int64_t kb = sb * 8 + j;
-            uint32_t alo[MT][2], ahi[MT][2];
-            float s0[MT][2], s1[MT][2], mo[MT][2];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int r = 0; r < 2; r++) dq[mt][r].chunk(j, c, alo[mt][r], ahi[mt][r], s0[mt][r], s1[mt][r], mo[mt][r]);
-#pragma unroll
-            for (int nt = 0; nt < NT / 8; nt++) {
-                const uint32_t b0 = *(const uint32_t *)(xb[nt] + 32 * kb), b1 = *(const uint32_t *)(xb[nt] + 32 * kb + 16);
-                const float2 x0 = xs[nt][0][kb], x1 = xs[nt][1][kb];
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    float *a = acc[mt][nt];
-                    if (D::SPLIT) {
-                        int cl[4], ch[4];
-                        mma_k16(cl, alo[mt][0], alo[mt][1], b0);
-                        mma_k16(ch, ahi[mt][0], ahi[mt][1], b1);
-                        a[0] += x0.x * (s0[mt][0] * gq_biased(cl[0]) + s1[mt][0] * gq_biased(ch[0]));
-                        a[1] += x1.x * (s0[mt][0] * gq_biased(cl[1]) + s1[mt][0] * gq_biased(ch[1]));
-                        a[2] += x0.x * (s0[mt][1] * gq_biased(cl[2]) + s1[mt][1] * gq_biased(ch[2]));
-                        a[3] += x1.x * (s0[mt][1] * gq_biased(cl[3]) + s1[mt][1] * gq_biased(ch[3]));
-                    } else {
-                        int ci[4];
-                        mma_k32(ci, alo[mt][0], alo[mt][1], ahi[mt][0], ahi[mt][1], b0, b1);
-                        a[0] += s0[mt][0] * (x0.x * gq_biased(ci[0]));
-                        a[1] += s0[mt][0] * (x1.x * gq_biased(ci[1]));
-                        a[2] += s0[mt][1] * (x0.x * gq_biased(ci[2]));
-                        a[3] += s0[mt][1] * (x1.x * gq_biased(ci[3]));
-                        if (D::OFFSET) {
-                            a[0] += mo[mt][0] * x0.y, a[1] += mo[mt][0] * x1.y;
-                            a[2] += mo[mt][1] * x0.y, a[3] += mo[mt][1] * x1.y;
-                        }
-                    }
-                }
-            }
-        }
+        gs_multiply<D, NT, MT>(acc, dq, xb, xs, sb, c);
     }
     cp_async_wait<0>();
     __syncthreads(); /* the ring becomes the reduction's */
-    float(*red)[GS_ROWS][NT + 1] = (float(*)[GS_ROWS][NT + 1])gs_smem;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT / 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) red[warp][16 * mt + g + (e >= 2 ? 8 : 0)][8 * nt + 2 * c + (e & 1)] = acc[mt][nt][e];
-    __syncthreads();
-    const bool direct = gridDim.y == 1;
-    for (int i = threadIdx.x; i < GS_ROWS * NT; i += GS_THREADS) {
-        const int t = i / GS_ROWS, r = i % GS_ROWS;
-        const int64_t o = o0 + r;
-        if (t >= T || o >= O) continue;
-        float v = 0.0f;
-#pragma unroll
-        for (int k = 0; k < GS_WARPS; k++) v += red[k][r][t];
-        if (direct) {
-            float *p = y + (int64_t)t * O + o;
-            *p = add ? *p + v : v;
-        } else {
-            y[((int64_t)blockIdx.y * T + t) * O + o] = v;
-        }
-    }
+    gs_reduce<NT, MT>((float(*)[GS_ROWS][NT + 1])gs_smem, acc, y, o0, O, T, add, warp, g, c);
 }
 
 /* y (n = T * O) = (add ? y : 0) + the n_split partials, in split order. */

@@ -137,26 +137,29 @@ static kiln_status verify_keep(kiln_session *s, int64_t pos, size_t n_out) {
     return KILN_OK;
 }
 
-kiln_status kiln_spec_verify_greedy(kiln_session *s, int64_t n_vocab, int32_t t0, const int32_t *draft, size_t k, int32_t *out,
-                                    size_t *n_out) {
+/* Both verifiers: one forward over t0 and the drafts, the acceptance (greedy without smp), the cache cut back. */
+static kiln_status verify(kiln_session *s, kiln_sampler *smp, int64_t n_vocab, int32_t t0, const float *q, const int32_t *draft, size_t k,
+                          int32_t *out, size_t *n_out) {
     *n_out = 0;
     const int64_t pos = kiln_session_pos(s);
     float *rows;
     kiln_status st = verify_eval(s, n_vocab, t0, draft, k, &rows);
     if (st) return st;
-    *n_out = kiln_spec_accept_greedy(rows, n_vocab, draft, k, out);
+    *n_out = smp ? kiln_spec_accept_sample(smp, rows, n_vocab, q, draft, k, out) : kiln_spec_accept_greedy(rows, n_vocab, draft, k, out);
     free(rows);
     return verify_keep(s, pos, *n_out);
 }
 
+kiln_status kiln_spec_verify_greedy(kiln_session *s, int64_t n_vocab, int32_t t0, const int32_t *draft, size_t k, int32_t *out,
+                                    size_t *n_out) {
+    return verify(s, NULL, n_vocab, t0, NULL, draft, k, out, n_out);
+}
+
 kiln_status kiln_spec_verify_sample(kiln_session *s, kiln_sampler *smp, int64_t n_vocab, int32_t t0, const float *q, const int32_t *draft,
                                     size_t k, int32_t *out, size_t *n_out) {
-    *n_out = 0;
-    const int64_t pos = kiln_session_pos(s);
-    float *rows;
-    kiln_status st = verify_eval(s, n_vocab, t0, draft, k, &rows);
-    if (st) return st;
-    *n_out = kiln_spec_accept_sample(smp, rows, n_vocab, q, draft, k, out);
-    free(rows);
-    return verify_keep(s, pos, *n_out);
+    if (!smp) {
+        *n_out = 0;
+        return kiln_fail(KILN_ERR_INVALID, "speculative: verify_sample needs a sampler");
+    }
+    return verify(s, smp, n_vocab, t0, q, draft, k, out, n_out);
 }
