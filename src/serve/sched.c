@@ -1,6 +1,7 @@
 /* sched.c: the slots, the bounded queue, continuous batching, prompt caching, stop strings, sampling, speculative
  * decoding and slot files (sched.h says how they fit). One thread runs sched_main and owns the contexts (the model's,
- * and a draft model's); the HTTP threads only submit jobs, cancel them and read snapshots, under the scheduler's lock. */
+ * and a draft model's); a second, the emitter, builds the jobs' frames while the engine runs the next step; the HTTP
+ * threads only submit jobs, cancel them and read snapshots, under the scheduler's lock. */
 #include "serve/sched.h"
 
 #include <errno.h>
@@ -218,6 +219,13 @@ struct srv_sched {
     float *probs;            /* (V) scratch for log-probabilities */
     char *piece;
     size_t piece_cap;
+    /* the emitter thread: the jobs' frames are built and handed to the HTTP side off the scheduler thread, in the
+     * order they were posted, while the engine runs the next step */
+    pthread_t em_th;
+    pthread_mutex_t em_mu;
+    pthread_cond_t em_cv;    /* a record posted, or the emitter idle */
+    struct emit_rec *em_head, *em_tail;
+    bool em_on, em_stop, em_busy;
 };
 
 /* Slots whose drafts one step verifies at most, which bounds the logits rows: at 152K vocab a row is 600 KB, so 16
@@ -227,6 +235,81 @@ struct srv_sched {
 int32_t srv_sched_n_slots(const srv_sched *s) { return s->n_slots; }
 const srv_spec_params *srv_sched_spec(const srv_sched *s) { return &s->spec; }
 int64_t srv_sched_n_ctx_slot(const srv_sched *s) { return s->n_ctx; }
+
+/* ---------------------------------------------------------------- the emitter */
+
+/* One call of a job's emit, waiting for the emitter thread; the scheduler's reference to the job goes with done. */
+typedef struct emit_rec {
+    struct emit_rec *next;
+    srv_job *j;
+    char *text; /* owned; NULL: none */
+    size_t n;
+    bool has_ti, done;
+    srv_tokinfo ti;
+} emit_rec;
+
+/* The job's results are final: its waiters wake and the scheduler's reference goes. */
+static void job_done(srv_job *j) {
+    pthread_mutex_lock(&j->mu);
+    j->done = true;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    srv_job_release(j);
+}
+
+static void emit_run(srv_job *j, const char *text, size_t n, const srv_tokinfo *ti, bool done) {
+    if (j->emit) j->emit(j, text ? text : "", text ? n : 0, ti, ti ? 1 : 0, done);
+    if (done) job_done(j);
+}
+
+static void *emit_main(void *arg) {
+    srv_sched *s = arg;
+    pthread_mutex_lock(&s->em_mu);
+    for (;;) {
+        emit_rec *r = s->em_head;
+        if (!r) {
+            s->em_busy = false;
+            pthread_cond_broadcast(&s->em_cv);
+            if (s->em_stop) break;
+            pthread_cond_wait(&s->em_cv, &s->em_mu);
+            continue;
+        }
+        s->em_head = r->next;
+        if (!s->em_head) s->em_tail = NULL;
+        s->em_busy = true;
+        pthread_mutex_unlock(&s->em_mu);
+        emit_run(r->j, r->text, r->n, r->has_ti ? &r->ti : NULL, r->done);
+        free(r->text), free(r);
+        pthread_mutex_lock(&s->em_mu);
+    }
+    pthread_mutex_unlock(&s->em_mu);
+    return NULL;
+}
+
+/* Hands job j's new text (owned, NULL for none), its token's log-probabilities (NULL when not asked) and, with done,
+ * its end to the emitter thread. Without the thread, or without memory for the record, the call runs here once the
+ * records before it have gone out, so a job's frames keep their order. */
+static void post(srv_sched *s, srv_job *j, char *text, size_t n, const srv_tokinfo *ti, bool done) {
+    emit_rec *r = s->em_on && j->emit ? malloc(sizeof *r) : NULL;
+    if (!r) {
+        if (s->em_on) {
+            pthread_mutex_lock(&s->em_mu);
+            while (s->em_head || s->em_busy) pthread_cond_wait(&s->em_cv, &s->em_mu);
+            pthread_mutex_unlock(&s->em_mu);
+        }
+        emit_run(j, text, n, ti, done);
+        free(text);
+        return;
+    }
+    *r = (emit_rec){.j = j, .text = text, .n = n, .has_ti = ti != NULL, .done = done};
+    if (ti) r->ti = *ti;
+    pthread_mutex_lock(&s->em_mu);
+    if (s->em_tail) s->em_tail->next = r;
+    else s->em_head = r;
+    s->em_tail = r;
+    pthread_cond_broadcast(&s->em_cv);
+    pthread_mutex_unlock(&s->em_mu);
+}
 
 static int64_t lcp(const int32_t *a, int64_t na, const int32_t *b, int64_t nb) {
     int64_t k = 0;
@@ -253,18 +336,12 @@ static void finish(srv_sched *s, slot *sl, srv_finish why, int http_status, cons
         snprintf(j->err, sizeof j->err, "%s", err ? err : "");
     }
     pthread_mutex_unlock(&j->mu);
-    if (j->emit) j->emit(j, out ? out : "", out ? n_out : 0, NULL, 0, true);
-    free(out);
     s->met.requests_done++;
     if (j->t_start) {
         s->met.predicted_tokens += sl->n_decoded;
         s->met.predicted_s += j->t_end - j->t_first;
     }
-    pthread_mutex_lock(&j->mu);
-    j->done = true;
-    pthread_cond_broadcast(&j->cv);
-    pthread_mutex_unlock(&j->mu);
-    srv_job_release(j);
+    post(s, j, out, n_out, NULL, true);
     kiln_sampler_free(sl->smp);
     kiln_grammar_matcher_free(sl->gm);
     sl->smp = NULL, sl->gm = NULL, sl->job = NULL, sl->st = SLOT_IDLE;
@@ -272,19 +349,14 @@ static void finish(srv_sched *s, slot *sl, srv_finish why, int http_status, cons
 }
 
 /* A job that never reached a slot (cancelled or timed out in the queue, or the scheduler stopping). */
-static void finish_queued(srv_job *j, srv_finish why, int http_status, const char *err) {
+static void finish_queued(srv_sched *s, srv_job *j, srv_finish why, int http_status, const char *err) {
     pthread_mutex_lock(&j->mu);
     j->finish = why;
     j->t_end = srv_now();
     j->text = calloc(1, 1);
     if (http_status) j->http_status = http_status, snprintf(j->err, sizeof j->err, "%s", err);
     pthread_mutex_unlock(&j->mu);
-    if (j->emit) j->emit(j, "", 0, NULL, 0, true);
-    pthread_mutex_lock(&j->mu);
-    j->done = true;
-    pthread_cond_broadcast(&j->cv);
-    pthread_mutex_unlock(&j->mu);
-    srv_job_release(j);
+    post(s, j, NULL, 0, NULL, true);
 }
 
 /* Whether job j may speculate: the server drafts and the request leaves it on, and acceptance gives the tokens the
@@ -507,8 +579,7 @@ static bool emit_token(srv_sched *s, slot *sl, int32_t t, const srv_tokinfo *ti,
     if (j->emit && (end > sl->sent || want)) {
         size_t n_out = 0;
         char *out = srv_utf8_sanitize(sl->text + sl->sent, end - sl->sent, &n_out);
-        j->emit(j, out ? out : "", out ? n_out : 0, ti, want ? 1 : 0, false);
-        free(out);
+        post(s, j, out, n_out, ti, false);
     }
     sl->sent = end;
     if (why == SRV_FIN_STOP) {
@@ -623,7 +694,7 @@ static void reap(srv_sched *s) {
         }
         memmove(s->queue + qi, s->queue + qi + 1, (size_t)(s->q_n - qi - 1) * sizeof *s->queue);
         s->q_n--;
-        finish_queued(j, cancel ? SRV_FIN_CANCEL : SRV_FIN_TIMEOUT, cancel ? 0 : 503, "the request timed out waiting for a slot");
+        finish_queued(s, j, cancel ? SRV_FIN_CANCEL : SRV_FIN_TIMEOUT, cancel ? 0 : 503, "the request timed out waiting for a slot");
     }
 }
 
@@ -848,7 +919,7 @@ static void *sched_main(void *arg) {
     run_ctrls(s);
     for (int i = 0; i < s->n_slots; i++)
         if (s->slots[i].st != SLOT_IDLE) finish(s, &s->slots[i], SRV_FIN_CANCEL, 503, "the server is shutting down");
-    while (s->q_n) finish_queued(s->queue[--s->q_n], SRV_FIN_CANCEL, 503, "the server is shutting down");
+    while (s->q_n) finish_queued(s, s->queue[--s->q_n], SRV_FIN_CANCEL, 503, "the server is shutting down");
     pthread_mutex_unlock(&s->mu);
     free(chunk);
     return NULL;
@@ -905,6 +976,9 @@ kiln_status srv_sched_new(kiln_context *c, const kiln_model *m, const srv_sched_
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->ctrl_cv, NULL);
+    pthread_mutex_init(&s->em_mu, NULL);
+    pthread_cond_init(&s->em_cv, NULL);
+    s->em_on = pthread_create(&s->em_th, NULL, emit_main, s) == 0; /* without it the scheduler emits itself */
     if (pthread_create(&s->th, NULL, sched_main, s)) {
         s->spec.draft = NULL; /* the caller's still */
         srv_sched_free(s);
@@ -921,6 +995,15 @@ void srv_sched_free(srv_sched *s) {
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     if (s->th) pthread_join(s->th, NULL);
+    if (s->em_on) { /* the jobs' last frames go out before the emitter stops */
+        pthread_mutex_lock(&s->em_mu);
+        s->em_stop = true;
+        pthread_cond_broadcast(&s->em_cv);
+        pthread_mutex_unlock(&s->em_mu);
+        pthread_join(s->em_th, NULL);
+    }
+    pthread_mutex_destroy(&s->em_mu);
+    pthread_cond_destroy(&s->em_cv);
     for (int i = 0; i < s->n_slots; i++) free(s->slots[i].text), free(s->slots[i].draft);
     free(s->slots), free(s->queue), free(s->batch), free(s->row_slot), free(s->logits), free(s->probs), free(s->piece);
     free(s->spec_seq), free(s->spec_out), free(s->dbatch), free(s->dnext), free(s->dlogits), free(s->spec_q), free(s->spec_rows_copy);

@@ -53,7 +53,7 @@ typedef struct srv_tokinfo {
 } srv_tokinfo;
 
 struct srv_job;
-/* Called on the scheduler thread with the job's new text (valid UTF-8, may be empty with toks) and the tokens that
+/* Called on the scheduler's emitter thread, in order, with the job's new text (valid UTF-8, may be empty with toks) and the tokens that
  * made it; done is true on the last call, when the job's results are final. Takes the job's lock itself. */
 typedef void (*srv_emit_fn)(struct srv_job *j, const char *text, size_t n, const srv_tokinfo *toks, size_t n_toks, bool done);
 
