@@ -2,6 +2,8 @@
  * out by hand below, on six logits that are binary fractions so every expected value is exact in float; and the
  * refusal of parameters that are not finite or out of range. (The seeded sampling itself is held to llama2.c's
  * output in tests/test_generate.c.) */
+#include <math.h>
+
 #include "kiln.h"
 #include "test.h"
 
@@ -85,7 +87,39 @@ static void test_sampler_refuses_bad_params(void) {
     }
 }
 
+/* Greedy picks the lowest index among equal maxima, wherever it falls in the 16-lane passes, and passes NaNs over. */
+static void test_sampler_greedy_ties(void) {
+    enum { N = 1000 };
+    static float x[N];
+    kiln_sampler_params p = kiln_sampler_default();
+    p.temp = 0, p.repeat_penalty = 1;
+    kiln_sampler *s;
+    CHECK(kiln_sampler_new(&p, N, &s) == KILN_OK, "new: %s", kiln_last_error());
+    if (!s) return;
+    struct { int a, b, nan; int32_t want; } cases[] = {
+        {37, 901, -1, 37}, /* a tie across lanes and blocks: the first */
+        {998, 999, -1, 998}, /* both in the tail past the last whole block of 16 */
+        {5, 21, 3, 5},     /* same lane, a NaN before them */
+        {0, 16, -1, 0},    /* the first element */
+        {-1, 999, 500, 999}, /* the last element alone */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        for (int i = 0; i < N; i++) x[i] = (float)(i % 97) * 0.01f - 2.0f;
+        if (cases[c].a >= 0) x[cases[c].a] = 7.0f;
+        x[cases[c].b] = 7.0f;
+        if (cases[c].nan >= 0) x[cases[c].nan] = NAN;
+        int32_t id = kiln_sampler_sample(s, x, NULL, 0);
+        CHECK(id == cases[c].want, "case %zu: %d, want %d", c, id, cases[c].want);
+    }
+    for (int i = 0; i < N; i++) x[i] = -INFINITY;
+    CHECK(kiln_sampler_sample(s, x, NULL, 0) == 0, "all -inf: the first");
+    x[0] = NAN, x[10] = 1.0f;
+    CHECK(kiln_sampler_sample(s, x, NULL, 0) == 0, "x[0] NaN: 0, as the running scan gave");
+    kiln_sampler_free(s);
+}
+
 int main(void) {
+    RUN(test_sampler_greedy_ties);
     RUN(test_sampler_penalties_last_n);
     RUN(test_sampler_penalties_whole_history);
     RUN(test_sampler_penalties_off);
