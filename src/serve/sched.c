@@ -290,13 +290,13 @@ static void *emit_main(void *arg) {
  * its end to the emitter thread. Without the thread, or without memory for the record, the call runs here once the
  * records before it have gone out, so a job's frames keep their order. */
 static void post(srv_sched *s, srv_job *j, char *text, size_t n, const srv_tokinfo *ti, bool done) {
-    emit_rec *r = s->em_on && j->emit ? malloc(sizeof *r) : NULL;
-    if (!r) {
-        if (s->em_on) {
-            pthread_mutex_lock(&s->em_mu);
-            while (s->em_head || s->em_busy) pthread_cond_wait(&s->em_cv, &s->em_mu);
-            pthread_mutex_unlock(&s->em_mu);
-        }
+    emit_rec *r = NULL;
+    if (s->em_on && j->emit && !(r = malloc(sizeof *r))) {
+        pthread_mutex_lock(&s->em_mu);
+        while (s->em_head || s->em_busy) pthread_cond_wait(&s->em_cv, &s->em_mu);
+        pthread_mutex_unlock(&s->em_mu);
+    }
+    if (!r) { /* no frames (a job without a stream), no thread or no memory */
         emit_run(j, text, n, ti, done);
         free(text);
         return;
