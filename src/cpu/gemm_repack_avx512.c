@@ -117,6 +117,72 @@ static inline __attribute__((always_inline)) void q4_1_nt(const kiln_pack_call *
 
 void kiln_pack_gemm_q4_1_avx512(const kiln_pack_call *c) { NT_CASES(q4_1_nt, c) }
 
+/* ---------------------------------------------------------------- Q4_0, IQ4_NL, Q5_0, Q5_1
+ * The 32-element types of ops_repack.c's pack_b32: Q4_1's nibble vectors, Q5's fifth bits merged in at bit 4
+ * (vector k's low nibbles from bit k of each byte of the qh vector, its high nibbles from bit 4 + k), IQ4_NL's
+ * indices looked up as level + 128. The quants are then unsigned, q = x + bias: Q4_0 x = q - 8, Q5_0 x = q - 16,
+ * IQ4_NL x = (q - 128) through the table. Against a Q8_0 panel a block's sum starts at the panel's -128 * sum(x)
+ * divided by 128 / bias (exact: a multiple of 128), so sum(q x) - bias * sum(x) is what the Q8_0 vec_dot sums.
+ * Q5_1 (x = d q + m) reads a Q8_1 panel as Q4_1 does. */
+enum { B32_Q4_0, B32_IQ4_NL, B32_Q5_0, B32_Q5_1 };
+
+static inline __attribute__((always_inline)) void b32_nt(const kiln_pack_call *c, const int NT, const int kind) {
+    const bool q5 = kind == B32_Q5_0 || kind == B32_Q5_1, has_m = kind == B32_Q5_1;
+    const size_t bq = q5 ? KILN_PACK_Q5_0_QS : KILN_PACK_Q4_0_QS, ba = has_m ? KILN_PACK_Q5_1_AUX : KILN_PACK_Q4_0_AUX;
+    const int shift = kind == B32_Q4_0 ? 4 : kind == B32_Q5_0 ? 3 : 0; /* -128 sum(x) >> shift = -bias sum(x) */
+    const int64_t nb = c->nb, I = nb * 32;
+    const char *wq = c->w, *wa = c->w + nb * bq;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    __m512i table = _mm512_setzero_si512();
+    if (kind == B32_IQ4_NL) {
+        uint8_t t[16];
+        for (int i = 0; i < 16; i++) t[i] = (uint8_t)(kiln_iq4nl_values[i] + 128);
+        table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t));
+    }
+    __m512 acc[KILN_PACK_NT];
+    UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const char *q = wq + b * bq, *aux = wa + b * ba;
+        const __m512 dw = f16x16(aux);
+        __m512i s[KILN_PACK_NT];
+        UNROLL for (int t = 0; t < NT; t++) {
+            if (has_m) s[t] = _mm512_setzero_si512();
+            else s[t] = _mm512_srai_epi32(bcast4(c->x + t * c->x_row + I + 4 * nb + 4 * b), shift);
+        }
+        const __m512i h = q5 ? ld(q + 256) : _mm512_setzero_si512();
+        UNROLL for (int k = 0; k < 4; k++) {
+            const __m512i w = ld(q + 64 * k);
+            __m512i lo = _mm512_and_si512(w, m4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+            if (q5) {
+                lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 4 - k), b4));
+                hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(h, k), b4));
+            }
+            if (kind == B32_IQ4_NL) lo = _mm512_shuffle_epi8(table, lo), hi = _mm512_shuffle_epi8(table, hi);
+            UNROLL for (int t = 0; t < NT; t++) {
+                const char *xt = c->x + t * c->x_row + 32 * b;
+                s[t] = _mm512_dpbusd_epi32(s[t], lo, bcast4(xt + 4 * k));
+                s[t] = _mm512_dpbusd_epi32(s[t], hi, bcast4(xt + 16 + 4 * k));
+            }
+        }
+        UNROLL for (int t = 0; t < NT; t++) {
+            const char *xs = c->x + t * c->x_row + I;
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(dw, bcastf(xs + 4 * b)), acc[t]);
+            if (has_m) acc[t] = _mm512_fmadd_ps(f16x16(aux + 32), bcastf(xs + 4 * nb + 4 * b), acc[t]);
+        }
+    }
+    UNROLL for (int t = 0; t < NT; t++) store_rows(c->y + t * c->ldy, acc[t], c->nrows);
+}
+
+static inline __attribute__((always_inline)) void q4_0_nt(const kiln_pack_call *c, const int NT) { b32_nt(c, NT, B32_Q4_0); }
+static inline __attribute__((always_inline)) void iq4_nl_nt(const kiln_pack_call *c, const int NT) { b32_nt(c, NT, B32_IQ4_NL); }
+static inline __attribute__((always_inline)) void q5_0_nt(const kiln_pack_call *c, const int NT) { b32_nt(c, NT, B32_Q5_0); }
+static inline __attribute__((always_inline)) void q5_1_nt(const kiln_pack_call *c, const int NT) { b32_nt(c, NT, B32_Q5_1); }
+
+void kiln_pack_gemm_q4_0_avx512(const kiln_pack_call *c) { NT_CASES(q4_0_nt, c) }
+void kiln_pack_gemm_iq4_nl_avx512(const kiln_pack_call *c) { NT_CASES(iq4_nl_nt, c) }
+void kiln_pack_gemm_q5_0_avx512(const kiln_pack_call *c) { NT_CASES(q5_0_nt, c) }
+void kiln_pack_gemm_q5_1_avx512(const kiln_pack_call *c) { NT_CASES(q5_1_nt, c) }
+
 /* ---------------------------------------------------------------- Q4_K and Q5_K
  * x = d * sc_j * q - dmin * m_j over sub-blocks j of 32. Vector (c, k) lane r holds qs[32c+4k..] of row r: low
  * nibbles are elements 4k.. of sub-block 2c, high nibbles of sub-block 2c+1. The high nibbles are used in place
@@ -280,5 +346,52 @@ static inline __attribute__((always_inline)) void q6_K_nt(const kiln_pack_call *
 }
 
 void kiln_pack_gemm_q6_K_avx512(const kiln_pack_call *c) { NT_CASES(q6_K_nt, c) }
+
+/* ---------------------------------------------------------------- IQ4_XS
+ * x = d * (ls_j - 32) * level over sub-blocks j of 32, ls_j = scales_l nibble j | (2 bits j of scales_h) << 4.
+ * The levels are looked up as level + 128 (unsigned); the 128 * sum(x) this adds to a sub-block is taken off in
+ * the integer sum by one vpdpwssd of the pair (-128, -128) against the sub-block's two Q8_K bsums. */
+static inline __attribute__((always_inline)) void iq4_xs_nt(const kiln_pack_call *c, const int NT) {
+    const int64_t nb = c->nb;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), neg128 = _mm512_set1_epi16(-128);
+    uint8_t tb[16];
+    for (int i = 0; i < 16; i++) tb[i] = (uint8_t)(kiln_iq4nl_values[i] + 128);
+    const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)tb));
+    __m512 acc[KILN_PACK_NT];
+    UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const char *q = c->w + b * KILN_PACK_IQ4_XS_QS, *aux = c->w + nb * KILN_PACK_IQ4_XS_QS + b * KILN_PACK_IQ4_XS_AUX;
+        const char *xb = c->x + b * (int64_t)sizeof(block_q8_K);
+        const __m512 d = f16x16(aux);
+        const __m128i sh_lo = _mm_loadu_si128((const __m128i *)(aux + 32)), sh_hi = _mm_loadu_si128((const __m128i *)(aux + 48));
+        __m512 F[KILN_PACK_NT];
+        UNROLL for (int t = 0; t < NT; t++) F[t] = _mm512_setzero_ps();
+        UNROLL for (int j = 0; j < 8; j++) {
+            const __m128i l = _mm_loadu_si128((const __m128i *)(aux + 64 + 16 * (j >> 1)));
+            const __m128i lo4 = _mm_and_si128(j & 1 ? _mm_srli_epi16(l, 4) : l, _mm_set1_epi8(0x0F));
+            const __m128i hsrc = j < 4 ? sh_lo : sh_hi;
+            const __m128i hi2 = _mm_and_si128(_mm_srli_epi16(hsrc, 2 * (j & 3)), _mm_set1_epi8(3));
+            const __m128i ls = _mm_or_si128(lo4, _mm_slli_epi16(hi2, 4));
+            const __m512 s = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(ls), _mm512_set1_epi32(32))));
+            __m512i A[KILN_PACK_NT];
+            UNROLL for (int t = 0; t < NT; t++) A[t] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), neg128, bcast4(xb + t * c->x_row + Q8K_BSUMS + 4 * j));
+            UNROLL for (int k = 0; k < 4; k++) {
+                const __m512i w = ld(q + 256 * j + 64 * k);
+                const __m512i lo = _mm512_shuffle_epi8(table, _mm512_and_si512(w, m4));
+                const __m512i hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(w, 4), m4));
+                UNROLL for (int t = 0; t < NT; t++) {
+                    const char *xt = xb + t * c->x_row + Q8K_QS + 32 * j;
+                    A[t] = _mm512_dpbusd_epi32(A[t], lo, bcast4(xt + 4 * k));
+                    A[t] = _mm512_dpbusd_epi32(A[t], hi, bcast4(xt + 16 + 4 * k));
+                }
+            }
+            UNROLL for (int t = 0; t < NT; t++) F[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(A[t]), s, F[t]);
+        }
+        UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm512_fmadd_ps(F[t], bcastf(xb + t * c->x_row), acc[t]);
+    }
+    UNROLL for (int t = 0; t < NT; t++) store_rows(c->y + t * c->ldy, acc[t], c->nrows);
+}
+
+void kiln_pack_gemm_iq4_xs_avx512(const kiln_pack_call *c) { NT_CASES(iq4_xs_nt, c) }
 
 #endif /* __x86_64__ */

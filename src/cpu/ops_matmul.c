@@ -10,7 +10,7 @@
  *
  * Two kernels, per weight:
  *  - Repacked (the weight is in ctx's prepared set, ops_repack.c, and the level is AVX-512): x is quantized
- *    into the panel the VNNI kernel reads (Q8_K blocks for K-quants; Q8_0/Q8_1 quants with float scales and
+ *    into the panel the VNNI kernel reads (Q8_K blocks for K-quants and IQ4_XS; Q8_0/Q8_1 quants with float scales and
  *    sums), and a unit is a run of 16-row groups, run for 8 tokens at a time. Results agree with vec_dot to float
  *    rounding (the integer sums are the same) and do not depend on how tokens are grouped.
  *  - In place: x is quantized to W's vec_dot_type; a unit is 16 rows and each output is one vec_dot, or, where
@@ -47,7 +47,7 @@ typedef struct {
 /* How x is quantized for the parts of a job: all parts of one job share it. */
 typedef struct {
     kiln_type vt;                /* W's vec_dot_type; F32: x is used as it is */
-    kiln_type panel;             /* KILN_TYPE_COUNT, or the repacked weight type whose panel is used */
+    kiln_type panel;             /* KILN_TYPE_COUNT, or the panel type (Q8_0, Q8_1) of the repacked weights */
 } mm_act;
 
 typedef struct {
@@ -212,9 +212,9 @@ static mm_part make_part(const kiln_ops_ctx *ctx, kiln_simd level, float *y, con
         p.nb = I / tt->blck_size;
         p.groups = 1;
         p.n_chunks = P->n_groups;
-        /* K-quants read plain Q8_K rows, as their vec_dot does; Q8_0 and Q4_1 a panel of their own */
-        const bool k_quant = tt->vec_dot_type == KILN_TYPE_Q8_K;
-        *act = (mm_act){.vt = tt->vec_dot_type, .panel = k_quant ? KILN_TYPE_COUNT : W->type};
+        /* Q8_K-dotted types read plain Q8_K rows, as their vec_dot does; the others a Q8_0 or Q8_1 panel */
+        const bool q8_K = tt->vec_dot_type == KILN_TYPE_Q8_K;
+        *act = (mm_act){.vt = tt->vec_dot_type, .panel = q8_K ? KILN_TYPE_COUNT : kiln_pack_panel_type(W->type)};
         return p;
     }
     p.w = W->data;

@@ -40,6 +40,7 @@ static inline void put4(uint8_t *vec, int r, const uint8_t *src, uint8_t flip) {
 }
 
 static const uint8_t zero_block[sizeof(block_q6_K) > sizeof(block_q5_K) ? sizeof(block_q6_K) : sizeof(block_q5_K)];
+static_assert(sizeof(block_q6_K) >= sizeof(block_iq4_xs), "zero_block covers every packed block");
 
 static void pack_q8_0(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux) {
     for (int64_t b = 0; b < nb; b++)
@@ -57,6 +58,72 @@ static void pack_q4_1(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uin
             for (int k = 0; k < 4; k++) put4(qs + b * KILN_PACK_Q4_1_QS + 64 * k, r, x->qs + 4 * k, 0);
             memcpy(aux + b * KILN_PACK_Q4_1_AUX + 2 * r, &x->d, 2);
             memcpy(aux + b * KILN_PACK_Q4_1_AUX + 32 + 2 * r, &x->m, 2);
+        }
+}
+
+/* The 32-element types Q4_0, IQ4_NL, Q5_0 and Q5_1: Q4_1's 4 vectors of nibbles, then (Q5) one vector of fifth
+ * bits, then d (and m) as 16 f16 each. Lane r of the qh vector is row r's qh rearranged so that bit m of byte i
+ * is the fifth bit of element 4m + i: vector k's low nibbles (elements 4k + i) find theirs at bit k of byte i,
+ * its high nibbles (16 + 4k + i) at bit 4 + k, each moved to bit 4 by one shift and a mask for all 16 rows. */
+typedef struct {
+    size_t bytes;         /* block size */
+    int qs, qh, d, m;     /* byte offsets in the block; qh and m -1 where the type has none */
+    size_t bq, ba;        /* bytes of qs and aux per block of a group */
+} b32_layout;
+
+static uint32_t q5_spread(const uint8_t qh[4]) {
+    uint32_t h, out = 0;
+    memcpy(&h, qh, 4);
+    for (int e = 0; e < 32; e++)
+        if (h >> e & 1) out |= 1u << (8 * (e & 3) + (e >> 2));
+    return out;
+}
+
+static void pack_b32(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux, const b32_layout *L) {
+    for (int64_t b = 0; b < nb; b++)
+        for (int r = 0; r < KILN_PACK_ROWS; r++) {
+            const uint8_t *x = rows[r] ? rows[r] + (size_t)b * L->bytes : zero_block;
+            uint8_t *q = qs + b * L->bq, *a = aux + b * L->ba;
+            for (int k = 0; k < 4; k++) put4(q + 64 * k, r, x + L->qs + 4 * k, 0);
+            if (L->qh >= 0) {
+                const uint32_t h = q5_spread(x + L->qh);
+                memcpy(q + 256 + 4 * r, &h, 4);
+            }
+            memcpy(a + 2 * r, x + L->d, 2);
+            if (L->m >= 0) memcpy(a + 32 + 2 * r, x + L->m, 2);
+        }
+}
+
+static const b32_layout layout_q4_0 = {sizeof(block_q4_0), 2, -1, 0, -1, KILN_PACK_Q4_0_QS, KILN_PACK_Q4_0_AUX};
+static const b32_layout layout_iq4_nl = {sizeof(block_iq4_nl), 2, -1, 0, -1, KILN_PACK_IQ4_NL_QS, KILN_PACK_IQ4_NL_AUX};
+static const b32_layout layout_q5_0 = {sizeof(block_q5_0), 6, 2, 0, -1, KILN_PACK_Q5_0_QS, KILN_PACK_Q5_0_AUX};
+static const b32_layout layout_q5_1 = {sizeof(block_q5_1), 8, 4, 0, 2, KILN_PACK_Q5_1_QS, KILN_PACK_Q5_1_AUX};
+static void pack_q4_0(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux) {
+    pack_b32(rows, nb, qs, aux, &layout_q4_0);
+}
+static void pack_iq4_nl(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux) {
+    pack_b32(rows, nb, qs, aux, &layout_iq4_nl);
+}
+static void pack_q5_0(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux) {
+    pack_b32(rows, nb, qs, aux, &layout_q5_0);
+}
+static void pack_q5_1(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux) {
+    pack_b32(rows, nb, qs, aux, &layout_q5_1);
+}
+
+/* IQ4_XS: per sub-block j of 32, Q4_0's 4 vectors of nibbles (qs[16j..]); then d, the 16 rows' scales_h as two
+ * planes of 16 bytes (low byte, high byte), and scales_l[4] as 4 planes. */
+static void pack_iq4_xs(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux) {
+    for (int64_t b = 0; b < nb; b++)
+        for (int r = 0; r < KILN_PACK_ROWS; r++) {
+            const block_iq4_xs *x = rows[r] ? (const block_iq4_xs *)rows[r] + b : (const block_iq4_xs *)zero_block;
+            uint8_t *q = qs + b * KILN_PACK_IQ4_XS_QS, *a = aux + b * KILN_PACK_IQ4_XS_AUX;
+            for (int j = 0; j < QK_K / 32; j++)
+                for (int k = 0; k < 4; k++) put4(q + 256 * j + 64 * k, r, x->qs + 16 * j + 4 * k, 0);
+            memcpy(a + 2 * r, &x->d, 2);
+            a[32 + r] = (uint8_t)(x->scales_h & 0xFF);
+            a[48 + r] = (uint8_t)(x->scales_h >> 8);
+            for (int p = 0; p < QK_K / 64; p++) a[64 + 16 * p + r] = x->scales_l[p];
         }
 }
 
@@ -119,6 +186,11 @@ static const pack_format formats[] = {
     {KILN_TYPE_Q4_K, KILN_PACK_Q4_K_QS, KILN_PACK_Q4_K_AUX, pack_q4_K, KERNEL(kiln_pack_gemm_q4_K_avx512)},
     {KILN_TYPE_Q5_K, KILN_PACK_Q5_K_QS, KILN_PACK_Q5_K_AUX, pack_q5_K, KERNEL(kiln_pack_gemm_q5_K_avx512)},
     {KILN_TYPE_Q6_K, KILN_PACK_Q6_K_QS, KILN_PACK_Q6_K_AUX, pack_q6_K, KERNEL(kiln_pack_gemm_q6_K_avx512)},
+    {KILN_TYPE_Q4_0, KILN_PACK_Q4_0_QS, KILN_PACK_Q4_0_AUX, pack_q4_0, KERNEL(kiln_pack_gemm_q4_0_avx512)},
+    {KILN_TYPE_IQ4_NL, KILN_PACK_IQ4_NL_QS, KILN_PACK_IQ4_NL_AUX, pack_iq4_nl, KERNEL(kiln_pack_gemm_iq4_nl_avx512)},
+    {KILN_TYPE_Q5_0, KILN_PACK_Q5_0_QS, KILN_PACK_Q5_0_AUX, pack_q5_0, KERNEL(kiln_pack_gemm_q5_0_avx512)},
+    {KILN_TYPE_Q5_1, KILN_PACK_Q5_1_QS, KILN_PACK_Q5_1_AUX, pack_q5_1, KERNEL(kiln_pack_gemm_q5_1_avx512)},
+    {KILN_TYPE_IQ4_XS, KILN_PACK_IQ4_XS_QS, KILN_PACK_IQ4_XS_AUX, pack_iq4_xs, KERNEL(kiln_pack_gemm_iq4_xs_avx512)},
 };
 
 /* Every layout is 16 GGUF blocks, which the kernels' offsets assume. */
@@ -127,6 +199,11 @@ static_assert(KILN_PACK_Q4_1_QS + KILN_PACK_Q4_1_AUX == KILN_PACK_ROWS * sizeof(
 static_assert(KILN_PACK_Q4_K_QS + KILN_PACK_Q4_K_AUX == KILN_PACK_ROWS * sizeof(block_q4_K), "Q4_K group size");
 static_assert(KILN_PACK_Q5_K_QS + KILN_PACK_Q5_K_AUX == KILN_PACK_ROWS * sizeof(block_q5_K), "Q5_K group size");
 static_assert(KILN_PACK_Q6_K_QS + KILN_PACK_Q6_K_AUX == KILN_PACK_ROWS * sizeof(block_q6_K), "Q6_K group size");
+static_assert(KILN_PACK_Q4_0_QS + KILN_PACK_Q4_0_AUX == KILN_PACK_ROWS * sizeof(block_q4_0), "Q4_0 group size");
+static_assert(KILN_PACK_IQ4_NL_QS + KILN_PACK_IQ4_NL_AUX == KILN_PACK_ROWS * sizeof(block_iq4_nl), "IQ4_NL group size");
+static_assert(KILN_PACK_Q5_0_QS + KILN_PACK_Q5_0_AUX == KILN_PACK_ROWS * sizeof(block_q5_0), "Q5_0 group size");
+static_assert(KILN_PACK_Q5_1_QS + KILN_PACK_Q5_1_AUX == KILN_PACK_ROWS * sizeof(block_q5_1), "Q5_1 group size");
+static_assert(KILN_PACK_IQ4_XS_QS + KILN_PACK_IQ4_XS_AUX == KILN_PACK_ROWS * sizeof(block_iq4_xs), "IQ4_XS group size");
 
 static const pack_format *format_of(kiln_type t) {
     for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++)
@@ -162,21 +239,24 @@ void kiln_pack_group(const kiln_tensor_view *W, int64_t g, char *dst) {
 
 /* ---------------------------------------------------------------- activation panels */
 
-static bool k_quant(kiln_type t) { return t == KILN_TYPE_Q4_K || t == KILN_TYPE_Q5_K || t == KILN_TYPE_Q6_K; }
+kiln_type kiln_pack_panel_type(kiln_type t) {
+    const kiln_type_traits *tt = kiln_type_traits_get(t);
+    return tt ? tt->vec_dot_type : KILN_TYPE_COUNT;
+}
 
-size_t kiln_pack_panel_row_bytes(kiln_type t, int64_t I) {
-    if (k_quant(t)) return kiln_type_row_bytes(KILN_TYPE_Q8_K, I);
+size_t kiln_pack_panel_row_bytes(kiln_type panel, int64_t I) {
+    if (panel == KILN_TYPE_Q8_K) return kiln_type_row_bytes(KILN_TYPE_Q8_K, I);
     return kiln_ops_round_up(kiln_ops_add((size_t)I, kiln_ops_mul((size_t)(I / 32), 8)), 64);
 }
 
-void kiln_pack_panel_quantize(kiln_type t, kiln_simd level, const float *x, char *row, int64_t I, int64_t b0, int64_t b1) {
-    if (k_quant(t)) {
+void kiln_pack_panel_quantize(kiln_type panel, kiln_simd level, const float *x, char *row, int64_t I, int64_t b0, int64_t b1) {
+    if (panel == KILN_TYPE_Q8_K) {
         kiln_get_from_float(KILN_TYPE_Q8_K, level)(x + b0 * QK_K, row + (size_t)b0 * sizeof(block_q8_K), (b1 - b0) * QK_K);
         return;
     }
     const int64_t nb = I / 32;
     float *d = (float *)(row + I); /* row + I is 4-byte aligned: I is a multiple of 32 */
-    if (t == KILN_TYPE_Q8_0) {
+    if (panel == KILN_TYPE_Q8_0) {
         const kiln_from_float_fn q = kiln_get_from_float(KILN_TYPE_Q8_0, level);
         int32_t *corr = (int32_t *)(d + nb);
         for (int64_t b = b0; b < b1; b++) {
@@ -190,7 +270,7 @@ void kiln_pack_panel_quantize(kiln_type t, kiln_simd level, const float *x, char
         }
         return;
     }
-    assert(t == KILN_TYPE_Q4_1);
+    assert(panel == KILN_TYPE_Q8_1);
     const kiln_from_float_fn q = kiln_get_from_float(KILN_TYPE_Q8_1, level);
     float *s = d + nb;
     for (int64_t b = b0; b < b1; b++) {

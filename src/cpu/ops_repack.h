@@ -25,6 +25,16 @@
 #define KILN_PACK_Q5_K_AUX 256 /* as Q4_K */
 #define KILN_PACK_Q6_K_QS 3072 /* per half, per k: ql low, ql high, qh vectors */
 #define KILN_PACK_Q6_K_AUX 288 /* d (f16), then scales[16] as 16 planes of 16 bytes */
+#define KILN_PACK_Q4_0_QS 256  /* Q4_1's nibbles */
+#define KILN_PACK_Q4_0_AUX 32  /* d */
+#define KILN_PACK_IQ4_NL_QS 256 /* Q4_1's nibbles (level indices) */
+#define KILN_PACK_IQ4_NL_AUX 32 /* d */
+#define KILN_PACK_Q5_0_QS 320  /* Q4_1's nibbles, then 1 vector of fifth bits (ops_repack.c: pack_b32) */
+#define KILN_PACK_Q5_0_AUX 32  /* d */
+#define KILN_PACK_Q5_1_QS 320  /* as Q5_0 */
+#define KILN_PACK_Q5_1_AUX 64  /* d, then m */
+#define KILN_PACK_IQ4_XS_QS 2048 /* per sub-block of 32, 4 vectors of nibbles (level indices) */
+#define KILN_PACK_IQ4_XS_AUX 128 /* d, scales_h as 2 planes, scales_l[4] as 4 planes of 16 bytes */
 
 /* One kernel call: y[t * ldy + r] = dot(row r of the group, activation row t) for t < nt, r < nrows. */
 typedef struct {
@@ -44,6 +54,11 @@ void kiln_pack_gemm_q4_1_avx512(const kiln_pack_call *c);
 void kiln_pack_gemm_q4_K_avx512(const kiln_pack_call *c);
 void kiln_pack_gemm_q5_K_avx512(const kiln_pack_call *c);
 void kiln_pack_gemm_q6_K_avx512(const kiln_pack_call *c);
+void kiln_pack_gemm_q4_0_avx512(const kiln_pack_call *c);
+void kiln_pack_gemm_iq4_nl_avx512(const kiln_pack_call *c);
+void kiln_pack_gemm_q5_0_avx512(const kiln_pack_call *c);
+void kiln_pack_gemm_q5_1_avx512(const kiln_pack_call *c);
+void kiln_pack_gemm_iq4_xs_avx512(const kiln_pack_call *c);
 
 /* The kernel for weight type t at this level, or NULL where t has no packed form (or the level no kernels). */
 kiln_pack_gemm_fn kiln_pack_kernel(kiln_type t, kiln_simd level);
@@ -52,12 +67,15 @@ size_t kiln_pack_group_bytes(kiln_type t, int64_t nb);
 /* Packs group g (rows 16g..16g+15, those < O) of the 2-D weight W into dst (kiln_pack_group_bytes). */
 void kiln_pack_group(const kiln_tensor_view *W, int64_t g, char *dst);
 
-/* Activation rows ("panels") for weight type t: Q4_K/Q5_K/Q6_K read plain Q8_K blocks; Q8_0 reads qs[I], then d[nb]
- * (float) and -128 * sum(qs) per block (int32); Q4_1 reads qs[I], then d[nb] and s[nb] (float) of its Q8_1
- * blocks. The quants and scales are those kiln_get_from_float gives the vec_dot_type at the same level. */
-size_t kiln_pack_panel_row_bytes(kiln_type t, int64_t I);
+/* Activation rows ("panels"), one format per vec_dot_type, which kiln_pack_panel_type gives for a weight type:
+ * Q8_K panels are plain Q8_K blocks (the K-quants, IQ4_XS); Q8_0 panels are qs[I], then d[nb] (float) and
+ * -128 * sum(qs) per block (int32) (Q8_0, Q4_0, Q5_0, IQ4_NL); Q8_1 panels are qs[I], then d[nb] and s[nb]
+ * (float) of the Q8_1 blocks (Q4_1, Q5_1). The quants and scales are those kiln_get_from_float gives the
+ * vec_dot_type at the same level, so every weight of one panel type reads the same quantized x. */
+kiln_type kiln_pack_panel_type(kiln_type weight);
+size_t kiln_pack_panel_row_bytes(kiln_type panel, int64_t I);
 /* Blocks [b0, b1) of the panel row of x (I wide), quantized at level. */
-void kiln_pack_panel_quantize(kiln_type t, kiln_simd level, const float *x, char *row, int64_t I, int64_t b0, int64_t b1);
+void kiln_pack_panel_quantize(kiln_type panel, kiln_simd level, const float *x, char *row, int64_t I, int64_t b0, int64_t b1);
 
 /* One weight of a prepared set. */
 typedef struct kiln_cpu_packed {
