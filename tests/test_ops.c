@@ -412,6 +412,32 @@ static void test_scratch_size(void) {
     CHECK(size(1, INT64_MAX / 8, 8, 1 << 20, 64) == SIZE_MAX, "overflow saturates");
 }
 
+/* GEGLU through the op at the forced level: against a double gelu_tanh, every length up to 2 vectors plus a tail
+ * (the masked tail must leave out[n..] alone), gates from -12 to 12 and the large ones where tanh saturates. */
+static void check_geglu(void) {
+    unsigned long long rng = 71;
+    kiln_ops_ctx ctx = {0};
+    float gate[1031], up[1031], out[1032];
+    for (int i = 0; i < 1031; i++) {
+        gate[i] = i % 97 == 0 ? 1e4f * test_rng_f32(&rng) : 12.0f * test_rng_f32(&rng);
+        up[i] = test_rng_normal(&rng);
+    }
+    gate[5] = 0.0f, gate[6] = -0.0f, gate[7] = 1e-30f;
+    double worst = 0;
+    for (int n = 1; n <= 1031; n += n < 20 ? 1 : 101) {
+        out[n] = 12345.0f;
+        kiln_cpu_geglu_forward(&ctx, out, gate, up, n);
+        CHECK(out[n] == 12345.0f, "n %d: wrote past the end", n);
+        for (int i = 0; i < n; i++) {
+            const double x = gate[i], ref = 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))) * up[i];
+            const double e = fabs(out[i] - ref) / (fabs(x * up[i]) + 1e-30);
+            if (e > worst) worst = e;
+            CHECK(e <= 1e-6, "n %d i %d: gelu(%.9g) * %.9g = %.9g, want %.9g", n, i, x, up[i], out[i], ref);
+        }
+    }
+    printf("# geglu at %s: max error %.2e of |gate * up| (bound 1e-6)\n", kiln_simd_name(kiln_cpu_ops_level()), worst);
+}
+
 /* ---------------------------------------------------------------- per level */
 
 /* Runs the ops with the dispatch forced to level (skipped when the CPU lacks it), then restores the best. */
@@ -427,6 +453,8 @@ LEVEL_TEST(test_embed, check_embed, KILN_SIMD_SCALAR)
 LEVEL_TEST(test_rmsnorm, check_rmsnorm, KILN_SIMD_SCALAR)
 LEVEL_TEST(test_rope, check_rope, KILN_SIMD_SCALAR)
 LEVEL_TEST(test_swiglu, check_swiglu, KILN_SIMD_SCALAR)
+LEVEL_TEST(test_geglu, check_geglu, KILN_SIMD_SCALAR)
+LEVEL_TEST(test_geglu_avx2, check_geglu, KILN_SIMD_AVX2)
 LEVEL_TEST(test_embed_avx2, check_embed, KILN_SIMD_AVX2)
 LEVEL_TEST(test_matmul_scalar, check_matmul, KILN_SIMD_SCALAR)
 LEVEL_TEST(test_matmul_avx2, check_matmul, KILN_SIMD_AVX2)
@@ -491,6 +519,8 @@ int main(void) {
     RUN(test_rmsnorm);
     RUN(test_rope);
     RUN(test_swiglu);
+    RUN(test_geglu);
+    RUN(test_geglu_avx2);
     RUN(test_matmul_scalar);
     RUN(test_matmul_avx2);
     RUN(test_matmul_avx512);

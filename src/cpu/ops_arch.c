@@ -23,10 +23,20 @@ static void geglu_part(void *arg, int ith, int nth) {
     const elem_job *j = arg;
     int64_t lo, hi;
     kiln_ops_split(j->n, ith, nth, &lo, &hi);
+#if defined(__x86_64__)
+    if (kiln_cpu_ops_level() >= KILN_SIMD_AVX2) {
+        kiln_geglu_avx2(j->out, j->a, j->b, lo, hi);
+        return;
+    }
+#endif
+    kiln_geglu_scalar(j->out, j->a, j->b, lo, hi);
+}
+
+void kiln_geglu_scalar(float *out, const float *gate, const float *up, int64_t lo, int64_t hi) {
     const float k = 0.7978845608028654f; /* sqrt(2/pi) */
     for (int64_t i = lo; i < hi; i++) {
-        const float x = j->a[i];
-        j->out[i] = 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x))) * j->b[i];
+        const float x = gate[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x))) * up[i];
     }
 }
 

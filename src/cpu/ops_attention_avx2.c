@@ -9,10 +9,10 @@
 #include "ops_internal.h"
 
 #include <immintrin.h>
+#include "cpu/simd_avx2.h"
 #include <math.h>
 
-/* The register arrays below only stay in registers if their loops are unrolled; GCC -O2 needs telling. */
-#define UNROLL _Pragma("GCC unroll 8")
+/* UNROLL, hsum_ps and exp_ps come from simd_avx2.h. */
 #define INLINE static inline __attribute__((always_inline))
 
 INLINE __m256 load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
@@ -25,13 +25,6 @@ INLINE const void *row_at(const void *p, int64_t i, const bool F32) {
     return F32 ? (const void *)((const float *)p + i) : (const void *)((const uint16_t *)p + i);
 }
 
-INLINE float hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 INLINE float hmax_ps(__m256 v) {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_max_ps(s, _mm_movehl_ps(s, s));
@@ -39,25 +32,7 @@ INLINE float hmax_ps(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* exp(x) for x <= 0: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for an exact product), exp(r) by the
- * Cephes expf polynomial, 2^n added to the exponent. x is clamped at -86 so 2^n stays normal: exp(-86) = 4e-38,
- * nothing next to the softmax's largest term, which is 1. */
-INLINE __m256 exp_ps(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-86.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
-    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
-}
+/* exp_ps: simd_avx2.h */
 
 /* A head's slice of a cache row is HS halves among NKV * HS: the hardware prefetchers do not follow that stride
  * (measured: the loads stalled 40% of the kernel's time), so rows are prefetched by hand. */

@@ -93,6 +93,10 @@ size_t kiln_cpu_attention_scratch_size(int64_t T, int64_t max_width, int64_t NH,
 size_t kiln_cpu_attention_kv_scratch_size(int64_t max_width, int64_t NH, int64_t n_ctx, int n_threads);
 /* ops_arch.c: the elementwise ops of the architecture features (#6) */
 void kiln_cpu_geglu_forward(kiln_ops_ctx *ctx, float *out, const float *gate, const float *up, int64_t n);
+/* out[i] = gelu_tanh(gate[i]) * up[i] for i in [lo, hi): the scalar oracle (libm tanhf) and AVX2 (ops_arch_avx2.c,
+ * a polynomial exp; within 1e-6 of the scalar's magnitude, tests/test_ops.c) */
+void kiln_geglu_scalar(float *out, const float *gate, const float *up, int64_t lo, int64_t hi);
+void kiln_geglu_avx2(float *out, const float *gate, const float *up, int64_t lo, int64_t hi);
 void kiln_cpu_add_bias_forward(kiln_ops_ctx *ctx, float *x, const float *b, int64_t T, int64_t n);
 void kiln_cpu_sigmoid_mul_forward(kiln_ops_ctx *ctx, float *x, const float *g, int64_t n);
 void kiln_cpu_scale_softcap_forward(kiln_ops_ctx *ctx, float *x, int64_t n, float scale, float cap);

@@ -71,22 +71,30 @@ typedef struct {
     size_t bq, ba;        /* bytes of qs and aux per block of a group */
 } b32_layout;
 
-static uint32_t q5_spread(const uint8_t qh[4]) {
-    uint32_t h, out = 0;
-    memcpy(&h, qh, 4);
-    for (int e = 0; e < 32; e++)
-        if (h >> e & 1) out |= 1u << (8 * (e & 3) + (e >> 2));
-    return out;
+/* spread[v]: byte v of qh (elements 8b + t, t < 8) rearranged for b = 0, before its shift by 2b: element t goes
+ * to bit (t >> 2) of byte (t & 3). */
+static void q5_spread_table(uint32_t spread[256]) {
+    for (int v = 0; v < 256; v++) {
+        uint32_t w = 0;
+        for (int t = 0; t < 8; t++)
+            if (v >> t & 1) w |= 1u << (8 * (t & 3) + (t >> 2));
+        spread[v] = w;
+    }
+}
+static uint32_t q5_spread(const uint32_t spread[256], const uint8_t qh[4]) {
+    return spread[qh[0]] | spread[qh[1]] << 2 | spread[qh[2]] << 4 | spread[qh[3]] << 6;
 }
 
 static void pack_b32(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux, const b32_layout *L) {
+    uint32_t spread[256];
+    if (L->qh >= 0) q5_spread_table(spread);
     for (int64_t b = 0; b < nb; b++)
         for (int r = 0; r < KILN_PACK_ROWS; r++) {
             const uint8_t *x = rows[r] ? rows[r] + (size_t)b * L->bytes : zero_block;
             uint8_t *q = qs + b * L->bq, *a = aux + b * L->ba;
             for (int k = 0; k < 4; k++) put4(q + 64 * k, r, x + L->qs + 4 * k, 0);
             if (L->qh >= 0) {
-                const uint32_t h = q5_spread(x + L->qh);
+                const uint32_t h = q5_spread(spread, x + L->qh);
                 memcpy(q + 256 + 4 * r, &h, 4);
             }
             memcpy(a + 2 * r, x + L->d, 2);
