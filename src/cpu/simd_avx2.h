@@ -13,26 +13,6 @@
  * told (as in quants_ref.c). */
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
-/* exp(x) for x <= 0: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for an exact product), exp(r) by the
- * Cephes expf polynomial, 2^n added to the exponent. x is clamped at -86 so 2^n stays normal: exp(-86) = 4e-38,
- * nothing next to the softmax's largest term, which is 1. Shared by attention's softmax and GELU's tanh. */
-static inline __attribute__((always_inline)) __m256 exp_ps(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-86.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
-    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
-}
-
 #endif
 
 /* Small fixed-count loops over arrays of vectors must be unrolled for the arrays to live in registers;
