@@ -83,51 +83,18 @@ static inline __attribute__((always_inline)) void q8_0_nt(const kiln_pack_call *
 
 void kiln_pack_gemm_q8_0_avx512(const kiln_pack_call *c) { NT_CASES(q8_0_nt, c) }
 
-/* ---------------------------------------------------------------- Q4_1
- * x = d * q + m. Lane r of vector k holds bytes qs[4k..4k+3] of row r: low nibbles are elements 4k.., high
- * nibbles 16+4k... dot = d * dy * sum(q qy) + m * s, s = dy * sum(qy) from the Q8_1 panel (qs[I], d[nb], s[nb]). */
-static inline __attribute__((always_inline)) void q4_1_nt(const kiln_pack_call *c, const int NT) {
-    const int64_t nb = c->nb, I = nb * QK4_1;
-    const char *wq = c->w, *wa = c->w + nb * KILN_PACK_Q4_1_QS;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    __m512 acc[KILN_PACK_NT];
-    UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const char *q = wq + b * KILN_PACK_Q4_1_QS, *aux = wa + b * KILN_PACK_Q4_1_AUX;
-        const __m512 dw = f16x16(aux), mw = f16x16(aux + 32);
-        __m512i s[KILN_PACK_NT];
-        UNROLL for (int t = 0; t < NT; t++) s[t] = _mm512_setzero_si512();
-        UNROLL for (int k = 0; k < 4; k++) {
-            const __m512i w = ld(q + 64 * k);
-            const __m512i lo = _mm512_and_si512(w, m4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
-            UNROLL for (int t = 0; t < NT; t++) {
-                const char *xt = c->x + t * c->x_row + 32 * b;
-                s[t] = _mm512_dpbusd_epi32(s[t], lo, bcast4(xt + 4 * k));
-                s[t] = _mm512_dpbusd_epi32(s[t], hi, bcast4(xt + 16 + 4 * k));
-            }
-        }
-        UNROLL for (int t = 0; t < NT; t++) {
-            const char *xs = c->x + t * c->x_row + I;
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(dw, bcastf(xs + 4 * b)), acc[t]);
-            acc[t] = _mm512_fmadd_ps(mw, bcastf(xs + 4 * nb + 4 * b), acc[t]);
-        }
-    }
-    UNROLL for (int t = 0; t < NT; t++) store_rows(c->y + t * c->ldy, acc[t], c->nrows);
-}
-
-void kiln_pack_gemm_q4_1_avx512(const kiln_pack_call *c) { NT_CASES(q4_1_nt, c) }
-
-/* ---------------------------------------------------------------- Q4_0, IQ4_NL, Q5_0, Q5_1
- * The 32-element types of ops_repack.c's pack_b32: Q4_1's nibble vectors, Q5's fifth bits merged in at bit 4
+/* ---------------------------------------------------------------- Q4_0, Q4_1, IQ4_NL, Q5_0, Q5_1
+ * The 32-element types of ops_repack.c's pack_b32. Lane r of vector k holds bytes qs[4k..4k+3] of row r: low
+ * nibbles are elements 4k.., high nibbles 16+4k.., Q5's fifth bits merged in at bit 4
  * (vector k's low nibbles from bit k of each byte of the qh vector, its high nibbles from bit 4 + k), IQ4_NL's
  * indices looked up as level + 128. The quants are then unsigned, q = x + bias: Q4_0 x = q - 8, Q5_0 x = q - 16,
  * IQ4_NL x = (q - 128) through the table. Against a Q8_0 panel a block's sum starts at the panel's -128 * sum(x)
  * divided by 128 / bias (exact: a multiple of 128), so sum(q x) - bias * sum(x) is what the Q8_0 vec_dot sums.
- * Q5_1 (x = d q + m) reads a Q8_1 panel as Q4_1 does. */
-enum { B32_Q4_0, B32_IQ4_NL, B32_Q5_0, B32_Q5_1 };
+ * Q4_1 and Q5_1 (x = d q + m) read a Q8_1 panel: dot = d * dy * sum(q qy) + m * s, s = dy * sum(qy). */
+enum { B32_Q4_0, B32_Q4_1, B32_IQ4_NL, B32_Q5_0, B32_Q5_1 };
 
 static inline __attribute__((always_inline)) void b32_nt(const kiln_pack_call *c, const int NT, const int kind) {
-    const bool q5 = kind == B32_Q5_0 || kind == B32_Q5_1, has_m = kind == B32_Q5_1;
+    const bool q5 = kind == B32_Q5_0 || kind == B32_Q5_1, has_m = kind == B32_Q4_1 || kind == B32_Q5_1;
     const size_t bq = q5 ? KILN_PACK_Q5_0_QS : KILN_PACK_Q4_0_QS, ba = has_m ? KILN_PACK_Q5_1_AUX : KILN_PACK_Q4_0_AUX;
     const int shift = kind == B32_Q4_0 ? 4 : kind == B32_Q5_0 ? 3 : 0; /* -128 sum(x) >> shift = -bias sum(x) */
     const int64_t nb = c->nb, I = nb * 32;
@@ -174,11 +141,13 @@ static inline __attribute__((always_inline)) void b32_nt(const kiln_pack_call *c
 }
 
 static inline __attribute__((always_inline)) void q4_0_nt(const kiln_pack_call *c, const int NT) { b32_nt(c, NT, B32_Q4_0); }
+static inline __attribute__((always_inline)) void q4_1_nt(const kiln_pack_call *c, const int NT) { b32_nt(c, NT, B32_Q4_1); }
 static inline __attribute__((always_inline)) void iq4_nl_nt(const kiln_pack_call *c, const int NT) { b32_nt(c, NT, B32_IQ4_NL); }
 static inline __attribute__((always_inline)) void q5_0_nt(const kiln_pack_call *c, const int NT) { b32_nt(c, NT, B32_Q5_0); }
 static inline __attribute__((always_inline)) void q5_1_nt(const kiln_pack_call *c, const int NT) { b32_nt(c, NT, B32_Q5_1); }
 
 void kiln_pack_gemm_q4_0_avx512(const kiln_pack_call *c) { NT_CASES(q4_0_nt, c) }
+void kiln_pack_gemm_q4_1_avx512(const kiln_pack_call *c) { NT_CASES(q4_1_nt, c) }
 void kiln_pack_gemm_iq4_nl_avx512(const kiln_pack_call *c) { NT_CASES(iq4_nl_nt, c) }
 void kiln_pack_gemm_q5_0_avx512(const kiln_pack_call *c) { NT_CASES(q5_0_nt, c) }
 void kiln_pack_gemm_q5_1_avx512(const kiln_pack_call *c) { NT_CASES(q5_1_nt, c) }

@@ -51,17 +51,7 @@ static void pack_q8_0(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uin
         }
 }
 
-static void pack_q4_1(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux) {
-    for (int64_t b = 0; b < nb; b++)
-        for (int r = 0; r < KILN_PACK_ROWS; r++) {
-            const block_q4_1 *x = rows[r] ? (const block_q4_1 *)rows[r] + b : (const block_q4_1 *)zero_block;
-            for (int k = 0; k < 4; k++) put4(qs + b * KILN_PACK_Q4_1_QS + 64 * k, r, x->qs + 4 * k, 0);
-            memcpy(aux + b * KILN_PACK_Q4_1_AUX + 2 * r, &x->d, 2);
-            memcpy(aux + b * KILN_PACK_Q4_1_AUX + 32 + 2 * r, &x->m, 2);
-        }
-}
-
-/* The 32-element types Q4_0, IQ4_NL, Q5_0 and Q5_1: Q4_1's 4 vectors of nibbles, then (Q5) one vector of fifth
+/* The 32-element types Q4_0, Q4_1, IQ4_NL, Q5_0 and Q5_1: 4 vectors of nibbles (lane r of vector k: qs[4k..4k+3] of row r), then (Q5) one vector of fifth
  * bits, then d (and m) as 16 f16 each. Lane r of the qh vector is row r's qh rearranged so that bit m of byte i
  * is the fifth bit of element 4m + i: vector k's low nibbles (elements 4k + i) find theirs at bit k of byte i,
  * its high nibbles (16 + 4k + i) at bit 4 + k, each moved to bit 4 by one shift and a mask for all 16 rows. */
@@ -103,11 +93,15 @@ static void pack_b32(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint
 }
 
 static const b32_layout layout_q4_0 = {sizeof(block_q4_0), 2, -1, 0, -1, KILN_PACK_Q4_0_QS, KILN_PACK_Q4_0_AUX};
+static const b32_layout layout_q4_1 = {sizeof(block_q4_1), 4, -1, 0, 2, KILN_PACK_Q4_1_QS, KILN_PACK_Q4_1_AUX};
 static const b32_layout layout_iq4_nl = {sizeof(block_iq4_nl), 2, -1, 0, -1, KILN_PACK_IQ4_NL_QS, KILN_PACK_IQ4_NL_AUX};
 static const b32_layout layout_q5_0 = {sizeof(block_q5_0), 6, 2, 0, -1, KILN_PACK_Q5_0_QS, KILN_PACK_Q5_0_AUX};
 static const b32_layout layout_q5_1 = {sizeof(block_q5_1), 8, 4, 0, 2, KILN_PACK_Q5_1_QS, KILN_PACK_Q5_1_AUX};
 static void pack_q4_0(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux) {
     pack_b32(rows, nb, qs, aux, &layout_q4_0);
+}
+static void pack_q4_1(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux) {
+    pack_b32(rows, nb, qs, aux, &layout_q4_1);
 }
 static void pack_iq4_nl(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux) {
     pack_b32(rows, nb, qs, aux, &layout_iq4_nl);
