@@ -102,6 +102,11 @@ void kiln_cpu_sigmoid_mul_forward(kiln_ops_ctx *ctx, float *x, const float *g, i
 void kiln_cpu_scale_softcap_forward(kiln_ops_ctx *ctx, float *x, int64_t n, float scale, float cap);
 /* ops_swiglu.c */
 void kiln_cpu_swiglu_forward(kiln_ops_ctx *ctx, float *out, const float *gate, const float *up, int64_t n);
+/* Its kernel over n elements (out may equal gate): scalar (ops_swiglu.c, the oracle, expf) and AVX-512
+ * (ops_train_avx512.c, the polynomial exp). */
+typedef void (*kiln_swiglu_fwd_fn)(float *out, const float *gate, const float *up, int64_t n);
+void kiln_swiglu_fwd_scalar(float *out, const float *gate, const float *up, int64_t n);
+void kiln_swiglu_fwd_avx512(float *out, const float *gate, const float *up, int64_t n);
 
 /* Attention's chunk kernel: over nk keys (rows kv_stride halves apart in k and v, f16), for each of G heads
  * (q rows HS apart): s (G, nk) the scores scale * q.k_j (then cap tanh(s / cap) when cap > 0), m (G) their max, s then exp(s - m), l (G) its sum, and

@@ -1,5 +1,5 @@
 /* ops_train_avx512.c: AVX-512 kernels of the training ops whose scalar forms are the oracle: attention's forward
- * and backward (ops_attention.c), the cross-entropy row (ops_loss.c) and the SwiGLU backward (ops_swiglu.c);
+ * and backward (ops_attention.c), the cross-entropy row (ops_loss.c) and the SwiGLU forward and backward (ops_swiglu.c);
  * contracts in ops_internal.h. They compute the same sums in other orders, with FMA and a polynomial exp, so they
  * agree with the scalar kernels to float rounding, not bit for bit; the thread count still never changes a result
  * (a row, a block of rows or a 16-element vector is one call whatever the split). The attention kernels keep a
@@ -274,7 +274,18 @@ void kiln_ce_row_avx512(float *x, int64_t V, bool write, float *max, double *sum
     *sum_e = _mm512_reduce_add_pd(_mm512_add_pd(se_lo, se_hi));
 }
 
-/* ---------------------------------------------------------------- swiglu backward */
+/* ---------------------------------------------------------------- swiglu forward and backward */
+
+void kiln_swiglu_fwd_avx512(float *out, const float *gate, const float *up, int64_t n) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = lanes(n - i);
+        const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+        /* the scalar kernel's g / (1 + exp(-g)) * up, overflow included: exp(-g) = inf for g < -88.7 gives -0 */
+        const __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, up + i)));
+    }
+}
 
 void kiln_swiglu_bwd_avx512(float *dgate, float *dup, const float *dout, const float *gate, const float *up, int64_t n) {
     const __m512 one = _mm512_set1_ps(1.0f);
