@@ -1,10 +1,9 @@
 /* ops_attention_avx2.c: attention's chunk kernels (contract in ops_internal.h) with AVX2 + FMA + F16C, for HS a
  * multiple of 8: over f16 rows (the f16 cache) and over float rows (the other cache types, converted a piece at a
  * time, or an f32 cache in place); one code for both, specialized by a constant flag. Up to four heads of a KV
- * group go together, so each k and v row is converted once for all of them; four keys at a time (two for four
- * heads) give eight to twelve independent FMA chains, their dot products reduced four at a time. exp is a
- * Cephes-style polynomial (within 2 ulp of expf on the softmax range x <= 0). tests/test_ops.c checks it against
- * a double reference and the scalar kernel in ops_attention.c. */
+ * group go together, so each k and v row is converted once for all of them; two keys at a time give eight independent FMA chains. exp is a Cephes-style polynomial
+ * (within 2 ulp of expf on the softmax range x <= 0). tests/test_ops.c checks it against a double reference
+ * and the scalar kernel in ops_attention.c. */
 #if defined(__x86_64__)
 
 #include "ops_internal.h"
@@ -15,7 +14,6 @@
 
 /* UNROLL, hsum_ps and exp_ps come from simd_avx2.h. */
 #define INLINE static inline __attribute__((always_inline))
-#define UNROLL16 _Pragma("GCC unroll 16") /* loops over up to 16 accumulators, so they stay in registers */
 
 INLINE __m256 load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
@@ -48,45 +46,27 @@ INLINE void prefetch_row(const void *row, int64_t HS, int hint, const bool F32) 
     }
 }
 
-/* Four sums in one vector: [sum a, sum b, sum c, sum d], by two rounds of horizontal adds (a quarter of the
- * shuffles of four hsum_ps). */
-INLINE __m128 hsum4_ps(__m256 a, __m256 b, __m256 c, __m256 d) {
-    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-}
-
-/* Scores of NH heads (q rows HS apart) against nk keys, KEYS at a time (4, or 2 for four heads so the NH * KEYS
- * accumulators stay in registers; past the last key the step repeats it and drops those sums). The NH * KEYS dot
- * products of a step are reduced four at a time by hsum4_ps. K rows are prefetched to L1 a few keys ahead; the
- * chunk's V rows to L2, for weighted_sum. */
+/* Scores of NH heads (q rows HS apart) against nk keys, two keys at a time (an odd last key is paired with itself).
+ * K rows are prefetched to L1 a few keys ahead; the chunk's V rows to L2, for weighted_sum. */
 INLINE void scores(float *s, int64_t nk, const float *q, const int NH, const void *k, const void *v, int64_t ks,
                    int64_t vs, int64_t HS, float scale, const bool F32) {
-    enum { KMAX = 4 };
-    const int KEYS = NH == 4 ? 2 : 4;
-    const __m128 sc = _mm_set1_ps(scale);
-    for (int64_t j = 0; j < nk; j += KEYS) {
-        const void *kr[KMAX];
-        UNROLL for (int c = 0; c < KEYS; c++) kr[c] = row_at(k, (j + c < nk ? j + c : nk - 1) * ks, F32);
-        for (int64_t i = j + PREFETCH_AHEAD; i < j + PREFETCH_AHEAD + KEYS && i < nk; i++) prefetch_row(row_at(k, i * ks, F32), HS, 0, F32);
-        for (int64_t i = j; i < j + KEYS && i < nk; i++) prefetch_row(row_at(v, i * vs, F32), HS, 1, F32);
-        __m256 acc[16]; /* acc[h * KEYS + c]: head h, key j + c */
-        UNROLL16 for (int i = 0; i < NH * KEYS; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < nk; j += 2) {
+        const void *k0 = row_at(k, j * ks, F32), *k1 = j + 1 < nk ? row_at(k0, ks, F32) : k0;
+        for (int64_t i = j + PREFETCH_AHEAD; i < j + PREFETCH_AHEAD + 2 && i < nk; i++) prefetch_row(row_at(k, i * ks, F32), HS, 0, F32);
+        for (int64_t i = j; i < j + 2 && i < nk; i++) prefetch_row(row_at(v, i * vs, F32), HS, 1, F32);
+        __m256 a0[4], a1[4];
+        UNROLL for (int h = 0; h < NH; h++) a0[h] = a1[h] = _mm256_setzero_ps();
         for (int64_t d = 0; d < HS; d += 8) {
-            UNROLL for (int c = 0; c < KEYS; c++) {
-                const __m256 x = load8(kr[c], d, F32);
-                UNROLL for (int h = 0; h < NH; h++)
-                    acc[h * KEYS + c] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * HS + d), x, acc[h * KEYS + c]);
+            const __m256 x0 = load8(k0, d, F32), x1 = load8(k1, d, F32);
+            UNROLL for (int h = 0; h < NH; h++) {
+                const __m256 qv = _mm256_loadu_ps(q + h * HS + d);
+                a0[h] = _mm256_fmadd_ps(qv, x0, a0[h]);
+                a1[h] = _mm256_fmadd_ps(qv, x1, a1[h]);
             }
         }
-        float t[16];
-        UNROLL for (int i = 0; i < NH * KEYS; i += 4) /* NH * KEYS is 4, 8, 12 or 8 */
-            _mm_storeu_ps(t + i, _mm_mul_ps(hsum4_ps(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]), sc));
-        if (KEYS == 4 && j + 4 <= nk) {
-            UNROLL for (int h = 0; h < NH; h++) _mm_storeu_ps(s + h * nk + j, _mm_loadu_ps(t + 4 * h));
-        } else {
-            UNROLL for (int h = 0; h < NH; h++)
-                UNROLL for (int c = 0; c < KEYS; c++)
-                    if (j + c < nk) s[h * nk + j + c] = t[h * KEYS + c];
+        UNROLL for (int h = 0; h < NH; h++) {
+            s[h * nk + j] = hsum_ps(a0[h]) * scale;
+            if (j + 1 < nk) s[h * nk + j + 1] = hsum_ps(a1[h]) * scale;
         }
     }
 }
