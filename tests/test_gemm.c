@@ -1,4 +1,4 @@
-/* test_gemm.c: the repacked weights and their VNNI kernels (src/cpu/ops_repack.c, gemm_repack_avx512.c) through
+/* test_gemm.c: the repacked weights and their kernels (src/cpu/ops_repack.c, gemm_repack_avx512.c, _avx2.c) through
  * the matmul op, for every packed type (Q8_0, Q4_1, Q4_K, Q5_K, Q6_K, Q4_0, IQ4_NL, Q5_0, Q5_1, IQ4_XS), on normal weights quantized by the
  * reference quantizer and on raw random bytes with sane scales (every quant and scale bit pattern), with row
  * counts that leave a partial last group of 16 and token counts that leave partial groups of 8:
@@ -8,7 +8,8 @@
  *  - bit for bit across pool sizes 1, 2, 3 (and a scratch too small for the batch, so it runs in passes),
  *    across how tokens are grouped (T = 1 calls vs one batch), and between matmul_n_forward and separate matmuls;
  *  - dropping the source pages of a file mapping leaves the mapping readable with its bytes.
- * Skips where the CPU has no AVX-512. A '# ' line times the repacked q4_K matmul (informative only). */
+ * At the AVX-512 level and at the AVX2 level (gemm_repack_avx2.c's types; the others must stay unpacked there); the
+ * other tests run at the best level the CPU has. A '# ' line times the repacked matmuls with AVX-512 (informative only). */
 #include "test.h"
 
 #include "cpu/ops_repack.h"
@@ -70,10 +71,10 @@ static const kiln_type packed_types[] = {KILN_TYPE_Q8_0, KILN_TYPE_Q4_1, KILN_TY
 
 static bool have_avx512(void) { return kiln_simd_best() >= KILN_SIMD_AVX512; }
 
-/* Every type: repacked matmul against vec_dot and the double reference; thread counts; token grouping. */
-static void test_repacked_matmul(void) {
-    if (!have_avx512()) SKIP("no AVX-512 on this CPU");
-    kiln_cpu_ops_force_level(KILN_SIMD_COUNT);
+/* Every type with a kernel at this level: repacked matmul against vec_dot and the double reference; thread counts;
+ * token grouping. A type without one must not be repacked. */
+static void repacked_matmul_at(kiln_simd level) {
+    kiln_cpu_ops_force_level(level);
     unsigned long long rng = 31;
     enum { I = 768, TMAX = 19 };
     static const int64_t Os[] = {37, 64};
@@ -81,6 +82,7 @@ static void test_repacked_matmul(void) {
     float *y = malloc((size_t)TMAX * 64 * sizeof *y), *y1 = malloc((size_t)TMAX * 64 * sizeof *y1), *ys = malloc(64 * sizeof *ys);
     for (int64_t i = 0; i < (int64_t)TMAX * I; i++) x[i] = test_rng_normal(&rng);
     double worst_dot = 0, worst_ref = 0;
+    int n_types = 0;
     for (int ti = 0; ti < COUNT(packed_types); ti++)
         for (int oi = 0; oi < COUNT(Os); oi++)
             for (int raw = 0; raw < 2; raw++) {
@@ -89,6 +91,17 @@ static void test_repacked_matmul(void) {
                 uint8_t *w = make_weights(type, I, O, raw, deq, &rng);
                 const kiln_tensor_view W = make_view(type, I, O, w);
                 const kiln_tensor_view *Wp = &W;
+                if (!kiln_pack_kernel(type, level)) {
+                    kiln_ops_ctx ctx = make_ctx(pools[0], TMAX, I);
+                    CHECK(kiln_cpu_ops.prepare_weights(&ctx, &Wp, 1, false) == KILN_OK, "%s", kiln_last_error());
+                    CHECK(kiln_cpu_packed_find(&ctx, &W) == NULL, "%s was repacked at %s without a kernel", kiln_type_name(type),
+                          kiln_simd_name(level));
+                    kiln_cpu_ops.release_weights(&ctx);
+                    free(ctx.scratch);
+                    free(w);
+                    continue;
+                }
+                n_types += oi == 0 && raw == 0;
                 for (int p = 0; p < COUNT(pools); p++) {
                     /* Pool 3 gets scratch for only 4 rows: the matmul must take T in passes and agree. */
                     kiln_ops_ctx ctx = make_ctx(pools[p], p == 2 ? 4 : TMAX, I);
@@ -110,11 +123,11 @@ static void test_repacked_matmul(void) {
                     free(ctx.scratch);
                 }
                 /* the same activations through vec_dot, and the double reference */
-                const kiln_vec_dot_fn dot = kiln_get_vec_dot(type, KILN_SIMD_AVX512);
+                const kiln_vec_dot_fn dot = kiln_get_vec_dot(type, level);
                 const size_t xq_row = kiln_type_row_bytes(vt, I);
                 char *xq = malloc(xq_row);
                 for (int64_t t = 0; t < TMAX; t++) {
-                    kiln_get_from_float(vt, KILN_SIMD_AVX512)(x + t * I, xq, I);
+                    kiln_get_from_float(vt, level)(x + t * I, xq, I);
                     for (int64_t o = 0; o < O; o++) {
                         float s;
                         dot(I, &s, w + (size_t)o * W.nb[1], xq);
@@ -136,15 +149,23 @@ static void test_repacked_matmul(void) {
                 free(xq);
                 free(w);
             }
-    printf("# repacked matmul: max error %.2e of sum|wx| against vec_dot (bound 1e-5), %.2e against double (bound 3e-3)\n",
-           worst_dot, worst_ref);
+    printf("# repacked matmul at %s: %d types, max error %.2e of sum|wx| against vec_dot (bound 1e-5), %.2e against double (bound 3e-3)\n",
+           kiln_simd_name(level), n_types, worst_dot, worst_ref);
+    CHECK(n_types > 0, "no type has a repacked kernel at %s", kiln_simd_name(level));
     free(x), free(deq), free(y), free(y1), free(ys);
+    kiln_cpu_ops_force_level(KILN_SIMD_COUNT);
+}
+
+static void test_repacked_matmul(void) {
+    if (kiln_simd_best() < KILN_SIMD_AVX2) SKIP("no AVX2 on this CPU");
+    if (have_avx512()) repacked_matmul_at(KILN_SIMD_AVX512);
+    repacked_matmul_at(KILN_SIMD_AVX2);
 }
 
 /* matmul_n_forward: q, k, v of different widths and types in one job give the bits of three matmuls; a part that
  * cannot share the quantized x (another activation format) runs on its own and still agrees. */
 static void test_matmul_n(void) {
-    if (!have_avx512()) SKIP("no AVX-512 on this CPU");
+    if (kiln_simd_best() < KILN_SIMD_AVX2) SKIP("no AVX2 on this CPU");
     kiln_cpu_ops_force_level(KILN_SIMD_COUNT);
     unsigned long long rng = 32;
     enum { I = 512, T = 13 };
@@ -183,17 +204,20 @@ static void test_matmul_n(void) {
     free(x), free(deq);
 }
 
-/* A file mapping whose pages prepare_weights dropped still reads as the file; the matmuls agree before and after. */
+/* A file mapping whose pages prepare_weights dropped still reads as the file; the matmuls agree before and after.
+ * The type is one the best level repacks: q4_K with AVX-512, q4_1 with AVX2 only. */
 static void test_drop_source(void) {
-    if (!have_avx512()) SKIP("no AVX-512 on this CPU");
+    if (kiln_simd_best() < KILN_SIMD_AVX2) SKIP("no AVX2 on this CPU");
     kiln_cpu_ops_force_level(KILN_SIMD_COUNT);
+    const kiln_type type = have_avx512() ? KILN_TYPE_Q4_K : KILN_TYPE_Q4_1;
+    CHECK(kiln_pack_kernel(type, kiln_simd_best()) != NULL);
     unsigned long long rng = 33;
     enum { I = 1024, O = 256, T = 3 };
     float *deq = malloc((size_t)O * I * sizeof *deq), *x = malloc((size_t)T * I * sizeof *x);
     float *y0 = malloc((size_t)T * O * sizeof *y0), *y1 = malloc((size_t)T * O * sizeof *y1);
     for (int64_t i = 0; i < (int64_t)T * I; i++) x[i] = test_rng_normal(&rng);
-    uint8_t *w = make_weights(KILN_TYPE_Q4_K, I, O, false, deq, &rng);
-    const size_t bytes = kiln_type_row_bytes(KILN_TYPE_Q4_K, I) * O;
+    uint8_t *w = make_weights(type, I, O, false, deq, &rng);
+    const size_t bytes = kiln_type_row_bytes(type, I) * O;
     char path[] = "/tmp/kiln_test_gemm_XXXXXX";
     const int fd = mkstemp(path);
     CHECK(fd >= 0);
@@ -202,11 +226,12 @@ static void test_drop_source(void) {
     close(fd);
     unlink(path);
     CHECK(map != MAP_FAILED);
-    const kiln_tensor_view W = make_view(KILN_TYPE_Q4_K, I, O, map);
+    const kiln_tensor_view W = make_view(type, I, O, map);
     const kiln_tensor_view *Wp = &W;
     kiln_ops_ctx ctx = make_ctx(pools[1], T, I);
     kiln_cpu_ops.matmul_forward(&ctx, y0, x, &W, T); /* in place */
     CHECK(kiln_cpu_ops.prepare_weights(&ctx, &Wp, 1, true) == KILN_OK, "%s", kiln_last_error());
+    CHECK(ctx.prepared != NULL && kiln_cpu_packed_find(&ctx, &W), "not repacked");
     kiln_cpu_ops.release_weights(&ctx);
     kiln_cpu_ops.matmul_forward(&ctx, y1, x, &W, T); /* in place again, from pages read back from the file */
     const bool same_bytes = memcmp(map, w, bytes) == 0, same_y = memcmp(y0, y1, (size_t)T * O * sizeof *y0) == 0;

@@ -9,7 +9,8 @@
  * 64-byte line of y another unit writes (16 floats per row and token).
  *
  * Two kernels, per weight:
- *  - Repacked (the weight is in ctx's prepared set, ops_repack.c, and the level is AVX-512): x is quantized
+ *  - Repacked (the weight is in ctx's prepared set, ops_repack.c, packed at this level: AVX-512, or AVX2 for
+ *    the types of gemm_repack_avx2.c): x is quantized
  *    into the panel the VNNI kernel reads (Q8_K blocks for K-quants and IQ4_XS; Q8_0/Q8_1 quants with float scales and
  *    sums), and a unit is a run of 16-row groups, run for 8 tokens at a time. Results agree with vec_dot to float
  *    rounding (the integer sums are the same) and do not depend on how tokens are grouped.
@@ -206,8 +207,9 @@ static mm_part make_part(const kiln_ops_ctx *ctx, kiln_simd level, float *y, con
     const int64_t I = W->ne[0];
     assert(I % tt->blck_size == 0 && I % kiln_type_block_size(tt->vec_dot_type) == 0);
     mm_part p = {.y = y, .O = W->ne[1]};
-    const kiln_cpu_packed *P = level >= KILN_SIMD_AVX512 ? kiln_cpu_packed_find(ctx, W) : NULL;
-    if (P) {
+    /* packed at another level (KILN_SIMD lowered since): the row kernels of this level */
+    const kiln_cpu_packed *P = kiln_cpu_packed_find(ctx, W);
+    if (P && P->gemm == kiln_pack_kernel(W->type, level)) {
         p.P = P;
         p.nb = I / tt->blck_size;
         p.groups = 1;
