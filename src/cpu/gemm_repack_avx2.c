@@ -7,7 +7,7 @@
  * vpmaddwd against ones widens them to the 8 rows' int32 sums. That is exact where no int16 can overflow: a Q4
  * quant (0..15) times an activation (|x| <= 127, as the Q8_0 and Q8_1 quantizers make them) is at most 1,905, so
  * the 16 products of one lane's four vectors x two nibbles stay under 30,480; a Q5 quant (0..31) allows four
- * vectors (31,496), so Q5 widens twice per block. Types whose stored quants reach 255 (Q8_0, IQ4_NL) would
+ * vectors (31,496), so Q5 widens twice per block. Q4_K and Q5_K run the same way per sub-block of 32. Types whose stored quants reach 255 (Q8_0, IQ4_NL) would
  * saturate and have no kernel here: they keep the row kernels of quants_avx2.c and gemm_avx2.c.
  *
  * Sixteen ymm registers hold four tokens' accumulators next to a block's eight unpacked vectors, so a call runs
@@ -110,5 +110,103 @@ void kiln_pack_gemm_q4_0_avx2(const kiln_pack_call *c) { b32_call(c, B32_Q4_0); 
 void kiln_pack_gemm_q4_1_avx2(const kiln_pack_call *c) { b32_call(c, B32_Q4_1); }
 void kiln_pack_gemm_q5_0_avx2(const kiln_pack_call *c) { b32_call(c, B32_Q5_0); }
 void kiln_pack_gemm_q5_1_avx2(const kiln_pack_call *c) { b32_call(c, B32_Q5_1); }
+
+/* ---------------------------------------------------------------- Q4_K and Q5_K
+ * As k4_block of gemm_repack_avx512.c, on half `half` of the group. The high nibbles are shifted down (q * 16
+ * would overflow vpmaddubsw's pairs), so no scale is divided by 16. A sub-block's eight vectors sum in int16
+ * (Q4: 16 products of at most 1,905) or in two runs of four (Q5: 8 products of at most 3,937 each), then widen. */
+#define Q8K_QS 4
+#define Q8K_BSUMS (4 + QK_K)
+
+/* The 16 rows' sub-block scales and mins from their 12 planes, as k4_unpack: sc[j & 3] of sc_lo (j < 4) or sc_hi,
+ * plane p at bytes 16p.. of each 64-byte array. */
+typedef struct {
+    uint8_t sc_lo[64], sc_hi[64], m_lo[64], m_hi[64];
+} k4_scales;
+
+static inline void k4_unpack(const char *planes, k4_scales *s) {
+    const __m256i m6 = _mm256_set1_epi8(63), m30 = _mm256_set1_epi8(0x30), m4 = _mm256_set1_epi8(0x0F);
+    for (int i = 0; i < 64; i += 32) {
+        const __m256i p0 = ld(planes + i), p1 = ld(planes + 64 + i), p2 = ld(planes + 128 + i);
+        _mm256_storeu_si256((__m256i *)(s->sc_lo + i), _mm256_and_si256(p0, m6));
+        _mm256_storeu_si256((__m256i *)(s->m_lo + i), _mm256_and_si256(p1, m6));
+        _mm256_storeu_si256((__m256i *)(s->sc_hi + i),
+                            _mm256_or_si256(_mm256_and_si256(p2, m4), _mm256_and_si256(_mm256_srli_epi16(p0, 2), m30)));
+        _mm256_storeu_si256((__m256i *)(s->m_hi + i), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p2, 4), m4),
+                                                                      _mm256_and_si256(_mm256_srli_epi16(p1, 2), m30)));
+    }
+}
+
+/* Rows 8h..8h+7 of sub-block j's scale or min. */
+static inline __m256i k4_lane(const uint8_t *lo, const uint8_t *hi, int j, int half) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)((j < 4 ? lo : hi) + 16 * (j & 3) + 8 * half)));
+}
+
+/* Quant vector k of sub-block j for this half: 4-bit values (Q4_K) or 5-bit values (Q5_K). */
+static inline __m256i k_quants(const char *q, bool q5, int j, int k, int half) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), w = ld(q + 512 * (j >> 1) + 64 * k + 32 * half);
+    const __m256i v = _mm256_and_si256((j & 1) ? _mm256_srli_epi16(w, 4) : w, m4);
+    if (!q5) return v;
+    const __m256i h = ld(q + QK_K / 2 * KILN_PACK_ROWS + 64 * k + 32 * half), b4 = _mm256_set1_epi8(0x10);
+    const __m256i bit = j < 4 ? _mm256_slli_epi16(h, 4 - j) : j == 4 ? h : _mm256_srli_epi16(h, j - 4);
+    return _mm256_or_si256(v, _mm256_and_si256(bit, b4));
+}
+
+static inline __attribute__((always_inline)) void k4_half(const kiln_pack_call *c, int half, int t0, const int NT, const bool q5) {
+    const int64_t nb = c->nb;
+    const size_t qs = q5 ? KILN_PACK_Q5_K_QS : KILN_PACK_Q4_K_QS, ax = q5 ? KILN_PACK_Q5_K_AUX : KILN_PACK_Q4_K_AUX;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const char *x0 = c->x + t0 * c->x_row;
+    __m256 acc[4];
+    UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const char *q = c->w + b * qs, *aux = c->w + nb * qs + b * ax, *xb = x0 + b * (int64_t)sizeof(block_q8_K);
+        const __m256 d = f16x8(aux + 16 * half), dmin = f16x8(aux + 32 + 16 * half);
+        k4_scales ks;
+        k4_unpack(aux + 64, &ks);
+        __m256 F[4];
+        __m256i M[4];
+        UNROLL for (int t = 0; t < NT; t++) F[t] = _mm256_setzero_ps(), M[t] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            const __m256 s = _mm256_mul_ps(d, _mm256_cvtepi32_ps(k4_lane(ks.sc_lo, ks.sc_hi, j, half)));
+            __m256i A[4], P[4];
+            UNROLL for (int t = 0; t < NT; t++) A[t] = _mm256_setzero_si256(), P[t] = _mm256_setzero_si256();
+            UNROLL for (int k = 0; k < 8; k++) {
+                const __m256i v = k_quants(q, q5, j, k, half);
+                UNROLL for (int t = 0; t < NT; t++)
+                    P[t] = _mm256_add_epi16(P[t], _mm256_maddubs_epi16(v, bcast4(xb + t * c->x_row + Q8K_QS + 32 * j + 4 * k)));
+                if (q5 && k == 3) {
+                    UNROLL for (int t = 0; t < NT; t++)
+                        A[t] = _mm256_madd_epi16(P[t], ones), P[t] = _mm256_setzero_si256();
+                }
+            }
+            UNROLL for (int t = 0; t < NT; t++) {
+                A[t] = _mm256_add_epi32(A[t], _mm256_madd_epi16(P[t], ones));
+                F[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(A[t]), s, F[t]);
+            }
+            const __m256i m = k4_lane(ks.m_lo, ks.m_hi, j, half), mm = _mm256_or_si256(m, _mm256_slli_epi32(m, 16));
+            UNROLL for (int t = 0; t < NT; t++)
+                M[t] = _mm256_add_epi32(M[t], _mm256_madd_epi16(mm, bcast4(xb + t * c->x_row + Q8K_BSUMS + 4 * j)));
+        }
+        UNROLL for (int t = 0; t < NT; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_fnmadd_ps(dmin, _mm256_cvtepi32_ps(M[t]), F[t]), bcastf(xb + t * c->x_row), acc[t]);
+    }
+    UNROLL for (int t = 0; t < NT; t++) store8(c->y + (t0 + t) * c->ldy + 8 * half, acc[t], c->nrows - 8 * half);
+}
+
+static inline __attribute__((always_inline)) void k4_call(const kiln_pack_call *c, const bool q5) {
+    for (int half = 0; half < 2 && 8 * half < c->nrows; half++)
+        for (int t0 = 0; t0 < c->nt; t0 += 4) {
+            switch (c->nt - t0 < 4 ? c->nt - t0 : 4) {
+            case 1: k4_half(c, half, t0, 1, q5); break;
+            case 2: k4_half(c, half, t0, 2, q5); break;
+            case 3: k4_half(c, half, t0, 3, q5); break;
+            default: k4_half(c, half, t0, 4, q5); break;
+            }
+        }
+}
+
+void kiln_pack_gemm_q4_K_avx2(const kiln_pack_call *c) { k4_call(c, false); }
+void kiln_pack_gemm_q5_K_avx2(const kiln_pack_call *c) { k4_call(c, true); }
 
 #endif

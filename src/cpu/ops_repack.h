@@ -59,11 +59,13 @@ void kiln_pack_gemm_iq4_nl_avx512(const kiln_pack_call *c);
 void kiln_pack_gemm_q5_0_avx512(const kiln_pack_call *c);
 void kiln_pack_gemm_q5_1_avx512(const kiln_pack_call *c);
 void kiln_pack_gemm_iq4_xs_avx512(const kiln_pack_call *c);
-/* AVX2 (gemm_repack_avx2.c): the 32-element types whose quants fit vpmaddubsw's int16 sums */
+/* AVX2 (gemm_repack_avx2.c): the types whose quants fit vpmaddubsw's int16 sums */
 void kiln_pack_gemm_q4_0_avx2(const kiln_pack_call *c);
 void kiln_pack_gemm_q4_1_avx2(const kiln_pack_call *c);
 void kiln_pack_gemm_q5_0_avx2(const kiln_pack_call *c);
 void kiln_pack_gemm_q5_1_avx2(const kiln_pack_call *c);
+void kiln_pack_gemm_q4_K_avx2(const kiln_pack_call *c);
+void kiln_pack_gemm_q5_K_avx2(const kiln_pack_call *c);
 
 /* The kernel for weight type t at this level (AVX-512 VNNI, else AVX2), or NULL where t has no packed form at
  * this level. */
