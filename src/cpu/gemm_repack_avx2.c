@@ -7,8 +7,9 @@
  * vpmaddwd against ones widens them to the 8 rows' int32 sums. That is exact where no int16 can overflow: a Q4
  * quant (0..15) times an activation (|x| <= 127, as the Q8_0 and Q8_1 quantizers make them) is at most 1,905, so
  * the 16 products of one lane's four vectors x two nibbles stay under 30,480; a Q5 quant (0..31) allows four
- * vectors (31,496), so Q5 widens twice per block. Q4_K and Q5_K run the same way per sub-block of 32. Types whose stored quants reach 255 (Q8_0, IQ4_NL) would
- * saturate and have no kernel here: they keep the row kernels of quants_avx2.c and gemm_avx2.c.
+ * vectors (31,496), so Q5 widens twice per block. Q4_K and Q5_K (against Q8_K, also within +-127) run the same
+ * way per sub-block of 32. Types whose stored quants reach 255 (Q8_0, IQ4_NL) would saturate and have no kernel
+ * here: they keep the row kernels of quants_avx2.c and gemm_avx2.c.
  *
  * Sixteen ymm registers hold four tokens' accumulators next to a block's eight unpacked vectors, so a call runs
  * its tokens four at a time. Integer sums are the vec_dot's integers; float steps follow the VNNI kernels' order
