@@ -1,5 +1,6 @@
 /* test_gemm.c: the repacked weights and their kernels (src/cpu/ops_repack.c, gemm_repack_avx512.c, _avx2.c) through
- * the matmul op, for every packed type (Q8_0, Q4_1, Q4_K, Q5_K, Q6_K, Q4_0, IQ4_NL, Q5_0, Q5_1, IQ4_XS), on normal weights quantized by the
+ * the matmul op, for every packed type (Q8_0, Q4_1, Q4_K, Q5_K, Q6_K, Q4_0, IQ4_NL, Q5_0, Q5_1, IQ4_XS, Q2_K, Q3_K), on
+ * normal weights quantized by the
  * reference quantizer and on raw random bytes with sane scales (every quant and scale bit pattern), with row
  * counts that leave a partial last group of 16 and token counts that leave partial groups of 8:
  *  - against the level's vec_dot on the same quantized activations: the integer sums are the same, only the
@@ -56,6 +57,8 @@ static uint8_t *make_weights(kiln_type t, int64_t I, int64_t O, bool raw, float 
                 switch (t) {
                 case KILN_TYPE_Q6_K: memcpy(&((block_q6_K *)blk)->d, &d, 2); break;
                 case KILN_TYPE_Q8_0: memcpy(&((block_q8_0 *)blk)->d, &d, 2); break;
+                case KILN_TYPE_Q2_K: memcpy(&((block_q2_K *)blk)->d, &d, 2), memcpy(&((block_q2_K *)blk)->dmin, &m, 2); break;
+                case KILN_TYPE_Q3_K: memcpy(&((block_q3_K *)blk)->d, &d, 2); break;
                 default: memcpy(blk, &d, 2), memcpy(blk + 2, &m, 2); break; /* Q4_1 d, m; Q4_K/Q5_K d, dmin */
                 }
             }
@@ -67,7 +70,8 @@ static uint8_t *make_weights(kiln_type t, int64_t I, int64_t O, bool raw, float 
 }
 
 static const kiln_type packed_types[] = {KILN_TYPE_Q8_0, KILN_TYPE_Q4_1, KILN_TYPE_Q4_K, KILN_TYPE_Q5_K, KILN_TYPE_Q6_K,
-                                         KILN_TYPE_Q4_0, KILN_TYPE_IQ4_NL, KILN_TYPE_Q5_0, KILN_TYPE_Q5_1, KILN_TYPE_IQ4_XS};
+                                         KILN_TYPE_Q4_0, KILN_TYPE_IQ4_NL, KILN_TYPE_Q5_0, KILN_TYPE_Q5_1, KILN_TYPE_IQ4_XS,
+                                         KILN_TYPE_Q2_K, KILN_TYPE_Q3_K};
 
 static bool have_avx512(void) { return kiln_simd_best() >= KILN_SIMD_AVX512; }
 
@@ -246,8 +250,8 @@ static void test_not_packed(void) {
     unsigned long long rng = 34;
     enum { I = 256, O = 32 };
     float *deq = malloc((size_t)O * I * sizeof *deq);
-    uint8_t *w_f32 = make_weights(KILN_TYPE_F32, I, O, false, deq, &rng), *w_q4 = make_weights(KILN_TYPE_Q2_K, I, O, false, deq, &rng);
-    const kiln_tensor_view W[2] = {make_view(KILN_TYPE_F32, I, O, w_f32), make_view(KILN_TYPE_Q2_K, I, O, w_q4)};
+    uint8_t *w_f32 = make_weights(KILN_TYPE_F32, I, O, false, deq, &rng), *w_f16 = make_weights(KILN_TYPE_F16, I, O, false, deq, &rng);
+    const kiln_tensor_view W[2] = {make_view(KILN_TYPE_F32, I, O, w_f32), make_view(KILN_TYPE_F16, I, O, w_f16)};
     const kiln_tensor_view *Wp[2] = {&W[0], &W[1]};
     kiln_ops_ctx ctx = {.pool = pools[0]};
     CHECK(kiln_cpu_ops.prepare_weights(&ctx, Wp, 2, false) == KILN_OK);
@@ -259,7 +263,7 @@ static void test_not_packed(void) {
     CHECK(kiln_cpu_ops.prepare_weights(&ctx, &Q8p, 1, false) == KILN_OK);
     CHECK(ctx.prepared == NULL, "repacked at a level without the kernels");
     kiln_cpu_ops_force_level(KILN_SIMD_COUNT);
-    free(deq), free(w_f32), free(w_q4), free(w_q8);
+    free(deq), free(w_f32), free(w_f16), free(w_q8);
 }
 
 /* ---------------------------------------------------------------- timing (informative) */

@@ -210,4 +210,121 @@ static inline __attribute__((always_inline)) void k4_call(const kiln_pack_call *
 void kiln_pack_gemm_q4_K_avx2(const kiln_pack_call *c) { k4_call(c, false); }
 void kiln_pack_gemm_q5_K_avx2(const kiln_pack_call *c) { k4_call(c, true); }
 
+/* ---------------------------------------------------------------- Q2_K and Q3_K
+ * As k23_nt of gemm_repack_avx512.c, on half `half` of the group. A sub-block's four vectors sum in int16
+ * (codes 0..7 times |x| <= 128: pairs of at most 1,792, four of them 7,168), and vpmaddwd against the pair
+ * (scale, scale) widens and scales them at once. */
+
+/* The 16 sub-blocks' scales of 16 rows (sc[sb][r]) and Q2_K's mins, from the planes. */
+typedef struct {
+    int8_t sc[16][16];
+    uint8_t m[16][16];
+} k23_scales;
+
+static inline void k23_unpack(const char *planes, bool q3, k23_scales *s) {
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    if (!q3) {
+        for (int sb = 0; sb < 16; sb++) {
+            const __m128i v = _mm_loadu_si128((const __m128i *)(planes + 16 * sb));
+            _mm_storeu_si128((__m128i *)s->sc[sb], _mm_and_si128(v, m4));
+            _mm_storeu_si128((__m128i *)s->m[sb], _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+        }
+        return;
+    }
+    for (int sb = 0; sb < 16; sb++) {
+        const __m128i l = _mm_loadu_si128((const __m128i *)(planes + 16 * (sb & 7)));
+        const __m128i h = _mm_loadu_si128((const __m128i *)(planes + 16 * (8 + (sb & 3))));
+        const __m128i lo = _mm_and_si128(sb < 8 ? l : _mm_srli_epi16(l, 4), m4);
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(h, 2 * (sb >> 2)), _mm_set1_epi8(3));
+        _mm_storeu_si128((__m128i *)s->sc[sb], _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32)));
+    }
+}
+
+/* Rows 8h..8h+7 of a per-sub-block byte array as int32 lanes (signed or not) holding the int16 pair (s, s). */
+static inline __m256i k23_pair_same(const void *bytes, bool is_signed) {
+    const __m128i v = _mm_loadl_epi64((const __m128i *)bytes);
+    const __m256i w = is_signed ? _mm256_and_si256(_mm256_cvtepi8_epi32(v), _mm256_set1_epi32(0xFFFF)) : _mm256_cvtepu8_epi32(v);
+    return _mm256_or_si256(w, _mm256_slli_epi32(w, 16));
+}
+
+/* Rows 8h..8h+7 of sub-blocks 2p and 2p+1 as int32 lanes holding the int16 pair (s_2p, s_2p+1). */
+static inline __m256i k23_pair_two(const void *a, const void *b, bool is_signed) {
+    const __m128i ab = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)a), _mm_loadl_epi64((const __m128i *)b));
+    return is_signed ? _mm256_cvtepi8_epi16(ab) : _mm256_cvtepu8_epi16(ab);
+}
+
+static inline __m256i k23_quants(const char *q, bool q3, int n, int p, int k, int half) {
+    const __m256i w = ld(q + 512 * n + 64 * k + 32 * half);
+    const __m256i lo = _mm256_and_si256(p ? _mm256_srli_epi16(w, 2 * p) : w, _mm256_set1_epi8(3));
+    if (!q3) return lo;
+    const __m256i h = ld(q + 1024 + 64 * k + 32 * half);
+    const int s = 4 * n + p - 2; /* hbit to bit 2 */
+    const __m256i hb = s < 0 ? _mm256_slli_epi16(h, -s) : s ? _mm256_srli_epi16(h, s) : h;
+    return _mm256_or_si256(lo, _mm256_and_si256(hb, _mm256_set1_epi8(4)));
+}
+
+static inline __attribute__((always_inline)) void k23_half(const kiln_pack_call *c, int half, int t0, const int NT, const bool q3) {
+    const int64_t nb = c->nb;
+    const size_t bq = q3 ? KILN_PACK_Q3_K_QS : KILN_PACK_Q2_K_QS, ba = q3 ? KILN_PACK_Q3_K_AUX : KILN_PACK_Q2_K_AUX;
+    const char *x0 = c->x + t0 * c->x_row;
+    __m256 acc[4];
+    UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const char *q = c->w + b * bq, *aux = c->w + nb * bq + b * ba, *xb = x0 + b * (int64_t)sizeof(block_q8_K);
+        k23_scales ks;
+        k23_unpack(aux + (q3 ? 32 : 64), q3, &ks);
+        __m256i S[4], C[4];
+        UNROLL for (int t = 0; t < NT; t++) S[t] = _mm256_setzero_si256(), C[t] = _mm256_setzero_si256();
+        for (int n = 0; n < 2; n++)
+            for (int p = 0; p < 4; p++)
+                UNROLL for (int hk = 0; hk < 2; hk++) {
+                    const int sb = 8 * n + 2 * p + hk;
+                    __m256i P[4];
+                    UNROLL for (int t = 0; t < NT; t++) P[t] = _mm256_setzero_si256();
+                    UNROLL for (int k = 4 * hk; k < 4 * hk + 4; k++) {
+                        const __m256i v = k23_quants(q, q3, n, p, k, half);
+                        UNROLL for (int t = 0; t < NT; t++)
+                            P[t] = _mm256_add_epi16(P[t], _mm256_maddubs_epi16(v, bcast4(xb + t * c->x_row + Q8K_QS + 128 * n + 32 * p + 4 * k)));
+                    }
+                    const __m256i s = k23_pair_same(ks.sc[sb] + 8 * half, q3);
+                    UNROLL for (int t = 0; t < NT; t++) S[t] = _mm256_add_epi32(S[t], _mm256_madd_epi16(P[t], s));
+                }
+        for (int p = 0; p < 8; p++) {
+            const __m256i pair = q3 ? k23_pair_two(ks.sc[2 * p] + 8 * half, ks.sc[2 * p + 1] + 8 * half, true)
+                                    : k23_pair_two(ks.m[2 * p] + 8 * half, ks.m[2 * p + 1] + 8 * half, false);
+            UNROLL for (int t = 0; t < NT; t++)
+                C[t] = _mm256_add_epi32(C[t], _mm256_madd_epi16(pair, bcast4(xb + t * c->x_row + Q8K_BSUMS + 4 * p)));
+        }
+        const __m256 d = f16x8(aux + 16 * half);
+        if (q3) {
+            UNROLL for (int t = 0; t < NT; t++) {
+                const __m256i isum = _mm256_sub_epi32(S[t], _mm256_slli_epi32(C[t], 2));
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(isum)), bcastf(xb + t * c->x_row), acc[t]);
+            }
+        } else {
+            const __m256 dmin = f16x8(aux + 32 + 16 * half);
+            UNROLL for (int t = 0; t < NT; t++) {
+                const __m256 f = _mm256_fnmadd_ps(dmin, _mm256_cvtepi32_ps(C[t]), _mm256_mul_ps(d, _mm256_cvtepi32_ps(S[t])));
+                acc[t] = _mm256_fmadd_ps(f, bcastf(xb + t * c->x_row), acc[t]);
+            }
+        }
+    }
+    UNROLL for (int t = 0; t < NT; t++) store8(c->y + (t0 + t) * c->ldy + 8 * half, acc[t], c->nrows - 8 * half);
+}
+
+static inline __attribute__((always_inline)) void k23_call(const kiln_pack_call *c, const bool q3) {
+    for (int half = 0; half < 2 && 8 * half < c->nrows; half++)
+        for (int t0 = 0; t0 < c->nt; t0 += 4) {
+            switch (c->nt - t0 < 4 ? c->nt - t0 : 4) {
+            case 1: k23_half(c, half, t0, 1, q3); break;
+            case 2: k23_half(c, half, t0, 2, q3); break;
+            case 3: k23_half(c, half, t0, 3, q3); break;
+            default: k23_half(c, half, t0, 4, q3); break;
+            }
+        }
+}
+
+void kiln_pack_gemm_q2_K_avx2(const kiln_pack_call *c) { k23_call(c, false); }
+void kiln_pack_gemm_q3_K_avx2(const kiln_pack_call *c) { k23_call(c, true); }
+
 #endif

@@ -363,4 +363,117 @@ static inline __attribute__((always_inline)) void iq4_xs_nt(const kiln_pack_call
 
 void kiln_pack_gemm_iq4_xs_avx512(const kiln_pack_call *c) { NT_CASES(iq4_xs_nt, c) }
 
+/* ---------------------------------------------------------------- Q2_K and Q3_K
+ * Sub-blocks of 16. Vector (n, k) (n = 0, 1; k = 0..7) lane r holds qs[32n+4k..32n+4k+3] of row r; its bit pair p
+ * (a shift by 2p and a mask) is elements 128n + 32p + 4k.. of the block, in sub-block 8n + 2p + k/4. Q3_K adds
+ * 8 vectors of hmask (lane r: hmask[4k..4k+3]), where bit 4n + p of each byte is that element's third bit.
+ * A sub-block's integer sum A (|A| <= 16 * 7 * 128, an int16) is scaled in the integers by one vpdpwssd against
+ * its scale in the low half of each lane (the high half zero), so a block is one int32 sum per row and token, as
+ * the vec_dot's sumi. The 16 rows' scales are planes of 16 bytes, four planes to a 512-bit load.
+ * Q2_K: x = d * sc * q - dmin * m, (sc, m) the low and high nibbles of scales[sb]; the mins term is vpdpwssd
+ * against the Q8_K bsums by pairs (m_2p, m_2p+1).
+ * Q3_K: x = d * (sc - 32) * (u - 4), u = q | 4 * hbit in 0..7 (unsigned, as vpdpbusd wants); the 4 * sum(x) that u
+ * adds is taken off as 4 * sum_sb (sc - 32) bsums[sb], by pairs as Q2_K's mins. */
+
+/* Sub-block sb's scale of 16 rows (plane sb & 3 of group z = sb >> 2), sign- or zero-extended to 32 bits and cut
+ * to the low 16 (the pair (s, 0) of vpdpwssd). */
+static inline __m512i sb_scale(__m512i z, int sb, bool is_signed) {
+    __m128i v;
+    switch (sb & 3) {
+    case 0: v = _mm512_castsi512_si128(z); break;
+    case 1: v = _mm512_extracti32x4_epi32(z, 1); break;
+    case 2: v = _mm512_extracti32x4_epi32(z, 2); break;
+    default: v = _mm512_extracti32x4_epi32(z, 3); break;
+    }
+    if (!is_signed) return _mm512_cvtepu8_epi32(v);
+    return _mm512_and_si512(_mm512_cvtepi8_epi32(v), _mm512_set1_epi32(0xFFFF));
+}
+
+/* The pairs (s_2p, s_2p+1) of 16 rows as int16 lanes, from planes 2p and 2p+1 (bytes 32p.. of z[p >> 1]). */
+static inline __m512i sb_pair(const __m512i z[4], int p, bool is_signed) {
+    const __m512i zz = z[p >> 1];
+    const __m128i a = (p & 1) ? _mm512_extracti32x4_epi32(zz, 2) : _mm512_castsi512_si128(zz);
+    const __m128i b = (p & 1) ? _mm512_extracti32x4_epi32(zz, 3) : _mm512_extracti32x4_epi32(zz, 1);
+    const __m256i ab = _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b));
+    return is_signed ? _mm512_cvtepi8_epi16(ab) : _mm512_cvtepu8_epi16(ab);
+}
+
+/* Quant vector (n, p, k) of Q2_K (codes 0..3) or Q3_K (u, 0..7). */
+static inline __m512i k23_quants(const char *q, bool q3, int n, int p, int k) {
+    const __m512i w = ld(q + 512 * n + 64 * k), lo = p ? _mm512_srli_epi16(w, 2 * p) : w;
+    if (!q3) return _mm512_and_si512(lo, _mm512_set1_epi8(3));
+    const __m512i h = ld(q + 1024 + 64 * k);
+    const int s = 4 * n + p - 2; /* hbit to bit 2 */
+    const __m512i hb = s < 0 ? _mm512_slli_epi16(h, -s) : s ? _mm512_srli_epi16(h, s) : h;
+    /* (lo & 3) | (hb & 4): vpternlogd over (lo, hb, 3), truth table 0xE4 = c ? a : b, then the mask of both */
+    return _mm512_and_si512(_mm512_ternarylogic_epi32(lo, hb, _mm512_set1_epi8(3), 0xE4), _mm512_set1_epi8(7));
+}
+
+static inline __attribute__((always_inline)) void k23_nt(const kiln_pack_call *c, const int NT, const bool q3) {
+    const int64_t nb = c->nb;
+    const size_t bq = q3 ? KILN_PACK_Q3_K_QS : KILN_PACK_Q2_K_QS, ba = q3 ? KILN_PACK_Q3_K_AUX : KILN_PACK_Q2_K_AUX;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[KILN_PACK_NT];
+    UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const char *q = c->w + b * bq, *aux = c->w + nb * bq + b * ba;
+        const char *xb = c->x + b * (int64_t)sizeof(block_q8_K);
+        const __m512 d = f16x16(aux);
+        /* z[g]: the scales of sub-blocks 4g..4g+3 (Q2_K: low nibbles; mn[g] the high ones), or Q3_K's sc - 32 */
+        __m512i z[4], mn[4];
+        if (!q3) {
+            UNROLL for (int g = 0; g < 4; g++) {
+                const __m512i v = ld(aux + 64 + 64 * g);
+                z[g] = _mm512_and_si512(v, m4), mn[g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
+        } else {
+            const __m512i p0 = ld(aux + 32), p1 = ld(aux + 96), p2 = ld(aux + 160), m3 = _mm512_set1_epi8(3);
+            UNROLL for (int g = 0; g < 4; g++) {
+                const __m512i lo = _mm512_and_si512(g & 2 ? _mm512_srli_epi16(g & 1 ? p1 : p0, 4) : (g & 1 ? p1 : p0), m4);
+                const __m512i hi = _mm512_and_si512(g ? _mm512_srli_epi16(p2, 2 * g) : p2, m3);
+                z[g] = _mm512_sub_epi8(_mm512_or_si512(lo, _mm512_slli_epi16(hi, 4)), _mm512_set1_epi8(32));
+            }
+        }
+        __m512i S[KILN_PACK_NT], C[KILN_PACK_NT];
+        UNROLL for (int t = 0; t < NT; t++) S[t] = _mm512_setzero_si512(), C[t] = _mm512_setzero_si512();
+        UNROLL for (int n = 0; n < 2; n++)
+            UNROLL for (int p = 0; p < 4; p++)
+                UNROLL for (int half = 0; half < 2; half++) {
+                    const int sb = 8 * n + 2 * p + half;
+                    const __m512i s = sb_scale(z[sb >> 2], sb, q3);
+                    __m512i A[KILN_PACK_NT];
+                    UNROLL for (int t = 0; t < NT; t++) A[t] = _mm512_setzero_si512();
+                    UNROLL for (int k = 4 * half; k < 4 * half + 4; k++) {
+                        const __m512i v = k23_quants(q, q3, n, p, k);
+                        UNROLL for (int t = 0; t < NT; t++)
+                            A[t] = _mm512_dpbusd_epi32(A[t], v, bcast4(xb + t * c->x_row + Q8K_QS + 128 * n + 32 * p + 4 * k));
+                    }
+                    UNROLL for (int t = 0; t < NT; t++) S[t] = _mm512_dpwssd_epi32(S[t], A[t], s);
+                }
+        UNROLL for (int p = 0; p < 8; p++) {
+            const __m512i pair = sb_pair(q3 ? z : mn, p, q3);
+            UNROLL for (int t = 0; t < NT; t++) C[t] = _mm512_dpwssd_epi32(C[t], pair, bcast4(xb + t * c->x_row + Q8K_BSUMS + 4 * p));
+        }
+        if (q3) {
+            UNROLL for (int t = 0; t < NT; t++) {
+                const __m512i isum = _mm512_sub_epi32(S[t], _mm512_slli_epi32(C[t], 2));
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isum)), bcastf(xb + t * c->x_row), acc[t]);
+            }
+        } else {
+            const __m512 dmin = f16x16(aux + 32);
+            UNROLL for (int t = 0; t < NT; t++) {
+                const __m512 f = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(C[t]), _mm512_mul_ps(d, _mm512_cvtepi32_ps(S[t])));
+                acc[t] = _mm512_fmadd_ps(f, bcastf(xb + t * c->x_row), acc[t]);
+            }
+        }
+    }
+    UNROLL for (int t = 0; t < NT; t++) store_rows(c->y + t * c->ldy, acc[t], c->nrows);
+}
+
+static inline __attribute__((always_inline)) void q2_K_nt(const kiln_pack_call *c, const int NT) { k23_nt(c, NT, false); }
+static inline __attribute__((always_inline)) void q3_K_nt(const kiln_pack_call *c, const int NT) { k23_nt(c, NT, true); }
+
+void kiln_pack_gemm_q2_K_avx512(const kiln_pack_call *c) { NT_CASES(q2_K_nt, c) }
+void kiln_pack_gemm_q3_K_avx512(const kiln_pack_call *c) { NT_CASES(q3_K_nt, c) }
+
 #endif /* __x86_64__ */

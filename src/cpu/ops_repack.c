@@ -176,6 +176,41 @@ static void pack_q6_K(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uin
         }
 }
 
+/* Q2_K and Q3_K: vector (n, k) of qs, lane r = qs[32n+4k..] of row r; Q3_K then 8 vectors of hmask (lane r =
+ * hmask[4k..]); then d (and Q2_K's dmin) as 16 f16 each, and the scale bytes as planes of 16 (plane p: byte p of each
+ * row's scales, 16 of them for Q2_K, 12 for Q3_K). */
+static void pack_k23(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux, bool q3) {
+    const size_t bq = q3 ? KILN_PACK_Q3_K_QS : KILN_PACK_Q2_K_QS, ba = q3 ? KILN_PACK_Q3_K_AUX : KILN_PACK_Q2_K_AUX;
+    for (int64_t b = 0; b < nb; b++)
+        for (int r = 0; r < KILN_PACK_ROWS; r++) {
+            uint8_t *q = qs + b * bq, *a = aux + b * ba;
+            const uint8_t *quants, *scales;
+            int n_planes;
+            if (q3) {
+                const block_q3_K *x = rows[r] ? (const block_q3_K *)rows[r] + b : (const block_q3_K *)zero_block;
+                for (int k = 0; k < 8; k++) put4(q + 1024 + 64 * k, r, x->hmask + 4 * k, 0);
+                memcpy(a + 2 * r, &x->d, 2);
+                quants = x->qs, scales = x->scales, n_planes = K_SCALE_SIZE;
+                a += 32;
+            } else {
+                const block_q2_K *x = rows[r] ? (const block_q2_K *)rows[r] + b : (const block_q2_K *)zero_block;
+                memcpy(a + 2 * r, &x->d, 2);
+                memcpy(a + 32 + 2 * r, &x->dmin, 2);
+                quants = x->qs, scales = x->scales, n_planes = QK_K / 16;
+                a += 64;
+            }
+            for (int n = 0; n < 2; n++)
+                for (int k = 0; k < 8; k++) put4(q + 512 * n + 64 * k, r, quants + 32 * n + 4 * k, 0);
+            for (int p = 0; p < n_planes; p++) a[16 * p + r] = scales[p];
+        }
+}
+static void pack_q2_K(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux) {
+    pack_k23(rows, nb, qs, aux, false);
+}
+static void pack_q3_K(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux) {
+    pack_k23(rows, nb, qs, aux, true);
+}
+
 #if defined(__x86_64__)
 #define KERNEL(f) f
 #else
@@ -199,6 +234,10 @@ static const pack_format formats[] = {
     {KILN_TYPE_Q5_1, KILN_PACK_Q5_1_QS, KILN_PACK_Q5_1_AUX, pack_q5_1, KERNEL(kiln_pack_gemm_q5_1_avx512),
      KERNEL(kiln_pack_gemm_q5_1_avx2)},
     {KILN_TYPE_IQ4_XS, KILN_PACK_IQ4_XS_QS, KILN_PACK_IQ4_XS_AUX, pack_iq4_xs, KERNEL(kiln_pack_gemm_iq4_xs_avx512), NULL},
+    {KILN_TYPE_Q2_K, KILN_PACK_Q2_K_QS, KILN_PACK_Q2_K_AUX, pack_q2_K, KERNEL(kiln_pack_gemm_q2_K_avx512),
+     KERNEL(kiln_pack_gemm_q2_K_avx2)},
+    {KILN_TYPE_Q3_K, KILN_PACK_Q3_K_QS, KILN_PACK_Q3_K_AUX, pack_q3_K, KERNEL(kiln_pack_gemm_q3_K_avx512),
+     KERNEL(kiln_pack_gemm_q3_K_avx2)},
 };
 
 /* Every layout is 16 GGUF blocks, which the kernels' offsets assume. */
@@ -212,6 +251,8 @@ static_assert(KILN_PACK_IQ4_NL_QS + KILN_PACK_IQ4_NL_AUX == KILN_PACK_ROWS * siz
 static_assert(KILN_PACK_Q5_0_QS + KILN_PACK_Q5_0_AUX == KILN_PACK_ROWS * sizeof(block_q5_0), "Q5_0 group size");
 static_assert(KILN_PACK_Q5_1_QS + KILN_PACK_Q5_1_AUX == KILN_PACK_ROWS * sizeof(block_q5_1), "Q5_1 group size");
 static_assert(KILN_PACK_IQ4_XS_QS + KILN_PACK_IQ4_XS_AUX == KILN_PACK_ROWS * sizeof(block_iq4_xs), "IQ4_XS group size");
+static_assert(KILN_PACK_Q2_K_QS + KILN_PACK_Q2_K_AUX == KILN_PACK_ROWS * sizeof(block_q2_K), "Q2_K group size");
+static_assert(KILN_PACK_Q3_K_QS + KILN_PACK_Q3_K_AUX == KILN_PACK_ROWS * sizeof(block_q3_K), "Q3_K group size");
 
 static const pack_format *format_of(kiln_type t) {
     for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++)

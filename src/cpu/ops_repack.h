@@ -35,6 +35,10 @@
 #define KILN_PACK_Q5_1_AUX 64  /* d, then m */
 #define KILN_PACK_IQ4_XS_QS 2048 /* per sub-block of 32, 4 vectors of nibbles (level indices) */
 #define KILN_PACK_IQ4_XS_AUX 128 /* d, scales_h as 2 planes, scales_l[4] as 4 planes of 16 bytes */
+#define KILN_PACK_Q2_K_QS 1024 /* 2 halves x 8 vectors of qs (4 bit pairs each) */
+#define KILN_PACK_Q2_K_AUX 320 /* d, dmin (f16), then scales[16] as 16 planes of 16 bytes */
+#define KILN_PACK_Q3_K_QS 1536 /* Q2_K's qs, then 8 vectors of hmask */
+#define KILN_PACK_Q3_K_AUX 224 /* d (f16), then scales[12] as 12 planes of 16 bytes */
 
 /* One kernel call: y[t * ldy + r] = dot(row r of the group, activation row t) for t < nt, r < nrows. */
 typedef struct {
@@ -59,6 +63,8 @@ void kiln_pack_gemm_iq4_nl_avx512(const kiln_pack_call *c);
 void kiln_pack_gemm_q5_0_avx512(const kiln_pack_call *c);
 void kiln_pack_gemm_q5_1_avx512(const kiln_pack_call *c);
 void kiln_pack_gemm_iq4_xs_avx512(const kiln_pack_call *c);
+void kiln_pack_gemm_q2_K_avx512(const kiln_pack_call *c);
+void kiln_pack_gemm_q3_K_avx512(const kiln_pack_call *c);
 /* AVX2 (gemm_repack_avx2.c): the types whose quants fit vpmaddubsw's int16 sums */
 void kiln_pack_gemm_q4_0_avx2(const kiln_pack_call *c);
 void kiln_pack_gemm_q4_1_avx2(const kiln_pack_call *c);
@@ -66,6 +72,8 @@ void kiln_pack_gemm_q5_0_avx2(const kiln_pack_call *c);
 void kiln_pack_gemm_q5_1_avx2(const kiln_pack_call *c);
 void kiln_pack_gemm_q4_K_avx2(const kiln_pack_call *c);
 void kiln_pack_gemm_q5_K_avx2(const kiln_pack_call *c);
+void kiln_pack_gemm_q2_K_avx2(const kiln_pack_call *c);
+void kiln_pack_gemm_q3_K_avx2(const kiln_pack_call *c);
 
 /* The kernel for weight type t at this level (AVX-512 VNNI, else AVX2), or NULL where t has no packed form at
  * this level. */
