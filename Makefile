@@ -25,6 +25,7 @@ ARCH := $(shell uname -m)
 ifeq ($(ARCH),x86_64)
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16
+AMX_FLAGS    = $(AVX512_FLAGS) -mamx-tile -mamx-int8
 endif
 
 CUDA ?= $(if $(shell command -v $(NVCC) 2>/dev/null),1,0)
@@ -136,6 +137,7 @@ $(PREFLIGHT): Makefile
 # repository root for "bench/..." includes).
 %_avx2.o: SRC_FLAGS = $(AVX2_FLAGS)
 %_avx512.o: SRC_FLAGS = $(AVX512_FLAGS)
+%_amx.o: SRC_FLAGS = $(AMX_FLAGS)
 $(TOOL_OBJ): SRC_FLAGS = -I.
 
 $(BUILD)/%.o: %.c | $(PREFLIGHT)
@@ -280,7 +282,7 @@ fuzz-tokenize:
 
 # The checkpoint loader (kiln_train_load_checkpoint: the GGUF, the model's config, the run's keys, the weights and the
 # moments with their validation), on the CPU build's sources (the CUDA seam's stubs, no nvcc), each compiled with the
-# fuzzer's instrumentation; the SIMD kernels (*_avx2.c, *_avx512.c: the loader never runs them) with their flags and
+# fuzzer's instrumentation; the SIMD kernels (*_avx2.c, *_avx512.c, *_amx.c: the loader never runs them) with their flags and
 # no sanitizers, which take clang many minutes on them. The harness seeds build-fuzz/corpus-ckpt with tiny real
 # checkpoints.
 FUZZ_CKPT_SRC := $(C_SRC)
@@ -288,7 +290,7 @@ define fuzz_lib_objs
 	@mkdir -p build-fuzz/ckpt tests/fuzz/crashes
 	@for f in $(FUZZ_CKPT_SRC); do \
 	  fl="-fsanitize=fuzzer-no-link,address,undefined"; \
-	  case $$f in *_avx2.c) fl="$(AVX2_FLAGS)";; *_avx512.c) fl="$(AVX512_FLAGS)";; esac; \
+	  case $$f in *_avx2.c) fl="$(AVX2_FLAGS)";; *_avx512.c) fl="$(AVX512_FLAGS)";; *_amx.c) fl="$(AMX_FLAGS)";; esac; \
 	  o=build-fuzz/ckpt/$$(echo $$f | tr / _).o; \
 	  if [ ! -e $$o ] || [ $$f -nt $$o ]; then echo "  fuzz cc $$f"; \
 	    $(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 $$fl -Iinclude -Isrc -Isrc/core -c $$f -o $$o || exit 1; fi; \

@@ -24,7 +24,7 @@ core busy (default 0.1) is run again after --retry-wait seconds, up to --retries
 refuses to report (exit 3) rather than print a figure it cannot trust.
 
 Default models: ~/.cache/kiln/{smollm2-135m-instruct-q4_1, gemma3-270m-q4_k_m, qwen2.5-coder-0.5b-instruct-q4_k_m}.gguf
-(tests/ref/fetch_models.sh) and the 124m synthetics of bench_llama.py (kiln synth, in /tmp/kiln-bench).
+(tests/ref/fetch_models.sh) and 124m synthetics in Q4_K_M, Q8_0, Q2_K and Q3_K_M (kiln synth, in /tmp/kiln-bench).
 Output: one JSON object per (model, threads, case) on stdout, then a table.
 """
 import argparse
@@ -40,6 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_llama import cpu_busy_s, own_cpu_s, default_models  # noqa: E402
 
 CACHE = Path.home() / ".cache/kiln"
+# The 124m synthetics: the two common mixes, and the 2- and 3-bit ones (llama-quantize's Q2_K and Q3_K_M: Q2_K and
+# Q3_K rows, with Q4_K and Q6_K where llama-quantize keeps more bits).
+SYNTH_TYPES = ("q4_k_m", "q8_0", "q2_k", "q3_k_m")
 REAL = ["smollm2-135m-instruct-q4_1.gguf", "gemma3-270m-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"]
 
 
@@ -108,7 +111,7 @@ def main():
         models = [Path(m) for m in a.models.split(",")]
     else:
         models = [CACHE / m for m in REAL if (CACHE / m).exists()]
-        synth, notes = default_models(a.kiln, Path(a.data) / "vocab/ggml-vocab-llama-spm.gguf")
+        synth, notes = default_models(a.kiln, Path(a.data) / "vocab/ggml-vocab-llama-spm.gguf", SYNTH_TYPES)
         models += [Path(m) for m in synth if Path(m) not in models]
         for n in notes:
             print("#", n, file=sys.stderr)

@@ -164,10 +164,10 @@ def peer_python(arg):
              "or pass --python")
 
 
-def default_models(kiln, vocab):
+def default_models(kiln, vocab, types=("q4_k_m", "q8_0")):
     models, notes = [], []
     out = Path("/tmp/kiln-bench")
-    for t in ("q4_k_m", "q8_0"):
+    for t in types:
         path = out / f"llama-124m-{t}.gguf"
         if not path.exists():
             if not vocab.exists():

@@ -9,6 +9,8 @@
  *  - bit for bit across pool sizes 1, 2, 3 (and a scratch too small for the batch, so it runs in passes),
  *    across how tokens are grouped (T = 1 calls vs one batch), and between matmul_n_forward and separate matmuls;
  *  - dropping the source pages of a file mapping leaves the mapping readable with its bytes.
+ * Where the CPU has AMX, the batches run once with the tile kernels on (gemm_repack_amx.c, opt-in otherwise):
+ * runs of 16 tokens go through them, and the bits must be those of the T = 1 calls, which run the VNNI kernels.
  * At the AVX-512 level and at the AVX2 level (gemm_repack_avx2.c's types; the others must stay unpacked there); the
  * other tests run at the best level the CPU has. A '# ' line times the repacked matmuls with AVX-512 (informative only). */
 #include "test.h"
@@ -80,11 +82,11 @@ static bool have_avx512(void) { return kiln_simd_best() >= KILN_SIMD_AVX512; }
 static void repacked_matmul_at(kiln_simd level) {
     kiln_cpu_ops_force_level(level);
     unsigned long long rng = 31;
-    enum { I = 768, TMAX = 19 };
+    enum { IMAX = 800, TMAX = 19 };
     static const int64_t Os[] = {37, 64};
-    float *x = malloc((size_t)TMAX * I * sizeof *x), *deq = malloc((size_t)64 * I * sizeof *deq);
+    float *x = malloc((size_t)TMAX * IMAX * sizeof *x), *deq = malloc((size_t)64 * IMAX * sizeof *deq);
     float *y = malloc((size_t)TMAX * 64 * sizeof *y), *y1 = malloc((size_t)TMAX * 64 * sizeof *y1), *ys = malloc(64 * sizeof *ys);
-    for (int64_t i = 0; i < (int64_t)TMAX * I; i++) x[i] = test_rng_normal(&rng);
+    for (int64_t i = 0; i < (int64_t)TMAX * IMAX; i++) x[i] = test_rng_normal(&rng);
     double worst_dot = 0, worst_ref = 0;
     int n_types = 0;
     for (int ti = 0; ti < COUNT(packed_types); ti++)
@@ -92,6 +94,8 @@ static void repacked_matmul_at(kiln_simd level) {
             for (int raw = 0; raw < 2; raw++) {
                 const kiln_type type = packed_types[ti], vt = kiln_type_traits_get(type)->vec_dot_type;
                 const int64_t O = Os[oi];
+                /* 3 blocks of 256, or 25 of 32 (an odd count: the AMX kernels' last block runs alone) */
+                const int64_t I = kiln_type_block_size(type) == QK_K ? 768 : 800;
                 uint8_t *w = make_weights(type, I, O, raw, deq, &rng);
                 const kiln_tensor_view W = make_view(type, I, O, w);
                 const kiln_tensor_view *Wp = &W;
@@ -110,7 +114,11 @@ static void repacked_matmul_at(kiln_simd level) {
                     /* Pool 3 gets scratch for only 4 rows: the matmul must take T in passes and agree. */
                     kiln_ops_ctx ctx = make_ctx(pools[p], p == 2 ? 4 : TMAX, I);
                     CHECK(kiln_cpu_ops.prepare_weights(&ctx, &Wp, 1, false) == KILN_OK, "%s", kiln_last_error());
-                    CHECK(kiln_cpu_packed_find(&ctx, &W) != NULL, "%s was not repacked", kiln_type_name(type));
+                    const kiln_cpu_packed *P = kiln_cpu_packed_find(&ctx, &W);
+                    CHECK(P != NULL, "%s was not repacked", kiln_type_name(type));
+                    if (P) /* the tile kernel exactly where the CPU has AMX, it is on, and the type has one */
+                        CHECK((P->gemm16 != NULL) == (level >= KILN_SIMD_AVX512 && kiln_cpu_ops_amx() && kiln_pack_amx_kernel(type)),
+                              "%s: AMX kernel %s", kiln_type_name(type), P->gemm16 ? "used where it should not be" : "missing");
                     memset(y, 0xff, (size_t)TMAX * O * sizeof *y);
                     kiln_cpu_ops.matmul_forward(&ctx, y, x, &W, TMAX);
                     if (p == 0) memcpy(y1, y, (size_t)TMAX * O * sizeof *y);
@@ -153,8 +161,8 @@ static void repacked_matmul_at(kiln_simd level) {
                 free(xq);
                 free(w);
             }
-    printf("# repacked matmul at %s: %d types, max error %.2e of sum|wx| against vec_dot (bound 1e-5), %.2e against double (bound 3e-3)\n",
-           kiln_simd_name(level), n_types, worst_dot, worst_ref);
+    printf("# repacked matmul at %s%s: %d types, max error %.2e of sum|wx| against vec_dot (bound 1e-5), %.2e against double (bound 3e-3)\n",
+           kiln_simd_name(level), level >= KILN_SIMD_AVX512 && kiln_cpu_ops_amx() ? " with AMX" : "", n_types, worst_dot, worst_ref);
     CHECK(n_types > 0, "no type has a repacked kernel at %s", kiln_simd_name(level));
     free(x), free(deq), free(y), free(y1), free(ys);
     kiln_cpu_ops_force_level(KILN_SIMD_COUNT);
@@ -162,6 +170,13 @@ static void repacked_matmul_at(kiln_simd level) {
 
 static void test_repacked_matmul(void) {
     if (kiln_simd_best() < KILN_SIMD_AVX2) SKIP("no AVX2 on this CPU");
+    if (have_avx512() && kiln_simd_amx()) { /* the tile kernels, opt-in otherwise (KILN_AMX=1) */
+        kiln_cpu_ops_force_amx(true);
+        repacked_matmul_at(KILN_SIMD_AVX512);
+        kiln_cpu_ops_force_amx(false);
+    } else {
+        printf("# no AMX on this CPU: the tile kernels are not run\n");
+    }
     if (have_avx512()) repacked_matmul_at(KILN_SIMD_AVX512);
     repacked_matmul_at(KILN_SIMD_AVX2);
 }

@@ -20,30 +20,7 @@
 
 #include <immintrin.h>
 #include "cpu/simd_avx512.h"
-
-/* The activation bytes x[0..3] (or a float) in every lane. */
-static inline __m512i bcast4(const char *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
-}
-static inline __m512 bcastf(const char *p) {
-    float v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_ps(v);
-}
-static inline __m512 f16x16(const char *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
-static inline __m512i ld(const char *p) { return _mm512_loadu_si512((const void *)p); }
-
-/* (a & 0x0F) | b: b holds only bits outside the low nibble (vpternlogd truth table 0xEC over a, b, c = 0x0F). */
-static inline __m512i merge_low(__m512i a, __m512i b, __m512i m4) { return _mm512_ternarylogic_epi32(a, b, m4, 0xEC); }
-
-static inline void store_rows(float *y, __m512 v, int nrows) {
-    if (nrows == KILN_PACK_ROWS)
-        _mm512_storeu_ps(y, v);
-    else
-        _mm512_mask_storeu_ps(y, (__mmask16)((1u << nrows) - 1), v);
-}
+#include "cpu/gemm_repack_avx512.h"
 
 /* Each kernel is written once for a compile-time token count NT and instantiated for 1..KILN_PACK_NT. */
 #define NT_CASES(fn, c)          \
@@ -91,7 +68,6 @@ void kiln_pack_gemm_q8_0_avx512(const kiln_pack_call *c) { NT_CASES(q8_0_nt, c) 
  * IQ4_NL x = (q - 128) through the table. Against a Q8_0 panel a block's sum starts at the panel's -128 * sum(x)
  * divided by 128 / bias (exact: a multiple of 128), so sum(q x) - bias * sum(x) is what the Q8_0 vec_dot sums.
  * Q4_1 and Q5_1 (x = d q + m) read a Q8_1 panel: dot = d * dy * sum(q qy) + m * s, s = dy * sum(qy). */
-enum { B32_Q4_0, B32_Q4_1, B32_IQ4_NL, B32_Q5_0, B32_Q5_1 };
 
 static inline __attribute__((always_inline)) void b32_nt(const kiln_pack_call *c, const int NT, const int kind) {
     const bool q5 = kind == B32_Q5_0 || kind == B32_Q5_1, has_m = kind == B32_Q4_1 || kind == B32_Q5_1;
@@ -99,13 +75,7 @@ static inline __attribute__((always_inline)) void b32_nt(const kiln_pack_call *c
     const int shift = kind == B32_Q4_0 ? 4 : kind == B32_Q5_0 ? 3 : 0; /* -128 sum(x) >> shift = -bias sum(x) */
     const int64_t nb = c->nb, I = nb * 32;
     const char *wq = c->w, *wa = c->w + nb * bq;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
-    __m512i table = _mm512_setzero_si512();
-    if (kind == B32_IQ4_NL) {
-        uint8_t t[16];
-        for (int i = 0; i < 16; i++) t[i] = (uint8_t)(kiln_iq4nl_values[i] + 128);
-        table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t));
-    }
+    const __m512i table = kind == B32_IQ4_NL ? iq4nl_table() : _mm512_setzero_si512();
     __m512 acc[KILN_PACK_NT];
     UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -116,15 +86,9 @@ static inline __attribute__((always_inline)) void b32_nt(const kiln_pack_call *c
             if (has_m) s[t] = _mm512_setzero_si512();
             else s[t] = _mm512_srai_epi32(bcast4(c->x + t * c->x_row + I + 4 * nb + 4 * b), shift);
         }
-        const __m512i h = q5 ? ld(q + 256) : _mm512_setzero_si512();
         UNROLL for (int k = 0; k < 4; k++) {
-            const __m512i w = ld(q + 64 * k);
-            __m512i lo = _mm512_and_si512(w, m4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
-            if (q5) {
-                lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 4 - k), b4));
-                hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(h, k), b4));
-            }
-            if (kind == B32_IQ4_NL) lo = _mm512_shuffle_epi8(table, lo), hi = _mm512_shuffle_epi8(table, hi);
+            __m512i lo, hi;
+            b32_quants(q, kind, k, table, &lo, &hi);
             UNROLL for (int t = 0; t < NT; t++) {
                 const char *xt = c->x + t * c->x_row + 32 * b;
                 s[t] = _mm512_dpbusd_epi32(s[t], lo, bcast4(xt + 4 * k));
@@ -158,54 +122,8 @@ void kiln_pack_gemm_q5_1_avx512(const kiln_pack_call *c) { NT_CASES(q5_1_nt, c) 
  * (q * 16, masking with 0xF0 instead of shifting) and their scale divided by 16, exactly. The activations are
  * plain Q8_K blocks: per 256, d (float), qs, and bsums (sums of 16), so the mins term sum_j m_j (bsums[2j] +
  * bsums[2j+1]) is one vpdpwssd per sub-block against the pair (m_j, m_j). The 16 rows' scales[12] are stored as
- * 12 planes of 16 bytes (byte p of each row), unpacked for all rows at once as kiln_unpack_scales_k4 does. */
-
-/* Sub-block scales (sc) and mins (mn) of 16 rows: lane group j & 3 of sc_lo (j < 4) or sc_hi (j >= 4). */
-typedef struct {
-    __m512i sc_lo, sc_hi, m_lo, m_hi;
-} k4_scales;
-
-static inline k4_scales k4_unpack(const char *planes) {
-    const __m512i m6 = _mm512_set1_epi8(63), m30 = _mm512_set1_epi8(0x30), m4 = _mm512_set1_epi8(0x0F);
-    const __m512i p0 = ld(planes), p1 = ld(planes + 64), p2 = ld(planes + 128); /* bytes 0-3, 4-7, 8-11 */
-    k4_scales s;
-    s.sc_lo = _mm512_and_si512(p0, m6);
-    s.m_lo = _mm512_and_si512(p1, m6);
-    s.sc_hi = merge_low(p2, _mm512_and_si512(_mm512_srli_epi16(p0, 2), m30), m4);
-    s.m_hi = merge_low(_mm512_srli_epi16(p2, 4), _mm512_and_si512(_mm512_srli_epi16(p1, 2), m30), m4);
-    return s;
-}
-
-static inline __m512i lane_u8(__m512i v, int j) {
-    switch (j & 3) {
-    case 0: return _mm512_cvtepu8_epi32(_mm512_castsi512_si128(v));
-    case 1: return _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(v, 1));
-    case 2: return _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(v, 2));
-    default: return _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(v, 3));
-    }
-}
-
-/* Q8_K block fields, by byte offset (block_q8_K: float d, int8 qs[256], int16 bsums[16]). */
-#define Q8K_QS 4
-#define Q8K_BSUMS (4 + QK_K)
-
-/* Q5_K: as Q4_K, plus the fifth bit of each quant from qh: vector k of the qh area holds qh[4k..4k+3] of each
- * row, where bit j of qh[l] tops element l of sub-block j. Sub-block j moves that bit to bit 4; there the high
- * nibbles are shifted down (q * 16 would leave no room for it), so no scale is divided by 16. */
-static inline __m512i q5_bit4(__m512i h, int j) {
-    const __m512i b4 = _mm512_set1_epi8(0x10);
-    if (j < 4) return _mm512_and_si512(_mm512_slli_epi16(h, 4 - j), b4);
-    if (j == 4) return _mm512_and_si512(h, b4);
-    return _mm512_and_si512(_mm512_srli_epi16(h, j - 4), b4);
-}
-
-/* Quant vector k of sub-block j: Q4_K's nibbles (the high ones as q * 16), or Q5_K's 5-bit values. */
-static inline __m512i k_quants(const char *q, bool q5, int j, int k) {
-    const __m512i w = ld(q + 512 * (j >> 1) + 64 * k);
-    if (!q5) return _mm512_and_si512(w, _mm512_set1_epi8((j & 1) ? (char)0xF0 : 0x0F));
-    const __m512i h = ld(q + QK_K / 2 * KILN_PACK_ROWS + 64 * k);
-    return merge_low((j & 1) ? _mm512_srli_epi16(w, 4) : w, q5_bit4(h, j), _mm512_set1_epi8(0x0F));
-}
+ * 12 planes of 16 bytes (byte p of each row), unpacked for all rows at once as kiln_unpack_scales_k4 does
+ * (k4_unpack, in gemm_repack_avx512.h with the quants' unpacking, k_quants). */
 
 /* One 256-element block of Q4_K or Q5_K for NT tokens: F[t] = sum_j s_j A_j[t] with s_j = d * sc_j, then
  * acc[t] += dy * (F[t] - dmin * sum_j m_j S_j). q: the block's quants, aux: its scales, xb: token 0's Q8_K block. */

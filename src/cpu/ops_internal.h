@@ -20,6 +20,11 @@
  * what the CPU supports is capped to it. */
 kiln_simd kiln_cpu_ops_level(void);
 void kiln_cpu_ops_force_level(kiln_simd level);
+/* Whether the repacked matmuls use the AMX tile kernels (gemm_repack_amx.c) for runs of 16 tokens: only where
+ * the CPU has AMX, at the AVX-512 level, and KILN_AMX=1 asks for them (measured slower than the VNNI kernels on a
+ * Sapphire Rapids-class Xeon, docs/cpu.md); force_amx sets it for tests, on only where the CPU has AMX. */
+bool kiln_cpu_ops_amx(void);
+void kiln_cpu_ops_force_amx(bool on);
 
 /* Runs fn(arg, ith, nth) on every thread of the pool when parallel is true and there is a pool, else once
  * on the caller as (0, 1). A pool wake-up costs 10-90 us (condition variable round trip), so an op asks

@@ -12,8 +12,10 @@
  *  - Repacked (the weight is in ctx's prepared set, ops_repack.c, packed at this level: AVX-512, or AVX2 for
  *    the types of gemm_repack_avx2.c): x is quantized
  *    into the panel the VNNI kernel reads (Q8_K blocks for K-quants and IQ4_XS; Q8_0/Q8_1 quants with float scales and
- *    sums), and a unit is a run of 16-row groups, run for 8 tokens at a time. Results agree with vec_dot to float
- *    rounding (the integer sums are the same) and do not depend on how tokens are grouped.
+ *    sums), and a unit is a run of 16-row groups, run for 8 tokens at a time, or 16 through the AMX tile kernels
+ *    (gemm_repack_amx.c) where the CPU has them and KILN_AMX=1 asks. Results agree with vec_dot to float rounding
+ *    (the integer sums are the same) and do not depend on how tokens are grouped: the AMX kernels give the VNNI
+ *    kernels' bits.
  *  - In place: x is quantized to W's vec_dot_type; a unit is 16 rows and each output is one vec_dot, or, where
  *    the weight type has a multi-row kernel at this level (kiln_cpu_get_gemm4), groups of 4 tokens share each
  *    unpacked weight block with the same bits as 4 vec_dot calls.
@@ -36,6 +38,7 @@ typedef struct {
     int64_t O;
     const kiln_cpu_packed *P;    /* repacked (nb blocks a row), or NULL: */
     int64_t nb;
+    kiln_pack_gemm_fn amx;       /*   P's AMX kernel for runs of 16 tokens, or NULL */
     const char *w;               /*   O rows, w_row bytes apart */
     size_t w_row;
     kiln_vec_dot_fn dot;
@@ -105,11 +108,16 @@ static void run_unit(const matmul_job *j, const char *xq_base, const mm_part *p,
             kiln_pack_call c = {.w = p->P->data + (size_t)g * p->P->group_bytes, .nb = p->nb,
                                 .x_row = j->xq_row, .ldy = (size_t)p->O,
                                 .nrows = (int)(p->O - o0 < KILN_PACK_ROWS ? p->O - o0 : KILN_PACK_ROWS)};
-            for (int64_t t = t0; t < t1; t += KILN_PACK_NT) {
+            for (int64_t t = t0; t < t1; t += c.nt) {
                 c.x = xq_base + (size_t)t * j->xq_row;
-                c.nt = (int)(t1 - t < KILN_PACK_NT ? t1 - t : KILN_PACK_NT);
                 c.y = p->y + t * p->O + o0;
-                p->P->gemm(&c);
+                if (p->amx && t1 - t >= KILN_PACK_AMX_NT) {
+                    c.nt = KILN_PACK_AMX_NT;
+                    p->amx(&c);
+                } else {
+                    c.nt = (int)(t1 - t < KILN_PACK_NT ? t1 - t : KILN_PACK_NT);
+                    p->P->gemm(&c);
+                }
             }
         }
         return;
@@ -212,6 +220,7 @@ static mm_part make_part(const kiln_ops_ctx *ctx, kiln_simd level, float *y, con
     if (P && P->gemm == kiln_pack_kernel(W->type, level)) {
         p.P = P;
         p.nb = I / tt->blck_size;
+        p.amx = P->gemm16 && kiln_cpu_ops_amx() ? P->gemm16 : NULL;
         p.groups = 1;
         p.n_chunks = P->n_groups;
         /* Q8_K-dotted types read plain Q8_K rows, as their vec_dot does; the others a Q8_0 or Q8_1 panel */
@@ -269,9 +278,9 @@ void kiln_cpu_matmul_n_forward(kiln_ops_ctx *ctx, int n, float *const *y, const 
         rows_fit = (int64_t)(bytes / j.xq_row);
         assert(rows_fit >= 1 && "scratch smaller than one activation row: size it with scratch_size");
     }
-    /* Token tiles: a multiple of the repacked kernels' 8 tokens (and so of gemm4's 4) */
-    int64_t tile = (int64_t)(MM_TILE_BYTES / j.xq_row) / KILN_PACK_NT * KILN_PACK_NT;
-    j.tile_t = tile < KILN_PACK_NT ? KILN_PACK_NT : tile;
+    /* Token tiles: a multiple of the AMX kernels' 16 tokens (and so of the VNNI kernels' 8 and gemm4's 4) */
+    int64_t tile = (int64_t)(MM_TILE_BYTES / j.xq_row) / KILN_PACK_AMX_NT * KILN_PACK_AMX_NT;
+    j.tile_t = tile < KILN_PACK_AMX_NT ? KILN_PACK_AMX_NT : tile;
 
     /* Rows beyond what the scratch holds (a caller that sized it for a smaller batch) go in further passes. */
     const int nth = kiln_ops_n_threads(ctx);

@@ -29,6 +29,7 @@ typedef struct {
     size_t qs, aux; /* bytes per block of a group */
     void (*pack)(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uint8_t *qs, uint8_t *aux);
     kiln_pack_gemm_fn avx512, avx2; /* avx2 NULL where the type has no AVX2 kernel */
+    kiln_pack_gemm_fn amx;          /* NULL where the type has no AMX kernel */
 } pack_format;
 
 /* Lane r of a 64-byte vector: 4 bytes of row r, each XORed with flip. */
@@ -218,26 +219,29 @@ static void pack_q3_K(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uin
 #endif
 
 static const pack_format formats[] = {
-    {KILN_TYPE_Q8_0, KILN_PACK_Q8_0_QS, KILN_PACK_Q8_0_AUX, pack_q8_0, KERNEL(kiln_pack_gemm_q8_0_avx512), NULL},
+    {KILN_TYPE_Q8_0, KILN_PACK_Q8_0_QS, KILN_PACK_Q8_0_AUX, pack_q8_0, KERNEL(kiln_pack_gemm_q8_0_avx512), NULL,
+     KERNEL(kiln_pack_gemm_q8_0_amx)},
     {KILN_TYPE_Q4_1, KILN_PACK_Q4_1_QS, KILN_PACK_Q4_1_AUX, pack_q4_1, KERNEL(kiln_pack_gemm_q4_1_avx512),
-     KERNEL(kiln_pack_gemm_q4_1_avx2)},
+     KERNEL(kiln_pack_gemm_q4_1_avx2), KERNEL(kiln_pack_gemm_q4_1_amx)},
     {KILN_TYPE_Q4_K, KILN_PACK_Q4_K_QS, KILN_PACK_Q4_K_AUX, pack_q4_K, KERNEL(kiln_pack_gemm_q4_K_avx512),
-     KERNEL(kiln_pack_gemm_q4_K_avx2)},
+     KERNEL(kiln_pack_gemm_q4_K_avx2), KERNEL(kiln_pack_gemm_q4_K_amx)},
     {KILN_TYPE_Q5_K, KILN_PACK_Q5_K_QS, KILN_PACK_Q5_K_AUX, pack_q5_K, KERNEL(kiln_pack_gemm_q5_K_avx512),
-     KERNEL(kiln_pack_gemm_q5_K_avx2)},
-    {KILN_TYPE_Q6_K, KILN_PACK_Q6_K_QS, KILN_PACK_Q6_K_AUX, pack_q6_K, KERNEL(kiln_pack_gemm_q6_K_avx512), NULL},
+     KERNEL(kiln_pack_gemm_q5_K_avx2), KERNEL(kiln_pack_gemm_q5_K_amx)},
+    {KILN_TYPE_Q6_K, KILN_PACK_Q6_K_QS, KILN_PACK_Q6_K_AUX, pack_q6_K, KERNEL(kiln_pack_gemm_q6_K_avx512), NULL, NULL},
     {KILN_TYPE_Q4_0, KILN_PACK_Q4_0_QS, KILN_PACK_Q4_0_AUX, pack_q4_0, KERNEL(kiln_pack_gemm_q4_0_avx512),
-     KERNEL(kiln_pack_gemm_q4_0_avx2)},
-    {KILN_TYPE_IQ4_NL, KILN_PACK_IQ4_NL_QS, KILN_PACK_IQ4_NL_AUX, pack_iq4_nl, KERNEL(kiln_pack_gemm_iq4_nl_avx512), NULL},
+     KERNEL(kiln_pack_gemm_q4_0_avx2), KERNEL(kiln_pack_gemm_q4_0_amx)},
+    {KILN_TYPE_IQ4_NL, KILN_PACK_IQ4_NL_QS, KILN_PACK_IQ4_NL_AUX, pack_iq4_nl, KERNEL(kiln_pack_gemm_iq4_nl_avx512),
+     NULL, KERNEL(kiln_pack_gemm_iq4_nl_amx)},
     {KILN_TYPE_Q5_0, KILN_PACK_Q5_0_QS, KILN_PACK_Q5_0_AUX, pack_q5_0, KERNEL(kiln_pack_gemm_q5_0_avx512),
-     KERNEL(kiln_pack_gemm_q5_0_avx2)},
+     KERNEL(kiln_pack_gemm_q5_0_avx2), KERNEL(kiln_pack_gemm_q5_0_amx)},
     {KILN_TYPE_Q5_1, KILN_PACK_Q5_1_QS, KILN_PACK_Q5_1_AUX, pack_q5_1, KERNEL(kiln_pack_gemm_q5_1_avx512),
-     KERNEL(kiln_pack_gemm_q5_1_avx2)},
-    {KILN_TYPE_IQ4_XS, KILN_PACK_IQ4_XS_QS, KILN_PACK_IQ4_XS_AUX, pack_iq4_xs, KERNEL(kiln_pack_gemm_iq4_xs_avx512), NULL},
+     KERNEL(kiln_pack_gemm_q5_1_avx2), KERNEL(kiln_pack_gemm_q5_1_amx)},
+    {KILN_TYPE_IQ4_XS, KILN_PACK_IQ4_XS_QS, KILN_PACK_IQ4_XS_AUX, pack_iq4_xs, KERNEL(kiln_pack_gemm_iq4_xs_avx512),
+     NULL, NULL},
     {KILN_TYPE_Q2_K, KILN_PACK_Q2_K_QS, KILN_PACK_Q2_K_AUX, pack_q2_K, KERNEL(kiln_pack_gemm_q2_K_avx512),
-     KERNEL(kiln_pack_gemm_q2_K_avx2)},
+     KERNEL(kiln_pack_gemm_q2_K_avx2), NULL},
     {KILN_TYPE_Q3_K, KILN_PACK_Q3_K_QS, KILN_PACK_Q3_K_AUX, pack_q3_K, KERNEL(kiln_pack_gemm_q3_K_avx512),
-     KERNEL(kiln_pack_gemm_q3_K_avx2)},
+     KERNEL(kiln_pack_gemm_q3_K_avx2), NULL},
 };
 
 /* Every layout is 16 GGUF blocks, which the kernels' offsets assume. */
@@ -264,6 +268,11 @@ kiln_pack_gemm_fn kiln_pack_kernel(kiln_type t, kiln_simd level) {
     const pack_format *f = format_of(t);
     if (!f) return NULL;
     return level >= KILN_SIMD_AVX512 ? f->avx512 : level >= KILN_SIMD_AVX2 ? f->avx2 : NULL;
+}
+
+kiln_pack_gemm_fn kiln_pack_amx_kernel(kiln_type t) {
+    const pack_format *f = format_of(t);
+    return f ? f->amx : NULL;
 }
 
 size_t kiln_pack_group_bytes(kiln_type t, int64_t nb) {
@@ -429,6 +438,7 @@ kiln_status kiln_cpu_prepare_weights(kiln_ops_ctx *ctx, const kiln_tensor_view *
         items[i].n_groups = (w->ne[1] + KILN_PACK_ROWS - 1) / KILN_PACK_ROWS;
         items[i].group_bytes = kiln_pack_group_bytes(w->type, w->ne[0] / kiln_type_block_size(w->type));
         items[i].gemm = kiln_pack_kernel(w->type, level);
+        items[i].gemm16 = level >= KILN_SIMD_AVX512 && kiln_cpu_ops_amx() ? kiln_pack_amx_kernel(w->type) : NULL;
         const size_t bytes = kiln_ops_mul(items[i].group_bytes, (size_t)items[i].n_groups);
         overflow |= items[i].group_bytes == 0 || bytes == SIZE_MAX;
         total = kiln_ops_add(total, bytes);

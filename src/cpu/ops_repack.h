@@ -13,6 +13,7 @@
 
 #define KILN_PACK_ROWS 16 /* rows per group: one 32-bit lane of a 512-bit vector each */
 #define KILN_PACK_NT 8    /* tokens per kernel call: each weight vector is unpacked once for all of them */
+#define KILN_PACK_AMX_NT 16 /* tokens per AMX kernel call (gemm_repack_amx.c): the rows of an A tile */
 
 /* Bytes per block in a group of 16 rows. */
 #define KILN_PACK_Q8_0_QS 512  /* 8 vectors of quants + 128 (unsigned, as vpdpbusd wants) */
@@ -75,6 +76,20 @@ void kiln_pack_gemm_q5_K_avx2(const kiln_pack_call *c);
 void kiln_pack_gemm_q2_K_avx2(const kiln_pack_call *c);
 void kiln_pack_gemm_q3_K_avx2(const kiln_pack_call *c);
 
+/* AMX (gemm_repack_amx.c): the same groups, exactly KILN_PACK_AMX_NT tokens a call, the same results bit for bit
+ * as the AVX-512 kernel of the type (the same integer sums, the same float steps in the same order). */
+void kiln_pack_gemm_q8_0_amx(const kiln_pack_call *c);
+void kiln_pack_gemm_q4_0_amx(const kiln_pack_call *c);
+void kiln_pack_gemm_q4_1_amx(const kiln_pack_call *c);
+void kiln_pack_gemm_iq4_nl_amx(const kiln_pack_call *c);
+void kiln_pack_gemm_q5_0_amx(const kiln_pack_call *c);
+void kiln_pack_gemm_q5_1_amx(const kiln_pack_call *c);
+void kiln_pack_gemm_q4_K_amx(const kiln_pack_call *c);
+void kiln_pack_gemm_q5_K_amx(const kiln_pack_call *c);
+
+/* The AMX kernel for weight type t, or NULL where t has none (whether the CPU has AMX is kiln_cpu_ops_amx's). */
+kiln_pack_gemm_fn kiln_pack_amx_kernel(kiln_type t);
+
 /* The kernel for weight type t at this level (AVX-512 VNNI, else AVX2), or NULL where t has no packed form at
  * this level. */
 kiln_pack_gemm_fn kiln_pack_kernel(kiln_type t, kiln_simd level);
@@ -100,6 +115,7 @@ typedef struct kiln_cpu_packed {
     size_t group_bytes;
     const char *data;          /* n_groups * group_bytes, 64-byte aligned */
     kiln_pack_gemm_fn gemm;
+    kiln_pack_gemm_fn gemm16;  /* the AMX kernel for runs of KILN_PACK_AMX_NT tokens, or NULL */
 } kiln_cpu_packed;
 
 /* W's packed copy in ctx's prepared set, or NULL. */

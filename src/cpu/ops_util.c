@@ -4,6 +4,8 @@
 #include "ops_internal.h"
 
 #include <sched.h>
+#include <stdlib.h>
+#include <string.h>
 
 
 static atomic_int cached_level = -1; /* -1: not read yet */
@@ -21,6 +23,20 @@ void kiln_cpu_ops_force_level(kiln_simd level) {
     kiln_simd have = kiln_simd_best();
     atomic_store_explicit(&cached_level, (int)(level < have ? level : have), memory_order_relaxed);
 }
+
+static atomic_int amx_wanted = -1; /* -1: KILN_AMX not read yet */
+
+bool kiln_cpu_ops_amx(void) {
+    int w = atomic_load_explicit(&amx_wanted, memory_order_relaxed);
+    if (w < 0) {
+        const char *env = getenv("KILN_AMX");
+        w = env && strcmp(env, "1") == 0;
+        atomic_store_explicit(&amx_wanted, w, memory_order_relaxed);
+    }
+    return w && kiln_cpu_ops_level() >= KILN_SIMD_AVX512 && kiln_simd_amx();
+}
+
+void kiln_cpu_ops_force_amx(bool on) { atomic_store_explicit(&amx_wanted, on ? 1 : 0, memory_order_relaxed); }
 
 int kiln_ops_n_threads(const kiln_ops_ctx *ctx) { return ctx->pool ? kiln_pool_size(ctx->pool) : 1; }
 

@@ -10,6 +10,8 @@
 #include <stdbool.h>
 #if defined(__x86_64__)
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 #include <stdlib.h>
 #include <string.h>
@@ -108,4 +110,31 @@ kiln_simd kiln_simd_best(void) {
     pthread_once(&kernels_once, register_kernels);
     pthread_once(&simd_once, detect_best);
     return simd_best;
+}
+
+/* ---------------------------------------------------------------- AMX
+ * The int8 tile unit (AMX-TILE and AMX-INT8, CPUID leaf 7 EDX bits 24 and 25), where the OS saves the tile state
+ * (XCR0 bits 17 and 18) and Linux grants this process the tile data (arch_prctl ARCH_REQ_XCOMP_PERM: without it
+ * the first tile instruction faults). Not where KILN_SIMD caps the level below avx512 (the tile kernels'
+ * epilogues are AVX-512). Whether the kernels are used is the ops' choice (kiln_cpu_ops_amx). */
+static bool amx_ok;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+static void detect_amx(void) {
+#if defined(__x86_64__) && defined(__GNUC__) && defined(SYS_arch_prctl)
+    if (kiln_simd_best() < KILN_SIMD_AVX512) return;
+    unsigned a, b, c, d;
+    __cpuid_count(7, 0, a, b, c, d);
+    if (!(d & (1u << 24)) || !(d & (1u << 25))) return;
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    if ((xlo & 0x60000) != 0x60000) return;
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    amx_ok = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#endif
+}
+
+bool kiln_simd_amx(void) {
+    pthread_once(&amx_once, detect_amx);
+    return amx_ok;
 }

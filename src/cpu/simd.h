@@ -10,6 +10,8 @@
 kiln_simd kiln_simd_best(void);
 kiln_simd kiln_simd_detect(void); /* what the CPU supports, ignoring KILN_SIMD */
 const char *kiln_simd_name(kiln_simd s);
+/* AMX int8 tiles usable by this process, beside AVX-512 (detected once, the tile data requested from Linux). */
+bool kiln_simd_amx(void);
 
 KILN_DECLARE_LEVEL(avx2)
 KILN_DECLARE_LEVEL(avx512)
