@@ -60,6 +60,7 @@ static inline __attribute__((always_inline)) void b32_half(const kiln_pack_call 
     __m256 acc[4];
     UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        if (half == 0 && t0 == 0) kiln_pack_prefetch(c, b, bq + ba); /* the first of the group's passes */
         const char *q = wq + b * bq, *aux = wa + b * ba;
         __m256i lo[4], hi[4];
         const __m256i h = q5 ? ld(q + 256) : _mm256_setzero_si256();
@@ -161,6 +162,7 @@ static inline __attribute__((always_inline)) void k4_half(const kiln_pack_call *
     __m256 acc[4];
     UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        if (half == 0 && t0 == 0) kiln_pack_prefetch(c, b, qs + ax); /* the first of the group's passes */
         const char *q = c->w + b * qs, *aux = c->w + nb * qs + b * ax, *xb = x0 + b * (int64_t)sizeof(block_q8_K);
         const __m256 d = f16x8(aux + 16 * half), dmin = f16x8(aux + 32 + 16 * half);
         k4_scales ks;
@@ -270,6 +272,7 @@ static inline __attribute__((always_inline)) void k23_half(const kiln_pack_call 
     __m256 acc[4];
     UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        if (half == 0 && t0 == 0) kiln_pack_prefetch(c, b, bq + ba); /* the first of the group's passes */
         const char *q = c->w + b * bq, *aux = c->w + nb * bq + b * ba, *xb = x0 + b * (int64_t)sizeof(block_q8_K);
         k23_scales ks;
         k23_unpack(aux + (q3 ? 32 : 64), q3, &ks);

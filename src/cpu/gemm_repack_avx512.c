@@ -44,6 +44,7 @@ static inline __attribute__((always_inline)) void q8_0_nt(const kiln_pack_call *
     __m512 acc[KILN_PACK_NT];
     UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        kiln_pack_prefetch(c, b, KILN_PACK_Q8_0_QS + KILN_PACK_Q8_0_AUX);
         const char *q = wq + b * KILN_PACK_Q8_0_QS;
         const __m512 dw = f16x16(wd + b * KILN_PACK_Q8_0_AUX);
         __m512i s[KILN_PACK_NT];
@@ -79,6 +80,7 @@ static inline __attribute__((always_inline)) void b32_nt(const kiln_pack_call *c
     __m512 acc[KILN_PACK_NT];
     UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        kiln_pack_prefetch(c, b, bq + ba);
         const char *q = wq + b * bq, *aux = wa + b * ba;
         const __m512 dw = f16x16(aux);
         __m512i s[KILN_PACK_NT];
@@ -161,6 +163,7 @@ static inline __attribute__((always_inline)) void k4_nt(const kiln_pack_call *c,
     __m512 acc[KILN_PACK_NT];
     UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        kiln_pack_prefetch(c, b, qs + ax);
         k4_block(c, NT, q5, c->w + b * qs, c->w + nb * qs + b * ax, c->x + b * (int64_t)sizeof(block_q8_K), acc);
     }
     UNROLL for (int t = 0; t < NT; t++) store_rows(c->y + t * c->ldy, acc[t], c->nrows);
@@ -196,6 +199,7 @@ static inline __attribute__((always_inline)) void q6_K_nt(const kiln_pack_call *
     __m512 acc[KILN_PACK_NT];
     UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        kiln_pack_prefetch(c, b, KILN_PACK_Q6_K_QS + KILN_PACK_Q6_K_AUX);
         const char *q = c->w + b * KILN_PACK_Q6_K_QS, *aux = c->w + nb * KILN_PACK_Q6_K_QS + b * KILN_PACK_Q6_K_AUX;
         const char *xb = c->x + b * (int64_t)sizeof(block_q8_K);
         const __m512 d = f16x16(aux);
@@ -247,6 +251,7 @@ static inline __attribute__((always_inline)) void iq4_xs_nt(const kiln_pack_call
     __m512 acc[KILN_PACK_NT];
     UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        kiln_pack_prefetch(c, b, KILN_PACK_IQ4_XS_QS + KILN_PACK_IQ4_XS_AUX);
         const char *q = c->w + b * KILN_PACK_IQ4_XS_QS, *aux = c->w + nb * KILN_PACK_IQ4_XS_QS + b * KILN_PACK_IQ4_XS_AUX;
         const char *xb = c->x + b * (int64_t)sizeof(block_q8_K);
         const __m512 d = f16x16(aux);
@@ -334,6 +339,7 @@ static inline __attribute__((always_inline)) void k23_nt(const kiln_pack_call *c
     __m512 acc[KILN_PACK_NT];
     UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        kiln_pack_prefetch(c, b, bq + ba);
         const char *q = c->w + b * bq, *aux = c->w + nb * bq + b * ba;
         const char *xb = c->x + b * (int64_t)sizeof(block_q8_K);
         const __m512 d = f16x16(aux);
