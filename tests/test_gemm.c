@@ -271,8 +271,8 @@ static void test_not_packed(void) {
     kiln_ops_ctx ctx = {.pool = pools[0]};
     CHECK(kiln_cpu_ops.prepare_weights(&ctx, Wp, 2, false) == KILN_OK);
     CHECK(ctx.prepared == NULL && !kiln_cpu_packed_find(&ctx, &W[0]));
-    uint8_t *w_q8 = make_weights(KILN_TYPE_Q8_0, I, O, false, deq, &rng);
-    const kiln_tensor_view Q8 = make_view(KILN_TYPE_Q8_0, I, O, w_q8);
+    uint8_t *w_q8 = make_weights(KILN_TYPE_Q6_K, I, O, false, deq, &rng); /* no AVX2 kernel */
+    const kiln_tensor_view Q8 = make_view(KILN_TYPE_Q6_K, I, O, w_q8);
     const kiln_tensor_view *Q8p = &Q8;
     kiln_cpu_ops_force_level(KILN_SIMD_AVX2);
     CHECK(kiln_cpu_ops.prepare_weights(&ctx, &Q8p, 1, false) == KILN_OK);

@@ -8,8 +8,9 @@
  * quant (0..15) times an activation (|x| <= 127, as the Q8_0 and Q8_1 quantizers make them) is at most 1,905, so
  * the 16 products of one lane's four vectors x two nibbles stay under 30,480; a Q5 quant (0..31) allows four
  * vectors (31,496), so Q5 widens twice per block. Q4_K and Q5_K (against Q8_K, also within +-127) run the same
- * way per sub-block of 32. Types whose stored quants reach 255 (Q8_0, IQ4_NL) would saturate and have no kernel
- * here: they keep the row kernels of quants_avx2.c and gemm_avx2.c.
+ * way per sub-block of 32. Types whose stored quants reach 255 (Q8_0, IQ4_NL) run signed, with the sign moved onto
+ * the activations (s8_half). Q6_K and IQ4_XS have no kernel here yet: they keep the row kernels of quants_avx2.c
+ * and gemm_avx2.c.
  *
  * Sixteen ymm registers hold four tokens' accumulators next to a block's eight unpacked vectors, so a call runs
  * its tokens four at a time. Integer sums are the vec_dot's integers; float steps follow the VNNI kernels' order
@@ -112,6 +113,68 @@ void kiln_pack_gemm_q4_0_avx2(const kiln_pack_call *c) { b32_call(c, B32_Q4_0); 
 void kiln_pack_gemm_q4_1_avx2(const kiln_pack_call *c) { b32_call(c, B32_Q4_1); }
 void kiln_pack_gemm_q5_0_avx2(const kiln_pack_call *c) { b32_call(c, B32_Q5_0); }
 void kiln_pack_gemm_q5_1_avx2(const kiln_pack_call *c) { b32_call(c, B32_Q5_1); }
+
+/* ---------------------------------------------------------------- Q8_0 and IQ4_NL
+ * Their stored quants reach 255 (Q8_0's q + 128, IQ4_NL's level + 128), which vpmaddubsw's int16 pairs cannot
+ * take. So the quants go back to signed (q, or the level) and the sign moves onto the activations, as the row
+ * kernels do: |w| * (x with w's sign) is w * x, a pair at most 2 * 128 * 127 = 32,512, widened at once. No
+ * -128 sum(x) correction is needed. */
+enum { S8_Q8_0, S8_IQ4_NL };
+
+static inline __attribute__((always_inline)) void s8_half(const kiln_pack_call *c, int half, int t0, const int NT, const int kind) {
+    const size_t bq = kind == S8_Q8_0 ? KILN_PACK_Q8_0_QS : KILN_PACK_IQ4_NL_QS;
+    const size_t ba = kind == S8_Q8_0 ? KILN_PACK_Q8_0_AUX : KILN_PACK_IQ4_NL_AUX;
+    const int64_t nb = c->nb, I = nb * 32;
+    const char *wq = c->w + 32 * half, *wa = c->w + nb * bq + 16 * half;
+    const char *x0 = c->x + t0 * c->x_row;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kiln_iq4nl_values));
+    __m256 acc[4];
+    UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        if (half == 0 && t0 == 0) kiln_pack_prefetch(c, b, bq + ba); /* the first of the group's passes */
+        const char *q = wq + b * bq, *aux = wa + b * ba;
+        /* w[k]: signed quants of elements 4k.. (k = 0..7) */
+        __m256i w[8];
+        if (kind == S8_Q8_0) {
+            UNROLL for (int k = 0; k < 8; k++) w[k] = _mm256_xor_si256(ld(q + 64 * k), flip);
+        } else {
+            UNROLL for (int k = 0; k < 4; k++) {
+                const __m256i v = ld(q + 64 * k);
+                w[k] = _mm256_shuffle_epi8(table, _mm256_and_si256(v, m4));
+                w[4 + k] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+            }
+        }
+        __m256i a[8];
+        UNROLL for (int k = 0; k < 8; k++) a[k] = _mm256_sign_epi8(w[k], w[k]);
+        const __m256 dw = f16x8(aux);
+        UNROLL for (int t = 0; t < NT; t++) {
+            const char *xt = x0 + t * c->x_row + 32 * b, *xs = x0 + t * c->x_row + I;
+            __m256i s = _mm256_setzero_si256();
+            UNROLL for (int k = 0; k < 8; k++) {
+                const __m256i p = _mm256_maddubs_epi16(a[k], _mm256_sign_epi8(bcast4(xt + 4 * k), w[k]));
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
+            }
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, bcastf(xs + 4 * b)), acc[t]);
+        }
+    }
+    UNROLL for (int t = 0; t < NT; t++) store8(c->y + (t0 + t) * c->ldy + 8 * half, acc[t], c->nrows - 8 * half);
+}
+
+static inline __attribute__((always_inline)) void s8_call(const kiln_pack_call *c, const int kind) {
+    for (int half = 0; half < 2 && 8 * half < c->nrows; half++)
+        for (int t0 = 0; t0 < c->nt; t0 += 4) {
+            switch (c->nt - t0 < 4 ? c->nt - t0 : 4) {
+            case 1: s8_half(c, half, t0, 1, kind); break;
+            case 2: s8_half(c, half, t0, 2, kind); break;
+            case 3: s8_half(c, half, t0, 3, kind); break;
+            default: s8_half(c, half, t0, 4, kind); break;
+            }
+        }
+}
+
+void kiln_pack_gemm_q8_0_avx2(const kiln_pack_call *c) { s8_call(c, S8_Q8_0); }
+void kiln_pack_gemm_iq4_nl_avx2(const kiln_pack_call *c) { s8_call(c, S8_IQ4_NL); }
 
 /* ---------------------------------------------------------------- Q4_K and Q5_K
  * As k4_block of gemm_repack_avx512.c, on half `half` of the group. The high nibbles are shifted down (q * 16

@@ -219,8 +219,8 @@ static void pack_q3_K(const uint8_t *const rows[KILN_PACK_ROWS], int64_t nb, uin
 #endif
 
 static const pack_format formats[] = {
-    {KILN_TYPE_Q8_0, KILN_PACK_Q8_0_QS, KILN_PACK_Q8_0_AUX, pack_q8_0, KERNEL(kiln_pack_gemm_q8_0_avx512), NULL,
-     KERNEL(kiln_pack_gemm_q8_0_amx)},
+    {KILN_TYPE_Q8_0, KILN_PACK_Q8_0_QS, KILN_PACK_Q8_0_AUX, pack_q8_0, KERNEL(kiln_pack_gemm_q8_0_avx512),
+     KERNEL(kiln_pack_gemm_q8_0_avx2), KERNEL(kiln_pack_gemm_q8_0_amx)},
     {KILN_TYPE_Q4_1, KILN_PACK_Q4_1_QS, KILN_PACK_Q4_1_AUX, pack_q4_1, KERNEL(kiln_pack_gemm_q4_1_avx512),
      KERNEL(kiln_pack_gemm_q4_1_avx2), KERNEL(kiln_pack_gemm_q4_1_amx)},
     {KILN_TYPE_Q4_K, KILN_PACK_Q4_K_QS, KILN_PACK_Q4_K_AUX, pack_q4_K, KERNEL(kiln_pack_gemm_q4_K_avx512),
@@ -231,7 +231,7 @@ static const pack_format formats[] = {
     {KILN_TYPE_Q4_0, KILN_PACK_Q4_0_QS, KILN_PACK_Q4_0_AUX, pack_q4_0, KERNEL(kiln_pack_gemm_q4_0_avx512),
      KERNEL(kiln_pack_gemm_q4_0_avx2), KERNEL(kiln_pack_gemm_q4_0_amx)},
     {KILN_TYPE_IQ4_NL, KILN_PACK_IQ4_NL_QS, KILN_PACK_IQ4_NL_AUX, pack_iq4_nl, KERNEL(kiln_pack_gemm_iq4_nl_avx512),
-     NULL, KERNEL(kiln_pack_gemm_iq4_nl_amx)},
+     KERNEL(kiln_pack_gemm_iq4_nl_avx2), KERNEL(kiln_pack_gemm_iq4_nl_amx)},
     {KILN_TYPE_Q5_0, KILN_PACK_Q5_0_QS, KILN_PACK_Q5_0_AUX, pack_q5_0, KERNEL(kiln_pack_gemm_q5_0_avx512),
      KERNEL(kiln_pack_gemm_q5_0_avx2), KERNEL(kiln_pack_gemm_q5_0_amx)},
     {KILN_TYPE_Q5_1, KILN_PACK_Q5_1_QS, KILN_PACK_Q5_1_AUX, pack_q5_1, KERNEL(kiln_pack_gemm_q5_1_avx512),

@@ -79,7 +79,7 @@ void kiln_pack_gemm_q5_1_avx512(const kiln_pack_call *c);
 void kiln_pack_gemm_iq4_xs_avx512(const kiln_pack_call *c);
 void kiln_pack_gemm_q2_K_avx512(const kiln_pack_call *c);
 void kiln_pack_gemm_q3_K_avx512(const kiln_pack_call *c);
-/* AVX2 (gemm_repack_avx2.c): the types whose quants fit vpmaddubsw's int16 sums */
+/* AVX2 (gemm_repack_avx2.c): the 32-element types, Q2_K..Q5_K (Q8_0 and IQ4_NL with the sign on the activations) */
 void kiln_pack_gemm_q4_0_avx2(const kiln_pack_call *c);
 void kiln_pack_gemm_q4_1_avx2(const kiln_pack_call *c);
 void kiln_pack_gemm_q5_0_avx2(const kiln_pack_call *c);
@@ -88,6 +88,8 @@ void kiln_pack_gemm_q4_K_avx2(const kiln_pack_call *c);
 void kiln_pack_gemm_q5_K_avx2(const kiln_pack_call *c);
 void kiln_pack_gemm_q2_K_avx2(const kiln_pack_call *c);
 void kiln_pack_gemm_q3_K_avx2(const kiln_pack_call *c);
+void kiln_pack_gemm_q8_0_avx2(const kiln_pack_call *c);
+void kiln_pack_gemm_iq4_nl_avx2(const kiln_pack_call *c);
 
 /* AMX (gemm_repack_amx.c): the same groups, exactly KILN_PACK_AMX_NT tokens a call, the same results bit for bit
  * as the AVX-512 kernel of the type (the same integer sums, the same float steps in the same order). */
