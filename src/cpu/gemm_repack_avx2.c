@@ -46,6 +46,21 @@ static inline void store8(float *y, __m256 v, int n) {
     _mm256_maskstore_ps(y, mask, v);
 }
 
+/* A call: each 8-row half of the group (those with rows), its tokens four at a time, through fn(c, half, t0, NT, arg)
+ * with a compile-time NT. */
+#define HALVES(fn, c, arg)                                                          \
+    do {                                                                            \
+        for (int half = 0; half < 2 && 8 * half < (c)->nrows; half++)              \
+            for (int t0 = 0; t0 < (c)->nt; t0 += 4) {                             \
+                switch ((c)->nt - t0 < 4 ? (c)->nt - t0 : 4) {                     \
+                case 1: fn(c, half, t0, 1, arg); break;                            \
+                case 2: fn(c, half, t0, 2, arg); break;                            \
+                case 3: fn(c, half, t0, 3, arg); break;                            \
+                default: fn(c, half, t0, 4, arg); break;                           \
+                }                                                                   \
+            }                                                                       \
+    } while (0)
+
 /* ---------------------------------------------------------------- Q4_0, Q4_1, Q5_0, Q5_1
  * As b32_nt of gemm_repack_avx512.c, on half `half` of the group and tokens t0..t0+NT-1. */
 enum { B32_Q4_0, B32_Q4_1, B32_Q5_0, B32_Q5_1 };
@@ -97,22 +112,10 @@ static inline __attribute__((always_inline)) void b32_half(const kiln_pack_call 
     UNROLL for (int t = 0; t < NT; t++) store8(c->y + (t0 + t) * c->ldy + 8 * half, acc[t], c->nrows - 8 * half);
 }
 
-static inline __attribute__((always_inline)) void b32_call(const kiln_pack_call *c, const int kind) {
-    for (int half = 0; half < 2 && 8 * half < c->nrows; half++)
-        for (int t0 = 0; t0 < c->nt; t0 += 4) {
-            switch (c->nt - t0 < 4 ? c->nt - t0 : 4) {
-            case 1: b32_half(c, half, t0, 1, kind); break;
-            case 2: b32_half(c, half, t0, 2, kind); break;
-            case 3: b32_half(c, half, t0, 3, kind); break;
-            default: b32_half(c, half, t0, 4, kind); break;
-            }
-        }
-}
-
-void kiln_pack_gemm_q4_0_avx2(const kiln_pack_call *c) { b32_call(c, B32_Q4_0); }
-void kiln_pack_gemm_q4_1_avx2(const kiln_pack_call *c) { b32_call(c, B32_Q4_1); }
-void kiln_pack_gemm_q5_0_avx2(const kiln_pack_call *c) { b32_call(c, B32_Q5_0); }
-void kiln_pack_gemm_q5_1_avx2(const kiln_pack_call *c) { b32_call(c, B32_Q5_1); }
+void kiln_pack_gemm_q4_0_avx2(const kiln_pack_call *c) { HALVES(b32_half, c, B32_Q4_0); }
+void kiln_pack_gemm_q4_1_avx2(const kiln_pack_call *c) { HALVES(b32_half, c, B32_Q4_1); }
+void kiln_pack_gemm_q5_0_avx2(const kiln_pack_call *c) { HALVES(b32_half, c, B32_Q5_0); }
+void kiln_pack_gemm_q5_1_avx2(const kiln_pack_call *c) { HALVES(b32_half, c, B32_Q5_1); }
 
 /* ---------------------------------------------------------------- Q8_0 and IQ4_NL
  * Their stored quants reach 255 (Q8_0's q + 128, IQ4_NL's level + 128), which vpmaddubsw's int16 pairs cannot
@@ -161,20 +164,8 @@ static inline __attribute__((always_inline)) void s8_half(const kiln_pack_call *
     UNROLL for (int t = 0; t < NT; t++) store8(c->y + (t0 + t) * c->ldy + 8 * half, acc[t], c->nrows - 8 * half);
 }
 
-static inline __attribute__((always_inline)) void s8_call(const kiln_pack_call *c, const int kind) {
-    for (int half = 0; half < 2 && 8 * half < c->nrows; half++)
-        for (int t0 = 0; t0 < c->nt; t0 += 4) {
-            switch (c->nt - t0 < 4 ? c->nt - t0 : 4) {
-            case 1: s8_half(c, half, t0, 1, kind); break;
-            case 2: s8_half(c, half, t0, 2, kind); break;
-            case 3: s8_half(c, half, t0, 3, kind); break;
-            default: s8_half(c, half, t0, 4, kind); break;
-            }
-        }
-}
-
-void kiln_pack_gemm_q8_0_avx2(const kiln_pack_call *c) { s8_call(c, S8_Q8_0); }
-void kiln_pack_gemm_iq4_nl_avx2(const kiln_pack_call *c) { s8_call(c, S8_IQ4_NL); }
+void kiln_pack_gemm_q8_0_avx2(const kiln_pack_call *c) { HALVES(s8_half, c, S8_Q8_0); }
+void kiln_pack_gemm_iq4_nl_avx2(const kiln_pack_call *c) { HALVES(s8_half, c, S8_IQ4_NL); }
 
 /* ---------------------------------------------------------------- Q4_K and Q5_K
  * As k4_block of gemm_repack_avx512.c, on half `half` of the group. The high nibbles are shifted down (q * 16
@@ -260,20 +251,8 @@ static inline __attribute__((always_inline)) void k4_half(const kiln_pack_call *
     UNROLL for (int t = 0; t < NT; t++) store8(c->y + (t0 + t) * c->ldy + 8 * half, acc[t], c->nrows - 8 * half);
 }
 
-static inline __attribute__((always_inline)) void k4_call(const kiln_pack_call *c, const bool q5) {
-    for (int half = 0; half < 2 && 8 * half < c->nrows; half++)
-        for (int t0 = 0; t0 < c->nt; t0 += 4) {
-            switch (c->nt - t0 < 4 ? c->nt - t0 : 4) {
-            case 1: k4_half(c, half, t0, 1, q5); break;
-            case 2: k4_half(c, half, t0, 2, q5); break;
-            case 3: k4_half(c, half, t0, 3, q5); break;
-            default: k4_half(c, half, t0, 4, q5); break;
-            }
-        }
-}
-
-void kiln_pack_gemm_q4_K_avx2(const kiln_pack_call *c) { k4_call(c, false); }
-void kiln_pack_gemm_q5_K_avx2(const kiln_pack_call *c) { k4_call(c, true); }
+void kiln_pack_gemm_q4_K_avx2(const kiln_pack_call *c) { HALVES(k4_half, c, false); }
+void kiln_pack_gemm_q5_K_avx2(const kiln_pack_call *c) { HALVES(k4_half, c, true); }
 
 /* ---------------------------------------------------------------- Q2_K and Q3_K
  * As k23_nt of gemm_repack_avx512.c, on half `half` of the group. A sub-block's four vectors sum in int16
@@ -378,19 +357,7 @@ static inline __attribute__((always_inline)) void k23_half(const kiln_pack_call 
     UNROLL for (int t = 0; t < NT; t++) store8(c->y + (t0 + t) * c->ldy + 8 * half, acc[t], c->nrows - 8 * half);
 }
 
-static inline __attribute__((always_inline)) void k23_call(const kiln_pack_call *c, const bool q3) {
-    for (int half = 0; half < 2 && 8 * half < c->nrows; half++)
-        for (int t0 = 0; t0 < c->nt; t0 += 4) {
-            switch (c->nt - t0 < 4 ? c->nt - t0 : 4) {
-            case 1: k23_half(c, half, t0, 1, q3); break;
-            case 2: k23_half(c, half, t0, 2, q3); break;
-            case 3: k23_half(c, half, t0, 3, q3); break;
-            default: k23_half(c, half, t0, 4, q3); break;
-            }
-        }
-}
-
-void kiln_pack_gemm_q2_K_avx2(const kiln_pack_call *c) { k23_call(c, false); }
-void kiln_pack_gemm_q3_K_avx2(const kiln_pack_call *c) { k23_call(c, true); }
+void kiln_pack_gemm_q2_K_avx2(const kiln_pack_call *c) { HALVES(k23_half, c, false); }
+void kiln_pack_gemm_q3_K_avx2(const kiln_pack_call *c) { HALVES(k23_half, c, true); }
 
 #endif
