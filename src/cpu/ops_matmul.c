@@ -101,7 +101,6 @@ static void quantize_rows(matmul_job *j, int ith, int nth) {
     for (int64_t t = 0; t < j->T; t++) quantize_blocks(j, j->xq_out, t, lo, hi);
 }
 
-/* One unit: row chunk `chunk` of part p for tokens [t0, t1), reading the quantized rows at xq. */
 /* How far ahead a matmul of at most KILN_PACK_NT tokens (decode: each group read once) prefetches the repacked
  * weights (kiln_pack_prefetch): 16 KiB, or KILN_PREFETCH bytes (0: off), read once. Measured on the 2-core Zen 4 VM
  * at one thread, tok/s for none / 4 / 8 / 16 / 32 KiB: 124m Q4_K_M 135 / 210 / 265 / 269-328 / 281, Qwen2.5-0.5B
@@ -119,15 +118,17 @@ static size_t mm_prefetch_bytes(void) {
     return (size_t)b;
 }
 
+/* One unit: row chunk `chunk` of part p for tokens [t0, t1), reading the quantized rows at xq. */
 static void run_unit(const matmul_job *j, const char *xq_base, const mm_part *p, int64_t chunk, int64_t t0, int64_t t1) {
     if (p->P) {
+        const size_t pf = j->T <= KILN_PACK_NT ? mm_prefetch_bytes() : 0;
         const int64_t g1 = (chunk + 1) * p->groups < p->P->n_groups ? (chunk + 1) * p->groups : p->P->n_groups;
         for (int64_t g = chunk * p->groups; g < g1; g++) {
             const int64_t o0 = g * KILN_PACK_ROWS;
             kiln_pack_call c = {.w = p->P->data + (size_t)g * p->P->group_bytes, .nb = p->nb,
                                 .x_row = j->xq_row, .ldy = (size_t)p->O,
                                 .nrows = (int)(p->O - o0 < KILN_PACK_ROWS ? p->O - o0 : KILN_PACK_ROWS),
-                                .pf = j->T <= KILN_PACK_NT ? mm_prefetch_bytes() : 0};
+                                .pf = pf};
             for (int64_t t = t0; t < t1; t += c.nt) {
                 c.x = xq_base + (size_t)t * j->xq_row;
                 c.y = p->y + t * p->O + o0;
