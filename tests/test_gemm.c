@@ -2,7 +2,8 @@
  * the matmul op, for every packed type (Q8_0, Q4_1, Q4_K, Q5_K, Q6_K, Q4_0, IQ4_NL, Q5_0, Q5_1, IQ4_XS, Q2_K, Q3_K), on
  * normal weights quantized by the
  * reference quantizer and on raw random bytes with sane scales (every quant and scale bit pattern), with row
- * counts that leave a partial last group of 16 and token counts that leave partial groups of 8:
+ * counts that leave a partial last group of 16 and token counts that leave partial groups of 8 (and reach the
+ * batch kernels, src/cpu/ops_repack.h's kiln_pack_batch_fn, whose bits must be the per-call kernels'):
  *  - against the level's vec_dot on the same quantized activations: the integer sums are the same, only the
  *    order of the float steps differs, so the error is float rounding (bound 1e-5 of sum |w x|);
  *  - against a double dot of the dequantized weights and float x (the bound of tests/test_ops.c, 3e-3);
@@ -82,7 +83,7 @@ static bool have_avx512(void) { return kiln_simd_best() >= KILN_SIMD_AVX512; }
 static void repacked_matmul_at(kiln_simd level) {
     kiln_cpu_ops_force_level(level);
     unsigned long long rng = 31;
-    enum { IMAX = 800, TMAX = 19 };
+    enum { IMAX = 2304, TMAX = 37 }; /* 37 tokens: the batch kernels (32 or more) and a partial last 8 */
     static const int64_t Os[] = {37, 64};
     float *x = malloc((size_t)TMAX * IMAX * sizeof *x), *deq = malloc((size_t)64 * IMAX * sizeof *deq);
     float *y = malloc((size_t)TMAX * 64 * sizeof *y), *y1 = malloc((size_t)TMAX * 64 * sizeof *y1), *ys = malloc(64 * sizeof *ys);
@@ -94,8 +95,9 @@ static void repacked_matmul_at(kiln_simd level) {
             for (int raw = 0; raw < 2; raw++) {
                 const kiln_type type = packed_types[ti], vt = kiln_type_traits_get(type)->vec_dot_type;
                 const int64_t O = Os[oi];
-                /* 3 blocks of 256, or 25 of 32 (an odd count: the AMX kernels' last block runs alone) */
-                const int64_t I = kiln_type_block_size(type) == QK_K ? 768 : 800;
+                /* 9 blocks of 256 (the Q2_K batch kernel converts 8 at a time), or 25 of 32 (an odd count: the AMX
+                 * kernels' last block runs alone) */
+                const int64_t I = kiln_type_block_size(type) == QK_K ? 2304 : 800;
                 uint8_t *w = make_weights(type, I, O, raw, deq, &rng);
                 const kiln_tensor_view W = make_view(type, I, O, w);
                 const kiln_tensor_view *Wp = &W;
@@ -119,6 +121,8 @@ static void repacked_matmul_at(kiln_simd level) {
                     if (P) /* the tile kernel exactly where the CPU has AMX, it is on, and the type has one */
                         CHECK((P->gemm16 != NULL) == (level >= KILN_SIMD_AVX512 && kiln_cpu_ops_amx() && kiln_pack_amx_kernel(type)),
                               "%s: AMX kernel %s", kiln_type_name(type), P->gemm16 ? "used where it should not be" : "missing");
+                    if (P && level >= KILN_SIMD_AVX512 && (type == KILN_TYPE_Q2_K || type == KILN_TYPE_Q3_K))
+                        CHECK(P->batch != NULL, "%s: no batch kernel at AVX-512", kiln_type_name(type));
                     memset(y, 0xff, (size_t)TMAX * O * sizeof *y);
                     kiln_cpu_ops.matmul_forward(&ctx, y, x, &W, TMAX);
                     if (p == 0) memcpy(y1, y, (size_t)TMAX * O * sizeof *y);

@@ -400,4 +400,132 @@ static inline __attribute__((always_inline)) void q3_K_nt(const kiln_pack_call *
 void kiln_pack_gemm_q2_K_avx512(const kiln_pack_call *c) { NT_CASES(q2_K_nt, c) }
 void kiln_pack_gemm_q3_K_avx512(const kiln_pack_call *c) { NT_CASES(q3_K_nt, c) }
 
+/* ---------------------------------------------------------------- Q2_K and Q3_K for a batch
+ * With many tokens the unpacking and the per-sub-block scaling of k23_nt are worth doing once: K23B_BLOCKS blocks
+ * of the group at a time are turned into 8-bit weights with the sub-block scales folded in, vector i (0..63) of a
+ * block holding elements 4i..4i+3 of each row, and every token then sums a block as one chain of 64 vpdpbusd.
+ *  - Q2_K: w = sc * q (0..45). The mins term is k23_nt's.
+ *  - Q3_K: w = (sc - 32) * (u - 4) is -124..128, so the block stores 128 - w (4..252, unsigned, as vpdpbusd wants);
+ *    the token's sum is then 128 sum(x) - sum(w x), and 128 sum(x) comes from the Q8_K bsums by pairs.
+ * The integers are k23_nt's, and so are the float steps, in its order (a run of blocks ends by storing its
+ * accumulators to y and the next starts from them, an exact round trip): the results are its bits. */
+#define K23B_BLOCKS 8
+#define K23B_BYTES 4096 /* one block of 16 rows as 8-bit weights */
+
+/* Q3_K's sc - 32 (z) or Q2_K's sc of 16 rows, as k23_nt reads them. */
+static inline void k23_scales(const char *aux, bool q3, __m512i z[4]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    if (!q3) {
+        UNROLL for (int g = 0; g < 4; g++) z[g] = _mm512_and_si512(ld(aux + 64 + 64 * g), m4);
+        return;
+    }
+    const __m512i p0 = ld(aux + 32), p1 = ld(aux + 96), p2 = ld(aux + 160), m3 = _mm512_set1_epi8(3);
+    UNROLL for (int g = 0; g < 4; g++) {
+        const __m512i lo = _mm512_and_si512(g & 2 ? _mm512_srli_epi16(g & 1 ? p1 : p0, 4) : (g & 1 ? p1 : p0), m4);
+        const __m512i hi = _mm512_and_si512(g ? _mm512_srli_epi16(p2, 2 * g) : p2, m3);
+        z[g] = _mm512_sub_epi8(_mm512_or_si512(lo, _mm512_slli_epi16(hi, 4)), _mm512_set1_epi8(32));
+    }
+}
+
+static void k23b_convert(char *out, const char *q, const char *aux, const bool q3) {
+    const __m512i lo8 = _mm512_set1_epi16(0x00FF);
+    __m512i z[4];
+    k23_scales(aux, q3, z);
+    for (int n = 0; n < 2; n++)
+        for (int p = 0; p < 4; p++)
+            for (int k = 0; k < 8; k++) {
+                const int sb = 8 * n + 2 * p + k / 4;
+                const __m512i v = k23_quants(q, q3, n, p, k);
+                /* each row's factor in both 16-bit halves of its lane: Q2_K sc, Q3_K 32 - sc */
+                __m512i f = sb_scale(z[sb >> 2], sb, q3);
+                if (q3) f = _mm512_and_si512(_mm512_sub_epi32(_mm512_setzero_si512(), f), _mm512_set1_epi32(0xFFFF));
+                f = _mm512_or_si512(f, _mm512_slli_epi32(f, 16));
+                __m512i even = _mm512_and_si512(v, lo8), odd = _mm512_srli_epi16(v, 8);
+                if (q3) { /* (u - 4) (32 - sc) + 128 */
+                    const __m512i four = _mm512_set1_epi16(4), c128 = _mm512_set1_epi16(128);
+                    even = _mm512_add_epi16(_mm512_mullo_epi16(_mm512_sub_epi16(even, four), f), c128);
+                    odd = _mm512_add_epi16(_mm512_mullo_epi16(_mm512_sub_epi16(odd, four), f), c128);
+                } else {
+                    even = _mm512_mullo_epi16(even, f), odd = _mm512_mullo_epi16(odd, f);
+                }
+                const __m512i w = _mm512_or_si512(_mm512_and_si512(even, lo8), _mm512_slli_epi16(odd, 8));
+                _mm512_storeu_si512((void *)(out + 64 * (32 * n + 8 * p + k)), w);
+            }
+}
+
+/* Blocks [b0, b1) of the group (converted at wq) for NT tokens; first: the accumulators start at 0, else at y. */
+static inline __attribute__((always_inline)) void k23b_nt(const kiln_pack_call *c, const char *wq, int64_t b0, int64_t b1,
+                                                          bool first, const int NT, const bool q3) {
+    const size_t bq = q3 ? KILN_PACK_Q3_K_QS : KILN_PACK_Q2_K_QS, ba = q3 ? KILN_PACK_Q3_K_AUX : KILN_PACK_Q2_K_AUX;
+    const __mmask16 rows = c->nrows == KILN_PACK_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << c->nrows) - 1);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[KILN_PACK_NT];
+    UNROLL for (int t = 0; t < NT; t++) acc[t] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(rows, c->y + t * c->ldy);
+    for (int64_t b = b0; b < b1; b++) {
+        const char *w = wq + (b - b0) * K23B_BYTES, *aux = c->w + c->nb * (int64_t)bq + b * (int64_t)ba;
+        const char *xb = c->x + b * (int64_t)sizeof(block_q8_K);
+        __m512i S[KILN_PACK_NT], C[KILN_PACK_NT];
+        UNROLL for (int t = 0; t < NT; t++) S[t] = _mm512_setzero_si512(), C[t] = _mm512_setzero_si512();
+        for (int i = 0; i < 64; i += 2) {
+            const __m512i v0 = ld(w + 64 * i), v1 = ld(w + 64 * i + 64);
+            UNROLL for (int t = 0; t < NT; t++) {
+                S[t] = _mm512_dpbusd_epi32(S[t], v0, bcast4(xb + t * c->x_row + Q8K_QS + 4 * i));
+                S[t] = _mm512_dpbusd_epi32(S[t], v1, bcast4(xb + t * c->x_row + Q8K_QS + 4 * i + 4));
+            }
+        }
+        if (q3) { /* C = 128 sum(x) */
+            const __m512i c128 = _mm512_set1_epi16(128);
+            UNROLL for (int p = 0; p < 8; p++)
+                UNROLL for (int t = 0; t < NT; t++) C[t] = _mm512_dpwssd_epi32(C[t], c128, bcast4(xb + t * c->x_row + Q8K_BSUMS + 4 * p));
+            const __m512 d = f16x16(aux);
+            UNROLL for (int t = 0; t < NT; t++) {
+                const __m512i isum = _mm512_sub_epi32(C[t], S[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isum)), bcastf(xb + t * c->x_row), acc[t]);
+            }
+        } else {
+            __m512i mn[4];
+            UNROLL for (int g = 0; g < 4; g++) mn[g] = _mm512_and_si512(_mm512_srli_epi16(ld(aux + 64 + 64 * g), 4), m4);
+            UNROLL for (int p = 0; p < 8; p++) {
+                const __m512i pair = sb_pair(mn, p, false);
+                UNROLL for (int t = 0; t < NT; t++) C[t] = _mm512_dpwssd_epi32(C[t], pair, bcast4(xb + t * c->x_row + Q8K_BSUMS + 4 * p));
+            }
+            const __m512 d = f16x16(aux), dmin = f16x16(aux + 32);
+            UNROLL for (int t = 0; t < NT; t++) {
+                const __m512 f = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(C[t]), _mm512_mul_ps(d, _mm512_cvtepi32_ps(S[t])));
+                acc[t] = _mm512_fmadd_ps(f, bcastf(xb + t * c->x_row), acc[t]);
+            }
+        }
+    }
+    UNROLL for (int t = 0; t < NT; t++) store_rows(c->y + t * c->ldy, acc[t], c->nrows);
+}
+
+static inline __attribute__((always_inline)) void k23_batch(const kiln_pack_call *c0, int64_t T, const bool q3) {
+    const size_t bq = q3 ? KILN_PACK_Q3_K_QS : KILN_PACK_Q2_K_QS, ba = q3 ? KILN_PACK_Q3_K_AUX : KILN_PACK_Q2_K_AUX;
+    _Alignas(64) char wq[K23B_BLOCKS * K23B_BYTES];
+    for (int64_t b0 = 0; b0 < c0->nb; b0 += K23B_BLOCKS) {
+        const int64_t b1 = b0 + K23B_BLOCKS < c0->nb ? b0 + K23B_BLOCKS : c0->nb;
+        for (int64_t b = b0; b < b1; b++)
+            k23b_convert(wq + (b - b0) * K23B_BYTES, c0->w + b * (int64_t)bq, c0->w + c0->nb * (int64_t)bq + b * (int64_t)ba, q3);
+        for (int64_t t = 0; t < T; t += KILN_PACK_NT) {
+            kiln_pack_call c = *c0;
+            c.x = c0->x + t * (int64_t)c0->x_row;
+            c.y = c0->y + t * (int64_t)c0->ldy;
+            const bool first = b0 == 0;
+            switch (T - t < KILN_PACK_NT ? T - t : KILN_PACK_NT) {
+            case 1: k23b_nt(&c, wq, b0, b1, first, 1, q3); break;
+            case 2: k23b_nt(&c, wq, b0, b1, first, 2, q3); break;
+            case 3: k23b_nt(&c, wq, b0, b1, first, 3, q3); break;
+            case 4: k23b_nt(&c, wq, b0, b1, first, 4, q3); break;
+            case 5: k23b_nt(&c, wq, b0, b1, first, 5, q3); break;
+            case 6: k23b_nt(&c, wq, b0, b1, first, 6, q3); break;
+            case 7: k23b_nt(&c, wq, b0, b1, first, 7, q3); break;
+            default: k23b_nt(&c, wq, b0, b1, first, 8, q3); break;
+            }
+        }
+    }
+}
+
+void kiln_pack_batch_q2_K_avx512(const kiln_pack_call *c, int64_t T) { k23_batch(c, T, false); }
+void kiln_pack_batch_q3_K_avx512(const kiln_pack_call *c, int64_t T) { k23_batch(c, T, true); }
+
 #endif /* __x86_64__ */

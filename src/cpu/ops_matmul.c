@@ -41,6 +41,7 @@ typedef struct {
     const kiln_cpu_packed *P;    /* repacked (nb blocks a row), or NULL: */
     int64_t nb;
     kiln_pack_gemm_fn amx;       /*   P's AMX kernel for runs of 16 tokens, or NULL */
+    kiln_pack_batch_fn batch;    /*   P's batch kernel (KILN_PACK_BATCH_MIN tokens or more), or NULL */
     const char *w;               /*   O rows, w_row bytes apart */
     size_t w_row;
     kiln_vec_dot_fn dot;
@@ -129,6 +130,12 @@ static void run_unit(const matmul_job *j, const char *xq_base, const mm_part *p,
                                 .x_row = j->xq_row, .ldy = (size_t)p->O,
                                 .nrows = (int)(p->O - o0 < KILN_PACK_ROWS ? p->O - o0 : KILN_PACK_ROWS),
                                 .pf = pf};
+            if (p->batch && t1 - t0 >= KILN_PACK_BATCH_MIN) {
+                c.x = xq_base + (size_t)t0 * j->xq_row;
+                c.y = p->y + t0 * p->O + o0;
+                p->batch(&c, t1 - t0);
+                continue;
+            }
             for (int64_t t = t0; t < t1; t += c.nt) {
                 c.x = xq_base + (size_t)t * j->xq_row;
                 c.y = p->y + t * p->O + o0;
@@ -242,6 +249,7 @@ static mm_part make_part(const kiln_ops_ctx *ctx, kiln_simd level, float *y, con
         p.P = P;
         p.nb = I / tt->blck_size;
         p.amx = P->gemm16 && kiln_cpu_ops_amx() ? P->gemm16 : NULL;
+        p.batch = p.amx ? NULL : P->batch;
         p.groups = 1;
         p.n_chunks = P->n_groups;
         /* Q8_K-dotted types read plain Q8_K rows, as their vec_dot does; the others a Q8_0 or Q8_1 panel */

@@ -275,6 +275,15 @@ kiln_pack_gemm_fn kiln_pack_amx_kernel(kiln_type t) {
     return f ? f->amx : NULL;
 }
 
+kiln_pack_batch_fn kiln_pack_batch_kernel(kiln_type t, kiln_simd level) {
+#if defined(__x86_64__)
+    if (t == KILN_TYPE_Q2_K && level >= KILN_SIMD_AVX512) return kiln_pack_batch_q2_K_avx512;
+    if (t == KILN_TYPE_Q3_K && level >= KILN_SIMD_AVX512) return kiln_pack_batch_q3_K_avx512;
+#endif
+    (void)t, (void)level;
+    return NULL;
+}
+
 size_t kiln_pack_group_bytes(kiln_type t, int64_t nb) {
     const pack_format *f = format_of(t);
     if (!f || nb <= 0) return 0;
@@ -439,6 +448,7 @@ kiln_status kiln_cpu_prepare_weights(kiln_ops_ctx *ctx, const kiln_tensor_view *
         items[i].group_bytes = kiln_pack_group_bytes(w->type, w->ne[0] / kiln_type_block_size(w->type));
         items[i].gemm = kiln_pack_kernel(w->type, level);
         items[i].gemm16 = level >= KILN_SIMD_AVX512 && kiln_cpu_ops_amx() ? kiln_pack_amx_kernel(w->type) : NULL;
+        items[i].batch = kiln_pack_batch_kernel(w->type, level);
         const size_t bytes = kiln_ops_mul(items[i].group_bytes, (size_t)items[i].n_groups);
         overflow |= items[i].group_bytes == 0 || bytes == SIZE_MAX;
         total = kiln_ops_add(total, bytes);

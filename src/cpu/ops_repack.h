@@ -54,6 +54,10 @@ typedef struct {
     size_t pf;      /* decode: prefetch this many bytes ahead (kiln_pack_prefetch), 0: none */
 } kiln_pack_call;
 typedef void (*kiln_pack_gemm_fn)(const kiln_pack_call *c);
+/* A batch: the same for T tokens (c->nt unused), at least KILN_PACK_BATCH_MIN, with the same bits as the type's
+ * kernel; for types whose unpacking is worth doing once for many tokens. */
+typedef void (*kiln_pack_batch_fn)(const kiln_pack_call *c, int64_t T);
+#define KILN_PACK_BATCH_MIN 32
 
 /* Software prefetch for decode, where a group is read once and its bytes come from DRAM: as a kernel starts block b
  * it asks for the lines of the block's share of the group (QS + AUX = bytes: 16 GGUF blocks), c->pf bytes further
@@ -79,6 +83,8 @@ void kiln_pack_gemm_q5_1_avx512(const kiln_pack_call *c);
 void kiln_pack_gemm_iq4_xs_avx512(const kiln_pack_call *c);
 void kiln_pack_gemm_q2_K_avx512(const kiln_pack_call *c);
 void kiln_pack_gemm_q3_K_avx512(const kiln_pack_call *c);
+void kiln_pack_batch_q2_K_avx512(const kiln_pack_call *c, int64_t T);
+void kiln_pack_batch_q3_K_avx512(const kiln_pack_call *c, int64_t T);
 /* AVX2 (gemm_repack_avx2.c): the 32-element types, Q2_K..Q5_K (Q8_0 and IQ4_NL with the sign on the activations) */
 void kiln_pack_gemm_q4_0_avx2(const kiln_pack_call *c);
 void kiln_pack_gemm_q4_1_avx2(const kiln_pack_call *c);
@@ -104,6 +110,9 @@ void kiln_pack_gemm_q5_K_amx(const kiln_pack_call *c);
 
 /* The AMX kernel for weight type t, or NULL where t has none (whether the CPU has AMX is kiln_cpu_ops_amx's). */
 kiln_pack_gemm_fn kiln_pack_amx_kernel(kiln_type t);
+
+/* The batch kernel for weight type t at this level, or NULL. */
+kiln_pack_batch_fn kiln_pack_batch_kernel(kiln_type t, kiln_simd level);
 
 /* The kernel for weight type t at this level (AVX-512 VNNI, else AVX2), or NULL where t has no packed form at
  * this level. */
@@ -131,6 +140,7 @@ typedef struct kiln_cpu_packed {
     const char *data;          /* n_groups * group_bytes, 64-byte aligned */
     kiln_pack_gemm_fn gemm;
     kiln_pack_gemm_fn gemm16;  /* the AMX kernel for runs of KILN_PACK_AMX_NT tokens, or NULL */
+    kiln_pack_batch_fn batch;  /* the batch kernel for runs of KILN_PACK_BATCH_MIN tokens or more, or NULL */
 } kiln_cpu_packed;
 
 /* W's packed copy in ctx's prepared set, or NULL. */
