@@ -299,6 +299,12 @@ static void check_attention(void) {
         {6, 3, 20, 5, 4},    /* HS not a multiple of 8: scalar tails */
         {8, 2, 128, 300, 2}, /* two tokens, with 3 threads split over key chunks */
         {4, 1, 64, 9000, 1}, /* past 8192 positions: 256-key chunks */
+        /* prefills in rows of 16 lanes (ops_attention_avx512.c) whose units straddle 128-key chunks: 4 tokens x 4
+         * heads, 5 x 3, 16 x 1, and HS 256 */
+        {8, 2, 64, 120, 20},
+        {9, 3, 64, 250, 40},
+        {4, 4, 64, 100, 40},
+        {4, 1, 256, 0, 150},
     };
     unsigned long long rng = 15;
     double worst = 0;
@@ -466,6 +472,9 @@ LEVEL_TEST(test_gemm4_avx2, check_gemm4, KILN_SIMD_AVX2)
 LEVEL_TEST(test_gemm4_avx512, check_gemm4, KILN_SIMD_AVX512)
 LEVEL_TEST(test_attention_scalar, check_attention, KILN_SIMD_SCALAR)
 LEVEL_TEST(test_attention_avx2, check_attention, KILN_SIMD_AVX2)
+/* AVX-512: prefills go through the rows of 16 (ops_attention_avx512.c), decode through the AVX2 kernel; the
+ * "alone" check holds them to the same bits */
+LEVEL_TEST(test_attention_avx512, check_attention, KILN_SIMD_AVX512)
 
 /* ---------------------------------------------------------------- timing (informative) */
 
@@ -532,6 +541,7 @@ int main(void) {
     RUN(test_gemm4_avx512);
     RUN(test_attention_scalar);
     RUN(test_attention_avx2);
+    RUN(test_attention_avx512);
     time_matmul();
     for (int i = 0; i < COUNT(pools); i++) kiln_pool_free(pools[i]);
     TEST_EXIT();

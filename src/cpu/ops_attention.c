@@ -12,6 +12,11 @@
  *   - Prefill (enough (t, g) units for the threads): a unit is one (t, g), its chunks done and merged in turn.
  *   - Decode (few tokens): a unit is one (t, chunk) over all KV heads, reading a contiguous block of the cache;
  *     partials go to the scratch, and after a barrier each (t, h) merges its chunks in order.
+ *   - Prefill at AVX-512 over the f16 pair (no softcap, no window or ring cut): a unit is up to 16 rows (token,
+ *     head) of one KV group in the lanes of a vector (ops_attention_avx512.c), which computes for each row what the
+ *     AVX2 chunk kernel and the merge below compute for it alone, in the same order. On the 2-core Zen 4 VM it is
+ *     1-6% faster at pp512 (both are at the FMA units' rate there); its lanes are 512 bits where the chunk kernel's
+ *     are 256.
  * Both run the same chunk kernel and the same merge in the same order, so the result does not depend on the
  * thread count or the path (tests/test_ops.c checks 1, 2 and 3 threads bit for bit). The chunk kernel is the
  * scalar one below (the oracle) or ops_attention_avx2.c's, chosen by SIMD level; both are checked against a
@@ -122,6 +127,9 @@ typedef struct {
     int64_t max_chunks;
     atomic_int barrier;
     atomic_llong next_unit;
+    /* prefill in rows of 16 lanes (kiln_attn_rows16): units of tb tokens x gs heads of one KV group */
+    bool rows16;
+    int64_t r_tb, r_gs, r_hb, r_units, r_kc;
 } attn_job;
 
 /* The keys query t sees, [lo, n), cut into pieces: chunks of kc from lo, the one holding wrap (the position in
@@ -229,9 +237,39 @@ static void run_chunk(const attn_job *j, const attn_thread *w, const float *q, i
     j->chunk_f32(w->a, w->m, w->l, w->s, q, kr, vr, ks, vs, nk, HS, j->G, j->scale, j->softcap);
 }
 
+/* Prefill in rows of 16: unit (token block, KV group, head block), last tokens first. */
+static void attention_rows16(attn_job *j, int ith) {
+    const int64_t HS = j->HS, per_tb = j->NKV * j->r_hb;
+    kiln_attn_rows16 u = {.kv_stride = j->NKV * HS, .HS = HS, .kc = j->r_kc, .scale = j->scale,
+                          .scratch = j->thread_scratch + (size_t)ith * j->per_thread};
+    for (;;) {
+        const int64_t i = atomic_fetch_add_explicit(&j->next_unit, 1, memory_order_relaxed);
+        if (i >= j->r_units) break;
+        const int64_t unit = j->r_units - 1 - i, tb = unit / per_tb, g = unit % per_tb / j->r_hb, hb = unit % j->r_hb;
+        const int64_t t0 = tb * j->r_tb, t1 = t0 + j->r_tb < j->T ? t0 + j->r_tb : j->T;
+        const int64_t h0 = g * j->G + hb * j->r_gs, h1 = h0 + j->r_gs < (g + 1) * j->G ? h0 + j->r_gs : (g + 1) * j->G;
+        u.nr = 0;
+        for (int64_t t = t0; t < t1; t++)
+            for (int64_t h = h0; h < h1; h++, u.nr++) {
+                u.q[u.nr] = j->q + (t * j->NH + h) * HS;
+                u.out[u.nr] = j->out + (t * j->NH + h) * HS;
+                u.n[u.nr] = j->pos0 + t + 1;
+            }
+        u.k = (const uint16_t *)j->k + g * HS;
+        u.v = (const uint16_t *)j->v + g * HS;
+        kiln_attn_rows16_avx512(&u);
+    }
+}
+
 /* Prefill: unit (t, g), every chunk in order, merged on the fly. */
 static void attention_by_group(void *arg, int ith, int nth) {
     attn_job *j = arg;
+#if defined(__x86_64__)
+    if (j->rows16) {
+        attention_rows16(j, ith);
+        return;
+    }
+#endif
     const attn_thread w = thread_areas(j, ith);
     const int64_t n_units = j->T * j->NKV, G = j->G, HS = j->HS;
     for (;;) {
@@ -307,8 +345,11 @@ static void attention_by_chunk(void *arg, int ith, int nth) {
 size_t kiln_cpu_attention_scratch_size(int64_t T, int64_t max_width, int64_t NH, int64_t n_ctx, int n_threads) {
     if (T <= 0 || max_width <= 0 || NH <= 0 || n_ctx <= 0 || n_threads <= 0) return 0;
     if (n_ctx > INT64_MAX / 2 || max_width > INT64_MAX / 4 || NH > INT64_MAX / (128 * 64)) return SIZE_MAX;
-    const size_t per_thread = kiln_ops_add(kiln_ops_mul(round16((size_t)NH), (size_t)chunk_keys(n_ctx)),
-                                           kiln_ops_add(2 * round16((size_t)max_width), round16(4 * (size_t)NH)));
+    size_t per_thread = kiln_ops_add(kiln_ops_mul(round16((size_t)NH), (size_t)chunk_keys(n_ctx)),
+                                     kiln_ops_add(2 * round16((size_t)max_width), round16(4 * (size_t)NH)));
+    /* or the rows of 16 of a prefill: kiln_attn_rows16_floats(HS, kc) with kc * HS <= 32768 (so 2 kc HS <= 65536) */
+    const size_t rows16 = round16((size_t)(32 * (max_width / NH) + 16 * chunk_keys(n_ctx) + 65536 + 48));
+    if (rows16 > per_thread) per_thread = rows16;
     const int64_t chunks = (n_ctx + chunk_keys(n_ctx) - 1) / chunk_keys(n_ctx) + 1; /* + 1: a ring's wrap cut */
     const size_t partials = kiln_ops_mul((size_t)(T < ATTN_SPLIT_T ? T : ATTN_SPLIT_T) * (size_t)chunks,
                                          (size_t)max_width + 2 * (size_t)NH);
@@ -377,6 +418,21 @@ void kiln_cpu_attention_kv_forward(kiln_ops_ctx *ctx, float *out, const float *q
     }
     const size_t partial_bytes = (size_t)(T * j.max_chunks * NH * (HS + 2)) * sizeof(float);
     const bool by_chunk = nth > 1 && T * NKV < 2 * nth && partial_bytes <= bytes - threads_bytes;
+#if defined(__x86_64__)
+    /* Prefill in rows of 16 lanes where it gives the AVX2 chunk kernel's bits: the f16 pair, no softcap, every
+     * token's keys from 0 (no window cuts in, no ring wraps) in chunks of one size, and at least 8 rows a unit. */
+    const int64_t kc = chunk_keys(pos0 + T), gs = G < 16 ? G : 16, tb = 16 / gs;
+    if (!by_chunk && f16 && j.chunk == kiln_attn_chunk_avx2 && kiln_cpu_ops_level() >= KILN_SIMD_AVX512 && HS % 16 == 0 &&
+        softcap == 0 && (window == 0 || pos0 + T <= window) && rows >= pos0 + T && chunk_keys(pos0 + 1) == kc &&
+        kc * HS <= 32768 && (T < tb ? T : tb) * gs >= 8) {
+        const size_t per = round16(kiln_attn_rows16_floats(HS, kc));
+        if (per * (size_t)nth * sizeof(float) <= bytes) {
+            j.rows16 = true, j.per_thread = per;
+            j.r_kc = kc, j.r_gs = gs, j.r_tb = tb, j.r_hb = (G + gs - 1) / gs;
+            j.r_units = (T + tb - 1) / tb * NKV * j.r_hb;
+        }
+    }
+#endif
     j.partials = scratch + j.per_thread * (size_t)nth;
     atomic_init(&j.barrier, 0);
     atomic_init(&j.next_unit, 0);

@@ -133,6 +133,22 @@ void kiln_attn_chunk_f32_scalar(float *a, float *m, float *l, float *s, const fl
                                 int64_t k_stride, int64_t v_stride, int64_t nk, int64_t HS, int64_t G, float scale, float cap);
 void kiln_attn_chunk_f32_avx2(float *a, float *m, float *l, float *s, const float *q, const float *k, const float *v,
                               int64_t k_stride, int64_t v_stride, int64_t nk, int64_t HS, int64_t G, float scale, float cap);
+/* Prefill over an f16 cache with up to 16 query rows in a vector's lanes (ops_attention_avx512.c): row r < nr reads
+ * q[r] (HS floats), sees keys [0, n[r]) of the k and v rows (kv_stride halves apart, at the group's head offset)
+ * in chunks of kc from 0 with no softcap, and writes out[r]; the bits of kiln_attn_chunk_avx2 and ops_attention.c's
+ * merge for that row alone. scratch: kiln_attn_rows16_floats(HS, kc) floats. HS a multiple of 16. */
+typedef struct kiln_attn_rows16 {
+    float *out[16];
+    const float *q[16];
+    int64_t n[16];
+    int nr;
+    const uint16_t *k, *v;
+    int64_t kv_stride, HS, kc;
+    float scale;
+    float *scratch;
+} kiln_attn_rows16;
+static inline size_t kiln_attn_rows16_floats(int64_t HS, int64_t kc) { return (size_t)(2 * 16 * HS + 16 * kc + 2 * kc * HS + 48); }
+void kiln_attn_rows16_avx512(const kiln_attn_rows16 *u);
 /* s (n) = cap tanh(s / cap): the attention scores' softcap (gemma2), shared by both chunk kernels (inline: the two
  * kernel files must not call each other). */
 static inline void kiln_attn_softcap(float *s, int64_t n, float cap) {
