@@ -264,6 +264,46 @@ static void test_drop_source(void) {
     CHECK(same_y);
 }
 
+/* The Q8_0 and Q8_1 panels built at AVX2 (kiln_pack_panel_q8_avx2, F16C's conversions) hold the bits of the panel
+ * built block by block from the level's quantizer and kiln_fp16_to_f32: blocks from 1e-9 to 1e5 in size, all-zero
+ * blocks, and scales past the f16 range (inf) and into its subnormals. */
+static void test_panel_bits(void) {
+    if (kiln_simd_best() < KILN_SIMD_AVX2) SKIP("this CPU (or KILN_SIMD) lacks avx2");
+    enum { NB = 48, I = 32 * NB };
+    unsigned long long rng = 77;
+    float *x = malloc(I * sizeof *x);
+    static const float sizes[] = {0.0f, 1e-9f, 3e-7f, 1e-5f, 0.01f, 1.0f, 300.0f, 1e4f, 1e5f, 9e6f};
+    for (int b = 0; b < NB; b++)
+        for (int i = 0; i < 32; i++) x[32 * b + i] = sizes[b % COUNT(sizes)] * test_rng_normal(&rng);
+    for (int v = 0; v < 2; v++) {
+        const kiln_type panel = v ? KILN_TYPE_Q8_1 : KILN_TYPE_Q8_0;
+        const size_t bytes = kiln_pack_panel_row_bytes(panel, I);
+        char *got = calloc(1, bytes), *want = calloc(1, bytes);
+        kiln_pack_panel_quantize(panel, KILN_SIMD_AVX2, x, got, I, 0, NB);
+        float *d = (float *)(want + I), *sm = d + NB;
+        int32_t *corr = (int32_t *)(d + NB);
+        for (int b = 0; b < NB; b++) {
+            if (v) {
+                block_q8_1 blk;
+                kiln_get_from_float(KILN_TYPE_Q8_1, KILN_SIMD_AVX2)(x + 32 * b, &blk, 32);
+                memcpy(want + 32 * b, blk.qs, 32);
+                d[b] = kiln_fp16_to_f32(blk.d), sm[b] = kiln_fp16_to_f32(blk.s);
+            } else {
+                block_q8_0 blk;
+                kiln_get_from_float(KILN_TYPE_Q8_0, KILN_SIMD_AVX2)(x + 32 * b, &blk, 32);
+                memcpy(want + 32 * b, blk.qs, 32);
+                int32_t sum = 0;
+                for (int i = 0; i < 32; i++) sum += blk.qs[i];
+                d[b] = kiln_fp16_to_f32(blk.d), corr[b] = -128 * sum;
+            }
+        }
+        CHECK(memcmp(got, want, (size_t)I + 2 * NB * sizeof(float)) == 0, "%s panel differs from the quantizer's blocks",
+              kiln_type_name(panel));
+        free(got), free(want);
+    }
+    free(x);
+}
+
 /* Weights without a packed form, or at a level without the kernels, are left alone and read in place. */
 static void test_not_packed(void) {
     unsigned long long rng = 34;
@@ -338,6 +378,7 @@ int main(void) {
     RUN(test_matmul_n);
     RUN(test_drop_source);
     RUN(test_not_packed);
+    RUN(test_panel_bits);
     time_repacked();
     for (int i = 0; i < COUNT(pools); i++) kiln_pool_free(pools[i]);
     TEST_EXIT();

@@ -322,6 +322,12 @@ void kiln_pack_panel_quantize(kiln_type panel, kiln_simd level, const float *x, 
         kiln_get_from_float(KILN_TYPE_Q8_K, level)(x + b0 * QK_K, row + (size_t)b0 * sizeof(block_q8_K), (b1 - b0) * QK_K);
         return;
     }
+#if defined(__x86_64__)
+    if (level >= KILN_SIMD_AVX2) {
+        kiln_pack_panel_q8_avx2(panel == KILN_TYPE_Q8_1, x, row, I, b0, b1);
+        return;
+    }
+#endif
     const int64_t nb = I / 32;
     float *d = (float *)(row + I); /* row + I is 4-byte aligned: I is a multiple of 32 */
     if (panel == KILN_TYPE_Q8_0) {

@@ -129,6 +129,8 @@ void kiln_pack_group(const kiln_tensor_view *W, int64_t g, char *dst);
  * vec_dot_type at the same level, so every weight of one panel type reads the same quantized x. */
 kiln_type kiln_pack_panel_type(kiln_type weight);
 size_t kiln_pack_panel_row_bytes(kiln_type panel, int64_t I);
+/* The Q8_0 and Q8_1 panels' blocks with AVX2 + F16C (quants_avx2.c), the same bits as the path through the quantizer. */
+void kiln_pack_panel_q8_avx2(bool q8_1, const float *x, char *row, int64_t I, int64_t b0, int64_t b1);
 /* Blocks [b0, b1) of the panel row of x (I wide), quantized at level. */
 void kiln_pack_panel_quantize(kiln_type panel, kiln_simd level, const float *x, char *row, int64_t I, int64_t b0, int64_t b1);
 

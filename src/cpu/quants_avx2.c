@@ -10,6 +10,7 @@
 
 #include <immintrin.h>
 #include "cpu/simd_avx2.h"
+#include "cpu/ops_repack.h"
 #include <math.h>
 #include <string.h>
 
@@ -315,6 +316,27 @@ void kiln_from_float_q8_1_avx2(const float *x, void *vy, int64_t k) {
         y[i].d = kiln_f32_to_fp16(d);
         y[i].s = kiln_f32_to_fp16((float)sum * d);
         _mm256_storeu_si256((__m256i *)y[i].qs, pack_i32_i8(q[0], q[1], q[2], q[3]));
+    }
+}
+
+/* Blocks [b0, b1) of a Q8_0 or Q8_1 panel row (ops_repack.h): the blocks of kiln_from_float_q8_0/q8_1_avx2, with
+ * their f16 scales widened back to float and the sums the panels keep; F16C's conversions round to nearest even as
+ * kiln_f32_to_fp16 does, so the panel holds the same bits as one built block by block through the quantizer. */
+void kiln_pack_panel_q8_avx2(bool q8_1, const float *x, char *row, int64_t I, int64_t b0, int64_t b1) {
+    const int64_t nb = I / 32;
+    float *d = (float *)(row + I), *s = d + nb;
+    int32_t *corr = (int32_t *)(d + nb);
+    for (int64_t b = b0; b < b1; b++) {
+        __m256i q[4];
+        float db;
+        quantize_block_q8(x + 32 * b, q, &db);
+        const int sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+        _mm256_storeu_si256((__m256i *)(row + 32 * b), pack_i32_i8(q[0], q[1], q[2], q[3]));
+        d[b] = _cvtsh_ss(_cvtss_sh(db, _MM_FROUND_TO_NEAREST_INT));
+        if (q8_1)
+            s[b] = _cvtsh_ss(_cvtss_sh((float)sum * db, _MM_FROUND_TO_NEAREST_INT));
+        else
+            corr[b] = -128 * sum;
     }
 }
 
