@@ -12,7 +12,8 @@
  *  - dropping the source pages of a file mapping leaves the mapping readable with its bytes.
  * Where the CPU has AMX, the batches run once with the tile kernels on (gemm_repack_amx.c, opt-in otherwise):
  * runs of 16 tokens go through them, and the bits must be those of the T = 1 calls, which run the VNNI kernels.
- * At the AVX-512 level and at the AVX2 level (gemm_repack_avx2.c's types; the others must stay unpacked there); the
+ * At the AVX-512 level and at the AVX2 level (gemm_repack_avx2.c: every type; a type without a kernel at a level must
+ * stay unpacked there, as at the scalar level); the
  * other tests run at the best level the CPU has. A '# ' line times the repacked matmuls with AVX-512 (informative only). */
 #include "test.h"
 
@@ -315,10 +316,10 @@ static void test_not_packed(void) {
     kiln_ops_ctx ctx = {.pool = pools[0]};
     CHECK(kiln_cpu_ops.prepare_weights(&ctx, Wp, 2, false) == KILN_OK);
     CHECK(ctx.prepared == NULL && !kiln_cpu_packed_find(&ctx, &W[0]));
-    uint8_t *w_q8 = make_weights(KILN_TYPE_Q6_K, I, O, false, deq, &rng); /* no AVX2 kernel */
+    uint8_t *w_q8 = make_weights(KILN_TYPE_Q6_K, I, O, false, deq, &rng); /* no kernel at the scalar level */
     const kiln_tensor_view Q8 = make_view(KILN_TYPE_Q6_K, I, O, w_q8);
     const kiln_tensor_view *Q8p = &Q8;
-    kiln_cpu_ops_force_level(KILN_SIMD_AVX2);
+    kiln_cpu_ops_force_level(KILN_SIMD_SCALAR);
     CHECK(kiln_cpu_ops.prepare_weights(&ctx, &Q8p, 1, false) == KILN_OK);
     CHECK(ctx.prepared == NULL, "repacked at a level without the kernels");
     kiln_cpu_ops_force_level(KILN_SIMD_COUNT);

@@ -9,8 +9,7 @@
  * the 16 products of one lane's four vectors x two nibbles stay under 30,480; a Q5 quant (0..31) allows four
  * vectors (31,496), so Q5 widens twice per block. Q4_K and Q5_K (against Q8_K, also within +-127) run the same
  * way per sub-block of 32. Types whose stored quants reach 255 (Q8_0, IQ4_NL) run signed, with the sign moved onto
- * the activations (s8_half). Q6_K and IQ4_XS have no kernel here yet: they keep the row kernels of quants_avx2.c
- * and gemm_avx2.c.
+ * the activations (s8_half), and so does IQ4_XS. Q6_K sums two vectors in int16 (its quants reach 63).
  *
  * Sixteen ymm registers hold four tokens' accumulators next to a block's eight unpacked vectors, so a call runs
  * its tokens four at a time. Integer sums are the vec_dot's integers; float steps follow the VNNI kernels' order
@@ -359,5 +358,117 @@ static inline __attribute__((always_inline)) void k23_half(const kiln_pack_call 
 
 void kiln_pack_gemm_q2_K_avx2(const kiln_pack_call *c) { HALVES(k23_half, c, false); }
 void kiln_pack_gemm_q3_K_avx2(const kiln_pack_call *c) { HALVES(k23_half, c, true); }
+
+/* ---------------------------------------------------------------- Q6_K
+ * As q6_K_nt of gemm_repack_avx512.c, on half `half` of the group. A quant (0..63) times |x| <= 127 makes pairs of at
+ * most 16,002, so two vectors sum in int16 before vpmaddwd widens them; a group of 16 is then scaled in float. */
+static inline __m256i q6_quarter(const char *q, int e, int k, int half) {
+    const __m256i l = ld(q + 192 * k + 64 * (e & 1) + 32 * half), h = ld(q + 192 * k + 128 + 32 * half);
+    const __m256i lo = e < 2 ? l : _mm256_srli_epi16(l, 4);
+    __m256i hb;
+    switch (e) {
+    case 0: hb = _mm256_slli_epi16(h, 4); break;
+    case 1: hb = _mm256_slli_epi16(h, 2); break;
+    case 2: hb = h; break;
+    default: hb = _mm256_srli_epi16(h, 2); break;
+    }
+    return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi8(0x0F)), _mm256_and_si256(hb, _mm256_set1_epi8(0x30)));
+}
+
+static inline __attribute__((always_inline)) void q6_half(const kiln_pack_call *c, int half, int t0, const int NT, int unused) {
+    (void)unused;
+    const int64_t nb = c->nb;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const char *x0 = c->x + t0 * c->x_row;
+    __m256 acc[4];
+    UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        if (half == 0 && t0 == 0) kiln_pack_prefetch(c, b, KILN_PACK_Q6_K_QS + KILN_PACK_Q6_K_AUX); /* the first pass */
+        const char *q = c->w + b * KILN_PACK_Q6_K_QS, *aux = c->w + nb * KILN_PACK_Q6_K_QS + b * KILN_PACK_Q6_K_AUX;
+        const char *xb = x0 + b * (int64_t)sizeof(block_q8_K), *planes = aux + 32;
+        const __m256 d = f16x8(aux + 16 * half);
+        __m256 F[4];
+        __m256i C[4];
+        UNROLL for (int t = 0; t < NT; t++) F[t] = _mm256_setzero_ps(), C[t] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++)
+            for (int e = 0; e < 4; e++)
+                UNROLL for (int hk = 0; hk < 2; hk++) {
+                    const int g = 8 * h + 2 * e + hk;
+                    const __m128i sc = _mm_loadl_epi64((const __m128i *)(planes + 16 * g + 8 * half));
+                    const __m256 s = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+                    __m256i v[4];
+                    UNROLL for (int i = 0; i < 4; i++) v[i] = q6_quarter(q + 1536 * h, e, 4 * hk + i, half);
+                    UNROLL for (int t = 0; t < NT; t++) {
+                        const char *xk = xb + t * c->x_row + Q8K_QS + 128 * h + 32 * e + 16 * hk;
+                        const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(v[0], bcast4(xk)), _mm256_maddubs_epi16(v[1], bcast4(xk + 4)));
+                        const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(v[2], bcast4(xk + 8)), _mm256_maddubs_epi16(v[3], bcast4(xk + 12)));
+                        const __m256i a = _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
+                        F[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), s, F[t]);
+                    }
+                }
+        for (int p = 0; p < 8; p++) { /* the -32: 32 sum_g sc_g bsums[g], by pairs of groups */
+            const __m256i pair = k23_pair_two(planes + 32 * p + 8 * half, planes + 32 * p + 16 + 8 * half, true);
+            UNROLL for (int t = 0; t < NT; t++)
+                C[t] = _mm256_add_epi32(C[t], _mm256_madd_epi16(pair, bcast4(xb + t * c->x_row + Q8K_BSUMS + 4 * p)));
+        }
+        const __m256 d32 = _mm256_mul_ps(d, _mm256_set1_ps(32.0f));
+        UNROLL for (int t = 0; t < NT; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_fnmadd_ps(d32, _mm256_cvtepi32_ps(C[t]), F[t]), bcastf(xb + t * c->x_row), acc[t]);
+    }
+    UNROLL for (int t = 0; t < NT; t++) store8(c->y + (t0 + t) * c->ldy + 8 * half, acc[t], c->nrows - 8 * half);
+}
+
+void kiln_pack_gemm_q6_K_avx2(const kiln_pack_call *c) { HALVES(q6_half, c, 0); }
+
+/* ---------------------------------------------------------------- IQ4_XS
+ * As iq4_xs_nt of gemm_repack_avx512.c, on half `half` of the group, with the levels signed and their sign moved
+ * onto the activations as s8_half does for IQ4_NL; each sub-block of 32 is scaled in float. */
+static inline __attribute__((always_inline)) void iq4_xs_half(const kiln_pack_call *c, int half, int t0, const int NT, int unused) {
+    (void)unused;
+    const int64_t nb = c->nb;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kiln_iq4nl_values));
+    const char *x0 = c->x + t0 * c->x_row;
+    __m256 acc[4];
+    UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        if (half == 0 && t0 == 0) kiln_pack_prefetch(c, b, KILN_PACK_IQ4_XS_QS + KILN_PACK_IQ4_XS_AUX); /* the first pass */
+        const char *q = c->w + b * KILN_PACK_IQ4_XS_QS, *aux = c->w + nb * KILN_PACK_IQ4_XS_QS + b * KILN_PACK_IQ4_XS_AUX;
+        const char *xb = x0 + b * (int64_t)sizeof(block_q8_K);
+        const __m256 d = f16x8(aux + 16 * half);
+        const __m128i sh_lo = _mm_loadl_epi64((const __m128i *)(aux + 32 + 8 * half));
+        const __m128i sh_hi = _mm_loadl_epi64((const __m128i *)(aux + 48 + 8 * half));
+        __m256 F[4];
+        UNROLL for (int t = 0; t < NT; t++) F[t] = _mm256_setzero_ps();
+        for (int j = 0; j < 8; j++) {
+            const __m128i l = _mm_loadl_epi64((const __m128i *)(aux + 64 + 16 * (j >> 1) + 8 * half));
+            const __m128i lo4 = _mm_and_si128(j & 1 ? _mm_srli_epi16(l, 4) : l, _mm_set1_epi8(0x0F));
+            const __m128i hi2 = _mm_and_si128(_mm_srli_epi16(j < 4 ? sh_lo : sh_hi, 2 * (j & 3)), _mm_set1_epi8(3));
+            const __m128i ls = _mm_or_si128(lo4, _mm_slli_epi16(hi2, 4));
+            const __m256 s = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(ls), _mm256_set1_epi32(32))));
+            /* w[k]: the signed levels of elements 4k.. of the sub-block (k < 4: low nibbles, else 16 + 4(k - 4)..) */
+            __m256i w[8], a[8];
+            UNROLL for (int k = 0; k < 4; k++) {
+                const __m256i v = ld(q + 256 * j + 64 * k + 32 * half);
+                w[k] = _mm256_shuffle_epi8(table, _mm256_and_si256(v, m4));
+                w[4 + k] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+            }
+            UNROLL for (int k = 0; k < 8; k++) a[k] = _mm256_sign_epi8(w[k], w[k]);
+            UNROLL for (int t = 0; t < NT; t++) {
+                const char *xt = xb + t * c->x_row + Q8K_QS + 32 * j;
+                __m256i sum = _mm256_setzero_si256();
+                UNROLL for (int k = 0; k < 8; k++) {
+                    const __m256i p = _mm256_maddubs_epi16(a[k], _mm256_sign_epi8(bcast4(xt + (k < 4 ? 4 * k : 16 + 4 * (k - 4))), w[k]));
+                    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, ones));
+                }
+                F[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), s, F[t]);
+            }
+        }
+        UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm256_fmadd_ps(F[t], bcastf(xb + t * c->x_row), acc[t]);
+    }
+    UNROLL for (int t = 0; t < NT; t++) store8(c->y + (t0 + t) * c->ldy + 8 * half, acc[t], c->nrows - 8 * half);
+}
+
+void kiln_pack_gemm_iq4_xs_avx2(const kiln_pack_call *c) { HALVES(iq4_xs_half, c, 0); }
 
 #endif

@@ -85,7 +85,7 @@ void kiln_pack_gemm_q2_K_avx512(const kiln_pack_call *c);
 void kiln_pack_gemm_q3_K_avx512(const kiln_pack_call *c);
 void kiln_pack_batch_q2_K_avx512(const kiln_pack_call *c, int64_t T);
 void kiln_pack_batch_q3_K_avx512(const kiln_pack_call *c, int64_t T);
-/* AVX2 (gemm_repack_avx2.c): the 32-element types, Q2_K..Q5_K (Q8_0 and IQ4_NL with the sign on the activations) */
+/* AVX2 (gemm_repack_avx2.c): every type (Q8_0, IQ4_NL and IQ4_XS with the sign on the activations) */
 void kiln_pack_gemm_q4_0_avx2(const kiln_pack_call *c);
 void kiln_pack_gemm_q4_1_avx2(const kiln_pack_call *c);
 void kiln_pack_gemm_q5_0_avx2(const kiln_pack_call *c);
@@ -94,6 +94,8 @@ void kiln_pack_gemm_q4_K_avx2(const kiln_pack_call *c);
 void kiln_pack_gemm_q5_K_avx2(const kiln_pack_call *c);
 void kiln_pack_gemm_q2_K_avx2(const kiln_pack_call *c);
 void kiln_pack_gemm_q3_K_avx2(const kiln_pack_call *c);
+void kiln_pack_gemm_q6_K_avx2(const kiln_pack_call *c);
+void kiln_pack_gemm_iq4_xs_avx2(const kiln_pack_call *c);
 void kiln_pack_gemm_q8_0_avx2(const kiln_pack_call *c);
 void kiln_pack_gemm_iq4_nl_avx2(const kiln_pack_call *c);
 
