@@ -304,7 +304,7 @@ static void check_attention(void) {
         {8, 2, 64, 120, 20},
         {9, 3, 64, 250, 40},
         {4, 4, 64, 100, 40},
-        {4, 1, 256, 0, 150},
+        {4, 1, 256, 100, 40},
     };
     unsigned long long rng = 15;
     double worst = 0;

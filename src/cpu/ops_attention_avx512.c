@@ -101,103 +101,85 @@ INLINE void scores2(float *st, const float *qt, const float *kf, int64_t j0, int
     if (j1 != j0) _mm512_storeu_ps(st + j1 * 16, _mm512_mul_ps(tree8(c1), scale));
 }
 
-/* A chunk whose active lanes all see its nk keys: the steps of the masked path without masks. */
-static void chunk_full(const kiln_attn_rows16 *u, float *st, const float *qt, float *kf, float *vf, float *at, float *Mv,
-                       float *Lv, float *fv, int64_t c0, int64_t nk, __mmask16 active, __m512 scale) {
+/* The scratch of a call (kiln_attn_rows16_floats) and the lanes' state. */
+typedef struct {
+    float *qt, *at, *st, *kf, *vf; /* q transposed (HS, 16), A (HS, 16), a chunk's scores then p (kc, 16), its k and v */
+    float *M, *L, *f;              /* per lane: the running max and sum, the chunk's merge factor */
+    __m512i n;                     /* per lane: keys seen (0 for padding) */
+    __m512 scale;
+} rows_state;
+
+/* Key j's lanes: those that see it. */
+INLINE __mmask16 sees(const rows_state *w, int64_t j) { return _mm512_cmpgt_epi32_mask(w->n, _mm512_set1_epi32((int)j)); }
+
+/* Keys [c0, c0 + nk) for the active lanes, merged into A, M, L. masked: some active lane sees fewer than the nk
+ * keys, so each key's lanes are masked; else none is (an inactive lane's results are never merged). Written once,
+ * specialized by the constant flag. */
+INLINE void chunk(const kiln_attn_rows16 *u, rows_state *w, int64_t c0, int64_t nk, __mmask16 active, const bool masked) {
     const int64_t HS = u->HS;
-    rows_to_f32(kf, u->k + c0 * u->kv_stride, nk, u->kv_stride, HS);
-    rows_to_f32(vf, u->v + c0 * u->kv_stride, nk, u->kv_stride, HS);
-    for (int64_t j = 0; j < nk; j += 2) scores2(st, qt, kf, j, j + 1 < nk ? j + 1 : j, HS, scale);
+    rows_to_f32(w->kf, u->k + c0 * u->kv_stride, nk, u->kv_stride, HS);
+    rows_to_f32(w->vf, u->v + c0 * u->kv_stride, nk, u->kv_stride, HS);
+    for (int64_t j = 0; j < nk; j += 2) scores2(w->st, w->qt, w->kf, j, j + 1 < nk ? j + 1 : j, HS, w->scale);
+    /* softmax_partial per lane: the max over the lane's keys, then exp and its sum in 8 classes of keys */
     __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (int64_t j = 0; j < nk; j++) mx = _mm512_max_ps(mx, _mm512_loadu_ps(st + j * 16));
+    for (int64_t j = 0; j < nk; j++) {
+        const __m512 s = _mm512_loadu_ps(w->st + j * 16);
+        mx = masked ? _mm512_mask_max_ps(mx, sees(w, c0 + j), mx, s) : _mm512_max_ps(mx, s);
+    }
     __m512 cl[8];
     UNROLL for (int l = 0; l < 8; l++) cl[l] = _mm512_setzero_ps();
     for (int64_t j = 0; j < nk; j++) {
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(st + j * 16), mx));
-        _mm512_storeu_ps(st + j * 16, e);
-        cl[j & 7] = _mm512_add_ps(cl[j & 7], e);
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(w->st + j * 16), mx));
+        _mm512_storeu_ps(w->st + j * 16, e);
+        cl[j & 7] = masked ? _mm512_mask_add_ps(cl[j & 7], sees(w, c0 + j), cl[j & 7], e) : _mm512_add_ps(cl[j & 7], e);
     }
-    const __mmask16 up = merge_factors(mx, tree8(cl), active, Mv, Lv, fv);
-    const __m512 f = _mm512_loadu_ps(fv);
+    const __mmask16 up = merge_factors(mx, tree8(cl), active, w->M, w->L, w->f);
+    const __m512 f = _mm512_loadu_ps(w->f);
     const __mmask16 down = active & (__mmask16)~up;
+    /* a = sum_j p_j v_j, 16 elements of every row at a time, merged into A */
     for (int64_t d0 = 0; d0 < HS; d0 += 16) {
         __m512 a[16];
         UNROLL for (int e = 0; e < 16; e++) a[e] = _mm512_setzero_ps();
         for (int64_t j = 0; j < nk; j++) {
-            const __m512 p = _mm512_loadu_ps(st + j * 16);
-            const float *vr = vf + j * HS + d0;
-            UNROLL for (int e = 0; e < 16; e++) a[e] = _mm512_fmadd_ps(p, _mm512_set1_ps(vr[e]), a[e]);
+            const __m512 p = _mm512_loadu_ps(w->st + j * 16);
+            const float *vr = w->vf + j * HS + d0;
+            if (masked) {
+                const __mmask16 k = sees(w, c0 + j);
+                UNROLL for (int e = 0; e < 16; e++) a[e] = _mm512_mask3_fmadd_ps(p, _mm512_set1_ps(vr[e]), a[e], k);
+            } else {
+                UNROLL for (int e = 0; e < 16; e++) a[e] = _mm512_fmadd_ps(p, _mm512_set1_ps(vr[e]), a[e]);
+            }
         }
-        merge_block(at + d0 * 16, a, f, up, down);
+        merge_block(w->at + d0 * 16, a, f, up, down);
     }
 }
 
 void kiln_attn_rows16_avx512(const kiln_attn_rows16 *u) {
     const int64_t HS = u->HS, kc = u->kc;
-    float *qt = u->scratch, *at = qt + 16 * HS, *st = at + 16 * HS, *kf = st + 16 * kc, *vf = kf + kc * HS;
-    float *Mv = vf + kc * HS, *Lv = Mv + 16, *fv = Lv + 16;
+    rows_state w = {.qt = u->scratch, .scale = _mm512_set1_ps(u->scale)};
+    w.at = w.qt + 16 * HS, w.st = w.at + 16 * HS, w.kf = w.st + 16 * kc, w.vf = w.kf + kc * HS;
+    w.M = w.vf + kc * HS, w.L = w.M + 16, w.f = w.L + 16;
     int64_t nmax = 0;
     int32_t nl[16];
     for (int r = 0; r < 16; r++) {
-        nl[r] = r < u->nr ? (int32_t)u->n[r] : 0; /* padding lanes see no key */
+        nl[r] = r < u->nr ? (int32_t)u->n[r] : 0;
         nmax = nl[r] > nmax ? nl[r] : nmax;
-        Mv[r] = -INFINITY, Lv[r] = 0.0f;
+        w.M[r] = -INFINITY, w.L[r] = 0.0f;
     }
-    const __m512i nvec = _mm512_loadu_si512(nl);
+    w.n = _mm512_loadu_si512(nl);
     for (int64_t d = 0; d < HS; d++)
-        for (int r = 0; r < 16; r++) qt[d * 16 + r] = r < u->nr ? u->q[r][d] : 0.0f;
-    for (int64_t i = 0; i < 16 * HS; i += 16) _mm512_storeu_ps(at + i, _mm512_setzero_ps());
-    const __m512 scale = _mm512_set1_ps(u->scale);
-
+        for (int r = 0; r < 16; r++) w.qt[d * 16 + r] = r < u->nr ? u->q[r][d] : 0.0f;
+    for (int64_t i = 0; i < 16 * HS; i += 16) _mm512_storeu_ps(w.at + i, _mm512_setzero_ps());
     for (int64_t c0 = 0; c0 < nmax; c0 += kc) {
         const int64_t nk = nmax - c0 < kc ? nmax - c0 : kc;
-        /* lanes with keys in this chunk; full: each of them has all nk (a lane's results outside its own keys are
-         * never merged, so then no key needs a mask) */
-        const __mmask16 active = _mm512_cmpgt_epi32_mask(nvec, _mm512_set1_epi32((int)c0));
-        const bool full = (active & _mm512_cmplt_epi32_mask(nvec, _mm512_set1_epi32((int)(c0 + nk)))) == 0;
-        if (full) {
-            chunk_full(u, st, qt, kf, vf, at, Mv, Lv, fv, c0, nk, active, scale);
-            continue;
-        }
-        rows_to_f32(kf, u->k + c0 * u->kv_stride, nk, u->kv_stride, HS);
-        rows_to_f32(vf, u->v + c0 * u->kv_stride, nk, u->kv_stride, HS);
-        for (int64_t j = 0; j < nk; j += 2) scores2(st, qt, kf, j, j + 1 < nk ? j + 1 : j, HS, scale);
-
-        /* softmax_partial per lane: max over the lane's keys, then exp and its sum in 8 classes of keys */
-        __m512 mx = _mm512_set1_ps(-INFINITY);
-        for (int64_t j = 0; j < nk; j++) {
-            const __mmask16 valid = _mm512_cmpgt_epi32_mask(nvec, _mm512_set1_epi32((int)(c0 + j)));
-            mx = _mm512_mask_max_ps(mx, valid, mx, _mm512_loadu_ps(st + j * 16));
-        }
-        __m512 cl[8];
-        UNROLL for (int l = 0; l < 8; l++) cl[l] = _mm512_setzero_ps();
-        for (int64_t j = 0; j < nk; j++) {
-            const __mmask16 valid = _mm512_cmpgt_epi32_mask(nvec, _mm512_set1_epi32((int)(c0 + j)));
-            const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(st + j * 16), mx));
-            _mm512_storeu_ps(st + j * 16, e);
-            cl[j & 7] = _mm512_mask_add_ps(cl[j & 7], valid, cl[j & 7], e);
-        }
-        const __m512 lsum = tree8(cl);
-
-        const __mmask16 up = merge_factors(mx, lsum, active, Mv, Lv, fv);
-        const __m512 f = _mm512_loadu_ps(fv);
-        const __mmask16 down = active & (__mmask16)~up;
-
-        /* a = sum_j p_j v_j, 16 elements of every row at a time, merged into A */
-        for (int64_t d0 = 0; d0 < HS; d0 += 16) {
-            __m512 a[16];
-            UNROLL for (int e = 0; e < 16; e++) a[e] = _mm512_setzero_ps();
-            for (int64_t j = 0; j < nk; j++) {
-                const __mmask16 valid = _mm512_cmpgt_epi32_mask(nvec, _mm512_set1_epi32((int)(c0 + j)));
-                const __m512 p = _mm512_loadu_ps(st + j * 16);
-                const float *vr = vf + j * HS + d0;
-                UNROLL for (int e = 0; e < 16; e++) a[e] = _mm512_mask3_fmadd_ps(p, _mm512_set1_ps(vr[e]), a[e], valid);
-            }
-            merge_block(at + d0 * 16, a, f, up, down);
-        }
+        const __mmask16 active = sees(&w, c0);
+        if (active & _mm512_cmplt_epi32_mask(w.n, _mm512_set1_epi32((int)(c0 + nk))))
+            chunk(u, &w, c0, nk, active, true);
+        else
+            chunk(u, &w, c0, nk, active, false);
     }
     for (int r = 0; r < u->nr; r++)
-        for (int64_t d = 0; d < HS; d++) u->out[r][d] = at[d * 16 + r] / Lv[r];
+        for (int64_t d = 0; d < HS; d++) u->out[r][d] = w.at[d * 16 + r] / w.L[r];
 }
 
 #endif
