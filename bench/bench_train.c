@@ -200,17 +200,17 @@ static int bench_gpu(const bench_config *c, const kiln_llama_config *mc, const k
         char dev[128] = "";
         kiln_cuda_device_describe(dev, sizeof dev);
         char j[4][32];
-        printf("{\"bench\": \"train_gpu\", \"device\": \"%s\", \"config\": \"%s\", \"recompute\": %s, \"B\": %lld, \"T\": %lld, \"params\": %lld, "
+        printf("{\"bench\": \"train_gpu\", \"device\": \"%s\", \"config\": \"%s\", \"optim\": \"%s\", \"recompute\": %s, \"B\": %lld, \"T\": %lld, \"params\": %lld, "
                "\"loss\": %.4f, \"ms_per_step\": %.2f, \"tokens_per_s\": %.0f, \"tflops\": %.1f, \"mfu\": %.4f, \"peak_tflops\": 989, "
                "\"gemm_tflops\": %s, \"of_gemm\": %s, \"gpu_bytes\": %zu, \"largest_B\": %lld, \"peer\": \"pytorch %s torch.compile (%s)\", \"peer_tokens_per_s\": %s, "
                "\"ratio\": %s}\n",
-               dev, c->name, (flags & KILN_CUDA_TRAIN_RECOMPUTE) ? "true" : "false", (long long)B, (long long)T, (long long)n_params, loss, med * 1e3, tok_s, tflops, tflops / 989.0,
+               dev, c->name, tc->adam.eight_bit ? "adamw8bit" : "adamw", (flags & KILN_CUDA_TRAIN_RECOMPUTE) ? "true" : "false", (long long)B, (long long)T, (long long)n_params, loss, med * 1e3, tok_s, tflops, tflops / 989.0,
                kiln_bench_json_num(j[0], 32, roof, 1), kiln_bench_json_num(j[1], 32, tflops / roof, 3), bytes, (long long)bmax, ver,
                python ? script : "not run", kiln_bench_json_num(j[2], 32, peer, 0), kiln_bench_json_num(j[3], 32, tok_s / peer, 3));
         printf("\n| config | B x T | params | ms/step | tok/s | TFLOP/s | MFU (989) | of measured GEMM | GPU memory | largest B | "
                "PyTorch compiled tok/s | ratio |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
-               "| %s | %lld x %lld | %.1fM | %.2f | %.0f | %.1f | %.1f%% | %.1f%% of %.0f | %.2f GiB | %lld | %.0f | %.2fx |\n",
-               c->name, (long long)B, (long long)T, (double)n_params / 1e6, med * 1e3, tok_s, tflops, 100 * tflops / 989.0,
+               "| %s%s | %lld x %lld | %.1fM | %.2f | %.0f | %.1f | %.1f%% | %.1f%% of %.0f | %.2f GiB | %lld | %.0f | %.2fx |\n",
+               c->name, tc->adam.eight_bit ? " (8-bit AdamW)" : "", (long long)B, (long long)T, (double)n_params / 1e6, med * 1e3, tok_s, tflops, 100 * tflops / 989.0,
                100 * tflops / roof, roof, (double)bytes / 1073741824.0, (long long)bmax, peer, tok_s / peer);
         if (tok_out) *tok_out = tok_s;
         if (peer_out) *peer_out = peer;

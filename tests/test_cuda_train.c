@@ -4,7 +4,7 @@
  * uniform, yet not saturated).
  *   - one step: the loss, and every parameter tensor's gradient by relative L2 error (untied; tied with z-loss 1e-2,
  *     large enough that a wrong z-loss term fails; two accumulated micro-batches, so every gradient write must add);
- *   - ten AdamW steps (clipping active): the per-step losses and gradient norms;
+ *   - ten AdamW steps (clipping active), fp32 and 8-bit moments: the per-step losses and gradient norms;
  *   - the classifier's multi-chunk path (B 2 x T 2100 = 4200 rows > the 4096-row chunk): loss and head gradients.
  * The CPU runs in mixed precision (bf16 weights, fp32 activations), the GPU in llm.c's (bf16 weights and matmul
  * inputs, fp32 residual stream; its embedding reads the fp32 master weights where the CPU reads the mirror), so
@@ -187,7 +187,7 @@ static void test_options_same_bits(void) {
     kiln_llama_train_free(m);
 }
 
-static void test_ten_adamw_steps(void) {
+static void check_ten_adamw_steps(bool eight) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     kiln_llama_train *m = make_model(false, 1e-4f, true, T_);
     CHECK(m, "%s", kiln_last_error());
@@ -195,9 +195,10 @@ static void test_ten_adamw_steps(void) {
     CHECK(kiln_pool_create(2, &pool) == KILN_OK);
     CHECK(kiln_llama_train_reserve(m, B_, T_, 2) == KILN_OK, "%s", kiln_last_error());
     kiln_cuda_trainer *g = NULL;
-    CHECK(kiln_cuda_trainer_new(m, B_, T_, 0, NULL, &g) == KILN_OK, "%s", kiln_last_error());
+    CHECK(kiln_cuda_trainer_new(m, B_, T_, eight ? KILN_CUDA_TRAIN_ADAM8 : 0, NULL, &g) == KILN_OK, "%s", kiln_last_error());
     kiln_adamw_cfg cfg = kiln_adamw_defaults();
     cfg.grad_clip = 0.5f; /* active: the 2x-scale model's gradient norm (~11) is above it */
+    cfg.eight_bit = eight;
     kiln_param_segment *segs = malloc((size_t)m->n_tensors * sizeof *segs);
     kiln_train_segments(m, segs);
     kiln_adamw opt;
@@ -224,7 +225,15 @@ static void test_ten_adamw_steps(void) {
         CHECK(e < 2e-2, "step %d: loss %.6f, cpu %.6f", s, lg, lc);
         CHECK(ne < 5e-2, "step %d: gradient norm %.6f, cpu %.6f", s, norm, r.grad_norm);
     }
-    printf("# ten AdamW steps: worst step-loss relative error %.2e\n", worst);
+    printf("# ten AdamW steps (%s moments): worst step-loss relative error %.2e\n", eight ? "8-bit" : "fp32", worst);
+    if (eight) { /* the other kind of step is refused, and the fp32 parts are not this trainer's */
+        cfg.eight_bit = false;
+        double norm;
+        bool skipped;
+        float x = 0;
+        CHECK(kiln_cuda_trainer_adamw(g, &cfg, 1e-3f, &norm, &skipped) == KILN_ERR_INVALID, "an fp32 step on 8-bit moments");
+        CHECK(kiln_cuda_trainer_read(g, KILN_CUDA_TRAIN_M, 0, 1, &x) == KILN_ERR_INVALID, "fp32 moments read from an 8-bit trainer");
+    }
     kiln_adamw_free(&opt);
     free(segs);
     kiln_cuda_trainer_free(g);
@@ -232,23 +241,32 @@ static void test_ten_adamw_steps(void) {
     kiln_pool_free(pool);
 }
 
+static void test_ten_adamw_steps(void) { check_ten_adamw_steps(false); }
+static void test_ten_adamw8_steps(void) { check_ten_adamw_steps(true); }
+
 /* The weight check before the update: a first moment of 3e38 where v is 0 makes m / (sqrt(v) + eps) overflow, so
  * the update would write -inf into a weight though the gradient is finite. The step is skipped and changes nothing
- * (weights, moments, the update count); with the moment back to 0 the next step applies. */
-static void test_weight_check_skips(void) {
+ * (weights, moments, the update count); with the moment back to 0 the next step applies. With 8-bit moments the
+ * moment is code 127 (1.875) of its block's scale 3e38 / 1.875, and the scale goes back to 0. */
+static void check_weight_check_skips(bool eight) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     kiln_llama_train *m = make_model(false, 0.0f, true, T_);
     CHECK(m, "%s", kiln_last_error());
     kiln_cuda_trainer *g = NULL;
-    CHECK(kiln_cuda_trainer_new(m, B_, T_, 0, NULL, &g) == KILN_OK, "%s", kiln_last_error());
+    CHECK(kiln_cuda_trainer_new(m, B_, T_, eight ? KILN_CUDA_TRAIN_ADAM8 : 0, NULL, &g) == KILN_OK, "%s", kiln_last_error());
     const int64_t n = m->n_params;
     float *p0 = malloc((size_t)n * sizeof *p0), *p1 = malloc((size_t)n * sizeof *p1), *m1 = malloc((size_t)n * sizeof *m1);
     CHECK(p0 && p1 && m1);
-    const float huge = 3e38f, zero = 0.0f;
+    const float huge = eight ? 3e38f / 1.875f : 3e38f, zero = 0.0f;
+    const int8_t top = 127;
     const int64_t at = m->tensors[m->layers[1].wq].offset + 7; /* inside a matrix that decays and has a gradient */
-    CHECK(kiln_cuda_trainer_write(g, KILN_CUDA_TRAIN_M, at, 1, &huge) == KILN_OK, "%s", kiln_last_error());
+    const kiln_cuda_train_part mpart = eight ? KILN_CUDA_TRAIN_M_SCALE : KILN_CUDA_TRAIN_M;
+    const int64_t mat = eight ? at / KILN_ADAMW8_BLOCK : at;
+    if (eight) CHECK(kiln_cuda_trainer_write(g, KILN_CUDA_TRAIN_M8, at, 1, &top) == KILN_OK, "%s", kiln_last_error());
+    CHECK(kiln_cuda_trainer_write(g, mpart, mat, 1, &huge) == KILN_OK, "%s", kiln_last_error());
     CHECK(kiln_cuda_trainer_download(g, p0, NULL) == KILN_OK, "%s", kiln_last_error());
     kiln_adamw_cfg cfg = kiln_adamw_defaults();
+    cfg.eight_bit = eight;
     unsigned long long rng = 3;
     int32_t in[B_ * T_], tg[B_ * T_];
     batch(in, tg, B_ * T_, m->cfg.n_vocab, &rng);
@@ -259,9 +277,15 @@ static void test_weight_check_skips(void) {
     CHECK(kiln_cuda_trainer_adamw(g, &cfg, 1e-3f, &norm, &skipped) == KILN_OK, "%s", kiln_last_error());
     CHECK(skipped && isfinite(norm), "skipped %d, norm %g: the overflowing update was applied", skipped, norm);
     CHECK(kiln_cuda_trainer_download(g, p1, NULL) == KILN_OK && !memcmp(p0, p1, (size_t)n * sizeof *p0), "a skipped step changed weights");
-    CHECK(kiln_cuda_trainer_read(g, KILN_CUDA_TRAIN_M, 0, n, m1) == KILN_OK && m1[at] == huge && m1[0] == 0.0f, "the moments changed");
+    const int64_t mn = eight ? (n + KILN_ADAMW8_BLOCK - 1) / KILN_ADAMW8_BLOCK : n;
+    CHECK(kiln_cuda_trainer_read(g, mpart, 0, mn, m1) == KILN_OK && m1[mat] == huge && m1[0] == 0.0f, "the moments changed");
+    if (eight) {
+        int8_t code = 0;
+        CHECK(kiln_cuda_trainer_read(g, KILN_CUDA_TRAIN_M8, at, 1, &code) == KILN_OK && code == top, "m8 changed: %d", code);
+        CHECK(kiln_cuda_trainer_read(g, KILN_CUDA_TRAIN_M_SCALE, mn, 1, m1) == KILN_ERR_RANGE, "a scale past the last block was read");
+    }
     CHECK(kiln_cuda_trainer_get_counters(g, &opt_step, &emb) == KILN_OK && opt_step == 0, "opt_step %lld", (long long)opt_step);
-    CHECK(kiln_cuda_trainer_write(g, KILN_CUDA_TRAIN_M, at, 1, &zero) == KILN_OK);
+    CHECK(kiln_cuda_trainer_write(g, mpart, mat, 1, &zero) == KILN_OK);
     CHECK(kiln_cuda_trainer_adamw(g, &cfg, 1e-3f, &norm, &skipped) == KILN_OK && !skipped, "the sane step was skipped");
     CHECK(kiln_cuda_trainer_download(g, p1, NULL) == KILN_OK && memcmp(p0, p1, (size_t)n * sizeof *p0) != 0);
     for (int64_t i = 0; i < n; i++) CHECK(isfinite(p1[i]), "weight %lld is %g", (long long)i, p1[i]);
@@ -269,6 +293,9 @@ static void test_weight_check_skips(void) {
     kiln_cuda_trainer_free(g);
     kiln_llama_train_free(m);
 }
+
+static void test_weight_check_skips(void) { check_weight_check_skips(false); }
+static void test_weight_check_skips_8bit(void) { check_weight_check_skips(true); }
 
 /* A GPU resume validates the checkpoint as the CPU's does: NaN second moments are refused before any step. */
 static void test_resume_refuses_bad_moments(void) {
@@ -317,7 +344,9 @@ int main(void) {
     RUN(test_head_chunks);
     RUN(test_options_same_bits);
     RUN(test_ten_adamw_steps);
+    RUN(test_ten_adamw8_steps);
     RUN(test_weight_check_skips);
+    RUN(test_weight_check_skips_8bit);
     RUN(test_resume_refuses_bad_moments);
     TEST_EXIT();
 }

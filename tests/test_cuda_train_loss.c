@@ -1,6 +1,6 @@
 /* test_cuda_train_loss.c: src/cuda/train_loss.cu against the CPU oracle on fresh seeded random inputs (never zeros):
- * kiln_cuda_cross_entropy against kiln_cpu_ops.cross_entropy (src/cpu/ops_loss.c) and kiln_cuda_adamw against
- * kiln_adamw_step (src/train/optim.c, fp32 moments). Every GPU output is poisoned with 0xFF bytes (NaN) first, so an
+ * kiln_cuda_cross_entropy against kiln_cpu_ops.cross_entropy (src/cpu/ops_loss.c), and kiln_cuda_adamw and the 8-bit
+ * kiln_cuda_adamw8_check / _apply_checked against kiln_adamw_step (src/train/optim.c, fp32 and 8-bit moments). Every GPU output is poisoned with 0xFF bytes (NaN) first, so an
  * element left unwritten fails. Bounds:
  *   cross_entropy losses   finite rows: |d| <= 1e-6 max(|ref|, 1) and NMSE <= 1e-10 (the sums run in another order
  *                          and CUDA's expf is within 2 ulp of the host's: ~1e-7 absolute in z); a non-finite CPU loss
@@ -225,6 +225,14 @@ static int close_mirror(const uint16_t *g, const uint16_t *c, const float *gp, c
     return 1;
 }
 
+/* The first element (of size elem) where a and b differ in their bytes, or -1. */
+static int64_t first_diff(const void *a, const void *b, size_t bytes, size_t elem) {
+    const unsigned char *x = a, *y = b;
+    for (size_t i = 0; i < bytes; i++)
+        if (x[i] != y[i]) return (int64_t)(i / elem);
+    return -1;
+}
+
 /* clip_mode 0: off (0), 1: inactive (1e30), 2: active (0.3 of step 1's norm). misalign: device arrays start one
  * element past their allocation (16-byte alignment lost: the scalar paths). */
 static void adamw_case(int64_t n, int clip_mode, bool misalign, unsigned long long *rng) {
@@ -345,6 +353,135 @@ static void test_adamw(void) {
     release_all();
 }
 
+/* 8-bit AdamW: grad_sumsq, the check over three segments, then the update, against kiln_adamw_step with 8-bit
+ * moments, 6 steps (step 2 a NaN gradient: skipped, nothing written). The gradients span 5 decades inside each
+ * block and every 11th is 0 (moments decaying towards code 0, the subnormal codes, the raise of a nonzero sqrt(v)
+ * off code 0). With the clip off or inactive the codes, scales, params and mirror must be the CPU's bits; with
+ * the clip active (its factor from a double norm summed in another order may round one ulp apart) the params
+ * within 1e-6 (|ref| + rms), the codes within 1 and the scales within 1e-6 relative. */
+static void adamw8_case(int64_t n, int clip_mode, unsigned long long *rng) {
+    char msg[512] = "";
+    const int64_t nb = (n + KILN_ADAMW8_BLOCK - 1) / KILN_ADAMW8_BLOCK;
+    const size_t fb = (size_t)n * 4, hb = (size_t)n * 2, sb = (size_t)nb * 4;
+    float *p = host(fb), *g = host(fb), *gp = host(fb), *gms = host(sb), *gvs = host(sb);
+    int8_t *gm8 = host((size_t)n);
+    uint8_t *gv8 = host((size_t)n), *decay = host((size_t)n);
+    uint16_t *mir = host(hb), *gmir = host(hb);
+    const int64_t s0 = n / 3 > 1 ? n / 3 : 1, s1 = n / 5, s2o = s0 + s1 + 7 < n ? s0 + s1 + 7 : n;
+    const kiln_param_segment segs[3] = {{0, s0, true}, {s0, s1, false}, {s2o, n - s2o, true}};
+    for (int64_t i = 0; i < n; i++) decay[i] = (i < s0) || (i >= s2o);
+    for (int64_t i = 0; i < n; i++) {
+        float r = 0.5f * test_rng_normal(rng);
+        p[i] = r != 0.0f ? r : 0.25f;
+    }
+    kiln_f32_to_bf16_row(p, mir, n);
+    float *d_p = dev(fb), *d_g = dev(fb), *d_ms = dev(sb), *d_vs = dev(sb), *d_norm = dev(4);
+    int8_t *d_m8 = dev((size_t)n);
+    uint8_t *d_v8 = dev((size_t)n), *d_decay = dev((size_t)n);
+    uint16_t *d_mir = dev(hb);
+    int32_t *d_skipped = dev(4);
+    double *d_sumsq = dev(8), *d_wsumsq = dev(8);
+    void *ws = dev(kiln_cuda_adamw_ws_bytes(n));
+    const int64_t h_seg[2] = {0, n}, n_chunks = kiln_cuda_adamw_check_chunks(h_seg, 1);
+    int64_t *d_seg = dev(sizeof h_seg);
+    double *partial = dev((size_t)n_chunks * 8);
+    CHECK(d_p && d_g && d_ms && d_vs && d_norm && d_m8 && d_v8 && d_decay && d_mir && d_skipped && d_sumsq && d_wsumsq && ws && d_seg &&
+              partial,
+          "device memory");
+    memset(gms, 0, sb);
+    memset(gm8, 0, (size_t)n);
+    CHECK(kiln_cuda_upload(d_p, p, fb) == KILN_OK && kiln_cuda_upload(d_m8, gm8, (size_t)n) == KILN_OK &&
+              kiln_cuda_upload(d_v8, gm8, (size_t)n) == KILN_OK && kiln_cuda_upload(d_ms, gms, sb) == KILN_OK &&
+              kiln_cuda_upload(d_vs, gms, sb) == KILN_OK && kiln_cuda_upload(d_mir, mir, hb) == KILN_OK &&
+              kiln_cuda_upload(d_decay, decay, (size_t)n) == KILN_OK && kiln_cuda_upload(d_seg, h_seg, sizeof h_seg) == KILN_OK,
+          "%s", kiln_last_error());
+    const kiln_cuda_adam8 q = {d_m8, d_v8, d_ms, d_vs};
+    kiln_adamw_cfg cfg = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 0.0f, .eight_bit = true};
+    kiln_adamw opt;
+    static const float lrs[6] = {1e-3f, 2e-3f, 7e-4f, 5e-4f, 1e-3f, 3e-4f};
+    static const float decades[5] = {1.0f, 0.1f, 0.01f, 1e-3f, 1e-4f};
+    for (int s = 0; s < 6; s++) {
+        for (int64_t i = 0; i < n; i++) {
+            float r = test_rng_f32(rng) * decades[(i / 3) % 5];
+            g[i] = i % 11 == 5 ? 0.0f : r != 0.0f ? r : 0.125f;
+        }
+        if (s == 2) g[n / 2] = NAN;
+        if (s == 0) {
+            if (clip_mode == 1) cfg.grad_clip = 1e30f;
+            if (clip_mode == 2) cfg.grad_clip = (float)(0.3 * kiln_grad_norm(NULL, g, n));
+            CHECK(kiln_adamw_init(&opt, &cfg, n, segs, 3) == KILN_OK, "%s", kiln_last_error());
+        }
+        const int64_t t = opt.step + 1;
+        kiln_status st = kiln_cuda_upload(d_g, g, fb);
+        if (st == KILN_OK) st = poison(d_norm, 4);
+        if (st == KILN_OK) st = poison(d_skipped, 4);
+        if (st == KILN_OK) st = kiln_cuda_grad_sumsq(d_sumsq, d_g, n, ws, NULL);
+        if (st == KILN_OK)
+            st = kiln_cuda_adamw8_check(d_wsumsq, partial, d_seg, 1, n_chunks, d_p, d_g, q, d_decay, lrs[s], cfg.beta1, cfg.beta2, cfg.eps,
+                                        cfg.weight_decay, cfg.grad_clip, t, d_sumsq, NULL);
+        if (st == KILN_OK)
+            st = kiln_cuda_adamw8_apply_checked(d_p, d_g, q, d_mir, d_decay, n, lrs[s], cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay,
+                                                cfg.grad_clip, t, d_sumsq, d_wsumsq, 1, d_norm, d_skipped, ws, NULL);
+        if (st != KILN_OK) kiln_adamw_free(&opt);
+        CHECK(st == KILN_OK, "%s", kiln_last_error());
+        const kiln_adamw_result res = kiln_adamw_step(&opt, NULL, p, g, mir, lrs[s]);
+        float norm;
+        int32_t skipped;
+        st = kiln_cuda_sync();
+        if (st == KILN_OK) st = kiln_cuda_download(&norm, d_norm, 4);
+        if (st == KILN_OK) st = kiln_cuda_download(&skipped, d_skipped, 4);
+        if (st == KILN_OK) st = kiln_cuda_download(gp, d_p, fb);
+        if (st == KILN_OK) st = kiln_cuda_download(gm8, d_m8, (size_t)n);
+        if (st == KILN_OK) st = kiln_cuda_download(gv8, d_v8, (size_t)n);
+        if (st == KILN_OK) st = kiln_cuda_download(gms, d_ms, sb);
+        if (st == KILN_OK) st = kiln_cuda_download(gvs, d_vs, sb);
+        if (st == KILN_OK) st = kiln_cuda_download(gmir, d_mir, hb);
+        int ok = st == KILN_OK;
+        if (!ok) snprintf(msg, sizeof msg, "%s", kiln_last_error());
+        if (ok) {
+            ok = res.skipped == (skipped == 1) && res.skipped == (s == 2);
+            if (!ok) snprintf(msg, sizeof msg, "skipped: CPU %d, gpu %d", res.skipped, skipped);
+        }
+        const bool exact = clip_mode != 2;
+        if (ok && exact) { /* the CPU state is the reference whether or not the step was skipped */
+            const int64_t bad_p = first_diff(gp, p, fb, 4), bad_m = first_diff(gm8, opt.m8, (size_t)n, 1),
+                          bad_v = first_diff(gv8, opt.v8, (size_t)n, 1), bad_ms = first_diff(gms, opt.m_scale, sb, 4),
+                          bad_vs = first_diff(gvs, opt.v_scale, sb, 4), bad_mir = first_diff(gmir, mir, hb, 2);
+            ok = bad_p < 0 && bad_m < 0 && bad_v < 0 && bad_ms < 0 && bad_vs < 0 && bad_mir < 0;
+            if (!ok)
+                snprintf(msg, sizeof msg,
+                         "not the CPU's bits: params at %lld, m8 at %lld (gpu %d cpu %d), v8 at %lld (gpu %d cpu %d), m_scale at %lld, "
+                         "v_scale at %lld, mirror at %lld",
+                         (long long)bad_p, (long long)bad_m, bad_m >= 0 ? gm8[bad_m] : 0, bad_m >= 0 ? opt.m8[bad_m] : 0,
+                         (long long)bad_v, bad_v >= 0 ? gv8[bad_v] : 0, bad_v >= 0 ? opt.v8[bad_v] : 0, (long long)bad_ms,
+                         (long long)bad_vs, (long long)bad_mir);
+        } else if (ok) {
+            ok = close_arrays("params", gp, p, n, msg, sizeof msg) && close_arrays("m_scale", gms, opt.m_scale, nb, msg, sizeof msg) &&
+                 close_arrays("v_scale", gvs, opt.v_scale, nb, msg, sizeof msg);
+            for (int64_t i = 0; ok && i < n; i++) {
+                ok = abs(gm8[i] - opt.m8[i]) <= 1 && abs(gv8[i] - opt.v8[i]) <= 1;
+                if (!ok) snprintf(msg, sizeof msg, "codes [%lld]: m8 gpu %d cpu %d, v8 gpu %d cpu %d", (long long)i, gm8[i], opt.m8[i], gv8[i], opt.v8[i]);
+            }
+        }
+        if (!ok) kiln_adamw_free(&opt);
+        CHECK(ok, "adamw8 n %lld, clip mode %d, step %d (t %lld): %s", (long long)n, clip_mode, s, (long long)t, msg);
+    }
+    kiln_adamw_free(&opt);
+}
+
+static void test_adamw8(void) {
+    release_all();
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    static const int64_t ns[] = {1, 255, 256, 257, 1000, 24581, 1000003};
+    unsigned long long rng = 0xada8ULL;
+    for (int i = 0; i < COUNT(ns); i++)
+        for (int clip = 0; clip < 3; clip++) {
+            adamw8_case(ns[i], clip, &rng);
+            release_all();
+            if (test_failed_) return;
+        }
+}
+
 /* Refused arguments; n = 0 still writes d_norm = 0 and d_skipped = 0 (the CPU's norm of nothing is 0, a step). */
 static void test_adamw_edges(void) {
     release_all();
@@ -379,6 +516,7 @@ int main(void) {
     RUN(test_cross_entropy);
     RUN(test_cross_entropy_errors);
     RUN(test_adamw);
+    RUN(test_adamw8);
     RUN(test_adamw_edges);
     release_all();
     kiln_pool_free(pool);

@@ -326,11 +326,11 @@ static int read_losses(const char *path, double *out, int max) { return read_val
 
 static void check_resume(bool eight_bit, bool mixed, bool gpu) {
     CHECK(setup_corpus(), "%s", kiln_last_error());
-    kiln_train_opts a = loop_opts(gpu ? "ag" : eight_bit ? "a8" : mixed ? "am" : "a");
+    kiln_train_opts a = loop_opts(gpu ? (eight_bit ? "ag8" : "ag") : eight_bit ? "a8" : mixed ? "am" : "a");
     const kiln_device dev = {gpu ? KILN_DEVICE_CUDA : KILN_DEVICE_CPU, 0};
     a.adam.eight_bit = eight_bit, a.mixed = mixed, a.device = dev, a.deterministic = gpu;
     CHECK(kiln_train_run(&a, NULL, NULL) == KILN_OK, "%s", kiln_last_error());
-    kiln_train_opts b = loop_opts(gpu ? "bg" : eight_bit ? "b8" : mixed ? "bm" : "b");
+    kiln_train_opts b = loop_opts(gpu ? (eight_bit ? "bg8" : "bg") : eight_bit ? "b8" : mixed ? "bm" : "b");
     b.adam.eight_bit = eight_bit, b.mixed = mixed, b.device = dev, b.deterministic = gpu;
     b.stop_after = 3;
     CHECK(kiln_train_run(&b, NULL, NULL) == KILN_OK, "%s", kiln_last_error());
@@ -355,6 +355,11 @@ static void test_resume_bitexact_8bit_mixed(void) { check_resume(true, true, fal
 static void test_resume_bitexact_gpu(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     check_resume(false, true, true);
+}
+/* The same with 8-bit moments: their codes and scales stream through the checkpoint from the device and back. */
+static void test_resume_bitexact_gpu_8bit(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    check_resume(true, true, true);
 }
 
 /* Gradient accumulation: two micro-batches of one sequence make the same step as one batch of two (the same
@@ -986,6 +991,7 @@ int main(void) {
     RUN(test_resume_bitexact);
     RUN(test_resume_bitexact_8bit_mixed);
     RUN(test_resume_bitexact_gpu);
+    RUN(test_resume_bitexact_gpu_8bit);
     RUN(test_grad_accum);
     RUN(test_export_loads);
     RUN(test_export_pads_vocab);

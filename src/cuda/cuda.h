@@ -66,6 +66,9 @@ struct kiln_adamw_cfg;
  * updates its shard with the global norm's clip, then the bf16 parameters are all-gathered, and the fp32 masters
  * of the tensors the forward reads in fp32 (the embedding, the norms). */
 #define KILN_CUDA_TRAIN_ZERO1 4u
+/* KILN_CUDA_TRAIN_ADAM8 keeps 8-bit AdamW moments (src/train/optim.c's codes: 2 bytes a parameter and 8 per 256
+ * instead of 8 bytes), updated bit for bit as the CPU's kiln_adamw_step does. */
+#define KILN_CUDA_TRAIN_ADAM8 8u
 struct kiln_dist;
 /* The trainer takes the current device of the calling thread (kiln_cuda_set_device, or kiln_dist_init's). m's
  * params, when not NULL, are uploaded; else the parameters start at zero for kiln_cuda_trainer_write. m must outlive
@@ -86,23 +89,32 @@ kiln_status kiln_cuda_trainer_zero_grads(kiln_cuda_trainer *t);
 void kiln_cuda_trainer_reduce_next(kiln_cuda_trainer *t);
 /* Data parallel: *flag becomes rank 0's (a collective: every rank calls it at the same point). */
 kiln_status kiln_cuda_trainer_agree(kiln_cuda_trainer *t, bool *flag);
-/* One fp32 AdamW update at lr (8-bit moments are not on the GPU: KILN_ERR_UNSUPPORTED); *skipped when the
- * gradient was non-finite (nothing changed). */
+/* One AdamW update at lr, fp32 or 8-bit as cfg->eight_bit says (it must match KILN_CUDA_TRAIN_ADAM8 at new);
+ * *skipped when the gradient or a would-be weight was non-finite (nothing changed). */
 kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const struct kiln_adamw_cfg *cfg, float lr, double *grad_norm,
                                     bool *skipped);
 /* The device's params and grads (n_params floats each, either may be NULL) into host memory. */
 kiln_status kiln_cuda_trainer_download(kiln_cuda_trainer *t, float *params, float *grads);
 
-/* The state a checkpoint streams, each n_params floats over the flat buffer. */
-typedef enum kiln_cuda_train_part { KILN_CUDA_TRAIN_PARAMS, KILN_CUDA_TRAIN_M, KILN_CUDA_TRAIN_V } kiln_cuda_train_part;
+/* The state a checkpoint streams, each over the flat buffer's n_params elements: the params (f32) and the moments,
+ * fp32 (M, V) or 8-bit (M8 int8, V8 uint8, and M_SCALE, V_SCALE: f32, one per KILN_ADAMW8_BLOCK elements). */
+typedef enum kiln_cuda_train_part {
+    KILN_CUDA_TRAIN_PARAMS,
+    KILN_CUDA_TRAIN_M,
+    KILN_CUDA_TRAIN_V,
+    KILN_CUDA_TRAIN_M8,
+    KILN_CUDA_TRAIN_V8,
+    KILN_CUDA_TRAIN_M_SCALE,
+    KILN_CUDA_TRAIN_V_SCALE,
+} kiln_cuda_train_part;
 /* Makes part readable on this rank: with ZeRO-1 it gathers the parameters, or the moments' shards into the gradient
  * buffer (dead until the next zero_grads: one of m and v at a time). A collective; nothing to do otherwise. */
 kiln_status kiln_cuda_trainer_gather(kiln_cuda_trainer *t, kiln_cuda_train_part part);
 /* Elements [first, first + n) of part into host dst, after kiln_cuda_trainer_gather of part. */
-kiln_status kiln_cuda_trainer_read(kiln_cuda_trainer *t, kiln_cuda_train_part part, int64_t first, int64_t n, float *dst);
+kiln_status kiln_cuda_trainer_read(kiln_cuda_trainer *t, kiln_cuda_train_part part, int64_t first, int64_t n, void *dst);
 /* The same range from host src, which may go on return. With ZeRO-1 a rank keeps the moments of its shard (every
  * rank is given all of them). Writing params refreshes the mirror before the next step or update. */
-kiln_status kiln_cuda_trainer_write(kiln_cuda_trainer *t, kiln_cuda_train_part part, int64_t first, int64_t n, const float *src);
+kiln_status kiln_cuda_trainer_write(kiln_cuda_trainer *t, kiln_cuda_train_part part, int64_t first, int64_t n, const void *src);
 /* The count of applied updates and of skipped non-finite embedding-gradient rows (summed over the ranks: a
  * collective), and their inverse for a resume. */
 kiln_status kiln_cuda_trainer_get_counters(kiln_cuda_trainer *t, int64_t *opt_step, int64_t *n_embed_skipped);

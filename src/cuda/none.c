@@ -54,10 +54,10 @@ kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const struct kiln_adam
 kiln_status kiln_cuda_trainer_download(kiln_cuda_trainer *t, float *params, float *grads) { return no_cuda(); }
 kiln_status kiln_cuda_set_device(int index) { return no_cuda(); }
 kiln_status kiln_cuda_trainer_gather(kiln_cuda_trainer *t, kiln_cuda_train_part part) { return no_cuda(); }
-kiln_status kiln_cuda_trainer_read(kiln_cuda_trainer *t, kiln_cuda_train_part part, int64_t first, int64_t n, float *dst) {
+kiln_status kiln_cuda_trainer_read(kiln_cuda_trainer *t, kiln_cuda_train_part part, int64_t first, int64_t n, void *dst) {
     return no_cuda();
 }
-kiln_status kiln_cuda_trainer_write(kiln_cuda_trainer *t, kiln_cuda_train_part part, int64_t first, int64_t n, const float *src) {
+kiln_status kiln_cuda_trainer_write(kiln_cuda_trainer *t, kiln_cuda_train_part part, int64_t first, int64_t n, const void *src) {
     return no_cuda();
 }
 kiln_status kiln_cuda_trainer_get_counters(kiln_cuda_trainer *t, int64_t *opt_step, int64_t *n_embed_skipped) { return no_cuda(); }

@@ -153,6 +153,22 @@ kiln_status kiln_cuda_adamw_apply_checked(float *params, const float *grads, flo
                                           const uint8_t *decay, int64_t n, float lr, float beta1, float beta2, float eps,
                                           float weight_decay, float grad_clip, int64_t step, const double *d_sumsq,
                                           const double *d_wsumsq, int n_seg, float *d_norm, int32_t *d_skipped, void *ws, void *stream);
+/* 8-bit AdamW (src/train/optim.c's codes and blocks, bit for bit with kiln_adamw_step): m8 int8 and v8 uint8 (n),
+ * m_scale and v_scale (ceil(n / KILN_ADAMW8_BLOCK)) f32, all on the device; element i's block is i / 256 of these
+ * arrays, so a ZeRO-1 shard starts on a block boundary. The check and the update as the fp32 ones above. */
+typedef struct kiln_cuda_adam8 {
+    int8_t *m8;
+    uint8_t *v8;
+    float *m_scale, *v_scale;
+} kiln_cuda_adam8;
+kiln_status kiln_cuda_adamw8_check(double *d_wsumsq, double *partial, const int64_t *d_seg, int n_seg, int64_t n_chunks,
+                                   const float *params, const float *grads, kiln_cuda_adam8 q, const uint8_t *decay, float lr,
+                                   float beta1, float beta2, float eps, float weight_decay, float grad_clip, int64_t step,
+                                   const double *d_sumsq, void *stream);
+kiln_status kiln_cuda_adamw8_apply_checked(float *params, const float *grads, kiln_cuda_adam8 q, kiln_bf16_t *mirror,
+                                           const uint8_t *decay, int64_t n, float lr, float beta1, float beta2, float eps,
+                                           float weight_decay, float grad_clip, int64_t step, const double *d_sumsq,
+                                           const double *d_wsumsq, int n_seg, float *d_norm, int32_t *d_skipped, void *ws, void *stream);
 kiln_status kiln_cuda_adamw(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror, const uint8_t *decay,
                             int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_clip,
                             int64_t step, float *d_norm, int32_t *d_skipped, void *ws, void *stream);

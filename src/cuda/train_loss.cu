@@ -8,6 +8,7 @@
  * tests/test_cuda_train_loss.c checks both against kiln_cpu_ops.cross_entropy and kiln_adamw_step. */
 #include "cuda/launch.h"
 #include "cuda/train_kernels.h"
+#include "train/optim.h"
 
 #include <cuda_runtime.h>
 #include <math.h>
@@ -364,19 +365,79 @@ __global__ void adamw_norm_finish_kernel(float *d_norm, int32_t *d_skipped, adam
     flags->skip = finite ? 0 : 1;
 }
 
-/* optim.c's adam_run for one element, the same float operations in the same order. */
+/* optim.c's adam_elem, the same float operations in the same order. SQRT_V: v holds sqrt(v) on input and output
+ * (the 8-bit moments' layout), else v itself. */
+template <bool SQRT_V = false>
 static __device__ __forceinline__ void adam_elem(const adam_consts &k, float clip, float &p, float g, float &m, float &v,
                                                  bool decay) {
     const float dmul = decay ? k.decay_mul : 1.0f;
     const float gi = __fmul_rn(g, clip);
     const float mi = __fadd_rn(__fmul_rn(k.b1, m), __fmul_rn(k.one_minus_b1, gi));
-    const float vi = __fadd_rn(__fmul_rn(k.b2, v), __fmul_rn(k.one_minus_b2, __fmul_rn(gi, gi)));
+    const float vprev = SQRT_V ? __fmul_rn(v, v) : v;
+    const float vi = __fadd_rn(__fmul_rn(k.b2, vprev), __fmul_rn(k.one_minus_b2, __fmul_rn(gi, gi)));
     const float s = __fsqrt_rn(vi);
     const float upd = __fmul_rn(k.step_size, __fdiv_rn(mi, __fadd_rn(__fmul_rn(s, k.inv_sqrt_bc2), k.eps)));
     p = __fsub_rn(__fmul_rn(p, dmul), upd);
     m = mi;
-    v = vi;
+    v = SQRT_V ? s : vi;
 }
+
+/* ---------------------------------------------------------------- 8-bit moments
+ * optim.c's codes, decoded by building the float's bits (its tables hold the same values) and encoded by the same
+ * integer operations on the bits: m8 sign and E4M3 of |m| / m_scale, v8 E4M4 of sqrt(v) / v_scale, one scale pair
+ * per KILN_ADAMW8_BLOCK elements. */
+#define ADAM8_M_MAX 1.875f   /* optim.c's M_MAX */
+#define ADAM8_S_MAX 1.9375f  /* S_MAX */
+#define ADAM8_TINY 1e-30f    /* TINY_BLOCK */
+
+static __device__ __forceinline__ float m8_value(int8_t code) {
+    if (code == -128) return -ADAM8_M_MAX; /* never written; optim.c's table holds this */
+    const int c = code < 0 ? -code : code, e = c >> 3, f = c & 7;
+    const float v = e == 0 ? __fmul_rn((float)f, 0x1p-17f) : __uint_as_float(((uint32_t)(e + 112) << 23) | ((uint32_t)f << 20));
+    return code < 0 ? -v : v;
+}
+
+static __device__ __forceinline__ float v8_value(uint8_t code) {
+    const int e = code >> 4, f = code & 15;
+    return e == 0 ? __fmul_rn((float)f, 0x1p-18f) : __uint_as_float(((uint32_t)(e + 112) << 23) | ((uint32_t)f << 19));
+}
+
+/* y in [0, M_MAX] to the E4M3 code 0..127 (optim.c's encode_e4m3: round to nearest even) */
+static __device__ __forceinline__ int encode_e4m3(float y) {
+    if (y < 0x1p-14f) return __float2int_rn(__fmul_rn(y, 0x1p17f));
+    uint32_t u = __float_as_uint(y);
+    u += 0x7ffffu + ((u >> 20) & 1);
+    const int c = (int)(u >> 20) - (112 << 3);
+    return c > 127 ? 127 : c;
+}
+
+/* y in [0, S_MAX] to the E4M4 code 0..255 */
+static __device__ __forceinline__ int encode_e4m4(float y) {
+    if (y < 0x1p-14f) return __float2int_rn(__fmul_rn(y, 0x1p18f));
+    uint32_t u = __float_as_uint(y);
+    u += 0x3ffffu + ((u >> 19) & 1);
+    const int c = (int)(u >> 19) - (112 << 4);
+    return c > 255 ? 255 : c;
+}
+
+/* The moments the check reads, element i: fp32 as stored, or the 8-bit codes decoded (v as sqrt(v)). */
+struct f32_moments {
+    const float *m, *v;
+    static constexpr bool sqrt_v = false;
+    __device__ __forceinline__ void get(int64_t i, float &mi, float &vi) const { mi = m[i], vi = v[i]; }
+};
+
+struct q8_moments {
+    const int8_t *m8;
+    const uint8_t *v8;
+    const float *m_scale, *v_scale;
+    static constexpr bool sqrt_v = true;
+    __device__ __forceinline__ void get(int64_t i, float &mi, float &vi) const {
+        const int64_t b = i / KILN_ADAMW8_BLOCK;
+        mi = __fmul_rn(m_scale[b], m8_value(m8[i]));
+        vi = __fmul_rn(v_scale[b], v8_value(v8[i]));
+    }
+};
 
 /* The clip factor of adamw_norm_finish_kernel, from the sum of squares (1 when the norm is not finite: the step is
  * skipped by the gradient then, whatever the weights would be). */
@@ -394,9 +455,10 @@ static __device__ __forceinline__ int64_t check_chunks(int64_t len) {
  * +seg[2y+1]) cut into KILN_CUDA_ADAMW_CHECK_CHUNK elements, so every SM shares the large tensors (the embedding is
  * a third of a 124M model: one grid row per segment left it to a few SMs and made the check 2 ms of a 29 ms step).
  * The weights adam_elem would write, squared and summed into partial[b]; nothing else is written. */
+template <typename Moments>
 __global__ void __launch_bounds__(NORM_THREADS)
     adamw_check_kernel(double *partial /* (n_chunks) */, const int64_t *seg, int n_seg, const float *params, const float *grads,
-                       const float *m, const float *v, const uint8_t *decay, adam_consts k, const double *d_sumsq, float grad_clip) {
+                       Moments mo, const uint8_t *decay, adam_consts k, const double *d_sumsq, float grad_clip) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
     __shared__ double sh[32];
@@ -418,8 +480,9 @@ __global__ void __launch_bounds__(NORM_THREADS)
     const int64_t at = s_at, end = s_end;
     double acc = 0.0;
     for (int64_t i = at + threadIdx.x; i < end; i += blockDim.x) {
-        float p = params[i], mi = m[i], vi = v[i];
-        adam_elem(k, clip, p, grads[i], mi, vi, decay[i] != 0);
+        float p = params[i], mi, vi;
+        mo.get(i, mi, vi);
+        adam_elem<Moments::sqrt_v>(k, clip, p, grads[i], mi, vi, decay[i] != 0);
         acc = fma((double)p, (double)p, acc);
     }
     const double sum = block_sum(acc, sh);
@@ -482,6 +545,61 @@ __global__ void __launch_bounds__(UPDATE_THREADS)
     }
 }
 
+/* grid (ceil(blocks / 8)), block (UPDATE_THREADS): warp w of block x updates 8-bit block b = 8x + w, optim.c's
+ * step_8bit float for float: decode, the update with the fp32 moments, the block's absmax of m and of sqrt(v) (a
+ * max: the same in any order), the new scales, the codes. Lane l holds elements b*256 + 32j + l (j < 8): every
+ * load and store is coalesced at any alignment. */
+__global__ void __launch_bounds__(UPDATE_THREADS)
+    adamw8_update_kernel(float *params, const float *grads, int8_t *m8, uint8_t *v8, float *m_scale, float *v_scale,
+                         kiln_bf16_t *mirror, const uint8_t *decay, int64_t n, adam_consts k, const adamw_flags *flags) {
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
+    if (flags->skip) return;
+    const float clip = flags->clip;
+    const int lane = threadIdx.x & 31;
+    const int64_t b = (int64_t)blockIdx.x * (UPDATE_THREADS / 32) + (threadIdx.x >> 5), lo = b * KILN_ADAMW8_BLOCK;
+    if (lo >= n) return; /* a whole warp */
+    const float ms = m_scale[b], vs = v_scale[b];
+    float m[8], sv[8];
+    float m_max = 0.0f, s_max = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int64_t i = lo + 32 * j + lane;
+        m[j] = sv[j] = 0.0f;
+        if (i < n) {
+            float p = params[i];
+            m[j] = __fmul_rn(ms, m8_value(m8[i]));
+            sv[j] = __fmul_rn(vs, v8_value(v8[i]));
+            adam_elem<true>(k, clip, p, grads[i], m[j], sv[j], decay[i] != 0);
+            params[i] = p;
+            if (mirror) mirror[i] = bf16_rne(p);
+            m_max = fabsf(m[j]) > m_max ? fabsf(m[j]) : m_max;
+            s_max = sv[j] > s_max ? sv[j] : s_max;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        m_max = fmaxf(m_max, __shfl_xor_sync(0xffffffffu, m_max, o));
+        s_max = fmaxf(s_max, __shfl_xor_sync(0xffffffffu, s_max, o));
+    }
+    const float m_inv = m_max >= ADAM8_TINY ? __fdiv_rn(ADAM8_M_MAX, m_max) : 0.0f;
+    const float s_inv = s_max >= ADAM8_TINY ? __fdiv_rn(ADAM8_S_MAX, s_max) : 0.0f;
+    if (lane == 0) {
+        m_scale[b] = m_max >= ADAM8_TINY ? __fdiv_rn(m_max, ADAM8_M_MAX) : 0.0f;
+        v_scale[b] = s_max >= ADAM8_TINY ? __fdiv_rn(s_max, ADAM8_S_MAX) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int64_t i = lo + 32 * j + lane;
+        if (i < n) {
+            const int c = encode_e4m3(__fmul_rn(fabsf(m[j]), m_inv));
+            m8[i] = (int8_t)(m[j] < 0.0f ? -c : c);
+            const int d = encode_e4m4(__fmul_rn(sv[j], s_inv));
+            v8[i] = (uint8_t)(d == 0 && sv[j] > 0.0f && s_inv > 0.0f ? 1 : d);
+        }
+    }
+}
+
 extern "C" kiln_status kiln_cuda_grad_sumsq(double *d_sumsq, const float *grads, int64_t n, void *ws, void *stream) {
     if (n < 0 || (n > 0 && !grads) || !d_sumsq || !ws || !aligned(ws, 8))
         return kiln_fail(KILN_ERR_INVALID, "cuda grad_sumsq: n %lld, grads %s, d_sumsq %s, ws %s", (long long)n, grads ? "given" : "NULL",
@@ -520,24 +638,44 @@ extern "C" int64_t kiln_cuda_adamw_check_chunks(const int64_t *h_seg, int n_seg)
     return n;
 }
 
-extern "C" kiln_status kiln_cuda_adamw_check(double *d_wsumsq, double *partial, const int64_t *d_seg, int n_seg, int64_t n_chunks,
-                                             const float *params, const float *grads, const float *m, const float *v,
-                                             const uint8_t *decay, float lr, float beta1, float beta2, float eps, float weight_decay,
-                                             float grad_clip, int64_t step, const double *d_sumsq, void *stream) {
+template <typename Moments>
+static kiln_status check_launch(double *d_wsumsq, double *partial, const int64_t *d_seg, int n_seg, int64_t n_chunks,
+                                const float *params, const float *grads, Moments mo, const uint8_t *decay, float lr, float beta1,
+                                float beta2, float eps, float weight_decay, float grad_clip, int64_t step, const double *d_sumsq,
+                                void *stream) {
     if (n_seg < 1 || n_seg > 65535 || n_chunks < 0 || n_chunks > INT32_MAX || !d_wsumsq || !partial || !d_seg || !params || !grads ||
-        !m || !v || !decay || !d_sumsq)
+        !decay || !d_sumsq)
         return kiln_fail(KILN_ERR_INVALID, "cuda adamw check: %d segments (1..65535), %lld chunks and every buffer are required", n_seg,
                          (long long)n_chunks);
     if (step < 1) return kiln_fail(KILN_ERR_INVALID, "cuda adamw check: step %lld (from 1)", (long long)step);
     const adam_consts k = make_consts(lr, beta1, beta2, eps, weight_decay, step);
     cudaStream_t s = (cudaStream_t)stream;
     if (n_chunks > 0) {
-        kiln_status st = checked("adamw check", kiln_launch(adamw_check_kernel, dim3((unsigned)n_chunks), dim3(NORM_THREADS), 0, s,
-                                                            partial, d_seg, n_seg, params, grads, m, v, decay, k, d_sumsq, grad_clip));
+        kiln_status st = checked("adamw check", kiln_launch(adamw_check_kernel<Moments>, dim3((unsigned)n_chunks), dim3(NORM_THREADS), 0,
+                                                            s, partial, d_seg, n_seg, params, grads, mo, decay, k, d_sumsq, grad_clip));
         if (st != KILN_OK) return st;
     }
     return checked("adamw check sums", kiln_launch(adamw_check_finish_kernel, dim3((unsigned)n_seg), dim3(NORM_THREADS), 0, s, d_wsumsq,
                                                     (const double *)partial, d_seg));
+}
+
+extern "C" kiln_status kiln_cuda_adamw_check(double *d_wsumsq, double *partial, const int64_t *d_seg, int n_seg, int64_t n_chunks,
+                                             const float *params, const float *grads, const float *m, const float *v,
+                                             const uint8_t *decay, float lr, float beta1, float beta2, float eps, float weight_decay,
+                                             float grad_clip, int64_t step, const double *d_sumsq, void *stream) {
+    if (!m || !v) return kiln_fail(KILN_ERR_INVALID, "cuda adamw check: the moments are required");
+    return check_launch(d_wsumsq, partial, d_seg, n_seg, n_chunks, params, grads, f32_moments{m, v}, decay, lr, beta1, beta2, eps,
+                        weight_decay, grad_clip, step, d_sumsq, stream);
+}
+
+extern "C" kiln_status kiln_cuda_adamw8_check(double *d_wsumsq, double *partial, const int64_t *d_seg, int n_seg, int64_t n_chunks,
+                                              const float *params, const float *grads, kiln_cuda_adam8 q, const uint8_t *decay,
+                                              float lr, float beta1, float beta2, float eps, float weight_decay, float grad_clip,
+                                              int64_t step, const double *d_sumsq, void *stream) {
+    if (!q.m8 || !q.v8 || !q.m_scale || !q.v_scale) return kiln_fail(KILN_ERR_INVALID, "cuda adamw8 check: the 8-bit moments are required");
+    return check_launch(d_wsumsq, partial, d_seg, n_seg, n_chunks, params, grads,
+                        q8_moments{q.m8, q.v8, q.m_scale, q.v_scale}, decay, lr, beta1, beta2, eps, weight_decay, grad_clip, step,
+                        d_sumsq, stream);
 }
 
 extern "C" kiln_status kiln_cuda_adamw_apply(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror,
@@ -548,28 +686,35 @@ extern "C" kiln_status kiln_cuda_adamw_apply(float *params, const float *grads, 
                                          d_sumsq, NULL, 0, d_norm, d_skipped, ws, stream);
 }
 
+/* The arguments' checks shared by both updates, then the norm's stage 2 (the flags in ws). */
+static kiln_status apply_begin(const char *who, int64_t n, bool have_buffers, float beta1, float beta2, float eps, float grad_clip,
+                               int64_t step, const double *d_sumsq, const double *d_wsumsq, int n_seg, float *d_norm,
+                               int32_t *d_skipped, void *ws, cudaStream_t s, adamw_flags **flags) {
+    if (n_seg < 0 || (n_seg > 0 && !d_wsumsq)) return kiln_fail(KILN_ERR_INVALID, "%s: %d weight sums without their buffer", who, n_seg);
+    if (n < 0 || (n > 0 && !have_buffers) || !d_sumsq || !d_norm || !d_skipped || !ws || !aligned(ws, 8))
+        return kiln_fail(KILN_ERR_INVALID,
+                         "%s: n %lld; params, grads, the moments, decay, d_sumsq, d_norm, d_skipped and an 8-byte aligned ws "
+                         "are required (ws %s)",
+                         who, (long long)n, ws ? (aligned(ws, 8) ? "aligned" : "misaligned") : "NULL");
+    if (step < 1 || !(beta1 >= 0.0f && beta1 < 1.0f && beta2 >= 0.0f && beta2 < 1.0f) || !(eps > 0.0f) || isnan(grad_clip))
+        return kiln_fail(KILN_ERR_INVALID, "%s: step %lld (from 1), betas (%g, %g) in [0, 1), eps %g > 0, clip %g", who,
+                         (long long)step, (double)beta1, (double)beta2, (double)eps, (double)grad_clip);
+    *flags = (adamw_flags *)((double *)ws + norm_blocks(n)); /* (1), after the partials */
+    return checked("adamw norm", kiln_launch(adamw_norm_finish_kernel, dim3(1), dim3(1), 0, s, d_norm, d_skipped, *flags, d_sumsq,
+                                             grad_clip, d_wsumsq, n_seg));
+}
+
 extern "C" kiln_status kiln_cuda_adamw_apply_checked(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror,
                                                      const uint8_t *decay, int64_t n, float lr, float beta1, float beta2, float eps,
                                                      float weight_decay, float grad_clip, int64_t step, const double *d_sumsq,
                                                      const double *d_wsumsq, int n_seg, float *d_norm, int32_t *d_skipped, void *ws,
                                                      void *stream) {
-    if (n_seg < 0 || (n_seg > 0 && !d_wsumsq))
-        return kiln_fail(KILN_ERR_INVALID, "cuda adamw: %d weight sums without their buffer", n_seg);
-    if (n < 0 || (n > 0 && (!params || !grads || !m || !v || !decay)) || !d_sumsq || !d_norm || !d_skipped || !ws || !aligned(ws, 8))
-        return kiln_fail(KILN_ERR_INVALID,
-                         "cuda adamw: n %lld; params, grads, m, v, decay, d_sumsq, d_norm, d_skipped and an 8-byte aligned ws "
-                         "are required (ws %s)",
-                         (long long)n, ws ? (aligned(ws, 8) ? "aligned" : "misaligned") : "NULL");
-    if (step < 1 || !(beta1 >= 0.0f && beta1 < 1.0f && beta2 >= 0.0f && beta2 < 1.0f) || !(eps > 0.0f) || isnan(grad_clip))
-        return kiln_fail(KILN_ERR_INVALID, "cuda adamw: step %lld (from 1), betas (%g, %g) in [0, 1), eps %g > 0, clip %g",
-                         (long long)step, (double)beta1, (double)beta2, (double)eps, (double)grad_clip);
-    const adam_consts k = make_consts(lr, beta1, beta2, eps, weight_decay, step);
-    adamw_flags *flags = (adamw_flags *)((double *)ws + norm_blocks(n)); /* (1), after the partials */
     cudaStream_t s = (cudaStream_t)stream;
-    kiln_status st = checked("adamw norm", kiln_launch(adamw_norm_finish_kernel, dim3(1), dim3(1), 0, s, d_norm, d_skipped, flags,
-                                                       d_sumsq, grad_clip, d_wsumsq, n_seg));
-    if (st != KILN_OK) return st;
+    adamw_flags *flags = NULL;
+    TRY(apply_begin("cuda adamw", n, params && grads && m && v && decay, beta1, beta2, eps, grad_clip, step, d_sumsq, d_wsumsq, n_seg,
+                    d_norm, d_skipped, ws, s, &flags));
     if (n == 0) return KILN_OK;
+    const adam_consts k = make_consts(lr, beta1, beta2, eps, weight_decay, step);
     const bool vec = aligned(params, 16) && aligned(grads, 16) && aligned(m, 16) && aligned(v, 16) && aligned(decay, 4) &&
                      aligned(mirror, 8);
     const int64_t work = vec ? n / 4 + 1 : n; /* + 1: a block for the tail when n / 4 is 0 */
@@ -581,6 +726,24 @@ extern "C" kiln_status kiln_cuda_adamw_apply_checked(float *params, const float 
                               : kiln_launch(adamw_update_kernel<false>, grid, block, 0, s, params, grads, m, v, mirror, decay, n, k,
                                             (const adamw_flags *)flags);
     return checked("adamw update", e);
+}
+
+extern "C" kiln_status kiln_cuda_adamw8_apply_checked(float *params, const float *grads, kiln_cuda_adam8 q, kiln_bf16_t *mirror,
+                                                      const uint8_t *decay, int64_t n, float lr, float beta1, float beta2, float eps,
+                                                      float weight_decay, float grad_clip, int64_t step, const double *d_sumsq,
+                                                      const double *d_wsumsq, int n_seg, float *d_norm, int32_t *d_skipped, void *ws,
+                                                      void *stream) {
+    cudaStream_t s = (cudaStream_t)stream;
+    adamw_flags *flags = NULL;
+    TRY(apply_begin("cuda adamw8", n, params && grads && q.m8 && q.v8 && q.m_scale && q.v_scale && decay, beta1, beta2, eps, grad_clip,
+                    step, d_sumsq, d_wsumsq, n_seg, d_norm, d_skipped, ws, s, &flags));
+    if (n == 0) return KILN_OK;
+    const adam_consts k = make_consts(lr, beta1, beta2, eps, weight_decay, step);
+    const int64_t n_blocks = (n + KILN_ADAMW8_BLOCK - 1) / KILN_ADAMW8_BLOCK, per = UPDATE_THREADS / 32;
+    const int64_t grid = (n_blocks + per - 1) / per;
+    if (grid > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda adamw8: %lld parameters is too many for one launch", (long long)n);
+    return checked("adamw8 update", kiln_launch(adamw8_update_kernel, dim3((unsigned)grid), dim3(UPDATE_THREADS), 0, s, params, grads,
+                                                 q.m8, q.v8, q.m_scale, q.v_scale, mirror, decay, n, k, (const adamw_flags *)flags));
 }
 
 extern "C" kiln_status kiln_cuda_adamw(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror,

@@ -56,7 +56,9 @@ struct kiln_cuda_trainer {
     int64_t B, T, N, n;        /* n parameters */
     cudaStream_t stream;
     kiln_cuda_blas *blas;
-    float *params, *grads, *am, *av; /* (n) each: master, gradient, AdamW moments */
+    float *params, *grads, *am, *av; /* (n) each: master, gradient, AdamW moments (fp32; NULL with 8-bit moments) */
+    bool eight_bit;                   /* 8-bit AdamW: q holds the moments (shard each, scales shard / 256) */
+    kiln_cuda_adam8 q;
     kiln_bf16_t *mirror;              /* (n) */
     uint8_t *decay;                   /* (n) 1 where weight decay applies */
     int32_t *ids, *targets;           /* (N) */
@@ -222,7 +224,9 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     const int world = dist ? kiln_dist_world(dist) : 1;
     const bool zero1 = world > 1 && (flags & KILN_CUDA_TRAIN_ZERO1) != 0;
     /* shards of a multiple of 64 elements, so every rank's slice keeps the 16-byte alignment of the vector paths */
-    const int64_t n = m->n_params, unit = world > 1 ? 64 * (int64_t)world : 1;
+    /* 8-bit moments: shards of whole KILN_ADAMW8_BLOCK blocks, so a rank's scales are its blocks' */
+    const bool eight = (flags & KILN_CUDA_TRAIN_ADAM8) != 0;
+    const int64_t n = m->n_params, unit = world > 1 ? (eight ? KILN_ADAMW8_BLOCK : 64) * (int64_t)world : 1;
     const int64_t n_pad = (n + unit - 1) / unit * unit, shard = zero1 ? n_pad / world : n_pad;
     /* per layer: x, mid (N C f32), rstd1, rstd2 (N), lse (N NH), gu (N 2F bf16), ln1, ln2 (N C bf16), qkv (N QKV
      * bf16), att (N Q bf16), h (N F bf16) */
@@ -244,8 +248,11 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
                              al((size_t)(N * QKV) * f4) + al((size_t)(N * wide) * b2) + al((size_t)(N * QKV) * b2) +
                              al((size_t)(N * 2 * F) * b2) + al((size_t)(N * F) * b2) + al(ws) + 2 * al((size_t)N * 4) + al(64) +
                              (size_t)n_pad;
-    /* params, grads (n_pad f32), m, v (shard f32 each), mirror (n_pad bf16) */
-    const size_t param_bytes = (size_t)n_pad * (2 * f4 + b2) + (size_t)shard * 2 * f4;
+    /* params, grads (n_pad f32), m, v (shard f32 each), mirror (n_pad bf16); 8-bit: params, grads, mirror, then m8, v8
+     * (shard bytes each) and the two scales (shard / 256 f32 each) */
+    const int64_t shard_blocks = (shard + KILN_ADAMW8_BLOCK - 1) / KILN_ADAMW8_BLOCK;
+    const size_t param_bytes = eight ? al((size_t)n_pad * (2 * f4 + b2)) + 2 * al((size_t)shard) + 2 * al((size_t)shard_blocks * f4)
+                                     : (size_t)n_pad * (2 * f4 + b2) + (size_t)shard * 2 * f4;
     size_t free_b = 0, total_b = 0;
     CK(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
     const size_t need = buf_bytes + param_bytes + kiln_cuda_blas_bytes();
@@ -265,6 +272,7 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     t->gathered = -1;
     t->deterministic = (flags & KILN_CUDA_TRAIN_DETERMINISTIC) != 0;
     t->recompute = recompute;
+    t->eight_bit = eight;
     t->layers = (layer_acts *)calloc((size_t)L, sizeof *t->layers);
     kiln_status st = t->layers ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "out of memory");
     cudaError_t e = cudaSuccess;
@@ -287,8 +295,18 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
         return st;
     }
     /* parameter state: params, grads (n_pad), m, v (shard) (f32) then the mirror (bf16, n_pad), one allocation */
-    t->grads = t->params + n_pad, t->am = t->grads + n_pad, t->av = t->am + shard;
-    t->mirror = (kiln_bf16_t *)(t->av + shard);
+    t->grads = t->params + n_pad;
+    if (!eight) {
+        t->am = t->grads + n_pad, t->av = t->am + shard;
+        t->mirror = (kiln_bf16_t *)(t->av + shard);
+    } else {
+        t->mirror = (kiln_bf16_t *)(t->grads + n_pad);
+        char *q = (char *)t->params + al((size_t)n_pad * (2 * f4 + b2));
+        t->q.m8 = (int8_t *)q, q += al((size_t)shard);
+        t->q.v8 = (uint8_t *)q, q += al((size_t)shard);
+        t->q.m_scale = (float *)q, q += al((size_t)shard_blocks * f4);
+        t->q.v_scale = (float *)q;
+    }
     char *p = (char *)t->buf;
     for (int64_t l = 0; l < L; l++) {
         layer_acts *a = &t->layers[l];
@@ -616,7 +634,9 @@ extern "C" kiln_status kiln_cuda_trainer_zero_grads(kiln_cuda_trainer *t) {
  * The host reads the norm, the flag and the sums once, after the update. */
 extern "C" kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const kiln_adamw_cfg *cfg, float lr, double *grad_norm,
                                                bool *skipped) {
-    if (cfg->eight_bit) return kiln_fail(KILN_ERR_UNSUPPORTED, "gpu train: 8-bit AdamW is not on the GPU yet");
+    if (cfg->eight_bit != t->eight_bit)
+        return kiln_fail(KILN_ERR_INVALID, "gpu train: the trainer keeps %s moments but the step asks for %s", t->eight_bit ? "8-bit" : "fp32",
+                         cfg->eight_bit ? "8-bit" : "fp32");
     TRY(refresh_mirror(t));
     const int64_t S = t->shard, o = t->zero1 ? (int64_t)t->rank * S : 0;
     double *d_sumsq = t->d_red + 3;
@@ -624,13 +644,23 @@ extern "C" kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const kiln_
     if (!t->zero1 && t->dist && !t->reduced) TRY(kiln_dist_allreduce_f32(t->dist, t->grads, t->n_pad, t->stream));
     TRY(kiln_cuda_grad_sumsq(d_sumsq, t->grads + o, S, t->ws, t->stream));
     if (t->zero1) TRY(kiln_dist_allreduce_f64(t->dist, d_sumsq, 1, t->stream));
-    TRY(kiln_cuda_adamw_check(t->d_wsumsq, t->d_wpartial, t->d_seg, t->n_seg, t->n_chunks, t->params + o, t->grads + o, t->am, t->av, t->decay + o,
-                              lr, cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay, cfg->grad_clip, t->opt_step + 1, d_sumsq,
-                              t->stream));
+    if (t->eight_bit)
+        TRY(kiln_cuda_adamw8_check(t->d_wsumsq, t->d_wpartial, t->d_seg, t->n_seg, t->n_chunks, t->params + o, t->grads + o, t->q,
+                                   t->decay + o, lr, cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay, cfg->grad_clip, t->opt_step + 1,
+                                   d_sumsq, t->stream));
+    else
+        TRY(kiln_cuda_adamw_check(t->d_wsumsq, t->d_wpartial, t->d_seg, t->n_seg, t->n_chunks, t->params + o, t->grads + o, t->am, t->av,
+                                  t->decay + o, lr, cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay, cfg->grad_clip, t->opt_step + 1,
+                                  d_sumsq, t->stream));
     if (t->zero1) TRY(kiln_dist_allreduce_f64(t->dist, t->d_wsumsq, t->n_seg, t->stream)); /* each rank summed its shard */
-    TRY(kiln_cuda_adamw_apply_checked(t->params + o, t->grads + o, t->am, t->av, t->mirror + o, t->decay + o, S, lr, cfg->beta1,
-                                      cfg->beta2, cfg->eps, cfg->weight_decay, cfg->grad_clip, t->opt_step + 1, d_sumsq, t->d_wsumsq,
-                                      t->n_seg, t->d_norm, t->d_skipped, t->ws, t->stream));
+    if (t->eight_bit)
+        TRY(kiln_cuda_adamw8_apply_checked(t->params + o, t->grads + o, t->q, t->mirror + o, t->decay + o, S, lr, cfg->beta1, cfg->beta2,
+                                           cfg->eps, cfg->weight_decay, cfg->grad_clip, t->opt_step + 1, d_sumsq, t->d_wsumsq, t->n_seg,
+                                           t->d_norm, t->d_skipped, t->ws, t->stream));
+    else
+        TRY(kiln_cuda_adamw_apply_checked(t->params + o, t->grads + o, t->am, t->av, t->mirror + o, t->decay + o, S, lr, cfg->beta1,
+                                          cfg->beta2, cfg->eps, cfg->weight_decay, cfg->grad_clip, t->opt_step + 1, d_sumsq, t->d_wsumsq,
+                                          t->n_seg, t->d_norm, t->d_skipped, t->ws, t->stream));
     if (t->zero1) {
         TRY(kiln_dist_allgather(t->dist, t->mirror + o, t->mirror, (size_t)S * 2, t->stream));
         TRY(gather_fp32_read(t));
@@ -665,49 +695,77 @@ extern "C" kiln_status kiln_cuda_set_device(int index) {
     return KILN_OK;
 }
 
+/* A part as stored on this rank: its device array (the shard's, with ZeRO-1), the element size, the elements of the
+ * whole part (over n params) and the first element this rank holds and how many (all of them without ZeRO-1). */
+typedef struct {
+    char *dev;
+    size_t elem;
+    int64_t total, held_first, held_n;
+} part_info;
+
+static kiln_status part_of(const kiln_cuda_trainer *t, kiln_cuda_train_part part, part_info *pi) {
+    const int64_t o = t->zero1 ? (int64_t)t->rank * t->shard : 0, B = KILN_ADAMW8_BLOCK;
+    const bool wants8 = part != KILN_CUDA_TRAIN_PARAMS && part != KILN_CUDA_TRAIN_M && part != KILN_CUDA_TRAIN_V;
+    if (part != KILN_CUDA_TRAIN_PARAMS && wants8 != t->eight_bit)
+        return kiln_fail(KILN_ERR_INVALID, "gpu train: the trainer keeps %s moments, not this part", t->eight_bit ? "8-bit" : "fp32");
+    switch (part) {
+    case KILN_CUDA_TRAIN_PARAMS: *pi = (part_info){(char *)t->params, 4, t->n, 0, t->n}; return KILN_OK;
+    case KILN_CUDA_TRAIN_M: *pi = (part_info){(char *)t->am, 4, t->n, o, t->shard}; break;
+    case KILN_CUDA_TRAIN_V: *pi = (part_info){(char *)t->av, 4, t->n, o, t->shard}; break;
+    case KILN_CUDA_TRAIN_M8: *pi = (part_info){(char *)t->q.m8, 1, t->n, o, t->shard}; break;
+    case KILN_CUDA_TRAIN_V8: *pi = (part_info){(char *)t->q.v8, 1, t->n, o, t->shard}; break;
+    case KILN_CUDA_TRAIN_M_SCALE: *pi = (part_info){(char *)t->q.m_scale, 4, (t->n + B - 1) / B, o / B, (t->shard + B - 1) / B}; break;
+    case KILN_CUDA_TRAIN_V_SCALE: *pi = (part_info){(char *)t->q.v_scale, 4, (t->n + B - 1) / B, o / B, (t->shard + B - 1) / B}; break;
+    default: return kiln_fail(KILN_ERR_INVALID, "gpu train: no state part %d", (int)part);
+    }
+    return KILN_OK;
+}
+
 extern "C" kiln_status kiln_cuda_trainer_gather(kiln_cuda_trainer *t, kiln_cuda_train_part part) {
+    part_info pi;
+    TRY(part_of(t, part, &pi));
     if (!t->zero1) return KILN_OK;
     if (part == KILN_CUDA_TRAIN_PARAMS) return gather_params(t);
     /* every rank gathers the moments' shards through the gradient buffer, dead until the next step */
-    TRY(kiln_dist_allgather(t->dist, part == KILN_CUDA_TRAIN_M ? t->am : t->av, t->grads, (size_t)t->shard * 4, t->stream));
+    TRY(kiln_dist_allgather(t->dist, pi.dev, t->grads, (size_t)pi.held_n * pi.elem, t->stream));
     TRY(wait_stream(t, "gathering the moments"));
     t->gathered = (int)part;
     return KILN_OK;
 }
 
-/* The device array *out holding part's elements [first, first + n) for a read or a write. */
-static kiln_status part_array(kiln_cuda_trainer *t, kiln_cuda_train_part part, int64_t first, int64_t n, bool reading, float **out) {
-    if (first < 0 || n < 0 || first + n > t->n)
-        return kiln_fail(KILN_ERR_RANGE, "gpu train: state range [%lld, %lld) outside %lld parameters", (long long)first,
-                         (long long)(first + n), (long long)t->n);
-    if (part == KILN_CUDA_TRAIN_PARAMS) *out = t->params;
-    else if (!t->zero1 || !reading) *out = part == KILN_CUDA_TRAIN_M ? t->am : t->av;
-    else if (t->gathered != (int)part) return kiln_fail(KILN_ERR_INVALID, "gpu train: moments read before kiln_cuda_trainer_gather");
-    else *out = t->grads;
+/* Elements [first, first + n) of part: in range of the whole part. */
+static kiln_status part_range(const part_info *pi, int64_t first, int64_t n) {
+    if (first < 0 || n < 0 || first > pi->total || n > pi->total - first)
+        return kiln_fail(KILN_ERR_RANGE, "gpu train: state range [%lld, %lld) outside the part's %lld elements", (long long)first,
+                         (long long)(first + n), (long long)pi->total);
     return KILN_OK;
 }
 
-extern "C" kiln_status kiln_cuda_trainer_read(kiln_cuda_trainer *t, kiln_cuda_train_part part, int64_t first, int64_t n, float *dst) {
-    float *src;
-    TRY(part_array(t, part, first, n, true, &src));
+extern "C" kiln_status kiln_cuda_trainer_read(kiln_cuda_trainer *t, kiln_cuda_train_part part, int64_t first, int64_t n, void *dst) {
+    part_info pi;
+    TRY(part_of(t, part, &pi));
+    TRY(part_range(&pi, first, n));
+    const char *src = pi.dev;
+    if (part != KILN_CUDA_TRAIN_PARAMS && t->zero1) {
+        if (t->gathered != (int)part) return kiln_fail(KILN_ERR_INVALID, "gpu train: moments read before kiln_cuda_trainer_gather");
+        src = (const char *)t->grads; /* the whole part, gathered */
+    }
     if (n == 0) return KILN_OK;
-    CK(cudaMemcpyAsync(dst, src + first, (size_t)n * 4, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync state");
+    CK(cudaMemcpyAsync(dst, src + (size_t)first * pi.elem, (size_t)n * pi.elem, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync state");
     return wait_stream(t, "reading the training state");
 }
 
 extern "C" kiln_status kiln_cuda_trainer_write(kiln_cuda_trainer *t, kiln_cuda_train_part part, int64_t first, int64_t n,
-                                               const float *src) {
-    float *dst;
-    TRY(part_array(t, part, first, n, false, &dst));
-    /* with ZeRO-1 a rank keeps the moments of its shard [o, o + S): the part of the range inside it */
-    int64_t lo = first, hi = first + n, o = 0;
-    if (part != KILN_CUDA_TRAIN_PARAMS && t->zero1) {
-        o = (int64_t)t->rank * t->shard;
-        lo = lo > o ? lo : o;
-        hi = hi < o + t->shard ? hi : o + t->shard;
-    }
+                                               const void *src) {
+    part_info pi;
+    TRY(part_of(t, part, &pi));
+    TRY(part_range(&pi, first, n));
+    /* with ZeRO-1 a rank keeps the moments of its shard: the part of the range inside it */
+    const int64_t lo = first > pi.held_first ? first : pi.held_first;
+    const int64_t hi = first + n < pi.held_first + pi.held_n ? first + n : pi.held_first + pi.held_n;
     if (hi <= lo) return KILN_OK; /* none of it is this rank's */
-    CK(cudaMemcpyAsync(dst + (lo - o), src + (lo - first), (size_t)(hi - lo) * 4, cudaMemcpyHostToDevice, t->stream),
+    CK(cudaMemcpyAsync(pi.dev + (size_t)(lo - pi.held_first) * pi.elem, (const char *)src + (size_t)(lo - first) * pi.elem,
+                       (size_t)(hi - lo) * pi.elem, cudaMemcpyHostToDevice, t->stream),
        "cudaMemcpyAsync state");
     if (part == KILN_CUDA_TRAIN_PARAMS) t->mirror_stale = true;
     return wait_stream(t, "writing the training state"); /* the caller may free src on return */

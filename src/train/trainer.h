@@ -1,6 +1,6 @@
 /* trainer.h: the one interface of kiln's two trainers, picked once when a run starts: the CPU's (trainer_cpu.c:
  * src/train/llama_train.c's forward and backward through the CPU ops table, and kiln_adamw, fp32 or 8-bit) and the
- * GPU's (trainer_cuda.c over src/cuda/trainer.cu: its own fused bf16 orchestration and a fused fp32 AdamW). Both
+ * GPU's (trainer_cuda.c over src/cuda/trainer.cu: its own fused bf16 orchestration and a fused AdamW, fp32 or 8-bit). Both
  * train the layout of a kiln_llama_train (the tensor table, so the flat buffer's offsets are the same on both).
  *
  * The gradient convention, the same on both: a step ADDS into the parameter gradients (+=), so micro-batches
@@ -94,8 +94,7 @@ struct kiln_trainer_impl {
 };
 
 /* A trainer of a model of config c (kiln_llama_train_new's rules), parameters zero until set_state. The CUDA one
- * refuses 8-bit moments ("--gpu trains with fp32 AdamW; 8-bit moments are CPU-only for now") and anything the GPU
- * cannot hold, before it allocates. */
+ * refuses anything the GPU cannot hold, before it allocates. */
 kiln_status kiln_trainer_cpu_new(const kiln_llama_config *c, const kiln_trainer_cfg *cfg, kiln_trainer_impl **out);
 kiln_status kiln_trainer_cuda_new(const kiln_llama_config *c, const kiln_trainer_cfg *cfg, kiln_trainer_impl **out);
 void kiln_trainer_impl_free(kiln_trainer_impl *t); /* accepts NULL */

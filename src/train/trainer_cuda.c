@@ -1,5 +1,5 @@
 /* trainer_cuda.c: the CUDA implementation of trainer.h, over src/cuda/trainer.cu's kiln_cuda_trainer (its own
- * fused bf16 orchestration and fp32 AdamW; data parallel through a kiln_dist). The host keeps the layout only: the
+ * fused bf16 orchestration and AdamW, fp32 or 8-bit; data parallel through a kiln_dist). The host keeps the layout only: the
  * parameters, gradients and moments live on the device and the state streams through kiln_cuda_trainer_read and
  * _write. Built without CUDA, cuda/none.c makes every call answer KILN_ERR_UNSUPPORTED. tests/test_cuda_train.c
  * and tests/test_train.c's GPU cases cover it (they skip without a GPU). */
@@ -33,14 +33,18 @@ static kiln_status cuda_optimizer_step(kiln_trainer_impl *t, float lr, kiln_adam
 static void cuda_reduce_next(kiln_trainer_impl *t) { kiln_cuda_trainer_reduce_next(gpu(t)->g); }
 static kiln_status cuda_agree(kiln_trainer_impl *t, bool *flag) { return kiln_cuda_trainer_agree(gpu(t)->g, flag); }
 
-/* The device's parts: fp32 AdamW only (8-bit moments are refused at new). */
+/* The device's parts, the same as the host's. */
 static kiln_status cuda_part(kiln_train_part part, kiln_cuda_train_part *out) {
     switch (part) {
     case KILN_PART_PARAMS: *out = KILN_CUDA_TRAIN_PARAMS; return KILN_OK;
     case KILN_PART_M: *out = KILN_CUDA_TRAIN_M; return KILN_OK;
     case KILN_PART_V: *out = KILN_CUDA_TRAIN_V; return KILN_OK;
-    default: return kiln_fail(KILN_ERR_UNSUPPORTED, "gpu train: no 8-bit AdamW state on the GPU");
+    case KILN_PART_M8: *out = KILN_CUDA_TRAIN_M8; return KILN_OK;
+    case KILN_PART_V8: *out = KILN_CUDA_TRAIN_V8; return KILN_OK;
+    case KILN_PART_M_SCALE: *out = KILN_CUDA_TRAIN_M_SCALE; return KILN_OK;
+    case KILN_PART_V_SCALE: *out = KILN_CUDA_TRAIN_V_SCALE; return KILN_OK;
     }
+    return kiln_fail(KILN_ERR_INVALID, "gpu train: no state part %d", (int)part);
 }
 
 static kiln_status cuda_state_begin(kiln_trainer_impl *t, kiln_train_part part) {
@@ -95,7 +99,6 @@ static const kiln_trainer_ops cuda_ops = {
 
 kiln_status kiln_trainer_cuda_new(const kiln_llama_config *c, const kiln_trainer_cfg *tc, kiln_trainer_impl **out) {
     *out = NULL;
-    if (tc->adam.eight_bit) return kiln_fail(KILN_ERR_UNSUPPORTED, "--gpu trains with fp32 AdamW; 8-bit moments are CPU-only for now");
     /* data parallel, kiln_dist_init has chosen the rank's device */
     if (!tc->dist && tc->device != 0) TRY(kiln_cuda_set_device(tc->device));
     cuda_trainer *t = calloc(1, sizeof *t);
@@ -104,7 +107,8 @@ kiln_status kiln_trainer_cuda_new(const kiln_llama_config *c, const kiln_trainer
     if (!s) {
         t->layout->label_smoothing = tc->label_smoothing;
         t->layout->z_loss = tc->z_loss;
-        s = kiln_cuda_trainer_new(t->layout, tc->B, tc->T, tc->cuda_flags, tc->dist, &t->g);
+        s = kiln_cuda_trainer_new(t->layout, tc->B, tc->T, tc->cuda_flags | (tc->adam.eight_bit ? KILN_CUDA_TRAIN_ADAM8 : 0u), tc->dist,
+                                  &t->g);
     }
     if (s) {
         kiln_llama_train_free(t->layout);
