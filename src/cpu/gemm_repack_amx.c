@@ -46,7 +46,10 @@ static void tiles_on(void) {
         cfg.colsb[2 + i] = 32, cfg.rows[2 + i] = NT; /* A */
         cfg.colsb[4 + i] = 64, cfg.rows[4 + i] = 8;  /* B */
     }
-    _tile_loadconfig(&cfg);
+    /* not _tile_loadconfig: GCC 12's builtin does not declare that it reads the 64 bytes, and dropped the stores of
+     * colsb and rows as dead (every tile then unconfigured: the first tile load faults, SIGILL). The "m" operand
+     * of the whole struct makes the read explicit. */
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
 }
 
 /* C = A B for one set of tiles: B from bb (8 rows of 64 bytes), A from xa (16 rows of 32 bytes, stride apart); the

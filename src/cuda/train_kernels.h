@@ -154,8 +154,9 @@ kiln_status kiln_cuda_adamw_apply_checked(float *params, const float *grads, flo
                                           float weight_decay, float grad_clip, int64_t step, const double *d_sumsq,
                                           const double *d_wsumsq, int n_seg, float *d_norm, int32_t *d_skipped, void *ws, void *stream);
 /* 8-bit AdamW (src/train/optim.c's codes and blocks, bit for bit with kiln_adamw_step): m8 int8 and v8 uint8 (n),
- * m_scale and v_scale (ceil(n / KILN_ADAMW8_BLOCK)) f32, all on the device; element i's block is i / 256 of these
+ * m_scale and v_scale (ceil(n / KILN_CUDA_ADAMW8_BLOCK)) f32, all on the device; element i's block is i / 256 of these
  * arrays, so a ZeRO-1 shard starts on a block boundary. The check and the update as the fp32 ones above. */
+#define KILN_CUDA_ADAMW8_BLOCK 256 /* optim.h's KILN_ADAMW8_BLOCK (trainer.cu asserts they agree) */
 typedef struct kiln_cuda_adam8 {
     int8_t *m8;
     uint8_t *v8;

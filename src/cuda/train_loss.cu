@@ -8,7 +8,6 @@
  * tests/test_cuda_train_loss.c checks both against kiln_cpu_ops.cross_entropy and kiln_adamw_step. */
 #include "cuda/launch.h"
 #include "cuda/train_kernels.h"
-#include "train/optim.h"
 
 #include <cuda_runtime.h>
 #include <math.h>
@@ -385,7 +384,7 @@ static __device__ __forceinline__ void adam_elem(const adam_consts &k, float cli
 /* ---------------------------------------------------------------- 8-bit moments
  * optim.c's codes, decoded by building the float's bits (its tables hold the same values) and encoded by the same
  * integer operations on the bits: m8 sign and E4M3 of |m| / m_scale, v8 E4M4 of sqrt(v) / v_scale, one scale pair
- * per KILN_ADAMW8_BLOCK elements. */
+ * per KILN_CUDA_ADAMW8_BLOCK elements. */
 #define ADAM8_M_MAX 1.875f   /* optim.c's M_MAX */
 #define ADAM8_S_MAX 1.9375f  /* S_MAX */
 #define ADAM8_TINY 1e-30f    /* TINY_BLOCK */
@@ -433,7 +432,7 @@ struct q8_moments {
     const float *m_scale, *v_scale;
     static constexpr bool sqrt_v = true;
     __device__ __forceinline__ void get(int64_t i, float &mi, float &vi) const {
-        const int64_t b = i / KILN_ADAMW8_BLOCK;
+        const int64_t b = i / KILN_CUDA_ADAMW8_BLOCK;
         mi = __fmul_rn(m_scale[b], m8_value(m8[i]));
         vi = __fmul_rn(v_scale[b], v8_value(v8[i]));
     }
@@ -557,7 +556,7 @@ __global__ void __launch_bounds__(UPDATE_THREADS)
     if (flags->skip) return;
     const float clip = flags->clip;
     const int lane = threadIdx.x & 31;
-    const int64_t b = (int64_t)blockIdx.x * (UPDATE_THREADS / 32) + (threadIdx.x >> 5), lo = b * KILN_ADAMW8_BLOCK;
+    const int64_t b = (int64_t)blockIdx.x * (UPDATE_THREADS / 32) + (threadIdx.x >> 5), lo = b * KILN_CUDA_ADAMW8_BLOCK;
     if (lo >= n) return; /* a whole warp */
     const float ms = m_scale[b], vs = v_scale[b];
     float m[8], sv[8];
@@ -739,7 +738,7 @@ extern "C" kiln_status kiln_cuda_adamw8_apply_checked(float *params, const float
                     step, d_sumsq, d_wsumsq, n_seg, d_norm, d_skipped, ws, s, &flags));
     if (n == 0) return KILN_OK;
     const adam_consts k = make_consts(lr, beta1, beta2, eps, weight_decay, step);
-    const int64_t n_blocks = (n + KILN_ADAMW8_BLOCK - 1) / KILN_ADAMW8_BLOCK, per = UPDATE_THREADS / 32;
+    const int64_t n_blocks = (n + KILN_CUDA_ADAMW8_BLOCK - 1) / KILN_CUDA_ADAMW8_BLOCK, per = UPDATE_THREADS / 32;
     const int64_t grid = (n_blocks + per - 1) / per;
     if (grid > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda adamw8: %lld parameters is too many for one launch", (long long)n);
     return checked("adamw8 update", kiln_launch(adamw8_update_kernel, dim3((unsigned)grid), dim3(UPDATE_THREADS), 0, s, params, grads,

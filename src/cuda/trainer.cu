@@ -44,6 +44,8 @@
         if (e_ != cudaSuccess) return kiln_fail(KILN_ERR_IO, "CUDA %s failed: %s", what, cudaGetErrorString(e_)); \
     } while (0)
 
+static_assert(KILN_CUDA_ADAMW8_BLOCK == KILN_ADAMW8_BLOCK, "the GPU's 8-bit AdamW blocks are optim.c's");
+
 #define HEAD_CHUNK 4096 /* rows of logits at a time: 4096 x 32000 bf16 = 250 MiB */
 
 typedef struct {
