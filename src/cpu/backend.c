@@ -1,6 +1,6 @@
 /* backend.c: the CPU backend of the forward's seam (src/model/backend.h). Each step is built out of the CPU kernels
  * of the ops table (ops.h), in the order the forward ran them before the seam had fused steps, so the arithmetic,
- * and with it every golden test, is unchanged. Backend memory is host memory: alloc is calloc, upload and download
+ * and with it every golden test, is unchanged. Backend memory is host memory: alloc is calloc aligned to a cache line, upload and download
  * are copies, nothing is ever pending, and record just runs the steps.
  *
  * The context owns the thread pool, the kernels' scratch, the positions of a batch (RoPE reads a position per
