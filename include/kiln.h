@@ -696,6 +696,10 @@ kiln_status kiln_sampler_new(const kiln_sampler_params *p, int64_t n_vocab, kiln
 void kiln_sampler_free(kiln_sampler *s);
 /* Picks a token from logits (modified in place); history is the sequence so far, for the repetition penalty. */
 int32_t kiln_sampler_sample(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history);
+/* As kiln_session_eval, then *next = kiln_sampler_sample(smp, the last token's logits, the session's tokens): on the
+ * GPU the sampler runs there and only the token comes back (the same draw up to float rounding at a cdf boundary);
+ * on the CPU, or with a penalty window of more than 256 distinct tokens, the logits come back and smp picks. */
+kiln_status kiln_session_eval_sample(kiln_session *s, const int32_t *ids, size_t n, kiln_sampler *smp, int32_t *next);
 /* The distribution kiln_sampler_sample draws from, written over logits (V probabilities; temp 0: the argmax's
  * one-hot); one coin of the sampler's RNG in [0, 1), for a caller that draws with it (speculative.c); and a token
  * drawn with one coin from V non-negative weights (renormalized; a token of weight 0 is never drawn unless all are,

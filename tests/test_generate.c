@@ -506,12 +506,68 @@ static void check_argmax_step(int n_gpu_layers) {
             if (kiln_session_eval(a, &tok_a, 1, logits, NULL) || kiln_session_eval_argmax(b, &tok_b, 1, &tok_b)) break;
         }
     }
+    /* b evaluated each token from the variable its argmax then overwrote: its history still holds what it ran */
+    const int64_t pos_a = a ? kiln_session_pos(a) : -1, pos_b = b ? kiln_session_pos(b) : -2;
+    const bool same_hist = pos_a == pos_b && pos_a > 0 &&
+                           memcmp(kiln_session_tokens(a), kiln_session_tokens(b), sizeof(int32_t) * (size_t)pos_a) == 0;
     free(logits);
     kiln_session_free(a);
     kiln_session_free(b);
     kiln_model_free(m);
     CHECK(ok, "%s", kiln_last_error());
     CHECK(steps == 16, "step %d: argmax of the logits %d, the forward's argmax %d (%s)", steps, tok_a, tok_b, kiln_last_error());
+    CHECK(same_hist, "the argmax session's history differs from the logits session's (positions %lld, %lld)", (long long)pos_a,
+          (long long)pos_b);
+}
+
+/* kiln_session_eval_sample draws what kiln_sampler_sample draws from kiln_session_eval's logits with a sampler of the
+ * same seed, through a chunked prefill and 24 decode steps, with top-k, min-p, top-p and all three penalties (the
+ * window read from the session's tokens): on the CPU every token (the host samples either way); on the GPU (the
+ * sampler runs there, summing in another order) all but at most one, each step fed the host's token. */
+static void check_sample_step(int n_gpu_layers) {
+    const char *path = synth_model();
+    CHECK(path);
+    kiln_model *m = NULL;
+    CHECK(kiln_model_load(path, &m) == KILN_OK, "%s", kiln_last_error());
+    const int64_t V = kiln_model_n_vocab(m);
+    kiln_session_params sp = {.n_ctx = 96, .n_batch = 7, .n_threads = 2, .n_gpu_layers = n_gpu_layers};
+    kiln_sampler_params pp = {.temp = 1.5f, .top_k = 60, .top_p = 0.9f, .min_p = 0.01f, .repeat_penalty = 1.2f, .repeat_last_n = 16,
+                              .presence_penalty = 0.3f, .frequency_penalty = 0.1f, .seed = 1234};
+    kiln_session *a = NULL, *b = NULL;
+    kiln_sampler *sa = NULL, *sb = NULL;
+    float *logits = malloc(sizeof *logits * (size_t)V);
+    int32_t prompt[20];
+    for (int i = 0; i < 20; i++) prompt[i] = (int32_t)((i * 37 + 11) % V);
+    bool ok = logits && kiln_session_new(m, &sp, &a) == KILN_OK && kiln_session_new(m, &sp, &b) == KILN_OK &&
+              kiln_sampler_new(&pp, V, &sa) == KILN_OK && kiln_sampler_new(&pp, V, &sb) == KILN_OK;
+    int steps = 0, differ = 0;
+    int32_t tok_a = -1, tok_b = -2, in = 0;
+    if (ok && kiln_session_eval(a, prompt, 20, logits, NULL) == KILN_OK && kiln_session_eval_sample(b, prompt, 20, sb, &tok_b) == KILN_OK) {
+        for (; steps < 24; steps++) {
+            tok_a = kiln_sampler_sample(sa, logits, kiln_session_tokens(a), (size_t)kiln_session_pos(a));
+            if (tok_a < 0 || tok_a >= V || tok_b < 0 || tok_b >= V) break;
+            differ += tok_a != tok_b;
+            in = tok_a;
+            if (kiln_session_eval(a, &in, 1, logits, NULL) || kiln_session_eval_sample(b, &in, 1, sb, &tok_b)) break;
+        }
+    }
+    const int64_t pos_a = a ? kiln_session_pos(a) : -1, pos_b = b ? kiln_session_pos(b) : -2;
+    const bool same_hist = pos_a == pos_b && pos_a > 0 &&
+                           memcmp(kiln_session_tokens(a), kiln_session_tokens(b), sizeof(int32_t) * (size_t)pos_a) == 0;
+    free(logits);
+    kiln_sampler_free(sa), kiln_sampler_free(sb);
+    kiln_session_free(a), kiln_session_free(b);
+    kiln_model_free(m);
+    CHECK(ok, "%s", kiln_last_error());
+    CHECK(steps == 24, "step %d: host %d, eval_sample %d (%s)", steps, tok_a, tok_b, kiln_last_error());
+    CHECK(differ <= (n_gpu_layers ? 1 : 0), "%d of 24 draws differ", differ);
+    CHECK(same_hist, "the histories differ (positions %lld, %lld)", (long long)pos_a, (long long)pos_b);
+}
+
+static void test_sample_step(void) { check_sample_step(0); }
+static void test_sample_step_gpu(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    check_sample_step(999);
 }
 
 static void test_argmax_step(void) { check_argmax_step(0); }
@@ -643,6 +699,8 @@ int main(void) {
     RUN(test_chunked_prefill);
     RUN(test_argmax_step);
     RUN(test_argmax_step_gpu);
+    RUN(test_sample_step);
+    RUN(test_sample_step_gpu);
     RUN(test_sampler);
     RUN(test_convert_v1);
     remove_tmp();

@@ -411,13 +411,18 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     double t0 = now_s();
     size_t n = n_prompt;
     bool full = false, stopped = false;
-    /* greedy on the GPU: the argmax is taken there and 4 bytes come back instead of the logits */
+    /* on the GPU the token is picked there and 4 bytes come back instead of the logits: the argmax (greedy), or the
+     * sampler's draw; not where the host edits the logits first (--ignore-eos, a grammar) or drafts (speculation) */
     const kiln_sampler_params *sm = &o->sampler;
-    const bool argmax = sess && kiln_session_on_gpu(sess) && sm->temp == 0 && sm->repeat_penalty == 1 && sm->presence_penalty == 0 &&
-                        sm->frequency_penalty == 0 && !o->ignore_eos && !gm && !o->lookup && !o->draft_path;
+    const bool on_device = sess && kiln_session_on_gpu(sess) && !o->ignore_eos && !gm && !o->lookup && !o->draft_path;
+    const bool argmax = on_device && sm->temp == 0 && sm->repeat_penalty == 1 && sm->presence_penalty == 0 && sm->frequency_penalty == 0;
+    const bool sampled = on_device && !argmax;
     const int32_t banned[3] = {eos, bos, o->chat ? o->eot : -1}; /* with --ignore-eos */
     int32_t next = 0;
-    if (!s) s = argmax ? kiln_session_eval_argmax(sess, seq, n_prompt, &next) : kiln_session_eval(sess, seq, n_prompt, logits, NULL);
+    if (!s)
+        s = argmax ? kiln_session_eval_argmax(sess, seq, n_prompt, &next)
+            : sampled ? kiln_session_eval_sample(sess, seq, n_prompt, smp, &next)
+                      : kiln_session_eval(sess, seq, n_prompt, logits, NULL);
     double t1 = now_s();
     if (!s && (o->lookup || o->draft_path)) {
         s = generate_spec(m, tok, sess, smp, o, seq, n_prompt, n_ctx, logits, &text, &piece, &piece_cap, &n, &full, &stopped);
@@ -427,7 +432,7 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
         for (int b = 0; o->ignore_eos && b < 3; b++)
             if (banned[b] >= 0 && banned[b] < V) logits[banned[b]] = -INFINITY;
         if (gm && (s = kiln_grammar_matcher_mask(gm, logits))) break; /* before the sampler: its filters see only these */
-        if (!argmax) next = kiln_sampler_sample(smp, logits, seq, n);
+        if (!argmax && !sampled) next = kiln_sampler_sample(smp, logits, seq, n);
         /* EOS ends the text; so does BOS, which llama2.c's stories use to separate documents */
         if (next == eos || next == bos || (o->chat && next == o->eot)) break;
         if (gm && (s = kiln_grammar_matcher_accept(gm, next))) break;
@@ -438,7 +443,9 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
         if ((stopped = kiln_cli_stream_add(&text, p, np, &s)) || s) break;
         if (i + 1 == o->n_new) break;
         if ((full = kiln_session_pos(sess) == n_ctx)) break;
-        s = argmax ? kiln_session_eval_argmax(sess, &next, 1, &next) : kiln_session_eval(sess, &next, 1, logits, NULL);
+        s = argmax ? kiln_session_eval_argmax(sess, &next, 1, &next)
+            : sampled ? kiln_session_eval_sample(sess, &next, 1, smp, &next)
+                      : kiln_session_eval(sess, &next, 1, logits, NULL);
     }
 done:;
     double t2 = now_s();

@@ -634,6 +634,11 @@ static kiln_status cuda_nonfinite(void *p, int32_t *flag, const float *x, int64_
     return mark(e, P_HEAD, kiln_launch_status("nonfinite", err));
 }
 
+static kiln_status cuda_sample(void *p, int32_t *next, const float *x, int64_t n, const kiln_sample_args *args, void *work) {
+    engine *e = (engine *)p;
+    return mark(e, P_HEAD, kiln_cuda_sample(next, x, n, args, work, e->stream));
+}
+
 /* ---------------------------------------------------------------- measurement */
 
 static kiln_status cuda_profile(void *p, int64_t pos0, int reps, kiln_status (*step)(void *arg), void *arg, kiln_op_time *ops,
@@ -716,6 +721,8 @@ extern "C" const kiln_backend kiln_cuda_backend = {
     /* .head = */ cuda_head,
     /* .argmax = */ cuda_argmax,
     /* .nonfinite = */ cuda_nonfinite,
+    /* .sample = */ cuda_sample,
+    /* .sample_work_bytes = */ kiln_cuda_sample_work_bytes,
 };
 
 extern "C" kiln_status kiln_cuda_copy_bandwidth(double *gb_per_s) {

@@ -13,6 +13,7 @@
 #define KILN_CUDA_KERNELS_H
 
 #include "kiln.h"
+#include "model/sample_args.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -184,6 +185,11 @@ kiln_status kiln_cuda_scale_softcap(float *x, int64_t n, float scale, float cap,
 /* d_out (T) = the index of each row's largest value in x (T, n), the lowest index on ties (greedy decode reads
  * back 4 bytes per token). */
 kiln_status kiln_cuda_argmax(int32_t *d_out, const float *x, int64_t T, int64_t n, void *stream);
+/* *d_out = the token the CPU sampler's pipeline draws from the row logits (V) under d_args (device memory, read when
+ * the kernel runs), in one CTA (sample.cu). work holds kiln_cuda_sample_work_bytes(V); logits are left as they are. */
+size_t kiln_cuda_sample_work_bytes(int64_t V);
+kiln_status kiln_cuda_sample(int32_t *d_out, const float *logits, int64_t V, const kiln_sample_args *d_args, void *work,
+                             void *stream);
 
 #ifdef __cplusplus
 }

@@ -7,7 +7,9 @@
  *     previous kernel in the stream has completed and flushed (griddepcontrol.wait);
  *   - right after, kiln_pdl_trigger() lets the next kernel in the stream be scheduled (griddepcontrol
  *     .launch_dependents); it will itself wait for this one to complete before touching memory.
- * So the order of memory effects is exactly the plain stream order; only the scheduling overlaps. Kernels launched
+ * So the order of memory effects is exactly the plain stream order; only the scheduling overlaps. The one exception
+ * is memory that no kernel ever writes: the matvecs (matvec.cu) load their first weight blocks before the wait, as
+ * the model's weights are written only by copies from the host, which a PDL kernel never overlaps. Kernels launched
  * with <<<>>> (outside this contract) are still correct next to PDL ones: the attribute only relaxes the edge
  * into a PDL kernel, which waits. Built for sm_90 only (the Makefile's -gencode). */
 #ifndef KILN_CUDA_LAUNCH_H

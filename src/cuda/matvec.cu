@@ -44,12 +44,22 @@ static __device__ __forceinline__ float act(float g, bool geglu) {
     return g / (1.0f + expf(-g));
 }
 
+/* acc[j][t] += the dot of row j's piece p (w[j], loaded) with token t's x. */
+template <class P, int T, int NR>
+static __device__ __forceinline__ void mv_accumulate(float (&acc)[NR][T], const P (&w)[NR], const mv_args &a, int64_t p) {
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        typename P::X x;
+        P::load_x(x, a, t, p);
+#pragma unroll
+        for (int j = 0; j < NR; j++) acc[j][t] += w[j].dot(x);
+    }
+}
+
 /* NR weight rows per group: R output rows of W (GLU false), or R rows of Wg then the same R rows of Wu (GLU true,
  * NR = 2R). Output row o = (blockIdx.x * groups + group) * R + j. */
 template <class P, int T, int NR, bool GLU>
 __global__ void __launch_bounds__(MV_THREADS) matvec_kernel(const mv_args a) {
-    kiln_pdl_wait();
-    kiln_pdl_trigger();
     const int R = GLU ? NR / 2 : NR;
     __shared__ float red[MV_THREADS / 32][NR * T];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -71,17 +81,25 @@ __global__ void __launch_bounds__(MV_THREADS) matvec_kernel(const mv_args a) {
 #pragma unroll
         for (int t = 0; t < T; t++) acc[j][t] = 0.0f;
 
-    for (int64_t p = k0; p < a.ppr; p += gs) {
+    /* The weights are constant, so the thread's first pieces are loaded before the PDL wait, while the previous
+     * kernel (the norm, the attention) still runs: only x comes from it. The first piece is peeled off the loop
+     * (loading each next piece at the bottom of one loop took 20-60% more registers). */
+    if (k0 < a.ppr) {
+        P w[NR];
+#pragma unroll
+        for (int j = 0; j < NR; j++) w[j].load(wrow[j], k0);
+        kiln_pdl_wait();
+        kiln_pdl_trigger();
+        mv_accumulate<P, T, NR>(acc, w, a, k0);
+    } else {
+        kiln_pdl_wait();
+        kiln_pdl_trigger();
+    }
+    for (int64_t p = k0 + gs; p < a.ppr; p += gs) {
         P w[NR];
 #pragma unroll
         for (int j = 0; j < NR; j++) w[j].load(wrow[j], p);
-#pragma unroll
-        for (int t = 0; t < T; t++) {
-            typename P::X x;
-            P::load_x(x, a, t, p);
-#pragma unroll
-            for (int j = 0; j < NR; j++) acc[j][t] += w[j].dot(x);
-        }
+        mv_accumulate<P, T, NR>(acc, w, a, p);
     }
 
 #pragma unroll

@@ -74,10 +74,15 @@ struct kiln_context {
     bool *done;          /* decode: the rows permute_rows has placed */
     int64_t *cnt;        /* (n_seq) decode: each sequence's entries */
     int64_t *start;      /* (n_seq) decode: each sequence's first row */
+    /* a sampled step (kiln_context_eval_seq_sampled; made at the first, where the backend samples) */
+    kiln_sample_args *h_sargs; /* host memory the step's upload reads */
+    kiln_sample_args *d_sargs; /* backend memory */
+    void *d_swork;             /* the backend's sample_work_bytes(V) */
+    bool sample_pending;       /* the next step's next is a draw under h_sargs */
     /* the step being enqueued (step_enqueue's arguments) */
     kiln_llama_batch b;
     float *fwd_logits;   /* where the forward writes the logits: d_logits, or a host buffer on host memory */
-    bool want_logits, want_next, staged;
+    bool want_logits, want_next, want_sample, staged;
 };
 
 /* ---------------------------------------------------------------- layout
@@ -161,6 +166,9 @@ void kiln_context_free(kiln_context *c) {
         c->be->free(c->ctx, c->d_logits);
         c->be->free(c->ctx, c->d_io);
         c->be->free_host(c->ctx, c->h_io);
+        c->be->free(c->ctx, c->d_sargs);
+        c->be->free(c->ctx, c->d_swork);
+        c->be->free_host(c->ctx, c->h_sargs);
         c->be->close(c->ctx);
     }
     for (int32_t i = 0; c->seq && i < c->n_seq; i++) {
@@ -297,6 +305,7 @@ bool kiln_context_on_gpu(const kiln_context *c) { return c->be == &kiln_cuda_bac
 size_t kiln_context_device_bytes(const kiln_context *c) { return c->be->device_bytes(c->ctx); }
 size_t kiln_context_kv_bytes(const kiln_context *c) { return c->seq_kv_bytes * (size_t)c->n_seq; }
 int64_t kiln_context_n_evaluated(const kiln_context *c) { return c->n_evaluated; }
+int64_t kiln_context_n_vocab(const kiln_context *c) { return c->m->cfg.n_vocab; }
 static bool seq_ok(const kiln_context *c, int32_t seq) { return seq >= 0 && seq < c->n_seq; }
 int64_t kiln_context_seq_pos(const kiln_context *c, int32_t seq) { return seq_ok(c, seq) ? c->seq[seq].pos : -1; }
 const int32_t *kiln_context_seq_tokens(const kiln_context *c, int32_t seq) { return seq_ok(c, seq) ? c->seq[seq].hist : NULL; }
@@ -342,6 +351,9 @@ static kiln_status step_enqueue(void *arg) {
     TRY(be->upload(c->ctx, c->d_io, c->h_io, (size_t)T * sizeof(int32_t)));
     TRY(be->upload(c->ctx, d_flag, io_flag(c, c->h_io), (size_t)(1 + c->b.n_seg) * sizeof(int32_t))); /* zero flag, positions */
     TRY(be->upload(c->ctx, io_seq(c, c->d_io), io_seq(c, c->h_io), (size_t)c->b.n_seg * sizeof(int32_t)));
+    if (c->want_sample) TRY(be->upload(c->ctx, c->d_sargs, c->h_sargs, sizeof *c->h_sargs));
+    c->b.sample = c->want_sample ? c->d_sargs : NULL;
+    c->b.sample_work = c->d_swork;
     /* logits that come back to the host are checked there; the argmaxes' rows on the backend, beside them */
     const kiln_llama_checks checks = {.flag = d_flag, .logits = c->want_next, .layers = c->check_layers};
     TRY(kiln_llama_forward(c->m, be, c->ctx, &c->w, c->act, &c->b, c->want_logits || c->want_next ? c->fwd_logits : NULL,
@@ -431,7 +443,8 @@ static kiln_status run_step(kiln_context *c, float *logits, int32_t *next, const
     io_flag(c, c->h_io)[0] = 0; /* the flag the checks set */
     c->want_logits = logits && n_out;
     c->want_next = next && n_out;
-    const int flags = (c->want_logits ? 1 : 0) | (c->want_next ? 2 : 0);
+    c->want_sample = c->want_next && c->sample_pending;
+    const int flags = (c->want_logits ? 1 : 0) | (c->want_next ? 2 : 0) | (c->want_sample ? 4 : 0);
     /* Recorded steps, one recording each: a session's token (slots 0..3, by the outputs wanted), and on a backend
      * with seq_rows one token of each of T sequences, every row's outputs or none (slots 4 T ..): such a step
      * enqueues the same work whichever sequences and positions it holds. A session's row of logits goes through the
@@ -439,7 +452,7 @@ static kiln_status run_step(kiln_context *c, float *logits, int32_t *next, const
      * by a backend whose memory is host memory (then put in batch order). */
     const bool single = c->n_seq == 1 && T == 1;
     const bool rows = c->n_seq > 1 && be->seq_rows && c->b.n_seg == T && T <= c->n_seq && (n_out == 0 || n_out == T);
-    const bool record = single || rows;
+    const bool record = single || (rows && !c->want_sample); /* a session's sampled steps at slots 4..7 */
     c->staged = single;
     float *tmp = NULL;
     c->fwd_logits = c->d_logits;
@@ -488,8 +501,10 @@ static kiln_status eval_chunk(kiln_context *c, int32_t seq, const int32_t *ids, 
     for (int64_t r = first; r < T; r++) c->out[r - first] = r;
     c->b = (kiln_llama_batch){.ids = c->d_io, .T = T, .seg = c->segs, .n_seg = 1, .seq = io_seq(c, c->d_io), .kv0 = &c->seq[0].kv,
                               .kv_stride = c->seq_kv_bytes, .out = c->out, .n_out = T - first};
-    TRY(run_step(c, logits, next, NULL));
+    /* the history first: next may be ids (a decode loop's one token), which the step overwrites; positions past pos
+     * mean nothing until pos moves */
     memcpy(c->seq[seq].hist + c->seq[seq].pos, ids, (size_t)T * sizeof *ids);
+    TRY(run_step(c, logits, next, NULL));
     c->seq[seq].pos += T;
     return KILN_OK;
 }
@@ -515,6 +530,28 @@ kiln_status kiln_context_eval_seq(kiln_context *c, int32_t seq, const int32_t *i
     }
     if (logits && all_logits) memcpy(logits, all_logits + (n - 1) * (size_t)V, (size_t)V * sizeof *logits);
     return KILN_OK;
+}
+
+kiln_status kiln_context_eval_seq_sampled(kiln_context *c, int32_t seq, const int32_t *ids, size_t n, const kiln_sample_args *args,
+                                          int32_t *next) {
+    const kiln_backend *be = c->be;
+    if (!be->sample || !be->sample_work_bytes)
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: the backend samples on the host", c->who);
+    if (!c->d_sargs) {
+        kiln_status st = be->alloc(c->ctx, sizeof *c->d_sargs, (void **)&c->d_sargs);
+        if (!st) st = be->alloc(c->ctx, be->sample_work_bytes(c->m->cfg.n_vocab), &c->d_swork);
+        if (!st) st = be->alloc_host(c->ctx, sizeof *c->h_sargs, (void **)&c->h_sargs);
+        if (st) { /* all or none, so the next call tries again */
+            be->free(c->ctx, c->d_sargs), be->free(c->ctx, c->d_swork), be->free_host(c->ctx, c->h_sargs);
+            c->d_sargs = NULL, c->d_swork = NULL, c->h_sargs = NULL;
+            return st;
+        }
+    }
+    *c->h_sargs = *args;
+    c->sample_pending = true;
+    const kiln_status st = kiln_context_eval_seq(c, seq, ids, n, NULL, NULL, next);
+    c->sample_pending = false;
+    return st;
 }
 
 /* ---------------------------------------------------------------- a batch of entries */

@@ -13,6 +13,13 @@ kiln_status kiln_context_open(const kiln_model *m, const kiln_context_params *p,
  * checked first; on an error the sequence keeps the chunks that ran before it. */
 kiln_status kiln_context_eval_seq(kiln_context *c, int32_t seq, const int32_t *ids, size_t n, float *logits, float *all_logits,
                                   int32_t *next);
+/* kiln_context_eval_seq with the last row's next drawn on the backend under args (sample_args.h) instead of its
+ * argmax, the logits left there; KILN_ERR_UNSUPPORTED where the backend has no sampler (the CPU's: the caller
+ * samples the logits on the host). */
+kiln_status kiln_context_eval_seq_sampled(kiln_context *c, int32_t seq, const int32_t *ids, size_t n, const kiln_sample_args *args,
+                                          int32_t *next);
+/* The model's vocabulary size. */
+int64_t kiln_context_n_vocab(const kiln_context *c);
 /* Tokens run through the forward since the context was made. */
 int64_t kiln_context_n_evaluated(const kiln_context *c);
 /* The backend's per-step profile of one decode of sequence 0 at position pos0 (the step writes its cache row). */

@@ -4,6 +4,7 @@
  * and llama2.c's sample_topp / sample_mult. With top_k 0 and min_p 0 the steps after the penalty are exactly
  * llama2.c's sample(), so a seeded run reproduces its output byte for byte (tests/test_generate.c). */
 #include "kiln.h"
+#include "model/sample_args.h"
 #include "status.h"
 
 #include <math.h>
@@ -297,4 +298,36 @@ int32_t kiln_sampler_sample(kiln_sampler *s, float *logits, const int32_t *histo
      * sequence of coins does not depend on top_p */
     if (p->top_p <= 0.0f) return argmax(logits, V);
     return sample_topp(s, logits, V, p->top_p, coin);
+}
+
+size_t kiln_sampler_window(const kiln_sampler *s, size_t n_history) {
+    const kiln_sampler_params *p = &s->p;
+    const bool penalize = p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+    if (!penalize || p->repeat_last_n == 0) return 0;
+    return p->repeat_last_n < 0 || (size_t)p->repeat_last_n > n_history ? n_history : (size_t)p->repeat_last_n;
+}
+
+bool kiln_sampler_step_args(kiln_sampler *s, const int32_t *history, size_t n_history, kiln_sample_args *args) {
+    const kiln_sampler_params *p = &s->p;
+    int32_t n_pen = 0;
+    const size_t n = kiln_sampler_window(s, n_history); /* apply_penalties' window and counts */
+    if (n > 0) {
+        const int32_t *h = history + (n_history - n);
+        for (size_t i = 0; i < n; i++)
+            if (h[i] >= 0 && h[i] < s->n_vocab) s->count[h[i]]++;
+        for (size_t i = 0; i < n; i++) {
+            const int32_t id = h[i];
+            if (id < 0 || id >= s->n_vocab || s->count[id] == 0) continue;
+            if (n_pen < KILN_SAMPLE_MAX_PEN) args->pen_id[n_pen] = id, args->pen_count[n_pen] = s->count[id];
+            n_pen++;
+            s->count[id] = 0; /* each once, and zero again for the next call */
+        }
+        if (n_pen > KILN_SAMPLE_MAX_PEN) return false;
+    }
+    args->temp = p->temp, args->top_p = p->top_p, args->min_p = p->min_p, args->top_k = p->top_k;
+    args->repeat_penalty = p->repeat_penalty, args->presence_penalty = p->presence_penalty;
+    args->frequency_penalty = p->frequency_penalty;
+    args->n_pen = n_pen;
+    args->coin = p->temp == 0.0f ? 0.0f : random_f32(&s->rng);
+    return true;
 }

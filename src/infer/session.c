@@ -8,9 +8,13 @@
 #include "status.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 struct kiln_session {
-    kiln_context *c; /* one sequence: 0 */
+    kiln_context *c;  /* one sequence: 0 */
+    /* kiln_session_eval_sample's scratch, made at its first call */
+    int32_t *window;  /* (n_ctx) the tail of the tokens its penalties read */
+    float *logits;    /* (V) the row the host samples where the backend does not */
 };
 
 kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, kiln_session **out) {
@@ -31,6 +35,8 @@ kiln_status kiln_session_new(const kiln_model *m, const kiln_session_params *p, 
 void kiln_session_free(kiln_session *s) {
     if (!s) return;
     kiln_context_free(s->c);
+    free(s->window);
+    free(s->logits);
     free(s);
 }
 
@@ -55,6 +61,29 @@ kiln_status kiln_session_eval(kiln_session *s, const int32_t *ids, size_t n, flo
 kiln_status kiln_session_eval_argmax(kiln_session *s, const int32_t *ids, size_t n, int32_t *next) {
     if (n == 0) return kiln_fail(KILN_ERR_INVALID, "session: no tokens to evaluate, so no argmax");
     return kiln_context_eval_seq(s->c, 0, ids, n, NULL, NULL, next);
+}
+
+kiln_status kiln_session_eval_sample(kiln_session *s, const int32_t *ids, size_t n, kiln_sampler *smp, int32_t *next) {
+    if (n == 0) return kiln_fail(KILN_ERR_INVALID, "session: no tokens to evaluate, so nothing to sample");
+    if (!ids || !smp || !next) return kiln_fail(KILN_ERR_INVALID, "session: eval_sample needs ids, a sampler and next");
+    const int64_t pos = kiln_session_pos(s), n_ctx = kiln_context_n_ctx(s->c), V = kiln_context_n_vocab(s->c);
+    bool bad = (int64_t)n > n_ctx - pos;
+    for (size_t i = 0; i < n && !bad; i++) bad = ids[i] < 0 || ids[i] >= V;
+    if (bad) /* the context's own message, before the sampler draws anything */
+        return kiln_context_eval_seq(s->c, 0, ids, n, NULL, NULL, NULL);
+    /* the penalties' window of the tokens after this step: the tail of the session's, then ids */
+    const size_t n_hist = (size_t)pos + n, w = kiln_sampler_window(smp, n_hist);
+    if (!s->window && !(s->window = malloc(sizeof *s->window * (size_t)n_ctx))) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    const size_t from_ids = w < n ? w : n, from_seq = w - from_ids;
+    memcpy(s->window, kiln_session_tokens(s) + (pos - (int64_t)from_seq), from_seq * sizeof *s->window);
+    memcpy(s->window + from_seq, ids + (n - from_ids), from_ids * sizeof *s->window);
+    kiln_sample_args a;
+    if (kiln_session_on_gpu(s) && kiln_sampler_step_args(smp, s->window, w, &a))
+        return kiln_context_eval_seq_sampled(s->c, 0, ids, n, &a, next);
+    if (!s->logits && !(s->logits = malloc(sizeof *s->logits * (size_t)V))) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    TRY(kiln_context_eval_seq(s->c, 0, ids, n, s->logits, NULL, NULL));
+    *next = kiln_sampler_sample(smp, s->logits, s->window, w);
+    return KILN_OK;
 }
 
 kiln_status kiln_session_profile(kiln_session *s, int64_t pos0, int reps, kiln_op_time *ops, int *n_ops) {

@@ -27,6 +27,7 @@
 #define KILN_MODEL_BACKEND_H
 
 #include "model.h"
+#include "model/sample_args.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -121,7 +122,8 @@ typedef struct kiln_backend {
      * replay the recording without calling enqueue; the CPU has no recording and calls it every time. enqueue must
      * enqueue the same work every time: the same buffers, T and flags. Slots from 0; a backend that keeps fewer
      * runs enqueue unrecorded for the slots past its table (the CUDA engine keeps 4 per decode size up to its
-     * decode rows). */
+     * decode rows, at least 8: a context of one sequence records its sampled steps at 4..7, where one of several
+     * sequences records its one-row steps). */
     kiln_status (*record)(void *ctx, int slot, kiln_status (*enqueue)(void *arg), void *arg);
     /* Times the steps of a decode at position pos0: runs step(arg) (one token's step, enqueued and synchronized, not
      * replayed) reps times with a mark after every step, and sums each kind of step (events between launches, so the
@@ -160,6 +162,11 @@ typedef struct kiln_backend {
     /* *flag = code when x (n) holds a NaN or an infinity and *flag is still 0, so the first stage checked that made
      * one is the one reported (flag is backend memory, zeroed by the caller before the step). */
     kiln_status (*nonfinite)(void *ctx, int32_t *flag, const float *x, int64_t n, int32_t code);
+    /* *next = the token the sampler's pipeline (sampler.c) draws from x (n) under args (backend memory, read when the
+     * step runs, so a recorded step takes each replay's args); work holds sample_work_bytes(n). NULL (both) where the
+     * backend has no sampler: the logits then come back and the host samples. */
+    kiln_status (*sample)(void *ctx, int32_t *next, const float *x, int64_t n, const kiln_sample_args *args, void *work);
+    size_t (*sample_work_bytes)(int64_t n);
 } kiln_backend;
 
 extern const kiln_backend kiln_cpu_backend;
@@ -202,13 +209,17 @@ typedef struct kiln_llama_batch {
     size_t kv_stride;
     const int64_t *out;            /* (n_out) host memory: ascending rows of 0..T-1 whose logits are wanted */
     int64_t n_out;
+    /* With next: each out row's token drawn by the backend's sample under these args (backend memory) instead of
+     * its argmax; NULL: the argmax */
+    const kiln_sample_args *sample;
+    void *sample_work;             /* the backend's sample_work_bytes(V) */
 } kiln_llama_batch;
 
 /* Enqueues batch b through the model: the matmuls, norms and FFN over all T rows at once (each weight read once),
  * qkv_post and attention per segment over its own cache, which gets the segment's k and v. With logits (backend
  * memory), the head's rows of b->out land there ((n_out, V), in b->out's order); with next (backend memory, (n_out)),
- * each of those rows' argmax. act holds kiln_llama_act_floats(T). checks may be NULL. A batch of one segment whose
- * out rows are first..T-1 is the single-sequence forward, bit for bit. */
+ * each of those rows' argmax (its draw with b->sample). act holds kiln_llama_act_floats(T). checks may be NULL. A
+ * batch of one segment whose out rows are first..T-1 is the single-sequence forward, bit for bit. */
 kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void *ctx, const kiln_weights *w, float *act,
                                const kiln_llama_batch *b, float *logits, int32_t *next, const kiln_llama_checks *checks);
 

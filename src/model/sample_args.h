@@ -1,0 +1,35 @@
+/* sample_args.h: one sampling step as a backend takes it (src/cuda/sample.cu on the GPU), so that a non-greedy decode
+ * step reads back the token alone: the sampler's settings, the coin its RNG drew for the step, and the penalties'
+ * distinct tokens with their counts in the window. The session fills it from a kiln_sampler (sampler.c) in host
+ * memory the backend copies from, so a recorded step (a CUDA graph) takes the new coin and window at every replay. */
+#ifndef KILN_MODEL_SAMPLE_ARGS_H
+#define KILN_MODEL_SAMPLE_ARGS_H
+
+#include "kiln.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Distinct tokens of the penalty window a step carries; a window with more falls back to the host sampler. */
+#define KILN_SAMPLE_MAX_PEN 256
+
+typedef struct kiln_sample_args {
+    float temp, top_p, min_p;
+    float repeat_penalty, presence_penalty, frequency_penalty;
+    float coin;      /* [0, 1): the sampler's draw for this step (unused at temp 0) */
+    int32_t top_k;
+    int32_t n_pen;   /* entries of pen_id / pen_count in use */
+    int32_t pen_id[KILN_SAMPLE_MAX_PEN];    /* distinct ids in the window, each in the vocab */
+    int32_t pen_count[KILN_SAMPLE_MAX_PEN]; /* their occurrences there, >= 1 */
+} kiln_sample_args;
+
+/* The step kiln_sampler_sample(s, logits, history, n_history) would take, as args: the settings, the penalties'
+ * window, and (temp > 0) the next coin of s's RNG, drawn here exactly when kiln_sampler_sample would draw it, so a
+ * seeded run draws the same coins on either side. false, with s untouched, when the window holds more than
+ * KILN_SAMPLE_MAX_PEN distinct tokens (the caller then samples on the host). */
+bool kiln_sampler_step_args(kiln_sampler *s, const int32_t *history, size_t n_history, kiln_sample_args *args);
+
+/* How many of the last of n_history tokens s's penalties read (0 when they are off). */
+size_t kiln_sampler_window(const kiln_sampler *s, size_t n_history);
+
+#endif
