@@ -1,4 +1,4 @@
-/* bench_gpu_kernels.c: `kiln bench gpu-kernels [--quick] [--attention] [--few]`: the decode matmuls of src/cuda/matvec.cu alone, on the
+/* bench_gpu_kernels.c: `kiln bench gpu-kernels [--quick] [--attention] [--few] [--sample]`: the decode matmuls of src/cuda/matvec.cu alone, on the
  * shapes a 7B and a 1.1B LLaMA decode runs (q/k/v/o, merged qkv, GLU gate+up, down, the head) in the types those
  * models ship in, for T = 1, 2, 4, 8 tokens (--quick: T = 1, fewer repetitions); then for T = 16 and 32 (a server's
  * step of that many sequences) src/cuda/gemm_small.cu on the blocks beside cuBLASLt on bf16 weights of the same
@@ -17,6 +17,10 @@
  * and a table. GB/s counts the weight bytes alone (x and y are < 1% of them); roof_frac = GB/s /
  * kiln_cuda_copy_bandwidth (bytes read plus written per second of a device copy, the roof bench_gpu.c holds
  * decode to). Without a GPU: one line on stderr, exit 1.
+ *
+ * Then the sampler (src/cuda/sample.cu; --sample runs this section alone): one sampled token's time on the GPU (the
+ * 4-byte token read back) against the host's (the V logits read back, then kiln_sampler_sample), V 32,000 and
+ * 151,936, three settings; JSON {"bench":"gpu_sample", ...} and a table.
  *
  * Then the training attention (src/cuda/train_attention.cu, kiln_cuda_attention_forward_train / _backward) at the
  * trainer's shapes, B 16 T 1024 HS 64 NKV 4, NH 12 (124M) and 16 (350M); --attention runs this section alone.
@@ -43,7 +47,7 @@
 #include <string.h>
 
 /* gpu-kernels' flags (--quick, --attention, --few), checked in every build so a bad one is named even without CUDA. */
-static int parse_args(int argc, char **argv, bool *quick, bool *attention_only, bool *few_only) {
+static int parse_args(int argc, char **argv, bool *quick, bool *attention_only, bool *few_only, bool *sample_only) {
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0) { /* ends the options; gpu-kernels takes no other argument */
             if (i + 1 < argc) return kiln_cli_error("bench gpu-kernels: unexpected argument '%s'", argv[i + 1]);
@@ -52,6 +56,7 @@ static int parse_args(int argc, char **argv, bool *quick, bool *attention_only, 
         if (strcmp(argv[i], "--quick") == 0) *quick = true;
         else if (strcmp(argv[i], "--attention") == 0) *attention_only = true;
         else if (strcmp(argv[i], "--few") == 0) *few_only = true;
+        else if (strcmp(argv[i], "--sample") == 0) *sample_only = true;
         else return kiln_cli_unknown("bench gpu-kernels", argv[i]);
     }
     return 0;
@@ -82,6 +87,12 @@ static const mv_case cases[] = {
     {"7b", "q/k/v/o", KILN_TYPE_Q8_0, 4096, 4096, false},
     {"7b", "gate+up", KILN_TYPE_Q8_0, 11008, 4096, true},
     {"7b", "down", KILN_TYPE_Q8_0, 4096, 11008, false},
+    {"7b", "q/k/v/o", KILN_TYPE_Q5_K, 4096, 4096, false},
+    {"7b", "gate+up", KILN_TYPE_Q5_K, 11008, 4096, true},
+    {"7b", "down", KILN_TYPE_Q5_K, 4096, 11008, false},
+    {"7b", "q/k/v/o", KILN_TYPE_Q4_0, 4096, 4096, false},
+    {"7b", "gate+up", KILN_TYPE_Q4_0, 11008, 4096, true},
+    {"7b", "down", KILN_TYPE_Q4_0, 4096, 11008, false},
     {"7b", "q/k/v/o", KILN_TYPE_F16, 4096, 4096, false},
     {"7b", "gate+up", KILN_TYPE_F16, 11008, 4096, true},
     {"7b", "down", KILN_TYPE_F16, 4096, 11008, false},
@@ -419,9 +430,85 @@ static int bench_train_elementwise(double copy_gbs) {
     return st ? 1 : 0;
 }
 
+/* ---------------------------------------------------------------- the sampler
+ * One sampled token's cost to a decode step, each way, on random logits (uniform in [-4, 4): peaked, as a model's):
+ * the GPU sampler (kiln_cuda_sample, then the 4-byte token read back, synchronized), against the host's (the V
+ * logits read back, synchronized, then kiln_sampler_sample). The median of SAMPLE_REPS after 5 warm-ups. */
+#define SAMPLE_REPS 200
+
+static int bench_sample(void) {
+    static const int64_t vocabs[] = {32000, 151936};
+    struct {
+        const char *name;
+        kiln_sampler_params p;
+    } sets[3] = {{"defaults", kiln_sampler_default()},
+                 {"multinomial", {.temp = 1.0f, .top_p = 1.0f, .repeat_penalty = 1.0f, .seed = 1}},
+                 {"top-p 0.9", {.temp = 0.8f, .top_p = 0.9f, .repeat_penalty = 1.0f, .seed = 1}}};
+    sets[0].p.repeat_penalty = 1.1f; /* and the penalties over the default window of 64 */
+    const int64_t Vmax = 151936;
+    float *h = malloc(sizeof(float) * (size_t)Vmax), *back = malloc(sizeof(float) * (size_t)Vmax);
+    int32_t hist[64];
+    void *d_logits = NULL, *d_args = NULL, *d_out = NULL, *work = NULL;
+    kiln_status st = h && back ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "out of memory");
+    if (!st) st = kiln_cuda_alloc(&d_logits, sizeof(float) * (size_t)Vmax);
+    if (!st) st = kiln_cuda_alloc(&d_args, sizeof(kiln_sample_args));
+    if (!st) st = kiln_cuda_alloc(&d_out, sizeof(int32_t));
+    if (!st) st = kiln_cuda_alloc(&work, kiln_cuda_sample_work_bytes(Vmax));
+    uint64_t rng = 99;
+    double res[2][3][2];
+    for (int vi = 0; vi < 2 && !st; vi++) {
+        const int64_t V = vocabs[vi];
+        for (int64_t i = 0; i < V; i++) h[i] = rng_f32(&rng) * 4.0f;
+        for (int i = 0; i < 64; i++) hist[i] = (int32_t)(rng_next(&rng) % (uint64_t)V);
+        if (!st) st = kiln_cuda_upload(d_logits, h, sizeof(float) * (size_t)V);
+        for (int si = 0; si < 3 && !st; si++) {
+            kiln_sampler *sg = NULL, *sc = NULL;
+            st = kiln_sampler_new(&sets[si].p, V, &sg);
+            if (!st) st = kiln_sampler_new(&sets[si].p, V, &sc);
+            double t_gpu[SAMPLE_REPS], t_host[SAMPLE_REPS];
+            for (int r = -5; r < SAMPLE_REPS && !st; r++) {
+                kiln_sample_args a;
+                int32_t tok;
+                double t0 = kiln_bench_now();
+                if (!kiln_sampler_step_args(sg, hist, 64, &a)) st = kiln_fail(KILN_ERR_INVALID, "sample bench: window refused");
+                if (!st) st = kiln_cuda_upload(d_args, &a, sizeof a);
+                if (!st) st = kiln_cuda_sample((int32_t *)d_out, d_logits, V, d_args, work, NULL);
+                if (!st) st = kiln_cuda_download(&tok, d_out, sizeof tok);
+                if (!st) st = kiln_cuda_sync();
+                double t1 = kiln_bench_now();
+                if (!st) st = kiln_cuda_download(back, d_logits, sizeof(float) * (size_t)V);
+                if (!st) st = kiln_cuda_sync();
+                if (!st) tok = kiln_sampler_sample(sc, back, hist, 64);
+                double t2 = kiln_bench_now();
+                if (r >= 0) t_gpu[r] = t1 - t0, t_host[r] = t2 - t1;
+            }
+            kiln_sampler_free(sg), kiln_sampler_free(sc);
+            if (st) break;
+            res[vi][si][0] = kiln_bench_median(t_gpu, SAMPLE_REPS) * 1e6;
+            res[vi][si][1] = kiln_bench_median(t_host, SAMPLE_REPS) * 1e6;
+            printf("{\"bench\":\"gpu_sample\",\"vocab\":%lld,\"setting\":\"%s\",\"gpu_us\":%.2f,\"host_us\":%.2f,\"speedup\":%.2f}\n",
+                   (long long)V, sets[si].name, res[vi][si][0], res[vi][si][1], res[vi][si][1] / res[vi][si][0]);
+        }
+    }
+    kiln_cuda_free(d_logits), kiln_cuda_free(d_args), kiln_cuda_free(d_out), kiln_cuda_free(work);
+    free(h), free(back);
+    if (st) {
+        fprintf(stderr, "kiln bench gpu-kernels: sample: %s\n", kiln_last_error());
+        return 1;
+    }
+    printf("\none sampled token (us, median of %d): GPU sampler + 4-byte read back, against V logits read back + the host sampler\n",
+           SAMPLE_REPS);
+    printf("%-7s %-12s %9s %9s %8s\n", "vocab", "setting", "gpu us", "host us", "speedup");
+    for (int vi = 0; vi < 2; vi++)
+        for (int si = 0; si < 3; si++)
+            printf("%-7lld %-12s %9.1f %9.1f %7.2fx\n", (long long)vocabs[vi], sets[si].name, res[vi][si][0], res[vi][si][1],
+                   res[vi][si][1] / res[vi][si][0]);
+    return 0;
+}
+
 int kiln_bench_gpu_kernels(int argc, char **argv) {
-    bool quick = false, attention_only = false, few_only = false;
-    if (parse_args(argc, argv, &quick, &attention_only, &few_only)) return 1;
+    bool quick = false, attention_only = false, few_only = false, sample_only = false;
+    if (parse_args(argc, argv, &quick, &attention_only, &few_only, &sample_only)) return 1;
     if (kiln_cuda_device_count() == 0) {
         fprintf(stderr, "kiln bench gpu-kernels: no CUDA device (or kiln built without CUDA)\n");
         return 1;
@@ -438,6 +525,7 @@ int kiln_bench_gpu_kernels(int argc, char **argv) {
     kiln_bench_json_str(dev);
     printf(",\"copy_gbs\":%.1f}\n", copy_gbs);
     if (attention_only) return bench_attention();
+    if (sample_only) return bench_sample();
 
     static const int64_t Ts_all[] = {1, 2, 4, 8}, Ts_few[] = {16, 32};
     const int n_T = few_only ? 0 : quick ? 1 : 4, n_few = quick ? 0 : 2, reps = quick ? 3 : REPS;
@@ -551,6 +639,7 @@ int kiln_bench_gpu_kernels(int argc, char **argv) {
     kiln_cuda_gemm_ws_free(&ws);
     printf("\n");
     if (few_only) return rc;
+    rc |= bench_sample();
     rc |= bench_train_elementwise(copy_gbs);
     return bench_attention() || rc;
 }
@@ -558,8 +647,8 @@ int kiln_bench_gpu_kernels(int argc, char **argv) {
 #else
 
 int kiln_bench_gpu_kernels(int argc, char **argv) {
-    bool quick = false, attention_only = false, few_only = false;
-    if (parse_args(argc, argv, &quick, &attention_only, &few_only)) return 1;
+    bool quick = false, attention_only = false, few_only = false, sample_only = false;
+    if (parse_args(argc, argv, &quick, &attention_only, &few_only, &sample_only)) return 1;
     fprintf(stderr, "kiln: bench gpu-kernels: kiln was built without CUDA (nvcc was not on the PATH)\n");
     return 1;
 }

@@ -32,6 +32,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "status.h"
 
@@ -166,19 +168,48 @@ __global__ void matvec_prepare_kernel(const float *x, int8_t *xq, float2 *xds, i
  * where it can; except for the 64-weight pieces of the K-quants from T = 4 on when there are >= 2048 groups
  * (15.5 warps per SM): one warp per group then, which skips the shared-memory reduction (measured on the H200,
  * bench gpu-kernels: 7B Q4_K and Q6_K at T = 4 and 8, 5-15% faster; with 1024 groups, the 1.1B down, slower). */
-template <class P, int T, bool GLU>
-static kiln_status launch_t(mv_args a, cudaStream_t s) {
-    /* output rows per group; the 64-weight pieces of the K-quants hold 16+ words a row, so 4 rows of them would
-     * take ~170 registers (2 CTAs per SM): they stay at 2 */
-    const int R = (T <= 4 || P::ELEMS == 64) ? (GLU ? 1 : 2) : (GLU ? 2 : 4);
+/* Tuning switches for bench gpu-kernels' experiments, read once: KILN_MATVEC_WIDE=1 gives one token's matvec (T 1)
+ * twice the rows per group (x read once per 4 weight rows, 2 for the GLU); KILN_MATVEC_GS=32|64|128 fixes the
+ * threads per group. Unset, the measured defaults below. */
+struct mv_tuning {
+    bool wide;
+    int gs;
+};
+
+static mv_tuning mv_tune_read(void) {
+    mv_tuning t;
+    const char *w = getenv("KILN_MATVEC_WIDE"), *g = getenv("KILN_MATVEC_GS");
+    t.wide = w && strcmp(w, "1") == 0;
+    t.gs = g ? atoi(g) : 0;
+    if (t.gs != 32 && t.gs != 64 && t.gs != 128) t.gs = 0;
+    return t;
+}
+
+static mv_tuning mv_tune(void) {
+    static const mv_tuning t = mv_tune_read(); /* initialized once, thread-safe */
+    return t;
+}
+
+template <class P, int T, int R, bool GLU>
+static kiln_status launch_r(mv_args a, cudaStream_t s) {
+    const mv_tuning tune = mv_tune();
     a.gs = a.ppr >= 96 ? 128 : a.ppr > 32 ? 64 : 32;
     if (P::ELEMS == 64 && T >= 4 && a.rows / R >= 2048) a.gs = 32;
+    if (tune.gs) a.gs = tune.gs;
     const int64_t rows_per_cta = (int64_t)(MV_THREADS / a.gs) * R;
     const int64_t grid = (a.rows + rows_per_cta - 1) / rows_per_cta;
     if (grid > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda matvec: %lld rows is too many", (long long)a.rows);
     const cudaError_t e = kiln_launch(matvec_kernel<P, T, GLU ? 2 * R : R, GLU>, dim3((unsigned)grid), dim3(MV_THREADS), 0,
                                       s, a);
     return e == cudaSuccess ? KILN_OK : kiln_fail(KILN_ERR_IO, "CUDA matvec launch failed: %s", cudaGetErrorString(e));
+}
+
+template <class P, int T, bool GLU>
+static kiln_status launch_t(mv_args a, cudaStream_t s) {
+    /* output rows per group; the 64-weight pieces of the K-quants hold 16+ words a row, so 4 rows of them would
+     * take ~170 registers (2 CTAs per SM) from T 2 on: they stay at 2 */
+    if (T == 1 && mv_tune().wide) return launch_r<P, T, GLU ? 2 : 4, GLU>(a, s);
+    return launch_r<P, T, (T <= 4 || P::ELEMS == 64) ? (GLU ? 1 : 2) : (GLU ? 2 : 4), GLU>(a, s);
 }
 
 template <class P, bool GLU>
