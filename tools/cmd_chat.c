@@ -99,8 +99,13 @@ static kiln_status reply_loop(kiln_session *sess, kiln_sampler *smp, kiln_gramma
                               int64_t *n_gen, bool *full) {
     const int32_t eos = kiln_tokenizer_eos(tok);
     const int64_t n_ctx = kiln_session_n_ctx(sess);
+    /* on the GPU, once the turn's first token is drawn from the prompt's logits, each next one is drawn there and
+     * only it comes back; not where the host edits the logits (--ignore-eos, a grammar) */
+    const bool on_device = kiln_session_on_gpu(sess) && !gm && !o->ignore_eos;
     kiln_status s = gm ? kiln_grammar_matcher_reset(gm) : KILN_OK;
     *n_gen = 0, *full = false;
+    int32_t next = 0;
+    bool drawn = false; /* next came from the last eval */
     for (; !s && *n_gen < o->n_max; ++*n_gen) {
         if (o->ignore_eos) {
             if (eot >= 0 && eot < V) logits[eot] = -INFINITY;
@@ -111,7 +116,7 @@ static kiln_status reply_loop(kiln_session *sess, kiln_sampler *smp, kiln_gramma
             if ((s = kiln_grammar_matcher_mask(gm, logits))) return s;
             if (eot >= 0 && eot < V && kiln_grammar_matcher_done(gm)) logits[eot] = l_eot;
         }
-        int32_t next = kiln_sampler_sample(smp, logits, kiln_session_tokens(sess), (size_t)kiln_session_pos(sess));
+        if (!drawn) next = kiln_sampler_sample(smp, logits, kiln_session_tokens(sess), (size_t)kiln_session_pos(sess));
         if (next == eot || next == eos) break;
         if (gm && (s = kiln_grammar_matcher_accept(gm, next))) return s;
         size_t n;
@@ -126,7 +131,9 @@ static kiln_status reply_loop(kiln_session *sess, kiln_sampler *smp, kiln_gramma
             ++*n_gen;
             break;
         }
-        if ((s = kiln_session_eval(sess, &next, 1, logits, NULL))) return s;
+        if ((s = on_device ? kiln_session_eval_sample(sess, &next, 1, smp, &next) : kiln_session_eval(sess, &next, 1, logits, NULL)))
+            return s;
+        drawn = on_device;
     }
     kiln_cli_stream_flush(reply);
     return KILN_OK;
