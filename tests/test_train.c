@@ -356,13 +356,10 @@ static void test_resume_bitexact_gpu(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     check_resume(false, true, true);
 }
-/* The same with 8-bit moments: their codes and scales stream through the checkpoint from the device and back
- * (behind KILN_GPU_ADAMW8=1 until these tests have passed on a GPU: src/train/trainer_cuda.c). */
+/* The same with 8-bit moments: their codes and scales stream through the checkpoint from the device and back. */
 static void test_resume_bitexact_gpu_8bit(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
-    setenv("KILN_GPU_ADAMW8", "1", 1);
     check_resume(true, true, true);
-    unsetenv("KILN_GPU_ADAMW8");
 }
 
 /* Gradient accumulation: two micro-batches of one sequence make the same step as one batch of two (the same

@@ -531,10 +531,6 @@ static bool check_kind(srv_server *s, wb_kind kind, json_t *p, char *queue, size
                 srv_error(rs, 400, "device", "device %s: this server sees %d GPU%s", dev, n_dev, n_dev == 1 ? "" : "s");
                 return false;
             }
-            if (json_is_true(json_object_get(p, "eight_bit"))) {
-                srv_error(rs, 400, "eight_bit", "eight_bit (8-bit AdamW) is for the CPU only");
-                return false;
-            }
             snprintf(queue, qcap, "%s", dev);
         }
         json_object_set_new(p, "device", json_string(queue));

@@ -94,8 +94,7 @@ struct kiln_trainer_impl {
 };
 
 /* A trainer of a model of config c (kiln_llama_train_new's rules), parameters zero until set_state. The CUDA one
- * refuses 8-bit moments ("--gpu trains with fp32 AdamW; 8-bit moments are CPU-only for now") unless
- * KILN_GPU_ADAMW8=1 (its kernels have not run on a GPU yet), and anything the GPU cannot hold, before it allocates. */
+ * refuses anything the GPU cannot hold, before it allocates. */
 kiln_status kiln_trainer_cpu_new(const kiln_llama_config *c, const kiln_trainer_cfg *cfg, kiln_trainer_impl **out);
 kiln_status kiln_trainer_cuda_new(const kiln_llama_config *c, const kiln_trainer_cfg *cfg, kiln_trainer_impl **out);
 void kiln_trainer_impl_free(kiln_trainer_impl *t); /* accepts NULL */

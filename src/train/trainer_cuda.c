@@ -98,18 +98,8 @@ static const kiln_trainer_ops cuda_ops = {
     .free = cuda_free,
 };
 
-/* 8-bit AdamW on the GPU (train_loss.cu's adamw8 kernels, tests/test_cuda_train_loss.c's test_adamw8 and the
- * trainer's 8-bit state) is written but has not run on a GPU yet: until its tests pass there it stays behind
- * KILN_GPU_ADAMW8=1, which those tests set, and users get the CPU-only message. */
-static bool gpu_adamw8_enabled(void) {
-    const char *e = getenv("KILN_GPU_ADAMW8");
-    return e && strcmp(e, "1") == 0;
-}
-
 kiln_status kiln_trainer_cuda_new(const kiln_llama_config *c, const kiln_trainer_cfg *tc, kiln_trainer_impl **out) {
     *out = NULL;
-    if (tc->adam.eight_bit && !gpu_adamw8_enabled())
-        return kiln_fail(KILN_ERR_UNSUPPORTED, "--gpu trains with fp32 AdamW; 8-bit moments are CPU-only for now");
     /* data parallel, kiln_dist_init has chosen the rank's device */
     if (!tc->dist && tc->device != 0) TRY(kiln_cuda_set_device(tc->device));
     cuda_trainer *t = calloc(1, sizeof *t);
