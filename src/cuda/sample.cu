@@ -6,7 +6,9 @@
  * The choices where a GPU differs from the host:
  *   - top-k is a radix select of the k-th largest logit (four passes of 8 bits over an order-preserving key, the
  *     counts of each pass's bins gathered a warp at a time with __match_any_sync), the lowest indices kept among
- *     equal logits at the boundary, as the host's heap does;
+ *     equal logits at the boundary, as the host's heap does; a k of up to 4096 survivors is then compacted into
+ *     shared memory in index order, and the rest of the pipeline reads k values instead of V (the dropped ones
+ *     would add exact zeros);
  *   - the sums (softmax, min-p, the cumulative probabilities) run in a fixed tree order, so a step gives the same
  *     token every run; the host sums in index order, so the two agree up to float rounding at a cdf boundary;
  *   - the draw without top-p walks the cdf in index order (sample_mult): per-thread slices of consecutive indices,
@@ -148,8 +150,9 @@ static __device__ __forceinline__ void slice(int64_t n, int64_t *lo, int64_t *hi
 
 /* ---------------------------------------------------------------- the pipeline's steps */
 
-/* top-k: x[i] = -inf for every i but the k largest (the lowest indices kept among equal values at the boundary). */
-static __device__ void top_k(float *x, int64_t V, int64_t k, smp_shared &sh) {
+/* top-k: the boundary of the k largest of x (the lowest indices kept among equal values at the boundary): x[i] is
+ * kept when fkey(x[i]) > *key, or == *key and i <= *last. */
+static __device__ void top_k(const float *x, int64_t V, int64_t k, uint32_t *key, int64_t *last_kept, smp_shared &sh) {
     const int lane = threadIdx.x & 31;
     uint32_t prefix = 0, mask = 0, target = (uint32_t)(k - 1); /* the rank (from the top) still to find */
     const int64_t n_it = (V + SMP_THREADS - 1) / SMP_THREADS;
@@ -192,11 +195,7 @@ static __device__ void top_k(float *x, int64_t V, int64_t k, smp_shared &sh) {
             }
     }
     __syncthreads();
-    const int64_t last = sh.pick;
-    for (int64_t i = threadIdx.x; i < V; i += SMP_THREADS) {
-        const uint32_t kk = fkey(x[i]);
-        if (!(kk > prefix || (kk == prefix && i <= last))) x[i] = -INFINITY;
-    }
+    *key = prefix, *last_kept = sh.pick;
     __syncthreads();
 }
 
@@ -243,6 +242,88 @@ static __device__ void sort_desc(float *p, int32_t *id, int64_t n) {
         }
 }
 
+/* The pipeline after top-k over p (n values, softmax's input), position j standing for token id[j] (id NULL: j),
+ * in index order; V the vocab (top-p's cutoff is sampler.c's, over the whole vocab). softmax, min-p, then the draw:
+ * sample_mult in index order, the argmax (top_p 0), or top-p's sorted candidates: when id is NULL copied into
+ * (sp, si) (shared, SMP_SORT_SHARED) when the next power of two >= their count fits, else into (wp, wi); with id,
+ * sorted in place in p and id (n <= SMP_SORT_SHARED). */
+static __device__ int32_t draw(float *p, int32_t *id, int64_t n, int64_t V, float top_p, float min_p, float coin, float *sp,
+                               int32_t *si, float *wp, int32_t *wi, smp_shared &sh) {
+    const int tid = threadIdx.x;
+    /* softmax */
+    float m = -INFINITY;
+    for (int64_t i = tid; i < n; i += SMP_THREADS) m = p[i] > m ? p[i] : m;
+    const float mx = block_max(m, sh);
+    float s = 0.0f;
+    for (int64_t i = tid; i < n; i += SMP_THREADS) {
+        const float e = expf(p[i] - mx);
+        p[i] = e, s += e;
+    }
+    const float sum = block_sum(s, sh);
+    float pm = -INFINITY;
+    for (int64_t i = tid; i < n; i += SMP_THREADS) {
+        p[i] = __fdiv_rn(p[i], sum);
+        pm = p[i] > pm ? p[i] : pm;
+    }
+    /* min-p: below min_p times the most likely one dropped, the rest renormalized */
+    if (min_p > 0.0f) {
+        const float cut = __fmul_rn(min_p, block_max(pm, sh));
+        float s2 = 0.0f;
+        for (int64_t i = tid; i < n; i += SMP_THREADS) {
+            if (p[i] < cut) p[i] = 0.0f;
+            s2 += p[i];
+        }
+        const float sum2 = block_sum(s2, sh);
+        for (int64_t i = tid; i < n; i += SMP_THREADS) p[i] = __fdiv_rn(p[i], sum2);
+    }
+    __syncthreads();
+#define TOKEN(j) (id ? id[j] : (int32_t)(j))
+    if (top_p >= 1.0f || V == 1) { /* sample_mult: the cdf in index order */
+        float at;
+        const int64_t j = first_past(p, n, coin, &at, sh);
+        return TOKEN(j < n ? j : n - 1);
+    }
+    if (top_p <= 0.0f) { /* the nucleus of the top token alone */
+        const int32_t j = block_argmax(p, n, sh);
+        return TOKEN(j);
+    }
+    /* top-p: the candidates, sorted, cut where the cumulative probability first passes top_p, then the draw */
+    const float cutoff = __fdiv_rn(1.0f - top_p, (float)(V - 1));
+    uint32_t n_mine = 0;
+    for (int64_t i = tid; i < n; i += SMP_THREADS) n_mine += p[i] >= cutoff;
+    const uint32_t at0 = block_exscan<uint32_t>(n_mine, sh.u);
+    const uint32_t n0 = block_sum_u32(n_mine, sh);
+    if (n0 == 0) {
+        const int32_t j = block_argmax(p, n, sh);
+        return TOKEN(j);
+    }
+    int64_t P = 1;
+    while (P < (id ? n : (int64_t)n0)) P <<= 1;
+    float *cp;
+    int32_t *ci;
+    if (id) { /* in place: the others below every candidate, then the whole padded range sorted */
+        for (int64_t i = tid; i < P; i += SMP_THREADS)
+            if (i >= n) p[i] = -1.0f, id[i] = INT32_MAX;
+            else if (!(p[i] >= cutoff)) p[i] = -1.0f;
+        cp = p, ci = id;
+    } else {
+        cp = P <= SMP_SORT_SHARED ? sp : wp, ci = P <= SMP_SORT_SHARED ? si : wi;
+        uint32_t slot = at0;
+        for (int64_t i = tid; i < n; i += SMP_THREADS)
+            if (p[i] >= cutoff) cp[slot] = p[i], ci[slot] = (int32_t)i, slot++;
+        for (int64_t i = (int64_t)n0 + tid; i < P; i += SMP_THREADS) cp[i] = -1.0f, ci[i] = INT32_MAX; /* sort last */
+    }
+#undef TOKEN
+    __syncthreads();
+    sort_desc(cp, ci, P);
+    float cum;
+    int64_t last = first_past(cp, n0, top_p, &cum, sh);
+    if (last >= (int64_t)n0) last = n0 - 1; /* never passed: every candidate kept */
+    float unused;
+    const int64_t j = first_past(cp, last + 1, __fmul_rn(coin, cum), &unused, sh);
+    return ci[j <= last ? j : last];
+}
+
 /* ---------------------------------------------------------------- the kernel */
 
 __global__ void __launch_bounds__(SMP_THREADS) sample_kernel(int32_t *out, const float *logits, int64_t V,
@@ -277,74 +358,38 @@ __global__ void __launch_bounds__(SMP_THREADS) sample_kernel(int32_t *out, const
     }
     for (int64_t i = tid; i < V; i += SMP_THREADS) x[i] = __fdiv_rn(x[i], temp);
     __syncthreads();
-    if (top_k_n > 0 && top_k_n < V) top_k(x, V, top_k_n, sh);
-
-    /* softmax */
-    float m = -INFINITY;
-    for (int64_t i = tid; i < V; i += SMP_THREADS) m = x[i] > m ? x[i] : m;
-    const float mx = block_max(m, sh);
-    float s = 0.0f;
-    for (int64_t i = tid; i < V; i += SMP_THREADS) {
-        const float e = expf(x[i] - mx);
-        x[i] = e, s += e;
-    }
-    const float sum = block_sum(s, sh);
-    float pm = -INFINITY;
-    for (int64_t i = tid; i < V; i += SMP_THREADS) {
-        x[i] = __fdiv_rn(x[i], sum);
-        pm = x[i] > pm ? x[i] : pm;
-    }
-    /* min-p: below min_p times the most likely one dropped, the rest renormalized */
-    if (min_p > 0.0f) {
-        const float cut = __fmul_rn(min_p, block_max(pm, sh));
-        float s2 = 0.0f;
-        for (int64_t i = tid; i < V; i += SMP_THREADS) {
-            if (x[i] < cut) x[i] = 0.0f;
-            s2 += x[i];
+    if (top_k_n > 0 && top_k_n < V) {
+        uint32_t key;
+        int64_t last;
+        top_k(x, V, top_k_n, &key, &last, sh);
+        if (top_k_n <= SMP_SORT_SHARED) {
+            /* the k kept, in index order, into shared memory: the rest of the pipeline reads k values, not V (those
+             * it drops would be -inf, probability 0, adding exact zeros to every sum) */
+            int64_t lo, hi;
+            slice(V, &lo, &hi);
+            uint32_t mine = 0;
+            for (int64_t i = lo; i < hi; i++) {
+                const uint32_t kk = fkey(x[i]);
+                mine += kk > key || (kk == key && i <= last);
+            }
+            uint32_t at = block_exscan<uint32_t>(mine, sh.u);
+            for (int64_t i = lo; i < hi; i++) {
+                const uint32_t kk = fkey(x[i]);
+                if (kk > key || (kk == key && i <= last)) sp[at] = x[i], si[at] = (int32_t)i, at++;
+            }
+            __syncthreads();
+            const int32_t t = draw(sp, si, top_k_n, V, top_p, min_p, coin, NULL, NULL, NULL, NULL, sh);
+            if (tid == 0) *out = t;
+            return;
         }
-        const float sum2 = block_sum(s2, sh);
-        for (int64_t i = tid; i < V; i += SMP_THREADS) x[i] = __fdiv_rn(x[i], sum2);
+        for (int64_t i = tid; i < V; i += SMP_THREADS) {
+            const uint32_t kk = fkey(x[i]);
+            if (!(kk > key || (kk == key && i <= last))) x[i] = -INFINITY;
+        }
+        __syncthreads();
     }
-    __syncthreads();
-
-    if (top_p >= 1.0f || V == 1) { /* sample_mult: the cdf in index order */
-        float at;
-        const int64_t t = first_past(x, V, coin, &at, sh);
-        if (tid == 0) *out = (int32_t)(t < V ? t : V - 1);
-        return;
-    }
-    if (top_p <= 0.0f) { /* the nucleus of the top token alone */
-        const int32_t t = block_argmax(x, V, sh);
-        if (tid == 0) *out = t;
-        return;
-    }
-    /* top-p: the candidates, sorted, cut where the cumulative probability first passes top_p, then the draw */
-    const float cutoff = __fdiv_rn(1.0f - top_p, (float)(V - 1));
-    uint32_t n_mine = 0;
-    for (int64_t i = tid; i < V; i += SMP_THREADS) n_mine += x[i] >= cutoff;
-    const uint32_t at0 = block_exscan<uint32_t>(n_mine, sh.u);
-    const uint32_t n0 = block_sum_u32(n_mine, sh);
-    if (n0 == 0) {
-        const int32_t t = block_argmax(x, V, sh);
-        if (tid == 0) *out = t;
-        return;
-    }
-    int64_t P = 1;
-    while (P < (int64_t)n0) P <<= 1;
-    float *cp = P <= SMP_SORT_SHARED ? sp : wp;
-    int32_t *ci = P <= SMP_SORT_SHARED ? si : wi;
-    uint32_t slot = at0;
-    for (int64_t i = tid; i < V; i += SMP_THREADS)
-        if (x[i] >= cutoff) cp[slot] = x[i], ci[slot] = (int32_t)i, slot++;
-    for (int64_t i = (int64_t)n0 + tid; i < P; i += SMP_THREADS) cp[i] = -1.0f, ci[i] = INT32_MAX; /* sort last */
-    __syncthreads();
-    sort_desc(cp, ci, P);
-    float cum;
-    int64_t last = first_past(cp, n0, top_p, &cum, sh);
-    if (last >= (int64_t)n0) last = n0 - 1; /* never passed: every candidate kept */
-    float unused;
-    const int64_t j = first_past(cp, last + 1, __fmul_rn(coin, cum), &unused, sh);
-    if (tid == 0) *out = ci[j <= last ? j : last];
+    const int32_t t = draw(x, NULL, V, V, top_p, min_p, coin, sp, si, wp, wi, sh);
+    if (tid == 0) *out = t;
 }
 
 /* ---------------------------------------------------------------- launcher */
