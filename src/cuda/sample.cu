@@ -42,33 +42,17 @@ struct smp_shared {
 
 /* ---------------------------------------------------------------- block-wide steps, in a fixed order */
 
-static __device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-/* The sum of every thread's v, the same bits in every thread and every run. */
-static __device__ float block_sum(float v, smp_shared &sh) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_sum(v);
-    __syncthreads();
-    if (lane == 0) sh.f[warp] = v;
-    __syncthreads();
-    float t = 0.0f;
-    for (int w = 0; w < SMP_WARPS; w++) t += sh.f[w];
-    return t;
-}
-
-static __device__ uint32_t block_sum_u32(uint32_t v, smp_shared &sh) {
+/* The sum of every thread's v (float or uint32_t), through warp_tot (SMP_WARPS, shared): the same bits in every
+ * thread and every run. */
+template <class T> static __device__ T block_sum(T v, T *warp_tot) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     __syncthreads();
-    if (lane == 0) sh.u[warp] = v;
+    if (lane == 0) warp_tot[warp] = v;
     __syncthreads();
-    uint32_t t = 0;
-    for (int w = 0; w < SMP_WARPS; w++) t += sh.u[w];
+    T t = 0;
+    for (int w = 0; w < SMP_WARPS; w++) t += warp_tot[w];
     return t;
 }
 
@@ -219,7 +203,7 @@ static __device__ int64_t first_past(const float *w, int64_t n, float r, float *
     }
     const int64_t first = block_min_i64(found, sh);
     if (found == first && found < n) sh.value = at;
-    const float all = block_sum(s, sh); /* its barriers also publish sh.value */
+    const float all = block_sum<float>(s, sh.f); /* its barriers also publish sh.value */
     *total = first < n ? sh.value : all;
     __syncthreads();
     return first;
@@ -259,7 +243,7 @@ static __device__ int32_t draw(float *p, int32_t *id, int64_t n, int64_t V, floa
         const float e = expf(p[i] - mx);
         p[i] = e, s += e;
     }
-    const float sum = block_sum(s, sh);
+    const float sum = block_sum<float>(s, sh.f);
     float pm = -INFINITY;
     for (int64_t i = tid; i < n; i += SMP_THREADS) {
         p[i] = __fdiv_rn(p[i], sum);
@@ -273,7 +257,7 @@ static __device__ int32_t draw(float *p, int32_t *id, int64_t n, int64_t V, floa
             if (p[i] < cut) p[i] = 0.0f;
             s2 += p[i];
         }
-        const float sum2 = block_sum(s2, sh);
+        const float sum2 = block_sum<float>(s2, sh.f);
         for (int64_t i = tid; i < n; i += SMP_THREADS) p[i] = __fdiv_rn(p[i], sum2);
     }
     __syncthreads();
@@ -292,7 +276,7 @@ static __device__ int32_t draw(float *p, int32_t *id, int64_t n, int64_t V, floa
     uint32_t n_mine = 0;
     for (int64_t i = tid; i < n; i += SMP_THREADS) n_mine += p[i] >= cutoff;
     const uint32_t at0 = block_exscan<uint32_t>(n_mine, sh.u);
-    const uint32_t n0 = block_sum_u32(n_mine, sh);
+    const uint32_t n0 = block_sum<uint32_t>(n_mine, sh.u);
     if (n0 == 0) {
         const int32_t j = block_argmax(p, n, sh);
         return TOKEN(j);
