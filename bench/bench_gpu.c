@@ -36,10 +36,15 @@
  *                op by op, PROFILE_REPS times; each op's bytes as the engine counts them. The ops run outside the
  *                graph with events between launches, so their sum exceeds the graph's step (1000 / median tg tok/s)
  *                by the launch gaps; both are printed.
- *   peer, goals  llama.cpp's CUDA figures on one H200 from issue #7 (not measured in this run: llama.cpp is not
- *                on the GPU machine), matched by shape (n_layer, n_embd, n_ff) and by the Q4_K_M mix read off the
- *                tensor types; ratio = kiln's median tok/s / the peer's (llama-bench reports a mean). The goals of
- *                issue #7 are judged on the median too, and only for the test they name (tg128, pp512).
+ *   batched      -b LIST: a context of max(B) sequences (the session freed first), and for each B: every sequence
+ *                gets the TG_PROMPT-token prompt, then N steps decode one token of each of the B sequences in one
+ *                kiln_context_decode, each fed its own argmax; aggregate tok/s = B * N / median seconds, and the step
+ *                time against B = 1's (the weights are read once per step, so it should grow far slower than B).
+ *   peer, goals  llama.cpp's CUDA figures on one H200 from issue #7 (not measured in this run), matched by shape
+ *                (n_layer, n_embd, n_ff) and by the Q4_K_M mix read off the tensor types; or, with --peer-bin
+ *                PATH, llama.cpp's llama-bench run on the same file in this run (-ngl 99 -fa 1 and the same -p, -n,
+ *                -r; its mean tok/s per test, read from its -o jsonl lines). ratio = kiln's median tok/s / the
+ *                peer's. The goals of issue #7 are judged on the median too, and only for the test they name.
  * Output: the device object, one object per model on stdout, then a table (--json-only leaves it out). An error
  * is one line on stderr and exit status 1 (2 for a bad command line); a failed profile alone is reported in the
  * model's object ("profile": null, "profile_error") and on stderr, the run goes on, and the exit status is 1. */
@@ -52,15 +57,20 @@
 #include "model/model.h"
 #include "status.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define MAX_ITEMS 16     /* models or prompt lengths named on one command line */
 #define MAX_REPS 1000
 #define TG_PROMPT 16     /* tokens in the cache before tg's timed decodes start */
+#define MAX_BATCH 256    /* -b: sequences decoded together at most */
 #define CTX_SLACK 16     /* positions beyond the longest case */
 #define PROFILE_REPS 20  /* decode steps the per-op profile averages */
 #define GEMM_N 8192      /* the GEMM roof's O = I = T */
@@ -68,6 +78,7 @@
 #define GEMM_ROUNDS 3
 
 static const char PEER_SOURCE[] = "issue #7, llama.cpp CUDA sm_90 FA on, same kind of machine, not this run";
+static const char PEER_MEASURED[] = "llama.cpp's llama-bench (--peer-bin) in this run, same file, -ngl 99 -fa 1, same -p, -n, -r";
 
 /* Prints "kiln bench --gpu: WHAT: <last error>" and returns 1. The caller clears the error before the call, so a
  * status returned without a message (the engine's temporary stub) shows its name, not a stale message. */
@@ -323,6 +334,14 @@ typedef struct {
     int n_ops;                      /* -1: the profile failed */
     kiln_op_time ops[KILN_PROFILE_OPS];
     double tg_step_ms;              /* 1000 / median tg tok/s, 0 without tg */
+    int n_batched;                  /* -b: decode of B sequences at once */
+    struct {
+        int64_t B;
+        double best_s, median_s;    /* the N steps */
+        double agg_tps, step_ms;    /* B * N / median_s; median_s / N */
+    } batched[MAX_ITEMS];
+    bool peer_measured;             /* --peer-bin: peer_tps came from this run */
+    char peer_commit[48];
 } model_result;
 
 /* One timed repetition; seconds, or a negative number after printing the error. */
@@ -348,6 +367,120 @@ static double run_tg(kiln_session *s, const int32_t *ids, int64_t N) {
         tok = next; /* greedy: the argmax is a valid id, so the session's check passes */
     }
     return kiln_bench_now() - a;
+}
+
+/* B sequences decoded together, one token each per step: each gets the TG_PROMPT-token prompt (one decode per
+ * sequence, untimed), then N steps of B entries, each fed its own argmax: seconds for the N steps, or a negative
+ * number after printing the error. */
+static double run_batched(kiln_context *c, const int32_t *ids, int64_t B, int64_t N) {
+    kiln_batch_entry e[TG_PROMPT > MAX_BATCH ? TG_PROMPT : MAX_BATCH];
+    int32_t next[MAX_BATCH];
+    kiln_status st;
+    kiln_clear_error();
+    for (int32_t b = 0; b < B; b++) {
+        kiln_context_seq_keep(c, b, 0);
+        for (int64_t i = 0; i < TG_PROMPT; i++) e[i] = (kiln_batch_entry){.seq = b, .id = ids[i], .pos = i, .logits = i == TG_PROMPT - 1};
+        if ((st = kiln_context_decode(c, e, TG_PROMPT, NULL, &next[b]))) return -report("batched prompt", st);
+    }
+    const double a = kiln_bench_now();
+    for (int64_t i = 0; i < N; i++) {
+        for (int32_t b = 0; b < B; b++) e[b] = (kiln_batch_entry){.seq = b, .id = next[b], .pos = TG_PROMPT + i, .logits = true};
+        if ((st = kiln_context_decode(c, e, (size_t)B, NULL, next))) return -report("batched decode", st);
+    }
+    return kiln_bench_now() - a;
+}
+
+/* Every batch size of bs: a context of max(bs) sequences on the GPU, a warm-up and reps timed runs each. */
+static int bench_batched(const kiln_model *m, const kiln_session_params *sp, const int64_t *bs, int n_bs, int64_t N, int reps,
+                         const int32_t *ids, model_result *res) {
+    int64_t max_b = 1;
+    for (int i = 0; i < n_bs; i++) max_b = bs[i] > max_b ? bs[i] : max_b;
+    kiln_context_params cp = {.s = *sp, .n_seq = (int32_t)max_b};
+    cp.s.n_batch = 512;
+    kiln_context *c = NULL;
+    kiln_clear_error();
+    kiln_status st = kiln_context_new(m, &cp, &c);
+    if (st) return report("batched decode: GPU context", st);
+    int rc = 0;
+    for (int i = 0; i < n_bs && !rc; i++) {
+        double t[MAX_REPS];
+        if (run_batched(c, ids, bs[i], N) < 0) rc = 1;
+        for (int r = 0; r < reps && !rc; r++)
+            if ((t[r] = run_batched(c, ids, bs[i], N)) < 0) rc = 1;
+        if (rc) break;
+        const double med = kiln_bench_median(t, reps);
+        res->batched[res->n_batched].B = bs[i];
+        res->batched[res->n_batched].best_s = t[0], res->batched[res->n_batched].median_s = med;
+        res->batched[res->n_batched].agg_tps = (double)(bs[i] * N) / med;
+        res->batched[res->n_batched++].step_ms = 1e3 * med / (double)N;
+    }
+    kiln_context_free(c);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- the peer measured: llama-bench in this run */
+
+/* The number after "key": in one of llama-bench's JSON lines; false when absent. */
+static bool json_field(const char *line, const char *key, double *out) {
+    char pat[48];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(line, pat);
+    if (!p) return false;
+    char *end;
+    *out = strtod(p + strlen(pat), &end);
+    return end != p + strlen(pat);
+}
+
+/* Runs bin (llama.cpp's llama-bench) on path as kiln runs it: every layer on the GPU, flash attention, the same
+ * prompt lengths, generation length and repetitions; reads its JSON lines (-o jsonl) and sets each case's peer_tps
+ * to llama-bench's mean tok/s for the same test. Its stderr goes to /dev/null. Returns 0, or 1 after printing why. */
+static int run_peer(const char *bin, const char *path, const int64_t *pps, int n_pp, int64_t n_gen, int reps, model_result *res) {
+    char plist[16 * MAX_ITEMS + 2] = "0", nb[24], rb[24];
+    for (int i = 0, o = 0; i < n_pp; i++) o += snprintf(plist + o, sizeof plist - (size_t)o, "%s%lld", i ? "," : "", (long long)pps[i]);
+    snprintf(nb, sizeof nb, "%lld", (long long)n_gen);
+    snprintf(rb, sizeof rb, "%d", reps);
+    char *argv[] = {(char *)bin, "-m", (char *)path, "-ngl", "99", "-fa", "1", "-p", plist, "-n", nb, "-r", rb, "-o", "jsonl", NULL};
+    int fd[2];
+    if (pipe(fd)) return fprintf(stderr, "kiln bench --gpu: --peer-bin: pipe: %s\n", strerror(errno)), 1;
+    fflush(stdout);
+    const pid_t pid = fork();
+    if (pid < 0) return fprintf(stderr, "kiln bench --gpu: --peer-bin: fork: %s\n", strerror(errno)), close(fd[0]), close(fd[1]), 1;
+    if (pid == 0) {
+        const int dn = open("/dev/null", O_WRONLY);
+        dup2(fd[1], 1);
+        if (dn >= 0) dup2(dn, 2);
+        close(fd[0]), close(fd[1]);
+        execv(bin, argv);
+        _exit(127);
+    }
+    close(fd[1]);
+    FILE *f = fdopen(fd[0], "r");
+    char *line = NULL;
+    size_t cap = 0;
+    int seen = 0;
+    while (f && getline(&line, &cap, f) > 0) {
+        double np, ng, ts;
+        if (!json_field(line, "n_prompt", &np) || !json_field(line, "n_gen", &ng) || !json_field(line, "avg_ts", &ts)) continue;
+        const char *cm = strstr(line, "\"build_commit\": \"");
+        if (cm) sscanf(cm + 17, "%47[0-9a-zA-Z]", res->peer_commit);
+        for (int i = 0; i < res->n_cases; i++) {
+            gpu_case *r = &res->cases[i];
+            if ((r->is_tg && ng == (double)r->n && np == 0) || (!r->is_tg && np == (double)r->n && ng == 0)) r->peer_tps = ts, seen++;
+        }
+    }
+    free(line);
+    if (f) fclose(f);
+    else close(fd[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || seen == 0) {
+        fprintf(stderr, "kiln bench --gpu: --peer-bin %s on %s: %s\n", bin, path,
+                !WIFEXITED(status) ? "it was killed" : WEXITSTATUS(status) == 127 ? "could not be run" : WEXITSTATUS(status) ? "it failed"
+                                                                                  : "it printed no result");
+        return 1;
+    }
+    res->peer_measured = true;
+    return 0;
 }
 
 /* Warm-up, then reps timed repetitions; fills r. */
@@ -383,6 +516,12 @@ static int bench_case(kiln_session *s, const kiln_model *m, const model_cost *k,
 }
 
 /* ---------------------------------------------------------------- JSON */
+
+static int64_t n_gen_of(const model_result *res) {
+    for (int i = 0; i < res->n_cases; i++)
+        if (res->cases[i].is_tg) return res->cases[i].n;
+    return 0;
+}
 
 static void print_case_json(const gpu_case *r) {
     printf("{\"test\":\"%s\",\"n\":%lld,\"reps\":%d,\"times_s\":[", r->test, (long long)r->n, r->reps);
@@ -445,11 +584,24 @@ static void print_model_json(const model_result *res, const kiln_model *m, const
         if (res->tg_step_ms > 0) printf("\"graph_step_ms\":%.6f}", res->tg_step_ms);
         else printf("\"graph_step_ms\":null}");
     }
-    printf(",\"peer\":");
+    printf(",\"batched\":[");
+    for (int i = 0; i < res->n_batched; i++)
+        printf("%s{\"B\":%lld,\"n\":%lld,\"best_s\":%.6e,\"median_s\":%.6e,\"agg_tps\":%.3f,\"step_ms\":%.6f,\"step_vs_B1\":%.4f}",
+               i ? "," : "", (long long)res->batched[i].B, (long long)n_gen_of(res), res->batched[i].best_s, res->batched[i].median_s,
+               res->batched[i].agg_tps, res->batched[i].step_ms, res->batched[i].step_ms / res->batched[0].step_ms);
+    printf("],\"peer\":");
     const peer_ref *p = res->peer;
+    if (res->peer_measured) {
+        printf("{\"name\":\"llama-bench\",\"build_commit\":");
+        kiln_bench_json_str(res->peer_commit);
+        printf("},\"peer_source\":\"%s\"", PEER_MEASURED);
+    }
     if (p) {
-        printf("{\"name\":\"%s\",\"file_mib\":%.0f,\"tg128_tps\":%.0f,\"pp512_tps\":%.0f}", p->name, p->file_mib, p->tg128, p->pp512);
-        printf(",\"peer_source\":\"%s\",\"goals\":[", PEER_SOURCE);
+        if (!res->peer_measured) {
+            printf("{\"name\":\"%s\",\"file_mib\":%.0f,\"tg128_tps\":%.0f,\"pp512_tps\":%.0f}", p->name, p->file_mib, p->tg128, p->pp512);
+            printf(",\"peer_source\":\"%s\"", PEER_SOURCE);
+        }
+        printf(",\"goals\":[");
         /* every goal of the issue, met or not, or null when this run did not measure its test */
         const struct { const char *test; bool is_tg; int64_t n; double goal; } goals[] = {
             {"tg128", true, 128, p->goal_tg128}, {"pp512", false, 512, p->goal_pp512}};
@@ -466,7 +618,7 @@ static void print_model_json(const model_result *res, const kiln_model *m, const
         }
         putchar(']');
     } else {
-        printf("null,\"peer_source\":null,\"goals\":[]");
+        printf("%s,\"goals\":[]", res->peer_measured ? "" : "null,\"peer_source\":null");
     }
     printf("}\n");
     fflush(stdout);
@@ -477,7 +629,8 @@ static void print_model_json(const model_result *res, const kiln_model *m, const
 /* Every case of one model: pp for each prompt length, then tg, then the profile. Returns 0, 1 on an error (nothing
  * printed for the model), or 3 when everything but the profile ran (the object is printed with "profile": null). */
 static int bench_model(const char *path, const int64_t *pps, int n_pp, int64_t n_gen, int reps, const device_roofs *d,
-                       model_result *res, kiln_cli_rope *rope, const kiln_session_params *kv) {
+                       model_result *res, kiln_cli_rope *rope, const kiln_session_params *kv, const int64_t *bs, int n_bs,
+                       const char *peer_bin) {
     kiln_model *m = NULL;
     kiln_clear_error();
     const double t0 = kiln_bench_now();
@@ -566,6 +719,13 @@ static int bench_model(const char *path, const int64_t *pps, int n_pp, int64_t n
     } else {
         res->n_ops = n_ops;
     }
+    kiln_session_free(s); /* the batched case's context holds its own copy of the weights */
+    s = NULL;
+    if (n_bs && n_gen && bench_batched(m, &sp, bs, n_bs, n_gen, reps, ids, res)) goto out;
+    if (peer_bin) { /* its figures replace issue #7's; the goals stay */
+        for (int i = 0; i < res->n_cases; i++) res->cases[i].peer_tps = 0;
+        if (run_peer(peer_bin, path, pps, n_pp, n_gen, reps, res)) goto out;
+    }
     print_model_json(res, m, &cost, ftype, q4km, kiln_gguf_file_size(m->gguf), n_ctx, load_s, session_s, d, profile_error);
     rc = res->n_ops < 0 ? 3 : 0;
 out:
@@ -577,13 +737,15 @@ out:
 
 /* ---------------------------------------------------------------- the table */
 
-static void print_table(const device_roofs *d, const model_result *res, int n_res, int reps) {
+static void print_table(const device_roofs *d, const model_result *res, int n_res, int reps, const char *peer_bin) {
     printf("\nkiln bench --gpu: %s; copy %.0f GB/s (read + written); bf16 GEMM %d^3 through kiln_cuda_gemm %.1f TFLOP/s\n"
            "pp = prefill of P tokens from position 0 (n_batch 512), last row's argmax; tg = N greedy decodes after a prompt "
            "of %d tokens;\nbest (median) of %d repetitions after a warm-up. rate: TFLOP/s for pp (matmuls + attention), GB/s "
-           "for tg (weights + KV read per token);\nroof: pp of the bf16 GEMM rate, tg of the copy bandwidth. peer: llama.cpp "
-           "CUDA on one H200 as issue #7 records it (not this run);\nratio and goals use the median.\n\n",
-           d->name, d->copy_gbs, GEMM_N, d->gemm_tflops, TG_PROMPT, reps);
+           "for tg (weights + KV read per token);\nroof: pp of the bf16 GEMM rate, tg of the copy bandwidth. peer: %s%s;\n"
+           "ratio (kiln's median / the peer's) and goals use the median.\n\n",
+           d->name, d->copy_gbs, GEMM_N, d->gemm_tflops, TG_PROMPT, reps,
+           peer_bin ? "llama.cpp's llama-bench in this run (mean t/s, -ngl 99 -fa 1): " : "llama.cpp CUDA on one H200 as issue #7 records it (not this run)",
+           peer_bin ? peer_bin : "");
     printf("%-34s %-7s %10s %10s %15s %6s %8s %9s %7s %7s %5s\n", "model", "test", "tok/s", "med tok/s", "rate", "roof",
            "VRAM GiB", "peer t/s", "ratio", "goal", "met");
     for (int mi = 0; mi < n_res; mi++) {
@@ -603,6 +765,16 @@ static void print_table(const device_roofs *d, const model_result *res, int n_re
             printf("%-34s %-7s %10.1f %10.1f %15s %5.1f%% %8.2f %9s %7s %7s %5s\n", kiln_bench_base_name(mr->path), r->test,
                    r->best_tps, r->median_tps, rate, 100.0 * r->roof_frac, mr->vram_gib, peer, ratio, goal, met);
         }
+    }
+    for (int mi = 0; mi < n_res; mi++) {
+        const model_result *mr = &res[mi];
+        if (!mr->n_batched) continue;
+        printf("\n%s: B sequences decoded together (one token each per step, greedy, %lld steps after a %d-token prompt each)\n",
+               kiln_bench_base_name(mr->path), (long long)n_gen_of(mr), TG_PROMPT);
+        printf("%6s %14s %12s %12s %14s\n", "B", "agg tok/s", "step ms", "step / B=1", "agg / B=1");
+        for (int i = 0; i < mr->n_batched; i++)
+            printf("%6lld %14.1f %12.4f %11.2fx %13.2fx\n", (long long)mr->batched[i].B, mr->batched[i].agg_tps, mr->batched[i].step_ms,
+                   mr->batched[i].step_ms / mr->batched[0].step_ms, mr->batched[i].agg_tps / mr->batched[0].agg_tps);
     }
     for (int mi = 0; mi < n_res; mi++) {
         const model_result *mr = &res[mi];
@@ -634,27 +806,34 @@ static void print_table(const device_roofs *d, const model_result *res, int n_re
 /* ---------------------------------------------------------------- CLI */
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: kiln bench --gpu -m MODEL.gguf [-m MODEL2.gguf ...] [-p 512] [-n 128] [-r REPS] [-ctk T] [-ctv T] [--json-only]\n"
+    fprintf(f, "usage: kiln bench --gpu -m MODEL.gguf [-m MODEL2.gguf ...] [-p 512] [-n 128] [-r REPS] [-b 1,2,4] [--peer-bin LLAMA_BENCH]\n"
+               "                      [-ctk T] [-ctv T] [--json-only]\n"
                "  prompt processing and generation tok/s of a whole model on CUDA device 0, against the measured copy\n"
                "  bandwidth and bf16 GEMM rate, and llama.cpp's figures from issue #7 where the model matches\n"
+               "  -b LIST     also decode B sequences together for each B (1..%d): aggregate tok/s and step time\n"
+               "  --peer-bin PATH  run llama.cpp's llama-bench at PATH on each model (-ngl 99 -fa 1, the same -p, -n, -r)\n"
+               "              and compare against its figures instead of issue #7's\n"
                "  -p LIST     prompt lengths for pp, comma-separated (default 512; 0: no pp)\n"
                "  -n N        tokens decoded one at a time for tg, after a prompt of %d tokens (default 128; 0: no tg)\n"
                "  -r REPS     timed repetitions per case after one warm-up (default 3); best and median reported\n"
                "  -ctk T, -ctv T  KV cache types (--cache-type-k/-v): f16 (default), f32, bf16, q8_0, q4_0; the peer's figures\n"
                "              are of an f16 cache, so another type shows none\n",
-            TG_PROMPT);
+            MAX_BATCH, TG_PROMPT);
 }
 
 /* The options that take a value. */
 static bool takes_value(const char *a) {
-    return strcmp(a, "-m") == 0 || strcmp(a, "-p") == 0 || strcmp(a, "-n") == 0 || strcmp(a, "-r") == 0;
+    return strcmp(a, "-m") == 0 || strcmp(a, "-p") == 0 || strcmp(a, "-n") == 0 || strcmp(a, "-r") == 0 || strcmp(a, "-b") == 0 ||
+           strcmp(a, "--peer-bin") == 0;
 }
 
 int kiln_bench_gpu(int argc, char **argv) {
     const char *models[MAX_ITEMS], *cmd = "bench --gpu";
     int n_models = 0, n_pp = 1;
     int64_t pps[MAX_ITEMS] = {512};
-    int64_t n_gen = 128, reps = 3;
+    int64_t n_gen = 128, reps = 3, bs[MAX_ITEMS];
+    int n_bs = 0;
+    const char *peer_bin = NULL;
     bool json_only = false;
     kiln_cli_rope rope;
     kiln_cli_rope_init(&rope);
@@ -684,6 +863,10 @@ int kiln_bench_gpu(int argc, char **argv) {
             models[n_models++] = v;
         } else if (strcmp(a, "-p") == 0) {
             if (kiln_bench_parse_list(cmd, a, v, 0, INT32_MAX - CTX_SLACK, pps, MAX_ITEMS, &n_pp)) return 1;
+        } else if (strcmp(a, "-b") == 0) {
+            if (kiln_bench_parse_list(cmd, a, v, 1, MAX_BATCH, bs, MAX_ITEMS, &n_bs)) return 1;
+        } else if (strcmp(a, "--peer-bin") == 0) {
+            peer_bin = v;
         } else if (strcmp(a, "-n") == 0) {
             if (!kiln_cli_parse_int(cmd, a, v, 0, INT32_MAX - TG_PROMPT - CTX_SLACK - 1, &n_gen)) return 1;
         } else if (!kiln_cli_parse_int(cmd, a, v, 1, MAX_REPS, &reps)) /* -r */
@@ -718,7 +901,7 @@ int kiln_bench_gpu(int argc, char **argv) {
     }
     int n_res = 0, rc = 0;
     for (int mi = 0; mi < n_models; mi++) {
-        const int r = bench_model(models[mi], pps, n_pp_on, n_gen, (int)reps, &d, &res[n_res], &rope, &kv);
+        const int r = bench_model(models[mi], pps, n_pp_on, n_gen, (int)reps, &d, &res[n_res], &rope, &kv, bs, n_bs, peer_bin);
         if (r == 1) {
             free(res);
             return 1;
@@ -726,7 +909,7 @@ int kiln_bench_gpu(int argc, char **argv) {
         if (r == 3) rc = 1; /* printed, but without its profile */
         n_res++;
     }
-    if (!json_only) print_table(&d, res, n_res, (int)reps);
+    if (!json_only) print_table(&d, res, n_res, (int)reps, peer_bin);
     free(res);
     return rc;
 }

@@ -339,6 +339,115 @@ static void test_matvec_glu(void) {
             }
 }
 
+/* The tails (kiln_cuda_mv_tail) against the kernels they replace, byte for byte: a matvec with add and the NORM
+ * tail against the same matvec then kiln_cuda_residual_norm_xp (y, xb and the prepared bytes; the tail sums the
+ * squares in another order, in double, which leaves the float scale the same), and the GLU with the PREPARE tail
+ * against the GLU then kiln_cuda_matvec_prepare. Each tail runs twice, the second time after the first left its
+ * counters, which must be back at zero. Shapes: one CTA (96 rows), 4096 rows of short rows (one warp a group
+ * from T 4 on for the K-quants: the other store path), 2048 rows of 2304. */
+static void test_matvec_tails(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    static const kiln_type tt[] = {KILN_TYPE_Q4_K, KILN_TYPE_Q6_K, KILN_TYPE_Q8_0, KILN_TYPE_Q4_0, KILN_TYPE_F16};
+    static const shape tsh[] = {{96, 256}, {4096, 512}, {2048, 2304}};
+    static const int64_t tT[] = {1, 3, 8};
+    unsigned long long rng = 0x7461696cULL;
+    char what[160] = "";
+    for (int ti = 0; ti < COUNT(tt); ti++)
+        for (int si = 0; si < COUNT(tsh); si++) {
+            const kiln_type t = tt[ti];
+            const int64_t rows = tsh[si].rows, cols = tsh[si].cols, n_out = TMAX * rows;
+            float *deq = malloc((size_t)(rows * cols) * 4), *x = malloc((size_t)(TMAX * cols) * 4), *y0 = malloc((size_t)n_out * 4);
+            float *nw = malloc((size_t)rows * 4), *got = malloc((size_t)n_out * 4), *want = malloc((size_t)n_out * 4);
+            const size_t xpo = kiln_cuda_matvec_prep_bytes(TMAX, rows);
+            uint8_t *pg = malloc(xpo), *pw = malloc(xpo);
+            unsigned cnt_h[TMAX * 4096 / 32];
+            uint8_t *w = make_weights(t, rows, cols, deq, &rng), *w2 = make_weights(t, rows, cols, deq, &rng);
+            for (int64_t i = 0; i < TMAX * cols; i++) x[i] = test_rng_f32(&rng);
+            for (int64_t i = 0; i < n_out; i++) y0[i] = 4.0f * test_rng_f32(&rng);
+            for (int64_t i = 0; i < rows; i++) nw[i] = 1.0f + 0.5f * test_rng_f32(&rng);
+            const size_t rb = kiln_type_row_bytes(t, cols), wbytes = rb * (size_t)rows;
+            void *dw = NULL, *dw2 = NULL, *dxp = NULL, *dxpa = NULL, *dxpb = NULL;
+            float *dx = NULL, *dya = NULL, *dyb = NULL, *dxba = NULL, *dxbb = NULL, *dnw = NULL;
+            unsigned *dcnt = NULL;
+            kiln_status st = KILN_OK;
+            bool same = true;
+            if (kiln_cuda_alloc(&dw, wbytes) || kiln_cuda_alloc(&dw2, wbytes) || kiln_cuda_alloc((void **)&dx, (size_t)(TMAX * cols) * 4) ||
+                kiln_cuda_alloc(&dxp, kiln_cuda_matvec_prep_bytes(TMAX, cols)) || kiln_cuda_alloc(&dxpa, xpo) || kiln_cuda_alloc(&dxpb, xpo) ||
+                kiln_cuda_alloc((void **)&dya, (size_t)n_out * 4) || kiln_cuda_alloc((void **)&dyb, (size_t)n_out * 4) ||
+                kiln_cuda_alloc((void **)&dxba, (size_t)n_out * 4) || kiln_cuda_alloc((void **)&dxbb, (size_t)n_out * 4) ||
+                kiln_cuda_alloc((void **)&dnw, (size_t)rows * 4) || kiln_cuda_alloc((void **)&dcnt, sizeof cnt_h) ||
+                kiln_cuda_upload(dw, w, wbytes) || kiln_cuda_upload(dw2, w2, wbytes) || kiln_cuda_upload(dx, x, (size_t)(TMAX * cols) * 4) ||
+                kiln_cuda_upload(dnw, nw, (size_t)rows * 4))
+                st = KILN_ERR_IO;
+            const kiln_cuda_wt W = {.type = t, .rows = rows, .cols = cols, .row_bytes = rb, .data = dw};
+            const kiln_cuda_wt W2 = {.type = t, .rows = rows, .cols = cols, .row_bytes = rb, .data = dw2};
+            for (int k = 0; st == KILN_OK && same && k < COUNT(tT); k++) {
+                const int64_t T = tT[k], n = T * rows;
+                const size_t xpn = kiln_cuda_matvec_prep_bytes(T, rows);
+                if ((st = kiln_cuda_matvec_prepare(dxp, dx, T, cols, NULL)) != KILN_OK) break;
+                for (int glu = 0; glu < 2 && st == KILN_OK && same; glu++) {
+                    snprintf(what, sizeof what, "%s tail %s rows %lld cols %lld T %lld", glu ? "glu" : "matvec",
+                             glu ? "prepare" : "norm", (long long)rows, (long long)cols, (long long)T);
+                    /* the two kernels */
+                    poison(dxba, n_out), poison(dxbb, n_out);
+                    kiln_cuda_upload(dya, y0, (size_t)n * 4);
+                    if (glu) {
+                        if ((st = kiln_cuda_matvec_glu(dya, dx, dxp, &W, &W2, T, false, NULL)) ||
+                            (st = kiln_cuda_matvec_prepare(dxpa, dya, T, rows, NULL)))
+                            break;
+                    } else if ((st = kiln_cuda_matvec(dya, dx, dxp, &W, T, true, NULL)) ||
+                               (st = kiln_cuda_residual_norm_xp(dya, NULL, NULL, 0.0f, dxba, dxpa, dnw, 1e-5f, T, rows, NULL))) {
+                        break;
+                    }
+                    if ((st = kiln_cuda_sync()) != KILN_OK) break;
+                    /* the tail, twice */
+                    const kiln_cuda_mv_tail tail = {glu ? KILN_CUDA_TAIL_PREPARE : KILN_CUDA_TAIL_NORM, dcnt, dxpb, glu ? NULL : dxbb,
+                                                    glu ? NULL : dnw, 1e-5f};
+                    memset(cnt_h, 0, sizeof cnt_h);
+                    kiln_cuda_upload(dcnt, cnt_h, sizeof cnt_h);
+                    for (int rep = 0; rep < 2 && st == KILN_OK && same; rep++) {
+                        kiln_cuda_upload(dyb, y0, (size_t)n * 4);
+                        memset(pg, 0xff, xpo);
+                        kiln_cuda_upload(dxpb, pg, xpo);
+                        st = glu ? kiln_cuda_matvec_glu_tail(dyb, dx, dxp, &W, &W2, T, false, &tail, NULL)
+                                 : kiln_cuda_matvec_tail(dyb, dx, dxp, &W, T, true, &tail, NULL);
+                        if (st || (st = kiln_cuda_sync())) break;
+                        if ((st = kiln_cuda_download(got, dyb, (size_t)n * 4)) || (st = kiln_cuda_download(want, dya, (size_t)n * 4))) break;
+                        if (memcmp(got, want, (size_t)n * 4)) {
+                            same = false, snprintf(what + strlen(what), sizeof what - strlen(what), ": y differs (run %d)", rep + 1);
+                            break;
+                        }
+                        if (!glu && ((st = kiln_cuda_download(got, dxbb, (size_t)n * 4)) || (st = kiln_cuda_download(want, dxba, (size_t)n * 4))))
+                            break;
+                        if (!glu && memcmp(got, want, (size_t)n * 4)) {
+                            int64_t i = 0;
+                            while (got[i] == want[i]) i++;
+                            same = false, snprintf(what + strlen(what), sizeof what - strlen(what), ": xb[%lld] %.9g, the norm kernel's %.9g",
+                                                   (long long)i, got[i], want[i]);
+                            break;
+                        }
+                        if ((st = kiln_cuda_download(pg, dxpb, xpn)) || (st = kiln_cuda_download(pw, dxpa, xpn))) break;
+                        if (memcmp(pg, pw, xpn)) {
+                            same = false, snprintf(what + strlen(what), sizeof what - strlen(what), ": prepared bytes differ (run %d)", rep + 1);
+                            break;
+                        }
+                        if ((st = kiln_cuda_download(cnt_h, dcnt, sizeof cnt_h))) break;
+                        for (size_t i = 0; i < COUNT(cnt_h); i++)
+                            if (cnt_h[i]) {
+                                same = false, snprintf(what + strlen(what), sizeof what - strlen(what), ": counter %zu left at %u", i, cnt_h[i]);
+                                break;
+                            }
+                    }
+                }
+            }
+            kiln_cuda_free(dw), kiln_cuda_free(dw2), kiln_cuda_free(dx), kiln_cuda_free(dxp), kiln_cuda_free(dxpa), kiln_cuda_free(dxpb);
+            kiln_cuda_free(dya), kiln_cuda_free(dyb), kiln_cuda_free(dxba), kiln_cuda_free(dxbb), kiln_cuda_free(dnw), kiln_cuda_free(dcnt);
+            free(deq), free(x), free(y0), free(nw), free(got), free(want), free(pg), free(pw), free(w), free(w2);
+            CHECK(st == KILN_OK, "%s (%s): %s", what, kiln_type_name(t), kiln_last_error());
+            CHECK(same, "%s (%s)", what, kiln_type_name(t));
+        }
+}
+
 /* The launchers refuse what they cannot compute, with a message, and never launch. */
 static void test_matvec_refuses(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
@@ -356,6 +465,17 @@ static void test_matvec_refuses(void) {
     const kiln_status s_noxp = kiln_cuda_matvec(dy, dx, NULL, &q80, 1, false, NULL);
     const kiln_status s_shape = kiln_cuda_matvec_glu(dy, dx, dxp, &q80, &f32, 1, false, NULL);
     const kiln_status s_prep = kiln_cuda_matvec_prepare(dxp, dx, 3, 100, NULL); /* float-only width: nothing to do */
+    /* a tail wants rows in blocks of 32, its own xp, counters */
+    unsigned *dcnt = NULL;
+    CHECK(kiln_cuda_alloc((void **)&dcnt, 64) == KILN_OK);
+    const kiln_cuda_mv_tail own = {KILN_CUDA_TAIL_PREPARE, dcnt, dxp, NULL, NULL, 0.0f}, nocnt = {KILN_CUDA_TAIL_PREPARE, NULL, dy, NULL, NULL, 0.0f};
+    const kiln_cuda_mv_tail nonorm = {KILN_CUDA_TAIL_NORM, dcnt, dy, NULL, NULL, 0.0f};
+    const kiln_status s_rows = kiln_cuda_matvec_tail(dy, dx, dxp, &q80, 1, false, &nonorm, NULL); /* 4 rows */
+    const kiln_cuda_wt q80w = {.type = KILN_TYPE_Q8_0, .rows = 32, .cols = 256, .row_bytes = q80.row_bytes, .data = dw};
+    const kiln_status s_own = kiln_cuda_matvec_tail(dy, dx, dxp, &q80w, 1, false, &own, NULL);
+    const kiln_status s_cnt = kiln_cuda_matvec_tail(dy, dx, dxp, &q80w, 1, false, &nocnt, NULL);
+    const kiln_status s_nonorm = kiln_cuda_matvec_tail(dy, dx, dxp, &q80w, 1, false, &nonorm, NULL);
+    kiln_cuda_free(dcnt);
     const kiln_status s_sync = kiln_cuda_sync();
     kiln_cuda_free(dw), kiln_cuda_free(dx), kiln_cuda_free(dxp), kiln_cuda_free(dy);
     CHECK(s_type == KILN_ERR_UNSUPPORTED, "q8_1 weight: status %d", s_type);
@@ -363,6 +483,8 @@ static void test_matvec_refuses(void) {
     CHECK(s_noxp == KILN_ERR_INVALID, "q8_0 without xp: %d", s_noxp);
     CHECK(s_shape == KILN_ERR_INVALID, "gate and up of different types: %d", s_shape);
     CHECK(s_prep == KILN_OK && s_sync == KILN_OK, "prepare of 100 columns: %d, sync %d", s_prep, s_sync);
+    CHECK(s_rows == KILN_ERR_INVALID && s_own == KILN_ERR_INVALID && s_cnt == KILN_ERR_INVALID && s_nonorm == KILN_ERR_INVALID,
+          "tails: 4 rows %d, the matvec's own xp %d, no counters %d, a norm without xb %d", s_rows, s_own, s_cnt, s_nonorm);
     CHECK(kiln_cuda_matvec_prep_bytes(8, 11008) >= (size_t)8 * 11008 + 8 * 344 * 8);
     CHECK(kiln_cuda_matvec_prep_bytes(3, 100) > 0);
 }
@@ -374,6 +496,7 @@ int main(void) {
     }
     RUN(test_matvec);
     RUN(test_matvec_glu);
+    RUN(test_matvec_tails);
     RUN(test_matvec_refuses);
     kiln_pool_free(pool);
     TEST_EXIT();

@@ -8,6 +8,8 @@
  *     (q and k alone when v differs, as in Q4_K_M);
  *   - bias, QK-norm, RoPE and the cache store are one kernel (qkv_post; q8_0 and q4_0 caches add kv_quantize);
  *   - gate and up are one pass over both weights with the GLU applied (matvec_glu) in decode;
+ *   - matmul_norm can fold the residual norm (and the GLU the prepare of down's input) into the matvec as its
+ *     tail; measured slower (docs/cuda.md), so only KILN_MV_TAIL=all|norm|prep turns it on;
  *   - nonfinite, the check of a stage's output for a NaN or an infinity (the greedy argmax's row always, every layer
  *     with check_finite), is a small grid-stride kernel here that sets a flag in device memory the session reads back.
  * The context remembers which activation the prepared int8 buffer (xp) holds, so a matvec prepares its input only
@@ -45,6 +47,7 @@ static const char *const prof_names[P_COUNT] = {"embed", "norm+residual", "matve
                                                 "attention", "matvec wo (+add)", "matvec gate/up + glu",
                                                 "matvec down (+add)", "head + argmax", "other"};
 #define PROF_MAX 8192
+enum { TAIL_PREPARE = 1, TAIL_NORM = 2 };
 typedef struct {
     int n;
     int cat[PROF_MAX];
@@ -80,8 +83,12 @@ typedef struct engine {
     const float *output_norm; /* (C) */
     kiln_weight (*bound)[KILN_LT_COUNT]; /* (L) the seam's view of layers */
     void *bfbuf;   /* the bf16 prefill copies, one allocation (NULL when they did not fit) */
-    void *wsbuf;   /* xp and the attention's workspace, one allocation */
+    void *wsbuf;   /* xp, xp_next, the tails' counters and the attention's workspace, one allocation */
     void *xp;      /* matvec-prepared activations */
+    void *xp_next; /* where a matvec's tail prepares the next matvec's input while the matvec reads xp (then swapped) */
+    unsigned *mv_cnt; /* the tails' counters (kiln_cuda_mv_tail), zero between launches */
+    int tails;     /* the matvecs' tails in decode: TAIL_PREPARE (the GLU prepares down's input), TAIL_NORM (wo and
+                    * down norm the residual). Off unless KILN_MV_TAIL=all, prep or norm: measured slower (docs/cuda.md) */
     void *attn_ws;
     kiln_cuda_gemm_ws gws;
     size_t dev_bytes;
@@ -272,8 +279,10 @@ static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, 
     if (decode_rows > n_batch) decode_rows = n_batch;
     if (decode_rows > 256) decode_rows = 256;
     const size_t attn_ws = align256(kiln_cuda_attention_ws_bytes(decode_rows, NH, HS, n_ctx));
+    /* the tails' counters: a block of 32 outputs of the widest matvec each */
+    const size_t cnt_bytes = align256(sizeof(unsigned) * (size_t)(W / 32 + 1));
     const size_t gws_bytes = kiln_cuda_gemm_ws_bytes(max_w, (size_t)(n_batch * W));
-    const size_t kv_bytes = align256(p->kv_bytes), act_bytes = align256(p->act_bytes) + xp_bytes + attn_ws;
+    const size_t kv_bytes = align256(p->kv_bytes), act_bytes = align256(p->act_bytes) + 2 * xp_bytes + cnt_bytes + attn_ws;
     const size_t need = wbytes + kv_bytes + act_bytes + gws_bytes;
     size_t free_b = 0, total_b = 0;
     CK(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
@@ -296,7 +305,10 @@ static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, 
     const char *gs = getenv("KILN_GEMM_SMALL");
     e->gemm_small_max = gs && strcmp(gs, "0") == 0 ? 0 : gs && strcmp(gs, "all") == 0 ? INT64_MAX : GEMM_SMALL_MAX_ELEMS;
     e->n_graph = 4 * (int)(decode_rows + 1);
-    e->dev_bytes = wbytes + xp_bytes + attn_ws + gws_bytes + (keep_bf ? bf_bytes : 0);
+    e->dev_bytes = wbytes + 2 * xp_bytes + cnt_bytes + attn_ws + gws_bytes + (keep_bf ? bf_bytes : 0);
+    const char *tails = getenv("KILN_MV_TAIL");
+    e->tails = !tails ? 0 : strcmp(tails, "all") == 0 ? TAIL_PREPARE | TAIL_NORM : strcmp(tails, "prep") == 0 ? TAIL_PREPARE
+             : strcmp(tails, "norm") == 0 ? TAIL_NORM : 0;
     kiln_status st = KILN_OK;
     e->layers = (dev_layer *)calloc((size_t)c->n_layer, sizeof *e->layers);
     e->bound = (kiln_weight(*)[KILN_LT_COUNT])calloc((size_t)c->n_layer, sizeof *e->bound);
@@ -307,12 +319,14 @@ static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, 
     }
     cudaError_t err;
     if ((err = cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking)) != cudaSuccess ||
-        (err = cudaMalloc(&e->wbuf, wbytes)) != cudaSuccess || (err = cudaMalloc(&e->wsbuf, xp_bytes + attn_ws)) != cudaSuccess) {
+        (err = cudaMalloc(&e->wbuf, wbytes)) != cudaSuccess || (err = cudaMalloc(&e->wsbuf, 2 * xp_bytes + cnt_bytes + attn_ws)) != cudaSuccess) {
         cuda_close(e);
         return kiln_fail(KILN_ERR_NOMEM, "gpu: allocating %.2f GiB failed: %s", need / 1073741824.0, cudaGetErrorString(err));
     }
     e->xp = e->wsbuf;
-    e->attn_ws = (char *)e->wsbuf + xp_bytes;
+    e->xp_next = (char *)e->wsbuf + xp_bytes;
+    e->mv_cnt = (unsigned *)((char *)e->wsbuf + 2 * xp_bytes);
+    e->attn_ws = (char *)e->wsbuf + 2 * xp_bytes + cnt_bytes;
     if ((st = kiln_cuda_gemm_ws_new(&e->gws, max_w, (size_t)(n_batch * W))) != KILN_OK) {
         cuda_close(e);
         return st;
@@ -346,8 +360,8 @@ static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, 
     e->output.q = m->output == m->tok_embd ? e->tok_embd.q : wt_of(m->output, upload_at(e, m->output, &off, false, &st));
     e->output.cat = P_HEAD;
     if (!st && keep_bf) st = make_bf16_copies(e, bf_bytes);
-    /* the decode attention's split counters start at zero */
-    if (!st && (err = cudaMemsetAsync(e->attn_ws, 0, attn_ws, e->stream)) != cudaSuccess)
+    /* the tails' and the decode attention's split counters start at zero */
+    if (!st && (err = cudaMemsetAsync(e->mv_cnt, 0, cnt_bytes + attn_ws, e->stream)) != cudaSuccess)
         st = kiln_fail(KILN_ERR_IO, "CUDA workspace clear failed: %s", cudaGetErrorString(err));
     if (!st && (err = cudaStreamSynchronize(e->stream)) != cudaSuccess)
         st = kiln_fail(KILN_ERR_IO, "CUDA weight upload failed: %s", cudaGetErrorString(err));
@@ -463,6 +477,18 @@ static kiln_status prepare(engine *e, const float *x, int64_t T, int64_t cols) {
 }
 
 static void prepared(engine *e, const float *x, int64_t T, int64_t cols) { e->xp_of = x, e->xp_T = T, e->xp_cols = cols; }
+
+/* After a matvec whose tail prepared x into xp_next: that buffer is now xp. */
+static void prepared_next(engine *e, const float *x, int64_t T, int64_t cols) {
+    void *t = e->xp;
+    e->xp = e->xp_next, e->xp_next = t;
+    prepared(e, x, T, cols);
+}
+
+/* Whether a matvec of T rows over W, into y, can run a tail (kiln_cuda_mv_tail's conditions). */
+static bool tail_fits(const engine *e, int kind, const kiln_cuda_wt *W, const float *y, int64_t T) {
+    return (e->tails & kind) && T <= KILN_CUDA_MATVEC_MAX_T && W->rows % 32 == 0 && ((uintptr_t)y & 15) == 0;
+}
 
 /* y (T, W.rows) (+)= x W^T: matvec on the prepared xp for a decode-sized T, the blocks on the tensor cores for a
  * few more rows (a step of many sequences' tokens), else cuBLASLt (on the bf16 copy when there is one). */
@@ -583,12 +609,35 @@ static kiln_status cuda_matmul(void *p, float *y, const float *x, const kiln_wei
     return mark(e, D->cat, mm(e, y, x, D, &D->q, T, add));
 }
 
+/* In decode the GLU's tail prepares gate for the down projection. */
+/* x += in W^T, then xb = rmsnorm(x) * w: in decode one matvec whose last CTA norms (its tail), else the two steps. */
+static kiln_status cuda_matmul_norm(void *p, float *x, const float *in, const kiln_weight *W, float *xb, const kiln_weight *w,
+                                    float eps, int64_t T, int64_t C) {
+    engine *e = (engine *)p;
+    const dev_wt *D = (const dev_wt *)W->impl;
+    if (tail_fits(e, TAIL_NORM, &D->q, x, T) && D->q.rows == C && ((uintptr_t)xb & 15) == 0) {
+        TRY(prepare(e, in, T, D->q.cols));
+        const kiln_cuda_mv_tail tail = {KILN_CUDA_TAIL_NORM, e->mv_cnt, e->xp_next, xb, (const float *)w->impl, eps};
+        TRY(kiln_cuda_matvec_tail(x, in, e->xp, &D->q, T, true, &tail, e->stream));
+        prepared_next(e, xb, T, C);
+        return mark(e, D->cat, KILN_OK);
+    }
+    TRY(cuda_matmul(p, x, in, W, T, true));
+    return cuda_residual_norm(p, x, NULL, NULL, 0.0f, xb, w, eps, T, C);
+}
+
 static kiln_status cuda_ffn_up(void *p, float *gate, float *up, const float *x, const kiln_weight *wg, const kiln_weight *wu, int64_t T,
                                bool geglu) {
     engine *e = (engine *)p;
     const dev_wt *G = (const dev_wt *)wg->impl, *U = (const dev_wt *)wu->impl;
     if (T <= KILN_CUDA_MATVEC_MAX_T && G->q.type == U->q.type) {
         TRY(prepare(e, x, T, G->q.cols));
+        if (tail_fits(e, TAIL_PREPARE, &G->q, gate, T)) {
+            const kiln_cuda_mv_tail tail = {KILN_CUDA_TAIL_PREPARE, e->mv_cnt, e->xp_next, NULL, NULL, 0.0f};
+            TRY(kiln_cuda_matvec_glu_tail(gate, x, e->xp, &G->q, &U->q, T, geglu, &tail, e->stream));
+            prepared_next(e, gate, T, G->q.rows);
+            return mark(e, P_FFN_UP, KILN_OK);
+        }
         TRY(kiln_cuda_matvec_glu(gate, x, e->xp, &G->q, &U->q, T, geglu, e->stream));
     } else {
         TRY(mm(e, gate, x, G, &G->q, T, false));
@@ -723,6 +772,7 @@ extern "C" const kiln_backend kiln_cuda_backend = {
     /* .nonfinite = */ cuda_nonfinite,
     /* .sample = */ cuda_sample,
     /* .sample_work_bytes = */ kiln_cuda_sample_work_bytes,
+    /* .matmul_norm = */ cuda_matmul_norm,
 };
 
 extern "C" kiln_status kiln_cuda_copy_bandwidth(double *gb_per_s) {

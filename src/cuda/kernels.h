@@ -70,6 +70,31 @@ kiln_status kiln_cuda_matvec(float *y, const float *x, const void *xp, const kil
 kiln_status kiln_cuda_matvec_glu(float *out, const float *x, const void *xp, const kiln_cuda_wt *Wg, const kiln_cuda_wt *Wu,
                                  int64_t T, bool geglu, void *stream);
 
+/* A matvec's tail: an epilogue for the kernel after it, run inside the matvec by the CTA that finishes the last
+ * part of its input (an atomic counter per part in cnt, which that CTA sets back to zero), so a decode step saves
+ * the kernel and its launch:
+ *   KILN_CUDA_TAIL_PREPARE  out's prepared form (kiln_cuda_matvec_prepare's layout for T rows of W.rows) into xp,
+ *                           each block of 32 outputs quantized by the CTA that completes it (the GLU before down);
+ *   KILN_CUDA_TAIL_NORM     xb = rmsnorm(y, eps) * w for each of the T rows of y (the residual stream the wo and down
+ *                           projections add into) and xb's prepared form into xp, by the last CTA of the grid.
+ * cnt holds W.rows / 32 + 1 zeroed counters and is left zeroed; xp must not be the xp the matvec reads. */
+typedef enum { KILN_CUDA_TAIL_NONE, KILN_CUDA_TAIL_PREPARE, KILN_CUDA_TAIL_NORM } kiln_cuda_tail_kind;
+typedef struct kiln_cuda_mv_tail {
+    kiln_cuda_tail_kind kind;
+    unsigned *cnt; /* device counters, zero */
+    void *xp;      /* 16-byte aligned, kiln_cuda_matvec_prep_bytes(T, W.rows) */
+    float *xb;     /* NORM: (T, W.rows) */
+    const float *w; /* NORM: (W.rows) */
+    float eps;
+} kiln_cuda_mv_tail;
+/* kiln_cuda_matvec and kiln_cuda_matvec_glu with a tail (NULL or KILN_CUDA_TAIL_NONE: none). W.rows must be a
+ * multiple of 32 and y 16-byte aligned, else KILN_ERR_INVALID before launching. */
+kiln_status kiln_cuda_matvec_tail(float *y, const float *x, const void *xp, const kiln_cuda_wt *W, int64_t T, bool add,
+                                  const kiln_cuda_mv_tail *tail, void *stream);
+kiln_status kiln_cuda_matvec_glu_tail(float *out, const float *x, const void *xp, const kiln_cuda_wt *Wg,
+                                      const kiln_cuda_wt *Wu, int64_t T, bool geglu, const kiln_cuda_mv_tail *tail,
+                                      void *stream);
+
 /* ---------------------------------------------------------------- gemm.cu: prefill matmuls (tensor cores)
  * A batch of T > 8 tokens is compute-bound: the weight is dequantized to bf16 into ws->w, x is rounded to bf16
  * into ws->x, and cuBLAS multiplies them with fp32 accumulation and output. */

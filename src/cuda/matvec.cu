@@ -22,7 +22,11 @@
  * warp shuffles, then across the group's warps in shared memory (a one-warp group stores straight from the
  * shuffles). matvec_glu runs the same kernel with its NR rows being R rows of Wg and the same R rows of Wu.
  * Both kernels launch with programmatic dependent launch (launch.h): each waits for its predecessor before it
- * touches memory, so only the scheduling overlaps. */
+ * touches memory, so only the scheduling overlaps.
+ * A tail (kiln_cuda_matvec_tail, kernels.h) runs the next step's prepare or residual norm inside the matvec, by the
+ * CTA that completes the outputs it needs (mv_tail); tests/test_cuda_matvec.c checks it byte for byte against the
+ * kernels it replaces. It is measured slower in this kernel of thousands of short CTAs (docs/cuda.md), so the
+ * engine leaves it off. */
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
 #include "cuda/matvec_pieces.cuh"
@@ -55,6 +59,103 @@ static __device__ __forceinline__ void mv_accumulate(float (&acc)[NR][T], const 
         P::load_x(x, a, t, p);
 #pragma unroll
         for (int j = 0; j < NR; j++) acc[j][t] += w[j].dot(x);
+    }
+}
+
+/* old = *p, *p += v: an acquire-release atomic at GPU scope (one round trip to L2, no separate fence). */
+static __device__ __forceinline__ unsigned atom_add_acq_rel(unsigned *p, unsigned v) {
+    unsigned old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
+/* The tail (kernels.h's kiln_cuda_mv_tail), after the CTA's stores of rows lo .. lo + n - 1: after a barrier, one
+ * thread adds the CTA's rows to the counter of each unit it touched with a release (cumulative: it publishes the
+ * stores the barrier ordered before it, as cooperative groups' grid sync does), and the CTA that completes a unit
+ * (its acquire, then a barrier) runs the unit's epilogue, reading the other CTAs' outputs from L2 (__ldcg: never a
+ * stale L1 line), and zeroes the counter for the next launch (attention.cu merges its splits the same way). */
+template <int T>
+static __device__ __forceinline__ void mv_tail(const mv_args &a, int64_t lo, int64_t n) {
+    __shared__ int fin[2];
+    __shared__ double red[MV_THREADS / 32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    __syncthreads();
+    /* the units are the blocks of 32 outputs (counters cnt[1 + b]); a CTA's rows, a power of two <= 32, lie in one or
+     * two. For NORM the CTA that completes a block then counts it in cnt[0], so no counter sees more than 32 CTAs
+     * or the row's blocks (C / 32) */
+    const int64_t hi = lo + n < a.rows ? lo + n : a.rows, b0 = lo / 32;
+    if (tid == 0)
+        for (int u = 0; u < 2; u++) {
+            const int64_t b = b0 + u, s = lo > 32 * b ? lo : 32 * b, e = hi < 32 * b + 32 ? hi : 32 * b + 32;
+            fin[u] = 0;
+            if (e <= s) continue;
+            if (atom_add_acq_rel(&a.cnt[1 + b], (unsigned)(e - s)) + (unsigned)(e - s) == 32u) {
+                a.cnt[1 + b] = 0;
+                fin[u] = 1;
+                if (a.tail == 2) {
+                    fin[u] = atom_add_acq_rel(a.cnt, 1u) + 1u == (unsigned)(a.rows / 32);
+                    if (fin[u]) *a.cnt = 0;
+                }
+            }
+        }
+    __syncthreads();
+    if (a.tail == 1) {
+        if (warp < 2 && fin[warp]) {
+            float v[T];
+#pragma unroll
+            for (int t = 0; t < T; t++) v[t] = __ldcg(a.y + (int64_t)t * a.rows + 32 * (b0 + warp) + lane);
+#pragma unroll
+            for (int t = 0; t < T; t++) kiln_q8_store_warp(a.oq, a.ods, (size_t)(t * a.rows + 32 * (b0 + warp) + lane), v[t]);
+        }
+        return;
+    }
+    /* NORM, by the CTA that completed the last block: each row in float4s, 4 of them per thread at a time (C 4096:
+     * two rounds of loads), the squares summed in double as residual_norm_kernel does; a block of 32 is 8 lanes'
+     * float4s. */
+    if (!fin[0] && !fin[1]) return;
+    const int64_t C = a.rows, n4 = C / 4;
+    for (int t = 0; t < T; t++) {
+        const float4 *x4 = (const float4 *)(a.y + (int64_t)t * C);
+        double ss = 0.0;
+        for (int64_t c0 = 0; c0 < n4; c0 += 4 * MV_THREADS) {
+            float4 v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int64_t i = c0 + tid + j * MV_THREADS;
+                v[j] = i < n4 ? __ldcg(x4 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                ss += (double)__fmul_rn(v[j].x, v[j].x) + (double)__fmul_rn(v[j].y, v[j].y) +
+                      (double)__fmul_rn(v[j].z, v[j].z) + (double)__fmul_rn(v[j].w, v[j].w);
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+        if (lane == 0) red[warp] = ss;
+        __syncthreads();
+        double sum = 0.0;
+#pragma unroll
+        for (int w = 0; w < MV_THREADS / 32; w++) sum += red[w];
+        __syncthreads(); /* red is written again for the next row */
+        const float sc = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn((float)(sum / (double)C), a.eps)));
+        for (int64_t c0 = 0; c0 < n4; c0 += 4 * MV_THREADS) {
+            float4 v[4], w4[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int64_t i = c0 + tid + j * MV_THREADS;
+                v[j] = i < n4 ? __ldcg(x4 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                w4[j] = i < n4 ? __ldg((const float4 *)a.nw + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int64_t i = c0 + tid + j * MV_THREADS;
+                const float4 o = make_float4(__fmul_rn(__fmul_rn(v[j].x, sc), w4[j].x), __fmul_rn(__fmul_rn(v[j].y, sc), w4[j].y),
+                                             __fmul_rn(__fmul_rn(v[j].z, sc), w4[j].z), __fmul_rn(__fmul_rn(v[j].w, sc), w4[j].w));
+                const bool ok = i < n4; /* C % 32 == 0: the 8 lanes of a block are all in or all out */
+                if (ok) *(float4 *)(a.xb + (int64_t)t * C + 4 * i) = o;
+                kiln_q8_store_4(a.oq, a.ods, (size_t)(t * C + 4 * i), o, ok);
+            }
+        }
     }
 }
 
@@ -123,6 +224,7 @@ __global__ void __launch_bounds__(MV_THREADS) matvec_kernel(const mv_args a) {
                 else *out = a.add ? *out + acc[j][t] : acc[j][t];
             }
         }
+        if (a.tail) mv_tail<T>(a, (int64_t)blockIdx.x * groups * R, (int64_t)groups * R);
         return;
     }
 
@@ -148,6 +250,7 @@ __global__ void __launch_bounds__(MV_THREADS) matvec_kernel(const mv_args a) {
         if (GLU) *out = act(v, a.geglu) * u;
         else *out = a.add ? *out + v : v;
     }
+    if (a.tail) mv_tail<T>(a, (int64_t)blockIdx.x * groups * R, (int64_t)groups * R);
 }
 
 /* q8 blocks of x, one warp per block of 32: xq[32 i + lane], xds[i] for block i = t * nbx + kb. */
@@ -168,18 +271,21 @@ __global__ void matvec_prepare_kernel(const float *x, int8_t *xq, float2 *xds, i
  * where it can; except for the 64-weight pieces of the K-quants from T = 4 on when there are >= 2048 groups
  * (15.5 warps per SM): one warp per group then, which skips the shared-memory reduction (measured on the H200,
  * bench gpu-kernels: 7B Q4_K and Q6_K at T = 4 and 8, 5-15% faster; with 1024 groups, the 1.1B down, slower). */
-/* Tuning switches for bench gpu-kernels' experiments, read once: KILN_MATVEC_WIDE=1 gives one token's matvec (T 1)
- * twice the rows per group (x read once per 4 weight rows, 2 for the GLU); KILN_MATVEC_GS=32|64|128 fixes the
- * threads per group. Unset, the measured defaults below. */
+/* One token's matvec (T 1) over a large weight (cols >= 4096 and >= 2^24 elements: every weight of a 7B) takes
+ * twice the rows per group, x read once per 4 weight rows (2 for the GLU). Measured on an H100 (bench gpu-kernels,
+ * T 1): 5-20% faster on most 7B shapes; kiln bench --gpu tg128, every T 1 matvec so: 7B Q4_K_M 397.8 -> 418.5
+ * tok/s, 1.1B 1,112 -> 1,105, 124M 2,978 -> 2,813, hence only the large weights (docs/cuda.md).
+ * Tuning switches for bench gpu-kernels' experiments, read once: KILN_MATVEC_WIDE=1 (0) takes (leaves) the wide
+ * groups for every T 1 matvec; KILN_MATVEC_GS=32|64|128 fixes the threads per group. Unset, the rules here. */
 struct mv_tuning {
-    bool wide;
+    int wide; /* -1: by the weight's size */
     int gs;
 };
 
 static mv_tuning mv_tune_read(void) {
     mv_tuning t;
     const char *w = getenv("KILN_MATVEC_WIDE"), *g = getenv("KILN_MATVEC_GS");
-    t.wide = w && strcmp(w, "1") == 0;
+    t.wide = !w ? -1 : strcmp(w, "1") == 0 ? 1 : strcmp(w, "0") == 0 ? 0 : -1;
     t.gs = g ? atoi(g) : 0;
     if (t.gs != 32 && t.gs != 64 && t.gs != 128) t.gs = 0;
     return t;
@@ -208,7 +314,9 @@ template <class P, int T, bool GLU>
 static kiln_status launch_t(mv_args a, cudaStream_t s) {
     /* output rows per group; the 64-weight pieces of the K-quants hold 16+ words a row, so 4 rows of them would
      * take ~170 registers (2 CTAs per SM) from T 2 on: they stay at 2 */
-    if (T == 1 && mv_tune().wide) return launch_r<P, T, GLU ? 2 : 4, GLU>(a, s);
+    const int wide = mv_tune().wide;
+    if (T == 1 && (wide == 1 || (wide < 0 && a.cols >= 4096 && a.rows * a.cols >= ((int64_t)1 << 24))))
+        return launch_r<P, T, GLU ? 2 : 4, GLU>(a, s);
     return launch_r<P, T, (T <= 4 || P::ELEMS == 64) ? (GLU ? 1 : 2) : (GLU ? 2 : 4), GLU>(a, s);
 }
 
@@ -231,7 +339,8 @@ static bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)
 
 template <bool GLU>
 static kiln_status matvec_dispatch(const char *op, float *y, const float *x, const void *xp, const kiln_cuda_wt *W,
-                                   const kiln_cuda_wt *Wu, int64_t T, bool add, bool geglu, cudaStream_t s) {
+                                   const kiln_cuda_wt *Wu, int64_t T, bool add, bool geglu, const kiln_cuda_mv_tail *tail,
+                                   cudaStream_t s) {
     if (!y || !W || !W->data || (GLU && (!Wu || !Wu->data)))
         return kiln_fail(KILN_ERR_INVALID, "cuda %s: NULL output or weight", op);
     if (T < 1 || T > KILN_CUDA_MATVEC_MAX_T)
@@ -247,6 +356,19 @@ static kiln_status matvec_dispatch(const char *op, float *y, const float *x, con
     a.w[0] = (const uint8_t *)W->data;
     a.w[1] = (const uint8_t *)(GLU ? Wu->data : W->data);
     a.row_bytes = W->row_bytes, a.rows = W->rows, a.cols = W->cols, a.y = y, a.add = add, a.geglu = geglu;
+    if (tail && tail->kind != KILN_CUDA_TAIL_NONE) {
+        const bool norm = tail->kind == KILN_CUDA_TAIL_NORM;
+        if ((tail->kind != KILN_CUDA_TAIL_PREPARE && !norm) || !tail->cnt || !tail->xp || !aligned(tail->xp, 16) ||
+            tail->xp == xp || W->rows % 32 || !aligned(y, 16) || (norm && (!tail->xb || !tail->w || !aligned(tail->xb, 16) ||
+                                                                           !aligned(tail->w, 16))))
+            return kiln_fail(KILN_ERR_INVALID, "cuda %s: a tail needs %lld rows a multiple of 32, its own 16-byte aligned xp, "
+                             "counters, and for the norm xb and w", op, (long long)W->rows);
+        a.tail = norm ? 2 : 1;
+        a.cnt = tail->cnt;
+        a.oq = (int8_t *)tail->xp;
+        a.ods = (float2 *)((int8_t *)tail->xp + T * W->rows);
+        a.xb = tail->xb, a.nw = tail->w, a.eps = tail->eps;
+    }
     const bool is_float = W->type == KILN_TYPE_F32 || W->type == KILN_TYPE_F16 || W->type == KILN_TYPE_BF16;
     if (is_float) {
         if (!x) return kiln_fail(KILN_ERR_INVALID, "cuda %s: %s weights need the float x", op, tn);
@@ -316,10 +438,21 @@ extern "C" kiln_status kiln_cuda_matvec_prepare(void *xp, const float *x, int64_
 
 extern "C" kiln_status kiln_cuda_matvec(float *y, const float *x, const void *xp, const kiln_cuda_wt *W, int64_t T, bool add,
                                         void *stream) {
-    return matvec_dispatch<false>("matvec", y, x, xp, W, NULL, T, add, false, (cudaStream_t)stream);
+    return matvec_dispatch<false>("matvec", y, x, xp, W, NULL, T, add, false, NULL, (cudaStream_t)stream);
 }
 
 extern "C" kiln_status kiln_cuda_matvec_glu(float *out, const float *x, const void *xp, const kiln_cuda_wt *Wg,
                                             const kiln_cuda_wt *Wu, int64_t T, bool geglu, void *stream) {
-    return matvec_dispatch<true>("matvec_glu", out, x, xp, Wg, Wu, T, false, geglu, (cudaStream_t)stream);
+    return matvec_dispatch<true>("matvec_glu", out, x, xp, Wg, Wu, T, false, geglu, NULL, (cudaStream_t)stream);
+}
+
+extern "C" kiln_status kiln_cuda_matvec_tail(float *y, const float *x, const void *xp, const kiln_cuda_wt *W, int64_t T, bool add,
+                                             const kiln_cuda_mv_tail *tail, void *stream) {
+    return matvec_dispatch<false>("matvec", y, x, xp, W, NULL, T, add, false, tail, (cudaStream_t)stream);
+}
+
+extern "C" kiln_status kiln_cuda_matvec_glu_tail(float *out, const float *x, const void *xp, const kiln_cuda_wt *Wg,
+                                                 const kiln_cuda_wt *Wu, int64_t T, bool geglu, const kiln_cuda_mv_tail *tail,
+                                                 void *stream) {
+    return matvec_dispatch<true>("matvec_glu", out, x, xp, Wg, Wu, T, false, geglu, tail, (cudaStream_t)stream);
 }

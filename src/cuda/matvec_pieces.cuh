@@ -24,6 +24,14 @@ struct mv_args {
     float *y;              /* (T, rows) */
     int gs;                /* threads per group: 32, 64 or 128 */
     bool add, geglu;
+    /* the tail (kernels.h's kiln_cuda_mv_tail): 0 none, 1 prepare y, 2 norm y */
+    int tail;
+    unsigned *cnt;
+    int8_t *oq;            /* (T, rows) the output's codes */
+    float2 *ods;           /* (T, rows / 32) */
+    float *xb;             /* (T, rows) NORM */
+    const float *nw;       /* (rows) NORM */
+    float eps;
 };
 
 /* ---------------------------------------------------------------- loads */

@@ -18,6 +18,7 @@
  *   attention       causal GQA attention over the cache, full or sliding over a ring
  *   matmul          y (+)= x W (the output and down projections add into the residual stream)
  *   ffn_up          gate = act(xb Wg) * (xb Wu)
+ *   matmul_norm     x += y W, then residual_norm's xb, as one step where a backend fuses the two (optional)
  * and once per call embed, head (the logits with their scale and softcap) and argmax, and nonfinite where the
  * forward is asked to check a stage's output for a NaN or an infinity.
  *
@@ -167,6 +168,10 @@ typedef struct kiln_backend {
      * backend has no sampler: the logits then come back and the host samples. */
     kiln_status (*sample)(void *ctx, int32_t *next, const float *x, int64_t n, const kiln_sample_args *args, void *work);
     size_t (*sample_work_bytes)(int64_t n);
+    /* x (T, C) += in W^T, then xb = rmsnorm(x, eps) * w: matmul with add and residual_norm without y as one step, for
+     * a backend that fuses them (CUDA: in decode the matvec's last CTA norms); NULL: the forward runs the two. */
+    kiln_status (*matmul_norm)(void *ctx, float *x, const float *in, const kiln_weight *W, float *xb, const kiln_weight *w,
+                               float eps, int64_t T, int64_t C);
 } kiln_backend;
 
 extern const kiln_backend kiln_cpu_backend;

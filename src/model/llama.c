@@ -118,6 +118,8 @@ kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void
         if (c->sandwich_norm) { /* x += rmsnorm(att Wo^T) * post; xb = rmsnorm(x) * ffn_norm */
             TRY(be->matmul(ctx, yb, att, &lw[KILN_LT_WO], T, false));
             TRY(be->residual_norm(ctx, x, yb, &lw[KILN_LT_POST_ATTN_NORM], c->post_norm_eps, xb, ffn_norm, c->rms_eps, T, C));
+        } else if (be->matmul_norm && ffn_norm) {
+            TRY(be->matmul_norm(ctx, x, att, &lw[KILN_LT_WO], xb, ffn_norm, c->rms_eps, T, C));
         } else {
             TRY(be->matmul(ctx, x, att, &lw[KILN_LT_WO], T, true));
             TRY(be->residual_norm(ctx, x, NULL, NULL, 0, xb, ffn_norm, c->rms_eps, T, C));
@@ -132,6 +134,8 @@ kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void
         if (c->sandwich_norm) {
             TRY(be->matmul(ctx, yb, gate, &lw[KILN_LT_W_DOWN], T, false));
             TRY(be->residual_norm(ctx, x, yb, &lw[KILN_LT_POST_FFN_NORM], c->post_norm_eps, xb, next_norm, c->rms_eps, T, C));
+        } else if (be->matmul_norm && next_norm) {
+            TRY(be->matmul_norm(ctx, x, gate, &lw[KILN_LT_W_DOWN], xb, next_norm, c->rms_eps, T, C));
         } else {
             TRY(be->matmul(ctx, x, gate, &lw[KILN_LT_W_DOWN], T, true));
             TRY(be->residual_norm(ctx, x, NULL, NULL, 0, xb, next_norm, c->rms_eps, T, C));
