@@ -266,6 +266,24 @@ static void test_matvec(void) {
     }
 }
 
+static void test_matvec_glu_type(kiln_type t, shape sh, bool geglu, unsigned long long *rng, bool *ok);
+
+/* A 7B-sized weight (4096 x 4096: 2^24 elements, 4096 columns), which one token's matvec takes with 4 rows a group
+ * (launch_t's rule for large weights), against the same references, for the 7B Q4_K_M mix's types and Q8_0, F16. */
+static void test_matvec_large(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    unsigned long long rng = 0x6c617267ULL;
+    static const kiln_type lt[] = {KILN_TYPE_Q4_K, KILN_TYPE_Q6_K, KILN_TYPE_Q8_0, KILN_TYPE_F16};
+    for (int ti = 0; ti < COUNT(lt); ti++)
+        for (int add = 0; add < 2; add++) {
+            bool ok;
+            test_matvec_type(lt[ti], (shape){4096, 4096}, add, &rng, &ok);
+            if (!ok) return;
+        }
+    bool ok; /* the GLU's 2 rows of each weight a group */
+    test_matvec_glu_type(KILN_TYPE_Q4_K, (shape){4096, 4096}, false, &rng, &ok);
+}
+
 static void test_matvec_glu_type(kiln_type t, shape sh, bool geglu, unsigned long long *rng, bool *ok) {
     *ok = false;
     const int64_t rows = sh.rows, cols = sh.cols;
@@ -495,6 +513,7 @@ int main(void) {
         return 1;
     }
     RUN(test_matvec);
+    RUN(test_matvec_large);
     RUN(test_matvec_glu);
     RUN(test_matvec_tails);
     RUN(test_matvec_refuses);
