@@ -323,6 +323,13 @@ typedef struct {
     double goal_tps;            /* issue #7's goal for this test, 0 if none */
 } gpu_case;
 
+/* One batch size of -b. */
+typedef struct {
+    int64_t B;
+    double best_s, median_s;        /* the N steps */
+    double agg_tps, step_ms;        /* B * N / median_s; median_s / N */
+} batch_case;
+
 typedef struct {
     const char *path;
     int n_cases;
@@ -335,11 +342,7 @@ typedef struct {
     kiln_op_time ops[KILN_PROFILE_OPS];
     double tg_step_ms;              /* 1000 / median tg tok/s, 0 without tg */
     int n_batched;                  /* -b: decode of B sequences at once */
-    struct {
-        int64_t B;
-        double best_s, median_s;    /* the N steps */
-        double agg_tps, step_ms;    /* B * N / median_s; median_s / N */
-    } batched[MAX_ITEMS];
+    batch_case batched[MAX_ITEMS];
     bool peer_measured;             /* --peer-bin: peer_tps came from this run */
     char peer_commit[48];
 } model_result;
@@ -408,11 +411,10 @@ static int bench_batched(const kiln_model *m, const kiln_session_params *sp, con
         for (int r = 0; r < reps && !rc; r++)
             if ((t[r] = run_batched(c, ids, bs[i], N)) < 0) rc = 1;
         if (rc) break;
-        const double med = kiln_bench_median(t, reps);
-        res->batched[res->n_batched].B = bs[i];
-        res->batched[res->n_batched].best_s = t[0], res->batched[res->n_batched].median_s = med;
-        res->batched[res->n_batched].agg_tps = (double)(bs[i] * N) / med;
-        res->batched[res->n_batched++].step_ms = 1e3 * med / (double)N;
+        const double med = kiln_bench_median(t, reps); /* sorts t: t[0] is the best */
+        batch_case *out = &res->batched[res->n_batched++];
+        out->B = bs[i], out->best_s = t[0], out->median_s = med;
+        out->agg_tps = (double)(bs[i] * N) / med, out->step_ms = 1e3 * med / (double)N;
     }
     kiln_context_free(c);
     return rc;
@@ -586,7 +588,7 @@ static void print_model_json(const model_result *res, const kiln_model *m, const
     }
     printf(",\"batched\":[");
     for (int i = 0; i < res->n_batched; i++)
-        printf("%s{\"B\":%lld,\"n\":%lld,\"best_s\":%.6e,\"median_s\":%.6e,\"agg_tps\":%.3f,\"step_ms\":%.6f,\"step_vs_B1\":%.4f}",
+        printf("%s{\"B\":%lld,\"n\":%lld,\"best_s\":%.6e,\"median_s\":%.6e,\"agg_tps\":%.3f,\"step_ms\":%.6f,\"step_vs_first\":%.4f}",
                i ? "," : "", (long long)res->batched[i].B, (long long)n_gen_of(res), res->batched[i].best_s, res->batched[i].median_s,
                res->batched[i].agg_tps, res->batched[i].step_ms, res->batched[i].step_ms / res->batched[0].step_ms);
     printf("],\"peer\":");
@@ -595,13 +597,14 @@ static void print_model_json(const model_result *res, const kiln_model *m, const
         printf("{\"name\":\"llama-bench\",\"build_commit\":");
         kiln_bench_json_str(res->peer_commit);
         printf("},\"peer_source\":\"%s\"", PEER_MEASURED);
+    } else if (p) {
+        printf("{\"name\":\"%s\",\"file_mib\":%.0f,\"tg128_tps\":%.0f,\"pp512_tps\":%.0f}", p->name, p->file_mib, p->tg128, p->pp512);
+        printf(",\"peer_source\":\"%s\"", PEER_SOURCE);
+    } else {
+        printf("null,\"peer_source\":null");
     }
+    printf(",\"goals\":[");
     if (p) {
-        if (!res->peer_measured) {
-            printf("{\"name\":\"%s\",\"file_mib\":%.0f,\"tg128_tps\":%.0f,\"pp512_tps\":%.0f}", p->name, p->file_mib, p->tg128, p->pp512);
-            printf(",\"peer_source\":\"%s\"", PEER_SOURCE);
-        }
-        printf(",\"goals\":[");
         /* every goal of the issue, met or not, or null when this run did not measure its test */
         const struct { const char *test; bool is_tg; int64_t n; double goal; } goals[] = {
             {"tg128", true, 128, p->goal_tg128}, {"pp512", false, 512, p->goal_pp512}};
@@ -616,11 +619,8 @@ static void print_model_json(const model_result *res, const kiln_model *m, const
             else printf("\"median_tps\":null,\"met\":null}");
             first = false;
         }
-        putchar(']');
-    } else {
-        printf("%s,\"goals\":[]", res->peer_measured ? "" : "null,\"peer_source\":null");
     }
-    printf("}\n");
+    printf("]}\n");
     fflush(stdout);
 }
 
@@ -771,7 +771,7 @@ static void print_table(const device_roofs *d, const model_result *res, int n_re
         if (!mr->n_batched) continue;
         printf("\n%s: B sequences decoded together (one token each per step, greedy, %lld steps after a %d-token prompt each)\n",
                kiln_bench_base_name(mr->path), (long long)n_gen_of(mr), TG_PROMPT);
-        printf("%6s %14s %12s %12s %14s\n", "B", "agg tok/s", "step ms", "step / B=1", "agg / B=1");
+        printf("%6s %14s %12s %12s %14s\n", "B", "agg tok/s", "step ms", "step / 1st", "agg / 1st");
         for (int i = 0; i < mr->n_batched; i++)
             printf("%6lld %14.1f %12.4f %11.2fx %13.2fx\n", (long long)mr->batched[i].B, mr->batched[i].agg_tps, mr->batched[i].step_ms,
                    mr->batched[i].step_ms / mr->batched[0].step_ms, mr->batched[i].agg_tps / mr->batched[0].agg_tps);

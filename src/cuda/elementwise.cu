@@ -13,6 +13,7 @@
 #include "cuda/kernels.h"
 #include "cuda/kv.cuh"
 #include "cuda/launch.h"
+#include "cuda/q8.cuh"
 #include "quants.h"
 
 #include <cuda_fp16.h>
@@ -242,35 +243,6 @@ template <int V> static __device__ __forceinline__ void store(float *p, const fv
 
 #define RN_MAX_THREADS 512
 
-/* The prepared form of one access of out (matvec.cu's layout and matvec_prepare_kernel's exact operations): the
- * 32-value block of consecutive elements is held by G = 32 / V consecutive lanes (accesses tid + j * threads with
- * threads a multiple of 32, so a group never straddles warps or rows), amax and the code sum are taken over those
- * G lanes by xor shuffles. Every lane of the warp calls this (the shuffles want all 32); ok says whether the access
- * exists: C % 32 == 0 makes whole groups valid or not. The lane at the start of a group writes {d, d * sum(q)}. */
-template <int V>
-static __device__ __forceinline__ void prepare_store(const fvec<V> &o, bool ok, int8_t *q /* (V) */, float2 *ds /* (1) */) {
-    const int G = 32 / V;
-    float amax = 0.0f; /* fmaxf(0, |v|) = |v|, and max is exact in any order: matvec_prepare's amax */
-#pragma unroll
-    for (int k = 0; k < V; k++) amax = fmaxf(amax, fabsf(o.v[k]));
-#pragma unroll
-    for (int off = G / 2; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    const float d = __fdiv_rn(amax, 127.0f), id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-    int c[V], sum = 0;
-#pragma unroll
-    for (int k = 0; k < V; k++) {
-        c[k] = (int)roundf(__fmul_rn(o.v[k], id)); /* ties away from zero, as GGML */
-        sum += c[k];
-    }
-#pragma unroll
-    for (int off = G / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    if (!ok) return;
-    if constexpr (V == 4)
-        *(char4 *)q = make_char4((signed char)c[0], (signed char)c[1], (signed char)c[2], (signed char)c[3]);
-    else
-        q[0] = (int8_t)c[0];
-    if ((threadIdx.x & (G - 1)) == 0) *ds = make_float2(d, __fmul_rn(d, (float)sum));
-}
 
 /* x += y or x += (rmsnorm(y) * post_w), then out = rmsnorm(x) * w and, when XP, out's prepared form into
  * xq (T, C) / xds (T, C / 32). Every load precedes every store of the same thread, and each thread stores only the
@@ -340,7 +312,7 @@ __global__ void __launch_bounds__(RN_MAX_THREADS)
 #pragma unroll
         for (int k = 0; k < V; k++) o.v[k] = ok ? __fmul_rn(__fmul_rn(xv[j].v[k], s2), wv[j].v[k]) : 0.0f;
         if (ok) store<V>(outr + i * V, o);
-        if (XP) prepare_store<V>(o, ok, xq + r * C + i * V, xds + r * (C / 32) + i * V / 32);
+        if (XP) kiln_q8_store_group<V>(o.v, ok, xq + r * C + i * V, xds + r * (C / 32) + i * V / 32);
     }
 }
 

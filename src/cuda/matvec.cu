@@ -149,11 +149,11 @@ static __device__ __forceinline__ void mv_tail(const mv_args &a, int64_t lo, int
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const int64_t i = c0 + tid + j * MV_THREADS;
-                const float4 o = make_float4(__fmul_rn(__fmul_rn(v[j].x, sc), w4[j].x), __fmul_rn(__fmul_rn(v[j].y, sc), w4[j].y),
-                                             __fmul_rn(__fmul_rn(v[j].z, sc), w4[j].z), __fmul_rn(__fmul_rn(v[j].w, sc), w4[j].w));
+                const float o[4] = {__fmul_rn(__fmul_rn(v[j].x, sc), w4[j].x), __fmul_rn(__fmul_rn(v[j].y, sc), w4[j].y),
+                                    __fmul_rn(__fmul_rn(v[j].z, sc), w4[j].z), __fmul_rn(__fmul_rn(v[j].w, sc), w4[j].w)};
                 const bool ok = i < n4; /* C % 32 == 0: the 8 lanes of a block are all in or all out */
-                if (ok) *(float4 *)(a.xb + (int64_t)t * C + 4 * i) = o;
-                kiln_q8_store_4(a.oq, a.ods, (size_t)(t * C + 4 * i), o, ok);
+                if (ok) *(float4 *)(a.xb + (int64_t)t * C + 4 * i) = make_float4(o[0], o[1], o[2], o[3]);
+                kiln_q8_store_group<4>(o, ok, a.oq + t * C + 4 * i, a.ods + (t * C + 4 * i) / 32);
             }
         }
     }
