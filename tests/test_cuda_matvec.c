@@ -419,8 +419,8 @@ static void test_matvec_tails(void) {
                     }
                     if ((st = kiln_cuda_sync()) != KILN_OK) break;
                     /* the tail, twice */
-                    const kiln_cuda_mv_tail tail = {glu ? KILN_CUDA_TAIL_PREPARE : KILN_CUDA_TAIL_NORM, dcnt, dxpb, glu ? NULL : dxbb,
-                                                    glu ? NULL : dnw, 1e-5f};
+                    const kiln_cuda_mv_tail tail = {.kind = glu ? KILN_CUDA_TAIL_PREPARE : KILN_CUDA_TAIL_NORM, .cnt = dcnt, .xp = dxpb,
+                                                    .xb = glu ? NULL : dxbb, .w = glu ? NULL : dnw, .eps = 1e-5f};
                     memset(cnt_h, 0, sizeof cnt_h);
                     kiln_cuda_upload(dcnt, cnt_h, sizeof cnt_h);
                     for (int rep = 0; rep < 2 && st == KILN_OK && same; rep++) {
@@ -466,6 +466,63 @@ static void test_matvec_tails(void) {
         }
 }
 
+/* A matvec that prefetches other weights into L2 as it ends (kiln_cuda_mv_tail's pf, with and without a tail kind)
+ * gives the same bytes as one that does not: the prefetch is a hint. Spans: the whole second weight, a 16-byte
+ * piece, and a span whose size is not a multiple of the kernel's 16 KiB chunk. */
+static void test_matvec_prefetch(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    static const kiln_type pt[] = {KILN_TYPE_Q4_K, KILN_TYPE_Q6_K, KILN_TYPE_F16};
+    static const shape psh[] = {{96, 256}, {4096, 512}, {11008, 256}};
+    static const int64_t pT[] = {1, 3};
+    unsigned long long rng = 0x70726566ULL;
+    for (int ti = 0; ti < COUNT(pt); ti++)
+        for (int si = 0; si < COUNT(psh); si++) {
+            const kiln_type t = pt[ti];
+            const int64_t rows = psh[si].rows, cols = psh[si].cols, n_max = 3 * rows;
+            float *deq = malloc((size_t)(rows * cols) * 4), *x = malloc((size_t)(3 * cols) * 4);
+            float *got = malloc((size_t)n_max * 4), *want = malloc((size_t)n_max * 4);
+            uint8_t *w = make_weights(t, rows, cols, deq, &rng), *w2 = make_weights(t, rows, cols, deq, &rng);
+            for (int64_t i = 0; i < 3 * cols; i++) x[i] = test_rng_f32(&rng);
+            const size_t rb = kiln_type_row_bytes(t, cols), wbytes = rb * (size_t)rows;
+            void *dw = NULL, *dw2 = NULL, *dxp = NULL;
+            float *dx = NULL, *dya = NULL, *dyb = NULL;
+            kiln_status st = KILN_OK;
+            char what[128] = "";
+            bool same = true;
+            if (kiln_cuda_alloc(&dw, wbytes) || kiln_cuda_alloc(&dw2, wbytes) || kiln_cuda_alloc((void **)&dx, (size_t)(3 * cols) * 4) ||
+                kiln_cuda_alloc(&dxp, kiln_cuda_matvec_prep_bytes(3, cols)) || kiln_cuda_alloc((void **)&dya, (size_t)n_max * 4) ||
+                kiln_cuda_alloc((void **)&dyb, (size_t)n_max * 4) || kiln_cuda_upload(dw, w, wbytes) || kiln_cuda_upload(dw2, w2, wbytes) ||
+                kiln_cuda_upload(dx, x, (size_t)(3 * cols) * 4))
+                st = KILN_ERR_IO;
+            const kiln_cuda_wt W = {.type = t, .rows = rows, .cols = cols, .row_bytes = rb, .data = dw};
+            const kiln_cuda_wt W2 = {.type = t, .rows = rows, .cols = cols, .row_bytes = rb, .data = dw2};
+            kiln_cuda_mv_tail pf = {.kind = KILN_CUDA_TAIL_NONE};
+            pf.pf[0] = dw2, pf.pf_bytes[0] = wbytes & ~(size_t)15;
+            pf.pf[1] = dw, pf.pf_bytes[1] = 16;
+            pf.pf[3] = (const uint8_t *)dw + 32, pf.pf_bytes[3] = ((wbytes - 32) / 3) & ~(size_t)15;
+            for (int k = 0; st == KILN_OK && same && k < COUNT(pT); k++)
+                for (int glu = 0; glu < 2 && st == KILN_OK && same; glu++) {
+                    const int64_t T = pT[k], n = T * rows;
+                    snprintf(what, sizeof what, "%s %s rows %lld cols %lld T %lld", glu ? "glu" : "matvec", kiln_type_name(t),
+                             (long long)rows, (long long)cols, (long long)T);
+                    if ((st = kiln_cuda_matvec_prepare(dxp, dx, T, cols, NULL))) break;
+                    poison(dya, n), poison(dyb, n);
+                    st = glu ? kiln_cuda_matvec_glu(dya, dx, dxp, &W, &W2, T, false, NULL) : kiln_cuda_matvec(dya, dx, dxp, &W, T, false, NULL);
+                    if (st || (st = glu ? kiln_cuda_matvec_glu_tail(dyb, dx, dxp, &W, &W2, T, false, &pf, NULL)
+                                        : kiln_cuda_matvec_tail(dyb, dx, dxp, &W, T, false, &pf, NULL)))
+                        break;
+                    if ((st = kiln_cuda_sync()) || (st = kiln_cuda_download(got, dyb, (size_t)n * 4)) ||
+                        (st = kiln_cuda_download(want, dya, (size_t)n * 4)))
+                        break;
+                    same = memcmp(got, want, (size_t)n * 4) == 0;
+                }
+            kiln_cuda_free(dw), kiln_cuda_free(dw2), kiln_cuda_free(dx), kiln_cuda_free(dxp), kiln_cuda_free(dya), kiln_cuda_free(dyb);
+            free(deq), free(x), free(got), free(want), free(w), free(w2);
+            CHECK(st == KILN_OK, "%s: %s", what, kiln_last_error());
+            CHECK(same, "%s: the output with a prefetch differs", what);
+        }
+}
+
 /* The launchers refuse what they cannot compute, with a message, and never launch. */
 static void test_matvec_refuses(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
@@ -486,13 +543,20 @@ static void test_matvec_refuses(void) {
     /* a tail wants rows in blocks of 32, its own xp, counters */
     unsigned *dcnt = NULL;
     CHECK(kiln_cuda_alloc((void **)&dcnt, 64) == KILN_OK);
-    const kiln_cuda_mv_tail own = {KILN_CUDA_TAIL_PREPARE, dcnt, dxp, NULL, NULL, 0.0f}, nocnt = {KILN_CUDA_TAIL_PREPARE, NULL, dy, NULL, NULL, 0.0f};
-    const kiln_cuda_mv_tail nonorm = {KILN_CUDA_TAIL_NORM, dcnt, dy, NULL, NULL, 0.0f};
+    const kiln_cuda_mv_tail own = {.kind = KILN_CUDA_TAIL_PREPARE, .cnt = dcnt, .xp = dxp},
+                            nocnt = {.kind = KILN_CUDA_TAIL_PREPARE, .xp = dy};
+    const kiln_cuda_mv_tail nonorm = {.kind = KILN_CUDA_TAIL_NORM, .cnt = dcnt, .xp = dy};
     const kiln_status s_rows = kiln_cuda_matvec_tail(dy, dx, dxp, &q80, 1, false, &nonorm, NULL); /* 4 rows */
     const kiln_cuda_wt q80w = {.type = KILN_TYPE_Q8_0, .rows = 32, .cols = 256, .row_bytes = q80.row_bytes, .data = dw};
     const kiln_status s_own = kiln_cuda_matvec_tail(dy, dx, dxp, &q80w, 1, false, &own, NULL);
     const kiln_status s_cnt = kiln_cuda_matvec_tail(dy, dx, dxp, &q80w, 1, false, &nocnt, NULL);
     const kiln_status s_nonorm = kiln_cuda_matvec_tail(dy, dx, dxp, &q80w, 1, false, &nonorm, NULL);
+    /* a prefetch span must be 16-byte aligned, a multiple of 16 bytes */
+    kiln_cuda_mv_tail odd = {.kind = KILN_CUDA_TAIL_NONE}, mis = {.kind = KILN_CUDA_TAIL_NONE};
+    odd.pf[2] = dw, odd.pf_bytes[2] = 24;
+    mis.pf[0] = (const uint8_t *)dw + 8, mis.pf_bytes[0] = 32;
+    const kiln_status s_odd = kiln_cuda_matvec_tail(dy, dx, dxp, &q80, 1, false, &odd, NULL);
+    const kiln_status s_mis = kiln_cuda_matvec_glu_tail(dy, dx, dxp, &q80, &q80, 1, false, &mis, NULL);
     kiln_cuda_free(dcnt);
     const kiln_status s_sync = kiln_cuda_sync();
     kiln_cuda_free(dw), kiln_cuda_free(dx), kiln_cuda_free(dxp), kiln_cuda_free(dy);
@@ -503,6 +567,7 @@ static void test_matvec_refuses(void) {
     CHECK(s_prep == KILN_OK && s_sync == KILN_OK, "prepare of 100 columns: %d, sync %d", s_prep, s_sync);
     CHECK(s_rows == KILN_ERR_INVALID && s_own == KILN_ERR_INVALID && s_cnt == KILN_ERR_INVALID && s_nonorm == KILN_ERR_INVALID,
           "tails: 4 rows %d, the matvec's own xp %d, no counters %d, a norm without xb %d", s_rows, s_own, s_cnt, s_nonorm);
+    CHECK(s_odd == KILN_ERR_INVALID && s_mis == KILN_ERR_INVALID, "prefetch of 24 bytes: %d, at 8 mod 16: %d", s_odd, s_mis);
     CHECK(kiln_cuda_matvec_prep_bytes(8, 11008) >= (size_t)8 * 11008 + 8 * 344 * 8);
     CHECK(kiln_cuda_matvec_prep_bytes(3, 100) > 0);
 }
@@ -516,6 +581,7 @@ int main(void) {
     RUN(test_matvec_large);
     RUN(test_matvec_glu);
     RUN(test_matvec_tails);
+    RUN(test_matvec_prefetch);
     RUN(test_matvec_refuses);
     kiln_pool_free(pool);
     TEST_EXIT();

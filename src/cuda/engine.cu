@@ -98,6 +98,17 @@ typedef struct engine {
     int64_t decode_rows;      /* the most rows of many sequences one attention launch takes (its workspace's) */
     int64_t gemm_small_max;   /* 9..32 rows take kiln_cuda_gemm_small where it takes the type and the weight has at most
                                * this many elements (GEMM_SMALL_MAX_ELEMS; KILN_GEMM_SMALL=0: none, =all: any) */
+    /* L2 prefetch (kiln_cuda_mv_tail's pf): the forward's hints since the last decode matvec (a weight, and the one
+     * read beside it or NULL), which that matvec's last CTAs fetch, up to pf_budget bytes; and how far this step has
+     * fetched each weight (reset by embed, the step's first op), so a later hint of the same weight goes on from there */
+    size_t pf_budget; /* KILN_PREFETCH_MB, 0: off */
+    const kiln_cuda_wt *hint[8][2];
+    int n_hint;
+    struct {
+        const void *p;
+        size_t done;
+    } pf_seen[16];
+    int n_seen;
     cudaGraphExec_t *graph;   /* (n_graph) record's slots: 4 for each decode batch size, 0..decode_rows */
     int n_graph;
     prof_marks *prof;         /* non-NULL while profiling */
@@ -110,6 +121,9 @@ typedef struct engine {
  * streams: 2222 tok/s and 6.35 ms a step in the engine with this rule, 2095 and 6.89 ms without gemm_small, 2020
  * and 7.06 ms with it for every weight. */
 #define GEMM_SMALL_MAX_ELEMS ((int64_t)1 << 24)
+
+/* Bytes of the hinted weights a decode matvec prefetches into L2 (KILN_PREFETCH_MB overrides; 0: none). */
+#define PF_DEFAULT_MB 0
 
 /* ---------------------------------------------------------------- sizing and upload */
 
@@ -306,6 +320,9 @@ static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, 
     e->gemm_small_max = gs && strcmp(gs, "0") == 0 ? 0 : gs && strcmp(gs, "all") == 0 ? INT64_MAX : GEMM_SMALL_MAX_ELEMS;
     e->n_graph = 4 * (int)(decode_rows + 1);
     e->dev_bytes = wbytes + 2 * xp_bytes + cnt_bytes + attn_ws + gws_bytes + (keep_bf ? bf_bytes : 0);
+    const char *pf = getenv("KILN_PREFETCH_MB");
+    const long pf_mb = pf ? strtol(pf, NULL, 10) : PF_DEFAULT_MB;
+    e->pf_budget = pf_mb > 0 && pf_mb <= 1024 ? (size_t)pf_mb << 20 : 0;
     const char *tails = getenv("KILN_MV_TAIL");
     e->tails = !tails ? 0 : strcmp(tails, "all") == 0 ? TAIL_PREPARE | TAIL_NORM : strcmp(tails, "prep") == 0 ? TAIL_PREPARE
              : strcmp(tails, "norm") == 0 ? TAIL_NORM : 0;
@@ -490,16 +507,55 @@ static bool tail_fits(const engine *e, int kind, const kiln_cuda_wt *W, const fl
     return (e->tails & kind) && T <= KILN_CUDA_MATVEC_MAX_T && W->rows % 32 == 0 && ((uintptr_t)y & 15) == 0;
 }
 
+/* How far this step has prefetched the weight at p (a new entry at 0; when the table is full, a scratch one). */
+static size_t *pf_done(engine *e, const void *p) {
+    for (int i = 0; i < e->n_seen; i++)
+        if (e->pf_seen[i].p == p) return &e->pf_seen[i].done;
+    const int n = sizeof e->pf_seen / sizeof e->pf_seen[0];
+    const int i = e->n_seen < n ? e->n_seen++ : n - 1;
+    e->pf_seen[i].p = p, e->pf_seen[i].done = 0;
+    return &e->pf_seen[i].done;
+}
+
+/* The pending hints into a decode matvec's prefetch spans: hint by hint in the order given (a pair splits its
+ * share), each weight from where this step's earlier prefetches of it stopped, up to pf_budget bytes in all.
+ * The hints are then spent; a matmul that is not a matvec drops them (pf_drop). */
+static void pf_spans(engine *e, kiln_cuda_mv_tail *t) {
+    size_t left = e->pf_budget;
+    int n = 0;
+    for (int h = 0; h < e->n_hint && n < KILN_CUDA_PF_SPANS; h++) {
+        const int k = e->hint[h][1] ? 2 : 1;
+        const size_t share = left / (size_t)k;
+        for (int j = 0; j < k && n < KILN_CUDA_PF_SPANS; j++) {
+            const kiln_cuda_wt *W = e->hint[h][j];
+            if (((uintptr_t)W->data & 15) || W->rows < 1) continue;
+            size_t *done = pf_done(e, W->data);
+            const size_t total = (size_t)W->rows * W->row_bytes, rest = total > *done ? total - *done : 0;
+            const size_t take = (rest < share ? rest : share) & ~(size_t)15;
+            if (!take) continue;
+            t->pf[n] = (const uint8_t *)W->data + *done, t->pf_bytes[n++] = take;
+            *done += take, left -= take;
+        }
+    }
+    e->n_hint = 0;
+}
+
+static void pf_drop(engine *e) { e->n_hint = 0; }
+
 /* y (T, W.rows) (+)= x W^T: matvec on the prepared xp for a decode-sized T, the blocks on the tensor cores for a
  * few more rows (a step of many sequences' tokens), else cuBLASLt (on the bf16 copy when there is one). */
 static kiln_status mm(engine *e, float *y, const float *x, const dev_wt *W, const kiln_cuda_wt *q, int64_t T, bool add) {
     if (T <= KILN_CUDA_MATVEC_MAX_T) {
         TRY(prepare(e, x, T, q->cols));
-        TRY(kiln_cuda_matvec(y, x, e->xp, q, T, add, e->stream));
+        kiln_cuda_mv_tail t = {};
+        pf_spans(e, &t);
+        TRY(kiln_cuda_matvec_tail(y, x, e->xp, q, T, add, &t, e->stream));
     } else if (q->rows * q->cols <= e->gemm_small_max && kiln_cuda_gemm_small_takes(q, T)) {
+        pf_drop(e);
         TRY(prepare(e, x, T, q->cols));
         TRY(kiln_cuda_gemm_small(y, e->xp, q, T, add, &e->gws, e->stream));
     } else {
+        pf_drop(e);
         TRY(kiln_cuda_gemm(y, x, W->bf.data && q == &W->q ? &W->bf : q, T, add, &e->gws, e->stream));
     }
     if (y == e->xp_of) e->xp_of = NULL;
@@ -509,6 +565,7 @@ static kiln_status mm(engine *e, float *y, const float *x, const dev_wt *W, cons
 static kiln_status cuda_embed(void *p, float *x, const kiln_weight *table, const int32_t *ids, int64_t T, int64_t C, float scale) {
     engine *e = (engine *)p;
     e->xp_of = NULL;
+    e->n_hint = 0, e->n_seen = 0; /* a step begins */
     return mark(e, P_EMBED, kiln_cuda_embed(x, &((const dev_wt *)table->impl)->q, ids, T, scale, e->stream));
 }
 
@@ -617,7 +674,8 @@ static kiln_status cuda_matmul_norm(void *p, float *x, const float *in, const ki
     const dev_wt *D = (const dev_wt *)W->impl;
     if (tail_fits(e, TAIL_NORM, &D->q, x, T) && D->q.rows == C && ((uintptr_t)xb & 15) == 0) {
         TRY(prepare(e, in, T, D->q.cols));
-        const kiln_cuda_mv_tail tail = {KILN_CUDA_TAIL_NORM, e->mv_cnt, e->xp_next, xb, (const float *)w->impl, eps};
+        kiln_cuda_mv_tail tail = {KILN_CUDA_TAIL_NORM, e->mv_cnt, e->xp_next, xb, (const float *)w->impl, eps};
+        pf_spans(e, &tail);
         TRY(kiln_cuda_matvec_tail(x, in, e->xp, &D->q, T, true, &tail, e->stream));
         prepared_next(e, xb, T, C);
         return mark(e, D->cat, KILN_OK);
@@ -632,13 +690,15 @@ static kiln_status cuda_ffn_up(void *p, float *gate, float *up, const float *x, 
     const dev_wt *G = (const dev_wt *)wg->impl, *U = (const dev_wt *)wu->impl;
     if (T <= KILN_CUDA_MATVEC_MAX_T && G->q.type == U->q.type) {
         TRY(prepare(e, x, T, G->q.cols));
+        kiln_cuda_mv_tail tail = {};
+        pf_spans(e, &tail);
         if (tail_fits(e, TAIL_PREPARE, &G->q, gate, T)) {
-            const kiln_cuda_mv_tail tail = {KILN_CUDA_TAIL_PREPARE, e->mv_cnt, e->xp_next, NULL, NULL, 0.0f};
+            tail.kind = KILN_CUDA_TAIL_PREPARE, tail.cnt = e->mv_cnt, tail.xp = e->xp_next;
             TRY(kiln_cuda_matvec_glu_tail(gate, x, e->xp, &G->q, &U->q, T, geglu, &tail, e->stream));
             prepared_next(e, gate, T, G->q.rows);
             return mark(e, P_FFN_UP, KILN_OK);
         }
-        TRY(kiln_cuda_matvec_glu(gate, x, e->xp, &G->q, &U->q, T, geglu, e->stream));
+        TRY(kiln_cuda_matvec_glu_tail(gate, x, e->xp, &G->q, &U->q, T, geglu, &tail, e->stream));
     } else {
         TRY(mm(e, gate, x, G, &G->q, T, false));
         TRY(mm(e, up, x, U, &U->q, T, false));
@@ -646,6 +706,16 @@ static kiln_status cuda_ffn_up(void *p, float *gate, float *up, const float *x, 
     }
     if (gate == e->xp_of || up == e->xp_of) e->xp_of = NULL;
     return mark(e, P_FFN_UP, KILN_OK);
+}
+
+static kiln_status cuda_prefetch(void *p, const kiln_weight *W, const kiln_weight *W2) {
+    engine *e = (engine *)p;
+    const int n = sizeof e->hint / sizeof e->hint[0];
+    if (!e->pf_budget || e->n_hint == n || !W) return KILN_OK;
+    const dev_wt *D = (const dev_wt *)W->impl;
+    e->hint[e->n_hint][0] = D->n_merged ? &D->qkv : &D->q; /* wq: the q, k (and v) matrix its decode matvec reads */
+    e->hint[e->n_hint++][1] = W2 ? &((const dev_wt *)W2->impl)->q : NULL;
+    return KILN_OK;
 }
 
 static kiln_status cuda_head(void *p, float *logits, const float *x, const kiln_weight *W, int64_t T, float scale, float cap) {
@@ -773,6 +843,7 @@ extern "C" const kiln_backend kiln_cuda_backend = {
     /* .sample = */ cuda_sample,
     /* .sample_work_bytes = */ kiln_cuda_sample_work_bytes,
     /* .matmul_norm = */ cuda_matmul_norm,
+    /* .prefetch = */ cuda_prefetch,
 };
 
 extern "C" kiln_status kiln_cuda_copy_bandwidth(double *gb_per_s) {

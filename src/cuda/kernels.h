@@ -79,6 +79,7 @@ kiln_status kiln_cuda_matvec_glu(float *out, const float *x, const void *xp, con
  *                           projections add into) and xb's prepared form into xp, by the last CTA of the grid.
  * cnt holds W.rows / 32 + 1 zeroed counters and is left zeroed; xp must not be the xp the matvec reads. */
 typedef enum { KILN_CUDA_TAIL_NONE, KILN_CUDA_TAIL_PREPARE, KILN_CUDA_TAIL_NORM } kiln_cuda_tail_kind;
+#define KILN_CUDA_PF_SPANS 4
 typedef struct kiln_cuda_mv_tail {
     kiln_cuda_tail_kind kind;
     unsigned *cnt; /* device counters, zero */
@@ -86,9 +87,15 @@ typedef struct kiln_cuda_mv_tail {
     float *xb;     /* NORM: (T, W.rows) */
     const float *w; /* NORM: (W.rows) */
     float eps;
+    /* L2 prefetch (any kind, NONE too): spans of the weights the next matmuls read, which the matvec's last CTAs
+     * (up to 128 of them, in its last wave) start bringing into L2 (cp.async.bulk.prefetch.L2: a hint, no memory
+     * effect), so that they arrive while the small kernels between the matmuls leave the memory idle. Each used
+     * span (pf non-NULL) must be 16-byte aligned with pf_bytes a multiple of 16, else KILN_ERR_INVALID. */
+    const void *pf[KILN_CUDA_PF_SPANS];
+    size_t pf_bytes[KILN_CUDA_PF_SPANS];
 } kiln_cuda_mv_tail;
-/* kiln_cuda_matvec and kiln_cuda_matvec_glu with a tail (NULL or KILN_CUDA_TAIL_NONE: none). W.rows must be a
- * multiple of 32 and y 16-byte aligned, else KILN_ERR_INVALID before launching. */
+/* kiln_cuda_matvec and kiln_cuda_matvec_glu with a tail (NULL or KILN_CUDA_TAIL_NONE: none). For a tail W.rows must
+ * be a multiple of 32 and y 16-byte aligned, else KILN_ERR_INVALID before launching. */
 kiln_status kiln_cuda_matvec_tail(float *y, const float *x, const void *xp, const kiln_cuda_wt *W, int64_t T, bool add,
                                   const kiln_cuda_mv_tail *tail, void *stream);
 kiln_status kiln_cuda_matvec_glu_tail(float *out, const float *x, const void *xp, const kiln_cuda_wt *Wg,

@@ -26,7 +26,8 @@
  * A tail (kiln_cuda_matvec_tail, kernels.h) runs the next step's prepare or residual norm inside the matvec, by the
  * CTA that completes the outputs it needs (mv_tail); tests/test_cuda_matvec.c checks it byte for byte against the
  * kernels it replaces. It is measured slower in this kernel of thousands of short CTAs (docs/cuda.md), so the
- * engine leaves it off. */
+ * engine leaves it off. The same struct carries L2 prefetch spans (mv_prefetch): the grid's last CTAs start
+ * fetching the next matmuls' weights into L2, where they arrive while the small kernels between run. */
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
 #include "cuda/matvec_pieces.cuh"
@@ -159,6 +160,30 @@ static __device__ __forceinline__ void mv_tail(const mv_args &a, int64_t lo, int
     }
 }
 
+/* The L2 prefetch (kiln_cuda_mv_tail's pf): warp 0 of each of the grid's last a.pf_ctas CTAs, which the scheduler
+ * starts in the last wave, issues its share of MV_PF_CHUNK-byte bulk prefetches, lane by lane, before it waits for
+ * the previous kernel (the spans are weights, which no kernel writes). The data arrive in L2 while the last wave
+ * drains and the small kernels after the matvec run, and the next matmuls read them from there. */
+#define MV_PF_CHUNK 16384
+static_assert(KILN_CUDA_PF_SPANS == 4, "mv_args holds 4 prefetch spans");
+static __device__ __forceinline__ void mv_prefetch(const mv_args &a) {
+    const int first = (int)gridDim.x - a.pf_ctas;
+    if ((int)blockIdx.x < first || threadIdx.x >= 32) return;
+    const size_t g = (size_t)((int)blockIdx.x - first) * 32 + threadIdx.x, stride = (size_t)a.pf_ctas * 32;
+    uint64_t pol = 0;
+    if (a.pf_last) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        for (size_t c = g * MV_PF_CHUNK; c < a.pf_bytes[i]; c += stride * MV_PF_CHUNK) {
+            const size_t n = a.pf_bytes[i] - c < MV_PF_CHUNK ? a.pf_bytes[i] - c : MV_PF_CHUNK;
+            if (a.pf_last)
+                asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(a.pf[i] + c), "r"((unsigned)n),
+                             "l"(pol) : "memory");
+            else
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a.pf[i] + c), "r"((unsigned)n) : "memory");
+        }
+}
+
 /* NR weight rows per group: R output rows of W (GLU false), or R rows of Wg then the same R rows of Wu (GLU true,
  * NR = 2R). Output row o = (blockIdx.x * groups + group) * R + j. */
 template <class P, int T, int NR, bool GLU>
@@ -183,6 +208,7 @@ __global__ void __launch_bounds__(MV_THREADS) matvec_kernel(const mv_args a) {
     for (int j = 0; j < NR; j++)
 #pragma unroll
         for (int t = 0; t < T; t++) acc[j][t] = 0.0f;
+    if (a.pf_ctas) mv_prefetch(a);
 
     /* The weights are constant, so the thread's first pieces are loaded before the PDL wait, while the previous
      * kernel (the norm, the attention) still runs: only x comes from it. The first piece is peeled off the loop
@@ -276,10 +302,12 @@ __global__ void matvec_prepare_kernel(const float *x, int8_t *xq, float2 *xds, i
  * T 1): 5-20% faster on most 7B shapes; kiln bench --gpu tg128, every T 1 matvec so: 7B Q4_K_M 397.8 -> 418.5
  * tok/s, 1.1B 1,112 -> 1,105, 124M 2,978 -> 2,813, hence only the large weights (docs/cuda.md).
  * Tuning switches for bench gpu-kernels' experiments, read once: KILN_MATVEC_WIDE=1 (0) takes (leaves) the wide
- * groups for every T 1 matvec; KILN_MATVEC_GS=32|64|128 fixes the threads per group. Unset, the rules here. */
+ * groups for every T 1 matvec; KILN_MATVEC_GS=32|64|128 fixes the threads per group; KILN_PREFETCH_LAST=1 gives the
+ * L2 prefetches an evict-last policy. Unset, the rules here. */
 struct mv_tuning {
     int wide; /* -1: by the weight's size */
     int gs;
+    bool pf_last; /* KILN_PREFETCH_LAST=1: the L2 prefetches with an evict-last policy */
 };
 
 static mv_tuning mv_tune_read(void) {
@@ -288,6 +316,8 @@ static mv_tuning mv_tune_read(void) {
     t.wide = !w ? -1 : strcmp(w, "1") == 0 ? 1 : strcmp(w, "0") == 0 ? 0 : -1;
     t.gs = g ? atoi(g) : 0;
     if (t.gs != 32 && t.gs != 64 && t.gs != 128) t.gs = 0;
+    const char *l = getenv("KILN_PREFETCH_LAST");
+    t.pf_last = l && strcmp(l, "1") == 0;
     return t;
 }
 
@@ -305,6 +335,8 @@ static kiln_status launch_r(mv_args a, cudaStream_t s) {
     const int64_t rows_per_cta = (int64_t)(MV_THREADS / a.gs) * R;
     const int64_t grid = (a.rows + rows_per_cta - 1) / rows_per_cta;
     if (grid > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda matvec: %lld rows is too many", (long long)a.rows);
+    if (a.pf_ctas > grid) a.pf_ctas = (int)grid;
+    a.pf_last = tune.pf_last;
     const cudaError_t e = kiln_launch(matvec_kernel<P, T, GLU ? 2 * R : R, GLU>, dim3((unsigned)grid), dim3(MV_THREADS), 0,
                                       s, a);
     return e == cudaSuccess ? KILN_OK : kiln_fail(KILN_ERR_IO, "CUDA matvec launch failed: %s", cudaGetErrorString(e));
@@ -368,6 +400,17 @@ static kiln_status matvec_dispatch(const char *op, float *y, const float *x, con
         a.oq = (int8_t *)tail->xp;
         a.ods = (float2 *)((int8_t *)tail->xp + T * W->rows);
         a.xb = tail->xb, a.nw = tail->w, a.eps = tail->eps;
+    }
+    if (tail) {
+        int n = 0;
+        for (int i = 0; i < KILN_CUDA_PF_SPANS; i++) {
+            if (!tail->pf[i] || !tail->pf_bytes[i]) continue;
+            if (!aligned(tail->pf[i], 16) || tail->pf_bytes[i] % 16)
+                return kiln_fail(KILN_ERR_INVALID, "cuda %s: a prefetch span must be 16-byte aligned and a multiple of 16 "
+                                 "bytes (%zu)", op, tail->pf_bytes[i]);
+            a.pf[n] = (const uint8_t *)tail->pf[i], a.pf_bytes[n++] = tail->pf_bytes[i];
+        }
+        a.pf_ctas = n ? 128 : 0; /* capped by the grid in launch_r */
     }
     const bool is_float = W->type == KILN_TYPE_F32 || W->type == KILN_TYPE_F16 || W->type == KILN_TYPE_BF16;
     if (is_float) {

@@ -32,6 +32,11 @@ struct mv_args {
     float *xb;             /* (T, rows) NORM */
     const float *nw;       /* (rows) NORM */
     float eps;
+    /* L2 prefetch spans (kiln_cuda_mv_tail's pf), issued by the grid's last pf_ctas CTAs in chunks of MV_PF_CHUNK */
+    const uint8_t *pf[4];
+    size_t pf_bytes[4];
+    int pf_ctas;
+    bool pf_last;          /* with an evict-last policy */
 };
 
 /* ---------------------------------------------------------------- loads */

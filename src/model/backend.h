@@ -172,6 +172,10 @@ typedef struct kiln_backend {
      * a backend that fuses them (CUDA: in decode the matvec's last CTA norms); NULL: the forward runs the two. */
     kiln_status (*matmul_norm)(void *ctx, float *x, const float *in, const kiln_weight *W, float *xb, const kiln_weight *w,
                                float eps, int64_t T, int64_t C);
+    /* A hint: a coming matmul reads W (with W2 beside it row by row, as ffn_up reads gate and up; W2 may be NULL).
+     * A backend may start fetching them while the steps before it run (CUDA: the next decode matvec's last CTAs
+     * prefetch them into L2, kiln_cuda_mv_tail's pf); it changes no result. NULL: the forward gives no hints. */
+    kiln_status (*prefetch)(void *ctx, const kiln_weight *W, const kiln_weight *W2);
 } kiln_backend;
 
 extern const kiln_backend kiln_cpu_backend;

@@ -110,11 +110,17 @@ kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void
         /* the blocks' pre-norms; NULL without them (olmo2): residual_norm then copies x into xb */
         const kiln_weight *ffn_norm = c->no_pre_norm ? NULL : &lw[KILN_LT_FFN_NORM];
 
-        /* attention block: xb is its normed input */
+        /* attention block: xb is its normed input. The prefetch hints name the weights of the matmul after the
+         * next, so that they are on their way while the small steps between run */
+        if (be->prefetch) {
+            TRY(be->prefetch(ctx, &lw[KILN_LT_WO], NULL));
+            TRY(be->prefetch(ctx, &lw[KILN_LT_W_GATE], &lw[KILN_LT_W_UP]));
+        }
         TRY(be->qkv(ctx, q, k, v, xb, &lw[KILN_LT_WQ], &lw[KILN_LT_WK], &lw[KILN_LT_WV], T));
         if (c->output_gate) TRY(be->matmul(ctx, ag, xb, &lw[KILN_LT_ATTN_GATE], T, false));
         TRY(attend(be, ctx, &a, b, l, q, k, v, att));
         if (c->output_gate) TRY(be->sigmoid_mul(ctx, att, ag, T * Q));
+        if (be->prefetch) TRY(be->prefetch(ctx, &lw[KILN_LT_W_GATE], &lw[KILN_LT_W_UP]));
         if (c->sandwich_norm) { /* x += rmsnorm(att Wo^T) * post; xb = rmsnorm(x) * ffn_norm */
             TRY(be->matmul(ctx, yb, att, &lw[KILN_LT_WO], T, false));
             TRY(be->residual_norm(ctx, x, yb, &lw[KILN_LT_POST_ATTN_NORM], c->post_norm_eps, xb, ffn_norm, c->rms_eps, T, C));
@@ -127,10 +133,12 @@ kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void
 
         /* feed-forward block: down(act(gate(x)) * up(x)), act silu (SwiGLU) or tanh-GELU (GeGLU); the residual
          * step also norms x for the next layer, or for the head after the last */
+        if (be->prefetch) TRY(be->prefetch(ctx, &lw[KILN_LT_W_DOWN], NULL));
         TRY(be->ffn_up(ctx, gate, up, xb, &lw[KILN_LT_W_GATE], &lw[KILN_LT_W_UP], T, c->geglu));
         const kiln_weight *next_norm = l + 1 == c->n_layer ? &w->output_norm
                                      : c->no_pre_norm    ? NULL
                                                          : &w->layers[l + 1][KILN_LT_ATTN_NORM];
+        if (be->prefetch) TRY(be->prefetch(ctx, l + 1 < c->n_layer ? &w->layers[l + 1][KILN_LT_WQ] : &w->output, NULL));
         if (c->sandwich_norm) {
             TRY(be->matmul(ctx, yb, gate, &lw[KILN_LT_W_DOWN], T, false));
             TRY(be->residual_norm(ctx, x, yb, &lw[KILN_LT_POST_FFN_NORM], c->post_norm_eps, xb, next_norm, c->rms_eps, T, C));
