@@ -5,7 +5,9 @@
  *                sequences interleaved in a scrambled order, give each entry the logits its sequence gets alone in a
  *                session fed the same chunks: bit for bit (the CPU's matmuls quantize and sum each row on its own, and
  *                attention runs per segment with the session's T, so nothing depends on the other rows); then greedy
- *                decode of all 4 in one batch a step gives the same tokens and logits as each alone
+ *                decode of all 4 in one batch a step gives the same tokens and logits as each alone; then sampled
+ *                decode of all 4 in one batch, drawn by the backend under each sequence's own settings
+ *                (kiln_context_decode_sampled), gives the tokens a host sampler of the same seed draws from the rows
  *   validation   a bad sequence, token id, a gap or repeated position, more than n_batch entries, an empty batch and a
  *                full context are each refused naming the entry, and nothing moves: the next good batch gives the
  *                logits a fresh context gives
@@ -15,6 +17,8 @@
  *                another model's, another n_ctx's or another cache type's is refused naming the field and the sequence
  *                is unchanged; a failed save leaves no file. */
 #include "kiln.h"
+#include "infer/context.h"
+#include "model/sample_args.h"
 #include "test.h"
 
 #include <stdint.h>
@@ -137,6 +141,72 @@ static size_t scramble(kiln_batch_entry *e, const int *seq, const int64_t *pos0,
     return n;
 }
 
+/* SAMPLED steps of all NSEQ sequences in one batch (scrambled), each token drawn by the backend under its sequence's
+ * settings (args from kiln_sampler_step_args over the window after the step), against kiln_sampler_sample of a twin
+ * sampler (same settings and seed) on the same row of logits and the sequence's tokens: the host's pipeline, RNG and
+ * penalties over the history, so the args path must carry all three. Each drawn token is fed in the next step. */
+#define SAMPLED 4
+static void check_sampled(kiln_context *c, const plan *p, float *got, int64_t V, const char *name, unsigned long long *r) {
+    static const kiln_sampler_params sp[NSEQ] = {
+        {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .repeat_penalty = 1.1f, .repeat_last_n = 64, .seed = 1},
+        {.temp = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .repeat_penalty = 1.0f, .presence_penalty = 0.5f,
+         .frequency_penalty = 0.3f, .repeat_last_n = 16, .seed = 2},
+        {.temp = 0.0f, .top_k = 40, .top_p = 0.95f, .repeat_penalty = 1.3f, .repeat_last_n = -1, .seed = 3},
+        {.temp = 0.7f, .top_k = 5, .top_p = 0.5f, .min_p = 0.1f, .repeat_penalty = 1.2f, .repeat_last_n = -1, .seed = 4},
+    };
+    CHECK(kiln_context_samples(c), "%s: the CPU backend samples", name);
+    kiln_sampler *a[NSEQ] = {0}, *h[NSEQ] = {0};
+    for (int s = 0; s < NSEQ; s++)
+        CHECK(kiln_sampler_new(&sp[s], V, &a[s]) == KILN_OK && kiln_sampler_new(&sp[s], V, &h[s]) == KILN_OK, "%s", kiln_last_error());
+    int32_t feed[NSEQ], hist[MAXLEN + GREEDY + SAMPLED + 1];
+    for (int s = 0; s < NSEQ; s++) {
+        feed[s] = (int32_t)((p->tok[s][0] + 7 * s + 1) % V); /* any token: the rows it gives are what count */
+        CHECK(kiln_context_seq_pos(c, s) == p->len[s] + GREEDY, "%s: sequence %d at %lld before sampling", name, s,
+              (long long)kiln_context_seq_pos(c, s));
+    }
+    int differ = 0, draws = 0;
+    for (int k = 0; k < SAMPLED; k++) {
+        kiln_batch_entry e[NSEQ];
+        kiln_sample_args args[NSEQ];
+        int order[NSEQ] = {0, 1, 2, 3};
+        for (int i = NSEQ - 1; i > 0; i--) {
+            const int j = (int)(test_rng_next(r) % (unsigned long long)(i + 1)), t = order[i];
+            order[i] = order[j], order[j] = t;
+        }
+        for (int i = 0; i < NSEQ; i++) {
+            const int s = order[i];
+            const int64_t pos = kiln_context_seq_pos(c, s);
+            memcpy(hist, kiln_context_seq_tokens(c, s), sizeof *hist * (size_t)pos);
+            hist[pos] = feed[s];
+            const size_t w = kiln_sampler_window(a[s], (size_t)pos + 1);
+            CHECK(kiln_sampler_step_fits(a[s], hist + (pos + 1 - (int64_t)w), w));
+            CHECK(kiln_sampler_step_args(a[s], hist + (pos + 1 - (int64_t)w), w, &args[i]));
+            e[i] = (kiln_batch_entry){.seq = s, .id = feed[s], .pos = pos, .logits = true};
+        }
+        int32_t next[NSEQ];
+        CHECK(kiln_context_decode_sampled(c, e, NSEQ, args, got, next) == KILN_OK, "%s sampled %d: %s", name, k, kiln_last_error());
+        for (int i = 0; i < NSEQ; i++) {
+            const int s = order[i];
+            const int64_t n_hist = kiln_context_seq_pos(c, s);
+            float *row = got + (size_t)i * (size_t)V;
+            differ += next[i] != argmax(row, V), draws++;
+            const int32_t want = kiln_sampler_sample(h[s], row, kiln_context_seq_tokens(c, s), (size_t)n_hist);
+            CHECK(next[i] == want, "%s sampled %d: sequence %d drew %d on the backend, the host sampler %d", name, k, s, next[i], want);
+            feed[s] = next[i];
+        }
+    }
+    CHECK(differ > 0, "%s: %d sampled tokens were all the argmax: the settings did nothing", name, draws);
+    /* a batch without args, or a bad entry, is refused before anything runs */
+    kiln_batch_entry bad = {.seq = 0, .id = -1, .pos = kiln_context_seq_pos(c, 0), .logits = true};
+    int32_t nx;
+    kiln_sample_args one;
+    memset(&one, 0, sizeof one);
+    CHECK(kiln_context_decode_sampled(c, &bad, 1, &one, NULL, &nx) == KILN_ERR_RANGE, "a bad id: %s", kiln_last_error());
+    bad.id = 0;
+    CHECK(kiln_context_decode_sampled(c, &bad, 1, NULL, NULL, &nx) == KILN_ERR_INVALID, "no args: %s", kiln_last_error());
+    for (int s = 0; s < NSEQ; s++) kiln_sampler_free(a[s]), kiln_sampler_free(h[s]);
+}
+
 static void check_interleaved(const char *path, const char *name) {
     kiln_model *m = NULL;
     CHECK(kiln_model_load(path, &m) == KILN_OK, "%s", kiln_last_error());
@@ -208,6 +278,7 @@ static void check_interleaved(const char *path, const char *name) {
             if (g + 1 < GREEDY) CHECK(next[i] == p->tok[s][p->len[s] + g + 1]);
         }
     }
+    check_sampled(c, p, got, V, name, &r);
     printf("# %s: %d steps of %d sequences (%d mixing prefill chunks and single tokens), max |logit - alone| %.3g\n", name, steps,
            NSEQ, mixed, worst);
     CHECK(worst == 0, "%s: the logits of a batch of sequences differ from each alone by %.3g", name, worst);

@@ -5,7 +5,10 @@
 #include <math.h>
 
 #include "kiln.h"
+#include "model/sample_args.h"
 #include "test.h"
+
+#include <stdlib.h>
 
 enum { V = 6 };
 static const float base[V] = {2.0f, -1.0f, 0.5f, 3.0f, -2.0f, 0.0f};
@@ -118,7 +121,60 @@ static void test_sampler_greedy_ties(void) {
     kiln_sampler_free(s);
 }
 
+/* A step as args (kiln_sampler_step_args: settings, window counts, the coin) drawn by kiln_sample_args_draw (the CPU
+ * backend's sample step) is the token kiln_sampler_sample draws from the same logits and history with a twin sampler:
+ * every setting of the pipeline, 200 steps each over a vocab of 3,000 with a history of 300 tokens from 120 ids, and
+ * the logits are left as they were. A window of more than KILN_SAMPLE_MAX_PEN distinct ids does not fit, and leaves
+ * the sampler's RNG where it was. */
+static void test_sampler_args_draw(void) {
+    enum { NV = 3000, NH = 300, STEPS = 200 };
+    static const kiln_sampler_params ps[] = {
+        {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .repeat_penalty = 1.1f, .repeat_last_n = 64, .seed = 42},
+        {.temp = 1.0f, .top_k = 0, .top_p = 1.0f, .repeat_penalty = 1.0f, .presence_penalty = 0.4f, .frequency_penalty = 0.2f,
+         .repeat_last_n = -1, .seed = 7},
+        {.temp = 1.3f, .top_k = 0, .top_p = 0.9f, .repeat_penalty = 1.0f, .repeat_last_n = 64, .seed = 9},
+        {.temp = 0.0f, .top_k = 40, .top_p = 0.95f, .repeat_penalty = 1.5f, .repeat_last_n = 32, .seed = 1},
+        {.temp = 0.6f, .top_k = 3, .top_p = 0.0f, .min_p = 0.2f, .repeat_penalty = 1.2f, .repeat_last_n = 8, .seed = 3},
+    };
+    static float logits[NV], a_row[NV], h_row[NV];
+    int32_t hist[NH];
+    unsigned long long r = 0x5a4d504cULL;
+    void *work = malloc(kiln_sample_args_work_bytes(NV));
+    CHECK(work != NULL);
+    for (size_t c = 0; work && c < sizeof ps / sizeof *ps; c++) {
+        kiln_sampler *a = NULL, *h = NULL;
+        CHECK(kiln_sampler_new(&ps[c], NV, &a) == KILN_OK && kiln_sampler_new(&ps[c], NV, &h) == KILN_OK, "%s", kiln_last_error());
+        int same = 0, kept = 0;
+        for (int k = 0; a && h && k < STEPS; k++) {
+            for (int i = 0; i < NV; i++) logits[i] = 4.0f * test_rng_f32(&r);
+            for (int i = 0; i < NH; i++) hist[i] = (int32_t)(test_rng_next(&r) % 120);
+            memcpy(a_row, logits, sizeof a_row), memcpy(h_row, logits, sizeof h_row);
+            kiln_sample_args args;
+            const size_t w = kiln_sampler_window(a, NH);
+            CHECK(kiln_sampler_step_args(a, hist + (NH - w), w, &args), "case %zu: the window fits", c);
+            const int32_t got = kiln_sample_args_draw(&args, a_row, NV, work), want = kiln_sampler_sample(h, h_row, hist, NH);
+            same += got == want;
+            kept += memcmp(a_row, logits, sizeof a_row) == 0;
+        }
+        CHECK(same == STEPS, "case %zu: %d of %d draws agree with kiln_sampler_sample", c, same, STEPS);
+        CHECK(kept == STEPS, "case %zu: the logits changed in %d draws", c, STEPS - kept);
+        kiln_sampler_free(a), kiln_sampler_free(h);
+    }
+    /* 300 distinct ids in the window: too many for args, and the coin is not drawn */
+    kiln_sampler *a = NULL, *h = NULL;
+    CHECK(kiln_sampler_new(&ps[1], NV, &a) == KILN_OK && kiln_sampler_new(&ps[1], NV, &h) == KILN_OK);
+    for (int i = 0; i < NH; i++) hist[i] = i;
+    CHECK(!kiln_sampler_step_fits(a, hist, NH), "300 distinct ids fit");
+    CHECK(kiln_sampler_step_fits(a, hist, KILN_SAMPLE_MAX_PEN), "%d distinct ids do not fit", KILN_SAMPLE_MAX_PEN);
+    kiln_sample_args args;
+    CHECK(!kiln_sampler_step_args(a, hist, NH, &args));
+    CHECK(kiln_sampler_coin(a) == kiln_sampler_coin(h), "a refused window moved the RNG");
+    kiln_sampler_free(a), kiln_sampler_free(h);
+    free(work);
+}
+
 int main(void) {
+    RUN(test_sampler_args_draw);
     RUN(test_sampler_greedy_ties);
     RUN(test_sampler_penalties_last_n);
     RUN(test_sampler_penalties_whole_history);

@@ -112,7 +112,7 @@ D_CHECK=(--model "$DEFAULT" --no-template --api-key "$KEY" --slots 4 --slot-ctx 
 
 if start_server default "${D_ARGS[@]}"; then
     checks default "${D_CHECK[@]}" -- models chat chat_stream completions usage_counts schemas errors routes auth greedy_generate \
-        greedy_chat completion completion_probs completion_stream tokenize_roundtrip apply_template props slots metrics \
+        sample_generate greedy_chat completion completion_probs completion_stream tokenize_roundtrip apply_template props slots metrics \
         grammar schema ollama concurrency persist_save
     check_log default
     stop_server default
@@ -123,7 +123,7 @@ if [ -s "$SMOLLM" ]; then
     if start_server smollm "${S_ARGS[@]}"; then
         # SmolLM2's slot file lands in the same folder: the restart's restore finds it as the default model's foreign file
         checks smollm --model "$SMOLLM" --slots 2 --slot-ctx 512 -- models chat chat_stream completions usage_counts errors \
-            greedy_generate greedy_chat completion completion_probs tokenize_roundtrip grammar schema ollama persist_foreign
+            greedy_generate sample_generate greedy_chat completion completion_probs tokenize_roundtrip grammar schema ollama persist_foreign
         stop_server smollm
     fi
 else

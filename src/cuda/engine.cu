@@ -109,7 +109,7 @@ typedef struct engine {
         size_t done;
     } pf_seen[16];
     int n_seen;
-    cudaGraphExec_t *graph;   /* (n_graph) record's slots: 4 for each decode batch size, 0..decode_rows */
+    cudaGraphExec_t *graph;   /* (n_graph) record's slots: 8 for each decode batch size, 0..decode_rows */
     int n_graph;
     prof_marks *prof;         /* non-NULL while profiling */
 } engine;
@@ -318,7 +318,7 @@ static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, 
     e->decode_rows = decode_rows;
     const char *gs = getenv("KILN_GEMM_SMALL");
     e->gemm_small_max = gs && strcmp(gs, "0") == 0 ? 0 : gs && strcmp(gs, "all") == 0 ? INT64_MAX : GEMM_SMALL_MAX_ELEMS;
-    e->n_graph = 4 * (int)(decode_rows + 1);
+    e->n_graph = 8 * (int)(decode_rows + 1);
     e->dev_bytes = wbytes + 2 * xp_bytes + cnt_bytes + attn_ws + gws_bytes + (keep_bf ? bf_bytes : 0);
     const char *pf = getenv("KILN_PREFETCH_MB");
     const long pf_mb = pf ? strtol(pf, NULL, 10) : PF_DEFAULT_MB;

@@ -74,7 +74,8 @@ struct kiln_context {
     bool *done;          /* decode: the rows permute_rows has placed */
     int64_t *cnt;        /* (n_seq) decode: each sequence's entries */
     int64_t *start;      /* (n_seq) decode: each sequence's first row */
-    /* a sampled step (kiln_context_eval_seq_sampled; made at the first, where the backend samples) */
+    /* a sampled step (kiln_context_eval_seq_sampled, kiln_context_decode_sampled; made at the first, where the backend
+     * samples): one args per out row, n_batch of them */
     kiln_sample_args *h_sargs; /* host memory the step's upload reads */
     kiln_sample_args *d_sargs; /* backend memory */
     void *d_swork;             /* the backend's sample_work_bytes(V) */
@@ -351,7 +352,7 @@ static kiln_status step_enqueue(void *arg) {
     TRY(be->upload(c->ctx, c->d_io, c->h_io, (size_t)T * sizeof(int32_t)));
     TRY(be->upload(c->ctx, d_flag, io_flag(c, c->h_io), (size_t)(1 + c->b.n_seg) * sizeof(int32_t))); /* zero flag, positions */
     TRY(be->upload(c->ctx, io_seq(c, c->d_io), io_seq(c, c->h_io), (size_t)c->b.n_seg * sizeof(int32_t)));
-    if (c->want_sample) TRY(be->upload(c->ctx, c->d_sargs, c->h_sargs, sizeof *c->h_sargs));
+    if (c->want_sample) TRY(be->upload(c->ctx, c->d_sargs, c->h_sargs, (size_t)n_out * sizeof *c->h_sargs));
     c->b.sample = c->want_sample ? c->d_sargs : NULL;
     c->b.sample_work = c->d_swork;
     /* logits that come back to the host are checked there; the argmaxes' rows on the backend, beside them */
@@ -445,14 +446,14 @@ static kiln_status run_step(kiln_context *c, float *logits, int32_t *next, const
     c->want_next = next && n_out;
     c->want_sample = c->want_next && c->sample_pending;
     const int flags = (c->want_logits ? 1 : 0) | (c->want_next ? 2 : 0) | (c->want_sample ? 4 : 0);
-    /* Recorded steps, one recording each: a session's token (slots 0..3, by the outputs wanted), and on a backend
-     * with seq_rows one token of each of T sequences, every row's outputs or none (slots 4 T ..): such a step
-     * enqueues the same work whichever sequences and positions it holds. A session's row of logits goes through the
+    /* Recorded steps, one recording each: a session's token (slots 0..7, by the outputs wanted), and on a backend
+     * with seq_rows one token of each of T sequences, every row's outputs or none (slots 8 T .. 8 T + 7): such a step
+     * enqueues the same work whichever sequences, positions and sampler settings it holds. A session's row of logits goes through the
      * staging buffer; otherwise the rows are copied straight into the caller's buffer after the step, or written there
      * by a backend whose memory is host memory (then put in batch order). */
     const bool single = c->n_seq == 1 && T == 1;
     const bool rows = c->n_seq > 1 && be->seq_rows && c->b.n_seg == T && T <= c->n_seq && (n_out == 0 || n_out == T);
-    const bool record = single || (rows && !c->want_sample); /* a session's sampled steps at slots 4..7 */
+    const bool record = single || rows;
     c->staged = single;
     float *tmp = NULL;
     c->fwd_logits = c->d_logits;
@@ -463,7 +464,7 @@ static kiln_status run_step(kiln_context *c, float *logits, int32_t *next, const
     }
     kiln_status st;
     if (record)
-        st = be->record(c->ctx, (single ? 0 : 4 * (int)T) + flags, step_enqueue, c);
+        st = be->record(c->ctx, (single ? 0 : 8 * (int)T) + flags, step_enqueue, c);
     else
         st = step_enqueue(c);
     /* off the host, each run of out rows that land on consecutive caller rows is one download */
@@ -532,21 +533,27 @@ kiln_status kiln_context_eval_seq(kiln_context *c, int32_t seq, const int32_t *i
     return KILN_OK;
 }
 
+bool kiln_context_samples(const kiln_context *c) { return c->be->sample && c->be->sample_work_bytes; }
+
+/* The sampled steps' buffers, made at the first: n_batch args each side and the backend's work. */
+static kiln_status sample_bufs(kiln_context *c) {
+    const kiln_backend *be = c->be;
+    if (!kiln_context_samples(c)) return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: the backend samples on the host", c->who);
+    if (c->d_sargs) return KILN_OK;
+    const size_t bytes = (size_t)c->n_batch * sizeof *c->d_sargs;
+    kiln_status st = be->alloc(c->ctx, bytes, (void **)&c->d_sargs);
+    if (!st) st = be->alloc(c->ctx, be->sample_work_bytes(c->m->cfg.n_vocab), &c->d_swork);
+    if (!st) st = be->alloc_host(c->ctx, bytes, (void **)&c->h_sargs);
+    if (st) { /* all or none, so the next call tries again */
+        be->free(c->ctx, c->d_sargs), be->free(c->ctx, c->d_swork), be->free_host(c->ctx, c->h_sargs);
+        c->d_sargs = NULL, c->d_swork = NULL, c->h_sargs = NULL;
+    }
+    return st;
+}
+
 kiln_status kiln_context_eval_seq_sampled(kiln_context *c, int32_t seq, const int32_t *ids, size_t n, const kiln_sample_args *args,
                                           int32_t *next) {
-    const kiln_backend *be = c->be;
-    if (!be->sample || !be->sample_work_bytes)
-        return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: the backend samples on the host", c->who);
-    if (!c->d_sargs) {
-        kiln_status st = be->alloc(c->ctx, sizeof *c->d_sargs, (void **)&c->d_sargs);
-        if (!st) st = be->alloc(c->ctx, be->sample_work_bytes(c->m->cfg.n_vocab), &c->d_swork);
-        if (!st) st = be->alloc_host(c->ctx, sizeof *c->h_sargs, (void **)&c->h_sargs);
-        if (st) { /* all or none, so the next call tries again */
-            be->free(c->ctx, c->d_sargs), be->free(c->ctx, c->d_swork), be->free_host(c->ctx, c->h_sargs);
-            c->d_sargs = NULL, c->d_swork = NULL, c->h_sargs = NULL;
-            return st;
-        }
-    }
+    TRY(sample_bufs(c));
     *c->h_sargs = *args;
     c->sample_pending = true;
     const kiln_status st = kiln_context_eval_seq(c, seq, ids, n, NULL, NULL, next);
@@ -619,6 +626,22 @@ kiln_status kiln_context_decode(kiln_context *c, const kiln_batch_entry *b, size
     TRY(check_batch(c, b, n));
     plan_batch(c, b, n, logits || next);
     TRY(run_step(c, logits, next, c->dest));
+    for (size_t i = 0; i < n; i++) c->seq[b[i].seq].hist[b[i].pos] = b[i].id;
+    for (int64_t g = 0; g < c->b.n_seg; g++) c->seq[c->seg_seq[g]].pos += c->segs[g].T;
+    return KILN_OK;
+}
+
+kiln_status kiln_context_decode_sampled(kiln_context *c, const kiln_batch_entry *b, size_t n, const kiln_sample_args *args,
+                                        float *logits, int32_t *next) {
+    TRY(check_batch(c, b, n));
+    if (!args || !next) return kiln_fail(KILN_ERR_INVALID, "%s: a sampled decode needs its args and next", c->who);
+    TRY(sample_bufs(c));
+    plan_batch(c, b, n, true);
+    for (int64_t o = 0; o < c->b.n_out; o++) c->h_sargs[o] = args[c->dest[o]]; /* in the rows' order */
+    c->sample_pending = true;
+    const kiln_status st = run_step(c, logits, next, c->dest);
+    c->sample_pending = false;
+    TRY(st);
     for (size_t i = 0; i < n; i++) c->seq[b[i].seq].hist[b[i].pos] = b[i].id;
     for (int64_t g = 0; g < c->b.n_seg; g++) c->seq[c->seg_seq[g]].pos += c->segs[g].T;
     return KILN_OK;

@@ -282,22 +282,69 @@ int32_t kiln_sampler_draw(kiln_sampler *s, const float *probs) {
     return last; /* rounding */
 }
 
-int32_t kiln_sampler_sample(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history) {
+/* The pipeline after the penalties: greedy at temp 0, else temp -> top-k -> softmax -> min-p -> the draw under coin
+ * (NULL: the next of s's RNG, drawn where kiln_sampler_sample has always drawn it). */
+static int32_t sample_penalized(kiln_sampler *s, float *logits, const float *coin_in) {
     const kiln_sampler_params *p = &s->p;
     const int64_t V = s->n_vocab;
-    const bool penalize = p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
-    if (penalize && p->repeat_last_n != 0 && n_history > 0) apply_penalties(s, logits, history, n_history);
     if (p->temp == 0.0f) return argmax(logits, V);
     for (int64_t i = 0; i < V; i++) logits[i] /= p->temp;
     if (p->top_k > 0 && p->top_k < V) top_k_filter(s, logits, p->top_k);
     softmax(logits, V);
     if (p->min_p > 0.0f) min_p_filter(logits, V, p->min_p);
-    float coin = random_f32(&s->rng);
+    const float coin = coin_in ? *coin_in : random_f32(&s->rng);
     if (p->top_p >= 1.0f || V == 1) return sample_mult(logits, V, coin);
     /* top_p 0: the nucleus is the top token alone (llama.cpp keeps min_keep = 1); the coin is still drawn, so the
      * sequence of coins does not depend on top_p */
     if (p->top_p <= 0.0f) return argmax(logits, V);
     return sample_topp(s, logits, V, p->top_p, coin);
+}
+
+int32_t kiln_sampler_sample(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history) {
+    const kiln_sampler_params *p = &s->p;
+    const bool penalize = p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+    if (penalize && p->repeat_last_n != 0 && n_history > 0) apply_penalties(s, logits, history, n_history);
+    return sample_penalized(s, logits, NULL);
+}
+
+/* work: the logits' copy (V floats), then the candidates (V), then top-k's stamps (V), each 64-byte aligned. */
+static size_t work_part(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
+
+size_t kiln_sample_args_work_bytes(int64_t V) {
+    if (V < 1) return 0;
+    return work_part((size_t)V * sizeof(float)) + work_part((size_t)V * sizeof(struct prob_index)) +
+           work_part((size_t)V * sizeof(uint32_t));
+}
+
+int32_t kiln_sample_args_draw(const kiln_sample_args *a, const float *logits, int64_t V, void *work) {
+    float *x = work;
+    kiln_sampler s = {.p = {.temp = a->temp, .top_k = a->top_k, .top_p = a->top_p, .min_p = a->min_p,
+                            .repeat_penalty = a->repeat_penalty, .presence_penalty = a->presence_penalty,
+                            .frequency_penalty = a->frequency_penalty},
+                      .n_vocab = V};
+    s.cand = (struct prob_index *)((char *)work + work_part((size_t)V * sizeof(float)));
+    s.seen = (uint32_t *)((char *)s.cand + work_part((size_t)V * sizeof(struct prob_index)));
+    memcpy(x, logits, (size_t)V * sizeof *x);
+    /* apply_penalties over the window's distinct tokens and counts, in the same float order */
+    for (int32_t i = 0; i < a->n_pen && i < KILN_SAMPLE_MAX_PEN; i++) {
+        const int32_t id = a->pen_id[i], c = a->pen_count[i];
+        if (id < 0 || id >= V || c < 1) continue;
+        x[id] = x[id] <= 0 ? x[id] * a->repeat_penalty : x[id] / a->repeat_penalty;
+        x[id] -= (float)c * a->frequency_penalty + (float)(c > 0) * a->presence_penalty;
+    }
+    if (s.p.top_k > 0 && s.p.top_k < V) memset(s.seen, 0, (size_t)V * sizeof *s.seen); /* stamps start again at 1 */
+    return sample_penalized(&s, x, &a->coin);
+}
+
+bool kiln_sampler_step_fits(kiln_sampler *s, const int32_t *history, size_t n_history) {
+    const size_t n = kiln_sampler_window(s, n_history);
+    const int32_t *h = history + (n_history - n);
+    int32_t n_pen = 0;
+    for (size_t i = 0; i < n; i++)
+        if (h[i] >= 0 && h[i] < s->n_vocab && s->count[h[i]]++ == 0) n_pen++;
+    for (size_t i = 0; i < n; i++)
+        if (h[i] >= 0 && h[i] < s->n_vocab) s->count[h[i]] = 0;
+    return n_pen <= KILN_SAMPLE_MAX_PEN;
 }
 
 size_t kiln_sampler_window(const kiln_sampler *s, size_t n_history) {

@@ -122,9 +122,9 @@ typedef struct kiln_backend {
     /* Runs enqueue(arg). The first call of a slot records what it enqueues (a CUDA graph), later calls of the slot
      * replay the recording without calling enqueue; the CPU has no recording and calls it every time. enqueue must
      * enqueue the same work every time: the same buffers, T and flags. Slots from 0; a backend that keeps fewer
-     * runs enqueue unrecorded for the slots past its table (the CUDA engine keeps 4 per decode size up to its
-     * decode rows, at least 8: a context of one sequence records its sampled steps at 4..7, where one of several
-     * sequences records its one-row steps). */
+     * runs enqueue unrecorded for the slots past its table (the CUDA engine keeps 8 per decode size up to its
+     * decode rows, at least 8: a context of one sequence records its steps at 0..7, one of several sequences its
+     * steps of one token each of T sequences at 8 T .. 8 T + 7, by the outputs wanted). */
     kiln_status (*record)(void *ctx, int slot, kiln_status (*enqueue)(void *arg), void *arg);
     /* Times the steps of a decode at position pos0: runs step(arg) (one token's step, enqueued and synchronized, not
      * replayed) reps times with a mark after every step, and sums each kind of step (events between launches, so the
@@ -164,8 +164,9 @@ typedef struct kiln_backend {
      * one is the one reported (flag is backend memory, zeroed by the caller before the step). */
     kiln_status (*nonfinite)(void *ctx, int32_t *flag, const float *x, int64_t n, int32_t code);
     /* *next = the token the sampler's pipeline (sampler.c) draws from x (n) under args (backend memory, read when the
-     * step runs, so a recorded step takes each replay's args); work holds sample_work_bytes(n). NULL (both) where the
-     * backend has no sampler: the logits then come back and the host samples. */
+     * step runs, so a recorded step takes each replay's args); work holds sample_work_bytes(n). The CPU runs
+     * sampler.c's own pipeline (kiln_sample_args_draw), CUDA sample.cu. NULL (both) where a backend has no sampler:
+     * the logits then come back and the host samples. */
     kiln_status (*sample)(void *ctx, int32_t *next, const float *x, int64_t n, const kiln_sample_args *args, void *work);
     size_t (*sample_work_bytes)(int64_t n);
     /* x (T, C) += in W^T, then xb = rmsnorm(x, eps) * w: matmul with add and residual_norm without y as one step, for
@@ -218,10 +219,10 @@ typedef struct kiln_llama_batch {
     size_t kv_stride;
     const int64_t *out;            /* (n_out) host memory: ascending rows of 0..T-1 whose logits are wanted */
     int64_t n_out;
-    /* With next: each out row's token drawn by the backend's sample under these args (backend memory) instead of
-     * its argmax; NULL: the argmax */
+    /* With next: each out row o's token drawn by the backend's sample under sample[o] (backend memory, n_out of them)
+     * instead of its argmax; NULL: the argmax */
     const kiln_sample_args *sample;
-    void *sample_work;             /* the backend's sample_work_bytes(V) */
+    void *sample_work;             /* the backend's sample_work_bytes(V), which the rows' draws take in turn */
 } kiln_llama_batch;
 
 /* Enqueues batch b through the model: the matmuls, norms and FFN over all T rows at once (each weight read once),

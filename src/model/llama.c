@@ -162,7 +162,7 @@ kiln_status kiln_llama_forward(const kiln_model *m, const kiln_backend *be, void
     }
     if (next)
         for (int64_t o = 0; o < b->n_out; o++)
-            TRY(b->sample ? be->sample(ctx, next + o, logits + o * V, V, b->sample, b->sample_work)
+            TRY(b->sample ? be->sample(ctx, next + o, logits + o * V, V, b->sample + o, b->sample_work)
                           : be->argmax(ctx, next + o, logits + o * V, V));
     /* argmax ignores NaNs and takes an infinity as any other maximum: the rows it read are checked beside it, so a
      * greedy decode on the device fails instead of printing garbage (one pass over V floats a row) */

@@ -29,6 +29,15 @@ typedef struct kiln_sample_args {
  * KILN_SAMPLE_MAX_PEN distinct tokens (the caller then samples on the host). */
 bool kiln_sampler_step_args(kiln_sampler *s, const int32_t *history, size_t n_history, kiln_sample_args *args);
 
+/* Whether kiln_sampler_step_args takes this window (at most KILN_SAMPLE_MAX_PEN distinct tokens); s is untouched. */
+bool kiln_sampler_step_fits(kiln_sampler *s, const int32_t *history, size_t n_history);
+
+/* The sampler's pipeline under args on the host (the CPU backend's sample step): the token kiln_sampler_sample draws
+ * from the same logits, history and coin, bit for bit. logits are left as they are; work holds
+ * kiln_sample_args_work_bytes(V) bytes (a copy of the logits and the candidates). */
+size_t kiln_sample_args_work_bytes(int64_t V);
+int32_t kiln_sample_args_draw(const kiln_sample_args *args, const float *logits, int64_t V, void *work);
+
 /* How many of the last of n_history tokens s's penalties read (0 when they are off). */
 size_t kiln_sampler_window(const kiln_sampler *s, size_t n_history);
 

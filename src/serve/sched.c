@@ -3,6 +3,7 @@
  * and a draft model's); a second, the emitter, builds the jobs' frames while the engine runs the next step; the HTTP
  * threads only submit jobs, cancel them and read snapshots, under the scheduler's lock. */
 #include "serve/sched.h"
+#include "infer/context.h"
 
 #include <errno.h>
 #include <math.h>
@@ -217,6 +218,12 @@ struct srv_sched {
     float *spec_rows_copy;   /* (draft_max + 1, V) a sampling slot's rows before acceptance, for log-probabilities; made
                               * on the first such job */
     float *probs;            /* (V) scratch for log-probabilities */
+    /* sampling on the backend (kiln_context_decode_sampled): a step whose rows all come from plain slots (no grammar,
+     * log-probabilities, ignore_eos or drafts) reads back the tokens alone, each drawn under its slot's args */
+    bool dev_sample;         /* the backend samples, and KILN_SAMPLE_ON_HOST=1 is not set */
+    kiln_sample_args *sargs; /* (n_slots) this step's, by logits row */
+    int32_t *snext;          /* (n_slots) the tokens drawn */
+    int32_t *swin;           /* (n_ctx) scratch: a slot's penalty window */
     char *piece;
     size_t piece_cap;
     /* the emitter thread: the jobs' frames are built and handed to the HTTP side off the scheduler thread, in the
@@ -630,6 +637,55 @@ static void on_token(srv_sched *s, slot *sl, float *row) {
     emit_token(s, sl, t, want ? &ti : NULL, pos);
 }
 
+/* Whether slot sl's token can be drawn on the backend: nothing the host does to its row before the draw (grammar,
+ * the ends masked) or with it after (log-probabilities), and no drafts to verify. */
+static bool plain_slot(const slot *sl) {
+    const srv_job *j = sl->job;
+    return !sl->gm && !sl->n_draft && !j->want_toks && j->g.n_probs <= 0 && !j->g.ignore_eos;
+}
+
+/* The penalties' window slot sl's sampler reads after this step: the tail of the sequence's tokens, then the k tokens
+ * fed (the last token, or the prompt's last chunk), as on_token's history after the step. */
+static size_t step_window(srv_sched *s, const slot *sl, size_t k) {
+    const int32_t *fed = sl->st == SLOT_DECODE ? &sl->last : sl->job->prompt + sl->n_done;
+    const size_t pos = (size_t)kiln_context_seq_pos(s->c, sl->id), w = kiln_sampler_window(sl->smp, pos + k);
+    const size_t from_fed = w < k ? w : k, from_seq = w - from_fed;
+    memcpy(s->swin, kiln_context_seq_tokens(s->c, sl->id) + (pos - from_seq), from_seq * sizeof *s->swin);
+    memcpy(s->swin + from_seq, fed + (k - from_fed), from_fed * sizeof *s->swin);
+    return w;
+}
+
+/* Fills sargs for this step's rows when every one of them can be drawn on the backend (each slot's RNG then moves
+ * exactly as on_token's draw would move it); false, nothing drawn, when one cannot. */
+static bool sample_on_backend(srv_sched *s, int n_groups, const size_t *chunk) {
+    if (!s->dev_sample || n_groups == 0) return false;
+    for (int g = 0; g < n_groups; g++) {
+        const int i = s->row_slot[g];
+        const slot *sl = &s->slots[i];
+        const size_t k = sl->st == SLOT_DECODE ? 1 : chunk[i];
+        if (!plain_slot(sl) || sl->row >= s->n_slots) return false;
+        const size_t w = step_window(s, sl, k);
+        if (!kiln_sampler_step_fits(sl->smp, s->swin, w)) return false;
+    }
+    for (int g = 0; g < n_groups; g++) {
+        const int i = s->row_slot[g];
+        slot *sl = &s->slots[i];
+        const size_t w = step_window(s, sl, sl->st == SLOT_DECODE ? 1 : chunk[i]);
+        kiln_sampler_step_args(sl->smp, s->swin, w, &s->sargs[sl->row]); /* fits, so it draws */
+    }
+    return true;
+}
+
+/* on_token for a token drawn on the backend. */
+static void on_drawn(srv_sched *s, slot *sl, int32_t t) {
+    srv_job *j = sl->job;
+    if (j->g.n_predict >= 0 && sl->n_decoded >= j->g.n_predict) {
+        finish(s, sl, SRV_FIN_LENGTH, 0, NULL);
+        return;
+    }
+    emit_token(s, sl, t, NULL, kiln_context_seq_pos(s->c, sl->id));
+}
+
 /* A speculating slot's step: its 1 + k rows (row i after last and draft[0..i)) decide the drafts taken and the
  * target's own token after them (kiln_spec_accept_greedy at temperature 0, else kiln_spec_accept_sample: prompt
  * lookup's drafts are certain, a draft model's were drawn from spec_q's rows). The sequence is cut back to last and
@@ -876,9 +932,11 @@ static void *sched_main(void *arg) {
         int n_groups;
         size_t n = build_batch(s, &n_groups, chunk);
         if (!n) continue;
+        const bool drawn = sample_on_backend(s, n_groups, chunk);
         pthread_mutex_unlock(&s->mu);
         double t0 = srv_now();
-        kiln_status st = kiln_context_decode(s->c, s->batch, n, s->logits, NULL);
+        kiln_status st = drawn ? kiln_context_decode_sampled(s->c, s->batch, n, s->sargs, NULL, s->snext)
+                               : kiln_context_decode(s->c, s->batch, n, s->logits, NULL);
         double dt = srv_now() - t0;
         pthread_mutex_lock(&s->mu);
         s->met.decodes++;
@@ -910,7 +968,8 @@ static void *sched_main(void *arg) {
         for (int g = 0; g < n_groups; g++) {
             slot *sl = &s->slots[s->row_slot[g]];
             float *row = s->logits + (size_t)sl->row * (size_t)s->V;
-            if (sl->n_draft) spec_step(s, sl, row);
+            if (drawn) on_drawn(s, sl, s->snext[sl->row]);
+            else if (sl->n_draft) spec_step(s, sl, row);
             else on_token(s, sl, row);
         }
         s->met.step_emit_s += srv_now() - t1;
@@ -950,6 +1009,11 @@ kiln_status srv_sched_new(kiln_context *c, const kiln_model *m, const srv_sched_
     s->row_slot = calloc((size_t)s->n_slots, sizeof *s->row_slot);
     s->logits = malloc(((size_t)s->n_slots + (size_t)s->spec_rows) * (size_t)s->V * sizeof *s->logits);
     s->probs = malloc((size_t)s->V * sizeof *s->probs);
+    const char *host = getenv("KILN_SAMPLE_ON_HOST");
+    s->dev_sample = kiln_context_samples(c) && !(host && strcmp(host, "1") == 0);
+    s->sargs = malloc((size_t)s->n_slots * sizeof *s->sargs);
+    s->snext = malloc((size_t)s->n_slots * sizeof *s->snext);
+    s->swin = malloc(((size_t)s->n_ctx + 1) * sizeof *s->swin);
     bool spec_ok = !s->spec_on;
     if (s->spec_on) {
         s->spec_seq = malloc(((size_t)s->n_ctx + 1) * sizeof *s->spec_seq);
@@ -965,10 +1029,10 @@ kiln_status srv_sched_new(kiln_context *c, const kiln_model *m, const srv_sched_
         for (int i = 0; spec_ok && s->slots && i < s->n_slots; i++)
             spec_ok = (s->slots[i].draft = malloc((size_t)s->spec.draft_max * sizeof *s->slots[i].draft)) != NULL;
     }
-    if (!s->slots || !s->queue || !s->batch || !s->row_slot || !s->logits || !s->probs || !spec_ok) {
+    if (!s->slots || !s->queue || !s->batch || !s->row_slot || !s->logits || !s->probs || !s->sargs || !s->snext || !s->swin || !spec_ok) {
         for (int i = 0; s->slots && i < s->n_slots; i++) free(s->slots[i].draft);
         free(s->slots), free(s->queue), free(s->batch), free(s->row_slot), free(s->logits), free(s->probs), free(s->spec_seq), free(s->spec_out);
-        free(s->dbatch), free(s->dnext), free(s->dlogits), free(s->spec_q), free(s);
+        free(s->dbatch), free(s->dnext), free(s->dlogits), free(s->spec_q), free(s->sargs), free(s->snext), free(s->swin), free(s);
         return KILN_ERR_NOMEM;
     }
     for (int i = 0; i < s->n_slots; i++) s->slots[i].id = i;
@@ -1007,6 +1071,7 @@ void srv_sched_free(srv_sched *s) {
     for (int i = 0; i < s->n_slots; i++) free(s->slots[i].text), free(s->slots[i].draft);
     free(s->slots), free(s->queue), free(s->batch), free(s->row_slot), free(s->logits), free(s->probs), free(s->piece);
     free(s->spec_seq), free(s->spec_out), free(s->dbatch), free(s->dnext), free(s->dlogits), free(s->spec_q), free(s->spec_rows_copy);
+    free(s->sargs), free(s->snext), free(s->swin);
     kiln_context_free(s->spec.draft);
     kiln_grammar_vocab_free(s->gvocab);
     pthread_mutex_destroy(&s->mu);

@@ -219,6 +219,39 @@ def c_greedy_generate():
         check(r.choices[0].text == want, lambda: f"prompt '{h.one_line(p)}': server '{h.one_line(r.choices[0].text)}' != generate '{h.one_line(want)}'")
 
 
+def c_sample_generate():
+    """Sampling with a seed (temperature, top-k, top-p, min-p and a repeat penalty) writes what `kiln generate` writes
+    with the same settings and seed, one request alone and four at once with seeds of their own: the server draws its
+    slots' tokens on the backend in one step (kiln_context_decode_sampled), generate on the host from its logits."""
+    ps, n = prompts(), 24
+
+    def opts(seed):
+        return {"temperature": 0.9, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.15, "seed": seed}
+
+    def flags(seed):
+        return {"--temp": 0.9, "--top-k": 40, "--top-p": 0.95, "--min-p": 0.05, "--repeat-penalty": 1.15, "-s": seed}
+    want = [h.kiln_generate(A.kiln, A.model, ps[i % len(ps)], n, sample=flags(100 + i)) for i in range(4)]
+    r = completion(ps[0], n, cache_prompt=False, **opts(100))
+    check(r["content"] == want[0], lambda: f"seed 100: server '{h.one_line(r['content'])}' != generate '{h.one_line(want[0])}'")
+    greedy = h.kiln_generate(A.kiln, A.model, ps[0], n)
+    check(want[0] != greedy, "the sampled text is the greedy one: the settings did nothing")
+    got, errs = [None] * 4, []
+
+    def client(i):
+        try:
+            got[i] = completion(ps[i % len(ps)], n, cache_prompt=False, **opts(100 + i))["content"]
+        except Exception as e:
+            errs.append(f"client {i}: {type(e).__name__}: {e}")
+    ts = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    check(not errs, lambda: "; ".join(errs))
+    for i in range(4):
+        check(got[i] == want[i], lambda: f"client {i} (seed {100 + i}): '{h.one_line(got[i] or '')}' != generate '{h.one_line(want[i])}'")
+
+
 def c_greedy_chat():
     """/v1/chat/completions at temperature 0, one user turn, writes what `kiln generate --chat --temp 0` writes."""
     if A.no_template:  # the server falls back to chatml as text; generate --chat refuses a vocab without <|im_end|>
@@ -857,7 +890,7 @@ def c_sigterm():
 
 CHECKS = [("models", c_models), ("chat", c_chat), ("chat_stream", c_chat_stream), ("completions", c_completions),
           ("usage_counts", c_usage_counts), ("schemas", c_schemas), ("errors", c_errors), ("routes", c_routes), ("auth", c_auth),
-          ("greedy_generate", c_greedy_generate), ("greedy_chat", c_greedy_chat), ("completion", c_completion),
+          ("greedy_generate", c_greedy_generate), ("sample_generate", c_sample_generate), ("greedy_chat", c_greedy_chat), ("completion", c_completion),
           ("completion_probs", c_completion_probs), ("completion_stream", c_completion_stream),
           ("tokenize_roundtrip", c_tokenize_roundtrip), ("apply_template", c_apply_template), ("props", c_props),
           ("slots", c_slots), ("metrics", c_metrics), ("grammar", c_grammar), ("schema", c_schema), ("ollama", c_ollama), ("concurrency", c_concurrency),

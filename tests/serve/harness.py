@@ -123,9 +123,12 @@ def wait_idle(srv, n_slots, seconds=10.0):
         time.sleep(0.1)
 
 
-def kiln_generate(kiln, model, prompt, n, chat=False, ctx=None):
-    """kiln generate's greedy text for prompt: stdout without the echoed prompt (generate echoes it unless --chat)."""
-    cmd = [kiln, "generate", "-p", prompt, "-n", str(n), "--temp", "0", "-t", "1"]
+def kiln_generate(kiln, model, prompt, n, chat=False, ctx=None, sample=None):
+    """kiln generate's text for prompt, greedy or under sample's options (CLI flag -> value): stdout without the
+    echoed prompt (generate echoes it unless --chat)."""
+    cmd = [kiln, "generate", "-p", prompt, "-n", str(n), "-t", "1"]
+    for k, v in (sample or {"--temp": 0}).items():
+        cmd += [k, str(v)]
     if model:
         cmd += ["-m", model]
     if chat:
