@@ -1,11 +1,12 @@
 /* bench_serve.c: `kiln bench serve`, an HTTP server under concurrent streaming load, as a client sees it.
  *
  *   kiln bench serve (--url URL | -m MODEL [-np N] [-t T] [--ctx-size C] [--gpu]) [-c 1,4,16] [-n 64] [-r R]
- *                    [--peer-bin PATH/llama-server] [--api-key KEY]
+ *                    [--sample] [--peer-bin PATH/llama-server] [--api-key KEY]
  *
  * For each concurrency C of -c, C clients each stream R requests (-r, default 1) one after another: POST /completion
- * with one prompt of a fixed set (client i the (i mod 8)th), n_predict -n, temperature 0, ignore_eos (every stream has
- * exactly n tokens), cache_prompt false (no request reuses another's prefill), stream true, through libcurl's multi
+ * with one prompt of a fixed set (client i the (i mod 8)th), n_predict -n, temperature 0 (--sample: llama-server's
+ * defaults temperature 0.8, top_k 40, top_p 0.95, min_p 0.05 with repeat_penalty 1.1 and seed i), ignore_eos (every
+ * stream has exactly n tokens), cache_prompt false (no request reuses another's prefill), stream true, through libcurl's multi
  * interface on one thread. Before the cases one untimed request warms the server (page faults, first allocations).
  * Reported per engine and concurrency:
  *   tok_s    generated tokens of every stream (the final event's tokens_predicted) / the case's wall time
@@ -263,11 +264,15 @@ static size_t on_data(char *p, size_t sz, size_t n, void *user) {
 }
 
 /* (Re)arms st for its client's next request and adds it to m. */
-static bool send_one(CURLM *m, stream *st, const char *url, int64_t n_predict) {
+static bool send_one(CURLM *m, stream *st, const char *url, int64_t n_predict, bool sample) {
     char u[160];
     snprintf(u, sizeof u, "%s/completion", url);
     json_t *o = json_pack("{s:s, s:I, s:f, s:b, s:b, s:b}", "prompt", prompts[st->client % 8], "n_predict", (json_int_t)n_predict,
-                          "temperature", 0.0, "ignore_eos", 1, "cache_prompt", 0, "stream", 1);
+                          "temperature", sample ? 0.8 : 0.0, "ignore_eos", 1, "cache_prompt", 0, "stream", 1);
+    if (o && sample && (json_object_set_new(o, "top_k", json_integer(40)) || json_object_set_new(o, "top_p", json_real(0.95)) ||
+                        json_object_set_new(o, "min_p", json_real(0.05)) || json_object_set_new(o, "repeat_penalty", json_real(1.1)) ||
+                        json_object_set_new(o, "seed", json_integer(st->client))))
+        json_decref(o), o = NULL;
     char *b = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     if (!b || strlen(b) >= sizeof st->body) return free(b), false;
@@ -340,7 +345,7 @@ static bool scrape(const char *url, double v[5]) {
 }
 
 /* One case: clients streams of reps requests each against url. */
-static int run_case(const char *url, const char *api_key, int clients, int64_t reps, int64_t n_predict, result *r) {
+static int run_case(const char *url, const char *api_key, int clients, int64_t reps, int64_t n_predict, bool sample, result *r) {
     CURLM *m = curl_multi_init();
     stream *ss = calloc((size_t)clients, sizeof *ss);
     const size_t max_itl = (size_t)clients * (size_t)reps * (size_t)(n_predict + 1);
@@ -356,7 +361,7 @@ static int run_case(const char *url, const char *api_key, int clients, int64_t r
         ss[i].client = i, ss[i].left = (int)reps - 1;
         ss[i].hdr = curl_slist_append(NULL, "Content-Type: application/json");
         if (api_key) ss[i].hdr = curl_slist_append(ss[i].hdr, auth);
-        if (!ss[i].hdr || !send_one(m, &ss[i], url, n_predict)) rc = kiln_cli_error("bench serve: cannot start a request");
+        if (!ss[i].hdr || !send_one(m, &ss[i], url, n_predict, sample)) rc = kiln_cli_error("bench serve: cannot start a request");
         else running++;
     }
     while (!rc && running > 0) {
@@ -383,7 +388,7 @@ static int run_case(const char *url, const char *api_key, int clients, int64_t r
                 for (int k = 1; k < st->n_t && n_itl < max_itl; k++) itl[n_itl++] = st->t[k] - st->t[k - 1];
             }
             st->n_t = 0, st->failed = false;
-            if (st->left-- > 0 && send_one(m, st, url, n_predict)) continue;
+            if (st->left-- > 0 && send_one(m, st, url, n_predict, sample)) continue;
             running--;
         }
         if (running > 0) curl_multi_poll(m, NULL, 0, 100, NULL);
@@ -403,12 +408,13 @@ static int run_case(const char *url, const char *api_key, int clients, int64_t r
     return rc;
 }
 
-static void print_json(const result *r, const char *model, int64_t np, int64_t n_predict, int64_t reps) {
+static void print_json(const result *r, const char *model, int64_t np, int64_t n_predict, int64_t reps, bool sample) {
     char b[11][32];
     printf("{\"bench\": \"serve\", \"engine\": ");
     kiln_bench_json_str(r->engine);
     printf(", \"model\": ");
     kiln_bench_json_str(model);
+    printf(", \"sampling\": \"%s\"", sample ? "sampled" : "greedy");
     printf(", \"slots\": %lld, \"clients\": %d, \"n_predict\": %lld, \"requests\": %lld, \"tokens\": %lld, \"errors\": %d, "
            "\"seconds\": %s, \"tok_s\": %s, \"ttft_p50_ms\": %s, \"ttft_p99_ms\": %s, \"itl_p50_ms\": %s, \"itl_p99_ms\": %s, "
            "\"steps\": %s, \"rows_per_step\": %s, \"step_decode_ms\": %s, \"step_emit_ms\": %s, \"steps_mixed\": %s}\n",
@@ -424,14 +430,14 @@ static void print_json(const result *r, const char *model, int64_t np, int64_t n
 
 /* The cases of one engine into res[0..n_cases); the warm-up request first. */
 static int run_engine(const char *engine, const char *url, const char *api_key, const int64_t *cs, int n_cases, int64_t reps,
-                      int64_t n_predict, const char *model, int64_t np, result *res) {
+                      int64_t n_predict, bool sample, const char *model, int64_t np, result *res) {
     result warm;
-    int rc = run_case(url, api_key, 1, 1, 4, &warm);
+    int rc = run_case(url, api_key, 1, 1, 4, sample, &warm);
     if (!rc && warm.errors) rc = kiln_cli_error("bench serve: %s at %s: the warm-up request failed", engine, url);
     for (int i = 0; !rc && i < n_cases; i++) {
         double m0[5], m1[5];
         const bool own = strcmp(engine, "kiln") == 0 && scrape(url, m0);
-        rc = run_case(url, api_key, (int)cs[i], reps, n_predict, &res[i]);
+        rc = run_case(url, api_key, (int)cs[i], reps, n_predict, sample, &res[i]);
         res[i].engine = engine;
         res[i].steps = res[i].rows = res[i].step_ms = res[i].emit_ms = res[i].mixed = NAN;
         if (!rc && own && scrape(url, m1) && m1[0] > m0[0]) {
@@ -439,7 +445,7 @@ static int run_engine(const char *engine, const char *url, const char *api_key, 
             res[i].steps = n, res[i].rows = (m1[1] - m0[1]) / n, res[i].step_ms = 1e3 * (m1[2] - m0[2]) / n;
             res[i].emit_ms = 1e3 * (m1[3] - m0[3]) / n, res[i].mixed = m1[4] - m0[4];
         }
-        if (!rc) print_json(&res[i], model, np, n_predict, reps);
+        if (!rc) print_json(&res[i], model, np, n_predict, reps, sample);
     }
     return rc;
 }
@@ -474,6 +480,7 @@ int kiln_bench_serve(int argc, char **argv) {
     const char *url = NULL, *clients = "1,4", *api_key = NULL;
     launch l = {.np = 0, .threads = 0, .ctx = 0};
     int64_t n_predict = 64, reps = 1;
+    bool sample = false;
     kiln_cli_opt opts[] = {
         {"--url", KILN_CLI_STR, &url, 0, 0},          {"-m", KILN_CLI_STR, &l.model, 0, 0},
         {"--model", KILN_CLI_STR, &l.model, 0, 0},    {"-np", KILN_CLI_I64, &l.np, 1, 4096},
@@ -483,6 +490,7 @@ int kiln_bench_serve(int argc, char **argv) {
         {"-n", KILN_CLI_I64, &n_predict, 1, 1 << 20}, {"--n-predict", KILN_CLI_I64, &n_predict, 1, 1 << 20},
         {"-r", KILN_CLI_I64, &reps, 1, 1000},         {"--peer-bin", KILN_CLI_STR, &l.peer_bin, 0, 0},
         {"--api-key", KILN_CLI_STR, &api_key, 0, 0},  {"--gpu", KILN_CLI_FLAG, &l.gpu, 0, 0},
+        {"--sample", KILN_CLI_FLAG, &sample, 0, 0},
     };
     int n_pos;
     if (!kiln_cli_parse_args("bench serve", argc, argv, opts, (int)(sizeof opts / sizeof *opts), NULL, 0, &n_pos)) return 1;
@@ -508,12 +516,12 @@ int kiln_bench_serve(int argc, char **argv) {
     else if (!start_kiln(&ks, &l))
         rc = kiln_cli_error("bench serve: kiln serve -m %s did not come up (its log: %s)", l.model, ks.log), ks.keep_log = true;
     const char *model = l.model ? kiln_bench_base_name(l.model) : url;
-    if (!rc) rc = run_engine("kiln", ks.url, api_key, cs, n_cases, reps, n_predict, model, l.np, k);
+    if (!rc) rc = run_engine("kiln", ks.url, api_key, cs, n_cases, reps, n_predict, sample, model, l.np, k);
     stop(&ks);
     if (!rc && l.peer_bin) {
         if (!start_peer(&ps, &l))
             rc = kiln_cli_error("bench serve: %s did not come up (its log: %s)", l.peer_bin, ps.log), ps.keep_log = true;
-        if (!rc) rc = run_engine("llama-server", ps.url, NULL, cs, n_cases, reps, n_predict, model, l.np, p);
+        if (!rc) rc = run_engine("llama-server", ps.url, NULL, cs, n_cases, reps, n_predict, sample, model, l.np, p);
         stop(&ps);
     }
     if (!rc) print_table(k, l.peer_bin ? p : NULL, n_cases);

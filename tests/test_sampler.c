@@ -124,7 +124,8 @@ static void test_sampler_greedy_ties(void) {
 /* A step as args (kiln_sampler_step_args: settings, window counts, the coin) drawn by kiln_sample_args_draw (the CPU
  * backend's sample step) is the token kiln_sampler_sample draws from the same logits and history with a twin sampler:
  * every setting of the pipeline, 200 steps each over a vocab of 3,000 with a history of 300 tokens from 120 ids, and
- * the logits are left as they were. A window of more than KILN_SAMPLE_MAX_PEN distinct ids does not fit, and leaves
+ * the logits are left as they were; every other step also bans ids (args.ban), as a caller masks them to -inf before
+ * kiln_sampler_sample. A window of more than KILN_SAMPLE_MAX_PEN distinct ids does not fit, and leaves
  * the sampler's RNG where it was. */
 static void test_sampler_args_draw(void) {
     enum { NV = 3000, NH = 300, STEPS = 200 };
@@ -152,6 +153,12 @@ static void test_sampler_args_draw(void) {
             kiln_sample_args args;
             const size_t w = kiln_sampler_window(a, NH);
             CHECK(kiln_sampler_step_args(a, hist + (NH - w), w, &args), "case %zu: the window fits", c);
+            if (k % 2) { /* every other step bans the top logit and a penalized id, as ignore_eos masks the ends */
+                int32_t top = 0;
+                for (int i = 1; i < NV; i++) top = logits[i] > logits[top] ? i : top;
+                args.n_ban = 3, args.ban[0] = top, args.ban[1] = hist[NH - 1], args.ban[2] = NV + 5; /* the last: passed over */
+                h_row[top] = -INFINITY, h_row[hist[NH - 1]] = -INFINITY;
+            }
             const int32_t got = kiln_sample_args_draw(&args, a_row, NV, work), want = kiln_sampler_sample(h, h_row, hist, NH);
             same += got == want;
             kept += memcmp(a_row, logits, sizeof a_row) == 0;

@@ -201,6 +201,14 @@ for r in rows:
 assert any(r["itl_p99_ms"] > 0 for r in rows), rows
 assert any(l.split()[:1] == ["2"] for l in open(sys.argv[1]) if not l.startswith("{")), "no table row for 2 clients"
 ' "$tmp/bench.out"
+    # --sample: the requests sample (seeded), and every stream still has its n tokens
+    "$KILN" bench serve -m "$DEFAULT" -np 2 -t 1 -c 2 -n 8 --sample >"$tmp/bench.out" 2>"$tmp/bench.err"
+    check "kiln bench serve --sample: status $?: $(head -c 400 "$tmp/bench.err")" [ $? -eq 0 ]
+    check "kiln bench serve --sample: $(head -c 600 "$tmp/bench.out")" python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+assert len(rows) == 1 and rows[0]["sampling"] == "sampled" and rows[0]["errors"] == 0 and rows[0]["tokens"] == 16, rows
+' "$tmp/bench.out"
     local a
     for a in "-c 0" "-c 1,x" "-n 0" "-np 0" "-r 1.5"; do
         # shellcheck disable=SC2086

@@ -335,6 +335,12 @@ __global__ void __launch_bounds__(SMP_THREADS) sample_kernel(int32_t *out, const
         }
     }
     __syncthreads();
+    /* the banned ids (ignore_eos), after the penalties: a penalty leaves -inf at -inf, so the order is the host's */
+    if (tid < args->n_ban && tid < KILN_SAMPLE_MAX_BAN) {
+        const int32_t id = args->ban[tid];
+        if (id >= 0 && id < V) x[id] = -INFINITY;
+    }
+    __syncthreads();
     if (temp == 0.0f) {
         const int32_t t = block_argmax(x, V, sh);
         if (tid == 0) *out = t;

@@ -332,6 +332,8 @@ int32_t kiln_sample_args_draw(const kiln_sample_args *a, const float *logits, in
         x[id] = x[id] <= 0 ? x[id] * a->repeat_penalty : x[id] / a->repeat_penalty;
         x[id] -= (float)c * a->frequency_penalty + (float)(c > 0) * a->presence_penalty;
     }
+    for (int32_t i = 0; i < a->n_ban && i < KILN_SAMPLE_MAX_BAN; i++)
+        if (a->ban[i] >= 0 && a->ban[i] < V) x[a->ban[i]] = -INFINITY;
     if (s.p.top_k > 0 && s.p.top_k < V) memset(s.seen, 0, (size_t)V * sizeof *s.seen); /* stamps start again at 1 */
     return sample_penalized(&s, x, &a->coin);
 }
@@ -375,6 +377,7 @@ bool kiln_sampler_step_args(kiln_sampler *s, const int32_t *history, size_t n_hi
     args->repeat_penalty = p->repeat_penalty, args->presence_penalty = p->presence_penalty;
     args->frequency_penalty = p->frequency_penalty;
     args->n_pen = n_pen;
+    args->n_ban = 0;
     args->coin = p->temp == 0.0f ? 0.0f : random_f32(&s->rng);
     return true;
 }

@@ -637,11 +637,11 @@ static void on_token(srv_sched *s, slot *sl, float *row) {
     emit_token(s, sl, t, want ? &ti : NULL, pos);
 }
 
-/* Whether slot sl's token can be drawn on the backend: nothing the host does to its row before the draw (grammar,
- * the ends masked) or with it after (log-probabilities), and no drafts to verify. */
+/* Whether slot sl's token can be drawn on the backend: nothing the host does to its row before the draw (a grammar's
+ * mask; ignore_eos's two ids travel as the args' bans) or with it after (log-probabilities), and no drafts to verify. */
 static bool plain_slot(const slot *sl) {
     const srv_job *j = sl->job;
-    return !sl->gm && !sl->n_draft && !j->want_toks && j->g.n_probs <= 0 && !j->g.ignore_eos;
+    return !sl->gm && !sl->n_draft && !j->want_toks && j->g.n_probs <= 0;
 }
 
 /* The penalties' window slot sl's sampler reads after this step: the tail of the sequence's tokens, then the k tokens
@@ -671,7 +671,12 @@ static bool sample_on_backend(srv_sched *s, int n_groups, const size_t *chunk) {
         const int i = s->row_slot[g];
         slot *sl = &s->slots[i];
         const size_t w = step_window(s, sl, sl->st == SLOT_DECODE ? 1 : chunk[i]);
-        kiln_sampler_step_args(sl->smp, s->swin, w, &s->sargs[sl->row]); /* fits, so it draws */
+        kiln_sample_args *a = &s->sargs[sl->row];
+        kiln_sampler_step_args(sl->smp, s->swin, w, a); /* fits, so it draws */
+        if (sl->job->g.ignore_eos) { /* mask_ends */
+            if (s->eos >= 0) a->ban[a->n_ban++] = s->eos;
+            if (s->eot >= 0) a->ban[a->n_ban++] = s->eot;
+        }
     }
     return true;
 }
