@@ -15,9 +15,17 @@
  *                    size's recording replayed over other sequences at other positions), every row against a CPU
  *                    context fed the same batches within the bounds above, the device's argmax equal to the row's,
  *                    with the f16 cache and with q8_0 (the window fixture's rows of 8 take only f16)
+ *   sampled rows     the same sequences' tokens drawn on the device under each one's own settings
+ *                    (kiln_context_decode_sampled, as the server's slots), steps of 20, 12, 6 and 1 rows, each size's
+ *                    recording replayed with new args: every token is the one a host sampler of the same seed draws
+ *                    from the step's row and the sequence's history (the greedy and banned rows exactly; the others
+ *                    but for at most 1 draw in 40, a coin within float rounding of a cdf boundary, as
+ *                    test_generate's sampled steps allow)
  * Compiled with KILN_CUDA only; skips without a GPU. */
 #include "test.h"
 #include "cuda/cuda.h"
+#include "infer/context.h"
+#include "model/sample_args.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -306,6 +314,84 @@ static void check_decode_rows(const char *path, kiln_kv_type tk, kiln_kv_type tv
     kiln_model_free(m);
 }
 
+static void check_sampled_rows(const char *path) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    kiln_model *m = NULL;
+    CHECK(kiln_model_load(path, &m) == KILN_OK, "%s", kiln_last_error());
+    const int64_t V = kiln_model_n_vocab(m);
+    kiln_context_params cp = {.s = {.n_ctx = N_CTX, .n_batch = 32, .n_threads = 2}, .n_seq = NR};
+    cp.s.device = (kiln_device){.kind = KILN_DEVICE_CUDA, .index = 0};
+    kiln_context *g = NULL;
+    CHECK(kiln_context_new(m, &cp, &g) == KILN_OK, "%s", kiln_last_error());
+    CHECK(kiln_context_samples(g), "the CUDA backend samples");
+    static const kiln_sampler_params sp[4] = {
+        {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .repeat_penalty = 1.1f, .repeat_last_n = 64},
+        {.temp = 1.0f, .top_k = 0, .top_p = 1.0f, .repeat_penalty = 1.0f, .presence_penalty = 0.5f, .frequency_penalty = 0.3f, .repeat_last_n = 16},
+        {.temp = 0.0f, .top_k = 40, .top_p = 0.95f, .repeat_penalty = 1.3f, .repeat_last_n = -1}, /* greedy, penalized, bans */
+        {.temp = 0.7f, .top_k = 5, .top_p = 0.5f, .min_p = 0.1f, .repeat_penalty = 1.2f, .repeat_last_n = -1},
+    };
+    kiln_sampler *a[NR] = {0}, *h[NR] = {0};
+    for (int s = 0; s < NR; s++) {
+        kiln_sampler_params q = sp[s % 4];
+        q.seed = 100 + (uint64_t)s;
+        CHECK(kiln_sampler_new(&q, V, &a[s]) == KILN_OK && kiln_sampler_new(&q, V, &h[s]) == KILN_OK, "%s", kiln_last_error());
+    }
+    float *lg = malloc(sizeof *lg * (size_t)(NR * V));
+    int32_t *hist = malloc(sizeof *hist * (N_CTX + 1)), feed[NR];
+    CHECK(lg && hist);
+    unsigned long long r = 0x5a3dull;
+    kiln_batch_entry e[NR + 12];
+    for (int s = 0; s < NR; s++) { /* prompts of 1..11 tokens */
+        const int len = 1 + (s * 5) % 11;
+        for (int i = 0; i < len; i++) e[i] = (kiln_batch_entry){.seq = s, .id = (int32_t)(test_rng_next(&r) % (unsigned long long)V), .pos = i};
+        CHECK(kiln_context_decode(g, e, (size_t)len, NULL, NULL) == KILN_OK, "%s", kiln_last_error());
+        feed[s] = (int32_t)(test_rng_next(&r) % (unsigned long long)V);
+    }
+    static const int count[] = {NR, NR, 12, 12, 6, 6, 1, 1, NR};
+    int draws = 0, off = 0, off_exact = 0;
+    for (int k = 0; k < (int)(sizeof count / sizeof *count); k++) {
+        const int n = count[k];
+        kiln_sample_args args[NR];
+        int seq[NR];
+        for (int i = 0; i < n; i++) seq[i] = (k * 7 + i * 3) % NR; /* NR and 3 coprime: distinct */
+        for (int i = n - 1; i > 0; i--) {
+            const int j = (int)(test_rng_next(&r) % (unsigned long long)(i + 1)), t = seq[i];
+            seq[i] = seq[j], seq[j] = t;
+        }
+        for (int i = 0; i < n; i++) {
+            const int s = seq[i];
+            const int64_t pos = kiln_context_seq_pos(g, s);
+            memcpy(hist, kiln_context_seq_tokens(g, s), sizeof *hist * (size_t)pos);
+            hist[pos] = feed[s];
+            const size_t w = kiln_sampler_window(a[s], (size_t)pos + 1);
+            CHECK(kiln_sampler_step_args(a[s], hist + (pos + 1 - (int64_t)w), w, &args[i]), "the window fits");
+            if (s % 4 == 2) args[i].n_ban = 1, args[i].ban[0] = feed[s]; /* never the token just fed */
+            e[i] = (kiln_batch_entry){.seq = s, .id = feed[s], .pos = pos, .logits = true};
+        }
+        int32_t next[NR];
+        CHECK(kiln_context_decode_sampled(g, e, (size_t)n, args, lg, next) == KILN_OK, "step %d: %s", k, kiln_last_error());
+        for (int i = 0; i < n; i++) {
+            const int s = seq[i];
+            float *row = lg + (size_t)i * (size_t)V;
+            if (s % 4 == 2) row[feed[s]] = -INFINITY;
+            const int32_t want = kiln_sampler_sample(h[s], row, kiln_context_seq_tokens(g, s), (size_t)kiln_context_seq_pos(g, s));
+            draws++;
+            if (next[i] != want) off++, off_exact += sp[s % 4].temp == 0.0f;
+            feed[s] = next[i];
+        }
+    }
+    printf("# %s: %d tokens drawn on the device in rows of 20, 12, 6 and 1, %d differ from the host's draw\n", path, draws, off);
+    CHECK(off_exact == 0, "%s: %d greedy rows differ from the host's", path, off_exact);
+    CHECK(off * 40 <= draws, "%s: %d of %d draws differ from the host's", path, off, draws);
+    for (int s = 0; s < NR; s++) kiln_sampler_free(a[s]), kiln_sampler_free(h[s]);
+    kiln_context_free(g);
+    free(lg), free(hist);
+    kiln_model_free(m);
+}
+
+static void test_gpu_sampled_rows_default(void) { check_sampled_rows(MODEL); }
+static void test_gpu_sampled_rows_window(void) { check_sampled_rows(WINDOW_MODEL); }
+
 static void test_gpu_decode_rows_default(void) { check_decode_rows(MODEL, KILN_KV_F16, KILN_KV_F16); }
 static void test_gpu_decode_rows_q8(void) { check_decode_rows(MODEL, KILN_KV_Q8_0, KILN_KV_Q8_0); }
 static void test_gpu_decode_rows_window(void) { check_decode_rows(WINDOW_MODEL, KILN_KV_F16, KILN_KV_F16); }
@@ -323,6 +409,8 @@ int main(void) {
     RUN(test_gpu_decode_rows_default);
     RUN(test_gpu_decode_rows_q8);
     RUN(test_gpu_decode_rows_window);
+    RUN(test_gpu_sampled_rows_default);
+    RUN(test_gpu_sampled_rows_window);
     TEST_EXIT();
 }
 
