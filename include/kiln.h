@@ -694,6 +694,10 @@ typedef struct kiln_sampler kiln_sampler;
 kiln_sampler_params kiln_sampler_default(void); /* temp 0.8, top_k 40, top_p 0.95, min_p 0.05, penalties off, seed 42 */
 kiln_status kiln_sampler_new(const kiln_sampler_params *p, int64_t n_vocab, kiln_sampler **out);
 void kiln_sampler_free(kiln_sampler *s);
+/* Ids s never draws (at most 4; ids outside the vocab, such as -1, are passed over; n 0 clears them): their logits
+ * are -inf before the penalties in kiln_sampler_sample and kiln_sampler_probs, and in a session's sampled step on
+ * the GPU (--ignore-eos's end tokens). KILN_ERR_INVALID for more than 4, nothing changed. */
+kiln_status kiln_sampler_ban(kiln_sampler *s, const int32_t *ids, int n);
 /* Picks a token from logits (modified in place); history is the sequence so far, for the repetition penalty. */
 int32_t kiln_sampler_sample(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history);
 /* As kiln_session_eval, then *next = kiln_sampler_sample(smp, the last token's logits, the session's tokens): on the

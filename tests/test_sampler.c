@@ -180,8 +180,58 @@ static void test_sampler_args_draw(void) {
     free(work);
 }
 
+/* kiln_sampler_ban: banned ids are never drawn, greedy or sampled, and have probability 0; ids outside the vocab are
+ * passed over; a step's args carry them (kiln_sample_args_draw agrees); more than 4 are refused, the bans kept. */
+static void test_sampler_ban(void) {
+    kiln_sampler_params p = kiln_sampler_default();
+    p.temp = 0;
+    kiln_sampler *s = NULL;
+    CHECK(kiln_sampler_new(&p, V, &s) == KILN_OK);
+    if (!s) return;
+    float x[V];
+    const int32_t ban[3] = {3, -1, 99};
+    CHECK(kiln_sampler_ban(s, ban, 3) == KILN_OK, "%s", kiln_last_error());
+    memcpy(x, base, sizeof x);
+    CHECK(kiln_sampler_sample(s, x, NULL, 0) == 0, "greedy with 3 banned: the next best, 0");
+    const int32_t five[5] = {0, 1, 2, 4, 5};
+    CHECK(kiln_sampler_ban(s, five, 5) == KILN_ERR_INVALID, "5 bans were taken");
+    memcpy(x, base, sizeof x);
+    CHECK(kiln_sampler_sample(s, x, NULL, 0) == 0, "a refused ban changed the bans");
+    kiln_sample_args args;
+    CHECK(kiln_sampler_step_args(s, NULL, 0, &args) && args.n_ban == 1 && args.ban[0] == 3, "args: %d bans", args.n_ban);
+    void *work = malloc(kiln_sample_args_work_bytes(V));
+    CHECK(work && kiln_sample_args_draw(&args, base, V, work) == 0, "args draw");
+    free(work);
+    kiln_sampler_free(s);
+    /* sampled at a high temperature, over many draws: never a banned id; the probabilities give them 0 */
+    p = kiln_sampler_default();
+    p.temp = 5.0f, p.top_k = 0, p.top_p = 1.0f, p.min_p = 0.0f;
+    CHECK(kiln_sampler_new(&p, V, &s) == KILN_OK);
+    if (!s) return;
+    const int32_t two[2] = {3, 0};
+    CHECK(kiln_sampler_ban(s, two, 2) == KILN_OK);
+    int hits = 0, seen[V] = {0};
+    for (int k = 0; k < 600; k++) {
+        memcpy(x, base, sizeof x);
+        const int32_t t = kiln_sampler_sample(s, x, NULL, 0);
+        hits += t == 3 || t == 0;
+        if (t >= 0 && t < V) seen[t] = 1;
+    }
+    CHECK(hits == 0, "%d draws of a banned id", hits);
+    CHECK(seen[1] && seen[2] && seen[4] && seen[5], "the others drawn: %d %d %d %d", seen[1], seen[2], seen[4], seen[5]);
+    memcpy(x, base, sizeof x);
+    kiln_sampler_probs(s, x, NULL, 0);
+    CHECK(x[3] == 0.0f && x[0] == 0.0f && x[1] > 0.0f, "probs %g %g %g", x[3], x[0], x[1]);
+    CHECK(kiln_sampler_ban(s, NULL, 0) == KILN_OK);
+    memcpy(x, base, sizeof x);
+    kiln_sampler_probs(s, x, NULL, 0);
+    CHECK(x[3] > 0.0f && x[0] > 0.0f, "cleared: probs %g %g", x[3], x[0]);
+    kiln_sampler_free(s);
+}
+
 int main(void) {
     RUN(test_sampler_args_draw);
+    RUN(test_sampler_ban);
     RUN(test_sampler_greedy_ties);
     RUN(test_sampler_penalties_last_n);
     RUN(test_sampler_penalties_whole_history);

@@ -100,17 +100,14 @@ static kiln_status reply_loop(kiln_session *sess, kiln_sampler *smp, kiln_gramma
     const int32_t eos = kiln_tokenizer_eos(tok);
     const int64_t n_ctx = kiln_session_n_ctx(sess);
     /* on the GPU, once the turn's first token is drawn from the prompt's logits, each next one is drawn there and
-     * only it comes back; not where the host edits the logits (--ignore-eos, a grammar) */
-    const bool on_device = kiln_session_on_gpu(sess) && !gm && !o->ignore_eos;
+     * only it comes back (--ignore-eos's banned ids with it: the sampler's); not where the host edits the logits (a
+     * grammar) */
+    const bool on_device = kiln_session_on_gpu(sess) && !gm;
     kiln_status s = gm ? kiln_grammar_matcher_reset(gm) : KILN_OK;
     *n_gen = 0, *full = false;
     int32_t next = 0;
     bool drawn = false; /* next came from the last eval */
     for (; !s && *n_gen < o->n_max; ++*n_gen) {
-        if (o->ignore_eos) {
-            if (eot >= 0 && eot < V) logits[eot] = -INFINITY;
-            if (eos >= 0 && eos < V) logits[eos] = -INFINITY;
-        }
         if (gm) { /* the grammar's tokens only; where it can end, the end of turn as well as EOS */
             const float l_eot = eot >= 0 && eot < V ? logits[eot] : 0.0f;
             if ((s = kiln_grammar_matcher_mask(gm, logits))) return s;
@@ -164,6 +161,10 @@ static int chat(const kiln_model *m, const chat_opts *o) {
     sp.n_ctx = n_ctx;
     s = kiln_session_new(m, &sp, &sess);
     if (!s) s = kiln_sampler_new(&o->sampler, V, &smp);
+    if (!s && o->ignore_eos) { /* EOS and the end of turn never sampled */
+        const int32_t ban[2] = {eot, kiln_tokenizer_eos(tok)};
+        s = kiln_sampler_ban(smp, ban, 2);
+    }
     if (!s && o->grammar) s = kiln_grammar_matcher_new(o->grammar, tok, &gm);
     if (s) {
         kiln_sampler_free(smp);

@@ -402,7 +402,9 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     sp.n_ctx = n_ctx;
     if (err) s = KILN_ERR_INVALID;
     if (!s) s = kiln_session_new(m, &sp, &sess);
+    const int32_t banned[3] = {eos, bos, o->chat ? o->eot : -1}; /* with --ignore-eos */
     if (!s) s = kiln_sampler_new(&o->sampler, V, &smp);
+    if (!s && o->ignore_eos) s = kiln_sampler_ban(smp, banned, 3);
     if (!s && o->grammar) s = kiln_grammar_matcher_new(o->grammar, tok, &gm);
     if (!s && prompt && !o->chat) {
         fputs(prompt, stdout);
@@ -412,12 +414,13 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
     size_t n = n_prompt;
     bool full = false, stopped = false;
     /* on the GPU the token is picked there and 4 bytes come back instead of the logits: the argmax (greedy), or the
-     * sampler's draw; not where the host edits the logits first (--ignore-eos, a grammar) or drafts (speculation) */
+     * sampler's draw (--ignore-eos's banned ids travel with it); not where the host edits the logits first (a
+     * grammar) or drafts (speculation) */
     const kiln_sampler_params *sm = &o->sampler;
-    const bool on_device = sess && kiln_session_on_gpu(sess) && !o->ignore_eos && !gm && !o->lookup && !o->draft_path;
-    const bool argmax = on_device && sm->temp == 0 && sm->repeat_penalty == 1 && sm->presence_penalty == 0 && sm->frequency_penalty == 0;
+    const bool on_device = sess && kiln_session_on_gpu(sess) && !gm && !o->lookup && !o->draft_path;
+    const bool argmax = on_device && !o->ignore_eos && sm->temp == 0 && sm->repeat_penalty == 1 && sm->presence_penalty == 0 &&
+                        sm->frequency_penalty == 0;
     const bool sampled = on_device && !argmax;
-    const int32_t banned[3] = {eos, bos, o->chat ? o->eot : -1}; /* with --ignore-eos */
     int32_t next = 0;
     if (!s)
         s = argmax ? kiln_session_eval_argmax(sess, seq, n_prompt, &next)
@@ -429,8 +432,6 @@ static int generate(const kiln_model *m, const char *model_path, const char *pro
         goto done;
     }
     for (int64_t i = 0; !s && i < o->n_new; i++) {
-        for (int b = 0; o->ignore_eos && b < 3; b++)
-            if (banned[b] >= 0 && banned[b] < V) logits[banned[b]] = -INFINITY;
         if (gm && (s = kiln_grammar_matcher_mask(gm, logits))) break; /* before the sampler: its filters see only these */
         if (!argmax && !sampled) next = kiln_sampler_sample(smp, logits, seq, n);
         /* EOS ends the text; so does BOS, which llama2.c's stories use to separate documents */

@@ -22,6 +22,8 @@ struct kiln_sampler {
     uint32_t *seen;       /* (V) stamp per token: kept by top-k */
     uint32_t stamp;
     int32_t *count;       /* (V) occurrences in the penalty window; all zero between calls */
+    int32_t ban[KILN_SAMPLE_MAX_BAN]; /* ids never drawn (kiln_sampler_ban), each in the vocab */
+    int n_ban;
 };
 
 kiln_sampler_params kiln_sampler_default(void) {
@@ -62,6 +64,19 @@ void kiln_sampler_free(kiln_sampler *s) {
     free(s->seen);
     free(s->count);
     free(s);
+}
+
+kiln_status kiln_sampler_ban(kiln_sampler *s, const int32_t *ids, int n) {
+    if (n < 0 || n > KILN_SAMPLE_MAX_BAN || (n && !ids))
+        return kiln_fail(KILN_ERR_INVALID, "sampler: %d banned ids (at most %d)", n, KILN_SAMPLE_MAX_BAN);
+    s->n_ban = 0;
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < s->n_vocab) s->ban[s->n_ban++] = ids[i];
+    return KILN_OK;
+}
+
+static void apply_bans(const kiln_sampler *s, float *logits) {
+    for (int i = 0; i < s->n_ban; i++) logits[s->ban[i]] = -INFINITY;
 }
 
 /* llama2.c's random_u32 / random_f32: xorshift64*, the top 32 bits; a coin is 24 of them in [0, 1). */
@@ -229,6 +244,7 @@ static int32_t sample_topp(kiln_sampler *s, const float *probs, int64_t n, float
 void kiln_sampler_probs(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history) {
     const kiln_sampler_params *p = &s->p;
     const int64_t V = s->n_vocab;
+    apply_bans(s, logits);
     const bool penalize = p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
     if (penalize && p->repeat_last_n != 0 && n_history > 0) apply_penalties(s, logits, history, n_history);
     if (p->temp == 0.0f || p->top_p <= 0.0f) { /* greedy, or a nucleus of the top token alone: the argmax's one-hot */
@@ -302,6 +318,7 @@ static int32_t sample_penalized(kiln_sampler *s, float *logits, const float *coi
 
 int32_t kiln_sampler_sample(kiln_sampler *s, float *logits, const int32_t *history, size_t n_history) {
     const kiln_sampler_params *p = &s->p;
+    apply_bans(s, logits);
     const bool penalize = p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
     if (penalize && p->repeat_last_n != 0 && n_history > 0) apply_penalties(s, logits, history, n_history);
     return sample_penalized(s, logits, NULL);
@@ -377,7 +394,8 @@ bool kiln_sampler_step_args(kiln_sampler *s, const int32_t *history, size_t n_hi
     args->repeat_penalty = p->repeat_penalty, args->presence_penalty = p->presence_penalty;
     args->frequency_penalty = p->frequency_penalty;
     args->n_pen = n_pen;
-    args->n_ban = 0;
+    args->n_ban = s->n_ban; /* after the penalties there, as -inf stays -inf under them */
+    for (int i = 0; i < s->n_ban; i++) args->ban[i] = s->ban[i];
     args->coin = p->temp == 0.0f ? 0.0f : random_f32(&s->rng);
     return true;
 }

@@ -23,7 +23,7 @@ typedef struct kiln_sample_args {
     int32_t n_pen;   /* entries of pen_id / pen_count in use */
     int32_t pen_id[KILN_SAMPLE_MAX_PEN];    /* distinct ids in the window, each in the vocab */
     int32_t pen_count[KILN_SAMPLE_MAX_PEN]; /* their occurrences there, >= 1 */
-    int32_t n_ban;   /* entries of ban in use (kiln_sampler_step_args sets none) */
+    int32_t n_ban;   /* entries of ban in use (kiln_sampler_step_args: the sampler's kiln_sampler_ban ids) */
     int32_t ban[KILN_SAMPLE_MAX_BAN];       /* ids never drawn: -inf after the penalties, as a host caller masks them
                                              * before kiln_sampler_sample (ids outside the vocab are passed over) */
 } kiln_sample_args;

@@ -673,9 +673,9 @@ static bool sample_on_backend(srv_sched *s, int n_groups, const size_t *chunk) {
         const size_t w = step_window(s, sl, sl->st == SLOT_DECODE ? 1 : chunk[i]);
         kiln_sample_args *a = &s->sargs[sl->row];
         kiln_sampler_step_args(sl->smp, s->swin, w, a); /* fits, so it draws */
-        if (sl->job->g.ignore_eos) { /* mask_ends */
-            if (s->eos >= 0) a->ban[a->n_ban++] = s->eos;
-            if (s->eot >= 0) a->ban[a->n_ban++] = s->eot;
+        if (sl->job->g.ignore_eos) { /* mask_ends; the slot's sampler bans nothing of its own */
+            if (s->eos >= 0 && a->n_ban < KILN_SAMPLE_MAX_BAN) a->ban[a->n_ban++] = s->eos;
+            if (s->eot >= 0 && a->n_ban < KILN_SAMPLE_MAX_BAN) a->ban[a->n_ban++] = s->eot;
         }
     }
     return true;
