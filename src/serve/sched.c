@@ -219,7 +219,7 @@ struct srv_sched {
                               * on the first such job */
     float *probs;            /* (V) scratch for log-probabilities */
     /* sampling on the backend (kiln_context_decode_sampled): a step whose rows all come from plain slots (no grammar,
-     * log-probabilities, ignore_eos or drafts) reads back the tokens alone, each drawn under its slot's args */
+     * log-probabilities or drafts) reads back the tokens alone, each drawn under its slot's args */
     bool dev_sample;         /* the backend samples, and KILN_SAMPLE_ON_HOST=1 is not set */
     kiln_sample_args *sargs; /* (n_slots) this step's, by logits row */
     int32_t *snext;          /* (n_slots) the tokens drawn */
