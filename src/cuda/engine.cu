@@ -102,6 +102,8 @@ typedef struct engine {
      * read beside it or NULL), which that matvec's last CTAs fetch, up to pf_budget bytes; and how far this step has
      * fetched each weight (reset by embed, the step's first op), so a later hint of the same weight goes on from there */
     size_t pf_budget; /* KILN_PREFETCH_MB, 0: off */
+    int64_t mv_rows;  /* steps of more rows than this (up to 8) take gemm_small where it takes the weight, the matvecs
+                       * otherwise: KILN_MATVEC_ROWS, 8 by default (every step of up to 8 rows on the matvecs) */
     const kiln_cuda_wt *hint[8][2];
     int n_hint;
     struct {
@@ -323,6 +325,9 @@ static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, 
     const char *pf = getenv("KILN_PREFETCH_MB");
     const long pf_mb = pf ? strtol(pf, NULL, 10) : PF_DEFAULT_MB;
     e->pf_budget = pf_mb > 0 && pf_mb <= 1024 ? (size_t)pf_mb << 20 : 0;
+    const char *mvr = getenv("KILN_MATVEC_ROWS");
+    const long mv_rows = mvr ? strtol(mvr, NULL, 10) : KILN_CUDA_MATVEC_MAX_T;
+    e->mv_rows = mv_rows >= 1 && mv_rows <= KILN_CUDA_MATVEC_MAX_T ? mv_rows : KILN_CUDA_MATVEC_MAX_T;
     const char *tails = getenv("KILN_MV_TAIL");
     e->tails = !tails ? 0 : strcmp(tails, "all") == 0 ? TAIL_PREPARE | TAIL_NORM : strcmp(tails, "prep") == 0 ? TAIL_PREPARE
              : strcmp(tails, "norm") == 0 ? TAIL_NORM : 0;
@@ -542,15 +547,22 @@ static void pf_spans(engine *e, kiln_cuda_mv_tail *t) {
 
 static void pf_drop(engine *e) { e->n_hint = 0; }
 
-/* y (T, W.rows) (+)= x W^T: matvec on the prepared xp for a decode-sized T, the blocks on the tensor cores for a
- * few more rows (a step of many sequences' tokens), else cuBLASLt (on the bf16 copy when there is one). */
+/* Whether gemm_small multiplies T rows by q in this engine (its types, and the size rule). */
+static bool small_takes(const engine *e, const kiln_cuda_wt *q, int64_t T) {
+    return q->rows * q->cols <= e->gemm_small_max && kiln_cuda_gemm_small_takes(q, T);
+}
+
+/* y (T, W.rows) (+)= x W^T: matvec on the prepared xp for a decode-sized T (above mv_rows only where gemm_small does
+ * not take the weight), the blocks on the tensor cores for a few more rows (a step of many sequences' tokens), else
+ * cuBLASLt (on the bf16 copy when there is one). */
+
 static kiln_status mm(engine *e, float *y, const float *x, const dev_wt *W, const kiln_cuda_wt *q, int64_t T, bool add) {
-    if (T <= KILN_CUDA_MATVEC_MAX_T) {
+    if (T <= KILN_CUDA_MATVEC_MAX_T && (T <= e->mv_rows || !small_takes(e, q, T))) {
         TRY(prepare(e, x, T, q->cols));
         kiln_cuda_mv_tail t = {};
         pf_spans(e, &t);
         TRY(kiln_cuda_matvec_tail(y, x, e->xp, q, T, add, &t, e->stream));
-    } else if (q->rows * q->cols <= e->gemm_small_max && kiln_cuda_gemm_small_takes(q, T)) {
+    } else if (small_takes(e, q, T)) {
         pf_drop(e);
         TRY(prepare(e, x, T, q->cols));
         TRY(kiln_cuda_gemm_small(y, e->xp, q, T, add, &e->gws, e->stream));
@@ -688,7 +700,7 @@ static kiln_status cuda_ffn_up(void *p, float *gate, float *up, const float *x, 
                                bool geglu) {
     engine *e = (engine *)p;
     const dev_wt *G = (const dev_wt *)wg->impl, *U = (const dev_wt *)wu->impl;
-    if (T <= KILN_CUDA_MATVEC_MAX_T && G->q.type == U->q.type) {
+    if (T <= KILN_CUDA_MATVEC_MAX_T && G->q.type == U->q.type && (T <= e->mv_rows || !small_takes(e, &G->q, T))) {
         TRY(prepare(e, x, T, G->q.cols));
         kiln_cuda_mv_tail tail = {};
         pf_spans(e, &tail);
