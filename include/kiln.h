@@ -652,6 +652,15 @@ size_t kiln_context_kv_bytes(const kiln_context *c);     /* the KV caches of all
  * NULL, the argmax of each such row. Bad entries are KILN_ERR_RANGE / KILN_ERR_INVALID naming the entry, checked
  * before anything runs; on any error no sequence moves. */
 kiln_status kiln_context_decode(kiln_context *c, const kiln_batch_entry *b, size_t n, float *logits, int32_t *next);
+typedef struct kiln_sampler kiln_sampler; /* the sampler (below) */
+/* kiln_context_decode with each wanted row's token drawn by a sampler instead of its argmax: smp[k] for the k-th
+ * entry with .logits, over that row and its sequence's ids up to and with the entry, as kiln_sampler_sample would
+ * draw it (its settings, penalties, bans and RNG); next[k] gets it. On a GPU the samplers run there in the step and
+ * only the tokens come back (the same draws up to float rounding at a cdf boundary); on the CPU, or where a penalty
+ * window holds more than 256 distinct ids, each sampler draws on the host. logits, when not NULL, get the rows as
+ * kiln_context_decode's do (before any penalty). The batch is checked first, as kiln_context_decode's. */
+kiln_status kiln_context_decode_sample(kiln_context *c, const kiln_batch_entry *b, size_t n, kiln_sampler *const *smp, float *logits,
+                                       int32_t *next);
 int64_t kiln_context_seq_pos(const kiln_context *c, int32_t seq); /* -1 for a sequence outside 0 .. n_seq - 1 */
 /* the ids at positions 0 .. pos - 1 (valid until the next decode, restore or free); NULL for a bad sequence */
 const int32_t *kiln_context_seq_tokens(const kiln_context *c, int32_t seq);

@@ -6,8 +6,9 @@
  *                session fed the same chunks: bit for bit (the CPU's matmuls quantize and sum each row on its own, and
  *                attention runs per segment with the session's T, so nothing depends on the other rows); then greedy
  *                decode of all 4 in one batch a step gives the same tokens and logits as each alone; then sampled
- *                decode of all 4 in one batch, drawn by the backend under each sequence's own settings
- *                (kiln_context_decode_sampled), gives the tokens a host sampler of the same seed draws from the rows
+ *                decode of all 4 in one batch, each row drawn in the step under its sequence's own sampler
+ *                (kiln_context_decode_sample), gives the tokens a twin sampler (same settings and seed) draws on the
+ *                host from the rows; a penalty window past 256 distinct ids draws on the host, the same token
  *   validation   a bad sequence, token id, a gap or repeated position, more than n_batch entries, an empty batch and a
  *                full context are each refused naming the entry, and nothing moves: the next good batch gives the
  *                logits a fresh context gives
@@ -17,8 +18,6 @@
  *                another model's, another n_ctx's or another cache type's is refused naming the field and the sequence
  *                is unchanged; a failed save leaves no file. */
 #include "kiln.h"
-#include "infer/context.h"
-#include "model/sample_args.h"
 #include "test.h"
 
 #include <stdint.h>
@@ -141,10 +140,11 @@ static size_t scramble(kiln_batch_entry *e, const int *seq, const int64_t *pos0,
     return n;
 }
 
-/* SAMPLED steps of all NSEQ sequences in one batch (scrambled), each token drawn by the backend under its sequence's
- * settings (args from kiln_sampler_step_args over the window after the step), against kiln_sampler_sample of a twin
- * sampler (same settings and seed) on the same row of logits and the sequence's tokens: the host's pipeline, RNG and
- * penalties over the history, so the args path must carry all three. Each drawn token is fed in the next step. */
+/* SAMPLED steps of all NSEQ sequences in one batch (scrambled), each token drawn in the step under its sequence's
+ * sampler (kiln_context_decode_sample: the settings, the penalty window after the step, the coin and the bans as a
+ * step's args, drawn in the rows' order), against kiln_sampler_sample of a twin sampler on the same row of logits
+ * and the sequence's tokens: the host's own pipeline, RNG and penalties over the history, so the step must carry all
+ * of them to the right row. Each drawn token is fed in the next step. */
 #define SAMPLED 4
 static void check_sampled(kiln_context *c, const plan *p, float *got, int64_t V, const char *name, unsigned long long *r) {
     static const kiln_sampler_params sp[NSEQ] = {
@@ -154,11 +154,12 @@ static void check_sampled(kiln_context *c, const plan *p, float *got, int64_t V,
         {.temp = 0.0f, .top_k = 40, .top_p = 0.95f, .repeat_penalty = 1.3f, .repeat_last_n = -1, .seed = 3},
         {.temp = 0.7f, .top_k = 5, .top_p = 0.5f, .min_p = 0.1f, .repeat_penalty = 1.2f, .repeat_last_n = -1, .seed = 4},
     };
-    CHECK(kiln_context_samples(c), "%s: the CPU backend samples", name);
     kiln_sampler *a[NSEQ] = {0}, *h[NSEQ] = {0};
     for (int s = 0; s < NSEQ; s++)
         CHECK(kiln_sampler_new(&sp[s], V, &a[s]) == KILN_OK && kiln_sampler_new(&sp[s], V, &h[s]) == KILN_OK, "%s", kiln_last_error());
-    int32_t feed[NSEQ], hist[MAXLEN + GREEDY + SAMPLED + 1];
+    const int32_t ban[2] = {5, 9}; /* the greedy sequence never draws these (as --ignore-eos bans the ends) */
+    CHECK(kiln_sampler_ban(a[2], ban, 2) == KILN_OK && kiln_sampler_ban(h[2], ban, 2) == KILN_OK);
+    int32_t feed[NSEQ];
     for (int s = 0; s < NSEQ; s++) {
         feed[s] = (int32_t)((p->tok[s][0] + 7 * s + 1) % V); /* any token: the rows it gives are what count */
         CHECK(kiln_context_seq_pos(c, s) == p->len[s] + GREEDY, "%s: sequence %d at %lld before sampling", name, s,
@@ -166,45 +167,87 @@ static void check_sampled(kiln_context *c, const plan *p, float *got, int64_t V,
     }
     int differ = 0, draws = 0;
     for (int k = 0; k < SAMPLED; k++) {
-        kiln_batch_entry e[NSEQ];
-        kiln_sample_args args[NSEQ];
+        /* one token of three sequences (scrambled), then two of the fourth at the end, all wanted: the context runs
+         * the two-token sequence's rows first, so the rows' order is not the batch's */
+        kiln_batch_entry e[NSEQ + 1];
+        kiln_sampler *smp[NSEQ + 1];
         int order[NSEQ] = {0, 1, 2, 3};
         for (int i = NSEQ - 1; i > 0; i--) {
             const int j = (int)(test_rng_next(r) % (unsigned long long)(i + 1)), t = order[i];
             order[i] = order[j], order[j] = t;
         }
+        int n = 0;
         for (int i = 0; i < NSEQ; i++) {
             const int s = order[i];
-            const int64_t pos = kiln_context_seq_pos(c, s);
-            memcpy(hist, kiln_context_seq_tokens(c, s), sizeof *hist * (size_t)pos);
-            hist[pos] = feed[s];
-            const size_t w = kiln_sampler_window(a[s], (size_t)pos + 1);
-            CHECK(kiln_sampler_step_fits(a[s], hist + (pos + 1 - (int64_t)w), w));
-            CHECK(kiln_sampler_step_args(a[s], hist + (pos + 1 - (int64_t)w), w, &args[i]));
-            e[i] = (kiln_batch_entry){.seq = s, .id = feed[s], .pos = pos, .logits = true};
+            e[n] = (kiln_batch_entry){.seq = s, .id = feed[s], .pos = kiln_context_seq_pos(c, s), .logits = true};
+            smp[n++] = a[s];
         }
-        int32_t next[NSEQ];
-        CHECK(kiln_context_decode_sampled(c, e, NSEQ, args, got, next) == KILN_OK, "%s sampled %d: %s", name, k, kiln_last_error());
-        for (int i = 0; i < NSEQ; i++) {
-            const int s = order[i];
-            const int64_t n_hist = kiln_context_seq_pos(c, s);
+        const int two = order[0];
+        e[n] = (kiln_batch_entry){.seq = two, .id = (int32_t)((feed[two] * 3 + 1) % V), .pos = e[0].pos + 1, .logits = true};
+        smp[n++] = a[two];
+        const kiln_batch_entry first = e[0];
+        memmove(e, e + 1, sizeof *e * (size_t)(n - 2)), memmove(smp, smp + 1, sizeof *smp * (size_t)(n - 2));
+        e[n - 2] = first, smp[n - 2] = a[two];
+        int32_t next[NSEQ + 1];
+        CHECK(kiln_context_decode_sample(c, e, (size_t)n, smp, got, next) == KILN_OK, "%s sampled %d: %s", name, k, kiln_last_error());
+        for (int i = 0; i < n; i++) { /* batch order: the two-token sequence's draws in its own order too */
+            const int s = e[i].seq;
             float *row = got + (size_t)i * (size_t)V;
             differ += next[i] != argmax(row, V), draws++;
-            const int32_t want = kiln_sampler_sample(h[s], row, kiln_context_seq_tokens(c, s), (size_t)n_hist);
-            CHECK(next[i] == want, "%s sampled %d: sequence %d drew %d on the backend, the host sampler %d", name, k, s, next[i], want);
+            const int32_t want = kiln_sampler_sample(h[s], row, kiln_context_seq_tokens(c, s), (size_t)e[i].pos + 1);
+            CHECK(next[i] == want, "%s sampled %d: entry %d (sequence %d) drew %d in the step, the host sampler %d", name, k, i, s,
+                  next[i], want);
             feed[s] = next[i];
         }
     }
     CHECK(differ > 0, "%s: %d sampled tokens were all the argmax: the settings did nothing", name, draws);
-    /* a batch without args, or a bad entry, is refused before anything runs */
+    /* a bad entry, or a wanted row without its sampler, is refused before anything runs */
     kiln_batch_entry bad = {.seq = 0, .id = -1, .pos = kiln_context_seq_pos(c, 0), .logits = true};
     int32_t nx;
-    kiln_sample_args one;
-    memset(&one, 0, sizeof one);
-    CHECK(kiln_context_decode_sampled(c, &bad, 1, &one, NULL, &nx) == KILN_ERR_RANGE, "a bad id: %s", kiln_last_error());
+    kiln_sampler *none = NULL;
+    CHECK(kiln_context_decode_sample(c, &bad, 1, a, NULL, &nx) == KILN_ERR_RANGE, "a bad id: %s", kiln_last_error());
     bad.id = 0;
-    CHECK(kiln_context_decode_sampled(c, &bad, 1, NULL, NULL, &nx) == KILN_ERR_INVALID, "no args: %s", kiln_last_error());
+    CHECK(kiln_context_decode_sample(c, &bad, 1, &none, NULL, &nx) == KILN_ERR_INVALID, "no sampler: %s", kiln_last_error());
+    CHECK(kiln_context_decode_sample(c, &bad, 1, NULL, NULL, &nx) == KILN_ERR_INVALID, "no samplers: %s", kiln_last_error());
+    CHECK(kiln_context_seq_pos(c, 0) == bad.pos, "a refused batch moved sequence 0");
     for (int s = 0; s < NSEQ; s++) kiln_sampler_free(a[s]), kiln_sampler_free(h[s]);
+}
+
+/* A penalty window of more than 256 distinct ids does not fit a step's args: kiln_context_decode_sample then draws on
+ * the host, still the twin sampler's token, and the logits it returns are the row kiln_context_decode gives. */
+static void test_sampled_wide_window(void) {
+    kiln_model *m = NULL;
+    CHECK(kiln_model_load(MODEL, &m) == KILN_OK, "%s", kiln_last_error());
+    if (!m) return;
+    const int64_t V = kiln_model_n_vocab(m), N = 290;
+    const kiln_context_params cp = {.s = {.n_ctx = 300, .n_batch = 64, .n_threads = 2}, .n_seq = 1};
+    kiln_context *c = NULL, *twin = NULL;
+    CHECK(kiln_context_new(m, &cp, &c) == KILN_OK && kiln_context_new(m, &cp, &twin) == KILN_OK, "%s", kiln_last_error());
+    kiln_batch_entry e[64];
+    for (int64_t p0 = 0; c && twin && p0 < N; p0 += 64) { /* ids 0..289, all distinct */
+        const int64_t n = N - p0 < 64 ? N - p0 : 64;
+        for (int64_t i = 0; i < n; i++) e[i] = (kiln_batch_entry){.seq = 0, .id = (int32_t)((p0 + i) % V), .pos = p0 + i};
+        CHECK(kiln_context_decode(c, e, (size_t)n, NULL, NULL) == KILN_OK && kiln_context_decode(twin, e, (size_t)n, NULL, NULL) == KILN_OK,
+              "%s", kiln_last_error());
+    }
+    kiln_sampler_params sp = {.temp = 0.9f, .top_k = 0, .top_p = 0.9f, .repeat_penalty = 1.3f, .repeat_last_n = -1, .seed = 77};
+    kiln_sampler *a = NULL, *h = NULL;
+    CHECK(kiln_sampler_new(&sp, V, &a) == KILN_OK && kiln_sampler_new(&sp, V, &h) == KILN_OK);
+    float *got = malloc(sizeof *got * (size_t)V), *want = malloc(sizeof *want * (size_t)V);
+    int same = 0, kept = 0;
+    for (int k = 0; got && want && a && h && k < 4; k++) {
+        const kiln_batch_entry one = {.seq = 0, .id = (int32_t)(7 + k), .pos = N + k, .logits = true};
+        int32_t next = -1;
+        CHECK(kiln_context_decode_sample(c, &one, 1, &a, got, &next) == KILN_OK, "%s", kiln_last_error());
+        CHECK(kiln_context_decode(twin, &one, 1, want, NULL) == KILN_OK, "%s", kiln_last_error());
+        kept += memcmp(got, want, sizeof *got * (size_t)V) == 0;
+        same += next == kiln_sampler_sample(h, want, kiln_context_seq_tokens(twin, 0), (size_t)(N + k + 1));
+    }
+    CHECK(kept == 4 && same == 4, "logits kept %d of 4, draws equal %d of 4", kept, same);
+    kiln_sampler_free(a), kiln_sampler_free(h);
+    free(got), free(want);
+    kiln_context_free(c), kiln_context_free(twin);
+    kiln_model_free(m);
 }
 
 static void check_interleaved(const char *path, const char *name) {
@@ -577,6 +620,7 @@ static void test_session_context(void) {
 int main(void) {
     RUN(test_interleaved_default);
     RUN(test_interleaved_window);
+    RUN(test_sampled_wide_window);
     RUN(test_validation);
     RUN(test_keep_copy_default);
     RUN(test_keep_copy_window);

@@ -15,8 +15,8 @@
  *                    size's recording replayed over other sequences at other positions), every row against a CPU
  *                    context fed the same batches within the bounds above, the device's argmax equal to the row's,
  *                    with the f16 cache and with q8_0 (the window fixture's rows of 8 take only f16)
- *   sampled rows     the same sequences' tokens drawn on the device under each one's own settings
- *                    (kiln_context_decode_sampled, as the server's slots), steps of 20, 12, 6 and 1 rows, each size's
+ *   sampled rows     the same sequences' tokens drawn on the device by each one's own sampler
+ *                    (kiln_context_decode_sample, as the server's slots), steps of 20, 12, 6 and 1 rows, each size's
  *                    recording replayed with new args: every token is the one a host sampler of the same seed draws
  *                    from the step's row and the sequence's history (the greedy and banned rows exactly; the others
  *                    but for at most 1 draw in 40, a coin within float rounding of a cdf boundary, as
@@ -24,8 +24,6 @@
  * Compiled with KILN_CUDA only; skips without a GPU. */
 #include "test.h"
 #include "cuda/cuda.h"
-#include "infer/context.h"
-#include "model/sample_args.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -323,7 +321,6 @@ static void check_sampled_rows(const char *path) {
     cp.s.device = (kiln_device){.kind = KILN_DEVICE_CUDA, .index = 0};
     kiln_context *g = NULL;
     CHECK(kiln_context_new(m, &cp, &g) == KILN_OK, "%s", kiln_last_error());
-    CHECK(kiln_context_samples(g), "the CUDA backend samples");
     static const kiln_sampler_params sp[4] = {
         {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .repeat_penalty = 1.1f, .repeat_last_n = 64},
         {.temp = 1.0f, .top_k = 0, .top_p = 1.0f, .repeat_penalty = 1.0f, .presence_penalty = 0.5f, .frequency_penalty = 0.3f, .repeat_last_n = 16},
@@ -335,10 +332,12 @@ static void check_sampled_rows(const char *path) {
         kiln_sampler_params q = sp[s % 4];
         q.seed = 100 + (uint64_t)s;
         CHECK(kiln_sampler_new(&q, V, &a[s]) == KILN_OK && kiln_sampler_new(&q, V, &h[s]) == KILN_OK, "%s", kiln_last_error());
+        const int32_t ban[2] = {(int32_t)(s % V), (int32_t)((7 * s + 3) % V)}; /* the greedy ones ban two ids */
+        if (s % 4 == 2) CHECK(kiln_sampler_ban(a[s], ban, 2) == KILN_OK && kiln_sampler_ban(h[s], ban, 2) == KILN_OK);
     }
     float *lg = malloc(sizeof *lg * (size_t)(NR * V));
-    int32_t *hist = malloc(sizeof *hist * (N_CTX + 1)), feed[NR];
-    CHECK(lg && hist);
+    int32_t feed[NR];
+    CHECK(lg);
     unsigned long long r = 0x5a3dull;
     kiln_batch_entry e[NR + 12];
     for (int s = 0; s < NR; s++) { /* prompts of 1..11 tokens */
@@ -351,7 +350,7 @@ static void check_sampled_rows(const char *path) {
     int draws = 0, off = 0, off_exact = 0;
     for (int k = 0; k < (int)(sizeof count / sizeof *count); k++) {
         const int n = count[k];
-        kiln_sample_args args[NR];
+        kiln_sampler *smp[NR];
         int seq[NR];
         for (int i = 0; i < n; i++) seq[i] = (k * 7 + i * 3) % NR; /* NR and 3 coprime: distinct */
         for (int i = n - 1; i > 0; i--) {
@@ -360,20 +359,14 @@ static void check_sampled_rows(const char *path) {
         }
         for (int i = 0; i < n; i++) {
             const int s = seq[i];
-            const int64_t pos = kiln_context_seq_pos(g, s);
-            memcpy(hist, kiln_context_seq_tokens(g, s), sizeof *hist * (size_t)pos);
-            hist[pos] = feed[s];
-            const size_t w = kiln_sampler_window(a[s], (size_t)pos + 1);
-            CHECK(kiln_sampler_step_args(a[s], hist + (pos + 1 - (int64_t)w), w, &args[i]), "the window fits");
-            if (s % 4 == 2) args[i].n_ban = 1, args[i].ban[0] = feed[s]; /* never the token just fed */
-            e[i] = (kiln_batch_entry){.seq = s, .id = feed[s], .pos = pos, .logits = true};
+            e[i] = (kiln_batch_entry){.seq = s, .id = feed[s], .pos = kiln_context_seq_pos(g, s), .logits = true};
+            smp[i] = a[s];
         }
         int32_t next[NR];
-        CHECK(kiln_context_decode_sampled(g, e, (size_t)n, args, lg, next) == KILN_OK, "step %d: %s", k, kiln_last_error());
+        CHECK(kiln_context_decode_sample(g, e, (size_t)n, smp, lg, next) == KILN_OK, "step %d: %s", k, kiln_last_error());
         for (int i = 0; i < n; i++) {
             const int s = seq[i];
             float *row = lg + (size_t)i * (size_t)V;
-            if (s % 4 == 2) row[feed[s]] = -INFINITY;
             const int32_t want = kiln_sampler_sample(h[s], row, kiln_context_seq_tokens(g, s), (size_t)kiln_context_seq_pos(g, s));
             draws++;
             if (next[i] != want) off++, off_exact += sp[s % 4].temp == 0.0f;
@@ -385,7 +378,7 @@ static void check_sampled_rows(const char *path) {
     CHECK(off * 40 <= draws, "%s: %d of %d draws differ from the host's", path, off, draws);
     for (int s = 0; s < NR; s++) kiln_sampler_free(a[s]), kiln_sampler_free(h[s]);
     kiln_context_free(g);
-    free(lg), free(hist);
+    free(lg);
     kiln_model_free(m);
 }
 

@@ -278,12 +278,6 @@ static kiln_status cpu_argmax(void *p, int32_t *next, const float *x, int64_t n)
     return KILN_OK;
 }
 
-/* The sampler's pipeline on the row (sampler.c), as kiln_sampler_sample would draw it. */
-static kiln_status cpu_sample(void *p, int32_t *next, const float *x, int64_t n, const kiln_sample_args *args, void *work) {
-    *next = kiln_sample_args_draw(args, x, n, work);
-    return KILN_OK;
-}
-
 static kiln_status cpu_nonfinite(void *p, int32_t *flag, const float *x, int64_t n, int32_t code) {
     if (*flag) return KILN_OK;
     for (int64_t i = 0; i < n; i++)
@@ -320,6 +314,4 @@ const kiln_backend kiln_cpu_backend = {
     .head = cpu_head,
     .argmax = cpu_argmax,
     .nonfinite = cpu_nonfinite,
-    .sample = cpu_sample,
-    .sample_work_bytes = kiln_sample_args_work_bytes,
 };

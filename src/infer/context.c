@@ -74,11 +74,14 @@ struct kiln_context {
     bool *done;          /* decode: the rows permute_rows has placed */
     int64_t *cnt;        /* (n_seq) decode: each sequence's entries */
     int64_t *start;      /* (n_seq) decode: each sequence's first row */
-    /* a sampled step (kiln_context_eval_seq_sampled, kiln_context_decode_sampled; made at the first, where the backend
-     * samples): one args per out row, n_batch of them */
-    kiln_sample_args *h_sargs; /* host memory the step's upload reads */
-    kiln_sample_args *d_sargs; /* backend memory */
+    /* a sampled step (kiln_context_eval_seq_sampled, kiln_context_decode_sample; made at the first): one args per out
+     * row, n_batch of them. A backend with its own sample step draws there; on a host-memory backend without one
+     * (the CPU) the step draws each row after the forward, on the host (kiln_sample_args_draw) */
+    kiln_sample_args *h_sargs; /* host memory the step's upload reads, in the rows' order */
+    kiln_sample_args *d_sargs; /* backend memory (a backend with a sample step) */
     void *d_swork;             /* the backend's sample_work_bytes(V) */
+    void *h_swork;             /* kiln_sample_args_work_bytes(V) (the host's draws) */
+    kiln_sample_args *k_sargs; /* (n_batch) kiln_context_decode_sample's, in the caller's order of wanted rows */
     bool sample_pending;       /* the next step's next is a draw under h_sargs */
     /* the step being enqueued (step_enqueue's arguments) */
     kiln_llama_batch b;
@@ -170,6 +173,8 @@ void kiln_context_free(kiln_context *c) {
         c->be->free(c->ctx, c->d_sargs);
         c->be->free(c->ctx, c->d_swork);
         c->be->free_host(c->ctx, c->h_sargs);
+        free(c->h_swork);
+        free(c->k_sargs);
         c->be->close(c->ctx);
     }
     for (int32_t i = 0; c->seq && i < c->n_seq; i++) {
@@ -352,13 +357,16 @@ static kiln_status step_enqueue(void *arg) {
     TRY(be->upload(c->ctx, c->d_io, c->h_io, (size_t)T * sizeof(int32_t)));
     TRY(be->upload(c->ctx, d_flag, io_flag(c, c->h_io), (size_t)(1 + c->b.n_seg) * sizeof(int32_t))); /* zero flag, positions */
     TRY(be->upload(c->ctx, io_seq(c, c->d_io), io_seq(c, c->h_io), (size_t)c->b.n_seg * sizeof(int32_t)));
-    if (c->want_sample) TRY(be->upload(c->ctx, c->d_sargs, c->h_sargs, (size_t)n_out * sizeof *c->h_sargs));
-    c->b.sample = c->want_sample ? c->d_sargs : NULL;
+    const bool draw_here = c->want_sample && be->sample, draw_host = c->want_sample && !be->sample;
+    if (draw_here) TRY(be->upload(c->ctx, c->d_sargs, c->h_sargs, (size_t)n_out * sizeof *c->h_sargs));
+    c->b.sample = draw_here ? c->d_sargs : NULL;
     c->b.sample_work = c->d_swork;
     /* logits that come back to the host are checked there; the argmaxes' rows on the backend, beside them */
     const kiln_llama_checks checks = {.flag = d_flag, .logits = c->want_next, .layers = c->check_layers};
     TRY(kiln_llama_forward(c->m, be, c->ctx, &c->w, c->act, &c->b, c->want_logits || c->want_next ? c->fwd_logits : NULL,
                            c->want_next ? d_next : NULL, &checks));
+    if (draw_host) /* host memory: the forward's rows, in order, and its argmaxes replaced by the draws */
+        for (int64_t o = 0; o < n_out; o++) d_next[o] = kiln_sample_args_draw(&c->h_sargs[o], c->fwd_logits + o * V, V, c->h_swork);
     if (c->want_next) TRY(be->download(c->ctx, io_flag(c, c->h_io) - n_out, d_next, (size_t)(n_out + 1) * sizeof(int32_t)));
     else if (c->check_layers) TRY(be->download(c->ctx, io_flag(c, c->h_io), d_flag, sizeof(int32_t)));
     if (c->want_logits && c->staged) TRY(be->download(c->ctx, c->h_logits, c->d_logits, (size_t)V * sizeof(float)));
@@ -533,20 +541,27 @@ kiln_status kiln_context_eval_seq(kiln_context *c, int32_t seq, const int32_t *i
     return KILN_OK;
 }
 
-bool kiln_context_samples(const kiln_context *c) { return c->be->sample && c->be->sample_work_bytes; }
+/* Whether a step can draw its rows under args: in the backend's own sample step, or after the forward on the host
+ * where the rows are in host memory. */
+static bool samples(const kiln_context *c) { return (c->be->sample && c->be->sample_work_bytes) || c->be->host_memory; }
 
-/* The sampled steps' buffers, made at the first: n_batch args each side and the backend's work. */
+/* The sampled steps' buffers, made at the first: n_batch args each side and the backend's work, or the host's. */
 static kiln_status sample_bufs(kiln_context *c) {
     const kiln_backend *be = c->be;
-    if (!kiln_context_samples(c)) return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: the backend samples on the host", c->who);
-    if (c->d_sargs) return KILN_OK;
-    const size_t bytes = (size_t)c->n_batch * sizeof *c->d_sargs;
-    kiln_status st = be->alloc(c->ctx, bytes, (void **)&c->d_sargs);
-    if (!st) st = be->alloc(c->ctx, be->sample_work_bytes(c->m->cfg.n_vocab), &c->d_swork);
+    if (!samples(c)) return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: the backend samples on the host", c->who);
+    if (c->h_sargs) return KILN_OK;
+    const size_t bytes = (size_t)c->n_batch * sizeof *c->h_sargs;
+    const bool here = be->sample != NULL;
+    kiln_status st = here ? be->alloc(c->ctx, bytes, (void **)&c->d_sargs) : KILN_OK;
+    if (!st && here) st = be->alloc(c->ctx, be->sample_work_bytes(c->m->cfg.n_vocab), &c->d_swork);
+    if (!st && !here && !(c->h_swork = malloc(kiln_sample_args_work_bytes(c->m->cfg.n_vocab))))
+        st = kiln_fail(KILN_ERR_NOMEM, "%s: out of memory for the sampler", c->who);
+    if (!st && !(c->k_sargs = malloc(bytes))) st = kiln_fail(KILN_ERR_NOMEM, "%s: out of memory for the sampler", c->who);
     if (!st) st = be->alloc_host(c->ctx, bytes, (void **)&c->h_sargs);
     if (st) { /* all or none, so the next call tries again */
         be->free(c->ctx, c->d_sargs), be->free(c->ctx, c->d_swork), be->free_host(c->ctx, c->h_sargs);
-        c->d_sargs = NULL, c->d_swork = NULL, c->h_sargs = NULL;
+        free(c->h_swork), free(c->k_sargs);
+        c->d_sargs = NULL, c->d_swork = NULL, c->h_sargs = NULL, c->h_swork = NULL, c->k_sargs = NULL;
     }
     return st;
 }
@@ -631,11 +646,9 @@ kiln_status kiln_context_decode(kiln_context *c, const kiln_batch_entry *b, size
     return KILN_OK;
 }
 
-kiln_status kiln_context_decode_sampled(kiln_context *c, const kiln_batch_entry *b, size_t n, const kiln_sample_args *args,
-                                        float *logits, int32_t *next) {
-    TRY(check_batch(c, b, n));
-    if (!args || !next) return kiln_fail(KILN_ERR_INVALID, "%s: a sampled decode needs its args and next", c->who);
-    TRY(sample_bufs(c));
+/* A checked batch whose wanted rows draw under args (the caller's order of wanted rows). */
+static kiln_status decode_args(kiln_context *c, const kiln_batch_entry *b, size_t n, const kiln_sample_args *args, float *logits,
+                               int32_t *next) {
     plan_batch(c, b, n, true);
     for (int64_t o = 0; o < c->b.n_out; o++) c->h_sargs[o] = args[c->dest[o]]; /* in the rows' order */
     c->sample_pending = true;
@@ -645,6 +658,50 @@ kiln_status kiln_context_decode_sampled(kiln_context *c, const kiln_batch_entry 
     for (size_t i = 0; i < n; i++) c->seq[b[i].seq].hist[b[i].pos] = b[i].id;
     for (int64_t g = 0; g < c->b.n_seg; g++) c->seq[c->seg_seq[g]].pos += c->segs[g].T;
     return KILN_OK;
+}
+
+kiln_status kiln_context_decode_sample(kiln_context *c, const kiln_batch_entry *b, size_t n, kiln_sampler *const *smp, float *logits,
+                                       int32_t *next) {
+    TRY(check_batch(c, b, n));
+    if (!smp || !next) return kiln_fail(KILN_ERR_INVALID, "%s: a sampled decode needs its samplers and next", c->who);
+    size_t n_want = 0;
+    for (size_t i = 0; i < n; i++)
+        if (b[i].logits && !smp[n_want++])
+            return kiln_fail(KILN_ERR_INVALID, "%s: entry %zu wants its token drawn, but its sampler is NULL", c->who, i);
+    const int64_t V = c->m->cfg.n_vocab;
+    /* each entry's id into its sequence's history first (positions past pos mean nothing until pos moves), so a
+     * wanted row's penalty window reads the ids up to and with its entry */
+    for (size_t i = 0; i < n; i++) c->seq[b[i].seq].hist[b[i].pos] = b[i].id;
+    bool fits = samples(c);
+    for (size_t i = 0, k = 0; fits && i < n; i++) {
+        if (!b[i].logits) continue;
+        const size_t nh = (size_t)b[i].pos + 1, w = kiln_sampler_window(smp[k], nh);
+        fits = kiln_sampler_step_fits(smp[k++], c->seq[b[i].seq].hist + (nh - w), w);
+    }
+    if (fits && sample_bufs(c) == KILN_OK) {
+        for (size_t i = 0, k = 0; i < n; i++) {
+            if (!b[i].logits) continue;
+            const size_t nh = (size_t)b[i].pos + 1, w = kiln_sampler_window(smp[k], nh);
+            kiln_sampler_step_args(smp[k], c->seq[b[i].seq].hist + (nh - w), w, &c->k_sargs[k]); /* fits: it draws */
+            k++;
+        }
+        return decode_args(c, b, n, c->k_sargs, logits, next);
+    }
+    /* on the host: the rows come back, and each sampler draws from its own (a copy when the caller keeps them) */
+    float *rows = logits ? logits : malloc(sizeof *rows * (n_want ? n_want : 1) * (size_t)V);
+    float *row = logits ? malloc(sizeof *row * (size_t)V) : NULL;
+    kiln_status st = !rows || (logits && !row) ? kiln_fail(KILN_ERR_NOMEM, "%s: out of memory for %zu rows", c->who, n_want)
+                                               : kiln_context_decode(c, b, n, rows, NULL);
+    for (size_t i = 0, k = 0; !st && i < n; i++) {
+        if (!b[i].logits) continue;
+        float *r = rows + k * (size_t)V;
+        if (row) r = memcpy(row, r, sizeof *row * (size_t)V);
+        next[k] = kiln_sampler_sample(smp[k], r, c->seq[b[i].seq].hist, (size_t)b[i].pos + 1);
+        k++;
+    }
+    if (!logits) free(rows);
+    free(row);
+    return st;
 }
 
 /* ---------------------------------------------------------------- copy, save, restore */

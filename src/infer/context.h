@@ -13,18 +13,11 @@ kiln_status kiln_context_open(const kiln_model *m, const kiln_context_params *p,
  * checked first; on an error the sequence keeps the chunks that ran before it. */
 kiln_status kiln_context_eval_seq(kiln_context *c, int32_t seq, const int32_t *ids, size_t n, float *logits, float *all_logits,
                                   int32_t *next);
-/* Whether the backend samples (its sample step): the calls below then work. */
-bool kiln_context_samples(const kiln_context *c);
 /* kiln_context_eval_seq with the last row's next drawn on the backend under args (sample_args.h) instead of its
  * argmax, the logits left there; KILN_ERR_UNSUPPORTED where the backend has no sampler. */
 kiln_status kiln_context_eval_seq_sampled(kiln_context *c, int32_t seq, const int32_t *ids, size_t n, const kiln_sample_args *args,
                                           int32_t *next);
-/* kiln_context_decode with each wanted row's token drawn on the backend under its own args: args[k] and next[k] for
- * the k-th entry that wants logits (as kiln_context_decode's rows), so a step of many sequences' sampled tokens reads
- * back the tokens alone; logits, when not NULL, get the rows as kiln_context_decode's do. The batch is checked first
- * (its messages); KILN_ERR_UNSUPPORTED where the backend has no sampler. */
-kiln_status kiln_context_decode_sampled(kiln_context *c, const kiln_batch_entry *b, size_t n, const kiln_sample_args *args,
-                                        float *logits, int32_t *next);
+
 /* The model's vocabulary size. */
 int64_t kiln_context_n_vocab(const kiln_context *c);
 /* Tokens run through the forward since the context was made. */

@@ -164,9 +164,9 @@ typedef struct kiln_backend {
      * one is the one reported (flag is backend memory, zeroed by the caller before the step). */
     kiln_status (*nonfinite)(void *ctx, int32_t *flag, const float *x, int64_t n, int32_t code);
     /* *next = the token the sampler's pipeline (sampler.c) draws from x (n) under args (backend memory, read when the
-     * step runs, so a recorded step takes each replay's args); work holds sample_work_bytes(n). The CPU runs
-     * sampler.c's own pipeline (kiln_sample_args_draw), CUDA sample.cu. NULL (both) where a backend has no sampler:
-     * the logits then come back and the host samples. */
+     * step runs, so a recorded step takes each replay's args); work holds sample_work_bytes(n): CUDA's sample.cu.
+     * NULL (both) where a backend has none: on a host-memory backend (the CPU) the context then draws each row after
+     * the forward (sampler.c's kiln_sample_args_draw); elsewhere the logits come back and the host samples. */
     kiln_status (*sample)(void *ctx, int32_t *next, const float *x, int64_t n, const kiln_sample_args *args, void *work);
     size_t (*sample_work_bytes)(int64_t n);
     /* x (T, C) += in W^T, then xb = rmsnorm(x, eps) * w: matmul with add and residual_norm without y as one step, for

@@ -37,7 +37,7 @@ bool kiln_sampler_step_args(kiln_sampler *s, const int32_t *history, size_t n_hi
 /* Whether kiln_sampler_step_args takes this window (at most KILN_SAMPLE_MAX_PEN distinct tokens); s is untouched. */
 bool kiln_sampler_step_fits(kiln_sampler *s, const int32_t *history, size_t n_history);
 
-/* The sampler's pipeline under args on the host (the CPU backend's sample step): the token kiln_sampler_sample draws
+/* The sampler's pipeline under args on the host (a sampled step on the CPU, context.c): the token kiln_sampler_sample draws
  * from the same logits, history and coin, bit for bit. logits are left as they are; work holds
  * kiln_sample_args_work_bytes(V) bytes (a copy of the logits and the candidates). */
 size_t kiln_sample_args_work_bytes(int64_t V);

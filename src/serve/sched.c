@@ -3,7 +3,6 @@
  * and a draft model's); a second, the emitter, builds the jobs' frames while the engine runs the next step; the HTTP
  * threads only submit jobs, cancel them and read snapshots, under the scheduler's lock. */
 #include "serve/sched.h"
-#include "infer/context.h"
 
 #include <errno.h>
 #include <math.h>
@@ -218,12 +217,11 @@ struct srv_sched {
     float *spec_rows_copy;   /* (draft_max + 1, V) a sampling slot's rows before acceptance, for log-probabilities; made
                               * on the first such job */
     float *probs;            /* (V) scratch for log-probabilities */
-    /* sampling on the backend (kiln_context_decode_sampled): a step whose rows all come from plain slots (no grammar,
-     * log-probabilities or drafts) reads back the tokens alone, each drawn under its slot's args */
-    bool dev_sample;         /* the backend samples, and KILN_SAMPLE_ON_HOST=1 is not set */
-    kiln_sample_args *sargs; /* (n_slots) this step's, by logits row */
+    /* a step whose rows all come from plain slots (no grammar, log-probabilities or drafts) draws them in the step
+     * (kiln_context_decode_sample: on a GPU only the tokens come back), unless KILN_SAMPLE_ON_HOST=1 */
+    bool in_step;
+    kiln_sampler **ssmp;     /* (n_slots) this step's samplers, by logits row */
     int32_t *snext;          /* (n_slots) the tokens drawn */
-    int32_t *swin;           /* (n_ctx) scratch: a slot's penalty window */
     char *piece;
     size_t piece_cap;
     /* the emitter thread: the jobs' frames are built and handed to the HTTP side off the scheduler thread, in the
@@ -379,6 +377,10 @@ static bool spec_eligible(const srv_sched *s, const srv_job *j) {
  * at least its last token re-evaluated. */
 static kiln_status start(srv_sched *s, slot *sl, srv_job *j) {
     kiln_status st = kiln_sampler_new(&j->g.sp, s->V, &sl->smp);
+    if (!st && j->g.ignore_eos) { /* EOS and the end of turn never drawn, wherever the slot's sampler draws */
+        const int32_t ends[2] = {s->eos, s->eot};
+        st = kiln_sampler_ban(sl->smp, ends, 2);
+    }
     if (!st && j->g.grammar && !s->gvocab) st = kiln_grammar_vocab_new(s->tok, &s->gvocab);
     if (!st && j->g.grammar) st = kiln_grammar_matcher_new_vocab(j->g.grammar, s->gvocab, &sl->gm);
     if (st) {
@@ -637,51 +639,28 @@ static void on_token(srv_sched *s, slot *sl, float *row) {
     emit_token(s, sl, t, want ? &ti : NULL, pos);
 }
 
-/* Whether slot sl's token can be drawn on the backend: nothing the host does to its row before the draw (a grammar's
- * mask; ignore_eos's two ids travel as the args' bans) or with it after (log-probabilities), and no drafts to verify. */
+/* Whether slot sl's token can be drawn in the step: nothing the host does to its row before the draw (a grammar's
+ * mask; ignore_eos is the sampler's own ban) or with it after (log-probabilities), and no drafts to verify. */
 static bool plain_slot(const slot *sl) {
     const srv_job *j = sl->job;
     return !sl->gm && !sl->n_draft && !j->want_toks && j->g.n_probs <= 0;
 }
 
-/* The penalties' window slot sl's sampler reads after this step: the tail of the sequence's tokens, then the k tokens
- * fed (the last token, or the prompt's last chunk), as on_token's history after the step. */
-static size_t step_window(srv_sched *s, const slot *sl, size_t k) {
-    const int32_t *fed = sl->st == SLOT_DECODE ? &sl->last : sl->job->prompt + sl->n_done;
-    const size_t pos = (size_t)kiln_context_seq_pos(s->c, sl->id), w = kiln_sampler_window(sl->smp, pos + k);
-    const size_t from_fed = w < k ? w : k, from_seq = w - from_fed;
-    memcpy(s->swin, kiln_context_seq_tokens(s->c, sl->id) + (pos - from_seq), from_seq * sizeof *s->swin);
-    memcpy(s->swin + from_seq, fed + (k - from_fed), from_fed * sizeof *s->swin);
-    return w;
-}
-
-/* Fills sargs for this step's rows when every one of them can be drawn on the backend (each slot's RNG then moves
- * exactly as on_token's draw would move it); false, nothing drawn, when one cannot. */
-static bool sample_on_backend(srv_sched *s, int n_groups, const size_t *chunk) {
-    if (!s->dev_sample || n_groups == 0) return false;
+/* Whether this step's rows all draw in the step, then each row's sampler into ssmp. */
+static bool draw_in_step(srv_sched *s, int n_groups) {
+    if (!s->in_step || n_groups == 0) return false;
     for (int g = 0; g < n_groups; g++) {
-        const int i = s->row_slot[g];
-        const slot *sl = &s->slots[i];
-        const size_t k = sl->st == SLOT_DECODE ? 1 : chunk[i];
+        const slot *sl = &s->slots[s->row_slot[g]];
         if (!plain_slot(sl) || sl->row >= s->n_slots) return false;
-        const size_t w = step_window(s, sl, k);
-        if (!kiln_sampler_step_fits(sl->smp, s->swin, w)) return false;
     }
     for (int g = 0; g < n_groups; g++) {
-        const int i = s->row_slot[g];
-        slot *sl = &s->slots[i];
-        const size_t w = step_window(s, sl, sl->st == SLOT_DECODE ? 1 : chunk[i]);
-        kiln_sample_args *a = &s->sargs[sl->row];
-        kiln_sampler_step_args(sl->smp, s->swin, w, a); /* fits, so it draws */
-        if (sl->job->g.ignore_eos) { /* mask_ends; the slot's sampler bans nothing of its own */
-            if (s->eos >= 0 && a->n_ban < KILN_SAMPLE_MAX_BAN) a->ban[a->n_ban++] = s->eos;
-            if (s->eot >= 0 && a->n_ban < KILN_SAMPLE_MAX_BAN) a->ban[a->n_ban++] = s->eot;
-        }
+        const slot *sl = &s->slots[s->row_slot[g]];
+        s->ssmp[sl->row] = sl->smp;
     }
     return true;
 }
 
-/* on_token for a token drawn on the backend. */
+/* on_token for a token drawn in the step. */
 static void on_drawn(srv_sched *s, slot *sl, int32_t t) {
     srv_job *j = sl->job;
     if (j->g.n_predict >= 0 && sl->n_decoded >= j->g.n_predict) {
@@ -937,10 +916,10 @@ static void *sched_main(void *arg) {
         int n_groups;
         size_t n = build_batch(s, &n_groups, chunk);
         if (!n) continue;
-        const bool drawn = sample_on_backend(s, n_groups, chunk);
+        const bool drawn = draw_in_step(s, n_groups);
         pthread_mutex_unlock(&s->mu);
         double t0 = srv_now();
-        kiln_status st = drawn ? kiln_context_decode_sampled(s->c, s->batch, n, s->sargs, NULL, s->snext)
+        kiln_status st = drawn ? kiln_context_decode_sample(s->c, s->batch, n, s->ssmp, NULL, s->snext)
                                : kiln_context_decode(s->c, s->batch, n, s->logits, NULL);
         double dt = srv_now() - t0;
         pthread_mutex_lock(&s->mu);
@@ -1015,10 +994,9 @@ kiln_status srv_sched_new(kiln_context *c, const kiln_model *m, const srv_sched_
     s->logits = malloc(((size_t)s->n_slots + (size_t)s->spec_rows) * (size_t)s->V * sizeof *s->logits);
     s->probs = malloc((size_t)s->V * sizeof *s->probs);
     const char *host = getenv("KILN_SAMPLE_ON_HOST");
-    s->dev_sample = kiln_context_samples(c) && !(host && strcmp(host, "1") == 0);
-    s->sargs = malloc((size_t)s->n_slots * sizeof *s->sargs);
+    s->in_step = !(host && strcmp(host, "1") == 0);
+    s->ssmp = malloc((size_t)s->n_slots * sizeof *s->ssmp);
     s->snext = malloc((size_t)s->n_slots * sizeof *s->snext);
-    s->swin = malloc(((size_t)s->n_ctx + 1) * sizeof *s->swin);
     bool spec_ok = !s->spec_on;
     if (s->spec_on) {
         s->spec_seq = malloc(((size_t)s->n_ctx + 1) * sizeof *s->spec_seq);
@@ -1034,10 +1012,10 @@ kiln_status srv_sched_new(kiln_context *c, const kiln_model *m, const srv_sched_
         for (int i = 0; spec_ok && s->slots && i < s->n_slots; i++)
             spec_ok = (s->slots[i].draft = malloc((size_t)s->spec.draft_max * sizeof *s->slots[i].draft)) != NULL;
     }
-    if (!s->slots || !s->queue || !s->batch || !s->row_slot || !s->logits || !s->probs || !s->sargs || !s->snext || !s->swin || !spec_ok) {
+    if (!s->slots || !s->queue || !s->batch || !s->row_slot || !s->logits || !s->probs || !s->ssmp || !s->snext || !spec_ok) {
         for (int i = 0; s->slots && i < s->n_slots; i++) free(s->slots[i].draft);
         free(s->slots), free(s->queue), free(s->batch), free(s->row_slot), free(s->logits), free(s->probs), free(s->spec_seq), free(s->spec_out);
-        free(s->dbatch), free(s->dnext), free(s->dlogits), free(s->spec_q), free(s->sargs), free(s->snext), free(s->swin), free(s);
+        free(s->dbatch), free(s->dnext), free(s->dlogits), free(s->spec_q), free(s->ssmp), free(s->snext), free(s);
         return KILN_ERR_NOMEM;
     }
     for (int i = 0; i < s->n_slots; i++) s->slots[i].id = i;
@@ -1076,7 +1054,7 @@ void srv_sched_free(srv_sched *s) {
     for (int i = 0; i < s->n_slots; i++) free(s->slots[i].text), free(s->slots[i].draft);
     free(s->slots), free(s->queue), free(s->batch), free(s->row_slot), free(s->logits), free(s->probs), free(s->piece);
     free(s->spec_seq), free(s->spec_out), free(s->dbatch), free(s->dnext), free(s->dlogits), free(s->spec_q), free(s->spec_rows_copy);
-    free(s->sargs), free(s->snext), free(s->swin);
+    free(s->ssmp), free(s->snext);
     kiln_context_free(s->spec.draft);
     kiln_grammar_vocab_free(s->gvocab);
     pthread_mutex_destroy(&s->mu);
