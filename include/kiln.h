@@ -652,7 +652,7 @@ size_t kiln_context_kv_bytes(const kiln_context *c);     /* the KV caches of all
  * NULL, the argmax of each such row. Bad entries are KILN_ERR_RANGE / KILN_ERR_INVALID naming the entry, checked
  * before anything runs; on any error no sequence moves. */
 kiln_status kiln_context_decode(kiln_context *c, const kiln_batch_entry *b, size_t n, float *logits, int32_t *next);
-typedef struct kiln_sampler kiln_sampler; /* the sampler (below) */
+typedef struct kiln_sampler kiln_sampler; /* the sampler: kiln_sampler_new, below */
 /* kiln_context_decode with each wanted row's token drawn by a sampler instead of its argmax: smp[k] for the k-th
  * entry with .logits, over that row and its sequence's ids up to and with the entry, as kiln_sampler_sample would
  * draw it (its settings, penalties, bans and RNG); next[k] gets it. On a GPU the samplers run there in the step and
@@ -699,7 +699,7 @@ typedef struct kiln_sampler_params {
     uint64_t seed;
 } kiln_sampler_params;
 
-typedef struct kiln_sampler kiln_sampler;
+/* kiln_sampler is declared with the contexts above (kiln_context_decode_sample takes samplers) */
 kiln_sampler_params kiln_sampler_default(void); /* temp 0.8, top_k 40, top_p 0.95, min_p 0.05, penalties off, seed 42 */
 kiln_status kiln_sampler_new(const kiln_sampler_params *p, int64_t n_vocab, kiln_sampler **out);
 void kiln_sampler_free(kiln_sampler *s);
