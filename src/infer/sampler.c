@@ -98,6 +98,12 @@ static uint32_t next_stamp(kiln_sampler *s) {
     return s->stamp;
 }
 
+/* One penalized token that occurs c times in the window: llama.cpp's float order (below). */
+static float penalized(float x, int32_t c, float repeat, float frequency, float presence) {
+    x = x <= 0 ? x * repeat : x / repeat;
+    return x - ((float)c * frequency + (float)(c > 0) * presence);
+}
+
 /* llama.cpp's penalties (llama_sampler_penalties_apply): each distinct token among the last repeat_last_n (-1: the
  * whole history) that occurs count times there is penalized once: a positive logit divided by repeat_penalty, zero
  * or negative multiplied by it, then count * frequency_penalty + presence_penalty subtracted, in that float order.
@@ -113,8 +119,7 @@ static void apply_penalties(kiln_sampler *s, float *logits, const int32_t *histo
         if (id < 0 || id >= s->n_vocab || s->count[id] == 0) continue;
         const int32_t c = s->count[id];
         s->count[id] = 0; /* each token once, and the array zero again for the next call */
-        logits[id] = logits[id] <= 0 ? logits[id] * p->repeat_penalty : logits[id] / p->repeat_penalty;
-        logits[id] -= (float)c * p->frequency_penalty + (float)(c > 0) * p->presence_penalty;
+        logits[id] = penalized(logits[id], c, p->repeat_penalty, p->frequency_penalty, p->presence_penalty);
     }
 }
 
@@ -346,8 +351,7 @@ int32_t kiln_sample_args_draw(const kiln_sample_args *a, const float *logits, in
     for (int32_t i = 0; i < a->n_pen && i < KILN_SAMPLE_MAX_PEN; i++) {
         const int32_t id = a->pen_id[i], c = a->pen_count[i];
         if (id < 0 || id >= V || c < 1) continue;
-        x[id] = x[id] <= 0 ? x[id] * a->repeat_penalty : x[id] / a->repeat_penalty;
-        x[id] -= (float)c * a->frequency_penalty + (float)(c > 0) * a->presence_penalty;
+        x[id] = penalized(x[id], c, a->repeat_penalty, a->frequency_penalty, a->presence_penalty);
     }
     for (int32_t i = 0; i < a->n_ban && i < KILN_SAMPLE_MAX_BAN; i++)
         if (a->ban[i] >= 0 && a->ban[i] < V) x[a->ban[i]] = -INFINITY;
