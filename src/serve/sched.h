@@ -94,6 +94,7 @@ typedef struct srv_job {
 srv_job *srv_job_new(void);
 void srv_job_release(srv_job *j); /* drops one reference */
 void srv_job_cancel(srv_job *j);
+bool srv_job_cancelled(srv_job *j);
 /* Waits until done (true) or until alive(ud) says the client is gone (cancels, returns false); polls every 100 ms. */
 bool srv_job_wait(srv_job *j, bool (*alive)(void *), void *ud);
 
