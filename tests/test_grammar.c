@@ -2,6 +2,8 @@
  *   parse errors    each malformed grammar is KILN_ERR_FORMAT with the line and column or the rule in its message
  *   sentences       kiln_grammar_match_text on grammars of every construct: literals and escapes, classes and
  *                   negation, ".", groups, * + ? {m} {m,} {m,n} {,n}, comments, multi-line rules, UTF-8
+ *   ambiguous       40 nullable rules in a row match (text and mask) without 2^40 work; 2^20 chained empty matches
+ *                   and 64^3 distinct stacks in one step are refused with a message
  *   the mask        under the bench's grammars (a JSON grammar, free text, arithmetic, three JSON schemas through
  *                   kiln_json_schema_to_gbnf), several walks on one matcher (reset between, so remembered stacks,
  *                   frames and class tables are reused), on the bundled model's vocab, every vocab of
@@ -348,6 +350,63 @@ static void test_mask_bundled_vocab(void) {
     kiln_tokenizer_free(tok);
 }
 
+/* Grammars whose stacks are reached along exponentially many paths. 40 nullable rules in a row (x x ... x, each x
+ * "a"? | "c"?: 2^40 ways to skip them all) match in polynomial time, as text and under the bundled vocab's mask; a
+ * grammar that chains 2^20 empty matches or holds 64^3 distinct stacks in a step is refused with a message, not run
+ * for ever. */
+static void test_ambiguous(void) {
+    char gram[1024] = "root ::=";
+    for (int i = 0; i < 40; i++) strcat(gram, " x");
+    strcat(gram, " \"b\"\nx ::= \"a\"? | \"c\"?\n");
+    char a40[48], a41[48];
+    memset(a40, 'a', 40), memcpy(a40 + 40, "b", 2);
+    memset(a41, 'a', 41), memcpy(a41 + 41, "b", 2);
+    const sent nullable[] = {{"", "P"}, {"b", "F"}, {"aab", "F"}, {"acacb", "F"}, {"cccc", "P"}, {a40, "F"}, {a41, "-"}, {"d", "-"}, {"bb", "-"}};
+    check_sentences(gram, nullable, sizeof nullable / sizeof *nullable);
+    kiln_tokenizer *tok = NULL;
+    if (kiln_tokenizer_load_file("models/shakespeare.gguf", &tok) == KILN_OK) {
+        kiln_grammar *g = parse(gram);
+        char msg[700] = "";
+        const bool ok = g && walks_ok(g, tok, 4, 2, 20, 60, 0xA5A5ull, 31, false, false, msg, sizeof msg);
+        kiln_grammar_free(g);
+        if (!ok) kiln_tokenizer_free(tok);
+        CHECK(ok, "40 nullable rules, the mask: %s", msg);
+    }
+
+    /* 2^20 empty matches chained: too deep; 64^3 distinct stacks (each rule 64 alternatives, each with its own
+     * continuation): too ambiguous. Each is refused by the text match and by a matcher. */
+    static char deep[2048], wide[16384];
+    snprintf(deep, sizeof deep, "root ::= r0\n");
+    for (int i = 0; i < 20; i++) snprintf(deep + strlen(deep), sizeof deep - strlen(deep), "r%d ::= r%d r%d\n", i, i + 1, i + 1);
+    strcat(deep, "r20 ::= \"a\"?\n");
+    snprintf(wide, sizeof wide, "root ::= r0\nr3 ::= \"a\"\n");
+    for (int i = 0; i < 3; i++) {
+        snprintf(wide + strlen(wide), sizeof wide - strlen(wide), "r%d ::= r%d \"0\"", i, i + 1);
+        for (int k = 1; k < 64; k++) snprintf(wide + strlen(wide), sizeof wide - strlen(wide), " | r%d \"%d\"", i + 1, k);
+        strcat(wide, "\n");
+    }
+    const char *const grams[2] = {deep, wide}, *const says[2] = {"rules deep", "too ambiguous"};
+    for (int c = 0; c < 2; c++) {
+        kiln_grammar *g = parse(grams[c]);
+        if (!g) kiln_tokenizer_free(tok);
+        CHECK(g, "%s", kiln_last_error());
+        bool full = true, prefix = true;
+        const kiln_status st = kiln_grammar_match_text(g, "aa", 2, &full, &prefix);
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s", kiln_last_error());
+        kiln_grammar_matcher *m = NULL;
+        const kiln_status st_m = tok ? kiln_grammar_matcher_new(g, tok, &m) : KILN_ERR_INVALID;
+        const bool said_m = !tok || strstr(kiln_last_error(), says[c]);
+        kiln_grammar_matcher_free(m);
+        kiln_grammar_free(g);
+        if (!(st == KILN_ERR_INVALID && strstr(msg, says[c]) && !full && !prefix && st_m == KILN_ERR_INVALID && said_m && !m))
+            kiln_tokenizer_free(tok);
+        CHECK(st == KILN_ERR_INVALID && strstr(msg, says[c]) && !full && !prefix, "%s: status %d, '%s'", says[c], (int)st, msg);
+        CHECK(st_m == KILN_ERR_INVALID && said_m && !m, "%s, a matcher: status %d, '%s'", says[c], (int)st_m, kiln_last_error());
+    }
+    kiln_tokenizer_free(tok);
+}
+
 /* Every vocab of the shared data that has an EOS: byte-level BPE (GPT-2 and its kin, where tokens split code points),
  * SPM with byte fallback, WordPiece. The oracle costs a match of the whole text per token, so it checks the first
  * steps of two walks; the rest run for the caches' sake. */
@@ -466,6 +525,7 @@ static void test_llamacpp_grammar_files(void) {
 int main(void) {
     RUN(test_parse_errors);
     RUN(test_sentences);
+    RUN(test_ambiguous);
     RUN(test_llamacpp_grammar_files);
     RUN(test_mask_bundled_vocab);
     RUN(test_mask_shared_vocabs);

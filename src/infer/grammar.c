@@ -39,23 +39,111 @@
 
 /* ---------------------------------------------------------------- stack sets */
 
-typedef struct {
+typedef struct gset {
     int32_t *pos; /* stack i is pos[off[i] .. off[i + 1]), top last */
     int32_t *off;
     int32_t n, n_pos, cap_pos, cap_off;
     bool accept; /* holds the empty stack */
+    /* past SET_LINEAR stacks, a hash index of stacks [0, n_ix): open addressing over cap_ix slots, -1 empty */
+    int32_t *ix, cap_ix, n_ix;
+    /* one expansion's bookkeeping (reset by set_clear): expand's calls so far, and past MEMO_AFTER of them the
+     * stacks topped by a rule that were expanded, so that one reached again is not expanded again */
+    int32_t work;
+    struct gset *seen;
 } gset;
 
 #define MAX_DEPTH 1024
+#define SET_LINEAR 32          /* sets of up to this many stacks are searched in order */
+#define MEMO_AFTER 256         /* expand's calls into one set before it remembers the stacks it expanded */
+#define EXPAND_WORK (1 << 17)  /* expand's calls into one set, at most: past it the grammar is too ambiguous */
+#define SET_POS_MAX (1 << 22)  /* positions one set holds, at most (16 MB) */
 
-static void set_clear(gset *s) { s->n = 0, s->n_pos = 0, s->accept = false; }
+/* Why expand last failed on this thread (0: out of memory elsewhere); expand_failed reports it and clears it. */
+enum { GF_NOMEM = 1, GF_DEPTH, GF_WORK, GF_SIZE };
+static _Thread_local int expand_why;
 
-static void set_free(gset *s) { free(s->pos), free(s->off), memset(s, 0, sizeof *s); }
-
-static bool set_has(const gset *s, const int32_t *st, int32_t n) {
-    for (int32_t i = 0; i < s->n; i++)
-        if (s->off[i + 1] - s->off[i] == n && memcmp(s->pos + s->off[i], st, (size_t)n * sizeof *st) == 0) return true;
+static bool set_failed(int why) {
+    expand_why = why;
     return false;
+}
+
+static kiln_status expand_failed(void) {
+    const int why = expand_why;
+    expand_why = 0;
+    if (why == GF_DEPTH)
+        return kiln_fail(KILN_ERR_INVALID, "grammar: a step goes past %d rules deep (nested, or matching nothing one after another)", MAX_DEPTH);
+    if (why == GF_WORK)
+        return kiln_fail(KILN_ERR_INVALID, "grammar: too ambiguous: one character's step expands rules more than %d times", EXPAND_WORK);
+    if (why == GF_SIZE) return kiln_fail(KILN_ERR_INVALID, "grammar: too ambiguous: one character's step holds more than %d stack entries", SET_POS_MAX);
+    return kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");
+}
+
+/* Never 0, which marks an unused stack cache slot. */
+static uint64_t stack_hash(const int32_t *st, int32_t n) {
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)n;
+    for (int32_t i = 0; i < n; i++) h = (h ^ (uint32_t)st[i]) * 1099511628211ull;
+    return h | 1;
+}
+
+static void set_clear(gset *s) {
+    s->n = 0, s->n_pos = 0, s->accept = false, s->n_ix = 0, s->work = 0;
+    if (s->seen) set_clear(s->seen);
+}
+
+static void set_free(gset *s) {
+    if (s->seen) set_free(s->seen), free(s->seen);
+    free(s->pos), free(s->off), free(s->ix), memset(s, 0, sizeof *s);
+}
+
+static bool stack_is(const gset *s, int32_t i, const int32_t *st, int32_t n) {
+    return s->off[i + 1] - s->off[i] == n && memcmp(s->pos + s->off[i], st, (size_t)n * sizeof *st) == 0;
+}
+
+/* Indexes the stacks [n_ix, n) of s, past SET_LINEAR of them; false on out of memory. */
+static bool set_index(gset *s) {
+    if (s->cap_ix < 2 * s->n) {
+        int32_t c = 128;
+        while (c < 4 * s->n) c *= 2; /* n <= EXPAND_WORK */
+        int32_t *t = realloc(s->ix, (size_t)c * sizeof *t);
+        if (!t) return false;
+        s->ix = t, s->cap_ix = c, s->n_ix = 0;
+    }
+    if (s->n_ix == 0) memset(s->ix, 0xff, (size_t)s->cap_ix * sizeof *s->ix);
+    for (; s->n_ix < s->n; s->n_ix++) {
+        const int32_t i = s->n_ix;
+        uint32_t h = (uint32_t)stack_hash(s->pos + s->off[i], s->off[i + 1] - s->off[i]);
+        while (s->ix[h & (uint32_t)(s->cap_ix - 1)] >= 0) h++;
+        s->ix[h & (uint32_t)(s->cap_ix - 1)] = i;
+    }
+    return true;
+}
+
+/* 1 when s holds the stack st[0..n), 0 when not, -1 on out of memory. */
+static int set_has(gset *s, const int32_t *st, int32_t n) {
+    if (s->n <= SET_LINEAR) {
+        for (int32_t i = 0; i < s->n; i++)
+            if (stack_is(s, i, st, n)) return 1;
+        return 0;
+    }
+    if (!set_index(s)) return -1;
+    for (uint32_t h = (uint32_t)stack_hash(st, n);; h++) {
+        const int32_t i = s->ix[h & (uint32_t)(s->cap_ix - 1)];
+        if (i < 0) return 0;
+        if (stack_is(s, i, st, n)) return 1;
+    }
+}
+
+/* Appends the stack st[0..n) to s; false (expand_why set) on out of memory or past SET_POS_MAX. */
+static bool set_add(gset *s, const int32_t *st, int32_t n) {
+    if (s->n_pos + n > SET_POS_MAX) return set_failed(GF_SIZE);
+    if (!grow((void **)&s->pos, &s->cap_pos, s->n_pos + n, sizeof *s->pos) ||
+        !grow((void **)&s->off, &s->cap_off, s->n + 2, sizeof *s->off))
+        return set_failed(GF_NOMEM);
+    if (s->n == 0) s->off[0] = 0;
+    memcpy(s->pos + s->n_pos, st, (size_t)n * sizeof *st);
+    s->n_pos += n;
+    s->off[++s->n] = s->n_pos;
+    return true;
 }
 
 static bool expand_rule(const kiln_grammar *g, gset *out, int32_t *st, int32_t n, int depth);
@@ -63,19 +151,28 @@ static bool expand_rule(const kiln_grammar *g, gset *out, int32_t *st, int32_t n
 /* Adds the stack st[0..n) (top last), expanded until its top is a character set; false on out of memory or depth.
  * st is scratch from n up to MAX_DEPTH; positions below n are the caller's stack and are as they were on return. */
 static bool expand(const kiln_grammar *g, gset *out, int32_t *st, int32_t n, int depth) {
-    if (depth > MAX_DEPTH || n > MAX_DEPTH) return false;
+    if (depth > MAX_DEPTH || n > MAX_DEPTH) return set_failed(GF_DEPTH);
+    if (++out->work > EXPAND_WORK) return set_failed(GF_WORK);
     const int32_t n0 = n;
     while (n > 0 && g->el[st[n - 1]].type == GE_END) n--; /* an alternative done: its rule's continuation */
     if (n == 0) {
         out->accept = true;
         return true;
     }
+    /* A stack's expansion depends on its positions alone, so one reached again adds nothing. Nullable rules in a
+     * row reach the same stacks along many paths (x? x? x? ...: 2^k), so past MEMO_AFTER calls each is done once. */
+    if (out->work > MEMO_AFTER && g->el[st[n - 1]].type == GE_RULE) {
+        if (!out->seen && !(out->seen = calloc(1, sizeof *out->seen))) return set_failed(GF_NOMEM);
+        const int h = set_has(out->seen, st, n);
+        if (h) return h > 0 ? true : set_failed(GF_NOMEM);
+        if (!set_add(out->seen, st, n)) return false;
+    }
     if (n == n0 || g->el[st[n - 1]].type != GE_RULE) return expand_rule(g, out, st, n, depth);
     /* Ends were popped, so the rule at the top is the caller's stack (an empty alternative, say, with a rule after
      * it): expanding it overwrites st[n - 1 ..], which the caller's next alternatives still stand on. */
     int32_t keep_local[16], *keep = keep_local;
     const int32_t n_keep = n0 - n + 1;
-    if (n_keep > 16 && !(keep = malloc((size_t)n_keep * sizeof *keep))) return false;
+    if (n_keep > 16 && !(keep = malloc((size_t)n_keep * sizeof *keep))) return set_failed(GF_NOMEM);
     memcpy(keep, st + n - 1, (size_t)n_keep * sizeof *keep);
     const bool ok = expand_rule(g, out, st, n, depth);
     memcpy(st + n - 1, keep, (size_t)n_keep * sizeof *keep);
@@ -87,15 +184,9 @@ static bool expand(const kiln_grammar *g, gset *out, int32_t *st, int32_t n, int
 static bool expand_rule(const kiln_grammar *g, gset *out, int32_t *st, int32_t n, int depth) {
     const gelem e = g->el[st[n - 1]];
     if (e.type == GE_CHAR) {
-        if (set_has(out, st, n)) return true;
-        if (!grow((void **)&out->pos, &out->cap_pos, out->n_pos + n, sizeof *out->pos) ||
-            !grow((void **)&out->off, &out->cap_off, out->n + 2, sizeof *out->off))
-            return false;
-        if (out->n == 0) out->off[0] = 0;
-        memcpy(out->pos + out->n_pos, st, (size_t)n * sizeof *st);
-        out->n_pos += n;
-        out->off[++out->n] = out->n_pos;
-        return true;
+        const int h = set_has(out, st, n);
+        if (h) return h > 0 ? true : set_failed(GF_NOMEM);
+        return set_add(out, st, n);
     }
     /* a rule: its continuation (unless the alternative ends there), then each alternative's first element */
     const int32_t cont = st[n - 1] + 1;
@@ -565,7 +656,7 @@ kiln_status kiln_grammar_matcher_reset(kiln_grammar_matcher *m) {
     const kiln_grammar *g = m->g;
     for (int32_t a = g->rule_alt[g->root]; a < g->rule_alt[g->root + 1]; a++) {
         m->scratch[0] = g->alt[a];
-        if (!expand(g, &m->cur, m->scratch, 1, 0)) return kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory or nesting past %d", MAX_DEPTH);
+        if (!expand(g, &m->cur, m->scratch, 1, 0)) return expand_failed();
     }
     return KILN_OK;
 }
@@ -610,13 +701,6 @@ static bool walk(kiln_grammar_matcher *m, int32_t v, const gset *s, u8state st, 
     for (int32_t e = 0; e < nd->n_edge; e++)
         if (!walk_edge(m, m->v->edge[nd->first_edge + e], s, st, d)) return false;
     return true;
-}
-
-/* Never 0, which marks an unused stack cache slot. */
-static uint64_t stack_hash(const int32_t *st, int32_t n) {
-    uint64_t h = 1469598103934665603ull ^ (uint64_t)n;
-    for (int32_t i = 0; i < n; i++) h = (h ^ (uint32_t)st[i]) * 1099511628211ull;
-    return h | 1;
 }
 
 static int popcount64(uint64_t x) { /* SWAR: the build targets plain x86-64, without POPCNT */
@@ -825,6 +909,7 @@ static int32_t frame_split(const kiln_grammar_matcher *m, const int32_t *st, int
 
 /* Sets s to the one stack st[0..n); false on out of memory. */
 static bool set_one(gset *s, const int32_t *st, int32_t n) {
+    set_clear(s);
     if (!grow((void **)&s->pos, &s->cap_pos, n, sizeof *s->pos) || !grow((void **)&s->off, &s->cap_off, 2, sizeof *s->off)) return false;
     memcpy(s->pos, st, (size_t)n * sizeof *st);
     s->off[0] = 0, s->off[1] = n, s->n = 1, s->n_pos = n, s->accept = false;
@@ -995,12 +1080,12 @@ static kiln_status allowed_now(kiln_grammar_matcher *m) {
     if (m->u8.left) {
         m->misses++;
         m->dst = m->bits;
-        if (!walk(m, 0, &m->cur, m->u8, 0)) return kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory or nesting past %d", MAX_DEPTH);
+        if (!walk(m, 0, &m->cur, m->u8, 0)) return expand_failed();
         return KILN_OK;
     }
     for (int32_t i = 0; i < m->cur.n; i++) {
         const uint64_t *b = stack_mask(m, m->cur.pos + m->cur.off[i], m->cur.off[i + 1] - m->cur.off[i]);
-        if (!b) return kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory or nesting past %d", MAX_DEPTH);
+        if (!b) return expand_failed();
         for (int32_t w = 0; w < W; w++) m->bits[w] |= b[w];
     }
     return KILN_OK;
@@ -1061,6 +1146,7 @@ kiln_status kiln_grammar_matcher_accept(kiln_grammar_matcher *m, int32_t token) 
     if (!m->v->bytes[token]) return kiln_fail(KILN_ERR_INVALID, "grammar: token %d has no text the grammar can match", (int)token);
     gset *a = &m->lvl[0], *b = &m->lvl[1];
     /* a copy of the current state into a (its stacks are expanded already), then byte by byte */
+    set_clear(a);
     if (!grow((void **)&a->pos, &a->cap_pos, m->cur.n_pos + 1, sizeof *a->pos) ||
         !grow((void **)&a->off, &a->cap_off, m->cur.n + 2, sizeof *a->off))
         return kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");
@@ -1075,7 +1161,7 @@ kiln_status kiln_grammar_matcher_accept(kiln_grammar_matcher *m, int32_t token) 
         const int r = u8_feed(&st, m->v->bytes[token][k]);
         if (r < 0) return kiln_fail(KILN_ERR_INVALID, "grammar: token %d is not valid UTF-8 here", (int)token);
         if (r == 0) continue;
-        if (!advance(m->g, a, st.cp, b, m->scratch)) return kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");
+        if (!advance(m->g, a, st.cp, b, m->scratch)) return expand_failed();
         if (b->n == 0 && !b->accept)
             return kiln_fail(KILN_ERR_INVALID, "grammar: token %d does not continue the text the grammar allows", (int)token);
         gset t = *a;
@@ -1097,7 +1183,7 @@ kiln_status kiln_grammar_match_text(const kiln_grammar *g, const char *s, size_t
     kiln_status st = scratch ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");
     for (int32_t alt = g->rule_alt[g->root]; !st && alt < g->rule_alt[g->root + 1]; alt++) {
         scratch[0] = g->alt[alt];
-        if (!expand(g, &a, scratch, 1, 0)) st = kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");
+        if (!expand(g, &a, scratch, 1, 0)) st = expand_failed();
     }
     u8state u = {0};
     bool alive = true;
@@ -1105,7 +1191,7 @@ kiln_status kiln_grammar_match_text(const kiln_grammar *g, const char *s, size_t
         const int r = u8_feed(&u, (uint8_t)s[i]);
         if (r < 0) alive = false;
         if (r != 1) continue;
-        if (!advance(g, &a, u.cp, &b, scratch)) st = kiln_fail(KILN_ERR_NOMEM, "grammar: out of memory");
+        if (!advance(g, &a, u.cp, &b, scratch)) st = expand_failed();
         gset t = a;
         a = b, b = t;
         alive = a.n > 0 || a.accept;
