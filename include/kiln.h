@@ -725,7 +725,9 @@ int32_t kiln_sampler_draw(kiln_sampler *s, const float *probs);
  * llama.cpp's GBNF: rules `name ::= alternatives`, literals "..." (escapes \n \r \t \\ \" \xHH \uHHHH \UHHHHHHHH),
  * classes [a-z] and [^...], "." for any character, groups ( ), repetitions * + ? {m} {m,} {m,n} {,n}, # comments;
  * a rule's alternatives end at a newline outside parentheses. A malformed grammar is KILN_ERR_FORMAT with the line
- * and column (or the rule) in the message: undefined or twice-defined rules, a missing root, left recursion. */
+ * and column (or the rule) in the message: undefined or twice-defined rules, a missing root, left recursion. One whose
+ * first step is too ambiguous (past 2^17 rule expansions or 4M stack entries) or nests past 1,024 rules is
+ * KILN_ERR_INVALID; so is a later step of the matcher's (kiln_grammar_matcher_mask, _accept, _match_text). */
 typedef struct kiln_grammar kiln_grammar;
 /* root: the start rule, "root" when NULL. */
 kiln_status kiln_grammar_parse(const char *text, size_t len, const char *root, kiln_grammar **out);

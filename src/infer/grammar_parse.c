@@ -485,6 +485,12 @@ kiln_status kiln_grammar_parse(const char *text, size_t len, const char *root, k
         kiln_grammar_free(g);
         return kiln_fail(KILN_ERR_FORMAT, "grammar: %s", p.err);
     }
+    bool full, prefix; /* the first step expanded once: one too ambiguous or too deep is refused here, as the input's fault */
+    const kiln_status st = kiln_grammar_match_text(g, "", 0, &full, &prefix);
+    if (st) {
+        kiln_grammar_free(g);
+        return st;
+    }
     *out = g;
     return KILN_OK;
 }

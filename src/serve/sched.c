@@ -491,8 +491,9 @@ static void on_token(srv_sched *s, slot *sl, float *row) {
     if (j->g.ignore_eos) mask_ends(s, row);
     if (sl->gm) { /* the grammar's tokens only; its end also takes the end of turn */
         const float eot = s->eot >= 0 ? row[s->eot] : 0.0f;
-        if (kiln_grammar_matcher_mask(sl->gm, row)) {
-            finish(s, sl, SRV_FIN_ERROR, 500, kiln_last_error());
+        const kiln_status e = kiln_grammar_matcher_mask(sl->gm, row);
+        if (e) { /* invalid: a later step too ambiguous or deep, the grammar's fault */
+            finish(s, sl, SRV_FIN_ERROR, e == KILN_ERR_INVALID ? 400 : 500, kiln_last_error());
             return;
         }
         if (s->eot >= 0 && kiln_grammar_matcher_done(sl->gm)) row[s->eot] = eot;

@@ -435,7 +435,8 @@ def c_metrics():
 
 def c_grammar():
     """llama-server's "grammar" (GBNF) on /completion, streamed and not, and on /v1/completions: every text is a
-    whole sentence of the grammar and ends there (stop_type eos), over several seeds at temperature 1."""
+    whole sentence of the grammar and ends there (stop_type eos), over several seeds at temperature 1. A bad grammar
+    is a 400 naming it, a too ambiguous one too, at its first step or a later one."""
     g = 'root ::= (" " [a-z]+){2,5} "."'
     sentence = re.compile(r"^( [a-z]+){2,5}\.$")
     for seed in range(6):
@@ -454,6 +455,14 @@ def c_grammar():
     expect_400("/completion", {"prompt": "x", "grammar": 'root ::= "a'}, "grammar")
     expect_400("/completion", {"prompt": "x", "grammar": 7}, "grammar")
     expect_400("/completion", {"prompt": "x", "grammar": 'root ::= "a"', "ignore_eos": True}, "grammar")
+    # too ambiguous (64^3 stacks in one step): refused when parsed; after a "q", the request's error, and the
+    # server goes on
+    wide = "".join(f"r{i} ::= " + " | ".join(f'r{i + 1} "{k}"' for k in range(64)) + "\n" for i in range(3)) + 'r3 ::= "a"\n'
+    expect_400("/completion", {"prompt": "x", "grammar": "root ::= r0\n" + wide}, "grammar")
+    st, _, data = SRV.request("POST", "/completion", {"prompt": "x", "n_predict": 8, "grammar": 'root ::= "q" r0\n' + wide})
+    check(st == 400 and b"too ambiguous" in data, lambda: f"a later step too ambiguous: status {st}: {h.one_line(data.decode(errors='replace'))[:300]}")
+    r = completion("x", 8, grammar='root ::= "yes" | "no"', cache_prompt=False)
+    check(r["content"] in ("yes", "no"), f"after the ambiguous grammar: {r['content']!r}")
 
 
 def c_schema():
