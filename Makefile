@@ -260,13 +260,15 @@ demo: all
 # libFuzzer needs clang. Crashes land in tests/fuzz/crashes/; copy each into tests/fuzz/regress/ so
 # test_gguf_fuzz_regress replays it on every `make test`.
 FUZZ_SECONDS ?= 60
+# One input running past FUZZ_TIMEOUT seconds is a hang (libFuzzer's own default, 1200 s, ate 20 minutes of CI).
+FUZZ_TIMEOUT ?= 120
 FUZZ_CC ?= clang
 fuzz:
 	@mkdir -p build-fuzz/corpus tests/fuzz/crashes
 	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -Isrc/core \
 	  tests/fuzz/fuzz_gguf.c src/core/status.c src/core/types.c src/core/file.c src/core/finite.c src/core/gguf.c \
 	  -o build-fuzz/fuzz_gguf -lm -lpthread
-	build-fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -artifact_prefix=tests/fuzz/crashes/ \
+	build-fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -timeout=$(FUZZ_TIMEOUT) -max_len=65536 -artifact_prefix=tests/fuzz/crashes/ \
 	  build-fuzz/corpus tests/fuzz/corpus
 
 # Needs ../shared/data/vocab (KILN_DATA overrides): the harness encodes with real vocabularies. The seeds in
@@ -277,7 +279,7 @@ fuzz-tokenize:
 	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -Isrc/core \
 	  tests/fuzz/fuzz_tokenize.c src/core/status.c src/core/types.c src/core/file.c src/core/gguf.c $(filter-out src/tok/bpe_train.c src/tok/import_hf.c,$(wildcard src/tok/*.c)) \
 	  -o build-fuzz/fuzz_tokenize -lpcre2-8 -lutf8proc -lm -lpthread
-	build-fuzz/fuzz_tokenize -max_total_time=$(FUZZ_SECONDS) -max_len=16384 -artifact_prefix=tests/fuzz/crashes/ \
+	build-fuzz/fuzz_tokenize -max_total_time=$(FUZZ_SECONDS) -timeout=$(FUZZ_TIMEOUT) -max_len=16384 -artifact_prefix=tests/fuzz/crashes/ \
 	  build-fuzz/corpus-tok tests/fuzz/corpus-tok
 
 # The checkpoint loader (kiln_train_load_checkpoint: the GGUF, the model's config, the run's keys, the weights and the
@@ -303,7 +305,7 @@ fuzz-ckpt:
 	@mkdir -p build-fuzz/corpus-ckpt
 	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -Isrc/core \
 	  tests/fuzz/fuzz_checkpoint.c build-fuzz/ckpt/*.o -o build-fuzz/fuzz_checkpoint -lpcre2-8 -lutf8proc -ljansson -lmicrohttpd -lm -lpthread
-	KILN_FUZZ_SEED_DIR=build-fuzz/corpus-ckpt build-fuzz/fuzz_checkpoint -max_total_time=$(FUZZ_SECONDS) -max_len=65536 \
+	KILN_FUZZ_SEED_DIR=build-fuzz/corpus-ckpt build-fuzz/fuzz_checkpoint -max_total_time=$(FUZZ_SECONDS) -timeout=$(FUZZ_TIMEOUT) -max_len=65536 \
 	  -artifact_prefix=tests/fuzz/crashes/ build-fuzz/corpus-ckpt
 
 # kiln serve's request handling (srv_handle: routes, auth, limits, JSON bodies), on the library's objects of fuzz-ckpt
@@ -313,7 +315,7 @@ fuzz-serve:
 	@mkdir -p build-fuzz/corpus-serve
 	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -Isrc/core \
 	  tests/fuzz/fuzz_serve.c build-fuzz/ckpt/*.o -o build-fuzz/fuzz_serve -lpcre2-8 -lutf8proc -ljansson -lmicrohttpd -lm -lpthread
-	build-fuzz/fuzz_serve -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -artifact_prefix=tests/fuzz/crashes/ \
+	build-fuzz/fuzz_serve -max_total_time=$(FUZZ_SECONDS) -timeout=$(FUZZ_TIMEOUT) -max_len=8192 -artifact_prefix=tests/fuzz/crashes/ \
 	  build-fuzz/corpus-serve tests/fuzz/corpus-serve
 
 # The shard manifest and loader (src/train/data.c): inputs become manifests and shards in a temporary folder.
@@ -322,7 +324,7 @@ fuzz-shards:
 	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -Isrc/core \
 	  tests/fuzz/fuzz_shards.c src/train/data.c src/core/status.c src/core/types.c src/core/file.c src/core/gguf.c \
 	  $(filter-out src/tok/bpe_train.c src/tok/import_hf.c,$(wildcard src/tok/*.c)) -o build-fuzz/fuzz_shards -lpcre2-8 -lutf8proc -lm -lpthread
-	build-fuzz/fuzz_shards -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -artifact_prefix=tests/fuzz/crashes/ \
+	build-fuzz/fuzz_shards -max_total_time=$(FUZZ_SECONDS) -timeout=$(FUZZ_TIMEOUT) -max_len=4096 -artifact_prefix=tests/fuzz/crashes/ \
 	  build-fuzz/corpus-shards tests/fuzz/corpus-shards
 
 # The GBNF parser and the matcher's code-point walk (src/infer/grammar_parse.c, grammar.c); the tokenizer sources only resolve the
@@ -332,7 +334,7 @@ fuzz-grammar:
 	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -Isrc/core \
 	  tests/fuzz/fuzz_grammar.c src/infer/grammar.c src/infer/grammar_parse.c src/core/status.c src/core/types.c src/core/file.c src/core/gguf.c \
 	  $(filter-out src/tok/bpe_train.c src/tok/import_hf.c,$(wildcard src/tok/*.c)) -o build-fuzz/fuzz_grammar -lpcre2-8 -lutf8proc -lm -lpthread
-	build-fuzz/fuzz_grammar -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -artifact_prefix=tests/fuzz/crashes/ \
+	build-fuzz/fuzz_grammar -max_total_time=$(FUZZ_SECONDS) -timeout=$(FUZZ_TIMEOUT) -max_len=4096 -artifact_prefix=tests/fuzz/crashes/ \
 	  build-fuzz/corpus-grammar tests/fuzz/corpus-grammar
 
 clean:
