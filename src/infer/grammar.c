@@ -148,7 +148,8 @@ static bool set_add(gset *s, const int32_t *st, int32_t n) {
 
 static bool expand_rule(const kiln_grammar *g, gset *out, int32_t *st, int32_t n, int depth);
 
-/* Adds the stack st[0..n) (top last), expanded until its top is a character set; false on out of memory or depth.
+/* Adds the stack st[0..n) (top last), expanded until its top is a character set; false with expand_why set on out
+ * of memory, past MAX_DEPTH, or past the step's budget (EXPAND_WORK, SET_POS_MAX).
  * st is scratch from n up to MAX_DEPTH; positions below n are the caller's stack and are as they were on return. */
 static bool expand(const kiln_grammar *g, gset *out, int32_t *st, int32_t n, int depth) {
     if (depth > MAX_DEPTH || n > MAX_DEPTH) return set_failed(GF_DEPTH);
