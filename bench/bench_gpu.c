@@ -435,7 +435,22 @@ static bool json_field(const char *line, const char *key, double *out) {
 
 /* Runs bin (llama.cpp's llama-bench) on path as kiln runs it: every layer on the GPU, flash attention, the same
  * prompt lengths, generation length and repetitions; reads its JSON lines (-o jsonl) and sets each case's peer_tps
- * to llama-bench's mean tok/s for the same test. Its stderr goes to /dev/null. Returns 0, or 1 after printing why. */
+ * to llama-bench's mean tok/s for the same test. Its stderr goes to a temporary file, removed after; on a failure
+ * its last line is printed (escaped) with the reason. Returns 0, or 1 after printing why. */
+/* The last non-empty line (at most n - 1 bytes of its end) of the file open at fd. */
+static bool last_line(int fd, char *out, size_t n) {
+    const off_t end = lseek(fd, 0, SEEK_END);
+    const off_t from = end > (off_t)(n - 1) ? end - (off_t)(n - 1) : 0;
+    const ssize_t got = end > 0 ? pread(fd, out, (size_t)(end - from), from) : 0;
+    if (got <= 0) return false;
+    out[got] = 0;
+    char *e = out + got;
+    while (e > out && (e[-1] == '\n' || e[-1] == '\r')) *--e = 0;
+    char *b = strrchr(out, '\n');
+    if (b) memmove(out, b + 1, strlen(b + 1) + 1);
+    return out[0] != 0;
+}
+
 static int run_peer(const char *bin, const char *path, const int64_t *pps, int n_pp, int64_t n_gen, int reps, model_result *res) {
     char plist[16 * MAX_ITEMS + 2] = "0", nb[24], rb[24];
     for (int i = 0, o = 0; i < n_pp; i++) o += snprintf(plist + o, sizeof plist - (size_t)o, "%s%lld", i ? "," : "", (long long)pps[i]);
@@ -443,15 +458,20 @@ static int run_peer(const char *bin, const char *path, const int64_t *pps, int n
     snprintf(rb, sizeof rb, "%d", reps);
     char *argv[] = {(char *)bin, "-m", (char *)path, "-ngl", "99", "-fa", "1", "-p", plist, "-n", nb, "-r", rb, "-o", "jsonl", NULL};
     int fd[2];
-    if (pipe(fd)) return fprintf(stderr, "kiln bench --gpu: --peer-bin: pipe: %s\n", strerror(errno)), 1;
+    char errlog[] = "/tmp/kiln-bench-peer-XXXXXX";
+    const int ef = mkstemp(errlog);
+    if (ef < 0) return fprintf(stderr, "kiln bench --gpu: --peer-bin: a temporary file: %s\n", strerror(errno)), 1;
+    if (pipe(fd)) return fprintf(stderr, "kiln bench --gpu: --peer-bin: pipe: %s\n", strerror(errno)), close(ef), unlink(errlog), 1;
     fflush(stdout);
     const pid_t pid = fork();
-    if (pid < 0) return fprintf(stderr, "kiln bench --gpu: --peer-bin: fork: %s\n", strerror(errno)), close(fd[0]), close(fd[1]), 1;
+    if (pid < 0) {
+        fprintf(stderr, "kiln bench --gpu: --peer-bin: fork: %s\n", strerror(errno));
+        return close(fd[0]), close(fd[1]), close(ef), unlink(errlog), 1;
+    }
     if (pid == 0) {
-        const int dn = open("/dev/null", O_WRONLY);
         dup2(fd[1], 1);
-        if (dn >= 0) dup2(dn, 2);
-        close(fd[0]), close(fd[1]);
+        dup2(ef, 2);
+        close(fd[0]), close(fd[1]), close(ef);
         execv(bin, argv);
         _exit(127);
     }
@@ -475,12 +495,21 @@ static int run_peer(const char *bin, const char *path, const int64_t *pps, int n
     else close(fd[0]);
     int status = 0;
     waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || seen == 0) {
-        fprintf(stderr, "kiln bench --gpu: --peer-bin %s on %s: %s\n", bin, path,
+    const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0 || seen == 0;
+    if (failed) {
+        fprintf(stderr, "kiln bench --gpu: --peer-bin %s on %s: %s", bin, path,
                 !WIFEXITED(status) ? "it was killed" : WEXITSTATUS(status) == 127 ? "could not be run" : WEXITSTATUS(status) ? "it failed"
                                                                                   : "it printed no result");
-        return 1;
+        char last[512] = "";
+        if (last_line(ef, last, sizeof last)) {
+            fputs("; its last words: ", stderr);
+            kiln_cli_put_escaped(stderr, last);
+        }
+        fputc('\n', stderr);
     }
+    close(ef);
+    unlink(errlog);
+    if (failed) return 1;
     res->peer_measured = true;
     return 0;
 }

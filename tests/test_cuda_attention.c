@@ -18,8 +18,11 @@
  * test_attention_cache_types does the same over f32, bf16, q8_0 and q4_0 caches (and mixed pairs), and checks the GPU's
  * q8_0 / q4_0 store byte for byte against the CPU quantizers.
  *
- * Bounds: both sides compute in fp32 from the same exact f16 k and v, differing only in summation order and expf,
- * so max |gpu - ref| <= 1e-4 * max |ref| and NMSE <= 1e-8 (typical errors are ~1e-7 relative). Outputs and the
+ * Bounds: on CUDA cores both sides compute in fp32 from the same exact f16 k and v, differing only in summation order
+ * and expf, so max |gpu - ref| <= 1e-4 * max |ref| and NMSE <= 1e-8 (typical errors are ~1e-7 relative). Prefill
+ * at HS 64 and 128 over an f16 cache runs on the tensor cores (attention_tc.cu), which round q and the
+ * probabilities to f16: 4e-3 and 1e-5 there (kiln_cuda_attention_on_tc says which path a case takes), and
+ * test_attention_cuda_cores runs the main grid again with KILN_ATTN_TC=0 under the tight bounds. Outputs and the
  * workspace are poisoned with 0xFF (NaN) before every launch so an unwritten element fails. Skips without CUDA
  * or a GPU. */
 #include "test.h"
@@ -172,6 +175,15 @@ static kiln_status fill_case(dev_bufs *b, uint16_t *kc, uint16_t *vc, float *q, 
 
 #define BOUND_MAX 1e-4
 #define BOUND_NMSE 1e-8
+/* The tensor-core prefill (f16 q and probabilities, 2^-11 relative each; typical errors ~3e-4 of max |ref|) */
+#define BOUND_MAX_TC 4e-3
+#define BOUND_NMSE_TC 1e-5
+
+/* A case's bounds: the tensor-core kernel's where it runs the case (the f16 cache of these tests, the current softcap). */
+static void case_bounds(const attn_case *c, double *bmax, double *bnmse) {
+    const bool tc = kiln_cuda_attention_on_tc(c->T, c->HS, KILN_KV_F16, KILN_KV_F16, softcap);
+    *bmax = tc ? BOUND_MAX_TC : BOUND_MAX, *bnmse = tc ? BOUND_NMSE_TC : BOUND_NMSE;
+}
 
 static const int64_t MAX_T = 300, MAX_QW = 32 * 256, MAX_KVW = 8 * 256;
 
@@ -201,14 +213,14 @@ typedef struct {
     int alloc_ok, bad_case;
     attn_err e;
     float gpu, ref;
-    double worst_max, worst_nmse;
+    double worst[2], worst_tc[2]; /* max-abs/max|ref| and NMSE: the cases on CUDA cores, those on tensor cores */
     int64_t ctr_bad; /* the first decode counter left nonzero (-2: not read), -1: all zero */
 } cases_result;
 
 /* Runs each case (fresh random cache and q, scale 1/sqrt(HS)) on the GPU and the CPU oracle, stopping at the first
  * failure. */
 static cases_result check_cases(const attn_case *cases, int n_cases, unsigned long long seed) {
-    cases_result res = {KILN_OK, 0, -1, {0, 0, -1}, 0, 0, 0, 0, -1};
+    cases_result res = {KILN_OK, 0, -1, {0, 0, -1}, 0, 0, {0, 0}, {0, 0}, -1};
     dev_bufs b;
     uint16_t *kc = calloc((size_t)(MAX_POS * MAX_KVW), 2), *vc = calloc((size_t)(MAX_POS * MAX_KVW), 2);
     float *q = malloc((size_t)(MAX_T * MAX_QW) * 4), *ref = malloc((size_t)(MAX_T * MAX_QW) * 4);
@@ -229,9 +241,12 @@ static cases_result check_cases(const attn_case *cases, int n_cases, unsigned lo
             break;
         }
         cpu_oracle(ref, q, kc, vc, &c);
-        res.e = compare(gpu, ref, c.T * c.NH * c.HS, BOUND_MAX);
-        res.worst_max = fmax(res.worst_max, res.e.rel_max), res.worst_nmse = fmax(res.worst_nmse, res.e.nmse);
-        if (res.e.first_bad >= 0 || res.e.nmse > BOUND_NMSE) {
+        double bmax, bnmse;
+        case_bounds(&c, &bmax, &bnmse);
+        res.e = compare(gpu, ref, c.T * c.NH * c.HS, bmax);
+        double *worst = bmax == BOUND_MAX ? res.worst : res.worst_tc;
+        worst[0] = fmax(worst[0], res.e.rel_max), worst[1] = fmax(worst[1], res.e.nmse);
+        if (res.e.first_bad >= 0 || res.e.nmse > bnmse) {
             res.bad_case = ci;
             const int64_t i = res.e.first_bad >= 0 ? res.e.first_bad : 0;
             res.gpu = gpu[i], res.ref = ref[i];
@@ -250,19 +265,28 @@ static cases_result check_cases(const attn_case *cases, int n_cases, unsigned lo
               (res).alloc_ok ? kiln_last_error() : "device allocation failed");                                            \
         CHECK((res).ctr_bad == -1, "case %d: " CASE_FMT ": decode counter %lld not back at zero (-2: unreadable)",     \
               (res).bad_case, CASE_ARGS(c_), (long long)(res).ctr_bad);                                                  \
+        double bmax_, bnmse_;                                                                                              \
+        case_bounds(&c_, &bmax_, &bnmse_);                                                                                 \
         CHECK((res).bad_case < 0, "case %d: " CASE_FMT ": NMSE %.3g (bound %.0e) max-abs/max|ref| %.3g (bound %.0e), "     \
               "first bad index %lld (token %lld head %lld dim %lld): gpu %.7g cpu %.7g", (res).bad_case, CASE_ARGS(c_),    \
-              (res).e.nmse, BOUND_NMSE, (res).e.rel_max, BOUND_MAX, (long long)i_, (long long)(i_ / (c_.NH * c_.HS)),    \
+              (res).e.nmse, bnmse_, (res).e.rel_max, bmax_, (long long)i_, (long long)(i_ / (c_.NH * c_.HS)),            \
               (long long)(i_ / c_.HS % c_.NH), (long long)(i_ % c_.HS), (res).gpu, (res).ref);                             \
     } while (0)
 
-static void test_attention_matches_cpu(void) {
-    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+/* The worst errors of a cases_result, by path. */
+static void print_worst(int n_cases, const cases_result *r) {
+    printf("# %d cases: worst max-abs/max|ref| %.2e, NMSE %.2e on CUDA cores (bounds %.0e, %.0e); %.2e, %.2e on tensor "
+           "cores (bounds %.0e, %.0e)\n",
+           n_cases, r->worst[0], r->worst[1], BOUND_MAX, BOUND_NMSE, r->worst_tc[0], r->worst_tc[1], BOUND_MAX_TC, BOUND_NMSE_TC);
+}
+
+/* The main grid: HS 64, 128, 256 over NH/NKV 8/8, 32/8, 4/1, decode at five positions and prefill of 7, 64 and 300
+ * tokens at pos0 0 and 517, window 0 and 128 over the full cache and 128 over a ring; then HS 80 and 96. */
+static int main_cases(attn_case *cases) {
     static const int64_t hs[] = {64, 128, 256}, heads[][2] = {{8, 8}, {32, 8}, {4, 1}};
     static const int64_t tp[][2] = {{1, 0}, {1, 1}, {1, 255}, {1, 1000}, {1, 4095}, {7, 0}, {7, 517},
                                     {64, 0}, {64, 517}, {300, 0}, {300, 517}};
     int n_cases = 0;
-    static attn_case cases[3 * 3 * 11 * 3 + 4];
     for (int a = 0; a < 3; a++)
         for (int hd = 0; hd < 3; hd++)
             for (int i = 0; i < 11; i++)
@@ -276,10 +300,33 @@ static void test_attention_matches_cpu(void) {
     cases[n_cases++] = (attn_case){80, 8, 2, 33, 700, 128, 128 + 33 - 1};
     cases[n_cases++] = (attn_case){96, 12, 4, 1, 3000, 128, 128};
     cases[n_cases++] = (attn_case){96, 12, 4, 45, 100, 0, MAX_POS};
+    return n_cases;
+}
+#define N_MAIN_CASES (3 * 3 * 11 * 3 + 4)
+
+/* The main grid with the defaults: HS 64 and 128 prefill on the tensor cores (attention_tc.cu), the rest on CUDA
+ * cores. */
+static void test_attention_matches_cpu(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    static attn_case cases[N_MAIN_CASES];
+    const int n_cases = main_cases(cases);
     const cases_result res = check_cases(cases, n_cases, 20240607);
     CHECK_CASES(res, cases);
-    printf("# %d cases: worst max-abs/max|ref| %.2e (bound %.0e), worst NMSE %.2e (bound %.0e)\n", n_cases, res.worst_max,
-           BOUND_MAX, res.worst_nmse, BOUND_NMSE);
+    print_worst(n_cases, &res);
+}
+
+/* The main grid again with KILN_ATTN_TC=0: every prefill on the CUDA-core kernel, under its own (tight) bounds. */
+static void test_attention_cuda_cores(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    static attn_case cases[N_MAIN_CASES];
+    const int n_cases = main_cases(cases);
+    setenv("KILN_ATTN_TC", "0", 1);
+    CHECK(!kiln_cuda_attention_on_tc(300, 128, KILN_KV_F16, KILN_KV_F16, 0.0f), "KILN_ATTN_TC=0 still takes the tensor cores");
+    const cases_result res = check_cases(cases, n_cases, 20240607);
+    CHECK_CASES(res, cases); /* its bounds read while KILN_ATTN_TC is still 0 */
+    unsetenv("KILN_ATTN_TC");
+    print_worst(n_cases, &res);
+    CHECK(res.worst_tc[0] == 0, "a case ran on the tensor cores with KILN_ATTN_TC=0");
 }
 
 /* The test models' small heads (stories260K and the arch fixtures have HS 8): HS 8, 16, 32, 48 over NH/NKV 8/4, 4/1,
@@ -313,8 +360,7 @@ static void test_attention_small_heads(void) {
     for (int i = 0; i < (int)(sizeof more / sizeof more[0]); i++) cases[n_cases++] = more[i];
     const cases_result res = check_cases(cases, n_cases, 777);
     CHECK_CASES(res, cases);
-    printf("# %d cases: worst max-abs/max|ref| %.2e (bound %.0e), worst NMSE %.2e (bound %.0e)\n", n_cases, res.worst_max,
-           BOUND_MAX, res.worst_nmse, BOUND_NMSE);
+    print_worst(n_cases, &res);
 }
 
 /* The scores' softcap (gemma2's attn_logit_softcapping) against the CPU oracle's: cap 1.5 on scores of about N(0, 1)
@@ -332,8 +378,8 @@ static void test_attention_softcap(void) {
     const cases_result res = check_cases(cases, n_cases, 4242);
     softcap = 0.0f;
     CHECK_CASES(res, cases);
-    printf("# softcap: %d cases: worst max-abs/max|ref| %.2e (bound %.0e), worst NMSE %.2e (bound %.0e)\n", n_cases, res.worst_max,
-           BOUND_MAX, res.worst_nmse, BOUND_NMSE);
+    printf("# softcap: ");
+    print_worst(n_cases, &res);
 }
 
 /* A scale other than 1/sqrt(HS) (the CPU oracle fixes that one) against the double reference, decode and prefill. */
@@ -360,8 +406,10 @@ static void test_attention_scale(void) {
             break;
         }
         reference(ref, q, kc, vc, &cases[ci], scale);
-        e = compare(gpu, ref, cases[ci].T * cases[ci].NH * cases[ci].HS, BOUND_MAX);
-        if (e.first_bad >= 0 || e.nmse > BOUND_NMSE) bad_case = ci;
+        double bmax, bnmse;
+        case_bounds(&cases[ci], &bmax, &bnmse);
+        e = compare(gpu, ref, cases[ci].T * cases[ci].NH * cases[ci].HS, bmax);
+        if (e.first_bad >= 0 || e.nmse > bnmse) bad_case = ci;
     }
     const attn_case c = cases[bad_case >= 0 ? bad_case : 0];
     const int64_t i = e.first_bad >= 0 ? e.first_bad : 0;
@@ -411,8 +459,10 @@ static void test_attention_replay(void) {
                 break;
             }
             cpu_oracle(ref, q, kc, vc, ck);
-            e = compare(gpu, ref, ck->T * ck->NH * ck->HS, BOUND_MAX);
-            if (e.first_bad >= 0 || e.nmse > BOUND_NMSE) bad = 2 * ci + (k == 0 ? 0 : 1);
+            double bmax, bnmse;
+            case_bounds(ck, &bmax, &bnmse);
+            e = compare(gpu, ref, ck->T * ck->NH * ck->HS, bmax);
+            if (e.first_bad >= 0 || e.nmse > bnmse) bad = 2 * ci + (k == 0 ? 0 : 1);
         }
     }
     const attn_case c = cases[bad >= 0 ? bad / 2 : 0][bad >= 0 ? bad % 2 : 0];
@@ -571,12 +621,14 @@ static void test_attention_cache_types(void) {
             if (!st) st = kiln_cuda_download(got, dout, sizeof(float) * (size_t)(c.T * QW));
             kiln_cuda_free(dk), kiln_cuda_free(dv), kiln_cuda_free(dq), kiln_cuda_free(dout), kiln_cuda_free(dpos), kiln_cuda_free(ws);
             free(zero);
-            const attn_err e = st ? (attn_err){INFINITY, INFINITY, 0} : compare(got, ref, c.T * QW, BOUND_MAX);
+            const bool tc = kiln_cuda_attention_on_tc(c.T, c.HS, tk, tv, 0.0f);
+            const double bmax = tc ? BOUND_MAX_TC : BOUND_MAX, bnmse = tc ? BOUND_NMSE_TC : BOUND_NMSE;
+            const attn_err e = st ? (attn_err){INFINITY, INFINITY, 0} : compare(got, ref, c.T * QW, bmax);
             free(hk), free(hv), free(x), free(q), free(ref), free(got);
             CHECK(st == KILN_OK, "%s/%s " CASE_FMT ": %s", kiln_kv_type_name(tk), kiln_kv_type_name(tv), CASE_ARGS(c), kiln_last_error());
-            worst = fmax(worst, e.rel_max);
-            CHECK(e.first_bad < 0 && e.nmse <= BOUND_NMSE, "%s/%s " CASE_FMT ": max %.2e of max |ref| (bound %.0e), nmse %.2e",
-                  kiln_kv_type_name(tk), kiln_kv_type_name(tv), CASE_ARGS(c), e.rel_max, BOUND_MAX, e.nmse);
+            if (!tc) worst = fmax(worst, e.rel_max);
+            CHECK(e.first_bad < 0 && e.nmse <= bnmse, "%s/%s " CASE_FMT ": max %.2e of max |ref| (bound %.0e), nmse %.2e",
+                  kiln_kv_type_name(tk), kiln_kv_type_name(tv), CASE_ARGS(c), e.rel_max, bmax, e.nmse);
         }
     printf("# attention over f32, bf16, q8_0, q4_0 and mixed caches: %.2e of max |ref| at worst (bound %.0e)\n", worst, BOUND_MAX);
 
@@ -683,6 +735,7 @@ int main(void) {
         return 1;
     }
     RUN(test_attention_matches_cpu);
+    RUN(test_attention_cuda_cores);
     RUN(test_attention_small_heads);
     RUN(test_attention_scale);
     RUN(test_attention_softcap);

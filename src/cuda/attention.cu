@@ -32,6 +32,7 @@
  * tests/test_cuda_attention.c checks both paths against the CPU oracle (kiln_cpu_ops.attention_window_forward) and
  * a double reference, replays one launch at several positions (the counters back at zero after each), and checks
  * attention_xp's xp byte for byte against kiln_cuda_matvec_prepare. */
+#include "cuda/attention_tc.h"
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
 #include "cuda/kv.cuh"
@@ -598,6 +599,8 @@ static kiln_status attention(float *out, void *xp, const float *q, const void *k
     if (HS < 8 || HS > 256 || HS % 8) /* the kernels load rows in 16-byte pieces */
         return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda attention: head size %lld is not a multiple of 8 in 8 .. 256", (long long)HS);
     const int H = (int)HS;
+    if (!at.seq && T > ATTN_DECODE_MAX_T && kiln_attn_prefill_tc_takes(HS, type_k, type_v, softcap, q, out))
+        return kiln_attn_prefill_tc(out, q, k, v, at.pos, Ti, NHi, NKVi, H, Wi, Ri, Mi, scale, s);
 #define ATTN_ARGS out, xp, q, k, v, kt, vt, at, H, Ti, NHi, NKVi, Wi, Ri, Mi, scale, softcap, ws, s
     if (type_k != KILN_KV_F16 || type_v != KILN_KV_F16) /* any other pair: the run-time-typed kernels */
         return H <= 128 ? attention_hs<128, false, true>(ATTN_ARGS) : attention_hs<256, false, true>(ATTN_ARGS);
@@ -658,4 +661,10 @@ extern "C" kiln_status kiln_cuda_attention_rows(float *out, void *xp, const floa
     if (xp && (uintptr_t)xp % 16) return kiln_fail(KILN_ERR_INVALID, "cuda attention_rows: xp not 16-byte aligned");
     return attention(out, xp, q, k_cache, v_cache, type_k, type_v, attn_where{d_pos, d_seq, seq_stride}, T, NH, NKV, HS, window,
                      rows, max_pos, scale, softcap, ws, stream);
+}
+
+/* Whether kiln_cuda_attention runs T tokens of one sequence (q and out aligned as cudaMalloc gives them) on the
+ * tensor cores: tests/test_cuda_attention.c picks its bound by it. */
+extern "C" bool kiln_cuda_attention_on_tc(int64_t T, int64_t HS, kiln_kv_type type_k, kiln_kv_type type_v, float softcap) {
+    return T > ATTN_DECODE_MAX_T && kiln_attn_prefill_tc_takes(HS, type_k, type_v, softcap, (const void *)256, (const void *)256);
 }

@@ -103,7 +103,7 @@ typedef struct engine {
      * fetched each weight (reset by embed, the step's first op), so a later hint of the same weight goes on from there */
     size_t pf_budget; /* KILN_PREFETCH_MB, 0: off */
     int64_t mv_rows;  /* steps of more rows than this (up to 8) take gemm_small where it takes the weight, the matvecs
-                       * otherwise: KILN_MATVEC_ROWS, 8 by default (every step of up to 8 rows on the matvecs) */
+                       * otherwise: KILN_MATVEC_ROWS, MV_ROWS_DEFAULT by default */
     const kiln_cuda_wt *hint[8][2];
     int n_hint;
     struct {
@@ -124,8 +124,17 @@ typedef struct engine {
  * and 7.06 ms with it for every weight. */
 #define GEMM_SMALL_MAX_ELEMS ((int64_t)1 << 24)
 
-/* Bytes of the hinted weights a decode matvec prefetches into L2 (KILN_PREFETCH_MB overrides; 0: none). */
+/* Bytes of the hinted weights a decode matvec prefetches into L2 (KILN_PREFETCH_MB overrides; 0: none). Off: measured
+ * on an H100 (tg128, 2026-12-06) it gains nothing at 7B Q4_K_M (2 MiB: 425.6 tok/s against 422.8 and 423.0 off) and
+ * loses at 1.1B (1,096 against 1,105) and 124M (2,496 against 2,963): the prefetching CTAs hold the matvec's last
+ * wave longer than the small kernels after it take. */
 #define PF_DEFAULT_MB 0
+
+/* Decode steps of more rows than this take gemm_small's tensor cores for the weights it takes (KILN_MATVEC_ROWS
+ * overrides, 1..8). Measured on an H100 (bench --gpu -b, 2026-12-06), agg tok/s with 8 (all on the matvecs) and 4:
+ * B 8: 7B 1,260 -> 1,376, 1.1B 4,209 -> 4,722, 124M 12,806 -> 13,402; B 6: 7B 1,144 -> 1,195, 1.1B 3,839 -> 3,592,
+ * 124M 10,945 -> 10,293. So 6: B 7 and 8 on gemm_small, up to 6 on the matvecs. */
+#define MV_ROWS_DEFAULT 6
 
 /* ---------------------------------------------------------------- sizing and upload */
 
@@ -326,8 +335,8 @@ static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, 
     const long pf_mb = pf ? strtol(pf, NULL, 10) : PF_DEFAULT_MB;
     e->pf_budget = pf_mb > 0 && pf_mb <= 1024 ? (size_t)pf_mb << 20 : 0;
     const char *mvr = getenv("KILN_MATVEC_ROWS");
-    const long mv_rows = mvr ? strtol(mvr, NULL, 10) : KILN_CUDA_MATVEC_MAX_T;
-    e->mv_rows = mv_rows >= 1 && mv_rows <= KILN_CUDA_MATVEC_MAX_T ? mv_rows : KILN_CUDA_MATVEC_MAX_T;
+    const long mv_rows = mvr ? strtol(mvr, NULL, 10) : MV_ROWS_DEFAULT;
+    e->mv_rows = mv_rows >= 1 && mv_rows <= KILN_CUDA_MATVEC_MAX_T ? mv_rows : MV_ROWS_DEFAULT;
     const char *tails = getenv("KILN_MV_TAIL");
     e->tails = !tails ? 0 : strcmp(tails, "all") == 0 ? TAIL_PREPARE | TAIL_NORM : strcmp(tails, "prep") == 0 ? TAIL_PREPARE
              : strcmp(tails, "norm") == 0 ? TAIL_NORM : 0;

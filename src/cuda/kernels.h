@@ -146,12 +146,16 @@ kiln_status kiln_cuda_dequantize_bf16(const kiln_cuda_wt *W, void *out, void *st
  * up to 64 and for 80, 96, 128, 256; the rest share run-time-sized kernels). ws_bytes(T) covers every launch of at
  * most T tokens. Decode (T <= 8) splits the keys over blocks (flash-decoding) into ws, the last block of
  * each query combining them (ws holds counters that must be zero-filled once before the first launch; each launch
- * leaves them zero); T > 1 runs a flash-attention kernel that never forms the T x T scores. max_pos bounds p0 + T (the
+ * leaves them zero); T > 8 runs a flash-attention kernel that never forms the T x T scores: on the tensor cores
+ * (attention_tc.cu: q and the probabilities rounded to f16, about 1e-3 of the output's scale) for HS 64 and 128 over
+ * an f16 cache without softcap unless KILN_ATTN_TC=0, else on CUDA cores in f32. max_pos bounds p0 + T (the
  * context), for sizing the split grid without reading d_pos0 on the host. */
 size_t kiln_cuda_attention_ws_bytes(int64_t T, int64_t NH, int64_t HS, int64_t max_pos);
 kiln_status kiln_cuda_attention(float *out, const float *q, const void *k_cache, const void *v_cache, kiln_kv_type type_k,
                                 kiln_kv_type type_v, const int32_t *d_pos0, int64_t T, int64_t NH, int64_t NKV, int64_t HS, int64_t window,
                                 int64_t rows, int64_t max_pos, float scale, float softcap, void *ws, void *stream);
+/* Whether kiln_cuda_attention runs T tokens of one sequence on the tensor cores (q and out as cudaMalloc aligns them). */
+bool kiln_cuda_attention_on_tc(int64_t T, int64_t HS, kiln_kv_type type_k, kiln_kv_type type_v, float softcap);
 /* As kiln_cuda_attention, and also out's prepared form for the wo matvec (kiln_cuda_matvec_prepare's layout for
  * T rows of NH*HS) into xp when T <= KILN_CUDA_MATVEC_MAX_T and HS % 32 == 0; otherwise xp is left alone and
  * the call returns KILN_ERR_UNSUPPORTED before launching anything (the engine then prepares separately). */

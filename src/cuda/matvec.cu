@@ -170,17 +170,11 @@ static __device__ __forceinline__ void mv_prefetch(const mv_args &a) {
     const int first = (int)gridDim.x - a.pf_ctas;
     if ((int)blockIdx.x < first || threadIdx.x >= 32) return;
     const size_t g = (size_t)((int)blockIdx.x - first) * 32 + threadIdx.x, stride = (size_t)a.pf_ctas * 32;
-    uint64_t pol = 0;
-    if (a.pf_last) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
 #pragma unroll
     for (int i = 0; i < 4; i++)
         for (size_t c = g * MV_PF_CHUNK; c < a.pf_bytes[i]; c += stride * MV_PF_CHUNK) {
             const size_t n = a.pf_bytes[i] - c < MV_PF_CHUNK ? a.pf_bytes[i] - c : MV_PF_CHUNK;
-            if (a.pf_last)
-                asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(a.pf[i] + c), "r"((unsigned)n),
-                             "l"(pol) : "memory");
-            else
-                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a.pf[i] + c), "r"((unsigned)n) : "memory");
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a.pf[i] + c), "r"((unsigned)n) : "memory");
         }
 }
 
@@ -302,12 +296,10 @@ __global__ void matvec_prepare_kernel(const float *x, int8_t *xq, float2 *xds, i
  * T 1): 5-20% faster on most 7B shapes; kiln bench --gpu tg128, every T 1 matvec so: 7B Q4_K_M 397.8 -> 418.5
  * tok/s, 1.1B 1,112 -> 1,105, 124M 2,978 -> 2,813, hence only the large weights (docs/cuda.md).
  * Tuning switches for bench gpu-kernels' experiments, read once: KILN_MATVEC_WIDE=1 (0) takes (leaves) the wide
- * groups for every T 1 matvec; KILN_MATVEC_GS=32|64|128 fixes the threads per group; KILN_PREFETCH_LAST=1 gives the
- * L2 prefetches an evict-last policy. Unset, the rules here. */
+ * groups for every T 1 matvec; KILN_MATVEC_GS=32|64|128 fixes the threads per group. Unset, the rules here. */
 struct mv_tuning {
     int wide; /* -1: by the weight's size */
     int gs;
-    bool pf_last; /* KILN_PREFETCH_LAST=1: the L2 prefetches with an evict-last policy */
 };
 
 static mv_tuning mv_tune_read(void) {
@@ -316,8 +308,6 @@ static mv_tuning mv_tune_read(void) {
     t.wide = !w ? -1 : strcmp(w, "1") == 0 ? 1 : strcmp(w, "0") == 0 ? 0 : -1;
     t.gs = g ? atoi(g) : 0;
     if (t.gs != 32 && t.gs != 64 && t.gs != 128) t.gs = 0;
-    const char *l = getenv("KILN_PREFETCH_LAST");
-    t.pf_last = l && strcmp(l, "1") == 0;
     return t;
 }
 
@@ -336,7 +326,6 @@ static kiln_status launch_r(mv_args a, cudaStream_t s) {
     const int64_t grid = (a.rows + rows_per_cta - 1) / rows_per_cta;
     if (grid > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda matvec: %lld rows is too many", (long long)a.rows);
     if (a.pf_ctas > grid) a.pf_ctas = (int)grid;
-    a.pf_last = tune.pf_last;
     const cudaError_t e = kiln_launch(matvec_kernel<P, T, GLU ? 2 * R : R, GLU>, dim3((unsigned)grid), dim3(MV_THREADS), 0,
                                       s, a);
     return e == cudaSuccess ? KILN_OK : kiln_fail(KILN_ERR_IO, "CUDA matvec launch failed: %s", cudaGetErrorString(e));

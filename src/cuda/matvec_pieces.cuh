@@ -36,7 +36,6 @@ struct mv_args {
     const uint8_t *pf[4];
     size_t pf_bytes[4];
     int pf_ctas;
-    bool pf_last;          /* with an evict-last policy */
 };
 
 /* ---------------------------------------------------------------- loads */
