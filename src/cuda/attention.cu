@@ -9,6 +9,8 @@
  * atomic counter in ws, merges them (FlashAttention's rescaling by exp(m_s - M)) and zeroes the counter again.
  * So ws MUST BE ZERO-FILLED ONCE before the first decode launch (cudaMemset); every launch leaves it so.
  * kiln_cuda_attention_xp also writes out's prepared form for the wo matvec from the block that writes out.
+ * kiln_cuda_attention_post also does qkv_post's work for its rows (biases, RoPE, the store of the row's k and v)
+ * inside the blocks, before they read the cache: post_prologue says how.
  *
  * Prefill (larger T): a flash-attention kernel on CUDA cores. A block takes QPB consecutive (token, head) rows of
  * one KV group (so K/V tiles are shared by the group's query heads), each row owned by TPQ lanes holding 16 (or 8)
@@ -37,6 +39,7 @@
 #include "cuda/launch.h"
 #include "cuda/kv.cuh"
 #include "cuda/q8.cuh"
+#include "cuda/rope.cuh"
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -147,6 +150,53 @@ template <bool CAP> static __device__ __forceinline__ float capped(float s, floa
 /* The first key position a query at p sees. */
 static __device__ __forceinline__ int first_key(int p, int window) { return window > 0 ? max(0, p - window + 1) : 0; }
 
+/* The qkv epilogue fused into the decode kernel (kiln_cuda_attention_post): qkv_post_kernel's biases and RoPE
+ * (no QK-norm), by value. rope false: a NoPE layer. */
+struct attn_post {
+    const float *k, *v;        /* (T, NKV*HS) the rows' keys and values as the qkv matmul left them */
+    const float *bq, *bk, *bv; /* (NH*HS), (NKV*HS), (NKV*HS) or NULL */
+    float theta_scale;
+    int rope_dim;
+    bool neox, rope;
+    kiln_cuda_rope_freq rf;
+};
+
+/* The fused epilogue of a decode block (POST): s_q holds its gb query heads from hq0 on as the matmul left them;
+ * they get their biases and RoPE in place. The block whose split holds key p (store: the last live split, and no
+ * other block of the launch reads that row) also makes KV head g's key (bias, RoPE) and value (bias) of row t and
+ * stores them into cache row p % rows as f16. The same operations as qkv_post_kernel's in the same order
+ * (rope.cuh), so the cache bytes and the attention's output are the unfused pair's bit for bit. The caller
+ * synchronizes after it: the stored row is then visible to the block's own loads. */
+template <int HS>
+static __device__ __forceinline__ void post_prologue(float *s_q, int gb, int hq0, int g, int t, int p, bool store, int NKV, int rows,
+                                                     void *k_cache, void *v_cache, const attn_post &pp) {
+    __shared__ float s_k[HS], s_cos[HS / 2], s_sin[HS / 2];
+    const int tid = threadIdx.x, half = pp.rope ? pp.rope_dim / 2 : 0;
+    const size_t kv0 = ((size_t)t * NKV + g) * HS, b0 = (size_t)g * HS;
+    if (half) kiln_rope_angles(s_cos, s_sin, half, (float)p, pp.theta_scale, pp.rf, 1.0f);
+    if (store)
+        for (int i = tid; i < HS; i += ATTN_THREADS) s_k[i] = pp.bk ? __fadd_rn(pp.k[kv0 + i], pp.bk[b0 + i]) : pp.k[kv0 + i];
+    __syncthreads(); /* s_q as the caller staged it (other threads' float4s), the angles */
+    if (pp.bq)
+        for (int i = tid; i < gb * HS; i += ATTN_THREADS) s_q[i] = __fadd_rn(s_q[i], pp.bq[(size_t)hq0 * HS + i]);
+    if (half) {
+        __syncthreads();
+        const int nh = gb + (store ? 1 : 0);
+        for (int j = tid; j < nh * half; j += ATTN_THREADS) {
+            const int hh = j / half, i = j - hh * half;
+            kiln_rope_rotate(hh < gb ? s_q + hh * HS : s_k, i, half, pp.neox, s_cos[i], s_sin[i]);
+        }
+        __syncthreads();
+    }
+    if (store) {
+        const size_t e0 = ((size_t)(p % rows) * NKV + g) * HS;
+        for (int i = tid; i < HS; i += ATTN_THREADS) {
+            ((__half *)k_cache)[e0 + i] = __float2half_rn(s_k[i]);
+            ((__half *)v_cache)[e0 + i] = __float2half_rn(pp.bv ? __fadd_rn(pp.v[kv0 + i], pp.bv[b0 + i]) : pp.v[kv0 + i]);
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- decode: split-K in one kernel
  * Grid (NKV * ceil(G / GBM), n_splits, T), ATTN_THREADS threads, GBM 1 (G = 1), 4 (G <= 4) or 8. Block
  * (x, split, t) serves query heads h0 .. h0 + gb - 1 (gb <= GBM) of KV head g at token t. Lanes form groups of SG (a power of two >= HSM / 8): lane_g of a group
@@ -170,11 +220,11 @@ static __device__ __forceinline__ int first_key(int p, int window) { return wind
  * launch and every launch leaves them zero), part_o (T, NH, n_splits, HS) unnormalized outputs, part_ml (T, NH, n_splits, 2). */
 
 /* GBM: query heads per block at most (1, 4 or 8): the accumulators are GBM x 8 registers per lane. */
-template <int HSM, bool EXACT, int GBM, bool CAP, bool ANY>
+template <int HSM, bool EXACT, int GBM, bool CAP, bool ANY, bool POST = false>
 __global__ void __launch_bounds__(ATTN_THREADS)
 attn_decode(float *out, int8_t *xq, float2 *xds, unsigned *counters, float *part_o, float *part_ml, const float *q,
             const void *k_cache, const void *v_cache, int kt, int vt, const attn_where at, int hs, int NH, int NKV,
-            int window, int rows, int max_pos, float scale, float cap) {
+            int window, int rows, int max_pos, float scale, float cap, const attn_post pp) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
     const int HS = EXACT ? HSM : hs; /* a constant when EXACT */
@@ -233,6 +283,8 @@ attn_decode(float *out, int8_t *xq, float2 *xds, unsigned *counters, float *part
         const int i = tid + k * ATTN_THREADS;
         if (i < gb * HS / 4) ((float4 *)s_q)[i] = qv[k];
     }
+    if constexpr (POST)
+        post_prologue<HSM>(s_q, gb, g * G + h0, g, t, p, split == n_live - 1, NKV, rows, (void *)k_cache, (void *)v_cache, pp);
     __syncthreads();
 
     const int lane_g = tid % SG, w = tid / SG;
@@ -524,7 +576,7 @@ extern "C" size_t kiln_cuda_attention_ws_bytes(int64_t T, int64_t NH, int64_t HS
 template <int HSM, bool EXACT, bool CAP, bool ANY>
 static kiln_status attention_cap(float *out, void *xp, const float *q, const void *k, const void *v, int kt, int vt,
                                  const attn_where at, int HS, int T, int NH, int NKV, int window, int rows, int max_pos,
-                                 float scale, float cap, void *ws, cudaStream_t s) {
+                                 float scale, float cap, void *ws, const attn_post *post, cudaStream_t s) {
     const int G = NH / NKV;
     if (T <= ATTN_DECODE_MAX_T || at.seq) {
         const int n_splits = (int)decode_splits(max_pos);
@@ -542,13 +594,21 @@ static kiln_status attention_cap(float *out, void *xp, const float *q, const voi
         const size_t R = ATTN_THREADS / decode_group(HSM);
         const size_t shm = sizeof(float) * (size_t)gbmax * ((size_t)HS + R * HS + 3 * R);
         void (*kern)(float *, int8_t *, float2 *, unsigned *, float *, float *, const float *, const void *,
-                     const void *, int, int, const attn_where, int, int, int, int, int, int, float, float) =
+                     const void *, int, int, const attn_where, int, int, int, int, int, int, float, float, const attn_post) =
             gbm == 1   ? attn_decode<HSM, EXACT, 1, CAP, ANY>
             : gbm == 4 ? attn_decode<HSM, EXACT, 4, CAP, ANY>
                        : attn_decode<HSM, EXACT, ATTN_GB, CAP, ANY>;
+        if (post) { /* the fused epilogue: compiled for the f16 pair at head sizes 64 and 128 without softcap */
+            if constexpr (EXACT && !CAP && !ANY && (HSM == 64 || HSM == 128))
+                kern = gbm == 1   ? attn_decode<HSM, EXACT, 1, CAP, ANY, true>
+                       : gbm == 4 ? attn_decode<HSM, EXACT, 4, CAP, ANY, true>
+                                  : attn_decode<HSM, EXACT, ATTN_GB, CAP, ANY, true>;
+            else
+                return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda attention_post: no fused kernel for head size %d", HS);
+        }
         return launch_error("decode", kiln_launch(kern, grid, dim3(ATTN_THREADS), shm, s, out, xq, xds, counters, part_o,
                                                   part_ml, q, k, v, kt, vt, at, HS, NH, NKV, window, rows, max_pos,
-                                                  scale, cap));
+                                                  scale, cap, post ? *post : attn_post{}));
     }
     constexpr int QPB = ATTN_THREADS / prefill_lanes(HSM, EXACT);
     const int64_t blocks = ((int64_t)T * G + QPB - 1) / QPB;
@@ -561,18 +621,18 @@ static kiln_status attention_cap(float *out, void *xp, const float *q, const voi
 template <int HSM, bool EXACT, bool ANY>
 static kiln_status attention_hs(float *out, void *xp, const float *q, const void *k, const void *v, int kt, int vt,
                                 const attn_where at, int HS, int T, int NH, int NKV, int window, int rows, int max_pos,
-                                float scale, float cap, void *ws, cudaStream_t s) {
+                                float scale, float cap, void *ws, const attn_post *post, cudaStream_t s) {
     return cap > 0 ? attention_cap<HSM, EXACT, true, ANY>(out, xp, q, k, v, kt, vt, at, HS, T, NH, NKV, window, rows,
-                                                          max_pos, scale, cap, ws, s)
+                                                          max_pos, scale, cap, ws, post, s)
                    : attention_cap<HSM, EXACT, false, ANY>(out, xp, q, k, v, kt, vt, at, HS, T, NH, NKV, window, rows,
-                                                           max_pos, scale, 0.0f, ws, s);
+                                                           max_pos, scale, 0.0f, ws, post, s);
 }
 
 /* Both launchers: xp NULL for kiln_cuda_attention. */
 static kiln_status attention(float *out, void *xp, const float *q, const void *k_cache, const void *v_cache,
                              kiln_kv_type type_k, kiln_kv_type type_v, const attn_where at, int64_t T, int64_t NH,
                              int64_t NKV, int64_t HS, int64_t window, int64_t rows, int64_t max_pos, float scale,
-                             float softcap, void *ws, void *stream) {
+                             float softcap, void *ws, void *stream, const attn_post *post = NULL) {
     if (!out || !q || !k_cache || !v_cache || !at.pos)
         return kiln_fail(KILN_ERR_INVALID, "cuda attention: a NULL pointer");
     if (!kiln_kv_type_name(type_k) || !kiln_kv_type_name(type_v))
@@ -601,7 +661,7 @@ static kiln_status attention(float *out, void *xp, const float *q, const void *k
     const int H = (int)HS;
     if (!at.seq && T > ATTN_DECODE_MAX_T && kiln_attn_prefill_tc_takes(HS, type_k, type_v, softcap, q, out))
         return kiln_attn_prefill_tc(out, q, k, v, at.pos, Ti, NHi, NKVi, H, Wi, Ri, Mi, scale, s);
-#define ATTN_ARGS out, xp, q, k, v, kt, vt, at, H, Ti, NHi, NKVi, Wi, Ri, Mi, scale, softcap, ws, s
+#define ATTN_ARGS out, xp, q, k, v, kt, vt, at, H, Ti, NHi, NKVi, Wi, Ri, Mi, scale, softcap, ws, post, s
     if (type_k != KILN_KV_F16 || type_v != KILN_KV_F16) /* any other pair: the run-time-typed kernels */
         return H <= 128 ? attention_hs<128, false, true>(ATTN_ARGS) : attention_hs<256, false, true>(ATTN_ARGS);
     switch (H) {
@@ -667,4 +727,38 @@ extern "C" kiln_status kiln_cuda_attention_rows(float *out, void *xp, const floa
  * tensor cores: tests/test_cuda_attention.c picks its bound by it. */
 extern "C" bool kiln_cuda_attention_on_tc(int64_t T, int64_t HS, kiln_kv_type type_k, kiln_kv_type type_v, float softcap) {
     return T > ATTN_DECODE_MAX_T && kiln_attn_prefill_tc_takes(HS, type_k, type_v, softcap, (const void *)256, (const void *)256);
+}
+
+/* The fused qkv epilogue's conditions (kernels.h). */
+extern "C" bool kiln_cuda_attention_post_takes(int64_t T, bool rows, int64_t NH, int64_t NKV, int64_t HS, kiln_kv_type type_k,
+                                               kiln_kv_type type_v, float softcap) {
+    return (rows || T == 1) && T >= 1 && NKV > 0 && NH % NKV == 0 && NH / NKV <= ATTN_GB && (HS == 64 || HS == 128) &&
+           type_k == KILN_KV_F16 && type_v == KILN_KV_F16 && softcap == 0;
+}
+
+extern "C" kiln_status kiln_cuda_attention_post(float *out, void *xp, const float *q, const kiln_cuda_attn_post *post,
+                                                void *k_cache, void *v_cache, kiln_kv_type type_k, kiln_kv_type type_v,
+                                                const int32_t *d_pos, const int32_t *d_seq, size_t seq_stride, int64_t T,
+                                                int64_t NH, int64_t NKV, int64_t HS, int64_t window, int64_t rows,
+                                                int64_t max_pos, float scale, float softcap, void *ws, void *stream) {
+    if (!post || !post->k || !post->v) return kiln_fail(KILN_ERR_INVALID, "cuda attention_post: no keys or values");
+    if (!kiln_cuda_attention_post_takes(T, d_seq != NULL, NH, NKV, HS, type_k, type_v, softcap))
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda attention_post: T %lld (%s), NH %lld, NKV %lld, HS %lld, cache types %d, %d, "
+                         "softcap %g: only one token or one row a sequence, at most %d query heads a KV head, HS 64 or 128, "
+                         "f16 caches, no softcap", (long long)T, d_seq ? "rows" : "one sequence", (long long)NH, (long long)NKV,
+                         (long long)HS, (int)type_k, (int)type_v, (double)softcap, ATTN_GB);
+    if (!post->nope && (post->rope_dim <= 0 || post->rope_dim % 2 || post->rope_dim > HS))
+        return kiln_fail(KILN_ERR_INVALID, "cuda attention_post: rope_dim %lld for HS %lld", (long long)post->rope_dim, (long long)HS);
+    if (xp && ((uintptr_t)xp % 16 || T > (d_seq ? KILN_CUDA_GEMM_SMALL_MAX_T : KILN_CUDA_MATVEC_MAX_T)))
+        return kiln_fail(KILN_ERR_INVALID, "cuda attention_post: xp not 16-byte aligned, or T %lld too many rows for it", (long long)T);
+    if (d_seq && T > ATTN_ROWS_MAX)
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda attention_post: %lld rows is more than %d", (long long)T, ATTN_ROWS_MAX);
+    attn_post pp = {};
+    pp.k = post->k, pp.v = post->v, pp.bq = post->bq, pp.bk = post->bk, pp.bv = post->bv;
+    pp.rope = !post->nope, pp.neox = post->neox, pp.rope_dim = (int)post->rope_dim;
+    /* the host's powf, the very call ops_rope.c (and qkv_post) makes, so theta_scale has the CPU's bits */
+    pp.theta_scale = post->nope ? 1.0f : powf(post->base, -2.0f / (float)post->rope_dim);
+    pp.rf = kiln_cuda_rope_freq_make(post->nope ? NULL : post->h_rope_freq, post->rope_dim / 2, post->nope ? 1.0f : post->rope_mscale);
+    return attention(out, xp, q, k_cache, v_cache, type_k, type_v, attn_where{d_pos, d_seq, seq_stride}, T, NH, NKV, HS, window,
+                     rows, max_pos, scale, softcap, ws, stream, &pp);
 }

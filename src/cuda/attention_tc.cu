@@ -115,22 +115,7 @@ attn_prefill_tc(float *out,            /* (T, NH*HS) */
         const bool before = window > 0 && j0 + BN - 1 < tc_first_key(wp_first, window); /* wholly before every window */
         if (j0 <= wp_last && !before) {
             float s[MT][NS][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int n = 0; n < NS; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < KS; ks++)
-#pragma unroll
-                for (int n = 0; n < NS; n += 2) {
-                    uint32_t bf[4];
-                    ldb<HS>(bf, sk, n * 8, ks * 16);
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        mma_f16(s[mt][n], qf[mt][ks], bf[0], bf[1]);
-                        mma_f16(s[mt][n + 1], qf[mt][ks], bf[2], bf[3]);
-                    }
-                }
+            fa_scores<true, HS, MT, NS>(s, qf, sk);
             /* mask key j outside lo(p) .. p of query p: a key past the warp's first query, or one before its last
              * query's window */
             if (j0 + BN - 1 > wp_first || (window > 0 && j0 < tc_first_key(wp_last, window))) {
@@ -146,61 +131,16 @@ attn_prefill_tc(float *out,            /* (T, NH*HS) */
                         }
                 }
             }
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    float mx = -INFINITY;
-#pragma unroll
-                    for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    /* a row that has seen no key yet (a window's start, a padding row) keeps m = -inf: mu = 0 then
-                     * gives fac 0 and p 0 instead of exp2(-inf + inf) */
-                    const float mn = fmaxf(m[mt][r], mx), mu = mn == -INFINITY ? 0.0f : mn;
-                    const float fac = exp2_ftz(m[mt][r] - mu);
-                    m[mt][r] = mn;
-                    l[mt][r] *= fac;
-#pragma unroll
-                    for (int d = 0; d < NO; d++) o[mt][d][2 * r] *= fac, o[mt][d][2 * r + 1] *= fac;
-#pragma unroll
-                    for (int n = 0; n < NS; n++)
-#pragma unroll
-                        for (int e = 2 * r; e < 2 * r + 2; e++) {
-                            s[mt][n][e] = exp2_ftz(s[mt][n][e] - mu); /* 0 where masked */
-                            l[mt][r] += s[mt][n][e];
-                        }
-                }
-#pragma unroll
-            for (int ks = 0; ks < BN / 16; ks++) {
-                uint32_t pa[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    pa[mt][0] = pack_f16(s[mt][2 * ks][0], s[mt][2 * ks][1]);
-                    pa[mt][1] = pack_f16(s[mt][2 * ks][2], s[mt][2 * ks][3]);
-                    pa[mt][2] = pack_f16(s[mt][2 * ks + 1][0], s[mt][2 * ks + 1][1]);
-                    pa[mt][3] = pack_f16(s[mt][2 * ks + 1][2], s[mt][2 * ks + 1][3]);
-                }
-#pragma unroll
-                for (int d = 0; d < NO; d += 2) {
-                    uint32_t bf[4];
-                    ldb_t<HS>(bf, sv, ks * 16, d * 8);
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        mma_f16(o[mt][d], pa[mt], bf[0], bf[1]);
-                        mma_f16(o[mt][d + 1], pa[mt], bf[2], bf[3]);
-                    }
-                }
-            }
+            fa_softmax<MT, NS, NO>(s, m, l, o, 1.0f);
+            fa_pv<true, HS, MT, NS>(o, s, sv);
         }
         __syncthreads(); /* this stage is consumed: the next iteration may refill it */
     }
+    fa_row_sums<MT>(l);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            l[mt][r] += __shfl_xor_sync(0xffffffffu, l[mt][r], 1);
-            l[mt][r] += __shfl_xor_sync(0xffffffffu, l[mt][r], 2);
             const int i = wq0 + mt * 16 + gr + r * 8;
             if (i >= T) continue;
             const float inv = 1.0f / l[mt][r]; /* l >= 1: every query sees its own key */

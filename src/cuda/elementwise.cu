@@ -14,6 +14,7 @@
 #include "cuda/kv.cuh"
 #include "cuda/launch.h"
 #include "cuda/q8.cuh"
+#include "cuda/rope.cuh"
 #include "quants.h"
 
 #include <cuda_fp16.h>
@@ -411,23 +412,12 @@ __global__ void qkv_post_kernel(float *q,                         /* (T, NH*HS) 
         for (int i = tid; i < hs; i += nt) hx[i] = __fmul_rn(__fmul_rn(hx[i], sc), nw[i]);
     }
     __syncthreads();
-    if (rope) {
-        /* Pair i at angle theta_i: theta_0 = p, theta_{i+1} = theta_i * theta_scale in float (ops_rope.c, as
-         * llama.cpp), so thread i repeats the i products of the chain to get the CPU's bits. Angles reach 1e5 rad
-         * at long context: sincosf, never the fast __sinf/__cosf, whose error grows with the argument. */
+    if (rope) { /* rope.cuh: the CPU's angles and rotation, bit for bit */
         const int half = (int)(rope_dim / 2);
         for (int i = tid; i < half; i += nt) {
-            float theta = (float)p;
-#pragma unroll 4
-            for (int j = 0; j < i; j++) theta = __fmul_rn(theta, theta_scale);
-            if (rf.scaled) theta = __fmul_rn(theta, rf.f[i]); /* scaling: ops_rope.c's theta * freq[i] */
             float c, sn;
-            sincosf(theta, &sn, &c);
-            if (rf.scaled) c = __fmul_rn(c, rf.mscale), sn = __fmul_rn(sn, rf.mscale);
-            const int a = neox ? i : 2 * i, bb = neox ? i + half : 2 * i + 1;
-            const float x0 = hx[a], x1 = hx[bb];
-            hx[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
-            hx[bb] = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c));
+            kiln_rope_cs(i, (float)p, theta_scale, rf, &c, &sn);
+            kiln_rope_rotate(hx, i, half, neox, c, sn);
         }
         __syncthreads();
     }

@@ -7,6 +7,8 @@
  *   - a single token's q, k and v come from one matvec over wq, wk, wv uploaded back to back when they share a type
  *     (q and k alone when v differs, as in Q4_K_M);
  *   - bias, QK-norm, RoPE and the cache store are one kernel (qkv_post; q8_0 and q4_0 caches add kv_quantize);
+ *     in decode without QK-norm over an f16 cache they run inside the attention kernel (qkv_attention,
+ *     kiln_cuda_attention_post: one launch a layer fewer; KILN_ATTN_POST=0 keeps the two);
  *   - gate and up are one pass over both weights with the GLU applied (matvec_glu) in decode;
  *   - matmul_norm can fold the residual norm (and the GLU the prepare of down's input) into the matvec as its
  *     tail; measured slower (docs/cuda.md), so only KILN_MV_TAIL=all|norm|prep turns it on;
@@ -87,6 +89,7 @@ typedef struct engine {
     void *xp;      /* matvec-prepared activations */
     void *xp_next; /* where a matvec's tail prepares the next matvec's input while the matvec reads xp (then swapped) */
     unsigned *mv_cnt; /* the tails' counters (kiln_cuda_mv_tail), zero between launches */
+    bool fuse_post; /* qkv_attention runs qkv_post inside the decode attention where it can (KILN_ATTN_POST=0: never) */
     int tails;     /* the matvecs' tails in decode: TAIL_PREPARE (the GLU prepares down's input), TAIL_NORM (wo and
                     * down norm the residual). Off unless KILN_MV_TAIL=all, prep or norm: measured slower (docs/cuda.md) */
     void *attn_ws;
@@ -337,6 +340,8 @@ static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, 
     const char *mvr = getenv("KILN_MATVEC_ROWS");
     const long mv_rows = mvr ? strtol(mvr, NULL, 10) : MV_ROWS_DEFAULT;
     e->mv_rows = mv_rows >= 1 && mv_rows <= KILN_CUDA_MATVEC_MAX_T ? mv_rows : MV_ROWS_DEFAULT;
+    const char *fp = getenv("KILN_ATTN_POST");
+    e->fuse_post = !(fp && strcmp(fp, "0") == 0);
     const char *tails = getenv("KILN_MV_TAIL");
     e->tails = !tails ? 0 : strcmp(tails, "all") == 0 ? TAIL_PREPARE | TAIL_NORM : strcmp(tails, "prep") == 0 ? TAIL_PREPARE
              : strcmp(tails, "norm") == 0 ? TAIL_NORM : 0;
@@ -646,15 +651,20 @@ static kiln_status cuda_qkv_post(void *p, float *q, float *k, float *v, const ki
                                    a->k_cache, a->v_cache, a->type_k, a->type_v, a->rows, e->stream));
 }
 
+/* Whether the attention of T rows also writes its output's prepared form for wo (nothing comes between them). */
+static bool attn_writes_xp(const engine *e, const kiln_attn_args *a, int64_t T) {
+    /* the rows of many sequences write it for gemm_small's T too, when one launch takes them all */
+    const int64_t xp_rows = e->gemm_small_max ? KILN_CUDA_GEMM_SMALL_MAX_T : KILN_CUDA_MATVEC_MAX_T;
+    return !e->m->cfg.output_gate && a->HS % 32 == 0 &&
+           (a->seq ? T <= xp_rows && T <= e->decode_rows : T <= KILN_CUDA_MATVEC_MAX_T);
+}
+
 /* The attention writes its output's prepared form for wo too, where it can and nothing comes between. */
 static kiln_status cuda_attention(void *p, float *out, float *q, const kiln_attn_args *a, const int32_t *pos0, int64_t T) {
     engine *e = (engine *)p;
     const float scale = a->scale > 0 ? a->scale : 1.0f / sqrtf((float)a->HS);
     e->xp_of = NULL;
-    /* the rows of many sequences write it for gemm_small's T too, when one launch takes them all */
-    const int64_t xp_rows = e->gemm_small_max ? KILN_CUDA_GEMM_SMALL_MAX_T : KILN_CUDA_MATVEC_MAX_T;
-    const bool xp = !e->m->cfg.output_gate && a->HS % 32 == 0 &&
-                    (a->seq ? T <= xp_rows && T <= e->decode_rows : T <= KILN_CUDA_MATVEC_MAX_T);
+    const bool xp = attn_writes_xp(e, a, T);
     if (a->seq) { /* one token of each of T sequences, decode_rows of them per launch */
         const int64_t Q = a->NH * a->HS;
         for (int64_t r = 0, n; r < T; r += n) {
@@ -672,6 +682,33 @@ static kiln_status cuda_attention(void *p, float *out, float *q, const kiln_attn
         TRY(kiln_cuda_attention(out, q, a->k_cache, a->v_cache, a->type_k, a->type_v, pos0, T, a->NH, a->NKV, a->HS, a->window, a->rows, e->n_ctx, scale,
                                 a->softcap, e->attn_ws, e->stream));
     }
+    return mark(e, P_ATTN, KILN_OK);
+}
+
+/* qkv_post inside the decode attention (kiln_cuda_attention_post: one launch instead of two) where it takes the
+ * layer: one token, or one row each of many sequences; no QK-norm; the f16 cache. Else the two steps. */
+static kiln_status cuda_qkv_attention(void *p, float *out, float *q, float *k, float *v, const kiln_attn_args *a, const int32_t *pos0,
+                                      int64_t T) {
+    engine *e = (engine *)p;
+    if (!e->fuse_post || a->q_norm || a->k_norm ||
+        !kiln_cuda_attention_post_takes(T, a->seq != NULL, a->NH, a->NKV, a->HS, a->type_k, a->type_v, a->softcap)) {
+        TRY(cuda_qkv_post(p, q, k, v, a, pos0, T));
+        return cuda_attention(p, out, q, a, pos0, T);
+    }
+    const float scale = a->scale > 0 ? a->scale : 1.0f / sqrtf((float)a->HS);
+    e->xp_of = NULL;
+    e->kv_pos_bytes = kiln_kv_row_bytes(a->type_k, a->NKV * a->HS) + kiln_kv_row_bytes(a->type_v, a->NKV * a->HS);
+    const bool xp = attn_writes_xp(e, a, T);
+    const int64_t Q = a->NH * a->HS, KV = a->NKV * a->HS, per = a->seq ? e->decode_rows : T;
+    for (int64_t r = 0, n; r < T; r += n) {
+        n = T - r < per ? T - r : per;
+        const kiln_cuda_attn_post post = {k + r * KV, v + r * KV, vec(a->bq), vec(a->bk), vec(a->bv), a->rope_dim, a->rope_base,
+                                          a->rope_mscale, a->rope_freq, a->neox, a->nope};
+        TRY(kiln_cuda_attention_post(out + r * Q, xp ? e->xp : NULL, q + r * Q, &post, a->k_cache, a->v_cache, a->type_k, a->type_v,
+                                     pos0 + r, a->seq ? a->seq + r : NULL, a->seq_stride, n, a->NH, a->NKV, a->HS, a->window,
+                                     a->rows, e->n_ctx, scale, a->softcap, e->attn_ws, e->stream));
+    }
+    if (xp) prepared(e, out, T, Q);
     return mark(e, P_ATTN, KILN_OK);
 }
 
@@ -865,6 +902,7 @@ extern "C" const kiln_backend kiln_cuda_backend = {
     /* .sample_work_bytes = */ kiln_cuda_sample_work_bytes,
     /* .matmul_norm = */ cuda_matmul_norm,
     /* .prefetch = */ cuda_prefetch,
+    /* .qkv_attention = */ cuda_qkv_attention,
 };
 
 extern "C" kiln_status kiln_cuda_copy_bandwidth(double *gb_per_s) {

@@ -8,6 +8,7 @@
 #define KILN_CUDA_MMA_CUH
 
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdint.h>
 
 #define LOG2E 1.4426950408889634f
@@ -106,6 +107,114 @@ template <int HS> static __device__ __forceinline__ void ldb(uint32_t b[4], uint
 template <int HS> static __device__ __forceinline__ void ldb_t(uint32_t b[4], uint32_t tile, int k0, int n0) {
     const int l = threadIdx.x % 32;
     ldsm_x4_t(b, tile + swz<HS>(k0 + l % 8 + (l / 8 % 2) * 8, n0 / 8 + l / 16));
+}
+
+/* ---------------------------------------------------------------- one key tile of a FlashAttention-2 forward
+ * The three steps both forwards (train_attention_tc.cu in bf16, attention_tc.cu in f16) run per tile of BN keys
+ * for a warp's MT m-tiles of 16 query rows: S = Q K^T, the online softmax, O += P V. The kernel masks S between
+ * the first and the second (its masks differ: causal, or causal with a sliding window over ring-cache positions). */
+
+/* mma.m16n8k16 and the pair rounding in the kernel's operand type: f16 (F16) or bf16. */
+template <bool F16> static __device__ __forceinline__ void mma_t(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    if constexpr (F16) mma_f16(c, a, b0, b1);
+    else mma_bf16(c, a, b0, b1);
+}
+template <bool F16> static __device__ __forceinline__ uint32_t pack_t(float lo, float hi) {
+    if constexpr (F16) return pack_f16(lo, hi);
+    else return pack_bf16(lo, hi);
+}
+
+/* s = Q K^T (16 MT x 8 NS a warp): qf the warp's Q fragments (MT m-tiles, KS = HS / 16 k-steps), sk the swizzled
+ * (8 NS, HS) key tile. Each K fragment serves all MT m-tiles. */
+template <bool F16, int HS, int MT, int NS>
+static __device__ __forceinline__ void fa_scores(float s[MT][NS][4], const uint32_t qf[MT][HS / 16][4], uint32_t sk) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int n = 0; n < NS; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < HS / 16; ks++)
+#pragma unroll
+        for (int n = 0; n < NS; n += 2) {
+            uint32_t bf[4];
+            ldb<HS>(bf, sk, n * 8, ks * 16);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_t<F16>(s[mt][n], qf[mt][ks], bf[0], bf[1]);
+                mma_t<F16>(s[mt][n + 1], qf[mt][ks], bf[2], bf[3]);
+            }
+        }
+}
+
+/* The online softmax over one tile: s (masked entries -inf) times sl2 gives base-2 logits (sl2 = scale log2(e),
+ * or 1 where q came scaled); m the rows' running max of those, l the lane's partial row sums, o the output
+ * accumulators (NO n-tiles of 8). The tile's max reaches each row's 4 lanes by 2 xor shuffles; m, l and o are
+ * rescaled by exp2(m - m_new) and s becomes p = exp2(s sl2 - m_new) (0 where masked). A row that has seen no key
+ * yet (a window's start, a padding row) keeps m = -inf and uses 0 in its place: fac 0 and p 0 instead of
+ * exp2(-inf + inf). */
+template <int MT, int NS, int NO>
+static __device__ __forceinline__ void fa_softmax(float s[MT][NS][4], float m[MT][2], float l[MT][2], float o[MT][NO][4], float sl2) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mn = fmaxf(m[mt][r], mx * sl2), mu = mn == -INFINITY ? 0.0f : mn;
+            const float fac = exp2_ftz(m[mt][r] - mu);
+            m[mt][r] = mn;
+            l[mt][r] *= fac;
+#pragma unroll
+            for (int d = 0; d < NO; d++) o[mt][d][2 * r] *= fac, o[mt][d][2 * r + 1] *= fac;
+#pragma unroll
+            for (int n = 0; n < NS; n++)
+#pragma unroll
+                for (int e = 2 * r; e < 2 * r + 2; e++) {
+                    s[mt][n][e] = exp2_ftz(fmaf(s[mt][n][e], sl2, -mu));
+                    l[mt][r] += s[mt][n][e];
+                }
+        }
+}
+
+/* o += P V: p (16 MT x 8 NS a warp, the accumulators of fa_scores after fa_softmax) rounded to the operand type
+ * as A fragments in registers, sv the swizzled (8 NS, HS) value tile read transposed. */
+template <bool F16, int HS, int MT, int NS>
+static __device__ __forceinline__ void fa_pv(float o[MT][HS / 8][4], const float s[MT][NS][4], uint32_t sv) {
+#pragma unroll
+    for (int ks = 0; ks < NS / 2; ks++) {
+        uint32_t pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            pa[mt][0] = pack_t<F16>(s[mt][2 * ks][0], s[mt][2 * ks][1]);
+            pa[mt][1] = pack_t<F16>(s[mt][2 * ks][2], s[mt][2 * ks][3]);
+            pa[mt][2] = pack_t<F16>(s[mt][2 * ks + 1][0], s[mt][2 * ks + 1][1]);
+            pa[mt][3] = pack_t<F16>(s[mt][2 * ks + 1][2], s[mt][2 * ks + 1][3]);
+        }
+#pragma unroll
+        for (int d = 0; d < HS / 8; d += 2) {
+            uint32_t bf[4];
+            ldb_t<HS>(bf, sv, ks * 16, d * 8);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_t<F16>(o[mt][d], pa[mt], bf[0], bf[1]);
+                mma_t<F16>(o[mt][d + 1], pa[mt], bf[2], bf[3]);
+            }
+        }
+    }
+}
+
+/* The end of the key loop: each row's sum l over its 4 lanes. */
+template <int MT> static __device__ __forceinline__ void fa_row_sums(float l[MT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            l[mt][r] += __shfl_xor_sync(0xffffffffu, l[mt][r], 1);
+            l[mt][r] += __shfl_xor_sync(0xffffffffu, l[mt][r], 2);
+        }
 }
 
 #endif

@@ -106,22 +106,7 @@ attn_tc_forward(kiln_bf16_t *out,        /* (B*T, NH*HS) */
         }
         if (kt * BN <= wq0 + 16 * MT - 1) { /* some key of the tile is seen by some row of the warp */
             float s[MT][NS][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int n = 0; n < NS; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < KS; ks++)
-#pragma unroll
-                for (int n = 0; n < NS; n += 2) {
-                    uint32_t bf[4];
-                    ldb<HS>(bf, sk, n * 8, ks * 16);
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        mma_bf16(s[mt][n], qf[mt][ks], bf[0], bf[1]);
-                        mma_bf16(s[mt][n + 1], qf[mt][ks], bf[2], bf[3]);
-                    }
-                }
+            fa_scores<false, HS, MT, NS>(s, qf, sk);
             if (kt * BN + BN - 1 > wq0) { /* a key past a row of the warp: mask key j > query i (so every key >= T) */
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
@@ -135,60 +120,16 @@ attn_tc_forward(kiln_bf16_t *out,        /* (B*T, NH*HS) */
                         }
                 }
             }
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    float mx = -INFINITY;
-#pragma unroll
-                    for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    /* m stays finite from tile 0 on (key 0 is seen by every row); a row that sees none of this
-                     * tile has mx = -inf: mn = m, fac = 1 and its p all 0 */
-                    const float mn = fmaxf(m[mt][r], mx * sl2), fac = exp2_ftz(m[mt][r] - mn); /* fac 0 on tile 0 */
-                    m[mt][r] = mn;
-                    l[mt][r] *= fac;
-#pragma unroll
-                    for (int d = 0; d < NO; d++) o[mt][d][2 * r] *= fac, o[mt][d][2 * r + 1] *= fac;
-#pragma unroll
-                    for (int n = 0; n < NS; n++)
-#pragma unroll
-                        for (int e = 2 * r; e < 2 * r + 2; e++) {
-                            s[mt][n][e] = exp2_ftz(fmaf(s[mt][n][e], sl2, -mn)); /* 0 where masked */
-                            l[mt][r] += s[mt][n][e];
-                        }
-                }
-#pragma unroll
-            for (int ks = 0; ks < BN / 16; ks++) {
-                uint32_t pa[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    pa[mt][0] = pack_bf16(s[mt][2 * ks][0], s[mt][2 * ks][1]);
-                    pa[mt][1] = pack_bf16(s[mt][2 * ks][2], s[mt][2 * ks][3]);
-                    pa[mt][2] = pack_bf16(s[mt][2 * ks + 1][0], s[mt][2 * ks + 1][1]);
-                    pa[mt][3] = pack_bf16(s[mt][2 * ks + 1][2], s[mt][2 * ks + 1][3]);
-                }
-#pragma unroll
-                for (int d = 0; d < NO; d += 2) {
-                    uint32_t bf[4];
-                    ldb_t<HS>(bf, sv, ks * 16, d * 8);
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        mma_bf16(o[mt][d], pa[mt], bf[0], bf[1]);
-                        mma_bf16(o[mt][d + 1], pa[mt], bf[2], bf[3]);
-                    }
-                }
-            }
+            fa_softmax<MT, NS, NO>(s, m, l, o, sl2);
+            fa_pv<false, HS, MT, NS>(o, s, sv);
         }
         __syncthreads(); /* this stage is consumed: the next iteration may refill it */
     }
+    fa_row_sums<MT>(l);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            l[mt][r] += __shfl_xor_sync(0xffffffffu, l[mt][r], 1);
-            l[mt][r] += __shfl_xor_sync(0xffffffffu, l[mt][r], 2);
             const int i = wq0 + mt * 16 + gr + r * 8;
             if (i >= T) continue;
             const float inv = 1.0f / l[mt][r];

@@ -11,6 +11,7 @@
  * tests/test_cuda_train_elementwise.c checks every launcher against kiln_cpu_ops (src/cpu/ops*.c). */
 #include "cuda/train_util.cuh"
 #include "cuda/kernels.h"
+#include "cuda/rope.cuh"
 
 #include <math.h>
 
@@ -446,22 +447,6 @@ static __device__ __forceinline__ void store8_bf16(kiln_bf16_t *p /* (8), 16-byt
     *(uint4 *)p = q;
 }
 
-/* The row's angle table: cos_t, sin_t (rope_dim / 2) for position pos. Angles reach T rad: sincosf, never the
- * fast __sinf/__cosf, whose error grows with the argument. */
-static __device__ __forceinline__ void rope_angles(float *cos_t /* (half) */, float *sin_t /* (half) */, int half, float pos, float theta_scale,
-                                                   const kiln_cuda_rope_freq &rf, float sin_sign) {
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        float theta = pos;
-        for (int j = 0; j < i; j++) theta = __fmul_rn(theta, theta_scale);
-        if (rf.scaled) theta = __fmul_rn(theta, rf.f[i]); /* scaling: ops_rope.c's theta * freq[i] */
-        float sn, c;
-        sincosf(theta, &sn, &c);
-        if (rf.scaled) c = __fmul_rn(c, rf.mscale), sn = __fmul_rn(sn, rf.mscale);
-        cos_t[i] = c;
-        sin_t[i] = __fmul_rn(sin_sign, sn);
-    }
-}
-
 /* A unit of the fast path: where its 8 elements start in the row (o0; NeoX rotated units also o0 + half), and
  * whether it is rotated (interleaved: its pairs below rope_dim; NeoX: all 8 pairs). */
 struct rope_unit {
@@ -546,7 +531,7 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
         load8<TI>(v, src + r0.o0);
         if (NEOX && r0.rot) load8<TI>(v2, src + r0.o0 + half);
     }
-    rope_angles(cos_t, sin_t, half, (float)(n % T), theta_scale, rf, sin_sign);
+    kiln_rope_angles(cos_t, sin_t, half, (float)(n % T), theta_scale, rf, sin_sign);
     __syncthreads();
     if (have) rope_unit_store<NEOX>(dst, r0, v, v2, cos_t, sin_t, half, rope_dim);
     for (u += blockDim.x; u < units; u += blockDim.x) {
@@ -572,7 +557,7 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
     const int half = rope_dim / 2, hp = HS / 2;
     const TI *src = in + n * W;     /* (W) */
     kiln_bf16_t *dst = out + n * W; /* (W) */
-    rope_angles(cos_t, sin_t, half, (float)(n % T), theta_scale, rf, sin_sign);
+    kiln_rope_angles(cos_t, sin_t, half, (float)(n % T), theta_scale, rf, sin_sign);
     __syncthreads();
     const int units = (NH + NKV) * hp;
     for (int u = threadIdx.x; u < units; u += blockDim.x) {

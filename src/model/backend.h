@@ -19,6 +19,7 @@
  *   matmul          y (+)= x W (the output and down projections add into the residual stream)
  *   ffn_up          gate = act(xb Wg) * (xb Wu)
  *   matmul_norm     x += y W, then residual_norm's xb, as one step where a backend fuses the two (optional)
+ *   qkv_attention   qkv_post then attention as one step where a backend fuses the two (optional)
  * and once per call embed, head (the logits with their scale and softcap) and argmax, and nonfinite where the
  * forward is asked to check a stage's output for a NaN or an infinity.
  *
@@ -177,6 +178,11 @@ typedef struct kiln_backend {
      * A backend may start fetching them while the steps before it run (CUDA: the next decode matvec's last CTAs
      * prefetch them into L2, kiln_cuda_mv_tail's pf); it changes no result. NULL: the forward gives no hints. */
     kiln_status (*prefetch)(void *ctx, const kiln_weight *W, const kiln_weight *W2);
+    /* qkv_post then attention (same arguments) as one step, for a backend that fuses them (CUDA: in decode the
+     * attention kernel's blocks apply the biases and RoPE and store the row's k and v themselves); NULL: the forward
+     * runs the two. q, k and v are scratch afterwards either way. */
+    kiln_status (*qkv_attention)(void *ctx, float *out, float *q, float *k, float *v, const kiln_attn_args *a, const int32_t *pos0,
+                                 int64_t T);
 } kiln_backend;
 
 extern const kiln_backend kiln_cpu_backend;

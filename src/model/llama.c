@@ -38,6 +38,14 @@ int64_t kiln_llama_max_width(const kiln_llama_config *c) {
     return w;
 }
 
+/* qkv_post then attention over T rows: the backend's fused step where it has one. */
+static kiln_status post_attend(const kiln_backend *be, void *ctx, float *att, float *q, float *k, float *v, const kiln_attn_args *a,
+                               const int32_t *pos0, int64_t T) {
+    if (be->qkv_attention) return be->qkv_attention(ctx, att, q, k, v, a, pos0, T);
+    TRY(be->qkv_post(ctx, q, k, v, a, pos0, T));
+    return be->attention(ctx, att, q, a, pos0, T);
+}
+
 /* qkv_post and attention of layer l for each segment of b on its rows of q, k, v (T, Q / KV) and att (T, Q), over
  * its sequence's cache. On a backend with seq_rows, the single-row segments that end the batch (its decode tokens)
  * run as one call of each over all their sequences' caches (a launch per layer, not per sequence). */
@@ -53,8 +61,7 @@ static kiln_status attend(const kiln_backend *be, void *ctx, const kiln_attn_arg
         kiln_attn_args a = *layer;
         a.k_cache = g->kv->k[l], a.v_cache = g->kv->v[l], a.rows = g->kv->rows[l];
         a.type_k = g->kv->type_k, a.type_v = g->kv->type_v;
-        TRY(be->qkv_post(ctx, q + r * Q, k + r * KV, v + r * KV, &a, g->pos0, g->T));
-        TRY(be->attention(ctx, att + r * Q, q + r * Q, &a, g->pos0, g->T));
+        TRY(post_attend(be, ctx, att + r * Q, q + r * Q, k + r * KV, v + r * KV, &a, g->pos0, g->T));
     }
     if (s1 == b->n_seg) return KILN_OK;
     kiln_attn_args a = *layer;
@@ -62,8 +69,7 @@ static kiln_status attend(const kiln_backend *be, void *ctx, const kiln_attn_arg
     a.type_k = b->kv0->type_k, a.type_v = b->kv0->type_v;
     a.seq = b->seq + s1, a.seq_stride = b->kv_stride;
     const int64_t n = b->n_seg - s1;
-    TRY(be->qkv_post(ctx, q + r * Q, k + r * KV, v + r * KV, &a, b->seg[s1].pos0, n));
-    return be->attention(ctx, att + r * Q, q + r * Q, &a, b->seg[s1].pos0, n);
+    return post_attend(be, ctx, att + r * Q, q + r * Q, k + r * KV, v + r * KV, &a, b->seg[s1].pos0, n);
 }
 
 /* Ids are valid, each segment's *pos0 + T fits every full layer's rows and a sliding layer's ring holds window + T - 1
