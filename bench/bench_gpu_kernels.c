@@ -1,4 +1,4 @@
-/* bench_gpu_kernels.c: `kiln bench gpu-kernels [--quick] [--attention] [--few] [--sample]`: the decode matmuls of src/cuda/matvec.cu alone, on the
+/* bench_gpu_kernels.c: `kiln bench gpu-kernels [--quick] [--attention] [--few] [--sample] [--phases]`: the decode matmuls of src/cuda/matvec.cu alone, on the
  * shapes a 7B and a 1.1B LLaMA decode runs (q/k/v/o, merged qkv, GLU gate+up, down, the head) in the types those
  * models ship in, for T = 1, 2, 4, 8 tokens (--quick: T = 1, fewer repetitions); then for T = 16 and 32 (a server's
  * step of that many sequences) src/cuda/gemm_small.cu on the blocks beside cuBLASLt on bf16 weights of the same
@@ -30,7 +30,12 @@
  * D = rowsum(dout * out) pass and the recomputation's exps not counted), for both backward modes: deterministic
  * (dk/dv kernel, then a dq kernel recomputing S and dP: 7 matmuls done) and atomic dq (one kernel, 5). JSON
  * {"bench":"train_attention", ...} and a table; peak_frac against 989 TFLOP/s, the H200's dense bf16 peak (this
- * file measures no GEMM rate). */
+ * file measures no GEMM rate).
+ *
+ * Then the cost of a dependency between two phases of work (src/cuda/phase_bench.cu; --phases runs this section
+ * alone): per phase, a kernel boundary in a CUDA graph without and with PDL (how kiln's decode step runs) against a
+ * grid barrier inside one persistent kernel (how a persistent decode kernel would), for 0, 2 KiB and 16 KiB read
+ * by each of the one-per-SM CTAs a phase. JSON {"bench":"gpu_phases", ...} and a table. */
 #include "bench/bench.h"
 #include "tools/cli.h"
 
@@ -46,8 +51,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* gpu-kernels' flags (--quick, --attention, --few), checked in every build so a bad one is named even without CUDA. */
-static int parse_args(int argc, char **argv, bool *quick, bool *attention_only, bool *few_only, bool *sample_only) {
+/* gpu-kernels' flags (--quick, --attention, --few, --sample, --phases), checked in every build so a bad one is named even without CUDA. */
+static int parse_args(int argc, char **argv, bool *quick, bool *attention_only, bool *few_only, bool *sample_only,
+                      bool *phases_only) {
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0) { /* ends the options; gpu-kernels takes no other argument */
             if (i + 1 < argc) return kiln_cli_error("bench gpu-kernels: unexpected argument '%s'", argv[i + 1]);
@@ -57,6 +63,7 @@ static int parse_args(int argc, char **argv, bool *quick, bool *attention_only, 
         else if (strcmp(argv[i], "--attention") == 0) *attention_only = true;
         else if (strcmp(argv[i], "--few") == 0) *few_only = true;
         else if (strcmp(argv[i], "--sample") == 0) *sample_only = true;
+        else if (strcmp(argv[i], "--phases") == 0) *phases_only = true;
         else return kiln_cli_unknown("bench gpu-kernels", argv[i]);
     }
     return 0;
@@ -506,9 +513,33 @@ static int bench_sample(void) {
     return 0;
 }
 
+#define PHASES 2000
+
+static int bench_phases(void) {
+    static const size_t bytes[] = {0, 2048, 16384};
+    double us[3][3];
+    int n_cta = 0;
+    for (int i = 0; i < 3; i++) {
+        if (kiln_cuda_phase_bench(PHASES, bytes[i], &n_cta, us[i])) {
+            fprintf(stderr, "kiln bench gpu-kernels: phases: %s\n", kiln_last_error());
+            return 1;
+        }
+        printf("{\"bench\":\"gpu_phases\",\"phases\":%d,\"ctas\":%d,\"bytes_per_cta\":%zu,\"kernel_us\":%.3f,"
+               "\"kernel_pdl_us\":%.3f,\"barrier_us\":%.3f,\"barrier_vs_pdl\":%.3f}\n",
+               PHASES, n_cta, bytes[i], us[i][0], us[i][1], us[i][2], us[i][2] / us[i][1]);
+    }
+    printf("\none phase of %d CTAs (one per SM) that each read their bytes and write a float, us a phase (best of 5 x %d):\n"
+           "a kernel a phase in a CUDA graph, without and with PDL, against a grid barrier in one persistent kernel\n",
+           n_cta, PHASES);
+    printf("%-12s %12s %12s %12s %16s\n", "bytes a CTA", "kernel", "kernel+PDL", "barrier", "barrier/(k+PDL)");
+    for (int i = 0; i < 3; i++)
+        printf("%-12zu %12.3f %12.3f %12.3f %15.2fx\n", bytes[i], us[i][0], us[i][1], us[i][2], us[i][2] / us[i][1]);
+    return 0;
+}
+
 int kiln_bench_gpu_kernels(int argc, char **argv) {
-    bool quick = false, attention_only = false, few_only = false, sample_only = false;
-    if (parse_args(argc, argv, &quick, &attention_only, &few_only, &sample_only)) return 1;
+    bool quick = false, attention_only = false, few_only = false, sample_only = false, phases_only = false;
+    if (parse_args(argc, argv, &quick, &attention_only, &few_only, &sample_only, &phases_only)) return 1;
     if (kiln_cuda_device_count() == 0) {
         fprintf(stderr, "kiln bench gpu-kernels: no CUDA device (or kiln built without CUDA)\n");
         return 1;
@@ -526,6 +557,7 @@ int kiln_bench_gpu_kernels(int argc, char **argv) {
     printf(",\"copy_gbs\":%.1f}\n", copy_gbs);
     if (attention_only) return bench_attention();
     if (sample_only) return bench_sample();
+    if (phases_only) return bench_phases();
 
     static const int64_t Ts_all[] = {1, 2, 4, 8}, Ts_few[] = {16, 32};
     const int n_T = few_only ? 0 : quick ? 1 : 4, n_few = quick ? 0 : 2, reps = quick ? 3 : REPS;
@@ -641,14 +673,15 @@ int kiln_bench_gpu_kernels(int argc, char **argv) {
     if (few_only) return rc;
     rc |= bench_sample();
     rc |= bench_train_elementwise(copy_gbs);
+    rc |= bench_phases();
     return bench_attention() || rc;
 }
 
 #else
 
 int kiln_bench_gpu_kernels(int argc, char **argv) {
-    bool quick = false, attention_only = false, few_only = false, sample_only = false;
-    if (parse_args(argc, argv, &quick, &attention_only, &few_only, &sample_only)) return 1;
+    bool quick = false, attention_only = false, few_only = false, sample_only = false, phases_only = false;
+    if (parse_args(argc, argv, &quick, &attention_only, &few_only, &sample_only, &phases_only)) return 1;
     fprintf(stderr, "kiln: bench gpu-kernels: kiln was built without CUDA (nvcc was not on the PATH)\n");
     return 1;
 }

@@ -196,6 +196,12 @@ kiln_status kiln_cuda_attention_post(float *out, void *xp, const float *q, const
                                      int64_t window, int64_t rows, int64_t max_pos, float scale, float softcap, void *ws,
                                      void *stream);
 
+/* ---------------------------------------------------------------- phase_bench.cu
+ * The time per phase of n_phases phases of trivial work (each of the one-per-SM CTAs reads bytes_per_cta and
+ * writes a float; *n_cta gets their count): us[0] a kernel a phase in a CUDA graph, us[1] the same with PDL,
+ * us[2] one persistent kernel with a grid barrier between phases. For `kiln bench gpu-kernels --phases`. */
+kiln_status kiln_cuda_phase_bench(int n_phases, size_t bytes_per_cta, int *n_cta, double us[3]);
+
 /* ---------------------------------------------------------------- elementwise.cu: everything else, fused */
 /* out (T, C) = scale * dequantized rows d_ids[t] of table (V rows of C): the embedding gather, one row per token
  * dequantized on the GPU. Ids were validated by the session. */
