@@ -336,7 +336,7 @@ void kiln_quantize_plan_free(kiln_quantize_plan *p); /* accepts NULL and a zeroe
 bool kiln_type_runnable(kiln_type t);
 
 /* ---------------------------------------------------------------- synthetic models
- * A llama-architecture GGUF with random weights (normal, std 0.02, seeded) and full metadata, for demos,
+ * A llama-architecture (or qwen3) GGUF with random weights (normal, std 0.02, seeded) and full metadata, for demos,
  * tests and benchmarks on machines where real weights cannot be carried. Tensor names and shapes follow
  * llama.cpp's llama layout: token_embd, blk.N.{attn_norm,attn_q,attn_k,attn_v,attn_output,ffn_norm,
  * ffn_gate,ffn_up,ffn_down}, output_norm, output (absent when tied). */
@@ -356,6 +356,8 @@ typedef struct kiln_synth_params {
     int n_threads;     /* 0: all cores */
     bool fast;         /* block-format tensors get random block bytes with fixed scales (std near 0.02) instead of
                         * quantized normals: seconds instead of minutes for 7B, for speed measurements */
+    bool qk_norm;      /* a qwen3-architecture file instead: llama's tensors plus blk.N.attn_{q,k}_norm (HS, ones),
+                        * qwen3.* keys (NeoX RoPE, eps 1e-6), as Qwen3's dense models */
 } kiln_synth_params;
 
 /* Defaults: V 4096, C 256, L 8, NH 8, NKV 4, F 768, ctx 2048, rope base 10000, untied, F32, seed 1. */

@@ -11,10 +11,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int test_failed_;  /* set by CHECK in the running test */
-static int test_skipped_; /* set by SKIP */
-static char test_msg_[1024];
-static int test_n_failed_;
+/* unused in a program that prints its own lines (test_hf_oracle.c) */
+#define TEST_UNUSED_ __attribute__((unused))
+static int test_failed_ TEST_UNUSED_;  /* set by CHECK in the running test */
+static int test_skipped_ TEST_UNUSED_; /* set by SKIP */
+static char test_msg_[1024] TEST_UNUSED_;
+static int test_n_failed_ TEST_UNUSED_;
 
 #define CHECK(cond, ...)                                                                        \
     do {                                                                                        \

@@ -4,10 +4,10 @@
  * same output floats, the same xp bytes and the same cache bytes (every byte of both caches: the row it stores and
  * the rows it must leave alone), bit for bit: it runs the same operations in the same order.
  *
- * Cases: head sizes 64 and 128; GQA groups 1, 3, 7 and 8 (the largest one block serves); biases or none;
- * interleaved and NeoX rotation, a partial rotary dimension, RoPE scaling (per-pair factors and mscale), a NoPE
+ * Cases: head sizes 64, 128 and 256; GQA groups 1, 3, 4, 7 and 8 (the largest one block serves); biases or none;
+ * QK-norm (per head, Qwen3's and gemma3's) or none; interleaved and NeoX rotation, a partial rotary dimension, RoPE scaling (per-pair factors and mscale), a NoPE
  * layer; one token at positions 0, 5, 700 (11 live splits: the last one stores the row) and 1000 over a ring of
- * 80 rows with a window of 64; and rows of 3 sequences at different positions in one launch (with their own caches
+ * 80 rows with a window of 64 (and of 520 rows with a window of 512 at HS 256); and rows of 3 sequences at different positions in one launch (with their own caches
  * at seq_stride, in reversed order). Every launch after the first leaves the split counters at zero (checked by
  * the next case's decode, which merges through them).
  *
@@ -29,18 +29,18 @@
 
 typedef struct {
     int64_t NH, NKV, HS, rope_dim;
-    bool neox, nope, bias, scaled;
+    bool neox, nope, bias, scaled, norm;
     int pos, window, rows; /* rows: cache rows a sequence (MAXP: the whole context) */
     int n_seq;             /* 0: one sequence, T = 1; else rows of n_seq sequences */
 } post_case;
 
-#define CASE_FMT "NH %lld NKV %lld HS %lld rope_dim %lld neox %d nope %d bias %d scaled %d pos %d window %d rows %d seqs %d"
+#define CASE_FMT "NH %lld NKV %lld HS %lld rope_dim %lld neox %d nope %d bias %d scaled %d norm %d pos %d window %d rows %d seqs %d"
 #define CASE_ARGS(c)                                                                                                        \
     (long long)(c).NH, (long long)(c).NKV, (long long)(c).HS, (long long)(c).rope_dim, (c).neox, (c).nope, (c).bias,        \
-        (c).scaled, (c).pos, (c).window, (c).rows, (c).n_seq
+        (c).scaled, (c).norm, (c).pos, (c).window, (c).rows, (c).n_seq
 
 typedef struct {
-    void *q, *qr, *k, *kr, *v, *vr, *bq, *bk, *bv, *kc, *vc, *kcr, *vcr, *out, *outr, *xp, *xpr, *ws, *pos, *seq;
+    void *q, *qr, *k, *kr, *v, *vr, *bq, *bk, *bv, *nw, *kc, *vc, *kcr, *vcr, *out, *outr, *xp, *xpr, *ws, *pos, *seq;
 } bufs;
 
 static void *dalloc(size_t bytes, kiln_status *s) {
@@ -67,20 +67,22 @@ static kiln_status run_case(const post_case *c, const bufs *b, unsigned long lon
     const size_t qb = (size_t)(T * Q) * 4, kvb = (size_t)(T * KV) * 4, cache_b = (size_t)(n_caches * c->rows * KV) * 2;
     const size_t stride = (size_t)(c->rows * KV) * 2, xpb = kiln_cuda_matvec_prep_bytes(T, Q);
     float *hq = malloc(qb), *hk = malloc(kvb), *hv = malloc(kvb), *hb = malloc((size_t)(Q + 2 * KV) * 4);
-    float *o1 = malloc(qb), *o2 = malloc(qb), freq[64];
+    float *o1 = malloc(qb), *o2 = malloc(qb), freq[128], nw[512];
     uint16_t *cache = malloc(cache_b), *c1 = malloc(cache_b), *c2 = malloc(cache_b);
     unsigned char *x1 = malloc(xpb), *x2 = malloc(xpb);
     int32_t pos[8], seq[8];
     kiln_status s = KILN_OK;
     *what = NULL;
     fill_normal(hq, T * Q, rng), fill_normal(hk, T * KV, rng), fill_normal(hv, T * KV, rng), fill_normal(hb, Q + 2 * KV, rng);
-    for (int i = 0; i < 64; i++) freq[i] = 0.25f + 0.75f * (float)i / 64.0f;
+    for (int i = 0; i < 128; i++) freq[i] = 0.25f + 0.75f * (float)i / 128.0f;
+    for (int i = 0; i < 512; i++) nw[i] = 1.0f + 0.5f * test_rng_normal(rng); /* q's norm weights, then k's */
     for (int64_t t = 0; t < T; t++) pos[t] = c->pos + 37 * (int32_t)t, seq[t] = (int32_t)(T - 1 - t);
     for (size_t i = 0; i < cache_b / 2; i++) cache[i] = kiln_f32_to_fp16(test_rng_normal(rng));
     const float scale = 1.0f / sqrtf((float)c->HS), mscale = c->scaled ? 1.125f : 1.0f, base = 10000.0f;
     const float *h_freq = c->scaled ? freq : NULL;
     const float *bq = c->bias ? b->bq : NULL, *bk = c->bias ? b->bk : NULL, *bv = c->bias ? b->bv : NULL;
     const int32_t *dseq = c->n_seq ? (const int32_t *)b->seq : NULL;
+    const float *qn = c->norm ? b->nw : NULL, *kn = c->norm ? (const float *)b->nw + 256 : NULL, eps = 1e-6f;
 #define UP(d, h, n) \
     if (s == KILN_OK) s = kiln_cuda_upload(d, h, n)
     UP(b->q, hq, qb);
@@ -92,6 +94,7 @@ static kiln_status run_case(const post_case *c, const bufs *b, unsigned long lon
     UP(b->bq, hb, (size_t)Q * 4);
     UP(b->bk, hb + Q, (size_t)KV * 4);
     UP(b->bv, hb + Q + KV, (size_t)KV * 4);
+    UP(b->nw, nw, sizeof nw);
     UP(b->kc, cache, cache_b);
     UP(b->kcr, cache, cache_b);
     for (size_t i = 0; i < cache_b / 2; i++) cache[i] ^= 0x1234; /* v's cache differs from k's */
@@ -107,10 +110,10 @@ static kiln_status run_case(const post_case *c, const bufs *b, unsigned long lon
 #undef UP
     /* the two launches */
     if (s == KILN_OK)
-        s = c->n_seq ? kiln_cuda_qkv_post_rows(b->qr, b->kr, b->vr, bq, bk, bv, NULL, NULL, 1e-6f, b->pos, dseq, stride, T, c->NH, c->NKV,
+        s = c->n_seq ? kiln_cuda_qkv_post_rows(b->qr, b->kr, b->vr, bq, bk, bv, qn, kn, eps, b->pos, dseq, stride, T, c->NH, c->NKV,
                                                c->HS, c->rope_dim, base, h_freq, mscale, c->neox, c->nope, 1.0f, b->kcr, b->vcr,
                                                KILN_KV_F16, KILN_KV_F16, c->rows, NULL)
-                     : kiln_cuda_qkv_post(b->qr, b->kr, b->vr, bq, bk, bv, NULL, NULL, 1e-6f, b->pos, T, c->NH, c->NKV, c->HS,
+                     : kiln_cuda_qkv_post(b->qr, b->kr, b->vr, bq, bk, bv, qn, kn, eps, b->pos, T, c->NH, c->NKV, c->HS,
                                           c->rope_dim, base, h_freq, mscale, c->neox, c->nope, 1.0f, b->kcr, b->vcr, KILN_KV_F16,
                                           KILN_KV_F16, c->rows, NULL);
     if (s == KILN_OK)
@@ -119,7 +122,7 @@ static kiln_status run_case(const post_case *c, const bufs *b, unsigned long lon
                      : kiln_cuda_attention_xp(b->outr, b->xpr, b->qr, b->kcr, b->vcr, KILN_KV_F16, KILN_KV_F16, b->pos, T, c->NH,
                                               c->NKV, c->HS, c->window, c->rows, MAXP, scale, 0.0f, b->ws, NULL);
     /* the fused one */
-    const kiln_cuda_attn_post post = {b->k, b->v, bq, bk, bv, c->rope_dim, base, mscale, h_freq, c->neox, c->nope};
+    const kiln_cuda_attn_post post = {b->k, b->v, bq, bk, bv, qn, kn, eps, c->rope_dim, base, mscale, h_freq, c->neox, c->nope};
     if (s == KILN_OK)
         s = kiln_cuda_attention_post(b->out, b->xp, b->q, &post, b->kc, b->vc, KILN_KV_F16, KILN_KV_F16, b->pos, dseq, stride, T, c->NH,
                                      c->NKV, c->HS, c->window, c->rows, MAXP, scale, 0.0f, b->ws, NULL);
@@ -143,24 +146,33 @@ static kiln_status run_case(const post_case *c, const bufs *b, unsigned long lon
 static void test_post_matches_two_launches(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     const post_case cases[] = {
-        /* NH NKV HS rope_dim neox nope bias scaled pos window rows n_seq */
-        {12, 4, 64, 64, false, false, false, false, 0, 0, MAXP, 0},
-        {12, 4, 64, 64, false, false, false, false, 5, 0, MAXP, 0},
-        {12, 4, 64, 64, false, false, true, false, 700, 0, MAXP, 0},
-        {32, 32, 128, 128, false, false, false, false, 700, 0, MAXP, 0},
-        {14, 2, 64, 64, true, false, true, false, 300, 0, MAXP, 0},
-        {32, 4, 128, 128, true, false, false, true, 1000, 64, 80, 0},
-        {8, 1, 128, 64, false, false, true, false, 129, 0, MAXP, 0},
-        {16, 2, 128, 96, true, false, false, true, 700, 0, MAXP, 0},
-        {12, 4, 64, 64, false, true, true, false, 700, 0, MAXP, 0},
-        {12, 4, 64, 64, false, false, true, false, 3, 0, MAXP, 3},
-        {32, 8, 128, 128, true, false, false, true, 600, 64, 80, 3},
+        /* NH NKV HS rope_dim neox nope bias scaled norm pos window rows n_seq */
+        {12, 4, 64, 64, false, false, false, false, false, 0, 0, MAXP, 0},
+        {12, 4, 64, 64, false, false, false, false, false, 5, 0, MAXP, 0},
+        {12, 4, 64, 64, false, false, true, false, false, 700, 0, MAXP, 0},
+        {32, 32, 128, 128, false, false, false, false, false, 700, 0, MAXP, 0},
+        {14, 2, 64, 64, true, false, true, false, false, 300, 0, MAXP, 0},
+        {32, 4, 128, 128, true, false, false, true, false, 1000, 64, 80, 0},
+        {8, 1, 128, 64, false, false, true, false, false, 129, 0, MAXP, 0},
+        {16, 2, 128, 96, true, false, false, true, false, 700, 0, MAXP, 0},
+        {12, 4, 64, 64, false, true, true, false, false, 700, 0, MAXP, 0},
+        {12, 4, 64, 64, false, false, true, false, false, 3, 0, MAXP, 3},
+        {32, 8, 128, 128, true, false, false, true, false, 600, 64, 80, 3},
+        /* QK-norm: Qwen3's shape (with biases too, as qkv_post takes both), NoPE, gemma3's HS 256 over a ring */
+        {16, 8, 128, 128, true, false, true, false, true, 700, 0, MAXP, 0},
+        {12, 4, 64, 64, false, true, false, false, true, 40, 0, MAXP, 0},
+        {4, 1, 256, 256, true, false, false, false, true, 1000, 512, 520, 0},
+        {8, 1, 256, 256, true, false, false, true, true, 5, 0, MAXP, 0},
+        {8, 2, 256, 128, false, false, true, false, false, 300, 0, MAXP, 0},
+        {16, 8, 128, 128, true, false, false, false, true, 600, 64, 80, 3},
+        {8, 2, 256, 256, true, false, false, false, true, 9, 0, MAXP, 3},
     };
     kiln_status s = KILN_OK;
     bufs b;
     const size_t QB = (size_t)3 * 32 * 128 * 4, KVB = (size_t)3 * 32 * 128 * 4, CB = (size_t)3 * MAXP * 32 * 128 * 2;
     b.q = dalloc(QB, &s), b.qr = dalloc(QB, &s), b.k = dalloc(KVB, &s), b.kr = dalloc(KVB, &s), b.v = dalloc(KVB, &s);
     b.vr = dalloc(KVB, &s), b.bq = dalloc(QB, &s), b.bk = dalloc(KVB, &s), b.bv = dalloc(KVB, &s), b.kc = dalloc(CB, &s);
+    b.nw = dalloc(512 * 4, &s);
     b.vc = dalloc(CB, &s), b.kcr = dalloc(CB, &s), b.vcr = dalloc(CB, &s), b.out = dalloc(QB, &s), b.outr = dalloc(QB, &s);
     const size_t xpb = kiln_cuda_matvec_prep_bytes(3, 32 * 128), wsb = kiln_cuda_attention_ws_bytes(3, 32, 128, MAXP);
     b.xp = dalloc(xpb, &s), b.xpr = dalloc(xpb, &s), b.ws = dalloc(wsb, &s), b.pos = dalloc(64, &s), b.seq = dalloc(64, &s);
@@ -174,7 +186,7 @@ static void test_post_matches_two_launches(void) {
     int64_t at = -1;
     int ci = 0;
     for (; s == KILN_OK && !what && ci < (int)(sizeof cases / sizeof cases[0]); ci++) s = run_case(&cases[ci], &b, &rng, &what, &at);
-    void *all[] = {b.q, b.qr, b.k, b.kr, b.v, b.vr, b.bq, b.bk, b.bv, b.kc, b.vc, b.kcr, b.vcr, b.out, b.outr, b.xp, b.xpr, b.ws, b.pos, b.seq};
+    void *all[] = {b.q, b.qr, b.k, b.kr, b.v, b.vr, b.bq, b.bk, b.bv, b.nw, b.kc, b.vc, b.kcr, b.vcr, b.out, b.outr, b.xp, b.xpr, b.ws, b.pos, b.seq};
     for (int i = 0; i < (int)(sizeof all / sizeof all[0]); i++) kiln_cuda_free(all[i]);
     CHECK(s == KILN_OK, "%s", kiln_last_error());
     if (what) {
@@ -188,17 +200,18 @@ static void test_post_refuses(void) {
     CHECK(kiln_cuda_attention_post_takes(5, true, 32, 8, 64, KILN_KV_F16, KILN_KV_F16, 0.0f), "rows of sequences are taken");
     CHECK(!kiln_cuda_attention_post_takes(2, false, 32, 8, 128, KILN_KV_F16, KILN_KV_F16, 0.0f), "2 tokens of one sequence");
     CHECK(!kiln_cuda_attention_post_takes(1, false, 32, 8, 96, KILN_KV_F16, KILN_KV_F16, 0.0f), "HS 96");
+    CHECK(kiln_cuda_attention_post_takes(1, false, 4, 1, 256, KILN_KV_F16, KILN_KV_F16, 0.0f), "HS 256 is taken");
     CHECK(!kiln_cuda_attention_post_takes(1, false, 32, 8, 128, KILN_KV_Q8_0, KILN_KV_F16, 0.0f), "a q8_0 cache");
     CHECK(!kiln_cuda_attention_post_takes(1, false, 32, 2, 128, KILN_KV_F16, KILN_KV_F16, 0.0f), "16 query heads a KV head");
     CHECK(!kiln_cuda_attention_post_takes(1, false, 32, 8, 128, KILN_KV_F16, KILN_KV_F16, 30.0f), "a softcap");
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     /* the launcher refuses before touching anything: every pointer may be a dummy */
     float dummy[4];
-    const kiln_cuda_attn_post post = {dummy, dummy, NULL, NULL, NULL, 128, 10000.0f, 1.0f, NULL, false, false};
+    const kiln_cuda_attn_post post = {dummy, dummy, NULL, NULL, NULL, NULL, NULL, 0.0f, 128, 10000.0f, 1.0f, NULL, false, false};
     const kiln_status s = kiln_cuda_attention_post(dummy, NULL, dummy, &post, dummy, dummy, KILN_KV_F16, KILN_KV_F16, (const int32_t *)dummy,
                                                    NULL, 0, 1, 32, 8, 96, 0, 64, 64, 0.1f, 0.0f, dummy, NULL);
     CHECK(s == KILN_ERR_UNSUPPORTED, "HS 96: status %d, want KILN_ERR_UNSUPPORTED", (int)s);
-    const kiln_cuda_attn_post odd = {dummy, dummy, NULL, NULL, NULL, 63, 10000.0f, 1.0f, NULL, false, false};
+    const kiln_cuda_attn_post odd = {dummy, dummy, NULL, NULL, NULL, NULL, NULL, 0.0f, 63, 10000.0f, 1.0f, NULL, false, false};
     const kiln_status s2 = kiln_cuda_attention_post(dummy, NULL, dummy, &odd, dummy, dummy, KILN_KV_F16, KILN_KV_F16, (const int32_t *)dummy,
                                                     NULL, 0, 1, 32, 8, 128, 0, 64, 64, 0.1f, 0.0f, dummy, NULL);
     CHECK(s2 == KILN_ERR_INVALID, "rope_dim 63: status %d, want KILN_ERR_INVALID", (int)s2);

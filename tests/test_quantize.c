@@ -3,6 +3,7 @@
  * a synthetic model is quantized (1 and 2 threads give identical bytes), read back, its types and keys
  * checked and its weights compared with the source; the result round-trips through `kiln inspect`. */
 #include "kiln.h"
+#include "model/model.h"
 #include "model/quantize.h"
 #include "quants.h"
 #include "test.h"
@@ -563,6 +564,40 @@ static void test_unrunnable_types(void) {
     if (!bin) SKIP("KILN_BIN not set: kiln inspect not run (make test sets it)");
 }
 
+/* synth with qk_norm: a qwen3 file (its keys, key_length, the per-head norm weights) that loads as Qwen3. */
+static void test_synth_qwen3(void) {
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/kiln-q-qwen3-%d.gguf", (int)getpid());
+    kiln_synth_params sp = kiln_synth_default();
+    sp.n_vocab = 300, sp.n_layer = 2, sp.n_embd = 256, sp.n_head = 2, sp.n_head_kv = 1, sp.n_ff = 512, sp.n_threads = 2;
+    sp.qk_norm = true;
+    CHECK(kiln_synth_llama(path, &sp) == KILN_OK, "%s", kiln_last_error());
+    kiln_gguf *g = NULL;
+    CHECK(kiln_gguf_open(path, &g) == KILN_OK, "%s", kiln_last_error());
+    kiln_str arch = {0};
+    uint32_t key_length = 0;
+    CHECK(kiln_gguf_get_str(g, "general.architecture", &arch) == KILN_OK && arch.len == 5 && memcmp(arch.ptr, "qwen3", 5) == 0);
+    CHECK(kiln_gguf_get_u32(g, "qwen3.attention.key_length", &key_length) == KILN_OK && key_length == 128, "%u", key_length);
+    CHECK(!kiln_gguf_find(g, "llama.block_count"), "llama keys in a qwen3 file");
+    for (int l = 0; l < 2; l++) {
+        char qn[48], kn[48];
+        snprintf(qn, sizeof qn, "blk.%d.attn_q_norm.weight", l), snprintf(kn, sizeof kn, "blk.%d.attn_k_norm.weight", l);
+        const kiln_tensor_view *q = kiln_gguf_find_tensor(g, qn), *k = kiln_gguf_find_tensor(g, kn);
+        CHECK(q && k && q->ne[0] == 128 && k->ne[0] == 128 && q->type == KILN_TYPE_F32, "layer %d's QK-norm weights", l);
+    }
+    kiln_gguf_close(g);
+    kiln_model *m = NULL;
+    CHECK(kiln_model_load(path, &m) == KILN_OK, "%s", kiln_last_error());
+    if (m) {
+        CHECK(m->cfg.qk_norm && !m->cfg.qk_norm_full && m->cfg.rope_neox && m->cfg.head_dim == 128 && m->cfg.rms_eps == 1e-6f,
+              "qk_norm %d full %d neox %d HS %lld eps %g", m->cfg.qk_norm, m->cfg.qk_norm_full, m->cfg.rope_neox,
+              (long long)m->cfg.head_dim, (double)m->cfg.rms_eps);
+        CHECK(m->layers[1].q_norm && m->layers[1].k_norm, "the model has no QK-norm weights");
+        kiln_model_free(m);
+    }
+    unlink(path);
+}
+
 static void test_requantize_and_errors(void) {
     /* an already-quantized file can be converted again (dequantize, quantize) */
     char again[64];
@@ -592,6 +627,7 @@ int main(void) {
     RUN(test_inspect_quantized);
     RUN(test_quantize_cli);
     RUN(test_unrunnable_types);
+    RUN(test_synth_qwen3);
     RUN(test_requantize_and_errors);
     TEST_EXIT();
 }

@@ -61,7 +61,7 @@ static int cmd_synth(int argc, char **argv) {
         {"--fast", KILN_CLI_FLAG, &p.fast, 0, 0},               {"--seed", KILN_CLI_U64, &p.seed, 0, 0},
         {"-t", KILN_CLI_INT, &p.n_threads, 0, 4096},            {"--vocab", KILN_CLI_STR, &p.vocab_path, 0, 0},
         {"--shape", KILN_CLI_STR, &shape, 0, 0},                {"--type", KILN_CLI_STR, &type, 0, 0},
-        {"-o", KILN_CLI_STR, &out, 0, 0},
+        {"--qk-norm", KILN_CLI_FLAG, &p.qk_norm, 0, 0},         {"-o", KILN_CLI_STR, &out, 0, 0},
     };
     int n_pos;
     if (!kiln_cli_parse_args("synth", argc, argv, opts, sizeof opts / sizeof opts[0], &pos, 1, &n_pos)) return 1;
@@ -75,12 +75,13 @@ static int cmd_synth(int argc, char **argv) {
     if (!out) {
         fprintf(stderr, "kiln: usage: kiln synth [--shape llama-124m|tinyllama-1.1b|llama2-7b|llama3-8b] [--type f32|f16|q8_0|q4_0|q4_k_m|...] "
                         "[--vocab VOCAB.gguf] [--dim C] [--layers L] [--heads NH] [--kv-heads NKV] [--ff F] [--vocab-size V] [--ctx N] "
-                        "[--tied] [--fast (random block bytes: for speed tests)] [--seed S] [-t N] -o OUT.gguf\n");
+                        "[--tied] [--qk-norm (qwen3: per-head QK-norm)] [--fast (random block bytes: for speed tests)] [--seed S] [-t N] "
+                        "-o OUT.gguf\n");
         return 1;
     }
     if ((s = kiln_synth_llama(out, &p))) return kiln_cli_die(s);
-    kiln_cli_note("wrote %s (llama, C=%lld L=%lld NH=%lld NKV=%lld F=%lld, %s%s%s)", out, (long long)p.n_embd,
-            (long long)p.n_layer, (long long)p.n_head, (long long)p.n_head_kv, (long long)p.n_ff, kiln_ftype_name(p.ftype),
+    kiln_cli_note("wrote %s (%s, C=%lld L=%lld NH=%lld NKV=%lld F=%lld, %s%s%s)", out, p.qk_norm ? "qwen3" : "llama",
+            (long long)p.n_embd, (long long)p.n_layer, (long long)p.n_head, (long long)p.n_head_kv, (long long)p.n_ff, kiln_ftype_name(p.ftype),
             p.vocab_path ? ", vocab from " : "", p.vocab_path ? p.vocab_path : "");
     return 0;
 }

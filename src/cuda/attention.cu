@@ -9,7 +9,7 @@
  * atomic counter in ws, merges them (FlashAttention's rescaling by exp(m_s - M)) and zeroes the counter again.
  * So ws MUST BE ZERO-FILLED ONCE before the first decode launch (cudaMemset); every launch leaves it so.
  * kiln_cuda_attention_xp also writes out's prepared form for the wo matvec from the block that writes out.
- * kiln_cuda_attention_post also does qkv_post's work for its rows (biases, RoPE, the store of the row's k and v)
+ * kiln_cuda_attention_post also does qkv_post's work for its rows (biases, QK-norm, RoPE, the store of the row's k and v)
  * inside the blocks, before they read the cache: post_prologue says how.
  *
  * Prefill (larger T): a flash-attention kernel on CUDA cores. A block takes QPB consecutive (token, head) rows of
@@ -38,6 +38,7 @@
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
 #include "cuda/kv.cuh"
+#include "cuda/norm.cuh"
 #include "cuda/q8.cuh"
 #include "cuda/rope.cuh"
 
@@ -150,11 +151,13 @@ template <bool CAP> static __device__ __forceinline__ float capped(float s, floa
 /* The first key position a query at p sees. */
 static __device__ __forceinline__ int first_key(int p, int window) { return window > 0 ? max(0, p - window + 1) : 0; }
 
-/* The qkv epilogue fused into the decode kernel (kiln_cuda_attention_post): qkv_post_kernel's biases and RoPE
- * (no QK-norm), by value. rope false: a NoPE layer. */
+/* The qkv epilogue fused into the decode kernel (kiln_cuda_attention_post): qkv_post_kernel's biases, per-head
+ * QK-norm and RoPE, by value. rope false: a NoPE layer. */
 struct attn_post {
     const float *k, *v;        /* (T, NKV*HS) the rows' keys and values as the qkv matmul left them */
     const float *bq, *bk, *bv; /* (NH*HS), (NKV*HS), (NKV*HS) or NULL */
+    const float *qn, *kn;      /* (HS) each, or NULL: QK-norm's weights, one norm per head */
+    float eps;
     float theta_scale;
     int rope_dim;
     bool neox, rope;
@@ -162,11 +165,12 @@ struct attn_post {
 };
 
 /* The fused epilogue of a decode block (POST): s_q holds its gb query heads from hq0 on as the matmul left them;
- * they get their biases and RoPE in place. The block whose split holds key p (store: the last live split, and no
- * other block of the launch reads that row) also makes KV head g's key (bias, RoPE) and value (bias) of row t and
- * stores them into cache row p % rows as f16. The same operations as qkv_post_kernel's in the same order
- * (rope.cuh), so the cache bytes and the attention's output are the unfused pair's bit for bit. The caller
- * synchronizes after it: the stored row is then visible to the block's own loads. */
+ * they get their biases, QK-norm and RoPE in place. The block whose split holds key p (store: the last live split,
+ * and no other block of the launch reads that row) also makes KV head g's key (bias, norm, RoPE) and value (bias)
+ * of row t and stores them into cache row p % rows as f16. The same operations as qkv_post_kernel's in the same
+ * order (norm.cuh's sums of squares, rope.cuh), so the cache bytes and the attention's output are the unfused
+ * pair's bit for bit. A warp norms a head at a time. The caller synchronizes after it: the stored row is then
+ * visible to the block's own loads. */
 template <int HS>
 static __device__ __forceinline__ void post_prologue(float *s_q, int gb, int hq0, int g, int t, int p, bool store, int NKV, int rows,
                                                      void *k_cache, void *v_cache, const attn_post &pp) {
@@ -179,6 +183,17 @@ static __device__ __forceinline__ void post_prologue(float *s_q, int gb, int hq0
     __syncthreads(); /* s_q as the caller staged it (other threads' float4s), the angles */
     if (pp.bq)
         for (int i = tid; i < gb * HS; i += ATTN_THREADS) s_q[i] = __fadd_rn(s_q[i], pp.bq[(size_t)hq0 * HS + i]);
+    if (pp.qn || (store && pp.kn)) {
+        __syncthreads(); /* the biases */
+        for (int hh = tid / 32; hh <= gb; hh += ATTN_THREADS / 32) { /* hh == gb: the key */
+            const float *nw = hh < gb ? pp.qn : store ? pp.kn : NULL;
+            if (!nw) continue; /* warp-uniform */
+            float *x = hh < gb ? s_q + hh * HS : s_k;
+            const float sc = kiln_rms_scale(kiln_head_sumsq_warp(x, HS), HS, pp.eps);
+            for (int i = tid % 32; i < HS; i += 32) x[i] = __fmul_rn(__fmul_rn(x[i], sc), nw[i]);
+        }
+        __syncthreads();
+    }
     if (half) {
         __syncthreads();
         const int nh = gb + (store ? 1 : 0);
@@ -599,7 +614,7 @@ static kiln_status attention_cap(float *out, void *xp, const float *q, const voi
             : gbm == 4 ? attn_decode<HSM, EXACT, 4, CAP, ANY>
                        : attn_decode<HSM, EXACT, ATTN_GB, CAP, ANY>;
         if (post) { /* the fused epilogue: compiled for the f16 pair at head sizes 64 and 128 without softcap */
-            if constexpr (EXACT && !CAP && !ANY && (HSM == 64 || HSM == 128))
+            if constexpr (EXACT && !CAP && !ANY && (HSM == 64 || HSM == 128 || HSM == 256))
                 kern = gbm == 1   ? attn_decode<HSM, EXACT, 1, CAP, ANY, true>
                        : gbm == 4 ? attn_decode<HSM, EXACT, 4, CAP, ANY, true>
                                   : attn_decode<HSM, EXACT, ATTN_GB, CAP, ANY, true>;
@@ -732,7 +747,7 @@ extern "C" bool kiln_cuda_attention_on_tc(int64_t T, int64_t HS, kiln_kv_type ty
 /* The fused qkv epilogue's conditions (kernels.h). */
 extern "C" bool kiln_cuda_attention_post_takes(int64_t T, bool rows, int64_t NH, int64_t NKV, int64_t HS, kiln_kv_type type_k,
                                                kiln_kv_type type_v, float softcap) {
-    return (rows || T == 1) && T >= 1 && NKV > 0 && NH % NKV == 0 && NH / NKV <= ATTN_GB && (HS == 64 || HS == 128) &&
+    return (rows || T == 1) && T >= 1 && NKV > 0 && NH % NKV == 0 && NH / NKV <= ATTN_GB && (HS == 64 || HS == 128 || HS == 256) &&
            type_k == KILN_KV_F16 && type_v == KILN_KV_F16 && softcap == 0;
 }
 
@@ -744,7 +759,7 @@ extern "C" kiln_status kiln_cuda_attention_post(float *out, void *xp, const floa
     if (!post || !post->k || !post->v) return kiln_fail(KILN_ERR_INVALID, "cuda attention_post: no keys or values");
     if (!kiln_cuda_attention_post_takes(T, d_seq != NULL, NH, NKV, HS, type_k, type_v, softcap))
         return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda attention_post: T %lld (%s), NH %lld, NKV %lld, HS %lld, cache types %d, %d, "
-                         "softcap %g: only one token or one row a sequence, at most %d query heads a KV head, HS 64 or 128, "
+                         "softcap %g: only one token or one row a sequence, at most %d query heads a KV head, HS 64, 128 or 256, "
                          "f16 caches, no softcap", (long long)T, d_seq ? "rows" : "one sequence", (long long)NH, (long long)NKV,
                          (long long)HS, (int)type_k, (int)type_v, (double)softcap, ATTN_GB);
     if (!post->nope && (post->rope_dim <= 0 || post->rope_dim % 2 || post->rope_dim > HS))
@@ -755,6 +770,7 @@ extern "C" kiln_status kiln_cuda_attention_post(float *out, void *xp, const floa
         return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda attention_post: %lld rows is more than %d", (long long)T, ATTN_ROWS_MAX);
     attn_post pp = {};
     pp.k = post->k, pp.v = post->v, pp.bq = post->bq, pp.bk = post->bk, pp.bv = post->bv;
+    pp.qn = post->q_norm, pp.kn = post->k_norm, pp.eps = post->eps;
     pp.rope = !post->nope, pp.neox = post->neox, pp.rope_dim = (int)post->rope_dim;
     /* the host's powf, the very call ops_rope.c (and qkv_post) makes, so theta_scale has the CPU's bits */
     pp.theta_scale = post->nope ? 1.0f : powf(post->base, -2.0f / (float)post->rope_dim);

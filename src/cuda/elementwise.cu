@@ -13,6 +13,7 @@
 #include "cuda/kernels.h"
 #include "cuda/kv.cuh"
 #include "cuda/launch.h"
+#include "cuda/norm.cuh"
 #include "cuda/q8.cuh"
 #include "cuda/rope.cuh"
 #include "quants.h"
@@ -43,12 +44,6 @@ static __device__ __forceinline__ double block_sum(double v, double *sh) {
     double s = 0.0;
     for (int i = 0; i < nw; i++) s += sh[i];
     return s;
-}
-
-/* rstd = 1 / sqrt(mean(x^2) + eps) in ops_rmsnorm.c's types: the mean rounded to float, then float ops. */
-static __device__ __forceinline__ float rms_scale(double sumsq, int64_t C, float eps) {
-    const float mean = (float)(sumsq / (double)C);
-    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
 }
 
 /* ---------------------------------------------------------------- embed: dequantize one element of a row
@@ -283,7 +278,7 @@ __global__ void __launch_bounds__(RN_MAX_THREADS)
                 if (tid + j * nt < n)
 #pragma unroll
                     for (int k = 0; k < V; k++) sy += (double)__fmul_rn(yv[j].v[k], yv[j].v[k]);
-            s1 = rms_scale(block_sum(sy, sh_post), C, post_eps);
+            s1 = kiln_rms_scale(block_sum(sy, sh_post), C, post_eps);
         }
 #pragma unroll
         for (int j = 0; j < MAXN; j++) {
@@ -303,7 +298,7 @@ __global__ void __launch_bounds__(RN_MAX_THREADS)
         if (tid + j * nt < n)
 #pragma unroll
             for (int k = 0; k < V; k++) ss += (double)__fmul_rn(xv[j].v[k], xv[j].v[k]);
-    const float s2 = rms_scale(block_sum(ss, sh_norm), C, eps);
+    const float s2 = kiln_rms_scale(block_sum(ss, sh_norm), C, eps);
 #pragma unroll
     for (int j = 0; j < MAXN; j++) {
         if (j * nt >= n) break; /* the same for the whole block: the shuffles below see every lane */
@@ -408,7 +403,7 @@ __global__ void qkv_post_kernel(float *q,                         /* (T, NH*HS) 
         if (nw) ss += (double)__fmul_rn(val, val);
     }
     if (nw) { /* each thread rescales the elements it wrote: block_sum's barrier is the only one needed */
-        const float sc = rms_scale(block_sum(ss, sh), HS, eps);
+        const float sc = kiln_rms_scale(block_sum(ss, sh), HS, eps);
         for (int i = tid; i < hs; i += nt) hx[i] = __fmul_rn(__fmul_rn(hx[i], sc), nw[i]);
     }
     __syncthreads();
@@ -532,8 +527,9 @@ static kiln_status qkv_post(float *q, float *k, float *v, const float *bq, const
     /* The host's powf, the very call ops_rope.c makes, so theta_scale has the CPU's bits. */
     const float theta_scale = nope ? 1.0f : powf(base, -2.0f / (float)rope_dim);
     const kiln_cuda_rope_freq rf = kiln_cuda_rope_freq_make(nope ? NULL : h_rope_freq, rope_dim / 2, nope ? 1.0f : rope_mscale);
-    /* A thread per rotated pair: HS/2 threads, at least a warp, at most 128 (HS 256). */
-    const int threads = (int)(HS / 2 <= 32 ? 32 : HS / 2 <= 64 ? 64 : 128);
+    /* A thread per rotated pair: HS/2 threads, at least a warp, at most 128 (HS 256); norm.cuh's per-head sums
+     * of squares follow this count. */
+    const int threads = kiln_qkv_post_threads(HS);
     const cudaError_t e = kiln_launch(qkv_post_kernel, dim3((unsigned)blocks), dim3(threads), 0, (cudaStream_t)stream, q, k,
                                       v, bq, bk, bv, q_norm, k_norm, eps, d_pos0, d_seq, seq_stride, NH, NKV, HS, rope_dim, theta_scale, rf, neox,
                                       !nope, q_scale, k_cache, v_cache, (int)type_k, (int)type_v, rows);

@@ -7,7 +7,7 @@
  *   - a single token's q, k and v come from one matvec over wq, wk, wv uploaded back to back when they share a type
  *     (q and k alone when v differs, as in Q4_K_M);
  *   - bias, QK-norm, RoPE and the cache store are one kernel (qkv_post; q8_0 and q4_0 caches add kv_quantize);
- *     in decode without QK-norm over an f16 cache they run inside the attention kernel (qkv_attention,
+ *     in decode over an f16 cache they run inside the attention kernel (qkv_attention,
  *     kiln_cuda_attention_post: one launch a layer fewer; KILN_ATTN_POST=0 keeps the two);
  *   - gate and up are one pass over both weights with the GLU applied (matvec_glu) in decode;
  *   - matmul_norm can fold the residual norm (and the GLU the prepare of down's input) into the matvec as its
@@ -24,6 +24,7 @@
  * copied from pinned host memory by the graph's first nodes and every kernel reads the position from device memory,
  * so one graph serves every position. tests/test_cuda_engine.c checks the GPU session against the CPU one, logits
  * and greedy tokens, on every architecture fixture. docs/cuda.md has the measurements. */
+#include "cuda/engine.h"
 #include "cuda/cuda.h"
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
@@ -37,87 +38,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CK(call, what)                                                                                           \
-    do {                                                                                                         \
-        cudaError_t e_ = (call);                                                                                 \
-        if (e_ != cudaSuccess) return kiln_fail(KILN_ERR_IO, "CUDA %s failed: %s", what, cudaGetErrorString(e_)); \
-    } while (0)
-
-/* The per-step breakdown of one decode step (profile). */
-enum { P_EMBED, P_NORM, P_QKV, P_QKV_POST, P_ATTN, P_WO, P_FFN_UP, P_DOWN, P_HEAD, P_OTHER, P_COUNT };
-static const char *const prof_names[P_COUNT] = {"embed", "norm+residual", "matvec qkv", "bias/qknorm/rope/kv store",
-                                                "attention", "matvec wo (+add)", "matvec gate/up + glu",
-                                                "matvec down (+add)", "head + argmax", "other"};
-#define PROF_MAX 8192
-enum { TAIL_PREPARE = 1, TAIL_NORM = 2 };
-typedef struct {
-    int n;
-    int cat[PROF_MAX];
-    cudaEvent_t ev[PROF_MAX + 1];
-} prof_marks;
-
-/* A matmul weight on the device: the file's blocks, and for prefill a bf16 copy when the memory allows. */
-typedef struct dev_wt {
-    kiln_cuda_wt q;  /* the GGUF block format, read by the decode matvecs */
-    kiln_cuda_wt bf; /* BF16 copy the tensor cores read in place (data NULL: gemm dequantizes per call) */
-    int cat;         /* the profile's step kind */
-    /* wq only: how many of wq, wk, wv lie back to back as one matrix of Q + KV (+ KV) rows (3: all, 2: wq and wk,
-     * as Q4_K_M's Q6_K v differs; 0: none), and that matrix. A single token's q, k, v in one launch instead of three */
-    int n_merged;
-    kiln_cuda_wt qkv;
-} dev_wt;
-
-/* One layer's weights on the device, by kiln_layer_tensor: matrices in w, vectors (f32) in vec. */
-typedef struct {
-    dev_wt w[KILN_LT_COUNT];
-    const float *vec[KILN_LT_COUNT];
-} dev_layer;
-
-typedef struct engine {
-    const kiln_model *m;
-    int device;     /* the CUDA device: made current by every entry the session calls between steps */
-    int64_t n_ctx, n_batch;
-    size_t kv_pos_bytes; /* a position's k and v row in the cache types qkv_post last stored (the profile's bytes) */
-    cudaStream_t stream;
-    void *wbuf; /* every weight and norm vector, one allocation */
-    dev_layer *layers; /* (L) */
-    dev_wt tok_embd, output;
-    const float *output_norm; /* (C) */
-    kiln_weight (*bound)[KILN_LT_COUNT]; /* (L) the seam's view of layers */
-    void *bfbuf;   /* the bf16 prefill copies, one allocation (NULL when they did not fit) */
-    void *wsbuf;   /* xp, xp_next, the tails' counters and the attention's workspace, one allocation */
-    void *xp;      /* matvec-prepared activations */
-    void *xp_next; /* where a matvec's tail prepares the next matvec's input while the matvec reads xp (then swapped) */
-    unsigned *mv_cnt; /* the tails' counters (kiln_cuda_mv_tail), zero between launches */
-    bool fuse_post; /* qkv_attention runs qkv_post inside the decode attention where it can (KILN_ATTN_POST=0: never) */
-    int tails;     /* the matvecs' tails in decode: TAIL_PREPARE (the GLU prepares down's input), TAIL_NORM (wo and
-                    * down norm the residual). Off unless KILN_MV_TAIL=all, prep or norm: measured slower (docs/cuda.md) */
-    void *attn_ws;
-    kiln_cuda_gemm_ws gws;
-    size_t dev_bytes;
-    /* which activation xp holds the prepared form of (NULL: none), for T rows of cols */
-    const float *xp_of;
-    int64_t xp_T, xp_cols;
-    int64_t decode_rows;      /* the most rows of many sequences one attention launch takes (its workspace's) */
-    int64_t gemm_small_max;   /* 9..32 rows take kiln_cuda_gemm_small where it takes the type and the weight has at most
-                               * this many elements (GEMM_SMALL_MAX_ELEMS; KILN_GEMM_SMALL=0: none, =all: any) */
-    /* L2 prefetch (kiln_cuda_mv_tail's pf): the forward's hints since the last decode matvec (a weight, and the one
-     * read beside it or NULL), which that matvec's last CTAs fetch, up to pf_budget bytes; and how far this step has
-     * fetched each weight (reset by embed, the step's first op), so a later hint of the same weight goes on from there */
-    size_t pf_budget; /* KILN_PREFETCH_MB, 0: off */
-    int64_t mv_rows;  /* steps of more rows than this (up to 8) take gemm_small where it takes the weight, the matvecs
-                       * otherwise: KILN_MATVEC_ROWS, MV_ROWS_DEFAULT by default */
-    const kiln_cuda_wt *hint[8][2];
-    int n_hint;
-    struct {
-        const void *p;
-        size_t done;
-    } pf_seen[16];
-    int n_seen;
-    cudaGraphExec_t *graph;   /* (n_graph) record's slots: 8 for each decode batch size, 0..decode_rows */
-    int n_graph;
-    prof_marks *prof;         /* non-NULL while profiling */
-} engine;
 
 /* The largest weight (rows x cols) a step of 9..32 rows multiplies with gemm_small rather than cuBLASLt on its bf16
  * copy. Measured on the H200 (bench gpu-kernels, T 16): gemm_small is ahead on 4096 x 4096 and the 1.1B shapes
@@ -526,41 +446,6 @@ static bool tail_fits(const engine *e, int kind, const kiln_cuda_wt *W, const fl
     return (e->tails & kind) && T <= KILN_CUDA_MATVEC_MAX_T && W->rows % 32 == 0 && ((uintptr_t)y & 15) == 0;
 }
 
-/* How far this step has prefetched the weight at p (a new entry at 0; when the table is full, a scratch one). */
-static size_t *pf_done(engine *e, const void *p) {
-    for (int i = 0; i < e->n_seen; i++)
-        if (e->pf_seen[i].p == p) return &e->pf_seen[i].done;
-    const int n = sizeof e->pf_seen / sizeof e->pf_seen[0];
-    const int i = e->n_seen < n ? e->n_seen++ : n - 1;
-    e->pf_seen[i].p = p, e->pf_seen[i].done = 0;
-    return &e->pf_seen[i].done;
-}
-
-/* The pending hints into a decode matvec's prefetch spans: hint by hint in the order given (a pair splits its
- * share), each weight from where this step's earlier prefetches of it stopped, up to pf_budget bytes in all.
- * The hints are then spent; a matmul that is not a matvec drops them (pf_drop). */
-static void pf_spans(engine *e, kiln_cuda_mv_tail *t) {
-    size_t left = e->pf_budget;
-    int n = 0;
-    for (int h = 0; h < e->n_hint && n < KILN_CUDA_PF_SPANS; h++) {
-        const int k = e->hint[h][1] ? 2 : 1;
-        const size_t share = left / (size_t)k;
-        for (int j = 0; j < k && n < KILN_CUDA_PF_SPANS; j++) {
-            const kiln_cuda_wt *W = e->hint[h][j];
-            if (((uintptr_t)W->data & 15) || W->rows < 1) continue;
-            size_t *done = pf_done(e, W->data);
-            const size_t total = (size_t)W->rows * W->row_bytes, rest = total > *done ? total - *done : 0;
-            const size_t take = (rest < share ? rest : share) & ~(size_t)15;
-            if (!take) continue;
-            t->pf[n] = (const uint8_t *)W->data + *done, t->pf_bytes[n++] = take;
-            *done += take, left -= take;
-        }
-    }
-    e->n_hint = 0;
-}
-
-static void pf_drop(engine *e) { e->n_hint = 0; }
-
 /* Whether gemm_small multiplies T rows by q in this engine (its types, and the size rule). */
 static bool small_takes(const engine *e, const kiln_cuda_wt *q, int64_t T) {
     return q->rows * q->cols <= e->gemm_small_max && kiln_cuda_gemm_small_takes(q, T);
@@ -574,14 +459,14 @@ static kiln_status mm(engine *e, float *y, const float *x, const dev_wt *W, cons
     if (T <= KILN_CUDA_MATVEC_MAX_T && (T <= e->mv_rows || !small_takes(e, q, T))) {
         TRY(prepare(e, x, T, q->cols));
         kiln_cuda_mv_tail t = {};
-        pf_spans(e, &t);
+        engine_pf_spans(e, &t);
         TRY(kiln_cuda_matvec_tail(y, x, e->xp, q, T, add, &t, e->stream));
     } else if (small_takes(e, q, T)) {
-        pf_drop(e);
+        engine_pf_drop(e);
         TRY(prepare(e, x, T, q->cols));
         TRY(kiln_cuda_gemm_small(y, e->xp, q, T, add, &e->gws, e->stream));
     } else {
-        pf_drop(e);
+        engine_pf_drop(e);
         TRY(kiln_cuda_gemm(y, x, W->bf.data && q == &W->q ? &W->bf : q, T, add, &e->gws, e->stream));
     }
     if (y == e->xp_of) e->xp_of = NULL;
@@ -629,6 +514,21 @@ static kiln_status cuda_qkv(void *p, float *q, float *k, float *v, const float *
 
 static const float *vec(const kiln_weight *w) { return w ? (const float *)w->impl : NULL; }
 
+/* The attention's score scale: the model's, else 1/sqrt(head size). */
+static float attn_scale(const kiln_attn_args *a) { return a->scale > 0 ? a->scale : 1.0f / sqrtf((float)a->HS); }
+
+/* The bytes of one position's k and v rows in the cache types this step stores (the profile's attention bytes). */
+static void note_kv_bytes(engine *e, const kiln_attn_args *a) {
+    e->kv_pos_bytes = kiln_kv_row_bytes(a->type_k, a->NKV * a->HS) + kiln_kv_row_bytes(a->type_v, a->NKV * a->HS);
+}
+
+/* How many of the T rows from row r one attention launch takes: one token of each of many sequences goes
+ * decode_rows rows at a time (the workspace's size), one sequence's rows all at once. */
+static int64_t attn_launch_rows(const engine *e, const kiln_attn_args *a, int64_t T, int64_t r) {
+    const int64_t per = a->seq ? e->decode_rows : T;
+    return T - r < per ? T - r : per;
+}
+
 static kiln_status cuda_qkv_post(void *p, float *q, float *k, float *v, const kiln_attn_args *a, const int32_t *pos0, int64_t T) {
     engine *e = (engine *)p;
     e->xp_of = NULL;
@@ -638,7 +538,7 @@ static kiln_status cuda_qkv_post(void *p, float *q, float *k, float *v, const ki
         TRY(kiln_cuda_residual_norm(k, NULL, NULL, 0.0f, k, vec(a->k_norm), a->eps, T, a->NKV * a->HS, e->stream));
     }
     const float *qn = full ? NULL : vec(a->q_norm), *kn = full ? NULL : vec(a->k_norm);
-    e->kv_pos_bytes = kiln_kv_row_bytes(a->type_k, a->NKV * a->HS) + kiln_kv_row_bytes(a->type_v, a->NKV * a->HS);
+    note_kv_bytes(e, a);
     if (a->seq) /* one token of each of T sequences */
         return mark(e, P_QKV_POST,
                     kiln_cuda_qkv_post_rows(q, k, v, vec(a->bq), vec(a->bk), vec(a->bv), qn, kn, a->eps, pos0, a->seq, a->seq_stride,
@@ -662,13 +562,13 @@ static bool attn_writes_xp(const engine *e, const kiln_attn_args *a, int64_t T) 
 /* The attention writes its output's prepared form for wo too, where it can and nothing comes between. */
 static kiln_status cuda_attention(void *p, float *out, float *q, const kiln_attn_args *a, const int32_t *pos0, int64_t T) {
     engine *e = (engine *)p;
-    const float scale = a->scale > 0 ? a->scale : 1.0f / sqrtf((float)a->HS);
+    const float scale = attn_scale(a);
     e->xp_of = NULL;
     const bool xp = attn_writes_xp(e, a, T);
     if (a->seq) { /* one token of each of T sequences, decode_rows of them per launch */
         const int64_t Q = a->NH * a->HS;
         for (int64_t r = 0, n; r < T; r += n) {
-            n = T - r < e->decode_rows ? T - r : e->decode_rows;
+            n = attn_launch_rows(e, a, T, r);
             TRY(kiln_cuda_attention_rows(out + r * Q, xp ? e->xp : NULL, q + r * Q, a->k_cache, a->v_cache, a->type_k, a->type_v,
                                          pos0 + r, a->seq + r, a->seq_stride, n, a->NH, a->NKV, a->HS, a->window, a->rows,
                                          e->n_ctx, scale, a->softcap, e->attn_ws, e->stream));
@@ -686,24 +586,25 @@ static kiln_status cuda_attention(void *p, float *out, float *q, const kiln_attn
 }
 
 /* qkv_post inside the decode attention (kiln_cuda_attention_post: one launch instead of two) where it takes the
- * layer: one token, or one row each of many sequences; no QK-norm; the f16 cache. Else the two steps. */
+ * layer: one token, or one row each of many sequences; QK-norm only per head (not olmo2's whole-row norm); the
+ * f16 cache. Else the two steps. */
 static kiln_status cuda_qkv_attention(void *p, float *out, float *q, float *k, float *v, const kiln_attn_args *a, const int32_t *pos0,
                                       int64_t T) {
     engine *e = (engine *)p;
-    if (!e->fuse_post || a->q_norm || a->k_norm ||
+    if (!e->fuse_post || ((a->q_norm || a->k_norm) && a->qk_norm_full) ||
         !kiln_cuda_attention_post_takes(T, a->seq != NULL, a->NH, a->NKV, a->HS, a->type_k, a->type_v, a->softcap)) {
         TRY(cuda_qkv_post(p, q, k, v, a, pos0, T));
         return cuda_attention(p, out, q, a, pos0, T);
     }
-    const float scale = a->scale > 0 ? a->scale : 1.0f / sqrtf((float)a->HS);
+    const float scale = attn_scale(a);
     e->xp_of = NULL;
-    e->kv_pos_bytes = kiln_kv_row_bytes(a->type_k, a->NKV * a->HS) + kiln_kv_row_bytes(a->type_v, a->NKV * a->HS);
+    note_kv_bytes(e, a);
     const bool xp = attn_writes_xp(e, a, T);
-    const int64_t Q = a->NH * a->HS, KV = a->NKV * a->HS, per = a->seq ? e->decode_rows : T;
+    const int64_t Q = a->NH * a->HS, KV = a->NKV * a->HS;
     for (int64_t r = 0, n; r < T; r += n) {
-        n = T - r < per ? T - r : per;
-        const kiln_cuda_attn_post post = {k + r * KV, v + r * KV, vec(a->bq), vec(a->bk), vec(a->bv), a->rope_dim, a->rope_base,
-                                          a->rope_mscale, a->rope_freq, a->neox, a->nope};
+        n = attn_launch_rows(e, a, T, r);
+        const kiln_cuda_attn_post post = {k + r * KV, v + r * KV, vec(a->bq), vec(a->bk), vec(a->bv), vec(a->q_norm), vec(a->k_norm),
+                                          a->eps, a->rope_dim, a->rope_base, a->rope_mscale, a->rope_freq, a->neox, a->nope};
         TRY(kiln_cuda_attention_post(out + r * Q, xp ? e->xp : NULL, q + r * Q, &post, a->k_cache, a->v_cache, a->type_k, a->type_v,
                                      pos0 + r, a->seq ? a->seq + r : NULL, a->seq_stride, n, a->NH, a->NKV, a->HS, a->window,
                                      a->rows, e->n_ctx, scale, a->softcap, e->attn_ws, e->stream));
@@ -733,7 +634,7 @@ static kiln_status cuda_matmul_norm(void *p, float *x, const float *in, const ki
     if (tail_fits(e, TAIL_NORM, &D->q, x, T) && D->q.rows == C && ((uintptr_t)xb & 15) == 0) {
         TRY(prepare(e, in, T, D->q.cols));
         kiln_cuda_mv_tail tail = {KILN_CUDA_TAIL_NORM, e->mv_cnt, e->xp_next, xb, (const float *)w->impl, eps};
-        pf_spans(e, &tail);
+        engine_pf_spans(e, &tail);
         TRY(kiln_cuda_matvec_tail(x, in, e->xp, &D->q, T, true, &tail, e->stream));
         prepared_next(e, xb, T, C);
         return mark(e, D->cat, KILN_OK);
@@ -749,7 +650,7 @@ static kiln_status cuda_ffn_up(void *p, float *gate, float *up, const float *x, 
     if (T <= KILN_CUDA_MATVEC_MAX_T && G->q.type == U->q.type && (T <= e->mv_rows || !small_takes(e, &G->q, T))) {
         TRY(prepare(e, x, T, G->q.cols));
         kiln_cuda_mv_tail tail = {};
-        pf_spans(e, &tail);
+        engine_pf_spans(e, &tail);
         if (tail_fits(e, TAIL_PREPARE, &G->q, gate, T)) {
             tail.kind = KILN_CUDA_TAIL_PREPARE, tail.cnt = e->mv_cnt, tail.xp = e->xp_next;
             TRY(kiln_cuda_matvec_glu_tail(gate, x, e->xp, &G->q, &U->q, T, geglu, &tail, e->stream));
@@ -764,16 +665,6 @@ static kiln_status cuda_ffn_up(void *p, float *gate, float *up, const float *x, 
     }
     if (gate == e->xp_of || up == e->xp_of) e->xp_of = NULL;
     return mark(e, P_FFN_UP, KILN_OK);
-}
-
-static kiln_status cuda_prefetch(void *p, const kiln_weight *W, const kiln_weight *W2) {
-    engine *e = (engine *)p;
-    const int n = sizeof e->hint / sizeof e->hint[0];
-    if (!e->pf_budget || e->n_hint == n || !W) return KILN_OK;
-    const dev_wt *D = (const dev_wt *)W->impl;
-    e->hint[e->n_hint][0] = D->n_merged ? &D->qkv : &D->q; /* wq: the q, k (and v) matrix its decode matvec reads */
-    e->hint[e->n_hint++][1] = W2 ? &((const dev_wt *)W2->impl)->q : NULL;
-    return KILN_OK;
 }
 
 static kiln_status cuda_head(void *p, float *logits, const float *x, const kiln_weight *W, int64_t T, float scale, float cap) {
@@ -816,60 +707,6 @@ static kiln_status cuda_sample(void *p, int32_t *next, const float *x, int64_t n
     return mark(e, P_HEAD, kiln_cuda_sample(next, x, n, args, work, e->stream));
 }
 
-/* ---------------------------------------------------------------- measurement */
-
-static kiln_status cuda_profile(void *p, int64_t pos0, int reps, kiln_status (*step)(void *arg), void *arg, kiln_op_time *ops,
-                                int *n_ops) {
-    engine *e = (engine *)p;
-    const kiln_llama_config *c = &e->m->cfg;
-    prof_marks *pm = (prof_marks *)calloc(1, sizeof *pm);
-    if (!pm) return kiln_fail(KILN_ERR_NOMEM, "gpu profile: out of memory");
-    kiln_status st = KILN_OK;
-    int made = 0;
-    for (; made <= PROF_MAX && st == KILN_OK; made++)
-        if (cudaEventCreate(&pm->ev[made]) != cudaSuccess) st = kiln_fail(KILN_ERR_IO, "gpu profile: cudaEventCreate failed");
-    double ms[P_COUNT] = {0};
-    for (int r = 0; r < reps && !st; r++) {
-        pm->n = 0;
-        e->prof = pm;
-        cudaEventRecord(pm->ev[0], e->stream);
-        st = step(arg);
-        e->prof = NULL;
-        for (int i = 0; i < pm->n && !st; i++) {
-            float t = 0;
-            cudaEventElapsedTime(&t, pm->ev[i], pm->ev[i + 1]);
-            ms[pm->cat[i]] += t / reps;
-        }
-    }
-    for (int i = 0; i < made; i++) cudaEventDestroy(pm->ev[i]);
-    free(pm);
-    if (st) return st;
-    /* bytes each step must read in one decode: its weights (and the KV positions attention sees) */
-    double bytes[P_COUNT] = {0};
-    const double KVb = (double)e->kv_pos_bytes; /* a position's k and v rows */
-    for (int64_t l = 0; l < c->n_layer; l++) {
-        const kiln_llama_layer *L = &e->m->layers[l];
-        bytes[P_QKV] += (double)(L->wq->nbytes + L->wk->nbytes + L->wv->nbytes + (L->w_attn_gate ? L->w_attn_gate->nbytes : 0));
-        bytes[P_WO] += (double)L->wo->nbytes;
-        bytes[P_FFN_UP] += (double)(L->w_gate->nbytes + L->w_up->nbytes);
-        bytes[P_DOWN] += (double)L->w_down->nbytes;
-        int64_t seen = pos0 + 1;
-        if (L->window && L->window < seen) seen = L->window;
-        bytes[P_ATTN] += KVb * (double)seen;
-    }
-    bytes[P_HEAD] = (double)e->m->output->nbytes;
-    int n = 0;
-    for (int i = 0; i < P_COUNT; i++) {
-        if (ms[i] <= 0) continue;
-        ops[n].name = prof_names[i];
-        ops[n].ms = ms[i];
-        ops[n].bytes = bytes[i];
-        n++;
-    }
-    *n_ops = n;
-    return KILN_OK;
-}
-
 extern "C" const kiln_backend kiln_cuda_backend = {
     /* .name = */ "cuda",
     /* .host_memory = */ false,
@@ -886,7 +723,7 @@ extern "C" const kiln_backend kiln_cuda_backend = {
     /* .download = */ cuda_download,
     /* .synchronize = */ cuda_synchronize,
     /* .record = */ cuda_record,
-    /* .profile = */ cuda_profile,
+    /* .profile = */ engine_profile,
     /* .embed = */ cuda_embed,
     /* .residual_norm = */ cuda_residual_norm,
     /* .qkv = */ cuda_qkv,
@@ -901,35 +738,6 @@ extern "C" const kiln_backend kiln_cuda_backend = {
     /* .sample = */ cuda_sample,
     /* .sample_work_bytes = */ kiln_cuda_sample_work_bytes,
     /* .matmul_norm = */ cuda_matmul_norm,
-    /* .prefetch = */ cuda_prefetch,
+    /* .prefetch = */ engine_prefetch,
     /* .qkv_attention = */ cuda_qkv_attention,
 };
-
-extern "C" kiln_status kiln_cuda_copy_bandwidth(double *gb_per_s) {
-    const size_t n = (size_t)1 << 30; /* 1 GiB each way: far past the 60 MB L2 */
-    void *a = NULL, *b = NULL;
-    cudaEvent_t t0 = NULL, t1 = NULL;
-    kiln_status st = KILN_OK;
-    float best = 1e30f;
-    if (cudaMalloc(&a, n) != cudaSuccess || cudaMalloc(&b, n) != cudaSuccess || cudaEventCreate(&t0) != cudaSuccess ||
-        cudaEventCreate(&t1) != cudaSuccess)
-        st = kiln_fail(KILN_ERR_NOMEM, "gpu: no memory for the copy-bandwidth measurement");
-    else {
-        cudaMemset(a, 1, n);
-        for (int r = 0; r < 6; r++) {
-            cudaEventRecord(t0);
-            cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice);
-            cudaEventRecord(t1);
-            cudaEventSynchronize(t1);
-            float ms = 0;
-            cudaEventElapsedTime(&ms, t0, t1);
-            if (r > 0 && ms < best) best = ms;
-        }
-        *gb_per_s = 2.0 * (double)n / (best * 1e-3) / 1e9; /* bytes read plus bytes written */
-    }
-    if (t0) cudaEventDestroy(t0);
-    if (t1) cudaEventDestroy(t1);
-    cudaFree(a);
-    cudaFree(b);
-    return st;
-}

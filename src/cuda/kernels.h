@@ -177,17 +177,19 @@ kiln_status kiln_cuda_attention_rows(float *out, void *xp, const float *q, const
 typedef struct kiln_cuda_attn_post {
     const float *k, *v;        /* (T, NKV*HS) */
     const float *bq, *bk, *bv; /* (NH*HS), (NKV*HS), (NKV*HS) biases, or NULL */
+    const float *q_norm, *k_norm; /* (HS) each, or NULL: QK-norm over each head (not olmo2's whole-row norm) */
+    float eps;
     int64_t rope_dim;
     float base, rope_mscale;
     const float *h_rope_freq; /* (rope_dim / 2) host memory, or NULL */
     bool neox, nope;
 } kiln_cuda_attn_post;
 /* Whether kiln_cuda_attention_post takes a launch: T = 1 of one sequence, or T rows of as many sequences (rows);
- * at most 8 query heads a KV head; HS 64 or 128; f16 caches; no softcap. */
+ * at most 8 query heads a KV head; HS 64, 128 or 256; f16 caches; no softcap. */
 bool kiln_cuda_attention_post_takes(int64_t T, bool rows, int64_t NH, int64_t NKV, int64_t HS, kiln_kv_type type_k,
                                     kiln_kv_type type_v, float softcap);
 /* kiln_cuda_qkv_post (or _rows, with d_seq) then kiln_cuda_attention_xp (or _rows; xp may be NULL) in one decode
- * launch: each block gives its query heads their biases and RoPE in shared memory, and the block whose split holds
+ * launch: each block gives its query heads their biases, QK-norm and RoPE in shared memory, and the block whose split holds
  * the row's own position stores its key and value into the cache before it reads it. The output, xp and the cache
  * are the two launches' bytes. */
 kiln_status kiln_cuda_attention_post(float *out, void *xp, const float *q, const kiln_cuda_attn_post *post, void *k_cache,

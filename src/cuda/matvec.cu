@@ -31,6 +31,7 @@
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
 #include "cuda/matvec_pieces.cuh"
+#include "cuda/norm.cuh"
 #include "cuda/q8.cuh"
 #include "quants.h"
 
@@ -138,7 +139,7 @@ static __device__ __forceinline__ void mv_tail(const mv_args &a, int64_t lo, int
 #pragma unroll
         for (int w = 0; w < MV_THREADS / 32; w++) sum += red[w];
         __syncthreads(); /* red is written again for the next row */
-        const float sc = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn((float)(sum / (double)C), a.eps)));
+        const float sc = kiln_rms_scale(sum, C, a.eps);
         for (int64_t c0 = 0; c0 < n4; c0 += 4 * MV_THREADS) {
             float4 v[4], w4[4];
 #pragma unroll

@@ -11,6 +11,7 @@
  * tests/test_cuda_train_elementwise.c checks every launcher against kiln_cpu_ops (src/cpu/ops*.c). */
 #include "cuda/train_util.cuh"
 #include "cuda/kernels.h"
+#include "cuda/norm.cuh"
 #include "cuda/rope.cuh"
 
 #include <math.h>
@@ -99,12 +100,8 @@ static __device__ __forceinline__ double group_sum(double v, double *sh) {
  * A row per group (above), x and y loaded once into registers, x += y stored, the double sum of squares reduced
  * over the group, then out = (x * rstd) * w in bf16 from the registers. ops_rmsnorm.c's order: float squares
  * summed in double, the mean rounded to float, rstd = 1 / sqrtf(mean + eps) in float. Traffic at N 16384, C 768:
- * 50 + 50 MB read, 50 + 25 MB written (with y), ~45 us at 4 TB/s. */
+ * 50 + 50 MB read, 50 + 25 MB written (with y), ~45 us at 4 TB/s. kiln_rms_scale: norm.cuh. */
 
-static __device__ __forceinline__ float rms_scale(double sumsq, int64_t C, float eps) {
-    const float mean = (float)(sumsq / (double)C);
-    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
-}
 
 template <int W, int NV, bool BLOCK>
 static __global__ void __launch_bounds__(W == 4 ? 256 : 512)
@@ -144,7 +141,7 @@ static __global__ void __launch_bounds__(W == 4 ? 256 : 512)
             for (int j = 0; j < W; j++) ss = __dadd_rn(ss, (double)__fmul_rn(a[k][j], a[k][j]));
         }
     }
-    const float r = rms_scale(group_sum<BLOCK>(ss, sh), C, eps);
+    const float r = kiln_rms_scale(group_sum<BLOCK>(ss, sh), C, eps);
     if (t == 0) rstd[n] = r;
 #pragma unroll
     for (int k = 0; k < NV; k++) {

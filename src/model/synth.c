@@ -1,4 +1,5 @@
-/* synth.c: `kiln synth`, a llama-architecture GGUF with random but valid weights and complete metadata.
+/* synth.c: `kiln synth`, a llama-architecture GGUF with random but valid weights and complete metadata (or, with
+ * qk_norm, a qwen3 one: the same tensors plus per-head QK-norm weights).
  * Real weights cannot travel to the GPU machine, so speed tests make their models there with this.
  * Weights are N(0, 0.02) like GPT-2/llm.c initialization; norms are 1. Weight types follow kiln quantize's
  * rules for the chosen ftype (so a q4_k_m file has q6_K attn_v/ffn_down where llama.cpp puts them). Each tensor
@@ -171,6 +172,12 @@ static void synth_rows(void *ctx, int ith, int nth) {
 /* copy_kv skips what this returns true for: every key but the tokenizer's */
 static bool not_tokenizer_key(const char *key) { return strncmp(key, "tokenizer.", 10) != 0; }
 
+/* "<arch>.<suffix>" into buf */
+static const char *key(char *buf, size_t n, const char *arch, const char *suffix) {
+    snprintf(buf, n, "%s.%s", arch, suffix);
+    return buf;
+}
+
 kiln_status kiln_synth_llama(const char *path, const kiln_synth_params *params) {
     kiln_synth_params p = *params;
     kiln_gguf *vocab = NULL;
@@ -190,7 +197,8 @@ kiln_status kiln_synth_llama(const char *path, const kiln_synth_params *params) 
     int64_t C = p.n_embd, V = p.n_vocab, F = p.n_ff, HS = C / p.n_head;
     /* a plain llama: the table's tensors that every layer has */
     const kiln_llama_config cfg = {.n_vocab = V, .n_embd = C, .n_layer = p.n_layer, .n_head = p.n_head, .n_head_kv = p.n_head_kv,
-                                   .head_dim = HS, .n_ff = F};
+                                   .head_dim = HS, .n_ff = F, .qk_norm = p.qk_norm};
+    const char *arch = p.qk_norm ? "qwen3" : "llama";
     int64_t n_max = 3 + KILN_LT_COUNT * p.n_layer, n = 0;
     synth_tensor *ts = calloc((size_t)n_max, sizeof *ts);
     kiln_gguf_writer *w = NULL;
@@ -201,7 +209,7 @@ kiln_status kiln_synth_llama(const char *path, const kiln_synth_params *params) 
         kiln_gguf_close(vocab);
         return kiln_fail(KILN_ERR_NOMEM, "synth: out of memory");
     }
-    char name[64];
+    char name[64], kb[96];
     add(ts, &n, C, V, "token_embd.weight");
     for (int64_t l = 0; l < p.n_layer; l++)
         for (int i = 0; i < KILN_LT_COUNT; i++)
@@ -226,20 +234,21 @@ kiln_status kiln_synth_llama(const char *path, const kiln_synth_params *params) 
                           kiln_type_name(ts[i].type));
     }
     if (!s) s = kiln_gguf_writer_new(&w);
-    if (!s) s = kiln_gguf_writer_set_str(w, "general.architecture", "llama");
+    if (!s) s = kiln_gguf_writer_set_str(w, "general.architecture", arch);
     if (!s) s = kiln_gguf_writer_set_str(w, "general.name", "kiln-synth");
     if (!s) s = kiln_gguf_writer_set_u32(w, "general.file_type", (uint32_t)p.ftype);
     if (!s && p.ftype != KILN_FTYPE_ALL_F32) s = kiln_gguf_writer_set_u32(w, "general.quantization_version", 2);
-    if (!s) s = kiln_gguf_writer_set_u32(w, "llama.vocab_size", (uint32_t)V);
-    if (!s) s = kiln_gguf_writer_set_u32(w, "llama.context_length", (uint32_t)p.n_ctx);
-    if (!s) s = kiln_gguf_writer_set_u32(w, "llama.embedding_length", (uint32_t)C);
-    if (!s) s = kiln_gguf_writer_set_u32(w, "llama.block_count", (uint32_t)p.n_layer);
-    if (!s) s = kiln_gguf_writer_set_u32(w, "llama.feed_forward_length", (uint32_t)F);
-    if (!s) s = kiln_gguf_writer_set_u32(w, "llama.attention.head_count", (uint32_t)p.n_head);
-    if (!s) s = kiln_gguf_writer_set_u32(w, "llama.attention.head_count_kv", (uint32_t)p.n_head_kv);
-    if (!s) s = kiln_gguf_writer_set_u32(w, "llama.rope.dimension_count", (uint32_t)HS);
-    if (!s) s = kiln_gguf_writer_set_f32(w, "llama.rope.freq_base", p.rope_base);
-    if (!s) s = kiln_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    if (!s) s = kiln_gguf_writer_set_u32(w, key(kb, sizeof kb, arch, "vocab_size"), (uint32_t)V);
+    if (!s) s = kiln_gguf_writer_set_u32(w, key(kb, sizeof kb, arch, "context_length"), (uint32_t)p.n_ctx);
+    if (!s) s = kiln_gguf_writer_set_u32(w, key(kb, sizeof kb, arch, "embedding_length"), (uint32_t)C);
+    if (!s) s = kiln_gguf_writer_set_u32(w, key(kb, sizeof kb, arch, "block_count"), (uint32_t)p.n_layer);
+    if (!s) s = kiln_gguf_writer_set_u32(w, key(kb, sizeof kb, arch, "feed_forward_length"), (uint32_t)F);
+    if (!s) s = kiln_gguf_writer_set_u32(w, key(kb, sizeof kb, arch, "attention.head_count"), (uint32_t)p.n_head);
+    if (!s) s = kiln_gguf_writer_set_u32(w, key(kb, sizeof kb, arch, "attention.head_count_kv"), (uint32_t)p.n_head_kv);
+    if (!s) s = kiln_gguf_writer_set_u32(w, key(kb, sizeof kb, arch, "rope.dimension_count"), (uint32_t)HS);
+    if (!s && p.qk_norm) s = kiln_gguf_writer_set_u32(w, key(kb, sizeof kb, arch, "attention.key_length"), (uint32_t)HS);
+    if (!s) s = kiln_gguf_writer_set_f32(w, key(kb, sizeof kb, arch, "rope.freq_base"), p.rope_base);
+    if (!s) s = kiln_gguf_writer_set_f32(w, key(kb, sizeof kb, arch, "attention.layer_norm_rms_epsilon"), p.qk_norm ? 1e-6f : 1e-5f);
     if (!s && vocab) s = kiln_gguf_writer_copy_kv(w, vocab, not_tokenizer_key);
     for (int64_t i = 0; !s && i < n; i++) s = kiln_gguf_writer_add_tensor(w, ts[i].name, ts[i].type, ts[i].n_dims, ts[i].ne, NULL);
     if (!s) s = kiln_pool_create(p.n_threads, &pool);
