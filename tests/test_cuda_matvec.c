@@ -1,5 +1,5 @@
 /* test_cuda_matvec.c: the decode matmuls of src/cuda/matvec.cu (kiln_cuda_matvec_prepare, kiln_cuda_matvec,
- * kiln_cuda_matvec_glu) for every type, T in {1, 2, 3, 8}, odd row counts (partial last CTA) and widths from one
+ * kiln_cuda_matvec_glu; kiln_cuda_matvec_pair against two kiln_cuda_matvec launches, bit for bit) for every type, T in {1, 2, 3, 8}, odd row counts (partial last CTA) and widths from one
  * 32-thread group per row (256) to several passes of 128 threads (11008), add, and both GLU activations, against
  *  (a) a double-precision dot of the dequantized weights (scalar to_float) with x as the kernel sees it: for the
  *      block types x rounded to int8 blocks of 32 exactly as matvec_prepare does (d = amax / 127 in f32,
@@ -523,6 +523,78 @@ static void test_matvec_prefetch(void) {
         }
 }
 
+/* kiln_cuda_matvec_pair: Q4_K (and Q5_K) rows beside Q6_K rows in one launch give the two separate launches'
+ * outputs bit for bit: the merged q|k and v of a 1.1B-like layer (2048 wide), a 4096-wide pair below the 4-rows
+ * size, and an odd row count (a partial last CTA in each part). Then what it refuses: a pair of types it has no
+ * kernel for, widths that differ, a 7B-like q|k (4096 x 8192: 4 rows a group alone). */
+static void test_matvec_pair(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    const struct {
+        kiln_type t1;
+        int64_t rows1, rows2, cols;
+    } cases[] = {{KILN_TYPE_Q4_K, 2048 + 256, 256, 2048}, {KILN_TYPE_Q4_K, 2048 + 512, 512, 4096}, {KILN_TYPE_Q5_K, 777, 131, 512}};
+    unsigned long long rng = 4242;
+    for (int ci = 0; ci < COUNT(cases); ci++) {
+        const int64_t r1 = cases[ci].rows1, r2 = cases[ci].rows2, cols = cases[ci].cols;
+        const kiln_type t1 = cases[ci].t1, t2 = KILN_TYPE_Q6_K;
+        float *deq1 = malloc((size_t)(r1 * cols) * 4), *deq2 = malloc((size_t)(r2 * cols) * 4), *x = malloc((size_t)cols * 4);
+        float *a1 = malloc((size_t)r1 * 4), *a2 = malloc((size_t)r2 * 4), *b1 = malloc((size_t)r1 * 4), *b2 = malloc((size_t)r2 * 4);
+        uint8_t *w1 = make_weights(t1, r1, cols, deq1, &rng), *w2 = make_weights(t2, r2, cols, deq2, &rng);
+        for (int64_t i = 0; i < cols; i++) x[i] = test_rng_f32(&rng);
+        const size_t wb1 = kiln_type_row_bytes(t1, cols) * (size_t)r1, wb2 = kiln_type_row_bytes(t2, cols) * (size_t)r2;
+        void *dw1 = NULL, *dw2 = NULL, *dxp = NULL;
+        float *dx = NULL, *dy1 = NULL, *dy2 = NULL;
+        kiln_status st = KILN_OK;
+        if (!st) st = kiln_cuda_alloc(&dw1, wb1);
+        if (!st) st = kiln_cuda_alloc(&dw2, wb2);
+        if (!st) st = kiln_cuda_alloc(&dxp, kiln_cuda_matvec_prep_bytes(1, cols));
+        if (!st) st = kiln_cuda_alloc((void **)&dx, (size_t)cols * 4);
+        if (!st) st = kiln_cuda_alloc((void **)&dy1, (size_t)r1 * 4);
+        if (!st) st = kiln_cuda_alloc((void **)&dy2, (size_t)r2 * 4);
+        if (!st) st = kiln_cuda_upload(dw1, w1, wb1);
+        if (!st) st = kiln_cuda_upload(dw2, w2, wb2);
+        if (!st) st = kiln_cuda_upload(dx, x, (size_t)cols * 4);
+        const kiln_cuda_wt W1 = {.type = t1, .rows = r1, .cols = cols, .row_bytes = kiln_type_row_bytes(t1, cols), .data = dw1};
+        const kiln_cuda_wt W2 = {.type = t2, .rows = r2, .cols = cols, .row_bytes = kiln_type_row_bytes(t2, cols), .data = dw2};
+        if (!st) st = kiln_cuda_matvec_prepare(dxp, dx, 1, cols, NULL);
+        if (!st) poison(dy1, r1), poison(dy2, r2);
+        if (!st) st = kiln_cuda_matvec(dy1, dx, dxp, &W1, 1, false, NULL);
+        if (!st) st = kiln_cuda_matvec(dy2, dx, dxp, &W2, 1, false, NULL);
+        if (!st) st = kiln_cuda_sync();
+        if (!st) st = kiln_cuda_download(a1, dy1, (size_t)r1 * 4);
+        if (!st) st = kiln_cuda_download(a2, dy2, (size_t)r2 * 4);
+        if (!st) poison(dy1, r1), poison(dy2, r2);
+        const bool takes = kiln_cuda_matvec_pair_takes(&W1, &W2);
+        if (!st) st = kiln_cuda_matvec_pair(dy1, &W1, dy2, &W2, dxp, NULL);
+        if (!st) st = kiln_cuda_sync();
+        if (!st) st = kiln_cuda_download(b1, dy1, (size_t)r1 * 4);
+        if (!st) st = kiln_cuda_download(b2, dy2, (size_t)r2 * 4);
+        const bool same = !st && memcmp(a1, b1, (size_t)r1 * 4) == 0 && memcmp(a2, b2, (size_t)r2 * 4) == 0;
+        bool finite = true;
+        for (int64_t i = 0; !st && i < r1; i++) finite = finite && isfinite(b1[i]);
+        for (int64_t i = 0; !st && i < r2; i++) finite = finite && isfinite(b2[i]);
+        kiln_cuda_free(dw1), kiln_cuda_free(dw2), kiln_cuda_free(dxp), kiln_cuda_free(dx), kiln_cuda_free(dy1), kiln_cuda_free(dy2);
+        free(deq1), free(deq2), free(x), free(a1), free(a2), free(b1), free(b2), free(w1), free(w2);
+        CHECK(takes, "case %d: %s beside q6_K is not taken", ci, kiln_type_name(t1));
+        CHECK(st == KILN_OK, "case %d: %s", ci, kiln_last_error());
+        CHECK(finite, "case %d: a non-finite output (an unwritten row keeps the poison)", ci);
+        CHECK(same, "case %d (%s %lld + q6_K %lld rows of %lld): the pair differs from the two launches", ci, kiln_type_name(t1),
+              (long long)r1, (long long)r2, (long long)cols);
+    }
+    float dummy[4];
+    const kiln_cuda_wt q4 = {.type = KILN_TYPE_Q4_K, .rows = 256, .cols = 256, .row_bytes = 144, .data = dummy};
+    const kiln_cuda_wt q8 = {.type = KILN_TYPE_Q8_0, .rows = 256, .cols = 256, .row_bytes = 272, .data = dummy};
+    const kiln_cuda_wt q6 = {.type = KILN_TYPE_Q6_K, .rows = 64, .cols = 512, .row_bytes = 420, .data = dummy};
+    CHECK(!kiln_cuda_matvec_pair_takes(&q4, &q8), "q4_K beside q8_0");
+    CHECK(kiln_cuda_matvec_pair(dummy, &q4, dummy, &q8, dummy, NULL) == KILN_ERR_UNSUPPORTED, "q4_K beside q8_0 launched");
+    CHECK(!kiln_cuda_matvec_pair_takes(&q4, &q6), "widths 256 and 512");
+    CHECK(kiln_cuda_matvec_pair(dummy, &q4, dummy, &q6, dummy, NULL) == KILN_ERR_UNSUPPORTED, "widths 256 and 512 launched");
+    const kiln_cuda_wt qk = {.type = KILN_TYPE_Q4_K, .rows = 8192, .cols = 4096, .row_bytes = 2304, .data = dummy};
+    const kiln_cuda_wt v6 = {.type = KILN_TYPE_Q6_K, .rows = 4096, .cols = 4096, .row_bytes = 3360, .data = dummy};
+    CHECK(!kiln_cuda_matvec_pair_takes(&qk, &v6), "a 7B-like q|k beside its v");
+    CHECK(kiln_cuda_matvec_pair(dummy, &qk, dummy, &v6, dummy, NULL) == KILN_ERR_UNSUPPORTED, "a 7B-like pair launched");
+}
+
 /* The launchers refuse what they cannot compute, with a message, and never launch. */
 static void test_matvec_refuses(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
@@ -582,6 +654,7 @@ int main(void) {
     RUN(test_matvec_glu);
     RUN(test_matvec_tails);
     RUN(test_matvec_prefetch);
+    RUN(test_matvec_pair);
     RUN(test_matvec_refuses);
     kiln_pool_free(pool);
     TEST_EXIT();

@@ -4,8 +4,9 @@
  *   - the residual add is folded into the wo and down projections (matvec/gemm with add); the residual step, the
  *     sandwich post-norm and the next RMSNorm are one kernel, which in decode also writes the next matvecs' int8
  *     input (residual_norm_xp), as the attention does for wo (attention_xp);
- *   - a single token's q, k and v come from one matvec over wq, wk, wv uploaded back to back when they share a type
- *     (q and k alone when v differs, as in Q4_K_M);
+ *   - a single token's q, k and v come from one matvec over wq, wk, wv uploaded back to back when they share a type;
+ *     when v differs (Q4_K_M's q6_K v) the q|k matvec and v's run in one launch if both are small
+ *     (kiln_cuda_matvec_pair; KILN_MV_PAIR=0 keeps the two);
  *   - bias, QK-norm, RoPE and the cache store are one kernel (qkv_post; q8_0 and q4_0 caches add kv_quantize);
  *     in decode over an f16 cache they run inside the attention kernel (qkv_attention,
  *     kiln_cuda_attention_post: one launch a layer fewer; KILN_ATTN_POST=0 keeps the two);
@@ -262,6 +263,8 @@ static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, 
     e->mv_rows = mv_rows >= 1 && mv_rows <= KILN_CUDA_MATVEC_MAX_T ? mv_rows : MV_ROWS_DEFAULT;
     const char *fp = getenv("KILN_ATTN_POST");
     e->fuse_post = !(fp && strcmp(fp, "0") == 0);
+    const char *mp = getenv("KILN_MV_PAIR");
+    e->pair = !(mp && strcmp(mp, "0") == 0);
     const char *tails = getenv("KILN_MV_TAIL");
     e->tails = !tails ? 0 : strcmp(tails, "all") == 0 ? TAIL_PREPARE | TAIL_NORM : strcmp(tails, "prep") == 0 ? TAIL_PREPARE
              : strcmp(tails, "norm") == 0 ? TAIL_NORM : 0;
@@ -501,7 +504,12 @@ static kiln_status cuda_qkv(void *p, float *q, float *k, float *v, const float *
                             const kiln_weight *wv, int64_t T) {
     engine *e = (engine *)p;
     const dev_wt *Q = (const dev_wt *)wq->impl, *K = (const dev_wt *)wk->impl, *V = (const dev_wt *)wv->impl;
-    if (T == 1 && Q->n_merged && k == q + Q->q.rows && v == k + K->q.rows) {
+    if (T == 1 && Q->n_merged == 2 && k == q + Q->q.rows && e->pair && kiln_cuda_matvec_pair_takes(&Q->qkv, &V->q)) {
+        engine_pf_drop(e); /* q|k and v (Q4_K_M's q6_K) in one launch */
+        TRY(prepare(e, x, 1, Q->qkv.cols));
+        TRY(kiln_cuda_matvec_pair(q, &Q->qkv, v, &V->q, e->xp, e->stream));
+        if (q == e->xp_of || v == e->xp_of) e->xp_of = NULL;
+    } else if (T == 1 && Q->n_merged && k == q + Q->q.rows && v == k + K->q.rows) {
         TRY(mm(e, q, x, Q, &Q->qkv, 1, false));
         if (Q->n_merged == 2) TRY(mm(e, v, x, V, &V->q, 1, false));
     } else {

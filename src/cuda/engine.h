@@ -60,6 +60,8 @@ typedef struct engine {
     void *xp_next; /* where a matvec's tail prepares the next matvec's input while the matvec reads xp (then swapped) */
     unsigned *mv_cnt; /* the tails' counters (kiln_cuda_mv_tail), zero between launches */
     bool fuse_post; /* qkv_attention runs qkv_post inside the decode attention where it can (KILN_ATTN_POST=0: never) */
+    bool pair;      /* a token's merged q|k and its v of another type in one launch (kiln_cuda_matvec_pair; KILN_MV_PAIR=0:
+                     * two launches) */
     int tails;     /* the matvecs' tails in decode: TAIL_PREPARE (the GLU prepares down's input), TAIL_NORM (wo and
                     * down norm the residual). Off unless KILN_MV_TAIL=all, prep or norm: measured slower (docs/cuda.md) */
     void *attn_ws;

@@ -98,6 +98,13 @@ typedef struct kiln_cuda_mv_tail {
  * be a multiple of 32 and y 16-byte aligned, else KILN_ERR_INVALID before launching. */
 kiln_status kiln_cuda_matvec_tail(float *y, const float *x, const void *xp, const kiln_cuda_wt *W, int64_t T, bool add,
                                   const kiln_cuda_mv_tail *tail, void *stream);
+/* y1 = x W1^T and y2 = x W2^T for one token in one launch, over the same prepared x (xp, T 1): each CTA is the one
+ * kiln_cuda_matvec would run, so both outputs are its bytes. For weights of two types side by side (Q4_K_M's
+ * merged q|k beside its Q6_K v): a q4_K or q5_K W1 beside a q6_K W2 of the same width, neither large enough for
+ * kiln_cuda_matvec's 4 rows a group (kiln_cuda_matvec_pair_takes); others KILN_ERR_UNSUPPORTED. */
+bool kiln_cuda_matvec_pair_takes(const kiln_cuda_wt *W1, const kiln_cuda_wt *W2);
+kiln_status kiln_cuda_matvec_pair(float *y1, const kiln_cuda_wt *W1, float *y2, const kiln_cuda_wt *W2, const void *xp,
+                                  void *stream);
 kiln_status kiln_cuda_matvec_glu_tail(float *out, const float *x, const void *xp, const kiln_cuda_wt *Wg,
                                       const kiln_cuda_wt *Wu, int64_t T, bool geglu, const kiln_cuda_mv_tail *tail,
                                       void *stream);

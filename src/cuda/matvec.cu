@@ -181,13 +181,14 @@ static __device__ __forceinline__ void mv_prefetch(const mv_args &a) {
 
 /* NR weight rows per group: R output rows of W (GLU false), or R rows of Wg then the same R rows of Wu (GLU true,
  * NR = 2R). Output row o = (blockIdx.x * groups + group) * R + j. */
+/* The CTA of index bid of a matvec over a (matvec_kernel: blockIdx.x; matvec_pair_kernel: its index in its part). */
 template <class P, int T, int NR, bool GLU>
-__global__ void __launch_bounds__(MV_THREADS) matvec_kernel(const mv_args a) {
+static __device__ __forceinline__ void matvec_cta(const mv_args &a, int64_t bid) {
     const int R = GLU ? NR / 2 : NR;
     __shared__ float red[MV_THREADS / 32][NR * T];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int gs = a.gs, groups = MV_THREADS / gs, group = tid / gs, k0 = tid % gs;
-    const int64_t row0 = ((int64_t)blockIdx.x * groups + group) * R;
+    const int64_t row0 = (bid * groups + group) * R;
 
     const uint8_t *wrow[NR];
 #pragma unroll
@@ -245,7 +246,7 @@ __global__ void __launch_bounds__(MV_THREADS) matvec_kernel(const mv_args a) {
                 else *out = a.add ? *out + acc[j][t] : acc[j][t];
             }
         }
-        if (a.tail) mv_tail<T>(a, (int64_t)blockIdx.x * groups * R, (int64_t)groups * R);
+        if (a.tail) mv_tail<T>(a, bid * groups * R, (int64_t)groups * R);
         return;
     }
 
@@ -260,7 +261,7 @@ __global__ void __launch_bounds__(MV_THREADS) matvec_kernel(const mv_args a) {
     const int wpg = gs / 32, per_group = R * T;
     for (int k = tid; k < groups * per_group; k += MV_THREADS) {
         const int g = k / per_group, rem = k % per_group, j = rem / T, t = rem % T;
-        const int64_t o = ((int64_t)blockIdx.x * groups + g) * R + j;
+        const int64_t o = (bid * groups + g) * R + j;
         if (o >= a.rows) continue;
         float v = 0.0f, u = 0.0f;
         for (int w = 0; w < wpg; w++) {
@@ -271,7 +272,20 @@ __global__ void __launch_bounds__(MV_THREADS) matvec_kernel(const mv_args a) {
         if (GLU) *out = act(v, a.geglu) * u;
         else *out = a.add ? *out + v : v;
     }
-    if (a.tail) mv_tail<T>(a, (int64_t)blockIdx.x * groups * R, (int64_t)groups * R);
+    if (a.tail) mv_tail<T>(a, bid * groups * R, (int64_t)groups * R);
+}
+
+template <class P, int T, int NR, bool GLU>
+__global__ void __launch_bounds__(MV_THREADS) matvec_kernel(const mv_args a) {
+    matvec_cta<P, T, NR, GLU>(a, blockIdx.x);
+}
+
+/* Two matvecs of one token over the same prepared x in one launch (kiln_cuda_matvec_pair): CTAs 0 .. grid1 - 1
+ * are a1's, the rest a2's, each exactly the CTA its own launch would run. No tail, no prefetch. */
+template <class P1, int NR1, class P2, int NR2>
+__global__ void __launch_bounds__(MV_THREADS) matvec_pair_kernel(const mv_args a1, const mv_args a2, int grid1) {
+    if ((int)blockIdx.x < grid1) matvec_cta<P1, 1, NR1, false>(a1, blockIdx.x);
+    else matvec_cta<P2, 1, NR2, false>(a2, (int64_t)blockIdx.x - grid1);
 }
 
 /* q8 blocks of x, one warp per block of 32: xq[32 i + lane], xds[i] for block i = t * nbx + kb. */
@@ -317,14 +331,26 @@ static mv_tuning mv_tune(void) {
     return t;
 }
 
-template <class P, int T, int R, bool GLU>
-static kiln_status launch_r(mv_args a, cudaStream_t s) {
+/* a.gs for R rows a group and T tokens; the grid that covers a.rows. */
+template <class P, int T>
+static int64_t mv_shape(mv_args &a, int R) {
     const mv_tuning tune = mv_tune();
     a.gs = a.ppr >= 96 ? 128 : a.ppr > 32 ? 64 : 32;
     if (P::ELEMS == 64 && T >= 4 && a.rows / R >= 2048) a.gs = 32;
     if (tune.gs) a.gs = tune.gs;
     const int64_t rows_per_cta = (int64_t)(MV_THREADS / a.gs) * R;
-    const int64_t grid = (a.rows + rows_per_cta - 1) / rows_per_cta;
+    return (a.rows + rows_per_cta - 1) / rows_per_cta;
+}
+
+/* One token's rows a group (launch_t's rule at T 1, GLU off): 4 for a large weight, else 2. */
+static int mv_rows_t1(const mv_args &a) {
+    const int wide = mv_tune().wide;
+    return wide == 1 || (wide < 0 && a.cols >= 4096 && a.rows * a.cols >= ((int64_t)1 << 24)) ? 4 : 2;
+}
+
+template <class P, int T, int R, bool GLU>
+static kiln_status launch_r(mv_args a, cudaStream_t s) {
+    const int64_t grid = mv_shape<P, T>(a, R);
     if (grid > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda matvec: %lld rows is too many", (long long)a.rows);
     if (a.pf_ctas > grid) a.pf_ctas = (int)grid;
     const cudaError_t e = kiln_launch(matvec_kernel<P, T, GLU ? 2 * R : R, GLU>, dim3((unsigned)grid), dim3(MV_THREADS), 0,
@@ -336,9 +362,7 @@ template <class P, int T, bool GLU>
 static kiln_status launch_t(mv_args a, cudaStream_t s) {
     /* output rows per group; the 64-weight pieces of the K-quants hold 16+ words a row, so 4 rows of them would
      * take ~170 registers (2 CTAs per SM) from T 2 on: they stay at 2 */
-    const int wide = mv_tune().wide;
-    if (T == 1 && (wide == 1 || (wide < 0 && a.cols >= 4096 && a.rows * a.cols >= ((int64_t)1 << 24))))
-        return launch_r<P, T, GLU ? 2 : 4, GLU>(a, s);
+    if (T == 1 && mv_rows_t1(a) == 4) return launch_r<P, T, GLU ? 2 : 4, GLU>(a, s);
     return launch_r<P, T, (T <= 4 || P::ELEMS == 64) ? (GLU ? 1 : 2) : (GLU ? 2 : 4), GLU>(a, s);
 }
 
@@ -488,4 +512,58 @@ extern "C" kiln_status kiln_cuda_matvec_glu_tail(float *out, const float *x, con
                                                  const kiln_cuda_wt *Wu, int64_t T, bool geglu, const kiln_cuda_mv_tail *tail,
                                                  void *stream) {
     return matvec_dispatch<true>("matvec_glu", out, x, xp, Wg, Wu, T, false, geglu, tail, (cudaStream_t)stream);
+}
+
+/* ---------------------------------------------------------------- two weights of one token in one launch */
+
+template <class P1, class P2>
+static kiln_status launch_pair(mv_args a1, mv_args a2, cudaStream_t s) {
+    a1.ppr = a1.cols / P1::ELEMS, a2.ppr = a2.cols / P2::ELEMS;
+    const int64_t g1 = mv_shape<P1, 1>(a1, 2), g2 = mv_shape<P2, 1>(a2, 2);
+    if (g1 + g2 > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda matvec_pair: %lld + %lld rows is too many", (long long)a1.rows,
+                                              (long long)a2.rows);
+    const cudaError_t e = kiln_launch(matvec_pair_kernel<P1, 2, P2, 2>, dim3((unsigned)(g1 + g2)), dim3(MV_THREADS), 0, s, a1, a2, (int)g1);
+    return e == cudaSuccess ? KILN_OK : kiln_fail(KILN_ERR_IO, "CUDA matvec_pair launch failed: %s", cudaGetErrorString(e));
+}
+
+/* Only weights that take 2 rows a group alone: a large one (4 rows a group) fills the GPU by itself, and beside a
+ * second kernel body its registers cost more than the launch saved (7B-shaped q|k + v on an H100: tg128 -1%; 124M
+ * +3%). */
+extern "C" bool kiln_cuda_matvec_pair_takes(const kiln_cuda_wt *W1, const kiln_cuda_wt *W2) {
+    if (!W1 || !W2 || !(W1->type == KILN_TYPE_Q4_K || W1->type == KILN_TYPE_Q5_K) || W2->type != KILN_TYPE_Q6_K || W1->cols != W2->cols)
+        return false;
+    mv_args a1 = {}, a2 = {};
+    a1.rows = W1->rows, a1.cols = W1->cols, a2.rows = W2->rows, a2.cols = W2->cols;
+    return mv_rows_t1(a1) == 2 && mv_rows_t1(a2) == 2;
+}
+
+extern "C" kiln_status kiln_cuda_matvec_pair(float *y1, const kiln_cuda_wt *W1, float *y2, const kiln_cuda_wt *W2, const void *xp,
+                                             void *stream) {
+    if (!y1 || !y2 || !W1 || !W2 || !W1->data || !W2->data) return kiln_fail(KILN_ERR_INVALID, "cuda matvec_pair: NULL output or weight");
+    if (!kiln_cuda_matvec_pair_takes(W1, W2))
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda matvec_pair: %s beside %s over %lld and %lld columns: only q4_K or q5_K beside "
+                         "q6_K, of the same width, each small enough for 2 rows a group", kiln_type_name(W1->type) ? kiln_type_name(W1->type) : "?",
+                         kiln_type_name(W2->type) ? kiln_type_name(W2->type) : "?", (long long)W1->cols, (long long)W2->cols);
+    const kiln_cuda_wt *W[2] = {W1, W2};
+    for (int i = 0; i < 2; i++) {
+        const size_t rb = kiln_type_row_bytes(W[i]->type, W[i]->cols);
+        const size_t row_align = W[i]->type == KILN_TYPE_Q6_K ? 2 : 16;
+        if (W[i]->rows < 1 || W[i]->cols < 1 || rb == 0 || W[i]->row_bytes < rb || W[i]->row_bytes % row_align ||
+            !aligned(W[i]->data, 16))
+            return kiln_fail(KILN_ERR_INVALID, "cuda matvec_pair: bad %s weight of %lld x %lld (row_bytes %zu; data 16-byte "
+                             "aligned, rows %zu-byte aligned)", kiln_type_name(W[i]->type), (long long)W[i]->rows,
+                             (long long)W[i]->cols, W[i]->row_bytes, row_align);
+    }
+    if (!xp || !aligned(xp, 16)) return kiln_fail(KILN_ERR_INVALID, "cuda matvec_pair: prepared activations needed, 16-byte aligned");
+    mv_args a[2] = {};
+    float *y[2] = {y1, y2};
+    for (int i = 0; i < 2; i++) {
+        a[i].w[0] = a[i].w[1] = (const uint8_t *)W[i]->data;
+        a[i].row_bytes = W[i]->row_bytes, a[i].rows = W[i]->rows, a[i].cols = W[i]->cols, a[i].y = y[i];
+        a[i].xq = (const int8_t *)xp;
+        a[i].xds = (const float2 *)((const int8_t *)xp + W[i]->cols);
+    }
+    cudaStream_t s = (cudaStream_t)stream;
+    return W1->type == KILN_TYPE_Q4_K ? launch_pair<piece_q4_K, piece_q6_K>(a[0], a[1], s)
+                                      : launch_pair<piece_q5_K, piece_q6_K>(a[0], a[1], s);
 }
