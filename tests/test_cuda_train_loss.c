@@ -381,12 +381,14 @@ static void adamw8_case(int64_t n, int clip_mode, unsigned long long *rng) {
     uint16_t *d_mir = dev(hb);
     int32_t *d_skipped = dev(4);
     double *d_sumsq = dev(8), *d_wsumsq = dev(8);
+    kiln_cuda_adamw_max *d_max = dev(sizeof *d_max);
+    bool max_known = false; /* after the first applied step the check may take the bound */
     void *ws = dev(kiln_cuda_adamw_ws_bytes(n));
     const int64_t h_seg[2] = {0, n}, n_chunks = kiln_cuda_adamw_check_chunks(h_seg, 1);
     int64_t *d_seg = dev(sizeof h_seg);
     double *partial = dev((size_t)n_chunks * 8);
-    CHECK(d_p && d_g && d_ms && d_vs && d_norm && d_m8 && d_v8 && d_decay && d_mir && d_skipped && d_sumsq && d_wsumsq && ws && d_seg &&
-              partial,
+    CHECK(d_p && d_g && d_ms && d_vs && d_norm && d_m8 && d_v8 && d_decay && d_mir && d_skipped && d_sumsq && d_wsumsq && d_max && ws &&
+              d_seg && partial,
           "device memory");
     memset(gms, 0, sb);
     memset(gm8, 0, (size_t)n);
@@ -418,10 +420,13 @@ static void adamw8_case(int64_t n, int clip_mode, unsigned long long *rng) {
         if (st == KILN_OK) st = kiln_cuda_grad_sumsq(d_sumsq, d_g, n, ws, NULL);
         if (st == KILN_OK)
             st = kiln_cuda_adamw8_check(d_wsumsq, partial, d_seg, 1, n_chunks, d_p, d_g, q, d_decay, lrs[s], cfg.beta1, cfg.beta2, cfg.eps,
-                                        cfg.weight_decay, cfg.grad_clip, t, d_sumsq, NULL);
+                                        cfg.weight_decay, cfg.grad_clip, t, d_sumsq, max_known ? d_max : NULL, NULL);
+        double wsumsq = -1;
+        if (st == KILN_OK) st = kiln_cuda_sync();
+        if (st == KILN_OK) st = kiln_cuda_download(&wsumsq, d_wsumsq, 8);
         if (st == KILN_OK)
             st = kiln_cuda_adamw8_apply_checked(d_p, d_g, q, d_mir, d_decay, n, lrs[s], cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay,
-                                                cfg.grad_clip, t, d_sumsq, d_wsumsq, 1, d_norm, d_skipped, ws, NULL);
+                                                cfg.grad_clip, t, d_sumsq, d_wsumsq, 1, d_max, d_norm, d_skipped, ws, NULL);
         if (st != KILN_OK) kiln_adamw_free(&opt);
         CHECK(st == KILN_OK, "%s", kiln_last_error());
         const kiln_adamw_result res = kiln_adamw_step(&opt, NULL, p, g, mir, lrs[s]);
@@ -442,6 +447,11 @@ static void adamw8_case(int64_t n, int clip_mode, unsigned long long *rng) {
             ok = res.skipped == (skipped == 1) && res.skipped == (s == 2);
             if (!ok) snprintf(msg, sizeof msg, "skipped: CPU %d, gpu %d", res.skipped, skipped);
         }
+        if (ok && s != 2) { /* the check read the weights exactly when no update had given its maxima yet */
+            ok = max_known ? wsumsq == 0.0 : wsumsq > 0.0 && isfinite(wsumsq);
+            if (!ok) snprintf(msg, sizeof msg, "the check's sum %g with%s maxima", wsumsq, max_known ? "" : "out");
+        }
+        if (!res.skipped) max_known = true;
         const bool exact = clip_mode != 2;
         if (ok && exact) { /* the CPU state is the reference whether or not the step was skipped */
             const int64_t bad_p = first_diff(gp, p, fb, 4), bad_m = first_diff(gm8, opt.m8, (size_t)n, 1),
@@ -482,6 +492,109 @@ static void test_adamw8(void) {
         }
 }
 
+/* The check's bound (train_kernels.h), fp32 moments: two GPU states A and B take the same steps, A's check with the
+ * maxima of its last applied update, B's without (reading every weight). They must stay bit for bit equal while A
+ * reads nothing where the bound holds (its sum exactly 0, B's positive):
+ *   step 1  no maxima yet: both read; the update leaves in d_max the largest |p| and |m| it wrote, which must be
+ *           the bits of the host's max over the downloaded params and m;
+ *   step 2  ordinary gradients: A takes the bound;
+ *   step 3  one gradient of 3e37 with the clip off: the bound (|m'| / eps ~ 3e44) fails, so A reads every weight
+ *           too; the update is finite (its square overflows v to inf, which only zeroes that element's step) and
+ *           applies, leaving an m of 3e36;
+ *   step 4  lr 3e38: lr / (1 - b1^t) overflows the float step size, every weight would be non-finite: both read,
+ *           both skip, nothing changes, and A's d_max stays as step 3 left it;
+ *   step 5  ordinary gradients, but that m of 3e36 (d_max kept through the skipped step) still fails the bound:
+ *           A reads. */
+static void test_adamw_bound(void) {
+    release_all();
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    const int64_t n = 100003, h_seg[2] = {0, n}, n_chunks = kiln_cuda_adamw_check_chunks(h_seg, 1);
+    const size_t fb = (size_t)n * 4, hb = (size_t)n * 2;
+    unsigned long long rng = 0xb0dULL;
+    float *p = host(fb), *g = host(fb), *zero = host(fb), *got[2][3];
+    uint8_t *decay = host((size_t)n);
+    uint16_t *mir = host(hb);
+    CHECK(p && g && zero && decay && mir, "host memory");
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 3; j++) CHECK((got[k][j] = host(fb)), "host memory");
+    for (int64_t i = 0; i < n; i++) p[i] = 0.5f * test_rng_normal(&rng), decay[i] = i % 3 != 0, zero[i] = 0.0f;
+    kiln_f32_to_bf16_row(p, mir, n);
+    float *dp[2], *dm[2], *dv[2], *d_g = dev(fb), *d_norm = dev(4);
+    uint16_t *dmir[2];
+    uint8_t *d_decay = dev((size_t)n);
+    int32_t *d_skipped = dev(4);
+    double *d_sumsq = dev(8), *d_wsumsq = dev(8), *partial = dev((size_t)n_chunks * 8);
+    int64_t *d_seg = dev(sizeof h_seg);
+    kiln_cuda_adamw_max *d_max = dev(sizeof *d_max);
+    void *ws = dev(kiln_cuda_adamw_ws_bytes(n));
+    CHECK(d_g && d_norm && d_decay && d_skipped && d_sumsq && d_wsumsq && partial && d_seg && d_max && ws, "device memory");
+    for (int k = 0; k < 2; k++) {
+        dp[k] = dev(fb), dm[k] = dev(fb), dv[k] = dev(fb), dmir[k] = dev(hb);
+        CHECK(dp[k] && dm[k] && dv[k] && dmir[k], "device memory");
+        CHECK(kiln_cuda_upload(dp[k], p, fb) == KILN_OK && kiln_cuda_upload(dm[k], zero, fb) == KILN_OK &&
+                  kiln_cuda_upload(dv[k], zero, fb) == KILN_OK && kiln_cuda_upload(dmir[k], mir, hb) == KILN_OK,
+              "%s", kiln_last_error());
+    }
+    CHECK(kiln_cuda_upload(d_decay, decay, (size_t)n) == KILN_OK && kiln_cuda_upload(d_seg, h_seg, sizeof h_seg) == KILN_OK,
+          "%s", kiln_last_error());
+    const float b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    kiln_cuda_adamw_max after3 = {0, 0};
+    int64_t t = 1;
+    for (int s = 1; s <= 5; s++) {
+        for (int64_t i = 0; i < n; i++) g[i] = test_rng_f32(&rng);
+        if (s == 3) g[n / 2] = 3e37f;
+        const float lr = s == 4 ? 3e38f : 1e-3f;
+        double wsum[2] = {-1, -1};
+        int32_t skipped[2] = {-1, -1};
+        kiln_cuda_adamw_max mx = {0, 0};
+        kiln_status st = kiln_cuda_upload(d_g, g, fb);
+        for (int k = 0; k < 2 && st == KILN_OK; k++) { /* k 0: A (the bound once known), 1: B */
+            const kiln_cuda_adamw_max *known = k == 0 && s > 1 ? d_max : NULL;
+            st = kiln_cuda_grad_sumsq(d_sumsq, d_g, n, ws, NULL);
+            if (st == KILN_OK) st = poison(d_wsumsq, 8);
+            if (st == KILN_OK)
+                st = kiln_cuda_adamw_check(d_wsumsq, partial, d_seg, 1, n_chunks, dp[k], d_g, dm[k], dv[k], d_decay, lr, b1, b2, eps, wd, 0.0f,
+                                           t, d_sumsq, known, NULL);
+            if (st == KILN_OK) st = kiln_cuda_sync();
+            if (st == KILN_OK) st = kiln_cuda_download(&wsum[k], d_wsumsq, 8);
+            if (st == KILN_OK)
+                st = kiln_cuda_adamw_apply_checked(dp[k], d_g, dm[k], dv[k], dmir[k], d_decay, n, lr, b1, b2, eps, wd, 0.0f, t, d_sumsq,
+                                                   d_wsumsq, 1, k == 0 ? d_max : NULL, d_norm, d_skipped, ws, NULL);
+            if (st == KILN_OK) st = kiln_cuda_sync();
+            if (st == KILN_OK) st = kiln_cuda_download(&skipped[k], d_skipped, 4);
+            if (st == KILN_OK) st = kiln_cuda_download(got[k][0], dp[k], fb);
+            if (st == KILN_OK) st = kiln_cuda_download(got[k][1], dm[k], fb);
+            if (st == KILN_OK) st = kiln_cuda_download(got[k][2], dv[k], fb);
+        }
+        if (st == KILN_OK) st = kiln_cuda_download(&mx, d_max, sizeof mx);
+        CHECK(st == KILN_OK, "step %d: %s", s, kiln_last_error());
+        const bool bound = s == 2;
+        CHECK(skipped[0] == (s == 4) && skipped[1] == (s == 4), "step %d: skipped A %d, B %d", s, skipped[0], skipped[1]);
+        CHECK(bound ? wsum[0] == 0.0 : wsum[0] > 0.0 || s == 4, "step %d: A's check summed %g (the bound %s)", s, wsum[0],
+              bound ? "holds" : "fails");
+        CHECK(s == 4 ? !isfinite(wsum[1]) : wsum[1] > 0.0 && isfinite(wsum[1]), "step %d: B's check summed %g", s, wsum[1]);
+        for (int j = 0; j < 3; j++) {
+            const int64_t bad = first_diff(got[0][j], got[1][j], fb, 4);
+            CHECK(bad < 0, "step %d: %s of A and B differ at %lld (%.9g, %.9g)", s, j == 0 ? "params" : j == 1 ? "m" : "v",
+                  (long long)bad, bad >= 0 ? got[0][j][bad] : 0.0, bad >= 0 ? got[1][j][bad] : 0.0);
+        }
+        if (s != 4) {
+            float pm = 0.0f, mm = 0.0f;
+            for (int64_t i = 0; i < n; i++) pm = fmaxf(pm, fabsf(got[0][0][i])), mm = fmaxf(mm, fabsf(got[0][1][i]));
+            uint32_t pb, mb;
+            memcpy(&pb, &pm, 4), memcpy(&mb, &mm, 4);
+            CHECK(mx.p == pb && mx.m == mb, "step %d: d_max %08x %08x, the host's %08x (%g) %08x (%g)", s, mx.p, mx.m, pb, pm, mb, mm);
+            t++;
+        } else {
+            CHECK(mx.p == after3.p && mx.m == after3.m, "the skipped step changed d_max");
+        }
+        if (s == 3) after3 = mx;
+        if (s == 3) CHECK(isinf(got[0][2][n / 2]), "step 3: v at the huge gradient is %g (the test wants its square to overflow)",
+                          got[0][2][n / 2]);
+    }
+    release_all();
+}
+
 /* Refused arguments; n = 0 still writes d_norm = 0 and d_skipped = 0 (the CPU's norm of nothing is 0, a step). */
 static void test_adamw_edges(void) {
     release_all();
@@ -517,6 +630,7 @@ int main(void) {
     RUN(test_cross_entropy_errors);
     RUN(test_adamw);
     RUN(test_adamw8);
+    RUN(test_adamw_bound);
     RUN(test_adamw_edges);
     release_all();
     kiln_pool_free(pool);

@@ -145,14 +145,27 @@ kiln_status kiln_cuda_adamw_apply(float *params, const float *grads, float *m, f
  * *d_skipped = 1) when a sum is not finite, as for a non-finite gradient norm. */
 #define KILN_CUDA_ADAMW_CHECK_CHUNK 8192
 int64_t kiln_cuda_adamw_check_chunks(const int64_t *h_seg, int n_seg);
+/* The bound that spares the check its pass over the weights. d_max (device) holds the largest |param| and |m| that
+ * the last applied update wrote (the bits of non-negative floats, which order as their bits); the update of
+ * kiln_cuda_adamw_apply_checked sets it when given. With it the check first bounds every weight the update would
+ * write, from the gradient's norm: |m'| <= b1 max|m| + (1 - b1) norm clip and, the denominator being at least eps,
+ * |p'| <= max|p| max(1, |1 - lr wd|) + lr / (1 - b1^t) |m'| / eps (with a margin for the float roundings). When
+ * that and |m'| / eps lie below 2^126, no weight can overflow: the check reads nothing and its sums are 0. Else it
+ * checks as without d_max (NULL: before the first update, or after the weights or moments were written from
+ * outside). */
+typedef struct kiln_cuda_adamw_max {
+    uint32_t p, m;
+} kiln_cuda_adamw_max;
 kiln_status kiln_cuda_adamw_check(double *d_wsumsq, double *partial, const int64_t *d_seg, int n_seg, int64_t n_chunks,
                                   const float *params, const float *grads, const float *m, const float *v, const uint8_t *decay,
                                   float lr, float beta1, float beta2, float eps, float weight_decay, float grad_clip, int64_t step,
-                                  const double *d_sumsq, void *stream);
+                                  const double *d_sumsq, const kiln_cuda_adamw_max *d_max, void *stream);
+/* d_max (NULL: not kept): when the update is applied, the maxima of what it wrote (above). */
 kiln_status kiln_cuda_adamw_apply_checked(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror,
                                           const uint8_t *decay, int64_t n, float lr, float beta1, float beta2, float eps,
                                           float weight_decay, float grad_clip, int64_t step, const double *d_sumsq,
-                                          const double *d_wsumsq, int n_seg, float *d_norm, int32_t *d_skipped, void *ws, void *stream);
+                                          const double *d_wsumsq, int n_seg, kiln_cuda_adamw_max *d_max, float *d_norm,
+                                          int32_t *d_skipped, void *ws, void *stream);
 /* 8-bit AdamW (src/train/optim.c's codes and blocks, bit for bit with kiln_adamw_step): m8 int8 and v8 uint8 (n),
  * m_scale and v_scale (ceil(n / KILN_CUDA_ADAMW8_BLOCK)) f32, all on the device; element i's block is i / 256 of these
  * arrays, so a ZeRO-1 shard starts on a block boundary. The check and the update as the fp32 ones above. */
@@ -165,11 +178,12 @@ typedef struct kiln_cuda_adam8 {
 kiln_status kiln_cuda_adamw8_check(double *d_wsumsq, double *partial, const int64_t *d_seg, int n_seg, int64_t n_chunks,
                                    const float *params, const float *grads, kiln_cuda_adam8 q, const uint8_t *decay, float lr,
                                    float beta1, float beta2, float eps, float weight_decay, float grad_clip, int64_t step,
-                                   const double *d_sumsq, void *stream);
+                                   const double *d_sumsq, const kiln_cuda_adamw_max *d_max, void *stream);
 kiln_status kiln_cuda_adamw8_apply_checked(float *params, const float *grads, kiln_cuda_adam8 q, kiln_bf16_t *mirror,
                                            const uint8_t *decay, int64_t n, float lr, float beta1, float beta2, float eps,
                                            float weight_decay, float grad_clip, int64_t step, const double *d_sumsq,
-                                           const double *d_wsumsq, int n_seg, float *d_norm, int32_t *d_skipped, void *ws, void *stream);
+                                           const double *d_wsumsq, int n_seg, kiln_cuda_adamw_max *d_max, float *d_norm,
+                                           int32_t *d_skipped, void *ws, void *stream);
 kiln_status kiln_cuda_adamw(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror, const uint8_t *decay,
                             int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_clip,
                             int64_t step, float *d_norm, int32_t *d_skipped, void *ws, void *stream);

@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(NORM_THREADS) adamw_sum_partials_kernel(double
 /* grid (1), block (1): the norm, the clip factor and the skip flag from the sum of squares; with d_wsumsq (n_seg) the
  * sums of squares of the weights the update would give (kiln_cuda_adamw_check), a non-finite one skips it too. */
 __global__ void adamw_norm_finish_kernel(float *d_norm, int32_t *d_skipped, adamw_flags *flags, const double *d_sumsq, float grad_clip,
-                                         const double *d_wsumsq, int n_seg) {
+                                         const double *d_wsumsq, int n_seg, kiln_cuda_adamw_max *d_max) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
     const double norm = __dsqrt_rn(*d_sumsq);
@@ -362,6 +362,7 @@ __global__ void adamw_norm_finish_kernel(float *d_norm, int32_t *d_skipped, adam
     *d_skipped = finite ? 0 : 1;
     flags->clip = (float)clip;
     flags->skip = finite ? 0 : 1;
+    if (d_max && finite) *d_max = kiln_cuda_adamw_max{0, 0}; /* the update fills it */
 }
 
 /* optim.c's adam_elem, the same float operations in the same order. SQRT_V: v holds sqrt(v) on input and output
@@ -446,6 +447,22 @@ static __device__ __forceinline__ float clip_factor(const double *d_sumsq, float
     return (float)__ddiv_rn((double)grad_clip, norm);
 }
 
+/* kiln_cuda_adamw_check's bound (train_kernels.h): true when no weight the update writes can be non-finite, given
+ * that the last applied update wrote at most d_max. Each bound takes a factor 1 + 1e-5 for the float roundings
+ * along the way (a few of 2^-24 each; the double norm's own rounding ~n 2^-53). A NaN anywhere compares false. */
+static __device__ __forceinline__ bool update_bounded(const adam_consts &k, const kiln_cuda_adamw_max *d_max, const double *d_sumsq,
+                                                      float grad_clip) {
+    if (!d_max) return false;
+    const double norm = __dsqrt_rn(*d_sumsq), slack = 1.0 + 1e-5;
+    if (!isfinite(norm)) return false; /* the step is skipped by its gradient */
+    const double g = norm * (double)clip_factor(d_sumsq, grad_clip) * slack;                 /* >= every |g clip| */
+    const double m = ((double)k.b1 * __uint_as_float(d_max->m) + (double)k.one_minus_b1 * g) * slack; /* >= every |m'| */
+    const double r = m / (double)k.eps * slack;                          /* >= |m' / (sqrt(v') / sqrt(bc2) + eps)| */
+    const double dm = fabs((double)k.decay_mul) > 1.0 ? fabs((double)k.decay_mul) : 1.0;
+    const double p = ((double)__uint_as_float(d_max->p) * dm + fabs((double)k.step_size) * r) * slack; /* >= every |p'| */
+    return r < 0x1p126 && p < 0x1p126;
+}
+
 static __device__ __forceinline__ int64_t check_chunks(int64_t len) {
     return (len + KILN_CUDA_ADAMW_CHECK_CHUNK - 1) / KILN_CUDA_ADAMW_CHECK_CHUNK;
 }
@@ -457,9 +474,11 @@ static __device__ __forceinline__ int64_t check_chunks(int64_t len) {
 template <typename Moments>
 __global__ void __launch_bounds__(NORM_THREADS)
     adamw_check_kernel(double *partial /* (n_chunks) */, const int64_t *seg, int n_seg, const float *params, const float *grads,
-                       Moments mo, const uint8_t *decay, adam_consts k, const double *d_sumsq, float grad_clip) {
+                       Moments mo, const uint8_t *decay, adam_consts k, const double *d_sumsq, float grad_clip,
+                       const kiln_cuda_adamw_max *d_max) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
+    if (update_bounded(k, d_max, d_sumsq, grad_clip)) return; /* every block alike; check_finish writes 0 */
     __shared__ double sh[32];
     __shared__ int64_t s_at, s_end;
     if (threadIdx.x == 0) {
@@ -488,12 +507,19 @@ __global__ void __launch_bounds__(NORM_THREADS)
     if (threadIdx.x == 0) partial[blockIdx.x] = sum;
 }
 
-/* grid (n_seg), block (NORM_THREADS): segment y's partials, in a fixed order, into d_wsumsq[y]. */
-__global__ void __launch_bounds__(NORM_THREADS) adamw_check_finish_kernel(double *d_wsumsq, const double *partial, const int64_t *seg) {
+/* grid (n_seg), block (NORM_THREADS): segment y's partials, in a fixed order, into d_wsumsq[y]; 0 when the bound
+ * spared the check. */
+__global__ void __launch_bounds__(NORM_THREADS) adamw_check_finish_kernel(double *d_wsumsq, const double *partial, const int64_t *seg,
+                                                                          adam_consts k, const double *d_sumsq, float grad_clip,
+                                                                          const kiln_cuda_adamw_max *d_max) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
     __shared__ double sh[32];
     const int y = blockIdx.x;
+    if (update_bounded(k, d_max, d_sumsq, grad_clip)) {
+        if (threadIdx.x == 0) d_wsumsq[y] = 0.0;
+        return;
+    }
     int64_t c0 = 0;
     for (int j = 0; j < y; j++) c0 += check_chunks(seg[2 * j + 1]);
     const int64_t nc = check_chunks(seg[2 * y + 1]);
@@ -503,18 +529,33 @@ __global__ void __launch_bounds__(NORM_THREADS) adamw_check_finish_kernel(double
     if (threadIdx.x == 0) d_wsumsq[y] = sum;
 }
 
+/* The warp's largest |p| and |m| into d_max (non-negative floats order as their bits): an atomic only where the
+ * warp's value passes what d_max already holds, so few of the grid's warps write. */
+static __device__ __forceinline__ void note_max(kiln_cuda_adamw_max *d_max, float pm, float mm) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        pm = fmaxf(pm, __shfl_xor_sync(0xffffffffu, pm, o));
+        mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, o));
+    }
+    if ((threadIdx.x & 31) == 0) {
+        if (__float_as_uint(pm) > __ldcg(&d_max->p)) atomicMax(&d_max->p, __float_as_uint(pm));
+        if (__float_as_uint(mm) > __ldcg(&d_max->m)) atomicMax(&d_max->m, __float_as_uint(mm));
+    }
+}
+
 /* grid-stride over n (VEC: n / 4 float4s, then the 0-3 tail). VEC: params, grads, m, v 16-byte aligned, decay
  * 4-byte, mirror 8-byte. */
 template <bool VEC>
 __global__ void __launch_bounds__(UPDATE_THREADS)
     adamw_update_kernel(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror, const uint8_t *decay,
-                        int64_t n, adam_consts k, const adamw_flags *flags) {
+                        int64_t n, adam_consts k, const adamw_flags *flags, kiln_cuda_adamw_max *d_max) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
     if (flags->skip) return; /* the same for every thread: nothing is written */
     const float clip = flags->clip;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x, t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     int64_t scalar_from = 0;
+    float pm = 0.0f, mm = 0.0f; /* the largest |p| and |m| written */
     if (VEC) {
         const int64_t n4 = n >> 2;
         for (int64_t i = t0; i < n4; i += stride) {
@@ -528,6 +569,8 @@ __global__ void __launch_bounds__(UPDATE_THREADS)
             ((float4 *)params)[i] = p;
             ((float4 *)m)[i] = m4;
             ((float4 *)v)[i] = v4;
+            pm = fmaxf(pm, fmaxf(fmaxf(fabsf(p.x), fabsf(p.y)), fmaxf(fabsf(p.z), fabsf(p.w))));
+            mm = fmaxf(mm, fmaxf(fmaxf(fabsf(m4.x), fabsf(m4.y)), fmaxf(fabsf(m4.z), fabsf(m4.w))));
             if (mirror)
                 ((uint2 *)mirror)[i] = make_uint2((uint32_t)bf16_rne(p.x) | ((uint32_t)bf16_rne(p.y) << 16),
                                                   (uint32_t)bf16_rne(p.z) | ((uint32_t)bf16_rne(p.w) << 16));
@@ -541,7 +584,10 @@ __global__ void __launch_bounds__(UPDATE_THREADS)
         m[i] = mi;
         v[i] = vi;
         if (mirror) mirror[i] = bf16_rne(p);
+        pm = fmaxf(pm, fabsf(p));
+        mm = fmaxf(mm, fabsf(mi));
     }
+    if (d_max) note_max(d_max, pm, mm); /* whole warps reach here: the loops above only stride */
 }
 
 /* grid (ceil(blocks / 8)), block (UPDATE_THREADS): warp w of block x updates 8-bit block b = 8x + w, optim.c's
@@ -550,7 +596,8 @@ __global__ void __launch_bounds__(UPDATE_THREADS)
  * load and store is coalesced at any alignment. */
 __global__ void __launch_bounds__(UPDATE_THREADS)
     adamw8_update_kernel(float *params, const float *grads, int8_t *m8, uint8_t *v8, float *m_scale, float *v_scale,
-                         kiln_bf16_t *mirror, const uint8_t *decay, int64_t n, adam_consts k, const adamw_flags *flags) {
+                         kiln_bf16_t *mirror, const uint8_t *decay, int64_t n, adam_consts k, const adamw_flags *flags,
+                         kiln_cuda_adamw_max *d_max) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
     if (flags->skip) return;
@@ -560,7 +607,7 @@ __global__ void __launch_bounds__(UPDATE_THREADS)
     if (lo >= n) return; /* a whole warp */
     const float ms = m_scale[b], vs = v_scale[b];
     float m[8], sv[8];
-    float m_max = 0.0f, s_max = 0.0f;
+    float m_max = 0.0f, s_max = 0.0f, p_max = 0.0f;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         const int64_t i = lo + 32 * j + lane;
@@ -572,6 +619,7 @@ __global__ void __launch_bounds__(UPDATE_THREADS)
             adam_elem<true>(k, clip, p, grads[i], m[j], sv[j], decay[i] != 0);
             params[i] = p;
             if (mirror) mirror[i] = bf16_rne(p);
+            p_max = fmaxf(p_max, fabsf(p));
             m_max = fabsf(m[j]) > m_max ? fabsf(m[j]) : m_max;
             s_max = sv[j] > s_max ? sv[j] : s_max;
         }
@@ -581,6 +629,7 @@ __global__ void __launch_bounds__(UPDATE_THREADS)
         m_max = fmaxf(m_max, __shfl_xor_sync(0xffffffffu, m_max, o));
         s_max = fmaxf(s_max, __shfl_xor_sync(0xffffffffu, s_max, o));
     }
+    if (d_max) note_max(d_max, p_max, m_max); /* the decoded m of the codes below is at most m_max (+ roundings) */
     const float m_inv = m_max >= ADAM8_TINY ? __fdiv_rn(ADAM8_M_MAX, m_max) : 0.0f;
     const float s_inv = s_max >= ADAM8_TINY ? __fdiv_rn(ADAM8_S_MAX, s_max) : 0.0f;
     if (lane == 0) {
@@ -641,7 +690,7 @@ template <typename Moments>
 static kiln_status check_launch(double *d_wsumsq, double *partial, const int64_t *d_seg, int n_seg, int64_t n_chunks,
                                 const float *params, const float *grads, Moments mo, const uint8_t *decay, float lr, float beta1,
                                 float beta2, float eps, float weight_decay, float grad_clip, int64_t step, const double *d_sumsq,
-                                void *stream) {
+                                const kiln_cuda_adamw_max *d_max, void *stream) {
     if (n_seg < 1 || n_seg > 65535 || n_chunks < 0 || n_chunks > INT32_MAX || !d_wsumsq || !partial || !d_seg || !params || !grads ||
         !decay || !d_sumsq)
         return kiln_fail(KILN_ERR_INVALID, "cuda adamw check: %d segments (1..65535), %lld chunks and every buffer are required", n_seg,
@@ -651,30 +700,32 @@ static kiln_status check_launch(double *d_wsumsq, double *partial, const int64_t
     cudaStream_t s = (cudaStream_t)stream;
     if (n_chunks > 0) {
         kiln_status st = checked("adamw check", kiln_launch(adamw_check_kernel<Moments>, dim3((unsigned)n_chunks), dim3(NORM_THREADS), 0,
-                                                            s, partial, d_seg, n_seg, params, grads, mo, decay, k, d_sumsq, grad_clip));
+                                                            s, partial, d_seg, n_seg, params, grads, mo, decay, k, d_sumsq, grad_clip,
+                                                            d_max));
         if (st != KILN_OK) return st;
     }
     return checked("adamw check sums", kiln_launch(adamw_check_finish_kernel, dim3((unsigned)n_seg), dim3(NORM_THREADS), 0, s, d_wsumsq,
-                                                    (const double *)partial, d_seg));
+                                                    (const double *)partial, d_seg, k, d_sumsq, grad_clip, d_max));
 }
 
 extern "C" kiln_status kiln_cuda_adamw_check(double *d_wsumsq, double *partial, const int64_t *d_seg, int n_seg, int64_t n_chunks,
                                              const float *params, const float *grads, const float *m, const float *v,
                                              const uint8_t *decay, float lr, float beta1, float beta2, float eps, float weight_decay,
-                                             float grad_clip, int64_t step, const double *d_sumsq, void *stream) {
+                                             float grad_clip, int64_t step, const double *d_sumsq, const kiln_cuda_adamw_max *d_max,
+                                             void *stream) {
     if (!m || !v) return kiln_fail(KILN_ERR_INVALID, "cuda adamw check: the moments are required");
     return check_launch(d_wsumsq, partial, d_seg, n_seg, n_chunks, params, grads, f32_moments{m, v}, decay, lr, beta1, beta2, eps,
-                        weight_decay, grad_clip, step, d_sumsq, stream);
+                        weight_decay, grad_clip, step, d_sumsq, d_max, stream);
 }
 
 extern "C" kiln_status kiln_cuda_adamw8_check(double *d_wsumsq, double *partial, const int64_t *d_seg, int n_seg, int64_t n_chunks,
                                               const float *params, const float *grads, kiln_cuda_adam8 q, const uint8_t *decay,
                                               float lr, float beta1, float beta2, float eps, float weight_decay, float grad_clip,
-                                              int64_t step, const double *d_sumsq, void *stream) {
+                                              int64_t step, const double *d_sumsq, const kiln_cuda_adamw_max *d_max, void *stream) {
     if (!q.m8 || !q.v8 || !q.m_scale || !q.v_scale) return kiln_fail(KILN_ERR_INVALID, "cuda adamw8 check: the 8-bit moments are required");
     return check_launch(d_wsumsq, partial, d_seg, n_seg, n_chunks, params, grads,
                         q8_moments{q.m8, q.v8, q.m_scale, q.v_scale}, decay, lr, beta1, beta2, eps, weight_decay, grad_clip, step,
-                        d_sumsq, stream);
+                        d_sumsq, d_max, stream);
 }
 
 extern "C" kiln_status kiln_cuda_adamw_apply(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror,
@@ -682,13 +733,13 @@ extern "C" kiln_status kiln_cuda_adamw_apply(float *params, const float *grads, 
                                              float weight_decay, float grad_clip, int64_t step, const double *d_sumsq,
                                              float *d_norm, int32_t *d_skipped, void *ws, void *stream) {
     return kiln_cuda_adamw_apply_checked(params, grads, m, v, mirror, decay, n, lr, beta1, beta2, eps, weight_decay, grad_clip, step,
-                                         d_sumsq, NULL, 0, d_norm, d_skipped, ws, stream);
+                                         d_sumsq, NULL, 0, NULL, d_norm, d_skipped, ws, stream);
 }
 
 /* The arguments' checks shared by both updates, then the norm's stage 2 (the flags in ws). */
 static kiln_status apply_begin(const char *who, int64_t n, bool have_buffers, float beta1, float beta2, float eps, float grad_clip,
-                               int64_t step, const double *d_sumsq, const double *d_wsumsq, int n_seg, float *d_norm,
-                               int32_t *d_skipped, void *ws, cudaStream_t s, adamw_flags **flags) {
+                               int64_t step, const double *d_sumsq, const double *d_wsumsq, int n_seg, kiln_cuda_adamw_max *d_max,
+                               float *d_norm, int32_t *d_skipped, void *ws, cudaStream_t s, adamw_flags **flags) {
     if (n_seg < 0 || (n_seg > 0 && !d_wsumsq)) return kiln_fail(KILN_ERR_INVALID, "%s: %d weight sums without their buffer", who, n_seg);
     if (n < 0 || (n > 0 && !have_buffers) || !d_sumsq || !d_norm || !d_skipped || !ws || !aligned(ws, 8))
         return kiln_fail(KILN_ERR_INVALID,
@@ -700,18 +751,18 @@ static kiln_status apply_begin(const char *who, int64_t n, bool have_buffers, fl
                          (long long)step, (double)beta1, (double)beta2, (double)eps, (double)grad_clip);
     *flags = (adamw_flags *)((double *)ws + norm_blocks(n)); /* (1), after the partials */
     return checked("adamw norm", kiln_launch(adamw_norm_finish_kernel, dim3(1), dim3(1), 0, s, d_norm, d_skipped, *flags, d_sumsq,
-                                             grad_clip, d_wsumsq, n_seg));
+                                             grad_clip, d_wsumsq, n_seg, d_max));
 }
 
 extern "C" kiln_status kiln_cuda_adamw_apply_checked(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror,
                                                      const uint8_t *decay, int64_t n, float lr, float beta1, float beta2, float eps,
                                                      float weight_decay, float grad_clip, int64_t step, const double *d_sumsq,
-                                                     const double *d_wsumsq, int n_seg, float *d_norm, int32_t *d_skipped, void *ws,
-                                                     void *stream) {
+                                                     const double *d_wsumsq, int n_seg, kiln_cuda_adamw_max *d_max, float *d_norm,
+                                                     int32_t *d_skipped, void *ws, void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
     adamw_flags *flags = NULL;
     TRY(apply_begin("cuda adamw", n, params && grads && m && v && decay, beta1, beta2, eps, grad_clip, step, d_sumsq, d_wsumsq, n_seg,
-                    d_norm, d_skipped, ws, s, &flags));
+                    d_max, d_norm, d_skipped, ws, s, &flags));
     if (n == 0) return KILN_OK;
     const adam_consts k = make_consts(lr, beta1, beta2, eps, weight_decay, step);
     const bool vec = aligned(params, 16) && aligned(grads, 16) && aligned(m, 16) && aligned(v, 16) && aligned(decay, 4) &&
@@ -721,28 +772,29 @@ extern "C" kiln_status kiln_cuda_adamw_apply_checked(float *params, const float 
     blocks = blocks > UPDATE_MAX_BLOCKS ? UPDATE_MAX_BLOCKS : blocks;
     const dim3 grid((unsigned)blocks), block(UPDATE_THREADS);
     const cudaError_t e = vec ? kiln_launch(adamw_update_kernel<true>, grid, block, 0, s, params, grads, m, v, mirror, decay, n, k,
-                                            (const adamw_flags *)flags)
+                                            (const adamw_flags *)flags, d_max)
                               : kiln_launch(adamw_update_kernel<false>, grid, block, 0, s, params, grads, m, v, mirror, decay, n, k,
-                                            (const adamw_flags *)flags);
+                                            (const adamw_flags *)flags, d_max);
     return checked("adamw update", e);
 }
 
 extern "C" kiln_status kiln_cuda_adamw8_apply_checked(float *params, const float *grads, kiln_cuda_adam8 q, kiln_bf16_t *mirror,
                                                       const uint8_t *decay, int64_t n, float lr, float beta1, float beta2, float eps,
                                                       float weight_decay, float grad_clip, int64_t step, const double *d_sumsq,
-                                                      const double *d_wsumsq, int n_seg, float *d_norm, int32_t *d_skipped, void *ws,
-                                                      void *stream) {
+                                                      const double *d_wsumsq, int n_seg, kiln_cuda_adamw_max *d_max, float *d_norm,
+                                                      int32_t *d_skipped, void *ws, void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
     adamw_flags *flags = NULL;
     TRY(apply_begin("cuda adamw8", n, params && grads && q.m8 && q.v8 && q.m_scale && q.v_scale && decay, beta1, beta2, eps, grad_clip,
-                    step, d_sumsq, d_wsumsq, n_seg, d_norm, d_skipped, ws, s, &flags));
+                    step, d_sumsq, d_wsumsq, n_seg, d_max, d_norm, d_skipped, ws, s, &flags));
     if (n == 0) return KILN_OK;
     const adam_consts k = make_consts(lr, beta1, beta2, eps, weight_decay, step);
     const int64_t n_blocks = (n + KILN_CUDA_ADAMW8_BLOCK - 1) / KILN_CUDA_ADAMW8_BLOCK, per = UPDATE_THREADS / 32;
     const int64_t grid = (n_blocks + per - 1) / per;
     if (grid > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda adamw8: %lld parameters is too many for one launch", (long long)n);
     return checked("adamw8 update", kiln_launch(adamw8_update_kernel, dim3((unsigned)grid), dim3(UPDATE_THREADS), 0, s, params, grads,
-                                                 q.m8, q.v8, q.m_scale, q.v_scale, mirror, decay, n, k, (const adamw_flags *)flags));
+                                                 q.m8, q.v8, q.m_scale, q.v_scale, mirror, decay, n, k, (const adamw_flags *)flags,
+                                                 d_max));
 }
 
 extern "C" kiln_status kiln_cuda_adamw(float *params, const float *grads, float *m, float *v, kiln_bf16_t *mirror,
