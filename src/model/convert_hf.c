@@ -180,8 +180,7 @@ typedef struct kv_writer {
 } kv_writer;
 
 static const char *akey(const kv_writer *k, const char *suffix, char *buf, size_t n) {
-    snprintf(buf, n, "%s.%s", k->arch, suffix);
-    return buf;
+    return kiln_arch_key(buf, n, k->arch, suffix);
 }
 static void kv_u32(kv_writer *k, const char *suffix, int64_t v) {
     char b[128];

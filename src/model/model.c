@@ -98,7 +98,7 @@ static const arch_spec archs[ARCH_COUNT] = {
 };
 
 /* "<arch>.<suffix>" into buf */
-static const char *key(char *buf, size_t n, const char *arch, const char *suffix) {
+const char *kiln_arch_key(char *buf, size_t n, const char *arch, const char *suffix) {
     snprintf(buf, n, "%s.%s", arch, suffix);
     return buf;
 }
@@ -123,7 +123,7 @@ static kiln_status read_config(const kiln_gguf *g, kiln_llama_config *c, arch_id
     const char *A = as->name;
     *arch_out = (arch_id)a;
     char k[128];
-#define K(suffix) key(k, sizeof k, A, suffix)
+#define K(suffix) kiln_arch_key(k, sizeof k, A, suffix)
     memset(c, 0, sizeof *c);
     if ((s = get_dim(g, K("embedding_length"), &c->n_embd)) || (s = get_dim(g, K("block_count"), &c->n_layer)) ||
         (s = get_dim(g, K("attention.head_count"), &c->n_head)) || (s = get_dim(g, K("feed_forward_length"), &c->n_ff)))
@@ -217,7 +217,7 @@ static kiln_status layer_flags(const kiln_gguf *g, const arch_spec *as, kiln_mod
     const char *arch = as->name;
     char k[128];
     const kiln_gguf_value *arr;
-    const kiln_gguf_value *pv = kiln_gguf_find(g, key(k, sizeof k, arch, "attention.sliding_window_pattern"));
+    const kiln_gguf_value *pv = kiln_gguf_find(g, kiln_arch_key(k, sizeof k, arch, "attention.sliding_window_pattern"));
     kiln_status s = pv && pv->type == KILN_GGUF_ARRAY ? int_array(g, k, true, &arr) : (arr = NULL, KILN_OK);
     if (s) return s;
     if (arr && arr->arr.n != (uint64_t)c->n_layer)
@@ -232,7 +232,7 @@ static kiln_status layer_flags(const kiln_gguf *g, const arch_spec *as, kiln_mod
         L->rope_base = slides && c->rope_base_local > 0 ? c->rope_base_local : c->rope_base;
         L->nope = as->nope_step > 0 && (l + 1) % as->nope_step == 0;
     }
-    if ((s = int_array(g, key(k, sizeof k, arch, "attention.nope_layers"), false, &arr)) || !arr) return s;
+    if ((s = int_array(g, kiln_arch_key(k, sizeof k, arch, "attention.nope_layers"), false, &arr)) || !arr) return s;
     for (uint64_t i = 0; i < arr->arr.n; i++) {
         int64_t l = kiln_gguf_arr_i64(arr, i);
         if (l < 0 || l >= c->n_layer)
@@ -396,7 +396,7 @@ kiln_status kiln_model_load(const char *path, kiln_model **out) {
         else c->n_vocab = emb->ne[1];
     }
     char vkey[64];
-    key(vkey, sizeof vkey, archs[arch].name, "vocab_size");
+    kiln_arch_key(vkey, sizeof vkey, archs[arch].name, "vocab_size");
     if (!s && kiln_gguf_find(m->gguf, vkey)) {
         int64_t v;
         if (!(s = get_dim(m->gguf, vkey, &v)) && v != c->n_vocab)

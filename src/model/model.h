@@ -140,6 +140,9 @@ int64_t kiln_dim_size(const kiln_llama_config *c, kiln_dim d);
 bool kiln_layer_has(const kiln_llama_config *c, kiln_layer_tensor i);
 /* "blk.<l>.<suffix>" into buf (n >= 64). */
 const char *kiln_layer_tensor_name(char *buf, size_t n, int64_t l, kiln_layer_tensor i);
+/* "<arch>.<suffix>" into buf (n bytes, truncated to fit): a metadata key under the architecture's prefix, as read
+ * (model.c, rope.c) and written (synth.c, convert_hf.c). Returns buf. */
+const char *kiln_arch_key(char *buf, size_t n, const char *arch, const char *suffix);
 /* Elements of tensor i under c (ne0 * ne1). */
 int64_t kiln_layer_tensor_elems(const kiln_llama_config *c, kiln_layer_tensor i);
 

@@ -172,12 +172,6 @@ static void synth_rows(void *ctx, int ith, int nth) {
 /* copy_kv skips what this returns true for: every key but the tokenizer's */
 static bool not_tokenizer_key(const char *key) { return strncmp(key, "tokenizer.", 10) != 0; }
 
-/* "<arch>.<suffix>" into buf */
-static const char *key(char *buf, size_t n, const char *arch, const char *suffix) {
-    snprintf(buf, n, "%s.%s", arch, suffix);
-    return buf;
-}
-
 kiln_status kiln_synth_llama(const char *path, const kiln_synth_params *params) {
     kiln_synth_params p = *params;
     kiln_gguf *vocab = NULL;
@@ -238,17 +232,17 @@ kiln_status kiln_synth_llama(const char *path, const kiln_synth_params *params) 
     if (!s) s = kiln_gguf_writer_set_str(w, "general.name", "kiln-synth");
     if (!s) s = kiln_gguf_writer_set_u32(w, "general.file_type", (uint32_t)p.ftype);
     if (!s && p.ftype != KILN_FTYPE_ALL_F32) s = kiln_gguf_writer_set_u32(w, "general.quantization_version", 2);
-    if (!s) s = kiln_gguf_writer_set_u32(w, key(kb, sizeof kb, arch, "vocab_size"), (uint32_t)V);
-    if (!s) s = kiln_gguf_writer_set_u32(w, key(kb, sizeof kb, arch, "context_length"), (uint32_t)p.n_ctx);
-    if (!s) s = kiln_gguf_writer_set_u32(w, key(kb, sizeof kb, arch, "embedding_length"), (uint32_t)C);
-    if (!s) s = kiln_gguf_writer_set_u32(w, key(kb, sizeof kb, arch, "block_count"), (uint32_t)p.n_layer);
-    if (!s) s = kiln_gguf_writer_set_u32(w, key(kb, sizeof kb, arch, "feed_forward_length"), (uint32_t)F);
-    if (!s) s = kiln_gguf_writer_set_u32(w, key(kb, sizeof kb, arch, "attention.head_count"), (uint32_t)p.n_head);
-    if (!s) s = kiln_gguf_writer_set_u32(w, key(kb, sizeof kb, arch, "attention.head_count_kv"), (uint32_t)p.n_head_kv);
-    if (!s) s = kiln_gguf_writer_set_u32(w, key(kb, sizeof kb, arch, "rope.dimension_count"), (uint32_t)HS);
-    if (!s && p.qk_norm) s = kiln_gguf_writer_set_u32(w, key(kb, sizeof kb, arch, "attention.key_length"), (uint32_t)HS);
-    if (!s) s = kiln_gguf_writer_set_f32(w, key(kb, sizeof kb, arch, "rope.freq_base"), p.rope_base);
-    if (!s) s = kiln_gguf_writer_set_f32(w, key(kb, sizeof kb, arch, "attention.layer_norm_rms_epsilon"), p.qk_norm ? 1e-6f : 1e-5f);
+    if (!s) s = kiln_gguf_writer_set_u32(w, kiln_arch_key(kb, sizeof kb, arch, "vocab_size"), (uint32_t)V);
+    if (!s) s = kiln_gguf_writer_set_u32(w, kiln_arch_key(kb, sizeof kb, arch, "context_length"), (uint32_t)p.n_ctx);
+    if (!s) s = kiln_gguf_writer_set_u32(w, kiln_arch_key(kb, sizeof kb, arch, "embedding_length"), (uint32_t)C);
+    if (!s) s = kiln_gguf_writer_set_u32(w, kiln_arch_key(kb, sizeof kb, arch, "block_count"), (uint32_t)p.n_layer);
+    if (!s) s = kiln_gguf_writer_set_u32(w, kiln_arch_key(kb, sizeof kb, arch, "feed_forward_length"), (uint32_t)F);
+    if (!s) s = kiln_gguf_writer_set_u32(w, kiln_arch_key(kb, sizeof kb, arch, "attention.head_count"), (uint32_t)p.n_head);
+    if (!s) s = kiln_gguf_writer_set_u32(w, kiln_arch_key(kb, sizeof kb, arch, "attention.head_count_kv"), (uint32_t)p.n_head_kv);
+    if (!s) s = kiln_gguf_writer_set_u32(w, kiln_arch_key(kb, sizeof kb, arch, "rope.dimension_count"), (uint32_t)HS);
+    if (!s && p.qk_norm) s = kiln_gguf_writer_set_u32(w, kiln_arch_key(kb, sizeof kb, arch, "attention.key_length"), (uint32_t)HS);
+    if (!s) s = kiln_gguf_writer_set_f32(w, kiln_arch_key(kb, sizeof kb, arch, "rope.freq_base"), p.rope_base);
+    if (!s) s = kiln_gguf_writer_set_f32(w, kiln_arch_key(kb, sizeof kb, arch, "attention.layer_norm_rms_epsilon"), p.qk_norm ? 1e-6f : 1e-5f);
     if (!s && vocab) s = kiln_gguf_writer_copy_kv(w, vocab, not_tokenizer_key);
     for (int64_t i = 0; !s && i < n; i++) s = kiln_gguf_writer_add_tensor(w, ts[i].name, ts[i].type, ts[i].n_dims, ts[i].ne, NULL);
     if (!s) s = kiln_pool_create(p.n_threads, &pool);
