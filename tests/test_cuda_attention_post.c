@@ -11,14 +11,18 @@
  * at seq_stride, in reversed order). Every launch after the first leaves the split counters at zero (checked by
  * the next case's decode, which merges through them).
  *
- * kiln_cuda_attention_post_takes and the launcher refuse what has no fused kernel (HS 96, a q8_0 cache, 16 query
- * heads a KV head, a softcap, one sequence's T > 1) with KILN_ERR_UNSUPPORTED. Skips without CUDA or a GPU. */
+ * The cache types: f16 (most cases), and q8_0, q4_0, bf16, f32 and mixed pairs (k one type, v another), one
+ * token and rows of 3 sequences, the block types written a block of 32 a warp as kv_quantize writes them.
+ *
+ * kiln_cuda_attention_post_takes and the launcher refuse what has no fused kernel (HS 96, 16 query heads a KV
+ * head, a softcap, one sequence's T > 1) with KILN_ERR_UNSUPPORTED. Skips without CUDA or a GPU. */
 #include "test.h"
 
 #ifdef KILN_CUDA
 
 #include "cuda/cuda.h"
 #include "cuda/kernels.h"
+#include "fp16.h"
 #include "quants.h"
 
 #include <math.h>
@@ -32,12 +36,15 @@ typedef struct {
     bool neox, nope, bias, scaled, norm;
     int pos, window, rows; /* rows: cache rows a sequence (MAXP: the whole context) */
     int n_seq;             /* 0: one sequence, T = 1; else rows of n_seq sequences */
+    kiln_kv_type kt, vt;   /* the caches' types */
 } post_case;
 
-#define CASE_FMT "NH %lld NKV %lld HS %lld rope_dim %lld neox %d nope %d bias %d scaled %d norm %d pos %d window %d rows %d seqs %d"
+#define CASE_FMT                                                                                                            \
+    "NH %lld NKV %lld HS %lld rope_dim %lld neox %d nope %d bias %d scaled %d norm %d pos %d window %d rows %d seqs %d "   \
+    "caches %s %s"
 #define CASE_ARGS(c)                                                                                                        \
     (long long)(c).NH, (long long)(c).NKV, (long long)(c).HS, (long long)(c).rope_dim, (c).neox, (c).nope, (c).bias,        \
-        (c).scaled, (c).norm, (c).pos, (c).window, (c).rows, (c).n_seq
+        (c).scaled, (c).norm, (c).pos, (c).window, (c).rows, (c).n_seq, kiln_kv_type_name((c).kt), kiln_kv_type_name((c).vt)
 
 typedef struct {
     void *q, *qr, *k, *kr, *v, *vr, *bq, *bk, *bv, *nw, *kc, *vc, *kcr, *vcr, *out, *outr, *xp, *xpr, *ws, *pos, *seq;
@@ -53,6 +60,36 @@ static void fill_normal(float *x, int64_t n, unsigned long long *rng) {
     for (int64_t i = 0; i < n; i++) x[i] = test_rng_normal(rng);
 }
 
+/* n_caches caches of rows rows of KV elements of type t, each cache at stride bytes (the rest zero): random
+ * normal values, or blocks with a scale of 0.02-0.03 and random codes. */
+static void fill_cache(uint8_t *buf, size_t bytes, kiln_kv_type t, int64_t n_caches, int64_t rows, int64_t KV, size_t stride,
+                       unsigned long long *rng) {
+    memset(buf, 0, bytes);
+    const size_t rb = kiln_kv_row_bytes(t, KV);
+    for (int64_t c = 0; c < n_caches; c++)
+        for (int64_t r = 0; r < rows; r++) {
+            uint8_t *row = buf + (size_t)c * stride + (size_t)r * rb;
+            if (t == KILN_KV_Q8_0 || t == KILN_KV_Q4_0) {
+                const size_t bb = t == KILN_KV_Q8_0 ? 34 : 18;
+                for (int64_t b = 0; b < KV / 32; b++) {
+                    uint8_t *blk = row + (size_t)b * bb;
+                    const uint16_t d = kiln_f32_to_fp16(0.02f + 0.01f * test_rng_f32(rng));
+                    memcpy(blk, &d, 2);
+                    for (size_t i = 2; i < bb; i++) blk[i] = (uint8_t)test_rng_next(rng);
+                }
+            } else {
+                for (int64_t i = 0; i < KV; i++) {
+                    const float x = test_rng_normal(rng);
+                    if (t == KILN_KV_F32) memcpy(row + 4 * i, &x, 4);
+                    else {
+                        const uint16_t h = t == KILN_KV_BF16 ? kiln_f32_to_bf16(x) : kiln_f32_to_fp16(x);
+                        memcpy(row + 2 * i, &h, 2);
+                    }
+                }
+            }
+        }
+}
+
 /* The first byte where a and b (n bytes) differ, -1 if none. */
 static int64_t first_diff(const void *a, const void *b, size_t n) {
     const unsigned char *x = a, *y = b;
@@ -64,11 +101,13 @@ static int64_t first_diff(const void *a, const void *b, size_t n) {
 /* Runs c both ways; what names the first difference (NULL: none), at its byte. */
 static kiln_status run_case(const post_case *c, const bufs *b, unsigned long long *rng, const char **what, int64_t *at) {
     const int64_t T = c->n_seq ? c->n_seq : 1, Q = c->NH * c->HS, KV = c->NKV * c->HS, n_caches = c->n_seq ? c->n_seq : 1;
-    const size_t qb = (size_t)(T * Q) * 4, kvb = (size_t)(T * KV) * 4, cache_b = (size_t)(n_caches * c->rows * KV) * 2;
-    const size_t stride = (size_t)(c->rows * KV) * 2, xpb = kiln_cuda_matvec_prep_bytes(T, Q);
+    const size_t rbk = kiln_kv_row_bytes(c->kt, KV), rbv = kiln_kv_row_bytes(c->vt, KV), rb = rbk > rbv ? rbk : rbv;
+    const size_t stride = (size_t)c->rows * rb; /* one stride for both caches of a sequence, as a session's */
+    const size_t qb = (size_t)(T * Q) * 4, kvb = (size_t)(T * KV) * 4, cache_b = (size_t)n_caches * stride;
+    const size_t xpb = kiln_cuda_matvec_prep_bytes(T, Q);
     float *hq = malloc(qb), *hk = malloc(kvb), *hv = malloc(kvb), *hb = malloc((size_t)(Q + 2 * KV) * 4);
     float *o1 = malloc(qb), *o2 = malloc(qb), freq[128], nw[512];
-    uint16_t *cache = malloc(cache_b), *c1 = malloc(cache_b), *c2 = malloc(cache_b);
+    uint8_t *cache = malloc(cache_b), *c1 = malloc(cache_b), *c2 = malloc(cache_b);
     unsigned char *x1 = malloc(xpb), *x2 = malloc(xpb);
     int32_t pos[8], seq[8];
     kiln_status s = KILN_OK;
@@ -77,7 +116,6 @@ static kiln_status run_case(const post_case *c, const bufs *b, unsigned long lon
     for (int i = 0; i < 128; i++) freq[i] = 0.25f + 0.75f * (float)i / 128.0f;
     for (int i = 0; i < 512; i++) nw[i] = 1.0f + 0.5f * test_rng_normal(rng); /* q's norm weights, then k's */
     for (int64_t t = 0; t < T; t++) pos[t] = c->pos + 37 * (int32_t)t, seq[t] = (int32_t)(T - 1 - t);
-    for (size_t i = 0; i < cache_b / 2; i++) cache[i] = kiln_f32_to_fp16(test_rng_normal(rng));
     const float scale = 1.0f / sqrtf((float)c->HS), mscale = c->scaled ? 1.125f : 1.0f, base = 10000.0f;
     const float *h_freq = c->scaled ? freq : NULL;
     const float *bq = c->bias ? b->bq : NULL, *bk = c->bias ? b->bk : NULL, *bv = c->bias ? b->bv : NULL;
@@ -95,9 +133,10 @@ static kiln_status run_case(const post_case *c, const bufs *b, unsigned long lon
     UP(b->bk, hb + Q, (size_t)KV * 4);
     UP(b->bv, hb + Q + KV, (size_t)KV * 4);
     UP(b->nw, nw, sizeof nw);
+    fill_cache(cache, cache_b, c->kt, n_caches, c->rows, KV, stride, rng);
     UP(b->kc, cache, cache_b);
     UP(b->kcr, cache, cache_b);
-    for (size_t i = 0; i < cache_b / 2; i++) cache[i] ^= 0x1234; /* v's cache differs from k's */
+    fill_cache(cache, cache_b, c->vt, n_caches, c->rows, KV, stride, rng);
     UP(b->vc, cache, cache_b);
     UP(b->vcr, cache, cache_b);
     UP(b->pos, pos, sizeof pos);
@@ -112,19 +151,19 @@ static kiln_status run_case(const post_case *c, const bufs *b, unsigned long lon
     if (s == KILN_OK)
         s = c->n_seq ? kiln_cuda_qkv_post_rows(b->qr, b->kr, b->vr, bq, bk, bv, qn, kn, eps, b->pos, dseq, stride, T, c->NH, c->NKV,
                                                c->HS, c->rope_dim, base, h_freq, mscale, c->neox, c->nope, 1.0f, b->kcr, b->vcr,
-                                               KILN_KV_F16, KILN_KV_F16, c->rows, NULL)
+                                               c->kt, c->vt, c->rows, NULL)
                      : kiln_cuda_qkv_post(b->qr, b->kr, b->vr, bq, bk, bv, qn, kn, eps, b->pos, T, c->NH, c->NKV, c->HS,
-                                          c->rope_dim, base, h_freq, mscale, c->neox, c->nope, 1.0f, b->kcr, b->vcr, KILN_KV_F16,
-                                          KILN_KV_F16, c->rows, NULL);
+                                          c->rope_dim, base, h_freq, mscale, c->neox, c->nope, 1.0f, b->kcr, b->vcr, c->kt,
+                                          c->vt, c->rows, NULL);
     if (s == KILN_OK)
-        s = c->n_seq ? kiln_cuda_attention_rows(b->outr, b->xpr, b->qr, b->kcr, b->vcr, KILN_KV_F16, KILN_KV_F16, b->pos, dseq, stride, T,
+        s = c->n_seq ? kiln_cuda_attention_rows(b->outr, b->xpr, b->qr, b->kcr, b->vcr, c->kt, c->vt, b->pos, dseq, stride, T,
                                                 c->NH, c->NKV, c->HS, c->window, c->rows, MAXP, scale, 0.0f, b->ws, NULL)
-                     : kiln_cuda_attention_xp(b->outr, b->xpr, b->qr, b->kcr, b->vcr, KILN_KV_F16, KILN_KV_F16, b->pos, T, c->NH,
+                     : kiln_cuda_attention_xp(b->outr, b->xpr, b->qr, b->kcr, b->vcr, c->kt, c->vt, b->pos, T, c->NH,
                                               c->NKV, c->HS, c->window, c->rows, MAXP, scale, 0.0f, b->ws, NULL);
     /* the fused one */
     const kiln_cuda_attn_post post = {b->k, b->v, bq, bk, bv, qn, kn, eps, c->rope_dim, base, mscale, h_freq, c->neox, c->nope};
     if (s == KILN_OK)
-        s = kiln_cuda_attention_post(b->out, b->xp, b->q, &post, b->kc, b->vc, KILN_KV_F16, KILN_KV_F16, b->pos, dseq, stride, T, c->NH,
+        s = kiln_cuda_attention_post(b->out, b->xp, b->q, &post, b->kc, b->vc, c->kt, c->vt, b->pos, dseq, stride, T, c->NH,
                                      c->NKV, c->HS, c->window, c->rows, MAXP, scale, 0.0f, b->ws, NULL);
     if (s == KILN_OK) s = kiln_cuda_sync();
     if (s == KILN_OK) s = kiln_cuda_download(o1, b->out, qb);
@@ -146,30 +185,40 @@ static kiln_status run_case(const post_case *c, const bufs *b, unsigned long lon
 static void test_post_matches_two_launches(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     const post_case cases[] = {
-        /* NH NKV HS rope_dim neox nope bias scaled norm pos window rows n_seq */
-        {12, 4, 64, 64, false, false, false, false, false, 0, 0, MAXP, 0},
-        {12, 4, 64, 64, false, false, false, false, false, 5, 0, MAXP, 0},
-        {12, 4, 64, 64, false, false, true, false, false, 700, 0, MAXP, 0},
-        {32, 32, 128, 128, false, false, false, false, false, 700, 0, MAXP, 0},
-        {14, 2, 64, 64, true, false, true, false, false, 300, 0, MAXP, 0},
-        {32, 4, 128, 128, true, false, false, true, false, 1000, 64, 80, 0},
-        {8, 1, 128, 64, false, false, true, false, false, 129, 0, MAXP, 0},
-        {16, 2, 128, 96, true, false, false, true, false, 700, 0, MAXP, 0},
-        {12, 4, 64, 64, false, true, true, false, false, 700, 0, MAXP, 0},
-        {12, 4, 64, 64, false, false, true, false, false, 3, 0, MAXP, 3},
-        {32, 8, 128, 128, true, false, false, true, false, 600, 64, 80, 3},
+        /* NH NKV HS rope_dim neox nope bias scaled norm pos window rows n_seq kt vt */
+        {12, 4, 64, 64, false, false, false, false, false, 0, 0, MAXP, 0, KILN_KV_F16, KILN_KV_F16},
+        {12, 4, 64, 64, false, false, false, false, false, 5, 0, MAXP, 0, KILN_KV_F16, KILN_KV_F16},
+        {12, 4, 64, 64, false, false, true, false, false, 700, 0, MAXP, 0, KILN_KV_F16, KILN_KV_F16},
+        {32, 32, 128, 128, false, false, false, false, false, 700, 0, MAXP, 0, KILN_KV_F16, KILN_KV_F16},
+        {14, 2, 64, 64, true, false, true, false, false, 300, 0, MAXP, 0, KILN_KV_F16, KILN_KV_F16},
+        {32, 4, 128, 128, true, false, false, true, false, 1000, 64, 80, 0, KILN_KV_F16, KILN_KV_F16},
+        {8, 1, 128, 64, false, false, true, false, false, 129, 0, MAXP, 0, KILN_KV_F16, KILN_KV_F16},
+        {16, 2, 128, 96, true, false, false, true, false, 700, 0, MAXP, 0, KILN_KV_F16, KILN_KV_F16},
+        {12, 4, 64, 64, false, true, true, false, false, 700, 0, MAXP, 0, KILN_KV_F16, KILN_KV_F16},
+        {12, 4, 64, 64, false, false, true, false, false, 3, 0, MAXP, 3, KILN_KV_F16, KILN_KV_F16},
+        {32, 8, 128, 128, true, false, false, true, false, 600, 64, 80, 3, KILN_KV_F16, KILN_KV_F16},
         /* QK-norm: Qwen3's shape (with biases too, as qkv_post takes both), NoPE, gemma3's HS 256 over a ring */
-        {16, 8, 128, 128, true, false, true, false, true, 700, 0, MAXP, 0},
-        {12, 4, 64, 64, false, true, false, false, true, 40, 0, MAXP, 0},
-        {4, 1, 256, 256, true, false, false, false, true, 1000, 512, 520, 0},
-        {8, 1, 256, 256, true, false, false, true, true, 5, 0, MAXP, 0},
-        {8, 2, 256, 128, false, false, true, false, false, 300, 0, MAXP, 0},
-        {16, 8, 128, 128, true, false, false, false, true, 600, 64, 80, 3},
-        {8, 2, 256, 256, true, false, false, false, true, 9, 0, MAXP, 3},
+        {16, 8, 128, 128, true, false, true, false, true, 700, 0, MAXP, 0, KILN_KV_F16, KILN_KV_F16},
+        {12, 4, 64, 64, false, true, false, false, true, 40, 0, MAXP, 0, KILN_KV_F16, KILN_KV_F16},
+        {4, 1, 256, 256, true, false, false, false, true, 1000, 512, 520, 0, KILN_KV_F16, KILN_KV_F16},
+        {8, 1, 256, 256, true, false, false, true, true, 5, 0, MAXP, 0, KILN_KV_F16, KILN_KV_F16},
+        {8, 2, 256, 128, false, false, true, false, false, 300, 0, MAXP, 0, KILN_KV_F16, KILN_KV_F16},
+        {16, 8, 128, 128, true, false, false, false, true, 600, 64, 80, 3, KILN_KV_F16, KILN_KV_F16},
+        {8, 2, 256, 256, true, false, false, false, true, 9, 0, MAXP, 3, KILN_KV_F16, KILN_KV_F16},
+        /* the other cache types, and mixed pairs */
+        {32, 8, 128, 128, true, false, false, false, false, 700, 0, MAXP, 0, KILN_KV_Q8_0, KILN_KV_Q8_0},
+        {12, 4, 64, 64, false, false, true, false, false, 5, 0, MAXP, 0, KILN_KV_Q4_0, KILN_KV_Q4_0},
+        {16, 8, 128, 128, true, false, true, false, true, 300, 0, MAXP, 0, KILN_KV_Q8_0, KILN_KV_F16},
+        {12, 4, 64, 64, false, false, false, true, false, 1000, 64, 80, 0, KILN_KV_F16, KILN_KV_Q4_0},
+        {8, 1, 256, 256, true, false, false, false, true, 600, 0, MAXP, 0, KILN_KV_BF16, KILN_KV_BF16},
+        {12, 4, 64, 64, false, true, true, false, false, 40, 0, MAXP, 0, KILN_KV_F32, KILN_KV_F32},
+        {32, 8, 128, 128, true, false, false, true, false, 600, 64, 80, 3, KILN_KV_Q8_0, KILN_KV_Q8_0},
+        {12, 4, 64, 64, false, false, true, false, true, 3, 0, MAXP, 3, KILN_KV_Q4_0, KILN_KV_BF16},
+        {8, 2, 256, 256, true, false, false, false, true, 9, 0, MAXP, 3, KILN_KV_Q8_0, KILN_KV_Q4_0},
     };
     kiln_status s = KILN_OK;
     bufs b;
-    const size_t QB = (size_t)3 * 32 * 128 * 4, KVB = (size_t)3 * 32 * 128 * 4, CB = (size_t)3 * MAXP * 32 * 128 * 2;
+    const size_t QB = (size_t)3 * 32 * 128 * 4, KVB = (size_t)3 * 32 * 128 * 4, CB = (size_t)3 * MAXP * 32 * 128 * 4;
     b.q = dalloc(QB, &s), b.qr = dalloc(QB, &s), b.k = dalloc(KVB, &s), b.kr = dalloc(KVB, &s), b.v = dalloc(KVB, &s);
     b.vr = dalloc(KVB, &s), b.bq = dalloc(QB, &s), b.bk = dalloc(KVB, &s), b.bv = dalloc(KVB, &s), b.kc = dalloc(CB, &s);
     b.nw = dalloc(512 * 4, &s);
@@ -201,7 +250,8 @@ static void test_post_refuses(void) {
     CHECK(!kiln_cuda_attention_post_takes(2, false, 32, 8, 128, KILN_KV_F16, KILN_KV_F16, 0.0f), "2 tokens of one sequence");
     CHECK(!kiln_cuda_attention_post_takes(1, false, 32, 8, 96, KILN_KV_F16, KILN_KV_F16, 0.0f), "HS 96");
     CHECK(kiln_cuda_attention_post_takes(1, false, 4, 1, 256, KILN_KV_F16, KILN_KV_F16, 0.0f), "HS 256 is taken");
-    CHECK(!kiln_cuda_attention_post_takes(1, false, 32, 8, 128, KILN_KV_Q8_0, KILN_KV_F16, 0.0f), "a q8_0 cache");
+    CHECK(kiln_cuda_attention_post_takes(1, false, 32, 8, 128, KILN_KV_Q8_0, KILN_KV_F16, 0.0f), "a q8_0 cache is taken");
+    CHECK(!kiln_cuda_attention_post_takes(1, false, 32, 8, 128, (kiln_kv_type)9, KILN_KV_F16, 0.0f), "cache type 9");
     CHECK(!kiln_cuda_attention_post_takes(1, false, 32, 2, 128, KILN_KV_F16, KILN_KV_F16, 0.0f), "16 query heads a KV head");
     CHECK(!kiln_cuda_attention_post_takes(1, false, 32, 8, 128, KILN_KV_F16, KILN_KV_F16, 30.0f), "a softcap");
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");

@@ -167,14 +167,16 @@ struct attn_post {
 /* The fused epilogue of a decode block (POST): s_q holds its gb query heads from hq0 on as the matmul left them;
  * they get their biases, QK-norm and RoPE in place. The block whose split holds key p (store: the last live split,
  * and no other block of the launch reads that row) also makes KV head g's key (bias, norm, RoPE) and value (bias)
- * of row t and stores them into cache row p % rows as f16. The same operations as qkv_post_kernel's in the same
- * order (norm.cuh's sums of squares, rope.cuh), so the cache bytes and the attention's output are the unfused
- * pair's bit for bit. A warp norms a head at a time. The caller synchronizes after it: the stored row is then
- * visible to the block's own loads. */
-template <int HS>
+ * of row t and stores them into cache row p % rows in the caches' types (kt, vt): f16, bf16 or f32 element by
+ * element, q8_0 and q4_0 a block of 32 a warp (kiln_kv_quantize_warp, kv_quantize_kernel's arithmetic). The same
+ * operations as qkv_post_kernel's (then kv_quantize's) in the same order (norm.cuh's sums of squares, rope.cuh),
+ * so the cache bytes and the attention's output are the unfused pair's bit for bit. A warp norms a head at a time.
+ * HS is the head size, at most HSM. The caller synchronizes after it: the stored row is then visible to the
+ * block's own loads. */
+template <int HSM>
 static __device__ __forceinline__ void post_prologue(float *s_q, int gb, int hq0, int g, int t, int p, bool store, int NKV, int rows,
-                                                     void *k_cache, void *v_cache, const attn_post &pp) {
-    __shared__ float s_k[HS], s_cos[HS / 2], s_sin[HS / 2];
+                                                     void *k_cache, void *v_cache, int kt, int vt, int HS, const attn_post &pp) {
+    __shared__ float s_k[HSM], s_v[HSM], s_cos[HSM / 2], s_sin[HSM / 2];
     const int tid = threadIdx.x, half = pp.rope ? pp.rope_dim / 2 : 0;
     const size_t kv0 = ((size_t)t * NKV + g) * HS, b0 = (size_t)g * HS;
     if (half) kiln_rope_angles(s_cos, s_sin, half, (float)p, pp.theta_scale, pp.rf, 1.0f);
@@ -203,11 +205,30 @@ static __device__ __forceinline__ void post_prologue(float *s_q, int gb, int hq0
         }
         __syncthreads();
     }
-    if (store) {
-        const size_t e0 = ((size_t)(p % rows) * NKV + g) * HS;
+    if (!store) return;
+    const size_t e0 = ((size_t)(p % rows) * NKV + g) * HS;
+    if (kt == KILN_KV_F16 && vt == KILN_KV_F16) {
         for (int i = tid; i < HS; i += ATTN_THREADS) {
             ((__half *)k_cache)[e0 + i] = __float2half_rn(s_k[i]);
             ((__half *)v_cache)[e0 + i] = __float2half_rn(pp.bv ? __fadd_rn(pp.v[kv0 + i], pp.bv[b0 + i]) : pp.v[kv0 + i]);
+        }
+        return;
+    }
+    for (int i = tid; i < HS; i += ATTN_THREADS) {
+        s_v[i] = pp.bv ? __fadd_rn(pp.v[kv0 + i], pp.bv[b0 + i]) : pp.v[kv0 + i];
+        if (!kiln_kv_is_block(kt)) kiln_kv_store1(kt, k_cache, e0 + i, s_k[i]);
+        if (!kiln_kv_is_block(vt)) kiln_kv_store1(vt, v_cache, e0 + i, s_v[i]);
+    }
+    if (kiln_kv_is_block(kt) || kiln_kv_is_block(vt)) {
+        __syncthreads(); /* s_v whole */
+        const int nb = HS / 32;                         /* blocks of the head's row; it starts at block g nb of row p % rows */
+        for (int j = tid / 32; j < 2 * nb; j += ATTN_THREADS / 32) { /* a warp a block: k's, then v's */
+            const int type = j < nb ? kt : vt;
+            if (!kiln_kv_is_block(type)) continue; /* warp-uniform */
+            const bool q8 = type == KILN_KV_Q8_0;
+            const size_t bi = (size_t)(p % rows) * NKV * nb + (size_t)g * nb + (j % nb);
+            kiln_kv_quantize_warp((uint8_t *)(j < nb ? k_cache : v_cache) + bi * (q8 ? KILN_KV_Q8_0_BYTES : KILN_KV_Q4_0_BYTES),
+                                  (j < nb ? s_k : s_v)[(j % nb) * 32 + tid % 32], q8);
         }
     }
 }
@@ -299,7 +320,8 @@ attn_decode(float *out, int8_t *xq, float2 *xds, unsigned *counters, float *part
         if (i < gb * HS / 4) ((float4 *)s_q)[i] = qv[k];
     }
     if constexpr (POST)
-        post_prologue<HSM>(s_q, gb, g * G + h0, g, t, p, split == n_live - 1, NKV, rows, (void *)k_cache, (void *)v_cache, pp);
+        post_prologue<HSM>(s_q, gb, g * G + h0, g, t, p, split == n_live - 1, NKV, rows, (void *)k_cache, (void *)v_cache, kt, vt,
+                           HS, pp);
     __syncthreads();
 
     const int lane_g = tid % SG, w = tid / SG;
@@ -613,8 +635,9 @@ static kiln_status attention_cap(float *out, void *xp, const float *q, const voi
             gbm == 1   ? attn_decode<HSM, EXACT, 1, CAP, ANY>
             : gbm == 4 ? attn_decode<HSM, EXACT, 4, CAP, ANY>
                        : attn_decode<HSM, EXACT, ATTN_GB, CAP, ANY>;
-        if (post) { /* the fused epilogue: compiled for the f16 pair at head sizes 64 and 128 without softcap */
-            if constexpr (EXACT && !CAP && !ANY && (HSM == 64 || HSM == 128 || HSM == 256))
+        if (post) { /* the fused epilogue, without softcap: the f16 pair at head sizes 64, 128 and 256; other cache types
+                     * (ANY) through their run-time-typed kernels of 128 and 256 (head sizes 64, 128 and 256) */
+            if constexpr (!CAP && ((EXACT && !ANY && (HSM == 64 || HSM == 128 || HSM == 256)) || (!EXACT && ANY && (HSM == 128 || HSM == 256))))
                 kern = gbm == 1   ? attn_decode<HSM, EXACT, 1, CAP, ANY, true>
                        : gbm == 4 ? attn_decode<HSM, EXACT, 4, CAP, ANY, true>
                                   : attn_decode<HSM, EXACT, ATTN_GB, CAP, ANY, true>;
@@ -748,7 +771,7 @@ extern "C" bool kiln_cuda_attention_on_tc(int64_t T, int64_t HS, kiln_kv_type ty
 extern "C" bool kiln_cuda_attention_post_takes(int64_t T, bool rows, int64_t NH, int64_t NKV, int64_t HS, kiln_kv_type type_k,
                                                kiln_kv_type type_v, float softcap) {
     return (rows || T == 1) && T >= 1 && NKV > 0 && NH % NKV == 0 && NH / NKV <= ATTN_GB && (HS == 64 || HS == 128 || HS == 256) &&
-           type_k == KILN_KV_F16 && type_v == KILN_KV_F16 && softcap == 0;
+           kiln_kv_type_name(type_k) && kiln_kv_type_name(type_v) && softcap == 0;
 }
 
 extern "C" kiln_status kiln_cuda_attention_post(float *out, void *xp, const float *q, const kiln_cuda_attn_post *post,
@@ -760,7 +783,7 @@ extern "C" kiln_status kiln_cuda_attention_post(float *out, void *xp, const floa
     if (!kiln_cuda_attention_post_takes(T, d_seq != NULL, NH, NKV, HS, type_k, type_v, softcap))
         return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda attention_post: T %lld (%s), NH %lld, NKV %lld, HS %lld, cache types %d, %d, "
                          "softcap %g: only one token or one row a sequence, at most %d query heads a KV head, HS 64, 128 or 256, "
-                         "f16 caches, no softcap", (long long)T, d_seq ? "rows" : "one sequence", (long long)NH, (long long)NKV,
+                         "no softcap", (long long)T, d_seq ? "rows" : "one sequence", (long long)NH, (long long)NKV,
                          (long long)HS, (int)type_k, (int)type_v, (double)softcap, ATTN_GB);
     if (!post->nope && (post->rope_dim <= 0 || post->rope_dim % 2 || post->rope_dim > HS))
         return kiln_fail(KILN_ERR_INVALID, "cuda attention_post: rope_dim %lld for HS %lld", (long long)post->rope_dim, (long long)HS);

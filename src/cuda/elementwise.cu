@@ -445,49 +445,17 @@ __global__ void qkv_post_kernel(float *q,                         /* (T, NH*HS) 
     }
 }
 
-/* One warp per block of 32: row (p0 + t) % rows, block b of src's row t. Quantized as quants_ref.c does it, with
- * every product and quotient rounded once (__fmul_rn, __fdiv_rn: no contraction into an fma), so the bytes are
- * the CPU's: q8_0 d = amax / 127, q = roundf(x / d) clamped to +-127; q4_0 d = (the element of largest magnitude,
- * the first such) / -8, q = min(15, trunc(x / d + 8.5)). d = 0 (or 1/d not finite) gives id 0. */
+/* One warp per block of 32: row (p0 + t) % rows, block b of src's row t, by kiln_kv_quantize_warp (kv.cuh). */
 __global__ void kv_quantize_kernel(uint8_t *cache, const float *src /* (T, KV) */, int type, const int32_t *d_pos0,
                                    const int32_t *d_seq, size_t seq_stride, int64_t T, int64_t KV, int64_t rows) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
     const int64_t nb = KV / 32, w = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    const int lane = threadIdx.x % 32;
-    if (w >= T * nb) return; /* whole warps: the shuffles below see all their lanes */
+    if (w >= T * nb) return; /* whole warps: the shuffles see all their lanes */
     const int64_t t = w / nb, b = w % nb, row = (d_seq ? (int64_t)d_pos0[t] : (int64_t)*d_pos0 + t) % rows;
     if (d_seq) cache += (size_t)d_seq[t] * seq_stride;
-    const float x = src[t * KV + b * 32 + lane];
     const bool q8 = type == KILN_KV_Q8_0;
-    uint8_t *blk = cache + (size_t)(row * nb + b) * (q8 ? KILN_KV_Q8_0_BYTES : KILN_KV_Q4_0_BYTES);
-    float a = fabsf(x), d;
-    if (q8) {
-        for (int off = 16; off > 0; off /= 2) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, off));
-        d = __fdiv_rn(a, 127.0f);
-    } else {
-        int idx = lane; /* the first lane of the largest |x| */
-        for (int off = 16; off > 0; off /= 2) {
-            const float oa = __shfl_xor_sync(0xffffffffu, a, off);
-            const int oi = __shfl_xor_sync(0xffffffffu, idx, off);
-            if (oa > a || (oa == a && oi < idx)) a = oa, idx = oi;
-        }
-        const float mx = __shfl_sync(0xffffffffu, x, idx);
-        d = __fdiv_rn(a > 0.0f ? mx : 0.0f, -8.0f);
-    }
-    float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-    if (!isfinite(id)) id = 0.0f;
-    if (lane == 0) *(__half *)blk = __float2half_rn(d);
-    if (q8) {
-        float v = __fmul_rn(x, id);
-        v = v != v ? 0.0f : fminf(fmaxf(v, -127.0f), 127.0f);
-        blk[2 + lane] = (uint8_t)(int8_t)roundf(v);
-    } else {
-        const float v = __fadd_rn(__fmul_rn(x, id), 8.5f);
-        const int c = !(v >= 0.0f) ? 0 : v < 15.0f ? (int)v : 15;
-        const int hi = __shfl_down_sync(0xffffffffu, c, 16);
-        if (lane < 16) blk[2 + lane] = (uint8_t)(c | hi << 4);
-    }
+    kiln_kv_quantize_warp(cache + (size_t)(row * nb + b) * (q8 ? KILN_KV_Q8_0_BYTES : KILN_KV_Q4_0_BYTES), src[t * KV + b * 32 + threadIdx.x % 32], q8);
 }
 
 static kiln_status kv_quantize(void *cache, const float *src, kiln_kv_type type, const int32_t *d_pos0, const int32_t *d_seq,

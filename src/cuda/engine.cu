@@ -8,7 +8,7 @@
  *     when v differs (Q4_K_M's q6_K v) the q|k matvec and v's run in one launch if both are small
  *     (kiln_cuda_matvec_pair; KILN_MV_PAIR=0 keeps the two);
  *   - bias, QK-norm, RoPE and the cache store are one kernel (qkv_post; q8_0 and q4_0 caches add kv_quantize);
- *     in decode over an f16 cache they run inside the attention kernel (qkv_attention,
+ *     in decode they run inside the attention kernel (qkv_attention,
  *     kiln_cuda_attention_post: one launch a layer fewer; KILN_ATTN_POST=0 keeps the two);
  *   - gate and up are one pass over both weights with the GLU applied (matvec_glu) in decode;
  *   - matmul_norm can fold the residual norm (and the GLU the prepare of down's input) into the matvec as its
@@ -593,9 +593,9 @@ static kiln_status cuda_attention(void *p, float *out, float *q, const kiln_attn
     return mark(e, P_ATTN, KILN_OK);
 }
 
-/* qkv_post inside the decode attention (kiln_cuda_attention_post: one launch instead of two) where it takes the
- * layer: one token, or one row each of many sequences; QK-norm only per head (not olmo2's whole-row norm); the
- * f16 cache. Else the two steps. */
+/* qkv_post inside the decode attention (kiln_cuda_attention_post: one launch instead of two, three with a q8_0 or
+ * q4_0 cache) where it takes the layer: one token, or one row each of many sequences; QK-norm only per head (not
+ * olmo2's whole-row norm); any cache type. Else the two steps. */
 static kiln_status cuda_qkv_attention(void *p, float *out, float *q, float *k, float *v, const kiln_attn_args *a, const int32_t *pos0,
                                       int64_t T) {
     engine *e = (engine *)p;

@@ -77,4 +77,40 @@ static __device__ __forceinline__ void kiln_kv_store1(int t, void *cache, size_t
 
 static __host__ __device__ __forceinline__ bool kiln_kv_is_block(int t) { return t == KILN_KV_Q8_0 || t == KILN_KV_Q4_0; }
 
+/* One block of 32 of a q8_0 or q4_0 cache from a whole warp, lane l holding element l (x): quantized as
+ * quants_ref.c does it, with every product and quotient rounded once (__fmul_rn, __fdiv_rn: no contraction into
+ * an fma), so the bytes are the CPU's: q8_0 d = amax / 127, q = roundf(x / d) clamped to +-127; q4_0 d = (the
+ * element of largest magnitude, the first such) / -8, q = min(15, trunc(x / d + 8.5)). d = 0 (or 1/d not finite)
+ * gives id 0. kv_quantize_kernel (elementwise.cu) and the fused decode epilogue (attention.cu) both write with it. */
+static __device__ __forceinline__ void kiln_kv_quantize_warp(uint8_t *blk, float x, bool q8) {
+    const int lane = threadIdx.x % 32;
+    float a = fabsf(x), d;
+    if (q8) {
+        for (int off = 16; off > 0; off /= 2) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, off));
+        d = __fdiv_rn(a, 127.0f);
+    } else {
+        int idx = lane; /* the first lane of the largest |x| */
+        for (int off = 16; off > 0; off /= 2) {
+            const float oa = __shfl_xor_sync(0xffffffffu, a, off);
+            const int oi = __shfl_xor_sync(0xffffffffu, idx, off);
+            if (oa > a || (oa == a && oi < idx)) a = oa, idx = oi;
+        }
+        const float mx = __shfl_sync(0xffffffffu, x, idx);
+        d = __fdiv_rn(a > 0.0f ? mx : 0.0f, -8.0f);
+    }
+    float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    if (!isfinite(id)) id = 0.0f;
+    if (lane == 0) *(__half *)blk = __float2half_rn(d);
+    if (q8) {
+        float v = __fmul_rn(x, id);
+        v = v != v ? 0.0f : fminf(fmaxf(v, -127.0f), 127.0f);
+        blk[2 + lane] = (uint8_t)(int8_t)roundf(v);
+    } else {
+        const float v = __fadd_rn(__fmul_rn(x, id), 8.5f);
+        const int c = !(v >= 0.0f) ? 0 : v < 15.0f ? (int)v : 15;
+        const int hi = __shfl_down_sync(0xffffffffu, c, 16);
+        if (lane < 16) blk[2 + lane] = (uint8_t)(c | hi << 4);
+    }
+}
+
 #endif
