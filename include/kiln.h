@@ -723,7 +723,7 @@ void kiln_sampler_probs(kiln_sampler *s, float *logits, const int32_t *history, 
 float kiln_sampler_coin(kiln_sampler *s);
 int32_t kiln_sampler_draw(kiln_sampler *s, const float *probs);
 
-/* ---------------------------------------------------------------- grammars (src/infer/grammar_parse.c, grammar.c)
+/* ---------------------------------------------------------------- grammars (src/infer/grammar_parse.c, grammar*.c)
  * llama.cpp's GBNF: rules `name ::= alternatives`, literals "..." (escapes \n \r \t \\ \" \xHH \uHHHH \UHHHHHHHH),
  * classes [a-z] and [^...], "." for any character, groups ( ), repetitions * + ? {m} {m,} {m,n} {,n}, # comments;
  * a rule's alternatives end at a newline outside parentheses. A malformed grammar is KILN_ERR_FORMAT with the line

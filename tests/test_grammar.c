@@ -1,4 +1,4 @@
-/* test_grammar.c: GBNF grammars (src/infer/grammar.c).
+/* test_grammar.c: GBNF grammars (src/infer/grammar_parse.c, grammar.c, grammar_vocab.c, grammar_mask.c).
  *   parse errors    each malformed grammar is KILN_ERR_FORMAT with the line and column or the rule in its message
  *   sentences       kiln_grammar_match_text on grammars of every construct: literals and escapes, classes and
  *                   negation, ".", groups, * + ? {m} {m,} {m,n} {,n}, comments, multi-line rules, UTF-8

@@ -1,5 +1,5 @@
 /* grammar_impl.h: the compiled form of a GBNF grammar, shared by the parser (grammar_parse.c) and the matcher
- * (grammar.c). A rule's alternatives are runs of elements in one flat array, each ending in an END. */
+ * (grammar.c, grammar_mask.c). A rule's alternatives are runs of elements in one flat array, each ending in an END. */
 #ifndef KILN_GRAMMAR_IMPL_H
 #define KILN_GRAMMAR_IMPL_H
 

@@ -7,7 +7,7 @@
  * root and left recursion (a rule that can reach itself before consuming a character) are errors naming the line
  * and column, or the rule.
  *
- * The matcher that constrains sampling to a grammar is grammar.c. Tested by tests/test_grammar.c (parse errors,
+ * The recognizer is grammar.c, the matcher that constrains sampling to a grammar grammar_mask.c. Tested by tests/test_grammar.c (parse errors,
  * sentences) and fuzzed by tests/fuzz/fuzz_grammar.c. */
 #include "grammar_impl.h"
 #include "status.h"

@@ -1,9 +1,10 @@
-/* sched.c: the slots, the bounded queue, continuous batching, prompt caching, stop strings, sampling, speculative
- * decoding and slot files (sched.h says how they fit). One thread runs sched_main and owns the contexts (the model's,
- * and a draft model's); a second, the emitter, builds the jobs' frames while the engine runs the next step; the HTTP
- * threads only submit jobs, cancel them and read snapshots, under the scheduler's lock. The jobs themselves and the
- * text helpers are in job.c. */
-#include "serve/sched.h"
+/* sched.c: the slots, the bounded queue, continuous batching, prompt caching, stop strings, sampling and slot files
+ * (sched.h says how they fit). One thread runs sched_main and owns the contexts (the model's, and a draft model's); a
+ * second, the emitter, builds the jobs' frames while the engine runs the next step; the HTTP threads only submit
+ * jobs, cancel them and read snapshots, under the scheduler's lock. Speculative decoding's drafts and acceptance are
+ * in sched_spec.c, the jobs themselves and the text helpers in job.c. Tested by tests/test_serve_unit.c and
+ * tests/test_serve.sh. */
+#include "serve/sched_impl.h"
 
 #include <errno.h>
 #include <math.h>
@@ -12,97 +13,7 @@
 #include <string.h>
 #include <time.h>
 
-/* ---------------------------------------------------------------- the scheduler */
-
-typedef enum { SLOT_IDLE, SLOT_PREFILL, SLOT_DECODE } slot_state;
-
-typedef struct slot {
-    int id;
-    slot_state st;
-    srv_job *job;
-    kiln_sampler *smp;
-    kiln_grammar_matcher *gm; /* the job's grammar over the tokens sampled so far (NULL without one) */
-    size_t n_done;     /* prompt tokens in the cache */
-    int32_t last;      /* SLOT_DECODE: the sampled token the next batch feeds */
-    int64_t n_decoded;
-    char *text;        /* (n_text) generated so far; text[0..sent) handed to the job */
-    size_t n_text, cap_text, sent;
-    int64_t n_prompt;  /* the last job's, for /slots */
-    int64_t n_past;    /* the sequence's position, kept by the scheduler thread for readers under the lock */
-    bool spec;         /* the job may speculate (spec_eligible) */
-    int32_t *draft;    /* (draft_max) this step's drafts, fed after last */
-    int n_draft;       /* how many are in this step's batch */
-    int64_t pos0;      /* last's position in this step's batch */
-    int64_t row;       /* this step's first logits row (last's); the drafts' follow */
-    int64_t qrow;      /* a draft model's drafts: their first row of spec_q */
-    int drow;          /* the draft model's logits row of the slot in its latest decode; -1: none */
-} slot;
-
-/* A slot file or erase, waiting for the scheduler thread. */
-typedef struct ctrl {
-    struct ctrl *next;
-    int slot;
-    srv_slot_action a;
-    const char *path;
-    int status;
-    int64_t n_tokens;
-    char *msg;
-    size_t cap;
-    bool done;
-} ctrl;
-
-struct srv_sched {
-    kiln_context *c;
-    const kiln_model *m;
-    const kiln_tokenizer *tok;
-    kiln_grammar_vocab *gvocab; /* the vocab's trie for grammars, made on the first job that has one */
-    int32_t eos, eot;
-    int64_t V, n_ctx, n_batch;
-    int32_t n_slots;
-    slot *slots;         /* (n_slots) */
-    srv_job **queue;     /* (queue_max) FIFO */
-    int q_n, queue_max;
-    ctrl *ctrls;
-    pthread_mutex_t mu;
-    pthread_cond_t cv, ctrl_cv;
-    pthread_t th;
-    bool stop;
-    srv_metrics met;
-    kiln_batch_entry *batch; /* (n_batch) */
-    int *row_slot;           /* (n_slots) the slots with logits rows this step, in the rows' order */
-    float *logits;           /* (n_slots + spec_rows, V) */
-    srv_spec_params spec;    /* speculation's settings, defaults filled in; spec.draft owned */
-    bool spec_on;            /* lookup or a draft model */
-    int64_t spec_rows;       /* logits rows for drafts in one step, over all slots: draft_max x SPEC_SLOTS at most */
-    int spec_turn;           /* the slot the drafts' rows go to first this step */
-    int32_t *spec_seq;       /* (n_ctx + 1) a slot's tokens and its next one, for prompt lookup */
-    int32_t *spec_out;       /* (draft_max + 1) the tokens a verification gives */
-    kiln_batch_entry *dbatch; /* (the draft's n_batch) the draft model's batch */
-    int32_t *dnext;          /* (n_slots) its argmaxes: a row a slot at most, each decode */
-    float *dlogits;          /* (n_slots, V) its logits */
-    float *spec_q;           /* (spec_rows, V) the draft's probabilities that each draft was drawn from, at a temperature */
-    float *spec_rows_copy;   /* (draft_max + 1, V) a sampling slot's rows before acceptance, for log-probabilities; made
-                              * on the first such job */
-    float *probs;            /* (V) scratch for log-probabilities */
-    /* a step whose rows all come from plain slots (no grammar, log-probabilities or drafts) draws them in the step
-     * (kiln_context_decode_sample: on a GPU only the tokens come back), unless KILN_SAMPLE_ON_HOST=1 */
-    bool in_step;
-    kiln_sampler **ssmp;     /* (n_slots) this step's samplers, by logits row */
-    int32_t *snext;          /* (n_slots) the tokens drawn */
-    char *piece;
-    size_t piece_cap;
-    /* the emitter thread: the jobs' frames are built and handed to the HTTP side off the scheduler thread, in the
-     * order they were posted, while the engine runs the next step */
-    pthread_t em_th;
-    pthread_mutex_t em_mu;
-    pthread_cond_t em_cv;    /* a record posted, or the emitter idle */
-    struct emit_rec *em_head, *em_tail;
-    bool em_on, em_stop, em_busy;
-};
-
-/* Slots whose drafts one step verifies at most, which bounds the logits rows: at 152K vocab a row is 600 KB, so 16
- * drafts for 4 slots hold 39 MB. Further slots decode plainly in that step; the first slot served turns each step. */
-#define SPEC_SLOTS 4
+/* ---------------------------------------------------------------- the scheduler (its state: sched_impl.h) */
 
 int32_t srv_sched_n_slots(const srv_sched *s) { return s->n_slots; }
 const srv_spec_params *srv_sched_spec(const srv_sched *s) { return &s->spec; }
@@ -183,11 +94,6 @@ static void post(srv_sched *s, srv_job *j, char *text, size_t n, const srv_tokin
     pthread_mutex_unlock(&s->em_mu);
 }
 
-static int64_t lcp(const int32_t *a, int64_t na, const int32_t *b, int64_t nb) {
-    int64_t k = 0;
-    while (k < na && k < nb && a[k] == b[k]) k++;
-    return k;
-}
 
 /* Ends slot's job with reason: the held-back text goes out (sanitized) unless a stop string cut it. */
 static void finish(srv_sched *s, slot *sl, srv_finish why, int http_status, const char *err) {
@@ -231,15 +137,6 @@ static void finish_queued(srv_sched *s, srv_job *j, srv_finish why, int http_sta
     post(s, j, NULL, 0, NULL, true);
 }
 
-/* Whether job j may speculate: the server drafts and the request leaves it on, and acceptance gives the tokens the
- * slot's own sampling would: no penalties (the acceptance rule sees no history) and no grammar (drafts are not
- * checked against it). */
-static bool spec_eligible(const srv_sched *s, const srv_job *j) {
-    const kiln_sampler_params *p = &j->g.sp;
-    const bool penalties = p->repeat_last_n != 0 && (p->repeat_penalty != 1 || p->presence_penalty != 0 || p->frequency_penalty != 0);
-    return s->spec_on && j->g.spec_n_max != 0 && !penalties && !j->g.grammar;
-}
-
 /* Puts job j on slot sl: the prompt's longest cached prefix is kept (or copied from the slot that holds more of it),
  * at least its last token re-evaluated. */
 static kiln_status start(srv_sched *s, slot *sl, srv_job *j) {
@@ -257,12 +154,12 @@ static kiln_status start(srv_sched *s, slot *sl, srv_job *j) {
     }
     int64_t np = (int64_t)j->n_prompt, keep = 0;
     if (j->g.cache_prompt) {
-        int64_t mine = lcp(kiln_context_seq_tokens(s->c, sl->id), kiln_context_seq_pos(s->c, sl->id), j->prompt, np);
+        int64_t mine = sched_lcp(kiln_context_seq_tokens(s->c, sl->id), kiln_context_seq_pos(s->c, sl->id), j->prompt, np);
         int src = -1;
         int64_t best = mine;
         for (int i = 0; i < s->n_slots; i++) {
             if (i == sl->id) continue;
-            int64_t k = lcp(kiln_context_seq_tokens(s->c, i), kiln_context_seq_pos(s->c, i), j->prompt, np);
+            int64_t k = sched_lcp(kiln_context_seq_tokens(s->c, i), kiln_context_seq_pos(s->c, i), j->prompt, np);
             if (k > best) best = k, src = i;
         }
         if (best > np - 1) best = np - 1;
@@ -278,7 +175,7 @@ static kiln_status start(srv_sched *s, slot *sl, srv_job *j) {
     sl->n_decoded = 0;
     sl->n_text = sl->sent = 0;
     sl->n_prompt = np;
-    sl->spec = spec_eligible(s, j);
+    sl->spec = sched_spec_eligible(s, j);
     pthread_mutex_lock(&j->mu);
     j->spec = sl->spec;
     j->slot = sl->id;
@@ -302,7 +199,7 @@ static void assign(srv_sched *s) {
                 if (s->slots[i].st != SLOT_IDLE) continue;
                 int32_t q = s->slots[i].id;
                 int64_t pos = kiln_context_seq_pos(s->c, q);
-                int64_t k = j->g.cache_prompt ? lcp(kiln_context_seq_tokens(s->c, q), pos, j->prompt, (int64_t)j->n_prompt) : 0;
+                int64_t k = j->g.cache_prompt ? sched_lcp(kiln_context_seq_tokens(s->c, q), pos, j->prompt, (int64_t)j->n_prompt) : 0;
                 /* the longest match; among equals the slot with the least cached (keeps the others' caches) */
                 int64_t score = k * (s->n_ctx + 1) + (s->n_ctx - pos);
                 if (score > best) best = score, dst = &s->slots[i];
@@ -606,105 +503,6 @@ static void reap(srv_sched *s) {
     }
 }
 
-/* How many drafts slot sl (decoding, its job eligible) feeds this step, at most room: what the request and the server
- * allow, and what the context and n_predict leave room for after last (a token past n_predict is never emitted);
- * prompt lookup's tokens into sl->draft, or that many reserved for the draft model (model_drafts). Fewer than the
- * minimum: none. */
-static int spec_drafts(srv_sched *s, slot *sl, int64_t room) {
-    const srv_gen *g = &sl->job->g;
-    const int64_t pos = kiln_context_seq_pos(s->c, sl->id);
-    int64_t k = g->spec_n_max >= 0 && g->spec_n_max < s->spec.draft_max ? g->spec_n_max : s->spec.draft_max;
-    const int64_t n_min = g->spec_n_min >= 0 ? g->spec_n_min : s->spec.draft_min;
-    if (k > room) k = room;
-    if (k > s->n_ctx - 1 - pos) k = s->n_ctx - 1 - pos; /* the drafts' positions pos + 1 .. pos + k */
-    if (g->n_predict >= 0 && k > g->n_predict - sl->n_decoded - 1) k = g->n_predict - sl->n_decoded - 1;
-    if (k <= 0 || k < n_min) return 0;
-    if (s->spec.draft) return (int)k;
-    memcpy(s->spec_seq, kiln_context_seq_tokens(s->c, sl->id), (size_t)pos * sizeof *s->spec_seq);
-    s->spec_seq[pos] = sl->last;
-    k = (int64_t)kiln_spec_lookup(s->spec_seq, (size_t)pos + 1, 1, s->spec.lookup_ngram, (size_t)k, sl->draft);
-    return k < n_min ? 0 : (int)k;
-}
-
-/* The draft model's token after slot sl's row r of its latest decode into sl->draft[t]: its argmax at temperature 0,
- * else a draw from its distribution under the slot's sampler settings, kept in spec_q for acceptance. */
-static void draft_token(srv_sched *s, slot *sl, int r, int t) {
-    if (sl->job->g.sp.temp == 0) {
-        sl->draft[t] = s->dnext[r];
-        return;
-    }
-    float *q = s->spec_q + (size_t)(sl->qrow + t) * (size_t)s->V;
-    memcpy(q, s->dlogits + (size_t)r * (size_t)s->V, (size_t)s->V * sizeof *q);
-    kiln_sampler_probs(sl->smp, q, NULL, 0);
-    sl->draft[t] = kiln_sampler_draw(sl->smp, q);
-}
-
-/* Runs the draft context over dbatch[0, n): its argmaxes into dnext, and its logits into dlogits when a slot samples.
- * False on an error of the draft's. */
-static bool draft_decode(srv_sched *s, size_t n, bool any_sampling) {
-    if (!n) return true;
-    if (kiln_context_decode(s->spec.draft, s->dbatch, n, any_sampling ? s->dlogits : NULL, s->dnext)) return false;
-    return true;
-}
-
-/* The draft model's drafts for the slots that reserved some (sl->n_draft), run without the scheduler's lock (only this
- * thread touches the slots' drafts and the contexts). Each slot's draft sequence is caught up to its target's tokens
- * and last: the longest common prefix kept (kiln_context_seq_keep), the rest evaluated, batched over the slots in
- * chunks of the draft's n_batch. Then one token a slot a decode, batched over the slots, until each has its drafts. A
- * decode the draft fails marks every reserving slot -1 (its job ends with the error). */
-static void model_drafts(srv_sched *s) {
-    kiln_context *dc = s->spec.draft;
-    const int64_t nb = kiln_context_n_batch(dc);
-    bool sampling = false;
-    int most = 0;
-    for (int i = 0; i < s->n_slots; i++) {
-        slot *sl = &s->slots[i];
-        sl->drow = -1;
-        if (sl->n_draft <= 0) continue;
-        sampling = sampling || sl->job->g.sp.temp != 0;
-        most = sl->n_draft > most ? sl->n_draft : most;
-        /* last (at pos0) is evaluated whatever the draft holds: its logits give the first draft */
-        const int64_t l = lcp(kiln_context_seq_tokens(dc, sl->id), kiln_context_seq_pos(dc, sl->id), kiln_context_seq_tokens(s->c, sl->id),
-                              sl->pos0);
-        kiln_context_seq_keep(dc, sl->id, l);
-    }
-    for (bool behind = true; behind;) { /* the catch-up, a chunk of n_batch entries a decode */
-        size_t n = 0;
-        int r = 0;
-        behind = false;
-        for (int i = 0; i < s->n_slots; i++) {
-            slot *sl = &s->slots[i];
-            if (sl->n_draft <= 0) continue;
-            const int32_t *tok = kiln_context_seq_tokens(s->c, sl->id);
-            int64_t p = kiln_context_seq_pos(dc, sl->id);
-            for (; p <= sl->pos0 && (int64_t)n < nb; p++)
-                s->dbatch[n++] = (kiln_batch_entry){.seq = sl->id, .id = p == sl->pos0 ? sl->last : tok[p], .pos = p,
-                                                    .logits = p == sl->pos0};
-            if (p == sl->pos0 + 1 && kiln_context_seq_pos(dc, sl->id) <= sl->pos0) sl->drow = r++;
-            behind = behind || p <= sl->pos0;
-        }
-        if (!draft_decode(s, n, sampling)) goto fail;
-        for (int i = 0; i < s->n_slots; i++)
-            if (s->slots[i].n_draft > 0 && s->slots[i].drow >= 0) draft_token(s, &s->slots[i], s->slots[i].drow, 0), s->slots[i].drow = -1;
-    }
-    for (int t = 1; t < most; t++) { /* draft t after draft t - 1, a token a slot */
-        size_t n = 0;
-        for (int i = 0; i < s->n_slots; i++) {
-            slot *sl = &s->slots[i];
-            if (sl->n_draft <= t) continue;
-            sl->drow = (int)n;
-            s->dbatch[n++] = (kiln_batch_entry){.seq = sl->id, .id = sl->draft[t - 1], .pos = sl->pos0 + t, .logits = true};
-        }
-        if (!draft_decode(s, n, sampling)) goto fail;
-        for (int i = 0; i < s->n_slots; i++)
-            if (s->slots[i].n_draft > t) draft_token(s, &s->slots[i], s->slots[i].drow, t);
-    }
-    return;
-fail:
-    for (int i = 0; i < s->n_slots; i++)
-        if (s->slots[i].n_draft > 0) s->slots[i].n_draft = -1;
-}
-
 /* One iteration's batch: each decoding slot's token (and the drafts of a speculating one, while the rows for drafts
  * and the batch last: every decoding slot's token comes first), then prefill chunks up to n_batch. *n_groups gets the
  * slots with logits rows (s->row_slot). Called with the lock held; the draft model runs without it. */
@@ -723,13 +521,13 @@ static size_t build_batch(srv_sched *s, int *n_groups, size_t *chunk) {
         if (sl->st != SLOT_DECODE) continue;
         sl->pos0 = kiln_context_seq_pos(s->c, sl->id);
         sl->qrow = s->spec_rows - room;
-        if (sl->spec && room > 0) sl->n_draft = spec_drafts(s, sl, room);
+        if (sl->spec && room > 0) sl->n_draft = sched_spec_drafts(s, sl, room);
         room -= sl->n_draft;
         reserved = reserved || sl->n_draft;
     }
     if (reserved && s->spec.draft) {
         pthread_mutex_unlock(&s->mu);
-        model_drafts(s);
+        sched_model_drafts(s);
         pthread_mutex_lock(&s->mu);
         char msg[300];
         snprintf(msg, sizeof msg, "the draft model's decode failed: %s", kiln_last_error());
