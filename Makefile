@@ -327,7 +327,7 @@ fuzz-shards:
 	build-fuzz/fuzz_shards -max_total_time=$(FUZZ_SECONDS) -timeout=$(FUZZ_TIMEOUT) -max_len=4096 -artifact_prefix=tests/fuzz/crashes/ \
 	  build-fuzz/corpus-shards tests/fuzz/corpus-shards
 
-# The GBNF parser and the matcher's code-point walk (src/infer/grammar_parse.c, grammar.c); the tokenizer sources only resolve the
+# The GBNF parser and the recognizer's code-point walk (src/infer/grammar_parse.c, grammar.c); the tokenizer sources only resolve the
 # matcher's symbols (the harness makes no matcher).
 fuzz-grammar:
 	@mkdir -p build-fuzz/corpus-grammar tests/fuzz/crashes
