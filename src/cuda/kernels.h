@@ -192,7 +192,8 @@ typedef struct kiln_cuda_attn_post {
     bool neox, nope;
 } kiln_cuda_attn_post;
 /* Whether kiln_cuda_attention_post takes a launch: T = 1 of one sequence, or T rows of as many sequences (rows);
- * at most 8 query heads a KV head; HS 64, 128 or 256; f16 caches; no softcap. */
+ * at most 8 query heads a KV head; HS 64, 128 or 256; any cache types (q8_0 and q4_0 quantized a block of 32 a
+ * warp, as kiln_cuda_kv_quantize does); no softcap. */
 bool kiln_cuda_attention_post_takes(int64_t T, bool rows, int64_t NH, int64_t NKV, int64_t HS, kiln_kv_type type_k,
                                     kiln_kv_type type_v, float softcap);
 /* kiln_cuda_qkv_post (or _rows, with d_seq) then kiln_cuda_attention_xp (or _rows; xp may be NULL) in one decode
