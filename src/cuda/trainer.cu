@@ -272,13 +272,13 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
                          param_bytes / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0);
 
     kiln_cuda_trainer *t = (kiln_cuda_trainer *)calloc(1, sizeof *t);
-    const char *bound = getenv("KILN_ADAMW_BOUND");
     if (!t) return kiln_fail(KILN_ERR_NOMEM, "out of memory");
     t->m = m, t->B = B, t->T = T, t->N = N, t->n = n, t->bytes = need;
     t->dist = world > 1 ? dist : NULL, t->world = world, t->rank = dist ? kiln_dist_rank(dist) : 0, t->zero1 = zero1;
     t->n_pad = n_pad, t->shard = shard;
     t->embed_skipped0 = m->n_embed_skipped;
     t->gathered = -1;
+    const char *bound = getenv("KILN_ADAMW_BOUND");
     t->bound = !(bound && strcmp(bound, "0") == 0);
     t->deterministic = (flags & KILN_CUDA_TRAIN_DETERMINISTIC) != 0;
     t->recompute = recompute;
@@ -657,14 +657,15 @@ extern "C" kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const kiln_
     if (!t->zero1 && t->dist && !t->reduced) TRY(kiln_dist_allreduce_f32(t->dist, t->grads, t->n_pad, t->stream));
     TRY(kiln_cuda_grad_sumsq(d_sumsq, t->grads + o, S, t->ws, t->stream));
     if (t->zero1) TRY(kiln_dist_allreduce_f64(t->dist, d_sumsq, 1, t->stream));
+    const kiln_cuda_adamw_max *known = t->bound && t->max_known ? t->d_max : NULL; /* the bound's maxima, if any */
     if (t->eight_bit)
         TRY(kiln_cuda_adamw8_check(t->d_wsumsq, t->d_wpartial, t->d_seg, t->n_seg, t->n_chunks, t->params + o, t->grads + o, t->q,
                                    t->decay + o, lr, cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay, cfg->grad_clip, t->opt_step + 1,
-                                   d_sumsq, t->bound && t->max_known ? t->d_max : NULL, t->stream));
+                                   d_sumsq, known, t->stream));
     else
         TRY(kiln_cuda_adamw_check(t->d_wsumsq, t->d_wpartial, t->d_seg, t->n_seg, t->n_chunks, t->params + o, t->grads + o, t->am, t->av,
                                   t->decay + o, lr, cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay, cfg->grad_clip, t->opt_step + 1,
-                                  d_sumsq, t->bound && t->max_known ? t->d_max : NULL, t->stream));
+                                  d_sumsq, known, t->stream));
     if (t->zero1) TRY(kiln_dist_allreduce_f64(t->dist, t->d_wsumsq, t->n_seg, t->stream)); /* each rank summed its shard */
     if (t->eight_bit)
         TRY(kiln_cuda_adamw8_apply_checked(t->params + o, t->grads + o, t->q, t->mirror + o, t->decay + o, S, lr, cfg->beta1, cfg->beta2,
@@ -687,8 +688,10 @@ extern "C" kiln_status kiln_cuda_trainer_adamw(kiln_cuda_trainer *t, const kiln_
     TRY(wait_stream(t, "AdamW step"));
     bool weights_ok = true;
     for (int i = 0; i < t->n_seg; i++) weights_ok = weights_ok && isfinite(t->h_wsumsq[i]);
-    if (!skip) t->opt_step++; /* as the CPU's kiln_adamw: a skipped step does not count */
-    if (!skip) t->max_known = true; /* the update wrote d_max; a skipped one left it (and the weights) as they were */
+    if (!skip) { /* as the CPU's kiln_adamw, a skipped step does not count; it left d_max (and the weights) as they were */
+        t->opt_step++;
+        t->max_known = true; /* the update wrote d_max */
+    }
     *grad_norm = norm;
     *skipped = skip != 0 || !weights_ok;
     return KILN_OK;
