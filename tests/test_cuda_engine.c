@@ -256,6 +256,62 @@ static void test_cache_types(void) {
     if (stories[0]) unlink(stories);
 }
 
+/* The matvec prologue (engine.cu's take_pre; KILN_MV_PRE): a session whose one-token matvecs run the norm or the
+ * prepare before them as their prologue (KILN_MV_PRE=all, KILN_MV_PRE_COLS=4096, whatever the defaults) gives the
+ * same logits, bit for bit, as one that launches those kernels (KILN_MV_PRE=0), over a prompt and 16 decode steps
+ * through the captured graph, with the greedy argmax graph between. Widths of the 124M shape (768 and 2048, both taken) in q4_K_M (the q|k and v pair) and q8_0. */
+static void test_prologue_bits(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    const char *types[] = {"q4_k_m", "q8_0"};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        kiln_synth_params p = kiln_synth_default();
+        p.n_vocab = 1000, p.n_embd = 768, p.n_layer = 2, p.n_head = 12, p.n_head_kv = 4, p.n_ff = 2048, p.n_ctx = N_CTX;
+        p.n_threads = 2;
+        CHECK(kiln_ftype_from_name(types[ti], &p.ftype) == KILN_OK, "%s", kiln_last_error());
+        char path[512];
+        snprintf(path, sizeof path, "%s/synth-pre-%s.gguf", tmp_dir, types[ti]);
+        CHECK(kiln_synth_llama(path, &p) == KILN_OK, "%s", kiln_last_error());
+        kiln_model *m = NULL;
+        CHECK(kiln_model_load(path, &m) == KILN_OK, "%s", kiln_last_error());
+        const int64_t V = kiln_model_n_vocab(m);
+        kiln_session_params pg = {.n_ctx = N_CTX, .n_batch = N_BATCH, .n_threads = 2, .n_gpu_layers = 999};
+        kiln_session *s[2] = {NULL, NULL}; /* 0: the kernels, 1: the prologue */
+        setenv("KILN_MV_PRE", "0", 1);
+        CHECK(kiln_session_new(m, &pg, &s[0]) == KILN_OK, "%s", kiln_last_error());
+        setenv("KILN_MV_PRE", "all", 1), setenv("KILN_MV_PRE_COLS", "4096", 1); /* whatever the default */
+        CHECK(kiln_session_new(m, &pg, &s[1]) == KILN_OK, "%s", kiln_last_error());
+        unsetenv("KILN_MV_PRE"), unsetenv("KILN_MV_PRE_COLS");
+        unsigned long long seed = 7;
+        int32_t ids[N_PROMPT];
+        for (int i = 0; i < N_PROMPT; i++) ids[i] = (int32_t)(test_rng_next(&seed) % (unsigned long long)V);
+        float *l[2] = {malloc((size_t)V * sizeof(float)), malloc((size_t)V * sizeof(float))};
+        for (int k = 0; k < 2; k++) CHECK(kiln_session_eval(s[k], ids, N_PROMPT, l[k], NULL) == KILN_OK, "%s", kiln_last_error());
+        int32_t tok = argmax_margin(l[0], V, &(double){0});
+        int differ = -1;
+        for (int step = 0; step < 16 && differ < 0 && !test_failed_; step++) {
+            int32_t next[2] = {-1, -2};
+            for (int k = 0; k < 2; k++) {
+                memset(l[k], 0xFF, (size_t)V * sizeof(float));
+                if (step % 4 == 3) CHECK(kiln_session_eval_argmax(s[k], &tok, 1, &next[k]) == KILN_OK, "%s", kiln_last_error());
+                else CHECK(kiln_session_eval(s[k], &tok, 1, l[k], NULL) == KILN_OK, "%s", kiln_last_error());
+            }
+            if (step % 4 == 3) {
+                if (next[0] != next[1]) differ = step;
+                tok = next[0];
+            } else {
+                if (memcmp(l[0], l[1], (size_t)V * sizeof(float))) differ = step;
+                tok = argmax_margin(l[0], V, &(double){0});
+            }
+        }
+        printf("    %s: 16 decode steps with and without the prologue: %s\n", types[ti], differ < 0 ? "the same bits" : "differ");
+        CHECK(differ < 0, "%s: decode step %d differs with the matvec prologue", types[ti], differ);
+        free(l[0]), free(l[1]);
+        kiln_session_free(s[0]), kiln_session_free(s[1]);
+        kiln_model_free(m);
+        unlink(path);
+    }
+}
+
 static void test_errors(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     kiln_synth_params p = kiln_synth_default();
@@ -315,6 +371,7 @@ int main(void) {
     RUN(test_arch_fixtures);
     RUN(test_stories);
     RUN(test_cache_types);
+    RUN(test_prologue_bits);
     RUN(test_errors);
     TEST_EXIT();
 }

@@ -1,5 +1,6 @@
 /* test_cuda_matvec.c: the decode matmuls of src/cuda/matvec.cu (kiln_cuda_matvec_prepare, kiln_cuda_matvec,
- * kiln_cuda_matvec_glu; kiln_cuda_matvec_pair against two kiln_cuda_matvec launches, bit for bit) for every type, T in {1, 2, 3, 8}, odd row counts (partial last CTA) and widths from one
+ * kiln_cuda_matvec_glu; kiln_cuda_matvec_pair against two kiln_cuda_matvec launches and the prologue against the
+ * kernels it saves, bit for bit) for every type, T in {1, 2, 3, 8}, odd row counts (partial last CTA) and widths from one
  * 32-thread group per row (256) to several passes of 128 threads (11008), add, and both GLU activations, against
  *  (a) a double-precision dot of the dequantized weights (scalar to_float) with x as the kernel sees it: for the
  *      block types x rounded to int8 blocks of 32 exactly as matvec_prepare does (d = amax / 127 in f32,
@@ -595,6 +596,128 @@ static void test_matvec_pair(void) {
     CHECK(kiln_cuda_matvec_pair(dummy, &qk, dummy, &v6, dummy, NULL) == KILN_ERR_UNSUPPORTED, "a 7B-like pair launched");
 }
 
+/* The matvec prologue (kiln_cuda_mv_tail's pre_x): one token's matvec that makes its own prepared x gives the bytes
+ * of the kernels it saves, bit for bit: y, and the xb and xp that CTA 0 leaves, against residual_norm_xp (normed)
+ * or matvec_prepare (not) followed by the matvec reading xp. Widths 768, 2048 and 4096 (the norm kernel's 64, 128
+ * and 256 threads, replayed by a CTA of 128) and 5632 and 11008 unnormed; row counts that leave a partial last CTA;
+ * add; the GLU; the pair (q|k beside v). x spans several magnitudes so the norm's sum has many bits to lose. */
+typedef struct {
+    kiln_type t;
+    int64_t rows, cols;
+    bool normed, glu, add, pair;
+} pre_case;
+
+static void test_matvec_pre(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    static const pre_case cases[] = {
+        {KILN_TYPE_Q4_K, 2304, 768, true, false, false, false},  {KILN_TYPE_Q6_K, 1000, 768, true, false, true, false},
+        {KILN_TYPE_Q8_0, 2560, 2048, true, false, false, false}, {KILN_TYPE_Q4_0, 777, 2048, true, true, false, false},
+        {KILN_TYPE_Q5_K, 4097, 4096, true, false, false, false}, {KILN_TYPE_Q4_K, 11008, 4096, true, true, false, false},
+        {KILN_TYPE_Q6_K, 2048, 5632, false, false, true, false}, {KILN_TYPE_Q4_K, 768, 2048, false, false, true, false},
+        {KILN_TYPE_Q8_0, 4096, 11008, false, false, false, false}, {KILN_TYPE_Q4_0, 96, 256, false, true, false, false},
+        {KILN_TYPE_Q4_K, 2048 + 512, 2048, true, false, false, true}, {KILN_TYPE_Q5_K, 1280, 768, true, false, false, true},
+        {KILN_TYPE_Q4_K, 777, 2048, false, false, false, true},
+    };
+    unsigned long long rng = 0x707265ULL;
+    for (int ci = 0; ci < COUNT(cases); ci++) {
+        const pre_case c = cases[ci];
+        const int64_t rows = c.rows, cols = c.cols, r2 = c.pair ? 256 + ci : 0; /* the pair's q6_K part */
+        const size_t xpn = kiln_cuda_matvec_prep_bytes(1, cols);
+        const kiln_type t2 = KILN_TYPE_Q6_K;
+        float *deq = malloc((size_t)(rows * cols) * 4), *deq2 = malloc((size_t)((r2 ? r2 : 1) * cols) * 4);
+        float *x = malloc((size_t)cols * 4), *nw = malloc((size_t)cols * 4), *y0 = malloc((size_t)(rows + r2) * 4);
+        float *ga = malloc((size_t)(rows + r2) * 4), *gb = malloc((size_t)(rows + r2) * 4);
+        float *xba = malloc((size_t)cols * 4), *xbb = malloc((size_t)cols * 4);
+        uint8_t *pa = malloc(xpn), *pb = malloc(xpn);
+        uint8_t *w = make_weights(c.t, rows, cols, deq, &rng), *wu = make_weights(c.t, rows, cols, deq, &rng);
+        uint8_t *w2 = r2 ? make_weights(t2, r2, cols, deq2, &rng) : NULL;
+        for (int64_t i = 0; i < cols; i++) x[i] = test_rng_f32(&rng) * (float)(1 << (i % 7)) * 0.37f;
+        for (int64_t i = 0; i < cols; i++) nw[i] = 1.0f + 0.5f * test_rng_f32(&rng);
+        for (int64_t i = 0; i < rows + r2; i++) y0[i] = 4.0f * test_rng_f32(&rng);
+        const size_t rb = kiln_type_row_bytes(c.t, cols), rb2 = kiln_type_row_bytes(t2, cols);
+        void *dw = NULL, *dwu = NULL, *dw2 = NULL, *dxpa = NULL, *dxpb = NULL;
+        float *dx = NULL, *dnw = NULL, *dya = NULL, *dyb = NULL, *dxba = NULL, *dxbb = NULL;
+        kiln_status st = KILN_OK;
+        if (!st) st = kiln_cuda_alloc(&dw, rb * (size_t)rows);
+        if (!st) st = kiln_cuda_alloc(&dwu, rb * (size_t)rows);
+        if (!st) st = kiln_cuda_alloc(&dw2, rb2 * (size_t)(r2 ? r2 : 1));
+        if (!st) st = kiln_cuda_alloc(&dxpa, xpn);
+        if (!st) st = kiln_cuda_alloc(&dxpb, xpn);
+        if (!st) st = kiln_cuda_alloc((void **)&dx, (size_t)cols * 4);
+        if (!st) st = kiln_cuda_alloc((void **)&dnw, (size_t)cols * 4);
+        if (!st) st = kiln_cuda_alloc((void **)&dya, (size_t)(rows + r2) * 4);
+        if (!st) st = kiln_cuda_alloc((void **)&dyb, (size_t)(rows + r2) * 4);
+        if (!st) st = kiln_cuda_alloc((void **)&dxba, (size_t)cols * 4);
+        if (!st) st = kiln_cuda_alloc((void **)&dxbb, (size_t)cols * 4);
+        if (!st) st = kiln_cuda_upload(dw, w, rb * (size_t)rows);
+        if (!st) st = kiln_cuda_upload(dwu, wu, rb * (size_t)rows);
+        if (!st && r2) st = kiln_cuda_upload(dw2, w2, rb2 * (size_t)r2);
+        if (!st) st = kiln_cuda_upload(dx, x, (size_t)cols * 4);
+        if (!st) st = kiln_cuda_upload(dnw, nw, (size_t)cols * 4);
+        const kiln_cuda_wt W = {.type = c.t, .rows = rows, .cols = cols, .row_bytes = rb, .data = dw};
+        const kiln_cuda_wt Wu = {.type = c.t, .rows = rows, .cols = cols, .row_bytes = rb, .data = dwu};
+        const kiln_cuda_wt W2 = {.type = t2, .rows = r2, .cols = cols, .row_bytes = rb2, .data = dw2};
+        const bool takes = kiln_cuda_matvec_pre_takes(&W, 1, c.normed);
+        /* the separate kernels: the norm (or the prepare), then the matvec reading xp */
+        if (!st) poison(dxba, cols), poison(dxbb, cols), poison(dya, rows + r2), poison(dyb, rows + r2);
+        if (!st && c.add) st = kiln_cuda_upload(dya, y0, (size_t)rows * 4);
+        if (!st && c.add) st = kiln_cuda_upload(dyb, y0, (size_t)rows * 4);
+        const float *xin = c.normed ? dxba : dx;
+        if (!st) st = c.normed ? kiln_cuda_residual_norm_xp(dx, NULL, NULL, 0.0f, dxba, dxpa, dnw, 1e-5f, 1, cols, NULL)
+                               : kiln_cuda_matvec_prepare(dxpa, dx, 1, cols, NULL);
+        if (!st) st = c.pair ? kiln_cuda_matvec_pair(dya, &W, dya + rows, &W2, dxpa, NULL)
+                      : c.glu ? kiln_cuda_matvec_glu(dya, xin, dxpa, &W, &Wu, 1, false, NULL)
+                              : kiln_cuda_matvec(dya, xin, dxpa, &W, 1, c.add, NULL);
+        /* the prologue, into a poisoned xp */
+        kiln_cuda_mv_tail pre = {.kind = KILN_CUDA_TAIL_NONE, .pre_x = dx, .pre_w = c.normed ? dnw : NULL, .pre_eps = 1e-5f,
+                                 .pre_xb = c.normed ? dxbb : NULL};
+        memset(pb, 0xA5, xpn);
+        if (!st) st = kiln_cuda_upload(dxpb, pb, xpn);
+        if (!st) st = c.pair ? kiln_cuda_matvec_pair_pre(dyb, &W, dyb + rows, &W2, dxpb, &pre, NULL)
+                      : c.glu ? kiln_cuda_matvec_glu_tail(dyb, NULL, dxpb, &W, &Wu, 1, false, &pre, NULL)
+                              : kiln_cuda_matvec_tail(dyb, NULL, dxpb, &W, 1, c.add, &pre, NULL);
+        if (!st) st = kiln_cuda_sync();
+        if (!st) st = kiln_cuda_download(ga, dya, (size_t)(rows + r2) * 4);
+        if (!st) st = kiln_cuda_download(gb, dyb, (size_t)(rows + r2) * 4);
+        if (!st) st = kiln_cuda_download(xba, dxba, (size_t)cols * 4);
+        if (!st) st = kiln_cuda_download(xbb, dxbb, (size_t)cols * 4);
+        if (!st) st = kiln_cuda_download(pa, dxpa, xpn);
+        if (!st) st = kiln_cuda_download(pb, dxpb, xpn);
+        int64_t bad_y = -1;
+        for (int64_t i = 0; !st && i < rows + r2 && bad_y < 0; i++)
+            if (memcmp(&ga[i], &gb[i], 4) || !isfinite(gb[i])) bad_y = i;
+        const bool same_xb = !c.normed || memcmp(xba, xbb, (size_t)cols * 4) == 0, same_xp = memcmp(pa, pb, xpn) == 0;
+        kiln_cuda_free(dw), kiln_cuda_free(dwu), kiln_cuda_free(dw2), kiln_cuda_free(dxpa), kiln_cuda_free(dxpb), kiln_cuda_free(dx);
+        kiln_cuda_free(dnw), kiln_cuda_free(dya), kiln_cuda_free(dyb), kiln_cuda_free(dxba), kiln_cuda_free(dxbb);
+        free(deq), free(deq2), free(x), free(nw), free(y0), free(ga), free(gb), free(xba), free(xbb), free(pa), free(pb);
+        free(w), free(wu), free(w2);
+        CHECK(takes, "case %d: %s over %lld columns (%s) not taken", ci, kiln_type_name(c.t), (long long)cols, c.normed ? "normed" : "quantized");
+        CHECK(st == KILN_OK, "case %d: %s", ci, kiln_last_error());
+        CHECK(bad_y < 0, "case %d (%s %lld x %lld, %s%s%s%s): y[%lld] differs from the separate kernels'", ci, kiln_type_name(c.t),
+              (long long)rows, (long long)cols, c.normed ? "normed" : "quantized", c.glu ? ", glu" : "", c.add ? ", add" : "",
+              c.pair ? ", pair" : "", (long long)bad_y);
+        CHECK(same_xb, "case %d: xb differs from the norm kernel's", ci);
+        CHECK(same_xp, "case %d: the prepared bytes differ", ci);
+    }
+    /* what it refuses, before launching */
+    float dummy[8];
+    const kiln_cuda_wt f16 = {.type = KILN_TYPE_F16, .rows = 64, .cols = 256, .row_bytes = 512, .data = dummy};
+    const kiln_cuda_wt q4 = {.type = KILN_TYPE_Q4_K, .rows = 64, .cols = 8192, .row_bytes = 4608, .data = dummy};
+    const kiln_cuda_wt q2 = {.type = KILN_TYPE_Q2_K, .rows = 64, .cols = 256, .row_bytes = 84, .data = dummy};
+    const kiln_cuda_wt q8 = {.type = KILN_TYPE_Q8_0, .rows = 64, .cols = 32 * 640, .row_bytes = 34 * 640, .data = dummy};
+    CHECK(!kiln_cuda_matvec_pre_takes(&q4, 2, false), "two tokens");
+    CHECK(!kiln_cuda_matvec_pre_takes(&f16, 1, false), "an f16 weight");
+    CHECK(!kiln_cuda_matvec_pre_takes(&q2, 1, false), "a q2_K weight (no prologue built)");
+    CHECK(!kiln_cuda_matvec_pre_takes(&q4, 1, true) && kiln_cuda_matvec_pre_takes(&q4, 1, false), "8192 columns: normed no, quantized yes");
+    CHECK(!kiln_cuda_matvec_pre_takes(&q8, 1, false), "20480 columns");
+    const kiln_cuda_mv_tail pre = {.pre_x = (const float *)dummy, .pre_w = (const float *)dummy};
+    const kiln_status s_t2 = kiln_cuda_matvec_tail(dummy, dummy, dummy, &q4, 2, false, &pre, NULL);
+    const kiln_status s_f16 = kiln_cuda_matvec_tail(dummy, dummy, dummy, &f16, 1, false, &pre, NULL);
+    const kiln_status s_wide = kiln_cuda_matvec_tail(dummy, dummy, dummy, &q4, 1, false, &pre, NULL);
+    CHECK(s_t2 == KILN_ERR_UNSUPPORTED && s_f16 == KILN_ERR_UNSUPPORTED && s_wide == KILN_ERR_UNSUPPORTED,
+          "two tokens %d, f16 %d, a normed 8192 %d", s_t2, s_f16, s_wide);
+}
+
 /* The launchers refuse what they cannot compute, with a message, and never launch. */
 static void test_matvec_refuses(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
@@ -655,6 +778,7 @@ int main(void) {
     RUN(test_matvec_tails);
     RUN(test_matvec_prefetch);
     RUN(test_matvec_pair);
+    RUN(test_matvec_pre);
     RUN(test_matvec_refuses);
     kiln_pool_free(pool);
     TEST_EXIT();

@@ -13,6 +13,10 @@
  *   - gate and up are one pass over both weights with the GLU applied (matvec_glu) in decode;
  *   - matmul_norm can fold the residual norm (and the GLU the prepare of down's input) into the matvec as its
  *     tail; measured slower (docs/cuda.md), so only KILN_MV_TAIL=all|norm|prep turns it on;
+ *   - or the other way round, the matvec's prologue (kiln_cuda_mv_tail's pre_x): a one-token residual norm is deferred
+ *     (pend) until the matvec that reads its output, whose CTAs each norm and quantize x for themselves, and a
+ *     one-token matvec whose input is not prepared quantizes it itself; every other step runs a pending norm first
+ *     (flush). Up to KILN_MV_PRE_COLS columns (PRE_COLS_DEFAULT), KILN_MV_PRE=0|norm|quant|all;
  *   - nonfinite, the check of a stage's output for a NaN or an infinity (the greedy argmax's row always, every layer
  *     with check_finite), is a small grid-stride kernel here that sets a flag in device memory the session reads back.
  * The context remembers which activation the prepared int8 buffer (xp) holds, so a matvec prepares its input only
@@ -59,6 +63,11 @@
  * B 8: 7B 1,260 -> 1,376, 1.1B 4,209 -> 4,722, 124M 12,806 -> 13,402; B 6: 7B 1,144 -> 1,195, 1.1B 3,839 -> 3,592,
  * 124M 10,945 -> 10,293. So 6: B 7 and 8 on gemm_small, up to 6 on the matvecs. */
 #define MV_ROWS_DEFAULT 6
+
+/* One-token matvecs of at most this many columns make their own prepared x (the matvec prologue; KILN_MV_PRE_COLS
+ * overrides, 0: none): the norm or the prepare before them is then no kernel of its own. 0 until it is measured on
+ * the GPU machine (docs/cuda.md). */
+#define PRE_COLS_DEFAULT 0
 
 /* ---------------------------------------------------------------- sizing and upload */
 
@@ -265,6 +274,11 @@ static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, 
     e->fuse_post = !(fp && strcmp(fp, "0") == 0);
     const char *mp = getenv("KILN_MV_PAIR");
     e->pair = !(mp && strcmp(mp, "0") == 0);
+    const char *pre = getenv("KILN_MV_PRE"), *pre_cols = getenv("KILN_MV_PRE_COLS");
+    e->pre_kinds = !pre ? PRE_NORM | PRE_QUANT : strcmp(pre, "norm") == 0 ? PRE_NORM : strcmp(pre, "quant") == 0 ? PRE_QUANT
+                 : strcmp(pre, "0") == 0 ? 0 : PRE_NORM | PRE_QUANT;
+    const long pc = pre_cols ? strtol(pre_cols, NULL, 10) : PRE_COLS_DEFAULT;
+    e->pre_cols = pc >= 0 && pc <= KILN_CUDA_MV_PRE_MAX_COLS ? pc : PRE_COLS_DEFAULT;
     const char *tails = getenv("KILN_MV_TAIL");
     e->tails = !tails ? 0 : strcmp(tails, "all") == 0 ? TAIL_PREPARE | TAIL_NORM : strcmp(tails, "prep") == 0 ? TAIL_PREPARE
              : strcmp(tails, "norm") == 0 ? TAIL_NORM : 0;
@@ -376,18 +390,31 @@ static kiln_status cuda_alloc_host(void *p, size_t bytes, void **out) {
     return KILN_OK;
 }
 static void cuda_free_host(void *p, void *buf) { cudaFreeHost(buf); }
+
+/* The deferred residual norm (pend), launched now: every step but the matvec that takes it as its prologue begins
+ * here, so the norm runs before anything that could read its output or change its input. */
+static kiln_status flush(engine *e) {
+    if (!e->pend.on) return KILN_OK;
+    e->pend.on = false;
+    return kiln_cuda_residual_norm_xp(e->pend.x, NULL, NULL, 0.0f, e->pend.xb, e->xp, e->pend.w, e->pend.eps, 1, e->pend.C,
+                                      e->stream);
+}
+
 static kiln_status cuda_upload(void *p, void *dst, const void *src, size_t bytes) {
     TRY(use_device((engine *)p));
+    TRY(flush((engine *)p));
     CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ((engine *)p)->stream), "cudaMemcpyAsync");
     return KILN_OK;
 }
 static kiln_status cuda_download(void *p, void *dst, const void *src, size_t bytes) {
     TRY(use_device((engine *)p));
+    TRY(flush((engine *)p));
     CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ((engine *)p)->stream), "cudaMemcpyAsync");
     return KILN_OK;
 }
 static kiln_status cuda_synchronize(void *p) {
     TRY(use_device((engine *)p));
+    TRY(flush((engine *)p));
     CK(cudaStreamSynchronize(((engine *)p)->stream), "forward");
     return KILN_OK;
 }
@@ -396,6 +423,8 @@ static kiln_status capture(engine *e, kiln_status (*enqueue)(void *arg), void *a
     cudaGraph_t g = NULL;
     CK(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     kiln_status st = enqueue(arg);
+    if (!st) st = flush(e); /* a norm the step left pending belongs to the graph */
+    e->pend.on = false;
     cudaError_t err = cudaStreamEndCapture(e->stream, &g);
     if (st) {
         if (g) cudaGraphDestroy(g);
@@ -429,6 +458,7 @@ static kiln_status mark(engine *e, int cat, kiln_status st) {
 
 /* xp <- x's prepared form for the matvecs, unless it already holds it. */
 static kiln_status prepare(engine *e, const float *x, int64_t T, int64_t cols) {
+    TRY(flush(e));
     if (e->xp_of == x && e->xp_T == T && e->xp_cols == cols) return KILN_OK;
     TRY(kiln_cuda_matvec_prepare(e->xp, x, T, cols, e->stream));
     e->xp_of = x, e->xp_T = T, e->xp_cols = cols;
@@ -442,6 +472,25 @@ static void prepared_next(engine *e, const float *x, int64_t T, int64_t cols) {
     void *t = e->xp;
     e->xp = e->xp_next, e->xp_next = t;
     prepared(e, x, T, cols);
+}
+
+/* Whether the one-token matvec over W that reads x makes x's prepared form itself (t's prologue): the pending norm
+ * whose output is x, or, with none pending, x's prepare. xp then holds x's prepared form (and xb the norm's output)
+ * after the matvec, as after the kernel it saves. Otherwise the caller prepares (which runs a pending norm first). */
+static bool take_pre(engine *e, kiln_cuda_mv_tail *t, const float *x, const kiln_cuda_wt *W, int64_t T) {
+    if (T != 1 || W->cols > e->pre_cols) return false;
+    if (e->pend.on) {
+        if (x != e->pend.xb || W->cols != e->pend.C || !kiln_cuda_matvec_pre_takes(W, 1, true)) return false;
+        t->pre_x = e->pend.x, t->pre_w = e->pend.w, t->pre_eps = e->pend.eps, t->pre_xb = e->pend.xb;
+        e->pend.on = false; /* xp_of is xb since the norm step */
+        return true;
+    }
+    if (!(e->pre_kinds & PRE_QUANT) || (e->xp_of == x && e->xp_T == 1 && e->xp_cols == W->cols) || ((uintptr_t)x & 15) ||
+        !kiln_cuda_matvec_pre_takes(W, 1, false))
+        return false;
+    t->pre_x = x;
+    prepared(e, x, 1, W->cols);
+    return true;
 }
 
 /* Whether a matvec of T rows over W, into y, can run a tail (kiln_cuda_mv_tail's conditions). */
@@ -460,8 +509,8 @@ static bool small_takes(const engine *e, const kiln_cuda_wt *q, int64_t T) {
 
 static kiln_status mm(engine *e, float *y, const float *x, const dev_wt *W, const kiln_cuda_wt *q, int64_t T, bool add) {
     if (T <= KILN_CUDA_MATVEC_MAX_T && (T <= e->mv_rows || !small_takes(e, q, T))) {
-        TRY(prepare(e, x, T, q->cols));
         kiln_cuda_mv_tail t = {};
+        if (!take_pre(e, &t, x, q, T)) TRY(prepare(e, x, T, q->cols));
         engine_pf_spans(e, &t);
         TRY(kiln_cuda_matvec_tail(y, x, e->xp, q, T, add, &t, e->stream));
     } else if (small_takes(e, q, T)) {
@@ -469,6 +518,7 @@ static kiln_status mm(engine *e, float *y, const float *x, const dev_wt *W, cons
         TRY(prepare(e, x, T, q->cols));
         TRY(kiln_cuda_gemm_small(y, e->xp, q, T, add, &e->gws, e->stream));
     } else {
+        TRY(flush(e));
         engine_pf_drop(e);
         TRY(kiln_cuda_gemm(y, x, W->bf.data && q == &W->q ? &W->bf : q, T, add, &e->gws, e->stream));
     }
@@ -479,6 +529,7 @@ static kiln_status mm(engine *e, float *y, const float *x, const dev_wt *W, cons
 static kiln_status cuda_embed(void *p, float *x, const kiln_weight *table, const int32_t *ids, int64_t T, int64_t C, float scale) {
     engine *e = (engine *)p;
     e->xp_of = NULL;
+    e->pend.on = false;           /* left by a step that failed: its output is not wanted */
     e->n_hint = 0, e->n_seen = 0; /* a step begins */
     return mark(e, P_EMBED, kiln_cuda_embed(x, &((const dev_wt *)table->impl)->q, ids, T, scale, e->stream));
 }
@@ -487,8 +538,14 @@ static kiln_status cuda_residual_norm(void *p, float *x, float *y, const kiln_we
                                       const kiln_weight *w, float eps, int64_t T, int64_t C) {
     engine *e = (engine *)p;
     const float *pw = post_w ? (const float *)post_w->impl : NULL, *nw = w ? (const float *)w->impl : NULL;
+    TRY(flush(e));
     e->xp_of = NULL;
-    if (!w) { /* no pre-norm (olmo2): the residual add alone, then xb = x; the matvec prepares xb itself */
+    if (w && !y && !pw && T == 1 && (e->pre_kinds & PRE_NORM) && C % 32 == 0 && C <= 4096 && C <= e->pre_cols &&
+        !(((uintptr_t)x | (uintptr_t)xb | (uintptr_t)nw) & 15)) {
+        /* one token's norm alone: deferred to the matvec that reads xb, which runs it as its prologue (take_pre) */
+        e->pend.on = true, e->pend.x = x, e->pend.xb = xb, e->pend.w = nw, e->pend.eps = eps, e->pend.C = C;
+        prepared(e, xb, T, C);
+    } else if (!w) { /* no pre-norm (olmo2): the residual add alone, then xb = x; the matvec prepares xb itself */
         TRY(kiln_cuda_residual_norm(x, y, pw, post_eps, NULL, NULL, eps, T, C, e->stream));
         CK(cudaMemcpyAsync(xb, x, sizeof(float) * (size_t)(T * C), cudaMemcpyDeviceToDevice, e->stream), "cudaMemcpyAsync (xb = x)");
     } else if ((T <= KILN_CUDA_MATVEC_MAX_T || (e->gemm_small_max && T <= KILN_CUDA_GEMM_SMALL_MAX_T)) && C % 32 == 0) {
@@ -506,8 +563,9 @@ static kiln_status cuda_qkv(void *p, float *q, float *k, float *v, const float *
     const dev_wt *Q = (const dev_wt *)wq->impl, *K = (const dev_wt *)wk->impl, *V = (const dev_wt *)wv->impl;
     if (T == 1 && Q->n_merged == 2 && k == q + Q->q.rows && e->pair && kiln_cuda_matvec_pair_takes(&Q->qkv, &V->q)) {
         engine_pf_drop(e); /* q|k and v (Q4_K_M's q6_K) in one launch */
-        TRY(prepare(e, x, 1, Q->qkv.cols));
-        TRY(kiln_cuda_matvec_pair(q, &Q->qkv, v, &V->q, e->xp, e->stream));
+        kiln_cuda_mv_tail t = {};
+        if (!take_pre(e, &t, x, &Q->qkv, 1)) TRY(prepare(e, x, 1, Q->qkv.cols));
+        TRY(kiln_cuda_matvec_pair_pre(q, &Q->qkv, v, &V->q, e->xp, &t, e->stream));
         if (q == e->xp_of || v == e->xp_of) e->xp_of = NULL;
     } else if (T == 1 && Q->n_merged && k == q + Q->q.rows && v == k + K->q.rows) {
         TRY(mm(e, q, x, Q, &Q->qkv, 1, false));
@@ -539,6 +597,7 @@ static int64_t attn_launch_rows(const engine *e, const kiln_attn_args *a, int64_
 
 static kiln_status cuda_qkv_post(void *p, float *q, float *k, float *v, const kiln_attn_args *a, const int32_t *pos0, int64_t T) {
     engine *e = (engine *)p;
+    TRY(flush(e));
     e->xp_of = NULL;
     const bool full = a->q_norm && a->qk_norm_full; /* olmo2: a token's whole q and k are one norm row each */
     if (full) { /* the model refuses biases beside it, so the norm comes first here as it does on the CPU */
@@ -570,6 +629,7 @@ static bool attn_writes_xp(const engine *e, const kiln_attn_args *a, int64_t T) 
 /* The attention writes its output's prepared form for wo too, where it can and nothing comes between. */
 static kiln_status cuda_attention(void *p, float *out, float *q, const kiln_attn_args *a, const int32_t *pos0, int64_t T) {
     engine *e = (engine *)p;
+    TRY(flush(e));
     const float scale = attn_scale(a);
     e->xp_of = NULL;
     const bool xp = attn_writes_xp(e, a, T);
@@ -599,6 +659,7 @@ static kiln_status cuda_attention(void *p, float *out, float *q, const kiln_attn
 static kiln_status cuda_qkv_attention(void *p, float *out, float *q, float *k, float *v, const kiln_attn_args *a, const int32_t *pos0,
                                       int64_t T) {
     engine *e = (engine *)p;
+    TRY(flush(e));
     if (!e->fuse_post || ((a->q_norm || a->k_norm) && a->qk_norm_full) ||
         !kiln_cuda_attention_post_takes(T, a->seq != NULL, a->NH, a->NKV, a->HS, a->type_k, a->type_v, a->softcap)) {
         TRY(cuda_qkv_post(p, q, k, v, a, pos0, T));
@@ -623,6 +684,7 @@ static kiln_status cuda_qkv_attention(void *p, float *out, float *q, float *k, f
 
 static kiln_status cuda_sigmoid_mul(void *p, float *x, const float *g, int64_t n) {
     engine *e = (engine *)p;
+    TRY(flush(e));
     e->xp_of = NULL;
     return mark(e, P_OTHER, kiln_cuda_sigmoid_mul(x, g, n, e->stream));
 }
@@ -656,8 +718,8 @@ static kiln_status cuda_ffn_up(void *p, float *gate, float *up, const float *x, 
     engine *e = (engine *)p;
     const dev_wt *G = (const dev_wt *)wg->impl, *U = (const dev_wt *)wu->impl;
     if (T <= KILN_CUDA_MATVEC_MAX_T && G->q.type == U->q.type && (T <= e->mv_rows || !small_takes(e, &G->q, T))) {
-        TRY(prepare(e, x, T, G->q.cols));
         kiln_cuda_mv_tail tail = {};
+        if (!take_pre(e, &tail, x, &G->q, T)) TRY(prepare(e, x, T, G->q.cols));
         engine_pf_spans(e, &tail);
         if (tail_fits(e, TAIL_PREPARE, &G->q, gate, T)) {
             tail.kind = KILN_CUDA_TAIL_PREPARE, tail.cnt = e->mv_cnt, tail.xp = e->xp_next;
@@ -685,6 +747,7 @@ static kiln_status cuda_head(void *p, float *logits, const float *x, const kiln_
 
 static kiln_status cuda_argmax(void *p, int32_t *next, const float *x, int64_t n) {
     engine *e = (engine *)p;
+    TRY(flush(e));
     return mark(e, P_HEAD, kiln_cuda_argmax(next, x, 1, n, e->stream));
 }
 
@@ -703,6 +766,7 @@ __global__ void nonfinite_kernel(int32_t *flag, const float *x, int64_t n, int32
 
 static kiln_status cuda_nonfinite(void *p, int32_t *flag, const float *x, int64_t n, int32_t code) {
     engine *e = (engine *)p;
+    TRY(flush(e));
     if (n <= 0) return KILN_OK;
     int64_t blocks = (n + NONFINITE_THREADS - 1) / NONFINITE_THREADS;
     if (blocks > 264) blocks = 264; /* two waves of the H200's 132 SMs; each thread then loops */
@@ -712,6 +776,7 @@ static kiln_status cuda_nonfinite(void *p, int32_t *flag, const float *x, int64_
 
 static kiln_status cuda_sample(void *p, int32_t *next, const float *x, int64_t n, const kiln_sample_args *args, void *work) {
     engine *e = (engine *)p;
+    TRY(flush(e));
     return mark(e, P_HEAD, kiln_cuda_sample(next, x, n, args, work, e->stream));
 }
 

@@ -20,6 +20,7 @@
 enum { P_EMBED, P_NORM, P_QKV, P_QKV_POST, P_ATTN, P_WO, P_FFN_UP, P_DOWN, P_HEAD, P_OTHER, P_COUNT };
 #define PROF_MAX 8192
 enum { TAIL_PREPARE = 1, TAIL_NORM = 2 };
+enum { PRE_NORM = 1, PRE_QUANT = 2 };
 typedef struct {
     int n;
     int cat[PROF_MAX];
@@ -64,6 +65,18 @@ typedef struct engine {
                      * two launches) */
     int tails;     /* the matvecs' tails in decode: TAIL_PREPARE (the GLU prepares down's input), TAIL_NORM (wo and
                     * down norm the residual). Off unless KILN_MV_TAIL=all, prep or norm: measured slower (docs/cuda.md) */
+    /* The matvec prologue (kiln_cuda_mv_tail's pre_x) in decode: a one-token matvec of at most pre_cols columns makes
+     * its prepared x itself, normed (PRE_NORM: the residual norm before it, deferred in pend until the matvec that
+     * reads its output) or not (PRE_QUANT: instead of the prepare). KILN_MV_PRE=0|norm|quant|all, KILN_MV_PRE_COLS. */
+    int pre_kinds;
+    int64_t pre_cols;
+    struct {
+        bool on;
+        float *x, *xb;
+        const float *w;
+        float eps;
+        int64_t C;
+    } pend;
     void *attn_ws;
     kiln_cuda_gemm_ws gws;
     size_t dev_bytes;

@@ -93,7 +93,23 @@ typedef struct kiln_cuda_mv_tail {
      * span (pf non-NULL) must be 16-byte aligned with pf_bytes a multiple of 16, else KILN_ERR_INVALID. */
     const void *pf[KILN_CUDA_PF_SPANS];
     size_t pf_bytes[KILN_CUDA_PF_SPANS];
+    /* The prologue (pre_x non-NULL; kiln_cuda_matvec_pre_takes): the matvec makes its prepared x itself instead of
+     * reading xp, so a decode step saves the kernel before it. Each CTA quantizes pre_x (W.cols floats) into shared
+     * memory, after normalizing it when pre_w is given: xb = rmsnorm(pre_x, pre_eps) * pre_w, with
+     * kiln_cuda_residual_norm_xp's arithmetic in its order, so the output is that kernel's and the matvec's bytes.
+     * CTA 0 also writes xb to pre_xb (pre_w only; NULL: not written) and the prepared bytes to xp, which the launch
+     * then writes and does not read: afterwards xp and pre_xb hold what residual_norm_xp (or matvec_prepare, without
+     * pre_w) would have left. Needs no tail kind; combines with the prefetch. */
+    const float *pre_x;  /* (W.cols), 16-byte aligned */
+    const float *pre_w;  /* (W.cols), 16-byte aligned, or NULL */
+    float pre_eps;
+    float *pre_xb;       /* (W.cols), 16-byte aligned, or NULL */
 } kiln_cuda_mv_tail;
+/* Whether a matvec of T rows over W takes the prologue (normed: with pre_w): one token, W a block type the prologue
+ * is built for (q4_0, q8_0, q4_K, q5_K, q6_K) of width a multiple of 32, at most KILN_CUDA_MV_PRE_MAX_COLS (the normed
+ * prologue: 4096, so that a CTA holds the norm kernel's loads in registers). */
+#define KILN_CUDA_MV_PRE_MAX_COLS 16384
+bool kiln_cuda_matvec_pre_takes(const kiln_cuda_wt *W, int64_t T, bool normed);
 /* kiln_cuda_matvec and kiln_cuda_matvec_glu with a tail (NULL or KILN_CUDA_TAIL_NONE: none). For a tail W.rows must
  * be a multiple of 32 and y 16-byte aligned, else KILN_ERR_INVALID before launching. */
 kiln_status kiln_cuda_matvec_tail(float *y, const float *x, const void *xp, const kiln_cuda_wt *W, int64_t T, bool add,
@@ -105,6 +121,9 @@ kiln_status kiln_cuda_matvec_tail(float *y, const float *x, const void *xp, cons
 bool kiln_cuda_matvec_pair_takes(const kiln_cuda_wt *W1, const kiln_cuda_wt *W2);
 kiln_status kiln_cuda_matvec_pair(float *y1, const kiln_cuda_wt *W1, float *y2, const kiln_cuda_wt *W2, const void *xp,
                                   void *stream);
+/* The same with a prologue (pre: its pre_* fields only; NULL or pre_x NULL: none), as kiln_cuda_mv_tail says. */
+kiln_status kiln_cuda_matvec_pair_pre(float *y1, const kiln_cuda_wt *W1, float *y2, const kiln_cuda_wt *W2, const void *xp,
+                                      const kiln_cuda_mv_tail *pre, void *stream);
 kiln_status kiln_cuda_matvec_glu_tail(float *out, const float *x, const void *xp, const kiln_cuda_wt *Wg,
                                       const kiln_cuda_wt *Wu, int64_t T, bool geglu, const kiln_cuda_mv_tail *tail,
                                       void *stream);

@@ -40,6 +40,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <type_traits>
 
 #include "status.h"
 
@@ -179,11 +180,89 @@ static __device__ __forceinline__ void mv_prefetch(const mv_args &a) {
         }
 }
 
+/* The prologue (PRE; mv_args' pre_*, kernels.h's kiln_cuda_mv_tail): x's prepared form for one token, made by the
+ * CTA into shared memory (sq: cols codes, sds: cols / 32 {d, d * sum}) after its PDL wait, while the weights it
+ * loaded before the wait are in flight. Without pre_w the float4 at i goes to the 8 lanes of its block (as the
+ * residual norm's accesses), through kiln_q8_store_group: matvec_prepare's bytes (q8.cuh). With pre_w it is
+ * residual_norm_kernel's RMSNorm (MAXN 4 float4s a thread, pre_ntv threads) replayed by 128: thread tid plays its
+ * threads tid and tid + 128 (pre_ntv <= 256, C <= 4096), sums their squares in their order, and the warps' totals are
+ * added in that kernel's warp order, so the scale and every code are its bits. CTA 0 (of the whole grid) then writes
+ * xb and copies the prepared bytes out, leaving what the separate kernel would. Ends with a barrier. */
+#define MV_PRE_MAXN 4
+static __device__ __forceinline__ void mv_pre(const mv_args &a, int8_t *sq, float2 *sds) {
+    __shared__ double sh[2 * MV_THREADS / 32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, n4 = (int)(a.cols / 4);
+    const bool first = blockIdx.x == 0;
+    const float4 *x4 = (const float4 *)a.pre_x;
+    const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (!a.pre_w) {
+        for (int c0 = 0; c0 < n4; c0 += MV_THREADS) { /* uniform bound: every lane reaches the shuffles */
+            const int i = c0 + tid;
+            const bool ok = i < n4;
+            const float4 v = ok ? __ldcg(x4 + i) : z;
+            const float o[4] = {v.x, v.y, v.z, v.w};
+            kiln_q8_store_group<4>(o, ok, sq + 4 * i, sds + i / 8);
+        }
+    } else {
+        const int ntv = a.pre_ntv;
+        float4 xv[2][MV_PRE_MAXN];
+        double ss[2];
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+            const int v = tid + m * MV_THREADS;
+            ss[m] = 0.0;
+#pragma unroll
+            for (int j = 0; j < MV_PRE_MAXN; j++) {
+                const int i = v + j * ntv;
+                const bool ok = v < ntv && i < n4;
+                xv[m][j] = ok ? __ldcg(x4 + i) : z;
+                if (ok) {
+                    ss[m] += (double)__fmul_rn(xv[m][j].x, xv[m][j].x);
+                    ss[m] += (double)__fmul_rn(xv[m][j].y, xv[m][j].y);
+                    ss[m] += (double)__fmul_rn(xv[m][j].z, xv[m][j].z);
+                    ss[m] += (double)__fmul_rn(xv[m][j].w, xv[m][j].w);
+                }
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ss[m] += __shfl_xor_sync(0xffffffffu, ss[m], o);
+            if (lane == 0 && v < ntv) sh[warp + m * (MV_THREADS / 32)] = ss[m];
+        }
+        __syncthreads();
+        double sum = 0.0;
+        for (int w = 0; w < ntv / 32; w++) sum += sh[w];
+        const float sc = kiln_rms_scale(sum, a.cols, a.pre_eps);
+        const float4 *w4 = (const float4 *)a.pre_w;
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+            const int v = tid + m * MV_THREADS;
+            if (v >= ntv) continue; /* whole warps: ntv is a multiple of 32 */
+#pragma unroll
+            for (int j = 0; j < MV_PRE_MAXN; j++) {
+                if (j * ntv >= n4) break; /* the same for the whole warp */
+                const int i = v + j * ntv;
+                const bool ok = i < n4;
+                const float4 wv = ok ? __ldg(w4 + i) : z;
+                const float o[4] = {ok ? __fmul_rn(__fmul_rn(xv[m][j].x, sc), wv.x) : 0.0f, ok ? __fmul_rn(__fmul_rn(xv[m][j].y, sc), wv.y) : 0.0f,
+                                    ok ? __fmul_rn(__fmul_rn(xv[m][j].z, sc), wv.z) : 0.0f, ok ? __fmul_rn(__fmul_rn(xv[m][j].w, sc), wv.w) : 0.0f};
+                if (first && ok && a.pre_xb) *(float4 *)(a.pre_xb + 4 * i) = make_float4(o[0], o[1], o[2], o[3]);
+                kiln_q8_store_group<4>(o, ok, sq + 4 * i, sds + i / 8);
+            }
+        }
+    }
+    __syncthreads();
+    if (first) {
+        const int nq = (int)(a.cols / 16), nb = (int)(a.cols / 32);
+        for (int i = tid; i < nq; i += MV_THREADS) ((int4 *)a.pre_oq)[i] = ((const int4 *)sq)[i];
+        for (int i = tid; i < nb; i += MV_THREADS) a.pre_ods[i] = sds[i];
+    }
+}
+
 /* NR weight rows per group: R output rows of W (GLU false), or R rows of Wg then the same R rows of Wu (GLU true,
  * NR = 2R). Output row o = (blockIdx.x * groups + group) * R + j. */
 /* The CTA of index bid of a matvec over a (matvec_kernel: blockIdx.x; matvec_pair_kernel: its index in its part). */
-template <class P, int T, int NR, bool GLU>
+template <class P, int T, int NR, bool GLU, bool PRE>
 static __device__ __forceinline__ void matvec_cta(const mv_args &a, int64_t bid) {
+    static_assert(!PRE || T == 1, "the prologue prepares one token");
     const int R = GLU ? NR / 2 : NR;
     __shared__ float red[MV_THREADS / 32][NR * T];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -209,22 +288,45 @@ static __device__ __forceinline__ void matvec_cta(const mv_args &a, int64_t bid)
     /* The weights are constant, so the thread's first pieces are loaded before the PDL wait, while the previous
      * kernel (the norm, the attention) still runs: only x comes from it. The first piece is peeled off the loop
      * (loading each next piece at the bottom of one loop took 20-60% more registers). */
-    if (k0 < a.ppr) {
+    if constexpr (PRE) { /* the same, with the prologue between the wait and the first dot; x from shared memory */
+        extern __shared__ uint4 mv_dyn[];
+        int8_t *sq = (int8_t *)mv_dyn;
+        float2 *sds = (float2 *)(sq + a.cols);
+        mv_args ax = a;
+        ax.xq = sq, ax.xds = sds;
+        const bool has0 = k0 < a.ppr;
         P w[NR];
+        if (has0)
 #pragma unroll
-        for (int j = 0; j < NR; j++) w[j].load(wrow[j], k0);
+            for (int j = 0; j < NR; j++) w[j].load(wrow[j], k0);
         kiln_pdl_wait();
         kiln_pdl_trigger();
-        mv_accumulate<P, T, NR>(acc, w, a, k0);
+        mv_pre(a, sq, sds);
+        if (has0) mv_accumulate<P, T, NR>(acc, w, ax, k0);
+        for (int64_t p = k0 + gs; p < a.ppr; p += gs) {
+            P wn[NR];
+#pragma unroll
+            for (int j = 0; j < NR; j++) wn[j].load(wrow[j], p);
+            mv_accumulate<P, T, NR>(acc, wn, ax, p);
+        }
     } else {
-        kiln_pdl_wait();
-        kiln_pdl_trigger();
-    }
-    for (int64_t p = k0 + gs; p < a.ppr; p += gs) {
-        P w[NR];
+        if (k0 < a.ppr) {
+            P w[NR];
 #pragma unroll
-        for (int j = 0; j < NR; j++) w[j].load(wrow[j], p);
-        mv_accumulate<P, T, NR>(acc, w, a, p);
+            for (int j = 0; j < NR; j++) w[j].load(wrow[j], k0);
+            kiln_pdl_wait();
+            kiln_pdl_trigger();
+            mv_accumulate<P, T, NR>(acc, w, a, k0);
+        } else {
+            kiln_pdl_wait();
+            kiln_pdl_trigger();
+        }
+        for (int64_t p = k0 + gs; p < a.ppr; p += gs) {
+            P w[NR];
+#pragma unroll
+            for (int j = 0; j < NR; j++) w[j].load(wrow[j], p);
+            mv_accumulate<P, T, NR>(acc, w, a, p);
+        }
     }
 
 #pragma unroll
@@ -275,17 +377,17 @@ static __device__ __forceinline__ void matvec_cta(const mv_args &a, int64_t bid)
     if (a.tail) mv_tail<T>(a, bid * groups * R, (int64_t)groups * R);
 }
 
-template <class P, int T, int NR, bool GLU>
+template <class P, int T, int NR, bool GLU, bool PRE>
 __global__ void __launch_bounds__(MV_THREADS) matvec_kernel(const mv_args a) {
-    matvec_cta<P, T, NR, GLU>(a, blockIdx.x);
+    matvec_cta<P, T, NR, GLU, PRE>(a, blockIdx.x);
 }
 
 /* Two matvecs of one token over the same prepared x in one launch (kiln_cuda_matvec_pair): CTAs 0 .. grid1 - 1
  * are a1's, the rest a2's, each exactly the CTA its own launch would run. No tail, no prefetch. */
-template <class P1, int NR1, class P2, int NR2>
+template <class P1, int NR1, class P2, int NR2, bool PRE>
 __global__ void __launch_bounds__(MV_THREADS) matvec_pair_kernel(const mv_args a1, const mv_args a2, int grid1) {
-    if ((int)blockIdx.x < grid1) matvec_cta<P1, 1, NR1, false>(a1, blockIdx.x);
-    else matvec_cta<P2, 1, NR2, false>(a2, (int64_t)blockIdx.x - grid1);
+    if ((int)blockIdx.x < grid1) matvec_cta<P1, 1, NR1, false, PRE>(a1, blockIdx.x);
+    else matvec_cta<P2, 1, NR2, false, PRE>(a2, (int64_t)blockIdx.x - grid1);
 }
 
 /* q8 blocks of x, one warp per block of 32: xq[32 i + lane], xds[i] for block i = t * nbx + kb. */
@@ -348,13 +450,22 @@ static int mv_rows_t1(const mv_args &a) {
     return wide == 1 || (wide < 0 && a.cols >= 4096 && a.rows * a.cols >= ((int64_t)1 << 24)) ? 4 : 2;
 }
 
-template <class P, int T, int R, bool GLU>
+/* The piece types built with the prologue (kiln_cuda_matvec_pre_takes): the types of the common GGUF files. */
+template <class P> static constexpr bool mv_pre_piece(void) {
+    return std::is_same<P, piece_q4_0>::value || std::is_same<P, piece_q8_0>::value || std::is_same<P, piece_q4_K>::value ||
+           std::is_same<P, piece_q5_K>::value || std::is_same<P, piece_q6_K>::value;
+}
+
+/* Dynamic shared bytes of the prologue: one token's codes and block scales. */
+static size_t mv_pre_smem(int64_t cols) { return (size_t)cols + (size_t)(cols / 32) * sizeof(float2); }
+
+template <class P, int T, int R, bool GLU, bool PRE>
 static kiln_status launch_r(mv_args a, cudaStream_t s) {
     const int64_t grid = mv_shape<P, T>(a, R);
     if (grid > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda matvec: %lld rows is too many", (long long)a.rows);
     if (a.pf_ctas > grid) a.pf_ctas = (int)grid;
-    const cudaError_t e = kiln_launch(matvec_kernel<P, T, GLU ? 2 * R : R, GLU>, dim3((unsigned)grid), dim3(MV_THREADS), 0,
-                                      s, a);
+    const cudaError_t e = kiln_launch(matvec_kernel<P, T, GLU ? 2 * R : R, GLU, PRE>, dim3((unsigned)grid), dim3(MV_THREADS),
+                                      PRE ? mv_pre_smem(a.cols) : 0, s, a);
     return e == cudaSuccess ? KILN_OK : kiln_fail(KILN_ERR_IO, "CUDA matvec launch failed: %s", cudaGetErrorString(e));
 }
 
@@ -362,8 +473,15 @@ template <class P, int T, bool GLU>
 static kiln_status launch_t(mv_args a, cudaStream_t s) {
     /* output rows per group; the 64-weight pieces of the K-quants hold 16+ words a row, so 4 rows of them would
      * take ~170 registers (2 CTAs per SM) from T 2 on: they stay at 2 */
-    if (T == 1 && mv_rows_t1(a) == 4) return launch_r<P, T, GLU ? 2 : 4, GLU>(a, s);
-    return launch_r<P, T, (T <= 4 || P::ELEMS == 64) ? (GLU ? 1 : 2) : (GLU ? 2 : 4), GLU>(a, s);
+    if constexpr (T == 1 && mv_pre_piece<P>()) {
+        if (a.pre_x) {
+            if (mv_rows_t1(a) == 4) return launch_r<P, T, GLU ? 2 : 4, GLU, true>(a, s);
+            return launch_r<P, T, GLU ? 1 : 2, GLU, true>(a, s);
+        }
+    }
+    if (a.pre_x) return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda matvec: no prologue for this type at T %d", T);
+    if (T == 1 && mv_rows_t1(a) == 4) return launch_r<P, T, GLU ? 2 : 4, GLU, false>(a, s);
+    return launch_r<P, T, (T <= 4 || P::ELEMS == 64) ? (GLU ? 1 : 2) : (GLU ? 2 : 4), GLU, false>(a, s);
 }
 
 template <class P, bool GLU>
@@ -382,6 +500,34 @@ static kiln_status launch_p(mv_args a, int64_t T, cudaStream_t s) {
 }
 
 static bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
+
+extern "C" bool kiln_cuda_matvec_pre_takes(const kiln_cuda_wt *W, int64_t T, bool normed) {
+    if (!W || T != 1 || W->cols < 32 || W->cols % 32 || W->cols > (normed ? 4096 : KILN_CUDA_MV_PRE_MAX_COLS)) return false;
+    switch (W->type) {
+    case KILN_TYPE_Q4_0: case KILN_TYPE_Q8_0: case KILN_TYPE_Q4_K: case KILN_TYPE_Q5_K: case KILN_TYPE_Q6_K: return true;
+    default: return false;
+    }
+}
+
+/* a's prologue fields from pre (kernels.h's kiln_cuda_mv_tail), the threads of the norm kernel it replays among
+ * them: residual_norm's launcher gives a row of C = 4 n floats (n <= 2048) ceil(n / 4) threads rounded up to warps. */
+static kiln_status mv_pre_args(const char *op, mv_args &a, const kiln_cuda_wt *W, int64_t T, const void *xp,
+                               const kiln_cuda_mv_tail *pre) {
+    const bool normed = pre->pre_w != NULL;
+    if (!kiln_cuda_matvec_pre_takes(W, T, normed))
+        return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda %s: no%s prologue for %s over %lld columns at T %lld (one token of q4_0, "
+                         "q8_0, q4_K, q5_K or q6_K, a multiple of 32 columns, at most %d)", op, normed ? " normed" : "",
+                         kiln_type_name(W->type) ? kiln_type_name(W->type) : "?", (long long)W->cols, (long long)T,
+                         normed ? 4096 : KILN_CUDA_MV_PRE_MAX_COLS);
+    if (!xp || !aligned(xp, 16) || !aligned(pre->pre_x, 16) || !aligned(pre->pre_w, 16) || !aligned(pre->pre_xb, 16))
+        return kiln_fail(KILN_ERR_INVALID, "cuda %s: a prologue needs xp to write and x, w, xb 16-byte aligned", op);
+    const int n = (int)(W->cols / 4);
+    a.pre_x = pre->pre_x, a.pre_w = pre->pre_w, a.pre_eps = pre->pre_eps, a.pre_xb = normed ? pre->pre_xb : NULL;
+    a.pre_ntv = ((n + 3) / 4 + 31) / 32 * 32;
+    a.pre_oq = (int8_t *)xp;
+    a.pre_ods = (float2 *)((int8_t *)xp + W->cols);
+    return KILN_OK;
+}
 
 template <bool GLU>
 static kiln_status matvec_dispatch(const char *op, float *y, const float *x, const void *xp, const kiln_cuda_wt *W,
@@ -425,6 +571,7 @@ static kiln_status matvec_dispatch(const char *op, float *y, const float *x, con
             a.pf[n] = (const uint8_t *)tail->pf[i], a.pf_bytes[n++] = tail->pf_bytes[i];
         }
         a.pf_ctas = n ? 128 : 0; /* capped by the grid in launch_r */
+        if (tail->pre_x) TRY(mv_pre_args(op, a, W, T, xp, tail));
     }
     const bool is_float = W->type == KILN_TYPE_F32 || W->type == KILN_TYPE_F16 || W->type == KILN_TYPE_BF16;
     if (is_float) {
@@ -516,13 +663,14 @@ extern "C" kiln_status kiln_cuda_matvec_glu_tail(float *out, const float *x, con
 
 /* ---------------------------------------------------------------- two weights of one token in one launch */
 
-template <class P1, class P2>
+template <class P1, class P2, bool PRE>
 static kiln_status launch_pair(mv_args a1, mv_args a2, cudaStream_t s) {
     a1.ppr = a1.cols / P1::ELEMS, a2.ppr = a2.cols / P2::ELEMS;
     const int64_t g1 = mv_shape<P1, 1>(a1, 2), g2 = mv_shape<P2, 1>(a2, 2);
     if (g1 + g2 > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda matvec_pair: %lld + %lld rows is too many", (long long)a1.rows,
                                               (long long)a2.rows);
-    const cudaError_t e = kiln_launch(matvec_pair_kernel<P1, 2, P2, 2>, dim3((unsigned)(g1 + g2)), dim3(MV_THREADS), 0, s, a1, a2, (int)g1);
+    const cudaError_t e = kiln_launch(matvec_pair_kernel<P1, 2, P2, 2, PRE>, dim3((unsigned)(g1 + g2)), dim3(MV_THREADS),
+                                      PRE ? mv_pre_smem(a1.cols) : 0, s, a1, a2, (int)g1);
     return e == cudaSuccess ? KILN_OK : kiln_fail(KILN_ERR_IO, "CUDA matvec_pair launch failed: %s", cudaGetErrorString(e));
 }
 
@@ -539,6 +687,11 @@ extern "C" bool kiln_cuda_matvec_pair_takes(const kiln_cuda_wt *W1, const kiln_c
 
 extern "C" kiln_status kiln_cuda_matvec_pair(float *y1, const kiln_cuda_wt *W1, float *y2, const kiln_cuda_wt *W2, const void *xp,
                                              void *stream) {
+    return kiln_cuda_matvec_pair_pre(y1, W1, y2, W2, xp, NULL, stream);
+}
+
+extern "C" kiln_status kiln_cuda_matvec_pair_pre(float *y1, const kiln_cuda_wt *W1, float *y2, const kiln_cuda_wt *W2, const void *xp,
+                                                 const kiln_cuda_mv_tail *pre, void *stream) {
     if (!y1 || !y2 || !W1 || !W2 || !W1->data || !W2->data) return kiln_fail(KILN_ERR_INVALID, "cuda matvec_pair: NULL output or weight");
     if (!kiln_cuda_matvec_pair_takes(W1, W2))
         return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda matvec_pair: %s beside %s over %lld and %lld columns: only q4_K or q5_K beside "
@@ -562,8 +715,12 @@ extern "C" kiln_status kiln_cuda_matvec_pair(float *y1, const kiln_cuda_wt *W1, 
         a[i].row_bytes = W[i]->row_bytes, a[i].rows = W[i]->rows, a[i].cols = W[i]->cols, a[i].y = y[i];
         a[i].xq = (const int8_t *)xp;
         a[i].xds = (const float2 *)((const int8_t *)xp + W[i]->cols);
+        if (pre && pre->pre_x) TRY(mv_pre_args("matvec_pair", a[i], W[i], 1, xp, pre));
     }
     cudaStream_t s = (cudaStream_t)stream;
-    return W1->type == KILN_TYPE_Q4_K ? launch_pair<piece_q4_K, piece_q6_K>(a[0], a[1], s)
-                                      : launch_pair<piece_q5_K, piece_q6_K>(a[0], a[1], s);
+    if (pre && pre->pre_x)
+        return W1->type == KILN_TYPE_Q4_K ? launch_pair<piece_q4_K, piece_q6_K, true>(a[0], a[1], s)
+                                          : launch_pair<piece_q5_K, piece_q6_K, true>(a[0], a[1], s);
+    return W1->type == KILN_TYPE_Q4_K ? launch_pair<piece_q4_K, piece_q6_K, false>(a[0], a[1], s)
+                                      : launch_pair<piece_q5_K, piece_q6_K, false>(a[0], a[1], s);
 }

@@ -32,6 +32,15 @@ struct mv_args {
     float *xb;             /* (T, rows) NORM */
     const float *nw;       /* (rows) NORM */
     float eps;
+    /* the prologue (kiln_cuda_mv_tail's pre_x; T 1): each CTA prepares x in shared memory from pre_x, normed by pre_w
+     * (RMSNorm, pre_eps) when it is given, in the order of a residual norm kernel of pre_ntv threads; CTA 0 also
+     * writes pre_xb (the normed x, when given) and the prepared bytes to pre_oq, pre_ods */
+    const float *pre_x, *pre_w;
+    float pre_eps;
+    int pre_ntv;
+    float *pre_xb;
+    int8_t *pre_oq;
+    float2 *pre_ods;
     /* L2 prefetch spans (kiln_cuda_mv_tail's pf), issued by the grid's last pf_ctas CTAs in chunks of MV_PF_CHUNK */
     const uint8_t *pf[4];
     size_t pf_bytes[4];
