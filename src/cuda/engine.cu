@@ -16,7 +16,8 @@
  *   - or the other way round, the matvec's prologue (kiln_cuda_mv_tail's pre_x): a one-token residual norm is deferred
  *     (pend) until the matvec that reads its output, whose CTAs each norm and quantize x for themselves, and a
  *     one-token matvec whose input is not prepared quantizes it itself; every other step runs a pending norm first
- *     (flush). Up to KILN_MV_PRE_COLS columns (PRE_COLS_DEFAULT), KILN_MV_PRE=0|norm|quant|all;
+ *     (flush). Measured slower (docs/cuda.md), so only KILN_MV_PRE_COLS (PRE_COLS_DEFAULT 0) turns it on, with
+ *     KILN_MV_PRE=0|norm|quant|all;
  *   - nonfinite, the check of a stage's output for a NaN or an infinity (the greedy argmax's row always, every layer
  *     with check_finite), is a small grid-stride kernel here that sets a flag in device memory the session reads back.
  * The context remembers which activation the prepared int8 buffer (xp) holds, so a matvec prepares its input only
@@ -65,8 +66,9 @@
 #define MV_ROWS_DEFAULT 6
 
 /* One-token matvecs of at most this many columns make their own prepared x (the matvec prologue; KILN_MV_PRE_COLS
- * overrides, 0: none): the norm or the prepare before them is then no kernel of its own. 0 until it is measured on
- * the GPU machine (docs/cuda.md). */
+ * overrides, 0: none): the norm or the prepare before them is then no kernel of its own. Measured slower on an H100
+ * (tg128, 2026-12-06, up to 2048 columns): 1.1B Q4_K_M 1,132 -> 858 tok/s, 124M 3,150 -> 2,837; each CTA's chain of
+ * L2 reads costs more than the kernel boundary it saves (docs/cuda.md). So 0: never. */
 #define PRE_COLS_DEFAULT 0
 
 /* ---------------------------------------------------------------- sizing and upload */
