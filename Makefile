@@ -40,8 +40,8 @@ ifneq ($(CUDA_ARCH)$(call non_digits,$(CUDA_CC)),sm_$(CUDA_CC))
 $(error CUDA_ARCH=$(CUDA_ARCH) is not of the form sm_XX (sm_80, sm_90, sm_100))
 endif
 NVCCFLAGS ?= -O3 -std=c++17
-NVCCFLAGS += -gencode arch=compute_$(CUDA_CC),code=sm_$(CUDA_CC) -gencode arch=compute_$(CUDA_CC),code=compute_$(CUDA_CC) \
-             -DKILN_CUDA_ARCH=$(CUDA_CC) -Iinclude -Isrc -Isrc/core
+NVCC_GENCODE = -gencode arch=compute_$(CUDA_CC),code=sm_$(CUDA_CC) -gencode arch=compute_$(CUDA_CC),code=compute_$(CUDA_CC)
+NVCCFLAGS += $(NVCC_GENCODE) -DKILN_CUDA_ARCH=$(CUDA_CC) -Iinclude -Isrc -Isrc/core
 
 # NCCL, for multi-GPU training (src/cuda/dist.cu), with CUDA only: found when nccl.h is in $(NCCL_HOME)/include,
 # $(CUDA_HOME)/include or /usr/include and libnccl.so (or .so.2) in $(NCCL_HOME)/lib, $(CUDA_HOME)/lib, $(CUDA_HOME)/lib64
@@ -75,6 +75,13 @@ OBJ     := $(C_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o) $(BUILD)/wb_
 # The shared library's objects: the same sources compiled position-independent into $(BUILD)/pic/, so that the
 # static library and the programs linked with it keep the faster non-PIC code.
 PIC_OBJ := $(C_SRC:%.c=$(BUILD)/pic/%.o) $(CU_SRC:%.cu=$(BUILD)/pic/%.cu.o) $(BUILD)/pic/wb_static.o
+# The *_wg.cu files hold wgmma kernels, which exist only on the sm_90a target (Hopper's architecture-specific
+# features): built for sm_90, they are compiled for sm_90a (SASS) and compute_90 (PTX, where their bodies trap and
+# the host never launches them: it asks kiln_cuda_attention_wgmma first). For any other CUDA_ARCH they are stubs.
+ifeq ($(CUDA_CC),90)
+WG_OBJ := $(patsubst %.cu,$(BUILD)/%.cu.o,$(filter %_wg.cu,$(CU_SRC))) $(patsubst %.cu,$(BUILD)/pic/%.cu.o,$(filter %_wg.cu,$(CU_SRC)))
+$(WG_OBJ): NVCC_GENCODE = -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90 -DKILN_WGMMA=1
+endif
 ifeq ($(CUDA),1)
 CFLAGS += -DKILN_CUDA=1
 LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++

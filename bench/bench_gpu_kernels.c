@@ -30,7 +30,9 @@
  * D = rowsum(dout * out) pass and the recomputation's exps not counted), for both backward modes: deterministic
  * (dk/dv kernel, then a dq kernel recomputing S and dP: 7 matmuls done) and atomic dq (one kernel, 5). JSON
  * {"bench":"train_attention", ...} and a table; peak_frac against 989 TFLOP/s, the H200's dense bf16 peak (this
- * file measures no GEMM rate).
+ * file measures no GEMM rate). Where this build and device have the wgmma kernels (kiln_cuda_attention_wgmma), each
+ * shape is timed on mma.sync (KILN_ATTN_WG=0) and on wgmma (KILN_ATTN_WG's shape, or 1) in the same run: "path" in
+ * the JSON, a row each in the table, and the ratios after it.
  *
  * Then the cost of a dependency between two phases of work (src/cuda/phase_bench.cu; --phases runs this section
  * alone): per phase, a kernel boundary in a CUDA graph without and with PDL (how kiln's decode step runs) against a
@@ -277,41 +279,71 @@ static kiln_status time_attention(const attn_case *c, uint64_t *rng, double *fwd
     return st;
 }
 
+/* Sets KILN_ATTN_WG to value (NULL: unset); returns the old value (malloc'd, or NULL) for attn_env_restore. */
+static char *attn_env_set(const char *value) {
+    const char *e = getenv("KILN_ATTN_WG");
+    char *keep = e ? strdup(e) : NULL;
+    if (value) setenv("KILN_ATTN_WG", value, 1);
+    else unsetenv("KILN_ATTN_WG");
+    return keep;
+}
+static void attn_env_restore(char *keep) {
+    if (keep) setenv("KILN_ATTN_WG", keep, 1), free(keep);
+    else unsetenv("KILN_ATTN_WG");
+}
+
 static int bench_attention(void) {
     const int n = (int)(sizeof attn_cases / sizeof attn_cases[0]);
-    double ms[2][3] = {{0}}; /* [case][fwd, bwd deterministic, bwd atomic dq] */
+    double ms[2][2][3] = {{{0}}}; /* [case][mma.sync, wgmma][fwd, bwd deterministic, bwd atomic dq] */
+    /* the wgmma path (train_attention_wg.cu) where this build and device have it: in the shape KILN_ATTN_WG names, or
+     * the default shape; both paths are timed in this run */
+    const char *user = getenv("KILN_ATTN_WG");
+    const char *wg_setting = user && strcmp(user, "0") != 0 ? user : "1";
+    char *keep = attn_env_set(wg_setting);
+    const bool wg = kiln_cuda_attention_wgmma(64);
+    attn_env_restore(keep);
     uint64_t rng = 0x2545F4914F6CDD1Dull;
     int done = 0;
     for (; done < n; done++) {
         const attn_case *c = &attn_cases[done];
-        if (time_attention(c, &rng, &ms[done][0], &ms[done][1])) { /* bwd into ms[done][1], [2] */
-            fprintf(stderr, "kiln bench gpu-kernels: attention %s: %s\n", c->model, kiln_last_error());
-            break;
+        int failed = 0;
+        for (int p = 0; p < (wg ? 2 : 1) && !failed; p++) {
+            keep = attn_env_set(p ? wg_setting : "0");
+            failed = time_attention(c, &rng, &ms[done][p][0], &ms[done][p][1]) != KILN_OK; /* bwd into [1], [2] */
+            attn_env_restore(keep);
+            if (failed) {
+                fprintf(stderr, "kiln bench gpu-kernels: attention %s (%s): %s\n", c->model, p ? "wgmma" : "mma.sync", kiln_last_error());
+                break;
+            }
+            const double *m = ms[done][p], fl = 4.0 * c->B * c->NH * (double)c->T * c->T * c->HS / 2;
+            const double tf = fl / (m[0] * 1e-3) / 1e12, tb = 2.5 * fl / (m[1] * 1e-3) / 1e12, ta = 2.5 * fl / (m[2] * 1e-3) / 1e12;
+            printf("{\"bench\":\"train_attention\",\"model\":\"%s\",\"path\":\"%s\",\"B\":%lld,\"T\":%lld,\"NH\":%lld,\"NKV\":%lld,"
+                   "\"HS\":%lld,\"fwd_ms\":%.3f,\"fwd_tflops\":%.1f,\"fwd_peak_frac\":%.3f,\"bwd_ms\":%.3f,"
+                   "\"bwd_tflops\":%.1f,\"bwd_peak_frac\":%.3f,\"bwd_atomic_ms\":%.3f,\"bwd_atomic_tflops\":%.1f,"
+                   "\"bwd_atomic_peak_frac\":%.3f}\n",
+                   c->model, p ? "wgmma" : "mma.sync", (long long)c->B, (long long)c->T, (long long)c->NH, (long long)c->NKV,
+                   (long long)c->HS, m[0], tf, tf / ATTN_PEAK_TFLOPS, m[1], tb, tb / ATTN_PEAK_TFLOPS, m[2], ta,
+                   ta / ATTN_PEAK_TFLOPS);
+            fflush(stdout);
         }
-        const double fl = 4.0 * c->B * c->NH * (double)c->T * c->T * c->HS / 2;
-        const double tf = fl / (ms[done][0] * 1e-3) / 1e12, tb = 2.5 * fl / (ms[done][1] * 1e-3) / 1e12;
-        const double ta = 2.5 * fl / (ms[done][2] * 1e-3) / 1e12;
-        printf("{\"bench\":\"train_attention\",\"model\":\"%s\",\"B\":%lld,\"T\":%lld,\"NH\":%lld,\"NKV\":%lld,"
-               "\"HS\":%lld,\"fwd_ms\":%.3f,\"fwd_tflops\":%.1f,\"fwd_peak_frac\":%.3f,\"bwd_ms\":%.3f,"
-               "\"bwd_tflops\":%.1f,\"bwd_peak_frac\":%.3f,\"bwd_atomic_ms\":%.3f,\"bwd_atomic_tflops\":%.1f,"
-               "\"bwd_atomic_peak_frac\":%.3f}\n",
-               c->model, (long long)c->B, (long long)c->T, (long long)c->NH, (long long)c->NKV, (long long)c->HS,
-               ms[done][0], tf, tf / ATTN_PEAK_TFLOPS, ms[done][1], tb, tb / ATTN_PEAK_TFLOPS, ms[done][2], ta,
-               ta / ATTN_PEAK_TFLOPS);
-        fflush(stdout);
+        if (failed) break;
     }
     printf("\ntraining attention (causal FLOPs; bwd = 2.5 x fwd; peak %.0f TFLOP/s dense bf16)\n", ATTN_PEAK_TFLOPS);
-    printf("%-5s %3s %5s %3s %3s %3s %9s %8s %5s %9s %8s %5s %9s %8s %5s\n", "model", "B", "T", "NH", "NKV", "HS", "fwd ms",
-           "TFLOP/s", "peak", "bwd det", "TFLOP/s", "peak", "bwd atom", "TFLOP/s", "peak");
-    for (int i = 0; i < done; i++) {
-        const attn_case *c = &attn_cases[i];
-        const double fl = 4.0 * c->B * c->NH * (double)c->T * c->T * c->HS / 2;
-        const double tf = fl / (ms[i][0] * 1e-3) / 1e12, tb = 2.5 * fl / (ms[i][1] * 1e-3) / 1e12;
-        const double ta = 2.5 * fl / (ms[i][2] * 1e-3) / 1e12;
-        printf("%-5s %3lld %5lld %3lld %3lld %3lld %9.3f %8.1f %4.0f%% %9.3f %8.1f %4.0f%% %9.3f %8.1f %4.0f%%\n", c->model,
-               (long long)c->B, (long long)c->T, (long long)c->NH, (long long)c->NKV, (long long)c->HS, ms[i][0], tf,
-               100 * tf / ATTN_PEAK_TFLOPS, ms[i][1], tb, 100 * tb / ATTN_PEAK_TFLOPS, ms[i][2], ta, 100 * ta / ATTN_PEAK_TFLOPS);
-    }
+    printf("%-5s %-8s %3s %5s %3s %3s %3s %9s %8s %5s %9s %8s %5s %9s %8s %5s\n", "model", "path", "B", "T", "NH", "NKV", "HS",
+           "fwd ms", "TFLOP/s", "peak", "bwd det", "TFLOP/s", "peak", "bwd atom", "TFLOP/s", "peak");
+    for (int i = 0; i < done; i++)
+        for (int p = 0; p < (wg ? 2 : 1); p++) {
+            const attn_case *c = &attn_cases[i];
+            const double *m = ms[i][p], fl = 4.0 * c->B * c->NH * (double)c->T * c->T * c->HS / 2;
+            const double tf = fl / (m[0] * 1e-3) / 1e12, tb = 2.5 * fl / (m[1] * 1e-3) / 1e12, ta = 2.5 * fl / (m[2] * 1e-3) / 1e12;
+            printf("%-5s %-8s %3lld %5lld %3lld %3lld %3lld %9.3f %8.1f %4.0f%% %9.3f %8.1f %4.0f%% %9.3f %8.1f %4.0f%%\n", c->model,
+                   p ? "wgmma" : "mma.sync", (long long)c->B, (long long)c->T, (long long)c->NH, (long long)c->NKV,
+                   (long long)c->HS, m[0], tf, 100 * tf / ATTN_PEAK_TFLOPS, m[1], tb, 100 * tb / ATTN_PEAK_TFLOPS, m[2], ta,
+                   100 * ta / ATTN_PEAK_TFLOPS);
+        }
+    for (int i = 0; i < done && wg; i++)
+        printf("%-5s wgmma (KILN_ATTN_WG %s) against mma.sync: forward %.2fx, backward deterministic %.2fx, atomic dq %.2fx\n",
+               attn_cases[i].model, wg_setting, ms[i][0][0] / ms[i][1][0], ms[i][0][1] / ms[i][1][1], ms[i][0][2] / ms[i][1][2]);
     return done == n ? 0 : 1;
 }
 

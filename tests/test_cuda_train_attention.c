@@ -35,6 +35,10 @@
  *                                in arrival order): both runs within the bounds above of the CPU, dk and dv still
  *                                bit for bit, and the second run's dq within the same bounds of the first's (the
  *                                '# ' line counts how many dq elements differ in their bits)
+ * Paths: at HS 64 on a device of compute capability 9.0 (and a CUDA_ARCH=sm_90 build) the forward and the dk/dv
+ * kernel can run on wgmma (train_attention_wg.cu, KILN_ATTN_WG); test_attention checks every shape on mma.sync
+ * (KILN_ATTN_WG=0), test_attention_wgmma the same shapes on wgmma with the same bounds; test_wgmma runs the
+ * forward in each wgmma block shape against the CPU and against the first shape.
  * A '# ' line prints the worst measured errors. Skips without a GPU, or when kiln was built without CUDA. */
 #include "cuda/cuda.h"
 #include "test.h"
@@ -53,6 +57,20 @@ static kiln_bf16 random_bf16(unsigned long long *rng) {
     float v = test_rng_normal(rng);
     if (v == 0.0f) v = 0.5f;
     return kiln_f32_to_bf16(v);
+}
+
+/* Packed bf16 qkv rows (N, Q + 2 KV) of random values, and the same values as f32 in q (N, Q), k and v (N, KV). */
+static void fill_qkv(kiln_bf16 *qkv, float *q, float *k, float *v, int64_t N, int64_t Q, int64_t KV, unsigned long long *rng) {
+    const int64_t W = Q + 2 * KV;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t e = 0; e < W; e++) {
+            const kiln_bf16 b = random_bf16(rng);
+            const float f = kiln_bf16_to_f32(b);
+            qkv[n * W + e] = b;
+            if (e < Q) q[n * Q + e] = f;
+            else if (e < Q + KV) k[n * KV + e - Q] = f;
+            else v[n * KV + e - Q - KV] = f;
+        }
 }
 
 /* ---------------------------------------------------------------- comparison with a diagnostic */
@@ -120,7 +138,7 @@ static const shape shapes[] = {
 /* The tensor-core path takes these head sizes (train_attention.cu): its bounds are the looser ones. */
 static int tensor_core_hs(int64_t HS) { return HS == 64 || HS == 128; }
 
-static void test_attention(void) {
+static void attention_checks(void) {
     release_all();
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     unsigned long long rng = 808;
@@ -139,15 +157,7 @@ static void test_attention(void) {
         kiln_bf16 *qkv = host((size_t)(N * W) * 2), *dout_bf = host((size_t)(N * Q) * 2);
         float *q = host((size_t)(N * Q) * 4), *k = host((size_t)(N * KV) * 4), *v = host((size_t)(N * KV) * 4);
         float *dout = host((size_t)(N * Q) * 4);
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t e = 0; e < W; e++) {
-                const kiln_bf16 b = random_bf16(&rng);
-                const float f = kiln_bf16_to_f32(b);
-                qkv[n * W + e] = b;
-                if (e < Q) q[n * Q + e] = f;
-                else if (e < Q + KV) k[n * KV + e - Q] = f;
-                else v[n * KV + e - Q - KV] = f;
-            }
+        fill_qkv(qkv, q, k, v, N, Q, KV, &rng);
         for (int64_t i = 0; i < N * Q; i++) dout[i] = kiln_bf16_to_f32(dout_bf[i] = random_bf16(&rng));
 
         /* the CPU forward */
@@ -250,8 +260,98 @@ static void test_attention(void) {
            worst_out[1], worst_d[1][0], worst_d[1][1], worst_d[1][2], worst_d[2][0], worst_d[2][1], worst_d[2][2]);
     printf("# train attention, atomic dq: %lld of %lld dq elements differ between two runs, worst max-abs / scale %.2e\n",
            (long long)atomic_differ, (long long)atomic_total, worst_rerun);
-    printf("# train attention: worst lse rel %.2e (bound 1e-5)\n", worst_lse);
+    printf("# train attention: worst lse rel %.2e (bound 1e-5); HS 64 on %s\n", worst_lse,
+           kiln_cuda_attention_wgmma(64) ? "wgmma" : "mma.sync");
 }
+
+/* Runs f with KILN_ATTN_WG set to value (NULL: unset), then restores it, whether f passed or not. */
+static void with_attn_wg(const char *value, void (*f)(void)) {
+    const char *saved = getenv("KILN_ATTN_WG");
+    char *keep = saved ? strdup(saved) : NULL;
+    if (value) setenv("KILN_ATTN_WG", value, 1);
+    else unsetenv("KILN_ATTN_WG");
+    f();
+    if (keep) setenv("KILN_ATTN_WG", keep, 1), free(keep);
+    else unsetenv("KILN_ATTN_WG");
+}
+
+/* Every shape on mma.sync (KILN_ATTN_WG 0), then on wgmma (KILN_ATTN_WG 1: HS 64's forward and dk/dv kernel) where
+ * this build and device have it, with the same bounds: both paths stay tested whichever is the default. */
+static void test_attention(void) { with_attn_wg("0", attention_checks); }
+
+static bool wgmma_here(void) {
+    const char *saved = getenv("KILN_ATTN_WG");
+    char *keep = saved ? strdup(saved) : NULL;
+    setenv("KILN_ATTN_WG", "1", 1);
+    const bool on = kiln_cuda_attention_wgmma(64);
+    if (keep) setenv("KILN_ATTN_WG", keep, 1), free(keep);
+    else unsetenv("KILN_ATTN_WG");
+    return on;
+}
+
+static void test_attention_wgmma(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    if (!wgmma_here()) SKIP("no wgmma kernels here (they need a device of compute capability 9.0 and a CUDA_ARCH=sm_90 build)");
+    with_attn_wg("1", attention_checks);
+}
+
+/* The forward on wgmma (train_attention_wg.cu, head size 64 on compute capability 9.0) in each of its block shapes
+ * (KILN_ATTN_WG = warpgroups x key-tile rows) and the mma.sync kernel (KILN_ATTN_WG 0), over every HS-64 shape:
+ * each within the tensor-core bounds of the CPU oracle (out, lse), and the two paths' outputs within two bf16
+ * roundings of each other (they differ only in the order of their f32 sums, then in the rounding of P). */
+static void wgmma_checks(void) {
+    release_all();
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    if (!wgmma_here()) SKIP("no wgmma kernels here (they need a device of compute capability 9.0 and a CUDA_ARCH=sm_90 build)");
+    static const char *cfgs[] = {"2x64", "2x128", "3x64", "3x128", "0"};
+    unsigned long long rng = 909;
+    char msg[768], what[200];
+    double worst_out = 0, worst_pair = 0, worst_lse = 0;
+    for (int c = 0; c < COUNT(shapes); c++) {
+        const shape s = shapes[c];
+        if (s.HS != 64) continue;
+        const int64_t N = s.B * s.T, Q = s.NH * s.HS, KV = s.NKV * s.HS, W = Q + 2 * KV, nl = s.B * s.NH * s.T;
+        kiln_bf16 *qkv = host((size_t)(N * W) * 2);
+        float *q = host((size_t)(N * Q) * 4), *k = host((size_t)(N * KV) * 4), *v = host((size_t)(N * KV) * 4);
+        fill_qkv(qkv, q, k, v, N, Q, KV, &rng);
+        const size_t scratch = kiln_cpu_ops.train_scratch_size(s.B, s.T, Q, s.NH, 1, kiln_pool_size(pool));
+        kiln_ops_ctx ctx = {.pool = pool, .scratch = host(scratch), .scratch_bytes = scratch};
+        float *out_ref = host((size_t)(N * Q) * 4), *lse_ref = host((size_t)nl * 4);
+        kiln_cpu_ops.attention_forward_train(&ctx, out_ref, lse_ref, q, k, v, s.B, s.T, s.NH, s.NKV, s.HS);
+        kiln_bf16_t *d_qkv = dev((size_t)(N * W) * 2), *d_out = dev((size_t)(N * Q) * 2);
+        float *d_lse = dev((size_t)nl * 4);
+        CHECK(d_qkv && d_out && d_lse, "%s", kiln_last_error());
+        CHECK(kiln_cuda_upload(d_qkv, qkv, (size_t)(N * W) * 2) == KILN_OK, "%s", kiln_last_error());
+        kiln_bf16 *out_bf = host((size_t)(N * Q) * 2);
+        float *out[COUNT(cfgs)], *lse = host((size_t)nl * 4);
+        for (int f = 0; f < COUNT(cfgs); f++) {
+            setenv("KILN_ATTN_WG", cfgs[f], 1);
+            CHECK(kiln_cuda_attention_wgmma(64) == (f < 4), "KILN_ATTN_WG %s: wgmma %d", cfgs[f], (int)kiln_cuda_attention_wgmma(64));
+            CHECK(poison(d_out, (size_t)(N * Q) * 2) == KILN_OK && poison(d_lse, (size_t)nl * 4) == KILN_OK);
+            CHECK(kiln_cuda_attention_forward_train(d_out, d_lse, d_qkv, s.B, s.T, s.NH, s.NKV, s.HS, NULL) == KILN_OK, "%s",
+                  kiln_last_error());
+            CHECK(kiln_cuda_sync() == KILN_OK && kiln_cuda_download(out_bf, d_out, (size_t)(N * Q) * 2) == KILN_OK &&
+                  kiln_cuda_download(lse, d_lse, (size_t)nl * 4) == KILN_OK, "%s", kiln_last_error());
+            out[f] = host((size_t)(N * Q) * 4);
+            for (int64_t i = 0; i < N * Q; i++) out[f][i] = kiln_bf16_to_f32(out_bf[i]);
+            snprintf(what, sizeof what, "B %lld T %lld NH %lld NKV %lld, KILN_ATTN_WG %s: out", (long long)s.B, (long long)s.T,
+                     (long long)s.NH, (long long)s.NKV, cfgs[f]);
+            CHECK(within(what, out[f], out_ref, N * Q, s.NH, s.HS, 8e-3, 0, 2e-5, &worst_out, msg, sizeof msg), "%s", msg);
+            for (int64_t i = 0; i < nl; i++) {
+                const double e = isnan(lse[i]) ? INFINITY : fabs((double)lse[i] - lse_ref[i]), rel = fmax(1.0, fabs(lse_ref[i]));
+                if (e / rel > worst_lse) worst_lse = e / rel;
+                CHECK(e <= 1e-5 * rel, "%s: lse at %lld: gpu %.9g cpu %.9g", what, (long long)i, lse[i], lse_ref[i]);
+            }
+            if (f > 0) { /* every shape against the first: both sides rounded to bf16 */
+                snprintf(what, sizeof what, "T %lld: KILN_ATTN_WG %s against %s", (long long)s.T, cfgs[f], cfgs[0]);
+                CHECK(within(what, out[f], out[0], N * Q, s.NH, s.HS, 8e-3, 0, 2e-5, &worst_pair, msg, sizeof msg), "%s", msg);
+            }
+        }
+    }
+    printf("# wgmma forward: worst out NMSE against the CPU %.3g, between the paths %.3g; worst lse rel. error %.3g\n",
+           worst_out, worst_pair, worst_lse);
+}
+static void test_wgmma(void) { with_attn_wg(NULL, wgmma_checks); }
 
 /* Head sizes the kernels do not take are refused, and nothing is launched for an empty batch. */
 static void test_refused(void) {
@@ -271,6 +371,8 @@ static void test_refused(void) {
 int main(void) {
     if (kiln_pool_create(0, &pool) != KILN_OK) return 1;
     RUN(test_attention);
+    RUN(test_attention_wgmma);
+    RUN(test_wgmma);
     RUN(test_refused);
     release_all();
     kiln_pool_free(pool);
@@ -280,9 +382,13 @@ int main(void) {
 #else
 
 static void test_attention(void) { SKIP("kiln built without CUDA"); }
+static void test_attention_wgmma(void) { SKIP("kiln built without CUDA"); }
+static void test_wgmma(void) { SKIP("kiln built without CUDA"); }
 
 int main(void) {
     RUN(test_attention);
+    RUN(test_attention_wgmma);
+    RUN(test_wgmma);
     TEST_EXIT();
 }
 

@@ -109,6 +109,96 @@ template <int HS> static __device__ __forceinline__ void ldb_t(uint32_t b[4], ui
     ldsm_x4_t(b, tile + swz<HS>(k0 + l % 8 + (l / 8 % 2) * 8, n0 / 8 + l / 16));
 }
 
+/* Rows r0 .. r0 + R - 1 of a (T, stride) bf16 (or f16) matrix, HS columns from x, into the swizzled tile at shared address
+ * tile (R, HS); rows >= T zero-filled. The whole block (NT threads) issues it; the caller commits the group. */
+template <int R, int HS, int NT>
+static __device__ __forceinline__ void tile_async(uint32_t tile, const uint16_t *x, int64_t stride, int r0, int T) {
+    constexpr int P = HS / 8; /* 16-byte pieces a row */
+#pragma unroll
+    for (int k = 0; k < (R * P + NT - 1) / NT; k++) {
+        const int i = k * NT + threadIdx.x, r = i / P, c = i % P, row = r0 + r;
+        if (R * P % NT != 0 && i >= R * P) break; /* a last partial pass (NT not a power of 2) */
+        cp_async16(tile + swz<HS>(r, c), x + (size_t)min(row, T - 1) * (size_t)stride + c * 8, row < T);
+    }
+}
+
+/* The dk/dv kernel's loads for iteration it: head g G + it / nq, query rows i0 = j0 + (it % nq) BQ .. of q and dout
+ * (bf16 tiles) and of lse and D (f32, 4-byte copies: a row of T floats need not be 16-byte aligned), into stage
+ * it & 1. The whole block issues it; the caller commits. (The training backward's dk/dv kernels: train_attention_tc.cu
+ * on mma.sync, train_attention_wg.cu on wgmma.) */
+template <int HS, int BQ, int NT>
+static __device__ __forceinline__ void dkdv_issue(int it, uint32_t sq0, uint32_t sdo0, float *slse, float *sD,
+                                                  const uint16_t *seq,  /* (T, W) sequence b of qkv (bf16) */
+                                                  const uint16_t *dseq, /* (T, NH*HS) sequence b of dout */
+                                                  const float *lse, const float *D, /* (B, NH, T) */
+                                                  int b, int g, int G, int NH, int j0, int nq, int T) {
+    constexpr uint32_t QB = BQ * HS * 2;
+    const int64_t W = (int64_t)(NH + 2 * (NH / G)) * HS, Q = (int64_t)NH * HS;
+    const int h = g * G + it / nq, i0 = j0 + it % nq * BQ, st = it & 1;
+    tile_async<BQ, HS, NT>(sq0 + st * QB, seq + (size_t)h * HS, W, i0, T);
+    tile_async<BQ, HS, NT>(sdo0 + st * QB, dseq + (size_t)h * HS, Q, i0, T);
+    if (threadIdx.x < 2 * BQ) {
+        const int r = threadIdx.x % BQ, i = min(i0 + r, T - 1);
+        const float *src = (threadIdx.x < BQ ? lse : D) + ((size_t)b * NH + h) * (size_t)T + i;
+        float *dst = (threadIdx.x < BQ ? slse : sD) + st * BQ + r;
+        cp_async4(smem_addr(dst), src, i0 + r < T);
+    }
+}
+
+/* The dk/dv kernels' step from S^T and dP^T (a warp's key rows jr, jr + 8 by the tile's NS * 8 query columns from
+ * i0, in the accumulator layout) to P^T = exp2(S^T sl2 - lse log2(e)), 0 unless key <= query < T (checked on an
+ * edge tile only), in s, and dS^T = P^T (dP^T - D) in dp; tl and td the tile's lse and D in shared memory. */
+template <int NS>
+static __device__ __forceinline__ void dkdv_probs(float s[NS][4], float dp[NS][4], const float *tl, const float *td, int i0,
+                                                  int jr, int T, bool edge, float sl2) {
+    const int tg = threadIdx.x % 4;
+#pragma unroll
+    for (int n = 0; n < NS; n++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const int ii = n * 8 + 2 * tg + c, i = i0 + ii;
+            const float l2 = tl[ii] * LOG2E, Di = td[ii];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int e = 2 * r + c;
+                float p = exp2_ftz(fmaf(s[n][e], sl2, -l2));
+                if (edge && (i < jr + 8 * r || i >= T)) p = 0.0f;
+                s[n][e] = p;
+                dp[n][e] = p * (dp[n][e] - Di);
+            }
+        }
+}
+
+/* A warp's packed dS^T fragment da for query k-step ks (da[e]: key row m0 + gr + 8 (e % 2), query columns
+ * 8 (2 ks + e / 2) + 2 tg and + 1) into the swizzled (keys, BQ) tile at sds, for the dQ product. */
+template <int BQ>
+static __device__ __forceinline__ void dkdv_store_ds(uint32_t sds, int m0, int ks, const uint32_t da[4]) {
+    const int lane = threadIdx.x % 32, gr = lane / 4, tg = lane % 4;
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+        asm volatile("st.shared.b32 [%0], %1;" ::"r"(sds + swz<BQ>(m0 + gr + 8 * (e & 1), 2 * ks + e / 2) + 4 * tg), "r"(da[e])
+                     : "memory");
+}
+
+/* The dk/dv kernels' end: dk = scale dK and dv of the lane's key rows jr, jr + 8 (< T) written once, f32, into
+ * sequence seq of dqkv (rows of W floats, k at column kcol, v at vcol). */
+template <int NO>
+static __device__ __forceinline__ void dkdv_store(float *seq, const float dk[NO][4], const float dv[NO][4], int T, int64_t W,
+                                                  int64_t kcol, int64_t vcol, int jr, float scale) {
+    const int tg = threadIdx.x % 4;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int j = jr + 8 * r;
+        if (j >= T) continue;
+        float *row = seq + (size_t)j * (size_t)W + 2 * tg;
+#pragma unroll
+        for (int d = 0; d < NO; d++) {
+            *(float2 *)(row + kcol + d * 8) = make_float2(dk[d][2 * r] * scale, dk[d][2 * r + 1] * scale);
+            *(float2 *)(row + vcol + d * 8) = make_float2(dv[d][2 * r], dv[d][2 * r + 1]);
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- one key tile of a FlashAttention-2 forward
  * The three steps both forwards (train_attention_tc.cu in bf16, attention_tc.cu in f16) run per tile of BN keys
  * for a warp's MT m-tiles of 16 query rows: S = Q K^T, the online softmax, O += P V. The kernel masks S between

@@ -30,19 +30,6 @@ static kiln_status checked(const char *what, cudaError_t e) { return kiln_launch
 #define TC_NT 128 /* threads: 4 warps of 16 rows */
 #define TC_BM 64  /* rows a block owns */
 
-/* Rows r0 .. r0 + R - 1 of a (T, stride) bf16 matrix, HS columns from x, into the swizzled tile at shared address
- * tile (R, HS); rows >= T zero-filled. The whole block issues it; the caller commits the group. */
-template <int R, int HS, int NT = TC_NT>
-static __device__ __forceinline__ void tile_async(uint32_t tile, const kiln_bf16_t *x, int64_t stride, int r0, int T) {
-    constexpr int P = HS / 8; /* 16-byte pieces a row */
-    static_assert(R * P % NT == 0, "whole passes of the block (NT threads)");
-#pragma unroll
-    for (int k = 0; k < R * P / NT; k++) {
-        const int i = k * NT + threadIdx.x, r = i / P, c = i % P, row = r0 + r;
-        cp_async16(tile + swz<HS>(r, c), x + (size_t)min(row, T - 1) * (size_t)stride + c * 8, row < T);
-    }
-}
-
 /* ---------------------------------------------------------------- tensor-core forward
  * Grid (ceil(T / BM), NH, B), 32 NW threads, x reversed (the last query tiles see the most keys: they start
  * first). Block (x, h, b): query rows q0 .. q0 + BM - 1 of head h, BM = 16 MT NW: warp w owns MT m-tiles of 16
@@ -141,9 +128,6 @@ attn_tc_forward(kiln_bf16_t *out,        /* (B*T, NH*HS) */
         }
 }
 
-/* The dk/dv kernel's loads for iteration it: head g G + it / nq, query rows i0 = j0 + (it % nq) BQ .. of q and dout
- * (bf16 tiles) and of lse and D (f32, 4-byte copies: a row of T floats need not be 16-byte aligned), into stage
- * it & 1. The whole block issues it; the caller commits. */
 /* The two products both backward kernels start from, for this warp's 16 rows m0.. of the A tiles over NS * 8
  * columns of the B tiles, HS deep (KS steps of 16): s = A1 B1^T and dp = A2 B2^T. The dk/dv kernel passes (K, V,
  * Q, dO) and gets S^T and dP^T; the dq kernel passes (Q, dO, K, V) and gets S and dP, the same products. */
@@ -169,25 +153,6 @@ static __device__ __forceinline__ void two_products(float s[NS][4], float dp[NS]
             mma_bf16(dp[n], fa2, bf[0], bf[1]);
             mma_bf16(dp[n + 1], fa2, bf[2], bf[3]);
         }
-    }
-}
-
-template <int HS, int BQ, int NT>
-static __device__ __forceinline__ void dkdv_issue(int it, uint32_t sq0, uint32_t sdo0, float *slse, float *sD,
-                                                  const kiln_bf16_t *seq,  /* (T, W) sequence b of qkv */
-                                                  const kiln_bf16_t *dseq, /* (T, NH*HS) sequence b of dout */
-                                                  const float *lse, const float *D, /* (B, NH, T) */
-                                                  int b, int g, int G, int NH, int j0, int nq, int T) {
-    constexpr uint32_t QB = BQ * HS * 2;
-    const int64_t W = (int64_t)(NH + 2 * (NH / G)) * HS, Q = (int64_t)NH * HS;
-    const int h = g * G + it / nq, i0 = j0 + it % nq * BQ, st = it & 1;
-    tile_async<BQ, HS, NT>(sq0 + st * QB, seq + (size_t)h * HS, W, i0, T);
-    tile_async<BQ, HS, NT>(sdo0 + st * QB, dseq + (size_t)h * HS, Q, i0, T);
-    if (threadIdx.x < 2 * BQ) {
-        const int r = threadIdx.x % BQ, i = min(i0 + r, T - 1);
-        const float *src = (threadIdx.x < BQ ? lse : D) + ((size_t)b * NH + h) * (size_t)T + i;
-        float *dst = (threadIdx.x < BQ ? slse : sD) + st * BQ + r;
-        cp_async4(smem_addr(dst), src, i0 + r < T);
     }
 }
 
@@ -258,22 +223,7 @@ attn_tc_backward_dkdv(float *dqkv,               /* (B*T, (NH + 2 NKV) HS): dk, 
         float s[NS][4], dp[NS][4];
         two_products<HS, NS, KS>(s, dp, sk, sv, sq, sdo, w * 16); /* S^T = K Q^T, dP^T = V dO^T */
         const bool edge = i0 < j0 + KBM || i0 + BQ > T; /* a tile crossing the diagonal or T */
-        const float *tl = slse + st * BQ, *td = sD + st * BQ;
-#pragma unroll
-        for (int n = 0; n < NS; n++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int ii = n * 8 + 2 * tg + c, i = i0 + ii;
-                const float l2 = tl[ii] * LOG2E, Di = td[ii];
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const int e = 2 * r + c;
-                    float p = exp2_ftz(fmaf(s[n][e], sl2, -l2));
-                    if (edge && (i < jr + 8 * r || i >= T)) p = 0.0f;
-                    s[n][e] = p;
-                    dp[n][e] = p * (dp[n][e] - Di);
-                }
-            }
+        dkdv_probs<NS>(s, dp, slse + st * BQ, sD + st * BQ, i0, jr, T, edge, sl2);
 #pragma unroll
         for (int ks = 0; ks < BQ / 16; ks++) {
             const uint32_t pa[4] = {pack_bf16(s[2 * ks][0], s[2 * ks][1]), pack_bf16(s[2 * ks][2], s[2 * ks][3]),
@@ -282,12 +232,7 @@ attn_tc_backward_dkdv(float *dqkv,               /* (B*T, (NH + 2 NKV) HS): dk, 
             const uint32_t da[4] = {pack_bf16(dp[2 * ks][0], dp[2 * ks][1]), pack_bf16(dp[2 * ks][2], dp[2 * ks][3]),
                                     pack_bf16(dp[2 * ks + 1][0], dp[2 * ks + 1][1]),
                                     pack_bf16(dp[2 * ks + 1][2], dp[2 * ks + 1][3])};
-            if (ATOMIC_DQ) { /* da[e] is (key row w 16 + gr + 8 (e % 2), query cols 8 (2 ks + e / 2) + 2 tg, + 1) */
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    asm volatile("st.shared.b32 [%0], %1;" ::"r"(sds + swz<BQ>(w * 16 + gr + 8 * (e & 1), 2 * ks + e / 2) + 4 * tg),
-                                 "r"(da[e]) : "memory");
-            }
+            if (ATOMIC_DQ) dkdv_store_ds<BQ>(sds, w * 16, ks, da);
 #pragma unroll
             for (int d = 0; d < NO; d += 2) {
                 uint32_t bf[4];
@@ -331,17 +276,7 @@ attn_tc_backward_dkdv(float *dqkv,               /* (B*T, (NH + 2 NKV) HS): dk, 
         }
         __syncthreads(); /* this stage (and dS^T) is consumed */
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int j = jr + 8 * r;
-        if (j >= T) continue;
-        float *row = dqkv + ((size_t)b * (size_t)T + (size_t)j) * (size_t)W + 2 * tg;
-#pragma unroll
-        for (int d = 0; d < NO; d++) {
-            *(float2 *)(row + kcol + d * 8) = make_float2(dk[d][2 * r] * scale, dk[d][2 * r + 1] * scale);
-            *(float2 *)(row + vcol + d * 8) = make_float2(dv[d][2 * r], dv[d][2 * r + 1]);
-        }
-    }
+    dkdv_store<NO>(dqkv + (size_t)b * (size_t)T * (size_t)W, dk, dv, T, W, kcol, vcol, jr, scale);
 }
 
 /* ---------------------------------------------------------------- tensor-core backward: dq
@@ -372,10 +307,10 @@ attn_tc_backward_dq(float *dqkv,               /* (B*T, (NH + 2 NKV) HS): dq wri
     const kiln_bf16_t *kp = seq + (size_t)Q + (size_t)g * HS, *vp = kp + (size_t)NKV * HS;
     const int nkt = (min(q0 + TC_BM, T) + BN - 1) / BN;
 
-    tile_async<TC_BM, HS>(sq, seq + (size_t)h * HS, W, q0, T);
-    tile_async<TC_BM, HS>(sdo, dout + (size_t)b * (size_t)T * (size_t)Q + (size_t)h * HS, Q, q0, T);
-    tile_async<BN, HS>(sk0, kp, W, 0, T);
-    tile_async<BN, HS>(sv0, vp, W, 0, T);
+    tile_async<TC_BM, HS, TC_NT>(sq, seq + (size_t)h * HS, W, q0, T);
+    tile_async<TC_BM, HS, TC_NT>(sdo, dout + (size_t)b * (size_t)T * (size_t)Q + (size_t)h * HS, Q, q0, T);
+    tile_async<BN, HS, TC_NT>(sk0, kp, W, 0, T);
+    tile_async<BN, HS, TC_NT>(sv0, vp, W, 0, T);
     cp_async_commit();
 
     const int ir = q0 + w * 16 + gr; /* this lane's query rows: ir, ir + 8 (rows past T read row T - 1) */
@@ -391,8 +326,8 @@ attn_tc_backward_dq(float *dqkv,               /* (B*T, (NH + 2 NKV) HS): dq wri
     for (int kt = 0; kt < nkt; kt++) {
         const uint32_t sk = sk0 + (kt & 1) * KB, sv = sv0 + (kt & 1) * KB;
         if (kt + 1 < nkt) {
-            tile_async<BN, HS>(sk0 + ((kt + 1) & 1) * KB, kp, W, (kt + 1) * BN, T);
-            tile_async<BN, HS>(sv0 + ((kt + 1) & 1) * KB, vp, W, (kt + 1) * BN, T);
+            tile_async<BN, HS, TC_NT>(sk0 + ((kt + 1) & 1) * KB, kp, W, (kt + 1) * BN, T);
+            tile_async<BN, HS, TC_NT>(sv0 + ((kt + 1) & 1) * KB, vp, W, (kt + 1) * BN, T);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -485,8 +420,12 @@ static kiln_status tc_dkdv(float *dqkv, const kiln_bf16_t *dout, const kiln_bf16
 template <int HS>
 static kiln_status tc_backward(float *dqkv, const kiln_bf16_t *dout, const kiln_bf16_t *qkv, const float *lse, const float *D,
                                int B, int T, int NH, int NKV, bool deterministic, cudaStream_t s) {
-    if (!deterministic) return tc_dkdv<HS, true, 4>(dqkv, dout, qkv, lse, D, B, T, NH, NKV, s);
-    const kiln_status st = tc_dkdv<HS, false, 4>(dqkv, dout, qkv, lse, D, B, T, NH, NKV, s);
+    const bool wg = HS == 64 && kiln_cuda_attention_wgmma(64); /* the dk/dv kernel on wgmma (train_attention_wg.cu) */
+    if (!deterministic)
+        return wg ? kiln_attn_wg_backward_dkdv(dqkv, dout, qkv, lse, D, B, T, NH, NKV, true, s)
+                  : tc_dkdv<HS, true, 4>(dqkv, dout, qkv, lse, D, B, T, NH, NKV, s);
+    const kiln_status st = wg ? kiln_attn_wg_backward_dkdv(dqkv, dout, qkv, lse, D, B, T, NH, NKV, false, s)
+                              : tc_dkdv<HS, false, 4>(dqkv, dout, qkv, lse, D, B, T, NH, NKV, s);
     if (st != KILN_OK) return st;
     const size_t smem_q = tc_dq_smem(HS);
     const cudaError_t e = tc_opt_in(attn_tc_backward_dq<HS>, smem_q);
@@ -505,6 +444,7 @@ kiln_status kiln_attn_tc_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t
     /* HS 64: 4 warps of 2 m-tiles (128 rows): 0.129 ms at the 124M shape, against 0.136 for 4 warps of one
      * (64 rows), 0.143 for 8 of one (128 rows, 128 registers), 0.149 for 8 of two (256 rows); HS 128 keeps 4 warps of
      * one (o alone is 64 f32 a lane per m-tile there: no room for a second) */
+    if (HS == 64 && kiln_cuda_attention_wgmma(64)) return kiln_attn_wg_forward(out, lse, qkv, B, T, NH, NKV, s);
     return HS == 64 ? tc_forward<64, 4, 2>(out, lse, qkv, B, T, NH, NKV, s) : tc_forward<128, 4, 1>(out, lse, qkv, B, T, NH, NKV, s);
 }
 

@@ -1,0 +1,317 @@
+/* train_attention_wg.cu: the training attention's forward on Hopper's wgmma (sm_90a), head size 64: the
+ * FlashAttention-2 forward of train_attention_tc.cu with its matrix products moved from mma.sync (a warp, 16 x 8
+ * x 16 an instruction, both operands through ldmatrix into registers) to wgmma (a warpgroup, 64 x 64 x 16, K and
+ * V read by the tensor cores straight from shared memory). The tiles, the masks, the online softmax and the
+ * epilogue are the mma.sync kernel's, so the two agree to the order of the f32 sums (tests/
+ * test_cuda_train_attention.c test_wgmma runs both against the CPU oracle and each other). The Makefile builds this
+ * file for sm_90a; kiln_cuda_attention_wgmma tells the host whether this process can use it. */
+#include "cuda/launch.h"
+#include "cuda/mma.cuh"
+#include "cuda/train_attention_tc.h"
+#include "cuda/wgmma.cuh"
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Grid (ceil(T / BM), NH, B), NWG warpgroups a block, x reversed (the last query tiles see the most keys: they
+ * start first). Block (x, h, b): query rows q0 .. q0 + BM - 1 of head h, BM = 64 NWG: warpgroup g owns rows
+ * q0 + 64 g .., its warp w the 16 rows from q0 + 64 g + 16 w, whose Q fragments stay in registers (loaded once by
+ * ldmatrix). Key tiles of BN rows of K and V (KV head h / G), 0 .. the diagonal, double-buffered by cp.async and
+ * shared by the warpgroups. Per tile a warpgroup whose rows reach it computes S = Q K^T (BN / 64 wgmma columns of
+ * 64 keys, 4 k-steps), masks keys past each row (so every key >= T), runs fa_softmax, and adds P V with P rounded
+ * to bf16 as the A operand in registers and V read transposed. Shared: Q BM x 64 and K, V 2 x BN x 64 bf16, from a
+ * 1024-byte-aligned base (wgmma.cuh). */
+template <int NWG, int BN>
+__global__ void __launch_bounds__(128 * NWG, NWG == 2 && BN == 64 ? 2 : 1)
+attn_wg_forward(kiln_bf16_t *out,        /* (B*T, NH*64) */
+                float *lse,              /* (B, NH, T) */
+                const kiln_bf16_t *qkv,  /* (B*T, (NH + 2 NKV) 64) */
+                int T, int NH, int NKV, float sl2 /* scale * log2(e) */) {
+#ifdef KILN_WG_DEVICE
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
+    constexpr int HS = 64, NT = 128 * NWG, BM = 64 * NWG, NS = BN / 8, NO = HS / 8, KS = HS / 16, TB = BN * HS * 2;
+    extern __shared__ uint4 wg_smem[];
+    const uint32_t sq = (smem_addr(wg_smem) + 1023u) & ~1023u, sk0 = sq + BM * HS * 2, sv0 = sk0 + 2 * TB;
+    const int b = blockIdx.z, h = blockIdx.y, g = h / (NH / NKV);
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * BM, wg = threadIdx.x / 128, w = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+    const int gr = lane / 4, tg = lane % 4, g0 = q0 + 64 * wg, wq0 = g0 + 16 * w; /* the group's, the warp's first row */
+    const int64_t W = (int64_t)(NH + 2 * NKV) * HS;
+    const kiln_bf16_t *seq = qkv + (size_t)b * (size_t)T * (size_t)W;
+    const kiln_bf16_t *kp = seq + (size_t)NH * HS + (size_t)g * HS, *vp = kp + (size_t)NKV * HS;
+    const int nkt = (min(q0 + BM, T) + BN - 1) / BN;
+
+    tile_async<BM, HS, NT>(sq, seq + (size_t)h * HS, W, q0, T);
+    tile_async<BN, HS, NT>(sk0, kp, W, 0, T);
+    tile_async<BN, HS, NT>(sv0, vp, W, 0, T);
+    cp_async_commit();
+
+    uint32_t qf[KS][4];
+    float s[1][NS][4], o[1][NO][4], m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.0f, 0.0f}};
+#pragma unroll
+    for (int d = 0; d < NO; d++) o[0][d][0] = o[0][d][1] = o[0][d][2] = o[0][d][3] = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NS; n++) s[0][n][0] = s[0][n][1] = s[0][n][2] = s[0][n][3] = 0.0f;
+    for (int kt = 0; kt < nkt; kt++) {
+        const uint32_t sk = sk0 + (kt & 1) * TB, sv = sv0 + (kt & 1) * TB;
+        if (kt + 1 < nkt) { /* the other stage was consumed before the last iteration's closing barrier */
+            tile_async<BN, HS, NT>(sk0 + ((kt + 1) & 1) * TB, kp, W, (kt + 1) * BN, T);
+            tile_async<BN, HS, NT>(sv0 + ((kt + 1) & 1) * TB, vp, W, (kt + 1) * BN, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        wg_fence_smem(); /* this thread's cp.async writes, visible to the tensor cores after the barrier */
+        __syncthreads();
+        if (kt == 0) {
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) lda<HS>(qf[ks], sq, 64 * wg + 16 * w, ks * 16);
+        }
+        if (kt * BN <= g0 + 63) { /* some key of the tile is seen by some row of the group (uniform in the group) */
+            wg_arrive();
+#pragma unroll
+            for (int c = 0; c < BN / 64; c++)
+#pragma unroll
+                for (int ks = 0; ks < KS; ks++) wg_rs<0>(s[0] + 8 * c, qf[ks], wg_desc(sk + c * 64 * HS * 2 + ks * 32), ks);
+            wg_commit();
+            wg_wait<0>();
+#pragma unroll
+            for (int c = 0; c < BN / 64; c++) wg_pin(s[0] + 8 * c);
+            if (kt * BN + BN - 1 > wq0) { /* a key past a row of the warp: mask key j > query i (so every key >= T) */
+                const int i = wq0 + gr;
+#pragma unroll
+                for (int n = 0; n < NS; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int j = kt * BN + n * 8 + 2 * tg + (e & 1);
+                        if (j > i + (e >> 1) * 8) s[0][n][e] = -INFINITY;
+                    }
+            }
+            fa_softmax<1, NS, NO>(s, m, l, o, sl2);
+            uint32_t pa[BN / 16][4];
+#pragma unroll
+            for (int ks = 0; ks < BN / 16; ks++) {
+                pa[ks][0] = pack_bf16(s[0][2 * ks][0], s[0][2 * ks][1]);
+                pa[ks][1] = pack_bf16(s[0][2 * ks][2], s[0][2 * ks][3]);
+                pa[ks][2] = pack_bf16(s[0][2 * ks + 1][0], s[0][2 * ks + 1][1]);
+                pa[ks][3] = pack_bf16(s[0][2 * ks + 1][2], s[0][2 * ks + 1][3]);
+            }
+            wg_arrive(); /* o was rescaled by ordinary instructions */
+#pragma unroll
+            for (int ks = 0; ks < BN / 16; ks++) wg_rs<1>(o[0], pa[ks], wg_desc(sv + ks * 16 * HS * 2), 1);
+            wg_commit();
+            wg_wait<0>();
+            wg_pin(o[0]);
+        }
+        __syncthreads(); /* this stage is consumed: the next iteration may refill it */
+    }
+    fa_row_sums<1>(l);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int i = wq0 + gr + r * 8;
+        if (i >= T) continue;
+        const float inv = 1.0f / l[0][r];
+        kiln_bf16_t *orow = out + ((size_t)b * (size_t)T + (size_t)i) * (size_t)NH * HS + (size_t)h * HS + 2 * tg;
+#pragma unroll
+        for (int d = 0; d < NO; d++) *(uint32_t *)(orow + d * 8) = pack_bf16(o[0][d][2 * r] * inv, o[0][d][2 * r + 1] * inv);
+        if (tg == 0) lse[((size_t)b * NH + h) * (size_t)T + i] = (m[0][r] + log2f(l[0][r])) * 0.69314718055994531f;
+    }
+#else
+    __trap(); /* a pass without wgmma: kiln_cuda_attention_wgmma never lets the host launch it */
+#endif
+}
+
+/* The dk/dv kernel (and, ATOMIC_DQ, dq by atomics) of train_attention_tc.cu on wgmma, head size 64: grid
+ * (ceil(T / 64), NKV, B), one warpgroup a block owning key rows j0 .. j0 + 63 of KV head g (warp w rows j0 + 16 w ..,
+ * whose K and V fragments stay in registers). It walks the same query tiles in the same order (BQ 64 rows, the G
+ * heads of the group), double-buffering q, dout, lse and D by cp.async. Per tile, keys as the rows: S^T = K Q^T and
+ * dP^T = V dO^T (A from registers, Q and dO K-major), P^T and dS^T as the mma.sync kernel forms them, then
+ * dV += P^T dO and dK += dS^T Q (A the bf16-rounded P^T, dS^T in registers; dO and Q read transposed).
+ * ATOMIC_DQ: dS^T is also stored to shared memory (rows of 64 queries, swizzled) and dQ = dS K (A = dS^T read
+ * transposed, B = K read transposed) is added into dq by float2 atomics, as the mma.sync kernel does. Shared: K, V
+ * 64 x 64, 2 x (q, dout) 64 x 64 bf16, dS^T 64 x 64 bf16 (ATOMIC_DQ), 2 x (lse, D) 64 f32, from a 1024-byte base. */
+template <bool ATOMIC_DQ>
+__global__ void __launch_bounds__(128, 2)
+attn_wg_backward_dkdv(float *dqkv,               /* (B*T, (NH + 2 NKV) 64): dk, dv written (dq added) */
+                      const kiln_bf16_t *dout,   /* (B*T, NH*64) */
+                      const kiln_bf16_t *qkv,    /* (B*T, (NH + 2 NKV) 64) */
+                      const float *lse,          /* (B, NH, T) */
+                      const float *D,            /* (B, NH, T) */
+                      int T, int NH, int NKV, float sl2, float scale) {
+#ifdef KILN_WG_DEVICE
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
+    constexpr int HS = 64, BQ = 64, KBM = 64, NT = 128, NS = BQ / 8, NO = HS / 8, KS = HS / 16;
+    constexpr uint32_t QB = BQ * HS * 2; /* bytes of one q, dout, K, V or dS^T tile */
+    extern __shared__ uint4 wg_smem[];
+    const uint32_t base = smem_addr(wg_smem), sk = (base + 1023u) & ~1023u, sv = sk + QB, sq0 = sv + QB, sdo0 = sq0 + 2 * QB,
+                   sds = sdo0 + 2 * QB;
+    float *slse = (float *)((char *)wg_smem + (sds + QB - base)), *sD = slse + 2 * BQ; /* (2, BQ) each */
+    const int b = blockIdx.z, g = blockIdx.y, G = NH / NKV, j0 = blockIdx.x * KBM;
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tg = lane % 4;
+    const int64_t W = (int64_t)(NH + 2 * NKV) * HS, Q = (int64_t)NH * HS;
+    const int64_t kcol = Q + (int64_t)g * HS, vcol = kcol + (int64_t)NKV * HS;
+    const kiln_bf16_t *seq = qkv + (size_t)b * (size_t)T * (size_t)W, *dseq = dout + (size_t)b * (size_t)T * (size_t)Q;
+    const int nq = (T - j0 + BQ - 1) / BQ, nit = G * nq; /* query tiles j0, j0 + BQ, .. < T per head */
+
+    tile_async<KBM, HS, NT>(sk, seq + kcol, W, j0, T);
+    tile_async<KBM, HS, NT>(sv, seq + vcol, W, j0, T);
+    dkdv_issue<HS, BQ, NT>(0, sq0, sdo0, slse, sD, seq, dseq, lse, D, b, g, G, NH, j0, nq, T);
+    cp_async_commit();
+
+    float dk[NO][4], dv[NO][4], s[NS][4], dp[NS][4];
+#pragma unroll
+    for (int d = 0; d < NO; d++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = s[d][e] = dp[d][e] = 0.0f;
+    uint32_t kf[KS][4], vf[KS][4];
+    const int jr = j0 + w * 16 + gr; /* this lane's key rows: jr, jr + 8 */
+    for (int it = 0; it < nit; it++) {
+        const int st = it & 1, i0 = j0 + it % nq * BQ;
+        if (it + 1 < nit) {
+            dkdv_issue<HS, BQ, NT>(it + 1, sq0, sdo0, slse, sD, seq, dseq, lse, D, b, g, G, NH, j0, nq, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        wg_fence_smem();
+        __syncthreads();
+        if (it == 0) {
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) lda<HS>(kf[ks], sk, w * 16, ks * 16), lda<HS>(vf[ks], sv, w * 16, ks * 16);
+        }
+        const uint32_t sq = sq0 + st * QB, sdo = sdo0 + st * QB;
+        wg_arrive();
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) wg_rs<0>(s, kf[ks], wg_desc(sq + ks * 32), ks);   /* S^T = K Q^T */
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) wg_rs<0>(dp, vf[ks], wg_desc(sdo + ks * 32), ks); /* dP^T = V dO^T */
+        wg_commit();
+        wg_wait<0>();
+        wg_pin(s);
+        wg_pin(dp);
+        const bool edge = i0 < j0 + KBM || i0 + BQ > T; /* a tile crossing the diagonal or T */
+        dkdv_probs<NS>(s, dp, slse + st * BQ, sD + st * BQ, i0, jr, T, edge, sl2);
+        uint32_t pa[BQ / 16][4], da[BQ / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < BQ / 16; ks++) {
+            pa[ks][0] = pack_bf16(s[2 * ks][0], s[2 * ks][1]), pa[ks][1] = pack_bf16(s[2 * ks][2], s[2 * ks][3]);
+            pa[ks][2] = pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]), pa[ks][3] = pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+            da[ks][0] = pack_bf16(dp[2 * ks][0], dp[2 * ks][1]), da[ks][1] = pack_bf16(dp[2 * ks][2], dp[2 * ks][3]);
+            da[ks][2] = pack_bf16(dp[2 * ks + 1][0], dp[2 * ks + 1][1]), da[ks][3] = pack_bf16(dp[2 * ks + 1][2], dp[2 * ks + 1][3]);
+            if (ATOMIC_DQ) dkdv_store_ds<BQ>(sds, w * 16, ks, da[ks]);
+        }
+        wg_arrive();
+#pragma unroll
+        for (int ks = 0; ks < BQ / 16; ks++) wg_rs<1>(dv, pa[ks], wg_desc(sdo + ks * 16 * HS * 2), 1); /* dV += P^T dO */
+#pragma unroll
+        for (int ks = 0; ks < BQ / 16; ks++) wg_rs<1>(dk, da[ks], wg_desc(sq + ks * 16 * HS * 2), 1);  /* dK += dS^T Q */
+        wg_commit();
+        if (ATOMIC_DQ) {
+            float dq[NO][4];
+#pragma unroll
+            for (int d = 0; d < NO; d++) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
+            wg_fence_smem(); /* this thread's dS^T stores, for the tensor cores */
+            __syncthreads(); /* dS^T is whole */
+            wg_arrive();
+#pragma unroll
+            for (int ks = 0; ks < KBM / 16; ks++) /* dQ = dS K: dS^T and K both stored k (key) row by k row */
+                wg_ss<1, 1>(dq, wg_desc(sds + ks * 16 * BQ * 2), wg_desc(sk + ks * 16 * HS * 2), ks);
+            wg_commit();
+            wg_wait<0>();
+            wg_pin(dv);
+            wg_pin(dk);
+            wg_pin(dq);
+            const int h = g * G + it / nq;
+#pragma unroll
+            for (int r = 0; r < 2; r++) { /* dq[d][e]: query row i0 + 16 w + gr + 8 (e / 2), dim 8 d + 2 tg + e % 2 */
+                const int i = i0 + 16 * w + gr + 8 * r;
+                if (i >= T) continue;
+                float *row = dqkv + ((size_t)b * (size_t)T + (size_t)i) * (size_t)W + (size_t)h * HS + 2 * tg;
+#pragma unroll
+                for (int d = 0; d < NO; d++) atomicAdd((float2 *)(row + d * 8), make_float2(dq[d][2 * r] * scale, dq[d][2 * r + 1] * scale));
+            }
+        } else {
+            wg_wait<0>();
+            wg_pin(dv);
+            wg_pin(dk);
+        }
+        __syncthreads(); /* this stage (and dS^T) is consumed */
+    }
+    dkdv_store<NO>(dqkv + (size_t)b * (size_t)T * (size_t)W, dk, dv, T, W, kcol, vcol, jr, scale);
+#else
+    __trap(); /* a pass without wgmma: never launched */
+#endif
+}
+
+/* Whether the wgmma path is taken when KILN_ATTN_WG is unset. Off until a GPU run has checked it against the CPU
+ * oracle and timed it beside the mma.sync kernels (docs/cuda.md says where that stands). */
+#define WG_DEFAULT_ON 0
+
+/* The block shape: KILN_ATTN_WG = 0 turns the path off; NWGxBN (2x64, 2x128, 3x64, 3x128) turns it on in that
+ * shape; 1 (or anything else), on in the default shape 2x64; unset, WG_DEFAULT_ON. */
+typedef struct {
+    int nwg, bn;
+} wg_shape;
+
+static wg_shape wg_config(void) {
+    const char *e = getenv("KILN_ATTN_WG");
+    wg_shape c = {2, 64};
+    if (!e) c.nwg = WG_DEFAULT_ON ? 2 : 0;
+    else if (strcmp(e, "0") == 0) c.nwg = 0;
+    else if (strlen(e) == 4 && (e[0] == '2' || e[0] == '3') && e[1] == 'x' && strcmp(e + 2, "64") == 0) c = {e[0] - '0', 64};
+    else if (strlen(e) == 5 && (e[0] == '2' || e[0] == '3') && e[1] == 'x' && strcmp(e + 2, "128") == 0) c = {e[0] - '0', 128};
+    return c;
+}
+
+extern "C" bool kiln_cuda_attention_wgmma(int64_t HS) {
+#ifdef KILN_WGMMA
+    int dev = 0, major = 0, minor = 0;
+    if (HS != 64 || wg_config().nwg == 0 || cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+        return false;
+    return major == 9 && minor == 0; /* sm_90a code runs on compute capability 9.0 alone */
+#else
+    (void)HS;
+    return false;
+#endif
+}
+
+template <int NWG, int BN>
+static kiln_status wg_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int B, int T, int NH, int NKV, cudaStream_t s) {
+    constexpr int BM = 64 * NWG;
+    const size_t smem = (size_t)(BM + 4 * BN) * 64 * 2 + 1024; /* + the alignment of the base */
+    cudaError_t e = cudaFuncSetAttribute(attn_wg_forward<NWG, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return kiln_launch_status("attention_forward (train, wgmma) shared-memory opt-in", e);
+    const dim3 grid((unsigned)((T + BM - 1) / BM), (unsigned)NH, (unsigned)B);
+    const float sl2 = 0.125f * LOG2E; /* 1 / sqrt(64) */
+    return kiln_launch_status("attention_forward (train, wgmma)",
+                              kiln_launch(attn_wg_forward<NWG, BN>, grid, dim3(128 * NWG), smem, s, out, lse, qkv, T, NH, NKV, sl2));
+}
+
+kiln_status kiln_attn_wg_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int B, int T, int NH, int NKV,
+                                 cudaStream_t s) {
+    const wg_shape c = wg_config();
+    if (c.nwg == 3) return c.bn == 64 ? wg_forward<3, 64>(out, lse, qkv, B, T, NH, NKV, s) : wg_forward<3, 128>(out, lse, qkv, B, T, NH, NKV, s);
+    return c.bn == 64 ? wg_forward<2, 64>(out, lse, qkv, B, T, NH, NKV, s) : wg_forward<2, 128>(out, lse, qkv, B, T, NH, NKV, s);
+}
+
+kiln_status kiln_attn_wg_backward_dkdv(float *dqkv, const kiln_bf16_t *dout, const kiln_bf16_t *qkv, const float *lse,
+                                       const float *D, int B, int T, int NH, int NKV, bool atomic_dq, cudaStream_t s) {
+    const size_t smem = (size_t)7 * 64 * 64 * 2 + 4 * 64 * 4 + 1024; /* the layout above (dS^T's room either way) */
+    const unsigned tiles = (unsigned)((T + 63) / 64);
+    const float scale = 0.125f, sl2 = scale * LOG2E;
+    void (*kernel)(float *, const kiln_bf16_t *, const kiln_bf16_t *, const float *, const float *, int, int, int, float, float) =
+        atomic_dq ? attn_wg_backward_dkdv<true> : attn_wg_backward_dkdv<false>;
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return kiln_launch_status("attention_backward dk/dv (wgmma) shared-memory opt-in", e);
+    return kiln_launch_status(atomic_dq ? "attention_backward dk/dv/dq (wgmma, atomic dq)" : "attention_backward dk/dv (wgmma)",
+                              kiln_launch(kernel, dim3(tiles, (unsigned)NKV, (unsigned)B), dim3(128), smem, s, dqkv, dout, qkv,
+                                          lse, D, T, NH, NKV, sl2, scale));
+}
