@@ -330,7 +330,7 @@ static kiln_status residual_norm(const char *what, float *x, const float *y, con
     if (n > (int64_t)RN_MAX_THREADS * maxn)
         return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda %s: rows of %lld floats (at most %d, or %d when unaligned or C %% 4 != 0)",
                          what, (long long)C, RN_MAX_THREADS * 8 * 4, RN_MAX_THREADS * 16);
-    const int threads = (int)((n + maxn - 1) / maxn + 31) / 32 * 32; /* 128 for C = 2048, 256 for 4096, 512 for 8192 */
+    const int threads = kiln_cuda_norm_threads(n, maxn); /* 128 for C = 2048, 256 for 4096, 512 for 8192 */
     const dim3 grid((unsigned)T), block((unsigned)threads);
     cudaStream_t s = (cudaStream_t)stream;
     int8_t *xq = (int8_t *)xp;                                     /* (T, C) */

@@ -542,7 +542,7 @@ static kiln_status cuda_residual_norm(void *p, float *x, float *y, const kiln_we
     const float *pw = post_w ? (const float *)post_w->impl : NULL, *nw = w ? (const float *)w->impl : NULL;
     TRY(flush(e));
     e->xp_of = NULL;
-    if (w && !y && !pw && T == 1 && (e->pre_kinds & PRE_NORM) && C % 32 == 0 && C <= 4096 && C <= e->pre_cols &&
+    if (w && !y && !pw && T == 1 && (e->pre_kinds & PRE_NORM) && C % 32 == 0 && C <= KILN_CUDA_MV_PRE_NORM_MAX_COLS && C <= e->pre_cols &&
         !(((uintptr_t)x | (uintptr_t)xb | (uintptr_t)nw) & 15)) {
         /* one token's norm alone: deferred to the matvec that reads xb, which runs it as its prologue (take_pre) */
         e->pend.on = true, e->pend.x = x, e->pend.xb = xb, e->pend.w = nw, e->pend.eps = eps, e->pend.C = C;

@@ -107,8 +107,12 @@ typedef struct kiln_cuda_mv_tail {
 } kiln_cuda_mv_tail;
 /* Whether a matvec of T rows over W takes the prologue (normed: with pre_w): one token, W a block type the prologue
  * is built for (q4_0, q8_0, q4_K, q5_K, q6_K) of width a multiple of 32, at most KILN_CUDA_MV_PRE_MAX_COLS (the normed
- * prologue: 4096, so that a CTA holds the norm kernel's loads in registers). */
+ * prologue: KILN_CUDA_MV_PRE_NORM_MAX_COLS, so that a CTA holds the norm kernel's loads in registers). */
 #define KILN_CUDA_MV_PRE_MAX_COLS 16384
+#define KILN_CUDA_MV_PRE_NORM_MAX_COLS 4096
+/* The threads of kiln_cuda_residual_norm's kernel for rows of n accesses, at most maxn a thread: whole warps. The
+ * normed prologue replays that kernel's sums thread by thread, so it takes its thread count from here too. */
+static inline int kiln_cuda_norm_threads(int64_t n, int maxn) { return (int)((n + maxn - 1) / maxn + 31) / 32 * 32; }
 bool kiln_cuda_matvec_pre_takes(const kiln_cuda_wt *W, int64_t T, bool normed);
 /* kiln_cuda_matvec and kiln_cuda_matvec_glu with a tail (NULL or KILN_CUDA_TAIL_NONE: none). For a tail W.rows must
  * be a multiple of 32 and y 16-byte aligned, else KILN_ERR_INVALID before launching. */

@@ -502,7 +502,7 @@ static kiln_status launch_p(mv_args a, int64_t T, cudaStream_t s) {
 static bool aligned(const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; }
 
 extern "C" bool kiln_cuda_matvec_pre_takes(const kiln_cuda_wt *W, int64_t T, bool normed) {
-    if (!W || T != 1 || W->cols < 32 || W->cols % 32 || W->cols > (normed ? 4096 : KILN_CUDA_MV_PRE_MAX_COLS)) return false;
+    if (!W || T != 1 || W->cols < 32 || W->cols % 32 || W->cols > (normed ? KILN_CUDA_MV_PRE_NORM_MAX_COLS : KILN_CUDA_MV_PRE_MAX_COLS)) return false;
     switch (W->type) {
     case KILN_TYPE_Q4_0: case KILN_TYPE_Q8_0: case KILN_TYPE_Q4_K: case KILN_TYPE_Q5_K: case KILN_TYPE_Q6_K: return true;
     default: return false;
@@ -510,7 +510,7 @@ extern "C" bool kiln_cuda_matvec_pre_takes(const kiln_cuda_wt *W, int64_t T, boo
 }
 
 /* a's prologue fields from pre (kernels.h's kiln_cuda_mv_tail), the threads of the norm kernel it replays among
- * them: residual_norm's launcher gives a row of C = 4 n floats (n <= 2048) ceil(n / 4) threads rounded up to warps. */
+ * them: a row of C = 4 n floats (C <= KILN_CUDA_MV_PRE_NORM_MAX_COLS) takes at most 4 float4s a thread there. */
 static kiln_status mv_pre_args(const char *op, mv_args &a, const kiln_cuda_wt *W, int64_t T, const void *xp,
                                const kiln_cuda_mv_tail *pre) {
     const bool normed = pre->pre_w != NULL;
@@ -518,12 +518,12 @@ static kiln_status mv_pre_args(const char *op, mv_args &a, const kiln_cuda_wt *W
         return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda %s: no%s prologue for %s over %lld columns at T %lld (one token of q4_0, "
                          "q8_0, q4_K, q5_K or q6_K, a multiple of 32 columns, at most %d)", op, normed ? " normed" : "",
                          kiln_type_name(W->type) ? kiln_type_name(W->type) : "?", (long long)W->cols, (long long)T,
-                         normed ? 4096 : KILN_CUDA_MV_PRE_MAX_COLS);
+                         normed ? KILN_CUDA_MV_PRE_NORM_MAX_COLS : KILN_CUDA_MV_PRE_MAX_COLS);
     if (!xp || !aligned(xp, 16) || !aligned(pre->pre_x, 16) || !aligned(pre->pre_w, 16) || !aligned(pre->pre_xb, 16))
         return kiln_fail(KILN_ERR_INVALID, "cuda %s: a prologue needs xp to write and x, w, xb 16-byte aligned", op);
     const int n = (int)(W->cols / 4);
     a.pre_x = pre->pre_x, a.pre_w = pre->pre_w, a.pre_eps = pre->pre_eps, a.pre_xb = normed ? pre->pre_xb : NULL;
-    a.pre_ntv = ((n + 3) / 4 + 31) / 32 * 32;
+    a.pre_ntv = kiln_cuda_norm_threads(n, 4);
     a.pre_oq = (int8_t *)xp;
     a.pre_ods = (float2 *)((int8_t *)xp + W->cols);
     return KILN_OK;
