@@ -35,10 +35,10 @@
  *                                in arrival order): both runs within the bounds above of the CPU, dk and dv still
  *                                bit for bit, and the second run's dq within the same bounds of the first's (the
  *                                '# ' line counts how many dq elements differ in their bits)
- * Paths: at HS 64 on a device of compute capability 9.0 (and a CUDA_ARCH=sm_90 build) the forward and the dk/dv
- * kernel can run on wgmma (train_attention_wg.cu, KILN_ATTN_WG); test_attention checks every shape on mma.sync
- * (KILN_ATTN_WG=0), test_attention_wgmma the same shapes on wgmma with the same bounds; test_wgmma runs the
- * forward in each wgmma block shape against the CPU and against the first shape.
+ * Paths: on a device of compute capability 9.0 (and a CUDA_ARCH=sm_90 build) the forward at HS 64 and 128 and the
+ * dk/dv kernel at HS 64 can run on wgmma (train_attention_wg.cu, KILN_ATTN_WG); test_attention checks every shape
+ * on mma.sync (KILN_ATTN_WG=0), test_attention_wgmma the same shapes on wgmma with the same bounds; test_wgmma runs
+ * the forward in each wgmma block shape against the CPU and against the first shape.
  * A '# ' line prints the worst measured errors. Skips without a GPU, or when kiln was built without CUDA. */
 #include "cuda/cuda.h"
 #include "test.h"
@@ -260,8 +260,8 @@ static void attention_checks(void) {
            worst_out[1], worst_d[1][0], worst_d[1][1], worst_d[1][2], worst_d[2][0], worst_d[2][1], worst_d[2][2]);
     printf("# train attention, atomic dq: %lld of %lld dq elements differ between two runs, worst max-abs / scale %.2e\n",
            (long long)atomic_differ, (long long)atomic_total, worst_rerun);
-    printf("# train attention: worst lse rel %.2e (bound 1e-5); HS 64 on %s\n", worst_lse,
-           kiln_cuda_attention_wgmma(64) ? "wgmma" : "mma.sync");
+    printf("# train attention: worst lse rel %.2e (bound 1e-5); HS 64 on %s, HS 128's forward on %s\n", worst_lse,
+           kiln_cuda_attention_wgmma(64) ? "wgmma" : "mma.sync", kiln_cuda_attention_wgmma(128) ? "wgmma" : "mma.sync");
 }
 
 /* Runs f with KILN_ATTN_WG set to value (NULL: unset), then restores it, whether f passed or not. */
@@ -275,7 +275,8 @@ static void with_attn_wg(const char *value, void (*f)(void)) {
     else unsetenv("KILN_ATTN_WG");
 }
 
-/* Every shape on mma.sync (KILN_ATTN_WG 0), then on wgmma (KILN_ATTN_WG 1: HS 64's forward and dk/dv kernel) where
+/* Every shape on mma.sync (KILN_ATTN_WG 0), then on wgmma (KILN_ATTN_WG 1: the forward at HS 64 and 128, the dk/dv
+ * kernel at 64) where
  * this build and device have it, with the same bounds: both paths stay tested whichever is the default. */
 static void test_attention(void) { with_attn_wg("0", attention_checks); }
 
@@ -295,8 +296,9 @@ static void test_attention_wgmma(void) {
     with_attn_wg("1", attention_checks);
 }
 
-/* The forward on wgmma (train_attention_wg.cu, head size 64 on compute capability 9.0) in each of its block shapes
- * (KILN_ATTN_WG = warpgroups x key-tile rows) and the mma.sync kernel (KILN_ATTN_WG 0), over every HS-64 shape:
+/* The forward on wgmma (train_attention_wg.cu, head sizes 64 and 128 on compute capability 9.0) in each of its block
+ * shapes (KILN_ATTN_WG = warpgroups x key-tile rows; HS 128 takes key tiles of 64 in either) and the mma.sync kernel
+ * (KILN_ATTN_WG 0), over every shape of HS 64 and 128:
  * each within the tensor-core bounds of the CPU oracle (out, lse), and the two paths' outputs within two bf16
  * roundings of each other (they differ only in the order of their f32 sums, then in the rounding of P). */
 static void wgmma_checks(void) {
@@ -309,7 +311,7 @@ static void wgmma_checks(void) {
     double worst_out = 0, worst_pair = 0, worst_lse = 0;
     for (int c = 0; c < COUNT(shapes); c++) {
         const shape s = shapes[c];
-        if (s.HS != 64) continue;
+        if (!tensor_core_hs(s.HS)) continue;
         const int64_t N = s.B * s.T, Q = s.NH * s.HS, KV = s.NKV * s.HS, W = Q + 2 * KV, nl = s.B * s.NH * s.T;
         kiln_bf16 *qkv = host((size_t)(N * W) * 2);
         float *q = host((size_t)(N * Q) * 4), *k = host((size_t)(N * KV) * 4), *v = host((size_t)(N * KV) * 4);
@@ -326,7 +328,8 @@ static void wgmma_checks(void) {
         float *out[COUNT(cfgs)], *lse = host((size_t)nl * 4);
         for (int f = 0; f < COUNT(cfgs); f++) {
             setenv("KILN_ATTN_WG", cfgs[f], 1);
-            CHECK(kiln_cuda_attention_wgmma(64) == (f < 4), "KILN_ATTN_WG %s: wgmma %d", cfgs[f], (int)kiln_cuda_attention_wgmma(64));
+            CHECK(kiln_cuda_attention_wgmma(s.HS) == (f < 4), "HS %lld, KILN_ATTN_WG %s: wgmma %d", (long long)s.HS, cfgs[f],
+                  (int)kiln_cuda_attention_wgmma(s.HS));
             CHECK(poison(d_out, (size_t)(N * Q) * 2) == KILN_OK && poison(d_lse, (size_t)nl * 4) == KILN_OK);
             CHECK(kiln_cuda_attention_forward_train(d_out, d_lse, d_qkv, s.B, s.T, s.NH, s.NKV, s.HS, NULL) == KILN_OK, "%s",
                   kiln_last_error());
@@ -334,8 +337,8 @@ static void wgmma_checks(void) {
                   kiln_cuda_download(lse, d_lse, (size_t)nl * 4) == KILN_OK, "%s", kiln_last_error());
             out[f] = host((size_t)(N * Q) * 4);
             for (int64_t i = 0; i < N * Q; i++) out[f][i] = kiln_bf16_to_f32(out_bf[i]);
-            snprintf(what, sizeof what, "B %lld T %lld NH %lld NKV %lld, KILN_ATTN_WG %s: out", (long long)s.B, (long long)s.T,
-                     (long long)s.NH, (long long)s.NKV, cfgs[f]);
+            snprintf(what, sizeof what, "B %lld T %lld NH %lld NKV %lld HS %lld, KILN_ATTN_WG %s: out", (long long)s.B,
+                     (long long)s.T, (long long)s.NH, (long long)s.NKV, (long long)s.HS, cfgs[f]);
             CHECK(within(what, out[f], out_ref, N * Q, s.NH, s.HS, 8e-3, 0, 2e-5, &worst_out, msg, sizeof msg), "%s", msg);
             for (int64_t i = 0; i < nl; i++) {
                 const double e = isnan(lse[i]) ? INFINITY : fabs((double)lse[i] - lse_ref[i]), rel = fmax(1.0, fabs(lse_ref[i]));
@@ -343,7 +346,8 @@ static void wgmma_checks(void) {
                 CHECK(e <= 1e-5 * rel, "%s: lse at %lld: gpu %.9g cpu %.9g", what, (long long)i, lse[i], lse_ref[i]);
             }
             if (f > 0) { /* every shape against the first: both sides rounded to bf16 */
-                snprintf(what, sizeof what, "T %lld: KILN_ATTN_WG %s against %s", (long long)s.T, cfgs[f], cfgs[0]);
+                snprintf(what, sizeof what, "T %lld HS %lld: KILN_ATTN_WG %s against %s", (long long)s.T, (long long)s.HS, cfgs[f],
+                         cfgs[0]);
                 CHECK(within(what, out[f], out[0], N * Q, s.NH, s.HS, 8e-3, 0, 2e-5, &worst_pair, msg, sizeof msg), "%s", msg);
             }
         }

@@ -109,16 +109,28 @@ template <int HS> static __device__ __forceinline__ void ldb_t(uint32_t b[4], ui
     ldsm_x4_t(b, tile + swz<HS>(k0 + l % 8 + (l / 8 % 2) * 8, n0 / 8 + l / 16));
 }
 
+/* Byte offset of 16-byte piece c of row r in the wgmma kernels' tile of R rows of HS bf16 (HS a multiple of 64):
+ * HS / 64 blocks of R rows of 64 one after another, each a swz<64> tile (128-byte rows: wgmma's 128-byte swizzle,
+ * wgmma.cuh). For HS 64 it is swz<64>. */
+template <int R, int HS> static __device__ __forceinline__ uint32_t swz_wg(int r, int c) {
+    static_assert(HS % 64 == 0, "rows of a multiple of 64 bf16");
+    return (uint32_t)(c / 8) * (uint32_t)(R * 128) + swz<64>(r, c % 8);
+}
+
 /* Rows r0 .. r0 + R - 1 of a (T, stride) bf16 (or f16) matrix, HS columns from x, into the swizzled tile at shared address
- * tile (R, HS); rows >= T zero-filled. The whole block (NT threads) issues it; the caller commits the group. */
-template <int R, int HS, int NT>
+ * tile (R, HS: swz<HS>, or swz_wg<R, HS> when WG); rows >= T zero-filled. The whole block (NT threads) issues it; the
+ * caller commits the group. */
+template <int R, int HS, int NT, bool WG = false>
 static __device__ __forceinline__ void tile_async(uint32_t tile, const uint16_t *x, int64_t stride, int r0, int T) {
     constexpr int P = HS / 8; /* 16-byte pieces a row */
 #pragma unroll
     for (int k = 0; k < (R * P + NT - 1) / NT; k++) {
         const int i = k * NT + threadIdx.x, r = i / P, c = i % P, row = r0 + r;
         if (R * P % NT != 0 && i >= R * P) break; /* a last partial pass (NT not a power of 2) */
-        cp_async16(tile + swz<HS>(r, c), x + (size_t)min(row, T - 1) * (size_t)stride + c * 8, row < T);
+        uint32_t off;
+        if constexpr (WG) off = swz_wg<R, HS>(r, c);
+        else off = swz<HS>(r, c);
+        cp_async16(tile + off, x + (size_t)min(row, T - 1) * (size_t)stride + c * 8, row < T);
     }
 }
 

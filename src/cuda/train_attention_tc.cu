@@ -444,7 +444,7 @@ kiln_status kiln_attn_tc_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t
     /* HS 64: 4 warps of 2 m-tiles (128 rows): 0.129 ms at the 124M shape, against 0.136 for 4 warps of one
      * (64 rows), 0.143 for 8 of one (128 rows, 128 registers), 0.149 for 8 of two (256 rows); HS 128 keeps 4 warps of
      * one (o alone is 64 f32 a lane per m-tile there: no room for a second) */
-    if (HS == 64 && kiln_cuda_attention_wgmma(64)) return kiln_attn_wg_forward(out, lse, qkv, B, T, NH, NKV, s);
+    if (kiln_cuda_attention_wgmma(HS)) return kiln_attn_wg_forward(out, lse, qkv, B, T, NH, NKV, HS, s);
     return HS == 64 ? tc_forward<64, 4, 2>(out, lse, qkv, B, T, NH, NKV, s) : tc_forward<128, 4, 1>(out, lse, qkv, B, T, NH, NKV, s);
 }
 

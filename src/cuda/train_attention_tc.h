@@ -15,9 +15,9 @@ kiln_status kiln_attn_tc_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t
                                  cudaStream_t s);
 kiln_status kiln_attn_tc_backward(float *dqkv, const kiln_bf16_t *dout, const kiln_bf16_t *qkv, const float *lse, const float *D,
                                   int B, int T, int NH, int NKV, int HS, bool deterministic, cudaStream_t s);
-/* The forward on wgmma (train_attention_wg.cu), head size 64, where kiln_cuda_attention_wgmma(64) holds (both
+/* The forward on wgmma (train_attention_wg.cu), head size 64 or 128, where kiln_cuda_attention_wgmma(HS) holds (both
  * entry points here dispatch to these themselves). */
-kiln_status kiln_attn_wg_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int B, int T, int NH, int NKV,
+kiln_status kiln_attn_wg_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int B, int T, int NH, int NKV, int HS,
                                  cudaStream_t s);
 /* The backward's dk/dv kernel on wgmma, head size 64 (atomic_dq: it adds dq too, as the mma.sync kernel's
  * ATOMIC_DQ; otherwise the mma.sync dq kernel follows it). */

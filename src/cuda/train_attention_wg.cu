@@ -1,7 +1,7 @@
-/* train_attention_wg.cu: the training attention's forward on Hopper's wgmma (sm_90a), head size 64: the
- * FlashAttention-2 forward of train_attention_tc.cu with its matrix products moved from mma.sync (a warp, 16 x 8
- * x 16 an instruction, both operands through ldmatrix into registers) to wgmma (a warpgroup, 64 x 64 x 16, K and
- * V read by the tensor cores straight from shared memory). The tiles, the masks, the online softmax and the
+/* train_attention_wg.cu: the training attention on Hopper's wgmma (sm_90a): the forward at head sizes 64 and 128,
+ * the backward's dk/dv kernel at 64. The forward is the FlashAttention-2 forward of train_attention_tc.cu with its
+ * matrix products moved from mma.sync (a warp, 16 x 8 x 16 an instruction, both operands through ldmatrix into
+ * registers) to wgmma (a warpgroup, 64 x 64 x 16, K and V read by the tensor cores straight from shared memory). The tiles, the masks, the online softmax and the
  * epilogue are the mma.sync kernel's, so the two agree to the order of the f32 sums (tests/
  * test_cuda_train_attention.c test_wgmma runs both against the CPU oracle and each other). The Makefile builds this
  * file for sm_90a; kiln_cuda_attention_wgmma tells the host whether this process can use it. */
@@ -21,19 +21,20 @@
  * q0 + 64 g .., its warp w the 16 rows from q0 + 64 g + 16 w, whose Q fragments stay in registers (loaded once by
  * ldmatrix). Key tiles of BN rows of K and V (KV head h / G), 0 .. the diagonal, double-buffered by cp.async and
  * shared by the warpgroups. Per tile a warpgroup whose rows reach it computes S = Q K^T (BN / 64 wgmma columns of
- * 64 keys, 4 k-steps), masks keys past each row (so every key >= T), runs fa_softmax, and adds P V with P rounded
- * to bf16 as the A operand in registers and V read transposed. Shared: Q BM x 64 and K, V 2 x BN x 64 bf16, from a
- * 1024-byte-aligned base (wgmma.cuh). */
-template <int NWG, int BN>
-__global__ void __launch_bounds__(128 * NWG, NWG == 2 && BN == 64 ? 2 : 1)
-attn_wg_forward(kiln_bf16_t *out,        /* (B*T, NH*64) */
+ * 64 keys, HS / 16 k-steps), masks keys past each row (so every key >= T), runs fa_softmax, and adds P V (HS / 64
+ * wgmma columns of 64 dims) with P rounded to bf16 as the A operand in registers and V read transposed. Shared: Q
+ * BM x HS and K, V 2 x BN x HS bf16 in swz_wg's layout (blocks of 64 columns), from a 1024-byte-aligned base
+ * (wgmma.cuh). */
+template <int HS, int NWG, int BN>
+__global__ void __launch_bounds__(128 * NWG, HS == 64 && NWG == 2 && BN == 64 ? 2 : 1)
+attn_wg_forward(kiln_bf16_t *out,        /* (B*T, NH*HS) */
                 float *lse,              /* (B, NH, T) */
-                const kiln_bf16_t *qkv,  /* (B*T, (NH + 2 NKV) 64) */
+                const kiln_bf16_t *qkv,  /* (B*T, (NH + 2 NKV) HS) */
                 int T, int NH, int NKV, float sl2 /* scale * log2(e) */) {
 #ifdef KILN_WG_DEVICE
     kiln_pdl_wait();
     kiln_pdl_trigger();
-    constexpr int HS = 64, NT = 128 * NWG, BM = 64 * NWG, NS = BN / 8, NO = HS / 8, KS = HS / 16, TB = BN * HS * 2;
+    constexpr int NT = 128 * NWG, BM = 64 * NWG, NS = BN / 8, NO = HS / 8, KS = HS / 16, TB = BN * HS * 2;
     extern __shared__ uint4 wg_smem[];
     const uint32_t sq = (smem_addr(wg_smem) + 1023u) & ~1023u, sk0 = sq + BM * HS * 2, sv0 = sk0 + 2 * TB;
     const int b = blockIdx.z, h = blockIdx.y, g = h / (NH / NKV);
@@ -44,9 +45,9 @@ attn_wg_forward(kiln_bf16_t *out,        /* (B*T, NH*64) */
     const kiln_bf16_t *kp = seq + (size_t)NH * HS + (size_t)g * HS, *vp = kp + (size_t)NKV * HS;
     const int nkt = (min(q0 + BM, T) + BN - 1) / BN;
 
-    tile_async<BM, HS, NT>(sq, seq + (size_t)h * HS, W, q0, T);
-    tile_async<BN, HS, NT>(sk0, kp, W, 0, T);
-    tile_async<BN, HS, NT>(sv0, vp, W, 0, T);
+    tile_async<BM, HS, NT, true>(sq, seq + (size_t)h * HS, W, q0, T);
+    tile_async<BN, HS, NT, true>(sk0, kp, W, 0, T);
+    tile_async<BN, HS, NT, true>(sv0, vp, W, 0, T);
     cp_async_commit();
 
     uint32_t qf[KS][4];
@@ -58,8 +59,8 @@ attn_wg_forward(kiln_bf16_t *out,        /* (B*T, NH*64) */
     for (int kt = 0; kt < nkt; kt++) {
         const uint32_t sk = sk0 + (kt & 1) * TB, sv = sv0 + (kt & 1) * TB;
         if (kt + 1 < nkt) { /* the other stage was consumed before the last iteration's closing barrier */
-            tile_async<BN, HS, NT>(sk0 + ((kt + 1) & 1) * TB, kp, W, (kt + 1) * BN, T);
-            tile_async<BN, HS, NT>(sv0 + ((kt + 1) & 1) * TB, vp, W, (kt + 1) * BN, T);
+            tile_async<BN, HS, NT, true>(sk0 + ((kt + 1) & 1) * TB, kp, W, (kt + 1) * BN, T);
+            tile_async<BN, HS, NT, true>(sv0 + ((kt + 1) & 1) * TB, vp, W, (kt + 1) * BN, T);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -69,14 +70,15 @@ attn_wg_forward(kiln_bf16_t *out,        /* (B*T, NH*64) */
         __syncthreads();
         if (kt == 0) {
 #pragma unroll
-            for (int ks = 0; ks < KS; ks++) lda<HS>(qf[ks], sq, 64 * wg + 16 * w, ks * 16);
+            for (int ks = 0; ks < KS; ks++) lda<64>(qf[ks], sq + ks / 4 * BM * 128, 64 * wg + 16 * w, ks % 4 * 16);
         }
         if (kt * BN <= g0 + 63) { /* some key of the tile is seen by some row of the group (uniform in the group) */
             wg_arrive();
 #pragma unroll
             for (int c = 0; c < BN / 64; c++)
 #pragma unroll
-                for (int ks = 0; ks < KS; ks++) wg_rs<0>(s[0] + 8 * c, qf[ks], wg_desc(sk + c * 64 * HS * 2 + ks * 32), ks);
+                for (int ks = 0; ks < KS; ks++) /* keys 64 c .. of the tile, dims 16 ks .. (block ks / 4) */
+                    wg_rs<0>(s[0] + 8 * c, qf[ks], wg_desc(sk + ks / 4 * BN * 128 + c * 64 * 128 + ks % 4 * 32), ks);
             wg_commit();
             wg_wait<0>();
 #pragma unroll
@@ -102,10 +104,13 @@ attn_wg_forward(kiln_bf16_t *out,        /* (B*T, NH*64) */
             }
             wg_arrive(); /* o was rescaled by ordinary instructions */
 #pragma unroll
-            for (int ks = 0; ks < BN / 16; ks++) wg_rs<1>(o[0], pa[ks], wg_desc(sv + ks * 16 * HS * 2), 1);
+            for (int c = 0; c < HS / 64; c++) /* dims 64 c .. (block c of V), keys 16 ks .. */
+#pragma unroll
+                for (int ks = 0; ks < BN / 16; ks++) wg_rs<1>(o[0] + 8 * c, pa[ks], wg_desc(sv + c * BN * 128 + ks * 16 * 128), 1);
             wg_commit();
             wg_wait<0>();
-            wg_pin(o[0]);
+#pragma unroll
+            for (int c = 0; c < HS / 64; c++) wg_pin(o[0] + 8 * c);
         }
         __syncthreads(); /* this stage is consumed: the next iteration may refill it */
     }
@@ -272,7 +277,7 @@ static wg_shape wg_config(void) {
 extern "C" bool kiln_cuda_attention_wgmma(int64_t HS) {
 #ifdef KILN_WGMMA
     int dev = 0, major = 0, minor = 0;
-    if (HS != 64 || wg_config().nwg == 0 || cudaGetDevice(&dev) != cudaSuccess ||
+    if ((HS != 64 && HS != 128) || wg_config().nwg == 0 || cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
         return false;
@@ -283,23 +288,28 @@ extern "C" bool kiln_cuda_attention_wgmma(int64_t HS) {
 #endif
 }
 
-template <int NWG, int BN>
+template <int HS, int NWG, int BN>
 static kiln_status wg_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int B, int T, int NH, int NKV, cudaStream_t s) {
     constexpr int BM = 64 * NWG;
-    const size_t smem = (size_t)(BM + 4 * BN) * 64 * 2 + 1024; /* + the alignment of the base */
-    cudaError_t e = cudaFuncSetAttribute(attn_wg_forward<NWG, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    const size_t smem = (size_t)(BM + 4 * BN) * HS * 2 + 1024; /* + the alignment of the base */
+    cudaError_t e = cudaFuncSetAttribute(attn_wg_forward<HS, NWG, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return kiln_launch_status("attention_forward (train, wgmma) shared-memory opt-in", e);
     const dim3 grid((unsigned)((T + BM - 1) / BM), (unsigned)NH, (unsigned)B);
-    const float sl2 = 0.125f * LOG2E; /* 1 / sqrt(64) */
-    return kiln_launch_status("attention_forward (train, wgmma)",
-                              kiln_launch(attn_wg_forward<NWG, BN>, grid, dim3(128 * NWG), smem, s, out, lse, qkv, T, NH, NKV, sl2));
+    const float sl2 = 1.0f / sqrtf((float)HS) * LOG2E;
+    return kiln_launch_status("attention_forward (train, wgmma)", kiln_launch(attn_wg_forward<HS, NWG, BN>, grid, dim3(128 * NWG),
+                                                                              smem, s, out, lse, qkv, T, NH, NKV, sl2));
 }
 
-kiln_status kiln_attn_wg_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int B, int T, int NH, int NKV,
+/* HS 128 takes key tiles of 64 rows in either shape: with 128 (s and o 64 f32 a thread each) 2 warpgroups use all
+ * 255 registers and 3 spill. */
+kiln_status kiln_attn_wg_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int B, int T, int NH, int NKV, int HS,
                                  cudaStream_t s) {
     const wg_shape c = wg_config();
-    if (c.nwg == 3) return c.bn == 64 ? wg_forward<3, 64>(out, lse, qkv, B, T, NH, NKV, s) : wg_forward<3, 128>(out, lse, qkv, B, T, NH, NKV, s);
-    return c.bn == 64 ? wg_forward<2, 64>(out, lse, qkv, B, T, NH, NKV, s) : wg_forward<2, 128>(out, lse, qkv, B, T, NH, NKV, s);
+    if (HS == 128)
+        return c.nwg == 3 ? wg_forward<128, 3, 64>(out, lse, qkv, B, T, NH, NKV, s) : wg_forward<128, 2, 64>(out, lse, qkv, B, T, NH, NKV, s);
+    if (c.nwg == 3)
+        return c.bn == 64 ? wg_forward<64, 3, 64>(out, lse, qkv, B, T, NH, NKV, s) : wg_forward<64, 3, 128>(out, lse, qkv, B, T, NH, NKV, s);
+    return c.bn == 64 ? wg_forward<64, 2, 64>(out, lse, qkv, B, T, NH, NKV, s) : wg_forward<64, 2, 128>(out, lse, qkv, B, T, NH, NKV, s);
 }
 
 kiln_status kiln_attn_wg_backward_dkdv(float *dqkv, const kiln_bf16_t *dout, const kiln_bf16_t *qkv, const float *lse,
