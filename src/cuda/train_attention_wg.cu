@@ -18,10 +18,10 @@
 
 /* Grid (ceil(T / BM), NH, B), NWG warpgroups a block, x reversed (the last query tiles see the most keys: they
  * start first). Block (x, h, b): query rows q0 .. q0 + BM - 1 of head h, BM = 64 NWG: warpgroup g owns rows
- * q0 + 64 g .., its warp w the 16 rows from q0 + 64 g + 16 w, whose Q fragments stay in registers (loaded once by
- * ldmatrix). Key tiles of BN rows of K and V (KV head h / G), 0 .. the diagonal, double-buffered by cp.async and
- * shared by the warpgroups. Per tile a warpgroup whose rows reach it computes S = Q K^T (BN / 64 wgmma columns of
- * 64 keys, HS / 16 k-steps), masks keys past each row (so every key >= T), runs fa_softmax, and adds P V (HS / 64
+ * q0 + 64 g .., its warp w the accumulator rows from q0 + 64 g + 16 w. Q stays in shared memory (the wgmma reads it
+ * by descriptor each tile: wgmma.cuh says why not from registers). Key tiles of BN rows of K and V (KV head h / G),
+ * 0 .. the diagonal, double-buffered by cp.async and shared by the warpgroups. Per tile a warpgroup whose rows
+ * reach it computes S = Q K^T (BN / 64 wgmma columns of 64 keys, HS / 16 k-steps), masks keys past each row (so every key >= T), runs fa_softmax, and adds P V (HS / 64
  * wgmma columns of 64 dims) with P rounded to bf16 as the A operand in registers and V read transposed. Shared: Q
  * BM x HS and K, V 2 x BN x HS bf16 in swz_wg's layout (blocks of 64 columns), from a 1024-byte-aligned base
  * (wgmma.cuh). */
@@ -50,7 +50,6 @@ attn_wg_forward(kiln_bf16_t *out,        /* (B*T, NH*HS) */
     tile_async<BN, HS, NT, true>(sv0, vp, W, 0, T);
     cp_async_commit();
 
-    uint32_t qf[KS][4];
     float s[1][NS][4], o[1][NO][4], m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.0f, 0.0f}};
 #pragma unroll
     for (int d = 0; d < NO; d++) o[0][d][0] = o[0][d][1] = o[0][d][2] = o[0][d][3] = 0.0f;
@@ -68,17 +67,14 @@ attn_wg_forward(kiln_bf16_t *out,        /* (B*T, NH*HS) */
         }
         wg_fence_smem(); /* this thread's cp.async writes, visible to the tensor cores after the barrier */
         __syncthreads();
-        if (kt == 0) {
-#pragma unroll
-            for (int ks = 0; ks < KS; ks++) lda<64>(qf[ks], sq + ks / 4 * BM * 128, 64 * wg + 16 * w, ks % 4 * 16);
-        }
         if (kt * BN <= g0 + 63) { /* some key of the tile is seen by some row of the group (uniform in the group) */
             wg_arrive();
 #pragma unroll
             for (int c = 0; c < BN / 64; c++)
 #pragma unroll
-                for (int ks = 0; ks < KS; ks++) /* keys 64 c .. of the tile, dims 16 ks .. (block ks / 4) */
-                    wg_rs<0>(s[0] + 8 * c, qf[ks], wg_desc(sk + ks / 4 * BN * 128 + c * 64 * 128 + ks % 4 * 32), ks);
+                for (int ks = 0; ks < KS; ks++) /* the group's 64 query rows by keys 64 c .. of the tile, dims 16 ks .. */
+                    wg_ss<0, 0>(s[0] + 8 * c, wg_desc(sq + ks / 4 * BM * 128 + wg * 64 * 128 + ks % 4 * 32),
+                                wg_desc(sk + ks / 4 * BN * 128 + c * 64 * 128 + ks % 4 * 32), ks);
             wg_commit();
             wg_wait<0>();
 #pragma unroll
@@ -131,10 +127,10 @@ attn_wg_forward(kiln_bf16_t *out,        /* (B*T, NH*HS) */
 }
 
 /* The dk/dv kernel (and, ATOMIC_DQ, dq by atomics) of train_attention_tc.cu on wgmma, head size 64: grid
- * (ceil(T / 64), NKV, B), one warpgroup a block owning key rows j0 .. j0 + 63 of KV head g (warp w rows j0 + 16 w ..,
- * whose K and V fragments stay in registers). It walks the same query tiles in the same order (BQ 64 rows, the G
- * heads of the group), double-buffering q, dout, lse and D by cp.async. Per tile, keys as the rows: S^T = K Q^T and
- * dP^T = V dO^T (A from registers, Q and dO K-major), P^T and dS^T as the mma.sync kernel forms them, then
+ * (ceil(T / 64), NKV, B), one warpgroup a block owning key rows j0 .. j0 + 63 of KV head g (warp w rows j0 + 16 w ..;
+ * K and V stay in shared memory). It walks the same query tiles in the same order (BQ 64 rows, the G heads of the
+ * group), double-buffering q, dout, lse and D by cp.async. Per tile, keys as the rows: S^T = K Q^T and
+ * dP^T = V dO^T (both operands from shared memory, all K-major), P^T and dS^T as the mma.sync kernel forms them, then
  * dV += P^T dO and dK += dS^T Q (A the bf16-rounded P^T, dS^T in registers; dO and Q read transposed).
  * ATOMIC_DQ: dS^T is also stored to shared memory (rows of 64 queries, swizzled) and dQ = dS K (A = dS^T read
  * transposed, B = K read transposed) is added into dq by float2 atomics, as the mma.sync kernel does. Shared: K, V
@@ -173,7 +169,6 @@ attn_wg_backward_dkdv(float *dqkv,               /* (B*T, (NH + 2 NKV) 64): dk, 
     for (int d = 0; d < NO; d++)
 #pragma unroll
         for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = s[d][e] = dp[d][e] = 0.0f;
-    uint32_t kf[KS][4], vf[KS][4];
     const int jr = j0 + w * 16 + gr; /* this lane's key rows: jr, jr + 8 */
     for (int it = 0; it < nit; it++) {
         const int st = it & 1, i0 = j0 + it % nq * BQ;
@@ -186,16 +181,12 @@ attn_wg_backward_dkdv(float *dqkv,               /* (B*T, (NH + 2 NKV) 64): dk, 
         }
         wg_fence_smem();
         __syncthreads();
-        if (it == 0) {
-#pragma unroll
-            for (int ks = 0; ks < KS; ks++) lda<HS>(kf[ks], sk, w * 16, ks * 16), lda<HS>(vf[ks], sv, w * 16, ks * 16);
-        }
         const uint32_t sq = sq0 + st * QB, sdo = sdo0 + st * QB;
         wg_arrive();
 #pragma unroll
-        for (int ks = 0; ks < KS; ks++) wg_rs<0>(s, kf[ks], wg_desc(sq + ks * 32), ks);   /* S^T = K Q^T */
+        for (int ks = 0; ks < KS; ks++) wg_ss<0, 0>(s, wg_desc(sk + ks * 32), wg_desc(sq + ks * 32), ks);   /* S^T = K Q^T */
 #pragma unroll
-        for (int ks = 0; ks < KS; ks++) wg_rs<0>(dp, vf[ks], wg_desc(sdo + ks * 32), ks); /* dP^T = V dO^T */
+        for (int ks = 0; ks < KS; ks++) wg_ss<0, 0>(dp, wg_desc(sv + ks * 32), wg_desc(sdo + ks * 32), ks); /* dP^T = V dO^T */
         wg_commit();
         wg_wait<0>();
         wg_pin(s);

@@ -50,7 +50,10 @@ static __device__ __forceinline__ void wg_fence_smem(void) { asm volatile("fence
     "%25, %26, %27, %28, %29, %30, %31}"
 
 /* d (64 x 64) (+)= a (64 x 16, this warp's mma.sync A fragment) b (16 x 64 from the descriptor): TB 0 for a
- * K-major B, 1 for an MN-major one; acc 0 overwrites d. */
+ * K-major B, 1 for an MN-major one; acc 0 overwrites d. Only for fragments made in the same iteration (P, dS):
+ * ptxas (CUDA 13.0) takes an A register as dead after the wgmma that reads it, and hands it to other values even
+ * where a loop reads it again (seen on an H100, 2026-12-07: Q fragments loaded once were overwritten by P after
+ * the first key tile). Operands that stay across iterations (Q, K, V) are read from shared memory by wg_ss. */
 template <int TB>
 static __device__ __forceinline__ void wg_rs(float d[8][4], const uint32_t a[4], uint64_t b, int acc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
