@@ -116,6 +116,12 @@ template <int R, int HS> static __device__ __forceinline__ uint32_t swz_wg(int r
     static_assert(HS % 64 == 0, "rows of a multiple of 64 bf16");
     return (uint32_t)(c / 8) * (uint32_t)(R * 128) + swz<64>(r, c % 8);
 }
+/* Byte offset, in the same layout, of a wgmma operand whose 16 columns of k-step ks run along rows r0 .. (K-major: a
+ * descriptor's start address; the 128-byte swizzle is applied by the tensor cores, so only the row and the 32-byte
+ * step within the row's 128 bytes are added). */
+template <int R> static __device__ __forceinline__ uint32_t swz_wg_kstep(int r0, int ks) {
+    return (uint32_t)(ks / 4) * (uint32_t)(R * 128) + (uint32_t)r0 * 128u + (uint32_t)(ks % 4) * 32u;
+}
 
 /* Rows r0 .. r0 + R - 1 of a (T, stride) bf16 (or f16) matrix, HS columns from x, into the swizzled tile at shared address
  * tile (R, HS: swz<HS>, or swz_wg<R, HS> when WG); rows >= T zero-filled. The whole block (NT threads) issues it; the

@@ -1,10 +1,10 @@
-/* train_attention_wg.cu: the training attention on Hopper's wgmma (sm_90a): the forward at head sizes 64 and 128,
- * the backward's dk/dv kernel at 64. The forward is the FlashAttention-2 forward of train_attention_tc.cu with its
- * matrix products moved from mma.sync (a warp, 16 x 8 x 16 an instruction, both operands through ldmatrix into
- * registers) to wgmma (a warpgroup, 64 x 64 x 16, K and V read by the tensor cores straight from shared memory). The tiles, the masks, the online softmax and the
- * epilogue are the mma.sync kernel's, so the two agree to the order of the f32 sums (tests/
- * test_cuda_train_attention.c test_wgmma runs both against the CPU oracle and each other). The Makefile builds this
- * file for sm_90a; kiln_cuda_attention_wgmma tells the host whether this process can use it. */
+/* train_attention_wg.cu: the training attention on Hopper's wgmma (sm_90a): the forward at head sizes 64 and 128, the
+ * backward's dk/dv kernel at 64. The forward is the FlashAttention-2 forward of train_attention_tc.cu with its matrix
+ * products moved from mma.sync (a warp, 16 x 8 x 16 an instruction, both operands through ldmatrix into registers) to
+ * wgmma (a warpgroup, 64 x 64 x 16, Q, K and V read by the tensor cores straight from shared memory). The tiles, the
+ * masks, the online softmax and the epilogue are the mma.sync kernel's, so the two agree to the order of the f32 sums
+ * (tests/test_cuda_train_attention.c test_wgmma runs both against the CPU oracle and each other). The Makefile builds
+ * this file for sm_90a; kiln_cuda_attention_wgmma tells the host whether this process can use it. */
 #include "cuda/launch.h"
 #include "cuda/mma.cuh"
 #include "cuda/train_attention_tc.h"
@@ -16,15 +16,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Grid (ceil(T / BM), NH, B), NWG warpgroups a block, x reversed (the last query tiles see the most keys: they
- * start first). Block (x, h, b): query rows q0 .. q0 + BM - 1 of head h, BM = 64 NWG: warpgroup g owns rows
- * q0 + 64 g .., its warp w the accumulator rows from q0 + 64 g + 16 w. Q stays in shared memory (the wgmma reads it
- * by descriptor each tile: wgmma.cuh says why not from registers). Key tiles of BN rows of K and V (KV head h / G),
- * 0 .. the diagonal, double-buffered by cp.async and shared by the warpgroups. Per tile a warpgroup whose rows
- * reach it computes S = Q K^T (BN / 64 wgmma columns of 64 keys, HS / 16 k-steps), masks keys past each row (so every key >= T), runs fa_softmax, and adds P V (HS / 64
- * wgmma columns of 64 dims) with P rounded to bf16 as the A operand in registers and V read transposed. Shared: Q
- * BM x HS and K, V 2 x BN x HS bf16 in swz_wg's layout (blocks of 64 columns), from a 1024-byte-aligned base
- * (wgmma.cuh). */
+/* Grid (ceil(T / BM), NH, B), NWG warpgroups a block, x reversed (the last query tiles see the most keys: they start
+ * first). Block (x, h, b): query rows q0 .. q0 + BM - 1 of head h, BM = 64 NWG: warpgroup g owns rows q0 + 64 g ..,
+ * its warp w the accumulator rows from q0 + 64 g + 16 w. Q stays in shared memory (the wgmma reads it by descriptor
+ * each tile: wgmma.cuh says why not from registers). Key tiles of BN rows of K and V (KV head h / G), 0 .. the
+ * diagonal, double-buffered by cp.async and shared by the warpgroups. Per tile a warpgroup whose rows reach it
+ * computes S = Q K^T (BN / 64 wgmma columns of 64 keys, HS / 16 k-steps), masks keys past each row (so every key >=
+ * T), runs fa_softmax, and adds P V (HS / 64 wgmma columns of 64 dims) with P rounded to bf16 as the A operand in
+ * registers and V read transposed. Shared: Q BM x HS and K, V 2 x BN x HS bf16 in swz_wg's layout (blocks of 64
+ * columns), from a 1024-byte-aligned base (wgmma.cuh). */
 template <int HS, int NWG, int BN>
 __global__ void __launch_bounds__(128 * NWG, HS == 64 && NWG == 2 && BN == 64 ? 2 : 1)
 attn_wg_forward(kiln_bf16_t *out,        /* (B*T, NH*HS) */
@@ -73,8 +73,8 @@ attn_wg_forward(kiln_bf16_t *out,        /* (B*T, NH*HS) */
             for (int c = 0; c < BN / 64; c++)
 #pragma unroll
                 for (int ks = 0; ks < KS; ks++) /* the group's 64 query rows by keys 64 c .. of the tile, dims 16 ks .. */
-                    wg_ss<0, 0>(s[0] + 8 * c, wg_desc(sq + ks / 4 * BM * 128 + wg * 64 * 128 + ks % 4 * 32),
-                                wg_desc(sk + ks / 4 * BN * 128 + c * 64 * 128 + ks % 4 * 32), ks);
+                    wg_ss<0, 0>(s[0] + 8 * c, wg_desc(sq + swz_wg_kstep<BM>(64 * wg, ks)),
+                                wg_desc(sk + swz_wg_kstep<BN>(64 * c, ks)), ks);
             wg_commit();
             wg_wait<0>();
 #pragma unroll
