@@ -297,15 +297,18 @@ static void test_attention_wgmma(void) {
 }
 
 /* The forward on wgmma (train_attention_wg.cu, head sizes 64 and 128 on compute capability 9.0) in each of its block
- * shapes (KILN_ATTN_WG = warpgroups x key-tile rows; HS 128 takes key tiles of 64 in either) and the mma.sync kernel
- * (KILN_ATTN_WG 0), over every shape of HS 64 and 128:
+ * shapes (KILN_ATTN_WG = warpgroups x key-tile rows; HS 128 takes key tiles of 64 in either; a p: the pipelined
+ * kernel, which must give the plain shape's bits) and the mma.sync kernel (KILN_ATTN_WG 0), over every shape of HS 64
+ * and 128:
  * each within the tensor-core bounds of the CPU oracle (out, lse), and the two paths' outputs within two bf16
  * roundings of each other (they differ only in the order of their f32 sums, then in the rounding of P). */
 static void wgmma_checks(void) {
     release_all();
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     if (!wgmma_here()) SKIP("no wgmma kernels here (they need a device of compute capability 9.0 and a CUDA_ARCH=sm_90 build)");
-    static const char *cfgs[] = {"2x64", "2x128", "3x64", "3x128", "0"};
+    static const char *cfgs[] = {"2x64", "2x128", "3x64", "3x128", "2x64p", "3x64p", "0"};
+    /* the plain shape whose bits each pipelined one must give: HS 128 runs 3x64p as 2x64p */
+    const int same_as[2][COUNT(cfgs)] = {{-1, -1, -1, -1, 0, 2, -1}, {-1, -1, -1, -1, 0, 0, -1}};
     unsigned long long rng = 909;
     char msg[768], what[200];
     double worst_out = 0, worst_pair = 0, worst_lse = 0;
@@ -325,10 +328,11 @@ static void wgmma_checks(void) {
         CHECK(d_qkv && d_out && d_lse, "%s", kiln_last_error());
         CHECK(kiln_cuda_upload(d_qkv, qkv, (size_t)(N * W) * 2) == KILN_OK, "%s", kiln_last_error());
         kiln_bf16 *out_bf = host((size_t)(N * Q) * 2);
-        float *out[COUNT(cfgs)], *lse = host((size_t)nl * 4);
+        float *out[COUNT(cfgs)], *lses[COUNT(cfgs)];
         for (int f = 0; f < COUNT(cfgs); f++) {
             setenv("KILN_ATTN_WG", cfgs[f], 1);
-            CHECK(kiln_cuda_attention_wgmma(s.HS) == (f < 4), "HS %lld, KILN_ATTN_WG %s: wgmma %d", (long long)s.HS, cfgs[f],
+            float *lse = lses[f] = host((size_t)nl * 4);
+            CHECK(kiln_cuda_attention_wgmma(s.HS) == (f < 6), "HS %lld, KILN_ATTN_WG %s: wgmma %d", (long long)s.HS, cfgs[f],
                   (int)kiln_cuda_attention_wgmma(s.HS));
             CHECK(poison(d_out, (size_t)(N * Q) * 2) == KILN_OK && poison(d_lse, (size_t)nl * 4) == KILN_OK);
             CHECK(kiln_cuda_attention_forward_train(d_out, d_lse, d_qkv, s.B, s.T, s.NH, s.NKV, s.HS, NULL) == KILN_OK, "%s",
@@ -349,6 +353,12 @@ static void wgmma_checks(void) {
                 snprintf(what, sizeof what, "T %lld HS %lld: KILN_ATTN_WG %s against %s", (long long)s.T, (long long)s.HS, cfgs[f],
                          cfgs[0]);
                 CHECK(within(what, out[f], out[0], N * Q, s.NH, s.HS, 8e-3, 0, 2e-5, &worst_pair, msg, sizeof msg), "%s", msg);
+            }
+            const int same = same_as[s.HS == 128][f];
+            if (same >= 0) { /* the pipelined kernel does the plain one's arithmetic in its order */
+                CHECK(memcmp(out[f], out[same], (size_t)(N * Q) * 4) == 0 && memcmp(lse, lses[same], (size_t)nl * 4) == 0,
+                      "B %lld T %lld HS %lld: KILN_ATTN_WG %s differs from %s", (long long)s.B, (long long)s.T,
+                      (long long)s.HS, cfgs[f], cfgs[same]);
             }
         }
     }

@@ -16,6 +16,51 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* One key tile's scores s (this warp's 16 rows from wq0 by BN keys from j0) to P: keys past a row masked (so every
+ * key >= T), fa_softmax (o rescaled), P rounded to bf16 as the A fragments of P V (16 keys a k-step). */
+template <int HS, int BN>
+static __device__ __forceinline__ void wg_softmax_p(float s[1][BN / 8][4], float m[1][2], float l[1][2], float o[1][HS / 8][4],
+                                                    uint32_t pa[BN / 16][4], int j0, int wq0, float sl2) {
+    const int gr = threadIdx.x % 32 / 4, tg = threadIdx.x % 4;
+    if (j0 + BN - 1 > wq0) { /* a key past a row of the warp: mask key j > query i */
+        const int i = wq0 + gr;
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int j = j0 + n * 8 + 2 * tg + (e & 1);
+                if (j > i + (e >> 1) * 8) s[0][n][e] = -INFINITY;
+            }
+    }
+    fa_softmax<1, BN / 8, HS / 8>(s, m, l, o, sl2);
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ks++) {
+        pa[ks][0] = pack_bf16(s[0][2 * ks][0], s[0][2 * ks][1]);
+        pa[ks][1] = pack_bf16(s[0][2 * ks][2], s[0][2 * ks][3]);
+        pa[ks][2] = pack_bf16(s[0][2 * ks + 1][0], s[0][2 * ks + 1][1]);
+        pa[ks][3] = pack_bf16(s[0][2 * ks + 1][2], s[0][2 * ks + 1][3]);
+    }
+}
+
+/* The forward's end: each row's l summed over its 4 lanes, then out = o / l in bf16 and lse = m + log l (natural log)
+ * for this warp's rows from wq0 (16 rows of the warpgroup's accumulators). */
+template <int HS>
+static __device__ __forceinline__ void wg_forward_store(kiln_bf16_t *out, float *lse, float o[1][HS / 8][4], const float m[1][2],
+                                                        float l[1][2], int b, int h, int wq0, int T, int NH) {
+    const int gr = threadIdx.x % 32 / 4, tg = threadIdx.x % 4;
+    fa_row_sums<1>(l);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int i = wq0 + gr + r * 8;
+        if (i >= T) continue;
+        const float inv = 1.0f / l[0][r];
+        kiln_bf16_t *orow = out + ((size_t)b * (size_t)T + (size_t)i) * (size_t)NH * HS + (size_t)h * HS + 2 * tg;
+#pragma unroll
+        for (int d = 0; d < HS / 8; d++) *(uint32_t *)(orow + d * 8) = pack_bf16(o[0][d][2 * r] * inv, o[0][d][2 * r + 1] * inv);
+        if (tg == 0) lse[((size_t)b * NH + h) * (size_t)T + i] = (m[0][r] + log2f(l[0][r])) * 0.69314718055994531f;
+    }
+}
+
 /* Grid (ceil(T / BM), NH, B), NWG warpgroups a block, x reversed (the last query tiles see the most keys: they start
  * first). Block (x, h, b): query rows q0 .. q0 + BM - 1 of head h, BM = 64 NWG: warpgroup g owns rows q0 + 64 g ..,
  * its warp w the accumulator rows from q0 + 64 g + 16 w. Q stays in shared memory (the wgmma reads it by descriptor
@@ -38,8 +83,8 @@ attn_wg_forward(kiln_bf16_t *out,        /* (B*T, NH*HS) */
     extern __shared__ uint4 wg_smem[];
     const uint32_t sq = (smem_addr(wg_smem) + 1023u) & ~1023u, sk0 = sq + BM * HS * 2, sv0 = sk0 + 2 * TB;
     const int b = blockIdx.z, h = blockIdx.y, g = h / (NH / NKV);
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * BM, wg = threadIdx.x / 128, w = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
-    const int gr = lane / 4, tg = lane % 4, g0 = q0 + 64 * wg, wq0 = g0 + 16 * w; /* the group's, the warp's first row */
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * BM, wg = threadIdx.x / 128, w = threadIdx.x / 32 % 4;
+    const int g0 = q0 + 64 * wg, wq0 = g0 + 16 * w; /* the group's, the warp's first row */
     const int64_t W = (int64_t)(NH + 2 * NKV) * HS;
     const kiln_bf16_t *seq = qkv + (size_t)b * (size_t)T * (size_t)W;
     const kiln_bf16_t *kp = seq + (size_t)NH * HS + (size_t)g * HS, *vp = kp + (size_t)NKV * HS;
@@ -79,25 +124,8 @@ attn_wg_forward(kiln_bf16_t *out,        /* (B*T, NH*HS) */
             wg_wait<0>();
 #pragma unroll
             for (int c = 0; c < BN / 64; c++) wg_pin(s[0] + 8 * c);
-            if (kt * BN + BN - 1 > wq0) { /* a key past a row of the warp: mask key j > query i (so every key >= T) */
-                const int i = wq0 + gr;
-#pragma unroll
-                for (int n = 0; n < NS; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int j = kt * BN + n * 8 + 2 * tg + (e & 1);
-                        if (j > i + (e >> 1) * 8) s[0][n][e] = -INFINITY;
-                    }
-            }
-            fa_softmax<1, NS, NO>(s, m, l, o, sl2);
             uint32_t pa[BN / 16][4];
-#pragma unroll
-            for (int ks = 0; ks < BN / 16; ks++) {
-                pa[ks][0] = pack_bf16(s[0][2 * ks][0], s[0][2 * ks][1]);
-                pa[ks][1] = pack_bf16(s[0][2 * ks][2], s[0][2 * ks][3]);
-                pa[ks][2] = pack_bf16(s[0][2 * ks + 1][0], s[0][2 * ks + 1][1]);
-                pa[ks][3] = pack_bf16(s[0][2 * ks + 1][2], s[0][2 * ks + 1][3]);
-            }
+            wg_softmax_p<HS, BN>(s, m, l, o, pa, kt * BN, wq0, sl2);
             wg_arrive(); /* o was rescaled by ordinary instructions */
 #pragma unroll
             for (int c = 0; c < HS / 64; c++) /* dims 64 c .. (block c of V), keys 16 ks .. */
@@ -110,17 +138,97 @@ attn_wg_forward(kiln_bf16_t *out,        /* (B*T, NH*HS) */
         }
         __syncthreads(); /* this stage is consumed: the next iteration may refill it */
     }
-    fa_row_sums<1>(l);
+    wg_forward_store<HS>(out, lse, o, m, l, b, h, wq0, T, NH);
+#else
+    __trap(); /* a pass without wgmma: kiln_cuda_attention_wgmma never lets the host launch it */
+#endif
+}
+
+/* attn_wg_forward with the next key tile's S = Q K^T in flight while this tile's softmax runs (FlashAttention-3's
+ * overlap of the softmax with a matrix product inside a warpgroup), key tiles of 64. Iteration kt: S_kt is in s;
+ * it issues S_kt+1 into sn, masks and softmaxes s, adds P V_kt, waits for both and moves sn into s. The tiles are
+ * attn_wg_forward's, the arithmetic the same in the same order, so the two give the same bits. K runs a tile ahead
+ * of V: stage kt & 1 holds K_kt and V_kt; after iteration kt's barrier (everything of kt - 1 consumed) it loads
+ * K_kt+2 over K_kt and V_kt+1 over V_kt-1, and it needs K_kt+1 and V_kt, loaded an iteration before. */
+template <int HS, int NWG>
+__global__ void __launch_bounds__(128 * NWG, 1)
+attn_wg_forward_pipe(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int T, int NH, int NKV, float sl2) {
+#ifdef KILN_WG_DEVICE
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
+    constexpr int BN = 64, NT = 128 * NWG, BM = 64 * NWG, NS = BN / 8, NO = HS / 8, KS = HS / 16, TB = BN * HS * 2;
+    extern __shared__ uint4 wg_smem[];
+    const uint32_t sq = (smem_addr(wg_smem) + 1023u) & ~1023u, sk0 = sq + BM * HS * 2, sv0 = sk0 + 2 * TB;
+    const int b = blockIdx.z, h = blockIdx.y, g = h / (NH / NKV);
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * BM, wg = threadIdx.x / 128, w = threadIdx.x / 32 % 4;
+    const int g0 = q0 + 64 * wg, wq0 = g0 + 16 * w; /* the group's, the warp's first row */
+    const int64_t W = (int64_t)(NH + 2 * NKV) * HS;
+    const kiln_bf16_t *seq = qkv + (size_t)b * (size_t)T * (size_t)W;
+    const kiln_bf16_t *kp = seq + (size_t)NH * HS + (size_t)g * HS, *vp = kp + (size_t)NKV * HS;
+    const int nkt = (min(q0 + BM, T) + BN - 1) / BN;
+
+    tile_async<BM, HS, NT, true>(sq, seq + (size_t)h * HS, W, q0, T);
+    tile_async<BN, HS, NT, true>(sk0, kp, W, 0, T);
+    cp_async_commit();
+    if (nkt > 1) tile_async<BN, HS, NT, true>(sk0 + TB, kp, W, BN, T);
+    tile_async<BN, HS, NT, true>(sv0, vp, W, 0, T);
+    cp_async_commit();
+    cp_async_wait<1>(); /* Q and K_0 */
+    wg_fence_smem();
+    __syncthreads();
+
+    float s[1][NS][4], sn[NS][4], o[1][NO][4], m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.0f, 0.0f}};
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int i = wq0 + gr + r * 8;
-        if (i >= T) continue;
-        const float inv = 1.0f / l[0][r];
-        kiln_bf16_t *orow = out + ((size_t)b * (size_t)T + (size_t)i) * (size_t)NH * HS + (size_t)h * HS + 2 * tg;
+    for (int d = 0; d < NO; d++) o[0][d][0] = o[0][d][1] = o[0][d][2] = o[0][d][3] = 0.0f;
 #pragma unroll
-        for (int d = 0; d < NO; d++) *(uint32_t *)(orow + d * 8) = pack_bf16(o[0][d][2 * r] * inv, o[0][d][2 * r + 1] * inv);
-        if (tg == 0) lse[((size_t)b * NH + h) * (size_t)T + i] = (m[0][r] + log2f(l[0][r])) * 0.69314718055994531f;
+    for (int n = 0; n < NS; n++) s[0][n][0] = s[0][n][1] = s[0][n][2] = s[0][n][3] = 0.0f;
+    wg_arrive(); /* S_0: key tile 0 is seen by every row */
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++)
+        wg_ss<0, 0>(s[0], wg_desc(sq + swz_wg_kstep<BM>(64 * wg, ks)), wg_desc(sk0 + swz_wg_kstep<BN>(0, ks)), ks);
+    wg_commit();
+    wg_wait<0>();
+    wg_pin(s[0]);
+    for (int kt = 0; kt < nkt; kt++) {
+        cp_async_wait<0>(); /* K_kt+1 and V_kt */
+        wg_fence_smem();
+        __syncthreads(); /* and every warpgroup is done with iteration kt - 1 (S_kt, P V_kt-1) */
+        if (kt + 2 < nkt) tile_async<BN, HS, NT, true>(sk0 + (kt & 1) * TB, kp, W, (kt + 2) * BN, T);
+        if (kt + 1 < nkt) tile_async<BN, HS, NT, true>(sv0 + ((kt + 1) & 1) * TB, vp, W, (kt + 1) * BN, T);
+        cp_async_commit();
+        const bool act = kt * BN <= g0 + 63, next = kt + 1 < nkt && (kt + 1) * BN <= g0 + 63; /* uniform in the group */
+        if (next) {
+            const uint32_t sk = sk0 + ((kt + 1) & 1) * TB;
+            wg_arrive();
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++)
+                wg_ss<0, 0>(sn, wg_desc(sq + swz_wg_kstep<BM>(64 * wg, ks)), wg_desc(sk + swz_wg_kstep<BN>(0, ks)), ks);
+            wg_commit();
+        }
+        if (act) {
+            uint32_t pa[BN / 16][4];
+            wg_softmax_p<HS, BN>(s, m, l, o, pa, kt * BN, wq0, sl2);
+            const uint32_t sv = sv0 + (kt & 1) * TB;
+            wg_arrive(); /* o was rescaled by ordinary instructions */
+#pragma unroll
+            for (int c = 0; c < HS / 64; c++)
+#pragma unroll
+                for (int ks = 0; ks < BN / 16; ks++) wg_rs<1>(o[0] + 8 * c, pa[ks], wg_desc(sv + c * BN * 128 + ks * 16 * 128), 1);
+            wg_commit();
+        }
+        wg_wait<0>();
+        if (act)
+#pragma unroll
+            for (int c = 0; c < HS / 64; c++) wg_pin(o[0] + 8 * c);
+        if (next) {
+            wg_pin(sn);
+#pragma unroll
+            for (int n = 0; n < NS; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[0][n][e] = sn[n][e];
+        }
     }
+    wg_forward_store<HS>(out, lse, o, m, l, b, h, wq0, T, NH);
 #else
     __trap(); /* a pass without wgmma: kiln_cuda_attention_wgmma never lets the host launch it */
 #endif
@@ -250,18 +358,23 @@ attn_wg_backward_dkdv(float *dqkv,               /* (B*T, (NH + 2 NKV) 64): dk, 
 #define WG_DEFAULT_ON 0
 
 /* The block shape: KILN_ATTN_WG = 0 turns the path off; NWGxBN (2x64, 2x128, 3x64, 3x128) turns it on in that
- * shape; 1 (or anything else), on in the default shape 2x64; unset, WG_DEFAULT_ON. */
+ * shape, and 2x64p or 3x64p on attn_wg_forward_pipe; 1 (or anything else), on in the default shape 2x64; unset,
+ * WG_DEFAULT_ON. */
 typedef struct {
     int nwg, bn;
+    bool pipe;
 } wg_shape;
 
 static wg_shape wg_config(void) {
     const char *e = getenv("KILN_ATTN_WG");
-    wg_shape c = {2, 64};
+    wg_shape c = {2, 64, false};
     if (!e) c.nwg = WG_DEFAULT_ON ? 2 : 0;
     else if (strcmp(e, "0") == 0) c.nwg = 0;
-    else if (strlen(e) == 4 && (e[0] == '2' || e[0] == '3') && e[1] == 'x' && strcmp(e + 2, "64") == 0) c = {e[0] - '0', 64};
-    else if (strlen(e) == 5 && (e[0] == '2' || e[0] == '3') && e[1] == 'x' && strcmp(e + 2, "128") == 0) c = {e[0] - '0', 128};
+    else if (strlen(e) >= 4 && (e[0] == '2' || e[0] == '3') && e[1] == 'x') {
+        if (strcmp(e + 2, "64") == 0) c = {e[0] - '0', 64, false};
+        else if (strcmp(e + 2, "64p") == 0) c = {e[0] - '0', 64, true};
+        else if (strcmp(e + 2, "128") == 0) c = {e[0] - '0', 128, false};
+    }
     return c;
 }
 
@@ -279,16 +392,19 @@ extern "C" bool kiln_cuda_attention_wgmma(int64_t HS) {
 #endif
 }
 
-template <int HS, int NWG, int BN>
+template <int HS, int NWG, int BN, bool PIPE = false>
 static kiln_status wg_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int B, int T, int NH, int NKV, cudaStream_t s) {
+    static_assert(!PIPE || BN == 64, "the pipelined forward takes key tiles of 64");
     constexpr int BM = 64 * NWG;
+    void (*kernel)(kiln_bf16_t *, float *, const kiln_bf16_t *, int, int, int, float) = attn_wg_forward<HS, NWG, BN>;
+    if constexpr (PIPE) kernel = attn_wg_forward_pipe<HS, NWG>;
     const size_t smem = (size_t)(BM + 4 * BN) * HS * 2 + 1024; /* + the alignment of the base */
-    cudaError_t e = cudaFuncSetAttribute(attn_wg_forward<HS, NWG, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return kiln_launch_status("attention_forward (train, wgmma) shared-memory opt-in", e);
     const dim3 grid((unsigned)((T + BM - 1) / BM), (unsigned)NH, (unsigned)B);
     const float sl2 = 1.0f / sqrtf((float)HS) * LOG2E;
-    return kiln_launch_status("attention_forward (train, wgmma)", kiln_launch(attn_wg_forward<HS, NWG, BN>, grid, dim3(128 * NWG),
-                                                                              smem, s, out, lse, qkv, T, NH, NKV, sl2));
+    return kiln_launch_status("attention_forward (train, wgmma)",
+                              kiln_launch(kernel, grid, dim3(128 * NWG), smem, s, out, lse, qkv, T, NH, NKV, sl2));
 }
 
 /* HS 128 takes key tiles of 64 rows in either shape: with 128 (s and o 64 f32 a thread each) 2 warpgroups use all
@@ -296,6 +412,11 @@ static kiln_status wg_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t *q
 kiln_status kiln_attn_wg_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int B, int T, int NH, int NKV, int HS,
                                  cudaStream_t s) {
     const wg_shape c = wg_config();
+    if (c.pipe) { /* one block an SM (2 of 2 x 64 spill); HS 128 in 2 warpgroups (3 spill) */
+        if (HS == 128) return wg_forward<128, 2, 64, true>(out, lse, qkv, B, T, NH, NKV, s);
+        return c.nwg == 3 ? wg_forward<64, 3, 64, true>(out, lse, qkv, B, T, NH, NKV, s)
+                          : wg_forward<64, 2, 64, true>(out, lse, qkv, B, T, NH, NKV, s);
+    }
     if (HS == 128)
         return c.nwg == 3 ? wg_forward<128, 3, 64>(out, lse, qkv, B, T, NH, NKV, s) : wg_forward<128, 2, 64>(out, lse, qkv, B, T, NH, NKV, s);
     if (c.nwg == 3)
