@@ -295,6 +295,13 @@ static void test_attention_wgmma(void) {
     if (!wgmma_here()) SKIP("no wgmma kernels here (they need a device of compute capability 9.0 and a CUDA_ARCH=sm_90 build)");
     with_attn_wg("1", attention_checks);
 }
+/* The same on the pipelined wgmma kernels (KILN_ATTN_WG 2x64p: the next S in flight during the softmax in the
+ * forward, dP^T in flight during P^T and dV in the dk/dv kernel). */
+static void test_attention_wgmma_pipe(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    if (!wgmma_here()) SKIP("no wgmma kernels here (they need a device of compute capability 9.0 and a CUDA_ARCH=sm_90 build)");
+    with_attn_wg("2x64p", attention_checks);
+}
 
 /* The forward on wgmma (train_attention_wg.cu, head sizes 64 and 128 on compute capability 9.0) in each of its block
  * shapes (KILN_ATTN_WG = warpgroups x key-tile rows; HS 128 takes key tiles of 64 in either; a p: the pipelined
@@ -386,6 +393,7 @@ int main(void) {
     if (kiln_pool_create(0, &pool) != KILN_OK) return 1;
     RUN(test_attention);
     RUN(test_attention_wgmma);
+    RUN(test_attention_wgmma_pipe);
     RUN(test_wgmma);
     RUN(test_refused);
     release_all();
@@ -397,11 +405,13 @@ int main(void) {
 
 static void test_attention(void) { SKIP("kiln built without CUDA"); }
 static void test_attention_wgmma(void) { SKIP("kiln built without CUDA"); }
+static void test_attention_wgmma_pipe(void) { SKIP("kiln built without CUDA"); }
 static void test_wgmma(void) { SKIP("kiln built without CUDA"); }
 
 int main(void) {
     RUN(test_attention);
     RUN(test_attention_wgmma);
+    RUN(test_attention_wgmma_pipe);
     RUN(test_wgmma);
     TEST_EXIT();
 }

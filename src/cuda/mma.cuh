@@ -165,26 +165,42 @@ static __device__ __forceinline__ void dkdv_issue(int it, uint32_t sq0, uint32_t
 
 /* The dk/dv kernels' step from S^T and dP^T (a warp's key rows jr, jr + 8 by the tile's NS * 8 query columns from
  * i0, in the accumulator layout) to P^T = exp2(S^T sl2 - lse log2(e)), 0 unless key <= query < T (checked on an
- * edge tile only), in s, and dS^T = P^T (dP^T - D) in dp; tl and td the tile's lse and D in shared memory. */
+ * edge tile only), in s, and dS^T = P^T (dP^T - D) in dp; tl and td the tile's lse and D in shared memory: dkdv_p
+ * then dkdv_ds (the wgmma kernel's pipelined form runs them apart, the dP product in flight during dkdv_p). */
 template <int NS>
-static __device__ __forceinline__ void dkdv_probs(float s[NS][4], float dp[NS][4], const float *tl, const float *td, int i0,
-                                                  int jr, int T, bool edge, float sl2) {
+static __device__ __forceinline__ void dkdv_p(float s[NS][4], const float *tl, int i0, int jr, int T, bool edge, float sl2) {
     const int tg = threadIdx.x % 4;
 #pragma unroll
     for (int n = 0; n < NS; n++)
 #pragma unroll
         for (int c = 0; c < 2; c++) {
             const int ii = n * 8 + 2 * tg + c, i = i0 + ii;
-            const float l2 = tl[ii] * LOG2E, Di = td[ii];
+            const float l2 = tl[ii] * LOG2E;
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int e = 2 * r + c;
                 float p = exp2_ftz(fmaf(s[n][e], sl2, -l2));
                 if (edge && (i < jr + 8 * r || i >= T)) p = 0.0f;
                 s[n][e] = p;
-                dp[n][e] = p * (dp[n][e] - Di);
             }
         }
+}
+template <int NS> static __device__ __forceinline__ void dkdv_ds(float dp[NS][4], const float s[NS][4], const float *td) {
+    const int tg = threadIdx.x % 4;
+#pragma unroll
+    for (int n = 0; n < NS; n++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const float Di = td[n * 8 + 2 * tg + c];
+#pragma unroll
+            for (int r = 0; r < 2; r++) dp[n][2 * r + c] = s[n][2 * r + c] * (dp[n][2 * r + c] - Di);
+        }
+}
+template <int NS>
+static __device__ __forceinline__ void dkdv_probs(float s[NS][4], float dp[NS][4], const float *tl, const float *td, int i0,
+                                                  int jr, int T, bool edge, float sl2) {
+    dkdv_p<NS>(s, tl, i0, jr, T, edge, sl2);
+    dkdv_ds<NS>(dp, s, td);
 }
 
 /* A warp's packed dS^T fragment da for query k-step ks (da[e]: key row m0 + gr + 8 (e % 2), query columns

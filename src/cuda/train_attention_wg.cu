@@ -234,6 +234,16 @@ attn_wg_forward_pipe(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int T
 #endif
 }
 
+/* The dk/dv kernel's f32 accumulators x (a warp's 16 key rows by BQ query columns) as bf16 A fragments, 16 queries a
+ * k-step. */
+template <int BQ> static __device__ __forceinline__ void dkdv_pack(uint32_t a[BQ / 16][4], const float x[BQ / 8][4]) {
+#pragma unroll
+    for (int ks = 0; ks < BQ / 16; ks++) {
+        a[ks][0] = pack_bf16(x[2 * ks][0], x[2 * ks][1]), a[ks][1] = pack_bf16(x[2 * ks][2], x[2 * ks][3]);
+        a[ks][2] = pack_bf16(x[2 * ks + 1][0], x[2 * ks + 1][1]), a[ks][3] = pack_bf16(x[2 * ks + 1][2], x[2 * ks + 1][3]);
+    }
+}
+
 /* The dk/dv kernel (and, ATOMIC_DQ, dq by atomics) of train_attention_tc.cu on wgmma, head size 64: grid
  * (ceil(T / 64), NKV, B), one warpgroup a block owning key rows j0 .. j0 + 63 of KV head g (warp w rows j0 + 16 w ..;
  * K and V stay in shared memory). It walks the same query tiles in the same order (BQ 64 rows, the G heads of the
@@ -243,7 +253,7 @@ attn_wg_forward_pipe(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int T
  * ATOMIC_DQ: dS^T is also stored to shared memory (rows of 64 queries, swizzled) and dQ = dS K (A = dS^T read
  * transposed, B = K read transposed) is added into dq by float2 atomics, as the mma.sync kernel does. Shared: K, V
  * 64 x 64, 2 x (q, dout) 64 x 64 bf16, dS^T 64 x 64 bf16 (ATOMIC_DQ), 2 x (lse, D) 64 f32, from a 1024-byte base. */
-template <bool ATOMIC_DQ>
+template <bool ATOMIC_DQ, bool PIPE>
 __global__ void __launch_bounds__(128, 2)
 attn_wg_backward_dkdv(float *dqkv,               /* (B*T, (NH + 2 NKV) 64): dk, dv written (dq added) */
                       const kiln_bf16_t *dout,   /* (B*T, NH*64) */
@@ -293,26 +303,40 @@ attn_wg_backward_dkdv(float *dqkv,               /* (B*T, (NH + 2 NKV) 64): dk, 
         wg_arrive();
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) wg_ss<0, 0>(s, wg_desc(sk + ks * 32), wg_desc(sq + ks * 32), ks);   /* S^T = K Q^T */
+        if (PIPE) wg_commit(); /* S^T its own group */
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) wg_ss<0, 0>(dp, wg_desc(sv + ks * 32), wg_desc(sdo + ks * 32), ks); /* dP^T = V dO^T */
-        wg_commit();
-        wg_wait<0>();
-        wg_pin(s);
-        wg_pin(dp);
         const bool edge = i0 < j0 + KBM || i0 + BQ > T; /* a tile crossing the diagonal or T */
-        dkdv_probs<NS>(s, dp, slse + st * BQ, sD + st * BQ, i0, jr, T, edge, sl2);
         uint32_t pa[BQ / 16][4], da[BQ / 16][4];
+        if (PIPE) { /* P^T and dV += P^T dO while dP^T is in flight, then dS^T */
+            wg_commit();
+            wg_wait<1>();
+            wg_pin(s);
+            dkdv_p<NS>(s, slse + st * BQ, i0, jr, T, edge, sl2);
+            dkdv_pack<BQ>(pa, s);
+            wg_arrive();
 #pragma unroll
-        for (int ks = 0; ks < BQ / 16; ks++) {
-            pa[ks][0] = pack_bf16(s[2 * ks][0], s[2 * ks][1]), pa[ks][1] = pack_bf16(s[2 * ks][2], s[2 * ks][3]);
-            pa[ks][2] = pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]), pa[ks][3] = pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3]);
-            da[ks][0] = pack_bf16(dp[2 * ks][0], dp[2 * ks][1]), da[ks][1] = pack_bf16(dp[2 * ks][2], dp[2 * ks][3]);
-            da[ks][2] = pack_bf16(dp[2 * ks + 1][0], dp[2 * ks + 1][1]), da[ks][3] = pack_bf16(dp[2 * ks + 1][2], dp[2 * ks + 1][3]);
-            if (ATOMIC_DQ) dkdv_store_ds<BQ>(sds, w * 16, ks, da[ks]);
+            for (int ks = 0; ks < BQ / 16; ks++) wg_rs<1>(dv, pa[ks], wg_desc(sdo + ks * 16 * HS * 2), 1); /* dV += P^T dO */
+            wg_commit();
+            wg_wait<1>(); /* dP^T (dV may still run) */
+            wg_pin(dp);
+            dkdv_ds<NS>(dp, s, sD + st * BQ);
+        } else {
+            wg_commit();
+            wg_wait<0>();
+            wg_pin(s);
+            wg_pin(dp);
+            dkdv_probs<NS>(s, dp, slse + st * BQ, sD + st * BQ, i0, jr, T, edge, sl2);
+            dkdv_pack<BQ>(pa, s);
         }
-        wg_arrive();
+        dkdv_pack<BQ>(da, dp);
+        if (ATOMIC_DQ)
 #pragma unroll
-        for (int ks = 0; ks < BQ / 16; ks++) wg_rs<1>(dv, pa[ks], wg_desc(sdo + ks * 16 * HS * 2), 1); /* dV += P^T dO */
+            for (int ks = 0; ks < BQ / 16; ks++) dkdv_store_ds<BQ>(sds, w * 16, ks, da[ks]);
+        wg_arrive();
+        if (!PIPE)
+#pragma unroll
+            for (int ks = 0; ks < BQ / 16; ks++) wg_rs<1>(dv, pa[ks], wg_desc(sdo + ks * 16 * HS * 2), 1); /* dV += P^T dO */
 #pragma unroll
         for (int ks = 0; ks < BQ / 16; ks++) wg_rs<1>(dk, da[ks], wg_desc(sq + ks * 16 * HS * 2), 1);  /* dK += dS^T Q */
         wg_commit();
@@ -429,8 +453,10 @@ kiln_status kiln_attn_wg_backward_dkdv(float *dqkv, const kiln_bf16_t *dout, con
     const size_t smem = (size_t)7 * 64 * 64 * 2 + 4 * 64 * 4 + 1024; /* the layout above (dS^T's room either way) */
     const unsigned tiles = (unsigned)((T + 63) / 64);
     const float scale = 0.125f, sl2 = scale * LOG2E;
+    const bool pipe = wg_config().pipe;
     void (*kernel)(float *, const kiln_bf16_t *, const kiln_bf16_t *, const float *, const float *, int, int, int, float, float) =
-        atomic_dq ? attn_wg_backward_dkdv<true> : attn_wg_backward_dkdv<false>;
+        atomic_dq ? (pipe ? attn_wg_backward_dkdv<true, true> : attn_wg_backward_dkdv<true, false>)
+                  : (pipe ? attn_wg_backward_dkdv<false, true> : attn_wg_backward_dkdv<false, false>);
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return kiln_launch_status("attention_backward dk/dv (wgmma) shared-memory opt-in", e);
     return kiln_launch_status(atomic_dq ? "attention_backward dk/dv/dq (wgmma, atomic dq)" : "attention_backward dk/dv (wgmma)",
