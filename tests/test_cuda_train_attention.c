@@ -295,6 +295,12 @@ static void test_attention_wgmma(void) {
     if (!wgmma_here()) SKIP("no wgmma kernels here (they need a device of compute capability 9.0 and a CUDA_ARCH=sm_90 build)");
     with_attn_wg("1", attention_checks);
 }
+/* The same on the plain wgmma kernels (KILN_ATTN_WG 2x64; the default pipelines the dk/dv kernel). */
+static void test_attention_wgmma_plain(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    if (!wgmma_here()) SKIP("no wgmma kernels here (they need a device of compute capability 9.0 and a CUDA_ARCH=sm_90 build)");
+    with_attn_wg("2x64", attention_checks);
+}
 /* The same on the pipelined wgmma kernels (KILN_ATTN_WG 2x64p: the next S in flight during the softmax in the
  * forward, dP^T in flight during P^T and dV in the dk/dv kernel). */
 static void test_attention_wgmma_pipe(void) {
@@ -322,6 +328,7 @@ static void wgmma_checks(void) {
     for (int c = 0; c < COUNT(shapes); c++) {
         const shape s = shapes[c];
         if (!tensor_core_hs(s.HS)) continue;
+        release_all(); /* the last shape's buffers (the tracked host and device buffers are 64 each) */
         const int64_t N = s.B * s.T, Q = s.NH * s.HS, KV = s.NKV * s.HS, W = Q + 2 * KV, nl = s.B * s.NH * s.T;
         kiln_bf16 *qkv = host((size_t)(N * W) * 2);
         float *q = host((size_t)(N * Q) * 4), *k = host((size_t)(N * KV) * 4), *v = host((size_t)(N * KV) * 4);
@@ -393,6 +400,7 @@ int main(void) {
     if (kiln_pool_create(0, &pool) != KILN_OK) return 1;
     RUN(test_attention);
     RUN(test_attention_wgmma);
+    RUN(test_attention_wgmma_plain);
     RUN(test_attention_wgmma_pipe);
     RUN(test_wgmma);
     RUN(test_refused);
@@ -405,12 +413,14 @@ int main(void) {
 
 static void test_attention(void) { SKIP("kiln built without CUDA"); }
 static void test_attention_wgmma(void) { SKIP("kiln built without CUDA"); }
+static void test_attention_wgmma_plain(void) { SKIP("kiln built without CUDA"); }
 static void test_attention_wgmma_pipe(void) { SKIP("kiln built without CUDA"); }
 static void test_wgmma(void) { SKIP("kiln built without CUDA"); }
 
 int main(void) {
     RUN(test_attention);
     RUN(test_attention_wgmma);
+    RUN(test_attention_wgmma_plain);
     RUN(test_attention_wgmma_pipe);
     RUN(test_wgmma);
     TEST_EXIT();

@@ -377,27 +377,29 @@ attn_wg_backward_dkdv(float *dqkv,               /* (B*T, (NH + 2 NKV) 64): dk, 
 #endif
 }
 
-/* Whether the wgmma path is taken when KILN_ATTN_WG is unset. Off until a GPU run has checked it against the CPU
- * oracle and timed it beside the mma.sync kernels (docs/cuda.md says where that stands). */
-#define WG_DEFAULT_ON 0
+/* Whether the wgmma path is taken when KILN_ATTN_WG is unset: on since an H100 run (2026-12-07, docs/cuda.md) passed
+ * the tests against the CPU oracle and timed it beside the mma.sync kernels. */
+#define WG_DEFAULT_ON 1
 
 /* The block shape: KILN_ATTN_WG = 0 turns the path off; NWGxBN (2x64, 2x128, 3x64, 3x128) turns it on in that
- * shape, and 2x64p or 3x64p on attn_wg_forward_pipe; 1 (or anything else), on in the default shape 2x64; unset,
- * WG_DEFAULT_ON. */
+ * shape, plain kernels; 2x64p or 3x64p, the pipelined ones (the forward's next S and the dk/dv kernel's dP^T in flight
+ * during the softmax); 1 (or anything else) or unset with WG_DEFAULT_ON, the fastest as measured on the H100: the
+ * forward 2x64 plain at head size 64 (the pipelined one needs 158 registers, so one block an SM: 0.88x) and
+ * pipelined at 128 (1.05x over plain), the dk/dv kernel pipelined (1.01x). */
 typedef struct {
     int nwg, bn;
-    bool pipe;
+    bool pipe_fwd64, pipe_fwd128, pipe_bwd;
 } wg_shape;
 
 static wg_shape wg_config(void) {
     const char *e = getenv("KILN_ATTN_WG");
-    wg_shape c = {2, 64, false};
+    wg_shape c = {2, 64, false, true, true};
     if (!e) c.nwg = WG_DEFAULT_ON ? 2 : 0;
     else if (strcmp(e, "0") == 0) c.nwg = 0;
     else if (strlen(e) >= 4 && (e[0] == '2' || e[0] == '3') && e[1] == 'x') {
-        if (strcmp(e + 2, "64") == 0) c = {e[0] - '0', 64, false};
-        else if (strcmp(e + 2, "64p") == 0) c = {e[0] - '0', 64, true};
-        else if (strcmp(e + 2, "128") == 0) c = {e[0] - '0', 128, false};
+        if (strcmp(e + 2, "64") == 0) c = {e[0] - '0', 64, false, false, false};
+        else if (strcmp(e + 2, "64p") == 0) c = {e[0] - '0', 64, true, true, true};
+        else if (strcmp(e + 2, "128") == 0) c = {e[0] - '0', 128, false, false, false};
     }
     return c;
 }
@@ -436,7 +438,7 @@ static kiln_status wg_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t *q
 kiln_status kiln_attn_wg_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int B, int T, int NH, int NKV, int HS,
                                  cudaStream_t s) {
     const wg_shape c = wg_config();
-    if (c.pipe) { /* one block an SM (2 of 2 x 64 spill); HS 128 in 2 warpgroups (3 spill) */
+    if (HS == 128 ? c.pipe_fwd128 : c.pipe_fwd64) { /* one block an SM (2 of 2 x 64 spill); HS 128 in 2 warpgroups (3 spill) */
         if (HS == 128) return wg_forward<128, 2, 64, true>(out, lse, qkv, B, T, NH, NKV, s);
         return c.nwg == 3 ? wg_forward<64, 3, 64, true>(out, lse, qkv, B, T, NH, NKV, s)
                           : wg_forward<64, 2, 64, true>(out, lse, qkv, B, T, NH, NKV, s);
@@ -453,7 +455,7 @@ kiln_status kiln_attn_wg_backward_dkdv(float *dqkv, const kiln_bf16_t *dout, con
     const size_t smem = (size_t)7 * 64 * 64 * 2 + 4 * 64 * 4 + 1024; /* the layout above (dS^T's room either way) */
     const unsigned tiles = (unsigned)((T + 63) / 64);
     const float scale = 0.125f, sl2 = scale * LOG2E;
-    const bool pipe = wg_config().pipe;
+    const bool pipe = wg_config().pipe_bwd;
     void (*kernel)(float *, const kiln_bf16_t *, const kiln_bf16_t *, const float *, const float *, int, int, int, float, float) =
         atomic_dq ? (pipe ? attn_wg_backward_dkdv<true, true> : attn_wg_backward_dkdv<true, false>)
                   : (pipe ? attn_wg_backward_dkdv<false, true> : attn_wg_backward_dkdv<false, false>);

@@ -101,8 +101,8 @@ kiln_status kiln_cuda_attention_forward_train(kiln_bf16_t *out, float *lse, cons
                                         int64_t NH, int64_t NKV, int64_t HS, void *stream);
 /* Whether the forward at head size HS runs on wgmma (train_attention_wg.cu), and at HS 64 the backward's dk/dv
  * kernel too: HS 64 or 128, a build with the sm_90a kernels (CUDA_ARCH sm_90), a device of compute capability 9.0,
- * and KILN_ATTN_WG set to 1 or a block shape (2x64, 2x128, 3x64, 3x128; unset: the build's default, off for now; 0:
- * off). Otherwise they run on mma.sync. */
+ * and KILN_ATTN_WG unset (the build's default, on), 1 or a block shape (2x64, 2x128, 3x64, 3x128; 2x64p, 3x64p the
+ * pipelined kernels); 0: off. Otherwise they run on mma.sync. */
 bool kiln_cuda_attention_wgmma(int64_t HS);
 /* From dout (N, Q) bf16: dqkv (N, Q + 2 KV) f32 = (dq, dk, dv), overwritten (dk, dv summed over the query heads
  * of each KV head), recomputing the probabilities from qkv and lse; out is needed for D = rowsum(dout * out),
