@@ -44,8 +44,10 @@ static double rel_l2(const float *a, const float *b, int64_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-static kiln_llama_train *make_model(bool tied, float z_loss, bool mixed, int64_t n_ctx) {
-    kiln_llama_config c = {.n_vocab = 500, .n_embd = 128, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 256,
+/* heads: 4 (head size 32: the CUDA-core attention) or 2 (head size 64: the tensor-core one, wgmma on Hopper) query
+ * heads, with half as many KV heads */
+static kiln_llama_train *make_model_heads(bool tied, float z_loss, bool mixed, int64_t n_ctx, int64_t heads) {
+    kiln_llama_config c = {.n_vocab = 500, .n_embd = 128, .n_layer = 2, .n_head = heads, .n_head_kv = heads / 2, .n_ff = 256,
                            .n_ctx_train = n_ctx, .rope_base = 10000.0f, .rms_eps = 1e-5f, .tied = tied};
     kiln_llama_train *m = NULL;
     if (kiln_llama_train_new(&c, mixed, &m) != KILN_OK) return NULL;
@@ -54,6 +56,9 @@ static kiln_llama_train *make_model(bool tied, float z_loss, bool mixed, int64_t
     if (mixed) kiln_llama_train_refresh_mirror(m);
     m->label_smoothing = 0.1f, m->z_loss = z_loss;
     return m;
+}
+static kiln_llama_train *make_model(bool tied, float z_loss, bool mixed, int64_t n_ctx) {
+    return make_model_heads(tied, z_loss, mixed, n_ctx, 4);
 }
 
 static void batch(int32_t *in, int32_t *tg, int64_t N, int64_t V, unsigned long long *rng) {
@@ -65,9 +70,9 @@ static void batch(int32_t *in, int32_t *tg, int64_t N, int64_t V, unsigned long 
 /* One micro-batch, or two accumulated (the second step adds to the first's gradients on all sides: every
  * gradient write of the backward must add, not overwrite), of B sequences of T. The same steps on an fp32 CPU
  * model measure the noise that bf16 weights alone cause; the three worst tensors are printed with it. */
-static void one_step(bool tied, float z_loss, int micro, int64_t B, int64_t T) {
+static void one_step_heads(bool tied, float z_loss, int micro, int64_t B, int64_t T, int64_t heads) {
     const int64_t N = B * T;
-    kiln_llama_train *m = make_model(tied, z_loss, true, T), *m32 = make_model(tied, z_loss, false, T);
+    kiln_llama_train *m = make_model_heads(tied, z_loss, true, T, heads), *m32 = make_model_heads(tied, z_loss, false, T, heads);
     CHECK(m && m32, "%s", kiln_last_error());
     kiln_pool *pool = NULL;
     CHECK(kiln_pool_create(2, &pool) == KILN_OK);
@@ -112,8 +117,8 @@ static void one_step(bool tied, float z_loss, int micro, int64_t B, int64_t T) {
                 if (c < 0) break;
             }
     }
-    printf("# %s, z-loss %g, %d micro-batch(es) of %lldx%lld: loss %.6f (cpu %.6f, rel %.2e); worst gradients rel-L2:", tied ? "tied" : "untied",
-           z_loss, micro, (long long)B, (long long)T, l_gpu / (double)k_gpu, l_cpu / (double)k_cpu, le);
+    printf("# %s, head size %lld, z-loss %g, %d micro-batch(es) of %lldx%lld: loss %.6f (cpu %.6f, rel %.2e); worst gradients rel-L2:", tied ? "tied" : "untied",
+           (long long)(m->cfg.n_embd / heads), z_loss, micro, (long long)B, (long long)T, l_gpu / (double)k_gpu, l_cpu / (double)k_cpu, le);
     for (int j = 0; j < 3 && worst[j] >= 0; j++) printf(" %s %.2e (noise %.2e)", m->tensors[worst[j]].name, err[worst[j]], noise[worst[j]]);
     printf("\n");
     CHECK(le < 3e-3, "loss %.6f vs cpu %.6f", l_gpu, l_cpu);
@@ -124,6 +129,8 @@ static void one_step(bool tied, float z_loss, int micro, int64_t B, int64_t T) {
     kiln_llama_train_free(m32);
     kiln_pool_free(pool);
 }
+
+static void one_step(bool tied, float z_loss, int micro, int64_t B, int64_t T) { one_step_heads(tied, z_loss, micro, B, T, 4); }
 
 static void test_step_untied(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
@@ -147,16 +154,24 @@ static void test_head_chunks(void) {
     one_step(true, 1e-4f, 1, 2, 2100);
 }
 
+/* Head size 64, 3 tiles of 64 rows and a partial one: the tensor-core attention (wgmma on a Hopper device, by
+ * default) in a whole step, against the CPU trainer. */
+static void test_step_hs64(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    one_step_heads(false, 1e-4f, 1, 2, 200, 2);
+}
+
 /* The options change no value: deterministic (dq in a fixed order) twice gives the same bits, and with activation
  * recomputation (the norms' and SwiGLU's outputs recomputed in the backward by the same kernels) the same bits
  * again, for the loss and every gradient; the fast mode (dq by atomics) stays within 1e-5 relative L2 of them. */
-static void test_options_same_bits(void) {
+static void options_same_bits(int64_t heads, int64_t T) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
-    kiln_llama_train *m = make_model(false, 1e-4f, true, T_);
+    kiln_llama_train *m = make_model_heads(false, 1e-4f, true, T, heads);
     CHECK(m, "%s", kiln_last_error());
-    int32_t in[B_ * T_], tg[B_ * T_];
+    int32_t in[B_ * 200], tg[B_ * 200];
+    CHECK(T <= 200);
     unsigned long long rng = 23;
-    batch(in, tg, B_ * T_, m->cfg.n_vocab, &rng);
+    batch(in, tg, B_ * T, m->cfg.n_vocab, &rng);
     static const unsigned flags[] = {KILN_CUDA_TRAIN_DETERMINISTIC, KILN_CUDA_TRAIN_DETERMINISTIC,
                                      KILN_CUDA_TRAIN_DETERMINISTIC | KILN_CUDA_TRAIN_RECOMPUTE, 0, KILN_CUDA_TRAIN_RECOMPUTE};
     float *g[5];
@@ -164,11 +179,11 @@ static void test_options_same_bits(void) {
     size_t bytes[5];
     for (int k = 0; k < 5; k++) {
         kiln_cuda_trainer *t = NULL;
-        CHECK(kiln_cuda_trainer_new(m, B_, T_, flags[k], NULL, &t) == KILN_OK, "%s", kiln_last_error());
+        CHECK(kiln_cuda_trainer_new(m, B_, T, flags[k], NULL, &t) == KILN_OK, "%s", kiln_last_error());
         bytes[k] = kiln_cuda_trainer_bytes(t);
         g[k] = malloc((size_t)m->n_params * sizeof(float));
         int64_t cnt;
-        CHECK(g[k] && kiln_cuda_trainer_step(t, in, tg, 1.0f / (float)(B_ * T_ - 2), &loss[k], &cnt) == KILN_OK &&
+        CHECK(g[k] && kiln_cuda_trainer_step(t, in, tg, 1.0f / (float)(B_ * T - 2), &loss[k], &cnt) == KILN_OK &&
                   kiln_cuda_trainer_download(t, NULL, g[k]) == KILN_OK,
               "%s", kiln_last_error());
         kiln_cuda_trainer_free(t);
@@ -181,11 +196,14 @@ static void test_options_same_bits(void) {
         CHECK(fabs(loss[k] - loss[0]) <= 1e-6 * fabs(loss[0]) && e <= 1e-5, "fast mode %u: loss %.9g vs %.9g, gradients rel-L2 %.3g",
               flags[k], loss[k], loss[0], e);
     }
-    printf("# options: deterministic and recompute bit-identical; fast mode gradients within %.2e; recompute %.1f%% of the bytes\n",
-           rel_l2(g[3], g[0], m->n_params), 100.0 * (double)bytes[2] / (double)bytes[0]);
+    printf("# options, head size %lld: deterministic and recompute bit-identical; fast mode gradients within %.2e; recompute %.1f%% "
+           "of the bytes\n", (long long)(m->cfg.n_embd / heads), rel_l2(g[3], g[0], m->n_params), 100.0 * (double)bytes[2] / (double)bytes[0]);
     for (int k = 0; k < 5; k++) free(g[k]);
     kiln_llama_train_free(m);
 }
+static void test_options_same_bits(void) { options_same_bits(4, T_); }
+/* The same on the tensor-core attention (head size 64, T 200: the deterministic dq kernel after the dk/dv one) */
+static void test_options_same_bits_hs64(void) { options_same_bits(2, 200); }
 
 static void check_ten_adamw_steps(bool eight) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
@@ -342,7 +360,9 @@ int main(void) {
     RUN(test_step_tied);
     RUN(test_grad_accumulation);
     RUN(test_head_chunks);
+    RUN(test_step_hs64);
     RUN(test_options_same_bits);
+    RUN(test_options_same_bits_hs64);
     RUN(test_ten_adamw_steps);
     RUN(test_ten_adamw8_steps);
     RUN(test_weight_check_skips);
