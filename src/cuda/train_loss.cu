@@ -9,8 +9,10 @@
 #include "cuda/launch.h"
 #include "cuda/train_kernels.h"
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <string.h>
 #include <stdint.h>
 
 #include "status.h"
@@ -57,23 +59,27 @@ static __device__ __forceinline__ double block_sum(double v, double *sh) {
 }
 
 /* ---------------------------------------------------------------- cross-entropy
- * One block per row of bf16 logits, two passes over its V values (the CPU makes three), the row read from global
- * memory once: pass 1 keeps it in shared memory (V * 2 bytes: 62.5 KiB at V = 32000, three blocks an SM) when
- * it fits in CE_SMEM_MAX, and pass 2 reads it back from there, so the kernel moves 2V bytes in and 2V out per
- * row (it ran at 3.1 TB/s reading f32 logits twice from HBM: 420 us a 4096-row chunk; now ~1/3 of the bytes).
- *   1. each thread runs an online max / sum of exps over its strided share (8-byte loads of 4 bf16 when
- *      V % 4 == 0), in f32: m its running max, s = sum exp(x - m), rescaled by exp(m_old - m_new) when the max
- *      grows (once per 4 values, and only O(log) times in expectation). The logits' plain sum (the
- *      label-smoothing mean) goes into a per-thread double: it is a signed sum whose cancellation f32 would
- *      expose, while the exps are positive, so f32 bounds their relative error by the ~V/threads <= 256 terms a
- *      thread adds: <= 1.5e-5 worst case, ~1e-6 typical, and the block average of those is ~1e-7 of the sum,
- *      which is ~1e-7 absolute in z = max + log(sum). The thread partials are then combined in double: the block
- *      max M (f32, exact), each s scaled by exp(m - M) in double, summed in a fixed tree. z and the loss are
- *      formed in double, in ops_loss.c's order, from max and the two sums.
- *   2. dlogits = a exp(x - M) - b (minus c at the target), the CPU's float formula with its float constants
- *      a = dscale (1 + 2 z_loss z) / sum, b = dscale eps / V, c = dscale (1 - eps), rounded to bf16 (RNE).
+ * One block per row of bf16 logits, the row read from global memory once: with V % 4 == 0 (VEC) and V * 2 bytes
+ * within CE_SMEM_MAX (V <= 49152: 62.5 KiB at V = 32000, three blocks an SM) the row is kept in shared memory
+ * (SMEM), so the kernel moves 2V bytes in and 2V out per row (it ran at 3.1 TB/s reading f32 logits twice from HBM:
+ * 420 us a 4096-row chunk; now ~1/3 of the bytes). The kernel is then bound by its instructions, not its bytes
+ * (~51 a logit in SASS, two expf among them, ran at 1.5 TB/s), so that path spends few of them:
+ *   1. the copy into shared memory, its loads batched, and the row's max M (one fmaxf a value, NaN never winning,
+ *      as the CPU's `x > m ? x : m`), reduced over the block;
+ *   2. from shared memory, s = sum exp(x - M) in f32 per thread (no running-max rescales; ce_term's -inf guard
+ *      only when M is -inf) and the logits' plain sum (the label-smoothing mean) in a per-thread double: it is a
+ *      signed sum whose cancellation f32 would expose, while the exps are positive, so f32 bounds their relative
+ *      error by the ~V/threads <= 256 terms a thread adds: <= 1.5e-5 worst case, ~1e-6 typical, and the block
+ *      average of those is ~1e-7 of the sum, which is ~1e-7 absolute in z = max + log(sum). The thread partials
+ *      are summed in double in a fixed tree. z and the loss are formed in double, in ops_loss.c's order.
+ * Without the shared copy the first pass is online instead: each thread keeps its running max m and s = sum
+ * exp(x - m), rescaled by exp(m_old - m_new) when the max grows (once per 4 values, and only O(log) times in
+ * expectation), and the partials are combined in double (each s scaled by exp(m - M)).
+ * Last, dlogits = a exp(x - M) - b (minus c at the target), the CPU's float formula with its float constants
+ * a = dscale (1 + 2 z_loss z) / sum, b = dscale eps / V, c = dscale (1 - eps), rounded to bf16 (RNE; four at a
+ * time by cvt.rn.bf16x2).
  * dlogits may alias logits: every thread reads its own elements (or the shared copy) before it writes them, and
- * pass 2 starts after the block-wide reductions. Non-finite logits follow the CPU: a -inf logit contributes
+ * the gradient pass starts after the block-wide reductions. Non-finite logits follow the CPU: a -inf logit contributes
  * exp = 0 (and makes the smoothing mean -inf, so the loss is +inf with eps > 0 and NaN with eps = 0, as 0 * inf
  * on the CPU); +inf or NaN make the row NaN. A row of only -inf gives NaN. A target outside [0, V) that is not
  * ignore_index breaks the contract (the CPU asserts): its loss and dlogits are NaN, never a silently wrong
@@ -90,7 +96,8 @@ static __device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_flo
 /* exp(x - m) in f32, with a -inf logit contributing 0 even when m is -inf (the CPU gets NaN only for a row of
  * nothing but -inf, which this gives too, through z = -inf). */
 static __device__ __forceinline__ float ce_term(float x, float m) {
-    return x == -INFINITY ? 0.0f : expf(__fsub_rn(x, m));
+    const float e = expf(__fsub_rn(x, m)); /* computed either way: a select, not a branch around the exp */
+    return x == -INFINITY ? 0.0f : e;
 }
 
 /* Folds one value into (m, s). NaN never wins the max (as the CPU's `x > m ? x : m`); it poisons s. */
@@ -118,6 +125,30 @@ static __device__ __forceinline__ float ce_grad(float x, float M, float a, float
 }
 
 static __device__ __forceinline__ float4 bf4_to_f4(uint2 u) { return make_float4(bf_lo(u.x), bf_hi(u.x), bf_lo(u.y), bf_hi(u.y)); }
+
+/* A word of two bf16 logits as the pair type __hmax2 takes. */
+static __device__ __forceinline__ __nv_bfloat162 bf2_of(uint32_t w) {
+    __nv_bfloat162 r;
+    memcpy(&r, &w, 4);
+    return r;
+}
+
+/* The sum of exp(x - M) over four values, for a block max M. Only a row whose max is -inf (all -inf, or -inf and
+ * NaN) needs ce_term's guard: with a finite or +inf M, exp(-inf - M) is already 0. */
+template <bool GUARD>
+static __device__ __forceinline__ float ce_sum4(float4 q, float M) {
+    if (GUARD) return __fadd_rn(__fadd_rn(ce_term(q.x, M), ce_term(q.y, M)), __fadd_rn(ce_term(q.z, M), ce_term(q.w, M)));
+    return __fadd_rn(__fadd_rn(expf(__fsub_rn(q.x, M)), expf(__fsub_rn(q.y, M))),
+                     __fadd_rn(expf(__fsub_rn(q.z, M)), expf(__fsub_rn(q.w, M))));
+}
+
+/* Two floats to a bf16 pair (lo in the low half), round to nearest even: bf16_rne's bits for every non-NaN value,
+ * in one instruction (a NaN becomes the canonical 0x7fff). */
+static __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
 
 /* grid (n), block (a multiple of 32, <= 1024), dynamic shared memory V * 2 bytes when SMEM (else none).
  * VEC: V % 4 == 0, logits and dlogits 8-byte aligned. */
@@ -151,39 +182,69 @@ __global__ void __launch_bounds__(CE_MAX_THREADS)
         return;
     }
 
-    /* pass 1: per-thread online max / sum of exps, plain sum in double; the row into shared memory */
-    float m = -INFINITY, s = 0.0f;
-    double sx = 0.0;
+    float M;
+    double sum_e, sum_x;
     if (VEC && SMEM) {
-        /* the copy first, CE_BATCH independent loads in flight per thread (the online pass below has a serial chain
-         * and a branch per value, so loads issued from inside it would each wait their full latency: measured
-         * 306 us a 4096-row chunk that way, ~1.7 TB/s), then the pass from shared memory */
+        /* pass 1: the copy into shared memory, CE_BATCH independent loads in flight per thread, and the row's max
+         * from the loaded registers (a compare a value: the loads are not held up behind a serial chain) */
         const uint2 *x4 = (const uint2 *)x; /* (V / 4) */
         const int n4 = V / 4;
-        for (int i0 = tid; i0 < n4; i0 += CE_BATCH * nt) {
+        __nv_bfloat162 m2 = __float2bfloat162_rn(-INFINITY); /* the max of the values in the low and high halves */
+        int i0 = tid;
+        for (; i0 + (CE_BATCH - 1) * nt < n4; i0 += CE_BATCH * nt) { /* whole batches: no bounds to check */
             uint2 u[CE_BATCH];
 #pragma unroll
-            for (int j = 0; j < CE_BATCH; j++)
-                if (i0 + j * nt < n4) u[j] = x4[i0 + j * nt];
+            for (int j = 0; j < CE_BATCH; j++) u[j] = x4[i0 + j * nt];
 #pragma unroll
-            for (int j = 0; j < CE_BATCH; j++)
-                if (i0 + j * nt < n4) row_sh[i0 + j * nt] = u[j];
+            for (int j = 0; j < CE_BATCH; j++) {
+                row_sh[i0 + j * nt] = u[j];
+                m2 = __hmax2(m2, __hmax2(bf2_of(u[j].x), bf2_of(u[j].y)));
+            }
         }
-        for (int i = tid; i < n4; i += nt) ce_online4(bf4_to_f4(row_sh[i]), m, s, sx); /* its own elements: no barrier */
-    } else if (VEC) {
-        const uint2 *x4 = (const uint2 *)x; /* (V / 4) */
-        for (int i = tid; i < V / 4; i += nt) ce_online4(bf4_to_f4(x4[i]), m, s, sx);
+        for (; i0 < n4; i0 += nt) {
+            const uint2 u = x4[i0];
+            row_sh[i0] = u;
+            m2 = __hmax2(m2, __hmax2(bf2_of(u.x), bf2_of(u.y)));
+        }
+        /* bf16 max is exact, and like fmaxf it returns the other operand when one is NaN */
+        M = block_max(fmaxf(__low2float(m2), __high2float(m2)), sh_max); /* its barrier also orders the shared
+                                                                            row's writes before pass 2 */
+        /* pass 2: the sum of exp(x - M) in f32 and the plain sum in double, from shared memory (its own elements) */
+        float s = 0.0f;
+        double sx = 0.0;
+        if (M != -INFINITY) {
+            for (int i = tid; i < n4; i += nt) {
+                const float4 q = bf4_to_f4(row_sh[i]);
+                s = __fadd_rn(s, ce_sum4<false>(q, M));
+                sx += ((double)q.x + (double)q.y) + ((double)q.z + (double)q.w);
+            }
+        } else {
+            for (int i = tid; i < n4; i += nt) {
+                const float4 q = bf4_to_f4(row_sh[i]);
+                s = __fadd_rn(s, ce_sum4<true>(q, M));
+                sx += ((double)q.x + (double)q.y) + ((double)q.z + (double)q.w);
+            }
+        }
+        sum_e = block_sum((double)s, sh_e), sum_x = block_sum(sx, sh_x);
     } else {
-        for (int i = tid; i < V; i += nt) {
-            const kiln_bf16_t u = x[i];
-            if (SMEM) xs[i] = u;
-            ce_online1(__uint_as_float((uint32_t)u << 16), m, s, sx);
+        /* pass 1: per-thread online max / sum of exps, plain sum in double (with SMEM the row into shared memory) */
+        float m = -INFINITY, s = 0.0f;
+        double sx = 0.0;
+        if (VEC) {
+            const uint2 *x4 = (const uint2 *)x; /* (V / 4) */
+            for (int i = tid; i < V / 4; i += nt) ce_online4(bf4_to_f4(x4[i]), m, s, sx);
+        } else {
+            for (int i = tid; i < V; i += nt) {
+                const kiln_bf16_t u = x[i];
+                if (SMEM) xs[i] = u;
+                ce_online1(__uint_as_float((uint32_t)u << 16), m, s, sx);
+            }
         }
+        M = block_max(m, sh_max); /* its barrier also orders the shared row's writes before the gradient pass */
+        /* A thread that saw only -inf (or nothing) has m = -inf and s = 0 (NaN if it saw a NaN): it adds s * 0. */
+        const double se_t = m == -INFINITY ? (double)s * 0.0 : (double)s * exp((double)m - (double)M);
+        sum_e = block_sum(se_t, sh_e), sum_x = block_sum(sx, sh_x);
     }
-    const float M = block_max(m, sh_max); /* its barrier also orders the shared row's writes before pass 2 */
-    /* A thread that saw only -inf (or nothing) has m = -inf and s = 0 (NaN if it saw a NaN): it adds s * 0. */
-    const double se_t = m == -INFINITY ? (double)s * 0.0 : (double)s * exp((double)m - (double)M);
-    const double sum_e = block_sum(se_t, sh_e), sum_x = block_sum(sx, sh_x);
 
     /* ops_loss.c's double formulas, in its order */
     const double z = __dadd_rn((double)M, log(sum_e)), epsd = (double)eps, zl = (double)z_loss, ds = (double)dscale;
@@ -198,12 +259,27 @@ __global__ void __launch_bounds__(CE_MAX_THREADS)
     /* in place without the shared copy: thread 0 has read x[target] above; make every thread wait for it */
     if (!SMEM) __syncthreads();
 
-    /* pass 2: the gradient from fresh exps */
+    /* the gradient pass, from fresh exps */
     const float a = (float)__ddiv_rn(__dmul_rn(ds, __dadd_rn(1.0, __dmul_rn(__dmul_rn(2.0, zl), z))), sum_e);
     const float b = (float)__ddiv_rn(__dmul_rn(ds, epsd), (double)V);
     const float c = (float)__dmul_rn(ds, __dsub_rn(1.0, epsd));
-    if (VEC) {
-        const uint2 *x4 = SMEM ? (const uint2 *)row_sh : (const uint2 *)x;
+    if (VEC && SMEM) {
+        /* every value without the target's c, then the thread that stored the target's four again with it (the row
+         * is still in shared memory; the same thread's later store wins) */
+        for (int i = tid; i < V / 4; i += nt) {
+            const float4 q = bf4_to_f4(row_sh[i]);
+            ((uint2 *)dx)[i] = make_uint2(pack_bf16x2(ce_grad(q.x, M, a, b), ce_grad(q.y, M, a, b)),
+                                          pack_bf16x2(ce_grad(q.z, M, a, b), ce_grad(q.w, M, a, b)));
+        }
+        if (tid == (target >> 2) % nt) {
+            const int i = target >> 2, k = target & 3;
+            const float4 q = bf4_to_f4(row_sh[i]);
+            float g[4] = {ce_grad(q.x, M, a, b), ce_grad(q.y, M, a, b), ce_grad(q.z, M, a, b), ce_grad(q.w, M, a, b)};
+            g[k] = __fsub_rn(g[k], c);
+            ((uint2 *)dx)[i] = make_uint2(pack_bf16x2(g[0], g[1]), pack_bf16x2(g[2], g[3]));
+        }
+    } else if (VEC) { /* x may be dx: each four are read once, before they are written */
+        const uint2 *x4 = (const uint2 *)x;
         for (int i = tid; i < V / 4; i += nt) {
             const float4 q = bf4_to_f4(x4[i]);
             float g0 = ce_grad(q.x, M, a, b), g1 = ce_grad(q.y, M, a, b), g2 = ce_grad(q.z, M, a, b), g3 = ce_grad(q.w, M, a, b);
@@ -214,8 +290,7 @@ __global__ void __launch_bounds__(CE_MAX_THREADS)
                 if (k == 2) g2 = __fsub_rn(g2, c);
                 if (k == 3) g3 = __fsub_rn(g3, c);
             }
-            ((uint2 *)dx)[i] = make_uint2((uint32_t)bf16_rne(g0) | ((uint32_t)bf16_rne(g1) << 16),
-                                          (uint32_t)bf16_rne(g2) | ((uint32_t)bf16_rne(g3) << 16));
+            ((uint2 *)dx)[i] = make_uint2(pack_bf16x2(g0, g1), pack_bf16x2(g2, g3));
         }
     } else {
         const kiln_bf16_t *xr = SMEM ? xs : x;
