@@ -54,9 +54,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* gpu-kernels' flags (--quick, --attention, --few, --sample, --phases), checked in every build so a bad one is named even without CUDA. */
+/* gpu-kernels' flags (--quick, --attention, --few, --sample, --phases, --train), checked in every build so a bad one is
+ * named even without CUDA. --train: the training elementwise kernels and the cross-entropy alone. */
 static int parse_args(int argc, char **argv, bool *quick, bool *attention_only, bool *few_only, bool *sample_only,
-                      bool *phases_only) {
+                      bool *phases_only, bool *train_only) {
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0) { /* ends the options; gpu-kernels takes no other argument */
             if (i + 1 < argc) return kiln_cli_error("bench gpu-kernels: unexpected argument '%s'", argv[i + 1]);
@@ -67,6 +68,7 @@ static int parse_args(int argc, char **argv, bool *quick, bool *attention_only, 
         else if (strcmp(argv[i], "--few") == 0) *few_only = true;
         else if (strcmp(argv[i], "--sample") == 0) *sample_only = true;
         else if (strcmp(argv[i], "--phases") == 0) *phases_only = true;
+        else if (strcmp(argv[i], "--train") == 0) *train_only = true;
         else return kiln_cli_unknown("bench gpu-kernels", argv[i]);
     }
     return 0;
@@ -357,17 +359,24 @@ static int bench_attention(void) {
  * section: EW_LAUNCHES back-to-back launches timed on the host clock around one kiln_cuda_sync (the ~10 us of
  * sync is < 1% of 30 launches of 20-80 us), the median of EW_REPS after one warm-up. Launches rotate over
  * EW_COPIES sets of buffers (>= 120 MB per op, twice the 60 MB L2), so each streams from HBM. GB/s counts the
- * bytes each kernel must move once (reads + writes, the dw partials left out: < 2%); roof = GB/s / copy_gbs. */
+ * bytes each kernel must move once (reads + writes, the dw partials left out: < 2%); roof = GB/s / copy_gbs.
+ * The cross-entropy (src/cuda/train_loss.cu) runs at the trainer's head chunk: 4096 rows of V 32000 bf16 logits,
+ * dlogits written over them (so later launches see gradients as logits: finite values, the same work). */
 
 #define EW_COPIES 3
 #define EW_LAUNCHES 30
 #define EW_REPS 7
 
-enum { EW_NORM_FWD, EW_NORM_BWD, EW_NORM_BWD_NOBF, EW_ROPE_FWD, EW_ROPE_BWD, EW_SWIGLU_FWD, EW_SWIGLU_BWD, EW_TO_BF16, EW_OPS };
+enum { EW_NORM_FWD, EW_NORM_BWD, EW_NORM_BWD_NOBF, EW_ROPE_FWD, EW_ROPE_BWD, EW_SWIGLU_FWD, EW_SWIGLU_BWD, EW_TO_BF16, EW_CE, EW_OPS };
+#define EW_CE_ROWS 4096
+#define EW_CE_V 32000
 
 typedef struct {
     float *x, *y, *rstd, *dout, *dx, *dqkv;                     /* (N, C) f32 but rstd (N), dqkv (N, W) */
     kiln_bf16_t *out, *dx_bf, *qkv, *dqkv_bf, *gu, *h, *dh, *dgu; /* (N, C), (N, C), (N, W) x2, (N, 2F), (N, F) x2, (N, 2F) */
+    kiln_bf16_t *logits;                                          /* (EW_CE_ROWS, EW_CE_V), its dlogits in place */
+    int32_t *targets;                                             /* (EW_CE_ROWS) */
+    float *losses;                                                /* (EW_CE_ROWS) */
 } ew_set;
 
 static kiln_status ew_launch(int op, const ew_set *b, float *w, float *dw, void *ws, int64_t N, int64_t C, int64_t F,
@@ -380,7 +389,10 @@ static kiln_status ew_launch(int op, const ew_set *b, float *w, float *dw, void 
     case EW_ROPE_BWD: return kiln_cuda_rope_backward(b->dqkv_bf, b->dqkv, N, T, NH, NKV, HS, HS, 10000.0f, NULL, 1.0f, false, NULL);
     case EW_SWIGLU_FWD: return kiln_cuda_swiglu_forward_train(b->h, b->gu, N, F, NULL);
     case EW_SWIGLU_BWD: return kiln_cuda_swiglu_backward(b->dgu, b->dh, b->gu, N, F, NULL);
-    default: return kiln_cuda_to_bf16(b->dx_bf, b->dx, N * C, NULL);
+    case EW_TO_BF16: return kiln_cuda_to_bf16(b->dx_bf, b->dx, N * C, NULL);
+    default:
+        return kiln_cuda_cross_entropy(b->losses, b->logits, b->logits, b->targets, EW_CE_ROWS, EW_CE_V, 0.0f, 1e-4f, -1,
+                                       1.0f / (EW_CE_ROWS * 4), NULL);
     }
 }
 
@@ -388,7 +400,7 @@ static int bench_train_elementwise(double copy_gbs) {
     const int64_t N = 16384, C = 768, F = 2048, T = 1024, NH = 12, NKV = 4, HS = 64, W = (NH + 2 * NKV) * HS;
     static const char *names[EW_OPS] = {"rmsnorm_forward (x += y)", "rmsnorm_backward (+ dx_bf)", "rmsnorm_backward (no dx_bf)",
                                         "rope_forward (bf16, in place)", "rope_backward (f32 -> bf16)", "swiglu_forward (bf16)",
-                                        "swiglu_backward (bf16)", "to_bf16 (N x C)"};
+                                        "swiglu_backward (bf16)", "to_bf16 (N x C)", "cross_entropy (4096 x 32000)"};
     const double nc = (double)(N * C), nf = (double)(N * F), rot = (double)(N * (NH + NKV) * HS);
     const double bytes[EW_OPS] = {
         14 * nc + 4.0 * N, /* x, y read; x, out, rstd written */
@@ -399,14 +411,17 @@ static int bench_train_elementwise(double copy_gbs) {
         6 * nf,            /* gu read, h written */
         10 * nf,           /* dh, gu read; dgu written */
         6 * nc,
+        4.0 * EW_CE_ROWS * EW_CE_V, /* bf16 logits read, dlogits written over them */
     };
     ew_set set[EW_COPIES];
     memset(set, 0, sizeof set);
     float *w = NULL, *dw = NULL, *hf = malloc((size_t)(N * W) * sizeof *hf);
+    int32_t *ht = malloc(EW_CE_ROWS * sizeof *ht);
     kiln_bf16 *hb = malloc((size_t)(N * 2 * F) * sizeof *hb);
     void *ws = NULL;
     uint64_t rng = 0xD1B54A32D192ED03ull;
-    kiln_status st = hf && hb ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "host buffers for the elementwise kernels");
+    kiln_status st = hf && hb && ht ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "host buffers for the elementwise kernels");
+    for (int i = 0; ht && i < EW_CE_ROWS; i++) ht[i] = (int32_t)(rng_next(&rng) % EW_CE_V);
     for (int64_t i = 0; hf && i < N * W; i++) hf[i] = rng_f32(&rng) + 1.5f; /* in [0.5, 2.5): rstd, w stay tame */
     for (int64_t i = 0; hb && i < N * 2 * F; i++) hb[i] = kiln_f32_to_bf16(2.0f * rng_f32(&rng));
     const size_t ncb = (size_t)(N * C) * 4;
@@ -432,6 +447,11 @@ static int bench_train_elementwise(double copy_gbs) {
         if (!st && !(st = kiln_cuda_alloc((void **)&b->gu, (size_t)(N * 2 * F) * 2)))
             st = kiln_cuda_upload(b->gu, hb, (size_t)(N * 2 * F) * 2);
         if (!st && !(st = kiln_cuda_alloc((void **)&b->dh, (size_t)(N * F) * 2))) st = kiln_cuda_upload(b->dh, hb, (size_t)(N * F) * 2);
+        const size_t ce_half = (size_t)EW_CE_ROWS * EW_CE_V; /* bytes: half the logits, each half from hb */
+        if (!st && !(st = kiln_cuda_alloc((void **)&b->logits, ce_half * 2)) && !(st = kiln_cuda_upload(b->logits, hb, ce_half)))
+            st = kiln_cuda_upload(b->logits + ce_half / 2, hb, ce_half);
+        if (!st && !(st = kiln_cuda_alloc((void **)&b->targets, EW_CE_ROWS * 4))) st = kiln_cuda_upload(b->targets, ht, EW_CE_ROWS * 4);
+        if (!st) st = kiln_cuda_alloc((void **)&b->losses, EW_CE_ROWS * 4);
     }
     const bool set_up = !st;
     double us[EW_OPS] = {0};
@@ -465,11 +485,12 @@ static int bench_train_elementwise(double copy_gbs) {
     printf("\n");
     for (int k = 0; k < EW_COPIES; k++) {
         ew_set *b = &set[k];
-        void *p[] = {b->x, b->y, b->rstd, b->dout, b->dx, b->dqkv, b->out, b->dx_bf, b->qkv, b->dqkv_bf, b->gu, b->h, b->dh, b->dgu};
+        void *p[] = {b->x,     b->y,  b->rstd, b->dout, b->dx,     b->dqkv,    b->out,   b->dx_bf, b->qkv,
+                     b->dqkv_bf, b->gu, b->h,    b->dh,   b->dgu, b->logits, b->targets, b->losses};
         for (int i = 0; i < (int)(sizeof p / sizeof p[0]); i++) kiln_cuda_free(p[i]);
     }
     kiln_cuda_free(w), kiln_cuda_free(dw), kiln_cuda_free(ws);
-    free(hf), free(hb);
+    free(hf), free(hb), free(ht);
     return st ? 1 : 0;
 }
 
@@ -574,8 +595,8 @@ static int bench_phases(void) {
 }
 
 int kiln_bench_gpu_kernels(int argc, char **argv) {
-    bool quick = false, attention_only = false, few_only = false, sample_only = false, phases_only = false;
-    if (parse_args(argc, argv, &quick, &attention_only, &few_only, &sample_only, &phases_only)) return 1;
+    bool quick = false, attention_only = false, few_only = false, sample_only = false, phases_only = false, train_only = false;
+    if (parse_args(argc, argv, &quick, &attention_only, &few_only, &sample_only, &phases_only, &train_only)) return 1;
     if (kiln_cuda_device_count() == 0) {
         fprintf(stderr, "kiln bench gpu-kernels: no CUDA device (or kiln built without CUDA)\n");
         return 1;
@@ -594,6 +615,7 @@ int kiln_bench_gpu_kernels(int argc, char **argv) {
     if (attention_only) return bench_attention();
     if (sample_only) return bench_sample();
     if (phases_only) return bench_phases();
+    if (train_only) return bench_train_elementwise(copy_gbs);
 
     static const int64_t Ts_all[] = {1, 2, 4, 8}, Ts_few[] = {16, 32};
     const int n_T = few_only ? 0 : quick ? 1 : 4, n_few = quick ? 0 : 2, reps = quick ? 3 : REPS;
@@ -716,8 +738,8 @@ int kiln_bench_gpu_kernels(int argc, char **argv) {
 #else
 
 int kiln_bench_gpu_kernels(int argc, char **argv) {
-    bool quick = false, attention_only = false, few_only = false, sample_only = false, phases_only = false;
-    if (parse_args(argc, argv, &quick, &attention_only, &few_only, &sample_only, &phases_only)) return 1;
+    bool quick = false, attention_only = false, few_only = false, sample_only = false, phases_only = false, train_only = false;
+    if (parse_args(argc, argv, &quick, &attention_only, &few_only, &sample_only, &phases_only, &train_only)) return 1;
     fprintf(stderr, "kiln: bench gpu-kernels: kiln was built without CUDA (nvcc was not on the PATH)\n");
     return 1;
 }

@@ -12,8 +12,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
-#include <string.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "status.h"
 
@@ -86,7 +87,7 @@ static __device__ __forceinline__ double block_sum(double v, double *sh) {
  * number. */
 
 #define CE_MAX_THREADS 1024
-#define CE_PER_THREAD 16             /* accesses (4 bf16 or 1) per thread a row aims for before the block grows */
+#define CE_PER_THREAD 32             /* accesses (4 bf16 or 1) per thread a row aims for before the block grows */
 #define CE_SMEM_MAX (96 * 1024)      /* the row's shared copy, V * 2 bytes, at most this (V <= 49152) */
 #define CE_BATCH 8                   /* loads in flight per thread while the row is copied to shared memory */
 
@@ -201,10 +202,17 @@ __global__ void __launch_bounds__(CE_MAX_THREADS)
                 m2 = __hmax2(m2, __hmax2(bf2_of(u[j].x), bf2_of(u[j].y)));
             }
         }
-        for (; i0 < n4; i0 += nt) {
-            const uint2 u = x4[i0];
-            row_sh[i0] = u;
-            m2 = __hmax2(m2, __hmax2(bf2_of(u.x), bf2_of(u.y)));
+        if (i0 < n4) { /* the last, partial batch: its loads too all in flight before the first is used */
+            uint2 u[CE_BATCH];
+#pragma unroll
+            for (int j = 0; j < CE_BATCH; j++)
+                if (i0 + j * nt < n4) u[j] = x4[i0 + j * nt];
+#pragma unroll
+            for (int j = 0; j < CE_BATCH; j++)
+                if (i0 + j * nt < n4) {
+                    row_sh[i0 + j * nt] = u[j];
+                    m2 = __hmax2(m2, __hmax2(bf2_of(u[j].x), bf2_of(u[j].y)));
+                }
         }
         /* bf16 max is exact, and like fmaxf it returns the other operand when one is NaN */
         M = block_max(fmaxf(__low2float(m2), __high2float(m2)), sh_max); /* its barrier also orders the shared
@@ -328,8 +336,12 @@ extern "C" kiln_status kiln_cuda_cross_entropy(float *losses, kiln_bf16_t *dlogi
     const size_t smem = (size_t)V * sizeof(kiln_bf16_t);
     const bool use_smem = smem <= CE_SMEM_MAX;
     const int64_t accesses = vec ? V / 4 : V;
-    int64_t threads = ((accesses + CE_PER_THREAD - 1) / CE_PER_THREAD + 31) / 32 * 32; /* 512 for V = 32000, 1024 past */
+    /* 256 for V = 32000 (208 us a 4096-row chunk on an H100, 218 at 512 and 206 at 384: `kiln bench gpu-kernels
+     * --train` under KILN_CE_THREADS), 1024 from V = 131072 */
+    int64_t threads = ((accesses + CE_PER_THREAD - 1) / CE_PER_THREAD + 31) / 32 * 32;
     threads = threads < 32 ? 32 : threads > CE_MAX_THREADS ? CE_MAX_THREADS : threads;
+    const char *tv = getenv("KILN_CE_THREADS"); /* a measurement knob: a block size of 32..1024 in whole warps */
+    if (tv && atoi(tv) >= 32 && atoi(tv) <= CE_MAX_THREADS && atoi(tv) % 32 == 0) threads = atoi(tv);
     cudaStream_t s = (cudaStream_t)stream;
     const dim3 grid((unsigned)n), block((unsigned)threads);
     const int v = (int)V;
