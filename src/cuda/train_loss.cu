@@ -341,7 +341,8 @@ extern "C" kiln_status kiln_cuda_cross_entropy(float *losses, kiln_bf16_t *dlogi
     int64_t threads = ((accesses + CE_PER_THREAD - 1) / CE_PER_THREAD + 31) / 32 * 32;
     threads = threads < 32 ? 32 : threads > CE_MAX_THREADS ? CE_MAX_THREADS : threads;
     const char *tv = getenv("KILN_CE_THREADS"); /* a measurement knob: a block size of 32..1024 in whole warps */
-    if (tv && atoi(tv) >= 32 && atoi(tv) <= CE_MAX_THREADS && atoi(tv) % 32 == 0) threads = atoi(tv);
+    const int want = tv ? atoi(tv) : 0;
+    if (want >= 32 && want <= CE_MAX_THREADS && want % 32 == 0) threads = want;
     cudaStream_t s = (cudaStream_t)stream;
     const dim3 grid((unsigned)n), block((unsigned)threads);
     const int v = (int)V;
