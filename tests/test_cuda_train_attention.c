@@ -36,9 +36,10 @@
  *                                bit for bit, and the second run's dq within the same bounds of the first's (the
  *                                '# ' line counts how many dq elements differ in their bits)
  * Paths: on a device of compute capability 9.0 (and a CUDA_ARCH=sm_90 build) the forward at HS 64 and 128 and the
- * dk/dv kernel at HS 64 can run on wgmma (train_attention_wg.cu, KILN_ATTN_WG); test_attention checks every shape
- * on mma.sync (KILN_ATTN_WG=0), test_attention_wgmma the same shapes on wgmma with the same bounds; test_wgmma runs
- * the forward in each wgmma block shape against the CPU and against the first shape.
+ * dk/dv and dq kernels at HS 64 can run on wgmma (train_attention_wg.cu, KILN_ATTN_WG); test_attention checks every
+ * shape on mma.sync (KILN_ATTN_WG=0), test_attention_wgmma the same shapes on wgmma with the same bounds (and the
+ * _plain, _pipe, _dq1 and _dq_mma variants the other block shapes, KILN_ATTN_WG_DQ); test_wgmma runs the forward in
+ * each wgmma block shape against the CPU and against the first shape.
  * A '# ' line prints the worst measured errors. Skips without a GPU, or when kiln was built without CUDA. */
 #include "cuda/cuda.h"
 #include "test.h"
@@ -264,16 +265,17 @@ static void attention_checks(void) {
            kiln_cuda_attention_wgmma(64) ? "wgmma" : "mma.sync", kiln_cuda_attention_wgmma(128) ? "wgmma" : "mma.sync");
 }
 
-/* Runs f with KILN_ATTN_WG set to value (NULL: unset), then restores it, whether f passed or not. */
-static void with_attn_wg(const char *value, void (*f)(void)) {
-    const char *saved = getenv("KILN_ATTN_WG");
+/* Runs f with the environment variable name set to value (NULL: unset), then restores it, whether f passed or not. */
+static void with_env(const char *name, const char *value, void (*f)(void)) {
+    const char *saved = getenv(name);
     char *keep = saved ? strdup(saved) : NULL;
-    if (value) setenv("KILN_ATTN_WG", value, 1);
-    else unsetenv("KILN_ATTN_WG");
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
     f();
-    if (keep) setenv("KILN_ATTN_WG", keep, 1), free(keep);
-    else unsetenv("KILN_ATTN_WG");
+    if (keep) setenv(name, keep, 1), free(keep);
+    else unsetenv(name);
 }
+static void with_attn_wg(const char *value, void (*f)(void)) { with_env("KILN_ATTN_WG", value, f); }
 
 /* Every shape on mma.sync (KILN_ATTN_WG 0), then on wgmma (KILN_ATTN_WG 1: the forward at HS 64 and 128, the dk/dv
  * kernel at 64) where
@@ -300,6 +302,19 @@ static void test_attention_wgmma_plain(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     if (!wgmma_here()) SKIP("no wgmma kernels here (they need a device of compute capability 9.0 and a CUDA_ARCH=sm_90 build)");
     with_attn_wg("2x64", attention_checks);
+}
+/* The default wgmma kernels with the deterministic backward's dq kernel in its other shapes (KILN_ATTN_WG_DQ): one
+ * warpgroup a block (the default is two), and the mma.sync dq kernel after the wgmma dk/dv kernel. */
+static void wgmma_default_checks(void) { with_attn_wg("1", attention_checks); }
+static void test_attention_wgmma_dq1(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    if (!wgmma_here()) SKIP("no wgmma kernels here (they need a device of compute capability 9.0 and a CUDA_ARCH=sm_90 build)");
+    with_env("KILN_ATTN_WG_DQ", "1", wgmma_default_checks);
+}
+static void test_attention_wgmma_dq_mma(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    if (!wgmma_here()) SKIP("no wgmma kernels here (they need a device of compute capability 9.0 and a CUDA_ARCH=sm_90 build)");
+    with_env("KILN_ATTN_WG_DQ", "0", wgmma_default_checks);
 }
 /* The same on the pipelined wgmma kernels (KILN_ATTN_WG 2x64p: the next S in flight during the softmax in the
  * forward, dP^T in flight during P^T and dV in the dk/dv kernel). */
@@ -402,6 +417,8 @@ int main(void) {
     RUN(test_attention_wgmma);
     RUN(test_attention_wgmma_plain);
     RUN(test_attention_wgmma_pipe);
+    RUN(test_attention_wgmma_dq1);
+    RUN(test_attention_wgmma_dq_mma);
     RUN(test_wgmma);
     RUN(test_refused);
     release_all();
@@ -415,6 +432,8 @@ static void test_attention(void) { SKIP("kiln built without CUDA"); }
 static void test_attention_wgmma(void) { SKIP("kiln built without CUDA"); }
 static void test_attention_wgmma_plain(void) { SKIP("kiln built without CUDA"); }
 static void test_attention_wgmma_pipe(void) { SKIP("kiln built without CUDA"); }
+static void test_attention_wgmma_dq1(void) { SKIP("kiln built without CUDA"); }
+static void test_attention_wgmma_dq_mma(void) { SKIP("kiln built without CUDA"); }
 static void test_wgmma(void) { SKIP("kiln built without CUDA"); }
 
 int main(void) {
@@ -422,6 +441,8 @@ int main(void) {
     RUN(test_attention_wgmma);
     RUN(test_attention_wgmma_plain);
     RUN(test_attention_wgmma_pipe);
+    RUN(test_attention_wgmma_dq1);
+    RUN(test_attention_wgmma_dq_mma);
     RUN(test_wgmma);
     TEST_EXIT();
 }

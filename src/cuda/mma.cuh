@@ -140,6 +140,21 @@ static __device__ __forceinline__ void tile_async(uint32_t tile, const uint16_t 
     }
 }
 
+/* A causal attention block's tile (grid: tiles, heads, batch), by how much work it holds: rank 0 is the heaviest tile
+ * (the forward's and the dq kernel's last query tile, which meets every key tile; the dk/dv kernel's first key tile,
+ * which meets every query tile). heavy_first walks the grid in launch order rank by rank across every (head, batch),
+ * all the rank-0 tiles first, so the last partial wave holds the lightest tiles; otherwise rank = x, and the ranks
+ * of one (head, batch) run together. kiln_attn_order (train_attention_tc.h) picks. */
+struct attn_tile {
+    int rank, head, batch;
+};
+static __device__ __forceinline__ attn_tile attn_tile_of(int heavy_first) {
+    if (!heavy_first) return attn_tile{(int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
+    const int pairs = (int)(gridDim.y * gridDim.z);
+    const int lin = (int)(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)), pair = lin % pairs;
+    return attn_tile{lin / pairs, pair % (int)gridDim.y, pair / (int)gridDim.y};
+}
+
 /* The dk/dv kernel's loads for iteration it: head g G + it / nq, query rows i0 = j0 + (it % nq) BQ .. of q and dout
  * (bf16 tiles) and of lse and D (f32, 4-byte copies: a row of T floats need not be 16-byte aligned), into stage
  * it & 1. The whole block issues it; the caller commits. (The training backward's dk/dv kernels: train_attention_tc.cu

@@ -11,6 +11,8 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* A kiln_launch's own error first, then any earlier asynchronous one (launch.h). */
 static kiln_status checked(const char *what, cudaError_t e) { return kiln_launch_status(what, e); }
@@ -46,14 +48,15 @@ __global__ void __launch_bounds__(32 * NW, 2)
 attn_tc_forward(kiln_bf16_t *out,        /* (B*T, NH*HS) */
                 float *lse,              /* (B, NH, T) */
                 const kiln_bf16_t *qkv,  /* (B*T, (NH + 2 NKV) HS) */
-                int T, int NH, int NKV, float sl2 /* scale * log2(e) */) {
+                int T, int NH, int NKV, float sl2 /* scale * log2(e) */, int order) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
     constexpr int NT = 32 * NW, BM = 16 * MT * NW, BN = 64, KS = HS / 16, NS = BN / 8, NO = HS / 8;
     extern __shared__ uint4 tc_smem[];
     const uint32_t sq = smem_addr(tc_smem), sk0 = sq + BM * HS * 2, sv0 = sk0 + 2 * BN * HS * 2;
-    const int b = blockIdx.z, h = blockIdx.y, g = h / (NH / NKV);
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * BM, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const attn_tile at = attn_tile_of(order);
+    const int b = at.batch, h = at.head, g = h / (NH / NKV);
+    const int q0 = ((int)gridDim.x - 1 - at.rank) * BM, w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int gr = lane / 4, tg = lane % 4, wq0 = q0 + w * 16 * MT; /* the warp's first row */
     const int64_t W = (int64_t)(NH + 2 * NKV) * HS;
     const kiln_bf16_t *seq = qkv + (size_t)b * (size_t)T * (size_t)W;
@@ -182,7 +185,7 @@ attn_tc_backward_dkdv(float *dqkv,               /* (B*T, (NH + 2 NKV) HS): dk, 
                       const kiln_bf16_t *qkv,    /* (B*T, (NH + 2 NKV) HS) */
                       const float *lse,          /* (B, NH, T) */
                       const float *D,            /* (B, NH, T) */
-                      int T, int NH, int NKV, float sl2, float scale) {
+                      int T, int NH, int NKV, float sl2, float scale, int order) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
     constexpr int BQ = HS == 64 ? 64 : 32, KS = HS / 16, NS = BQ / 8, NO = HS / 8, NT = 32 * NW, KBM = 16 * NW;
@@ -191,7 +194,8 @@ attn_tc_backward_dkdv(float *dqkv,               /* (B*T, (NH + 2 NKV) HS): dk, 
     const uint32_t sk = smem_addr(tc_smem), sv = sk + KBM * HS * 2, sq0 = sv + KBM * HS * 2, sdo0 = sq0 + 2 * QB;
     float *slse = (float *)((char *)tc_smem + (sdo0 - sk) + 2 * QB), *sD = slse + 2 * BQ; /* (2, BQ) each */
     const uint32_t sds = smem_addr(sD + 2 * BQ); /* (KBM, BQ) bf16 dS^T, ATOMIC_DQ only */
-    const int b = blockIdx.z, g = blockIdx.y, G = NH / NKV, j0 = blockIdx.x * KBM;
+    const attn_tile at = attn_tile_of(!ATOMIC_DQ && order); /* atomic dq: heavy first measured slower (dq's adds spread) */
+    const int b = at.batch, g = at.head, G = NH / NKV, j0 = at.rank * KBM;
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tg = lane % 4;
     const int64_t W = (int64_t)(NH + 2 * NKV) * HS, Q = (int64_t)NH * HS;
     const int64_t kcol = Q + (int64_t)g * HS, vcol = kcol + (int64_t)NKV * HS;
@@ -292,15 +296,16 @@ attn_tc_backward_dq(float *dqkv,               /* (B*T, (NH + 2 NKV) HS): dq wri
                     const kiln_bf16_t *qkv,    /* (B*T, (NH + 2 NKV) HS) */
                     const float *lse,          /* (B, NH, T) */
                     const float *D,            /* (B, NH, T) */
-                    int T, int NH, int NKV, float sl2, float scale) {
+                    int T, int NH, int NKV, float sl2, float scale, int order) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
     constexpr int BN = HS == 64 ? 64 : 32, KS = HS / 16, NS = BN / 8, NO = HS / 8;
     constexpr uint32_t KB = BN * HS * 2;
     extern __shared__ uint4 tc_smem[];
     const uint32_t sq = smem_addr(tc_smem), sdo = sq + TC_BM * HS * 2, sk0 = sdo + TC_BM * HS * 2, sv0 = sk0 + 2 * KB;
-    const int b = blockIdx.z, h = blockIdx.y, g = h / (NH / NKV);
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * TC_BM, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const attn_tile at = attn_tile_of(order);
+    const int b = at.batch, h = at.head, g = h / (NH / NKV);
+    const int q0 = ((int)gridDim.x - 1 - at.rank) * TC_BM, w = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int gr = lane / 4, tg = lane % 4;
     const int64_t W = (int64_t)(NH + 2 * NKV) * HS, Q = (int64_t)NH * HS;
     const kiln_bf16_t *seq = qkv + (size_t)b * (size_t)T * (size_t)W;
@@ -317,8 +322,8 @@ attn_tc_backward_dq(float *dqkv,               /* (B*T, (NH + 2 NKV) HS): dq wri
     float l2[2], Dr[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        const size_t at = ((size_t)b * NH + h) * (size_t)T + (size_t)min(ir + 8 * r, T - 1);
-        l2[r] = lse[at] * LOG2E, Dr[r] = D[at];
+        const size_t ix = ((size_t)b * NH + h) * (size_t)T + (size_t)min(ir + 8 * r, T - 1);
+        l2[r] = lse[ix] * LOG2E, Dr[r] = D[ix];
     }
     float dq[NO][4];
 #pragma unroll
@@ -371,6 +376,19 @@ attn_tc_backward_dq(float *dqkv,               /* (B*T, (NH + 2 NKV) HS): dq wri
     }
 }
 
+static int attn_order_read(void) {
+    const char *v = getenv("KILN_ATTN_ORDER");
+    return v && strcmp(v, "0") == 0 ? 0 : 1;
+}
+
+/* Measured on an H100 (kiln bench gpu-kernels --attention, B 16 T 1024, KILN_ATTN_ORDER 0 against 1): the wgmma dk/dv
+ * kernel without atomics 0.356 -> 0.326 ms (124m) and 0.461 -> 0.422 (350m) with its dq kernel; with atomic dq
+ * 0.349 -> 0.355 and 0.455 -> 0.512, so the atomic variants keep the grid's own order (docs/cuda.md). */
+int kiln_attn_order(void) {
+    static const int order = attn_order_read(); /* initialized once, thread-safe */
+    return order;
+}
+
 /* Dynamic shared bytes of the tensor-core kernels (kernel comments give the layouts). */
 static size_t tc_fwd_smem(int HS, int BM) { return (size_t)(BM + 4 * 64) * HS * 2; }
 static size_t tc_dkdv_smem(int HS, bool atomic_dq, int KBM) {
@@ -396,7 +414,7 @@ static kiln_status tc_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t *q
     const dim3 grid((unsigned)((T + BM - 1) / BM), (unsigned)NH, (unsigned)B);
     const float sl2 = 1.0f / sqrtf((float)HS) * LOG2E;
     return checked("attention_forward (train, tensor cores)",
-                   kiln_launch(attn_tc_forward<HS, NW, MT>, grid, dim3(32 * NW), smem, s, out, lse, qkv, T, NH, NKV, sl2));
+                   kiln_launch(attn_tc_forward<HS, NW, MT>, grid, dim3(32 * NW), smem, s, out, lse, qkv, T, NH, NKV, sl2, kiln_attn_order()));
 }
 
 /* One dk/dv kernel launch: NW warps of 16 key rows a block. NW 4: at the 124M shape 8 warps (128 keys a block, half
@@ -412,7 +430,8 @@ static kiln_status tc_dkdv(float *dqkv, const kiln_bf16_t *dout, const kiln_bf16
     const float scale = 1.0f / sqrtf((float)HS), sl2 = scale * LOG2E;
     return checked(ATOMIC_DQ ? "attention_backward dk/dv/dq (tensor cores, atomic dq)" : "attention_backward dk/dv (tensor cores)",
                    kiln_launch(attn_tc_backward_dkdv<HS, ATOMIC_DQ, NW>, dim3(tiles, (unsigned)NKV, (unsigned)B),
-                               dim3(32 * NW), smem, s, dqkv, dout, qkv, lse, D, T, NH, NKV, sl2, scale));
+                               dim3(32 * NW), smem, s, dqkv, dout, qkv, lse, D, T, NH, NKV, sl2, scale,
+                               kiln_attn_order()));
 }
 
 /* deterministic: the dk/dv kernel, then the dq kernel; otherwise the dk/dv kernel adding dq by atomics into the
@@ -427,6 +446,7 @@ static kiln_status tc_backward(float *dqkv, const kiln_bf16_t *dout, const kiln_
     const kiln_status st = wg ? kiln_attn_wg_backward_dkdv(dqkv, dout, qkv, lse, D, B, T, NH, NKV, false, s)
                               : tc_dkdv<HS, false, 4>(dqkv, dout, qkv, lse, D, B, T, NH, NKV, s);
     if (st != KILN_OK) return st;
+    if (wg && kiln_attn_wg_dq_takes()) return kiln_attn_wg_backward_dq(dqkv, dout, qkv, lse, D, B, T, NH, NKV, s);
     const size_t smem_q = tc_dq_smem(HS);
     const cudaError_t e = tc_opt_in(attn_tc_backward_dq<HS>, smem_q);
     if (e != cudaSuccess) return checked("attention_backward dq (tensor cores) shared-memory opt-in", e);
@@ -434,7 +454,7 @@ static kiln_status tc_backward(float *dqkv, const kiln_bf16_t *dout, const kiln_
     const float scale = 1.0f / sqrtf((float)HS), sl2 = scale * LOG2E;
     return checked("attention_backward dq (tensor cores)",
                    kiln_launch(attn_tc_backward_dq<HS>, dim3(tiles, (unsigned)NH, (unsigned)B), dim3(TC_NT), smem_q, s,
-                               dqkv, dout, qkv, lse, D, T, NH, NKV, sl2, scale));
+                               dqkv, dout, qkv, lse, D, T, NH, NKV, sl2, scale, kiln_attn_order()));
 }
 
 /* ---------------------------------------------------------------- entry points (train_attention_tc.h) */

@@ -1,5 +1,5 @@
 /* train_attention_wg.cu: the training attention on Hopper's wgmma (sm_90a): the forward at head sizes 64 and 128, the
- * backward's dk/dv kernel at 64. The forward is the FlashAttention-2 forward of train_attention_tc.cu with its matrix
+ * backward's dk/dv and dq kernels at 64. The forward is the FlashAttention-2 forward of train_attention_tc.cu with its matrix
  * products moved from mma.sync (a warp, 16 x 8 x 16 an instruction, both operands through ldmatrix into registers) to
  * wgmma (a warpgroup, 64 x 64 x 16, Q, K and V read by the tensor cores straight from shared memory). The tiles, the
  * masks, the online softmax and the epilogue are the mma.sync kernel's, so the two agree to the order of the f32 sums
@@ -75,15 +75,16 @@ __global__ void __launch_bounds__(128 * NWG, HS == 64 && NWG == 2 && BN == 64 ? 
 attn_wg_forward(kiln_bf16_t *out,        /* (B*T, NH*HS) */
                 float *lse,              /* (B, NH, T) */
                 const kiln_bf16_t *qkv,  /* (B*T, (NH + 2 NKV) HS) */
-                int T, int NH, int NKV, float sl2 /* scale * log2(e) */) {
+                int T, int NH, int NKV, float sl2 /* scale * log2(e) */, int order) {
 #ifdef KILN_WG_DEVICE
     kiln_pdl_wait();
     kiln_pdl_trigger();
     constexpr int NT = 128 * NWG, BM = 64 * NWG, NS = BN / 8, NO = HS / 8, KS = HS / 16, TB = BN * HS * 2;
     extern __shared__ uint4 wg_smem[];
     const uint32_t sq = (smem_addr(wg_smem) + 1023u) & ~1023u, sk0 = sq + BM * HS * 2, sv0 = sk0 + 2 * TB;
-    const int b = blockIdx.z, h = blockIdx.y, g = h / (NH / NKV);
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * BM, wg = threadIdx.x / 128, w = threadIdx.x / 32 % 4;
+    const attn_tile at = attn_tile_of(order);
+    const int b = at.batch, h = at.head, g = h / (NH / NKV);
+    const int q0 = ((int)gridDim.x - 1 - at.rank) * BM, wg = threadIdx.x / 128, w = threadIdx.x / 32 % 4;
     const int g0 = q0 + 64 * wg, wq0 = g0 + 16 * w; /* the group's, the warp's first row */
     const int64_t W = (int64_t)(NH + 2 * NKV) * HS;
     const kiln_bf16_t *seq = qkv + (size_t)b * (size_t)T * (size_t)W;
@@ -152,15 +153,16 @@ attn_wg_forward(kiln_bf16_t *out,        /* (B*T, NH*HS) */
  * K_kt+2 over K_kt and V_kt+1 over V_kt-1, and it needs K_kt+1 and V_kt, loaded an iteration before. */
 template <int HS, int NWG>
 __global__ void __launch_bounds__(128 * NWG, 1)
-attn_wg_forward_pipe(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int T, int NH, int NKV, float sl2) {
+attn_wg_forward_pipe(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int T, int NH, int NKV, float sl2, int order) {
 #ifdef KILN_WG_DEVICE
     kiln_pdl_wait();
     kiln_pdl_trigger();
     constexpr int BN = 64, NT = 128 * NWG, BM = 64 * NWG, NS = BN / 8, NO = HS / 8, KS = HS / 16, TB = BN * HS * 2;
     extern __shared__ uint4 wg_smem[];
     const uint32_t sq = (smem_addr(wg_smem) + 1023u) & ~1023u, sk0 = sq + BM * HS * 2, sv0 = sk0 + 2 * TB;
-    const int b = blockIdx.z, h = blockIdx.y, g = h / (NH / NKV);
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * BM, wg = threadIdx.x / 128, w = threadIdx.x / 32 % 4;
+    const attn_tile at = attn_tile_of(order);
+    const int b = at.batch, h = at.head, g = h / (NH / NKV);
+    const int q0 = ((int)gridDim.x - 1 - at.rank) * BM, wg = threadIdx.x / 128, w = threadIdx.x / 32 % 4;
     const int g0 = q0 + 64 * wg, wq0 = g0 + 16 * w; /* the group's, the warp's first row */
     const int64_t W = (int64_t)(NH + 2 * NKV) * HS;
     const kiln_bf16_t *seq = qkv + (size_t)b * (size_t)T * (size_t)W;
@@ -260,7 +262,7 @@ attn_wg_backward_dkdv(float *dqkv,               /* (B*T, (NH + 2 NKV) 64): dk, 
                       const kiln_bf16_t *qkv,    /* (B*T, (NH + 2 NKV) 64) */
                       const float *lse,          /* (B, NH, T) */
                       const float *D,            /* (B, NH, T) */
-                      int T, int NH, int NKV, float sl2, float scale) {
+                      int T, int NH, int NKV, float sl2, float scale, int order) {
 #ifdef KILN_WG_DEVICE
     kiln_pdl_wait();
     kiln_pdl_trigger();
@@ -270,7 +272,8 @@ attn_wg_backward_dkdv(float *dqkv,               /* (B*T, (NH + 2 NKV) 64): dk, 
     const uint32_t base = smem_addr(wg_smem), sk = (base + 1023u) & ~1023u, sv = sk + QB, sq0 = sv + QB, sdo0 = sq0 + 2 * QB,
                    sds = sdo0 + 2 * QB;
     float *slse = (float *)((char *)wg_smem + (sds + QB - base)), *sD = slse + 2 * BQ; /* (2, BQ) each */
-    const int b = blockIdx.z, g = blockIdx.y, G = NH / NKV, j0 = blockIdx.x * KBM;
+    const attn_tile at = attn_tile_of(!ATOMIC_DQ && order); /* atomic dq: heavy first measured slower (dq's adds spread) */
+    const int b = at.batch, g = at.head, G = NH / NKV, j0 = at.rank * KBM;
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tg = lane % 4;
     const int64_t W = (int64_t)(NH + 2 * NKV) * HS, Q = (int64_t)NH * HS;
     const int64_t kcol = Q + (int64_t)g * HS, vcol = kcol + (int64_t)NKV * HS;
@@ -377,6 +380,114 @@ attn_wg_backward_dkdv(float *dqkv,               /* (B*T, (NH + 2 NKV) 64): dk, 
 #endif
 }
 
+/* The deterministic backward's dq kernel (train_attention_tc.cu's attn_tc_backward_dq) on wgmma, head size 64: grid
+ * (ceil(T / BM), NH, B), NWG warpgroups a block, BM = 64 NWG query rows of head h (warpgroup g rows q0 + 64 g ..,
+ * its warp w the accumulator rows from q0 + 64 g + 16 w), q and dout staged once; key tiles of 64 rows of K and V,
+ * 0 .. the diagonal, double-buffered by cp.async and shared by the warpgroups, as the forward's. Per tile a
+ * warpgroup whose rows reach it computes S = Q K^T and dP = dO V^T (both operands from shared memory, K-major),
+ * P = exp2(S sl2 - lse log2e) (0 for keys past the row), dS = P (dP - D) rounded to bf16 as the A operand in
+ * registers, and dQ += dS K (K read transposed, as the forward reads V); dq = scale dQ is written once, f32: the
+ * same formulas as the mma.sync kernel, so the same bounds against the CPU oracle. Shared: q, dout BM x 64 and
+ * 2 x (K, V) 64 x 64 bf16 in swz_wg's layout, from a 1024-byte-aligned base. */
+template <int NWG>
+__global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 3 : 2)
+attn_wg_backward_dq(float *dqkv,               /* (B*T, (NH + 2 NKV) 64): dq written */
+                    const kiln_bf16_t *dout,   /* (B*T, NH*64) */
+                    const kiln_bf16_t *qkv,    /* (B*T, (NH + 2 NKV) 64) */
+                    const float *lse,          /* (B, NH, T) */
+                    const float *D,            /* (B, NH, T) */
+                    int T, int NH, int NKV, float sl2, float scale, int order) {
+#ifdef KILN_WG_DEVICE
+    kiln_pdl_wait();
+    kiln_pdl_trigger();
+    constexpr int HS = 64, BN = 64, NT = 128 * NWG, BM = 64 * NWG, NS = BN / 8, NO = HS / 8, KS = HS / 16, TB = BN * HS * 2;
+    extern __shared__ uint4 wg_smem[];
+    const uint32_t sq = (smem_addr(wg_smem) + 1023u) & ~1023u, sdo = sq + BM * HS * 2, sk0 = sdo + BM * HS * 2,
+                   sv0 = sk0 + 2 * TB;
+    const attn_tile at = attn_tile_of(order);
+    const int b = at.batch, h = at.head, g = h / (NH / NKV);
+    const int q0 = ((int)gridDim.x - 1 - at.rank) * BM, wg = threadIdx.x / 128, w = threadIdx.x / 32 % 4;
+    const int g0 = q0 + 64 * wg, wq0 = g0 + 16 * w, gr = threadIdx.x % 32 / 4, tg = threadIdx.x % 4;
+    const int64_t W = (int64_t)(NH + 2 * NKV) * HS, Q = (int64_t)NH * HS;
+    const kiln_bf16_t *seq = qkv + (size_t)b * (size_t)T * (size_t)W;
+    const kiln_bf16_t *kp = seq + (size_t)Q + (size_t)g * HS, *vp = kp + (size_t)NKV * HS;
+    const int nkt = (min(q0 + BM, T) + BN - 1) / BN;
+
+    tile_async<BM, HS, NT, true>(sq, seq + (size_t)h * HS, W, q0, T);
+    tile_async<BM, HS, NT, true>(sdo, dout + (size_t)b * (size_t)T * (size_t)Q + (size_t)h * HS, Q, q0, T);
+    tile_async<BN, HS, NT, true>(sk0, kp, W, 0, T);
+    tile_async<BN, HS, NT, true>(sv0, vp, W, 0, T);
+    cp_async_commit();
+
+    const int ir = wq0 + gr; /* this lane's query rows: ir, ir + 8 (rows past T read row T - 1, and store nothing) */
+    float l2[2], Dr[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const size_t ix = ((size_t)b * NH + h) * (size_t)T + (size_t)min(ir + 8 * r, T - 1);
+        l2[r] = lse[ix] * LOG2E, Dr[r] = D[ix];
+    }
+    float dq[NO][4];
+#pragma unroll
+    for (int d = 0; d < NO; d++) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
+    for (int kt = 0; kt < nkt; kt++) {
+        const uint32_t sk = sk0 + (kt & 1) * TB, sv = sv0 + (kt & 1) * TB;
+        if (kt + 1 < nkt) { /* the other stage was consumed before the last iteration's closing barrier */
+            tile_async<BN, HS, NT, true>(sk0 + ((kt + 1) & 1) * TB, kp, W, (kt + 1) * BN, T);
+            tile_async<BN, HS, NT, true>(sv0 + ((kt + 1) & 1) * TB, vp, W, (kt + 1) * BN, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        wg_fence_smem(); /* this thread's cp.async writes, visible to the tensor cores after the barrier */
+        __syncthreads();
+        if (kt * BN <= g0 + 63) { /* some key of the tile is seen by some row of the group (uniform in the group) */
+            float s[NS][4], dp[NS][4];
+            wg_arrive();
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++)
+                wg_ss<0, 0>(s, wg_desc(sq + swz_wg_kstep<BM>(64 * wg, ks)), wg_desc(sk + swz_wg_kstep<BN>(0, ks)), ks);
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++)
+                wg_ss<0, 0>(dp, wg_desc(sdo + swz_wg_kstep<BM>(64 * wg, ks)), wg_desc(sv + swz_wg_kstep<BN>(0, ks)), ks);
+            wg_commit();
+            wg_wait<0>();
+            wg_pin(s);
+            wg_pin(dp);
+            const bool diag = kt * BN + BN - 1 > wq0; /* a key past a row of the warp */
+#pragma unroll
+            for (int n = 0; n < NS; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = e >> 1, j = kt * BN + n * 8 + 2 * tg + (e & 1);
+                    float p = exp2_ftz(fmaf(s[n][e], sl2, -l2[r]));
+                    if (diag && j > ir + 8 * r) p = 0.0f;
+                    dp[n][e] = p * (dp[n][e] - Dr[r]);
+                }
+            uint32_t da[BN / 16][4];
+            dkdv_pack<BN>(da, dp);
+            wg_arrive();
+#pragma unroll
+            for (int ks = 0; ks < BN / 16; ks++) wg_rs<1>(dq, da[ks], wg_desc(sk + ks * 16 * 128), 1); /* dQ += dS K */
+            wg_commit();
+            wg_wait<0>();
+            wg_pin(dq);
+        }
+        __syncthreads(); /* this stage is consumed: the next iteration may refill it */
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int i = ir + 8 * r;
+        if (i >= T) continue;
+        float *row = dqkv + ((size_t)b * (size_t)T + (size_t)i) * (size_t)W + (size_t)h * HS + 2 * tg;
+#pragma unroll
+        for (int d = 0; d < NO; d++) *(float2 *)(row + d * 8) = make_float2(dq[d][2 * r] * scale, dq[d][2 * r + 1] * scale);
+    }
+#else
+    __trap(); /* a pass without wgmma: never launched */
+#endif
+}
+
 /* Whether the wgmma path is taken when KILN_ATTN_WG is unset: on since an H100 run (2026-12-07, docs/cuda.md) passed
  * the tests against the CPU oracle and timed it beside the mma.sync kernels. */
 #define WG_DEFAULT_ON 1
@@ -422,7 +533,7 @@ template <int HS, int NWG, int BN, bool PIPE = false>
 static kiln_status wg_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t *qkv, int B, int T, int NH, int NKV, cudaStream_t s) {
     static_assert(!PIPE || BN == 64, "the pipelined forward takes key tiles of 64");
     constexpr int BM = 64 * NWG;
-    void (*kernel)(kiln_bf16_t *, float *, const kiln_bf16_t *, int, int, int, float) = attn_wg_forward<HS, NWG, BN>;
+    void (*kernel)(kiln_bf16_t *, float *, const kiln_bf16_t *, int, int, int, float, int) = attn_wg_forward<HS, NWG, BN>;
     if constexpr (PIPE) kernel = attn_wg_forward_pipe<HS, NWG>;
     const size_t smem = (size_t)(BM + 4 * BN) * HS * 2 + 1024; /* + the alignment of the base */
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -430,7 +541,7 @@ static kiln_status wg_forward(kiln_bf16_t *out, float *lse, const kiln_bf16_t *q
     const dim3 grid((unsigned)((T + BM - 1) / BM), (unsigned)NH, (unsigned)B);
     const float sl2 = 1.0f / sqrtf((float)HS) * LOG2E;
     return kiln_launch_status("attention_forward (train, wgmma)",
-                              kiln_launch(kernel, grid, dim3(128 * NWG), smem, s, out, lse, qkv, T, NH, NKV, sl2));
+                              kiln_launch(kernel, grid, dim3(128 * NWG), smem, s, out, lse, qkv, T, NH, NKV, sl2, kiln_attn_order()));
 }
 
 /* HS 128 takes key tiles of 64 rows in either shape: with 128 (s and o 64 f32 a thread each) 2 warpgroups use all
@@ -456,12 +567,42 @@ kiln_status kiln_attn_wg_backward_dkdv(float *dqkv, const kiln_bf16_t *dout, con
     const unsigned tiles = (unsigned)((T + 63) / 64);
     const float scale = 0.125f, sl2 = scale * LOG2E;
     const bool pipe = wg_config().pipe_bwd;
-    void (*kernel)(float *, const kiln_bf16_t *, const kiln_bf16_t *, const float *, const float *, int, int, int, float, float) =
+    void (*kernel)(float *, const kiln_bf16_t *, const kiln_bf16_t *, const float *, const float *, int, int, int, float, float, int) =
         atomic_dq ? (pipe ? attn_wg_backward_dkdv<true, true> : attn_wg_backward_dkdv<true, false>)
                   : (pipe ? attn_wg_backward_dkdv<false, true> : attn_wg_backward_dkdv<false, false>);
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return kiln_launch_status("attention_backward dk/dv (wgmma) shared-memory opt-in", e);
     return kiln_launch_status(atomic_dq ? "attention_backward dk/dv/dq (wgmma, atomic dq)" : "attention_backward dk/dv (wgmma)",
                               kiln_launch(kernel, dim3(tiles, (unsigned)NKV, (unsigned)B), dim3(128), smem, s, dqkv, dout, qkv,
-                                          lse, D, T, NH, NKV, sl2, scale));
+                                          lse, D, T, NH, NKV, sl2, scale, kiln_attn_order()));
+}
+
+/* KILN_ATTN_WG_DQ: 1 or 2 warpgroups a block for the dq kernel (unset: WG_DQ_DEFAULT); 0 leaves dq to the mma.sync
+ * kernel, for comparison (read at each launch, as KILN_ATTN_WG, so a test can take each). */
+#define WG_DQ_DEFAULT 2
+static int wg_dq(void) {
+    const char *e = getenv("KILN_ATTN_WG_DQ");
+    return !e ? WG_DQ_DEFAULT : strcmp(e, "0") == 0 ? 0 : strcmp(e, "1") == 0 ? 1 : WG_DQ_DEFAULT;
+}
+
+bool kiln_attn_wg_dq_takes(void) { return wg_dq() != 0; }
+
+template <int NWG>
+static kiln_status wg_dq_launch(float *dqkv, const kiln_bf16_t *dout, const kiln_bf16_t *qkv, const float *lse, const float *D,
+                                int B, int T, int NH, int NKV, cudaStream_t s) {
+    constexpr int BM = 64 * NWG;
+    const size_t smem = (size_t)(2 * BM + 4 * 64) * 64 * 2 + 1024; /* + the alignment of the base */
+    const cudaError_t e = cudaFuncSetAttribute(attn_wg_backward_dq<NWG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return kiln_launch_status("attention_backward dq (wgmma) shared-memory opt-in", e);
+    const float scale = 0.125f, sl2 = scale * LOG2E;
+    return kiln_launch_status("attention_backward dq (wgmma)",
+                              kiln_launch(attn_wg_backward_dq<NWG>, dim3((unsigned)((T + BM - 1) / BM), (unsigned)NH, (unsigned)B),
+                                          dim3(128 * NWG), smem, s, dqkv, dout, qkv, lse, D, T, NH, NKV, sl2, scale,
+                                          kiln_attn_order()));
+}
+
+kiln_status kiln_attn_wg_backward_dq(float *dqkv, const kiln_bf16_t *dout, const kiln_bf16_t *qkv, const float *lse,
+                                     const float *D, int B, int T, int NH, int NKV, cudaStream_t s) {
+    return wg_dq() == 1 ? wg_dq_launch<1>(dqkv, dout, qkv, lse, D, B, T, NH, NKV, s)
+                        : wg_dq_launch<2>(dqkv, dout, qkv, lse, D, B, T, NH, NKV, s);
 }

@@ -82,7 +82,7 @@ struct kiln_cuda_trainer {
     bool mirror_stale;                /* params were written: the mirror is refreshed before the next step or update */
     int gathered;                     /* ZeRO-1: the part whose full copy kiln_cuda_trainer_gather left readable, or -1 */
     float *h_losses;                  /* (N) pinned */
-    bool deterministic;               /* attention backward: same bits every run (true) or dq by atomics (faster) */
+    bool deterministic;               /* attention backward: same bits every run (true) or dq by atomics */
     bool recompute;                   /* ln1, ln2, h: one shared copy, recomputed per layer in the backward */
     /* data parallel (kiln_dist): n_pad = n rounded up to a multiple of 64 world; params, grads, mirror and decay have
      * n_pad elements (the pad stays zero). Without ZeRO-1 every rank holds all moments (n) and the gradients are
@@ -280,7 +280,12 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     t->gathered = -1;
     const char *bound = getenv("KILN_ADAMW_BOUND");
     t->bound = !(bound && strcmp(bound, "0") == 0);
-    t->deterministic = (flags & KILN_CUDA_TRAIN_DETERMINISTIC) != 0;
+    /* On wgmma (head size 64) the deterministic backward (both its kernels on wgmma, the heavy tiles first) is also
+     * the faster one (kiln bench gpu-kernels --attention, docs/cuda.md), so every run takes it there;
+     * KILN_ATTN_ATOMIC=1 keeps dq by atomics without --deterministic, to time the step both ways */
+    const char *atomic = getenv("KILN_ATTN_ATOMIC");
+    t->deterministic = (flags & KILN_CUDA_TRAIN_DETERMINISTIC) != 0 ||
+                       (HS == 64 && kiln_cuda_attention_wgmma(64) && !(atomic && strcmp(atomic, "1") == 0));
     t->recompute = recompute;
     t->eight_bit = eight;
     t->layers = (layer_acts *)calloc((size_t)L, sizeof *t->layers);
