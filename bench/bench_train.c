@@ -207,11 +207,13 @@ static int bench_gpu(const bench_config *c, const kiln_llama_config *mc, const k
                dev, c->name, tc->adam.eight_bit ? "adamw8bit" : "adamw", (flags & KILN_CUDA_TRAIN_RECOMPUTE) ? "true" : "false", (long long)B, (long long)T, (long long)n_params, loss, med * 1e3, tok_s, tflops, tflops / 989.0,
                kiln_bench_json_num(j[0], 32, roof, 1), kiln_bench_json_num(j[1], 32, tflops / roof, 3), bytes, (long long)bmax, ver,
                python ? script : "not run", kiln_bench_json_num(j[2], 32, peer, 0), kiln_bench_json_num(j[3], 32, tok_s / peer, 3));
+        char peer_cell[32] = "-", ratio_cell[32] = "-"; /* no peer run: a dash, not nan */
+        if (isfinite(peer)) snprintf(peer_cell, sizeof peer_cell, "%.0f", peer), snprintf(ratio_cell, sizeof ratio_cell, "%.2fx", tok_s / peer);
         printf("\n| config | B x T | params | ms/step | tok/s | TFLOP/s | MFU (989) | of measured GEMM | GPU memory | largest B | "
                "PyTorch compiled tok/s | ratio |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
-               "| %s%s | %lld x %lld | %.1fM | %.2f | %.0f | %.1f | %.1f%% | %.1f%% of %.0f | %.2f GiB | %lld | %.0f | %.2fx |\n",
+               "| %s%s | %lld x %lld | %.1fM | %.2f | %.0f | %.1f | %.1f%% | %.1f%% of %.0f | %.2f GiB | %lld | %s | %s |\n",
                c->name, tc->adam.eight_bit ? " (8-bit AdamW)" : "", (long long)B, (long long)T, (double)n_params / 1e6, med * 1e3, tok_s, tflops, 100 * tflops / 989.0,
-               100 * tflops / roof, roof, (double)bytes / 1073741824.0, (long long)bmax, peer, tok_s / peer);
+               100 * tflops / roof, roof, (double)bytes / 1073741824.0, (long long)bmax, peer_cell, ratio_cell);
         if (tok_out) *tok_out = tok_s;
         if (peer_out) *peer_out = peer;
     }
