@@ -11,8 +11,6 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
 /* A kiln_launch's own error first, then any earlier asynchronous one (launch.h). */
 static kiln_status checked(const char *what, cudaError_t e) { return kiln_launch_status(what, e); }
@@ -374,19 +372,6 @@ attn_tc_backward_dq(float *dqkv,               /* (B*T, (NH + 2 NKV) HS): dq wri
 #pragma unroll
         for (int d = 0; d < NO; d++) *(float2 *)(row + d * 8) = make_float2(dq[d][2 * r] * scale, dq[d][2 * r + 1] * scale);
     }
-}
-
-static int attn_order_read(void) {
-    const char *v = getenv("KILN_ATTN_ORDER");
-    return v && strcmp(v, "0") == 0 ? 0 : 1;
-}
-
-/* Measured on an H100 (kiln bench gpu-kernels --attention, B 16 T 1024, KILN_ATTN_ORDER 0 against 1): the wgmma dk/dv
- * kernel without atomics 0.356 -> 0.326 ms (124m) and 0.461 -> 0.422 (350m) with its dq kernel; with atomic dq
- * 0.349 -> 0.355 and 0.455 -> 0.512, so the atomic variants keep the grid's own order (docs/cuda.md). */
-int kiln_attn_order(void) {
-    static const int order = attn_order_read(); /* initialized once, thread-safe */
-    return order;
 }
 
 /* Dynamic shared bytes of the tensor-core kernels (kernel comments give the layouts). */

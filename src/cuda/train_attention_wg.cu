@@ -488,6 +488,22 @@ attn_wg_backward_dq(float *dqkv,               /* (B*T, (NH + 2 NKV) 64): dq wri
 #endif
 }
 
+/* kiln_attn_order (train_attention_tc.h) lives here, beside the wgmma entry points train_attention_tc.cu calls, so
+ * the calls between the two files go one way. */
+static int attn_order_read(void) {
+    const char *v = getenv("KILN_ATTN_ORDER");
+    return v && strcmp(v, "0") == 0 ? 0 : 1;
+}
+
+/* Measured on an H100 (kiln bench gpu-kernels --attention, B 16 T 1024, KILN_ATTN_ORDER 0 against 1): the deterministic
+ * backward on wgmma 0.314 -> 0.275 ms (124m) and 0.409 -> 0.356 (350m), on mma.sync 0.438 -> 0.385 (124m), the wgmma
+ * forward 0.111 -> 0.108 and 0.143 -> 0.134; the dk/dv kernel with atomic dq 0.349 -> 0.355 and 0.455 -> 0.512, so
+ * the atomic variants keep the grid's own order (docs/cuda.md). */
+int kiln_attn_order(void) {
+    static const int order = attn_order_read(); /* initialized once, thread-safe */
+    return order;
+}
+
 /* Whether the wgmma path is taken when KILN_ATTN_WG is unset: on since an H100 run (2026-12-07, docs/cuda.md) passed
  * the tests against the CPU oracle and timed it beside the mma.sync kernels. */
 #define WG_DEFAULT_ON 1
