@@ -155,6 +155,48 @@ static __device__ __forceinline__ attn_tile attn_tile_of(int heavy_first) {
     return attn_tile{lin / pairs, pair % (int)gridDim.y, pair / (int)gridDim.y};
 }
 
+/* The dq kernels' pieces (train_attention_tc.cu on mma.sync, train_attention_wg.cu on wgmma): both hold a lane's
+ * accumulator rows ir and ir + 8 of one head, in the m16n8 fragment layout (lane = 4 gr + tg).
+ * dq_rows: lse (times log2 e) and D of those rows from (B, NH, T) at base = (b NH + h) T; rows past T read row T - 1. */
+static __device__ __forceinline__ void dq_rows(float l2[2], float Dr[2], const float *lse, const float *D, size_t base, int ir,
+                                               int T) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const size_t ix = base + (size_t)min(ir + 8 * r, T - 1);
+        l2[r] = lse[ix] * LOG2E, Dr[r] = D[ix];
+    }
+}
+/* dS = P (dP - D) in place of dp, P = exp2(S sl2 - lse log2 e), for keys j0 .. of the tile; diag: some key may pass a
+ * row, whose P is then 0. */
+template <int NS>
+static __device__ __forceinline__ void dq_ds(float dp[NS][4], const float s[NS][4], const float l2[2], const float Dr[2], int j0,
+                                             int ir, bool diag, float sl2) {
+    const int tg = threadIdx.x % 4;
+#pragma unroll
+    for (int n = 0; n < NS; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = e >> 1, j = j0 + n * 8 + 2 * tg + (e & 1);
+            float p = exp2_ftz(fmaf(s[n][e], sl2, -l2[r]));
+            if (diag && j > ir + 8 * r) p = 0.0f;
+            dp[n][e] = p * (dp[n][e] - Dr[r]);
+        }
+}
+/* dq = scale dQ into the rows ir, ir + 8 (< T) of seq (T, W) f32, columns from col: written once. */
+template <int NO>
+static __device__ __forceinline__ void dq_store(float *seq, const float dq[NO][4], int ir, int T, int64_t W, int64_t col,
+                                                float scale) {
+    const int tg = threadIdx.x % 4;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int i = ir + 8 * r;
+        if (i >= T) continue;
+        float *row = seq + (size_t)i * (size_t)W + (size_t)col + 2 * tg;
+#pragma unroll
+        for (int d = 0; d < NO; d++) *(float2 *)(row + d * 8) = make_float2(dq[d][2 * r] * scale, dq[d][2 * r + 1] * scale);
+    }
+}
+
 /* The dk/dv kernel's loads for iteration it: head g G + it / nq, query rows i0 = j0 + (it % nq) BQ .. of q and dout
  * (bf16 tiles) and of lse and D (f32, 4-byte copies: a row of T floats need not be 16-byte aligned), into stage
  * it & 1. The whole block issues it; the caller commits. (The training backward's dk/dv kernels: train_attention_tc.cu

@@ -304,7 +304,7 @@ attn_tc_backward_dq(float *dqkv,               /* (B*T, (NH + 2 NKV) HS): dq wri
     const attn_tile at = attn_tile_of(order);
     const int b = at.batch, h = at.head, g = h / (NH / NKV);
     const int q0 = ((int)gridDim.x - 1 - at.rank) * TC_BM, w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int gr = lane / 4, tg = lane % 4;
+    const int gr = lane / 4;
     const int64_t W = (int64_t)(NH + 2 * NKV) * HS, Q = (int64_t)NH * HS;
     const kiln_bf16_t *seq = qkv + (size_t)b * (size_t)T * (size_t)W;
     const kiln_bf16_t *kp = seq + (size_t)Q + (size_t)g * HS, *vp = kp + (size_t)NKV * HS;
@@ -318,11 +318,7 @@ attn_tc_backward_dq(float *dqkv,               /* (B*T, (NH + 2 NKV) HS): dq wri
 
     const int ir = q0 + w * 16 + gr; /* this lane's query rows: ir, ir + 8 (rows past T read row T - 1) */
     float l2[2], Dr[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const size_t ix = ((size_t)b * NH + h) * (size_t)T + (size_t)min(ir + 8 * r, T - 1);
-        l2[r] = lse[ix] * LOG2E, Dr[r] = D[ix];
-    }
+    dq_rows(l2, Dr, lse, D, ((size_t)b * NH + h) * (size_t)T, ir, T);
     float dq[NO][4];
 #pragma unroll
     for (int d = 0; d < NO; d++) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
@@ -339,16 +335,7 @@ attn_tc_backward_dq(float *dqkv,               /* (B*T, (NH + 2 NKV) HS): dq wri
         __syncthreads();
         float s[NS][4], dp[NS][4];
         two_products<HS, NS, KS>(s, dp, sq, sdo, sk, sv, w * 16); /* S = Q K^T, dP = dO V^T */
-        const bool diag = (kt + 1) * BN > q0;
-#pragma unroll
-        for (int n = 0; n < NS; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = e >> 1, j = kt * BN + n * 8 + 2 * tg + (e & 1);
-                float p = exp2_ftz(fmaf(s[n][e], sl2, -l2[r]));
-                if (diag && j > ir + 8 * r) p = 0.0f;
-                dp[n][e] = p * (dp[n][e] - Dr[r]);
-            }
+        dq_ds<NS>(dp, s, l2, Dr, kt * BN, ir, (kt + 1) * BN > q0, sl2);
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ks++) {
             const uint32_t da[4] = {pack_bf16(dp[2 * ks][0], dp[2 * ks][1]), pack_bf16(dp[2 * ks][2], dp[2 * ks][3]),
@@ -364,14 +351,7 @@ attn_tc_backward_dq(float *dqkv,               /* (B*T, (NH + 2 NKV) HS): dq wri
         }
         __syncthreads(); /* this stage is consumed */
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int i = ir + 8 * r;
-        if (i >= T) continue;
-        float *row = dqkv + ((size_t)b * (size_t)T + (size_t)i) * (size_t)W + (size_t)h * HS + 2 * tg;
-#pragma unroll
-        for (int d = 0; d < NO; d++) *(float2 *)(row + d * 8) = make_float2(dq[d][2 * r] * scale, dq[d][2 * r + 1] * scale);
-    }
+    dq_store<NO>(dqkv + (size_t)b * (size_t)T * (size_t)W, dq, ir, T, W, (int64_t)h * HS, scale);
 }
 
 /* Dynamic shared bytes of the tensor-core kernels (kernel comments give the layouts). */

@@ -407,7 +407,7 @@ attn_wg_backward_dq(float *dqkv,               /* (B*T, (NH + 2 NKV) 64): dq wri
     const attn_tile at = attn_tile_of(order);
     const int b = at.batch, h = at.head, g = h / (NH / NKV);
     const int q0 = ((int)gridDim.x - 1 - at.rank) * BM, wg = threadIdx.x / 128, w = threadIdx.x / 32 % 4;
-    const int g0 = q0 + 64 * wg, wq0 = g0 + 16 * w, gr = threadIdx.x % 32 / 4, tg = threadIdx.x % 4;
+    const int g0 = q0 + 64 * wg, wq0 = g0 + 16 * w, gr = threadIdx.x % 32 / 4;
     const int64_t W = (int64_t)(NH + 2 * NKV) * HS, Q = (int64_t)NH * HS;
     const kiln_bf16_t *seq = qkv + (size_t)b * (size_t)T * (size_t)W;
     const kiln_bf16_t *kp = seq + (size_t)Q + (size_t)g * HS, *vp = kp + (size_t)NKV * HS;
@@ -421,11 +421,7 @@ attn_wg_backward_dq(float *dqkv,               /* (B*T, (NH + 2 NKV) 64): dq wri
 
     const int ir = wq0 + gr; /* this lane's query rows: ir, ir + 8 (rows past T read row T - 1, and store nothing) */
     float l2[2], Dr[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const size_t ix = ((size_t)b * NH + h) * (size_t)T + (size_t)min(ir + 8 * r, T - 1);
-        l2[r] = lse[ix] * LOG2E, Dr[r] = D[ix];
-    }
+    dq_rows(l2, Dr, lse, D, ((size_t)b * NH + h) * (size_t)T, ir, T);
     float dq[NO][4];
 #pragma unroll
     for (int d = 0; d < NO; d++) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
@@ -454,16 +450,7 @@ attn_wg_backward_dq(float *dqkv,               /* (B*T, (NH + 2 NKV) 64): dq wri
             wg_wait<0>();
             wg_pin(s);
             wg_pin(dp);
-            const bool diag = kt * BN + BN - 1 > wq0; /* a key past a row of the warp */
-#pragma unroll
-            for (int n = 0; n < NS; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = e >> 1, j = kt * BN + n * 8 + 2 * tg + (e & 1);
-                    float p = exp2_ftz(fmaf(s[n][e], sl2, -l2[r]));
-                    if (diag && j > ir + 8 * r) p = 0.0f;
-                    dp[n][e] = p * (dp[n][e] - Dr[r]);
-                }
+            dq_ds<NS>(dp, s, l2, Dr, kt * BN, ir, kt * BN + BN - 1 > wq0, sl2); /* diag: a key past a row of the warp */
             uint32_t da[BN / 16][4];
             dkdv_pack<BN>(da, dp);
             wg_arrive();
@@ -475,14 +462,7 @@ attn_wg_backward_dq(float *dqkv,               /* (B*T, (NH + 2 NKV) 64): dq wri
         }
         __syncthreads(); /* this stage is consumed: the next iteration may refill it */
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int i = ir + 8 * r;
-        if (i >= T) continue;
-        float *row = dqkv + ((size_t)b * (size_t)T + (size_t)i) * (size_t)W + (size_t)h * HS + 2 * tg;
-#pragma unroll
-        for (int d = 0; d < NO; d++) *(float2 *)(row + d * 8) = make_float2(dq[d][2 * r] * scale, dq[d][2 * r + 1] * scale);
-    }
+    dq_store<NO>(dqkv + (size_t)b * (size_t)T * (size_t)W, dq, ir, T, W, (int64_t)h * HS, scale);
 #else
     __trap(); /* a pass without wgmma: never launched */
 #endif
