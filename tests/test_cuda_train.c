@@ -15,8 +15,8 @@
  * gradients 5e-2 relative L2 per tensor, step losses 2e-2, gradient norms 5e-2. A wrong term (a missing
  * accumulation, a transposed weight, a wrong RoPE position) gives O(1) errors. At 4x the init scale the softmax
  * saturates and even fp32 against mixed CPU differs by 12%: no bound separates bugs from noise there.
- *   - the options: deterministic twice and with activation recomputation give the same bits; the fast mode (dq by
- *     atomics) stays within 1e-5 of them.
+ *   - the options: deterministic twice, with activation recomputation, and with every matmul on one stream (the
+ *     weight gradients' own stream off) give the same bits; the fast mode (dq by atomics) stays within 1e-5 of them.
  *   - the weight check before the update: an update that would overflow a weight is skipped and changes nothing;
  *     a resume with NaN moments is refused.
  * The checkpoint round trip (a resumed GPU run equals an uninterrupted one, bit for bit) is test_train.c's.
@@ -164,7 +164,8 @@ static void test_step_hs64(void) {
 /* The options change no value: deterministic (dq in a fixed order) twice gives the same bits, and with activation
  * recomputation (the norms' and SwiGLU's outputs recomputed in the backward by the same kernels) the same bits
  * again, for the loss and every gradient; the fast mode (dq by atomics; on wgmma at head size 64 the deterministic
- * backward, the faster there) stays within 1e-5 relative L2 of them. */
+ * backward, the faster there) stays within 1e-5 relative L2 of them. The weight gradients' own stream
+ * (KILN_TRAIN_DW_STREAM, on in the first five) changes no bit either: the sixth runs everything on one stream. */
 static void options_same_bits(int64_t heads, int64_t T) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
     kiln_llama_train *m = make_model_heads(false, 1e-4f, true, T, heads);
@@ -174,12 +175,16 @@ static void options_same_bits(int64_t heads, int64_t T) {
     unsigned long long rng = 23;
     batch(in, tg, B_ * T, m->cfg.n_vocab, &rng);
     static const unsigned flags[] = {KILN_CUDA_TRAIN_DETERMINISTIC, KILN_CUDA_TRAIN_DETERMINISTIC,
-                                     KILN_CUDA_TRAIN_DETERMINISTIC | KILN_CUDA_TRAIN_RECOMPUTE, 0, KILN_CUDA_TRAIN_RECOMPUTE};
-    float *g[5];
-    double loss[5];
-    size_t bytes[5];
-    for (int k = 0; k < 5; k++) {
+                                     KILN_CUDA_TRAIN_DETERMINISTIC | KILN_CUDA_TRAIN_RECOMPUTE, 0, KILN_CUDA_TRAIN_RECOMPUTE,
+                                     KILN_CUDA_TRAIN_DETERMINISTIC};
+    float *g[6];
+    double loss[6];
+    size_t bytes[6];
+    const char *saved = getenv("KILN_TRAIN_DW_STREAM");
+    char *keep = saved ? strdup(saved) : NULL;
+    for (int k = 0; k < 6; k++) {
         kiln_cuda_trainer *t = NULL;
+        setenv("KILN_TRAIN_DW_STREAM", k < 5 ? "1" : "0", 1); /* read when the trainer is made */
         CHECK(kiln_cuda_trainer_new(m, B_, T, flags[k], NULL, &t) == KILN_OK, "%s", kiln_last_error());
         bytes[k] = kiln_cuda_trainer_bytes(t);
         g[k] = malloc((size_t)m->n_params * sizeof(float));
@@ -189,7 +194,12 @@ static void options_same_bits(int64_t heads, int64_t T) {
               "%s", kiln_last_error());
         kiln_cuda_trainer_free(t);
     }
+    if (keep) setenv("KILN_TRAIN_DW_STREAM", keep, 1), free(keep);
+    else unsetenv("KILN_TRAIN_DW_STREAM");
     CHECK(loss[1] == loss[0] && memcmp(g[1], g[0], (size_t)m->n_params * sizeof(float)) == 0, "deterministic twice differs");
+    CHECK(loss[5] == loss[0] && memcmp(g[5], g[0], (size_t)m->n_params * sizeof(float)) == 0,
+          "the weight gradients' stream changes the bits");
+    CHECK(bytes[5] < bytes[0], "one stream takes %zu bytes, not fewer than %zu", bytes[5], bytes[0]);
     CHECK(loss[2] == loss[0] && memcmp(g[2], g[0], (size_t)m->n_params * sizeof(float)) == 0, "recompute changes the bits");
     CHECK(bytes[2] < bytes[0], "recompute takes %zu bytes, not fewer than %zu", bytes[2], bytes[0]);
     for (int k = 3; k < 5; k++) {
@@ -197,9 +207,9 @@ static void options_same_bits(int64_t heads, int64_t T) {
         CHECK(fabs(loss[k] - loss[0]) <= 1e-6 * fabs(loss[0]) && e <= 1e-5, "fast mode %u: loss %.9g vs %.9g, gradients rel-L2 %.3g",
               flags[k], loss[k], loss[0], e);
     }
-    printf("# options, head size %lld: deterministic and recompute bit-identical; fast mode gradients within %.2e; recompute %.1f%% "
+    printf("# options, head size %lld: deterministic, recompute and one stream bit-identical; fast mode gradients within %.2e; recompute %.1f%% "
            "of the bytes\n", (long long)(m->cfg.n_embd / heads), rel_l2(g[3], g[0], m->n_params), 100.0 * (double)bytes[2] / (double)bytes[0]);
-    for (int k = 0; k < 5; k++) free(g[k]);
+    for (int k = 0; k < 6; k++) free(g[k]);
     kiln_llama_train_free(m);
 }
 static void test_options_same_bits(void) { options_same_bits(4, T_); }

@@ -37,6 +37,9 @@ kiln_status kiln_cuda_blas_new(kiln_cuda_blas **out);
 void kiln_cuda_blas_free(kiln_cuda_blas *b); /* accepts NULL */
 /* Device bytes kiln_cuda_blas_new takes (its workspace). */
 size_t kiln_cuda_blas_bytes(void);
+/* Plans built from now on are chosen for sms SMs (cuBLASLt's SM count target, for a stream that shares the GPU with
+ * another); 0 restores the whole GPU. Drops the plans already built. */
+void kiln_cuda_blas_sm_target(kiln_cuda_blas *b, int sms);
 /* y (N, O) = x (N, I) W^T. y_f32: y is float and, with accumulate, y += x W^T (the residual add); otherwise y is
  * bf16 and overwritten (accumulate must be false). */
 kiln_status kiln_cuda_linear_forward_train(kiln_cuda_blas *b, void *y, bool y_f32, bool accumulate, const kiln_bf16_t *x,

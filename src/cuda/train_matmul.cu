@@ -69,7 +69,8 @@ struct kiln_cuda_blas {
     cublasLtHandle_t lt;
     void *ws; /* (BLAS_WS_BYTES) device, cuBLASLt's workspace */
     blas_plan plan[BLAS_PLANS];
-    int next; /* the slot the next new plan replaces once all are used */
+    int next;      /* the slot the next new plan replaces once all are used */
+    int sm_target; /* > 0: the plans are chosen for this many SMs (another stream runs beside them) */
 };
 
 static kiln_status lt_error(cublasStatus_t s, const char *what) {
@@ -99,12 +100,14 @@ static void plan_destroy(blas_plan *p) {
 
 /* Fills p (zeroed but for its key) with descriptors and the heuristic's first algorithm. what names the matmul
  * for the error message. */
-static kiln_status plan_build(blas_plan *p, cublasLtHandle_t lt, const char *what) {
+static kiln_status plan_build(blas_plan *p, cublasLtHandle_t lt, int sm_target, const char *what) {
     const blas_key *k = &p->key;
     cublasStatus_t s;
     if ((s = cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) != CUBLAS_STATUS_SUCCESS ||
         (s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &k->ta, sizeof k->ta)) != CUBLAS_STATUS_SUCCESS ||
-        (s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &k->tb, sizeof k->tb)) != CUBLAS_STATUS_SUCCESS)
+        (s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &k->tb, sizeof k->tb)) != CUBLAS_STATUS_SUCCESS ||
+        (sm_target > 0 && (s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sm_target,
+                                                              sizeof sm_target)) != CUBLAS_STATUS_SUCCESS))
         return lt_error(s, "matmul descriptor");
     /* A layout is the stored matrix, before op: op N stores (m, k) / (k, n), op T stores (k, m) / (n, k). */
     const bool at = k->ta == CUBLAS_OP_T, bt = k->tb == CUBLAS_OP_T;
@@ -162,7 +165,7 @@ static kiln_status plan_get(kiln_cuda_blas *b, const blas_key *key, const char *
     }
     blas_plan *p = &b->plan[slot];
     p->key = *key;
-    kiln_status st = plan_build(p, b->lt, what);
+    kiln_status st = plan_build(p, b->lt, b->sm_target, what);
     if (st != KILN_OK) {
         plan_destroy(p);
         return st;
@@ -225,6 +228,15 @@ extern "C" kiln_status kiln_cuda_blas_new(kiln_cuda_blas **out) {
     }
     *out = b;
     return KILN_OK;
+}
+
+/* Plans built from now on are chosen for sms SMs (0: the whole GPU); the ones already built are dropped. */
+extern "C" void kiln_cuda_blas_sm_target(kiln_cuda_blas *b, int sms) {
+    if (!b) return;
+    for (int i = 0; i < BLAS_PLANS; i++)
+        if (b->plan[i].used) plan_destroy(&b->plan[i]);
+    b->next = 0;
+    b->sm_target = sms > 0 ? sms : 0;
 }
 
 /* ---------------------------------------------------------------- the linear layer */

@@ -113,6 +113,18 @@ struct kiln_cuda_trainer {
     bool max_known;                   /* d_max describes the weights and moments (not before the first update or
                                        * after a write) */
     bool bound;                       /* the check may take the bound (KILN_ADAMW_BOUND=0: never, to measure it) */
+    /* The weight gradients' stream (one GPU; KILN_TRAIN_DW_STREAM=0 turns it off). The backward's dW += dy^T x matmuls
+     * are off its critical path: nothing but the optimizer reads a gradient. So each runs on `side`, forked from the
+     * compute stream once its dy is ready, beside the dx matmuls and the memory-bound kernels that follow, and the
+     * compute stream waits for it only before it overwrites that dy (or, with recompute, the shared activations).
+     * Roles: 0 down, 1 gate|up, 2 o, 3 qkv; fork_ev[r] marks dy ready, join_ev[r] the dW done. The compute stream
+     * has the higher priority, so its kernels take SMs first and the dW matmuls fill what they leave. Every buffer
+     * is read and written in the same order as on one stream: the same bits. */
+    bool dw_side;
+    cudaStream_t side;
+    kiln_cuda_blas *blas_side;
+    cudaEvent_t fork_ev[4], join_ev[4];
+    kiln_bf16_t *datt; /* (N, Q) d att: its own buffer beside the side stream (dW of gate|up may still read dgu) */
 };
 
 static size_t al(size_t n) { return (n + 255) & ~(size_t)255; }
@@ -159,6 +171,12 @@ extern "C" void kiln_cuda_trainer_free(kiln_cuda_trainer *t) {
             if (t->ev[i]) cudaEventDestroy(t->ev[i]);
     free(t->ev);
     if (t->comm) cudaStreamDestroy(t->comm);
+    for (int r = 0; r < 4; r++) {
+        if (t->fork_ev[r]) cudaEventDestroy(t->fork_ev[r]);
+        if (t->join_ev[r]) cudaEventDestroy(t->join_ev[r]);
+    }
+    if (t->side) cudaStreamDestroy(t->side);
+    kiln_cuda_blas_free(t->blas_side);
     kiln_cuda_blas_free(t->blas);
     cudaFree(t->params);
     cudaFree(t->buf);
@@ -251,7 +269,10 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     if (ws_norm > ws) ws = ws_norm;
     if (ws_emb > ws) ws = ws_emb;
     const int64_t wide = C > Q ? C : Q;
-    const size_t buf_bytes = (size_t)L * layer_bytes + (recompute ? saved_bytes : 0) + al((size_t)(N * C) * f4) + al((size_t)N * f4) + al((size_t)(N * C) * b2) +
+    /* the weight gradients' stream (the struct says how), on one GPU unless KILN_TRAIN_DW_STREAM=0; read per trainer */
+    const char *dws = getenv("KILN_TRAIN_DW_STREAM");
+    const bool dw_side = world <= 1 && !(dws && strcmp(dws, "0") == 0);
+    const size_t buf_bytes = (dw_side ? al((size_t)(N * Q) * b2) : 0) + (size_t)L * layer_bytes + (recompute ? saved_bytes : 0) + al((size_t)(N * C) * f4) + al((size_t)N * f4) + al((size_t)(N * C) * b2) +
                              al((size_t)(chunk * V) * b2) + al((size_t)N * f4) + 2 * al((size_t)(N * C) * f4) +
                              al((size_t)(N * QKV) * f4) + al((size_t)(N * wide) * b2) + al((size_t)(N * QKV) * b2) +
                              al((size_t)(N * 2 * F) * b2) + al((size_t)(N * F) * b2) + al(ws) + 2 * al((size_t)N * 4) + al(64) +
@@ -263,7 +284,7 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
                                      : (size_t)n_pad * (2 * f4 + b2) + (size_t)shard * 2 * f4;
     size_t free_b = 0, total_b = 0;
     CK(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-    const size_t need = buf_bytes + param_bytes + kiln_cuda_blas_bytes();
+    const size_t need = buf_bytes + param_bytes + (dw_side ? 2 : 1) * kiln_cuda_blas_bytes();
     /* NCCL connects lazily and allocates its buffers at the first collective: 1 GiB more headroom for it */
     const size_t margin = ((size_t)256 << 20) + (world > 1 ? ((size_t)1 << 30) : 0);
     if (need + margin > free_b)
@@ -291,11 +312,29 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     t->layers = (layer_acts *)calloc((size_t)L, sizeof *t->layers);
     kiln_status st = t->layers ? KILN_OK : kiln_fail(KILN_ERR_NOMEM, "out of memory");
     cudaError_t e = cudaSuccess;
-    if (!st && ((e = cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+    /* with the side stream, the compute stream has the greatest priority and the side the least */
+    int prio_least = 0, prio_greatest = 0;
+    const char *prio = getenv("KILN_TRAIN_DW_PRIO"); /* =0: both streams at the default priority, to measure it */
+    if (dw_side && !(prio && strcmp(prio, "0") == 0) && cudaDeviceGetStreamPriorityRange(&prio_least, &prio_greatest) != cudaSuccess)
+        prio_least = prio_greatest = 0;
+    if (!st && ((e = cudaStreamCreateWithPriority(&t->stream, cudaStreamNonBlocking, prio_greatest)) != cudaSuccess ||
                 (e = cudaMalloc((void **)&t->params, param_bytes)) != cudaSuccess || (e = cudaMalloc(&t->buf, buf_bytes)) != cudaSuccess ||
                 (e = cudaMallocHost((void **)&t->h_losses, (size_t)N * f4)) != cudaSuccess))
         st = kiln_fail(KILN_ERR_NOMEM, "gpu train: allocating %.2f GiB failed: %s", need / 1073741824.0, cudaGetErrorString(e));
     if (!st) st = kiln_cuda_blas_new(&t->blas);
+    if (!st && dw_side) {
+        t->dw_side = true;
+        st = kiln_cuda_blas_new(&t->blas_side);
+        if (!st && (e = cudaStreamCreateWithPriority(&t->side, cudaStreamNonBlocking, prio_least)) != cudaSuccess)
+            st = kiln_fail(KILN_ERR_IO, "gpu train: a stream for the weight gradients: %s", cudaGetErrorString(e));
+        for (int r = 0; !st && r < 4; r++)
+            if ((e = cudaEventCreateWithFlags(&t->fork_ev[r], cudaEventDisableTiming)) != cudaSuccess ||
+                (e = cudaEventCreateWithFlags(&t->join_ev[r], cudaEventDisableTiming)) != cudaSuccess)
+                st = kiln_fail(KILN_ERR_IO, "gpu train: events for the weight gradients: %s", cudaGetErrorString(e));
+        /* KILN_TRAIN_DW_SMS: the side's matmuls chosen for that many SMs (cuBLASLt's target), to measure splits */
+        const char *sms = getenv("KILN_TRAIN_DW_SMS");
+        if (!st && sms) kiln_cuda_blas_sm_target(t->blas_side, atoi(sms));
+    }
     if (!st && t->dist) { /* the comm stream and its events */
         t->ev = (cudaEvent_t *)calloc((size_t)(L + 3), sizeof *t->ev);
         if (!t->ev) st = kiln_fail(KILN_ERR_NOMEM, "out of memory");
@@ -323,6 +362,7 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
         t->q.v_scale = (float *)q;
     }
     char *p = (char *)t->buf;
+    if (dw_side) t->datt = (kiln_bf16_t *)carve(&p, (size_t)(N * Q) * sizeof(kiln_bf16_t));
     for (int64_t l = 0; l < L; l++) {
         layer_acts *a = &t->layers[l];
         a->x = (float *)carve(&p, (size_t)(N * C) * sizeof(float));
@@ -523,8 +563,28 @@ static kiln_status reduce_bucket(kiln_cuda_trainer *t, int64_t b) {
     if (!bucket_range(t, b, &off, &len)) return kiln_fail(KILN_ERR_INVALID, "gpu train: the gradient buckets do not tile the buffer");
     CK(cudaEventRecord(t->ev[b], t->stream), "cudaEventRecord");
     CK(cudaStreamWaitEvent(t->comm, t->ev[b], 0), "cudaStreamWaitEvent");
+    if (t->dw_side) CK(cudaStreamWaitEvent(t->comm, t->join_ev[3], 0), "cudaStreamWaitEvent"); /* the layer's dW */
     if (len == 0) return KILN_OK;
     return t->zero1 ? by_owners(t, t->grads, 4, off, len, true, t->comm) : kiln_dist_allreduce_f32(t->dist, t->grads + off, len, t->comm);
+}
+
+/* ---------------------------------------------------------------- the weight gradients' stream
+ * dW (role r) += dy^T x on the side stream once the compute stream has made dy (or on the compute stream, without
+ * the side stream); dw_wait(r) makes the compute stream wait for the last dW of role r before it overwrites dy. */
+static kiln_status dw(kiln_cuda_trainer *t, int r, float *dW, const kiln_bf16_t *dy, const kiln_bf16_t *x, int64_t I, int64_t O) {
+    if (!t->dw_side) return kiln_cuda_linear_backward(t->blas, NULL, false, false, dW, dy, x, NULL, t->N, I, O, t->stream);
+    CK(cudaEventRecord(t->fork_ev[r], t->stream), "cudaEventRecord");
+    CK(cudaStreamWaitEvent(t->side, t->fork_ev[r], 0), "cudaStreamWaitEvent");
+    TRY(kiln_cuda_linear_backward(t->blas_side, NULL, false, false, dW, dy, x, NULL, t->N, I, O, t->side));
+    CK(cudaEventRecord(t->join_ev[r], t->side), "cudaEventRecord");
+    return KILN_OK;
+}
+
+/* The compute stream waits for role r's last dW (a never-recorded event is complete: a no-op the first time). The
+ * side stream runs in order, so waiting for role 3 (the layer's last) waits for everything before it. */
+static kiln_status dw_wait(kiln_cuda_trainer *t, int r) {
+    if (t->dw_side) CK(cudaStreamWaitEvent(t->stream, t->join_ev[r], 0), "cudaStreamWaitEvent");
+    return KILN_OK;
 }
 
 static kiln_status backward(kiln_cuda_trainer *t, bool reduce) {
@@ -542,22 +602,32 @@ static kiln_status backward(kiln_cuda_trainer *t, bool reduce) {
         const kiln_train_layer *w = &m->layers[l];
         layer_acts *a = &t->layers[l];
         if (t->recompute) { /* the forward's values from its saved inputs, by the same kernels: the same bits */
+            TRY(dw_wait(t, 3)); /* the last layer's dW matmuls read the shared copy */
             TRY(kiln_cuda_rmsnorm_forward_train(a->x, NULL, a->ln1, a->rstd1, P(t, w->attn_norm), N, C, c->rms_eps, s));
             TRY(kiln_cuda_rmsnorm_forward_train(a->mid, NULL, a->ln2, a->rstd2, P(t, w->ffn_norm), N, C, c->rms_eps, s));
             TRY(kiln_cuda_swiglu_forward_train(a->h, a->gu, N, F, s));
         }
         /* feed-forward block: x_next = mid + down(h); dx holds d x_next, dxb its bf16 copy */
-        TRY(kiln_cuda_linear_backward(t->blas, t->dh, false, false, G(t, w->w_down), t->dxb, a->h, W(t, w->w_down), N, F, C, s));
+        TRY(dw(t, 0, G(t, w->w_down), t->dxb, a->h, F, C));
+        TRY(kiln_cuda_linear_backward(t->blas, t->dh, false, false, NULL, t->dxb, NULL, W(t, w->w_down), N, F, C, s));
+        TRY(dw_wait(t, 1)); /* the last layer's dW of gate|up read dgu */
         TRY(kiln_cuda_swiglu_backward(t->dgu, t->dh, a->gu, N, F, s));
-        TRY(kiln_cuda_linear_backward(t->blas, t->dln, true, false, G(t, w->w_gate), t->dgu, a->ln2, W(t, w->w_gate), N, C, 2 * F, s));
+        TRY(dw(t, 1, G(t, w->w_gate), t->dgu, a->ln2, C, 2 * F));
+        TRY(kiln_cuda_linear_backward(t->blas, t->dln, true, false, NULL, t->dgu, NULL, W(t, w->w_gate), N, C, 2 * F, s));
+        TRY(dw_wait(t, 0)); /* dW of down reads dxb */
         TRY(kiln_cuda_rmsnorm_backward(t->dx, t->dxb, G(t, w->ffn_norm), t->dln, a->mid, P(t, w->ffn_norm), a->rstd2, N, C, t->ws, s));
         /* attention block: mid = x + wo(att); dx holds d mid, dxb its bf16 copy */
-        kiln_bf16_t *datt = t->dgu; /* (N, Q) bf16: dgu is free until the next layer's swiglu backward */
-        TRY(kiln_cuda_linear_backward(t->blas, datt, false, false, G(t, w->wo), t->dxb, a->att, W(t, w->wo), N, Q, C, s));
+        TRY(dw(t, 2, G(t, w->wo), t->dxb, a->att, Q, C));
+        /* d att (N, Q) bf16: in dgu, free until the next layer's swiglu backward, unless dW of gate|up may still read it */
+        kiln_bf16_t *datt = t->dw_side ? t->datt : t->dgu;
+        TRY(kiln_cuda_linear_backward(t->blas, datt, false, false, NULL, t->dxb, NULL, W(t, w->wo), N, Q, C, s));
         TRY(kiln_cuda_attention_backward(t->dqkv, datt, a->qkv, a->att, a->lse, B, T, NH, NKV, HS, t->deterministic, t->ws, s));
+        TRY(dw_wait(t, 3)); /* the last layer's dW of qkv read dqkvb */
         TRY(kiln_cuda_rope_backward(t->dqkvb, t->dqkv, N, T, NH, NKV, HS, c->rope_dim, c->rope_base, t->m->rope_freq,
                                     t->m->rope_mscale, c->rope_neox, s));
-        TRY(kiln_cuda_linear_backward(t->blas, t->dln, true, false, G(t, w->wq), t->dqkvb, a->ln1, W(t, w->wq), N, C, QKV, s));
+        TRY(dw(t, 3, G(t, w->wq), t->dqkvb, a->ln1, C, QKV));
+        TRY(kiln_cuda_linear_backward(t->blas, t->dln, true, false, NULL, t->dqkvb, NULL, W(t, w->wq), N, C, QKV, s));
+        TRY(dw_wait(t, 2)); /* dW of o reads dxb */
         /* the first layer's dx goes to the embedding only: no bf16 copy */
         TRY(kiln_cuda_rmsnorm_backward(t->dx, l > 0 ? t->dxb : NULL, G(t, w->attn_norm), t->dln, a->x, P(t, w->attn_norm), a->rstd1, N,
                                        C, t->ws, s));
@@ -571,7 +641,7 @@ static kiln_status backward(kiln_cuda_trainer *t, bool reduce) {
         CK(cudaEventRecord(t->ev[L + 2], t->comm), "cudaEventRecord");
         CK(cudaStreamWaitEvent(t->stream, t->ev[L + 2], 0), "cudaStreamWaitEvent");
     }
-    return KILN_OK;
+    return dw_wait(t, 3); /* every weight gradient, before the step reports done */
 }
 
 /* After kiln_cuda_trainer_write of params: the mirror the matmuls read, from them (all of it: every rank wrote all). */
