@@ -154,6 +154,46 @@ static void test_head_chunks(void) {
     one_step(true, 1e-4f, 1, 2, 2100);
 }
 
+/* The classifier's chunks beside the weight gradients' stream: 8400 rows are three chunks, so the logits buffers
+ * alternate (the third chunk reuses the first's buffer after its dW), and the tied output's gradient is the
+ * embedding's, which the embedding backward adds to on the compute stream. Two accumulated micro-batches with the
+ * stream and without it give the same loss and gradient bits. */
+static void test_head_chunks_one_stream(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    const int64_t B = 4, T = 2100, N = B * T;
+    kiln_llama_train *m = make_model_heads(true, 1e-4f, true, T, 4);
+    CHECK(m, "%s", kiln_last_error());
+    int32_t *in = malloc((size_t)N * sizeof *in), *tg = malloc((size_t)N * sizeof *tg);
+    float *g[2] = {malloc((size_t)m->n_params * sizeof(float)), malloc((size_t)m->n_params * sizeof(float))};
+    CHECK(in && tg && g[0] && g[1]);
+    const char *saved = getenv("KILN_TRAIN_DW_STREAM");
+    char *keep = saved ? strdup(saved) : NULL;
+    double loss[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        setenv("KILN_TRAIN_DW_STREAM", k == 0 ? "1" : "0", 1);
+        kiln_cuda_trainer *t = NULL;
+        CHECK(kiln_cuda_trainer_new(m, B, T, KILN_CUDA_TRAIN_DETERMINISTIC, NULL, &t) == KILN_OK, "%s", kiln_last_error());
+        unsigned long long rng = 31;
+        for (int u = 0; u < 2; u++) {
+            batch(in, tg, N, m->cfg.n_vocab, &rng);
+            double l;
+            int64_t cnt;
+            CHECK(kiln_cuda_trainer_step(t, in, tg, 1.0f / (float)(2 * (N - 2)), &l, &cnt) == KILN_OK, "%s", kiln_last_error());
+            loss[k] += l;
+        }
+        CHECK(kiln_cuda_trainer_download(t, NULL, g[k]) == KILN_OK, "%s", kiln_last_error());
+        kiln_cuda_trainer_free(t);
+    }
+    if (keep) setenv("KILN_TRAIN_DW_STREAM", keep, 1), free(keep);
+    else unsetenv("KILN_TRAIN_DW_STREAM");
+    CHECK(loss[0] == loss[1], "loss %.9g with the stream, %.9g without", loss[0], loss[1]);
+    int64_t diff = 0;
+    for (int64_t i = 0; i < m->n_params; i++) diff += memcmp(&g[0][i], &g[1][i], sizeof(float)) != 0;
+    CHECK(diff == 0, "%lld of %lld gradients differ with the weight gradients' stream", (long long)diff, (long long)m->n_params);
+    free(g[0]), free(g[1]), free(in), free(tg);
+    kiln_llama_train_free(m);
+}
+
 /* Head size 64, 3 tiles of 64 rows and a partial one: the tensor-core attention (wgmma on a Hopper device, by
  * default) in a whole step, against the CPU trainer. */
 static void test_step_hs64(void) {
@@ -371,6 +411,7 @@ int main(void) {
     RUN(test_step_tied);
     RUN(test_grad_accumulation);
     RUN(test_head_chunks);
+    RUN(test_head_chunks_one_stream);
     RUN(test_step_hs64);
     RUN(test_options_same_bits);
     RUN(test_options_same_bits_hs64);

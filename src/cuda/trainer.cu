@@ -117,13 +117,15 @@ struct kiln_cuda_trainer {
      * are off its critical path: nothing but the optimizer reads a gradient. So each runs on `side`, forked from the
      * compute stream once its dy is ready, beside the dx matmuls and the memory-bound kernels that follow, and the
      * compute stream waits for it only before it overwrites that dy (or, with recompute, the shared activations).
-     * Roles: 0 down, 1 gate|up, 2 o, 3 qkv; fork_ev[r] marks dy ready, join_ev[r] the dW done. The compute stream
-     * has the higher priority, so its kernels take SMs first and the dW matmuls fill what they leave. Every buffer
-     * is read and written in the same order as on one stream: the same bits. */
+     * Roles: 0 down, 1 gate|up, 2 o, 3 qkv, 4 and 5 the classifier's even and odd chunks (their logits alternate
+     * between two buffers, so a chunk's dW runs beside the next chunk's logits and cross-entropy); fork_ev marks dy
+     * ready, join_ev[r] role r's last dW done. The compute stream has the higher priority, so its kernels take SMs
+     * first and the dW matmuls fill what they leave. Every buffer is read and written in the same order as on one
+     * stream: the same bits. */
     bool dw_side;
     cudaStream_t side;
     kiln_cuda_blas *blas_side;
-    cudaEvent_t fork_ev[4], join_ev[4];
+    cudaEvent_t fork_ev, join_ev[6];
     kiln_bf16_t *datt; /* (N, Q) d att: its own buffer beside the side stream (dW of gate|up may still read dgu) */
 };
 
@@ -171,10 +173,9 @@ extern "C" void kiln_cuda_trainer_free(kiln_cuda_trainer *t) {
             if (t->ev[i]) cudaEventDestroy(t->ev[i]);
     free(t->ev);
     if (t->comm) cudaStreamDestroy(t->comm);
-    for (int r = 0; r < 4; r++) {
-        if (t->fork_ev[r]) cudaEventDestroy(t->fork_ev[r]);
+    if (t->fork_ev) cudaEventDestroy(t->fork_ev);
+    for (int r = 0; r < 6; r++)
         if (t->join_ev[r]) cudaEventDestroy(t->join_ev[r]);
-    }
     if (t->side) cudaStreamDestroy(t->side);
     kiln_cuda_blas_free(t->blas_side);
     kiln_cuda_blas_free(t->blas);
@@ -272,7 +273,9 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     /* the weight gradients' stream (the struct says how), on one GPU unless KILN_TRAIN_DW_STREAM=0; read per trainer */
     const char *dws = getenv("KILN_TRAIN_DW_STREAM");
     const bool dw_side = world <= 1 && !(dws && strcmp(dws, "0") == 0);
-    const size_t buf_bytes = (dw_side ? al((size_t)(N * Q) * b2) : 0) + (size_t)L * layer_bytes + (recompute ? saved_bytes : 0) + al((size_t)(N * C) * f4) + al((size_t)N * f4) + al((size_t)(N * C) * b2) +
+    const int n_logits = dw_side && N > chunk ? 2 : 1; /* logits buffers */
+    const size_t buf_bytes = (dw_side ? al((size_t)(N * Q) * b2) : 0) + (size_t)(n_logits - 1) * al((size_t)(chunk * V) * b2) +
+                             (size_t)L * layer_bytes + (recompute ? saved_bytes : 0) + al((size_t)(N * C) * f4) + al((size_t)N * f4) + al((size_t)(N * C) * b2) +
                              al((size_t)(chunk * V) * b2) + al((size_t)N * f4) + 2 * al((size_t)(N * C) * f4) +
                              al((size_t)(N * QKV) * f4) + al((size_t)(N * wide) * b2) + al((size_t)(N * QKV) * b2) +
                              al((size_t)(N * 2 * F) * b2) + al((size_t)(N * F) * b2) + al(ws) + 2 * al((size_t)N * 4) + al(64) +
@@ -327,9 +330,8 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
         st = kiln_cuda_blas_new(&t->blas_side);
         if (!st && (e = cudaStreamCreateWithPriority(&t->side, cudaStreamNonBlocking, prio_least)) != cudaSuccess)
             st = kiln_fail(KILN_ERR_IO, "gpu train: a stream for the weight gradients: %s", cudaGetErrorString(e));
-        for (int r = 0; !st && r < 4; r++)
-            if ((e = cudaEventCreateWithFlags(&t->fork_ev[r], cudaEventDisableTiming)) != cudaSuccess ||
-                (e = cudaEventCreateWithFlags(&t->join_ev[r], cudaEventDisableTiming)) != cudaSuccess)
+        for (int r = -1; !st && r < 6; r++)
+            if ((e = cudaEventCreateWithFlags(r < 0 ? &t->fork_ev : &t->join_ev[r], cudaEventDisableTiming)) != cudaSuccess)
                 st = kiln_fail(KILN_ERR_IO, "gpu train: events for the weight gradients: %s", cudaGetErrorString(e));
         /* KILN_TRAIN_DW_SMS: the side's matmuls chosen for that many SMs (cuBLASLt's target), to measure splits */
         const char *sms = getenv("KILN_TRAIN_DW_SMS");
@@ -384,7 +386,7 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
     t->xL = (float *)carve(&p, (size_t)(N * C) * sizeof(float));
     t->rstdf = (float *)carve(&p, (size_t)N * sizeof(float));
     t->lnf = (kiln_bf16_t *)carve(&p, (size_t)(N * C) * sizeof(kiln_bf16_t));
-    t->logits = (kiln_bf16_t *)carve(&p, (size_t)(chunk * V) * sizeof(kiln_bf16_t));
+    t->logits = (kiln_bf16_t *)carve(&p, (size_t)(n_logits * chunk * V) * sizeof(kiln_bf16_t));
     t->losses = (float *)carve(&p, (size_t)N * sizeof(float));
     t->dx = (float *)carve(&p, (size_t)(N * C) * sizeof(float));
     t->dln = (float *)carve(&p, (size_t)(N * C) * sizeof(float));
@@ -473,6 +475,29 @@ static kiln_status forward(kiln_cuda_trainer *t) {
     return KILN_OK;
 }
 
+/* ---------------------------------------------------------------- the weight gradients' stream
+ * dW (role r) += dy^T x on the side stream once the compute stream has made dy (or on the compute stream, without
+ * the side stream); dw_wait(r) makes the compute stream wait for the last dW of role r before it overwrites dy. */
+static kiln_status dw_rows(kiln_cuda_trainer *t, int r, float *dW, const kiln_bf16_t *dy, const kiln_bf16_t *x, int64_t N, int64_t I,
+                           int64_t O) {
+    if (!t->dw_side) return kiln_cuda_linear_backward(t->blas, NULL, false, false, dW, dy, x, NULL, N, I, O, t->stream);
+    CK(cudaEventRecord(t->fork_ev, t->stream), "cudaEventRecord");
+    CK(cudaStreamWaitEvent(t->side, t->fork_ev, 0), "cudaStreamWaitEvent");
+    TRY(kiln_cuda_linear_backward(t->blas_side, NULL, false, false, dW, dy, x, NULL, N, I, O, t->side));
+    CK(cudaEventRecord(t->join_ev[r], t->side), "cudaEventRecord");
+    return KILN_OK;
+}
+static kiln_status dw(kiln_cuda_trainer *t, int r, float *dW, const kiln_bf16_t *dy, const kiln_bf16_t *x, int64_t I, int64_t O) {
+    return dw_rows(t, r, dW, dy, x, t->N, I, O);
+}
+
+/* The compute stream waits for role r's last dW (a never-recorded event is complete: a no-op the first time). The
+ * side stream runs in order, so waiting for role 3 (the layer's last) waits for everything before it. */
+static kiln_status dw_wait(kiln_cuda_trainer *t, int r) {
+    if (t->dw_side) CK(cudaStreamWaitEvent(t->stream, t->join_ev[r], 0), "cudaStreamWaitEvent");
+    return KILN_OK;
+}
+
 /* The classifier chunk by chunk: logits, the loss into losses, and with dscale != 0 the head's backward:
  * dln (N, C) f32 = dlogits W_out and dW_out += dlogits^T lnf, dlogits written over the logits. */
 static kiln_status head(kiln_cuda_trainer *t, float dscale) {
@@ -480,14 +505,20 @@ static kiln_status head(kiln_cuda_trainer *t, float dscale) {
     const kiln_llama_config *c = &m->cfg;
     const int64_t N = t->N, C = c->n_embd, V = c->n_vocab, chunk = N < HEAD_CHUNK ? N : HEAD_CHUNK;
     void *s = t->stream;
-    for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+    for (int64_t r0 = 0, k = 0; r0 < N; r0 += chunk, k++) {
         const int64_t n = N - r0 < chunk ? N - r0 : chunk;
-        TRY(kiln_cuda_linear_forward_train(t->blas, t->logits, false, false, t->lnf + r0 * C, W(t, m->output), n, C, V, s));
-        TRY(kiln_cuda_cross_entropy(t->losses + r0, dscale != 0 ? t->logits : NULL, t->logits, t->targets + r0, n, V,
-                                    m->label_smoothing, m->z_loss, -1, dscale, s));
-        if (dscale != 0)
-            TRY(kiln_cuda_linear_backward(t->blas, t->dln + r0 * C, true, false, G(t, m->output), t->logits, t->lnf + r0 * C,
-                                          W(t, m->output), n, C, V, s));
+        /* beside the side stream, chunk k's logits are buffer k % 2 (when there are two), which the dW of chunk k - 2
+         * may still read */
+        const int r = 4 + (int)(k & 1);
+        kiln_bf16_t *lg = t->logits + (t->dw_side && N > chunk ? (k & 1) * chunk * V : 0);
+        TRY(dw_wait(t, r));
+        TRY(kiln_cuda_linear_forward_train(t->blas, lg, false, false, t->lnf + r0 * C, W(t, m->output), n, C, V, s));
+        TRY(kiln_cuda_cross_entropy(t->losses + r0, dscale != 0 ? lg : NULL, lg, t->targets + r0, n, V, m->label_smoothing,
+                                    m->z_loss, -1, dscale, s));
+        if (dscale != 0) {
+            TRY(kiln_cuda_linear_backward(t->blas, t->dln + r0 * C, true, false, NULL, lg, NULL, W(t, m->output), n, C, V, s));
+            TRY(dw_rows(t, r, G(t, m->output), lg, t->lnf + r0 * C, n, C, V));
+        }
     }
     return KILN_OK;
 }
@@ -566,25 +597,6 @@ static kiln_status reduce_bucket(kiln_cuda_trainer *t, int64_t b) {
     if (t->dw_side) CK(cudaStreamWaitEvent(t->comm, t->join_ev[3], 0), "cudaStreamWaitEvent"); /* the layer's dW */
     if (len == 0) return KILN_OK;
     return t->zero1 ? by_owners(t, t->grads, 4, off, len, true, t->comm) : kiln_dist_allreduce_f32(t->dist, t->grads + off, len, t->comm);
-}
-
-/* ---------------------------------------------------------------- the weight gradients' stream
- * dW (role r) += dy^T x on the side stream once the compute stream has made dy (or on the compute stream, without
- * the side stream); dw_wait(r) makes the compute stream wait for the last dW of role r before it overwrites dy. */
-static kiln_status dw(kiln_cuda_trainer *t, int r, float *dW, const kiln_bf16_t *dy, const kiln_bf16_t *x, int64_t I, int64_t O) {
-    if (!t->dw_side) return kiln_cuda_linear_backward(t->blas, NULL, false, false, dW, dy, x, NULL, t->N, I, O, t->stream);
-    CK(cudaEventRecord(t->fork_ev[r], t->stream), "cudaEventRecord");
-    CK(cudaStreamWaitEvent(t->side, t->fork_ev[r], 0), "cudaStreamWaitEvent");
-    TRY(kiln_cuda_linear_backward(t->blas_side, NULL, false, false, dW, dy, x, NULL, t->N, I, O, t->side));
-    CK(cudaEventRecord(t->join_ev[r], t->side), "cudaEventRecord");
-    return KILN_OK;
-}
-
-/* The compute stream waits for role r's last dW (a never-recorded event is complete: a no-op the first time). The
- * side stream runs in order, so waiting for role 3 (the layer's last) waits for everything before it. */
-static kiln_status dw_wait(kiln_cuda_trainer *t, int r) {
-    if (t->dw_side) CK(cudaStreamWaitEvent(t->stream, t->join_ev[r], 0), "cudaStreamWaitEvent");
-    return KILN_OK;
 }
 
 static kiln_status backward(kiln_cuda_trainer *t, bool reduce) {
