@@ -333,8 +333,14 @@ extern "C" kiln_status kiln_cuda_trainer_new(const kiln_llama_train *m, int64_t 
         for (int r = -1; !st && r < 6; r++)
             if ((e = cudaEventCreateWithFlags(r < 0 ? &t->fork_ev : &t->join_ev[r], cudaEventDisableTiming)) != cudaSuccess)
                 st = kiln_fail(KILN_ERR_IO, "gpu train: events for the weight gradients: %s", cudaGetErrorString(e));
-        /* KILN_TRAIN_DW_SMS: the side's matmuls chosen for that many SMs (cuBLASLt's target), to measure splits */
+        /* the side's matmuls are chosen for half the SMs (cuBLASLt's SM count target), so they leave room for the
+         * compute stream's kernels: measured on an H100 against the whole GPU and 33, 50, 80 SMs (docs/cuda.md).
+         * KILN_TRAIN_DW_SMS=n picks n instead (0: the whole GPU). */
         const char *sms = getenv("KILN_TRAIN_DW_SMS");
+        int dev = 0, n_sm = 0;
+        if (!st && !sms && cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
+            kiln_cuda_blas_sm_target(t->blas_side, n_sm / 2);
         if (!st && sms) kiln_cuda_blas_sm_target(t->blas_side, atoi(sms));
     }
     if (!st && t->dist) { /* the comm stream and its events */
