@@ -14,7 +14,8 @@
  * over chunks of rows: logits (rows, V) bf16 -> cross-entropy -> dlogits bf16 over them -> the head's backward, so
  * no (N, V) tensor exists. Gradient buffers: dx (N, C) f32 the residual gradient and dxb (N, max(C, Q)) bf16 its
  * copy that the norm backward writes for the next matmul, dln (N, C) f32, dqkv (N, Q + 2 KV) f32 and its bf16 form,
- * dh (N, F) bf16, dgu (N, 2F) bf16 (also d att). With KILN_CUDA_TRAIN_RECOMPUTE, ln1, ln2 and h are one shared
+ * dh (N, F) bf16, dgu (N, 2F) bf16 (also d att, which has its own buffer beside the weight gradients' stream: on one
+ * GPU the backward's dW matmuls run on a second stream, dw_rows below). With KILN_CUDA_TRAIN_RECOMPUTE, ln1, ln2 and h are one shared
  * copy that each layer's backward first recomputes from x, mid (with their rstd) and gu. Every matmul output that
  * only feeds another kernel is bf16, as in llm.c: the bytes the memory-bound kernels move are what the step's
  * non-GEMM time is made of.
