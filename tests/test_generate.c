@@ -220,6 +220,41 @@ static void test_simd_logits(void) {
     CHECK(err <= 5e-3, "%s vs scalar: %.3g", kiln_simd_name(best), err);
 }
 
+/* cmd's stdout into out; pclose's status, or -1 when it could not start */
+static int run_stdout(const char *cmd, text_buf *out) {
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    char chunk[4096];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, p)) > 0) text_put(out, chunk, n);
+    return pclose(p);
+}
+
+/* `kiln COMMAND --help` (and `kiln bench NAME --help`) prints a usage that names the command on stdout and exits 0,
+ * for every command, as llama.cpp's tools do: an unknown-option error there would send a user to the source. */
+static void test_cli_help(void) {
+    const char *bin = getenv("KILN_BIN");
+    if (!bin || !*bin) SKIP("KILN_BIN is not set (make test sets it)");
+    static const char *const cmds[][2] = {
+        {"--help", "COMMAND"},          {"generate --help", "generate"},         {"serve -h", "serve"},
+        {"chat --help", "chat"},        {"inspect --help", "inspect"},           {"quantize --help", "quantize"},
+        {"perplexity --help", "perplexity"}, {"synth --help", "synth"},          {"convert --help", "convert"},
+        {"data --help", "data"},        {"tokenize --help", "tokenize"},         {"plot --help", "plot"},
+        {"bench --help", "bench"},      {"bench train --help", "bench train"},   {"bench serve --help", "bench serve"},
+        {"bench spec --help", "bench spec"}, {"bench gpu-kernels --help", "bench gpu-kernels"},
+    };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "'%s' %s 2>/dev/null", bin, cmds[i][0]);
+        text_buf got = {0};
+        const int rc = run_stdout(cmd, &got);
+        CHECK(rc != -1, "popen %s", cmd);
+        const bool ok = rc == 0 && got.buf && strstr(got.buf, "usage") && strstr(got.buf, cmds[i][1]);
+        free(got.buf);
+        CHECK(ok, "kiln %s: exit status %d, or no usage naming '%s' on stdout", cmds[i][0], rc, cmds[i][1]);
+    }
+}
+
 /* The same seeded run through `kiln generate`: its stdout must be the expected file exactly. */
 static void test_golden_cli(void) {
     const char *bin = getenv("KILN_BIN");
@@ -229,13 +264,9 @@ static void test_golden_cli(void) {
     char cmd[1024], path[512];
     snprintf(cmd, sizeof cmd, "'%s' generate -m '%s' --temp 1 --top-p 0.95 --top-k 0 --min-p 0 --seed 42 -n %d -t 2 2>/dev/null", bin, model,
              GOLDEN_N_NEW);
-    FILE *p = popen(cmd, "r");
-    CHECK(p, "popen %s", cmd);
     text_buf got = {0};
-    char chunk[4096];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, p)) > 0) text_put(&got, chunk, n);
-    int rc = pclose(p);
+    const int rc = run_stdout(cmd, &got);
+    CHECK(rc != -1, "popen %s", cmd);
     stories_path(path, sizeof path, "expected/topp0.95_t1.0_seed42_n200.txt");
     size_t want_len;
     char *want = read_all(path, &want_len);
@@ -692,6 +723,7 @@ int main(void) {
     RUN(test_golden_topp1);
     RUN(test_golden_topp095);
     RUN(test_golden_cli);
+    RUN(test_cli_help);
     RUN(test_llama2c_prompted);
     RUN(test_simd_logits);
     RUN(test_session_errors);

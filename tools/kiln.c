@@ -670,6 +670,11 @@ static void usage(FILE *f) {
                "  bench --gpu -m MODEL.gguf [-p 512] [-n 128] [-r R]   the same on the GPU, with GB/s, VRAM and a per-op decode profile\n"
                "  bench serve (--url URL | -m MODEL [-np N] [-t T]) [-c 1,4,16] [-n 64] [--peer-bin llama-server]\n"
                "                                         streaming clients: tok/s, time to first token, inter-token p50/p99\n"
+               "  bench train [--config tiny|small|124m|350m] [-B B] [-T T] [-t N] [--steps N] [--mixed] [--8bit] [--peer PYTHON]\n"
+               "              [--gpu [--peer-script PY] [--max-batch] [--recompute] [--nproc N [--zero1]]]\n"
+               "                                         training tok/s and MFU, beside PyTorch with --peer\n"
+               "  bench gpu-kernels [--quick] [--attention] [--train] [--few] [--sample] [--phases]\n"
+               "                                         the CUDA kernels alone: GB/s or TFLOP/s against the measured ceilings\n"
                "  convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf   a llama2.c checkpoint to GGUF\n"
                "  convert hf DIR -o OUT.gguf [--type T]  a Hugging Face checkpoint folder to GGUF\n"
                "  generate [-m MODEL.gguf] [-p PROMPT | -f FILE] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
@@ -693,14 +698,30 @@ static void usage(FILE *f) {
                "           --yarn-attn-factor N, --yarn-beta-slow N, --yarn-beta-fast N\n");
 }
 
+static bool is_help(const char *a) { return strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0; }
+
 int main(int argc, char **argv) {
-    if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+    if (argc < 2 || is_help(argv[1])) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2;
     }
     const char *cmd = argv[1];
     if (strcmp(cmd, "version") == 0) cmd = "--version";
     if (kiln_cli_version(cmd)) return 0;
+    /* `kiln COMMAND --help` and `kiln bench NAME --help`: train and the benchmarks with a usage of their own (bench
+     * -m, --gpu, quant, tokenize, model) print theirs; every other command prints this one, which lists every
+     * command's options, and exits 0 as llama.cpp's tools do */
+    const bool bench = strcmp(cmd, "bench") == 0;
+    if (!bench && strcmp(cmd, "train") != 0 && argc >= 3 && is_help(argv[2])) {
+        usage(stdout);
+        return 0;
+    }
+    if (bench && argc >= 4 && is_help(argv[3]) &&
+        (strcmp(argv[2], "train") == 0 || strcmp(argv[2], "serve") == 0 || strcmp(argv[2], "spec") == 0 ||
+         strcmp(argv[2], "grammar") == 0 || strcmp(argv[2], "gpu-kernels") == 0)) {
+        usage(stdout);
+        return 0;
+    }
     if (strcmp(cmd, "inspect") == 0) return kiln_cmd_inspect(argc - 2, argv + 2);
     if (strcmp(cmd, "quantize") == 0) return kiln_cmd_quantize(argc - 2, argv + 2);
     if (strcmp(cmd, "synth") == 0) return cmd_synth(argc - 2, argv + 2);
