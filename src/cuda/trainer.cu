@@ -522,9 +522,9 @@ static kiln_status head(kiln_cuda_trainer *t, float dscale) {
         TRY(kiln_cuda_linear_forward_train(t->blas, lg, false, false, t->lnf + r0 * C, W(t, m->output), n, C, V, s));
         TRY(kiln_cuda_cross_entropy(t->losses + r0, dscale != 0 ? lg : NULL, lg, t->targets + r0, n, V, m->label_smoothing,
                                     m->z_loss, -1, dscale, s));
-        if (dscale != 0) {
-            TRY(kiln_cuda_linear_backward(t->blas, t->dln + r0 * C, true, false, NULL, lg, NULL, W(t, m->output), n, C, V, s));
+        if (dscale != 0) { /* the dW first: it forks as soon as the cross-entropy has written dlogits */
             TRY(dw_rows(t, r, G(t, m->output), lg, t->lnf + r0 * C, n, C, V));
+            TRY(kiln_cuda_linear_backward(t->blas, t->dln + r0 * C, true, false, NULL, lg, NULL, W(t, m->output), n, C, V, s));
         }
     }
     return KILN_OK;
