@@ -3,18 +3,8 @@
 # branch s13; pack with TESTS="test_cuda_train_attention test_cuda_train" bash .carry/pack.sh). Tests, the attention
 # kernels (the helpers must not move them), the 124m and 350m steps with the stream off and on, then PyTorch beside.
 set -u
-T0=$(date +%s); LIM=${LIM:-540}
-left() { echo $(( LIM - ($(date +%s) - T0) )); }
-W=/tmp/k; rm -rf $W; mkdir -p $W; tar -xJf .carry/bin.tar.xz -C $W
-export LD_LIBRARY_PATH=$W/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-L=$OUT/logs; mkdir -p $L; SUM=$OUT/summary.txt
-step() { local name=$1 t=$2; shift 2; local l; l=$(left)
-  if [ $l -lt 20 ]; then echo "SKIP $name (no time)" | tee -a $SUM; return; fi
-  [ $t -gt $((l-10)) ] && t=$((l-10))
-  local s; s=$(date +%s); timeout $t "$@" > $L/$name.log 2>&1; local rc=$?
-  echo "== $name rc=$rc $(( $(date +%s)-s ))s" | tee -a $SUM; }
+LIM=${LIM:-540}; . "$(dirname "$0")/runlib.sh" # T0, left, step; the binaries in /tmp/k, the logs in $OUT
 row() { grep -A2 "^| config" $L/$1.log | tail -1 | sed "s/^/$1 /" | tee -a $SUM; }
-nvidia-smi -L | tee -a $SUM
 step train_test 150 $W/test_cuda_train
 grep -E "^ok|^FAIL|^not ok|^# options" $L/train_test.log | cut -c1-300 | tee -a $SUM
 step attn_test 120 $W/test_cuda_train_attention
