@@ -1,4 +1,4 @@
-/* bench_gpu_kernels.c: `kiln bench gpu-kernels [--quick] [--attention] [--few] [--sample] [--phases]`: the decode matmuls of src/cuda/matvec.cu alone, on the
+/* bench_gpu_kernels.c: `kiln bench gpu-kernels [--quick] [--matvec] [--attention] [--few] [--sample] [--phases]`: the decode matmuls of src/cuda/matvec.cu alone, on the
  * shapes a 7B and a 1.1B LLaMA decode runs (q/k/v/o, merged qkv, GLU gate+up, down, the head) in the types those
  * models ship in, for T = 1, 2, 4, 8 tokens (--quick: T = 1, fewer repetitions); then for T = 16 and 32 (a server's
  * step of that many sequences) src/cuda/gemm_small.cu on the blocks beside cuBLASLt on bf16 weights of the same
@@ -54,10 +54,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* gpu-kernels' flags (--quick, --attention, --few, --sample, --phases, --train), checked in every build so a bad one is
- * named even without CUDA. --train: the training elementwise kernels and the cross-entropy alone. */
+/* gpu-kernels' flags (--quick, --attention, --few, --sample, --phases, --train, --matvec), checked in every build so a bad
+ * one is named even without CUDA. --train: the training elementwise kernels and the cross-entropy alone; --matvec: the
+ * decode matmuls alone (the sections after them skipped). */
 static int parse_args(int argc, char **argv, bool *quick, bool *attention_only, bool *few_only, bool *sample_only,
-                      bool *phases_only, bool *train_only) {
+                      bool *phases_only, bool *train_only, bool *matvec_only) {
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0) { /* ends the options; gpu-kernels takes no other argument */
             if (i + 1 < argc) return kiln_cli_error("bench gpu-kernels: unexpected argument '%s'", argv[i + 1]);
@@ -69,6 +70,7 @@ static int parse_args(int argc, char **argv, bool *quick, bool *attention_only, 
         else if (strcmp(argv[i], "--sample") == 0) *sample_only = true;
         else if (strcmp(argv[i], "--phases") == 0) *phases_only = true;
         else if (strcmp(argv[i], "--train") == 0) *train_only = true;
+        else if (strcmp(argv[i], "--matvec") == 0) *matvec_only = true;
         else return kiln_cli_unknown("bench gpu-kernels", argv[i]);
     }
     return 0;
@@ -595,8 +597,9 @@ static int bench_phases(void) {
 }
 
 int kiln_bench_gpu_kernels(int argc, char **argv) {
-    bool quick = false, attention_only = false, few_only = false, sample_only = false, phases_only = false, train_only = false;
-    if (parse_args(argc, argv, &quick, &attention_only, &few_only, &sample_only, &phases_only, &train_only)) return 1;
+    bool quick = false, attention_only = false, few_only = false, sample_only = false, phases_only = false, train_only = false,
+         matvec_only = false;
+    if (parse_args(argc, argv, &quick, &attention_only, &few_only, &sample_only, &phases_only, &train_only, &matvec_only)) return 1;
     if (kiln_cuda_device_count() == 0) {
         fprintf(stderr, "kiln bench gpu-kernels: no CUDA device (or kiln built without CUDA)\n");
         return 1;
@@ -728,7 +731,7 @@ int kiln_bench_gpu_kernels(int argc, char **argv) {
     free(res);
     kiln_cuda_gemm_ws_free(&ws);
     printf("\n");
-    if (few_only) return rc;
+    if (few_only || matvec_only) return rc;
     rc |= bench_sample();
     rc |= bench_train_elementwise(copy_gbs);
     rc |= bench_phases();
@@ -738,8 +741,9 @@ int kiln_bench_gpu_kernels(int argc, char **argv) {
 #else
 
 int kiln_bench_gpu_kernels(int argc, char **argv) {
-    bool quick = false, attention_only = false, few_only = false, sample_only = false, phases_only = false, train_only = false;
-    if (parse_args(argc, argv, &quick, &attention_only, &few_only, &sample_only, &phases_only, &train_only)) return 1;
+    bool quick = false, attention_only = false, few_only = false, sample_only = false, phases_only = false, train_only = false,
+         matvec_only = false;
+    if (parse_args(argc, argv, &quick, &attention_only, &few_only, &sample_only, &phases_only, &train_only, &matvec_only)) return 1;
     fprintf(stderr, "kiln: bench gpu-kernels: kiln was built without CUDA (nvcc was not on the PATH)\n");
     return 1;
 }

@@ -673,7 +673,7 @@ static void usage(FILE *f) {
                "  bench train [--config tiny|small|124m|350m] [-B B] [-T T] [-t N] [--steps N] [--mixed] [--8bit] [--peer PYTHON]\n"
                "              [--gpu [--peer-script PY] [--max-batch] [--recompute] [--nproc N [--zero1]]]\n"
                "                                         training tok/s and MFU, beside PyTorch with --peer\n"
-               "  bench gpu-kernels [--quick] [--attention] [--train] [--few] [--sample] [--phases]\n"
+               "  bench gpu-kernels [--quick] [--matvec] [--attention] [--train] [--few] [--sample] [--phases]\n"
                "                                         the CUDA kernels alone: GB/s or TFLOP/s against the measured ceilings\n"
                "  convert llama2c MODEL.bin --tokenizer TOK.bin -o OUT.gguf   a llama2.c checkpoint to GGUF\n"
                "  convert hf DIR -o OUT.gguf [--type T]  a Hugging Face checkpoint folder to GGUF\n"

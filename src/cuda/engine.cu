@@ -199,6 +199,23 @@ static void cuda_close(void *p) {
 
 /* Checks every type and shape and counts the memory (the weights, the session's cache and activations, the
  * workspaces) against the free VRAM before anything is allocated, then uploads the weights. */
+/* KILN_BENCH_OMIT's list as engine.h's omit bits (unknown names ignored). */
+static unsigned engine_omit_read(const char *v) {
+    static const struct { const char *name; int bit; } names[] = {{"norm", P_NORM}, {"qkv", P_QKV}, {"attn", P_ATTN}, {"wo", P_WO},
+                                                                  {"ffn", P_FFN_UP}, {"down", P_DOWN}, {"head", P_HEAD},
+                                                                  {"prep", P_COUNT}};
+    unsigned bits = 0;
+    for (size_t i = 0; v && i < sizeof names / sizeof names[0]; i++) {
+        const size_t n = strlen(names[i].name);
+        for (const char *s = strstr(v, names[i].name); s; s = strstr(s + 1, names[i].name))
+            if ((s == v || s[-1] == ',') && (s[n] == ',' || s[n] == '\0')) bits |= 1u << names[i].bit;
+    }
+    return bits;
+}
+
+/* Whether a decode step of kind bit is left out (KILN_BENCH_OMIT). */
+static bool omitted(const engine *e, int bit, int64_t T) { return (e->omit >> bit & 1u) && T <= KILN_CUDA_MATVEC_MAX_T; }
+
 static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, void **out) {
     *out = NULL;
     const kiln_llama_config *c = &m->cfg;
@@ -281,6 +298,7 @@ static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, 
                  : strcmp(pre, "0") == 0 ? 0 : PRE_NORM | PRE_QUANT;
     const long pc = pre_cols ? strtol(pre_cols, NULL, 10) : PRE_COLS_DEFAULT;
     e->pre_cols = pc >= 0 && pc <= KILN_CUDA_MV_PRE_MAX_COLS ? pc : PRE_COLS_DEFAULT;
+    e->omit = engine_omit_read(getenv("KILN_BENCH_OMIT"));
     const char *tails = getenv("KILN_MV_TAIL");
     e->tails = !tails ? 0 : strcmp(tails, "all") == 0 ? TAIL_PREPARE | TAIL_NORM : strcmp(tails, "prep") == 0 ? TAIL_PREPARE
              : strcmp(tails, "norm") == 0 ? TAIL_NORM : 0;
@@ -335,8 +353,9 @@ static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, 
     e->output.q = m->output == m->tok_embd ? e->tok_embd.q : wt_of(m->output, upload_at(e, m->output, &off, false, &st));
     e->output.cat = P_HEAD;
     if (!st && keep_bf) st = make_bf16_copies(e, bf_bytes);
-    /* the tails' and the decode attention's split counters start at zero */
-    if (!st && (err = cudaMemsetAsync(e->mv_cnt, 0, cnt_bytes + attn_ws, e->stream)) != cudaSuccess)
+    /* the counters and the attention's workspace must start at zero; xp too, so that a step reading it unprepared
+     * (KILN_BENCH_OMIT=prep) reads finite codes */
+    if (!st && (err = cudaMemsetAsync(e->wsbuf, 0, 2 * xp_bytes + cnt_bytes + attn_ws, e->stream)) != cudaSuccess)
         st = kiln_fail(KILN_ERR_IO, "CUDA workspace clear failed: %s", cudaGetErrorString(err));
     if (!st && (err = cudaStreamSynchronize(e->stream)) != cudaSuccess)
         st = kiln_fail(KILN_ERR_IO, "CUDA weight upload failed: %s", cudaGetErrorString(err));
@@ -458,16 +477,17 @@ static kiln_status mark(engine *e, int cat, kiln_status st) {
     return KILN_OK;
 }
 
+static void prepared(engine *e, const float *x, int64_t T, int64_t cols) { e->xp_of = x, e->xp_T = T, e->xp_cols = cols; }
+
 /* xp <- x's prepared form for the matvecs, unless it already holds it. */
 static kiln_status prepare(engine *e, const float *x, int64_t T, int64_t cols) {
     TRY(flush(e));
     if (e->xp_of == x && e->xp_T == T && e->xp_cols == cols) return KILN_OK;
+    if (omitted(e, P_COUNT, T)) return prepared(e, x, T, cols), KILN_OK;
     TRY(kiln_cuda_matvec_prepare(e->xp, x, T, cols, e->stream));
     e->xp_of = x, e->xp_T = T, e->xp_cols = cols;
     return KILN_OK;
 }
-
-static void prepared(engine *e, const float *x, int64_t T, int64_t cols) { e->xp_of = x, e->xp_T = T, e->xp_cols = cols; }
 
 /* After a matvec whose tail prepared x into xp_next: that buffer is now xp. */
 static void prepared_next(engine *e, const float *x, int64_t T, int64_t cols) {
@@ -542,6 +562,7 @@ static kiln_status cuda_residual_norm(void *p, float *x, float *y, const kiln_we
     const float *pw = post_w ? (const float *)post_w->impl : NULL, *nw = w ? (const float *)w->impl : NULL;
     TRY(flush(e));
     e->xp_of = NULL;
+    if (omitted(e, P_NORM, T)) return prepared(e, xb, T, C), mark(e, P_NORM, KILN_OK);
     if (w && !y && !pw && T == 1 && (e->pre_kinds & PRE_NORM) && C % 32 == 0 && C <= KILN_CUDA_MV_PRE_NORM_MAX_COLS && C <= e->pre_cols &&
         !(((uintptr_t)x | (uintptr_t)xb | (uintptr_t)nw) & 15)) {
         /* one token's norm alone: deferred to the matvec that reads xb, which runs it as its prologue (take_pre) */
@@ -563,6 +584,7 @@ static kiln_status cuda_qkv(void *p, float *q, float *k, float *v, const float *
                             const kiln_weight *wv, int64_t T) {
     engine *e = (engine *)p;
     const dev_wt *Q = (const dev_wt *)wq->impl, *K = (const dev_wt *)wk->impl, *V = (const dev_wt *)wv->impl;
+    if (omitted(e, P_QKV, T)) return mark(e, P_QKV, KILN_OK);
     if (T == 1 && Q->n_merged == 2 && k == q + Q->q.rows && e->pair && kiln_cuda_matvec_pair_takes(&Q->qkv, &V->q)) {
         engine_pf_drop(e); /* q|k and v (Q4_K_M's q6_K) in one launch */
         kiln_cuda_mv_tail t = {};
@@ -672,6 +694,10 @@ static kiln_status cuda_qkv_attention(void *p, float *out, float *q, float *k, f
     note_kv_bytes(e, a);
     const bool xp = attn_writes_xp(e, a, T);
     const int64_t Q = a->NH * a->HS, KV = a->NKV * a->HS;
+    if (omitted(e, P_ATTN, T)) {
+        if (xp) prepared(e, out, T, Q);
+        return mark(e, P_ATTN, KILN_OK);
+    }
     for (int64_t r = 0, n; r < T; r += n) {
         n = attn_launch_rows(e, a, T, r);
         const kiln_cuda_attn_post post = {k + r * KV, v + r * KV, vec(a->bq), vec(a->bk), vec(a->bv), vec(a->q_norm), vec(a->k_norm),
@@ -694,6 +720,7 @@ static kiln_status cuda_sigmoid_mul(void *p, float *x, const float *g, int64_t n
 static kiln_status cuda_matmul(void *p, float *y, const float *x, const kiln_weight *W, int64_t T, bool add) {
     engine *e = (engine *)p;
     const dev_wt *D = (const dev_wt *)W->impl;
+    if (omitted(e, D->cat, T)) return mark(e, D->cat, KILN_OK);
     return mark(e, D->cat, mm(e, y, x, D, &D->q, T, add));
 }
 
@@ -719,6 +746,7 @@ static kiln_status cuda_ffn_up(void *p, float *gate, float *up, const float *x, 
                                bool geglu) {
     engine *e = (engine *)p;
     const dev_wt *G = (const dev_wt *)wg->impl, *U = (const dev_wt *)wu->impl;
+    if (omitted(e, P_FFN_UP, T)) return mark(e, P_FFN_UP, KILN_OK);
     if (T <= KILN_CUDA_MATVEC_MAX_T && G->q.type == U->q.type && (T <= e->mv_rows || !small_takes(e, &G->q, T))) {
         kiln_cuda_mv_tail tail = {};
         if (!take_pre(e, &tail, x, &G->q, T)) TRY(prepare(e, x, T, G->q.cols));
@@ -742,6 +770,7 @@ static kiln_status cuda_ffn_up(void *p, float *gate, float *up, const float *x, 
 static kiln_status cuda_head(void *p, float *logits, const float *x, const kiln_weight *W, int64_t T, float scale, float cap) {
     engine *e = (engine *)p;
     const dev_wt *D = (const dev_wt *)W->impl;
+    if (omitted(e, P_HEAD, T)) return mark(e, P_HEAD, KILN_OK);
     TRY(mm(e, logits, x, D, &D->q, T, false));
     if (scale != 1.0f || cap > 0) TRY(kiln_cuda_scale_softcap(logits, T * D->q.rows, scale, cap, e->stream));
     return mark(e, P_HEAD, KILN_OK);

@@ -63,6 +63,10 @@ typedef struct engine {
     bool fuse_post; /* qkv_attention runs qkv_post inside the decode attention where it can (KILN_ATTN_POST=0: never) */
     bool pair;      /* a token's merged q|k and its v of another type in one launch (kiln_cuda_matvec_pair; KILN_MV_PAIR=0:
                      * two launches) */
+    /* Timing experiments only (KILN_BENCH_OMIT=norm,qkv,attn,wo,ffn,down,head,prep): decode steps (T <= 8) leave
+     * these steps out, so the step's time without them gives their share of the captured graph. The tokens are
+     * then wrong. Bit P_* for a step kind, bit P_COUNT for the matvec input's prepare. */
+    unsigned omit;
     int tails;     /* the matvecs' tails in decode: TAIL_PREPARE (the GLU prepares down's input), TAIL_NORM (wo and
                     * down norm the residual). Off unless KILN_MV_TAIL=all, prep or norm: measured slower (docs/cuda.md) */
     /* The matvec prologue (kiln_cuda_mv_tail's pre_x) in decode: a one-token matvec of at most pre_cols columns makes
