@@ -596,6 +596,72 @@ static void test_matvec_pair(void) {
     CHECK(kiln_cuda_matvec_pair(dummy, &qk, dummy, &v6, dummy, NULL) == KILN_ERR_UNSUPPORTED, "a 7B-like pair launched");
 }
 
+/* KILN_MV_TWO=1 and 2 (a thread's two pieces of a row loaded before the PDL wait, at the rule's rows a group or at 2)
+ * give the default's bits: one token, rows of 88 to 256 pieces (the 1.1B and 7B down projections' K-quant widths,
+ * Q8_0 and Q4_0), a partial last CTA, add, the GLU. The variable is read at every call. */
+static void test_matvec_two(void) {
+    if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");
+    const struct {
+        kiln_type t;
+        int64_t rows, cols;
+        int kind; /* 0 plain, 1 plain + add, 2 GLU */
+    } cases[] = {{KILN_TYPE_Q4_K, 1003, 5632, 0}, {KILN_TYPE_Q6_K, 4099, 11008, 1}, {KILN_TYPE_Q4_K, 4096, 11008, 0},
+                 {KILN_TYPE_Q5_K, 515, 5632, 1},  {KILN_TYPE_Q4_K, 777, 5632, 2},   {KILN_TYPE_Q8_0, 1000, 2304, 0},
+                 {KILN_TYPE_Q4_0, 33, 8192, 1}};
+    unsigned long long rng = 2222;
+    char *keep = getenv("KILN_MV_TWO") ? strdup(getenv("KILN_MV_TWO")) : NULL;
+    for (int ci = 0; ci < COUNT(cases); ci++) {
+        const kiln_type t = cases[ci].t;
+        const int64_t rows = cases[ci].rows, cols = cases[ci].cols;
+        const int kind = cases[ci].kind;
+        float *deq = malloc((size_t)(rows * cols) * 4), *x = malloc((size_t)cols * 4), *y[3];
+        for (int v = 0; v < 3; v++) y[v] = malloc((size_t)rows * 4);
+        uint8_t *w = make_weights(t, rows, cols, deq, &rng), *w2 = kind == 2 ? make_weights(t, rows, cols, deq, &rng) : NULL;
+        for (int64_t i = 0; i < cols; i++) x[i] = test_rng_f32(&rng);
+        const size_t rb = kiln_type_row_bytes(t, cols);
+        void *dw = NULL, *dw2 = NULL, *dxp = NULL;
+        float *dx = NULL, *dy = NULL;
+        kiln_status st = KILN_OK;
+        if (!st) st = kiln_cuda_alloc(&dw, rb * (size_t)rows);
+        if (!st && w2) st = kiln_cuda_alloc(&dw2, rb * (size_t)rows);
+        if (!st) st = kiln_cuda_alloc(&dxp, kiln_cuda_matvec_prep_bytes(1, cols));
+        if (!st) st = kiln_cuda_alloc((void **)&dx, (size_t)cols * 4);
+        if (!st) st = kiln_cuda_alloc((void **)&dy, (size_t)rows * 4);
+        if (!st) st = kiln_cuda_upload(dw, w, rb * (size_t)rows);
+        if (!st && w2) st = kiln_cuda_upload(dw2, w2, rb * (size_t)rows);
+        if (!st) st = kiln_cuda_upload(dx, x, (size_t)cols * 4);
+        if (!st) st = kiln_cuda_matvec_prepare(dxp, dx, 1, cols, NULL);
+        const kiln_cuda_wt W = {.type = t, .rows = rows, .cols = cols, .row_bytes = rb, .data = dw};
+        const kiln_cuda_wt W2 = {.type = t, .rows = rows, .cols = cols, .row_bytes = rb, .data = dw2};
+        static const char *const modes[3] = {"0", "1", "2"};
+        for (int v = 0; v < 3 && !st; v++) {
+            setenv("KILN_MV_TWO", modes[v], 1);
+            for (int64_t i = 0; i < rows; i++) y[v][i] = (float)i * 0.25f - 3.0f; /* what add adds to */
+            if (!st) st = kiln_cuda_upload(dy, y[v], (size_t)rows * 4);
+            if (!st && kind <= 1) st = kiln_cuda_matvec(dy, dx, dxp, &W, 1, kind == 1, NULL);
+            if (!st && kind == 2) st = kiln_cuda_matvec_glu(dy, dx, dxp, &W, &W2, 1, false, NULL);
+            if (!st) st = kiln_cuda_sync();
+            if (!st) st = kiln_cuda_download(y[v], dy, (size_t)rows * 4);
+        }
+        if (keep) setenv("KILN_MV_TWO", keep, 1);
+        else unsetenv("KILN_MV_TWO");
+        double num = 0, den = 0; /* the default against the double reference: the comparison below is not of garbage */
+        for (int64_t o = 0; !st && kind <= 1 && o < rows; o++) {
+            double r = kind == 1 ? (double)o * 0.25 - 3.0 : 0.0;
+            for (int64_t i = 0; i < cols; i++) r += (double)deq[o * cols + i] * x[i];
+            num += (y[0][o] - r) * (y[0][o] - r), den += r * r;
+        }
+        const bool same = !st && memcmp(y[0], y[1], (size_t)rows * 4) == 0 && memcmp(y[0], y[2], (size_t)rows * 4) == 0;
+        kiln_cuda_free(dw), kiln_cuda_free(dw2), kiln_cuda_free(dxp), kiln_cuda_free(dx), kiln_cuda_free(dy);
+        free(deq), free(x), free(y[0]), free(y[1]), free(y[2]), free(w), free(w2);
+        CHECK(st == KILN_OK, "case %d: %s", ci, kiln_last_error());
+        CHECK(kind == 2 || (den > 0 && num / den < 1e-4), "case %d: the default is %.3g (NMSE) from the reference", ci, den > 0 ? num / den : -1.0);
+        CHECK(same, "case %d (%s %lld x %lld, kind %d): two pieces before the wait differ from the default", ci, kiln_type_name(t),
+              (long long)rows, (long long)cols, kind);
+    }
+    free(keep);
+}
+
 /* The matvec prologue (kiln_cuda_mv_tail's pre_x): one token's matvec that makes its own prepared x gives the bytes
  * of the kernels it saves, bit for bit: y, and the xb and xp that CTA 0 leaves, against residual_norm_xp (normed)
  * or matvec_prepare (not) followed by the matvec reading xp. Widths 768, 2048 and 4096 (the norm kernel's 64, 128
@@ -778,6 +844,7 @@ int main(void) {
     RUN(test_matvec_tails);
     RUN(test_matvec_prefetch);
     RUN(test_matvec_pair);
+    RUN(test_matvec_two);
     RUN(test_matvec_pre);
     RUN(test_matvec_refuses);
     kiln_pool_free(pool);

@@ -46,6 +46,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <type_traits>
 
 #include "status.h"
@@ -63,8 +64,29 @@
 /* ---------------------------------------------------------------- helpers */
 
 /* The decode grid's splits for a context of max_pos (the device sizes each query's splits from its own keys). */
+/* Decode tuning switches for experiments, read once: KILN_ATTN_KEYS_MIN (keys per split at least, 8 .. 1024; default
+ * ATTN_KEYS_MIN) and KILN_ATTN_GB (query heads per block at most: 1, 4 or 8; default by the group size). */
+struct attn_tuning {
+    int keys_min, gb;
+};
+
+static attn_tuning attn_tune_read(void) {
+    attn_tuning t = {ATTN_KEYS_MIN, 0};
+    const char *k = getenv("KILN_ATTN_KEYS_MIN"), *g = getenv("KILN_ATTN_GB");
+    const long kv = k ? strtol(k, NULL, 10) : 0, gv = g ? strtol(g, NULL, 10) : 0;
+    if (kv >= 8 && kv <= 1024) t.keys_min = (int)kv;
+    if (gv == 1 || gv == 4 || gv == ATTN_GB) t.gb = (int)gv;
+    return t;
+}
+
+static attn_tuning attn_tune(void) {
+    static const attn_tuning t = attn_tune_read(); /* initialized once, thread-safe */
+    return t;
+}
+
 static int64_t decode_splits(int64_t max_pos) {
-    const int64_t n = (max_pos + ATTN_KEYS_MIN - 1) / ATTN_KEYS_MIN;
+    const int64_t km = attn_tune().keys_min;
+    const int64_t n = (max_pos + km - 1) / km;
     return n < ATTN_MAX_SPLITS ? n : ATTN_MAX_SPLITS;
 }
 
@@ -260,7 +282,7 @@ template <int HSM, bool EXACT, int GBM, bool CAP, bool ANY, bool POST = false>
 __global__ void __launch_bounds__(ATTN_THREADS)
 attn_decode(float *out, int8_t *xq, float2 *xds, unsigned *counters, float *part_o, float *part_ml, const float *q,
             const void *k_cache, const void *v_cache, int kt, int vt, const attn_where at, int hs, int NH, int NKV,
-            int window, int rows, int max_pos, float scale, float cap, const attn_post pp) {
+            int window, int rows, int max_pos, int keys_min, float scale, float cap, const attn_post pp) {
     kiln_pdl_wait();
     kiln_pdl_trigger();
     const int HS = EXACT ? HSM : hs; /* a constant when EXACT */
@@ -300,7 +322,7 @@ attn_decode(float *out, int8_t *xq, float2 *xds, unsigned *counters, float *part
         return;
     }
     const int lo = first_key(p, window), n_keys = p - lo + 1;
-    int chunk = max(ATTN_KEYS_MIN, (int)(((int64_t)n_keys + n_splits - 1) / n_splits));
+    int chunk = max(keys_min, (int)(((int64_t)n_keys + n_splits - 1) / n_splits));
     chunk = (int)(((int64_t)chunk + 31) / 32 * 32);
     const int n_live = (int)(((int64_t)n_keys + chunk - 1) / chunk); /* <= n_splits */
     if (split >= n_live) return; /* not counted: the last block waits only for the live ones */
@@ -623,7 +645,7 @@ static kiln_status attention_cap(float *out, void *xp, const float *q, const voi
         int8_t *xq = (int8_t *)xp;
         float2 *xds = xp ? (float2 *)(xq + (size_t)T * NH * HS) : NULL;
         /* query heads per block: 1 (as LLaMA 7B), up to 4, or batches of 8 */
-        const int gbm = G == 1 ? 1 : G <= 4 ? 4 : ATTN_GB;
+        const int gbm = G == 1 ? 1 : attn_tune().gb ? (G <= 4 && attn_tune().gb == ATTN_GB ? 4 : attn_tune().gb) : G <= 4 ? 4 : ATTN_GB;
         const int nhb = (G + gbm - 1) / gbm, gbmax = G < gbm ? G : gbm;
         const dim3 grid((unsigned)(NKV * nhb), (unsigned)n_splits, (unsigned)T);
         /* s_q (gbmax, HS), s_red (gbmax, R, HS), s_wm, s_wl, s_wf (gbmax, R): with R HS <= 1024, 44 KiB at most
@@ -631,7 +653,7 @@ static kiln_status attention_cap(float *out, void *xp, const float *q, const voi
         const size_t R = ATTN_THREADS / decode_group(HSM);
         const size_t shm = sizeof(float) * (size_t)gbmax * ((size_t)HS + R * HS + 3 * R);
         void (*kern)(float *, int8_t *, float2 *, unsigned *, float *, float *, const float *, const void *,
-                     const void *, int, int, const attn_where, int, int, int, int, int, int, float, float, const attn_post) =
+                     const void *, int, int, const attn_where, int, int, int, int, int, int, int, float, float, const attn_post) =
             gbm == 1   ? attn_decode<HSM, EXACT, 1, CAP, ANY>
             : gbm == 4 ? attn_decode<HSM, EXACT, 4, CAP, ANY>
                        : attn_decode<HSM, EXACT, ATTN_GB, CAP, ANY>;
@@ -646,7 +668,7 @@ static kiln_status attention_cap(float *out, void *xp, const float *q, const voi
         }
         return launch_error("decode", kiln_launch(kern, grid, dim3(ATTN_THREADS), shm, s, out, xq, xds, counters, part_o,
                                                   part_ml, q, k, v, kt, vt, at, HS, NH, NKV, window, rows, max_pos,
-                                                  scale, cap, post ? *post : attn_post{}));
+                                                  attn_tune().keys_min, scale, cap, post ? *post : attn_post{}));
     }
     constexpr int QPB = ATTN_THREADS / prefill_lanes(HSM, EXACT);
     const int64_t blocks = ((int64_t)T * G + QPB - 1) / QPB;

@@ -260,7 +260,7 @@ static __device__ __forceinline__ void mv_pre(const mv_args &a, int8_t *sq, floa
 /* NR weight rows per group: R output rows of W (GLU false), or R rows of Wg then the same R rows of Wu (GLU true,
  * NR = 2R). Output row o = (blockIdx.x * groups + group) * R + j. */
 /* The CTA of index bid of a matvec over a (matvec_kernel: blockIdx.x; matvec_pair_kernel: its index in its part). */
-template <class P, int T, int NR, bool GLU, bool PRE>
+template <class P, int T, int NR, bool GLU, bool PRE, bool TWO = false>
 static __device__ __forceinline__ void matvec_cta(const mv_args &a, int64_t bid) {
     static_assert(!PRE || T == 1, "the prologue prepares one token");
     const int R = GLU ? NR / 2 : NR;
@@ -309,6 +309,19 @@ static __device__ __forceinline__ void matvec_cta(const mv_args &a, int64_t bid)
             for (int j = 0; j < NR; j++) wn[j].load(wrow[j], p);
             mv_accumulate<P, T, NR>(acc, wn, ax, p);
         }
+    } else if constexpr (TWO) { /* a row of at most 2 gs pieces: both of the thread's pieces loaded before the wait */
+        const bool has0 = k0 < a.ppr, has1 = k0 + gs < a.ppr;
+        P w[NR], w2[NR];
+        if (has0)
+#pragma unroll
+            for (int j = 0; j < NR; j++) w[j].load(wrow[j], k0);
+        if (has1)
+#pragma unroll
+            for (int j = 0; j < NR; j++) w2[j].load(wrow[j], k0 + gs);
+        kiln_pdl_wait();
+        kiln_pdl_trigger();
+        if (has0) mv_accumulate<P, T, NR>(acc, w, a, k0);
+        if (has1) mv_accumulate<P, T, NR>(acc, w2, a, k0 + gs);
     } else {
         if (k0 < a.ppr) {
             P w[NR];
@@ -377,9 +390,9 @@ static __device__ __forceinline__ void matvec_cta(const mv_args &a, int64_t bid)
     if (a.tail) mv_tail<T>(a, bid * groups * R, (int64_t)groups * R);
 }
 
-template <class P, int T, int NR, bool GLU, bool PRE>
+template <class P, int T, int NR, bool GLU, bool PRE, bool TWO = false>
 __global__ void __launch_bounds__(MV_THREADS) matvec_kernel(const mv_args a) {
-    matvec_cta<P, T, NR, GLU, PRE>(a, blockIdx.x);
+    matvec_cta<P, T, NR, GLU, PRE, TWO>(a, blockIdx.x);
 }
 
 /* Two matvecs of one token over the same prepared x in one launch (kiln_cuda_matvec_pair): CTAs 0 .. grid1 - 1
@@ -444,6 +457,12 @@ static int64_t mv_shape(mv_args &a, int R) {
     return (a.rows + rows_per_cta - 1) / rows_per_cta;
 }
 
+/* KILN_MV_TWO (0, 1 or 2), read at every call. */
+static int mv_two(void) {
+    const char *v = getenv("KILN_MV_TWO");
+    return !v ? 0 : strcmp(v, "1") == 0 ? 1 : strcmp(v, "2") == 0 ? 2 : 0;
+}
+
 /* One token's rows a group (launch_t's rule at T 1, GLU off): 4 for a large weight, else 2. */
 static int mv_rows_t1(const mv_args &a) {
     const int wide = mv_tune().wide;
@@ -459,12 +478,15 @@ template <class P> static constexpr bool mv_pre_piece(void) {
 /* Dynamic shared bytes of the prologue: one token's codes and block scales. */
 static size_t mv_pre_smem(int64_t cols) { return (size_t)cols + (size_t)(cols / 32) * sizeof(float2); }
 
-template <class P, int T, int R, bool GLU, bool PRE>
+template <class P, int T, int R, bool GLU, bool PRE, bool TWO = false>
 static kiln_status launch_r(mv_args a, cudaStream_t s) {
     const int64_t grid = mv_shape<P, T>(a, R);
     if (grid > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda matvec: %lld rows is too many", (long long)a.rows);
     if (a.pf_ctas > grid) a.pf_ctas = (int)grid;
-    const cudaError_t e = kiln_launch(matvec_kernel<P, T, GLU ? 2 * R : R, GLU, PRE>, dim3((unsigned)grid), dim3(MV_THREADS),
+    if constexpr (TWO) {
+        if (a.ppr <= a.gs || a.ppr > 2 * a.gs) return launch_r<P, T, R, GLU, PRE, false>(a, s); /* not 2 pieces a thread */
+    }
+    const cudaError_t e = kiln_launch(matvec_kernel<P, T, GLU ? 2 * R : R, GLU, PRE, TWO>, dim3((unsigned)grid), dim3(MV_THREADS),
                                       PRE ? mv_pre_smem(a.cols) : 0, s, a);
     return e == cudaSuccess ? KILN_OK : kiln_fail(KILN_ERR_IO, "CUDA matvec launch failed: %s", cudaGetErrorString(e));
 }
@@ -480,6 +502,12 @@ static kiln_status launch_t(mv_args a, cudaStream_t s) {
         }
     }
     if (a.pre_x) return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda matvec: no prologue for this type at T %d", T);
+    if constexpr (T == 1 && mv_pre_piece<P>()) { /* KILN_MV_TWO=1: 2 pieces a thread loaded before the wait (4 rows
+                                                    * a group where the rule says so); 2: the same at 2 rows a group */
+        const int two = mv_two();
+        if (two == 1 && mv_rows_t1(a) == 4) return launch_r<P, T, GLU ? 2 : 4, GLU, false, true>(a, s);
+        if (two) return launch_r<P, T, GLU ? 1 : 2, GLU, false, true>(a, s);
+    }
     if (T == 1 && mv_rows_t1(a) == 4) return launch_r<P, T, GLU ? 2 : 4, GLU, false>(a, s);
     return launch_r<P, T, (T <= 4 || P::ELEMS == 64) ? (GLU ? 1 : 2) : (GLU ? 2 : 4), GLU, false>(a, s);
 }
