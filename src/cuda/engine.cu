@@ -197,8 +197,6 @@ static void cuda_close(void *p) {
     free(e);
 }
 
-/* Checks every type and shape and counts the memory (the weights, the session's cache and activations, the
- * workspaces) against the free VRAM before anything is allocated, then uploads the weights. */
 /* KILN_BENCH_OMIT's list as engine.h's omit bits (unknown names ignored). */
 static unsigned engine_omit_read(const char *v) {
     static const struct { const char *name; int bit; } names[] = {{"norm", P_NORM}, {"qkv", P_QKV}, {"attn", P_ATTN}, {"wo", P_WO},
@@ -216,6 +214,8 @@ static unsigned engine_omit_read(const char *v) {
 /* Whether a decode step of kind bit is left out (KILN_BENCH_OMIT). */
 static bool omitted(const engine *e, int bit, int64_t T) { return (e->omit >> bit & 1u) && T <= KILN_CUDA_MATVEC_MAX_T; }
 
+/* Checks every type and shape and counts the memory (the weights, the session's cache and activations, the
+ * workspaces) against the free VRAM before anything is allocated, then uploads the weights. */
 static kiln_status cuda_open(const kiln_model *m, const kiln_backend_params *p, void **out) {
     *out = NULL;
     const kiln_llama_config *c = &m->cfg;
@@ -483,9 +483,8 @@ static void prepared(engine *e, const float *x, int64_t T, int64_t cols) { e->xp
 static kiln_status prepare(engine *e, const float *x, int64_t T, int64_t cols) {
     TRY(flush(e));
     if (e->xp_of == x && e->xp_T == T && e->xp_cols == cols) return KILN_OK;
-    if (omitted(e, P_COUNT, T)) return prepared(e, x, T, cols), KILN_OK;
-    TRY(kiln_cuda_matvec_prepare(e->xp, x, T, cols, e->stream));
-    e->xp_of = x, e->xp_T = T, e->xp_cols = cols;
+    if (!omitted(e, P_COUNT, T)) TRY(kiln_cuda_matvec_prepare(e->xp, x, T, cols, e->stream));
+    prepared(e, x, T, cols);
     return KILN_OK;
 }
 
