@@ -3,8 +3,9 @@
  * Decode (T <= ATTN_DECODE_MAX_T): flash-decoding in one kernel. The grid is fixed by max_pos alone (at most
  * ATTN_MAX_SPLITS splits per query), so a captured graph replays anywhere; each query's keys max(0, p - window + 1)
  * .. p are cut on the device into splits of >= ATTN_KEYS_MIN keys. Block (KV head g, batch of its query heads;
- * split; token) reads each of its K and V rows once (16-byte loads, a group of SG lanes per row) for all the query
- * heads it serves, in one pass with an online softmax. A query with one live split (any context up to 64 keys) is
+ * split; token) reads each of its K and V rows (16-byte loads, a group of SG lanes per row) once for the query heads
+ * it serves, in one pass with an online softmax. A batch is one head (ATTN_GB): a group's heads read the same rows
+ * from L2 in blocks of their own, which run side by side, where batches of 4 or 8 made a few long blocks. A query with one live split (any context up to 64 keys) is
  * finished by that block; otherwise each split writes (m, l, o) into ws and the last one to finish, found by an
  * atomic counter in ws, merges them (FlashAttention's rescaling by exp(m_s - M)) and zeroes the counter again.
  * So ws MUST BE ZERO-FILLED ONCE before the first decode launch (cudaMemset); every launch leaves it so.
@@ -54,7 +55,9 @@
 #define ATTN_THREADS 128
 #define ATTN_DECODE_MAX_T 8 /* up to this many tokens take the split-K path, one grid slice per token */
 #define ATTN_ROWS_MAX 1024  /* decode rows of many sequences per launch at most (kiln_cuda_attention_rows) */
-#define ATTN_GB 8           /* query heads of one KV head served per decode block (more: several blocks) */
+#define ATTN_GB 1           /* query heads of one KV head served per decode block at most (1, 4 or 8): one, because
+                             * more blocks beat fewer reads of each row (+13% tok/s at 1.1B, run42) */
+#define ATTN_POST_G 8       /* query heads a KV head at most in kiln_cuda_attention_post */
 #define ATTN_KEYS_MIN 64    /* keys per decode split at least: 2 batches of K+V loads at HS 128 */
 #define ATTN_MAX_SPLITS 32  /* splits per query at most: 4096 positions x 8 KV heads give 256 blocks of 128 keys,
                                and the merging block reads 32 partials per output */
@@ -64,18 +67,19 @@
 /* ---------------------------------------------------------------- helpers */
 
 /* The decode grid's splits for a context of max_pos (the device sizes each query's splits from its own keys). */
-/* Decode tuning switches for experiments, read once: KILN_ATTN_KEYS_MIN (keys per split at least, 8 .. 1024; default
- * ATTN_KEYS_MIN) and KILN_ATTN_GB (query heads per block at most: 1, 4 or 8; default by the group size). */
+/* Decode switches for measuring, read once: KILN_ATTN_KEYS_MIN (keys per split at least, 8 .. 1024; default
+ * ATTN_KEYS_MIN) and KILN_ATTN_GB (query heads per block at most: 1, the default, or 4 or 8, the batches that read
+ * each K and V row once for up to that many of a group's query heads). */
 struct attn_tuning {
     int keys_min, gb;
 };
 
 static attn_tuning attn_tune_read(void) {
-    attn_tuning t = {ATTN_KEYS_MIN, 0};
+    attn_tuning t = {ATTN_KEYS_MIN, ATTN_GB};
     const char *k = getenv("KILN_ATTN_KEYS_MIN"), *g = getenv("KILN_ATTN_GB");
     const long kv = k ? strtol(k, NULL, 10) : 0, gv = g ? strtol(g, NULL, 10) : 0;
     if (kv >= 8 && kv <= 1024) t.keys_min = (int)kv;
-    if (gv == 1 || gv == 4 || gv == ATTN_GB) t.gb = (int)gv;
+    if (gv == 1 || gv == 4 || gv == 8) t.gb = (int)gv;
     return t;
 }
 
@@ -187,9 +191,10 @@ struct attn_post {
 };
 
 /* The fused epilogue of a decode block (POST): s_q holds its gb query heads from hq0 on as the matmul left them;
- * they get their biases, QK-norm and RoPE in place. The block whose split holds key p (store: the last live split,
- * and no other block of the launch reads that row) also makes KV head g's key (bias, norm, RoPE) and value (bias)
- * of row t and stores them into cache row p % rows in the caches' types (kt, vt): f16, bf16 or f32 element by
+ * they get their biases, QK-norm and RoPE in place. The blocks whose split holds key p (store: the last live split;
+ * no other block of the launch reads that row) also make KV head g's key (bias, norm, RoPE) and value (bias) of
+ * row t and store them into cache row p % rows in the caches' types (kt, vt). With a batch of fewer than G heads,
+ * each of g's batches stores the row, the same bytes, and reads its own store: f16, bf16 or f32 element by
  * element, q8_0 and q4_0 a block of 32 a warp (kiln_kv_quantize_warp, kv_quantize_kernel's arithmetic). The same
  * operations as qkv_post_kernel's (then kv_quantize's) in the same order (norm.cuh's sums of squares, rope.cuh),
  * so the cache bytes and the attention's output are the unfused pair's bit for bit. A warp norms a head at a time.
@@ -645,7 +650,7 @@ static kiln_status attention_cap(float *out, void *xp, const float *q, const voi
         int8_t *xq = (int8_t *)xp;
         float2 *xds = xp ? (float2 *)(xq + (size_t)T * NH * HS) : NULL;
         /* query heads per block: 1 (as LLaMA 7B), up to 4, or batches of 8 */
-        const int gbm = G == 1 ? 1 : attn_tune().gb ? (G <= 4 && attn_tune().gb == ATTN_GB ? 4 : attn_tune().gb) : G <= 4 ? 4 : ATTN_GB;
+        const int tgb = attn_tune().gb, gbm = G == 1 || tgb == 1 ? 1 : G <= 4 || tgb == 4 ? 4 : 8;
         const int nhb = (G + gbm - 1) / gbm, gbmax = G < gbm ? G : gbm;
         const dim3 grid((unsigned)(NKV * nhb), (unsigned)n_splits, (unsigned)T);
         /* s_q (gbmax, HS), s_red (gbmax, R, HS), s_wm, s_wl, s_wf (gbmax, R): with R HS <= 1024, 44 KiB at most
@@ -656,13 +661,13 @@ static kiln_status attention_cap(float *out, void *xp, const float *q, const voi
                      const void *, int, int, const attn_where, int, int, int, int, int, int, int, float, float, const attn_post) =
             gbm == 1   ? attn_decode<HSM, EXACT, 1, CAP, ANY>
             : gbm == 4 ? attn_decode<HSM, EXACT, 4, CAP, ANY>
-                       : attn_decode<HSM, EXACT, ATTN_GB, CAP, ANY>;
+                       : attn_decode<HSM, EXACT, 8, CAP, ANY>;
         if (post) { /* the fused epilogue, without softcap: the f16 pair at head sizes 64, 128 and 256; other cache types
                      * (ANY) through their run-time-typed kernels of 128 and 256 (head sizes 64, 128 and 256) */
             if constexpr (!CAP && ((EXACT && !ANY && (HSM == 64 || HSM == 128 || HSM == 256)) || (!EXACT && ANY && (HSM == 128 || HSM == 256))))
                 kern = gbm == 1   ? attn_decode<HSM, EXACT, 1, CAP, ANY, true>
                        : gbm == 4 ? attn_decode<HSM, EXACT, 4, CAP, ANY, true>
-                                  : attn_decode<HSM, EXACT, ATTN_GB, CAP, ANY, true>;
+                                  : attn_decode<HSM, EXACT, 8, CAP, ANY, true>;
             else
                 return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda attention_post: no fused kernel for head size %d", HS);
         }
@@ -792,7 +797,7 @@ extern "C" bool kiln_cuda_attention_on_tc(int64_t T, int64_t HS, kiln_kv_type ty
 /* The fused qkv epilogue's conditions (kernels.h). */
 extern "C" bool kiln_cuda_attention_post_takes(int64_t T, bool rows, int64_t NH, int64_t NKV, int64_t HS, kiln_kv_type type_k,
                                                kiln_kv_type type_v, float softcap) {
-    return (rows || T == 1) && T >= 1 && NKV > 0 && NH % NKV == 0 && NH / NKV <= ATTN_GB && (HS == 64 || HS == 128 || HS == 256) &&
+    return (rows || T == 1) && T >= 1 && NKV > 0 && NH % NKV == 0 && NH / NKV <= ATTN_POST_G && (HS == 64 || HS == 128 || HS == 256) &&
            kiln_kv_type_name(type_k) && kiln_kv_type_name(type_v) && softcap == 0;
 }
 
@@ -806,7 +811,7 @@ extern "C" kiln_status kiln_cuda_attention_post(float *out, void *xp, const floa
         return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda attention_post: T %lld (%s), NH %lld, NKV %lld, HS %lld, cache types %d, %d, "
                          "softcap %g: only one token or one row a sequence, at most %d query heads a KV head, HS 64, 128 or 256, "
                          "no softcap", (long long)T, d_seq ? "rows" : "one sequence", (long long)NH, (long long)NKV,
-                         (long long)HS, (int)type_k, (int)type_v, (double)softcap, ATTN_GB);
+                         (long long)HS, (int)type_k, (int)type_v, (double)softcap, ATTN_POST_G);
     if (!post->nope && (post->rope_dim <= 0 || post->rope_dim % 2 || post->rope_dim > HS))
         return kiln_fail(KILN_ERR_INVALID, "cuda attention_post: rope_dim %lld for HS %lld", (long long)post->rope_dim, (long long)HS);
     if (xp && ((uintptr_t)xp % 16 || T > (d_seq ? KILN_CUDA_GEMM_SMALL_MAX_T : KILN_CUDA_MATVEC_MAX_T)))

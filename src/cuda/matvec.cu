@@ -457,10 +457,22 @@ static int64_t mv_shape(mv_args &a, int R) {
     return (a.rows + rows_per_cta - 1) / rows_per_cta;
 }
 
-/* KILN_MV_TWO (0, 1 or 2), read at every call. */
+/* KILN_MV_TWO, read at every call: 0 never loads a thread's two pieces of a row before the wait, 1 always does (where
+ * a row is two pieces a thread), anything else (the default, -1) where the grid fits in one wave (mv_one_wave). */
 static int mv_two(void) {
     const char *v = getenv("KILN_MV_TWO");
-    return !v ? 0 : strcmp(v, "1") == 0 ? 1 : strcmp(v, "2") == 0 ? 2 : 0;
+    return !v ? -1 : strcmp(v, "0") == 0 ? 0 : strcmp(v, "1") == 0 ? 1 : -1;
+}
+
+/* Whether a grid of kern's CTAs is resident at once on the current device. The two pieces a thread take registers,
+ * so where CTAs wait for a second wave they cost more than the early loads give (7B's down projection, 1,024 CTAs:
+ * -5% tok/s); within one wave the SMs have room, and the loads shorten the step (1.1B's, 512 CTAs: +3%; run42). */
+template <class K> static bool mv_one_wave(K kern, int64_t grid) {
+    int dev = 0, sms = 0, per = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, MV_THREADS, 0) != cudaSuccess)
+        return false;
+    return grid <= (int64_t)sms * per;
 }
 
 /* One token's rows a group (launch_t's rule at T 1, GLU off): 4 for a large weight, else 2. */
@@ -478,16 +490,18 @@ template <class P> static constexpr bool mv_pre_piece(void) {
 /* Dynamic shared bytes of the prologue: one token's codes and block scales. */
 static size_t mv_pre_smem(int64_t cols) { return (size_t)cols + (size_t)(cols / 32) * sizeof(float2); }
 
+/* TWO: a thread's two pieces loaded before the wait, where a row is two pieces a thread and (unless forced) the grid
+ * is one wave; else the plain kernel. */
 template <class P, int T, int R, bool GLU, bool PRE, bool TWO = false>
-static kiln_status launch_r(mv_args a, cudaStream_t s) {
+static kiln_status launch_r(mv_args a, cudaStream_t s, bool force = false) {
     const int64_t grid = mv_shape<P, T>(a, R);
     if (grid > INT32_MAX) return kiln_fail(KILN_ERR_INVALID, "cuda matvec: %lld rows is too many", (long long)a.rows);
     if (a.pf_ctas > grid) a.pf_ctas = (int)grid;
+    void (*kern)(const mv_args) = matvec_kernel<P, T, GLU ? 2 * R : R, GLU, PRE, TWO>;
     if constexpr (TWO) {
-        if (a.ppr <= a.gs || a.ppr > 2 * a.gs) return launch_r<P, T, R, GLU, PRE, false>(a, s); /* not 2 pieces a thread */
+        if (a.ppr <= a.gs || a.ppr > 2 * a.gs || (!force && !mv_one_wave(kern, grid))) return launch_r<P, T, R, GLU, PRE, false>(a, s);
     }
-    const cudaError_t e = kiln_launch(matvec_kernel<P, T, GLU ? 2 * R : R, GLU, PRE, TWO>, dim3((unsigned)grid), dim3(MV_THREADS),
-                                      PRE ? mv_pre_smem(a.cols) : 0, s, a);
+    const cudaError_t e = kiln_launch(kern, dim3((unsigned)grid), dim3(MV_THREADS), PRE ? mv_pre_smem(a.cols) : 0, s, a);
     return e == cudaSuccess ? KILN_OK : kiln_fail(KILN_ERR_IO, "CUDA matvec launch failed: %s", cudaGetErrorString(e));
 }
 
@@ -502,11 +516,10 @@ static kiln_status launch_t(mv_args a, cudaStream_t s) {
         }
     }
     if (a.pre_x) return kiln_fail(KILN_ERR_UNSUPPORTED, "cuda matvec: no prologue for this type at T %d", T);
-    if constexpr (T == 1 && mv_pre_piece<P>()) { /* KILN_MV_TWO=1: 2 pieces a thread loaded before the wait (4 rows
-                                                    * a group where the rule says so); 2: the same at 2 rows a group */
+    if constexpr (T == 1 && mv_pre_piece<P>()) { /* a thread's two pieces before the wait, where mv_two says */
         const int two = mv_two();
-        if (two == 1 && mv_rows_t1(a) == 4) return launch_r<P, T, GLU ? 2 : 4, GLU, false, true>(a, s);
-        if (two) return launch_r<P, T, GLU ? 1 : 2, GLU, false, true>(a, s);
+        if (two && mv_rows_t1(a) == 4) return launch_r<P, T, GLU ? 2 : 4, GLU, false, true>(a, s, two == 1);
+        if (two) return launch_r<P, T, GLU ? 1 : 2, GLU, false, true>(a, s, two == 1);
     }
     if (T == 1 && mv_rows_t1(a) == 4) return launch_r<P, T, GLU ? 2 : 4, GLU, false>(a, s);
     return launch_r<P, T, (T <= 4 || P::ELEMS == 64) ? (GLU ? 1 : 2) : (GLU ? 2 : 4), GLU, false>(a, s);
