@@ -5,9 +5,10 @@
  * .. p are cut on the device into splits of >= ATTN_KEYS_MIN keys. Block (KV head g, batch of its query heads;
  * split; token) reads each of its K and V rows (16-byte loads, a group of SG lanes per row) once for the query heads
  * it serves, in one pass with an online softmax. A batch is one head (ATTN_GB): a group's heads read the same rows
- * from L2 in blocks of their own, which run side by side, where batches of 4 or 8 made a few long blocks. A query with one live split (any context up to 64 keys) is
- * finished by that block; otherwise each split writes (m, l, o) into ws and the last one to finish, found by an
- * atomic counter in ws, merges them (FlashAttention's rescaling by exp(m_s - M)) and zeroes the counter again.
+ * from L2 in blocks of their own, which run side by side, where batches of 4 or 8 made a few long blocks. A query
+ * with one live split (any context up to 64 keys) is finished by that block; otherwise each split writes (m, l, o)
+ * into ws and the last one to finish, found by an atomic counter in ws, merges them (FlashAttention's rescaling by
+ * exp(m_s - M)) and zeroes the counter again.
  * So ws MUST BE ZERO-FILLED ONCE before the first decode launch (cudaMemset); every launch leaves it so.
  * kiln_cuda_attention_xp also writes out's prepared form for the wo matvec from the block that writes out.
  * kiln_cuda_attention_post also does qkv_post's work for its rows (biases, QK-norm, RoPE, the store of the row's k and v)
@@ -66,7 +67,6 @@
 
 /* ---------------------------------------------------------------- helpers */
 
-/* The decode grid's splits for a context of max_pos (the device sizes each query's splits from its own keys). */
 /* Decode switches for measuring, read once: KILN_ATTN_KEYS_MIN (keys per split at least, 8 .. 1024; default
  * ATTN_KEYS_MIN) and KILN_ATTN_GB (query heads per block at most: 1, the default, or 4 or 8, the batches that read
  * each K and V row once for up to that many of a group's query heads). */
@@ -88,6 +88,7 @@ static attn_tuning attn_tune(void) {
     return t;
 }
 
+/* The decode grid's splits for a context of max_pos (the device sizes each query's splits from its own keys). */
 static int64_t decode_splits(int64_t max_pos) {
     const int64_t km = attn_tune().keys_min;
     const int64_t n = (max_pos + km - 1) / km;
@@ -649,7 +650,7 @@ static kiln_status attention_cap(float *out, void *xp, const float *q, const voi
         float *part_ml = part_o + (size_t)T * NH * n_splits * HS;
         int8_t *xq = (int8_t *)xp;
         float2 *xds = xp ? (float2 *)(xq + (size_t)T * NH * HS) : NULL;
-        /* query heads per block: 1 (as LLaMA 7B), up to 4, or batches of 8 */
+        /* query heads per block: 1 (ATTN_GB), or with KILN_ATTN_GB batches of up to 4 or 8 */
         const int tgb = attn_tune().gb, gbm = G == 1 || tgb == 1 ? 1 : G <= 4 || tgb == 4 ? 4 : 8;
         const int nhb = (G + gbm - 1) / gbm, gbmax = G < gbm ? G : gbm;
         const dim3 grid((unsigned)(NKV * nhb), (unsigned)n_splits, (unsigned)T);
