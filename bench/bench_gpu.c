@@ -13,7 +13,8 @@
  *               reach, a little under cuBLAS alone (H200 dense bf16 peak: 989 TFLOP/s).
  *
  * Each model (one JSON object, "bench":"gpu_model"): one session, n_batch 512, n_ctx the longest case needs plus
- * CTX_SLACK; token ids are random valid ids (seeded, the same every run). Every case runs once untimed (warm-up:
+ * CTX_SLACK, or -c's if that is larger (a decode graph's attention grid is sized by n_ctx, so a server's context of
+ * 4096 can decode at another speed than the smallest one); token ids are random valid ids (seeded, the same every run). Every case runs once untimed (warm-up:
  * the first decode captures the CUDA graph, cuBLASLt picks its plans) and then --reps times (default 3); best and
  * median are reported. Times are host wall clock (CLOCK_MONOTONIC): every eval reads its argmax back, which
  * waits for the GPU, so the wall time covers the work.
@@ -657,9 +658,9 @@ static void print_model_json(const model_result *res, const kiln_model *m, const
 
 /* Every case of one model: pp for each prompt length, then tg, then the profile. Returns 0, 1 on an error (nothing
  * printed for the model), or 3 when everything but the profile ran (the object is printed with "profile": null). */
-static int bench_model(const char *path, const int64_t *pps, int n_pp, int64_t n_gen, int reps, const device_roofs *d,
-                       model_result *res, kiln_cli_rope *rope, const kiln_session_params *kv, const int64_t *bs, int n_bs,
-                       const char *peer_bin) {
+static int bench_model(const char *path, const int64_t *pps, int n_pp, int64_t n_gen, int64_t ctx_min, int reps,
+                       const device_roofs *d, model_result *res, kiln_cli_rope *rope, const kiln_session_params *kv,
+                       const int64_t *bs, int n_bs, const char *peer_bin) {
     kiln_model *m = NULL;
     kiln_clear_error();
     const double t0 = kiln_bench_now();
@@ -689,6 +690,7 @@ static int bench_model(const char *path, const int64_t *pps, int n_pp, int64_t n
         n_ids = pps[i] > n_ids ? pps[i] : n_ids;
     }
     n_ctx += CTX_SLACK;
+    if (ctx_min > n_ctx) n_ctx = ctx_min;
     uint32_t ft = 0;
     const char *ftype = kiln_gguf_get_u32(m->gguf, "general.file_type", &ft) == KILN_OK && kiln_ftype_name((kiln_ftype)ft)
                             ? kiln_ftype_name((kiln_ftype)ft)
@@ -836,7 +838,7 @@ static void print_table(const device_roofs *d, const model_result *res, int n_re
 
 static void usage(FILE *f) {
     fprintf(f, "usage: kiln bench --gpu -m MODEL.gguf [-m MODEL2.gguf ...] [-p 512] [-n 128] [-r REPS] [-b 1,2,4] [--peer-bin LLAMA_BENCH]\n"
-               "                      [-ctk T] [-ctv T] [--json-only]\n"
+               "                      [-c N] [-ctk T] [-ctv T] [--json-only]\n"
                "  prompt processing and generation tok/s of a whole model on CUDA device 0, against the measured copy\n"
                "  bandwidth and bf16 GEMM rate, and llama.cpp's figures from issue #7 where the model matches\n"
                "  -b LIST     also decode B sequences together for each B (1..%d): aggregate tok/s and step time\n"
@@ -845,6 +847,8 @@ static void usage(FILE *f) {
                "  -p LIST     prompt lengths for pp, comma-separated (default 512; 0: no pp)\n"
                "  -n N        tokens decoded one at a time for tg, after a prompt of %d tokens (default 128; 0: no tg)\n"
                "  -r REPS     timed repetitions per case after one warm-up (default 3); best and median reported\n"
+               "  -c N, --ctx-size N  the session's context at least N positions (default: what the longest case needs;\n"
+               "              llama-bench has no such flag, so its figures stay at its own)\n"
                "  -ctk T, -ctv T  KV cache types (--cache-type-k/-v): f16 (default), f32, bf16, q8_0, q4_0; the peer's figures\n"
                "              are of an f16 cache, so another type shows none\n",
             MAX_BATCH, TG_PROMPT);
@@ -853,14 +857,14 @@ static void usage(FILE *f) {
 /* The options that take a value. */
 static bool takes_value(const char *a) {
     return strcmp(a, "-m") == 0 || strcmp(a, "-p") == 0 || strcmp(a, "-n") == 0 || strcmp(a, "-r") == 0 || strcmp(a, "-b") == 0 ||
-           strcmp(a, "--peer-bin") == 0;
+           strcmp(a, "--peer-bin") == 0 || strcmp(a, "-c") == 0 || strcmp(a, "--ctx-size") == 0;
 }
 
 int kiln_bench_gpu(int argc, char **argv) {
     const char *models[MAX_ITEMS], *cmd = "bench --gpu";
     int n_models = 0, n_pp = 1;
     int64_t pps[MAX_ITEMS] = {512};
-    int64_t n_gen = 128, reps = 3, bs[MAX_ITEMS];
+    int64_t n_gen = 128, reps = 3, bs[MAX_ITEMS], ctx_min = 0;
     int n_bs = 0;
     const char *peer_bin = NULL;
     bool json_only = false;
@@ -898,6 +902,8 @@ int kiln_bench_gpu(int argc, char **argv) {
             peer_bin = v;
         } else if (strcmp(a, "-n") == 0) {
             if (!kiln_cli_parse_int(cmd, a, v, 0, INT32_MAX - TG_PROMPT - CTX_SLACK - 1, &n_gen)) return 1;
+        } else if (strcmp(a, "-c") == 0 || strcmp(a, "--ctx-size") == 0) {
+            if (!kiln_cli_parse_int(cmd, a, v, 1, INT32_MAX, &ctx_min)) return 1;
         } else if (!kiln_cli_parse_int(cmd, a, v, 1, MAX_REPS, &reps)) /* -r */
             return 1;
     }
@@ -930,7 +936,8 @@ int kiln_bench_gpu(int argc, char **argv) {
     }
     int n_res = 0, rc = 0;
     for (int mi = 0; mi < n_models; mi++) {
-        const int r = bench_model(models[mi], pps, n_pp_on, n_gen, (int)reps, &d, &res[n_res], &rope, &kv, bs, n_bs, peer_bin);
+        const int r =
+            bench_model(models[mi], pps, n_pp_on, n_gen, ctx_min, (int)reps, &d, &res[n_res], &rope, &kv, bs, n_bs, peer_bin);
         if (r == 1) {
             free(res);
             return 1;

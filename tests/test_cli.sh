@@ -119,6 +119,8 @@ test_bench_flags() {
         refuses "-m" bench $c -m
     done
     TOO_BIG=4097,1 bad_int bench -m x.gguf -t
+    TOO_BIG=2147483648 bad_int bench --gpu -m x.gguf -c
+    TOO_BIG=0 bad_int bench --gpu -m x.gguf --ctx-size
     TOO_BIG=4097 bad_int bench quant --big-mib
     refuses "--bogus" bench quant --bogus
     TOO_BIG=1000001 bad_int bench tokenize -m v.gguf --text t.txt --reps
