@@ -768,7 +768,8 @@ out:
 
 /* ---------------------------------------------------------------- the table */
 
-static void print_table(const device_roofs *d, const model_result *res, int n_res, int reps, const char *peer_bin) {
+static void print_table(const device_roofs *d, const model_result *res, int n_res, int reps, const char *peer_bin,
+                        int64_t ctx_min) {
     printf("\nkiln bench --gpu: %s; copy %.0f GB/s (read + written); bf16 GEMM %d^3 through kiln_cuda_gemm %.1f TFLOP/s\n"
            "pp = prefill of P tokens from position 0 (n_batch 512), last row's argmax; tg = N greedy decodes after a prompt "
            "of %d tokens;\nbest (median) of %d repetitions after a warm-up. rate: TFLOP/s for pp (matmuls + attention), GB/s "
@@ -777,6 +778,9 @@ static void print_table(const device_roofs *d, const model_result *res, int n_re
            d->name, d->copy_gbs, GEMM_N, d->gemm_tflops, TG_PROMPT, reps,
            peer_bin ? "llama.cpp's llama-bench in this run (mean t/s, -ngl 99 -fa 1): " : "llama.cpp CUDA on one H200 as issue #7 records it (not this run)",
            peer_bin ? peer_bin : "");
+    if (ctx_min)
+        printf("-c %lld: each session holds at least %lld positions; the peer's figures are at the context its cases "
+               "need.\n\n", (long long)ctx_min, (long long)ctx_min);
     printf("%-34s %-7s %10s %10s %15s %6s %8s %9s %7s %7s %5s\n", "model", "test", "tok/s", "med tok/s", "rate", "roof",
            "VRAM GiB", "peer t/s", "ratio", "goal", "met");
     for (int mi = 0; mi < n_res; mi++) {
@@ -945,7 +949,7 @@ int kiln_bench_gpu(int argc, char **argv) {
         if (r == 3) rc = 1; /* printed, but without its profile */
         n_res++;
     }
-    if (!json_only) print_table(&d, res, n_res, (int)reps, peer_bin);
+    if (!json_only) print_table(&d, res, n_res, (int)reps, peer_bin, ctx_min);
     free(res);
     return rc;
 }

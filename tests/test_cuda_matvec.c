@@ -597,7 +597,7 @@ static void test_matvec_pair(void) {
 }
 
 /* KILN_MV_TWO=0 (never), 1 (always) and unset (where the grid is one wave) give the same bits, a thread's two pieces
- * of a row loaded before the PDL wait or not: one token, rows of 88 to 256 pieces (the 1.1B and 7B down projections'
+ * of a row loaded before the PDL wait or not: one token, rows of 72 to 256 pieces (the 1.1B and 7B down projections'
  * K-quant widths, Q8_0 and Q4_0), a partial last CTA, add, the GLU. The variable is read at every call. */
 static void test_matvec_two(void) {
     if (kiln_cuda_device_count() == 0) SKIP("no CUDA device");

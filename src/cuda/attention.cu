@@ -60,15 +60,15 @@
                              * more blocks beat fewer reads of each row (+13% tok/s at 1.1B, run42) */
 #define ATTN_POST_G 8       /* query heads a KV head at most in kiln_cuda_attention_post */
 #define ATTN_KEYS_MIN 64    /* keys per decode split at least: 2 batches of K+V loads at HS 128 */
-#define ATTN_MAX_SPLITS 32  /* splits per query at most: 4096 positions x 8 KV heads give 256 blocks of 128 keys,
-                               and the merging block reads 32 partials per output */
+#define ATTN_MAX_SPLITS 32  /* splits per query at most: 4096 positions x 32 query heads give 1,024 blocks of 128
+                               keys, and the merging block reads 32 partials per output */
 #define ATTN_BK 32          /* keys per prefill tile */
 #define ATTN_BK_ANY 16      /* keys per prefill tile of float rows (ANY): the same shared memory as f16 tiles of 32 */
 
 /* ---------------------------------------------------------------- helpers */
 
-/* Decode switches for measuring, read once: KILN_ATTN_KEYS_MIN (keys per split at least, 8 .. 1024; default
- * ATTN_KEYS_MIN) and KILN_ATTN_GB (query heads per block at most: 1, the default, or 4 or 8, the batches that read
+/* Decode switches for measuring, read once: KILN_ATTN_KEYS_MIN (keys per split at least, 8 .. 1024, default
+ * ATTN_KEYS_MIN; a split's keys are rounded up to 32, so below 32 it only adds blocks that exit at once) and KILN_ATTN_GB (query heads per block at most: 1, the default, or 4 or 8, the batches that read
  * each K and V row once for up to that many of a group's query heads). */
 struct attn_tuning {
     int keys_min, gb;
@@ -262,16 +262,17 @@ static __device__ __forceinline__ void post_prologue(float *s_q, int gb, int hq0
 }
 
 /* ---------------------------------------------------------------- decode: split-K in one kernel
- * Grid (NKV * ceil(G / GBM), n_splits, T), ATTN_THREADS threads, GBM 1 (G = 1), 4 (G <= 4) or 8. Block
- * (x, split, t) serves query heads h0 .. h0 + gb - 1 (gb <= GBM) of KV head g at token t. Lanes form groups of SG (a power of two >= HSM / 8): lane_g of a group
+ * Grid (NKV * ceil(G / GBM), n_splits, T), ATTN_THREADS threads, GBM 1 (ATTN_GB; with KILN_ATTN_GB 4 or 8, 4 for
+ * G <= 4). Block (x, split, t) serves query heads h0 .. h0 + gb - 1 (gb <= GBM) of KV head g at token t. Lanes form
+ * groups of SG (a power of two >= HSM / 8): lane_g of a group
  * loads bytes [16 lane_g, 16 lane_g + 16) of a K or V row, so a warp reads 32 / SG whole rows per load (HS 80 and
  * 96 leave 6 and 4 of 16 lanes idle; HS 8 has SG 1, a row per lane). The R = ATTN_THREADS / SG groups ("workers")
  * take rows w, w + R, .., U = 4 each per batch, loading the batch's K and V rows together (one memory round trip
  * per batch, 8 16-byte loads in flight per lane), and each keeps its own online softmax (m, l, acc) per head,
  * rescaled once per batch. One pass over the keys, no score buffer, so a split may be any length.
  *
- * Splits are sized on the device from the query's own key count n = p - lo + 1: chunk = max(ATTN_KEYS_MIN,
- * ceil(n / n_splits)) rounded up to 32, so short contexts take one split (no combine at all: that block writes out
+ * Splits are sized on the device from the query's own key count n = p - lo + 1: chunk = max(keys_min (ATTN_KEYS_MIN
+ * unless KILN_ATTN_KEYS_MIN), ceil(n / n_splits)) rounded up to 32, so short contexts take one split (no combine at all: that block writes out
  * itself) and long ones spread over all n_splits. Blocks whose split lies past the query's keys exit at once.
  *
  * With several live splits, each block writes its (m, l, o) into ws, fences, and counts itself on the (t, x)
